@@ -1,0 +1,43 @@
+/* dp_barrier.h: the only place that orders memory between processes.
+ *
+ * Everything shared is a plain fixed-width field in dp_abi.h (so cffi can parse
+ * it); these helpers reach it through C11 atomics, as liburing's barrier.h does.
+ */
+#ifndef DP_BARRIER_H
+#define DP_BARRIER_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+static inline uint64_t dp_load_acquire_u64(const uint64_t *p)
+{
+	return atomic_load_explicit((const _Atomic uint64_t *)p, memory_order_acquire);
+}
+
+static inline void dp_store_release_u64(uint64_t *p, uint64_t v)
+{
+	atomic_store_explicit((_Atomic uint64_t *)p, v, memory_order_release);
+}
+
+/* A field only its owner writes, read by the owner itself: no ordering needed. */
+static inline uint64_t dp_load_relaxed_u64(const uint64_t *p)
+{
+	return atomic_load_explicit((const _Atomic uint64_t *)p, memory_order_relaxed);
+}
+
+static inline void dp_store_relaxed_u64(uint64_t *p, uint64_t v)
+{
+	atomic_store_explicit((_Atomic uint64_t *)p, v, memory_order_relaxed);
+}
+
+/* Tell the core we are spinning (frees the sibling hyperthread, saves power). */
+static inline void dp_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+#endif /* DP_BARRIER_H */

@@ -1,0 +1,86 @@
+/* dp_ring.h: the single-producer single-consumer descriptor ring.
+ *
+ * head and tail are free-running uint64_t, masked only on access, each on its
+ * own cache line (struct dp_ring_header). The producer (a client) owns head,
+ * the consumer (the dataplane) owns tail. Shared by the dataplane and the cffi
+ * module, so Python never orders memory by hand.
+ */
+#ifndef DP_RING_H
+#define DP_RING_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "dp_abi.h"
+#include "dp_barrier.h"
+
+/* Descriptors the consumer has not taken yet. */
+static inline uint32_t dp_ring_count(const struct dp_ring_header *r)
+{
+	/* acquire on both: a caller may act on what the count promises */
+	return (uint32_t)(dp_load_acquire_u64(&r->head) - dp_load_acquire_u64(&r->tail));
+}
+
+/* Producer: copy up to n descriptors in; returns how many went in (0 if full). */
+static inline uint32_t dp_ring_push_burst(struct dp_ring_header *r, struct dp_desc *descs,
+					  uint32_t capacity, const struct dp_desc *in, uint32_t n)
+{
+	uint64_t head = dp_load_relaxed_u64(&r->head);
+	/* acquire: the consumer has finished reading the entries it freed */
+	uint64_t tail = dp_load_acquire_u64(&r->tail);
+	uint32_t space = capacity - (uint32_t)(head - tail);
+	uint32_t mask = capacity - 1;
+	if (n > space)
+		n = space;
+	for (uint32_t i = 0; i < n; i++)
+		memcpy(&descs[(head + i) & mask], &in[i], sizeof(*in));
+	/* release: the entries are visible before the head that covers them */
+	dp_store_release_u64(&r->head, head + n);
+	return n;
+}
+
+/* Consumer: copy up to n descriptors out; returns how many came out. */
+static inline uint32_t dp_ring_pop_burst(struct dp_ring_header *r, const struct dp_desc *descs,
+					 uint32_t capacity, struct dp_desc *out, uint32_t n)
+{
+	uint64_t tail = dp_load_relaxed_u64(&r->tail);
+	/* acquire: pairs with the producer's release of head */
+	uint64_t head = dp_load_acquire_u64(&r->head);
+	uint32_t avail = (uint32_t)(head - tail);
+	uint32_t mask = capacity - 1;
+	if (n > avail)
+		n = avail;
+	for (uint32_t i = 0; i < n; i++)
+		memcpy(&out[i], &descs[(tail + i) & mask], sizeof(*out));
+	/* release: our reads of the entries are done before the producer may reuse them */
+	dp_store_release_u64(&r->tail, tail + n);
+	return n;
+}
+
+static inline int dp_ring_push(struct dp_ring_header *r, struct dp_desc *descs,
+			       uint32_t capacity, const struct dp_desc *d)
+{
+	return dp_ring_push_burst(r, descs, capacity, d, 1) == 1 ? 0 : -1;
+}
+
+static inline int dp_ring_pop(struct dp_ring_header *r, const struct dp_desc *descs,
+			      uint32_t capacity, struct dp_desc *out)
+{
+	return dp_ring_pop_burst(r, descs, capacity, out, 1) == 1 ? 0 : -1;
+}
+
+/* Consumer: publish a slot's completion. Fields first, then the done word (release). */
+static inline void dp_slot_publish(struct dp_slot_header *h, uint64_t forward_id, uint64_t epoch,
+				   uint64_t nbytes, uint32_t answered, uint32_t missing,
+				   uint32_t generation, uint32_t status)
+{
+	h->forward_id = forward_id;
+	h->epoch = epoch;
+	h->nbytes = nbytes;
+	h->answered = answered;
+	h->missing = missing;
+	/* release: a client that sees this generation sees the fields and the result bytes */
+	dp_store_release_u64(&h->done, ((uint64_t)generation << 32) | status);
+}
+
+#endif /* DP_RING_H */

@@ -1,0 +1,79 @@
+"""cffi build script (out-of-line API mode): compiles duckpipe._native.
+
+The struct and enum declarations are the @cdef section of the generated
+dataplane/include/dp_abi.h, so the cffi module, the dataplane and the duck
+emulator compile against one header; cffi checks every field offset at build.
+"""
+
+from pathlib import Path
+
+from cffi import FFI
+
+INCLUDE = Path(__file__).resolve().parent.parent / "dataplane" / "include"
+CDEF_BEGIN = "/* @cdef-begin: cffi parses from here */"
+CDEF_END = "/* @cdef-end */"
+
+
+def abi_cdef() -> str:
+    text = (INCLUDE / "dp_abi.h").read_text()
+    return text.split(CDEF_BEGIN, 1)[1].split(CDEF_END, 1)[0]
+
+
+FUNCTIONS = """
+uint64_t dp_load_acquire_u64(const uint64_t *p);
+void dp_store_release_u64(uint64_t *p, uint64_t v);
+uint32_t dp_ring_count(const struct dp_ring_header *r);
+uint32_t dp_ring_push_burst(struct dp_ring_header *r, struct dp_desc *descs,
+                            uint32_t capacity, const struct dp_desc *in, uint32_t n);
+uint32_t dp_ring_pop_burst(struct dp_ring_header *r, const struct dp_desc *descs,
+                           uint32_t capacity, struct dp_desc *out, uint32_t n);
+int dp_ring_push(struct dp_ring_header *r, struct dp_desc *descs, uint32_t capacity,
+                 const struct dp_desc *d);
+int dp_ring_pop(struct dp_ring_header *r, const struct dp_desc *descs, uint32_t capacity,
+                struct dp_desc *out);
+void dp_slot_publish(struct dp_slot_header *h, uint64_t forward_id, uint64_t epoch,
+                     uint64_t nbytes, uint32_t answered, uint32_t missing,
+                     uint32_t generation, uint32_t status);
+uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uint64_t max_ns);
+"""
+
+# Only the Python client spins on a done word; the GIL is released for the call.
+SOURCE = r"""
+#include <time.h>
+#include "dp_abi.h"
+#include "dp_ring.h"
+
+static uint64_t dp_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Spin until the done word carries `generation` with a final status, or max_ns pass.
+ * Returns the last word read. */
+static uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uint64_t max_ns)
+{
+    uint64_t deadline = dp_mono_ns() + max_ns;
+    for (unsigned i = 0;; i++) {
+        uint64_t w = dp_load_acquire_u64(done);
+        if ((uint32_t)(w >> 32) == generation && (uint32_t)w != DP_STATUS_PENDING)
+            return w;
+        if ((i & 63) == 63 && dp_mono_ns() >= deadline)
+            return w;
+        dp_cpu_relax();
+    }
+}
+"""
+
+ffibuilder = FFI()
+ffibuilder.cdef(abi_cdef() + FUNCTIONS)
+ffibuilder.set_source(
+    "duckpipe._native",
+    SOURCE,
+    include_dirs=[str(INCLUDE)],
+    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,104 @@
+"""Where things live on this host: the run directory, the control endpoint, hugetlbfs."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import psutil
+
+from .errors import DuckpipeError
+
+__all__ = [
+    "HUGEPAGE_SIZE",
+    "segment_prefix",
+    "run_dir",
+    "default_control",
+    "find_hugetlbfs",
+    "free_hugepages",
+    "process_alive",
+    "monotonic_ns",
+]
+
+HUGEPAGE_SIZE = 2 << 20
+monotonic_ns = time.monotonic_ns  # CLOCK_MONOTONIC, the clock every heartbeat uses
+
+
+def segment_prefix() -> str:
+    """Per-user prefix of every segment file name."""
+    return f"duckpipe-{os.geteuid()}-"
+
+
+def run_dir() -> Path:
+    """The per-user run directory (mode 0700) that holds the control socket.
+
+    ``$DUCKPIPE_RUN_DIR``, else ``$XDG_RUNTIME_DIR/duckpipe``, else ``/tmp/duckpipe-<uid>``.
+    """
+    env = os.environ.get("DUCKPIPE_RUN_DIR")
+    if env:
+        path = Path(env)
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "duckpipe"
+    else:
+        path = Path("/tmp") / f"duckpipe-{os.geteuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise DuckpipeError(
+            f"run directory {path} is not a directory owned by uid {os.geteuid()}; "
+            "remove it or set DUCKPIPE_RUN_DIR"
+        )
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        path.chmod(0o700)
+    return path
+
+
+def default_control() -> str:
+    """``$DUCKPIPE_CONTROL``, else ``ipc://<run dir>/control``."""
+    return os.environ.get("DUCKPIPE_CONTROL") or f"ipc://{run_dir()}/control"
+
+
+def find_hugetlbfs() -> Path | None:
+    """A writable hugetlbfs mount with 2 MiB pages: ``$DUCKPIPE_HUGETLBFS`` or /proc/mounts."""
+    env = os.environ.get("DUCKPIPE_HUGETLBFS")
+    if env is not None:
+        return Path(env) if env else None  # empty: hugepages disabled on purpose
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 4 or parts[2] != "hugetlbfs":
+            continue
+        opts = parts[3].split(",")
+        size = next((o.split("=", 1)[1] for o in opts if o.startswith("pagesize=")), "2M")
+        if size.upper() in ("2M", "2048K") and os.access(parts[1], os.W_OK):
+            return Path(parts[1])
+    return None
+
+
+def free_hugepages() -> int:
+    """Free 2 MiB hugepages in the pool (0 when there is no pool)."""
+    try:
+        return int(Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def process_alive(pid: int, started_ns: int | None = None) -> bool:
+    """True while ``pid`` runs and is not a zombie. With ``started_ns`` (CLOCK_REALTIME
+    of something that process made), a newer process that reused the pid counts as dead."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if started_ns is not None and proc.create_time() > started_ns / 1e9 + 1.0:
+            return False
+        return True
+    except psutil.AccessDenied:
+        return True  # someone else's process, but alive
+    except (psutil.NoSuchProcess, ValueError):
+        return False

@@ -1,0 +1,234 @@
+"""Shared-memory ABI: the segment header, the submission ring and the slot headers.
+
+This module is the one source of truth for everything the client, the mock
+dataplane, the C dataplane and the duck emulator share through memory.
+``tools/gen_abi.py`` writes ``dataplane/include/dp_abi.h`` and
+``schemas/abi.json`` from it.
+
+A segment, created by one client and mapped by the dataplane::
+
+    offset 0            +--------------------------------------+
+                        | dp_seg_header      (6 cache lines)   |
+    ring_offset         +--------------------------------------+
+                        | dp_ring_header     head | tail lines |
+                        | dp_desc[ring_capacity]  (128 B each) |
+    res_hdr_offset      +--------------------------------------+
+                        | dp_slot_header[slot_count] (64 B)    |
+    act_offset (page)   +--------------------------------------+
+                        | activation slot 0 .. slot_count-1    |
+                        |   act_slot_size each, page-aligned   |
+    res_offset (page)   +--------------------------------------+
+                        | result slot 0 .. slot_count-1        |
+                        |   res_slot_size each, page-aligned   |
+    segment_size        +--------------------------------------+
+
+Slot ``i`` pairs activation slot ``i`` with result slot ``i`` and slot header
+``i``; one generation number covers all three.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+import msgspec
+
+from .layout import U8, U16, U32, U64, Array, Chars, Pad
+
+__all__ = [
+    "ABI_MAJOR",
+    "ABI_MINOR",
+    "SEG_MAGIC",
+    "MAX_DUCKS",
+    "MAX_DIMS",
+    "Backing",
+    "Op",
+    "DType",
+    "Status",
+    "MlpKind",
+    "SegHeader",
+    "RingHeader",
+    "Desc",
+    "SlotHeader",
+    "LAYOUTS",
+    "CONSTANTS",
+]
+
+ABI_MAJOR = 1
+ABI_MINOR = 0
+SEG_MAGIC = int.from_bytes(b"DUCKSEG1", "little")
+MAX_DUCKS = 256  # bits in a descriptor's target set
+MAX_DIMS = 4
+
+
+class Backing(enum.IntEnum):
+    """What memory backs a segment."""
+
+    HUGETLBFS = 1  # 2 MiB pages from a hugetlbfs mount
+    DEVSHM = 2  # 4 KiB pages from /dev/shm (posix shm)
+
+
+class Op(enum.IntEnum):
+    """What a submission descriptor asks the dataplane to do."""
+
+    FORWARD = 1  # run layer's MLP on the activation slot, reduce into the result slot
+    WEIGHT_CHUNK = 2  # bytes [offset, offset+nbytes) of one tensor of one duck's shard
+    WEIGHT_COMMIT = 3  # every chunk of a load was submitted; make the layer usable
+
+
+class DType(enum.IntEnum):
+    F32 = 1
+    F16 = 2
+
+
+class Status(enum.IntEnum):
+    """Completion status, in the slot header's done word and the ZeroMQ completion."""
+
+    PENDING = 0  # never sent; the value of a slot header nobody completed yet
+    OK = 1
+    TIMEOUT = 2  # deadline passed; the completion names the ducks that did not answer
+    DUCK_LOST = 3  # a targeted duck is known dead
+    STALE_EPOCH = 4  # submitted under an epoch the dataplane has left
+    CANCELLED = 5
+    DATAPLANE_ERROR = 6
+    BAD_REQUEST = 7  # descriptor refused (unknown layer, wrong shape, bad target set...)
+
+
+class MlpKind(enum.IntEnum):
+    GELU = 1  # BERT: gelu(x @ w_up + b_up) @ w_down (+ b_down once, after the reduce)
+    SWIGLU = 2  # Qwen: (silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+class SegHeader(msgspec.Struct, frozen=True):
+    """Segment header. Line 0-1 and the name: written once by the creating client
+    before it publishes ``magic`` (release). Line 2: client only. Line 3: dataplane only."""
+
+    __c_name__: ClassVar[str] = "dp_seg_header"
+    __c_size__: ClassVar[int] = 384
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "magic": "SEG_MAGIC, stored last with release: a reader that sees it sees the rest",
+        "header_size": "sizeof(struct dp_seg_header)",
+        "page_size": "page size of the backing (2 MiB hugetlbfs, 4 KiB /dev/shm)",
+        "start_ns": "CLOCK_REALTIME at creation; with creator_pid, tells a reused pid apart",
+        "ring_capacity": "descriptors in the ring, a power of two",
+        "client_heartbeat_ns": "CLOCK_MONOTONIC, refreshed by the client while it lives",
+        "dataplane_heartbeat_ns": "CLOCK_MONOTONIC, refreshed by the dataplane while attached",
+        "client_id": "assigned by the dataplane at attach",
+        "name": "the segment's own name, for inspectors",
+    }
+
+    # line 0: identity (creator, once)
+    magic: U64
+    abi_major: U16
+    abi_minor: U16
+    backing: U8
+    pad0: Pad(3)
+    header_size: U32
+    page_size: U32
+    segment_size: U64
+    creator_pid: U32
+    flags: U32
+    start_ns: U64
+    pad1: Pad(16)
+    # line 1: region layout (creator, once)
+    ring_offset: U64
+    ring_capacity: U32
+    desc_size: U32
+    res_hdr_offset: U64
+    act_offset: U64
+    res_offset: U64
+    act_slot_size: U64
+    res_slot_size: U64
+    slot_count: U32
+    pad2: Pad(4)
+    # line 2: client-written
+    client_heartbeat_ns: U64
+    pad3: Pad(56)
+    # line 3: dataplane-written
+    dataplane_heartbeat_ns: U64
+    dataplane_pid: U32
+    client_id: U32
+    pad4: Pad(48)
+    # lines 4-5: name (creator, once)
+    name: Chars(128)
+
+
+class RingHeader(msgspec.Struct, frozen=True):
+    """SPSC ring indices, free-running 64-bit, masked only on access.
+    ``head``: producer (client) writes, release. ``tail``: consumer (dataplane) writes, release."""
+
+    __c_name__: ClassVar[str] = "dp_ring_header"
+    __c_size__: ClassVar[int] = 128
+
+    head: U64
+    pad0: Pad(56)
+    tail: U64
+    pad1: Pad(56)
+
+
+class Desc(msgspec.Struct, frozen=True):
+    """Submission descriptor, written by the client into the ring before it
+    advances ``head``; read by the dataplane after it loads ``head``."""
+
+    __c_name__: ClassVar[str] = "dp_desc"
+    __c_size__: ClassVar[int] = 128
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "forward_id": "unique per client, never reused",
+        "submit_ns": "CLOCK_MONOTONIC when the client submitted",
+        "nbytes": "bytes of the activation (FORWARD) or of this chunk (WEIGHT_CHUNK)",
+        "offset": "WEIGHT_CHUNK: byte offset of the chunk in its tensor",
+        "timeout_us": "deadline after pickup; 0 means the dataplane's default",
+        "op": "enum dp_op",
+        "dtype": "enum dp_dtype",
+        "shape": "FORWARD: activation shape, ndim entries used",
+        "duck": "WEIGHT_CHUNK: the duck whose shard this is",
+        "tensor": "WEIGHT_CHUNK: index of the tensor in the layer's kind",
+        "ducks": "target set bitmap; all zero means every duck holding the layer",
+    }
+
+    forward_id: U64
+    submit_ns: U64
+    epoch: U64
+    nbytes: U64
+    offset: U64
+    slot: U32
+    generation: U32
+    layer: U32
+    flags: U32
+    timeout_us: U32
+    op: U16
+    dtype: U8
+    ndim: U8
+    shape: Array("uint32_t", MAX_DIMS)
+    duck: U16
+    tensor: U16
+    reserved: U32
+    ducks: Array("uint64_t", MAX_DUCKS // 64)
+    pad0: Pad(8)
+
+
+class SlotHeader(msgspec.Struct, frozen=True):
+    """Per-slot completion word, written by the dataplane only. It fills every
+    other field first, then stores ``done = generation << 32 | status`` (release)."""
+
+    __c_name__: ClassVar[str] = "dp_slot_header"
+    __c_size__: ClassVar[int] = 64
+
+    done: U64
+    forward_id: U64
+    epoch: U64
+    nbytes: U64
+    answered: U32
+    missing: U32
+    pad0: Pad(24)
+
+
+LAYOUTS = (SegHeader, RingHeader, Desc, SlotHeader)
+
+CONSTANTS: dict[str, int] = {
+    "ABI_MAJOR": ABI_MAJOR,
+    "ABI_MINOR": ABI_MINOR,
+    "SEG_MAGIC": SEG_MAGIC,
+    "MAX_DUCKS": MAX_DUCKS,
+    "MAX_DIMS": MAX_DIMS,
+}

@@ -1,0 +1,81 @@
+"""The host <-> duck UDP wire protocol: one fixed header in front of every datagram.
+
+Forward: the host sends the activation in ``chunks`` datagrams of op FORWARD
+(``offset``/``length`` place each payload inside ``total`` bytes), broadcast per
+NIC subnet or unicast to each duck in turn. Each duck answers with its partial
+result, chunked the same way, op PARTIAL, ``compute_ns`` set. A receiver that
+is missing chunks after a while sends NACK, whose payload is the list of missing
+chunk indices as little-endian uint32; ducks keep recent outputs to resend.
+Weights: op WEIGHT to one duck, acknowledged chunk by chunk with WEIGHT_ACK.
+Every datagram carries the session cookie and the epoch; a receiver drops and
+counts datagrams with a bad magic, version, session or a stale epoch.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+import msgspec
+
+from .layout import U8, U16, U32, U64
+
+__all__ = ["WIRE_MAGIC", "WIRE_VERSION", "WireOp", "WireHeader", "LAYOUTS", "CONSTANTS"]
+
+WIRE_MAGIC = int.from_bytes(b"DUCK", "little")
+WIRE_VERSION = 1
+
+
+class WireOp(enum.IntEnum):
+    FORWARD = 1  # host -> ducks: activation chunk
+    PARTIAL = 2  # duck -> host: partial result chunk
+    NACK = 3  # either way: payload lists missing chunk indices (uint32 LE)
+    WEIGHT = 4  # host -> duck: weight shard chunk (reliable unicast)
+    WEIGHT_ACK = 5  # duck -> host: chunk ``chunk`` of tensor ``tensor`` stored
+    PING = 6  # host -> duck: liveness and epoch announcement
+    PONG = 7  # duck -> host
+
+
+class WireHeader(msgspec.Struct, frozen=True):
+    """Fixed header at byte 0 of every duckpipe datagram, little-endian."""
+
+    __c_name__: ClassVar[str] = "dp_wire_header"
+    __c_size__: ClassVar[int] = 80
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "magic": "WIRE_MAGIC",
+        "op": "enum dp_wire_op",
+        "session": "cookie chosen by the dataplane at start; ducks echo it",
+        "epoch": "dataplane epoch; stale ones are dropped",
+        "duck": "sender (replies) or addressee (unicast requests)",
+        "tensor": "WEIGHT*: tensor index in the layer's kind",
+        "chunk": "index of this datagram's chunk",
+        "chunks": "chunks in the whole message",
+        "offset": "byte offset of this payload in the message",
+        "total": "bytes in the whole message",
+        "length": "payload bytes after this header",
+        "rows": "FORWARD/PARTIAL: activation rows (tokens)",
+        "compute_ns": "PARTIAL: the duck's own compute time for this forward",
+    }
+
+    magic: U32
+    version: U8
+    op: U8
+    dtype: U8
+    flags: U8
+    session: U64
+    epoch: U64
+    forward_id: U64
+    layer: U32
+    duck: U16
+    tensor: U16
+    chunk: U32
+    chunks: U32
+    offset: U64
+    total: U64
+    length: U32
+    rows: U32
+    compute_ns: U64
+
+
+LAYOUTS = (WireHeader,)
+CONSTANTS: dict[str, int] = {"WIRE_MAGIC": WIRE_MAGIC, "WIRE_VERSION": WIRE_VERSION}
