@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 __all__ = [
-    "DuckpipeError",
+    "AbiMismatch",
     "BadInput",
-    "UnknownLayer",
+    "Cancelled",
     "ClientClosed",
-    "RingFull",
-    "WaitTimeout",
-    "DataplaneUnavailable",
+    "DataplaneFault",
     "DataplaneLost",
     "DataplaneRefused",
-    "AbiMismatch",
-    "SegmentError",
+    "DataplaneUnavailable",
+    "DuckLost",
+    "DuckpipeError",
     "ForwardFailed",
     "ForwardTimeout",
-    "DuckLost",
+    "RingFull",
+    "SegmentError",
     "StaleEpoch",
-    "Cancelled",
-    "DataplaneFault",
+    "UnknownLayer",
+    "WaitTimeout",
 ]
 
 
@@ -43,7 +43,7 @@ class ClientClosed(DuckpipeError):
 
 
 class RingFull(DuckpipeError):
-    """No free slot within the timeout: the dataplane is not keeping up, or results are not released."""
+    """No free slot within the timeout: the dataplane lags, or results are not released."""
 
 
 class WaitTimeout(DuckpipeError, TimeoutError):

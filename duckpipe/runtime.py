@@ -13,13 +13,13 @@ from .errors import DuckpipeError
 
 __all__ = [
     "HUGEPAGE_SIZE",
-    "segment_prefix",
-    "run_dir",
     "default_control",
     "find_hugetlbfs",
     "free_hugepages",
-    "process_alive",
     "monotonic_ns",
+    "process_alive",
+    "run_dir",
+    "segment_prefix",
 ]
 
 HUGEPAGE_SIZE = 2 << 20

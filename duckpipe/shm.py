@@ -28,11 +28,11 @@ from .errors import AbiMismatch, BadInput, SegmentError
 from .schema.abi import ABI_MAJOR, ABI_MINOR, SEG_MAGIC, Backing
 
 __all__ = [
+    "BackingChoice",
     "Segment",
     "SegmentInfo",
-    "BackingChoice",
-    "list_segments",
     "clean_segments",
+    "list_segments",
     "segment_dirs",
 ]
 
@@ -66,8 +66,10 @@ class _Plan:
 def _plan(slot_count: int, ring_capacity: int, act_slot: int, res_slot: int, page: int) -> _Plan:
     hdr = ffi.sizeof("struct dp_seg_header")
     ring_offset = _align(hdr, 128)
-    descs_end = ring_offset + ffi.sizeof("struct dp_ring_header") + ring_capacity * ffi.sizeof(
-        "struct dp_desc"
+    descs_end = (
+        ring_offset
+        + ffi.sizeof("struct dp_ring_header")
+        + ring_capacity * ffi.sizeof("struct dp_desc")
     )
     res_hdr_offset = _align(descs_end, 64)
     # Slots are page-aligned so that copies never hit 4 KiB aliasing (NOTES.md).
@@ -117,8 +119,12 @@ class Segment:
         self.slot_headers = ffi.cast("struct dp_slot_header *", base + h.res_hdr_offset)
         self._act_offset = int(h.act_offset)
         self._res_offset = int(h.res_offset)
-        self._act = [self._bytes(self._act_offset, i, self.act_slot_size) for i in range(self.slot_count)]
-        self._res = [self._bytes(self._res_offset, i, self.res_slot_size) for i in range(self.slot_count)]
+        self._act = [
+            self._bytes(self._act_offset, i, self.act_slot_size) for i in range(self.slot_count)
+        ]
+        self._res = [
+            self._bytes(self._res_offset, i, self.res_slot_size) for i in range(self.slot_count)
+        ]
         self._closed = False
 
     def _bytes(self, start: int, i: int, size: int) -> np.ndarray:
@@ -156,17 +162,21 @@ class Segment:
 
         huge_dir = Path(hugetlbfs_dir) if hugetlbfs_dir else runtime.find_hugetlbfs()
         if backing in ("auto", "hugetlbfs"):
-            plan = _plan(slot_count, ring_capacity, act_slot_size, res_slot_size, runtime.HUGEPAGE_SIZE)
+            plan = _plan(
+                slot_count, ring_capacity, act_slot_size, res_slot_size, runtime.HUGEPAGE_SIZE
+            )
             why = _hugepages_unavailable(huge_dir, plan.size)
             if why is None:
                 try:
                     path, mm = _create_hugetlbfs(huge_dir / name, plan.size)  # type: ignore[operator]
-                    return cls._publish(path, mm, Backing.HUGETLBFS, plan, slot_count, ring_capacity)
+                    return cls._publish(
+                        path, mm, Backing.HUGETLBFS, plan, slot_count, ring_capacity
+                    )
                 except OSError as e:
                     why = f"mapping {plan.size} bytes of hugepages failed: {e}"
             if backing == "hugetlbfs":
                 raise SegmentError(
-                    f"hugepage backing requested but {why}; run `duckpipe shm setup` as root "
+                    f"hugepage backing requested but {why}; run `tools/setup env` as root "
                     "or use backing='auto'"
                 )
             _log_fallback(why)
@@ -211,7 +221,9 @@ class Segment:
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as e:
-            raise SegmentError(f"cannot open segment {path}: {e.strerror}; is the client alive?") from e
+            raise SegmentError(
+                f"cannot open segment {path}: {e.strerror}; is the client alive?"
+            ) from e
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or (st.st_uid != os.geteuid() and os.geteuid() != 0):
@@ -224,7 +236,12 @@ class Segment:
         base = ffi.from_buffer(mm)
         h = ffi.cast("struct dp_seg_header *", base)
         magic = lib.dp_load_acquire_u64(ffi.addressof(h, "magic"))
-        major, minor, size, backing = int(h.abi_major), int(h.abi_minor), int(h.segment_size), int(h.backing)
+        major, minor, size, backing = (
+            int(h.abi_major),
+            int(h.abi_minor),
+            int(h.segment_size),
+            int(h.backing),
+        )
         ffi.release(base)
         if magic != SEG_MAGIC:
             mm.close()
@@ -330,7 +347,9 @@ def _create_devshm(name: str, size: int) -> tuple[Path, mmap.mmap]:
     except OSError as e:
         shm.close_fd()
         shm.unlink()
-        raise SegmentError(f"cannot map /dev/shm/{name} ({size} bytes): {e}; is /dev/shm full?") from e
+        raise SegmentError(
+            f"cannot map /dev/shm/{name} ({size} bytes): {e}; is /dev/shm full?"
+        ) from e
     shm.close_fd()
     return DEVSHM / name, mm
 

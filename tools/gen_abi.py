@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write the generated ABI header and JSON schemas from duckpipe/schema/.
 
-    python tools/gen_abi.py           # rewrite the files
-    python tools/gen_abi.py --check   # exit 1 and name the stale files
+python tools/gen_abi.py           # rewrite the files
+python tools/gen_abi.py --check   # exit 1 and name the stale files
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from duckpipe.schema.codegen import ROOT, render_all  # noqa: E402
+from duckpipe.schema.codegen import ROOT, render_all
 
 
 def main() -> int:

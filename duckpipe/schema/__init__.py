@@ -3,4 +3,4 @@
 from . import abi, control, wire
 from .layout import Layout, layout_of
 
-__all__ = ["abi", "control", "wire", "Layout", "layout_of"]
+__all__ = ["Layout", "abi", "control", "layout_of", "wire"]

@@ -16,7 +16,7 @@ import msgspec
 from . import abi, control, wire
 from .layout import Layout, layout_of
 
-__all__ = ["CDEF_BEGIN", "CDEF_END", "render_all", "ROOT"]
+__all__ = ["CDEF_BEGIN", "CDEF_END", "ROOT", "render_all"]
 
 ROOT = Path(__file__).resolve().parents[2]
 CDEF_BEGIN = "/* @cdef-begin: cffi parses from here */"
@@ -57,9 +57,7 @@ def _c_struct(lay: Layout) -> str:
 
 
 def _c_asserts(lay: Layout) -> list[str]:
-    out = [
-        f'_Static_assert(sizeof(struct {lay.c_name}) == {lay.size}, "{lay.c_name} size");'
-    ]
+    out = [f'_Static_assert(sizeof(struct {lay.c_name}) == {lay.size}, "{lay.c_name} size");']
     out += [
         f"_Static_assert(offsetof(struct {lay.c_name}, {f.name}) == {f.offset}, "
         f'"{lay.c_name}.{f.name}");'

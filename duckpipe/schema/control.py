@@ -14,41 +14,41 @@ import msgspec
 from msgspec import Meta
 
 __all__ = [
-    "PROTOCOL_VERSION",
     "HOST_TENSOR_DUCK",
+    "PROTOCOL_VERSION",
+    "Ack",
+    "AnyReply",
+    "AnyRequest",
     "Attach",
+    "Attached",
+    "ClientStats",
+    "Completion",
     "Detach",
-    "Heartbeat",
-    "GetTopology",
+    "DuckInfo",
+    "EpochChanged",
+    "Error",
     "GetLayers",
-    "LoadWeights",
-    "SetEpoch",
     "GetStats",
+    "GetTopology",
+    "Heartbeat",
+    "LayerInfo",
+    "Layers",
+    "LoadWeights",
+    "NicInfo",
+    "Request",
+    "SetEpoch",
     "SetFaults",
     "Shutdown",
-    "Attached",
-    "Ack",
-    "Error",
-    "Topology",
-    "DuckInfo",
-    "NicInfo",
-    "Layers",
-    "LayerInfo",
-    "EpochChanged",
     "Stats",
-    "ClientStats",
     "Timings",
-    "Completion",
-    "Request",
-    "AnyRequest",
-    "AnyReply",
-    "request_decoder",
-    "reply_decoder",
+    "Topology",
     "encoder",
+    "reply_decoder",
+    "request_decoder",
 ]
 
 PROTOCOL_VERSION = 1
-#: ``duck`` of a WEIGHT_CHUNK whose tensor the dataplane keeps itself (b_down: added once, after the reduce).
+#: ``duck`` of a WEIGHT_CHUNK the dataplane keeps itself (b_down: added once, after the reduce).
 HOST_TENSOR_DUCK = 0xFFFF
 
 NonNeg = Annotated[int, Meta(ge=0)]
@@ -242,6 +242,7 @@ class Completion(Message, kw_only=True):
     missing: list[int] = []
     timings: Timings = Timings()
     message: str = ""
+    current_epoch: int = 0  # the dataplane's epoch now; tells a STALE_EPOCH client where to go
 
 
 AnyRequest = (

@@ -16,17 +16,17 @@ import msgspec
 from msgspec import Meta
 
 __all__ = [
+    "CACHE_LINE",
     "U8",
     "U16",
     "U32",
     "U64",
     "Array",
-    "Pad",
     "Chars",
     "Field",
     "Layout",
+    "Pad",
     "layout_of",
-    "CACHE_LINE",
 ]
 
 CACHE_LINE = 64

@@ -20,7 +20,7 @@ import msgspec
 
 from .layout import U8, U16, U32, U64
 
-__all__ = ["WIRE_MAGIC", "WIRE_VERSION", "WireOp", "WireHeader", "LAYOUTS", "CONSTANTS"]
+__all__ = ["CONSTANTS", "LAYOUTS", "WIRE_MAGIC", "WIRE_VERSION", "WireHeader", "WireOp"]
 
 WIRE_MAGIC = int.from_bytes(b"DUCK", "little")
 WIRE_VERSION = 1

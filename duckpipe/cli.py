@@ -1,0 +1,239 @@
+"""The ``duckpipe`` command: run a mock dataplane, inspect and clean segments, try it out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+import numpy as np
+
+from . import runtime
+from .errors import DuckpipeError
+
+__all__ = ["main"]
+
+
+def _mock_dataplane(args: argparse.Namespace) -> int:
+    from .mock.dataplane import MockConfig, main_loop
+
+    cfg = MockConfig(
+        control=args.control or runtime.default_control(),
+        ducks=args.ducks,
+        idle=args.idle,
+        default_timeout_ms=args.timeout_ms,
+        client_timeout_s=args.client_timeout,
+        delay_ms=args.delay_ms,
+        dead_ducks=frozenset(args.dead_duck),
+        crash_after=args.crash_after,
+    )
+    return main_loop(cfg)
+
+
+def _shm_ls(args: argparse.Namespace) -> int:
+    from .shm import list_segments
+
+    segs = list_segments()
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "path": str(s.path),
+                        "size": s.size,
+                        "backing": s.backing,
+                        "creator_pid": s.creator_pid,
+                        "creator_alive": s.creator_alive,
+                        "dataplane_pid": s.dataplane_pid,
+                        "client_id": s.client_id,
+                        "age_s": round(s.age_s, 3),
+                        "readable": s.readable,
+                    }
+                    for s in segs
+                ],
+                indent=2,
+            )
+        )
+        return 0
+    if not segs:
+        print("no duckpipe segments")
+        return 0
+    print(f"{'SEGMENT':<52} {'BACKING':<10} {'SIZE':>10} {'PID':>8} {'ALIVE':<6} {'AGE':>8}")
+    for s in segs:
+        alive = "yes" if s.creator_alive else ("?" if not s.readable else "DEAD")
+        print(
+            f"{s.path!s:<52} {s.backing:<10} {s.size / 2**20:9.1f}M {s.creator_pid:>8} "
+            f"{alive:<6} {s.age_s:7.0f}s"
+        )
+    return 0
+
+
+def _shm_clean(args: argparse.Namespace) -> int:
+    from .shm import clean_segments
+
+    removed = clean_segments(dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for s in removed:
+        print(f"{verb} {s.path} (creator pid {s.creator_pid}, {s.size / 2**20:.1f} MiB)")
+    print(f"{verb} {len(removed)} segment(s) of dead processes")
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from .mock.process import ping
+
+    control = args.control or runtime.default_control()
+    stats = ping(control, 2.0)
+    if stats is None:
+        print(f"no dataplane answered at {control}", file=sys.stderr)
+        return 1
+    if args.json:
+        import msgspec
+
+        print(msgspec.json.encode(stats).decode())
+        return 0
+    print(f"dataplane {stats.mode}, epoch {stats.epoch}, {len(stats.clients)} client(s)")
+    for k, v in stats.counters.items():
+        print(f"  {k:<24} {v}")
+    for c in stats.clients:
+        print(
+            f"  client {c.client_id} pid {c.pid} {c.name!r}: {c.submitted} submitted, "
+            f"{c.completed} completed"
+        )
+    return 0
+
+
+def _shutdown(args: argparse.Namespace) -> int:
+    from .mock.process import control_request
+    from .schema import control as ctl
+
+    control = args.control or runtime.default_control()
+    reply = control_request(control, ctl.Shutdown(req_id=1), 2.0)
+    if not isinstance(reply, ctl.Ack):
+        print(f"no dataplane acknowledged shutdown at {control}", file=sys.stderr)
+        return 1
+    print("shutdown acknowledged")
+    return 0
+
+
+def _example(args: argparse.Namespace) -> int:
+    """Start a mock dataplane, load two MLP kinds, run forwards, check them against numpy."""
+    import duckpipe
+
+    from .mock.process import MockDataplaneProcess
+
+    def run(control: str) -> None:
+        with duckpipe.connect(control, name="example") as client:
+            print(
+                f"attached to a {client.mode} dataplane with {len(client.topology().ducks)} "
+                f"ducks; segment {client.segment} ({client.backing})"
+            )
+            layers = {
+                0: duckpipe.GeluMlp.random(384, 1536, seed=1),
+                1: duckpipe.SwiGluMlp.random(1024, 3072, seed=2),
+            }
+            for layer, mlp in layers.items():
+                client.load_weights(layer, mlp, progress=True)
+            rng = np.random.default_rng(0)
+            for layer, mlp in layers.items():
+                e2e, waits, worst = [], [], 0.0
+                for _ in range(args.forwards):
+                    x = rng.standard_normal((args.rows, mlp.hidden)).astype(np.float32)
+                    t0 = time.perf_counter_ns()
+                    with client.claim(x.shape, x.dtype) as slot:
+                        slot.array[:] = x
+                        fwd = client.submit(slot, layer)
+                    with fwd:
+                        y = fwd.result()
+                        e2e.append(time.perf_counter_ns() - t0)
+                        worst = max(worst, float(np.abs(y - mlp.reference(x)).max()))
+                        waits.append(fwd.timings.wait_ns)
+                e2e_us = np.array(e2e) / 1e3
+                print(
+                    f"layer {layer} {type(mlp).__name__} hidden {mlp.hidden} ffn {mlp.ffn}: "
+                    f"{args.forwards} forwards of {args.rows} rows, max |y - numpy| = {worst:.2e}, "
+                    f"end to end p50 {np.percentile(e2e_us, 50):.0f} us p99 "
+                    f"{np.percentile(e2e_us, 99):.0f} us (ducks' compute p50 "
+                    f"{np.percentile(waits, 50) / 1e3:.0f} us)"
+                )
+
+    if args.control:
+        run(args.control)
+    else:
+        with MockDataplaneProcess(ducks=args.ducks) as dp:
+            print(
+                f"started a mock dataplane (pid {dp.pid}) with {args.ducks} ducks at {dp.control}"
+            )
+            run(dp.control)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="duckpipe", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    m = sub.add_parser("mock-dataplane", help="run the shm-only mock dataplane (no network)")
+    m.add_argument("--control", help="ZeroMQ endpoint (default: $DUCKPIPE_CONTROL or the run dir)")
+    m.add_argument("--ducks", type=int, default=8, help="emulated ducks (default 8)")
+    m.add_argument("--idle", choices=("spin", "yield", "backoff"), default="backoff")
+    m.add_argument("--timeout-ms", type=float, default=1000.0, help="default forward deadline")
+    m.add_argument(
+        "--client-timeout",
+        type=float,
+        default=10.0,
+        help="seconds without a client heartbeat before its segment is reclaimed",
+    )
+    m.add_argument("--delay-ms", type=float, default=0.0, help="fault: delay every completion")
+    m.add_argument(
+        "--dead-duck",
+        type=int,
+        action="append",
+        default=[],
+        help="fault: this duck never answers (repeatable)",
+    )
+    m.add_argument("--crash-after", type=int, help="fault: SIGKILL itself on the forward after N")
+    m.set_defaults(func=_mock_dataplane)
+
+    s = sub.add_parser("shm", help="list or reclaim shared-memory segments")
+    ssub = s.add_subparsers(dest="shm_command", required=True, metavar="ACTION")
+    ls = ssub.add_parser("ls", help="list this user's segments")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_shm_ls)
+    cl = ssub.add_parser("clean", help="remove segments whose creator is dead")
+    cl.add_argument("--dry-run", action="store_true", help="only say what would go")
+    cl.set_defaults(func=_shm_clean)
+
+    st = sub.add_parser("stats", help="print a running dataplane's counters")
+    st.add_argument("--control")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_stats)
+
+    sd = sub.add_parser("shutdown", help="ask a running dataplane to stop")
+    sd.add_argument("--control")
+    sd.set_defaults(func=_shutdown)
+
+    ex = sub.add_parser("example", help="start a mock dataplane and run checked forwards")
+    ex.add_argument("--control", help="use this running dataplane instead of starting a mock")
+    ex.add_argument("--ducks", type=int, default=8)
+    ex.add_argument("--forwards", type=int, default=200)
+    ex.add_argument("--rows", type=int, default=1)
+    ex.set_defaults(func=_example)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return args.func(args)
+    except DuckpipeError as e:
+        print(f"duckpipe: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,883 @@
+"""The client: attach to a dataplane, claim slots, submit forwards, take completions.
+
+A ``Client`` owns one shared-memory segment (its submission ring and slot
+arenas) and one ZeroMQ DEALER to the dataplane. The model writes activations
+straight into slot memory through ``Slot.array``; results come back in the
+paired result slot. A Client is not thread-safe: use one per thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+import numpy as np
+import zmq
+
+from . import runtime
+from ._native import ffi, lib
+from .errors import (
+    BadInput,
+    Cancelled,
+    ClientClosed,
+    DataplaneFault,
+    DataplaneLost,
+    DataplaneRefused,
+    DataplaneUnavailable,
+    DuckLost,
+    ForwardFailed,
+    ForwardTimeout,
+    RingFull,
+    StaleEpoch,
+    UnknownLayer,
+    WaitTimeout,
+)
+from .models import Mlp, dtype_code, numpy_dtype, shard_bounds, shard_sizes
+from .progress import Progress
+from .ring import SubmissionRing, new_desc
+from .schema import control as ctl
+from .schema.abi import MAX_DIMS, Op, Status
+from .shm import BackingChoice, Segment
+
+__all__ = ["Client", "Forward", "Slot", "SlotState", "WaitStrategy", "connect"]
+
+log = logging.getLogger("duckpipe.client")
+
+WaitStrategy = Literal["spin", "block", "hybrid"]
+
+_HEARTBEAT_S = 0.2
+_LIVENESS_CHECK_S = 0.05
+_BLOCK_SLICE_S = 0.1
+_ZERO_DESC = bytes(ffi.sizeof("struct dp_desc"))
+
+
+class SlotState(enum.IntEnum):
+    FREE = 0
+    CLAIMED = 1  # the client writes the activation
+    SUBMITTED = 2  # the dataplane may read the activation and write the result
+    COMPLETED = 3  # the client reads the result
+
+
+def connect(
+    control: str | None = None,
+    *,
+    timeout: float = 5.0,
+    slots: int = 64,
+    slot_size: int = 1 << 20,
+    result_slot_size: int | None = None,
+    backing: BackingChoice = "auto",
+    wait: WaitStrategy = "hybrid",
+    spin_us: float = 50.0,
+    claim_timeout: float = 10.0,
+    forward_timeout: float | None = None,
+    dataplane_timeout: float = 5.0,
+    name: str = "",
+) -> Client:
+    """Attach to a running dataplane and return a ready ``Client``.
+
+    ``control`` defaults to ``$DUCKPIPE_CONTROL`` or the per-user run directory's
+    ``ipc://.../control``. ``slots`` (a power of two) slots of ``slot_size``
+    activation bytes (and ``result_slot_size`` result bytes, default the same)
+    are created in one segment. ``wait`` picks how ``Forward.result`` waits:
+    ``spin`` on the result slot's done word, ``block`` on ZeroMQ, or ``hybrid``
+    (spin ``spin_us``, then block). ``forward_timeout`` is each forward's
+    deadline in the dataplane (None: the dataplane's default). The dataplane is
+    declared lost when its process exits or its heartbeat is older than
+    ``dataplane_timeout`` seconds.
+    """
+    return Client(
+        control or runtime.default_control(),
+        timeout=timeout,
+        slots=slots,
+        slot_size=slot_size,
+        result_slot_size=result_slot_size,
+        backing=backing,
+        wait=wait,
+        spin_us=spin_us,
+        claim_timeout=claim_timeout,
+        forward_timeout=forward_timeout,
+        dataplane_timeout=dataplane_timeout,
+        name=name,
+    )
+
+
+@dataclasses.dataclass(eq=False)
+class _Inflight:
+    """Client-side record of one submitted descriptor, until its completions are in."""
+
+    forward_id: int
+    slot: int
+    generation: int
+    epoch: int
+    op: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    internal: bool = False  # weight chunks: the slot frees itself on completion
+    status: int | None = None
+    answered: tuple[int, ...] = ()
+    missing: tuple[int, ...] = ()
+    n_answered: int = 0
+    n_missing: int = 0
+    timings: ctl.Timings | None = None
+    message: str = ""
+    zmq_done: bool = False
+    released: bool = False
+
+
+class Slot:
+    """A claimed slot. Write the activation into ``array`` (a view of shared memory).
+
+    As a context manager it is released when the block raises, or when it ends
+    without the slot having been submitted.
+    """
+
+    __slots__ = ("_client", "array", "generation", "index")
+
+    def __init__(self, client: Client, index: int, generation: int, array: np.ndarray) -> None:
+        self._client = client
+        self.index = index
+        self.generation = generation
+        self.array = array
+
+    def release(self) -> None:
+        """Give the slot back without submitting it."""
+        self._client._release_claim(self)
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self._client._slot_is_claimed(self):
+            self.release()
+
+    def __repr__(self) -> str:
+        return (
+            f"<Slot {self.index} gen {self.generation} {self.array.dtype}{list(self.array.shape)}>"
+        )
+
+
+class Forward:
+    """A submitted forward. ``result()`` waits for it; ``release()`` frees its slot.
+
+    The slot is also freed when the Forward is garbage collected; the array
+    ``result()`` returns is valid until then.
+    """
+
+    __slots__ = ("__weakref__", "_client", "_rec")
+
+    def __init__(self, client: Client, rec: _Inflight) -> None:
+        self._client = client
+        self._rec = rec
+        weakref.finalize(self, client._release_forward, rec)
+
+    @property
+    def id(self) -> int:
+        return self._rec.forward_id
+
+    @property
+    def status(self) -> Status:
+        """PENDING until a completion arrives (looks without waiting)."""
+        rec = self._rec
+        if rec.status is None:
+            self._client._poll_once(rec)
+        return Status(rec.status) if rec.status is not None else Status.PENDING
+
+    def done(self) -> bool:
+        return self.status != Status.PENDING
+
+    @property
+    def answered(self) -> tuple[int, ...]:
+        """Ducks that answered (after the ZeroMQ completion is in)."""
+        self._client._await_zmq(self._rec)
+        return self._rec.answered
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        """Ducks that did not answer."""
+        self._client._await_zmq(self._rec)
+        return self._rec.missing
+
+    @property
+    def timings(self) -> ctl.Timings:
+        """Per-phase nanoseconds from the dataplane; waits for the ZeroMQ completion."""
+        self._client._await_zmq(self._rec)
+        return self._rec.timings or ctl.Timings()
+
+    def result(
+        self, timeout: float | None = None, *, wait: WaitStrategy | None = None
+    ) -> np.ndarray:
+        """Wait for the completion and return the result, a view into the result slot.
+
+        The view is valid until this Forward is released or dropped. Raises
+        ``WaitTimeout`` when ``timeout`` seconds pass first (the forward stays
+        pending), ``DataplaneLost`` if the dataplane dies, and a
+        ``ForwardFailed`` subclass when the forward completed with an error.
+        """
+        client, rec = self._client, self._rec
+        if rec.status is None:
+            client._wait(rec, timeout, wait or client.wait)
+        if rec.status != Status.OK:
+            raise _failure(rec)
+        if rec.released:
+            raise BadInput(f"forward {rec.forward_id} was released; its result slot is reused")
+        return client._segment.res_view(rec.slot, rec.shape, rec.dtype)
+
+    def release(self) -> None:
+        """Free the slot now (or as soon as the forward completes)."""
+        self._client._release_forward(self._rec)
+
+    def __enter__(self) -> Forward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        s = self._rec.status
+        return f"<Forward {self.id} {Status(s).name if s is not None else 'PENDING'}>"
+
+
+def _failure(rec: _Inflight) -> ForwardFailed:
+    missing = rec.missing
+    detail = f": {rec.message}" if rec.message else ""
+    st = Status(rec.status)
+    if st == Status.TIMEOUT:
+        return ForwardTimeout(
+            f"forward {rec.forward_id} timed out in the dataplane; ducks {list(missing)} "
+            f"did not answer{detail}",
+            status=st,
+            missing=missing,
+        )
+    kinds: dict[Status, type[ForwardFailed]] = {
+        Status.DUCK_LOST: DuckLost,
+        Status.STALE_EPOCH: StaleEpoch,
+        Status.CANCELLED: Cancelled,
+    }
+    cls = kinds.get(st, DataplaneFault)
+    return cls(f"forward {rec.forward_id} completed {st.name}{detail}", status=st, missing=missing)
+
+
+class Client:
+    """A connection to a dataplane. Build one with :func:`connect`."""
+
+    def __init__(
+        self,
+        control: str,
+        *,
+        timeout: float,
+        slots: int,
+        slot_size: int,
+        result_slot_size: int | None,
+        backing: BackingChoice,
+        wait: WaitStrategy,
+        spin_us: float,
+        claim_timeout: float,
+        forward_timeout: float | None,
+        dataplane_timeout: float,
+        name: str,
+    ) -> None:
+        if wait not in ("spin", "block", "hybrid"):
+            raise BadInput(f"wait must be 'spin', 'block' or 'hybrid', not {wait!r}")
+        self.control = control
+        self.wait: WaitStrategy = wait
+        self._spin_ns = int(spin_us * 1000)
+        self._claim_timeout = claim_timeout
+        self._timeout_us = 0 if forward_timeout is None else max(1, int(forward_timeout * 1e6))
+        self._dataplane_timeout_ns = int(dataplane_timeout * 1e9)
+        self._closed = False
+        self._lost: str | None = None
+        self._req_id = 0
+        self._next_forward = 1
+        self._replies: dict[int, ctl.AnyReply] = {}
+        self._inflight: dict[int, _Inflight] = {}
+        self._layers: dict[int, ctl.LayerInfo] = {}
+        self._last_check = 0.0
+        self.counters = {"stale_completions": 0, "completion_mismatch": 0, "bad_messages": 0}
+
+        _check_endpoint(control)
+        self._sock = zmq.Context.instance().socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(control)
+        try:
+            self._segment = Segment.create(
+                slot_count=slots,
+                act_slot_size=slot_size,
+                res_slot_size=result_slot_size,
+                backing=backing,
+                tag=name or "client",
+            )
+        except Exception:
+            self._sock.close()
+            raise
+        seg = self._segment
+        self._ring = SubmissionRing(seg)
+        self._desc = new_desc()
+        self._gen = [0] * seg.slot_count
+        self._state = [SlotState.FREE] * seg.slot_count
+        self._free = list(range(seg.slot_count - 1, -1, -1))  # LIFO: slot 0 first, hottest reused
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(
+            target=_heartbeat_loop, args=(seg, self._stop), name="duckpipe-heartbeat", daemon=True
+        )
+        self._heartbeat.start()
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self._sock, seg, self._stop, self._heartbeat
+        )
+        self._dp_pid = 0
+        try:
+            att = self._request(
+                lambda rid: ctl.Attach(
+                    req_id=rid,
+                    abi_major=int(seg.header.abi_major),
+                    pid=int(seg.header.creator_pid),
+                    segment=str(seg.path),
+                    name=name,
+                ),
+                timeout,
+                unavailable=True,
+            )
+        except BaseException:
+            self._finalizer()
+            raise
+        assert isinstance(att, ctl.Attached)
+        self.client_id = att.client_id
+        self.epoch = att.epoch
+        self.mode = att.mode
+        self._dp_pid = att.dataplane_pid
+
+    # --- public API -----------------------------------------------------------
+
+    @property
+    def segment(self) -> Path:
+        """Path of this client's shared-memory segment."""
+        return self._segment.path
+
+    @property
+    def backing(self) -> str:
+        return self._segment.backing.name.lower()
+
+    @property
+    def slot_count(self) -> int:
+        return self._segment.slot_count
+
+    @property
+    def slot_size(self) -> int:
+        return self._segment.act_slot_size
+
+    def topology(self) -> ctl.Topology:
+        """The NICs and ducks the dataplane drives."""
+        return self._request(lambda rid: ctl.GetTopology(req_id=rid))  # type: ignore[return-value]
+
+    def layers(self) -> list[ctl.LayerInfo]:
+        """Layers the dataplane holds weights for."""
+        reply = self._request(lambda rid: ctl.GetLayers(req_id=rid))
+        assert isinstance(reply, ctl.Layers)
+        self._layers = {li.layer: li for li in reply.layers}
+        return list(reply.layers)
+
+    def stats(self) -> ctl.Stats:
+        """The dataplane's counters."""
+        return self._request(lambda rid: ctl.GetStats(req_id=rid))  # type: ignore[return-value]
+
+    def set_epoch(self, epoch: int | None = None) -> int:
+        """Move the dataplane to ``epoch`` (default: the next); returns the new epoch."""
+        reply = self._request(lambda rid: ctl.SetEpoch(req_id=rid, epoch=epoch))
+        assert isinstance(reply, ctl.EpochChanged)
+        self.epoch = reply.epoch
+        return reply.epoch
+
+    def claim(
+        self, shape: int | Sequence[int], dtype=np.float32, *, timeout: float | None = None
+    ) -> Slot:
+        """Claim a free slot for an activation of ``shape`` and ``dtype``.
+
+        Waits up to ``timeout`` (default: the client's ``claim_timeout``) for a
+        slot to free up, then raises ``RingFull``.
+        """
+        self._check_usable()
+        shape_t = _normalise_shape(shape)
+        dt = np.dtype(dtype)
+        dtype_code(dt)
+        nbytes = int(np.prod(shape_t)) * dt.itemsize
+        seg = self._segment
+        if nbytes > seg.act_slot_size or nbytes > seg.res_slot_size:
+            raise BadInput(
+                f"an activation of {nbytes} bytes does not fit a slot of {seg.act_slot_size} bytes "
+                f"(result slots {seg.res_slot_size}); connect with a larger slot_size"
+            )
+        i = self._take_slot(self._claim_timeout if timeout is None else timeout)
+        return Slot(self, i, self._gen[i], seg.act_view(i, shape_t, dt))
+
+    def submit(self, slot: Slot, layer: int, *, ducks: Iterable[int] | None = None) -> Forward:
+        """Hand a filled slot to the dataplane to run ``layer`` on it.
+
+        ``ducks`` restricts the forward to a subset of the ducks holding the
+        layer (their partials are summed); default: all of them.
+        """
+        self._check_usable()
+        if not self._slot_is_claimed(slot):
+            raise BadInput(
+                f"{slot!r} is not claimed by this client (already submitted or released)"
+            )
+        info = self._layer_info(layer)
+        arr = slot.array
+        if arr.dtype != numpy_dtype(info.dtype):
+            raise BadInput(
+                f"layer {layer} holds {numpy_dtype(info.dtype)} weights; "
+                f"the activation is {arr.dtype}"
+            )
+        if arr.shape[-1] != info.hidden:
+            raise BadInput(
+                f"layer {layer} has hidden size {info.hidden}; "
+                f"the activation's shape is {arr.shape}"
+            )
+        d = self._desc
+        ffi.memmove(d, _ZERO_DESC, len(_ZERO_DESC))
+        if ducks is not None:
+            chosen = sorted(set(ducks))
+            stray = sorted(set(chosen) - set(info.ducks))
+            if not chosen or stray:
+                raise BadInput(
+                    f"ducks {stray or chosen} hold no shard of layer {layer}; "
+                    f"it lives on ducks {info.ducks}"
+                )
+            for duck in chosen:
+                d.ducks[duck >> 6] |= 1 << (duck & 63)
+        d.op = Op.FORWARD
+        d.layer = layer
+        d.dtype = dtype_code(arr.dtype)
+        d.ndim = arr.ndim
+        for k, n in enumerate(arr.shape):
+            d.shape[k] = n
+        d.nbytes = arr.nbytes
+        rec = self._push(d, slot.index, arr.shape, arr.dtype)
+        return Forward(self, rec)
+
+    def forward(
+        self,
+        layer: int,
+        x: np.ndarray,
+        *,
+        ducks: Iterable[int] | None = None,
+        timeout: float | None = None,
+    ) -> np.ndarray:
+        """Claim, copy ``x`` in once, submit, wait; returns a copy of the result."""
+        x = np.asarray(x)
+        with self.claim(x.shape, x.dtype) as slot:
+            np.copyto(slot.array, x)
+            fwd = self.submit(slot, layer, ducks=ducks)
+        with fwd:
+            return fwd.result(timeout).copy()
+
+    def load_weights(
+        self,
+        layer: int,
+        mlp: Mlp,
+        *,
+        ducks: Sequence[int] | None = None,
+        progress: bool | None = None,
+        timeout: float = 60.0,
+    ) -> ctl.LayerInfo:
+        """Shard ``mlp`` over ``ducks`` (default: every duck) and load it as ``layer``.
+
+        The shards travel through this client's shared-memory slots, never over
+        ZeroMQ. A progress bar is drawn on stderr when it is a terminal
+        (``progress`` forces it on or off).
+        """
+        self._check_usable()
+        if not isinstance(layer, int) or not 0 <= layer <= 0xFFFF_FFFF:
+            raise BadInput(f"layer must be an integer in [0, 2**32), not {layer!r}")
+        kind = mlp.kind
+        dt = mlp.dtype
+        code = dtype_code(dt)
+        all_ducks = [d.id for d in self.topology().ducks]
+        chosen = list(all_ducks if ducks is None else ducks)
+        if len(set(chosen)) != len(chosen) or not set(chosen) <= set(all_ducks):
+            raise BadInput(f"ducks {chosen} must be distinct ids among {all_ducks}")
+        sizes = shard_sizes(mlp.ffn, len(chosen))
+        self._request(
+            lambda rid: ctl.LoadWeights(
+                req_id=rid,
+                layer=layer,
+                kind=int(kind),
+                dtype=int(code),
+                hidden=mlp.hidden,
+                ffn=mlp.ffn,
+                ducks=chosen,
+                shard_sizes=sizes,
+                has_b_down=mlp.b_down is not None,
+            )
+        )
+        self._layers.pop(layer, None)
+        pieces: list[tuple[int, int, np.ndarray]] = []
+        for duck, (lo, hi) in zip(chosen, shard_bounds(sizes), strict=True):
+            pieces += [(duck, t, arr) for t, arr in enumerate(mlp.shard(lo, hi))]
+        if mlp.b_down is not None:
+            pieces.append((ctl.HOST_TENSOR_DUCK, 3, np.ascontiguousarray(mlp.b_down)))
+        total = sum(a.nbytes for _, _, a in pieces)
+        chunk = self._segment.act_slot_size
+        recs: list[_Inflight] = []
+        with Progress(total, f"layer {layer} weights", enabled=progress) as bar:
+            for duck, tensor, arr in pieces:
+                raw = arr.reshape(-1).view(np.uint8)
+                for off in range(0, raw.size, chunk):
+                    part = raw[off : off + chunk]
+                    i = self._take_slot(timeout)
+                    self._segment.act_bytes(i)[: part.size] = part
+                    recs.append(
+                        self._push_weight(i, Op.WEIGHT_CHUNK, layer, duck, tensor, off, part.size)
+                    )
+                    bar.advance(part.size)
+                    self._pump(0)  # take completions already in; frees their slots
+            i = self._take_slot(timeout)
+            commit = self._push_weight(i, Op.WEIGHT_COMMIT, layer, 0, 0, 0, 0)
+            self._wait(commit, timeout, "block")
+            for rec in recs:
+                if rec.status is None:
+                    self._wait(rec, timeout, "block")
+        for rec in [*recs, commit]:
+            if rec.status != Status.OK:
+                raise DataplaneFault(
+                    f"loading layer {layer} failed: {rec.message or Status(rec.status).name}",
+                    status=rec.status or 0,
+                )
+        return self._layer_info(layer)
+
+    def close(self) -> None:
+        """Detach from the dataplane and remove this client's segment."""
+        if self._closed:
+            return
+        if self._lost is None:
+            try:
+                self._request(lambda rid: ctl.Detach(req_id=rid), 1.0)
+            except Exception as e:  # closing must not fail because the peer is gone
+                log.debug("detach failed: %s", e)
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Client {self.client_id} {self.control} {self._segment!r}>"
+
+    # --- slots ------------------------------------------------------------------
+
+    def _take_slot(self, timeout: float) -> int:
+        if not self._free:
+            deadline = time.monotonic() + timeout
+            while not self._free:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RingFull(
+                        f"all {self._segment.slot_count} slots stayed in use for {timeout:g} s: "
+                        "release finished forwards (Forward.release() or drop them), "
+                        "or connect with more slots"
+                    )
+                self._pump(min(left, _BLOCK_SLICE_S))
+                self._check_alive()
+        i = self._free.pop()
+        self._gen[i] = (self._gen[i] + 1) & 0xFFFF_FFFF or 1
+        self._state[i] = SlotState.CLAIMED
+        return i
+
+    def _slot_is_claimed(self, slot: Slot) -> bool:
+        i = slot.index
+        return (
+            slot._client is self
+            and not self._closed
+            and self._state[i] == SlotState.CLAIMED
+            and self._gen[i] == slot.generation
+        )
+
+    def _release_claim(self, slot: Slot) -> None:
+        if not self._slot_is_claimed(slot):
+            raise BadInput(f"{slot!r} is not claimed by this client")
+        self._free_slot(slot.index)
+
+    def _free_slot(self, i: int) -> None:
+        self._state[i] = SlotState.FREE
+        self._free.append(i)
+
+    def _release_forward(self, rec: _Inflight) -> None:
+        if rec.released or self._closed:
+            return
+        rec.released = True
+        if rec.status is not None:
+            self._free_slot(rec.slot)
+        # else: freed by _completed, once the dataplane is done with the slot
+
+    # --- submission ------------------------------------------------------------
+
+    def _push(
+        self, d, slot: int, shape: tuple[int, ...], dtype: np.dtype, internal: bool = False
+    ) -> _Inflight:
+        fid = self._next_forward
+        self._next_forward += 1
+        d.forward_id = fid
+        d.slot = slot
+        d.generation = self._gen[slot]
+        d.epoch = self.epoch
+        d.timeout_us = self._timeout_us
+        d.submit_ns = runtime.monotonic_ns()
+        if not self._ring.push(d):  # cannot happen: capacity >= slot count
+            raise RingFull("the submission ring is full")
+        self._state[slot] = SlotState.SUBMITTED
+        rec = _Inflight(fid, slot, self._gen[slot], self.epoch, int(d.op), shape, dtype, internal)
+        self._inflight[fid] = rec
+        return rec
+
+    def _push_weight(
+        self, slot: int, op: Op, layer: int, duck: int, tensor: int, offset: int, n: int
+    ) -> _Inflight:
+        d = self._desc
+        ffi.memmove(d, _ZERO_DESC, len(_ZERO_DESC))
+        d.op, d.layer, d.duck, d.tensor, d.offset, d.nbytes = op, layer, duck, tensor, offset, n
+        rec = self._push(d, slot, (n,), np.dtype(np.uint8), internal=True)
+        rec.released = True  # nobody reads a weight chunk's result
+        return rec
+
+    def _layer_info(self, layer: int) -> ctl.LayerInfo:
+        info = self._layers.get(layer)
+        if info is None or not info.ready:
+            self.layers()
+            info = self._layers.get(layer)
+        if info is None:
+            raise UnknownLayer(
+                f"layer {layer} is not loaded in the dataplane (loaded: {sorted(self._layers)}); "
+                "load it with Client.load_weights()"
+            )
+        if not info.ready:
+            raise BadInput(f"layer {layer} is still loading")
+        return info
+
+    # --- completions -------------------------------------------------------------
+
+    def _done_word(self, rec: _Inflight):
+        return ffi.addressof(self._segment.slot_headers[rec.slot], "done")
+
+    def _poll_once(self, rec: _Inflight) -> None:
+        word = lib.dp_load_acquire_u64(self._done_word(rec))
+        if (word >> 32) == rec.generation and word & 0xFFFF_FFFF:
+            self._completed_shm(rec, word)
+        else:
+            self._pump(0)
+
+    def _wait(self, rec: _Inflight, timeout: float | None, wait: WaitStrategy) -> None:
+        if self._closed:
+            raise ClientClosed("the client is closed; connect again")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if wait in ("spin", "hybrid"):
+            budget = self._spin_ns if wait == "hybrid" else None
+            done = self._done_word(rec)
+            while rec.status is None:
+                step = 10_000_000 if budget is None else min(budget, 10_000_000)
+                if deadline is not None:
+                    step = max(0, min(step, int((deadline - time.monotonic()) * 1e9)))
+                word = lib.dp_spin_until_generation(done, rec.generation, step)
+                if (word >> 32) == rec.generation and word & 0xFFFF_FFFF:
+                    self._completed_shm(rec, word)
+                    return
+                if budget is not None:
+                    budget -= step
+                    if budget <= 0:
+                        break
+                self._pump(0)  # a refused descriptor completes over ZeroMQ only
+                self._check_alive()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise self._wait_timeout(rec, timeout)
+        while rec.status is None:
+            left = _BLOCK_SLICE_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise self._wait_timeout(rec, timeout)
+            self._pump(min(left, _BLOCK_SLICE_S))
+            if rec.status is None:
+                self._poll_once(rec)
+            if rec.status is None:
+                self._check_alive()
+
+    def _wait_timeout(self, rec: _Inflight, timeout: float | None) -> WaitTimeout:
+        return WaitTimeout(
+            f"forward {rec.forward_id} did not complete within {timeout:g} s; it is still "
+            "pending: call result() again, or raise the timeout"
+        )
+
+    def _await_zmq(self, rec: _Inflight, timeout: float = 5.0) -> None:
+        """The ZeroMQ completion carries timings and duck ids; it follows the shm one."""
+        if rec.zmq_done or self._closed:
+            return
+        if rec.status is None:
+            self._wait(rec, timeout, "block")
+        deadline = time.monotonic() + timeout
+        while not rec.zmq_done and time.monotonic() < deadline:
+            self._pump(_BLOCK_SLICE_S)
+            if not rec.zmq_done:
+                self._check_alive()
+
+    def _completed_shm(self, rec: _Inflight, word: int) -> None:
+        hdr = self._segment.slot_headers[rec.slot]
+        rec.n_answered, rec.n_missing = int(hdr.answered), int(hdr.missing)
+        self._completed(rec, word & 0xFFFF_FFFF)
+
+    def _completed(self, rec: _Inflight, status: int) -> None:
+        """Either completion path lands here; the second one must agree with the first."""
+        if rec.status is None:
+            rec.status = status
+            self._state[rec.slot] = SlotState.COMPLETED
+            if rec.released:
+                self._free_slot(rec.slot)
+        elif rec.status != status:
+            self.counters["completion_mismatch"] += 1
+            log.error("forward %d: shm says %s, ZeroMQ says %s", rec.forward_id, rec.status, status)
+        if rec.zmq_done:
+            self._inflight.pop(rec.forward_id, None)
+
+    def _on_completion(self, msg: ctl.Completion) -> None:
+        rec = self._inflight.get(msg.forward_id)
+        if rec is None or (rec.slot, rec.generation, rec.epoch) != (
+            msg.slot,
+            msg.generation,
+            msg.epoch,
+        ):
+            self.counters["stale_completions"] += 1
+            return
+        rec.zmq_done = True
+        rec.answered, rec.missing = tuple(msg.answered), tuple(msg.missing)
+        rec.timings, rec.message = msg.timings, msg.message
+        if msg.current_epoch:
+            self.epoch = msg.current_epoch
+        self._completed(rec, msg.status)
+
+    def _pump(self, timeout_s: float) -> int:
+        """Receive whatever the dataplane sent, waiting up to ``timeout_s`` for the first."""
+        sock = self._sock
+        if not sock.poll(int(timeout_s * 1000) if timeout_s > 0 else 0):
+            return 0
+        n = 0
+        while True:
+            try:
+                raw = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return n
+            n += 1
+            try:
+                msg = ctl.reply_decoder.decode(raw)
+            except msgspec.DecodeError as e:
+                self.counters["bad_messages"] += 1
+                log.warning("undecodable message from the dataplane dropped: %s", e)
+                continue
+            if isinstance(msg, ctl.Completion):
+                self._on_completion(msg)
+            else:
+                self._replies[msg.req_id] = msg
+
+    def _request(self, make, timeout: float = 5.0, *, unavailable: bool = False) -> ctl.AnyReply:
+        if not unavailable:
+            self._check_usable()
+        self._req_id += 1
+        rid = self._req_id
+        self._sock.send(ctl.encoder.encode(make(rid)))
+        deadline = time.monotonic() + timeout
+        while rid not in self._replies:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if unavailable:
+                    raise DataplaneUnavailable(
+                        f"no dataplane answered at {self.control} within {timeout:g} s; is it "
+                        "running? Start one with `duckpipe mock-dataplane` or `duckpipe dataplane`"
+                    )
+                self._check_alive()
+                raise WaitTimeout(
+                    f"the dataplane did not answer a control request within {timeout:g} s"
+                )
+            self._pump(min(left, _BLOCK_SLICE_S))
+            if not unavailable and rid not in self._replies:
+                self._check_alive()
+        reply = self._replies.pop(rid)
+        if isinstance(reply, ctl.Error):
+            if reply.code == "unknown_layer":
+                raise UnknownLayer(reply.message)
+            if reply.code == "bad_request":
+                raise BadInput(reply.message)
+            raise DataplaneRefused(reply.code, reply.message)
+        return reply
+
+    # --- liveness --------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClientClosed("the client is closed; connect again")
+        if self._lost is not None:
+            raise DataplaneLost(self._lost)
+
+    def _check_alive(self) -> None:
+        """Raise DataplaneLost when the dataplane process is gone or stopped heartbeating."""
+        if self._lost is not None:
+            raise DataplaneLost(self._lost)
+        if self._closed:
+            raise ClientClosed("the client is closed; connect again")
+        now = time.monotonic()
+        if now - self._last_check < _LIVENESS_CHECK_S or not self._dp_pid:
+            return
+        self._last_check = now
+        why = None
+        if not runtime.process_alive(self._dp_pid):
+            why = "exited"
+        else:
+            hb = int(self._segment.header.dataplane_heartbeat_ns)
+            age = runtime.monotonic_ns() - hb
+            if hb and age > self._dataplane_timeout_ns:
+                why = f"stopped heartbeating {age / 1e9:.1f} s ago"
+        if why:
+            pending = sum(1 for r in self._inflight.values() if r.status is None)
+            self._lost = (
+                f"the dataplane (pid {self._dp_pid}) {why}; {pending} pending forwards are lost. "
+                "Restart the dataplane and connect again"
+            )
+            raise DataplaneLost(self._lost)
+
+
+def _check_endpoint(control: str) -> None:
+    if control.startswith("ipc://"):
+        path = Path(control[len("ipc://") :])
+        if not path.exists():
+            raise DataplaneUnavailable(
+                f"no dataplane at {control} (no socket at {path}); is it running? Start one with "
+                "`duckpipe mock-dataplane` or `duckpipe dataplane`, or set DUCKPIPE_CONTROL"
+            )
+
+
+def _normalise_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    try:
+        t = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    except (TypeError, ValueError):
+        raise BadInput(f"shape must be an int or a sequence of ints, not {shape!r}") from None
+    if not 1 <= len(t) <= MAX_DIMS or any(n <= 0 for n in t):
+        raise BadInput(f"shape {t} must have 1 to {MAX_DIMS} positive dimensions")
+    return t
+
+
+def _heartbeat_loop(seg: Segment, stop: threading.Event) -> None:
+    while not stop.wait(_HEARTBEAT_S):
+        if seg.closed:
+            return
+        seg.heartbeat_client()
+
+
+def _cleanup(sock: zmq.Socket, seg: Segment, stop: threading.Event, beat: threading.Thread) -> None:
+    stop.set()
+    beat.join(timeout=2.0)
+    sock.close(linger=0)
+    seg.close()
+    seg.unlink()
