@@ -222,9 +222,11 @@ class Forward:
         ``ForwardFailed`` subclass when the forward completed with an error.
         """
         client, rec = self._client, self._rec
+        client._check_open()
         if rec.status is None:
             client._wait(rec, timeout, wait or client.wait)
         if rec.status != Status.OK:
+            client._await_zmq(rec, 1.0)  # it carries the reason and the missing ducks
             raise _failure(rec)
         if rec.released:
             raise BadInput(f"forward {rec.forward_id} was released; its result slot is reused")
@@ -815,9 +817,12 @@ class Client:
 
     # --- liveness --------------------------------------------------------------
 
-    def _check_usable(self) -> None:
+    def _check_open(self) -> None:
         if self._closed:
             raise ClientClosed("the client is closed; connect again")
+
+    def _check_usable(self) -> None:
+        self._check_open()
         if self._lost is not None:
             raise DataplaneLost(self._lost)
 

@@ -17,9 +17,29 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from .mock.process import MockDataplaneProcess
+from .errors import DataplaneRefused, DataplaneUnavailable
+from .mock.process import MockDataplaneProcess, control_request
+from .schema import control as ctl
 
-__all__ = ["MockDataplaneProcess", "duckpipe_mock", "duckpipe_mock_factory"]
+__all__ = ["MockDataplaneProcess", "duckpipe_mock", "duckpipe_mock_factory", "set_faults"]
+
+
+def set_faults(
+    control: str,
+    *,
+    delay_ms: float = 0.0,
+    dead_ducks: Sequence[int] = (),
+    crash_after: int | None = None,
+) -> None:
+    """Change a running mock dataplane's fault knobs (replacing the previous ones)."""
+    msg = ctl.SetFaults(
+        req_id=1, delay_ms=delay_ms, dead_ducks=list(dead_ducks), crash_after=crash_after
+    )
+    reply = control_request(control, msg, 5.0)
+    if reply is None:
+        raise DataplaneUnavailable(f"no dataplane answered at {control}")
+    if isinstance(reply, ctl.Error):
+        raise DataplaneRefused(reply.code, reply.message)
 
 
 @pytest.fixture(scope="module")

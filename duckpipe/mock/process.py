@@ -70,6 +70,8 @@ class MockDataplaneProcess:
         return self.proc.pid
 
     def start(self) -> MockDataplaneProcess:
+        if ping(self.control, 0.3) is not None:  # else we would mistake it for our child
+            raise DataplaneUnavailable(f"a dataplane is already running at {self.control}")
         cmd = [
             sys.executable,
             "-m",

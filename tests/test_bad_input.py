@@ -1,0 +1,142 @@
+"""Bad input from a user raises the documented errors, with messages that say what to do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import duckpipe
+from duckpipe import GeluMlp
+from duckpipe.errors import BadInput, ClientClosed, DuckpipeError, UnknownLayer
+
+HIDDEN = 32
+
+
+@pytest.fixture
+def loaded(client):
+    client.load_weights(7, GeluMlp.random(HIDDEN, 64, seed=1), ducks=[0, 1, 2, 3])
+    return client
+
+
+def test_every_error_is_a_duckpipe_error():
+    for name in duckpipe.errors.__all__:
+        assert issubclass(getattr(duckpipe.errors, name), DuckpipeError)
+
+
+def test_claim_rejects_unsupported_dtype(loaded):
+    with pytest.raises(BadInput, match="int64 is not supported"):
+        loaded.claim((1, HIDDEN), np.int64)
+
+
+def test_submit_rejects_dtype_other_than_the_layers(loaded):
+    with (
+        loaded.claim((1, HIDDEN), np.float16) as slot,
+        pytest.raises(BadInput, match="float32 weights"),
+    ):
+        loaded.submit(slot, 7)
+
+
+def test_submit_rejects_wrong_hidden_size(loaded):
+    with (
+        loaded.claim((2, HIDDEN + 1), np.float32) as slot,
+        pytest.raises(BadInput, match="hidden size 32"),
+    ):
+        loaded.submit(slot, 7)
+
+
+@pytest.mark.parametrize("shape", [(), (0, HIDDEN), (1, 1, 1, 1, HIDDEN), (-1,), "abc"])
+def test_claim_rejects_malformed_shapes(loaded, shape):
+    with pytest.raises(BadInput):
+        loaded.claim(shape, np.float32)
+
+
+def test_claim_rejects_activation_larger_than_a_slot(loaded):
+    rows = loaded.slot_size // (HIDDEN * 4) + 1
+    with pytest.raises(BadInput, match="does not fit a slot"):
+        loaded.claim((rows, HIDDEN), np.float32)
+
+
+def test_submit_rejects_unknown_layer(loaded):
+    with (
+        loaded.claim((1, HIDDEN), np.float32) as slot,
+        pytest.raises(UnknownLayer, match="layer 999 is not loaded"),
+    ):
+        loaded.submit(slot, 999)
+
+
+def test_submit_rejects_ducks_that_hold_no_shard(loaded):
+    with (
+        loaded.claim((1, HIDDEN), np.float32) as slot,
+        pytest.raises(BadInput, match=r"ducks \[9\]"),
+    ):
+        loaded.submit(slot, 7, ducks=[1, 9])
+
+
+def test_a_slot_cannot_be_submitted_twice_or_after_release(loaded):
+    slot = loaded.claim((1, HIDDEN), np.float32)
+    fwd = loaded.submit(slot, 7)
+    with pytest.raises(BadInput, match="not claimed"):
+        loaded.submit(slot, 7)
+    fwd.result(timeout=10)
+    other = loaded.claim((1, HIDDEN), np.float32)
+    other.release()
+    with pytest.raises(BadInput, match="not claimed"):
+        loaded.submit(other, 7)
+
+
+def test_slot_context_manager_releases_on_error(loaded):
+    free_before = len(loaded._free)
+    with pytest.raises(RuntimeError), loaded.claim((1, HIDDEN), np.float32):
+        assert len(loaded._free) == free_before - 1
+        raise RuntimeError("model code failed")
+    assert len(loaded._free) == free_before
+
+
+def test_released_forward_refuses_to_hand_out_its_reused_slot(loaded):
+    with loaded.claim((1, HIDDEN), np.float32) as slot:
+        slot.array[:] = 1
+        fwd = loaded.submit(slot, 7)
+    fwd.result(timeout=10)
+    fwd.release()
+    with pytest.raises(BadInput, match="released"):
+        fwd.result()
+
+
+def test_closed_client_raises_client_closed(dataplane):
+    c = duckpipe.connect(dataplane.control)
+    c.load_weights(8, GeluMlp.random(HIDDEN, 64, seed=2), ducks=[0])
+    slot = c.claim((1, HIDDEN), np.float32)
+    fwd = c.submit(slot, 8)
+    c.close()
+    c.close()  # idempotent
+    for call in (
+        lambda: c.claim((1, HIDDEN)),
+        lambda: c.submit(slot, 8),
+        lambda: fwd.result(1),
+        c.stats,
+    ):
+        with pytest.raises(ClientClosed, match="connect again"):
+            call()
+
+
+def test_connect_rejects_bad_options(dataplane):
+    with pytest.raises(BadInput, match="power of two"):
+        duckpipe.connect(dataplane.control, slots=3)
+    with pytest.raises(BadInput, match="wait must be"):
+        duckpipe.connect(dataplane.control, wait="sleepy")
+
+
+def test_load_weights_rejects_unknown_ducks_and_too_many_shards(client):
+    mlp = GeluMlp.random(8, 4, seed=3)
+    with pytest.raises(BadInput, match="distinct ids"):
+        client.load_weights(9, mlp, ducks=[0, 0])
+    with pytest.raises(BadInput, match="distinct ids"):
+        client.load_weights(9, mlp, ducks=[500])
+    with pytest.raises(BadInput, match="cannot shard an FFN of 4 columns over 5 ducks"):
+        client.load_weights(9, mlp, ducks=[0, 1, 2, 3, 4])
+
+
+def test_mlp_rejects_mismatched_shapes():
+    w = np.zeros((8, 16), np.float32)
+    with pytest.raises(BadInput, match="w_down has shape"):
+        GeluMlp(w_up=w, b_up=np.zeros(16, np.float32), w_down=np.zeros((8, 16), np.float32))

@@ -1,0 +1,61 @@
+"""The command line: the example job, stats, shutdown, a busy address, duckpipe-top."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from duckpipe.mock.process import MockDataplaneProcess, ping
+
+
+def _duckpipe(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "duckpipe", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_example_runs_checked_forwards_against_a_fresh_mock():
+    r = _duckpipe("example", "--forwards", "5", "--ducks", "4")
+    assert r.returncode == 0, r.stderr
+    assert "started a mock dataplane" in r.stdout
+    lines = [line for line in r.stdout.splitlines() if "max |y - numpy|" in line]
+    assert len(lines) == 2
+    for line in lines:
+        err = float(line.split("max |y - numpy| = ")[1].split(",")[0])
+        assert err < 1e-3
+
+
+def test_stats_and_shutdown_talk_to_a_running_dataplane():
+    dp = MockDataplaneProcess(ducks=3).start()
+    try:
+        r = _duckpipe("stats", "--control", dp.control, "--json")
+        assert r.returncode == 0, r.stderr
+        stats = json.loads(r.stdout)
+        assert stats["mode"] == "mock" and "forwards" in stats["counters"]
+        r = _duckpipe("shutdown", "--control", dp.control)
+        assert r.returncode == 0 and "acknowledged" in r.stdout
+        assert dp.proc.wait(10) == 0
+        assert ping(dp.control, 0.3) is None
+    finally:
+        dp.__exit__(None, None, None)
+
+
+def test_stats_without_a_dataplane_fails_clearly(tmp_path):
+    r = _duckpipe("stats", "--control", f"ipc://{tmp_path}/none")
+    assert r.returncode == 1 and "no dataplane answered" in r.stderr
+
+
+def test_mock_refuses_an_address_another_dataplane_serves(dataplane):
+    r = _duckpipe("mock-dataplane", "--control", dataplane.control, timeout=30)
+    assert r.returncode == 1 and "already running" in r.stderr
+    assert ping(dataplane.control, 2) is not None
+
+
+def test_duckpipe_top_says_it_is_not_implemented_yet():
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys, duckpipe.top; sys.exit(duckpipe.top.main())"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "not yet implemented" in r.stderr

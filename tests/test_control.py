@@ -1,0 +1,82 @@
+"""The control plane: clear errors when nobody listens, garbage never hurts the dataplane."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+import duckpipe
+from duckpipe import GeluMlp
+from duckpipe.errors import DataplaneRefused, DataplaneUnavailable
+from duckpipe.mock.process import MockDataplaneProcess, control_request, ping
+from duckpipe.schema import control as ctl
+from duckpipe.testing import set_faults
+
+
+def test_connect_without_a_dataplane_says_how_to_start_one(tmp_path):
+    with pytest.raises(DataplaneUnavailable, match="duckpipe mock-dataplane"):
+        duckpipe.connect(f"ipc://{tmp_path}/nobody")
+
+
+def test_connect_to_a_silent_endpoint_times_out_cleanly():
+    t0 = time.monotonic()
+    with pytest.raises(DataplaneUnavailable, match="within 0.3 s"):
+        duckpipe.connect("tcp://127.0.0.1:9", timeout=0.3)
+    assert time.monotonic() - t0 < 3
+
+
+def test_garbage_on_the_control_socket_is_counted_and_ignored(dataplane):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(dataplane.control)
+    before = ping(dataplane.control, 2).counters["bad_control_messages"]
+    for junk in (b"", b"\xff\x00garbage", b"\x81\xa4type\xa7Nothing"):
+        sock.send(junk)
+        assert sock.poll(2000)
+        reply = ctl.reply_decoder.decode(sock.recv())
+        assert isinstance(reply, ctl.Error) and reply.code == "bad_message"
+    sock.send_multipart([b"two", b"frames"])
+    sock.close()
+    time.sleep(0.1)
+    assert ping(dataplane.control, 2).counters["bad_control_messages"] == before + 4
+    with duckpipe.connect(dataplane.control) as c:  # still serving
+        c.load_weights(40, GeluMlp.random(8, 8, seed=1), ducks=[0])
+        assert c.forward(40, np.ones((1, 8), np.float32)).shape == (1, 8)
+
+
+def test_attach_with_another_abi_version_is_refused(dataplane):
+    reply = control_request(
+        dataplane.control,
+        ctl.Attach(req_id=1, abi_major=99, pid=1, segment="/dev/shm/none"),
+        2,
+    )
+    assert isinstance(reply, ctl.Error) and reply.code == "abi_mismatch"
+
+
+def test_attach_to_a_missing_segment_is_refused(dataplane):
+    reply = control_request(
+        dataplane.control,
+        ctl.Attach(req_id=1, abi_major=1, pid=1, segment="/dev/shm/duckpipe-missing"),
+        2,
+    )
+    assert isinstance(reply, ctl.Error) and reply.code == "bad_segment"
+
+
+def test_a_second_dataplane_on_a_busy_address_refuses_to_start(dataplane):
+    with pytest.raises(DataplaneUnavailable, match="already running"):
+        MockDataplaneProcess(control=dataplane.control, ready_timeout=10).start()
+    assert ping(dataplane.control, 2) is not None
+
+
+def test_set_faults_rejects_unknown_ducks(dataplane):
+    with pytest.raises(DataplaneRefused, match="do not exist"):
+        set_faults(dataplane.control, dead_ducks=[200])
+
+
+def test_topology_lists_every_duck(client, dataplane):
+    topo = client.topology()
+    assert [d.id for d in topo.ducks] == list(range(dataplane.ducks))
+    assert all(d.nic == topo.nics[0].name for d in topo.ducks)

@@ -1,0 +1,52 @@
+"""The MLP kinds: numerics, sharding, and partials that sum to the whole layer."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from duckpipe import GeluMlp, SwiGluMlp
+from duckpipe.errors import BadInput
+from duckpipe.models import duck_partial, erf, gelu, shard_bounds, shard_sizes
+
+
+def test_erf_matches_the_standard_library_to_float32_resolution():
+    x = np.linspace(-7, 7, 20001)
+    want = np.array([math.erf(v) for v in x])
+    assert np.abs(erf(x) - want).max() < 2e-7
+
+
+def test_gelu_is_the_exact_erf_form():
+    x = np.array([-3.0, -1.0, 0.0, 0.5, 2.0])
+    want = [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x]
+    np.testing.assert_allclose(gelu(x), want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("ffn,n", [(96, 1), (96, 4), (96, 24), (1536, 7), (10, 10)])
+def test_shards_cover_the_ffn_evenly(ffn, n):
+    sizes = shard_sizes(ffn, n)
+    assert sum(sizes) == ffn and len(sizes) == n and max(sizes) - min(sizes) <= 1
+    bounds = shard_bounds(sizes)
+    assert bounds[0][0] == 0 and bounds[-1][1] == ffn
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+
+
+def test_more_ducks_than_columns_is_refused():
+    with pytest.raises(BadInput, match="cannot shard"):
+        shard_sizes(3, 4)
+
+
+@pytest.mark.parametrize("cls", [GeluMlp, SwiGluMlp])
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_partials_of_all_shards_sum_to_the_reference(cls, n):
+    mlp = cls.random(24, 40, seed=n)
+    x = np.random.default_rng(n).standard_normal((5, 24)).astype(np.float32)
+    total = sum(
+        duck_partial(mlp.kind, x, list(mlp.shard(lo, hi)))
+        for lo, hi in shard_bounds(shard_sizes(40, n))
+    )
+    if mlp.b_down is not None:
+        total = total + mlp.b_down
+    np.testing.assert_allclose(total, mlp.reference(x), rtol=1e-5, atol=1e-6)
