@@ -131,3 +131,20 @@ def _filled(client, x):
     slot = client.claim(x.shape, x.dtype)
     slot.array[:] = x
     return slot
+
+
+@pytest.mark.parametrize("backing", ["devshm", "hugetlbfs"])
+def test_forwards_work_on_both_backings(dataplane, backing):
+    from duckpipe import runtime
+
+    if backing == "hugetlbfs":
+        if runtime.find_hugetlbfs() is None:
+            pytest.skip("no writable hugetlbfs mount with 2 MiB pages (run tools/setup as root)")
+        if runtime.free_hugepages() < 2:
+            pytest.skip(f"only {runtime.free_hugepages()} free 2 MiB hugepages; 2 are needed")
+    mlp = GeluMlp.random(32, 64, seed=9)
+    with duckpipe.connect(dataplane.control, slots=4, slot_size=65536, backing=backing) as c:
+        assert c.backing == backing
+        c.load_weights(12, mlp, ducks=[0, 1])
+        x = np.random.default_rng(3).standard_normal((2, 32)).astype(np.float32)
+        np.testing.assert_allclose(c.forward(12, x), mlp.reference(x), rtol=1e-5, atol=1e-6)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -30,7 +31,7 @@ def test_shards_cover_the_ffn_evenly(ffn, n):
     assert sum(sizes) == ffn and len(sizes) == n and max(sizes) - min(sizes) <= 1
     bounds = shard_bounds(sizes)
     assert bounds[0][0] == 0 and bounds[-1][1] == ffn
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
 
 
 def test_more_ducks_than_columns_is_refused():

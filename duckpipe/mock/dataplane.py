@@ -38,7 +38,7 @@ from ..models import duck_partial, numpy_dtype
 from ..ring import SubmissionRing, new_descs
 from ..schema import control as ctl
 from ..schema.abi import ABI_MAJOR, MAX_DUCKS, DType, MlpKind, Op, Status
-from ..shm import Segment
+from ..shm import Segment, clean_segments
 
 __all__ = ["MockConfig", "MockDataplane", "main_loop"]
 
@@ -130,6 +130,7 @@ class MockDataplane:
                 "clients_attached",
                 "clients_detached",
                 "clients_reclaimed",
+                "stale_segments_removed",
                 "descriptors",
                 "forwards",
                 "forwards_ok",
@@ -184,6 +185,9 @@ class MockDataplane:
     # --- main loop -------------------------------------------------------------
 
     def serve(self) -> None:
+        for info in clean_segments():
+            log.warning("removed %s left by dead pid %d", info.path, info.creator_pid)
+            self.counters["stale_segments_removed"] += 1
         last_house = 0.0
         while self._running:
             work = self._poll_control()
