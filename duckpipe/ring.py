@@ -45,9 +45,11 @@ class SubmissionRing:
 
     def pop_burst(self, out, n: int) -> int:
         """Copy up to ``n`` descriptors into the array ``out``; returns how many."""
+        n = min(n, len(out))  # never past the caller's array
         return lib.dp_ring_pop_burst(self._hdr, self._descs, self.capacity, out, n)
 
     def push_burst(self, descs, n: int) -> int:
+        n = min(n, len(descs))
         return lib.dp_ring_push_burst(self._hdr, self._descs, self.capacity, descs, n)
 
     def __len__(self) -> int:

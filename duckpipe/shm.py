@@ -159,6 +159,8 @@ class Segment:
             raise BadInput("slot sizes must be positive")
         res_slot_size = act_slot_size if res_slot_size is None else res_slot_size
         name = f"{runtime.segment_prefix()}{os.getpid()}-{tag or 'seg'}-{secrets.token_hex(4)}"
+        if len(name.encode()) > 127:  # it must fit the header's name field
+            raise BadInput(f"segment tag {tag!r} is too long; keep it under 64 characters")
 
         huge_dir = Path(hugetlbfs_dir) if hugetlbfs_dir else runtime.find_hugetlbfs()
         if backing in ("auto", "hugetlbfs"):
@@ -188,6 +190,18 @@ class Segment:
     def _publish(
         cls, path: Path, mm: mmap.mmap, backing: Backing, plan: _Plan, slots: int, capacity: int
     ) -> Segment:
+        try:
+            cls._write_header(path, mm, backing, plan, slots, capacity)
+        except BaseException:
+            mm.close()
+            _unlink(path)
+            raise
+        return cls(path, mm, backing, owner=True)
+
+    @staticmethod
+    def _write_header(
+        path: Path, mm: mmap.mmap, backing: Backing, plan: _Plan, slots: int, capacity: int
+    ) -> None:
         base = ffi.from_buffer(mm)
         h = ffi.cast("struct dp_seg_header *", base)
         h.abi_major = ABI_MAJOR
@@ -212,7 +226,6 @@ class Segment:
         # release: whoever sees the magic sees a complete header
         lib.dp_store_release_u64(ffi.addressof(h, "magic"), SEG_MAGIC)
         ffi.release(base)
-        return cls(path, mm, backing, owner=True)
 
     @classmethod
     def open(cls, path: str | Path) -> Segment:
@@ -234,28 +247,14 @@ class Segment:
         finally:
             os.close(fd)
         base = ffi.from_buffer(mm)
-        h = ffi.cast("struct dp_seg_header *", base)
-        magic = lib.dp_load_acquire_u64(ffi.addressof(h, "magic"))
-        major, minor, size, backing = (
-            int(h.abi_major),
-            int(h.abi_minor),
-            int(h.segment_size),
-            int(h.backing),
-        )
+        try:
+            backing = _validate_header(path, ffi.cast("struct dp_seg_header *", base), len(mm))
+        except BaseException:
+            ffi.release(base)
+            mm.close()
+            raise
         ffi.release(base)
-        if magic != SEG_MAGIC:
-            mm.close()
-            raise SegmentError(f"{path} has no duckpipe segment header (magic {magic:#x})")
-        if major != ABI_MAJOR:
-            mm.close()
-            raise AbiMismatch(
-                f"{path} uses segment ABI {major}.{minor}, this duckpipe speaks {ABI_MAJOR}.x; "
-                "run client and dataplane from the same duckpipe version"
-            )
-        if size != len(mm) or backing not in (Backing.HUGETLBFS, Backing.DEVSHM):
-            mm.close()
-            raise SegmentError(f"{path}: header says {size} bytes, file has {len(mm)}")
-        return cls(path, mm, Backing(backing), owner=False)
+        return cls(path, mm, backing, owner=False)
 
     # --- slot access ---------------------------------------------------------
 
@@ -303,6 +302,40 @@ class Segment:
 
     def __repr__(self) -> str:
         return f"<Segment {self.name} {self.backing.name.lower()} {self.size} bytes>"
+
+
+def _validate_header(path: Path, h, file_size: int) -> Backing:
+    """Refuse any header this version would not have written: it must not aim our pointers."""
+    magic = lib.dp_load_acquire_u64(ffi.addressof(h, "magic"))
+    if magic != SEG_MAGIC:
+        raise SegmentError(f"{path} has no duckpipe segment header (magic {magic:#x})")
+    major, minor = int(h.abi_major), int(h.abi_minor)
+    if major != ABI_MAJOR:
+        raise AbiMismatch(
+            f"{path} uses segment ABI {major}.{minor}, this duckpipe speaks {ABI_MAJOR}.x; "
+            "run client and dataplane from the same duckpipe version"
+        )
+    backing, size = int(h.backing), int(h.segment_size)
+    if backing not in (Backing.HUGETLBFS, Backing.DEVSHM) or size != file_size:
+        raise SegmentError(f"{path}: header says {size} bytes, file has {file_size}")
+    slots, cap = int(h.slot_count), int(h.ring_capacity)
+    if not (_is_pow2(slots) and _is_pow2(cap) and cap >= slots):
+        raise SegmentError(f"{path}: bad slot count {slots} or ring capacity {cap}")
+    page = runtime.HUGEPAGE_SIZE if backing == Backing.HUGETLBFS else SMALL_PAGE
+    want = _plan(slots, cap, int(h.act_slot_size), int(h.res_slot_size), page)
+    got = _Plan(
+        int(h.ring_offset),
+        int(h.res_hdr_offset),
+        int(h.act_offset),
+        int(h.res_offset),
+        int(h.act_slot_size),
+        int(h.res_slot_size),
+        size,
+    )
+    sizes = (int(h.header_size), int(h.desc_size))
+    if got != want or sizes != (ffi.sizeof("struct dp_seg_header"), ffi.sizeof("struct dp_desc")):
+        raise SegmentError(f"{path}: the header's layout is not one this version writes")
+    return Backing(backing)
 
 
 def _hugepages_unavailable(huge_dir: Path | None, size: int) -> str | None:
