@@ -33,6 +33,8 @@
 #define DP_MAX_DIMS 4
 #define DP_WIRE_MAGIC 0x4b435544
 #define DP_WIRE_VERSION 1
+#define DP_WIRE_ANY_DUCK 65535
+#define DP_WIRE_LAYER_TENSOR 65535
 #define DP_HOST_TENSOR_DUCK 65535
 
 /* What memory backs a segment. */
@@ -81,6 +83,13 @@ enum dp_wire_op {
     DP_WIRE_OP_WEIGHT_ACK = 5,
     DP_WIRE_OP_PING = 6,
     DP_WIRE_OP_PONG = 7,
+    DP_WIRE_OP_LAYER = 8,
+};
+
+/* Bits of the header's ``flags``. */
+enum dp_wire_flag {
+    DP_WIRE_FLAG_INPUT = 1,
+    DP_WIRE_FLAG_NO_LAYER = 2,
 };
 
 /*
@@ -194,6 +203,18 @@ struct dp_wire_header {
     uint64_t compute_ns;                /*   72: PARTIAL: the duck's own compute time for this forward */
 };  /* 80 bytes */
 
+/*
+ * Payload of a LAYER datagram: the shard a duck is about to receive.
+ */
+struct dp_wire_layer {
+    uint8_t kind;                       /*    0: enum dp_mlp_kind */
+    uint8_t dtype;                      /*    1 */
+    uint8_t pad0[2];                    /*    2 */
+    uint32_t hidden;                    /*    4 */
+    uint32_t ffn;                       /*    8: FFN columns in this duck's shard */
+    uint8_t pad1[4];                    /*   12 */
+};  /* 16 bytes */
+
 /* @cdef-end */
 
 _Static_assert(sizeof(struct dp_seg_header) == 384, "dp_seg_header size");
@@ -278,5 +299,12 @@ _Static_assert(offsetof(struct dp_wire_header, total) == 56, "dp_wire_header.tot
 _Static_assert(offsetof(struct dp_wire_header, length) == 64, "dp_wire_header.length");
 _Static_assert(offsetof(struct dp_wire_header, rows) == 68, "dp_wire_header.rows");
 _Static_assert(offsetof(struct dp_wire_header, compute_ns) == 72, "dp_wire_header.compute_ns");
+_Static_assert(sizeof(struct dp_wire_layer) == 16, "dp_wire_layer size");
+_Static_assert(offsetof(struct dp_wire_layer, kind) == 0, "dp_wire_layer.kind");
+_Static_assert(offsetof(struct dp_wire_layer, dtype) == 1, "dp_wire_layer.dtype");
+_Static_assert(offsetof(struct dp_wire_layer, pad0) == 2, "dp_wire_layer.pad0");
+_Static_assert(offsetof(struct dp_wire_layer, hidden) == 4, "dp_wire_layer.hidden");
+_Static_assert(offsetof(struct dp_wire_layer, ffn) == 8, "dp_wire_layer.ffn");
+_Static_assert(offsetof(struct dp_wire_layer, pad1) == 12, "dp_wire_layer.pad1");
 
 #endif /* DP_ABI_H */

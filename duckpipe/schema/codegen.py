@@ -29,6 +29,7 @@ _ENUMS: tuple[type[enum.IntEnum], ...] = (
     abi.Status,
     abi.MlpKind,
     wire.WireOp,
+    wire.WireFlag,
 )
 
 
@@ -134,7 +135,7 @@ def render_wire_json() -> str:
             "description": (wire.__doc__ or "").strip(),
             "version": wire.WIRE_VERSION,
             "constants": wire.CONSTANTS,
-            "enums": {"WireOp": _enum_json(wire.WireOp)},
+            "enums": {"WireOp": _enum_json(wire.WireOp), "WireFlag": _enum_json(wire.WireFlag)},
             "structs": {c.__name__: layout_of(c).to_json() for c in wire.LAYOUTS},
             "byte_order": "little",
         }

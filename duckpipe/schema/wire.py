@@ -6,7 +6,12 @@ NIC subnet or unicast to each duck in turn. Each duck answers with its partial
 result, chunked the same way, op PARTIAL, ``compute_ns`` set. A receiver that
 is missing chunks after a while sends NACK, whose payload is the list of missing
 chunk indices as little-endian uint32; ducks keep recent outputs to resend.
-Weights: op WEIGHT to one duck, acknowledged chunk by chunk with WEIGHT_ACK.
+Only the host runs timers: when a duck's partial is incomplete it NACKs the duck
+(an empty list means "everything"); a duck still missing input chunks answers
+with NACK flagged INPUT listing them, and the host resends those.
+Weights: op LAYER (payload ``dp_wire_layer``) announces a layer's shard to one
+duck, then op WEIGHT chunks fill its tensors; each datagram is acknowledged
+with WEIGHT_ACK (``tensor`` 0xFFFF for LAYER) and resent until it is.
 Every datagram carries the session cookie and the epoch; a receiver drops and
 counts datagrams with a bad magic, version, session or a stale epoch.
 """
@@ -18,7 +23,7 @@ from typing import ClassVar
 
 import msgspec
 
-from .layout import U8, U16, U32, U64
+from .layout import U8, U16, U32, U64, Pad
 
 __all__ = ["CONSTANTS", "LAYOUTS", "WIRE_MAGIC", "WIRE_VERSION", "WireHeader", "WireOp"]
 
@@ -34,6 +39,14 @@ class WireOp(enum.IntEnum):
     WEIGHT_ACK = 5  # duck -> host: chunk ``chunk`` of tensor ``tensor`` stored
     PING = 6  # host -> duck: liveness and epoch announcement
     PONG = 7  # duck -> host
+    LAYER = 8  # host -> duck: a layer's shard shape (payload dp_wire_layer)
+
+
+class WireFlag(enum.IntEnum):
+    """Bits of the header's ``flags``."""
+
+    INPUT = 1  # NACK from a duck: the missing chunks are of the host's activation
+    NO_LAYER = 2  # NACK from a duck: it holds no such layer (it lost its weights)
 
 
 class WireHeader(msgspec.Struct, frozen=True):
@@ -77,5 +90,28 @@ class WireHeader(msgspec.Struct, frozen=True):
     compute_ns: U64
 
 
-LAYOUTS = (WireHeader,)
-CONSTANTS: dict[str, int] = {"WIRE_MAGIC": WIRE_MAGIC, "WIRE_VERSION": WIRE_VERSION}
+class WireLayer(msgspec.Struct, frozen=True):
+    """Payload of a LAYER datagram: the shard a duck is about to receive."""
+
+    __c_name__: ClassVar[str] = "dp_wire_layer"
+    __c_size__: ClassVar[int] = 16
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "kind": "enum dp_mlp_kind",
+        "ffn": "FFN columns in this duck's shard",
+    }
+
+    kind: U8
+    dtype: U8
+    pad0: Pad(2)
+    hidden: U32
+    ffn: U32
+    pad1: Pad(4)
+
+
+LAYOUTS = (WireHeader, WireLayer)
+CONSTANTS: dict[str, int] = {
+    "WIRE_MAGIC": WIRE_MAGIC,
+    "WIRE_VERSION": WIRE_VERSION,
+    "WIRE_ANY_DUCK": 0xFFFF,
+    "WIRE_LAYER_TENSOR": 0xFFFF,
+}

@@ -1,0 +1,70 @@
+/* dp_reduce.h: summing ducks' partials into a float32 accumulator, and writing it out.
+ *
+ * Partials arrive chunk by chunk, in any order and any alignment; each chunk is
+ * added where its byte offset puts it. Float16 partials are accumulated in float32.
+ */
+#ifndef DP_REDUCE_H
+#define DP_REDUCE_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "dp_abi.h"
+#include "dp_f16.h"
+
+static inline uint32_t dp_dtype_size(uint8_t dtype)
+{
+	return dtype == DP_DTYPE_F16 ? 2 : dtype == DP_DTYPE_F32 ? 4 : 0;
+}
+
+/* acc[first .. first + n) += n values of `dtype` read from src (unaligned is fine). */
+static inline void dp_accumulate(float *acc, uint64_t first, const void *src, uint32_t n,
+				 uint8_t dtype)
+{
+	float *a = acc + first;
+	const uint8_t *p = src;
+	if (dtype == DP_DTYPE_F32) {
+		for (uint32_t i = 0; i < n; i++) {
+			float v;
+			memcpy(&v, p + 4 * (size_t)i, 4);
+			a[i] += v;
+		}
+	} else {
+		for (uint32_t i = 0; i < n; i++) {
+			uint16_t v;
+			memcpy(&v, p + 2 * (size_t)i, 2);
+			a[i] += dp_f16_to_f32(v);
+		}
+	}
+}
+
+/* acc += other (combining two NICs' sums). */
+static inline void dp_accumulate_f32(float *restrict acc, const float *restrict other, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++)
+		acc[i] += other[i];
+}
+
+/* Write rows x hidden values of acc (+ bias per column, if any) to out as `dtype`.
+ * out may alias acc when dtype is float32. */
+static inline void dp_reduce_store(void *out, const float *acc, const float *bias, uint32_t rows,
+				   uint32_t hidden, uint8_t dtype)
+{
+	if (dtype == DP_DTYPE_F32) {
+		float *o = out;
+		for (uint32_t r = 0; r < rows; r++)
+			for (uint32_t c = 0; c < hidden; c++) {
+				size_t i = (size_t)r * hidden + c;
+				o[i] = acc[i] + (bias ? bias[c] : 0.0f);
+			}
+	} else {
+		uint16_t *o = out;
+		for (uint32_t r = 0; r < rows; r++)
+			for (uint32_t c = 0; c < hidden; c++) {
+				size_t i = (size_t)r * hidden + c;
+				o[i] = dp_f32_to_f16(acc[i] + (bias ? bias[c] : 0.0f));
+			}
+	}
+}
+
+#endif /* DP_REDUCE_H */
