@@ -354,6 +354,7 @@ class Client:
         self.epoch = att.epoch
         self.mode = att.mode
         self._dp_pid = att.dataplane_pid
+        self._max_bytes = min(seg.act_slot_size, att.max_forward_bytes or seg.act_slot_size)
 
     # --- public API -----------------------------------------------------------
 
@@ -410,10 +411,11 @@ class Client:
         dtype_code(dt)
         nbytes = int(np.prod(shape_t)) * dt.itemsize
         seg = self._segment
-        if nbytes > seg.act_slot_size or nbytes > seg.res_slot_size:
+        if nbytes > self._max_bytes or nbytes > seg.res_slot_size:
             raise BadInput(
-                f"an activation of {nbytes} bytes does not fit a slot of {seg.act_slot_size} bytes "
-                f"(result slots {seg.res_slot_size}); connect with a larger slot_size"
+                f"an activation of {nbytes} bytes does not fit a slot of {self._max_bytes} bytes "
+                f"(result slots {seg.res_slot_size}); connect with a larger slot_size "
+                "(the dataplane's max_forward_bytes caps it too)"
             )
         i = self._take_slot(self._claim_timeout if timeout is None else timeout)
         return Slot(self, i, self._gen[i], seg.act_view(i, shape_t, dt))
@@ -525,7 +527,7 @@ class Client:
         if mlp.b_down is not None:
             pieces.append((ctl.HOST_TENSOR_DUCK, 3, np.ascontiguousarray(mlp.b_down)))
         total = sum(a.nbytes for _, _, a in pieces)
-        chunk = self._segment.act_slot_size
+        chunk = self._max_bytes
         recs: list[_Inflight] = []
         with Progress(total, f"layer {layer} weights", enabled=progress) as bar:
             for duck, tensor, arr in pieces:

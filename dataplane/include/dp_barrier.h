@@ -30,6 +30,37 @@ static inline void dp_store_relaxed_u64(uint64_t *p, uint64_t v)
 	atomic_store_explicit((_Atomic uint64_t *)p, v, memory_order_relaxed);
 }
 
+static inline uint32_t dp_load_acquire_u32(const uint32_t *p)
+{
+	return atomic_load_explicit((const _Atomic uint32_t *)p, memory_order_acquire);
+}
+
+static inline void dp_store_release_u32(uint32_t *p, uint32_t v)
+{
+	atomic_store_explicit((_Atomic uint32_t *)p, v, memory_order_release);
+}
+
+static inline void *dp_load_acquire_ptr(void *const *p)
+{
+	return atomic_load_explicit((void *_Atomic const *)p, memory_order_acquire);
+}
+
+static inline void dp_store_release_ptr(void **p, void *v)
+{
+	atomic_store_explicit((void *_Atomic *)p, v, memory_order_release);
+}
+
+/* Returns the value before; acq_rel so that the last one out sees everyone's writes. */
+static inline uint64_t dp_fetch_add_u64(uint64_t *p, int64_t v)
+{
+	return atomic_fetch_add_explicit((_Atomic uint64_t *)p, (uint64_t)v, memory_order_acq_rel);
+}
+
+static inline uint32_t dp_fetch_sub_u32(uint32_t *p, uint32_t v)
+{
+	return atomic_fetch_sub_explicit((_Atomic uint32_t *)p, v, memory_order_acq_rel);
+}
+
 /* Tell the core we are spinning (frees the sibling hyperthread, saves power). */
 static inline void dp_cpu_relax(void)
 {

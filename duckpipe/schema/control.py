@@ -146,6 +146,7 @@ class Attached(Message, kw_only=True):
     mode: str
     ducks: int
     default_timeout_us: int
+    max_forward_bytes: int = 0  # largest activation or weight chunk; 0: no limit
 
 
 class Ack(Message, kw_only=True):

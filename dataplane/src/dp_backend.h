@@ -1,0 +1,57 @@
+/* dp_backend.h: how a NIC worker moves datagrams, as an ops table (l3fwd's lookup
+ * modes are the model). `socket` is kernel UDP; `dpdk` plugs in the same way. */
+#ifndef DP_BACKEND_H
+#define DP_BACKEND_H
+
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "dp_config.h"
+#include "dp_counters.h"
+
+/* One message to one destination: iov holds [header|payload]... pieces. With
+ * gso_size set, the backend sends them as datagrams of gso_size bytes (the last
+ * may be short); else iov is exactly one datagram. */
+struct dp_tx {
+	const struct sockaddr_in *dst;
+	struct iovec *iov;
+	uint32_t iovcnt;
+	uint32_t gso_size;
+	uint32_t datagrams;
+};
+
+struct dp_rx {
+	uint8_t *buf;
+	uint32_t len;
+	struct sockaddr_in src;
+};
+
+struct dp_backend;
+
+struct dp_backend_ops {
+	const char *name;
+	int (*open)(struct dp_backend *b);
+	void (*close)(struct dp_backend *b);
+	/* Returns how many of n messages went out; the rest are counted as tx_errors. */
+	uint32_t (*tx_burst)(struct dp_backend *b, struct dp_tx *tx, uint32_t n);
+	/* Fills up to n rx entries (buffers owned by the backend until the next call). */
+	uint32_t (*rx_burst)(struct dp_backend *b, struct dp_rx *rx, uint32_t n);
+};
+
+struct dp_backend {
+	const struct dp_backend_ops *ops;
+	const struct dp_nic_cfg *cfg;
+	struct dp_counters *counters;
+	bool gso;           /* the backend can cut one send into datagrams */
+	uint32_t max_gso_segments;
+	void *priv;
+};
+
+extern const struct dp_backend_ops dp_backend_socket;
+
+/* The ops table for a backend name, or NULL (with dp_error naming the choices). */
+const struct dp_backend_ops *dp_backend_lookup(const char *name);
+
+#endif /* DP_BACKEND_H */

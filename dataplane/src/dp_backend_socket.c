@@ -1,0 +1,223 @@
+/* dp_backend_socket.c: kernel UDP, the reference system's "non-DPDK baseline".
+ *
+ * One non-blocking socket per NIC bound to the host address (SO_BINDTODEVICE
+ * when an interface is named); sendmmsg with UDP GSO (UDP_SEGMENT: one call
+ * hands the kernel a run of chunks to cut into datagrams) where the kernel has
+ * it; recvmmsg in bursts; receive buffers sized for the largest reply burst, and
+ * SO_RXQ_OVFL to count what the kernel still dropped.
+ */
+#include <errno.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/udp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dp_backend.h"
+#include "dp_common.h"
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef SO_RXQ_OVFL
+#define SO_RXQ_OVFL 40
+#endif
+
+#define RX_BURST 64
+#define RX_BUF 9216      /* a jumbo frame; longer datagrams arrive truncated and are refused */
+#define TX_BURST 64
+#define GSO_MAX_SEGMENTS 64
+
+struct sock_priv {
+	int fd;
+	uint32_t last_ovfl;
+	struct mmsghdr rx_msgs[RX_BURST];
+	struct iovec rx_iov[RX_BURST];
+	struct sockaddr_in rx_src[RX_BURST];
+	char rx_cmsg[RX_BURST][CMSG_SPACE(sizeof(uint32_t))];
+	uint8_t *rx_bufs;
+	struct mmsghdr tx_msgs[TX_BURST];
+	char tx_cmsg[TX_BURST][CMSG_SPACE(sizeof(uint16_t))];
+};
+
+static int set_int(int fd, int level, int opt, int val, const char *name)
+{
+	if (setsockopt(fd, level, opt, &val, sizeof(val)) < 0) {
+		dp_set_error("setsockopt(%s=%d): %s", name, val, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+static int sock_open(struct dp_backend *b)
+{
+	const struct dp_nic_cfg *cfg = b->cfg;
+	struct sock_priv *p = calloc(1, sizeof(*p));
+	if (!p || !(p->rx_bufs = malloc((size_t)RX_BURST * RX_BUF))) {
+		free(p);
+		dp_set_error("out of memory for socket buffers");
+		return -1;
+	}
+	p->fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (p->fd < 0) {
+		dp_set_error("socket(): %s", strerror(errno));
+		goto fail;
+	}
+	if (cfg->interface[0] && setsockopt(p->fd, SOL_SOCKET, SO_BINDTODEVICE, cfg->interface,
+					     (socklen_t)strlen(cfg->interface)) < 0) {
+		dp_set_error("SO_BINDTODEVICE %s: %s (needs root and an existing interface)",
+			     cfg->interface, strerror(errno));
+		goto fail;
+	}
+	/* Large replies need large buffers (NOTES.md): beyond rmem_max, root can force. */
+	if (set_int(p->fd, SOL_SOCKET, SO_RCVBUFFORCE, (int)cfg->rcvbuf, "SO_RCVBUFFORCE") < 0 &&
+	    set_int(p->fd, SOL_SOCKET, SO_RCVBUF, (int)cfg->rcvbuf, "SO_RCVBUF") < 0)
+		DP_WARN("nic %s: %s", cfg->name, dp_error());
+	if (set_int(p->fd, SOL_SOCKET, SO_SNDBUFFORCE, 4 << 20, "SO_SNDBUFFORCE") < 0)
+		(void)set_int(p->fd, SOL_SOCKET, SO_SNDBUF, 4 << 20, "SO_SNDBUF");
+	(void)set_int(p->fd, SOL_SOCKET, SO_RXQ_OVFL, 1, "SO_RXQ_OVFL");
+	if (cfg->busy_poll_us && set_int(p->fd, SOL_SOCKET, SO_BUSY_POLL, (int)cfg->busy_poll_us,
+					 "SO_BUSY_POLL") < 0)
+		DP_WARN("nic %s: %s", cfg->name, dp_error());
+	if (cfg->use_broadcast && set_int(p->fd, SOL_SOCKET, SO_BROADCAST, 1, "SO_BROADCAST") < 0)
+		goto fail;
+	if (bind(p->fd, (const struct sockaddr *)&cfg->host, sizeof(cfg->host)) < 0) {
+		dp_set_error("bind to the NIC's host address (port %u): %s; is another dataplane "
+			     "running, or the address not on this host?",
+			     ntohs(cfg->host.sin_port), strerror(errno));
+		goto fail;
+	}
+	/* Probe GSO: a socket-wide UDP_SEGMENT of 0 is accepted where the kernel has it. */
+	b->gso = cfg->gso && set_int(p->fd, SOL_UDP, UDP_SEGMENT, 0, "UDP_SEGMENT") == 0;
+	b->max_gso_segments = GSO_MAX_SEGMENTS;
+	for (uint32_t i = 0; i < RX_BURST; i++) {
+		p->rx_iov[i].iov_base = p->rx_bufs + (size_t)i * RX_BUF;
+		p->rx_iov[i].iov_len = RX_BUF;
+	}
+	b->priv = p;
+	return 0;
+fail:
+	if (p->fd >= 0)
+		close(p->fd);
+	free(p->rx_bufs);
+	free(p);
+	return -1;
+}
+
+static void sock_close(struct dp_backend *b)
+{
+	struct sock_priv *p = b->priv;
+	if (!p)
+		return;
+	close(p->fd);
+	free(p->rx_bufs);
+	free(p);
+	b->priv = NULL;
+}
+
+static uint32_t sock_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
+{
+	struct sock_priv *p = b->priv;
+	uint32_t sent = 0;
+	while (sent < n) {
+		uint32_t batch = n - sent < TX_BURST ? n - sent : TX_BURST;
+		for (uint32_t i = 0; i < batch; i++) {
+			struct dp_tx *t = &tx[sent + i];
+			struct msghdr *m = &p->tx_msgs[i].msg_hdr;
+			memset(m, 0, sizeof(*m));
+			m->msg_name = (void *)t->dst;
+			m->msg_namelen = sizeof(*t->dst);
+			m->msg_iov = t->iov;
+			m->msg_iovlen = t->iovcnt;
+			if (t->gso_size && t->datagrams > 1) {
+				m->msg_control = p->tx_cmsg[i];
+				m->msg_controllen = CMSG_SPACE(sizeof(uint16_t));
+				struct cmsghdr *c = CMSG_FIRSTHDR(m);
+				c->cmsg_level = SOL_UDP;
+				c->cmsg_type = UDP_SEGMENT;
+				c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+				uint16_t seg = (uint16_t)t->gso_size;
+				memcpy(CMSG_DATA(c), &seg, sizeof(seg));
+			}
+		}
+		int rc = sendmmsg(p->fd, p->tx_msgs, batch, 0);
+		if (rc <= 0) {
+			if (rc < 0 && errno == EINTR)
+				continue;
+			if (rc < 0 && (errno == EIO || errno == EINVAL) && b->gso) {
+				/* the device cannot segment: stop asking; the worker resends per chunk */
+				DP_WARN("nic %s: UDP GSO refused (%s); sending chunk by chunk",
+					b->cfg->name, strerror(errno));
+				b->gso = false;
+			}
+			break; /* EAGAIN: buffer full; the caller counts and NACKs recover */
+		}
+		for (int i = 0; i < rc; i++) {
+			struct dp_tx *t = &tx[sent + (uint32_t)i];
+			dp_count(b->counters, DP_C_tx_packets, t->datagrams ? t->datagrams : 1);
+			dp_count(b->counters, DP_C_tx_bytes, p->tx_msgs[i].msg_len);
+			if (t->gso_size && t->datagrams > 1)
+				dp_count(b->counters, DP_C_gso_sends, 1);
+		}
+		sent += (uint32_t)rc;
+	}
+	if (sent < n)
+		dp_count(b->counters, DP_C_tx_errors, n - sent);
+	return sent;
+}
+
+static uint32_t sock_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n)
+{
+	struct sock_priv *p = b->priv;
+	if (n > RX_BURST)
+		n = RX_BURST;
+	for (uint32_t i = 0; i < n; i++) {
+		struct msghdr *m = &p->rx_msgs[i].msg_hdr;
+		m->msg_name = &p->rx_src[i];
+		m->msg_namelen = sizeof(p->rx_src[i]);
+		m->msg_iov = &p->rx_iov[i];
+		m->msg_iovlen = 1;
+		m->msg_control = p->rx_cmsg[i];
+		m->msg_controllen = sizeof(p->rx_cmsg[i]);
+		m->msg_flags = 0;
+	}
+	int rc = recvmmsg(p->fd, p->rx_msgs, n, MSG_DONTWAIT, NULL);
+	if (rc <= 0)
+		return 0;
+	for (int i = 0; i < rc; i++) {
+		struct msghdr *m = &p->rx_msgs[i].msg_hdr;
+		rx[i].buf = p->rx_iov[i].iov_base;
+		/* a truncated datagram keeps a length the header check will refuse */
+		rx[i].len = (m->msg_flags & MSG_TRUNC) ? 0 : p->rx_msgs[i].msg_len;
+		rx[i].src = p->rx_src[i];
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c))
+			if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
+				uint32_t ovfl;
+				memcpy(&ovfl, CMSG_DATA(c), sizeof(ovfl));
+				if (ovfl > p->last_ovfl)
+					dp_count(b->counters, DP_C_rxq_overflows, ovfl - p->last_ovfl);
+				p->last_ovfl = ovfl;
+			}
+	}
+	return (uint32_t)rc;
+}
+
+const struct dp_backend_ops dp_backend_socket = {
+	.name = "socket",
+	.open = sock_open,
+	.close = sock_close,
+	.tx_burst = sock_tx_burst,
+	.rx_burst = sock_rx_burst,
+};
+
+const struct dp_backend_ops *dp_backend_lookup(const char *name)
+{
+	static const struct dp_backend_ops *const all[] = { &dp_backend_socket };
+	for (size_t i = 0; i < DP_ARRAY_LEN(all); i++)
+		if (!strcmp(all[i]->name, name))
+			return all[i];
+	dp_set_error("backend '%s' is not built in (have: socket)", name);
+	return NULL;
+}

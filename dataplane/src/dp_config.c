@@ -1,0 +1,178 @@
+/* dp_config.c: decode the msgpack configuration with msgpack-c's object API. */
+#include "dp_config.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <msgpack.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp_common.h"
+#include "dp_mp.h"
+
+static int get_addr(const msgpack_object *map, const char *ipkey, const char *portkey,
+		    struct sockaddr_in *out)
+{
+	char ip[64];
+	uint32_t port = 0;
+	if (dp_mp_str(map, ipkey, ip, sizeof(ip), "") < 0)
+		return -1;
+	if (portkey && dp_mp_u32(map, portkey, &port, 0) < 0)
+		return -1;
+	memset(out, 0, sizeof(*out));
+	out->sin_family = AF_INET;
+	out->sin_port = htons((uint16_t)port);
+	if (port > 65535 || inet_pton(AF_INET, ip, &out->sin_addr) != 1) {
+		dp_set_error("'%s' = '%s' (port %u) is not an IPv4 address and port", ipkey, ip, port);
+		return -1;
+	}
+	return 0;
+}
+
+static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t index)
+{
+	struct dp_nic_cfg *nic = &cfg->nics[index];
+	char bcast[64];
+	if (o->type != MSGPACK_OBJECT_MAP) {
+		dp_set_error("must be a map");
+		return -1;
+	}
+	if (dp_mp_str(o, "name", nic->name, sizeof(nic->name), "") < 0 ||
+	    dp_mp_str(o, "backend", nic->backend, sizeof(nic->backend), "socket") < 0 ||
+	    dp_mp_str(o, "interface", nic->interface, sizeof(nic->interface), "") < 0 ||
+	    get_addr(o, "host_ip", "host_port", &nic->host) < 0 ||
+	    dp_mp_str(o, "broadcast", bcast, sizeof(bcast), "") < 0 ||
+	    dp_mp_u32(o, "mtu", &nic->mtu, 1500) < 0 || dp_mp_bool(o, "gso", &nic->gso, true) < 0 ||
+	    dp_mp_u32(o, "busy_poll_us", &nic->busy_poll_us, 0) < 0 ||
+	    dp_mp_u32(o, "rcvbuf", &nic->rcvbuf, 16u << 20) < 0)
+		return -1;
+	if (nic->mtu < 576 || nic->mtu > 65535) {
+		dp_set_error("mtu %u is outside [576, 65535]", nic->mtu);
+		return -1;
+	}
+	nic->use_broadcast = bcast[0] != '\0';
+	if (nic->use_broadcast) {
+		memset(&nic->broadcast, 0, sizeof(nic->broadcast));
+		nic->broadcast.sin_family = AF_INET;
+		if (inet_pton(AF_INET, bcast, &nic->broadcast.sin_addr) != 1) {
+			dp_set_error("broadcast '%s' is not an IPv4 address", bcast);
+			return -1;
+		}
+	}
+	const msgpack_object *ducks = dp_mp_get(o, "ducks");
+	if (!ducks || ducks->type != MSGPACK_OBJECT_ARRAY) {
+		dp_set_error("'ducks' must be a list");
+		return -1;
+	}
+	for (uint32_t i = 0; i < ducks->via.array.size; i++) {
+		const msgpack_object *d = &ducks->via.array.ptr[i];
+		uint32_t id;
+		if (cfg->nducks >= DP_ARRAY_LEN(cfg->ducks)) {
+			dp_set_error("more than %zu ducks", DP_ARRAY_LEN(cfg->ducks));
+			return -1;
+		}
+		struct dp_duck_cfg *dc = &cfg->ducks[cfg->nducks];
+		if (dp_mp_u32(d, "id", &id, UINT32_MAX) < 0 || get_addr(d, "ip", "port", &dc->addr) < 0) {
+			dp_add_error_context("duck %u", i);
+			return -1;
+		}
+		if (id > 255) {
+			dp_set_error("duck %u: id %u is outside [0, 255]", i, id);
+			return -1;
+		}
+		for (uint32_t k = 0; k < cfg->nducks; k++)
+			if (cfg->ducks[k].id == id) {
+				dp_set_error("duck id %u appears twice", id);
+				return -1;
+			}
+		dc->id = (uint16_t)id;
+		dc->nic = (uint16_t)index;
+		cfg->nducks++;
+	}
+	return 0;
+}
+
+int dp_config_load(const char *path, struct dp_config *cfg)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f) {
+		dp_set_error("cannot open config %s: %s", path, strerror(errno));
+		return -1;
+	}
+	char *buf = malloc(1 << 20);
+	size_t len = buf ? fread(buf, 1, 1 << 20, f) : 0;
+	fclose(f);
+	if (!buf || len == 0 || len == (1 << 20)) {
+		free(buf);
+		dp_set_error("config %s is empty, unreadable or larger than 1 MiB", path);
+		return -1;
+	}
+	msgpack_unpacked msg;
+	msgpack_unpacked_init(&msg);
+	size_t off = 0;
+	int rc = -1;
+	if (msgpack_unpack_next(&msg, buf, len, &off) != MSGPACK_UNPACK_SUCCESS) {
+		dp_set_error("config %s is not msgpack", path);
+		goto out;
+	}
+	const msgpack_object *root = &msg.data;
+	char idle[16];
+	memset(cfg, 0, sizeof(*cfg));
+	for (uint32_t i = 0; i < DP_MAX_CORES; i++)
+		cfg->cores[i] = -1;
+	bool dedicated;
+	if (dp_mp_str(root, "control", cfg->control, sizeof(cfg->control), "") < 0 ||
+	    dp_mp_bool(root, "dedicated_threads", &dedicated, false) < 0 ||
+	    dp_mp_str(root, "idle", idle, sizeof(idle), "backoff") < 0 ||
+	    dp_idle_parse(idle, &cfg->idle) < 0 ||
+	    dp_mp_u32(root, "default_timeout_us", &cfg->default_timeout_us, 1000000) < 0 ||
+	    dp_mp_u32(root, "nack_us", &cfg->nack_us, 2000) < 0 ||
+	    dp_mp_u32(root, "weight_rto_us", &cfg->weight_rto_us, 20000) < 0 ||
+	    dp_mp_u32(root, "weight_timeout_ms", &cfg->weight_timeout_ms, 10000) < 0 ||
+	    dp_mp_u32(root, "client_timeout_ms", &cfg->client_timeout_ms, 10000) < 0 ||
+	    dp_mp_u32(root, "max_inflight", &cfg->max_inflight, 64) < 0 ||
+	    dp_mp_u32(root, "max_forward_bytes", &cfg->max_forward_bytes, 1u << 20) < 0 ||
+	    dp_mp_u32(root, "ping_ms", &cfg->ping_ms, 1000) < 0)
+		goto out;
+	cfg->dedicated_threads = dedicated;
+	if (!cfg->control[0]) {
+		dp_set_error("'control' (the ZeroMQ endpoint) is missing");
+		goto out;
+	}
+	if (cfg->max_inflight == 0 || (cfg->max_inflight & (cfg->max_inflight - 1)) ||
+	    cfg->max_inflight > 4096) {
+		dp_set_error("max_inflight %u must be a power of two up to 4096", cfg->max_inflight);
+		goto out;
+	}
+	const msgpack_object *cores = dp_mp_get(root, "cores");
+	if (cores && cores->type == MSGPACK_OBJECT_ARRAY) {
+		for (uint32_t i = 0; i < cores->via.array.size && i < DP_MAX_CORES; i++) {
+			const msgpack_object *c = &cores->via.array.ptr[i];
+			cfg->cores[i] = c->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int)c->via.u64 : -1;
+		}
+		cfg->ncores = cores->via.array.size;
+	}
+	const msgpack_object *nics = dp_mp_get(root, "nics");
+	if (!nics || nics->type != MSGPACK_OBJECT_ARRAY || nics->via.array.size == 0 ||
+	    nics->via.array.size > DP_MAX_NICS) {
+		dp_set_error("'nics' must list 1 to %d NICs", DP_MAX_NICS);
+		goto out;
+	}
+	for (uint32_t i = 0; i < nics->via.array.size; i++) {
+		if (load_nic(&nics->via.array.ptr[i], cfg, i) < 0) {
+			dp_add_error_context("nic %u", i);
+			goto out;
+		}
+		cfg->nnics++;
+	}
+	if (cfg->nducks == 0) {
+		dp_set_error("the topology has no ducks");
+		goto out;
+	}
+	rc = 0;
+out:
+	msgpack_unpacked_destroy(&msg);
+	free(buf);
+	return rc;
+}

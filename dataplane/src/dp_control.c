@@ -1,0 +1,660 @@
+/* dp_control.c: the control agent.
+ *
+ * One ZeroMQ ROUTER carries the control protocol of duckpipe/schema/control.py
+ * (msgpack maps whose "type" names the message): attach and detach, topology,
+ * layers, weight-load plans, epochs, stats, shutdown. It also sends every
+ * completion the other agents queue, heartbeats into every attached segment,
+ * and reclaims the segments of clients that died.
+ */
+#include "dp_control.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <msgpack.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "dp_client.h"
+#include "dp_mp.h"
+#include "dp_reduce.h"
+#include "dp_worker.h"
+
+#define PROTOCOL_VERSION 1
+#define HOUSEKEEPING_NS 50000000ull /* 50 ms */
+#define MAX_MESSAGES_PER_LOOP 64
+
+struct dp_control {
+	struct dp_world *w;
+	void *zctx;
+	void *router;
+	uint64_t next_house;
+	uint32_t next_client_id;
+	msgpack_sbuffer sbuf;
+	msgpack_packer pk;
+	struct dp_counters *counters;
+	struct dp_layer *retired[4096]; /* replaced layers: contexts may still point at them */
+	uint32_t nretired;
+};
+
+const char *const dp_counter_names[DP_NCOUNTERS] = {
+#define DP_COUNTER_NAME(name) #name,
+	DP_COUNTER_LIST(DP_COUNTER_NAME)
+#undef DP_COUNTER_NAME
+};
+
+/* --- replies ----------------------------------------------------------------------- */
+
+static void begin(struct dp_control *c, const char *type, uint32_t fields)
+{
+	msgpack_sbuffer_clear(&c->sbuf);
+	msgpack_pack_map(&c->pk, fields + 1);
+	dp_mp_kv_str(&c->pk, "type", type);
+}
+
+static void send_to(struct dp_control *c, const uint8_t *id, size_t idlen)
+{
+	/* DONTWAIT: a client that stopped reading must not stall the dataplane */
+	if (zmq_send(c->router, id, idlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+	    zmq_send(c->router, c->sbuf.data, c->sbuf.size, ZMQ_DONTWAIT) < 0)
+		DP_DEBUG("reply dropped: %s", zmq_strerror(errno));
+}
+
+static void reply_error(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t req_id,
+			const char *code, const char *message)
+{
+	begin(c, "Error", 3);
+	dp_mp_kv_u64(&c->pk, "req_id", req_id);
+	dp_mp_kv_str(&c->pk, "code", code);
+	dp_mp_kv_str(&c->pk, "message", message);
+	send_to(c, id, idlen);
+}
+
+static void reply_ack(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t req_id)
+{
+	begin(c, "Ack", 1);
+	dp_mp_kv_u64(&c->pk, "req_id", req_id);
+	send_to(c, id, idlen);
+}
+
+/* --- completions ---------------------------------------------------------------------- */
+
+static void send_completion(struct dp_control *c, struct dp_fwd *f)
+{
+	struct dp_world *w = c->w;
+	struct dp_client *cl = f->client;
+	uint32_t answered, missing;
+	dp_fwd_counts(w, f, &answered, &missing);
+	uint64_t send = 0, wait = 0, fetch = 0, first = UINT64_MAX, last = 0;
+	for (uint32_t n = 0; n < DP_MAX_NICS; n++)
+		if (f->nic_mask & (1u << n) && f->kind == DP_FWD_FORWARD) {
+			const struct dp_nic_part *p = &f->part[n];
+			send = p->send_ns > send ? p->send_ns : send;
+			wait = p->wait_ns > wait ? p->wait_ns : wait;
+			fetch += p->fetch_ns;
+			if (p->first_ns && p->first_ns < first)
+				first = p->first_ns;
+			if (p->last_ns > last)
+				last = p->last_ns;
+		}
+	begin(c, "Completion", 10);
+	dp_mp_kv_u64(&c->pk, "forward_id", f->desc.forward_id);
+	dp_mp_kv_u64(&c->pk, "slot", f->desc.slot);
+	dp_mp_kv_u64(&c->pk, "generation", f->desc.generation);
+	dp_mp_kv_u64(&c->pk, "epoch", f->desc.epoch);
+	dp_mp_kv_u64(&c->pk, "status", f->status);
+	dp_mp_key(&c->pk, "answered");
+	msgpack_pack_array(&c->pk, answered);
+	for (uint32_t d = 0; d < 256 && f->kind == DP_FWD_FORWARD; d++)
+		if (dp_targets_has(f->targets, d) && f->rx[w->duck_index[d]].state == 1)
+			msgpack_pack_uint32(&c->pk, d);
+	dp_mp_key(&c->pk, "missing");
+	msgpack_pack_array(&c->pk, missing);
+	for (uint32_t d = 0; d < 256 && f->kind == DP_FWD_FORWARD; d++)
+		if (dp_targets_has(f->targets, d) && f->rx[w->duck_index[d]].state != 1)
+			msgpack_pack_uint32(&c->pk, d);
+	dp_mp_key(&c->pk, "timings");
+	msgpack_pack_map(&c->pk, 7);
+	uint64_t submit = f->desc.submit_ns;
+	dp_mp_kv_u64(&c->pk, "prepare_ns", submit && submit < f->pickup_ns ? f->pickup_ns - submit : 0);
+	dp_mp_kv_u64(&c->pk, "send_ns", send);
+	dp_mp_kv_u64(&c->pk, "wait_ns", wait);
+	dp_mp_kv_u64(&c->pk, "fetch_ns", fetch);
+	dp_mp_kv_u64(&c->pk, "reduce_ns", f->reduce_ns);
+	dp_mp_kv_u64(&c->pk, "spread_ns", last > first && first != UINT64_MAX ? last - first : 0);
+	dp_mp_key(&c->pk, "duck_compute_ns");
+	msgpack_pack_array(&c->pk, answered);
+	for (uint32_t d = 0; d < 256 && f->kind == DP_FWD_FORWARD; d++)
+		if (dp_targets_has(f->targets, d) && f->rx[w->duck_index[d]].state == 1)
+			msgpack_pack_uint64(&c->pk, f->rx[w->duck_index[d]].compute_ns);
+	if (!f->message[0] && f->status == DP_STATUS_TIMEOUT)
+		snprintf(f->message, sizeof(f->message), "no complete partial within the deadline");
+	dp_mp_kv_str(&c->pk, "message", f->message);
+	dp_mp_kv_u64(&c->pk, "current_epoch", dp_load_acquire_u64(&w->epoch));
+	send_to(c, cl->identity, cl->identity_len);
+	dp_count(c->counters, DP_C_completions_sent, 1);
+	dp_store_relaxed_u64(&cl->completed, cl->completed + 1);
+	dp_fetch_add_u64(&cl->inflight, -1);
+	dp_spsc_push(&w->free_ring, (void **)&f, 1);
+}
+
+static int drain_completions(struct dp_control *c)
+{
+	struct dp_world *w = c->w;
+	void *done[DP_BURST];
+	int work = 0;
+	uint32_t n;
+	while ((n = dp_spsc_pop(&w->dispatch_done, done, DP_BURST)) > 0) {
+		for (uint32_t i = 0; i < n; i++)
+			send_completion(c, done[i]);
+		work += (int)n;
+	}
+	for (uint32_t k = 0; k < w->cfg.nnics; k++)
+		while ((n = dp_spsc_pop(&w->workers[k]->done, done, DP_BURST)) > 0) {
+			for (uint32_t i = 0; i < n; i++)
+				send_completion(c, done[i]);
+			work += (int)n;
+		}
+	return work;
+}
+
+/* --- requests ---------------------------------------------------------------------------- */
+
+static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t *id, size_t len)
+{
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		struct dp_client *cl = &c->w->clients[i];
+		if (cl->state == DP_CLIENT_ACTIVE && cl->identity_len == len &&
+		    !memcmp(cl->identity, id, len))
+			return cl;
+	}
+	return NULL;
+}
+
+static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
+		      const msgpack_object *m, uint64_t rid)
+{
+	uint64_t protocol, abi, pid;
+	char segment[256], name[64];
+	if (dp_mp_u64(m, "protocol", &protocol, PROTOCOL_VERSION, UINT32_MAX) < 0 ||
+	    dp_mp_u64(m, "abi_major", &abi, 0, UINT32_MAX) < 0 ||
+	    dp_mp_u64(m, "pid", &pid, 0, UINT32_MAX) < 0 ||
+	    dp_mp_str(m, "segment", segment, sizeof(segment), "") < 0 ||
+	    dp_mp_str(m, "name", name, sizeof(name), "") < 0) {
+		reply_error(c, id, idlen, rid, "bad_request", dp_error());
+		return;
+	}
+	if (protocol != PROTOCOL_VERSION || abi != DP_ABI_MAJOR) {
+		char msg[128];
+		snprintf(msg, sizeof(msg), "client speaks protocol %lu / ABI %lu, this dataplane %d / %d",
+			 protocol, abi, PROTOCOL_VERSION, DP_ABI_MAJOR);
+		reply_error(c, id, idlen, rid, "abi_mismatch", msg);
+		return;
+	}
+	if (idlen > sizeof(c->w->clients[0].identity)) {
+		reply_error(c, id, idlen, rid, "bad_request", "ZeroMQ identity too long");
+		return;
+	}
+	if (client_by_identity(c, id, idlen)) {
+		reply_error(c, id, idlen, rid, "already_attached", "this socket is attached");
+		return;
+	}
+	struct dp_client *cl = NULL;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS && !cl; i++)
+		if (dp_load_acquire_u32(&c->w->clients[i].state) == DP_CLIENT_FREE)
+			cl = &c->w->clients[i];
+	if (!cl) {
+		reply_error(c, id, idlen, rid, "too_many_clients", "every client slot is taken");
+		return;
+	}
+	memset(cl, 0, sizeof(*cl));
+	if (dp_client_map(cl, segment, (uint32_t)pid) < 0) {
+		reply_error(c, id, idlen, rid, "bad_segment", dp_error());
+		return;
+	}
+	cl->id = c->next_client_id++;
+	memcpy(cl->identity, id, idlen);
+	cl->identity_len = idlen;
+	snprintf(cl->name, sizeof(cl->name), "%s", name);
+	cl->hdr->dataplane_pid = (uint32_t)getpid();
+	cl->hdr->client_id = cl->id;
+	dp_store_relaxed_u64(&cl->hdr->dataplane_heartbeat_ns, dp_now_ns());
+	/* release: the dispatcher that sees ACTIVE sees the mapping */
+	dp_store_release_u32(&cl->state, DP_CLIENT_ACTIVE);
+	dp_count(c->counters, DP_C_clients_attached, 1);
+	DP_INFO("client %u (pid %lu, %s) attached %s", cl->id, pid, name, segment);
+	begin(c, "Attached", 9);
+	dp_mp_kv_u64(&c->pk, "req_id", rid);
+	dp_mp_kv_u64(&c->pk, "client_id", cl->id);
+	dp_mp_kv_u64(&c->pk, "epoch", dp_load_acquire_u64(&c->w->epoch));
+	dp_mp_kv_u64(&c->pk, "session", c->w->session);
+	dp_mp_kv_u64(&c->pk, "dataplane_pid", (uint64_t)getpid());
+	dp_mp_kv_str(&c->pk, "mode", c->w->cfg.nics[0].backend);
+	dp_mp_kv_u64(&c->pk, "ducks", c->w->cfg.nducks);
+	dp_mp_kv_u64(&c->pk, "default_timeout_us", c->w->cfg.default_timeout_us);
+	dp_mp_kv_u64(&c->pk, "max_forward_bytes", c->w->cfg.max_forward_bytes);
+	send_to(c, id, idlen);
+}
+
+static void on_topology(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t rid)
+{
+	struct dp_world *w = c->w;
+	char addr[INET_ADDRSTRLEN];
+	uint64_t now = dp_now_ns();
+	begin(c, "Topology", 3);
+	dp_mp_kv_u64(&c->pk, "req_id", rid);
+	dp_mp_key(&c->pk, "nics");
+	msgpack_pack_array(&c->pk, w->cfg.nnics);
+	for (uint32_t n = 0; n < w->cfg.nnics; n++) {
+		const struct dp_nic_cfg *nic = &w->cfg.nics[n];
+		msgpack_pack_map(&c->pk, 4);
+		dp_mp_kv_str(&c->pk, "name", nic->name);
+		dp_mp_kv_str(&c->pk, "backend", nic->backend);
+		inet_ntop(AF_INET, &nic->host.sin_addr, addr, sizeof(addr));
+		dp_mp_kv_str(&c->pk, "address", addr);
+		if (nic->use_broadcast)
+			inet_ntop(AF_INET, &nic->broadcast.sin_addr, addr, sizeof(addr));
+		dp_mp_kv_str(&c->pk, "broadcast", nic->use_broadcast ? addr : "");
+	}
+	dp_mp_key(&c->pk, "ducks");
+	msgpack_pack_array(&c->pk, w->cfg.nducks);
+	for (uint32_t i = 0; i < w->cfg.nducks; i++) {
+		const struct dp_duck_cfg *d = &w->cfg.ducks[i];
+		uint64_t seen = dp_load_relaxed_u64(&w->duck_seen_ns[d->id]);
+		msgpack_pack_map(&c->pk, 5);
+		dp_mp_kv_u64(&c->pk, "id", d->id);
+		dp_mp_kv_str(&c->pk, "nic", w->cfg.nics[d->nic].name);
+		inet_ntop(AF_INET, &d->addr.sin_addr, addr, sizeof(addr));
+		dp_mp_kv_str(&c->pk, "address", addr);
+		dp_mp_kv_u64(&c->pk, "port", ntohs(d->addr.sin_port));
+		dp_mp_kv_bool(&c->pk, "alive",
+			      seen && now - seen < 3ull * w->cfg.ping_ms * 1000000ull);
+	}
+	send_to(c, id, idlen);
+}
+
+static void on_layers(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t rid)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++)
+		n += c->w->layers[i] != NULL;
+	begin(c, "Layers", 2);
+	dp_mp_kv_u64(&c->pk, "req_id", rid);
+	dp_mp_key(&c->pk, "layers");
+	msgpack_pack_array(&c->pk, n);
+	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
+		const struct dp_layer *l = c->w->layers[i];
+		if (!l)
+			continue;
+		msgpack_pack_map(&c->pk, 9);
+		dp_mp_kv_u64(&c->pk, "layer", l->id);
+		dp_mp_kv_u64(&c->pk, "kind", l->kind);
+		dp_mp_kv_u64(&c->pk, "dtype", l->dtype);
+		dp_mp_kv_u64(&c->pk, "hidden", l->hidden);
+		dp_mp_kv_u64(&c->pk, "ffn", l->ffn);
+		dp_mp_key(&c->pk, "ducks");
+		msgpack_pack_array(&c->pk, l->nducks);
+		for (uint32_t k = 0; k < l->nducks; k++)
+			msgpack_pack_uint32(&c->pk, l->ducks[k]);
+		dp_mp_key(&c->pk, "shard_sizes");
+		msgpack_pack_array(&c->pk, l->nducks);
+		for (uint32_t k = 0; k < l->nducks; k++)
+			msgpack_pack_uint32(&c->pk, l->shard[k]);
+		dp_mp_kv_bool(&c->pk, "has_b_down", l->has_b_down);
+		dp_mp_kv_bool(&c->pk, "ready", dp_load_acquire_u32(&l->ready));
+	}
+	send_to(c, id, idlen);
+}
+
+static void on_load_weights(struct dp_control *c, const uint8_t *id, size_t idlen,
+			    const msgpack_object *m, uint64_t rid)
+{
+	struct dp_world *w = c->w;
+	uint32_t layer, kind, dtype, hidden, ffn, nd, ns;
+	uint32_t ducks[256], sizes[256];
+	bool b_down;
+	char msg[160];
+	if (dp_mp_u32(m, "layer", &layer, 0) < 0 || dp_mp_u32(m, "kind", &kind, 0) < 0 ||
+	    dp_mp_u32(m, "dtype", &dtype, 0) < 0 || dp_mp_u32(m, "hidden", &hidden, 0) < 0 ||
+	    dp_mp_u32(m, "ffn", &ffn, 0) < 0 || dp_mp_bool(m, "has_b_down", &b_down, false) < 0 ||
+	    dp_mp_uints(m, "ducks", ducks, 256, &nd, 255) < 0 ||
+	    dp_mp_uints(m, "shard_sizes", sizes, 256, &ns, UINT32_MAX) < 0) {
+		reply_error(c, id, idlen, rid, "bad_request", dp_error());
+		return;
+	}
+	uint64_t total = 0;
+	for (uint32_t i = 0; i < ns; i++)
+		total += sizes[i];
+	if ((kind != DP_MLP_KIND_GELU && kind != DP_MLP_KIND_SWIGLU) ||
+	    (dtype != DP_DTYPE_F32 && dtype != DP_DTYPE_F16) || !hidden || !nd || nd != ns ||
+	    total != ffn) {
+		reply_error(c, id, idlen, rid, "bad_request",
+			    "LoadWeights needs a known kind and dtype, and one shard size per duck "
+			    "summing to ffn");
+		return;
+	}
+	struct dp_layer *l = calloc(1, sizeof(*l));
+	if (!l) {
+		reply_error(c, id, idlen, rid, "dataplane_error", "out of memory");
+		return;
+	}
+	memset(l->index, 0xff, sizeof(l->index));
+	for (uint32_t i = 0; i < nd; i++) {
+		if (w->duck_index[ducks[i]] < 0 || l->index[ducks[i]] >= 0) {
+			snprintf(msg, sizeof(msg), "duck %u is not in the topology or is listed twice",
+				 ducks[i]);
+			free(l);
+			reply_error(c, id, idlen, rid, "bad_request", msg);
+			return;
+		}
+		l->ducks[i] = (uint16_t)ducks[i];
+		l->shard[i] = sizes[i];
+		l->index[ducks[i]] = (int16_t)i;
+	}
+	l->id = layer;
+	l->kind = (uint8_t)kind;
+	l->dtype = (uint8_t)dtype;
+	l->hidden = hidden;
+	l->ffn = ffn;
+	l->nducks = nd;
+	l->has_b_down = b_down;
+	if (b_down) {
+		l->b_down_raw = calloc(hidden, 4);
+		l->b_down = calloc(hidden, sizeof(float));
+		if (!l->b_down_raw || !l->b_down) {
+			free(l->b_down_raw);
+			free(l->b_down);
+			free(l);
+			reply_error(c, id, idlen, rid, "dataplane_error", "out of memory");
+			return;
+		}
+	}
+	/* insert, or replace the layer of the same id (the old one is kept: forwards may use it) */
+	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
+		struct dp_layer **slot = &w->layers[(layer * 2654435761u + i) & (DP_LAYER_TABLE - 1)];
+		if (*slot && (*slot)->id != layer)
+			continue;
+		if (*slot && c->nretired < DP_ARRAY_LEN(c->retired))
+			c->retired[c->nretired++] = *slot;
+		/* release: the dispatcher that finds the layer sees it whole */
+		dp_store_release_ptr((void **)slot, l);
+		reply_ack(c, id, idlen, rid);
+		return;
+	}
+	free(l->b_down_raw);
+	free(l->b_down);
+	free(l);
+	reply_error(c, id, idlen, rid, "too_many_layers", "the layer table is full");
+}
+
+static void on_stats(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t rid)
+{
+	struct dp_world *w = c->w;
+	uint64_t sum[DP_NCOUNTERS] = { 0 };
+	const struct dp_counters *all[DP_MAX_NICS + 2];
+	uint32_t nall = 0;
+	all[nall++] = &w->control_counters;
+	all[nall++] = &w->dispatch_counters;
+	for (uint32_t k = 0; k < w->cfg.nnics; k++)
+		all[nall++] = &w->workers[k]->counters;
+	for (uint32_t a = 0; a < nall; a++)
+		for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
+			sum[i] += dp_load_relaxed_u64(&all[a]->v[i]);
+	uint32_t nclients = 0;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
+		nclients += w->clients[i].state == DP_CLIENT_ACTIVE;
+	begin(c, "Stats", 5);
+	dp_mp_kv_u64(&c->pk, "req_id", rid);
+	dp_mp_kv_str(&c->pk, "mode", w->cfg.nics[0].backend);
+	dp_mp_kv_u64(&c->pk, "epoch", dp_load_acquire_u64(&w->epoch));
+	dp_mp_key(&c->pk, "counters");
+	msgpack_pack_map(&c->pk, DP_NCOUNTERS);
+	for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
+		dp_mp_kv_u64(&c->pk, dp_counter_names[i], sum[i]);
+	dp_mp_key(&c->pk, "clients");
+	msgpack_pack_array(&c->pk, nclients);
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		const struct dp_client *cl = &w->clients[i];
+		if (cl->state != DP_CLIENT_ACTIVE)
+			continue;
+		msgpack_pack_map(&c->pk, 6);
+		dp_mp_kv_u64(&c->pk, "client_id", cl->id);
+		dp_mp_kv_u64(&c->pk, "pid", cl->pid);
+		dp_mp_kv_str(&c->pk, "name", cl->name);
+		dp_mp_kv_str(&c->pk, "segment", cl->path);
+		dp_mp_kv_u64(&c->pk, "submitted", dp_load_relaxed_u64(&cl->submitted));
+		dp_mp_kv_u64(&c->pk, "completed", cl->completed);
+	}
+	send_to(c, id, idlen);
+}
+
+static void handle(struct dp_control *c, const uint8_t *id, size_t idlen, const char *data,
+		   size_t len)
+{
+	msgpack_unpacked msg;
+	msgpack_unpacked_init(&msg);
+	size_t off = 0;
+	char type[32];
+	uint64_t rid = 0;
+	if (msgpack_unpack_next(&msg, data, len, &off) != MSGPACK_UNPACK_SUCCESS ||
+	    msg.data.type != MSGPACK_OBJECT_MAP ||
+	    dp_mp_str(&msg.data, "type", type, sizeof(type), "") < 0 || !type[0] ||
+	    dp_mp_u64(&msg.data, "req_id", &rid, 0, UINT64_MAX) < 0) {
+		dp_count(c->counters, DP_C_bad_control_messages, 1);
+		reply_error(c, id, idlen, rid, "bad_message",
+			    "not a msgpack map with a 'type' and a 'req_id'");
+		goto out;
+	}
+	const msgpack_object *m = &msg.data;
+	if (!strcmp(type, "Attach")) {
+		on_attach(c, id, idlen, m, rid);
+	} else if (!strcmp(type, "Detach")) {
+		struct dp_client *cl = client_by_identity(c, id, idlen);
+		if (cl) {
+			dp_store_release_u32(&cl->state, DP_CLIENT_CLOSING);
+			dp_count(c->counters, DP_C_clients_detached, 1);
+		}
+		reply_ack(c, id, idlen, rid);
+	} else if (!strcmp(type, "Heartbeat")) {
+		reply_ack(c, id, idlen, rid);
+	} else if (!strcmp(type, "GetTopology")) {
+		on_topology(c, id, idlen, rid);
+	} else if (!strcmp(type, "GetLayers")) {
+		on_layers(c, id, idlen, rid);
+	} else if (!strcmp(type, "LoadWeights")) {
+		on_load_weights(c, id, idlen, m, rid);
+	} else if (!strcmp(type, "SetEpoch")) {
+		uint64_t now = dp_load_acquire_u64(&c->w->epoch), next;
+		if (dp_mp_u64(m, "epoch", &next, now + 1, UINT64_MAX) < 0 || next == now) {
+			reply_error(c, id, idlen, rid, "bad_request", "the new epoch must differ");
+		} else {
+			dp_store_release_u64(&c->w->epoch, next);
+			begin(c, "EpochChanged", 2);
+			dp_mp_kv_u64(&c->pk, "req_id", rid);
+			dp_mp_kv_u64(&c->pk, "epoch", next);
+			send_to(c, id, idlen);
+		}
+	} else if (!strcmp(type, "GetStats")) {
+		on_stats(c, id, idlen, rid);
+	} else if (!strcmp(type, "SetFaults")) {
+		reply_error(c, id, idlen, rid, "unsupported",
+			    "fault knobs live in the duck emulator here: duckpipe ducks --drop, "
+			    "--delay-us, --stop-after, --restart-after");
+	} else if (!strcmp(type, "Shutdown")) {
+		reply_ack(c, id, idlen, rid);
+		dp_store_release_u32(&c->w->running, 0);
+	} else {
+		dp_count(c->counters, DP_C_bad_control_messages, 1);
+		reply_error(c, id, idlen, rid, "bad_message", "unknown message type");
+	}
+out:
+	msgpack_unpacked_destroy(&msg);
+}
+
+static int poll_control(struct dp_control *c)
+{
+	int n = 0;
+	uint8_t id[256];
+	static char data[1 << 16];
+	while (n < MAX_MESSAGES_PER_LOOP) {
+		int idlen = zmq_recv(c->router, id, sizeof(id), ZMQ_DONTWAIT);
+		if (idlen < 0)
+			break;
+		int more;
+		size_t sz = sizeof(more);
+		zmq_getsockopt(c->router, ZMQ_RCVMORE, &more, &sz);
+		if (!more) {
+			dp_count(c->counters, DP_C_bad_control_messages, 1);
+			continue;
+		}
+		int len = zmq_recv(c->router, data, sizeof(data), ZMQ_DONTWAIT);
+		/* drain any further frames: a request is exactly identity + one payload */
+		bool extra = false;
+		zmq_getsockopt(c->router, ZMQ_RCVMORE, &more, &sz);
+		while (more) {
+			char junk[64];
+			extra = true;
+			(void)zmq_recv(c->router, junk, sizeof(junk), ZMQ_DONTWAIT);
+			zmq_getsockopt(c->router, ZMQ_RCVMORE, &more, &sz);
+		}
+		n++;
+		dp_count(c->counters, DP_C_control_messages, 1);
+		if (len < 0 || extra || (size_t)len > sizeof(data) || idlen > (int)sizeof(id)) {
+			dp_count(c->counters, DP_C_bad_control_messages, 1);
+			continue;
+		}
+		handle(c, id, (size_t)idlen, data, (size_t)len);
+	}
+	return n;
+}
+
+/* --- housekeeping ---------------------------------------------------------------------- */
+
+static void housekeeping(struct dp_control *c, uint64_t now)
+{
+	struct dp_world *w = c->w;
+	uint64_t stale = (uint64_t)w->cfg.client_timeout_ms * 1000000ull;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		struct dp_client *cl = &w->clients[i];
+		uint32_t state = dp_load_acquire_u32(&cl->state);
+		if (state == DP_CLIENT_ACTIVE) {
+			dp_store_relaxed_u64(&cl->hdr->dataplane_heartbeat_ns, now);
+			uint64_t beat = dp_load_relaxed_u64(&cl->hdr->client_heartbeat_ns);
+			if (!dp_process_alive(cl->pid, cl->start_ns) || (beat < now && now - beat > stale)) {
+				DP_WARN("client %u (pid %u) is gone; reclaiming %s", cl->id, cl->pid,
+					cl->path);
+				cl->dead = true;
+				dp_store_release_u32(&cl->state, DP_CLIENT_CLOSING);
+			}
+		} else if (state == DP_CLIENT_QUIESCED &&
+			   __atomic_load_n(&cl->inflight, __ATOMIC_ACQUIRE) == 0) {
+			dp_client_unmap(cl);
+			if (cl->dead) {
+				unlink(cl->path);
+				dp_count(c->counters, DP_C_clients_reclaimed, 1);
+			}
+			dp_store_release_u32(&cl->state, DP_CLIENT_FREE);
+		}
+	}
+}
+
+int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
+{
+	struct dp_control *c = self;
+	(void)w;
+	int work = poll_control(c);
+	work += drain_completions(c);
+	if (now >= c->next_house) {
+		housekeeping(c, now);
+		c->next_house = now + HOUSEKEEPING_NS;
+	}
+	return work;
+}
+
+/* Is a dataplane already answering at this endpoint? */
+static bool someone_answers(void *zctx, const char *endpoint)
+{
+	void *s = zmq_socket(zctx, ZMQ_DEALER);
+	int zero = 0;
+	bool yes = false;
+	zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
+	if (zmq_connect(s, endpoint) == 0) {
+		static const char ping[] = "\x82\xa4type\xa8GetStats\xa6req_id\x01";
+		zmq_send(s, ping, sizeof(ping) - 1, 0);
+		zmq_pollitem_t item = { .socket = s, .events = ZMQ_POLLIN };
+		yes = zmq_poll(&item, 1, 300) == 1;
+	}
+	zmq_close(s);
+	return yes;
+}
+
+struct dp_control *dp_control_new(struct dp_world *w)
+{
+	struct dp_control *c = calloc(1, sizeof(*c));
+	if (!c) {
+		dp_set_error("out of memory");
+		return NULL;
+	}
+	c->w = w;
+	c->counters = &w->control_counters;
+	c->next_client_id = 1;
+	msgpack_sbuffer_init(&c->sbuf);
+	msgpack_packer_init(&c->pk, &c->sbuf, msgpack_sbuffer_write);
+	c->zctx = zmq_ctx_new();
+	const char *ep = w->cfg.control;
+	if (!strncmp(ep, "ipc://", 6) && access(ep + 6, F_OK) == 0) {
+		if (someone_answers(c->zctx, ep)) {
+			dp_set_error("a dataplane is already running at %s; stop it (duckpipe shutdown) "
+				     "or choose another control address", ep);
+			goto fail;
+		}
+		unlink(ep + 6); /* left behind by a dataplane that died */
+	}
+	c->router = zmq_socket(c->zctx, ZMQ_ROUTER);
+	int zero = 0;
+	zmq_setsockopt(c->router, ZMQ_LINGER, &zero, sizeof(zero));
+	if (zmq_bind(c->router, ep) < 0) {
+		dp_set_error("cannot listen on %s: %s; is the address in use?", ep,
+			     zmq_strerror(errno));
+		goto fail;
+	}
+	if (!strncmp(ep, "ipc://", 6))
+		chmod(ep + 6, 0600);
+	return c;
+fail:
+	if (c->router)
+		zmq_close(c->router);
+	zmq_ctx_term(c->zctx);
+	msgpack_sbuffer_destroy(&c->sbuf);
+	free(c);
+	return NULL;
+}
+
+void dp_control_free(struct dp_control *c)
+{
+	if (!c)
+		return;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
+		if (c->w->clients[i].base)
+			dp_client_unmap(&c->w->clients[i]); /* live clients own their segments */
+	zmq_close(c->router);
+	zmq_ctx_term(c->zctx);
+	if (!strncmp(c->w->cfg.control, "ipc://", 6))
+		unlink(c->w->cfg.control + 6);
+	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++)
+		if (c->w->layers[i]) {
+			free(c->w->layers[i]->b_down_raw);
+			free(c->w->layers[i]->b_down);
+			free(c->w->layers[i]);
+		}
+	for (uint32_t i = 0; i < c->nretired; i++) {
+		free(c->retired[i]->b_down_raw);
+		free(c->retired[i]->b_down);
+		free(c->retired[i]);
+	}
+	msgpack_sbuffer_destroy(&c->sbuf);
+	free(c);
+}

@@ -1,0 +1,16 @@
+/* dp_control.h: the control agent (ZeroMQ ROUTER, completions, housekeeping). */
+#ifndef DP_CONTROL_H
+#define DP_CONTROL_H
+
+#include <stdint.h>
+
+#include "dp_dataplane.h"
+
+struct dp_control;
+
+/* Binds the control endpoint; NULL with dp_error() when it cannot. */
+struct dp_control *dp_control_new(struct dp_world *w);
+void dp_control_free(struct dp_control *c);
+int dp_control_do_work(struct dp_world *w, void *self, uint64_t now);
+
+#endif /* DP_CONTROL_H */

@@ -1,0 +1,72 @@
+/* dp_counters.h: every event a person would ask about, per agent.
+ *
+ * Each agent owns one struct dp_counters and is its only writer (relaxed
+ * stores); the control agent sums them for Stats without stopping anyone.
+ */
+#ifndef DP_COUNTERS_H
+#define DP_COUNTERS_H
+
+#include <stdint.h>
+
+#include "dp_barrier.h"
+#include "dp_common.h"
+
+#define DP_COUNTER_LIST(X)                                                                  \
+	X(descriptors)          /* descriptors taken from client rings */                   \
+	X(forwards)             /* forwards started */                                      \
+	X(forwards_ok)                                                                      \
+	X(timeouts)             /* forwards that hit their deadline */                      \
+	X(duck_lost)            /* forwards failed by a duck without the layer */           \
+	X(stale_epoch)          /* descriptors from an old epoch */                         \
+	X(bad_requests)         /* descriptors refused */                                   \
+	X(dataplane_errors)                                                                 \
+	X(weight_chunks)        /* WEIGHT_CHUNK descriptors completed */                    \
+	X(weight_bytes)                                                                     \
+	X(layers_loaded)                                                                    \
+	X(tx_packets)                                                                       \
+	X(tx_bytes)                                                                         \
+	X(tx_errors)                                                                        \
+	X(gso_sends)            /* sends the kernel cut into datagrams (UDP_SEGMENT) */     \
+	X(rx_packets)                                                                       \
+	X(rx_bytes)                                                                         \
+	X(rx_malformed)         /* bad magic, version, op or length */                      \
+	X(rx_unknown_sender)    /* source address not a duck of this NIC */                 \
+	X(rx_bad_session)                                                                   \
+	X(rx_stale_epoch)                                                                   \
+	X(rx_late)              /* for a forward no longer in flight */                     \
+	X(rx_duplicates)        /* chunks already received */                               \
+	X(rxq_overflows)        /* datagrams the kernel dropped: socket buffer full */      \
+	X(nacks_sent)                                                                       \
+	X(nacks_received)                                                                   \
+	X(retransmits)          /* activation chunks resent on a duck's NACK */             \
+	X(weight_datagrams)                                                                 \
+	X(weight_retransmits)                                                               \
+	X(pings)                                                                            \
+	X(pongs)                                                                            \
+	X(no_layer_replies)     /* a duck said it holds no such layer */                    \
+	X(control_messages)                                                                 \
+	X(bad_control_messages)                                                             \
+	X(clients_attached)                                                                 \
+	X(clients_detached)                                                                 \
+	X(clients_reclaimed)    /* dead clients whose segments were unmapped and removed */ \
+	X(completions_sent)
+
+enum dp_counter {
+#define DP_COUNTER_ENUM(name) DP_C_##name,
+	DP_COUNTER_LIST(DP_COUNTER_ENUM)
+#undef DP_COUNTER_ENUM
+	DP_NCOUNTERS
+};
+
+extern const char *const dp_counter_names[DP_NCOUNTERS];
+
+struct dp_counters {
+	uint64_t v[DP_NCOUNTERS];
+} dp_cache_aligned;
+
+static inline void dp_count(struct dp_counters *c, enum dp_counter which, uint64_t n)
+{
+	dp_store_relaxed_u64(&c->v[which], c->v[which] + n);
+}
+
+#endif /* DP_COUNTERS_H */

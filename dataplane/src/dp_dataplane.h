@@ -1,0 +1,213 @@
+/* dp_dataplane.h: the state the agents share, and who writes what.
+ *
+ *   control agent   ZeroMQ ROUTER: attach/detach, layers, epochs, stats,
+ *                   completions; heartbeats and dead-client reclamation
+ *   dispatcher      polls every client's ring, validates, hands forwards to
+ *                   the NIC workers through one SPSC ring each
+ *   NIC worker xN   sends, receives, reassembles, NACKs, reduces, loads weights
+ *
+ * Agents talk only through SPSC rings of pointers (dp_spsc.h) and atomics:
+ * no locks. Forward contexts (struct dp_fwd) cycle
+ *   dispatcher (alloc) -> worker(s) -> agent completion ring -> control
+ *   (ZeroMQ completion) -> free ring -> dispatcher.
+ */
+#ifndef DP_DATAPLANE_H
+#define DP_DATAPLANE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dp_abi.h"
+#include "dp_common.h"
+#include "dp_config.h"
+#include "dp_counters.h"
+#include "dp_idle.h"
+#include "dp_reasm.h"
+#include "dp_spsc.h"
+
+#define DP_MAX_CLIENTS 64
+#define DP_LAYER_TABLE 1024 /* open addressing, a power of two */
+#define DP_BURST 32
+#define DP_MSG_LEN 160
+
+struct dp_backend;
+
+/* --- clients -------------------------------------------------------------------- */
+
+enum dp_client_state {
+	DP_CLIENT_FREE = 0,
+	DP_CLIENT_ACTIVE,   /* control -> ACTIVE after mapping; the dispatcher polls it */
+	DP_CLIENT_CLOSING,  /* control: stop polling */
+	DP_CLIENT_QUIESCED, /* dispatcher: I stopped; control unmaps once inflight is 0 */
+};
+
+struct dp_client {
+	uint32_t state; /* enum dp_client_state, release/acquire */
+	uint32_t id;
+	uint32_t pid;
+	bool dead;      /* reclaimed (unlink the segment) rather than detached */
+	uint64_t start_ns;
+	uint8_t identity[256];
+	size_t identity_len;
+	char name[64];
+	char path[256];
+	uint8_t *base;
+	size_t size;
+	struct dp_seg_header *hdr;
+	struct dp_ring_header *ring;
+	struct dp_desc *descs;
+	struct dp_slot_header *slots;
+	uint8_t *act;
+	uint8_t *res;
+	uint64_t inflight dp_cache_aligned;  /* dispatcher adds, control subtracts */
+	uint64_t submitted dp_cache_aligned; /* dispatcher */
+	uint64_t completed dp_cache_aligned; /* control */
+};
+
+/* --- layers ----------------------------------------------------------------------- */
+
+struct dp_layer {
+	uint32_t id;
+	uint8_t kind;
+	uint8_t dtype;
+	bool has_b_down;
+	uint32_t hidden;
+	uint32_t ffn;
+	uint32_t nducks;
+	uint16_t ducks[256];
+	uint32_t shard[256];     /* FFN columns of ducks[i] */
+	int16_t index[256];      /* duck id -> i, or -1 */
+	uint32_t ready;          /* control/dispatcher -> 1 at commit (release) */
+	uint32_t failed;         /* a chunk failed: the commit must fail */
+	uint64_t outstanding;    /* chunks dispatched and not yet completed (atomic) */
+	uint64_t acked[256][3];  /* bytes acknowledged per duck and tensor (atomic adds) */
+	uint8_t announced[256];  /* LAYER acknowledged by the duck: its NIC's worker only */
+	uint8_t *b_down_raw;     /* dispatcher: bytes of b_down as they arrive */
+	uint64_t b_down_got;
+	float *b_down;           /* float32, set at commit */
+};
+
+static inline uint64_t dp_tensor_bytes(const struct dp_layer *l, uint32_t i, uint32_t t)
+{
+	uint64_t item = l->dtype == DP_DTYPE_F16 ? 2 : 4;
+	uint64_t f = l->shard[i], h = l->hidden;
+	if (l->kind == DP_MLP_KIND_GELU && t == 1)
+		return f * item; /* b_up */
+	return h * f * item;
+}
+
+/* --- forward contexts ---------------------------------------------------------------- */
+
+enum dp_fwd_kind { DP_FWD_FORWARD, DP_FWD_WEIGHT, DP_FWD_DONE_AT_DISPATCH };
+
+struct dp_duck_rx {
+	struct dp_reasm reasm;
+	uint64_t compute_ns;
+	uint64_t done_ns;
+	uint8_t state; /* 0 waiting, 1 answered, 2 holds no such layer */
+};
+
+/* One NIC's share of a forward; written by that NIC's worker only. */
+struct dp_nic_part {
+	uint32_t status;
+	uint64_t send_ns;    /* duration of the sends */
+	uint64_t wait_start; /* when the sends ended */
+	uint64_t wait_ns;    /* sends ended -> last partial complete (or give-up) */
+	uint64_t fetch_ns;   /* handling the partials' datagrams */
+	uint64_t first_ns;   /* first duck complete */
+	uint64_t last_ns;    /* last duck complete */
+};
+
+struct dp_fwd {
+	uint64_t wire_id;    /* gen << 16 | index: what ducks see as forward_id */
+	uint32_t index;
+	uint32_t gen;
+	uint8_t kind;        /* enum dp_fwd_kind */
+	uint32_t status;     /* final status (finisher) */
+	char message[DP_MSG_LEN];
+	struct dp_client *client;
+	struct dp_desc desc; /* copied out of the client's ring */
+	struct dp_layer *layer;
+	uint64_t pickup_ns;
+	uint64_t deadline_ns;
+	uint64_t reduce_ns;
+	/* forwards */
+	uint32_t rows;
+	uint64_t bytes;            /* activation bytes (= result bytes) */
+	const uint8_t *act;
+	uint8_t *res;
+	float *acc[DP_MAX_NICS];   /* per NIC: float32 sums of its ducks */
+	uint64_t targets[4];       /* duck id bitmap */
+	uint32_t nic_mask;
+	uint32_t nics_pending;     /* atomic: the worker that takes it to 0 finishes */
+	struct dp_nic_part part[DP_MAX_NICS];
+	struct dp_duck_rx *rx;     /* [nducks in topology], by topology index */
+	/* weight chunks */
+	uint16_t w_duck;
+	uint16_t w_tensor;
+	uint32_t w_index;          /* the duck's index in the layer */
+	bool w_announcer;          /* this context sends the LAYER datagram */
+	uint64_t w_layer_sent_ns;
+	struct dp_reasm w_acks;    /* which WEIGHT datagrams the duck acknowledged */
+};
+
+static inline bool dp_targets_has(const uint64_t *t, uint32_t duck)
+{
+	return (t[duck >> 6] >> (duck & 63)) & 1;
+}
+
+/* --- agents ----------------------------------------------------------------------------- */
+
+struct dp_world;
+
+struct dp_agent {
+	const char *name;
+	int (*do_work)(struct dp_world *w, void *self, uint64_t now);
+	void *self;
+	int core;
+	struct dp_idle idle;
+};
+
+struct dp_worker; /* dp_worker.h */
+
+struct dp_world {
+	struct dp_config cfg;
+	uint64_t session;
+	uint64_t epoch;                 /* control writes (release); others acquire */
+	uint32_t running;
+	struct dp_client clients[DP_MAX_CLIENTS];
+	struct dp_layer *layers[DP_LAYER_TABLE]; /* control inserts; dispatcher reads */
+	int16_t duck_index[256];        /* duck id -> topology index, or -1 */
+	/* forward contexts */
+	struct dp_fwd *fwds;
+	uint32_t nfwds;
+	struct dp_spsc free_ring;       /* control -> dispatcher: released contexts */
+	struct dp_spsc dispatch_done;   /* dispatcher -> control: completions */
+	struct dp_worker *workers[DP_MAX_NICS];
+	struct dp_counters dispatch_counters;
+	struct dp_counters control_counters;
+	uint64_t duck_seen_ns[256];     /* last PONG or reply; worker writes */
+};
+
+/* The layer with this id, or NULL (acquire: the control agent publishes). */
+static inline struct dp_layer *dp_layer_find(struct dp_world *w, uint32_t id)
+{
+	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
+		struct dp_layer *l = dp_load_acquire_ptr(
+			(void *const *)&w->layers[(id * 2654435761u + i) & (DP_LAYER_TABLE - 1)]);
+		if (!l)
+			return NULL;
+		if (l->id == id)
+			return l;
+	}
+	return NULL;
+}
+
+/* Completion path shared by every agent: publish the slot's done word (dp_dispatch.c). */
+void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f);
+/* Ducks of a forward that answered, and that did not. */
+void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *answered,
+		   uint32_t *missing);
+
+#endif /* DP_DATAPLANE_H */

@@ -1,0 +1,202 @@
+/* dp_main.c: duckpipe-dataplane, the standalone dataplane process.
+ *
+ *   duckpipe-dataplane --config FILE [-v]
+ *
+ * FILE is the msgpack configuration `duckpipe dataplane` writes from the TOML
+ * topology. The agents (control, dispatcher, one worker per NIC) either share
+ * one thread (the default on small machines) or get a thread each, pinned to
+ * the configured cores.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "dp_control.h"
+#include "dp_dataplane.h"
+#include "dp_dispatch.h"
+#include "dp_worker.h"
+
+#define MAX_AGENTS (2 + DP_MAX_NICS)
+
+static struct dp_world world;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	dp_store_release_u32(&world.running, 0);
+}
+
+static void pin(int core, const char *name)
+{
+	if (core < 0)
+		return;
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(core, &set);
+	int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+	if (rc)
+		DP_WARN("%s: cannot pin to core %d: %s", name, core, strerror(rc));
+}
+
+struct runner {
+	struct dp_agent *agents;
+	uint32_t n;
+	struct dp_idle idle;
+	int core;
+	const char *name;
+};
+
+/* The agent runner: every agent's do_work in turn, the idle strategy on no work. */
+static void *run(void *arg)
+{
+	struct runner *r = arg;
+	dp_set_thread_name(r->name);
+	pin(r->core, r->name);
+	while (dp_load_acquire_u32(&world.running)) {
+		int work = 0;
+		uint64_t now = dp_now_ns();
+		for (uint32_t i = 0; i < r->n; i++)
+			work += r->agents[i].do_work(&world, r->agents[i].self, now);
+		dp_idle_idle(&r->idle, work);
+	}
+	return NULL;
+}
+
+static void usage(const char *prog)
+{
+	fprintf(stderr,
+		"usage: %s --config FILE [-v]\n"
+		"  FILE: msgpack configuration written by `duckpipe dataplane`\n",
+		prog);
+}
+
+static int init_world(struct dp_world *w)
+{
+	memset(w->duck_index, 0xff, sizeof(w->duck_index));
+	for (uint32_t i = 0; i < w->cfg.nducks; i++)
+		w->duck_index[w->cfg.ducks[i].id] = (int16_t)i;
+	if (getrandom(&w->session, sizeof(w->session), 0) != sizeof(w->session))
+		w->session = (uint64_t)dp_now_ns() ^ ((uint64_t)getpid() << 32);
+	w->session &= 0x7fffffffffffffffull; /* a positive msgpack int for every client */
+	w->epoch = 1;
+	w->running = 1;
+	w->nfwds = w->cfg.max_inflight;
+	w->fwds = calloc(w->nfwds, sizeof(struct dp_fwd));
+	if (!w->fwds)
+		return -1;
+	for (uint32_t i = 0; i < w->nfwds; i++) {
+		w->fwds[i].index = i;
+		w->fwds[i].rx = calloc(w->cfg.nducks, sizeof(struct dp_duck_rx));
+		if (!w->fwds[i].rx)
+			return -1;
+	}
+	if (dp_spsc_init(&w->free_ring, w->nfwds) < 0 || dp_spsc_init(&w->dispatch_done, w->nfwds) < 0)
+		return -1;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = { { "config", required_argument, NULL, 'c' },
+					      { "verbose", no_argument, NULL, 'v' },
+					      { "help", no_argument, NULL, 'h' },
+					      { NULL, 0, NULL, 0 } };
+	const char *config = NULL;
+	int opt;
+	while ((opt = getopt_long(argc, argv, "c:vh", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'c':
+			config = optarg;
+			break;
+		case 'v':
+			dp_log_min = DP_LOG_DEBUG;
+			break;
+		default:
+			usage(argv[0]);
+			return opt == 'h' ? 0 : 2;
+		}
+	}
+	if (!config) {
+		usage(argv[0]);
+		return 2;
+	}
+	if (dp_config_load(config, &world.cfg) < 0) {
+		fprintf(stderr, "duckpipe-dataplane: config %s: %s\n", config, dp_error());
+		return 1;
+	}
+	if (init_world(&world) < 0) {
+		fprintf(stderr, "duckpipe-dataplane: init: %s\n", dp_error());
+		return 1;
+	}
+	struct dp_worker *workers = calloc(world.cfg.nnics, sizeof(struct dp_worker));
+	for (uint32_t n = 0; n < world.cfg.nnics; n++) {
+		world.workers[n] = &workers[n];
+		if (dp_worker_init(&workers[n], &world, n) < 0) {
+			fprintf(stderr, "duckpipe-dataplane: dp_worker_init: %s\n", dp_error());
+			return 1;
+		}
+	}
+	struct dp_dispatcher *dispatcher = dp_dispatch_new(&world);
+	struct dp_control *control = dp_control_new(&world);
+	if (!dispatcher || !control) {
+		fprintf(stderr, "duckpipe-dataplane: %s\n", dp_error());
+		return 1;
+	}
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
+	signal(SIGPIPE, SIG_IGN);
+
+	struct dp_agent agents[MAX_AGENTS];
+	uint32_t nagents = 0;
+	agents[nagents++] = (struct dp_agent){ "control", dp_control_do_work, control, -1, { 0 } };
+	agents[nagents++] = (struct dp_agent){ "dispatch", dp_dispatch_do_work, dispatcher, -1, { 0 } };
+	static char names[DP_MAX_NICS][16];
+	for (uint32_t n = 0; n < world.cfg.nnics; n++) {
+		snprintf(names[n], sizeof(names[n]), "nic-%s", world.cfg.nics[n].name);
+		agents[nagents++] = (struct dp_agent){ names[n], dp_worker_do_work, &workers[n], -1, { 0 } };
+	}
+	printf("duckpipe-dataplane: %u ducks on %u NIC(s), control %s, %s threads (pid %d)\n",
+	       world.cfg.nducks, world.cfg.nnics, world.cfg.control,
+	       world.cfg.dedicated_threads ? "dedicated" : "shared", getpid());
+	fflush(stdout);
+
+	struct runner runners[MAX_AGENTS];
+	pthread_t threads[MAX_AGENTS];
+	uint32_t nrunners = world.cfg.dedicated_threads ? nagents : 1;
+	for (uint32_t i = 0; i < nrunners; i++) {
+		runners[i] = (struct runner){ .agents = world.cfg.dedicated_threads ? &agents[i] : agents,
+					      .n = world.cfg.dedicated_threads ? 1 : nagents,
+					      .core = i < world.cfg.ncores ? world.cfg.cores[i] : -1,
+					      .name = world.cfg.dedicated_threads ? agents[i].name
+										  : "dataplane" };
+		dp_idle_init(&runners[i].idle, world.cfg.idle);
+	}
+	for (uint32_t i = 1; i < nrunners; i++)
+		if (pthread_create(&threads[i], NULL, run, &runners[i])) {
+			fprintf(stderr, "duckpipe-dataplane: pthread_create %s failed\n", runners[i].name);
+			return 1;
+		}
+	run(&runners[0]);
+	for (uint32_t i = 1; i < nrunners; i++)
+		pthread_join(threads[i], NULL);
+
+	dp_control_free(control);
+	dp_dispatch_free(dispatcher);
+	for (uint32_t n = 0; n < world.cfg.nnics; n++)
+		dp_worker_fini(&workers[n]);
+	free(workers);
+	for (uint32_t i = 0; i < world.nfwds; i++)
+		free(world.fwds[i].rx);
+	free(world.fwds);
+	dp_spsc_free(&world.free_ring);
+	dp_spsc_free(&world.dispatch_done);
+	fprintf(stderr, "duckpipe-dataplane: stopped\n");
+	return 0;
+}

@@ -1,0 +1,50 @@
+/* dp_worker.h: one NIC worker: sends activations, gathers partials, NACKs, reduces,
+ * and loads weights into its ducks. */
+#ifndef DP_WORKER_H
+#define DP_WORKER_H
+
+#include <stdint.h>
+
+#include "dp_backend.h"
+#include "dp_dataplane.h"
+
+#define DP_WORKER_TX 1024
+#define DP_WORKER_IOV 4096
+#define DP_WORKER_CTL_PAYLOAD 256 /* a NACK lists up to 64 chunks; the next NACK the rest */
+
+struct dp_worker {
+	uint32_t nic;
+	struct dp_world *w;
+	struct dp_backend be;
+	struct dp_spsc in;   /* dispatcher -> me: struct dp_fwd * */
+	struct dp_spsc done; /* me -> control: finished contexts */
+	struct dp_counters counters;
+	uint32_t payload;    /* bytes per datagram after the header */
+	uint32_t max_chunks; /* of one forward's activation */
+	/* per forward context, by its index (worker-local) */
+	uint64_t *owned;     /* wire id while on this worker, else 0 */
+	struct dp_wire_header *hdrs; /* [nfwds][max_chunks] prepared FORWARD / WEIGHT headers */
+	uint64_t *next_nack;
+	uint64_t *sent_ns;   /* weights: [nfwds][max_chunks] last send of each datagram */
+	float *scratch;      /* [nfwds][max_forward_bytes / 2] float32 sums when not in place */
+	uint32_t scratch_floats;
+	struct dp_fwd **active;
+	uint32_t nactive;
+	/* ducks on this NIC */
+	uint32_t nducks;
+	uint16_t ducks[256];
+	uint64_t next_ping_ns;
+	/* tx scratch */
+	struct dp_tx tx[DP_WORKER_TX];
+	struct iovec iov[DP_WORKER_IOV];
+	uint32_t ntx, niov;
+	struct dp_wire_header ctl[DP_WORKER_TX]; /* headers of NACK, PING and LAYER datagrams */
+	uint8_t ctl_payload[DP_WORKER_TX][DP_WORKER_CTL_PAYLOAD];
+	uint32_t nctl;
+};
+
+int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic);
+void dp_worker_fini(struct dp_worker *wk);
+int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now);
+
+#endif /* DP_WORKER_H */

@@ -1,0 +1,157 @@
+"""The cluster's topology and the dataplane's settings: a TOML file decoded with msgspec.
+
+::
+
+    threads = "shared"            # or "dedicated": one thread per agent, pinned to `cores`
+    idle = "backoff"              # spin | yield | backoff
+    default_timeout_ms = 1000     # a forward's deadline unless the client sets one
+
+    [[nics]]
+    name = "lo"
+    backend = "socket"            # kernel UDP; "dpdk" once built
+    interface = ""                # SO_BINDTODEVICE when set
+    host_ip = "127.0.0.1"         # the dataplane's address on this NIC
+    host_port = 47000
+    broadcast = ""                # the subnet's broadcast address; empty: unicast fan-out
+    mtu = 1500
+
+    [[nics.ducks]]
+    id = 0
+    ip = "127.0.0.1"
+    port = 47100
+
+Without a file, :func:`loopback` puts N ducks on 127.0.0.1, which needs no root.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from .errors import BadInput
+
+__all__ = ["Duck", "Nic", "Topology", "load", "loopback", "DEFAULT_HOST_PORT", "DEFAULT_DUCK_PORT"]
+
+DEFAULT_HOST_PORT = 47000
+DEFAULT_DUCK_PORT = 47100
+
+Port = Annotated[int, Meta(ge=1, le=65535)]
+IPv4 = Annotated[str, Meta(pattern=r"^\d{1,3}(\.\d{1,3}){3}$")]
+
+
+class Duck(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    id: Annotated[int, Meta(ge=0, le=255)]
+    ip: IPv4
+    port: Port
+
+
+class Nic(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    name: Annotated[str, Meta(min_length=1, max_length=15)]
+    backend: Literal["socket", "dpdk"] = "socket"
+    interface: Annotated[str, Meta(max_length=15)] = ""
+    host_ip: IPv4
+    host_port: Port = DEFAULT_HOST_PORT
+    broadcast: str = ""
+    mtu: Annotated[int, Meta(ge=576, le=65535)] = 1500
+    gso: bool = True
+    busy_poll_us: Annotated[int, Meta(ge=0)] = 0
+    rcvbuf: Annotated[int, Meta(ge=65536)] = 16 << 20
+    ducks: list[Duck]
+
+
+class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    control: str = ""
+    threads: Literal["shared", "dedicated"] = "shared"
+    cores: list[Annotated[int, Meta(ge=0)]] = []
+    idle: Literal["spin", "yield", "backoff"] = "backoff"
+    default_timeout_ms: Annotated[float, Meta(gt=0)] = 1000.0
+    nack_us: Annotated[int, Meta(ge=100)] = 2000
+    weight_rto_us: Annotated[int, Meta(ge=100)] = 20000
+    weight_timeout_ms: Annotated[int, Meta(ge=1)] = 10000
+    client_timeout_ms: Annotated[int, Meta(ge=100)] = 10000
+    max_inflight: Annotated[int, Meta(ge=1, le=4096)] = 64
+    max_forward_bytes: Annotated[int, Meta(ge=4096)] = 1 << 20
+    ping_ms: Annotated[int, Meta(ge=10)] = 1000
+    nics: Annotated[list[Nic], Meta(min_length=1, max_length=8)]
+
+    def __post_init__(self) -> None:
+        if self.max_inflight & (self.max_inflight - 1):
+            raise ValueError(f"max_inflight ({self.max_inflight}) must be a power of two")
+        seen: set[int] = set()
+        for nic in self.nics:
+            for ip in [nic.host_ip, *(d.ip for d in nic.ducks), *([nic.broadcast] if nic.broadcast else [])]:
+                try:
+                    ipaddress.IPv4Address(ip)
+                except ValueError:
+                    raise ValueError(f"NIC {nic.name!r}: {ip!r} is not an IPv4 address") from None
+            for d in nic.ducks:
+                if d.id in seen:
+                    raise ValueError(f"duck id {d.id} appears twice")
+                seen.add(d.id)
+        if not seen:
+            raise ValueError("the topology has no ducks")
+
+    @property
+    def ducks(self) -> list[Duck]:
+        return [d for nic in self.nics for d in nic.ducks]
+
+    def to_config(self, control: str) -> bytes:
+        """The msgpack configuration duckpipe-dataplane reads (dataplane/src/dp_config.c)."""
+        return msgspec.msgpack.encode(
+            {
+                "control": control,
+                "dedicated_threads": self.threads == "dedicated",
+                "cores": self.cores,
+                "idle": self.idle,
+                "default_timeout_us": int(self.default_timeout_ms * 1000),
+                "nack_us": self.nack_us,
+                "weight_rto_us": self.weight_rto_us,
+                "weight_timeout_ms": self.weight_timeout_ms,
+                "client_timeout_ms": self.client_timeout_ms,
+                "max_inflight": self.max_inflight,
+                "max_forward_bytes": self.max_forward_bytes,
+                "ping_ms": self.ping_ms,
+                "nics": [msgspec.structs.asdict(n) | {"ducks": [msgspec.structs.asdict(d) for d in n.ducks]} for n in self.nics],
+            }
+        )
+
+
+def load(path: str | Path) -> Topology:
+    """Decode a TOML topology; errors name the key, the value and why."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise BadInput(f"cannot read topology {path}: {e.strerror}") from e
+    try:
+        return msgspec.toml.decode(raw, type=Topology)
+    except msgspec.ValidationError as e:
+        raise BadInput(f"topology {path}: {e}") from None
+    except msgspec.DecodeError as e:
+        raise BadInput(f"topology {path} is not valid TOML: {e}") from None
+
+
+def loopback(
+    ducks: int = 8,
+    *,
+    host_port: int = DEFAULT_HOST_PORT,
+    duck_port: int = DEFAULT_DUCK_PORT,
+    **settings: object,
+) -> Topology:
+    """N ducks on 127.0.0.1 ports duck_port.., unicast fan-out (loopback has no broadcast)."""
+    if not 1 <= ducks <= 256:
+        raise BadInput(f"ducks must be between 1 and 256, not {ducks}")
+    nic = Nic(
+        name="lo",
+        host_ip="127.0.0.1",
+        host_port=host_port,
+        ducks=[Duck(id=i, ip="127.0.0.1", port=duck_port + i) for i in range(ducks)],
+    )
+    try:
+        return Topology(nics=[nic], **settings)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as e:
+        raise BadInput(str(e)) from None
