@@ -32,6 +32,14 @@ def _mock_dataplane(args: argparse.Namespace) -> int:
     return main_loop(cfg)
 
 
+def _dataplane(args: argparse.Namespace) -> int:
+    from .dataplane import run_foreground
+    from .topology import load, loopback
+
+    topo = load(args.config) if args.config else loopback(args.ducks)
+    return run_foreground(topo, args.control, args.verbose)
+
+
 def _shm_ls(args: argparse.Namespace) -> int:
     from .shm import list_segments
 
@@ -196,6 +204,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--crash-after", type=int, help="fault: SIGKILL itself on the forward after N")
     m.set_defaults(func=_mock_dataplane)
+
+    d = sub.add_parser("dataplane", help="run the C dataplane (kernel UDP or DPDK)")
+    d.add_argument("--config", help="TOML topology (default: --ducks ducks on loopback)")
+    d.add_argument("--ducks", type=int, default=8, help="loopback ducks without --config")
+    d.add_argument("--control", help="ZeroMQ endpoint (default: $DUCKPIPE_CONTROL or the run dir)")
+    d.set_defaults(func=_dataplane)
+
+    from .ducks import add_parser as add_ducks_parser
+
+    add_ducks_parser(sub)
 
     s = sub.add_parser("shm", help="list or reclaim shared-memory segments")
     ssub = s.add_subparsers(dest="shm_command", required=True, metavar="ACTION")

@@ -100,13 +100,17 @@ class DataplaneProcess:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
+    def close(self) -> None:
+        """Drop the log and the private directory (after stop)."""
+        self._log.close()
+        self._tmp.cleanup()
+
     def __enter__(self) -> DataplaneProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-        self._log.close()
-        self._tmp.cleanup()
+        self.close()
 
 
 def run_foreground(topology: Topology, control: str | None, verbose: bool) -> int:

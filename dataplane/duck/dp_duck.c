@@ -1,0 +1,1334 @@
+/* dp_duck.c: duckpipe-ducks, the duck emulator.
+ *
+ * Emulates up to 32 ducks in one process and one thread: duck i has id
+ * first_id + i and its own UDP socket on base_port + i, holds up to 64 layers of
+ * float32 shard weights, and speaks the wire protocol of dp_abi.h / dp_wire.h
+ * (documented in duckpipe/schema/wire.py):
+ *
+ *   host -> duck   LAYER    announce a shard's shape     -> WEIGHT_ACK (tensor 0xFFFF)
+ *                  WEIGHT   bytes of one tensor           -> WEIGHT_ACK, or NACK|NO_LAYER
+ *                  FORWARD  one chunk of an activation    -> PARTIAL chunks once complete,
+ *                                                            or NACK|NO_LAYER
+ *                  NACK     chunks of a partial, again    -> PARTIAL chunks, or NACK|INPUT
+ *                  PING                                   -> PONG
+ *
+ * A duck adopts the session and epoch of each host datagram and echoes them;
+ * replies go to the datagram's source address. Every datagram is checked with
+ * dp_wire_check() and anything wrong is counted and dropped, never trusted.
+ * Requests other than PING name their addressee in `duck` (or DP_WIRE_ANY_DUCK);
+ * one addressed to another duck is ignored.
+ *
+ * The loop: epoll over every duck socket and a signalfd; recvmmsg bursts of 32;
+ * small replies (acks, nacks, pongs) leave in sendmmsg batches, partials in UDP
+ * GSO sends of up to 64 datagrams (sendmmsg where GSO is refused). --delay-us
+ * parks replies in a FIFO timer queue serviced by the loop; the epoll timeout is
+ * finite only while it holds something. Nothing is allocated per packet: input,
+ * output and scratch buffers are reserved at start (MAP_NORESERVE, so only what
+ * is touched costs memory), tensors when a layer is created.
+ *
+ * Fault knobs: --drop, --delay-us, --stop-after, --restart-after (see usage()).
+ * SIGINT/SIGTERM: print the counters to stderr as one line of key=value and exit 0.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/udp.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+
+#include "dp_abi.h"
+#include "dp_f16.h"
+#include "dp_mlp.h"
+#include "dp_reasm.h"
+#include "dp_reduce.h"
+#include "dp_wire.h"
+
+/* ------------------------------------------------------------------ tunables */
+
+#define PROG "duckpipe-ducks"
+
+#define DUCK_MAX_DUCKS 32u
+#define DUCK_MAX_LAYERS 64u            /* layers held per duck */
+#define DUCK_INPUTS 8u                 /* activations being reassembled per duck */
+#define DUCK_OUTPUTS 16u               /* recent partials kept per duck for NACKs */
+#define DUCK_MAX_FLOATS (256ull << 20) /* weight floats per duck, all layers (1 GiB) */
+#define DUCK_MAX_MSG (8ull << 20)      /* bytes of one activation or partial */
+#define DUCK_BURST 32u                 /* datagrams per recvmmsg / sendmmsg */
+#define DUCK_RX_BURSTS 4u              /* bursts per duck per wake-up, for fairness */
+#define DUCK_SOCK_BUF (4 << 20)        /* SO_RCVBUF / SO_SNDBUF, bytes */
+#define DUCK_GSO_SEGS 64u              /* datagrams per GSO send (UDP_MAX_SEGMENTS >= 64) */
+#define DUCK_NACK_LIST 1024u           /* chunk indices in one NACK|INPUT reply */
+#define DUCK_DELAY_SLOTS 4096u         /* delayed replies in flight, a power of two */
+#define DUCK_MAX_DELAY_US 10000000ull
+#define DUCK_RX_BUF 65536u             /* > DP_WIRE_MAX_DATAGRAM */
+#define DUCK_SMALL_MAX (DP_WIRE_HDR_LEN + 4 * DUCK_NACK_LIST)
+#define DUCK_EVENTS 64
+#define DUCK_SIGNAL_TOKEN UINT32_MAX   /* epoll data of the signalfd */
+#define DUCK_TENSOR_ALIGN 16u          /* floats: each tensor starts on a cache line */
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef SO_RXQ_OVFL
+#define SO_RXQ_OVFL 40
+#endif
+
+/* ------------------------------------------------------------ per-duck state */
+
+struct duck_layer {
+	uint32_t id;
+	uint8_t used;
+	uint8_t dtype;             /* of activations and partials */
+	struct dp_mlp_shard shard; /* kind, hidden, ffn, t[0..2] */
+	float *block;              /* the one allocation holding t[0..2] */
+	uint64_t floats;
+};
+
+struct duck_input { /* an activation being reassembled */
+	uint64_t seq;       /* 0: free; else age, for eviction */
+	uint64_t session, forward_id;
+	uint64_t total, bytes;
+	uint32_t layer, rows;
+	uint8_t dtype;
+	struct dp_reasm reasm;
+	uint8_t *buf; /* g_msg_cap bytes */
+};
+
+struct duck_output { /* a partial already sent, kept for NACKs */
+	uint64_t seq;
+	uint64_t session, forward_id;
+	uint64_t total, compute_ns;
+	uint32_t layer, rows, chunks;
+	uint8_t dtype;
+	uint8_t *buf;
+};
+
+struct duck {
+	int fd;
+	uint16_t id;
+	uint32_t index;
+	struct sockaddr_in addr;
+	uint64_t session, epoch; /* adopted from the last host datagram */
+	uint64_t computed;       /* forwards computed, for --stop-after / --restart-after */
+	uint64_t seq;            /* last input/output sequence number handed out */
+	uint64_t floats;         /* weight floats held */
+	uint32_t rxq_ovfl;       /* kernel's drop count at the last look */
+	uint8_t *arena;
+	size_t arena_len;
+	struct duck_layer layers[DUCK_MAX_LAYERS];
+	struct duck_input in[DUCK_INPUTS];
+	struct duck_output out[DUCK_OUTPUTS];
+} __attribute__((aligned(64)));
+
+/* ------------------------------------------------------------------ counters */
+
+#define DUCK_COUNTERS(X)                                                                      \
+	X(rx) X(rx_bytes) X(tx) X(tx_bytes) X(dropped_malformed) X(malformed_short)             \
+	X(malformed_magic) X(malformed_version) X(malformed_op) X(malformed_length)             \
+	X(malformed_truncated) X(dropped_invalid) X(dropped_injected) X(rx_kernel_drops)        \
+	X(wrong_duck) X(unexpected_op) X(duplicates) X(forwards_computed) X(partials_sent)      \
+	X(nacks_received) X(nacks_answered) X(input_nacks_sent) X(no_layer_replies)             \
+	X(weight_bytes) X(weight_acks) X(layers) X(layers_rejected) X(inputs_evicted)           \
+	X(outputs_evicted) X(stopped_ignored) X(restarts) X(pongs) X(gso_sends)                 \
+	X(gso_fallbacks) X(delayed) X(delay_overflow) X(delay_stale) X(tx_errors) X(rx_errors)
+
+static struct {
+#define X(name) uint64_t name;
+	DUCK_COUNTERS(X)
+#undef X
+} stats;
+
+/* ------------------------------------------------------------ options, state */
+
+static uint32_t opt_ducks = 8;
+static const char *opt_bind = "127.0.0.1";
+static uint32_t opt_base_port = 47100;
+static uint32_t opt_first_id;
+static uint32_t opt_mtu = 1500;
+static int opt_echo;
+static double opt_drop;
+static uint64_t opt_delay_ns;
+static uint64_t opt_stop_after = UINT64_MAX; /* never */
+static uint64_t opt_restart_after;           /* 0: never */
+static uint64_t opt_seed = 1;
+static int opt_no_gso;
+
+static struct in_addr g_ips[DUCK_MAX_DUCKS];
+static struct duck *g_ducks;
+static int g_epfd = -1, g_sigfd = -1;
+static volatile int force_quit;
+
+static uint32_t g_payload;   /* payload bytes per datagram at the MTU */
+static uint32_t g_seg;       /* header + payload: the GSO segment size */
+static uint32_t g_gso_segs;  /* datagrams per GSO send */
+static uint32_t g_nack_max;  /* chunk indices per NACK|INPUT reply */
+static size_t g_msg_cap;     /* bytes of one activation or partial */
+static int g_gso;            /* 1 while GSO is to be tried */
+static int g_gso_proven;     /* a GSO send has worked: later errors are not "unsupported" */
+static uint64_t g_rng;
+
+/* Float32 views of float16 activations and partials, and the kernels' scratch. */
+static float *g_x32, *g_y32;
+static size_t g_xy_len;
+static float *g_scratch;
+static size_t g_scratch_floats;
+
+/* Receive burst. */
+static uint8_t rx_buf[DUCK_BURST][DUCK_RX_BUF] __attribute__((aligned(64)));
+static struct mmsghdr rx_msg[DUCK_BURST];
+static struct iovec rx_iov[DUCK_BURST];
+static struct sockaddr_in rx_src[DUCK_BURST];
+static union {
+	char buf[CMSG_SPACE(sizeof(uint32_t))];
+	struct cmsghdr align;
+} rx_ctl[DUCK_BURST];
+
+/* Small replies of one duck, flushed with sendmmsg. */
+static struct {
+	struct duck *d;
+	uint32_t n;
+	struct mmsghdr msg[DUCK_BURST];
+	struct iovec iov[DUCK_BURST];
+	struct sockaddr_in dst[DUCK_BURST];
+	uint8_t buf[DUCK_BURST][DUCK_SMALL_MAX] __attribute__((aligned(8)));
+} tx;
+
+/* One GSO send (or sendmmsg batch) of partial chunks: headers here, payloads in place. */
+static struct dp_wire_header part_hdr[DUCK_GSO_SEGS];
+static struct iovec part_iov[2 * DUCK_GSO_SEGS];
+static struct mmsghdr part_msg[DUCK_GSO_SEGS];
+
+static uint8_t g_small[DUCK_SMALL_MAX] __attribute__((aligned(8)));
+static uint32_t g_list[DP_WIRE_MAX_DATAGRAM / 4 + 1]; /* chunk indices of a NACK */
+
+/* Replies waiting for --delay-us: a FIFO, since every reply waits equally long. */
+enum { DELAY_SMALL = 1, DELAY_PARTIAL = 2 };
+struct delayed {
+	uint64_t due_ns;
+	uint64_t out_seq; /* PARTIAL: sent only if this output is still cached */
+	uint64_t session, epoch;
+	struct sockaddr_in dst;
+	uint32_t duck, out_idx;
+	uint32_t n; /* SMALL: datagram bytes; PARTIAL: chunk indices in data, 0 = all */
+	uint8_t kind;
+	uint8_t data[DUCK_SMALL_MAX] __attribute__((aligned(8)));
+};
+static struct delayed *delayq;
+static uint32_t delayq_head, delayq_tail; /* free-running, masked on access */
+
+/* --------------------------------------------------------------------- utils */
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t splitmix64(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+static uint64_t xorshift64(void)
+{
+	uint64_t x = g_rng;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return g_rng = x;
+}
+
+/* --drop: lose this datagram? */
+static int inject_drop(void)
+{
+	if (opt_drop <= 0.0)
+		return 0;
+	if ((double)(xorshift64() >> 11) * 0x1.0p-53 >= opt_drop)
+		return 0;
+	stats.dropped_injected++;
+	return 1;
+}
+
+static void *reserve(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static const char *ip_str(const struct sockaddr_in *a, char *buf, size_t len)
+{
+	return inet_ntop(AF_INET, &a->sin_addr, buf, (socklen_t)len) ? buf : "?";
+}
+
+/* ------------------------------------------------------------------ transmit */
+
+static void tx_flush(void)
+{
+	uint32_t done = 0;
+	while (done < tx.n) {
+		int r = sendmmsg(tx.d->fd, tx.msg + done, tx.n - done, 0);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			stats.tx_errors++;
+			done++; /* skip the datagram the kernel refused */
+			continue;
+		}
+		for (int i = 0; i < r; i++) {
+			stats.tx++;
+			stats.tx_bytes += tx.msg[done + i].msg_len;
+		}
+		done += (uint32_t)r;
+	}
+	tx.n = 0;
+}
+
+/* Queue one small datagram of duck d for the next sendmmsg. */
+static void tx_small_now(struct duck *d, const struct sockaddr_in *dst, const void *dgram,
+			 uint32_t len)
+{
+	if (inject_drop())
+		return;
+	if (tx.n && tx.d != d)
+		tx_flush();
+	tx.d = d;
+	uint32_t i = tx.n++;
+	memcpy(tx.buf[i], dgram, len);
+	tx.dst[i] = *dst;
+	tx.iov[i] = (struct iovec){ .iov_base = tx.buf[i], .iov_len = len };
+	memset(&tx.msg[i], 0, sizeof(tx.msg[i]));
+	tx.msg[i].msg_hdr.msg_name = &tx.dst[i];
+	tx.msg[i].msg_hdr.msg_namelen = sizeof(tx.dst[i]);
+	tx.msg[i].msg_hdr.msg_iov = &tx.iov[i];
+	tx.msg[i].msg_hdr.msg_iovlen = 1;
+	if (tx.n == DUCK_BURST)
+		tx_flush();
+}
+
+/* The nb chunks in part_hdr/part_iov, one datagram each. */
+static void partial_mmsg(struct duck *d, struct sockaddr_in *dst, uint32_t nb)
+{
+	for (uint32_t i = 0; i < nb; i++) {
+		memset(&part_msg[i], 0, sizeof(part_msg[i]));
+		part_msg[i].msg_hdr.msg_name = dst;
+		part_msg[i].msg_hdr.msg_namelen = sizeof(*dst);
+		part_msg[i].msg_hdr.msg_iov = &part_iov[2 * i];
+		part_msg[i].msg_hdr.msg_iovlen = 2;
+	}
+	uint32_t done = 0;
+	while (done < nb) {
+		int r = sendmmsg(d->fd, part_msg + done, nb - done, 0);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			stats.tx_errors++;
+			done++;
+			continue;
+		}
+		for (int i = 0; i < r; i++)
+			stats.tx_bytes += part_msg[done + i].msg_len;
+		stats.tx += (uint64_t)r;
+		stats.partials_sent += (uint64_t)r;
+		done += (uint32_t)r;
+	}
+}
+
+/* The nb chunks as one GSO send: the kernel cuts it every g_seg bytes, and only the
+ * last chunk may be short. 0 if sent, -1 to fall back to sendmmsg. */
+static int partial_gso(struct duck *d, struct sockaddr_in *dst, uint32_t nb)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(uint16_t))];
+		struct cmsghdr align;
+	} ctl;
+	memset(&ctl, 0, sizeof(ctl));
+	struct msghdr m = {
+		.msg_name = dst,
+		.msg_namelen = sizeof(*dst),
+		.msg_iov = part_iov,
+		.msg_iovlen = 2 * nb,
+		.msg_control = ctl.buf,
+		.msg_controllen = sizeof(ctl.buf),
+	};
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+	cm->cmsg_level = SOL_UDP;
+	cm->cmsg_type = UDP_SEGMENT;
+	cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+	uint16_t seg = (uint16_t)g_seg;
+	memcpy(CMSG_DATA(cm), &seg, sizeof(seg));
+	ssize_t r;
+	do
+		r = sendmsg(d->fd, &m, 0);
+	while (r < 0 && errno == EINTR);
+	if (r >= 0) {
+		g_gso_proven = 1;
+		stats.gso_sends++;
+		stats.tx += nb;
+		stats.partials_sent += nb;
+		stats.tx_bytes += (uint64_t)r;
+		return 0;
+	}
+	int e = errno;
+	stats.gso_fallbacks++;
+	if (!g_gso_proven && (e == EIO || e == EINVAL || e == EOPNOTSUPP || e == ENOPROTOOPT)) {
+		g_gso = 0;
+		fprintf(stderr, PROG ": UDP GSO refused (%s); sending partials with sendmmsg\n",
+			strerror(e));
+	}
+	return -1;
+}
+
+static void partial_flush(struct duck *d, const struct sockaddr_in *to, uint32_t nb)
+{
+	struct sockaddr_in dst = *to;
+	if (nb > 1 && g_gso && partial_gso(d, &dst, nb) == 0)
+		return;
+	partial_mmsg(d, &dst, nb);
+}
+
+/* Send chunks list[0..n) of output o (all of them if list is NULL). */
+static void partial_send_now(struct duck *d, const struct sockaddr_in *dst,
+			     const struct duck_output *o, const uint32_t *list, uint32_t n,
+			     uint64_t session, uint64_t epoch)
+{
+	uint32_t count = list ? n : o->chunks, nb = 0;
+	for (uint32_t k = 0; k < count; k++) {
+		uint32_t c = list ? list[k] : k;
+		if (c >= o->chunks) {
+			stats.dropped_invalid++;
+			continue;
+		}
+		if (inject_drop())
+			continue;
+		uint32_t len = dp_wire_chunk_len(o->total, g_payload, c);
+		struct dp_wire_header *h = &part_hdr[nb];
+		dp_wire_init(h, DP_WIRE_OP_PARTIAL, session, epoch);
+		h->dtype = o->dtype;
+		h->forward_id = o->forward_id;
+		h->layer = o->layer;
+		h->duck = d->id;
+		h->chunk = c;
+		h->chunks = o->chunks;
+		h->offset = (uint64_t)c * g_payload;
+		h->total = o->total;
+		h->length = len;
+		h->rows = o->rows;
+		h->compute_ns = o->compute_ns;
+		part_iov[2 * nb] = (struct iovec){ .iov_base = h, .iov_len = DP_WIRE_HDR_LEN };
+		part_iov[2 * nb + 1] = (struct iovec){ .iov_base = o->buf + h->offset, .iov_len = len };
+		nb++;
+		/* a short chunk must end its GSO send */
+		if (nb == g_gso_segs || len < g_payload) {
+			partial_flush(d, dst, nb);
+			nb = 0;
+		}
+	}
+	if (nb)
+		partial_flush(d, dst, nb);
+}
+
+/* --------------------------------------------------------------- delay queue */
+
+static struct delayed *delay_push(const struct duck *d, const struct sockaddr_in *dst,
+				  uint8_t kind)
+{
+	if (delayq_tail - delayq_head == DUCK_DELAY_SLOTS) {
+		stats.delay_overflow++;
+		return NULL;
+	}
+	struct delayed *e = &delayq[delayq_tail++ & (DUCK_DELAY_SLOTS - 1)];
+	e->due_ns = now_ns() + opt_delay_ns;
+	e->kind = kind;
+	e->duck = d->index;
+	e->dst = *dst;
+	e->session = d->session;
+	e->epoch = d->epoch;
+	e->n = 0;
+	stats.delayed++;
+	return e;
+}
+
+/* Send every delayed reply whose time has come. */
+static void delay_run(void)
+{
+	uint64_t now = now_ns();
+	while (delayq_head != delayq_tail) {
+		struct delayed *e = &delayq[delayq_head & (DUCK_DELAY_SLOTS - 1)];
+		if (e->due_ns > now)
+			break;
+		struct duck *d = &g_ducks[e->duck];
+		if (e->kind == DELAY_SMALL) {
+			tx_small_now(d, &e->dst, e->data, e->n);
+		} else {
+			const struct duck_output *o = &d->out[e->out_idx];
+			if (o->seq != e->out_seq)
+				stats.delay_stale++; /* evicted meanwhile: the host will NACK */
+			else
+				partial_send_now(d, &e->dst, o,
+						 e->n ? (const uint32_t *)(void *)e->data : NULL,
+						 e->n, e->session, e->epoch);
+		}
+		delayq_head++;
+	}
+	if (tx.n)
+		tx_flush();
+}
+
+/* ------------------------------------------------------------------- replies */
+
+static void reply_init(const struct duck *d, struct dp_wire_header *r, uint8_t op,
+		       const struct dp_wire_header *req)
+{
+	dp_wire_init(r, op, d->session, d->epoch);
+	r->duck = d->id;
+	r->dtype = req->dtype;
+	r->forward_id = req->forward_id;
+	r->layer = req->layer;
+}
+
+/* Header r (its length set to plen) and plen payload bytes, now or after --delay-us. */
+static void reply_small(struct duck *d, const struct sockaddr_in *dst,
+			const struct dp_wire_header *r, const void *payload, uint32_t plen)
+{
+	uint8_t *buf = g_small;
+	struct delayed *e = NULL;
+	if (opt_delay_ns) {
+		if (!(e = delay_push(d, dst, DELAY_SMALL)))
+			return;
+		buf = e->data;
+		e->n = DP_WIRE_HDR_LEN + plen;
+	}
+	memcpy(buf, r, DP_WIRE_HDR_LEN);
+	if (plen)
+		memcpy(buf + DP_WIRE_HDR_LEN, payload, plen);
+	if (!e)
+		tx_small_now(d, dst, buf, DP_WIRE_HDR_LEN + plen);
+}
+
+/* Chunks list[0..n) of output o (all if list is NULL), now or after --delay-us. */
+static void reply_partial(struct duck *d, const struct sockaddr_in *dst,
+			  const struct duck_output *o, const uint32_t *list, uint32_t n)
+{
+	if (!opt_delay_ns) {
+		partial_send_now(d, dst, o, list, n, d->session, d->epoch);
+		return;
+	}
+	uint32_t k = 0;
+	do {
+		struct delayed *e = delay_push(d, dst, DELAY_PARTIAL);
+		if (!e)
+			return;
+		e->out_idx = (uint32_t)(o - d->out);
+		e->out_seq = o->seq;
+		if (list) {
+			e->n = n - k < DUCK_NACK_LIST ? n - k : DUCK_NACK_LIST;
+			memcpy(e->data, list + k, 4 * (size_t)e->n);
+			k += e->n;
+		}
+	} while (list && k < n);
+}
+
+static void reply_no_layer(struct duck *d, const struct sockaddr_in *dst,
+			   const struct dp_wire_header *req)
+{
+	struct dp_wire_header r;
+	reply_init(d, &r, DP_WIRE_OP_NACK, req);
+	r.flags = DP_WIRE_FLAG_NO_LAYER;
+	r.tensor = req->tensor;
+	r.chunk = req->chunk;
+	r.chunks = req->chunks;
+	r.offset = req->offset;
+	r.rows = req->rows;
+	stats.no_layer_replies++;
+	reply_small(d, dst, &r, NULL, 0);
+}
+
+/* -------------------------------------------------------------------- layers */
+
+static struct duck_layer *layer_find(struct duck *d, uint32_t id)
+{
+	for (uint32_t i = 0; i < DUCK_MAX_LAYERS; i++)
+		if (d->layers[i].used && d->layers[i].id == id)
+			return &d->layers[i];
+	return NULL;
+}
+
+static void layer_free(struct duck *d, struct duck_layer *l)
+{
+	free(l->block);
+	d->floats -= l->floats;
+	memset(l, 0, sizeof(*l));
+}
+
+/* --restart-after: as if the duck had rebooted, its weights are gone. */
+static void layers_forget(struct duck *d)
+{
+	for (uint32_t i = 0; i < DUCK_MAX_LAYERS; i++)
+		if (d->layers[i].used)
+			layer_free(d, &d->layers[i]);
+}
+
+/* The kernels' scratch must fit the widest shard; it grows only here. */
+static int scratch_fit(uint32_t ffn)
+{
+	size_t need = dp_mlp_scratch_floats(ffn);
+	if (need <= g_scratch_floats)
+		return 0;
+	float *p = aligned_alloc(64, (need * sizeof(float) + 63) & ~(size_t)63);
+	if (!p)
+		return -1;
+	free(g_scratch);
+	g_scratch = p;
+	g_scratch_floats = need;
+	return 0;
+}
+
+static void handle_layer(struct duck *d, const struct sockaddr_in *src,
+			 const struct dp_wire_header *h, const uint8_t *payload)
+{
+	struct dp_wire_layer w;
+	memcpy(&w, payload, sizeof(w));
+	struct duck_layer *l = layer_find(d, h->layer);
+	uint64_t len[3] = { 0 }, floats = 0;
+	int ok = (w.kind == DP_MLP_KIND_GELU || w.kind == DP_MLP_KIND_SWIGLU) &&
+		 dp_dtype_size(w.dtype) && w.hidden && w.ffn;
+	for (unsigned t = 0; ok && t < 3; t++) {
+		len[t] = dp_mlp_tensor_len(w.kind, w.hidden, w.ffn, t);
+		floats += (len[t] + DUCK_TENSOR_ALIGN - 1) & ~(uint64_t)(DUCK_TENSOR_ALIGN - 1);
+	}
+	if (ok && l && l->shard.kind == w.kind && l->dtype == w.dtype &&
+	    l->shard.hidden == w.hidden && l->shard.ffn == w.ffn)
+		goto ack; /* the same announcement again (our ack was lost): keep the weights */
+	ok = ok && floats <= DUCK_MAX_FLOATS &&
+	     d->floats - (l ? l->floats : 0) + floats <= DUCK_MAX_FLOATS;
+	if (ok && !l)
+		for (uint32_t i = 0; i < DUCK_MAX_LAYERS && !l; i++)
+			if (!d->layers[i].used)
+				l = &d->layers[i];
+	float *block = NULL;
+	if (!ok || !l || scratch_fit(w.ffn) < 0 || !(block = calloc(floats, sizeof(float)))) {
+		stats.layers_rejected++;
+		return; /* no ack: the host's loader reports it */
+	}
+	if (l->used)
+		layer_free(d, l);
+	l->used = 1;
+	l->id = h->layer;
+	l->dtype = w.dtype;
+	l->shard.kind = w.kind;
+	l->shard.hidden = w.hidden;
+	l->shard.ffn = w.ffn;
+	l->block = block;
+	l->floats = floats;
+	for (unsigned t = 0; t < 3; t++) {
+		l->shard.t[t] = block;
+		block += (len[t] + DUCK_TENSOR_ALIGN - 1) & ~(uint64_t)(DUCK_TENSOR_ALIGN - 1);
+	}
+	d->floats += floats;
+	stats.layers++;
+ack:;
+	struct dp_wire_header r;
+	reply_init(d, &r, DP_WIRE_OP_WEIGHT_ACK, h);
+	r.tensor = DP_WIRE_LAYER_TENSOR;
+	r.chunk = h->chunk;
+	r.chunks = h->chunks;
+	r.offset = h->offset;
+	stats.weight_acks++;
+	reply_small(d, src, &r, NULL, 0);
+}
+
+static void handle_weight(struct duck *d, const struct sockaddr_in *src,
+			  const struct dp_wire_header *h, const uint8_t *payload)
+{
+	struct duck_layer *l = layer_find(d, h->layer);
+	if (!l) {
+		reply_no_layer(d, src, h);
+		return;
+	}
+	uint32_t isz = dp_dtype_size(h->dtype);
+	uint64_t n = h->tensor < 3 ? dp_mlp_tensor_len(l->shard.kind, l->shard.hidden,
+						      l->shard.ffn, h->tensor)
+				   : 0;
+	if (!isz || !n || h->total != n * isz || h->offset % isz || h->length % isz) {
+		stats.dropped_invalid++;
+		return;
+	}
+	float *dst = l->shard.t[h->tensor] + h->offset / isz;
+	if (h->dtype == DP_DTYPE_F32) {
+		memcpy(dst, payload, h->length);
+	} else {
+		for (uint32_t i = 0; i < h->length / 2; i++) {
+			uint16_t v;
+			memcpy(&v, payload + 2 * (size_t)i, 2);
+			dst[i] = dp_f16_to_f32(v);
+		}
+	}
+	stats.weight_bytes += h->length;
+
+	struct dp_wire_header r;
+	reply_init(d, &r, DP_WIRE_OP_WEIGHT_ACK, h);
+	r.tensor = h->tensor;
+	r.chunk = h->chunk;
+	r.chunks = h->chunks;
+	r.offset = h->offset;
+	r.total = h->total;
+	stats.weight_acks++;
+	reply_small(d, src, &r, NULL, 0);
+}
+
+/* ---------------------------------------------------------- inputs, outputs */
+
+static struct duck_input *input_find(struct duck *d, uint64_t session, uint64_t fwd)
+{
+	for (uint32_t i = 0; i < DUCK_INPUTS; i++)
+		if (d->in[i].seq && d->in[i].forward_id == fwd && d->in[i].session == session)
+			return &d->in[i];
+	return NULL;
+}
+
+static struct duck_output *output_find(struct duck *d, uint64_t session, uint64_t fwd)
+{
+	for (uint32_t i = 0; i < DUCK_OUTPUTS; i++)
+		if (d->out[i].seq && d->out[i].forward_id == fwd && d->out[i].session == session)
+			return &d->out[i];
+	return NULL;
+}
+
+static struct duck_input *input_alloc(struct duck *d)
+{
+	struct duck_input *v = &d->in[0];
+	for (uint32_t i = 0; i < DUCK_INPUTS; i++) {
+		if (!d->in[i].seq) {
+			v = &d->in[i];
+			break;
+		}
+		if (d->in[i].seq < v->seq)
+			v = &d->in[i];
+	}
+	if (v->seq)
+		stats.inputs_evicted++;
+	v->seq = ++d->seq;
+	return v;
+}
+
+static struct duck_output *output_alloc(struct duck *d)
+{
+	struct duck_output *v = &d->out[0];
+	for (uint32_t i = 0; i < DUCK_OUTPUTS; i++) {
+		if (!d->out[i].seq) {
+			v = &d->out[i];
+			break;
+		}
+		if (d->out[i].seq < v->seq)
+			v = &d->out[i];
+	}
+	if (v->seq)
+		stats.outputs_evicted++;
+	v->seq = ++d->seq;
+	return v;
+}
+
+/* -------------------------------------------------------------------- compute */
+
+/* Input `in` is complete: compute, cache and send the partial (or NACK|NO_LAYER). */
+static void forward_complete(struct duck *d, const struct sockaddr_in *src,
+			     struct duck_input *in, const struct dp_wire_header *h)
+{
+	struct duck_layer *l = layer_find(d, in->layer);
+	uint32_t isz = dp_dtype_size(in->dtype);
+	if (in->bytes != in->total) { /* chunks that overlap or leave holes */
+		stats.dropped_invalid++;
+		in->seq = 0;
+		return;
+	}
+	if (!l || l->dtype != in->dtype ||
+	    in->total != (uint64_t)in->rows * l->shard.hidden * isz) {
+		in->seq = 0;
+		reply_no_layer(d, src, h);
+		return;
+	}
+	struct duck_output *o = output_alloc(d);
+	size_t n = (size_t)in->rows * l->shard.hidden;
+	uint64_t t0 = now_ns();
+	const float *x = (const float *)(void *)in->buf;
+	float *y = (float *)(void *)o->buf;
+	if (in->dtype == DP_DTYPE_F16) {
+		const uint16_t *x16 = (const uint16_t *)(void *)in->buf;
+		for (size_t i = 0; i < n; i++)
+			g_x32[i] = dp_f16_to_f32(x16[i]);
+		x = g_x32;
+		y = g_y32;
+	}
+	if (opt_echo)
+		dp_mlp_scale(y, x, n, (float)d->id + 1.0f);
+	else
+		dp_mlp_forward(&l->shard, x, in->rows, y, g_scratch);
+	if (in->dtype == DP_DTYPE_F16)
+		dp_reduce_store(o->buf, y, NULL, in->rows, l->shard.hidden, DP_DTYPE_F16);
+	o->compute_ns = now_ns() - t0;
+	o->session = in->session;
+	o->forward_id = in->forward_id;
+	o->layer = in->layer;
+	o->rows = in->rows;
+	o->dtype = in->dtype;
+	o->total = in->total;
+	o->chunks = dp_wire_chunk_count(o->total, g_payload);
+	in->seq = 0;
+	d->computed++;
+	stats.forwards_computed++;
+	reply_partial(d, src, o, NULL, 0);
+	if (opt_restart_after && d->computed == opt_restart_after) {
+		layers_forget(d);
+		stats.restarts++;
+	}
+}
+
+static void handle_forward(struct duck *d, const struct sockaddr_in *src,
+			   const struct dp_wire_header *h, const uint8_t *payload)
+{
+	if (d->computed >= opt_stop_after) {
+		stats.stopped_ignored++;
+		return;
+	}
+	if (output_find(d, h->session, h->forward_id)) {
+		stats.duplicates++; /* already answered; a lost partial is NACKed, not re-sent */
+		return;
+	}
+	uint32_t isz = dp_dtype_size(h->dtype);
+	if (!isz || !h->rows || !h->total || h->total % isz || h->total > g_msg_cap ||
+	    h->chunks > DP_REASM_MAX_CHUNKS) {
+		stats.dropped_invalid++;
+		return;
+	}
+	struct duck_input *in = input_find(d, h->session, h->forward_id);
+	if (!in) {
+		in = input_alloc(d);
+		in->session = h->session;
+		in->forward_id = h->forward_id;
+		in->total = h->total;
+		in->bytes = 0;
+		in->layer = h->layer;
+		in->rows = h->rows;
+		in->dtype = h->dtype;
+		dp_reasm_reset(&in->reasm, h->chunks);
+	} else if (in->total != h->total || in->reasm.chunks != h->chunks ||
+		   in->layer != h->layer || in->rows != h->rows || in->dtype != h->dtype) {
+		stats.dropped_invalid++;
+		return;
+	}
+	int m = dp_reasm_mark(&in->reasm, h->chunk);
+	if (m <= 0) {
+		if (m == 0)
+			stats.duplicates++;
+		else
+			stats.dropped_invalid++;
+		return;
+	}
+	memcpy(in->buf + h->offset, payload, h->length);
+	in->bytes += h->length;
+	if (dp_reasm_complete(&in->reasm))
+		forward_complete(d, src, in, h);
+}
+
+static void handle_nack(struct duck *d, const struct sockaddr_in *src,
+			const struct dp_wire_header *h, const uint8_t *payload)
+{
+	stats.nacks_received++;
+	if (d->computed >= opt_stop_after) {
+		stats.stopped_ignored++;
+		return;
+	}
+	struct duck_output *o = output_find(d, h->session, h->forward_id);
+	if (o) {
+		uint32_t n = h->length / 4;
+		memcpy(g_list, payload, h->length);
+		stats.nacks_answered++;
+		reply_partial(d, src, o, n ? g_list : NULL, n);
+		return;
+	}
+	/* Not computed yet: ask for the input chunks we lack (none known: all of them). */
+	struct dp_wire_header r;
+	reply_init(d, &r, DP_WIRE_OP_NACK, h);
+	r.flags = DP_WIRE_FLAG_INPUT;
+	uint32_t n = 0;
+	struct duck_input *in = input_find(d, h->session, h->forward_id);
+	if (in) {
+		n = dp_reasm_missing(&in->reasm, g_list, g_nack_max);
+		r.layer = in->layer;
+		r.dtype = in->dtype;
+		r.rows = in->rows;
+		r.chunks = in->reasm.chunks;
+		r.total = in->total;
+	}
+	r.length = 4 * n;
+	stats.input_nacks_sent++;
+	reply_small(d, src, &r, g_list, 4 * n);
+}
+
+static void handle_ping(struct duck *d, const struct sockaddr_in *src,
+			const struct dp_wire_header *h)
+{
+	struct dp_wire_header r;
+	reply_init(d, &r, DP_WIRE_OP_PONG, h);
+	stats.pongs++;
+	reply_small(d, src, &r, NULL, 0);
+}
+
+/* ----------------------------------------------------------------- receive */
+
+static void handle_datagram(struct duck *d, const uint8_t *buf, uint32_t len, int flags,
+			    const struct sockaddr_in *src)
+{
+	stats.rx++;
+	stats.rx_bytes += len;
+	if (inject_drop())
+		return;
+	if (flags & MSG_TRUNC) {
+		stats.dropped_malformed++;
+		stats.malformed_truncated++;
+		return;
+	}
+	enum dp_wire_verdict v = dp_wire_check(buf, len);
+	if (v != DP_WIRE_OK) {
+		stats.dropped_malformed++;
+		switch (v) {
+		case DP_WIRE_SHORT: stats.malformed_short++; break;
+		case DP_WIRE_BAD_MAGIC: stats.malformed_magic++; break;
+		case DP_WIRE_BAD_VERSION: stats.malformed_version++; break;
+		case DP_WIRE_BAD_OP: stats.malformed_op++; break;
+		default: stats.malformed_length++; break;
+		}
+		return;
+	}
+	const struct dp_wire_header *h = (const void *)buf; /* rx_buf is 64-byte aligned */
+	const uint8_t *payload = dp_wire_payload(buf);
+	if (h->op == DP_WIRE_OP_PARTIAL || h->op == DP_WIRE_OP_WEIGHT_ACK ||
+	    h->op == DP_WIRE_OP_PONG) {
+		stats.unexpected_op++; /* a duck's own ops, not the host's */
+		return;
+	}
+	if (h->op != DP_WIRE_OP_PING && h->duck != d->id && h->duck != DP_WIRE_ANY_DUCK) {
+		stats.wrong_duck++;
+		return;
+	}
+	d->session = h->session;
+	d->epoch = h->epoch;
+	switch (h->op) {
+	case DP_WIRE_OP_FORWARD: handle_forward(d, src, h, payload); break;
+	case DP_WIRE_OP_NACK: handle_nack(d, src, h, payload); break;
+	case DP_WIRE_OP_WEIGHT: handle_weight(d, src, h, payload); break;
+	case DP_WIRE_OP_LAYER: handle_layer(d, src, h, payload); break;
+	case DP_WIRE_OP_PING: handle_ping(d, src, h); break;
+	default: break;
+	}
+}
+
+/* The kernel's count of datagrams dropped on a full receive buffer (SO_RXQ_OVFL). */
+static void rx_overflow(struct duck *d, struct msghdr *m)
+{
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SO_RXQ_OVFL)
+			continue;
+		uint32_t drops;
+		memcpy(&drops, CMSG_DATA(c), sizeof(drops));
+		stats.rx_kernel_drops += (uint32_t)(drops - d->rxq_ovfl);
+		d->rxq_ovfl = drops;
+	}
+}
+
+static void duck_rx(struct duck *d)
+{
+	for (uint32_t b = 0; b < DUCK_RX_BURSTS; b++) {
+		for (uint32_t i = 0; i < DUCK_BURST; i++) {
+			rx_msg[i].msg_hdr.msg_namelen = sizeof(rx_src[i]);
+			rx_msg[i].msg_hdr.msg_controllen = sizeof(rx_ctl[i].buf);
+			rx_msg[i].msg_hdr.msg_flags = 0;
+		}
+		int n = recvmmsg(d->fd, rx_msg, DUCK_BURST, MSG_DONTWAIT, NULL);
+		if (n < 0) {
+			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+				stats.rx_errors++;
+			break;
+		}
+		for (int i = 0; i < n; i++) {
+			struct msghdr *m = &rx_msg[i].msg_hdr;
+			if (m->msg_controllen)
+				rx_overflow(d, m);
+			handle_datagram(d, rx_buf[i], rx_msg[i].msg_len, m->msg_flags, &rx_src[i]);
+		}
+		if (tx.n)
+			tx_flush();
+		if ((uint32_t)n < DUCK_BURST)
+			break;
+	}
+}
+
+/* ---------------------------------------------------------------- main loop */
+
+static int wait_events(struct epoll_event *ev, const struct timespec *ts)
+{
+	static int no_pwait2;
+	if (!no_pwait2) {
+		int n = epoll_pwait2(g_epfd, ev, DUCK_EVENTS, ts, NULL);
+		if (n >= 0 || errno != ENOSYS)
+			return n;
+		no_pwait2 = 1;
+	}
+	int ms = -1;
+	if (ts)
+		ms = (int)(ts->tv_sec * 1000 + (ts->tv_nsec + 999999) / 1000000);
+	return epoll_wait(g_epfd, ev, DUCK_EVENTS, ms);
+}
+
+static void main_loop(void)
+{
+	struct epoll_event ev[DUCK_EVENTS];
+	while (!force_quit) {
+		struct timespec ts, *tsp = NULL;
+		if (delayq_head != delayq_tail) { /* sleep only until the next delayed reply */
+			uint64_t due = delayq[delayq_head & (DUCK_DELAY_SLOTS - 1)].due_ns;
+			uint64_t now = now_ns(), wait = due > now ? due - now : 0;
+			ts.tv_sec = (time_t)(wait / 1000000000ull);
+			ts.tv_nsec = (long)(wait % 1000000000ull);
+			tsp = &ts;
+		}
+		int n = wait_events(ev, tsp);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			fprintf(stderr, PROG ": epoll_wait failed: %s\n", strerror(errno));
+			break;
+		}
+		for (int i = 0; i < n; i++) {
+			if (ev[i].data.u32 == DUCK_SIGNAL_TOKEN) {
+				struct signalfd_siginfo si;
+				if (read(g_sigfd, &si, sizeof(si)) > 0)
+					force_quit = 1;
+				continue;
+			}
+			duck_rx(&g_ducks[ev[i].data.u32]);
+		}
+		if (delayq_head != delayq_tail)
+			delay_run();
+	}
+}
+
+/* ------------------------------------------------------------ option parsing */
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: " PROG " [options]\n"
+		"Emulates up to %u ducks (duckpipe's compute nodes) on UDP sockets, one thread.\n"
+		"  --ducks N           ducks to emulate (default 8, at most %u)\n"
+		"  --bind IP[,IP...]   address of every duck, or one per duck (default 127.0.0.1)\n"
+		"  --base-port P       duck i listens on P + i (default 47100)\n"
+		"  --first-id K        duck i has id K + i (default 0)\n"
+		"  --mtu BYTES         sets the payload per partial datagram (default 1500)\n"
+		"  --compute MODE      real: the MLP shard (default); echo: x * (id + 1)\n"
+		"  --drop FRACTION     fault: lose each datagram in and out with this probability\n"
+		"  --delay-us US       fault: hold every reply this long\n"
+		"  --stop-after N      fault: ignore FORWARD and NACK after N computed forwards\n"
+		"  --restart-after N   fault: forget all layers after N computed forwards\n"
+		"  --seed S            seed of --drop (default 1)\n"
+		"  --no-gso            send partials with sendmmsg, not UDP GSO\n"
+		"SIGINT/SIGTERM print the counters to stderr and exit 0.\n",
+		DUCK_MAX_DUCKS, DUCK_MAX_DUCKS);
+}
+
+static void __attribute__((noreturn)) bad_option(const char *name, const char *val,
+						 const char *want)
+{
+	fprintf(stderr, PROG ": --%s must be %s, got '%s'\n", name, want, val);
+	exit(2);
+}
+
+static uint64_t parse_u64(const char *name, const char *val, uint64_t lo, uint64_t hi,
+			  const char *want)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(val, &end, 0);
+	if (errno || end == val || *end || val[0] == '-' || v < lo || v > hi)
+		bad_option(name, val, want);
+	return v;
+}
+
+static void parse_bind(const char *arg)
+{
+	char buf[4096];
+	uint32_t n = 0;
+	if (strlen(arg) >= sizeof(buf))
+		bad_option("bind", arg, "a short list of IPv4 addresses");
+	strcpy(buf, arg);
+	for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+	     tok = strtok_r(NULL, ",", &save)) {
+		if (n == DUCK_MAX_DUCKS || inet_pton(AF_INET, tok, &g_ips[n]) != 1)
+			bad_option("bind", arg, "IPv4 addresses separated by commas");
+		n++;
+	}
+	if (n != 1 && n != opt_ducks) {
+		fprintf(stderr, PROG ": --bind lists %u addresses for %u ducks: give one, or one per duck\n",
+			n, opt_ducks);
+		exit(2);
+	}
+	for (uint32_t i = n; i < opt_ducks; i++)
+		g_ips[i] = g_ips[0];
+}
+
+static void parse_args(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "ducks", required_argument, NULL, 'n' },
+		{ "bind", required_argument, NULL, 'b' },
+		{ "base-port", required_argument, NULL, 'p' },
+		{ "first-id", required_argument, NULL, 'i' },
+		{ "mtu", required_argument, NULL, 'm' },
+		{ "compute", required_argument, NULL, 'c' },
+		{ "drop", required_argument, NULL, 'd' },
+		{ "delay-us", required_argument, NULL, 'D' },
+		{ "stop-after", required_argument, NULL, 's' },
+		{ "restart-after", required_argument, NULL, 'r' },
+		{ "seed", required_argument, NULL, 'S' },
+		{ "no-gso", no_argument, NULL, 'G' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int c;
+	char *end;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'n':
+			opt_ducks = (uint32_t)parse_u64("ducks", optarg, 1, DUCK_MAX_DUCKS, "1..32");
+			break;
+		case 'b': opt_bind = optarg; break;
+		case 'p':
+			opt_base_port = (uint32_t)parse_u64("base-port", optarg, 1, 65535, "1..65535");
+			break;
+		case 'i':
+			opt_first_id = (uint32_t)parse_u64("first-id", optarg, 0, 65534, "0..65534");
+			break;
+		case 'm':
+			opt_mtu = (uint32_t)parse_u64("mtu", optarg, 256, 65536, "256..65536");
+			break;
+		case 'c':
+			if (strcmp(optarg, "real") && strcmp(optarg, "echo"))
+				bad_option("compute", optarg, "real or echo");
+			opt_echo = !strcmp(optarg, "echo");
+			break;
+		case 'd':
+			errno = 0;
+			opt_drop = strtod(optarg, &end);
+			if (errno || end == optarg || *end || !(opt_drop >= 0.0 && opt_drop <= 1.0))
+				bad_option("drop", optarg, "a fraction in 0..1");
+			break;
+		case 'D':
+			opt_delay_ns = 1000 * parse_u64("delay-us", optarg, 0, DUCK_MAX_DELAY_US,
+							"0..10000000");
+			break;
+		case 's':
+			opt_stop_after = parse_u64("stop-after", optarg, 0, UINT64_MAX - 1,
+						   "a count of forwards");
+			break;
+		case 'r':
+			opt_restart_after = parse_u64("restart-after", optarg, 1, UINT64_MAX,
+						      "a count of forwards, at least 1");
+			break;
+		case 'S':
+			opt_seed = parse_u64("seed", optarg, 0, UINT64_MAX, "an unsigned integer");
+			break;
+		case 'G': opt_no_gso = 1; break;
+		case 'h': usage(stdout); exit(0);
+		default: usage(stderr); exit(2);
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
+		usage(stderr);
+		exit(2);
+	}
+	if (opt_base_port + opt_ducks - 1 > 65535) {
+		fprintf(stderr, PROG ": ports %u..%u do not fit below 65536\n", opt_base_port,
+			opt_base_port + opt_ducks - 1);
+		exit(2);
+	}
+	if (opt_first_id + opt_ducks - 1 >= DP_WIRE_ANY_DUCK) {
+		fprintf(stderr, PROG ": ids %u..%u reach %u, which means \"any duck\"\n",
+			opt_first_id, opt_first_id + opt_ducks - 1, DP_WIRE_ANY_DUCK);
+		exit(2);
+	}
+	parse_bind(opt_bind);
+}
+
+/* --------------------------------------------------------------------- setup */
+
+static void __attribute__((noreturn, format(printf, 1, 2))) die(const char *fmt, ...);
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs(PROG ": ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	exit(EXIT_FAILURE);
+}
+
+/* Large buffers: past net.core.[rw]mem_max where we may (root), else what we get. */
+static void sock_buf(int fd, int force, int plain)
+{
+	int v = DUCK_SOCK_BUF;
+	if (setsockopt(fd, SOL_SOCKET, force, &v, sizeof(v)) < 0)
+		(void)setsockopt(fd, SOL_SOCKET, plain, &v, sizeof(v));
+}
+
+static void duck_open(struct duck *d, uint32_t i)
+{
+	char ip[INET_ADDRSTRLEN];
+	d->index = i;
+	d->id = (uint16_t)(opt_first_id + i);
+	d->addr.sin_family = AF_INET;
+	d->addr.sin_addr = g_ips[i];
+	d->addr.sin_port = htons((uint16_t)(opt_base_port + i));
+	d->fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (d->fd < 0)
+		die("socket() failed for duck %u: %s", d->id, strerror(errno));
+	sock_buf(d->fd, SO_RCVBUFFORCE, SO_RCVBUF);
+	sock_buf(d->fd, SO_SNDBUFFORCE, SO_SNDBUF);
+	int one = 1;
+	(void)setsockopt(d->fd, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof(one));
+	if (bind(d->fd, (struct sockaddr *)&d->addr, sizeof(d->addr)) < 0) {
+		int e = errno;
+		die("cannot bind duck %u to %s:%u: %s (%s)", d->id,
+		    ip_str(&d->addr, ip, sizeof(ip)), opt_base_port + i, strerror(e),
+		    e == EADDRNOTAVAIL ? "is that address configured on this host?"
+				       : "port in use?");
+	}
+	struct epoll_event ev = { .events = EPOLLIN, .data.u32 = i };
+	if (epoll_ctl(g_epfd, EPOLL_CTL_ADD, d->fd, &ev) < 0)
+		die("epoll_ctl() failed for duck %u: %s", d->id, strerror(errno));
+
+	d->arena_len = (DUCK_INPUTS + DUCK_OUTPUTS) * g_msg_cap;
+	if (!(d->arena = reserve(d->arena_len)))
+		die("cannot reserve %zu MiB for duck %u's buffers: %s", d->arena_len >> 20, d->id,
+		    strerror(errno));
+	for (uint32_t k = 0; k < DUCK_INPUTS; k++)
+		d->in[k].buf = d->arena + k * g_msg_cap;
+	for (uint32_t k = 0; k < DUCK_OUTPUTS; k++)
+		d->out[k].buf = d->arena + (DUCK_INPUTS + k) * g_msg_cap;
+}
+
+static void setup(void)
+{
+	g_payload = dp_wire_payload_max(opt_mtu);
+	g_seg = DP_WIRE_HDR_LEN + g_payload;
+	g_gso_segs = DP_WIRE_MAX_DATAGRAM / g_seg;
+	if (g_gso_segs > DUCK_GSO_SEGS)
+		g_gso_segs = DUCK_GSO_SEGS;
+	if (g_gso_segs < 1)
+		g_gso_segs = 1;
+	g_gso = !opt_no_gso && g_gso_segs > 1;
+	g_nack_max = g_payload / 4 < DUCK_NACK_LIST ? g_payload / 4 : DUCK_NACK_LIST;
+	g_msg_cap = (uint64_t)DP_REASM_MAX_CHUNKS * g_payload;
+	if (g_msg_cap > DUCK_MAX_MSG)
+		g_msg_cap = DUCK_MAX_MSG;
+	g_msg_cap = (g_msg_cap + 4095) & ~(size_t)4095;
+	g_rng = splitmix64(opt_seed) | 1; /* xorshift must not start at 0 */
+
+	g_xy_len = 2 * g_msg_cap; /* float32 of the largest float16 message */
+	if (!(g_x32 = reserve(g_xy_len)) || !(g_y32 = reserve(g_xy_len)))
+		die("cannot reserve %zu MiB of compute buffers: %s", 2 * g_xy_len >> 20,
+		    strerror(errno));
+	if (!(delayq = calloc(DUCK_DELAY_SLOTS, sizeof(*delayq))))
+		die("cannot allocate the delay queue");
+	for (uint32_t i = 0; i < DUCK_BURST; i++) {
+		rx_iov[i] = (struct iovec){ .iov_base = rx_buf[i], .iov_len = DUCK_RX_BUF };
+		rx_msg[i].msg_hdr.msg_name = &rx_src[i];
+		rx_msg[i].msg_hdr.msg_iov = &rx_iov[i];
+		rx_msg[i].msg_hdr.msg_iovlen = 1;
+		rx_msg[i].msg_hdr.msg_control = rx_ctl[i].buf;
+	}
+
+	if ((g_epfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+		die("epoll_create1() failed: %s", strerror(errno));
+	sigset_t mask;
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGTERM);
+	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0 ||
+	    (g_sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK)) < 0)
+		die("signalfd() failed: %s", strerror(errno));
+	struct epoll_event ev = { .events = EPOLLIN, .data.u32 = DUCK_SIGNAL_TOKEN };
+	if (epoll_ctl(g_epfd, EPOLL_CTL_ADD, g_sigfd, &ev) < 0)
+		die("epoll_ctl() failed for the signalfd: %s", strerror(errno));
+
+	if (!(g_ducks = aligned_alloc(64, opt_ducks * sizeof(*g_ducks))))
+		die("cannot allocate %u ducks", opt_ducks);
+	memset(g_ducks, 0, opt_ducks * sizeof(*g_ducks));
+	for (uint32_t i = 0; i < opt_ducks; i++)
+		g_ducks[i].fd = -1;
+	for (uint32_t i = 0; i < opt_ducks; i++)
+		duck_open(&g_ducks[i], i);
+}
+
+static void print_counters(void)
+{
+	const char *sep = "";
+#define X(name)                                                        \
+	fprintf(stderr, "%s" #name "=%" PRIu64, sep, stats.name); \
+	sep = " ";
+	DUCK_COUNTERS(X)
+#undef X
+	fputc('\n', stderr);
+}
+
+static void teardown(void)
+{
+	for (uint32_t i = 0; i < opt_ducks; i++) {
+		struct duck *d = &g_ducks[i];
+		layers_forget(d);
+		if (d->arena)
+			munmap(d->arena, d->arena_len);
+		if (d->fd >= 0)
+			close(d->fd);
+	}
+	free(g_ducks);
+	munmap(g_x32, g_xy_len);
+	munmap(g_y32, g_xy_len);
+	free(g_scratch);
+	free(delayq);
+	close(g_sigfd);
+	close(g_epfd);
+}
+
+int main(int argc, char **argv)
+{
+	parse_args(argc, argv);
+	setup();
+	printf(PROG ": %u ducks, ids %u..%u, on %s:%u..%u (pid %d)\n", opt_ducks, opt_first_id,
+	       opt_first_id + opt_ducks - 1, opt_bind, opt_base_port,
+	       opt_base_port + opt_ducks - 1, (int)getpid());
+	fflush(stdout);
+	main_loop();
+	print_counters();
+	teardown();
+	return 0;
+}
