@@ -64,7 +64,12 @@ class Cluster:
             per_nic[i % nics].append(Duck(id=i, ip="127.0.0.1", port=self.duck_base + i))
         self.topology = Topology(
             nics=[
-                Nic(name=f"lo{k}", host_ip="127.0.0.1", host_port=self.host_ports[k], ducks=per_nic[k])
+                Nic(
+                    name=f"lo{k}",
+                    host_ip="127.0.0.1",
+                    host_port=self.host_ports[k],
+                    ducks=per_nic[k],
+                )
                 for k in range(nics)
             ],
             **settings,  # type: ignore[arg-type]

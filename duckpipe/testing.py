@@ -21,7 +21,41 @@ from .errors import DataplaneRefused, DataplaneUnavailable
 from .mock.process import MockDataplaneProcess, control_request
 from .schema import control as ctl
 
-__all__ = ["MockDataplaneProcess", "duckpipe_mock", "duckpipe_mock_factory", "set_faults"]
+__all__ = [
+    "MockDataplaneProcess",
+    "assert_clean_exit",
+    "cluster_class_or_skip",
+    "duckpipe_cluster_factory",
+    "duckpipe_mock",
+    "duckpipe_mock_factory",
+    "set_faults",
+]
+
+SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+
+
+def cluster_class_or_skip():
+    """``duckpipe.cluster.Cluster``, or a pytest skip naming the C program not built."""
+    from .binaries import find_binary
+    from .errors import DuckpipeError
+
+    try:
+        find_binary("duckpipe-dataplane")
+        find_binary("duckpipe-ducks")
+    except DuckpipeError as e:
+        pytest.skip(str(e))
+    from .cluster import Cluster
+
+    return Cluster
+
+
+def assert_clean_exit(cluster) -> None:
+    """Stop a cluster; fail if its dataplane crashed or a sanitizer reported anything."""
+    code = cluster.stop()
+    out = cluster.output()
+    cluster.close()
+    bad = [m for m in SANITIZER_MARKS if m in out]
+    assert code == 0 and not bad, f"dataplane exited {code}; {bad}:\n{out[-4000:]}"
 
 
 def set_faults(
@@ -46,6 +80,23 @@ def set_faults(
 def duckpipe_mock() -> Iterator[MockDataplaneProcess]:
     with MockDataplaneProcess(ducks=8) as dp:
         yield dp
+
+
+@pytest.fixture
+def duckpipe_cluster_factory() -> Iterator:
+    """``duckpipe_cluster_factory(ducks, duck_args=[...], **settings)``: emulated ducks and
+    the C dataplane on loopback, stopped (and checked for a clean exit) after the test."""
+    cluster_cls = cluster_class_or_skip()
+    started = []
+
+    def start(ducks: int = 4, **kw):
+        cl = cluster_cls(ducks, **kw).start()
+        started.append(cl)
+        return cl
+
+    yield start
+    for cl in started:
+        assert_clean_exit(cl)
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from msgspec import Meta
 
 from .errors import BadInput
 
-__all__ = ["Duck", "Nic", "Topology", "load", "loopback", "DEFAULT_HOST_PORT", "DEFAULT_DUCK_PORT"]
+__all__ = ["DEFAULT_DUCK_PORT", "DEFAULT_HOST_PORT", "Duck", "Nic", "Topology", "load", "loopback"]
 
 DEFAULT_HOST_PORT = 47000
 DEFAULT_DUCK_PORT = 47100
@@ -83,7 +83,11 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
             raise ValueError(f"max_inflight ({self.max_inflight}) must be a power of two")
         seen: set[int] = set()
         for nic in self.nics:
-            for ip in [nic.host_ip, *(d.ip for d in nic.ducks), *([nic.broadcast] if nic.broadcast else [])]:
+            for ip in [
+                nic.host_ip,
+                *(d.ip for d in nic.ducks),
+                *([nic.broadcast] if nic.broadcast else []),
+            ]:
                 try:
                     ipaddress.IPv4Address(ip)
                 except ValueError:
@@ -115,7 +119,11 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
                 "max_inflight": self.max_inflight,
                 "max_forward_bytes": self.max_forward_bytes,
                 "ping_ms": self.ping_ms,
-                "nics": [msgspec.structs.asdict(n) | {"ducks": [msgspec.structs.asdict(d) for d in n.ducks]} for n in self.nics],
+                "nics": [
+                    msgspec.structs.asdict(n)
+                    | {"ducks": [msgspec.structs.asdict(d) for d in n.ducks]}
+                    for n in self.nics
+                ],
             }
         )
 

@@ -9,34 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 import duckpipe
-from duckpipe.errors import DuckpipeError
 from duckpipe.mock.process import MockDataplaneProcess
+from duckpipe.testing import assert_clean_exit, cluster_class_or_skip
 
 DUCKS = 24
-SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
-
-
-def real_cluster_or_skip():
-    """Import the cluster pieces, or skip saying exactly what is missing."""
-    from duckpipe.binaries import find_binary
-
-    try:
-        find_binary("duckpipe-dataplane")
-        find_binary("duckpipe-ducks")
-    except DuckpipeError as e:
-        pytest.skip(str(e))
-    from duckpipe.cluster import Cluster
-
-    return Cluster
-
-
-def check_clean_exit(cluster) -> None:
-    """A dataplane that crashed or tripped a sanitizer fails the tests that used it."""
-    code = cluster.stop()
-    out = cluster.output()
-    cluster.close()
-    bad = [m for m in SANITIZER_MARKS if m in out]
-    assert code == 0 and not bad, f"dataplane exited {code}; {bad}:\n{out[-4000:]}"
 
 
 @pytest.fixture(scope="module", params=["mock", "real"])
@@ -46,12 +22,11 @@ def dataplane(request) -> Iterator:
         with MockDataplaneProcess(ducks=DUCKS) as dp:
             yield dp
         return
-    Cluster = real_cluster_or_skip()
-    cluster = Cluster(DUCKS, default_timeout_ms=2000).start()
+    cluster = cluster_class_or_skip()(DUCKS, default_timeout_ms=2000).start()
     try:
         yield cluster
     finally:
-        check_clean_exit(cluster)
+        assert_clean_exit(cluster)
 
 
 @pytest.fixture

@@ -1,0 +1,210 @@
+"""The C dataplane over real UDP with emulated ducks: loss, dead ducks, garbage, NICs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import duckpipe
+from duckpipe import GeluMlp, Status, SwiGluMlp
+from duckpipe.errors import DataplaneLost, DuckLost, ForwardTimeout
+
+
+@pytest.fixture
+def cluster_factory(duckpipe_cluster_factory):
+    return duckpipe_cluster_factory
+
+
+def _counters(client) -> dict[str, int]:
+    return client.stats().counters
+
+
+def test_every_forward_completes_correctly_with_5_percent_loss(cluster_factory):
+    cl = cluster_factory(8, duck_args=["--drop", "0.05", "--seed", "7"], nack_us=1000)
+    mlp = SwiGluMlp.random(1024, 512, seed=1)  # 4 KiB per row: three datagrams
+    rng = np.random.default_rng(0)
+    with duckpipe.connect(cl.control) as c:
+        c.load_weights(1, mlp)
+        for _ in range(60):
+            x = rng.standard_normal((4, 1024)).astype(np.float32)
+            np.testing.assert_allclose(
+                c.forward(1, x, timeout=10), mlp.reference(x), rtol=2e-4, atol=2e-5
+            )
+        n = _counters(c)
+    assert n["forwards_ok"] == 60 and n["timeouts"] == 0
+    assert n["nacks_sent"] > 0 and n["weight_retransmits"] > 0
+    assert n["retransmits"] + n["rx_duplicates"] > 0 or n["nacks_received"] > 0
+
+
+def test_a_duck_that_stops_answering_times_out_by_name_and_others_continue(cluster_factory):
+    cl = cluster_factory(groups=[(3, []), (1, ["--stop-after", "2"])])
+    mlp = GeluMlp.random(64, 64, seed=2)
+    x = np.ones((1, 64), np.float32)
+    with duckpipe.connect(cl.control, forward_timeout=0.3) as c:
+        c.load_weights(1, mlp)
+        for _ in range(2):
+            np.testing.assert_allclose(c.forward(1, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
+        t0 = time.monotonic()
+        with pytest.raises(ForwardTimeout, match=r"ducks \[3\] did not answer") as e:
+            c.forward(1, x, timeout=5)
+        assert 0.3 <= time.monotonic() - t0 < 2.0
+        assert e.value.missing == (3,)
+        partial = c.forward(1, x, ducks=[0, 1, 2])  # the healthy ducks still serve
+        assert partial.shape == x.shape
+        assert _counters(c)["timeouts"] == 1
+
+
+def test_a_duck_that_lost_its_weights_fails_the_forward_naming_it(cluster_factory):
+    cl = cluster_factory(groups=[(2, []), (1, ["--restart-after", "1"])])
+    mlp = GeluMlp.random(32, 48, seed=3)
+    x = np.ones((1, 32), np.float32)
+    with duckpipe.connect(cl.control) as c:
+        c.load_weights(1, mlp)
+        c.forward(1, x)
+        with pytest.raises(DuckLost, match="duck 2 holds no layer 1"):
+            c.forward(1, x, timeout=5)
+        assert _counters(c)["no_layer_replies"] >= 1
+
+
+def test_garbage_udp_is_counted_and_ignored(cluster_factory):
+    cl = cluster_factory(2)
+    mlp = GeluMlp.random(32, 32, seed=4)
+    x = np.ones((2, 32), np.float32)
+    junk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with duckpipe.connect(cl.control) as c:
+        c.load_weights(1, mlp)
+        before = _counters(c)
+        header = bytearray(80)
+        header[0:4] = b"DUCK"
+        header[4] = 1
+        header[5] = 2  # PARTIAL, from nobody in the topology
+        for dgram in (b"", b"x", b"\x00" * 200, bytes(header), b"DUCK" + os.urandom(300)):
+            junk.sendto(dgram, ("127.0.0.1", cl.host_ports[0]))
+        np.testing.assert_allclose(c.forward(1, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
+        time.sleep(0.1)
+        after = _counters(c)
+    junk.close()
+    refused = sum(after[k] - before[k] for k in ("rx_malformed", "rx_unknown_sender"))
+    assert refused >= 4  # the empty datagram may not even be delivered as one
+
+
+def test_killing_the_dataplane_fails_pending_forwards_quickly(cluster_factory):
+    cl = cluster_factory(2, duck_args=["--delay-us", "3000000"])
+    with duckpipe.connect(cl.control) as c:
+        c.load_weights(1, GeluMlp.random(16, 16, seed=5))
+        slot = c.claim((1, 16))
+        slot.array[:] = 1
+        fwd = c.submit(slot, 1)
+        cl.dataplane.kill()
+        t0 = time.monotonic()
+        with pytest.raises(DataplaneLost):
+            fwd.result(timeout=10)
+        assert time.monotonic() - t0 < 3
+    cl.dataplane.proc = None  # killed on purpose: no clean exit to check
+    cl.exit_code = 0
+
+
+def test_the_dataplane_reclaims_a_killed_clients_segment(cluster_factory):
+    cl = cluster_factory(1)
+    script = textwrap.dedent(f"""
+        import time, duckpipe
+        c = duckpipe.connect({cl.control!r})
+        print(c.segment, flush=True)
+        time.sleep(60)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        path = child.stdout.readline().strip()
+        assert path and os.path.exists(path)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        deadline = time.monotonic() + 10
+        while os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(path)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    with duckpipe.connect(cl.control) as c:
+        assert _counters(c)["clients_reclaimed"] == 1
+
+
+def test_ducks_on_two_nics_are_reduced_together(cluster_factory):
+    cl = cluster_factory(6, nics=2)
+    mlp = GeluMlp.random(48, 96, seed=6)
+    rng = np.random.default_rng(1)
+    with duckpipe.connect(cl.control) as c:
+        assert len(c.topology().nics) == 2
+        c.load_weights(1, mlp)
+        for _ in range(10):
+            x = rng.standard_normal((3, 48)).astype(np.float32)
+            np.testing.assert_allclose(c.forward(1, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
+        ducks_on_lo1 = [d.id for d in c.topology().ducks if d.nic == "lo1"]
+        y = c.forward(1, x, ducks=ducks_on_lo1)  # one NIC only
+        assert y.shape == x.shape
+
+
+def test_echo_compute_is_cheap_and_checkable(cluster_factory):
+    cl = cluster_factory(4, duck_args=["--compute", "echo"])
+    mlp = GeluMlp.random(256, 8, seed=7, b_down=False)
+    x = np.random.default_rng(2).standard_normal((2, 256)).astype(np.float32)
+    with duckpipe.connect(cl.control) as c:
+        c.load_weights(1, mlp)
+        np.testing.assert_allclose(c.forward(1, x), x * (1 + 2 + 3 + 4), rtol=1e-6)
+        fwd = c.submit(_filled(c, x), 1)
+        fwd.result(timeout=5)
+        t = fwd.timings
+        assert len(t.duck_compute_ns) == 4 and t.send_ns > 0 and t.wait_ns > 0
+        assert fwd.answered == (0, 1, 2, 3)
+
+
+def test_large_activations_go_out_as_gso_sends(cluster_factory):
+    cl = cluster_factory(2)
+    mlp = GeluMlp.random(1024, 64, seed=8)
+    with duckpipe.connect(cl.control) as c:
+        c.load_weights(1, mlp)
+        x = np.random.default_rng(3).standard_normal((16, 1024)).astype(np.float32)  # 64 KiB
+        np.testing.assert_allclose(c.forward(1, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
+        n = _counters(c)
+    assert n["gso_sends"] > 0 and n["tx_errors"] == 0 and n["rxq_overflows"] == 0
+
+
+def test_float16_layers_accumulate_in_float32(cluster_factory):
+    cl = cluster_factory(8)
+    mlp = SwiGluMlp.random(128, 256, dtype=np.float16, seed=9)
+    x = np.random.default_rng(4).standard_normal((5, 128)).astype(np.float16)
+    with duckpipe.connect(cl.control) as c:
+        c.load_weights(1, mlp)
+        y = c.forward(1, x)
+    assert y.dtype == np.float16
+    np.testing.assert_allclose(
+        y.astype(np.float32), mlp.reference(x).astype(np.float32), rtol=2e-2, atol=2e-2
+    )
+
+
+def test_forward_status_is_ok_and_result_slot_agrees_with_zmq(cluster_factory):
+    cl = cluster_factory(3)
+    mlp = GeluMlp.random(16, 24, seed=10)
+    with duckpipe.connect(cl.control, wait="spin") as c:
+        c.load_weights(1, mlp)
+        for _ in range(50):
+            fwd = c.submit(_filled(c, np.ones((1, 16), np.float32)), 1)
+            fwd.result(timeout=5)
+            assert fwd.status == Status.OK and fwd.answered == (0, 1, 2)
+            fwd.release()
+        assert c.counters["completion_mismatch"] == 0
+
+
+def _filled(client, x):
+    slot = client.claim(x.shape, x.dtype)
+    slot.array[:] = x
+    return slot
