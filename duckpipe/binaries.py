@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .errors import DuckpipeError
 
-__all__ = ["find_binary", "BUILD_DIR"]
+__all__ = ["BUILD_DIR", "find_binary"]
 
 BUILD_DIR = Path(__file__).resolve().parent.parent / "dataplane" / "build"
 

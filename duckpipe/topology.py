@@ -128,6 +128,12 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
         )
 
 
+def _nic_config(nic: Nic) -> dict[str, object]:
+    fields = msgspec.structs.asdict(nic)
+    fields["ducks"] = [msgspec.structs.asdict(d) for d in nic.ducks]
+    return fields
+
+
 def load(path: str | Path) -> Topology:
     """Decode a TOML topology; errors name the key, the value and why."""
     path = Path(path)
