@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from duckpipe.mock.process import MockDataplaneProcess, ping
+from duckpipe.testing import cluster_class_or_skip
 
 
 def _duckpipe(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -15,10 +18,14 @@ def _duckpipe(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
-def test_example_runs_checked_forwards_against_a_fresh_mock():
-    r = _duckpipe("example", "--forwards", "5", "--ducks", "4")
+@pytest.mark.parametrize("which", ["mock", "real"])
+def test_example_runs_checked_forwards_against_a_fresh_dataplane(which):
+    if which == "real":
+        cluster_class_or_skip()
+    flags = ["--mock"] if which == "mock" else []
+    r = _duckpipe("example", "--forwards", "5", "--ducks", "4", *flags)
     assert r.returncode == 0, r.stderr
-    assert "started a mock dataplane" in r.stdout
+    assert ("started a mock dataplane" if which == "mock" else "the C dataplane") in r.stdout
     lines = [line for line in r.stdout.splitlines() if "max |y - numpy|" in line]
     assert len(lines) == 2
     for line in lines:

@@ -55,7 +55,7 @@ def test_a_duck_that_stops_answering_times_out_by_name_and_others_continue(clust
         t0 = time.monotonic()
         with pytest.raises(ForwardTimeout, match=r"ducks \[3\] did not answer") as e:
             c.forward(1, x, timeout=5)
-        assert 0.3 <= time.monotonic() - t0 < 2.0
+        assert 0.25 <= time.monotonic() - t0 < 3.0
         assert e.value.missing == (3,)
         partial = c.forward(1, x, ducks=[0, 1, 2])  # the healthy ducks still serve
         assert partial.shape == x.shape
@@ -163,7 +163,8 @@ def test_echo_compute_is_cheap_and_checkable(cluster_factory):
         fwd = c.submit(_filled(c, x), 1)
         fwd.result(timeout=5)
         t = fwd.timings
-        assert len(t.duck_compute_ns) == 4 and t.send_ns > 0 and t.wait_ns > 0
+        assert len(t.duck_compute_ns) == 4
+        assert 0 < t.send_ns < 5e9 and 0 < t.wait_ns < 5e9 and t.spread_ns < 5e9  # no wrap
         assert fwd.answered == (0, 1, 2, 3)
 
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
-
 from duckpipe._native import ffi, lib
+
 from duckpipe.binaries import find_binary
 from duckpipe.ducks import DucksProcess, add_parser, command_line, parse_counters
 from duckpipe.errors import DuckpipeError

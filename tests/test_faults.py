@@ -42,7 +42,7 @@ def test_a_duck_that_never_answers_times_out_naming_it_and_others_continue(duckp
         with pytest.raises(ForwardTimeout, match=r"ducks \[2\] did not answer") as e:
             stuck.result(timeout=5)
         elapsed = time.monotonic() - t0
-        assert 0.3 <= elapsed < 2.0
+        assert 0.25 <= elapsed < 3.0
         assert e.value.missing == (2,) and stuck.status == Status.TIMEOUT
         assert stuck.answered == (0, 1, 3)
         assert c.stats().counters["timeouts"] == 1

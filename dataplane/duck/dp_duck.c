@@ -135,15 +135,16 @@ struct duck {
 
 /* ------------------------------------------------------------------ counters */
 
-#define DUCK_COUNTERS(X)                                                                      \
-	X(rx) X(rx_bytes) X(tx) X(tx_bytes) X(dropped_malformed) X(malformed_short)             \
-	X(malformed_magic) X(malformed_version) X(malformed_op) X(malformed_length)             \
-	X(malformed_truncated) X(dropped_invalid) X(dropped_injected) X(rx_kernel_drops)        \
-	X(wrong_duck) X(unexpected_op) X(duplicates) X(forwards_computed) X(partials_sent)      \
-	X(nacks_received) X(nacks_answered) X(input_nacks_sent) X(no_layer_replies)             \
-	X(weight_bytes) X(weight_acks) X(layers) X(layers_rejected) X(inputs_evicted)           \
-	X(outputs_evicted) X(stopped_ignored) X(restarts) X(pongs) X(gso_sends)                 \
-	X(gso_fallbacks) X(delayed) X(delay_overflow) X(delay_stale) X(tx_errors) X(rx_errors)
+#define DUCK_COUNTERS(X)                                                                 \
+	X(rx) X(rx_bytes) X(tx) X(tx_bytes) X(dropped_malformed) X(malformed_short)        \
+	X(malformed_magic) X(malformed_version) X(malformed_op) X(malformed_length)        \
+	X(malformed_truncated) X(dropped_invalid) X(dropped_injected) X(rx_kernel_drops)   \
+	X(wrong_duck) X(unexpected_op) X(duplicates) X(forwards_computed) X(partials_sent) \
+	X(nacks_received) X(nacks_answered) X(nack_bad_chunks) X(input_nacks_sent)         \
+	X(no_layer_replies) X(weight_bytes) X(weight_acks) X(layers) X(layers_rejected)    \
+	X(inputs_evicted) X(outputs_evicted) X(stopped_ignored) X(restarts) X(pongs)       \
+	X(gso_sends) X(gso_fallbacks) X(delayed) X(delay_overflow) X(delay_stale)          \
+	X(tx_errors) X(rx_errors)
 
 static struct {
 #define X(name) uint64_t name;
@@ -213,6 +214,7 @@ static struct mmsghdr part_msg[DUCK_GSO_SEGS];
 
 static uint8_t g_small[DUCK_SMALL_MAX] __attribute__((aligned(8)));
 static uint32_t g_list[DP_WIRE_MAX_DATAGRAM / 4 + 1]; /* chunk indices of a NACK */
+static struct dp_reasm g_seen;                        /* ... each resent once */
 
 /* Replies waiting for --delay-us: a FIFO, since every reply waits equally long. */
 enum { DELAY_SMALL = 1, DELAY_PARTIAL = 2 };
@@ -412,10 +414,8 @@ static void partial_send_now(struct duck *d, const struct sockaddr_in *dst,
 	uint32_t count = list ? n : o->chunks, nb = 0;
 	for (uint32_t k = 0; k < count; k++) {
 		uint32_t c = list ? list[k] : k;
-		if (c >= o->chunks) {
-			stats.dropped_invalid++;
-			continue;
-		}
+		if (c >= o->chunks)
+			continue; /* handle_nack() already refused these */
 		if (inject_drop())
 			continue;
 		uint32_t len = dp_wire_chunk_len(o->total, g_payload, c);
@@ -858,10 +858,21 @@ static void handle_nack(struct duck *d, const struct sockaddr_in *src,
 	}
 	struct duck_output *o = output_find(d, h->session, h->forward_id);
 	if (o) {
-		uint32_t n = h->length / 4;
-		memcpy(g_list, payload, h->length);
+		/* Resend each listed chunk once, in the order asked; drop nonsense indices. */
+		uint32_t asked = h->length / 4, n = 0;
+		dp_reasm_reset(&g_seen, o->chunks);
+		for (uint32_t k = 0; k < asked; k++) {
+			uint32_t c;
+			memcpy(&c, payload + 4 * (size_t)k, 4);
+			if (dp_reasm_mark(&g_seen, c) > 0)
+				g_list[n++] = c;
+		}
+		if (n < asked)
+			stats.nack_bad_chunks++; /* repeated indices, or past the partial's end */
 		stats.nacks_answered++;
-		reply_partial(d, src, o, n ? g_list : NULL, n);
+		if (asked && !n)
+			return; /* nothing valid to resend */
+		reply_partial(d, src, o, asked ? g_list : NULL, n);
 		return;
 	}
 	/* Not computed yet: ask for the input chunks we lack (none known: all of them). */

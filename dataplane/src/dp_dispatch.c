@@ -332,8 +332,9 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 		if (room == 0)
 			break; /* every context is in flight: descriptors wait in the rings */
 		n = dp_ring_pop_burst(c->ring, c->descs, c->hdr->ring_capacity, d->burst, room);
+		uint64_t pickup = n ? dp_now_ns() : now; /* the loop's clock may predate the submit */
 		for (uint32_t k = 0; k < n; k++)
-			dispatch(d, c, &d->burst[k], now);
+			dispatch(d, c, &d->burst[k], pickup);
 		work += (int)n;
 	}
 	return work;

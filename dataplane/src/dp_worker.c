@@ -178,7 +178,8 @@ static void finish_part(struct dp_worker *wk, struct dp_fwd *f, uint32_t status,
 {
 	struct dp_nic_part *p = &f->part[wk->nic];
 	p->status = status;
-	p->wait_ns = (p->last_ns ? p->last_ns : now) - p->wait_start;
+	uint64_t end = p->last_ns ? p->last_ns : now;
+	p->wait_ns = end > p->wait_start ? end - p->wait_start : 0;
 	active_remove(wk, f);
 	/* acq_rel: the last one out sees every other NIC's sums and statuses */
 	if (dp_fetch_sub_u32(&f->nics_pending, 1) == 1)
@@ -633,7 +634,8 @@ int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now)
 			accept_weight(wk, in[i]);
 	}
 	int work = (int)n;
-	work += receive(wk, now);
+	/* fresh clocks: sends above may have taken longer than the loop's `now` knows */
+	work += receive(wk, n ? dp_now_ns() : now);
 	work += timers(wk, dp_now_ns());
 	return work;
 }

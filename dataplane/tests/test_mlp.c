@@ -116,10 +116,12 @@ static void check_kernel(uint8_t kind, uint32_t hidden, uint32_t ffn, uint32_t r
 
 static void test_kernels(void)
 {
-	/* 48 x 20 x 3: the brief's shape; the others reach the 4-row kernel, column tails
-	 * and a second row block. */
-	static const uint32_t shapes[][3] = { { 48, 20, 3 }, { 37, 19, 5 }, { 64, 32, 4 },
-					      { 33, 48, 17 }, { 16, 1, 1 }, { 1, 16, 9 } };
+	/* hidden x ffn x rows. Under 12 rows a block streams the weights, from 12 on it
+	 * is register-blocked: both orders, their 4-row and 1-row kernels, column tails
+	 * (widths not a multiple of 8 or 16) and a second row block (17 = 16 + 1). */
+	static const uint32_t shapes[][3] = { { 48, 20, 3 },  { 37, 19, 5 },  { 64, 32, 4 },
+					      { 16, 1, 1 },   { 1, 16, 9 },   { 37, 19, 13 },
+					      { 24, 40, 12 }, { 33, 48, 17 }, { 40, 9, 30 } };
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
 		check_kernel(DP_MLP_KIND_GELU, shapes[i][0], shapes[i][1], shapes[i][2]);
 		check_kernel(DP_MLP_KIND_SWIGLU, shapes[i][0], shapes[i][1], shapes[i][2]);
