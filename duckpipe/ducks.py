@@ -196,7 +196,10 @@ class DucksProcess:
 _OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--ducks", {"type": int, "help": "ducks to emulate (default 8, at most 32)"}),
     ("--bind", {"help": "IP of every duck, or a comma list, one per duck (default 127.0.0.1)"}),
-    ("--base-port", {"type": int, "help": f"duck i listens on P + i (default {DEFAULT_BASE_PORT})"}),
+    (
+        "--base-port",
+        {"type": int, "help": f"duck i listens on P + i (default {DEFAULT_BASE_PORT})"},
+    ),
     ("--first-id", {"type": int, "help": "duck i has id K + i (default 0)"}),
     ("--mtu", {"type": int, "help": "MTU that sizes the partials' datagrams (default 1500)"}),
     ("--compute", {"choices": ("real", "echo"), "help": "real MLP shards, or x * (id + 1)"}),

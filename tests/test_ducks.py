@@ -351,9 +351,7 @@ def test_repeated_weight_chunk_and_layer_are_acked_again_and_harmless(host):
     (shard,) = load_sharded(host, mlp, layer, ducks)
     raw = shard[1].tobytes()  # b_up: one chunk
     for _ in range(2):
-        host.send(
-            1, WireOp.WEIGHT, raw, layer=layer, tensor=1, dtype=1, chunks=1, total=len(raw)
-        )
+        host.send(1, WireOp.WEIGHT, raw, layer=layer, tensor=1, dtype=1, chunks=1, total=len(raw))
         h, _ = host.recv()
         assert (h.op, h.tensor, h.chunk, h.offset) == (WireOp.WEIGHT_ACK, 1, 0, 0)
     host.announce(1, layer, mlp.kind, np.float32, 32, 32)  # same shape: weights stay
