@@ -148,6 +148,7 @@ struct dp_fwd {
 	uint16_t w_tensor;
 	uint32_t w_index;          /* the duck's index in the layer */
 	bool w_announcer;          /* this context sends the LAYER datagram */
+	uint32_t w_sent;           /* distinct WEIGHT datagrams sent at least once */
 	uint64_t w_layer_sent_ns;
 	struct dp_reasm w_acks;    /* which WEIGHT datagrams the duck acknowledged */
 };

@@ -24,7 +24,10 @@
 #define GSO_MAX_BYTES 65000u
 /* Weight datagrams sent per loop while forwards are in flight (background class). */
 #define WEIGHT_BUDGET_BUSY 4
-#define WEIGHT_BUDGET_IDLE 256
+#define WEIGHT_BUDGET_IDLE 64
+/* Weight datagrams sent and not yet acknowledged, per worker: a window, so that a
+ * slow duck sees a steady stream instead of a retransmission storm. */
+#define WEIGHT_WINDOW 128
 
 /* --- transmit scratch ------------------------------------------------------------- */
 
@@ -289,6 +292,7 @@ static void accept_weight(struct dp_worker *wk, struct dp_fwd *f)
 	dp_reasm_reset(&f->w_acks, chunks);
 	f->w_announcer = false;
 	f->w_layer_sent_ns = 0;
+	f->w_sent = 0;
 	memset(weight_sent(wk, f), 0, chunks * sizeof(uint64_t));
 	struct dp_wire_header *hdrs = fwd_headers(wk, f);
 	struct dp_layer *l = f->layer;
@@ -331,8 +335,9 @@ static void send_layer(struct dp_worker *wk, struct dp_fwd *f)
 	dp_count(&wk->counters, DP_C_weight_datagrams, 1);
 }
 
-/* Send or resend what is due; returns datagrams sent. */
-static uint32_t pump_weight(struct dp_worker *wk, struct dp_fwd *f, uint64_t now, uint32_t budget)
+/* Send what is due: retransmissions within `budget`, new datagrams within `*room` too. */
+static uint32_t pump_weight(struct dp_worker *wk, struct dp_fwd *f, uint64_t now, uint32_t budget,
+			    uint32_t *room)
 {
 	struct dp_layer *l = f->layer;
 	uint8_t *ann = &l->announced[f->w_index];
@@ -358,8 +363,14 @@ static uint32_t pump_weight(struct dp_worker *wk, struct dp_fwd *f, uint64_t now
 			continue;
 		if (sent[c] && sent[c] + rto > now)
 			continue;
-		if (sent[c])
+		if (sent[c]) {
 			dp_count(&wk->counters, DP_C_weight_retransmits, 1);
+		} else {
+			if (*room == 0)
+				break; /* the window is full of datagrams in flight */
+			(*room)--;
+			f->w_sent++;
+		}
 		const struct dp_wire_header *h = &fwd_headers(wk, f)[c];
 		tx_one(wk, duck_addr(wk, f->w_duck), h,
 		       f->client->act + (uint64_t)f->desc.slot * f->client->hdr->act_slot_size +
@@ -579,10 +590,16 @@ static int receive(struct dp_worker *wk, uint64_t now)
 static int timers(struct dp_worker *wk, uint64_t now)
 {
 	int work = 0;
-	uint32_t forwards = 0;
-	for (uint32_t i = 0; i < wk->nactive; i++)
-		forwards += wk->active[i]->kind == DP_FWD_FORWARD;
+	uint32_t forwards = 0, unacked = 0;
+	for (uint32_t i = 0; i < wk->nactive; i++) {
+		const struct dp_fwd *f = wk->active[i];
+		if (f->kind == DP_FWD_FORWARD)
+			forwards++;
+		else
+			unacked += f->w_sent - f->w_acks.have;
+	}
 	uint32_t budget = forwards ? WEIGHT_BUDGET_BUSY : WEIGHT_BUDGET_IDLE;
+	uint32_t room = unacked < WEIGHT_WINDOW ? WEIGHT_WINDOW - unacked : 0;
 	for (uint32_t i = 0; i < wk->nactive;) {
 		struct dp_fwd *f = wk->active[i];
 		uint32_t before = wk->nactive;
@@ -599,7 +616,7 @@ static int timers(struct dp_worker *wk, uint64_t now)
 			finish_weight(wk, f, DP_STATUS_DATAPLANE_ERROR);
 			work++;
 		} else if (budget) {
-			uint32_t sent = pump_weight(wk, f, now, budget);
+			uint32_t sent = pump_weight(wk, f, now, budget, &room);
 			budget -= sent < budget ? sent : budget;
 			work += (int)sent;
 		}
