@@ -448,6 +448,8 @@ static void on_partial(struct dp_worker *wk, struct dp_fwd *f, const struct dp_w
 	}
 	dp_accumulate(f->acc[wk->nic], h->offset / item, dp_wire_payload(h), h->length / item,
 		      l->dtype);
+	/* NACK only once the stream of partials stalls: ducks still computing are not late */
+	wk->next_nack[f->index] = now + (uint64_t)wk->w->cfg.nack_us * 1000;
 	if (h->compute_ns > rx->compute_ns)
 		rx->compute_ns = h->compute_ns;
 	if (dp_reasm_complete(&rx->reasm)) {
