@@ -37,7 +37,8 @@ def _dataplane(args: argparse.Namespace) -> int:
     from .topology import load, loopback
 
     topo = load(args.config) if args.config else loopback(args.ducks)
-    return run_foreground(topo, args.control, args.verbose)
+    extra = args.backend_args[1:] if args.backend_args[:1] == ["--"] else args.backend_args
+    return run_foreground(topo, args.control, args.verbose, extra)
 
 
 def _shm_ls(args: argparse.Namespace) -> int:
@@ -224,6 +225,11 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--config", help="TOML topology (default: --ducks ducks on loopback)")
     d.add_argument("--ducks", type=int, default=8, help="loopback ducks without --config")
     d.add_argument("--control", help="ZeroMQ endpoint (default: $DUCKPIPE_CONTROL or the run dir)")
+    d.add_argument(
+        "backend_args",
+        nargs=argparse.REMAINDER,
+        help="after --: options for the backend (EAL options for dpdk)",
+    )
     d.set_defaults(func=_dataplane)
 
     from .ducks import add_parser as add_ducks_parser

@@ -113,11 +113,15 @@ class DataplaneProcess:
         self.close()
 
 
-def run_foreground(topology: Topology, control: str | None, verbose: bool) -> int:
+def run_foreground(
+    topology: Topology, control: str | None, verbose: bool, backend_args: list[str] = ()
+) -> int:
     """``duckpipe dataplane``: exec the C process with a config written to the run dir."""
     control = control or topology.control or runtime.default_control()
     config = write_config(topology, control, runtime.run_dir())
     binary = find_binary("duckpipe-dataplane")
     args = [str(binary), "--config", str(config), *(["-v"] if verbose else [])]
+    if backend_args:
+        args += ["--", *backend_args]
     os.execv(binary, args)
     return 0  # not reached

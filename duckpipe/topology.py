@@ -83,11 +83,14 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
             raise ValueError(f"max_inflight ({self.max_inflight}) must be a power of two")
         seen: set[int] = set()
         for nic in self.nics:
-            for ip in [
-                nic.host_ip,
-                *(d.ip for d in nic.ducks),
-                *([nic.broadcast] if nic.broadcast else []),
-            ]:
+            if nic.broadcast and len({d.port for d in nic.ducks}) > 1:
+                raise ValueError(
+                    f"NIC {nic.name!r} broadcasts, so its ducks must all listen on one port"
+                )
+            ips = [nic.host_ip, *(d.ip for d in nic.ducks)]
+            if nic.broadcast:
+                ips.append(nic.broadcast)
+            for ip in ips:
                 try:
                     ipaddress.IPv4Address(ip)
                 except ValueError:
@@ -119,11 +122,7 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
                 "max_inflight": self.max_inflight,
                 "max_forward_bytes": self.max_forward_bytes,
                 "ping_ms": self.ping_ms,
-                "nics": [
-                    msgspec.structs.asdict(n)
-                    | {"ducks": [msgspec.structs.asdict(d) for d in n.ducks]}
-                    for n in self.nics
-                ],
+                "nics": [_nic_config(n) for n in self.nics],
             }
         )
 
@@ -131,6 +130,8 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
 def _nic_config(nic: Nic) -> dict[str, object]:
     fields = msgspec.structs.asdict(nic)
     fields["ducks"] = [msgspec.structs.asdict(d) for d in nic.ducks]
+    # one datagram to the subnet reaches every duck: they share a port (checked above)
+    fields["broadcast_port"] = nic.ducks[0].port if nic.broadcast and nic.ducks else 0
     return fields
 
 

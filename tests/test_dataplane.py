@@ -211,3 +211,30 @@ def _filled(client, x):
     slot = client.claim(x.shape, x.dtype)
     slot.array[:] = x
     return slot
+
+
+def test_dedicated_threads_serve_forwards_like_the_shared_one(cluster_factory):
+    cl = cluster_factory(4, threads="dedicated", idle="yield")
+    mlp = GeluMlp.random(64, 64, seed=11)
+    x = np.random.default_rng(5).standard_normal((2, 64)).astype(np.float32)
+    with duckpipe.connect(cl.control) as c:
+        c.load_weights(1, mlp)
+        for _ in range(20):
+            np.testing.assert_allclose(c.forward(1, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_socket_backend_refuses_backend_options(tmp_path):
+    from duckpipe.binaries import find_binary
+    from duckpipe.dataplane import write_config
+    from duckpipe.testing import cluster_class_or_skip
+    from duckpipe.topology import loopback
+
+    cluster_class_or_skip()
+    config = write_config(loopback(1), f"ipc://{tmp_path}/c", tmp_path)
+    r = subprocess.run(
+        [str(find_binary("duckpipe-dataplane")), "--config", str(config), "--", "-l", "0"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert r.returncode == 2 and "socket backend takes no options" in r.stderr

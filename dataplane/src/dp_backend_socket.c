@@ -152,6 +152,8 @@ static uint32_t sock_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n
 					b->cfg->name, strerror(errno));
 				b->gso = false;
 			}
+			if (rc < 0 && errno != EAGAIN)
+				DP_DEBUG("nic %s: sendmmsg: %s", b->cfg->name, strerror(errno));
 			break; /* EAGAIN: buffer full; the caller counts and NACKs recover */
 		}
 		for (int i = 0; i < rc; i++) {

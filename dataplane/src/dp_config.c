@@ -53,8 +53,14 @@ static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t ind
 	}
 	nic->use_broadcast = bcast[0] != '\0';
 	if (nic->use_broadcast) {
+		uint32_t port;
+		if (dp_mp_u32(o, "broadcast_port", &port, 0) < 0 || port == 0 || port > 65535) {
+			dp_set_error("broadcast needs 'broadcast_port', the port every duck listens on");
+			return -1;
+		}
 		memset(&nic->broadcast, 0, sizeof(nic->broadcast));
 		nic->broadcast.sin_family = AF_INET;
+		nic->broadcast.sin_port = htons((uint16_t)port);
 		if (inet_pton(AF_INET, bcast, &nic->broadcast.sin_addr) != 1) {
 			dp_set_error("broadcast '%s' is not an IPv4 address", bcast);
 			return -1;

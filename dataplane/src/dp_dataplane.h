@@ -174,6 +174,8 @@ struct dp_worker; /* dp_worker.h */
 
 struct dp_world {
 	struct dp_config cfg;
+	int backend_argc;               /* options after "--" (EAL's, for dpdk) */
+	char **backend_argv;
 	uint64_t session;
 	uint64_t epoch;                 /* control writes (release); others acquire */
 	uint32_t running;

@@ -1,6 +1,6 @@
 /* dp_main.c: duckpipe-dataplane, the standalone dataplane process.
  *
- *   duckpipe-dataplane --config FILE [-v]
+ *   duckpipe-dataplane --config FILE [-v] [-- BACKEND OPTIONS]
  *
  * FILE is the msgpack configuration `duckpipe dataplane` writes from the TOML
  * topology. The agents (control, dispatcher, one worker per NIC) either share
@@ -72,8 +72,9 @@ static void *run(void *arg)
 static void usage(const char *prog)
 {
 	fprintf(stderr,
-		"usage: %s --config FILE [-v]\n"
-		"  FILE: msgpack configuration written by `duckpipe dataplane`\n",
+		"usage: %s --config FILE [-v] [-- BACKEND OPTIONS]\n"
+		"  FILE: msgpack configuration written by `duckpipe dataplane`\n"
+		"  BACKEND OPTIONS: passed to the backend (EAL options for dpdk)\n",
 		prog);
 }
 
@@ -127,10 +128,22 @@ int main(int argc, char **argv)
 		usage(argv[0]);
 		return 2;
 	}
+	/* everything after "--" belongs to the backend (EAL options for dpdk) */
+	if (optind < argc) {
+		world.backend_argc = argc - optind;
+		world.backend_argv = argv + optind;
+	}
 	if (dp_config_load(config, &world.cfg) < 0) {
 		fprintf(stderr, "duckpipe-dataplane: config %s: %s\n", config, dp_error());
 		return 1;
 	}
+	for (uint32_t n = 0; n < world.cfg.nnics; n++)
+		if (world.backend_argc && !strcmp(world.cfg.nics[n].backend, "socket")) {
+			fprintf(stderr, "duckpipe-dataplane: the socket backend takes no options "
+					"(got '%s' after --); they are for the dpdk backend\n",
+				world.backend_argv[0]);
+			return 2;
+		}
 	if (init_world(&world) < 0) {
 		fprintf(stderr, "duckpipe-dataplane: init: %s\n", dp_error());
 		return 1;
