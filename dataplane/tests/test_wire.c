@@ -1,0 +1,97 @@
+/* test_wire.c: datagram checks (every verdict) and the chunking arithmetic.
+ *
+ * Standalone: exit 0 pass, 1 fail (one line per failed check).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp_abi.h"
+#include "dp_wire.h"
+#include "test_check.h"
+
+static void hdr(struct dp_wire_header *h, uint8_t op)
+{
+	dp_wire_init(h, op, 1, 2);
+	h->chunks = 2;
+	h->chunk = 1;
+	h->total = 100;
+	h->offset = 60;
+	h->length = 40;
+}
+
+static void test_wire(void)
+{
+	static uint8_t buf[DP_WIRE_HDR_LEN + 128] __attribute__((aligned(8)));
+	struct dp_wire_header *h = (void *)buf;
+	size_t len = DP_WIRE_HDR_LEN + 40;
+
+	hdr(h, DP_WIRE_OP_FORWARD);
+	CHECK(dp_wire_check(buf, len) == DP_WIRE_OK, "a good FORWARD");
+	CHECK(dp_wire_check(buf, DP_WIRE_HDR_LEN - 1) == DP_WIRE_SHORT, "short");
+	CHECK(dp_wire_check(buf, 0) == DP_WIRE_SHORT, "empty");
+	h->magic ^= 1;
+	CHECK(dp_wire_check(buf, len) == DP_WIRE_BAD_MAGIC, "bad magic");
+	hdr(h, DP_WIRE_OP_FORWARD);
+	h->version = DP_WIRE_VERSION + 1;
+	CHECK(dp_wire_check(buf, len) == DP_WIRE_BAD_VERSION, "bad version");
+	hdr(h, 0);
+	CHECK(dp_wire_check(buf, len) == DP_WIRE_BAD_OP, "op 0");
+	hdr(h, DP_WIRE_OP_LAYER + 1);
+	CHECK(dp_wire_check(buf, len) == DP_WIRE_BAD_OP, "op past LAYER");
+	hdr(h, DP_WIRE_OP_FORWARD);
+	CHECK(dp_wire_check(buf, len + 1) == DP_WIRE_BAD_LENGTH, "length mismatch");
+	h->length = UINT32_MAX;
+	CHECK(dp_wire_check(buf, len) == DP_WIRE_BAD_LENGTH, "length 2^32-1");
+	hdr(h, DP_WIRE_OP_PARTIAL);
+	h->chunk = 2;
+	CHECK(dp_wire_check(buf, len) == DP_WIRE_BAD_LENGTH, "chunk == chunks");
+	h->chunk = 0;
+	h->chunks = 0;
+	CHECK(dp_wire_check(buf, len) == DP_WIRE_BAD_LENGTH, "zero chunks");
+	hdr(h, DP_WIRE_OP_WEIGHT);
+	h->offset = 61;
+	CHECK(dp_wire_check(buf, len) == DP_WIRE_BAD_LENGTH, "offset + length > total");
+	h->offset = 101;
+	h->length = 0;
+	CHECK(dp_wire_check(buf, DP_WIRE_HDR_LEN) == DP_WIRE_BAD_LENGTH, "offset > total");
+	h->offset = UINT64_MAX - 10;
+	h->length = 40;
+	CHECK(dp_wire_check(buf, len) == DP_WIRE_BAD_LENGTH, "offset near 2^64");
+	hdr(h, DP_WIRE_OP_NACK);
+	h->length = 6;
+	CHECK(dp_wire_check(buf, DP_WIRE_HDR_LEN + 6) == DP_WIRE_BAD_LENGTH, "NACK of 6 bytes");
+	h->length = 8;
+	CHECK(dp_wire_check(buf, DP_WIRE_HDR_LEN + 8) == DP_WIRE_OK, "NACK of 2 chunks");
+	hdr(h, DP_WIRE_OP_LAYER);
+	h->length = sizeof(struct dp_wire_layer);
+	CHECK(dp_wire_check(buf, DP_WIRE_HDR_LEN + h->length) == DP_WIRE_OK, "LAYER");
+	h->length = 12;
+	CHECK(dp_wire_check(buf, DP_WIRE_HDR_LEN + 12) == DP_WIRE_BAD_LENGTH, "LAYER of 12 bytes");
+	dp_wire_init(h, DP_WIRE_OP_PING, 5, 6);
+	CHECK(dp_wire_check(buf, DP_WIRE_HDR_LEN) == DP_WIRE_OK, "PING");
+	CHECK(h->session == 5 && h->epoch == 6 && h->chunks == 0, "init fields");
+	CHECK(!strcmp(dp_wire_verdict_name(DP_WIRE_BAD_MAGIC), "bad_magic") &&
+		      !strcmp(dp_wire_verdict_name((enum dp_wire_verdict)42), "unknown"),
+	      "verdict names");
+
+	CHECK(dp_wire_payload_max(1500) == 1392, "payload at 1500: %u", dp_wire_payload_max(1500));
+	CHECK(dp_wire_payload_max(9000) == 8892, "payload at 9000: %u", dp_wire_payload_max(9000));
+	CHECK(dp_wire_payload_max(65536) + DP_WIRE_HDR_LEN <= DP_WIRE_MAX_DATAGRAM,
+	      "payload at 65536: %u", dp_wire_payload_max(65536));
+	CHECK(dp_wire_payload_max(1501) % 4 == 0, "payload rounds to floats");
+	CHECK(dp_wire_chunk_count(0, 1392) == 1, "zero bytes is one chunk");
+	CHECK(dp_wire_chunk_count(1392, 1392) == 1 && dp_wire_chunk_count(1393, 1392) == 2,
+	      "chunk count at the boundary");
+	CHECK(dp_wire_chunk_len(1393, 1392, 0) == 1392 && dp_wire_chunk_len(1393, 1392, 1) == 1 &&
+		      dp_wire_chunk_len(1393, 1392, 2) == 0,
+	      "chunk lengths");
+	CHECK(dp_wire_chunk_len(2784, 1392, 1) == 1392, "last full chunk");
+}
+
+int main(void)
+{
+	test_wire();
+	return test_result("test_wire");
+}
