@@ -43,6 +43,8 @@ class Cluster:
     ``groups`` splits the ducks over several emulator processes, each with its
     own extra arguments (fault knobs): e.g. ``[(3, []), (1, ["--stop-after", "0"])]``.
     ``nics`` > 1 spreads the ducks over that many loopback "NICs" (one host port each).
+    ``emulators`` > 1 splits the ducks over that many emulator processes (one thread
+    each), so that their compute can use more than one core.
     """
 
     def __init__(
@@ -52,9 +54,13 @@ class Cluster:
         groups: Sequence[tuple[int, Sequence[str]]] | None = None,
         nics: int = 1,
         duck_args: Sequence[str] = (),
+        emulators: int = 1,
         **settings: object,
     ) -> None:
-        self.groups = list(groups) if groups else [(ducks, list(duck_args))]
+        if groups is None:  # split evenly over `emulators` processes (each is one thread)
+            share = [ducks // emulators + (i < ducks % emulators) for i in range(emulators)]
+            groups = [(n, list(duck_args)) for n in share if n]
+        self.groups = list(groups)
         self.ducks = sum(n for n, _ in self.groups)
         base = free_udp_ports(self.ducks + nics)
         self.host_ports = [base + i for i in range(nics)]

@@ -29,10 +29,11 @@ def main() -> int:
     p.add_argument("--forwards", type=int, default=500)
     p.add_argument("--compute", choices=("real", "echo"), default="echo")
     p.add_argument("--wait", choices=("spin", "block", "hybrid"), default="hybrid")
+    p.add_argument("--emulators", type=int, default=1, help="duck emulator processes")
     args = p.parse_args()
     mlp = duckpipe.SwiGluMlp.random(args.hidden, args.ffn, seed=1)
     x = np.random.default_rng(0).standard_normal((args.rows, args.hidden)).astype(np.float32)
-    with Cluster(args.ducks, duck_args=["--compute", args.compute]) as cl:
+    with Cluster(args.ducks, duck_args=["--compute", args.compute], emulators=args.emulators) as cl:
         with duckpipe.connect(cl.control, wait=args.wait) as c:
             c.load_weights(1, mlp)
             e2e, phases = [], []
