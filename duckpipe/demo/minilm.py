@@ -29,11 +29,15 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import BadInput, DuckpipeError
 from ..models import GeluMlp
+
+if TYPE_CHECKING:  # tokenizers is optional: imported for real only in MiniLM.load
+    from tokenizers import Tokenizer
 
 __all__ = [
     "MODEL_PACKAGE",
@@ -127,9 +131,13 @@ def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) 
     return ((x64 - mean) / np.sqrt(var + eps) * gamma + beta).astype(np.float32)
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+def _softmax_inplace(x: np.ndarray) -> np.ndarray:
+    # In place: the attention scores are the largest tensor here
+    # ([batch, heads, seq, seq]), and temporaries of it dominate encode's time.
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
 
 
 class MiniLM:
@@ -142,7 +150,7 @@ class MiniLM:
     def __init__(
         self,
         tensors: dict[str, np.ndarray],
-        tokenizer: object,
+        tokenizer: Tokenizer,
         config: dict,
         max_seq_length: int,
     ) -> None:
@@ -172,7 +180,9 @@ class MiniLM:
             w_qkv = np.concatenate(
                 [tensors[f"{att}self.{n}.weight"].T for n in ("query", "key", "value")], axis=1
             )
-            b_qkv = np.concatenate([tensors[f"{att}self.{n}.bias"] for n in ("query", "key", "value")])
+            b_qkv = np.concatenate(
+                [tensors[f"{att}self.{n}.bias"] for n in ("query", "key", "value")]
+            )
             self._layers.append(
                 _Layer(
                     w_qkv=np.ascontiguousarray(w_qkv, dtype=np.float32),
@@ -236,7 +246,10 @@ class MiniLM:
         return self._layers[i]
 
     def tokenize(self, sentences: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(input_ids, attention_mask, token_type_ids), int64 [n, longest], as sentence-transformers."""
+        """(input_ids, attention_mask, token_type_ids), int64 [n, longest sentence].
+
+        Truncated to 256 tokens and padded, as sentence-transformers does it.
+        """
         if isinstance(sentences, str):
             raise BadInput("pass a list of sentences, not one string")
         if len(sentences) == 0:
@@ -279,7 +292,9 @@ class MiniLM:
         for i, layer in enumerate(self._layers):
             qkv = x @ layer.w_qkv + layer.b_qkv  # [batch, seq, 3*hidden]
             q, k, v = qkv.reshape(batch, seq, 3, heads, head_dim).transpose(2, 0, 3, 1, 4)
-            probs = _softmax((q @ k.transpose(0, 1, 3, 2)) * scale + additive_mask)
+            scores = (q * scale) @ k.transpose(0, 1, 3, 2)  # [batch, heads, seq, seq]
+            scores += additive_mask
+            probs = _softmax_inplace(scores)
             context = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, self.hidden)
             x = _layer_norm(
                 context @ layer.w_attn_out + layer.b_attn_out + x,
