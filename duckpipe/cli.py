@@ -91,7 +91,7 @@ def _shm_clean(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from .mock.process import ping
+    from .process import ping
 
     control = args.control or runtime.default_control()
     stats = ping(control, 2.0)
@@ -115,7 +115,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _shutdown(args: argparse.Namespace) -> int:
-    from .mock.process import control_request
+    from .process import control_request
     from .schema import control as ctl
 
     control = args.control or runtime.default_control()

@@ -13,7 +13,13 @@ Installed with duckpipe (entry point ``pytest11``)::
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -28,7 +34,9 @@ __all__ = [
     "duckpipe_cluster_factory",
     "duckpipe_mock",
     "duckpipe_mock_factory",
+    "killed_client_segment",
     "set_faults",
+    "wait_until_gone",
 ]
 
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
@@ -74,6 +82,31 @@ def set_faults(
         raise DataplaneUnavailable(f"no dataplane answered at {control}")
     if isinstance(reply, ctl.Error):
         raise DataplaneRefused(reply.code, reply.message)
+
+
+def killed_client_segment(control: str, timeout: float = 10.0) -> Path:
+    """Attach a client in a child process, SIGKILL it, return its segment's path."""
+    script = (
+        "import time, duckpipe\n"
+        f"c = duckpipe.connect({control!r})\n"
+        "print(c.segment, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        path = Path(child.stdout.readline().strip())
+        assert path.name and path.exists(), "the child client did not attach"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout)
+    return path
+
+
+def wait_until_gone(path: Path, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not path.exists()
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
-import sys
-import textwrap
 import time
 
 import numpy as np
@@ -16,6 +13,7 @@ import pytest
 import duckpipe
 from duckpipe import GeluMlp, Status, SwiGluMlp
 from duckpipe.errors import DataplaneLost, DuckLost, ForwardTimeout
+from duckpipe.testing import killed_client_segment, wait_until_gone
 
 
 @pytest.fixture
@@ -114,26 +112,8 @@ def test_killing_the_dataplane_fails_pending_forwards_quickly(cluster_factory):
 
 def test_the_dataplane_reclaims_a_killed_clients_segment(cluster_factory):
     cl = cluster_factory(1)
-    script = textwrap.dedent(f"""
-        import time, duckpipe
-        c = duckpipe.connect({cl.control!r})
-        print(c.segment, flush=True)
-        time.sleep(60)
-    """)
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        path = child.stdout.readline().strip()
-        assert path and os.path.exists(path)
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-        deadline = time.monotonic() + 10
-        while os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not os.path.exists(path)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    path = killed_client_segment(cl.control)
+    assert wait_until_gone(path), f"{path} was not reclaimed"
     with duckpipe.connect(cl.control) as c:
         assert _counters(c)["clients_reclaimed"] == 1
 

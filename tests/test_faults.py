@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import numpy as np
@@ -15,7 +10,7 @@ import pytest
 import duckpipe
 from duckpipe import GeluMlp, Status
 from duckpipe.errors import DataplaneLost, ForwardTimeout, StaleEpoch, WaitTimeout
-from duckpipe.testing import set_faults
+from duckpipe.testing import killed_client_segment, set_faults, wait_until_gone
 
 HIDDEN = 16
 
@@ -92,26 +87,8 @@ def test_a_dataplane_that_crashes_mid_forward_is_reported(duckpipe_mock_factory)
 
 def test_a_killed_client_has_its_segment_reclaimed(duckpipe_mock_factory):
     dp = duckpipe_mock_factory(ducks=1)
-    script = textwrap.dedent(f"""
-        import time, duckpipe
-        c = duckpipe.connect({dp.control!r})
-        print(c.segment, flush=True)
-        time.sleep(60)
-    """)
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        path = child.stdout.readline().strip()
-        assert path and os.path.exists(path)
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-        deadline = time.monotonic() + 10
-        while os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not os.path.exists(path)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    path = killed_client_segment(dp.control)
+    assert wait_until_gone(path), f"{path} was not reclaimed"
     with duckpipe.connect(dp.control) as c:
         stats = c.stats()
         assert stats.counters["clients_reclaimed"] == 1
