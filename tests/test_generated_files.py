@@ -98,7 +98,12 @@ def test_cffi_struct_size_and_offsets_match_the_schema(cls: type[msgspec.Struct]
 
 
 def test_cffi_constants_and_enums_match_the_schema() -> None:
-    expected = {**abi.CONSTANTS, **wire.CONSTANTS, "HOST_TENSOR_DUCK": control.HOST_TENSOR_DUCK}
+    expected = {
+        **abi.CONSTANTS,
+        **wire.CONSTANTS,
+        "HOST_TENSOR_DUCK": control.HOST_TENSOR_DUCK,
+        "PROTOCOL_VERSION": control.PROTOCOL_VERSION,
+    }
     assert {name: getattr(lib, f"DP_{name}") for name in expected} == expected
     for cls in ENUMS:
         prefix = _c_enum_prefix(cls)

@@ -103,20 +103,24 @@ def bridged_ducks() -> Iterator[tuple[str, str, list[str]]]:
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
-def test_forwards_broadcast_to_ducks_in_their_own_namespaces(bridged_ducks):
-    subnet, bridge, _ = bridged_ducks
-    topo = Topology(
+def _topology(subnet: str, bridge: str, *, host_port: int) -> Topology:
+    return Topology(
         nics=[
             Nic(
                 name="br",
-                interface=bridge,
+                interface=bridge,  # SO_BINDTODEVICE
                 host_ip=f"{subnet}.1",
-                host_port=47000,
+                host_port=host_port,
                 broadcast=f"{subnet}.255",
                 ducks=[Duck(id=i, ip=f"{subnet}.{10 + i}", port=DUCK_PORT) for i in range(DUCKS)],
             )
         ]
     )
+
+
+def test_forwards_broadcast_to_ducks_in_their_own_namespaces(bridged_ducks):
+    subnet, bridge, _ = bridged_ducks
+    topo = _topology(subnet, bridge, host_port=47000)
     dp = DataplaneProcess(topo).start()
     try:
         mlp = GeluMlp.random(256, 96, seed=1)
@@ -143,18 +147,7 @@ def test_forwards_broadcast_to_ducks_in_their_own_namespaces(bridged_ducks):
 
 def test_a_forward_to_a_subset_ignores_the_other_ducks_replies(bridged_ducks):
     subnet, bridge, _ = bridged_ducks
-    topo = Topology(
-        nics=[
-            Nic(
-                name="br",
-                interface=bridge,
-                host_ip=f"{subnet}.1",
-                host_port=47001,
-                broadcast=f"{subnet}.255",
-                ducks=[Duck(id=i, ip=f"{subnet}.{10 + i}", port=DUCK_PORT) for i in range(DUCKS)],
-            )
-        ]
-    )
+    topo = _topology(subnet, bridge, host_port=47001)
     with DataplaneProcess(topo) as dp, duckpipe.connect(dp.control) as c:
         mlp = GeluMlp.random(32, 30, seed=2, b_down=False)
         c.load_weights(1, mlp)

@@ -36,6 +36,7 @@
 #define DP_WIRE_ANY_DUCK 65535
 #define DP_WIRE_LAYER_TENSOR 65535
 #define DP_HOST_TENSOR_DUCK 65535
+#define DP_PROTOCOL_VERSION 1
 
 /* What memory backs a segment. */
 enum dp_backing {

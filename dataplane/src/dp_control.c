@@ -23,7 +23,6 @@
 #include "dp_reduce.h"
 #include "dp_worker.h"
 
-#define PROTOCOL_VERSION 1
 #define HOUSEKEEPING_NS 50000000ull /* 50 ms */
 #define MAX_MESSAGES_PER_LOOP 64
 
@@ -179,7 +178,7 @@ static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
 {
 	uint64_t protocol, abi, pid;
 	char segment[256], name[64];
-	if (dp_mp_u64(m, "protocol", &protocol, PROTOCOL_VERSION, UINT32_MAX) < 0 ||
+	if (dp_mp_u64(m, "protocol", &protocol, DP_PROTOCOL_VERSION, UINT32_MAX) < 0 ||
 	    dp_mp_u64(m, "abi_major", &abi, 0, UINT32_MAX) < 0 ||
 	    dp_mp_u64(m, "pid", &pid, 0, UINT32_MAX) < 0 ||
 	    dp_mp_str(m, "segment", segment, sizeof(segment), "") < 0 ||
@@ -187,10 +186,10 @@ static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
 		reply_error(c, id, idlen, rid, "bad_request", dp_error());
 		return;
 	}
-	if (protocol != PROTOCOL_VERSION || abi != DP_ABI_MAJOR) {
+	if (protocol != DP_PROTOCOL_VERSION || abi != DP_ABI_MAJOR) {
 		char msg[128];
 		snprintf(msg, sizeof(msg), "client speaks protocol %lu / ABI %lu, this dataplane %d / %d",
-			 protocol, abi, PROTOCOL_VERSION, DP_ABI_MAJOR);
+			 protocol, abi, DP_PROTOCOL_VERSION, DP_ABI_MAJOR);
 		reply_error(c, id, idlen, rid, "abi_mismatch", msg);
 		return;
 	}

@@ -68,7 +68,12 @@ def _c_asserts(lay: Layout) -> list[str]:
 
 
 def _constants() -> dict[str, int]:
-    return {**abi.CONSTANTS, **wire.CONSTANTS, "HOST_TENSOR_DUCK": control.HOST_TENSOR_DUCK}
+    return {
+        **abi.CONSTANTS,
+        **wire.CONSTANTS,
+        "HOST_TENSOR_DUCK": control.HOST_TENSOR_DUCK,
+        "PROTOCOL_VERSION": control.PROTOCOL_VERSION,
+    }
 
 
 def render_header() -> str:
