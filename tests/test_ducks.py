@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
-from duckpipe._native import ffi, lib
+from duckpipe._native import ffi
 
 from duckpipe.binaries import find_binary
 from duckpipe.ducks import DucksProcess, add_parser, command_line, parse_counters
@@ -23,6 +22,7 @@ from duckpipe.errors import DuckpipeError
 from duckpipe.models import GeluMlp, SwiGluMlp, dtype_code, duck_partial, shard_bounds, shard_sizes
 from duckpipe.schema.abi import MlpKind
 from duckpipe.schema.wire import CONSTANTS, WireFlag, WireOp
+from duckpipe.wire import decode, encode, layer_payload
 
 try:
     BINARY = find_binary("duckpipe-ducks")
@@ -41,30 +41,6 @@ QUIET = 0.3  # how long "nothing comes back" is watched
 
 
 # --------------------------------------------------------------------------- wire
-
-
-def encode(op: int, payload: bytes = b"", **fields: int) -> bytes:
-    h = ffi.new("struct dp_wire_header *")
-    h.magic = lib.DP_WIRE_MAGIC
-    h.version = lib.DP_WIRE_VERSION
-    h.op = op
-    h.length = len(payload)
-    for name, value in fields.items():
-        setattr(h, name, value)
-    return bytes(ffi.buffer(h)) + payload
-
-
-def decode(data: bytes):
-    assert len(data) >= HDR, f"a {len(data)}-byte datagram from a duck"
-    h = ffi.new("struct dp_wire_header *")
-    ffi.memmove(h, data, HDR)
-    assert h.magic == lib.DP_WIRE_MAGIC and h.version == lib.DP_WIRE_VERSION
-    assert h.length == len(data) - HDR
-    return h, data[HDR:]
-
-
-def layer_payload(kind: int, dtype: int, hidden: int, ffn: int) -> bytes:
-    return struct.pack("<BBxxIIxxxx", kind, dtype, hidden, ffn)  # struct dp_wire_layer
 
 
 def chunks_of(raw: bytes, size: int = PAYLOAD) -> list[tuple[int, bytes]]:

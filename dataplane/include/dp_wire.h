@@ -109,6 +109,34 @@ static inline enum dp_wire_verdict dp_wire_check(const void *buf, size_t len)
 	return DP_WIRE_OK;
 }
 
+/* The chunk size a data datagram implies (every chunk but the last is this long),
+ * or 0 when its chunk, chunks, offset, length and total cannot all be true of one
+ * message cut into equal chunks. A receiver keeps the first answer per sender and
+ * message and refuses datagrams that imply another, so that one lying datagram
+ * cannot poison a reassembly. Call after dp_wire_check() said OK. */
+static inline uint32_t dp_wire_chunk_size(const struct dp_wire_header *h)
+{
+	uint64_t p;
+	if (h->chunk + 1 < h->chunks) {
+		p = h->length;
+		if (p == 0 || h->offset != (uint64_t)h->chunk * p)
+			return 0;
+	} else { /* the last chunk: it ends the message, and may be short */
+		if (h->offset + h->length != h->total)
+			return 0;
+		if (h->chunk == 0)
+			return h->chunks == 1 && h->offset == 0 ? (h->length ? h->length : 1) : 0;
+		if (h->offset % h->chunk)
+			return 0;
+		p = h->offset / h->chunk;
+		if (p == 0 || h->length > p)
+			return 0;
+	}
+	if (p > UINT32_MAX || (h->total + p - 1) / p != h->chunks)
+		return 0;
+	return (uint32_t)p;
+}
+
 static inline const void *dp_wire_payload(const void *buf)
 {
 	return (const uint8_t *)buf + DP_WIRE_HDR_LEN;

@@ -103,6 +103,7 @@ enum dp_fwd_kind { DP_FWD_FORWARD, DP_FWD_WEIGHT, DP_FWD_DONE_AT_DISPATCH };
 
 struct dp_duck_rx {
 	struct dp_reasm reasm;
+	uint32_t chunk_bytes; /* implied by this duck's first datagram (dp_wire_chunk_size) */
 	uint64_t compute_ns;
 	uint64_t done_ns;
 	uint8_t state; /* 0 waiting, 1 answered, 2 holds no such layer */

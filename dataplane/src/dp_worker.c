@@ -434,13 +434,20 @@ static void on_partial(struct dp_worker *wk, struct dp_fwd *f, const struct dp_w
 		dp_count(&wk->counters, DP_C_rx_duplicates, 1);
 		return;
 	}
+	uint32_t size = dp_wire_chunk_size(h);
 	if (h->total != f->bytes || h->dtype != l->dtype || h->chunks > DP_REASM_MAX_CHUNKS ||
-	    h->offset % item || h->length % item || (rx->reasm.chunks && h->chunks != rx->reasm.chunks)) {
+	    h->offset % item || h->length % item || size == 0 ||
+	    (rx->reasm.chunks && (h->chunks != rx->reasm.chunks || size != rx->chunk_bytes))) {
+		DP_DEBUG("duck %u: partial chunk %u/%u at %lu+%u of %lu refused (size %u, expected %u/%u)",
+			 duck, h->chunk, h->chunks, (unsigned long)h->offset, h->length,
+			 (unsigned long)h->total, size, rx->reasm.chunks, rx->chunk_bytes);
 		dp_count(&wk->counters, DP_C_rx_malformed, 1);
 		return;
 	}
-	if (!rx->reasm.chunks)
+	if (!rx->reasm.chunks) {
 		dp_reasm_reset(&rx->reasm, h->chunks);
+		rx->chunk_bytes = size;
+	}
 	int fresh = dp_reasm_mark(&rx->reasm, h->chunk);
 	if (fresh <= 0) {
 		dp_count(&wk->counters, fresh == 0 ? DP_C_rx_duplicates : DP_C_rx_malformed, 1);
@@ -531,7 +538,10 @@ static int receive(struct dp_worker *wk, uint64_t now)
 		const struct dp_wire_header *h = (const void *)rx[i].buf;
 		dp_count(&wk->counters, DP_C_rx_packets, 1);
 		dp_count(&wk->counters, DP_C_rx_bytes, rx[i].len);
-		if (dp_wire_check(rx[i].buf, rx[i].len) != DP_WIRE_OK) {
+		enum dp_wire_verdict verdict = dp_wire_check(rx[i].buf, rx[i].len);
+		if (verdict != DP_WIRE_OK) {
+			DP_DEBUG("datagram of %u bytes refused: %s", rx[i].len,
+				 dp_wire_verdict_name(verdict));
 			dp_count(&wk->counters, DP_C_rx_malformed, 1);
 			continue;
 		}

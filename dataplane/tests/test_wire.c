@@ -90,8 +90,49 @@ static void test_wire(void)
 	CHECK(dp_wire_chunk_len(2784, 1392, 1) == 1392, "last full chunk");
 }
 
+static void test_chunk_size(void)
+{
+	struct dp_wire_header h;
+	hdr(&h, DP_WIRE_OP_PARTIAL);
+	h.total = 1000;
+	h.chunks = 3;
+	h.chunk = 0;
+	h.offset = 0;
+	h.length = 400;
+	CHECK(dp_wire_chunk_size(&h) == 400, "first of three");
+	h.chunk = 1;
+	h.offset = 400;
+	CHECK(dp_wire_chunk_size(&h) == 400, "middle");
+	h.chunk = 2;
+	h.offset = 800;
+	h.length = 200;
+	CHECK(dp_wire_chunk_size(&h) == 400, "short last");
+	h.chunks = 4; /* 1000 bytes in 400-byte chunks are 3, not 4 */
+	h.chunk = 0;
+	h.offset = 0;
+	h.length = 400;
+	CHECK(dp_wire_chunk_size(&h) == 0, "a lying chunk count");
+	h.chunks = 3;
+	h.chunk = 1;
+	h.offset = 401;
+	CHECK(dp_wire_chunk_size(&h) == 0, "a misplaced offset");
+	h.chunk = 2;
+	h.offset = 800;
+	h.length = 100;
+	CHECK(dp_wire_chunk_size(&h) == 0, "a last chunk that does not end the message");
+	h.chunks = 1;
+	h.chunk = 0;
+	h.offset = 0;
+	h.length = 1000;
+	CHECK(dp_wire_chunk_size(&h) == 1000, "one chunk");
+	h.chunks = 5000;
+	h.chunk = 4999;
+	CHECK(dp_wire_chunk_size(&h) == 0, "last of 5000 at offset 0");
+}
+
 int main(void)
 {
 	test_wire();
+	test_chunk_size();
 	return test_result("test_wire");
 }
