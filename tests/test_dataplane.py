@@ -12,7 +12,7 @@ import pytest
 
 import duckpipe
 from duckpipe import GeluMlp, Status, SwiGluMlp
-from duckpipe.errors import DataplaneLost, DuckLost, ForwardTimeout
+from duckpipe.errors import DataplaneLost, DuckLost, ForwardTimeout, StaleEpoch
 from duckpipe.testing import killed_client_segment, wait_until_gone
 
 
@@ -218,3 +218,16 @@ def test_socket_backend_refuses_backend_options(tmp_path):
         timeout=10,
     )
     assert r.returncode == 2 and "socket backend takes no options" in r.stderr
+
+
+def test_a_forward_in_flight_when_the_epoch_moves_is_not_committed(cluster_factory):
+    cl = cluster_factory(2, duck_args=["--delay-us", "300000"])
+    with duckpipe.connect(cl.control) as a, duckpipe.connect(cl.control) as b:
+        a.load_weights(1, GeluMlp.random(16, 16, seed=12))
+        fwd = a.submit(_filled(a, np.ones((1, 16), np.float32)), 1)
+        time.sleep(0.1)  # picked up and sent; the ducks hold their answers for 300 ms
+        b.set_epoch()
+        with pytest.raises(StaleEpoch, match="epoch moved"):
+            fwd.result(timeout=5)
+        assert a.epoch == b.epoch  # the completion told a where the dataplane went
+        assert a.forward(1, np.ones((1, 16), np.float32), timeout=5).shape == (1, 16)

@@ -156,6 +156,14 @@ static void finalize(struct dp_worker *wk, struct dp_fwd *f)
 			if (primary < 0)
 				primary = (int)n;
 		}
+	/* the epoch moved while the forward was in flight: its result is not committed */
+	if (f->kind == DP_FWD_FORWARD && status == DP_STATUS_OK &&
+	    f->desc.epoch != dp_load_acquire_u64(&wk->w->epoch)) {
+		status = DP_STATUS_STALE_EPOCH;
+		dp_count(&wk->counters, DP_C_stale_epoch, 1);
+		snprintf(f->message, sizeof(f->message), "the epoch moved to %lu while in flight",
+			 (unsigned long)dp_load_acquire_u64(&wk->w->epoch));
+	}
 	if (f->kind == DP_FWD_FORWARD && status == DP_STATUS_OK) {
 		uint64_t t0 = dp_now_ns();
 		uint64_t n = f->bytes / dp_dtype_size(l->dtype);
