@@ -193,5 +193,6 @@ def test_lies_are_dropped_counted_and_never_summed(hostile_cluster):
     assert n["rx_bad_session"] >= 10 and n["rx_stale_epoch"] >= 10
     assert n["rx_unknown_sender"] >= 10
     # per forward: two for forwards not in flight, five copies of chunks already in
-    # (late, when the forward completed before they came)
-    assert n["rx_late"] + n["rx_duplicates"] >= 10 * (2 + 5)
+    # (late, when the forward completed before they came); the last forward's may
+    # still be on their way when the counters are read
+    assert n["rx_late"] + n["rx_duplicates"] >= 9 * (2 + 5)
