@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import time
@@ -231,3 +232,78 @@ def test_a_forward_in_flight_when_the_epoch_moves_is_not_committed(cluster_facto
             fwd.result(timeout=5)
         assert a.epoch == b.epoch  # the completion told a where the dataplane went
         assert a.forward(1, np.ones((1, 16), np.float32), timeout=5).shape == (1, 16)
+
+
+def test_random_control_messages_never_hurt_the_dataplane(cluster_factory):
+    """A thousand msgpack maps with real message names and random fields."""
+    import msgspec
+    import zmq
+
+    cl = cluster_factory(2)
+    rng = random.Random(7)
+    names = [
+        "Attach",
+        "Detach",
+        "Heartbeat",
+        "GetTopology",
+        "GetLayers",
+        "LoadWeights",
+        "SetEpoch",
+        "GetStats",
+        "SetFaults",
+        "Nope",
+        "",
+    ]
+    keys = [
+        "req_id",
+        "layer",
+        "kind",
+        "dtype",
+        "hidden",
+        "ffn",
+        "ducks",
+        "shard_sizes",
+        "has_b_down",
+        "epoch",
+        "segment",
+        "pid",
+        "abi_major",
+        "protocol",
+        "name",
+    ]
+
+    def value(depth: int = 0):
+        choices = [
+            lambda: rng.randrange(-(2**63), 2**64),
+            lambda: rng.randrange(0, 300),
+            lambda: "x" * rng.randrange(0, 300),
+            lambda: "/dev/shm/" + "a" * rng.randrange(0, 50),
+            lambda: rng.random(),
+            lambda: None,
+            lambda: rng.random() < 0.5,
+            lambda: bytes(rng.randrange(256) for _ in range(rng.randrange(20))),
+        ]
+        if depth < 2:
+            choices.append(lambda: [value(depth + 1) for _ in range(rng.randrange(0, 300))])
+            choices.append(lambda: {"k": value(depth + 1)})
+        return rng.choice(choices)()
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(cl.control)
+    try:
+        for _ in range(1000):
+            msg = {k: value() for k in rng.sample(keys, rng.randrange(len(keys)))}
+            if rng.random() < 0.9:
+                msg["type"] = rng.choice(names)
+            sock.send(msgspec.msgpack.encode(msg))
+            while sock.poll(0):
+                sock.recv()
+    finally:
+        sock.close()
+    with duckpipe.connect(cl.control) as c:  # still serving, and correct
+        mlp = GeluMlp.random(32, 32, seed=13)
+        c.load_weights(1, mlp)
+        x = np.ones((1, 32), np.float32)
+        np.testing.assert_allclose(c.forward(1, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
+        assert c.stats().counters["bad_control_messages"] > 0
