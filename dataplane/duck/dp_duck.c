@@ -54,6 +54,7 @@
 #include "dp_mlp.h"
 #include "dp_reasm.h"
 #include "dp_reduce.h"
+#include "dp_udp.h"
 #include "dp_wire.h"
 
 /* ------------------------------------------------------------------ tunables */
@@ -78,13 +79,6 @@
 #define DUCK_EVENTS 64
 #define DUCK_SIGNAL_TOKEN UINT32_MAX   /* epoll data of the signalfd */
 #define DUCK_TENSOR_ALIGN 16u          /* floats: each tensor starts on a cache line */
-
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
-#ifndef SO_RXQ_OVFL
-#define SO_RXQ_OVFL 40
-#endif
 
 /* ------------------------------------------------------------ per-duck state */
 

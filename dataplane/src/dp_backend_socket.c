@@ -17,13 +17,7 @@
 
 #include "dp_backend.h"
 #include "dp_common.h"
-
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
-#ifndef SO_RXQ_OVFL
-#define SO_RXQ_OVFL 40
-#endif
+#include "dp_udp.h"
 
 #define RX_BURST 64
 #define RX_BUF 9216      /* a jumbo frame; longer datagrams arrive truncated and are refused */
