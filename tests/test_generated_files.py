@@ -15,20 +15,13 @@ import msgspec
 import pytest
 from duckpipe._native import ffi, lib
 
-from duckpipe.schema import abi, control, layout_of, wire
+from duckpipe.schema import abi, codegen, control, layout_of, wire
 from duckpipe.schema.codegen import ROOT, render_all
 from duckpipe.schema.layout import U8, U32, U64, Pad
 
 INCLUDE = ROOT / "dataplane" / "include"
 ALL_LAYOUTS = (*abi.LAYOUTS, *wire.LAYOUTS)
-ENUMS: tuple[type[enum.IntEnum], ...] = (
-    abi.Backing,
-    abi.Op,
-    abi.DType,
-    abi.Status,
-    abi.MlpKind,
-    wire.WireOp,
-)
+ENUMS = codegen.ENUMS  # every enum the header carries, WireFlag included
 
 
 def _c_enum_prefix(cls: type[enum.IntEnum]) -> str:

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CDEF_BEGIN = "/* @cdef-begin: cffi parses from here */"
 CDEF_END = "/* @cdef-end */"
 
-_ENUMS: tuple[type[enum.IntEnum], ...] = (
+ENUMS: tuple[type[enum.IntEnum], ...] = (
     abi.Backing,
     abi.Op,
     abi.DType,
@@ -100,7 +100,7 @@ def render_header() -> str:
         literal = hex(value) if value > 0xFFFF else str(value)
         parts.append(f"#define DP_{name} {literal}")
     parts.append("")
-    for cls in _ENUMS:
+    for cls in ENUMS:
         parts += [_c_enum(cls), ""]
     for lay in layouts:
         parts += [_c_struct(lay), ""]
