@@ -14,9 +14,14 @@ CDEF_BEGIN = "/* @cdef-begin: cffi parses from here */"
 CDEF_END = "/* @cdef-end */"
 
 
-def abi_cdef() -> str:
-    text = (INCLUDE / "dp_abi.h").read_text()
+def cdef_section(header: str) -> str:
+    """The @cdef section of one header in dataplane/include/."""
+    text = (INCLUDE / header).read_text()
     return text.split(CDEF_BEGIN, 1)[1].split(CDEF_END, 1)[0]
+
+
+def abi_cdef() -> str:
+    return cdef_section("dp_abi.h")
 
 
 FUNCTIONS = """
@@ -35,6 +40,9 @@ void dp_slot_publish(struct dp_slot_header *h, uint64_t forward_id, uint64_t epo
                      uint64_t nbytes, uint32_t answered, uint32_t missing,
                      uint32_t generation, uint32_t status);
 uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uint64_t max_ns);
+int dp_seg_plan(uint32_t slot_count, uint32_t ring_capacity, uint64_t act_slot_size,
+                uint64_t res_slot_size, uint64_t page_size, struct dp_seg_plan *out);
+const char *dp_seg_plan_strerror(int rc);
 """
 
 # Only the Python client spins on a done word; the GIL is released for the call.
@@ -42,6 +50,7 @@ SOURCE = r"""
 #include <time.h>
 #include "dp_abi.h"
 #include "dp_ring.h"
+#include "dp_seg_plan.h"
 
 static uint64_t dp_mono_ns(void)
 {
@@ -67,7 +76,7 @@ static uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generati
 """
 
 ffibuilder = FFI()
-ffibuilder.cdef(abi_cdef() + FUNCTIONS)
+ffibuilder.cdef(abi_cdef() + cdef_section("dp_seg_plan.h") + FUNCTIONS)
 ffibuilder.set_source(
     "duckpipe._native",
     SOURCE,

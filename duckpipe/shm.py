@@ -44,14 +44,6 @@ SMALL_PAGE = 4096
 _fallback_logged = False
 
 
-def _align(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     ring_offset: int
@@ -64,21 +56,35 @@ class _Plan:
 
 
 def _plan(slot_count: int, ring_capacity: int, act_slot: int, res_slot: int, page: int) -> _Plan:
-    hdr = ffi.sizeof("struct dp_seg_header")
-    ring_offset = _align(hdr, 128)
-    descs_end = (
-        ring_offset
-        + ffi.sizeof("struct dp_ring_header")
-        + ring_capacity * ffi.sizeof("struct dp_desc")
+    """The segment layout, from dp_seg_plan() in dataplane/include/dp_seg_plan.h: the same
+    function the dataplane checks a header with, so the two can never disagree."""
+    out = ffi.new("struct dp_seg_plan *")
+    try:
+        rc = lib.dp_seg_plan(slot_count, ring_capacity, act_slot, res_slot, page, out)
+    except OverflowError:  # does not even fit the C argument types
+        rc = lib.DP_SEG_PLAN_OVERFLOW
+    if rc != lib.DP_SEG_PLAN_OK:
+        why = ffi.string(lib.dp_seg_plan_strerror(rc)).decode()
+        detail = {
+            lib.DP_SEG_PLAN_BAD_SLOT_COUNT: f"got {slot_count}",
+            lib.DP_SEG_PLAN_BAD_CAPACITY: f"got {ring_capacity}",
+            lib.DP_SEG_PLAN_CAPACITY_BELOW_SLOTS: f"({ring_capacity} < {slot_count}) so that "
+            "a claimed slot can always be submitted",
+        }.get(
+            rc,
+            f"{slot_count} slots of {act_slot} + {res_slot} bytes, ring capacity "
+            f"{ring_capacity}, {page}-byte pages",
+        )
+        raise BadInput(f"{why}, {detail}")
+    return _Plan(
+        out.ring_offset,
+        out.res_hdr_offset,
+        out.act_offset,
+        out.res_offset,
+        out.act_slot_size,
+        out.res_slot_size,
+        out.size,
     )
-    res_hdr_offset = _align(descs_end, 64)
-    # Slots are page-aligned so that copies never hit 4 KiB aliasing (NOTES.md).
-    act_offset = _align(res_hdr_offset + slot_count * ffi.sizeof("struct dp_slot_header"), 4096)
-    act_slot = _align(act_slot, 4096)
-    res_slot = _align(res_slot, 4096)
-    res_offset = act_offset + slot_count * act_slot
-    size = _align(res_offset + slot_count * res_slot, page)
-    return _Plan(ring_offset, res_hdr_offset, act_offset, res_offset, act_slot, res_slot, size)
 
 
 def segment_dirs() -> list[Path]:
@@ -145,19 +151,11 @@ class Segment:
         tag: str = "",
     ) -> Segment:
         """Create, size, pre-fault and publish a new segment owned by this process."""
-        if not _is_pow2(slot_count):
-            raise BadInput(f"slot_count must be a power of two, got {slot_count}")
         ring_capacity = slot_count if ring_capacity is None else ring_capacity
-        if not _is_pow2(ring_capacity):
-            raise BadInput(f"ring_capacity must be a power of two, got {ring_capacity}")
-        if ring_capacity < slot_count:
-            raise BadInput(
-                f"ring_capacity ({ring_capacity}) must be at least slot_count ({slot_count}) "
-                "so that a claimed slot can always be submitted"
-            )
         if act_slot_size <= 0 or (res_slot_size is not None and res_slot_size <= 0):
             raise BadInput("slot sizes must be positive")
         res_slot_size = act_slot_size if res_slot_size is None else res_slot_size
+        _plan(slot_count, ring_capacity, act_slot_size, res_slot_size, SMALL_PAGE)  # checks
         name = f"{runtime.segment_prefix()}{os.getpid()}-{tag or 'seg'}-{secrets.token_hex(4)}"
         if len(name.encode()) > 127:  # it must fit the header's name field
             raise BadInput(f"segment tag {tag!r} is too long; keep it under 64 characters")
@@ -319,10 +317,11 @@ def _validate_header(path: Path, h, file_size: int) -> Backing:
     if backing not in (Backing.HUGETLBFS, Backing.DEVSHM) or size != file_size:
         raise SegmentError(f"{path}: header says {size} bytes, file has {file_size}")
     slots, cap = int(h.slot_count), int(h.ring_capacity)
-    if not (_is_pow2(slots) and _is_pow2(cap) and cap >= slots):
-        raise SegmentError(f"{path}: bad slot count {slots} or ring capacity {cap}")
     page = runtime.HUGEPAGE_SIZE if backing == Backing.HUGETLBFS else SMALL_PAGE
-    want = _plan(slots, cap, int(h.act_slot_size), int(h.res_slot_size), page)
+    try:
+        want = _plan(slots, cap, int(h.act_slot_size), int(h.res_slot_size), page)
+    except BadInput as e:
+        raise SegmentError(f"{path}: bad slot count {slots} or ring capacity {cap}: {e}") from None
     got = _Plan(
         int(h.ring_offset),
         int(h.res_hdr_offset),
