@@ -32,6 +32,9 @@ uint32_t dp_ring_push_burst(struct dp_ring_header *r, struct dp_desc *descs,
                             uint32_t capacity, const struct dp_desc *in, uint32_t n);
 uint32_t dp_ring_pop_burst(struct dp_ring_header *r, const struct dp_desc *descs,
                            uint32_t capacity, struct dp_desc *out, uint32_t n);
+int32_t dp_ring_consume(struct dp_ring_header *r, const struct dp_desc *descs,
+                        uint32_t capacity, uint64_t *tail, uint64_t *head_seen,
+                        struct dp_desc *out, uint32_t n);
 int dp_ring_push(struct dp_ring_header *r, struct dp_desc *descs, uint32_t capacity,
                  const struct dp_desc *d);
 int dp_ring_pop(struct dp_ring_header *r, const struct dp_desc *descs, uint32_t capacity,

@@ -5,6 +5,10 @@
     threads = "shared"            # or "dedicated": one thread per agent, pinned to `cores`
     idle = "backoff"              # spin | yield | backoff
     default_timeout_ms = 1000     # a forward's deadline unless the client sets one
+    client_max_inflight = 64      # per client: forwards in flight (more wait in its ring)
+    client_max_slots = 1024       # per client: slots in its segment
+    client_max_segment_bytes = 1073741824
+    max_timeout_us = 10000000     # the longest deadline a client may ask for
 
     [[nics]]
     name = "lo"
@@ -76,11 +80,21 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
     max_inflight: Annotated[int, Meta(ge=1, le=4096)] = 64
     max_forward_bytes: Annotated[int, Meta(ge=4096)] = 1 << 20
     ping_ms: Annotated[int, Meta(ge=10)] = 1000
+    # per-client limits: what one client may cost everyone else
+    client_max_inflight: Annotated[int, Meta(ge=1)] = 64  # more descriptors wait in its ring
+    client_max_slots: Annotated[int, Meta(ge=1)] = 1024
+    client_max_segment_bytes: Annotated[int, Meta(ge=4096)] = 1 << 30
+    max_timeout_us: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)] = 10_000_000
     nics: Annotated[list[Nic], Meta(min_length=1, max_length=8)]
 
     def __post_init__(self) -> None:
         if self.max_inflight & (self.max_inflight - 1):
             raise ValueError(f"max_inflight ({self.max_inflight}) must be a power of two")
+        if self.max_timeout_us < self.default_timeout_ms * 1000:
+            raise ValueError(
+                f"max_timeout_us ({self.max_timeout_us}) is below default_timeout_ms "
+                f"({self.default_timeout_ms:g})"
+            )
         seen: set[int] = set()
         for nic in self.nics:
             if nic.broadcast and len({d.port for d in nic.ducks}) > 1:
@@ -122,6 +136,10 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
                 "max_inflight": self.max_inflight,
                 "max_forward_bytes": self.max_forward_bytes,
                 "ping_ms": self.ping_ms,
+                "client_max_inflight": self.client_max_inflight,
+                "client_max_slots": self.client_max_slots,
+                "client_max_segment_bytes": self.client_max_segment_bytes,
+                "max_timeout_us": self.max_timeout_us,
                 "nics": [_nic_config(n) for n in self.nics],
             }
         )

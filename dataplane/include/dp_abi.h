@@ -27,7 +27,7 @@
 /* @cdef-begin: cffi parses from here */
 
 #define DP_ABI_MAJOR 1
-#define DP_ABI_MINOR 0
+#define DP_ABI_MINOR 1
 #define DP_SEG_MAGIC 0x314745534b435544
 #define DP_MAX_DUCKS 256
 #define DP_MAX_DIMS 4
@@ -42,6 +42,12 @@
 enum dp_backing {
     DP_BACKING_HUGETLBFS = 1,
     DP_BACKING_DEVSHM = 2,
+};
+
+/* Why the dataplane detached a client on its own, in the header's ``detach_reason``. */
+enum dp_detach_reason {
+    DP_DETACH_REASON_NONE = 0,
+    DP_DETACH_REASON_RING_BROKEN = 1,
 };
 
 /* What a submission descriptor asks the dataplane to do. */
@@ -125,7 +131,8 @@ struct dp_seg_header {
     uint64_t dataplane_heartbeat_ns;    /*  192: CLOCK_MONOTONIC, refreshed by the dataplane while attached */
     uint32_t dataplane_pid;             /*  200 */
     uint32_t client_id;                 /*  204: assigned by the dataplane at attach */
-    uint8_t pad4[48];                   /*  208 */
+    uint32_t detach_reason;             /*  208: enum dp_detach_reason: set once when the dataplane drops the client */
+    uint8_t pad4[44];                   /*  212 */
     char name[128];                     /*  256: the segment's own name, for inspectors */
 };  /* 384 bytes */
 
@@ -246,7 +253,8 @@ _Static_assert(offsetof(struct dp_seg_header, pad3) == 136, "dp_seg_header.pad3"
 _Static_assert(offsetof(struct dp_seg_header, dataplane_heartbeat_ns) == 192, "dp_seg_header.dataplane_heartbeat_ns");
 _Static_assert(offsetof(struct dp_seg_header, dataplane_pid) == 200, "dp_seg_header.dataplane_pid");
 _Static_assert(offsetof(struct dp_seg_header, client_id) == 204, "dp_seg_header.client_id");
-_Static_assert(offsetof(struct dp_seg_header, pad4) == 208, "dp_seg_header.pad4");
+_Static_assert(offsetof(struct dp_seg_header, detach_reason) == 208, "dp_seg_header.detach_reason");
+_Static_assert(offsetof(struct dp_seg_header, pad4) == 212, "dp_seg_header.pad4");
 _Static_assert(offsetof(struct dp_seg_header, name) == 256, "dp_seg_header.name");
 _Static_assert(sizeof(struct dp_ring_header) == 128, "dp_ring_header size");
 _Static_assert(offsetof(struct dp_ring_header, head) == 0, "dp_ring_header.head");

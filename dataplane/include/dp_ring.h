@@ -57,6 +57,34 @@ static inline uint32_t dp_ring_pop_burst(struct dp_ring_header *r, const struct 
 	return n;
 }
 
+/* Consumer that trusts nothing in the ring header: the dataplane's (and the mock's) way.
+ *
+ * *tail is the consumer's private index (shm's tail is only published for the producer)
+ * and *head_seen the last head it accepted. A head that moved back, or that runs more
+ * than capacity ahead of *tail, is a broken ring: returns -1 and takes nothing, so a
+ * stale entry is never replayed. Else copies up to n descriptors out once (the caller
+ * checks its copy, never the ring entry) and returns how many. */
+static inline int32_t dp_ring_consume(struct dp_ring_header *r, const struct dp_desc *descs,
+				      uint32_t capacity, uint64_t *tail, uint64_t *head_seen,
+				      struct dp_desc *out, uint32_t n)
+{
+	/* acquire: pairs with the producer's release of head */
+	uint64_t head = dp_load_acquire_u64(&r->head);
+	if (head < *head_seen || head - *tail > capacity)
+		return -1;
+	*head_seen = head;
+	uint64_t avail = head - *tail;
+	uint32_t mask = capacity - 1;
+	if (n > avail)
+		n = (uint32_t)avail;
+	for (uint32_t i = 0; i < n; i++)
+		memcpy(&out[i], &descs[(*tail + i) & mask], sizeof(*out));
+	*tail += n;
+	/* release: our reads of the entries are done before the producer may reuse them */
+	dp_store_release_u64(&r->tail, *tail);
+	return (int32_t)n;
+}
+
 static inline int dp_ring_push(struct dp_ring_header *r, struct dp_desc *descs,
 			       uint32_t capacity, const struct dp_desc *d)
 {

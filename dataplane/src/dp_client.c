@@ -1,7 +1,12 @@
 /* dp_client.c: client segments as the dataplane sees them.
  *
- * The layout rules here are duckpipe/shm.py's _plan(): a segment whose header
- * disagrees with them is refused, so a bad header can never aim our pointers.
+ * A segment is a sealed memfd the client made (duckpipe/shm.py). At attach the
+ * dataplane opens it through /proc/<pid>/fd/<fd>, refuses anything that is not
+ * a duckpipe memfd of that user that can neither shrink nor grow, reads the
+ * header with pread (before mapping a byte), checks it against dp_seg_plan()
+ * and its limits, and keeps its own copy of the layout: after that nothing is
+ * read from the header but the client's heartbeat. Nothing is ever unlinked:
+ * the memory goes when the last mapping and descriptor do.
  */
 #include "dp_client.h"
 
@@ -15,106 +20,182 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dp_seg_plan.h"
+
 #define HUGEPAGE (2u << 20)
 #define SMALL_PAGE 4096u
+#define MEMFD_PREFIX "/memfd:duckpipe"
 
-static uint64_t align_up(uint64_t n, uint64_t a)
+/* dp_client_map's signature is the contract with the control agent; the limits and
+ * the other clients (to refuse a second attach of one file) are set once here. */
+static struct {
+	uint32_t max_slots;
+	uint64_t max_segment_bytes;
+	const struct dp_client *all;
+	uint32_t n;
+} limits = { 1024, 1ull << 30, NULL, 0 };
+
+void dp_client_set_limits(const struct dp_config *cfg, const struct dp_client *all, uint32_t n)
 {
-	return (n + a - 1) / a * a;
+	limits.max_slots = cfg->client_max_slots;
+	limits.max_segment_bytes = cfg->client_max_segment_bytes;
+	limits.all = all;
+	limits.n = n;
 }
 
-static bool pow2(uint64_t n)
+/* The layout a header claims, checked against dp_seg_plan() and the file; 0 or -1. */
+int dp_client_check_header(const struct dp_seg_header *h, uint64_t file_size,
+			   struct dp_client_layout *out)
 {
-	return n && !(n & (n - 1));
-}
-
-static int check_layout(const struct dp_seg_header *h, size_t file_size)
-{
-	uint64_t n = h->slot_count, cap = h->ring_capacity;
-	if (h->header_size != sizeof(struct dp_seg_header) || h->desc_size != sizeof(struct dp_desc)) {
-		dp_set_error("header or descriptor size differs from this build's");
+	if (h->magic != DP_SEG_MAGIC) {
+		dp_set_error("no duckpipe segment header");
 		return -1;
 	}
-	if (!pow2(n) || !pow2(cap) || cap < n) {
-		dp_set_error("bad slot count %lu or ring capacity %lu", n, cap);
+	if (h->abi_major != DP_ABI_MAJOR) {
+		dp_set_error("segment ABI %u.%u, this dataplane speaks %u.x", h->abi_major,
+			     h->abi_minor, DP_ABI_MAJOR);
+		return -1;
+	}
+	if (h->header_size != sizeof(struct dp_seg_header) || h->desc_size != sizeof(struct dp_desc)) {
+		dp_set_error("header or descriptor size differs from this build's");
 		return -1;
 	}
 	if (h->backing != DP_BACKING_HUGETLBFS && h->backing != DP_BACKING_DEVSHM) {
 		dp_set_error("unknown backing %u", h->backing);
 		return -1;
 	}
+	if (h->slot_count > limits.max_slots || file_size > limits.max_segment_bytes) {
+		dp_set_error("%u slots, %lu bytes: over this dataplane's client_max_slots %u or "
+			     "client_max_segment_bytes %lu",
+			     h->slot_count, (unsigned long)file_size, limits.max_slots,
+			     (unsigned long)limits.max_segment_bytes);
+		return -1;
+	}
 	uint64_t page = h->backing == DP_BACKING_HUGETLBFS ? HUGEPAGE : SMALL_PAGE;
-	uint64_t ring = align_up(sizeof(struct dp_seg_header), 128);
-	uint64_t descs_end = ring + sizeof(struct dp_ring_header) + cap * sizeof(struct dp_desc);
-	uint64_t res_hdr = align_up(descs_end, 64);
-	uint64_t act = align_up(res_hdr + n * sizeof(struct dp_slot_header), 4096);
-	uint64_t act_slot = align_up(h->act_slot_size, 4096);
-	uint64_t res_slot = align_up(h->res_slot_size, 4096);
-	uint64_t res = act + n * act_slot;
-	uint64_t size = align_up(res + n * res_slot, page);
-	if (h->ring_offset != ring || h->res_hdr_offset != res_hdr || h->act_offset != act ||
-	    h->res_offset != res || h->act_slot_size != act_slot || h->res_slot_size != res_slot ||
-	    h->segment_size != size || size != file_size) {
+	struct dp_seg_plan p;
+	int rc = dp_seg_plan(h->slot_count, h->ring_capacity, h->act_slot_size, h->res_slot_size,
+			     page, &p);
+	if (rc < 0) {
+		dp_set_error("%s (slots %u, ring %u)", dp_seg_plan_strerror(rc), h->slot_count,
+			     h->ring_capacity);
+		return -1;
+	}
+	if (h->ring_offset != p.ring_offset || h->res_hdr_offset != p.res_hdr_offset ||
+	    h->act_offset != p.act_offset || h->res_offset != p.res_offset ||
+	    h->act_slot_size != p.act_slot_size || h->res_slot_size != p.res_slot_size ||
+	    h->segment_size != p.size || p.size != file_size) {
 		dp_set_error("the header's layout is not one this version writes");
 		return -1;
+	}
+	out->slot_count = h->slot_count;
+	out->ring_capacity = h->ring_capacity;
+	out->act_slot_size = p.act_slot_size;
+	out->res_slot_size = p.res_slot_size;
+	return 0;
+}
+
+/* fd is a memfd a peer of this uid made for duckpipe, sealed against resizing; 0 or -1. */
+static int check_memfd(int fd, uint32_t uid, struct stat *st, char *name, size_t namelen)
+{
+	char link[64], target[256];
+	if (fstat(fd, st) < 0 || !S_ISREG(st->st_mode)) {
+		dp_set_error("not a regular file");
+		return -1;
+	}
+	if (st->st_uid != uid) {
+		dp_set_error("owned by uid %u, not the client's %u", st->st_uid, uid);
+		return -1;
+	}
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(link, target, sizeof(target) - 1);
+	if (n < 0 || strncmp(target, MEMFD_PREFIX, strlen(MEMFD_PREFIX)) != 0) {
+		dp_set_error("not a duckpipe memfd");
+		return -1;
+	}
+	target[n] = '\0';
+	char *deleted = strstr(target, " (deleted)");
+	if (deleted)
+		*deleted = '\0';
+	snprintf(name, namelen, "%.200s", target + strlen("/memfd:"));
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+		dp_set_error("memfd %s is not sealed against shrinking and growing", name);
+		return -1;
+	}
+	for (uint32_t i = 0; i < limits.n; i++) {
+		const struct dp_client *o = &limits.all[i];
+		if (dp_load_acquire_u32(&o->state) != DP_CLIENT_FREE && o->base &&
+		    o->st_dev == (uint64_t)st->st_dev && o->st_ino == (uint64_t)st->st_ino) {
+			dp_set_error("memfd %s is already attached (client %u)", name, o->id);
+			return -1;
+		}
 	}
 	return 0;
 }
 
-int dp_client_map(struct dp_client *c, const char *path, uint32_t pid)
+int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int32_t segment_fd)
 {
-	int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	char path[64], name[256];
+	snprintf(path, sizeof(path), "/proc/%u/fd/%d", peer_pid, segment_fd);
+	if (segment_fd < 0 || peer_pid == 0) {
+		dp_set_error("no segment descriptor (pid %u, fd %d): this client predates memfd "
+			     "segments; upgrade it",
+			     peer_pid, segment_fd);
+		return -1;
+	}
+	/* O_NOFOLLOW would refuse every /proc fd link; what it names is checked below */
+	int fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0) {
-		dp_set_error("cannot open segment %s: %s; is the client alive?", path, strerror(errno));
+		dp_set_error("cannot open %s: %s; is the client alive?", path, strerror(errno));
 		return -1;
 	}
 	struct stat st;
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size < 4096 ||
-	    (st.st_uid != geteuid() && geteuid() != 0)) {
-		close(fd);
-		dp_set_error("%s is not a segment file of uid %u", path, geteuid());
-		return -1;
+	struct dp_seg_header h;
+	struct dp_client_layout lay;
+	if (check_memfd(fd, peer_uid, &st, name, sizeof(name)) < 0)
+		goto refuse;
+	/* pread, not mmap: a bad header costs nothing, and a huge file is never faulted in */
+	if (st.st_size < (off_t)sizeof(h) || pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h)) {
+		dp_set_error("%ld bytes, too small to be a segment", (long)st.st_size);
+		goto refuse;
 	}
-	/* MAP_POPULATE: fault every page now, never on a forward */
+	if (dp_client_check_header(&h, (uint64_t)st.st_size, &lay) < 0)
+		goto refuse;
+	if (h.creator_pid != peer_pid) {
+		dp_set_error("made by pid %u, not by the client (pid %u)", h.creator_pid, peer_pid);
+		goto refuse;
+	}
+	/* MAP_POPULATE: fault every page now, never on a forward (the size is capped above) */
 	void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
 			  MAP_SHARED | MAP_POPULATE, fd, 0);
-	close(fd);
 	if (base == MAP_FAILED) {
-		dp_set_error("mmap %s: %s", path, strerror(errno));
-		return -1;
+		dp_set_error("mmap of %ld bytes: %s", (long)st.st_size, strerror(errno));
+		goto refuse;
 	}
-	struct dp_seg_header *h = base;
-	/* acquire: the creator stores magic last, with release */
-	if (dp_load_acquire_u64(&h->magic) != DP_SEG_MAGIC) {
-		munmap(base, (size_t)st.st_size);
-		dp_set_error("%s has no duckpipe segment header", path);
-		return -1;
-	}
-	if (h->abi_major != DP_ABI_MAJOR) {
-		munmap(base, (size_t)st.st_size);
-		dp_set_error("%s uses segment ABI %u.%u, this dataplane speaks %u.x", path,
-			     h->abi_major, h->abi_minor, DP_ABI_MAJOR);
-		return -1;
-	}
-	if (check_layout(h, (size_t)st.st_size) < 0 || h->creator_pid != pid) {
-		if (h->creator_pid != pid)
-			dp_set_error("segment was made by pid %u, not %u", h->creator_pid, pid);
-		munmap(base, (size_t)st.st_size);
-		dp_add_error_context("%s", path);
-		return -1;
-	}
+	close(fd);
 	c->base = base;
 	c->size = (size_t)st.st_size;
-	c->hdr = h;
-	c->ring = (struct dp_ring_header *)(c->base + h->ring_offset);
-	c->descs = (struct dp_desc *)(c->base + h->ring_offset + sizeof(struct dp_ring_header));
-	c->slots = (struct dp_slot_header *)(c->base + h->res_hdr_offset);
-	c->act = c->base + h->act_offset;
-	c->res = c->base + h->res_offset;
-	c->pid = pid;
-	c->start_ns = h->start_ns;
-	snprintf(c->path, sizeof(c->path), "%s", path);
+	c->layout = lay;
+	c->st_dev = (uint64_t)st.st_dev;
+	c->st_ino = (uint64_t)st.st_ino;
+	c->hdr = base;
+	/* every pointer from the checked plan in h (our copy), none from the mapping */
+	c->ring = (struct dp_ring_header *)(c->base + h.ring_offset);
+	c->descs = (struct dp_desc *)(c->base + h.ring_offset + sizeof(struct dp_ring_header));
+	c->slots = (struct dp_slot_header *)(c->base + h.res_hdr_offset);
+	c->act = c->base + h.act_offset;
+	c->res = c->base + h.res_offset;
+	/* the consumer index is ours from now on; shm's tail is a copy for the producer */
+	c->ring_tail = dp_load_acquire_u64(&c->ring->tail);
+	c->ring_head_seen = c->ring_tail;
+	c->pid = peer_pid;
+	c->start_ns = h.start_ns;
+	snprintf(c->path, sizeof(c->path), "%.200s", name);
 	return 0;
+refuse:
+	close(fd);
+	dp_add_error_context("segment fd %d of pid %u", segment_fd, peer_pid);
+	return -1;
 }
 
 void dp_client_unmap(struct dp_client *c)

@@ -8,8 +8,16 @@
 
 #include "dp_dataplane.h"
 
-/* Map and validate the segment at path (made by pid); 0 or -1 with dp_error(). */
-int dp_client_map(struct dp_client *c, const char *path, uint32_t pid);
+/* Limits for dp_client_map and the client table it checks for duplicates; once, at start. */
+void dp_client_set_limits(const struct dp_config *cfg, const struct dp_client *all, uint32_t n);
+/* Check a copy of a segment header against dp_seg_plan(), the limits and the file size;
+ * fills the layout. 0 or -1 with dp_error(). */
+int dp_client_check_header(const struct dp_seg_header *h, uint64_t file_size,
+			   struct dp_client_layout *out);
+/* Open the peer's memfd segment_fd through /proc, check it (a sealed duckpipe memfd of
+ * peer_uid, made by peer_pid, not attached yet) and its header, map it and keep a private
+ * copy of its layout in c. 0 or -1 with dp_error(). */
+int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int32_t segment_fd);
 void dp_client_unmap(struct dp_client *c);
 
 /* False once pid has exited, is a zombie, or is a newer process reusing the pid. */

@@ -83,8 +83,8 @@ static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t ind
 			dp_add_error_context("duck %u", i);
 			return -1;
 		}
-		if (id > 255) {
-			dp_set_error("duck %u: id %u is outside [0, 255]", i, id);
+		if (id >= DP_MAX_DUCKS) {
+			dp_set_error("duck %u: id %u is outside [0, %d]", i, id, DP_MAX_DUCKS - 1);
 			return -1;
 		}
 		for (uint32_t k = 0; k < cfg->nducks; k++)
@@ -139,8 +139,20 @@ int dp_config_load(const char *path, struct dp_config *cfg)
 	    dp_mp_u32(root, "client_timeout_ms", &cfg->client_timeout_ms, 10000) < 0 ||
 	    dp_mp_u32(root, "max_inflight", &cfg->max_inflight, 64) < 0 ||
 	    dp_mp_u32(root, "max_forward_bytes", &cfg->max_forward_bytes, 1u << 20) < 0 ||
-	    dp_mp_u32(root, "ping_ms", &cfg->ping_ms, 1000) < 0)
+	    dp_mp_u32(root, "ping_ms", &cfg->ping_ms, 1000) < 0 ||
+	    dp_mp_u32(root, "client_max_inflight", &cfg->client_max_inflight, 64) < 0 ||
+	    dp_mp_u32(root, "client_max_slots", &cfg->client_max_slots, 1024) < 0 ||
+	    dp_mp_u64(root, "client_max_segment_bytes", &cfg->client_max_segment_bytes, 1ull << 30,
+		      UINT64_MAX) < 0 ||
+	    dp_mp_u32(root, "max_timeout_us", &cfg->max_timeout_us, 10000000) < 0)
 		goto out;
+	if (cfg->client_max_inflight == 0 || cfg->client_max_slots == 0 ||
+	    cfg->max_timeout_us < cfg->default_timeout_us) {
+		dp_set_error("client_max_inflight and client_max_slots must be positive and "
+			     "max_timeout_us (%u) at least default_timeout_us (%u)",
+			     cfg->max_timeout_us, cfg->default_timeout_us);
+		goto out;
+	}
 	cfg->dedicated_threads = dedicated;
 	if (!cfg->control[0]) {
 		dp_set_error("'control' (the ZeroMQ endpoint) is missing");

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "dp_abi.h"
 #include "dp_idle.h"
 
 #define DP_MAX_NICS 8
@@ -46,10 +47,15 @@ struct dp_config {
 	uint32_t max_inflight;       /* forward contexts, a power of two */
 	uint32_t max_forward_bytes;  /* largest activation (and result) of one forward */
 	uint32_t ping_ms;
+	/* per-client limits (issue 7): one client costs at most this much of the dataplane */
+	uint32_t client_max_inflight;      /* descriptors in flight; more wait in its ring */
+	uint32_t client_max_slots;         /* slot_count of a segment at attach */
+	uint64_t client_max_segment_bytes; /* size of a segment at attach */
+	uint32_t max_timeout_us;           /* largest deadline a descriptor may ask for */
 	uint32_t nnics;
 	struct dp_nic_cfg nics[DP_MAX_NICS];
 	uint32_t nducks;
-	struct dp_duck_cfg ducks[256];
+	struct dp_duck_cfg ducks[DP_MAX_DUCKS];
 };
 
 /* 0 on success; -1 with dp_error() naming the key that is wrong. */

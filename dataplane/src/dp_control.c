@@ -166,7 +166,7 @@ static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t 
 {
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
 		struct dp_client *cl = &c->w->clients[i];
-		if (cl->state == DP_CLIENT_ACTIVE && cl->identity_len == len &&
+		if (dp_load_acquire_u32(&cl->state) == DP_CLIENT_ACTIVE && cl->identity_len == len &&
 		    !memcmp(cl->identity, id, len))
 			return cl;
 	}
@@ -176,11 +176,12 @@ static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t 
 static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
 		      const msgpack_object *m, uint64_t rid)
 {
-	uint64_t protocol, abi, pid;
+	uint64_t protocol, abi, pid, segment_fd;
 	char segment[256], name[64];
 	if (dp_mp_u64(m, "protocol", &protocol, DP_PROTOCOL_VERSION, UINT32_MAX) < 0 ||
 	    dp_mp_u64(m, "abi_major", &abi, 0, UINT32_MAX) < 0 ||
 	    dp_mp_u64(m, "pid", &pid, 0, UINT32_MAX) < 0 ||
+	    dp_mp_u64(m, "segment_fd", &segment_fd, INT32_MAX, INT32_MAX) < 0 ||
 	    dp_mp_str(m, "segment", segment, sizeof(segment), "") < 0 ||
 	    dp_mp_str(m, "name", name, sizeof(name), "") < 0) {
 		reply_error(c, id, idlen, rid, "bad_request", dp_error());
@@ -210,7 +211,8 @@ static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
 		return;
 	}
 	memset(cl, 0, sizeof(*cl));
-	if (dp_client_map(cl, segment, (uint32_t)pid) < 0) {
+	/* until peer credentials arrive (helper "control"): the pid the client states, our uid */
+	if (dp_client_map(cl, (uint32_t)pid, (uint32_t)geteuid(), (int32_t)segment_fd) < 0) {
 		reply_error(c, id, idlen, rid, "bad_segment", dp_error());
 		return;
 	}
@@ -224,7 +226,7 @@ static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
 	/* release: the dispatcher that sees ACTIVE sees the mapping */
 	dp_store_release_u32(&cl->state, DP_CLIENT_ACTIVE);
 	dp_count(c->counters, DP_C_clients_attached, 1);
-	DP_INFO("client %u (pid %lu, %s) attached %s", cl->id, pid, name, segment);
+	DP_INFO("client %u (pid %lu, %s) attached %s (%s)", cl->id, pid, name, segment, cl->path);
 	begin(c, "Attached", 9);
 	dp_mp_kv_u64(&c->pk, "req_id", rid);
 	dp_mp_kv_u64(&c->pk, "client_id", cl->id);
@@ -404,7 +406,7 @@ static void on_stats(struct dp_control *c, const uint8_t *id, size_t idlen, uint
 			sum[i] += dp_load_relaxed_u64(&all[a]->v[i]);
 	uint32_t nclients = 0;
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
-		nclients += w->clients[i].state == DP_CLIENT_ACTIVE;
+		nclients += dp_load_acquire_u32(&w->clients[i].state) == DP_CLIENT_ACTIVE;
 	begin(c, "Stats", 5);
 	dp_mp_kv_u64(&c->pk, "req_id", rid);
 	dp_mp_kv_str(&c->pk, "mode", w->cfg.nics[0].backend);
@@ -417,7 +419,7 @@ static void on_stats(struct dp_control *c, const uint8_t *id, size_t idlen, uint
 	msgpack_pack_array(&c->pk, nclients);
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
 		const struct dp_client *cl = &w->clients[i];
-		if (cl->state != DP_CLIENT_ACTIVE)
+		if (dp_load_acquire_u32(&cl->state) != DP_CLIENT_ACTIVE)
 			continue;
 		msgpack_pack_map(&c->pk, 6);
 		dp_mp_kv_u64(&c->pk, "client_id", cl->id);
@@ -550,11 +552,10 @@ static void housekeeping(struct dp_control *c, uint64_t now)
 			}
 		} else if (state == DP_CLIENT_QUIESCED &&
 			   __atomic_load_n(&cl->inflight, __ATOMIC_ACQUIRE) == 0) {
+			/* a memfd needs no unlink: its memory goes with the last mapping */
 			dp_client_unmap(cl);
-			if (cl->dead) {
-				unlink(cl->path);
+			if (cl->dead)
 				dp_count(c->counters, DP_C_clients_reclaimed, 1);
-			}
 			dp_store_release_u32(&cl->state, DP_CLIENT_FREE);
 		}
 	}

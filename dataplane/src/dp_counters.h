@@ -39,6 +39,7 @@
 	X(nacks_sent)                                                                       \
 	X(nacks_received)                                                                   \
 	X(retransmits)          /* activation chunks resent on a duck's NACK */             \
+	X(nack_resends_suppressed) /* chunks a NACK asked for again within nack_us */      \
 	X(weight_datagrams)                                                                 \
 	X(weight_retransmits)                                                               \
 	X(pings)                                                                            \
@@ -48,7 +49,9 @@
 	X(bad_control_messages)                                                             \
 	X(clients_attached)                                                                 \
 	X(clients_detached)                                                                 \
-	X(clients_reclaimed)    /* dead clients whose segments were unmapped and removed */ \
+	X(clients_reclaimed)    /* dead clients whose segments were unmapped */             \
+	X(clients_evicted)      /* clients detached for breaking their ring */              \
+	X(client_quota_waits)   /* passes a client at client_max_inflight was skipped */    \
 	X(completions_sent)
 
 enum dp_counter {

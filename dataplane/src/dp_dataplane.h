@@ -42,24 +42,39 @@ enum dp_client_state {
 	DP_CLIENT_QUIESCED, /* dispatcher: I stopped; control unmaps once inflight is 0 */
 };
 
+/* A segment's layout as checked at attach (dp_seg_plan), in the dataplane's own
+ * memory: the client can rewrite its header, never these. */
+struct dp_client_layout {
+	uint32_t slot_count;
+	uint32_t ring_capacity;
+	uint64_t act_slot_size;
+	uint64_t res_slot_size;
+};
+
 struct dp_client {
 	uint32_t state; /* enum dp_client_state, release/acquire */
 	uint32_t id;
 	uint32_t pid;
-	bool dead;      /* reclaimed (unlink the segment) rather than detached */
+	bool dead;      /* its process died (counted as reclaimed) rather than detached */
 	uint64_t start_ns;
 	uint8_t identity[256];
 	size_t identity_len;
 	char name[64];
-	char path[256];
+	char path[256]; /* the memfd's name, for people */
+	uint64_t st_dev, st_ino; /* the memfd itself: one file is attached once */
 	uint8_t *base;
 	size_t size;
+	struct dp_client_layout layout;
+	/* Pointers below were computed at attach from the private plan. Through hdr the
+	 * dataplane only writes its own line and reads the client's heartbeat. */
 	struct dp_seg_header *hdr;
 	struct dp_ring_header *ring;
 	struct dp_desc *descs;
 	struct dp_slot_header *slots;
 	uint8_t *act;
 	uint8_t *res;
+	uint64_t ring_tail;      /* dispatcher: the consumer index; shm's tail is only a copy */
+	uint64_t ring_head_seen; /* dispatcher: head never moves back */
 	uint64_t inflight dp_cache_aligned;  /* dispatcher adds, control subtracts */
 	uint64_t submitted dp_cache_aligned; /* dispatcher */
 	uint64_t completed dp_cache_aligned; /* control */
@@ -75,26 +90,30 @@ struct dp_layer {
 	uint32_t hidden;
 	uint32_t ffn;
 	uint32_t nducks;
-	uint16_t ducks[256];
-	uint32_t shard[256];     /* FFN columns of ducks[i] */
-	int16_t index[256];      /* duck id -> i, or -1 */
+	uint16_t ducks[DP_MAX_DUCKS];
+	uint32_t shard[DP_MAX_DUCKS]; /* FFN columns of ducks[i] */
+	int16_t index[DP_MAX_DUCKS];  /* duck id -> i, or -1 */
 	uint32_t ready;          /* control/dispatcher -> 1 at commit (release) */
 	uint32_t failed;         /* a chunk failed: the commit must fail */
 	uint64_t outstanding;    /* chunks dispatched and not yet completed (atomic) */
-	uint64_t acked[256][3];  /* bytes acknowledged per duck and tensor (atomic adds) */
-	uint8_t announced[256];  /* LAYER acknowledged by the duck: its NIC's worker only */
+	uint64_t acked[DP_MAX_DUCKS][3]; /* bytes acknowledged per duck and tensor (atomic adds) */
+	uint8_t announced[DP_MAX_DUCKS];  /* LAYER acknowledged by the duck: its NIC's worker only */
 	uint8_t *b_down_raw;     /* dispatcher: bytes of b_down as they arrive */
 	uint64_t b_down_got;
 	float *b_down;           /* float32, set at commit */
 };
 
+/* Bytes of tensor t of ducks[i]'s shard; UINT64_MAX when that does not fit 64 bits
+ * (no chunk can then end inside it, and the commit never sees it complete). */
 static inline uint64_t dp_tensor_bytes(const struct dp_layer *l, uint32_t i, uint32_t t)
 {
 	uint64_t item = l->dtype == DP_DTYPE_F16 ? 2 : 4;
-	uint64_t f = l->shard[i], h = l->hidden;
+	uint64_t f = l->shard[i], h = l->hidden, n;
 	if (l->kind == DP_MLP_KIND_GELU && t == 1)
-		return f * item; /* b_up */
-	return h * f * item;
+		return f * item; /* b_up: 32 bits times 4 cannot wrap */
+	if (__builtin_mul_overflow(h * f, item, &n)) /* h * f: two 32-bit values fit */
+		return UINT64_MAX;
+	return n;
 }
 
 /* --- forward contexts ---------------------------------------------------------------- */
@@ -106,6 +125,7 @@ struct dp_duck_rx {
 	uint32_t chunk_bytes; /* implied by this duck's first datagram (dp_wire_chunk_size) */
 	uint64_t compute_ns;
 	uint64_t done_ns;
+	uint64_t resent_ns; /* last activation resend on this duck's NACK (NACK flood guard) */
 	uint8_t state; /* 0 waiting, 1 answered, 2 holds no such layer */
 };
 
@@ -182,7 +202,7 @@ struct dp_world {
 	uint32_t running;
 	struct dp_client clients[DP_MAX_CLIENTS];
 	struct dp_layer *layers[DP_LAYER_TABLE]; /* control inserts; dispatcher reads */
-	int16_t duck_index[256];        /* duck id -> topology index, or -1 */
+	int16_t duck_index[DP_MAX_DUCKS]; /* duck id -> topology index, or -1 */
 	/* forward contexts */
 	struct dp_fwd *fwds;
 	uint32_t nfwds;
@@ -191,7 +211,7 @@ struct dp_world {
 	struct dp_worker *workers[DP_MAX_NICS];
 	struct dp_counters dispatch_counters;
 	struct dp_counters control_counters;
-	uint64_t duck_seen_ns[256];     /* last PONG or reply; worker writes */
+	uint64_t duck_seen_ns[DP_MAX_DUCKS]; /* last PONG or reply; worker writes */
 };
 
 /* The layer with this id, or NULL (acquire: the control agent publishes). */

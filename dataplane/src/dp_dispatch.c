@@ -1,7 +1,10 @@
 /* dp_dispatch.c: the dispatcher agent.
  *
- * Polls every attached client's submission ring, checks each descriptor
- * against the client's segment and the layer it names, and hands forwards and
+ * Polls every attached client's submission ring, round-robin with a share of
+ * the burst each and at most client_max_inflight descriptors in flight per
+ * client (the rest wait in that client's ring), checks each descriptor with
+ * dp_desc_check() against the private copy of the client's layout and the
+ * layer it names, and hands forwards and
  * weight chunks to the NIC workers through their SPSC rings. What it refuses,
  * and what needs no network (b_down, commits), it completes itself. It is the
  * only allocator of forward contexts; the control agent returns them through
@@ -14,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp_desc.h"
 #include "dp_f16.h"
 #include "dp_reduce.h"
 #include "dp_ring.h"
@@ -29,6 +33,9 @@ struct dp_dispatcher {
 	uint32_t ncommits;
 	struct dp_desc burst[DP_BURST];
 	struct dp_counters *counters;
+	struct dp_limits limits;
+	uint32_t next_client; /* round-robin: the pass starts after the last client served */
+	uint32_t nactive;     /* clients polled in the last pass: each one's share of a burst */
 };
 
 void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *answered,
@@ -37,7 +44,7 @@ void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *a
 	*answered = *missing = 0;
 	if (f->kind != DP_FWD_FORWARD)
 		return;
-	for (uint32_t d = 0; d < 256; d++)
+	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++)
 		if (dp_targets_has(f->targets, d)) {
 			if (f->rx[w->duck_index[d]].state == 1)
 				(*answered)++;
@@ -49,7 +56,7 @@ void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *a
 void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f)
 {
 	struct dp_client *c = f->client;
-	if (f->desc.slot >= c->hdr->slot_count)
+	if (f->desc.slot >= c->layout.slot_count)
 		return; /* a refused descriptor with a bad slot completes over ZeroMQ only */
 	uint32_t answered, missing;
 	dp_fwd_counts(w, f, &answered, &missing);
@@ -110,58 +117,22 @@ static void hand_to(struct dp_dispatcher *d, struct dp_fwd *f, uint32_t nic)
 		DP_ERROR("nic %u: dispatch ring full; this is a bug", nic);
 }
 
-static void dispatch_forward(struct dp_dispatcher *d, struct dp_fwd *f, uint64_t now)
+static void dispatch_forward(struct dp_dispatcher *d, struct dp_fwd *f, struct dp_layer *l,
+			     const struct dp_desc_plan *p, uint64_t now)
 {
 	struct dp_world *w = d->w;
 	struct dp_client *c = f->client;
-	const struct dp_desc *desc = &f->desc;
-	struct dp_layer *l = dp_layer_find(w, desc->layer);
-	if (!l || !dp_load_acquire_u32(&l->ready)) {
-		complete(d, f, DP_STATUS_BAD_REQUEST, "layer %u is not loaded", desc->layer);
-		return;
-	}
-	uint32_t item = dp_dtype_size(desc->dtype);
-	if (desc->dtype != l->dtype) {
-		complete(d, f, DP_STATUS_BAD_REQUEST, "dtype %u does not match layer %u's (%u)",
-			 desc->dtype, l->id, l->dtype);
-		return;
-	}
-	if (desc->ndim < 1 || desc->ndim > DP_MAX_DIMS || desc->shape[desc->ndim - 1] != l->hidden) {
-		complete(d, f, DP_STATUS_BAD_REQUEST, "shape does not end in layer %u's hidden %u",
-			 l->id, l->hidden);
-		return;
-	}
-	uint64_t elems = 1;
-	for (uint32_t k = 0; k < desc->ndim; k++)
-		elems *= desc->shape[k];
-	if (elems == 0 || elems * item != desc->nbytes || desc->nbytes > c->hdr->act_slot_size ||
-	    desc->nbytes > c->hdr->res_slot_size || desc->nbytes > w->cfg.max_forward_bytes) {
-		complete(d, f, DP_STATUS_BAD_REQUEST,
-			 "%lu bytes do not match the shape or exceed the slots or max_forward_bytes %u",
-			 (unsigned long)desc->nbytes, w->cfg.max_forward_bytes);
-		return;
-	}
-	bool any = desc->ducks[0] | desc->ducks[1] | desc->ducks[2] | desc->ducks[3];
-	for (uint32_t d_ = 0; d_ < 256; d_++) {
-		bool wanted = any ? dp_targets_has(desc->ducks, d_) : l->index[d_] >= 0;
-		if (!wanted)
-			continue;
-		if (l->index[d_] < 0) {
-			complete(d, f, DP_STATUS_BAD_REQUEST, "duck %u holds no shard of layer %u", d_,
-				 l->id);
-			return;
-		}
-		f->targets[d_ >> 6] |= 1ull << (d_ & 63);
-		f->nic_mask |= 1u << w->cfg.ducks[w->duck_index[d_]].nic;
-	}
+	memcpy(f->targets, p->targets, sizeof(f->targets));
+	for (uint32_t k = 0; k < DP_MAX_DUCKS; k++)
+		if (dp_targets_has(f->targets, k)) /* a layer's ducks are in the topology */
+			f->nic_mask |= 1u << w->cfg.ducks[w->duck_index[k]].nic;
 	f->kind = DP_FWD_FORWARD;
 	f->layer = l;
-	f->bytes = desc->nbytes;
-	f->rows = (uint32_t)(elems / l->hidden);
-	f->act = c->act + (uint64_t)desc->slot * c->hdr->act_slot_size;
-	f->res = c->res + (uint64_t)desc->slot * c->hdr->res_slot_size;
-	uint64_t timeout_us = desc->timeout_us ? desc->timeout_us : w->cfg.default_timeout_us;
-	f->deadline_ns = now + timeout_us * 1000;
+	f->bytes = p->bytes;
+	f->rows = p->rows;
+	f->act = c->act + (uint64_t)f->desc.slot * c->layout.act_slot_size;
+	f->res = c->res + (uint64_t)f->desc.slot * c->layout.res_slot_size;
+	f->deadline_ns = now + p->timeout_us * 1000;
 	f->nics_pending = (uint32_t)__builtin_popcount(f->nic_mask);
 	dp_count(d->counters, DP_C_forwards, 1);
 	for (uint32_t n = 0; n < w->cfg.nnics; n++)
@@ -169,46 +140,25 @@ static void dispatch_forward(struct dp_dispatcher *d, struct dp_fwd *f, uint64_t
 			hand_to(d, f, n);
 }
 
-static void dispatch_weight(struct dp_dispatcher *d, struct dp_fwd *f, uint64_t now)
+static void dispatch_weight(struct dp_dispatcher *d, struct dp_fwd *f, struct dp_layer *l,
+			    const struct dp_desc_plan *p, uint64_t now)
 {
 	struct dp_world *w = d->w;
 	const struct dp_desc *desc = &f->desc;
-	struct dp_layer *l = dp_layer_find(w, desc->layer);
-	if (!l || dp_load_acquire_u32(&l->ready)) {
-		complete(d, f, DP_STATUS_BAD_REQUEST,
-			 "layer %u is not being loaded (send LoadWeights first)", desc->layer);
-		return;
-	}
-	if (desc->nbytes == 0 || desc->nbytes > f->client->hdr->act_slot_size ||
-	    desc->nbytes > w->cfg.max_forward_bytes) {
-		complete(d, f, DP_STATUS_BAD_REQUEST, "weight chunk of %lu bytes", desc->nbytes);
-		return;
-	}
-	const uint8_t *src = f->client->act + (uint64_t)desc->slot * f->client->hdr->act_slot_size;
-	if (desc->duck == DP_HOST_TENSOR_DUCK) {
+	struct dp_client *c = f->client;
+	const uint8_t *src = c->act + (uint64_t)desc->slot * c->layout.act_slot_size;
+	if (p->duck_index < 0) {
 		/* b_down stays here: it is added once, after the reduce */
-		uint64_t size = (uint64_t)l->hidden * dp_dtype_size(l->dtype);
-		if (!l->has_b_down || desc->tensor != 3 || desc->offset + desc->nbytes > size) {
-			complete(d, f, DP_STATUS_BAD_REQUEST, "bad b_down chunk for layer %u", l->id);
-			return;
-		}
 		memcpy(l->b_down_raw + desc->offset, src, desc->nbytes);
 		l->b_down_got += desc->nbytes;
 		complete(d, f, DP_STATUS_OK, NULL);
-		return;
-	}
-	int16_t i = l->index[desc->duck];
-	if (i < 0 || desc->tensor > 2 ||
-	    desc->offset + desc->nbytes > dp_tensor_bytes(l, (uint32_t)i, desc->tensor)) {
-		complete(d, f, DP_STATUS_BAD_REQUEST, "duck %u tensor %u [%lu, +%lu) is not in layer %u",
-			 desc->duck, desc->tensor, desc->offset, desc->nbytes, l->id);
 		return;
 	}
 	f->kind = DP_FWD_WEIGHT;
 	f->layer = l;
 	f->w_duck = desc->duck;
 	f->w_tensor = desc->tensor;
-	f->w_index = (uint32_t)i;
+	f->w_index = (uint32_t)p->duck_index;
 	f->deadline_ns = now + (uint64_t)w->cfg.weight_timeout_ms * 1000000;
 	uint32_t nic = w->cfg.ducks[w->duck_index[desc->duck]].nic;
 	f->nic_mask = 1u << nic;
@@ -268,11 +218,12 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 	return 1;
 }
 
+/* desc is the dispatcher's own copy: nothing below reads the client's ring again. */
 static void dispatch(struct dp_dispatcher *d, struct dp_client *c, const struct dp_desc *desc,
 		     uint64_t now)
 {
 	struct dp_fwd *f = fwd_alloc(d, c, desc, now);
-	if (desc->slot >= c->hdr->slot_count) {
+	if (desc->slot >= c->layout.slot_count) {
 		complete(d, f, DP_STATUS_BAD_REQUEST, "slot %u is out of range", desc->slot);
 		return;
 	}
@@ -282,24 +233,53 @@ static void dispatch(struct dp_dispatcher *d, struct dp_client *c, const struct 
 			 (unsigned long)desc->epoch, (unsigned long)epoch);
 		return;
 	}
+	struct dp_layer *l = desc->op == DP_OP_WEIGHT_COMMIT ? NULL : dp_layer_find(d->w, desc->layer);
+	struct dp_desc_plan plan;
+	if (dp_desc_check(&c->layout, l, desc, &d->limits, &plan, f->message, sizeof(f->message)) <
+	    0) {
+		complete(d, f, DP_STATUS_BAD_REQUEST, NULL);
+		return;
+	}
 	switch (desc->op) {
 	case DP_OP_FORWARD:
-		dispatch_forward(d, f, now);
+		dispatch_forward(d, f, l, &plan, now);
 		break;
 	case DP_OP_WEIGHT_CHUNK:
-		dispatch_weight(d, f, now);
+		dispatch_weight(d, f, l, &plan, now);
 		break;
-	case DP_OP_WEIGHT_COMMIT:
+	default: /* DP_OP_WEIGHT_COMMIT: dp_desc_check knows no other op */
 		f->kind = DP_FWD_DONE_AT_DISPATCH;
 		if (d->ncommits == MAX_PENDING_COMMITS) {
 			complete(d, f, DP_STATUS_BAD_REQUEST, "too many layer commits at once");
 			break;
 		}
 		d->commits[d->ncommits++] = f;
-		break;
-	default:
-		complete(d, f, DP_STATUS_BAD_REQUEST, "unknown op %u", desc->op);
 	}
+}
+
+/* The client broke its ring: stop reading it, say why in its header, and let the control
+ * agent unmap it once its forwards in flight are done. Nobody else notices. */
+static void evict(struct dp_dispatcher *d, struct dp_client *c, uint32_t reason, const char *what)
+{
+	uint32_t active = DP_CLIENT_ACTIVE;
+	/* release: a client that sees the reason sees that we stopped */
+	dp_store_release_u32(&c->hdr->detach_reason, reason);
+	if (__atomic_compare_exchange_n(&c->state, &active, DP_CLIENT_CLOSING, false,
+					__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+		dp_count(d->counters, DP_C_clients_evicted, 1);
+		DP_WARN("client %u (pid %u) detached: %s", c->id, c->pid, what);
+	}
+}
+
+/* Take up to room descriptors from c's ring into d->burst; -1 when it is broken. */
+static int32_t take(struct dp_dispatcher *d, struct dp_client *c, uint32_t room)
+{
+	int32_t n = dp_ring_consume(c->ring, c->descs, c->layout.ring_capacity, &c->ring_tail,
+				    &c->ring_head_seen, d->burst, room);
+	if (n < 0)
+		evict(d, c, DP_DETACH_REASON_RING_BROKEN,
+		      "its ring head moved back or ran more than the ring's capacity ahead");
+	return n;
 }
 
 int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
@@ -307,6 +287,7 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 	struct dp_dispatcher *d = self;
 	int work = 0;
 	void *back[DP_BURST];
+	(void)now; /* each burst takes a fresh clock: the loop's may predate the submit */
 	uint32_t n;
 	while ((n = dp_spsc_pop(&w->free_ring, back, DP_BURST)) > 0)
 		for (uint32_t i = 0; i < n; i++)
@@ -319,7 +300,13 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 			i++;
 		}
 	}
-	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+	/* each client's share of this pass; a client with less to do leaves the rest unused
+	 * rather than letting one client take a whole burst while others wait */
+	uint32_t credit = DP_BURST / (d->nactive ? d->nactive : 1);
+	uint32_t nactive = 0, start = d->next_client;
+	uint64_t quota = w->cfg.client_max_inflight;
+	for (uint32_t k = 0; k < DP_MAX_CLIENTS; k++) {
+		uint32_t i = (start + k) % DP_MAX_CLIENTS;
 		struct dp_client *c = &w->clients[i];
 		uint32_t state = dp_load_acquire_u32(&c->state);
 		if (state == DP_CLIENT_CLOSING) {
@@ -328,15 +315,32 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 		}
 		if (state != DP_CLIENT_ACTIVE)
 			continue;
-		uint32_t room = d->nfree < DP_BURST ? d->nfree : DP_BURST;
+		nactive++;
+		/* acquire: the control agent's decrement follows its last use of the context */
+		uint64_t inflight = __atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE);
+		uint32_t room = credit ? credit : 1;
+		if (room > d->nfree)
+			room = d->nfree; /* every context in flight: descriptors wait in the rings */
+		if (inflight >= quota) {
+			/* at its quota: its descriptors wait in its ring; nobody else waits for it */
+			if (dp_load_relaxed_u64(&c->ring->head) != c->ring_tail)
+				dp_count(d->counters, DP_C_client_quota_waits, 1);
+			continue;
+		}
+		if (room > quota - inflight)
+			room = (uint32_t)(quota - inflight);
 		if (room == 0)
-			break; /* every context is in flight: descriptors wait in the rings */
-		n = dp_ring_pop_burst(c->ring, c->descs, c->hdr->ring_capacity, d->burst, room);
-		uint64_t pickup = n ? dp_now_ns() : now; /* the loop's clock may predate the submit */
-		for (uint32_t k = 0; k < n; k++)
-			dispatch(d, c, &d->burst[k], pickup);
-		work += (int)n;
+			continue;
+		int32_t got = take(d, c, room);
+		if (got <= 0)
+			continue;
+		d->next_client = (i + 1) % DP_MAX_CLIENTS;
+		uint64_t pickup = dp_now_ns(); /* the loop's clock may predate the submit */
+		for (int32_t j = 0; j < got; j++)
+			dispatch(d, c, &d->burst[j], pickup);
+		work += got;
 	}
+	d->nactive = nactive;
 	return work;
 }
 
@@ -350,6 +354,9 @@ struct dp_dispatcher *dp_dispatch_new(struct dp_world *w)
 	}
 	d->w = w;
 	d->counters = &w->dispatch_counters;
+	d->limits = (struct dp_limits){ .max_forward_bytes = w->cfg.max_forward_bytes,
+					.default_timeout_us = w->cfg.default_timeout_us,
+					.max_timeout_us = w->cfg.max_timeout_us };
 	for (uint32_t i = w->nfwds; i-- > 0;)
 		d->free[d->nfree++] = &w->fwds[i];
 	return d;

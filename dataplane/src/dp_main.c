@@ -18,6 +18,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "dp_client.h"
 #include "dp_control.h"
 #include "dp_dataplane.h"
 #include "dp_dispatch.h"
@@ -88,6 +89,7 @@ static int init_world(struct dp_world *w)
 	w->session &= 0x7fffffffffffffffull; /* a positive msgpack int for every client */
 	w->epoch = 1;
 	w->running = 1;
+	dp_client_set_limits(&w->cfg, w->clients, DP_MAX_CLIENTS);
 	w->nfwds = w->cfg.max_inflight;
 	w->fwds = calloc(w->nfwds, sizeof(struct dp_fwd));
 	if (!w->fwds)

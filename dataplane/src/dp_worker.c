@@ -245,7 +245,7 @@ static void accept_forward(struct dp_worker *wk, struct dp_fwd *f)
 			rx->reasm.chunks = 0; /* the first chunk says how many */
 			rx->reasm.have = 0;
 			rx->state = 0;
-			rx->compute_ns = rx->done_ns = 0;
+			rx->compute_ns = rx->done_ns = rx->resent_ns = 0;
 		}
 	wk->owned[f->index] = f->wire_id;
 	wk->active[wk->nactive++] = f;
@@ -381,7 +381,7 @@ static uint32_t pump_weight(struct dp_worker *wk, struct dp_fwd *f, uint64_t now
 		}
 		const struct dp_wire_header *h = &fwd_headers(wk, f)[c];
 		tx_one(wk, duck_addr(wk, f->w_duck), h,
-		       f->client->act + (uint64_t)f->desc.slot * f->client->hdr->act_slot_size +
+		       f->client->act + (uint64_t)f->desc.slot * f->client->layout.act_slot_size +
 			       (h->offset - f->desc.offset),
 		       h->length);
 		sent[c] = now;
@@ -416,7 +416,7 @@ static void finish_weight(struct dp_worker *wk, struct dp_fwd *f, uint32_t statu
 
 static int sender_duck(struct dp_worker *wk, const struct dp_rx *rx, uint16_t claimed)
 {
-	if (claimed > 255 || !duck_on_nic(wk, claimed))
+	if (claimed >= DP_MAX_DUCKS || !duck_on_nic(wk, claimed))
 		return -1;
 	const struct sockaddr_in *a = duck_addr(wk, claimed);
 	if (a->sin_addr.s_addr != rx->src.sin_addr.s_addr || a->sin_port != rx->src.sin_port)
@@ -502,20 +502,35 @@ static void on_nack(struct dp_worker *wk, struct dp_fwd *f, const struct dp_wire
 	}
 	if (f->kind != DP_FWD_FORWARD || !(h->flags & DP_WIRE_FLAG_INPUT))
 		return;
-	/* the duck is missing activation chunks: resend what it lists (or everything) */
+	/* the duck is missing activation chunks: resend what it lists (or everything), at most
+	 * once per NACK interval per duck, and each chunk of one NACK once: a NACK is a
+	 * datagram anyone on the path could repeat, and 8 KB of one chunk index must not
+	 * become 2,000 sends */
 	uint32_t chunks = dp_wire_chunk_count(f->bytes, wk->payload);
 	const uint32_t *list = dp_wire_payload(h);
 	uint32_t n = h->length / sizeof(uint32_t);
+	struct dp_duck_rx *rx = duck_rx(wk, f, duck);
+	uint64_t interval = (uint64_t)wk->w->cfg.nack_us * 1000;
+	if (rx->resent_ns && now < rx->resent_ns + interval) {
+		dp_count(&wk->counters, DP_C_nack_resends_suppressed, n ? n : chunks);
+		return;
+	}
+	rx->resent_ns = now;
 	if (n == 0) {
 		send_activation(wk, f, duck_addr(wk, duck), 0, chunks);
 		dp_count(&wk->counters, DP_C_retransmits, chunks);
+		return;
 	}
+	dp_reasm_reset(&wk->nack_seen, chunks);
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t c;
 		memcpy(&c, &list[i], sizeof(c));
-		if (c < chunks) {
+		int fresh = dp_reasm_mark(&wk->nack_seen, c); /* -1: no such chunk */
+		if (fresh > 0) {
 			send_activation(wk, f, duck_addr(wk, duck), c, 1);
 			dp_count(&wk->counters, DP_C_retransmits, 1);
+		} else if (fresh == 0) {
+			dp_count(&wk->counters, DP_C_nack_resends_suppressed, 1);
 		}
 	}
 }
@@ -645,7 +660,8 @@ static int timers(struct dp_worker *wk, uint64_t now)
 	}
 	if (now >= wk->next_ping_ns) {
 		for (uint32_t i = 0; i < wk->nducks; i++) {
-			struct dp_wire_header *h = ctl_header(wk, DP_WIRE_OP_PING, wk->w->epoch, NULL);
+			struct dp_wire_header *h =
+				ctl_header(wk, DP_WIRE_OP_PING, dp_load_acquire_u64(&wk->w->epoch), NULL);
 			h->duck = wk->ducks[i];
 			tx_one(wk, duck_addr(wk, wk->ducks[i]), h, NULL, 0);
 		}

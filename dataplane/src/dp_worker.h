@@ -32,8 +32,9 @@ struct dp_worker {
 	uint32_t nactive;
 	/* ducks on this NIC */
 	uint32_t nducks;
-	uint16_t ducks[256];
+	uint16_t ducks[DP_MAX_DUCKS];
 	uint64_t next_ping_ns;
+	struct dp_reasm nack_seen; /* chunks already resent for the NACK being answered */
 	/* tx scratch */
 	struct dp_tx tx[DP_WORKER_TX];
 	struct iovec iov[DP_WORKER_IOV];

@@ -46,6 +46,7 @@ __all__ = [
     "Backing",
     "DType",
     "Desc",
+    "DetachReason",
     "MlpKind",
     "Op",
     "RingHeader",
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 ABI_MAJOR = 1
-ABI_MINOR = 0
+ABI_MINOR = 1  # 1.1: segments are sealed memfds; detach_reason
 SEG_MAGIC = int.from_bytes(b"DUCKSEG1", "little")
 MAX_DUCKS = 256  # bits in a descriptor's target set
 MAX_DIMS = 4
@@ -64,8 +65,15 @@ MAX_DIMS = 4
 class Backing(enum.IntEnum):
     """What memory backs a segment."""
 
-    HUGETLBFS = 1  # 2 MiB pages from a hugetlbfs mount
-    DEVSHM = 2  # 4 KiB pages from /dev/shm (posix shm)
+    HUGETLBFS = 1  # 2 MiB hugepages (a MFD_HUGETLB memfd; a hugetlbfs file before 1.1)
+    DEVSHM = 2  # 4 KiB pages (a plain memfd; a /dev/shm file before 1.1)
+
+
+class DetachReason(enum.IntEnum):
+    """Why the dataplane detached a client on its own, in the header's ``detach_reason``."""
+
+    NONE = 0
+    RING_BROKEN = 1  # head moved back, or ran more than ring_capacity ahead of tail
 
 
 class Op(enum.IntEnum):
@@ -114,6 +122,7 @@ class SegHeader(msgspec.Struct, frozen=True):
         "client_heartbeat_ns": "CLOCK_MONOTONIC, refreshed by the client while it lives",
         "dataplane_heartbeat_ns": "CLOCK_MONOTONIC, refreshed by the dataplane while attached",
         "client_id": "assigned by the dataplane at attach",
+        "detach_reason": "enum dp_detach_reason: set once when the dataplane drops the client",
         "name": "the segment's own name, for inspectors",
     }
 
@@ -148,7 +157,8 @@ class SegHeader(msgspec.Struct, frozen=True):
     dataplane_heartbeat_ns: U64
     dataplane_pid: U32
     client_id: U32
-    pad4: Pad(48)
+    detach_reason: U32
+    pad4: Pad(44)
     # lines 4-5: name (creator, once)
     name: Chars(128)
 

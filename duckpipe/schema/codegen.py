@@ -24,6 +24,7 @@ CDEF_END = "/* @cdef-end */"
 
 ENUMS: tuple[type[enum.IntEnum], ...] = (
     abi.Backing,
+    abi.DetachReason,
     abi.Op,
     abi.DType,
     abi.Status,
@@ -127,7 +128,7 @@ def render_abi_json() -> str:
             "constants": abi.CONSTANTS,
             "enums": {
                 c.__name__: _enum_json(c)
-                for c in (abi.Backing, abi.Op, abi.DType, abi.Status, abi.MlpKind)
+                for c in (abi.Backing, abi.DetachReason, abi.Op, abi.DType, abi.Status, abi.MlpKind)
             },
             "structs": {c.__name__: layout_of(c).to_json() for c in abi.LAYOUTS},
         }

@@ -68,17 +68,22 @@ class Request(Message, kw_only=True):
 
 
 class Attach(Request, kw_only=True):
-    """Map my segment and start polling its ring."""
+    """Map my segment and start polling its ring.
+
+    ``segment_fd`` is the number of the segment's sealed memfd in the client
+    process; the dataplane opens it as /proc/<pid>/fd/<segment_fd>. ``segment``
+    is only its name, for people."""
 
     protocol: int = PROTOCOL_VERSION
     abi_major: int
     pid: int
     segment: str
     name: str = ""
+    segment_fd: int = -1
 
 
 class Detach(Request, kw_only=True):
-    """Stop polling my ring and unmap my segment; I unlink it myself."""
+    """Stop polling my ring and unmap my segment."""
 
 
 class Heartbeat(Request, kw_only=True):
