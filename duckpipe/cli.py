@@ -51,6 +51,8 @@ def _shm_ls(args: argparse.Namespace) -> int:
                 [
                     {
                         "path": str(s.path),
+                        "name": s.name,
+                        "kind": s.kind,
                         "size": s.size,
                         "backing": s.backing,
                         "creator_pid": s.creator_pid,
@@ -69,12 +71,15 @@ def _shm_ls(args: argparse.Namespace) -> int:
     if not segs:
         print("no duckpipe segments")
         return 0
-    print(f"{'SEGMENT':<52} {'BACKING':<10} {'SIZE':>10} {'PID':>8} {'ALIVE':<6} {'AGE':>8}")
+    print(
+        f"{'SEGMENT':<52} {'KIND':<6} {'BACKING':<10} {'SIZE':>10} {'PID':>8} {'ALIVE':<6} "
+        f"{'AGE':>8}  HELD AT"
+    )
     for s in segs:
         alive = "yes" if s.creator_alive else ("?" if not s.readable else "DEAD")
         print(
-            f"{s.path!s:<52} {s.backing:<10} {s.size / 2**20:9.1f}M {s.creator_pid:>8} "
-            f"{alive:<6} {s.age_s:7.0f}s"
+            f"{s.name:<52} {s.kind:<6} {s.backing:<10} {s.size / 2**20:9.1f}M "
+            f"{s.creator_pid:>8} {alive:<6} {s.age_s:7.0f}s  {s.path}"
         )
     return 0
 
@@ -86,7 +91,11 @@ def _shm_clean(args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for s in removed:
         print(f"{verb} {s.path} (creator pid {s.creator_pid}, {s.size / 2**20:.1f} MiB)")
-    print(f"{verb} {len(removed)} segment(s) of dead processes")
+    print(f"{verb} {len(removed)} segment file(s) of dead processes (duckpipe before 1.1)")
+    print(
+        "memfd segments need no cleaning: nothing names them in a file system, and their "
+        "memory goes with the last process that maps them"
+    )
     return 0
 
 
@@ -243,7 +252,9 @@ def _parser() -> argparse.ArgumentParser:
     ls = ssub.add_parser("ls", help="list this user's segments")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_shm_ls)
-    cl = ssub.add_parser("clean", help="remove segments whose creator is dead")
+    cl = ssub.add_parser(
+        "clean", help="remove segment files of dead processes (memfd segments need none)"
+    )
     cl.add_argument("--dry-run", action="store_true", help="only say what would go")
     cl.set_defaults(func=_shm_clean)
 

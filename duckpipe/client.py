@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import os
 import threading
 import time
 import weakref
@@ -28,6 +29,7 @@ from .errors import (
     BadInput,
     Cancelled,
     ClientClosed,
+    ClientDetached,
     DataplaneFault,
     DataplaneLost,
     DataplaneRefused,
@@ -44,7 +46,7 @@ from .models import Mlp, dtype_code, numpy_dtype, shard_bounds, shard_sizes
 from .progress import Progress
 from .ring import SubmissionRing, new_desc
 from .schema import control as ctl
-from .schema.abi import MAX_DIMS, Op, Status
+from .schema.abi import MAX_DIMS, DetachReason, Op, Status
 from .shm import BackingChoice, Segment
 
 __all__ = ["Client", "Forward", "Slot", "SlotState", "WaitStrategy", "connect"]
@@ -339,8 +341,9 @@ class Client:
                 lambda rid: ctl.Attach(
                     req_id=rid,
                     abi_major=int(seg.header.abi_major),
-                    pid=int(seg.header.creator_pid),
-                    segment=str(seg.path),
+                    pid=os.getpid(),
+                    segment=seg.name,
+                    segment_fd=seg.fd,
                     name=name,
                 ),
                 timeout,
@@ -360,8 +363,13 @@ class Client:
 
     @property
     def segment(self) -> Path:
-        """Path of this client's shared-memory segment."""
+        """This client's shared-memory segment as /proc/<pid>/fd/<fd> (a sealed memfd)."""
         return self._segment.path
+
+    @property
+    def segment_name(self) -> str:
+        """The memfd's name, as ``duckpipe shm ls`` and the dataplane's stats show it."""
+        return self._segment.name
 
     @property
     def backing(self) -> str:
@@ -556,7 +564,7 @@ class Client:
         return self._layer_info(layer)
 
     def close(self) -> None:
-        """Detach from the dataplane and remove this client's segment."""
+        """Detach from the dataplane and close this client's segment."""
         if self._closed:
             return
         if self._lost is None:
@@ -827,6 +835,21 @@ class Client:
         self._check_open()
         if self._lost is not None:
             raise DataplaneLost(self._lost)
+        self._check_detached()
+
+    def _check_detached(self) -> None:
+        """Raise ClientDetached once the dataplane has dropped this client on its own."""
+        reason = self._segment.detach_reason if not self._segment.closed else 0
+        if reason:
+            try:
+                why = DetachReason(reason).name
+            except ValueError:
+                why = f"reason {reason}"
+            raise ClientDetached(
+                f"the dataplane detached this client ({why}): its submission ring was "
+                "written out of order, so nothing more is taken from it and pending forwards "
+                "will not complete; close this client and connect again"
+            )
 
     def _check_alive(self) -> None:
         """Raise DataplaneLost when the dataplane process is gone or stopped heartbeating."""
@@ -834,6 +857,7 @@ class Client:
             raise DataplaneLost(self._lost)
         if self._closed:
             raise ClientClosed("the client is closed; connect again")
+        self._check_detached()
         now = time.monotonic()
         if now - self._last_check < _LIVENESS_CHECK_S or not self._dp_pid:
             return
@@ -886,5 +910,4 @@ def _cleanup(sock: zmq.Socket, seg: Segment, stop: threading.Event, beat: thread
     stop.set()
     beat.join(timeout=2.0)
     sock.close(linger=0)
-    seg.close()
-    seg.unlink()
+    seg.close()  # closes the memfd: its memory goes once the dataplane unmaps it too

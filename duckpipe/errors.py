@@ -7,6 +7,7 @@ __all__ = [
     "BadInput",
     "Cancelled",
     "ClientClosed",
+    "ClientDetached",
     "DataplaneFault",
     "DataplaneLost",
     "DataplaneRefused",
@@ -40,6 +41,10 @@ class UnknownLayer(BadInput, KeyError):
 
 class ClientClosed(DuckpipeError):
     """The client was closed; connect again."""
+
+
+class ClientDetached(DuckpipeError, ConnectionError):
+    """The dataplane detached this client on its own (the segment header says why)."""
 
 
 class RingFull(DuckpipeError):

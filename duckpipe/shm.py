@@ -1,15 +1,20 @@
-"""Shared-memory segments: create, open, list and reclaim.
+"""Shared-memory segments: create, open, list.
 
-A segment is backed by 2 MiB hugepages from a hugetlbfs mount when the host has
-free ones, else by /dev/shm (through posix-ipc); the header records which, and
-the fallback is logged once per process. Files are mode 0600, named with a
-per-user prefix, sized to whole pages and pre-faulted at creation so that no
-forward ever pays a page fault.
+A segment is a sealed memfd: 2 MiB hugepages (MFD_HUGETLB) when the host has
+enough free ones, else 4 KiB pages; the header records which, and the fallback
+is logged once per process. It is sized to whole pages, sealed so that nobody
+can shrink or grow it (a segment that cannot shrink cannot SIGBUS the
+dataplane), and pre-faulted at creation so that no forward pays a page fault.
+The creating client keeps the descriptor open for the segment's life; the
+dataplane opens it as /proc/<pid>/fd/<fd>. Nothing has a name in a file
+system, so nothing is ever left behind: the memory goes when the last process
+that maps it does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import logging
 import mmap
 import os
@@ -41,6 +46,9 @@ log = logging.getLogger("duckpipe.shm")
 BackingChoice = Literal["auto", "hugetlbfs", "devshm"]
 DEVSHM = Path("/dev/shm")
 SMALL_PAGE = 4096
+MEMFD_LINK = "/memfd:"  # how /proc/*/fd shows a memfd: "/memfd:<name> (deleted)"
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+_HDR = ffi.sizeof("struct dp_seg_header")
 _fallback_logged = False
 
 
@@ -87,8 +95,17 @@ def _plan(slot_count: int, ring_capacity: int, act_slot: int, res_slot: int, pag
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """A segment's layout as checked once; nothing is read from its header again."""
+
+    slot_count: int
+    ring_capacity: int
+    plan: _Plan
+
+
 def segment_dirs() -> list[Path]:
-    """Directories that may hold this user's segments."""
+    """Directories that may hold segment files of duckpipe before 1.1 (memfds have none)."""
     dirs = [DEVSHM]
     huge = runtime.find_hugetlbfs()
     if huge is not None:
@@ -100,36 +117,50 @@ class Segment:
     """One mapped segment: header, submission ring, slot headers and slot arenas.
 
     The creating client writes the header and produces into the ring; the
-    dataplane opens it, consumes the ring and writes the slot headers.
+    dataplane opens it, consumes the ring and writes the slot headers. The
+    layout comes from the checked plan, never from the mapped header, so a
+    peer rewriting its header cannot move what this object points at.
     """
 
-    def __init__(self, path: Path, mm: mmap.mmap, backing: Backing, owner: bool) -> None:
-        self.path = path
-        self.name = path.name
+    def __init__(
+        self,
+        name: str,
+        mm: mmap.mmap,
+        backing: Backing,
+        owner: bool,
+        layout: _Layout,
+        *,
+        fd: int | None = None,
+        path: Path | None = None,
+        st_dev: int = 0,
+        st_ino: int = 0,
+    ) -> None:
+        self.name = name
+        self.fd = fd  # the creator's memfd, open while the segment lives
+        self.path = path if path is not None else Path(f"/proc/{os.getpid()}/fd/{fd}")
         self.backing = backing
         self.owner = owner
+        self.st_dev, self.st_ino = st_dev, st_ino
         self._mm = mm
         self._base = ffi.from_buffer(mm)
         base = self._base
+        plan = layout.plan
         self.header = ffi.cast("struct dp_seg_header *", base)
-        h = self.header
-        self.size = int(h.segment_size)
-        self.slot_count = int(h.slot_count)
-        self.ring_capacity = int(h.ring_capacity)
-        self.act_slot_size = int(h.act_slot_size)
-        self.res_slot_size = int(h.res_slot_size)
-        self.ring = ffi.cast("struct dp_ring_header *", base + h.ring_offset)
+        self.size = plan.size
+        self.slot_count = layout.slot_count
+        self.ring_capacity = layout.ring_capacity
+        self.act_slot_size = plan.act_slot_size
+        self.res_slot_size = plan.res_slot_size
+        self.ring = ffi.cast("struct dp_ring_header *", base + plan.ring_offset)
         self.descs = ffi.cast(
-            "struct dp_desc *", base + h.ring_offset + ffi.sizeof("struct dp_ring_header")
+            "struct dp_desc *", base + plan.ring_offset + ffi.sizeof("struct dp_ring_header")
         )
-        self.slot_headers = ffi.cast("struct dp_slot_header *", base + h.res_hdr_offset)
-        self._act_offset = int(h.act_offset)
-        self._res_offset = int(h.res_offset)
+        self.slot_headers = ffi.cast("struct dp_slot_header *", base + plan.res_hdr_offset)
         self._act = [
-            self._bytes(self._act_offset, i, self.act_slot_size) for i in range(self.slot_count)
+            self._bytes(plan.act_offset, i, self.act_slot_size) for i in range(self.slot_count)
         ]
         self._res = [
-            self._bytes(self._res_offset, i, self.res_slot_size) for i in range(self.slot_count)
+            self._bytes(plan.res_offset, i, self.res_slot_size) for i in range(self.slot_count)
         ]
         self._closed = False
 
@@ -147,10 +178,9 @@ class Segment:
         res_slot_size: int | None = None,
         ring_capacity: int | None = None,
         backing: BackingChoice = "auto",
-        hugetlbfs_dir: Path | str | None = None,
         tag: str = "",
     ) -> Segment:
-        """Create, size, pre-fault and publish a new segment owned by this process."""
+        """Create, size, seal, pre-fault and publish a new segment owned by this process."""
         ring_capacity = slot_count if ring_capacity is None else ring_capacity
         if act_slot_size <= 0 or (res_slot_size is not None and res_slot_size <= 0):
             raise BadInput("slot sizes must be positive")
@@ -160,17 +190,16 @@ class Segment:
         if len(name.encode()) > 127:  # it must fit the header's name field
             raise BadInput(f"segment tag {tag!r} is too long; keep it under 64 characters")
 
-        huge_dir = Path(hugetlbfs_dir) if hugetlbfs_dir else runtime.find_hugetlbfs()
         if backing in ("auto", "hugetlbfs"):
             plan = _plan(
                 slot_count, ring_capacity, act_slot_size, res_slot_size, runtime.HUGEPAGE_SIZE
             )
-            why = _hugepages_unavailable(huge_dir, plan.size)
+            why = _hugepages_unavailable(plan.size)
             if why is None:
                 try:
-                    path, mm = _create_hugetlbfs(huge_dir / name, plan.size)  # type: ignore[operator]
+                    fd, mm = _create_memfd(name, plan.size, huge=True)
                     return cls._publish(
-                        path, mm, Backing.HUGETLBFS, plan, slot_count, ring_capacity
+                        name, fd, mm, Backing.HUGETLBFS, _Layout(slot_count, ring_capacity, plan)
                     )
                 except OSError as e:
                     why = f"mapping {plan.size} bytes of hugepages failed: {e}"
@@ -181,78 +210,141 @@ class Segment:
                 )
             _log_fallback(why)
         plan = _plan(slot_count, ring_capacity, act_slot_size, res_slot_size, SMALL_PAGE)
-        path, mm = _create_devshm(name, plan.size)
-        return cls._publish(path, mm, Backing.DEVSHM, plan, slot_count, ring_capacity)
+        try:
+            fd, mm = _create_memfd(name, plan.size, huge=False)
+        except OSError as e:
+            raise SegmentError(f"cannot create a {plan.size}-byte memfd segment: {e}") from e
+        return cls._publish(name, fd, mm, Backing.DEVSHM, _Layout(slot_count, ring_capacity, plan))
 
     @classmethod
     def _publish(
-        cls, path: Path, mm: mmap.mmap, backing: Backing, plan: _Plan, slots: int, capacity: int
+        cls, name: str, fd: int, mm: mmap.mmap, backing: Backing, layout: _Layout
     ) -> Segment:
         try:
-            cls._write_header(path, mm, backing, plan, slots, capacity)
+            cls._write_header(name, mm, backing, layout)
         except BaseException:
             mm.close()
-            _unlink(path)
+            os.close(fd)
             raise
-        return cls(path, mm, backing, owner=True)
+        st = os.fstat(fd)
+        return cls(
+            name, mm, backing, owner=True, layout=layout, fd=fd, st_dev=st.st_dev, st_ino=st.st_ino
+        )
 
     @staticmethod
-    def _write_header(
-        path: Path, mm: mmap.mmap, backing: Backing, plan: _Plan, slots: int, capacity: int
-    ) -> None:
+    def _write_header(name: str, mm: mmap.mmap, backing: Backing, layout: _Layout) -> None:
+        plan = layout.plan
         base = ffi.from_buffer(mm)
         h = ffi.cast("struct dp_seg_header *", base)
         h.abi_major = ABI_MAJOR
         h.abi_minor = ABI_MINOR
         h.backing = int(backing)
-        h.header_size = ffi.sizeof("struct dp_seg_header")
+        h.header_size = _HDR
         h.page_size = runtime.HUGEPAGE_SIZE if backing == Backing.HUGETLBFS else SMALL_PAGE
         h.segment_size = plan.size
         h.creator_pid = os.getpid()
         h.start_ns = time.time_ns()
         h.ring_offset = plan.ring_offset
-        h.ring_capacity = capacity
+        h.ring_capacity = layout.ring_capacity
         h.desc_size = ffi.sizeof("struct dp_desc")
         h.res_hdr_offset = plan.res_hdr_offset
         h.act_offset = plan.act_offset
         h.res_offset = plan.res_offset
         h.act_slot_size = plan.act_slot_size
         h.res_slot_size = plan.res_slot_size
-        h.slot_count = slots
+        h.slot_count = layout.slot_count
         h.client_heartbeat_ns = runtime.monotonic_ns()
-        h.name = path.name.encode()
+        h.name = name.encode()
         # release: whoever sees the magic sees a complete header
         lib.dp_store_release_u64(ffi.addressof(h, "magic"), SEG_MAGIC)
         ffi.release(base)
 
     @classmethod
-    def open(cls, path: str | Path) -> Segment:
-        """Map an existing segment (the dataplane side), checking magic, version and size."""
-        path = Path(path)
+    def open_fd(
+        cls,
+        pid: int,
+        fd: int,
+        *,
+        uid: int | None = None,
+        max_slots: int | None = None,
+        max_bytes: int | None = None,
+    ) -> Segment:
+        """Map the segment memfd ``fd`` of process ``pid`` (the dataplane side).
+
+        Refuses anything but a duckpipe memfd owned by ``uid`` (default: ours),
+        sealed against shrinking and growing, whose header, read before mapping,
+        says ``pid`` made it and passes dp_seg_plan() within the limits: the
+        checks of dp_client_map() in the C dataplane.
+        """
+        uid = os.geteuid() if uid is None else uid
+        path = Path(f"/proc/{pid}/fd/{fd}")
+        if pid <= 0 or fd < 0:
+            raise SegmentError(
+                f"no segment descriptor (pid {pid}, fd {fd}): this client predates memfd "
+                "segments; upgrade it"
+            )
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            ours = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as e:
+            raise SegmentError(f"cannot open {path}: {e.strerror}; is the client alive?") from e
+        try:
+            st = os.fstat(ours)
+            if not stat.S_ISREG(st.st_mode):
+                raise SegmentError(f"{path} is not a regular file")
+            if st.st_uid != uid:
+                raise SegmentError(f"{path} is owned by uid {st.st_uid}, not {uid}")
+            link = os.readlink(f"/proc/self/fd/{ours}")
+            if not link.startswith(MEMFD_LINK + "duckpipe"):
+                raise SegmentError(f"{path} is not a duckpipe memfd ({link})")
+            name = link[len(MEMFD_LINK) :].removesuffix(" (deleted)")
+            if fcntl.fcntl(ours, fcntl.F_GET_SEALS) & SEALS != SEALS:
+                raise SegmentError(f"memfd {name} is not sealed against shrinking and growing")
+            raw = os.pread(ours, _HDR, 0)
+            backing, layout = _validate_header(name, raw, st.st_size, max_slots, max_bytes)
+            creator = int(ffi.cast("struct dp_seg_header *", ffi.from_buffer(raw)).creator_pid)
+            if creator != pid:
+                raise SegmentError(f"memfd {name} was made by pid {creator}, not {pid}")
+            mm = mmap.mmap(ours, st.st_size, mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        finally:
+            os.close(ours)
+        return cls(name, mm, backing, False, layout, path=path, st_dev=st.st_dev, st_ino=st.st_ino)
+
+    @classmethod
+    def open(cls, path: str | Path) -> Segment:
+        """Map a segment by path: /proc/<pid>/fd/<fd> of a live one, or a file written by
+        duckpipe before 1.1. Checks the header (read before mapping) like open_fd."""
+        path = Path(path)
+        flags = os.O_RDWR | os.O_CLOEXEC
+        if not str(path).startswith("/proc/"):
+            flags |= os.O_NOFOLLOW  # a file name could be swapped for a link
+        try:
+            fd = os.open(path, flags)
         except OSError as e:
             raise SegmentError(
                 f"cannot open segment {path}: {e.strerror}; is the client alive?"
             ) from e
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or (st.st_uid != os.geteuid() and os.geteuid() != 0):
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                 raise SegmentError(f"{path} is not a segment file of uid {os.geteuid()}")
-            if st.st_size < 4096:
+            if st.st_size < SMALL_PAGE:
                 raise SegmentError(f"{path} is {st.st_size} bytes, too small to be a segment")
+            raw = os.pread(fd, _HDR, 0)
+            backing, layout = _validate_header(str(path), raw, st.st_size)
             mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED | mmap.MAP_POPULATE)
         finally:
             os.close(fd)
-        base = ffi.from_buffer(mm)
-        try:
-            backing = _validate_header(path, ffi.cast("struct dp_seg_header *", base), len(mm))
-        except BaseException:
-            ffi.release(base)
-            mm.close()
-            raise
-        ffi.release(base)
-        return cls(path, mm, backing, owner=False)
+        name = ffi.string(ffi.cast("struct dp_seg_header *", ffi.from_buffer(raw)).name).decode()
+        return cls(
+            name or path.name,
+            mm,
+            backing,
+            False,
+            layout,
+            path=path,
+            st_dev=st.st_dev,
+            st_ino=st.st_ino,
+        )
 
     # --- slot access ---------------------------------------------------------
 
@@ -275,6 +367,11 @@ class Segment:
     def heartbeat_client(self) -> None:
         self.header.client_heartbeat_ns = runtime.monotonic_ns()
 
+    @property
+    def detach_reason(self) -> int:
+        """Set by a dataplane that detached this client on its own (DetachReason)."""
+        return int(self.header.detach_reason)
+
     # --- teardown ------------------------------------------------------------
 
     @property
@@ -282,7 +379,8 @@ class Segment:
         return self._closed
 
     def close(self) -> None:
-        """Unmap. Numpy views a caller still holds keep the mapping alive until dropped."""
+        """Unmap (and close the memfd). Numpy views a caller still holds keep the mapping
+        alive until dropped; a dataplane's mapping keeps the memory until it unmaps."""
         if self._closed:
             return
         self._closed = True
@@ -293,35 +391,51 @@ class Segment:
             self._mm.close()
         except BufferError:
             log.debug("segment %s still has views; the mapping goes when they do", self.name)
-
-    def unlink(self) -> None:
-        """Remove the file; the memory is freed once every process has unmapped it."""
-        _unlink(self.path)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def __repr__(self) -> str:
         return f"<Segment {self.name} {self.backing.name.lower()} {self.size} bytes>"
 
 
-def _validate_header(path: Path, h, file_size: int) -> Backing:
-    """Refuse any header this version would not have written: it must not aim our pointers."""
-    magic = lib.dp_load_acquire_u64(ffi.addressof(h, "magic"))
+def _validate_header(
+    where: str,
+    raw: bytes,
+    file_size: int,
+    max_slots: int | None = None,
+    max_bytes: int | None = None,
+) -> tuple[Backing, _Layout]:
+    """Refuse any header this version would not have written: it must not aim our pointers.
+    ``raw`` is a private copy (pread), so the peer cannot change it while we look."""
+    if len(raw) < _HDR:
+        raise SegmentError(f"{where} is {file_size} bytes, too small to be a segment")
+    h = ffi.cast("struct dp_seg_header *", ffi.from_buffer(raw))
+    magic = int(h.magic)
     if magic != SEG_MAGIC:
-        raise SegmentError(f"{path} has no duckpipe segment header (magic {magic:#x})")
+        raise SegmentError(f"{where} has no duckpipe segment header (magic {magic:#x})")
     major, minor = int(h.abi_major), int(h.abi_minor)
     if major != ABI_MAJOR:
         raise AbiMismatch(
-            f"{path} uses segment ABI {major}.{minor}, this duckpipe speaks {ABI_MAJOR}.x; "
+            f"{where} uses segment ABI {major}.{minor}, this duckpipe speaks {ABI_MAJOR}.x; "
             "run client and dataplane from the same duckpipe version"
         )
     backing, size = int(h.backing), int(h.segment_size)
     if backing not in (Backing.HUGETLBFS, Backing.DEVSHM) or size != file_size:
-        raise SegmentError(f"{path}: header says {size} bytes, file has {file_size}")
+        raise SegmentError(f"{where}: header says {size} bytes, file has {file_size}")
     slots, cap = int(h.slot_count), int(h.ring_capacity)
+    if (max_slots is not None and slots > max_slots) or (
+        max_bytes is not None and file_size > max_bytes
+    ):
+        raise SegmentError(
+            f"{where}: {slots} slots, {file_size} bytes: over this dataplane's limits "
+            f"({max_slots} slots, {max_bytes} bytes)"
+        )
     page = runtime.HUGEPAGE_SIZE if backing == Backing.HUGETLBFS else SMALL_PAGE
     try:
         want = _plan(slots, cap, int(h.act_slot_size), int(h.res_slot_size), page)
     except BadInput as e:
-        raise SegmentError(f"{path}: bad slot count {slots} or ring capacity {cap}: {e}") from None
+        raise SegmentError(f"{where}: bad slot count {slots} or ring capacity {cap}: {e}") from None
     got = _Plan(
         int(h.ring_offset),
         int(h.res_hdr_offset),
@@ -332,14 +446,14 @@ def _validate_header(path: Path, h, file_size: int) -> Backing:
         size,
     )
     sizes = (int(h.header_size), int(h.desc_size))
-    if got != want or sizes != (ffi.sizeof("struct dp_seg_header"), ffi.sizeof("struct dp_desc")):
-        raise SegmentError(f"{path}: the header's layout is not one this version writes")
-    return Backing(backing)
+    if got != want or sizes != (_HDR, ffi.sizeof("struct dp_desc")):
+        raise SegmentError(f"{where}: the header's layout is not one this version writes")
+    return Backing(backing), _Layout(slots, cap, want)
 
 
-def _hugepages_unavailable(huge_dir: Path | None, size: int) -> str | None:
-    if huge_dir is None:
-        return "no writable hugetlbfs mount with 2 MiB pages was found"
+def _hugepages_unavailable(size: int) -> str | None:
+    if os.environ.get("DUCKPIPE_HUGETLBFS") == "":
+        return "hugepages are disabled (DUCKPIPE_HUGETLBFS is empty)"
     need = size // runtime.HUGEPAGE_SIZE
     free = runtime.free_hugepages()
     if free < need:
@@ -351,42 +465,28 @@ def _log_fallback(why: str) -> None:
     global _fallback_logged
     if not _fallback_logged:
         _fallback_logged = True
-        log.warning("duckpipe: using /dev/shm (4 KiB pages) because %s", why)
+        log.warning("duckpipe: using 4 KiB pages (a plain memfd) because %s", why)
 
 
-def _create_hugetlbfs(path: Path, size: int) -> tuple[Path, mmap.mmap]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+def _create_memfd(name: str, size: int, *, huge: bool) -> tuple[int, mmap.mmap]:
+    """A sealed memfd of ``size`` bytes, mapped and pre-faulted: (fd, mapping)."""
+    flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING | (os.MFD_HUGETLB if huge else 0)
+    fd = os.memfd_create(name, flags)
     try:
-        os.fchmod(fd, 0o600)  # the umask must not widen or narrow it
         os.ftruncate(fd, size)
-        # MAP_POPULATE reserves and faults every hugepage now, or fails with ENOMEM now.
+        # nobody (the client included) can resize it now: a reader never SIGBUSes; F_SEAL_SEAL
+        # keeps it that way
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)
+        # MAP_POPULATE reserves and faults every page now, or fails with ENOMEM now.
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED | mmap.MAP_POPULATE)
     except OSError:
         os.close(fd)
-        _unlink(path)
         raise
-    os.close(fd)
-    return path, mm
-
-
-def _create_devshm(name: str, size: int) -> tuple[Path, mmap.mmap]:
-    try:
-        shm = posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=0o600, size=size)
-    except (posix_ipc.Error, OSError) as e:
-        raise SegmentError(f"cannot create /dev/shm/{name} ({size} bytes): {e}") from e
-    try:
-        mm = mmap.mmap(shm.fd, size, mmap.MAP_SHARED | mmap.MAP_POPULATE)
-    except OSError as e:
-        shm.close_fd()
-        shm.unlink()
-        raise SegmentError(
-            f"cannot map /dev/shm/{name} ({size} bytes): {e}; is /dev/shm full?"
-        ) from e
-    shm.close_fd()
-    return DEVSHM / name, mm
+    return fd, mm
 
 
 def _unlink(path: Path) -> None:
+    """Remove a segment file of duckpipe before 1.1."""
     try:
         if path.parent == DEVSHM:
             posix_ipc.unlink_shared_memory("/" + path.name)
@@ -401,7 +501,7 @@ def _unlink(path: Path) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class SegmentInfo:
-    path: Path
+    path: Path  # /proc/<pid>/fd/<fd> of a memfd, or the file of a segment before 1.1
     size: int
     backing: str
     creator_pid: int
@@ -411,24 +511,32 @@ class SegmentInfo:
     age_s: float
     readable: bool
     reason: str = ""
+    kind: str = "memfd"  # or "file" (duckpipe before 1.1: removable by clean_segments)
+    name: str = ""
 
 
-def _read_info(path: Path) -> SegmentInfo:
+def _read_info(path: Path, kind: str, name: str = "") -> SegmentInfo:
     st = path.stat()
     age = time.time() - st.st_mtime
+    name = name or path.name
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        flags = os.O_RDONLY | os.O_CLOEXEC | (0 if kind == "memfd" else os.O_NOFOLLOW)
+        fd = os.open(path, flags)
         try:
-            raw = os.pread(fd, ffi.sizeof("struct dp_seg_header"), 0)
+            raw = os.pread(fd, _HDR, 0)
         finally:
             os.close(fd)
     except OSError as e:
-        return SegmentInfo(path, st.st_size, "?", 0, False, 0, 0, age, False, str(e))
-    if len(raw) < ffi.sizeof("struct dp_seg_header"):
-        return SegmentInfo(path, st.st_size, "?", 0, False, 0, 0, age, False, "truncated")
+        return SegmentInfo(path, st.st_size, "?", 0, False, 0, 0, age, False, str(e), kind, name)
+    if len(raw) < _HDR:
+        return SegmentInfo(
+            path, st.st_size, "?", 0, False, 0, 0, age, False, "truncated", kind, name
+        )
     h = ffi.cast("struct dp_seg_header *", ffi.from_buffer(raw))
     if h.magic != SEG_MAGIC:
-        return SegmentInfo(path, st.st_size, "?", 0, False, 0, 0, age, False, "no header")
+        return SegmentInfo(
+            path, st.st_size, "?", 0, False, 0, 0, age, False, "no header", kind, name
+        )
     start_ns = int(h.start_ns)
     age = time.time() - start_ns / 1e9
     backing = {1: "hugetlbfs", 2: "devshm"}.get(int(h.backing), "?")
@@ -443,13 +551,49 @@ def _read_info(path: Path) -> SegmentInfo:
         int(h.client_id),
         age,
         True,
+        "",
+        kind,
+        name,
     )
 
 
-def list_segments() -> list[SegmentInfo]:
-    """This user's segments, in every place they may live."""
-    prefix = runtime.segment_prefix()
+def _memfds() -> list[tuple[Path, str]]:
+    """(/proc/<pid>/fd/<fd>, name) of every duckpipe memfd this user's processes hold open,
+    one per file."""
+    prefix = MEMFD_LINK + runtime.segment_prefix()
+    seen: set[tuple[int, int]] = set()
     out = []
+    for proc in sorted(Path("/proc").iterdir(), key=lambda p: p.name):
+        if not proc.name.isdigit():
+            continue
+        try:
+            fds = list((proc / "fd").iterdir())
+        except OSError:
+            continue  # gone, or not ours
+        for fd in fds:
+            try:
+                link = os.readlink(fd)
+                if not link.startswith(prefix):
+                    continue
+                st = fd.stat()
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            out.append((fd, link[len(MEMFD_LINK) :].removesuffix(" (deleted)")))
+    return out
+
+
+def list_segments() -> list[SegmentInfo]:
+    """This user's segments: live memfds (through /proc), and files of duckpipe before 1.1."""
+    out = []
+    for path, name in _memfds():
+        try:
+            out.append(_read_info(path, "memfd", name))
+        except FileNotFoundError:
+            continue  # closed while we looked
+    prefix = runtime.segment_prefix()
     for d in segment_dirs():
         try:
             entries = sorted(p for p in d.iterdir() if p.name.startswith(prefix))
@@ -457,17 +601,21 @@ def list_segments() -> list[SegmentInfo]:
             continue
         for p in entries:
             try:
-                out.append(_read_info(p))
+                out.append(_read_info(p, "file"))
             except FileNotFoundError:
                 continue  # removed while we looked
     return out
 
 
 def clean_segments(*, dry_run: bool = False, min_age_s: float = 5.0) -> list[SegmentInfo]:
-    """Remove segments whose creator is dead (or whose header never got written and
-    which are older than ``min_age_s``). Returns what was (or would be) removed."""
+    """Remove segment files of duckpipe before 1.1 whose creator is dead (or whose header
+    never got written and which are older than ``min_age_s``). Memfd segments need no
+    cleaning: their memory goes with the last process that holds them. Returns what was
+    (or would be) removed."""
     removed = []
     for info in list_segments():
+        if info.kind != "file":
+            continue
         dead = (info.readable and not info.creator_alive) or (
             not info.readable and info.age_s > min_age_s
         )

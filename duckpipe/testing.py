@@ -35,6 +35,7 @@ __all__ = [
     "duckpipe_mock",
     "duckpipe_mock_factory",
     "killed_client_segment",
+    "mapped_by",
     "set_faults",
     "wait_until_gone",
 ]
@@ -84,29 +85,45 @@ def set_faults(
         raise DataplaneRefused(reply.code, reply.message)
 
 
-def killed_client_segment(control: str, timeout: float = 10.0) -> Path:
-    """Attach a client in a child process, SIGKILL it, return its segment's path."""
+def killed_client_segment(control: str, timeout: float = 10.0) -> str:
+    """Attach a client in a child process, SIGKILL it, return its segment's memfd name."""
     script = (
         "import time, duckpipe\n"
         f"c = duckpipe.connect({control!r})\n"
-        "print(c.segment, flush=True)\n"
+        "print(c.segment_name, flush=True)\n"
         "time.sleep(60)\n"
     )
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        path = Path(child.stdout.readline().strip())
-        assert path.name and path.exists(), "the child client did not attach"
+        name = child.stdout.readline().strip()
+        assert name and mapped_by(name), "the child client did not attach"
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout)
-    return path
+    return name
 
 
-def wait_until_gone(path: Path, timeout: float = 10.0) -> bool:
+def mapped_by(name: str) -> list[int]:
+    """Pids of this user's processes that map the memfd segment ``name``."""
+    needle = f"/memfd:{name} "
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if needle in (proc / "maps").read_text():
+                pids.append(int(proc.name))
+        except OSError:
+            continue  # gone, or not ours
+    return pids
+
+
+def wait_until_gone(name: str, timeout: float = 10.0) -> bool:
+    """True once no process maps the memfd segment ``name`` (its memory is freed)."""
     deadline = time.monotonic() + timeout
-    while path.exists() and time.monotonic() < deadline:
+    while mapped_by(name) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not path.exists()
+    return not mapped_by(name)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 import duckpipe
 from duckpipe import GeluMlp, Status, SwiGluMlp
 from duckpipe.errors import DataplaneLost, DuckLost, ForwardTimeout, StaleEpoch
-from duckpipe.testing import killed_client_segment, wait_until_gone
+from duckpipe.testing import killed_client_segment, mapped_by, wait_until_gone
 
 
 @pytest.fixture
@@ -113,8 +113,8 @@ def test_killing_the_dataplane_fails_pending_forwards_quickly(cluster_factory):
 
 def test_the_dataplane_reclaims_a_killed_clients_segment(cluster_factory):
     cl = cluster_factory(1)
-    path = killed_client_segment(cl.control)
-    assert wait_until_gone(path), f"{path} was not reclaimed"
+    name = killed_client_segment(cl.control)
+    assert wait_until_gone(name), f"{name} is still mapped by {mapped_by(name)}"
     with duckpipe.connect(cl.control) as c:
         assert _counters(c)["clients_reclaimed"] == 1
 

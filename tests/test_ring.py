@@ -44,7 +44,6 @@ def _new_segment(capacity: int) -> Segment:
 def _dispose(*segs: Segment) -> None:
     for s in segs:
         s.close()
-    segs[0].unlink()
 
 
 @pytest.fixture
@@ -62,8 +61,6 @@ def rings() -> Iterator[Callable[[int], RingPair]]:
     yield make
     for s in reversed(made):
         s.close()
-        if s.owner:
-            s.unlink()
 
 
 def _push_ids(ring: SubmissionRing, ids: range) -> None:

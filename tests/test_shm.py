@@ -1,7 +1,8 @@
-"""Shared-memory segments: creation checks, backing, header, mapping, reclamation."""
+"""Shared-memory segments: creation checks, sealed memfds, header, mapping, listing."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from duckpipe import runtime
 from duckpipe.errors import AbiMismatch, BadInput, SegmentError
 from duckpipe.schema.abi import ABI_MAJOR, ABI_MINOR, SEG_MAGIC, Backing
 from duckpipe.shm import Segment, clean_segments, list_segments
+from duckpipe.testing import mapped_by
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = 4096
@@ -45,7 +47,6 @@ def segments() -> Iterator[Callable[..., Segment]]:
     yield make
     for seg in made:
         seg.close()
-        seg.unlink()
 
 
 # --- argument checks ------------------------------------------------------------
@@ -68,25 +69,51 @@ def test_rejects_ring_capacity_smaller_than_slot_count() -> None:
         Segment.create(slot_count=8, ring_capacity=4, act_slot_size=4096, backing="devshm")
 
 
-# --- /dev/shm backing -----------------------------------------------------------
+# --- sealed memfds ---------------------------------------------------------------
 
 
-def test_devshm_segment_is_a_private_file_with_the_user_prefix(segments) -> None:
+def test_segment_is_a_duckpipe_memfd_of_this_user(segments) -> None:
     seg = segments()
-    st = os.stat(seg.path)
-    assert stat.S_ISREG(st.st_mode)
-    assert stat.S_IMODE(st.st_mode) == 0o600
-    assert st.st_uid == os.geteuid()
-    assert seg.path.parent == Path("/dev/shm")
+    assert os.readlink(seg.path).startswith(f"/memfd:{runtime.segment_prefix()}{os.getpid()}-")
+    st = os.fstat(seg.fd)
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
     assert seg.name.startswith(runtime.segment_prefix())
     assert seg.backing is Backing.DEVSHM
+    assert not any(p.name == seg.name for p in Path("/dev/shm").iterdir())  # no file anywhere
+
+
+def test_segment_can_neither_shrink_nor_grow_nor_be_unsealed(segments) -> None:
+    seg = segments()
+    seals = fcntl.fcntl(seg.fd, fcntl.F_GET_SEALS)
+    assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW and seals & fcntl.F_SEAL_SEAL
+    for size in (0, seg.size - PAGE, seg.size + PAGE):
+        with pytest.raises(PermissionError):
+            os.ftruncate(seg.fd, size)
+    # also through a descriptor reopened the way a dataplane opens it
+    fd = os.open(f"/proc/{os.getpid()}/fd/{seg.fd}", os.O_RDWR)
+    try:
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+    assert os.fstat(seg.fd).st_size == seg.size
+
+
+def test_closing_a_segment_closes_its_memfd(segments) -> None:
+    seg = segments()
+    fd, name = seg.fd, seg.name
+    seg.close()
+    assert seg.fd is None
+    assert not mapped_by(name)
+    with pytest.raises(OSError):  # EBADF: the descriptor is closed
+        os.fstat(fd)
 
 
 def test_devshm_segment_is_whole_pages_with_page_aligned_slots(segments) -> None:
     seg = segments(slot_count=4, act_slot_size=5000, res_slot_size=100)
     h = seg.header
     assert seg.size % PAGE == 0
-    assert os.stat(seg.path).st_size == seg.size
+    assert os.fstat(seg.fd).st_size == seg.size
     assert h.act_offset % PAGE == 0 and h.res_offset % PAGE == 0
     assert (seg.act_slot_size, seg.res_slot_size) == (8192, 4096)
     for i in range(seg.slot_count):
@@ -103,7 +130,7 @@ def test_devshm_segment_is_whole_pages_with_page_aligned_slots(segments) -> None
 def test_header_fields_read_back_through_open(segments) -> None:
     before = time.time_ns()
     seg = segments(slot_count=8, ring_capacity=32, act_slot_size=4096)
-    peer = Segment.open(seg.path)
+    peer = Segment.open_fd(os.getpid(), seg.fd)
     try:
         h = peer.header
         assert h.magic == SEG_MAGIC
@@ -113,7 +140,7 @@ def test_header_fields_read_back_through_open(segments) -> None:
         assert (h.slot_count, h.ring_capacity) == (8, 32)
         assert (peer.slot_count, peer.ring_capacity) == (8, 32)
         assert (h.header_size, h.desc_size, h.page_size) == (384, 128, PAGE)
-        assert h.segment_size == seg.size == os.stat(seg.path).st_size
+        assert h.segment_size == seg.size == os.fstat(seg.fd).st_size
         assert before <= h.start_ns <= time.time_ns()
         assert ffi.string(h.name).decode() == seg.name
         assert peer.owner is False and seg.owner is True
@@ -123,7 +150,7 @@ def test_header_fields_read_back_through_open(segments) -> None:
 
 def test_writes_through_one_mapping_are_visible_in_the_other(segments) -> None:
     seg = segments(slot_count=2, act_slot_size=4096)
-    peer = Segment.open(seg.path)
+    peer = Segment.open_fd(os.getpid(), seg.fd)
     try:
         x = np.arange(256, dtype=np.float32).reshape(2, 128) * 0.5
         seg.act_view(1, (2, 128), np.dtype(np.float32))[:] = x
@@ -139,30 +166,26 @@ def test_writes_through_one_mapping_are_visible_in_the_other(segments) -> None:
         peer.close()
 
 
-# --- hugetlbfs backing ----------------------------------------------------------
+# --- hugepage backing ------------------------------------------------------------
 
 
-def _require_hugepages(pages: int) -> Path:
-    mount = runtime.find_hugetlbfs()
-    if mount is None:
-        pytest.skip("no writable hugetlbfs mount with 2 MiB pages (runtime.find_hugetlbfs())")
+def _require_hugepages(pages: int) -> None:
     free = runtime.free_hugepages()
     if free < pages:
         pytest.skip(f"{pages} free 2 MiB hugepages needed, {free} free (free_hugepages)")
-    return mount
 
 
-def test_hugetlbfs_segment_uses_2mib_pages_under_the_mount(segments) -> None:
-    mount = _require_hugepages(3)
+def test_hugepage_segment_is_a_sealed_hugetlb_memfd(segments) -> None:
+    _require_hugepages(3)
     seg = segments(slot_count=2, act_slot_size=1 << 20, backing="hugetlbfs")
     assert seg.backing is Backing.HUGETLBFS
-    assert seg.path.parent == mount
-    assert seg.name.startswith(runtime.segment_prefix())
     assert seg.header.page_size == HUGE
     assert seg.size % HUGE == 0 and seg.size > HUGE  # 4 MiB of slots plus the header
-    st = os.stat(seg.path)
-    assert st.st_size == seg.size and stat.S_IMODE(st.st_mode) == 0o600
-    peer = Segment.open(seg.path)
+    assert os.fstat(seg.fd).st_blksize == HUGE
+    assert os.readlink(seg.path).startswith("/memfd:" + runtime.segment_prefix())
+    with pytest.raises(PermissionError):
+        os.ftruncate(seg.fd, 0)
+    peer = Segment.open_fd(os.getpid(), seg.fd)
     try:
         assert peer.backing is Backing.HUGETLBFS
         seg.act_bytes(1)[-1] = 0xAB
@@ -171,26 +194,27 @@ def test_hugetlbfs_segment_uses_2mib_pages_under_the_mount(segments) -> None:
         peer.close()
 
 
-def test_hugetlbfs_backing_without_a_mount_fails_saying_why(monkeypatch) -> None:
+def test_hugepage_backing_when_disabled_fails_saying_why(monkeypatch) -> None:
     monkeypatch.setenv("DUCKPIPE_HUGETLBFS", "")
-    with pytest.raises(SegmentError, match="no writable hugetlbfs mount"):
+    with pytest.raises(SegmentError, match="hugepages are disabled"):
         Segment.create(slot_count=1, act_slot_size=4096, backing="hugetlbfs")
 
 
-def test_auto_backing_falls_back_to_devshm_and_warns_once(segments, monkeypatch, caplog) -> None:
+def test_auto_backing_falls_back_to_small_pages_and_warns_once(
+    segments, monkeypatch, caplog
+) -> None:
     monkeypatch.setenv("DUCKPIPE_HUGETLBFS", "")
     monkeypatch.setattr(shm, "_fallback_logged", False)
     caplog.set_level(logging.WARNING, logger="duckpipe.shm")
     first = segments(backing="auto")
     second = segments(backing="auto")
     assert first.backing is second.backing is Backing.DEVSHM
-    assert first.path.parent == Path("/dev/shm")
     assert first.header.page_size == PAGE
     warnings = [r for r in caplog.records if r.name == "duckpipe.shm"]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert warnings[0].levelno == logging.WARNING
-    assert "/dev/shm" in warnings[0].getMessage()
-    assert "no writable hugetlbfs mount" in warnings[0].getMessage()
+    assert "4 KiB pages" in warnings[0].getMessage()
+    assert "hugepages are disabled" in warnings[0].getMessage()
 
 
 # --- open refuses what is not ours ----------------------------------------------
@@ -218,11 +242,60 @@ def test_open_refuses_a_header_whose_layout_this_version_would_not_write(
         Segment.open(seg.path)
 
 
-def test_a_tag_too_long_for_the_header_is_refused_before_any_file_exists() -> None:
-    before = set(os.listdir("/dev/shm"))
+def test_a_tag_too_long_for_the_header_is_refused_before_any_memfd_exists() -> None:
+    before = {s.name for s in list_segments()}
     with pytest.raises(BadInput, match="too long"):
         Segment.create(slot_count=1, act_slot_size=4096, backing="devshm", tag="x" * 150)
-    assert set(os.listdir("/dev/shm")) == before
+    assert {s.name for s in list_segments()} == before
+
+
+def test_open_fd_refuses_a_descriptor_that_is_not_a_memfd(tmp_path: Path) -> None:
+    path = tmp_path / "duckpipe-lookalike"
+    path.write_bytes(bytes(2 * PAGE))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with pytest.raises(SegmentError, match="not a duckpipe memfd"):
+            Segment.open_fd(os.getpid(), fd)
+    finally:
+        os.close(fd)
+
+
+def test_open_fd_refuses_an_unsealed_memfd() -> None:
+    fd = os.memfd_create(runtime.segment_prefix() + "unsealed", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, 2 * PAGE)
+        with pytest.raises(SegmentError, match="not sealed"):
+            Segment.open_fd(os.getpid(), fd)
+    finally:
+        os.close(fd)
+
+
+def test_open_fd_refuses_a_segment_another_pid_made(segments) -> None:
+    seg = segments()
+    seg.header.creator_pid = os.getpid() + 1
+    with pytest.raises(SegmentError, match=f"made by pid {os.getpid() + 1}"):
+        Segment.open_fd(os.getpid(), seg.fd)
+
+
+def test_open_fd_refuses_segments_over_the_limits(segments) -> None:
+    seg = segments(slot_count=8)
+    with pytest.raises(SegmentError, match="over this dataplane's limits"):
+        Segment.open_fd(os.getpid(), seg.fd, max_slots=4)
+    with pytest.raises(SegmentError, match="over this dataplane's limits"):
+        Segment.open_fd(os.getpid(), seg.fd, max_bytes=seg.size - 1)
+
+
+def test_an_opened_segment_keeps_its_layout_when_the_header_is_rewritten(segments) -> None:
+    seg = segments(slot_count=4)
+    peer = Segment.open_fd(os.getpid(), seg.fd)
+    try:
+        seg.header.slot_count = 1 << 20
+        seg.header.act_slot_size = 1 << 40
+        seg.header.ring_capacity = 1 << 30
+        assert (peer.slot_count, peer.ring_capacity, peer.act_slot_size) == (4, 4, 4096)
+        assert len([peer.act_bytes(i) for i in range(peer.slot_count)]) == 4
+    finally:
+        peer.close()
 
 
 def test_open_refuses_a_file_without_magic(tmp_path: Path) -> None:
@@ -244,62 +317,64 @@ def test_open_of_a_missing_segment_asks_whether_the_client_lives(tmp_path: Path)
         Segment.open(tmp_path / "gone")
 
 
-# --- listing and reclaiming -----------------------------------------------------
+# --- listing and cleaning -------------------------------------------------------
 
 _CREATE_AND_SLEEP = """
 import sys, time
 from duckpipe.shm import Segment
 seg = Segment.create(slot_count=1, act_slot_size=4096, backing="devshm", tag="orphan")
-print(seg.path, flush=True)
+print(seg.name, flush=True)
 time.sleep(60)
 """
 
 
-@pytest.fixture
-def dead_segment() -> Iterator[Path]:
-    """A segment whose creating process was SIGKILLed (and reaped) without unlinking it."""
+def _info(name: str):
+    return next((s for s in list_segments() if s.name == name), None)
+
+
+def test_a_killed_creators_memfd_is_gone_with_it(segments) -> None:
+    live = segments()
     child = subprocess.Popen(
         [sys.executable, "-c", _CREATE_AND_SLEEP], stdout=subprocess.PIPE, text=True
     )
-    path = None
     try:
         ready, _, _ = select.select([child.stdout], [], [], 30.0)
-        assert ready, "the child printed no segment path within 30 s"
-        line = child.stdout.readline().strip()  # type: ignore[union-attr]
-        assert line, f"the child exited ({child.poll()}) without printing a segment path"
-        path = Path(line)
-        assert path.exists()
+        assert ready, "the child printed no segment name within 30 s"
+        name = child.stdout.readline().strip()  # type: ignore[union-attr]
+        listed = _info(name)
+        assert listed is not None and listed.kind == "memfd" and listed.creator_alive
+        assert listed.creator_pid == child.pid and listed.readable
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=10)
         child.stdout.close()  # type: ignore[union-attr]
+    assert _info(name) is None and not mapped_by(name)  # nothing left to clean
+    alive = _info(live.name)
+    assert alive is not None and alive.creator_alive and alive.creator_pid == os.getpid()
+    assert alive.path == live.path
+
+
+@pytest.fixture
+def old_style_file() -> Iterator[Path]:
+    """A /dev/shm segment file as duckpipe before 1.1 left them: unreadable and old."""
+    path = Path("/dev/shm") / f"{runtime.segment_prefix()}1-old-{os.getpid()}"
+    path.write_bytes(b"")
+    os.utime(path, (time.time() - 3600, time.time() - 3600))
     try:
         yield path
     finally:
-        shm._unlink(path)
+        path.unlink(missing_ok=True)
 
 
-def _info(path: Path):
-    return next((s for s in list_segments() if s.path == path), None)
-
-
-def test_segment_of_a_killed_creator_is_listed_dead_and_cleaned(dead_segment, segments) -> None:
+def test_clean_removes_old_segment_files_and_leaves_memfds(old_style_file, segments) -> None:
     live = segments()
-    dead = _info(dead_segment)
-    assert dead is not None, f"{dead_segment} not listed"
-    assert dead.readable and dead.backing == "devshm"
-    assert dead.creator_alive is False
-    alive = _info(live.path)
-    assert alive is not None and alive.creator_alive is True
-    assert alive.creator_pid == os.getpid()
-
+    old = _info(old_style_file.name)
+    assert old is not None and old.kind == "file" and not old.readable
     would = clean_segments(dry_run=True)
-    assert dead_segment in {s.path for s in would} and dead_segment.exists()
-    removed = {s.path for s in clean_segments()}
-    assert dead_segment in removed
-    assert not dead_segment.exists()
-    assert live.path not in removed and live.path.exists()
-    assert _info(dead_segment) is None
+    assert [s.path for s in would] == [old_style_file] and old_style_file.exists()
+    assert [s.path for s in clean_segments()] == [old_style_file]
+    assert not old_style_file.exists()
+    assert _info(live.name) is not None
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -312,23 +387,25 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_shm_ls_and_clean_name_the_dead_segment(dead_segment, segments) -> None:
+def test_cli_shm_ls_lists_live_memfds_and_clean_says_they_need_none(
+    old_style_file, segments
+) -> None:
     live = segments()
     ls = _cli("shm", "ls")
     assert ls.returncode == 0, ls.stderr
-    row = next((line for line in ls.stdout.splitlines() if str(dead_segment) in line), None)
+    row = next((line for line in ls.stdout.splitlines() if live.name in line), None)
     assert row is not None, ls.stdout
-    assert "DEAD" in row.split() and "devshm" in row.split()
+    assert "memfd" in row.split() and "devshm" in row.split() and "yes" in row.split()
+    assert str(live.path) in row
 
     as_json = _cli("shm", "ls", "--json")
     assert as_json.returncode == 0, as_json.stderr
-    listed = {s["path"]: s for s in json.loads(as_json.stdout)}
-    assert listed[str(dead_segment)]["creator_alive"] is False
-    assert listed[str(live.path)]["creator_alive"] is True
+    listed = {s["name"]: s for s in json.loads(as_json.stdout)}
+    assert listed[live.name]["creator_alive"] is True
+    assert listed[live.name]["kind"] == "memfd"
 
     clean = _cli("shm", "clean")
     assert clean.returncode == 0, clean.stderr
-    assert f"removed {dead_segment} " in clean.stdout
-    assert str(live.path) not in clean.stdout
-    assert not dead_segment.exists() and live.path.exists()
-    assert str(dead_segment) not in _cli("shm", "ls").stdout
+    assert f"removed {old_style_file} " in clean.stdout
+    assert "memfd segments need no cleaning" in clean.stdout
+    assert live.name not in clean.stdout and not old_style_file.exists()

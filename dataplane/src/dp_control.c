@@ -176,12 +176,14 @@ static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t 
 static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
 		      const msgpack_object *m, uint64_t rid)
 {
-	uint64_t protocol, abi, pid, segment_fd;
+	uint64_t protocol, abi, pid, segment_fd = UINT64_MAX; /* -1 (none) stays "none" */
 	char segment[256], name[64];
+	const msgpack_object *sfd = dp_mp_get(m, "segment_fd");
 	if (dp_mp_u64(m, "protocol", &protocol, DP_PROTOCOL_VERSION, UINT32_MAX) < 0 ||
 	    dp_mp_u64(m, "abi_major", &abi, 0, UINT32_MAX) < 0 ||
 	    dp_mp_u64(m, "pid", &pid, 0, UINT32_MAX) < 0 ||
-	    dp_mp_u64(m, "segment_fd", &segment_fd, INT32_MAX, INT32_MAX) < 0 ||
+	    (!(sfd && sfd->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) &&
+	     dp_mp_u64(m, "segment_fd", &segment_fd, UINT64_MAX, INT32_MAX) < 0) ||
 	    dp_mp_str(m, "segment", segment, sizeof(segment), "") < 0 ||
 	    dp_mp_str(m, "name", name, sizeof(name), "") < 0) {
 		reply_error(c, id, idlen, rid, "bad_request", dp_error());
@@ -212,7 +214,8 @@ static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
 	}
 	memset(cl, 0, sizeof(*cl));
 	/* until peer credentials arrive (helper "control"): the pid the client states, our uid */
-	if (dp_client_map(cl, (uint32_t)pid, (uint32_t)geteuid(), (int32_t)segment_fd) < 0) {
+	if (dp_client_map(cl, (uint32_t)pid, (uint32_t)geteuid(),
+			  segment_fd > INT32_MAX ? -1 : (int32_t)segment_fd) < 0) {
 		reply_error(c, id, idlen, rid, "bad_segment", dp_error());
 		return;
 	}

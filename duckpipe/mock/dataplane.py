@@ -19,6 +19,7 @@ import dataclasses
 import heapq
 import itertools
 import logging
+import math
 import os
 import secrets
 import signal
@@ -31,13 +32,13 @@ import numpy as np
 import zmq
 
 from .. import runtime
-from .._native import lib
+from .._native import ffi, lib
 from ..errors import DuckpipeError
 from ..idle import IdleStrategy
 from ..models import duck_partial, numpy_dtype
-from ..ring import SubmissionRing, new_descs
+from ..ring import new_descs
 from ..schema import control as ctl
-from ..schema.abi import ABI_MAJOR, MAX_DUCKS, DType, MlpKind, Op, Status
+from ..schema.abi import ABI_MAJOR, MAX_DIMS, MAX_DUCKS, DetachReason, DType, MlpKind, Op, Status
 from ..shm import Segment, clean_segments
 
 __all__ = ["MockConfig", "MockDataplane", "main_loop"]
@@ -58,6 +59,11 @@ class MockConfig:
     delay_ms: float = 0.0
     dead_ducks: frozenset[int] = frozenset()
     crash_after: int | None = None
+    # per-client limits, as the C dataplane's config (duckpipe/topology.py)
+    client_max_inflight: int = 64
+    client_max_slots: int = 1024
+    client_max_segment_bytes: int = 1 << 30
+    max_timeout_us: int = 10_000_000
 
 
 @dataclasses.dataclass
@@ -97,10 +103,13 @@ class _Client:
     pid: int
     name: str
     seg: Segment
-    ring: SubmissionRing
     start_ns: int
+    # the consumer's private ring indices (tail, head seen): the segment's copy of tail is
+    # only published for the producer, so a client cannot make us replay or skip entries
+    indices: object = dataclasses.field(default_factory=lambda: ffi.new("uint64_t[2]"))
     submitted: int = 0
     completed: int = 0
+    inflight: int = 0  # deferred completions not sent yet
 
 
 @dataclasses.dataclass(order=True)
@@ -130,6 +139,8 @@ class MockDataplane:
                 "clients_attached",
                 "clients_detached",
                 "clients_reclaimed",
+                "clients_evicted",
+                "client_quota_waits",
                 "stale_segments_removed",
                 "descriptors",
                 "forwards",
@@ -192,7 +203,8 @@ class MockDataplane:
         while self._running:
             work = self._poll_control()
             for client in list(self.clients.values()):
-                work += self._drain(client)
+                if client.identity in self.clients:  # not evicted by an earlier one
+                    work += self._drain(client)
             work += self._run_deferred()
             now = time.monotonic()
             if now - last_house >= HOUSEKEEPING_S:
@@ -206,7 +218,7 @@ class MockDataplane:
 
     def _teardown(self) -> None:
         for client in self.clients.values():
-            client.seg.close()  # the clients own and unlink their segments
+            client.seg.close()  # the clients own their memfds
         self.clients.clear()
         self.router.close(linger=0)
         if self.cfg.control.startswith("ipc://"):
@@ -289,7 +301,7 @@ class MockDataplane:
                             client_id=c.id,
                             pid=c.pid,
                             name=c.name,
-                            segment=str(c.seg.path),
+                            segment=c.seg.name,
                             submitted=c.submitted,
                             completed=c.completed,
                         )
@@ -318,23 +330,41 @@ class MockDataplane:
             )
         if identity in self.clients:
             return ctl.Error(req_id=rid, code="already_attached", message="this socket is attached")
+        cfg = self.cfg
         try:
-            seg = Segment.open(msg.segment)
+            seg = Segment.open_fd(
+                msg.pid,
+                msg.segment_fd,
+                max_slots=cfg.client_max_slots,
+                max_bytes=cfg.client_max_segment_bytes,
+            )
         except DuckpipeError as e:
             return ctl.Error(req_id=rid, code="bad_segment", message=str(e))
-        if int(seg.header.creator_pid) != msg.pid:
+        twin = next(
+            (
+                c
+                for c in self.clients.values()
+                if (c.seg.st_dev, c.seg.st_ino) == (seg.st_dev, seg.st_ino)
+            ),
+            None,
+        )
+        if twin is not None:
             seg.close()
             return ctl.Error(
-                req_id=rid, code="bad_segment", message="segment was made by another pid"
+                req_id=rid,
+                code="bad_segment",
+                message=f"memfd {seg.name} is already attached (client {twin.id})",
             )
         cid = self._next_client
         self._next_client += 1
         seg.header.dataplane_pid = os.getpid()
         seg.header.client_id = cid
         seg.header.dataplane_heartbeat_ns = runtime.monotonic_ns()
-        self.clients[identity] = _Client(
-            cid, identity, msg.pid, msg.name, seg, SubmissionRing(seg), int(seg.header.start_ns)
+        client = _Client(cid, identity, msg.pid, msg.name, seg, int(seg.header.start_ns))
+        client.indices[0] = client.indices[1] = lib.dp_load_acquire_u64(
+            ffi.addressof(seg.ring, "tail")
         )
+        self.clients[identity] = client
         self.counters["clients_attached"] += 1
         return ctl.Attached(
             req_id=rid,
@@ -367,10 +397,30 @@ class MockDataplane:
     # --- the data path -------------------------------------------------------------
 
     def _drain(self, client: _Client) -> int:
-        n = client.ring.pop_burst(self._descs, BURST)
+        room = min(BURST, self.cfg.client_max_inflight - client.inflight)
+        seg = client.seg
+        if room <= 0:
+            if lib.dp_load_acquire_u64(ffi.addressof(seg.ring, "head")) != client.indices[0]:
+                self.counters["client_quota_waits"] += 1  # its descriptors wait in its ring
+            return 0
+        idx = client.indices
+        n = lib.dp_ring_consume(
+            seg.ring, seg.descs, seg.ring_capacity, idx, idx + 1, self._descs, room
+        )
+        if n < 0:
+            self._evict(client, DetachReason.RING_BROKEN)
+            return 0
         for k in range(n):
             self._execute(client, self._descs[k])
         return n
+
+    def _evict(self, client: _Client, reason: DetachReason) -> None:
+        """The client broke its ring: stop reading it and say why in its header."""
+        log.warning("client %d (pid %d) detached: %s", client.id, client.pid, reason.name)
+        client.seg.header.detach_reason = int(reason)
+        del self.clients[client.identity]
+        client.seg.close()
+        self.counters["clients_evicted"] += 1
 
     def _execute(self, client: _Client, d) -> None:
         pickup = runtime.monotonic_ns()
@@ -426,17 +476,22 @@ class MockDataplane:
         ndim, dtype = int(d.ndim), int(d.dtype)
         if dtype not in (DType.F32, DType.F16) or dtype != info.dtype:
             raise DuckpipeError(f"dtype {dtype} does not match layer {info.layer} ({info.dtype})")
-        if not 1 <= ndim <= 4:
+        if not 1 <= ndim <= MAX_DIMS:
             raise DuckpipeError(f"ndim {ndim} is out of range")
         shape = tuple(int(d.shape[k]) for k in range(ndim))
         npdt = numpy_dtype(dtype)
-        nbytes = int(np.prod(shape)) * npdt.itemsize
+        nbytes = math.prod(shape) * npdt.itemsize  # Python ints: no product wraps
         if 0 in shape or shape[-1] != info.hidden or nbytes != int(d.nbytes):
             raise DuckpipeError(
                 f"shape {shape} does not fit layer {info.layer} (hidden {info.hidden})"
             )
         if nbytes > client.seg.act_slot_size or nbytes > client.seg.res_slot_size:
             raise DuckpipeError(f"{nbytes} bytes do not fit the slots")
+        if int(d.timeout_us) > self.cfg.max_timeout_us:
+            raise DuckpipeError(
+                f"timeout {int(d.timeout_us)} us is over this dataplane's max_timeout_us "
+                f"{self.cfg.max_timeout_us}"
+            )
         targets = _bitmap_ducks(d.ducks) or list(info.ducks)
         stray = sorted(set(targets) - set(info.ducks))
         if stray:
@@ -562,6 +617,7 @@ class MockDataplane:
         if due is None and delay:
             due = time.monotonic() + delay
         if due is not None:
+            client.inflight += 1
             heapq.heappush(
                 self._deferred,
                 _Deferred(max(due, time.monotonic() + delay), next(self._seq), client, fields),
@@ -574,6 +630,7 @@ class MockDataplane:
         now = time.monotonic()
         while self._deferred and self._deferred[0].due <= now:
             item = heapq.heappop(self._deferred)
+            item.client.inflight -= 1
             if item.client.identity in self.clients:
                 if item.fields["epoch"] != self.epoch and item.fields["status"] == Status.OK:
                     item.fields["status"] = int(
@@ -613,11 +670,10 @@ class MockDataplane:
             if runtime.process_alive(client.pid, client.start_ns) and beat_age < stale_ns:
                 continue
             log.warning(
-                "client %d (pid %d) is gone; reclaiming %s", client.id, client.pid, client.seg.path
+                "client %d (pid %d) is gone; unmapping %s", client.id, client.pid, client.seg.name
             )
             del self.clients[identity]
-            client.seg.close()
-            client.seg.unlink()
+            client.seg.close()  # a memfd needs no unlink: its memory goes with this mapping
             self.counters["clients_reclaimed"] += 1
 
 
