@@ -1,0 +1,377 @@
+"""A client that lies through shared memory: its header, its ring, its segment, its descriptors.
+
+The hostile client is a real ``duckpipe.Client`` whose segment is then tampered
+with through cffi. Each attack runs while a well-behaved bystander client in
+another thread keeps checking forwards against numpy; before and after it, the
+bystander checks again. The dataplane must live, the bystander must never see
+a wrong or failed result, the hostile client must get a clear error (a refused
+descriptor or a detach reason) and the counters must show what happened.
+
+Runs against the mock and the C dataplane (``dataplane`` fixture, shared by the
+module, so every attack also leaves the next one a dataplane to attack), and
+under the sanitizer build through tools/setup's "hostile" selection.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+from duckpipe._native import ffi, lib
+
+import duckpipe
+from duckpipe import GeluMlp
+from duckpipe.errors import ClientDetached
+from duckpipe.ring import new_desc
+from duckpipe.runtime import monotonic_ns, segment_prefix
+from duckpipe.schema import control as ctl
+from duckpipe.schema.abi import DetachReason, DType, Op, Status
+
+HIDDEN = 32
+LAYER = 70  # the bystander's layer
+LOADING = 71  # announced with LoadWeights and never committed: weight chunks aim at it
+MLP = GeluMlp.random(HIDDEN, 64, seed=70)
+# generation of raw descriptors: far from the client's own, so that a refused descriptor's
+# done word in slot 0 never passes for the completion of the client's next forward there
+RAW_GENERATION = 0xFFFF_FFF0
+
+
+def _counters(client: duckpipe.Client) -> dict[str, int]:
+    return client.stats().counters
+
+
+def _check_forward(client: duckpipe.Client, rng: np.random.Generator) -> None:
+    x = rng.standard_normal((3, HIDDEN)).astype(np.float32)
+    np.testing.assert_allclose(
+        client.forward(LAYER, x, timeout=10), MLP.reference(x), rtol=2e-4, atol=2e-5
+    )
+
+
+class Bystander(threading.Thread):
+    """A well-behaved client checking forwards against numpy until stopped."""
+
+    def __init__(self, control: str) -> None:
+        super().__init__(daemon=True)
+        self.control = control
+        self.stop = threading.Event()
+        self.done = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        rng = np.random.default_rng(1)
+        try:
+            with duckpipe.connect(self.control, name="bystander") as c:
+                while not self.stop.is_set():
+                    _check_forward(c, rng)
+                    self.done += 1
+        except BaseException as e:  # reported by the test thread
+            self.error = e
+
+
+@pytest.fixture(scope="module")
+def loaded(dataplane) -> str:
+    """The module's dataplane with LAYER loaded (and LOADING announced, never committed)."""
+    with duckpipe.connect(dataplane.control, name="loader") as c:
+        c.load_weights(LAYER, MLP, ducks=[0, 1, 2])
+    return dataplane.control
+
+
+@pytest.fixture
+def watched(loaded) -> Iterator[str]:
+    """The control address, with a bystander checked before, during and after the test."""
+    with duckpipe.connect(loaded, name="before") as c:
+        _check_forward(c, np.random.default_rng(2))
+    by = Bystander(loaded)
+    by.start()
+    deadline = time.monotonic() + 10
+    while by.done == 0 and by.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        yield loaded
+    finally:
+        time.sleep(0.2)  # let the bystander run on after the attack
+        by.stop.set()
+        by.join(30)
+    assert by.error is None, f"the bystander failed: {by.error!r}"
+    assert by.done > 1, "the bystander completed no forward during the attack"
+    with duckpipe.connect(loaded, name="after") as c:
+        _check_forward(c, np.random.default_rng(3))
+
+
+@contextmanager
+def hostile(control: str) -> Iterator[duckpipe.Client]:
+    c = duckpipe.connect(control, name="hostile", slots=8)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _push_raw(c: duckpipe.Client, fill: Callable[[object], None]) -> int:
+    """Push a descriptor the client API would never write; returns its forward id. The
+    client's own bookkeeping never hears of it (its slot may not even exist)."""
+    d = new_desc()
+    fid = c._next_forward
+    c._next_forward += 1
+    d.forward_id = fid
+    d.epoch = c.epoch
+    d.submit_ns = monotonic_ns()
+    d.generation = RAW_GENERATION
+    fill(d)
+    assert c._ring.push(d), "the hostile client's ring is full"
+    return fid
+
+
+def _zmq_completion(c: duckpipe.Client, fid: int, timeout: float = 10.0) -> ctl.Completion:
+    """The ZeroMQ completion of raw descriptor ``fid``; everything else goes to the client."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, f"descriptor {fid} never completed"
+        if not c._sock.poll(50):
+            continue
+        msg = ctl.reply_decoder.decode(c._sock.recv())
+        if isinstance(msg, ctl.Completion):
+            if msg.forward_id == fid:
+                return msg
+            c._on_completion(msg)
+        else:
+            c._replies[msg.req_id] = msg
+
+
+def _wait_detached(c: duckpipe.Client, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while not c._segment.detach_reason:
+        assert time.monotonic() < deadline, "the dataplane never detached the client"
+        time.sleep(0.01)
+    return c._segment.detach_reason
+
+
+def _set_head(c: duckpipe.Client, head: int) -> None:
+    lib.dp_store_release_u64(ffi.addressof(c._segment.ring, "head"), head)
+
+
+# --- the header -----------------------------------------------------------------------
+
+
+def test_rewriting_the_header_after_attach_moves_nothing_the_dataplane_writes(watched):
+    with hostile(watched) as c:
+        h = c._segment.header
+        h.slot_count = 1 << 20
+        h.act_slot_size = h.res_slot_size = 1 << 40
+        h.ring_capacity = 1 << 30
+        h.res_hdr_offset = h.act_offset = h.res_offset = 1 << 44
+        h.ring_offset = 64
+        # a forward still lands in its own slot, computed from the layout checked at attach
+        _check_forward(c, np.random.default_rng(4))
+        # a slot only the forged header has, with a stale epoch (the completion that once
+        # landed in another client's slot header): refused, completed over ZeroMQ only
+        for epoch in (c.epoch, c.epoch + 1000):
+            done = _zmq_completion(
+                c,
+                _push_raw(
+                    c,
+                    lambda d, e=epoch: (
+                        setattr(d, "op", Op.FORWARD),
+                        setattr(d, "slot", 4000),
+                        setattr(d, "epoch", e),
+                    ),
+                ),
+            )
+            assert done.status in (Status.BAD_REQUEST, Status.STALE_EPOCH), done
+        _check_forward(c, np.random.default_rng(5))
+
+
+# --- the ring -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["jump_past_capacity", "rewind_by_one"])
+def test_a_client_that_breaks_its_ring_is_detached_alone(watched, how):
+    with duckpipe.connect(watched, name="observer") as obs:
+        before = _counters(obs)
+    with hostile(watched) as c:
+        _check_forward(c, np.random.default_rng(6))  # the ring has moved: tail == head == 1
+        ring = c._segment.ring
+        head = int(ring.head)
+        assert head == int(ring.tail) >= 1
+        _set_head(
+            c, head + c._segment.ring_capacity + 1 if how == "jump_past_capacity" else head - 1
+        )
+        assert _wait_detached(c) == DetachReason.RING_BROKEN
+        with pytest.raises(ClientDetached, match="RING_BROKEN"):
+            c.claim((1, HIDDEN))
+        tail = int(ring.tail)
+    assert tail == head, "the dataplane consumed entries of a broken ring"
+    with duckpipe.connect(watched, name="observer") as obs:
+        after = _counters(obs)
+        assert "hostile" not in [s.name for s in obs.stats().clients]
+    assert after["clients_evicted"] == before["clients_evicted"] + 1
+
+
+# --- the segment ----------------------------------------------------------------------------
+
+
+def test_a_segment_cannot_be_truncated_under_the_dataplane(watched):
+    with hostile(watched) as c:
+        seg = c._segment
+        page = int(seg.header.page_size)  # hugetlb memfds refuse other sizes with EINVAL
+        for size in (0, seg.size - page, seg.size + page):
+            with pytest.raises(PermissionError):
+                os.ftruncate(seg.fd, size)
+        fd = os.open(seg.path, os.O_RDWR)
+        try:
+            with pytest.raises(PermissionError):
+                os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+        _check_forward(c, np.random.default_rng(7))  # and the dataplane still reads it
+
+
+def _attach(control: str, **fields: object) -> ctl.AnyReply:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(control)
+    try:
+        msg = dict(req_id=1, abi_major=1, pid=os.getpid(), segment="hostile")
+        msg.update(fields)
+        sock.send(ctl.encoder.encode(ctl.Attach(**msg)))  # type: ignore[arg-type]
+        assert sock.poll(10_000), "no reply to Attach"
+        return ctl.reply_decoder.decode(sock.recv())
+    finally:
+        sock.close()
+
+
+def test_the_same_segment_cannot_be_attached_twice(watched):
+    with hostile(watched) as c:
+        reply = _attach(watched, segment_fd=c._segment.fd)
+        assert isinstance(reply, ctl.Error) and reply.code == "bad_segment"
+        assert "already attached" in reply.message
+        _check_forward(c, np.random.default_rng(8))  # the first attach is untouched
+
+
+def test_attach_refuses_descriptors_that_are_not_sealed_duckpipe_memfds(watched, tmp_path: Path):
+    plain = tmp_path / "segment"
+    plain.write_bytes(bytes(1 << 16))
+    unsealed = os.memfd_create(segment_prefix() + "unsealed", os.MFD_CLOEXEC)
+    os.ftruncate(unsealed, 1 << 16)
+    fd = os.open(plain, os.O_RDWR)
+    try:
+        for bad, why in (
+            (fd, "not a duckpipe memfd"),
+            (unsealed, "not sealed"),
+            (-1, "no segment"),
+        ):
+            reply = _attach(watched, segment_fd=bad)
+            assert isinstance(reply, ctl.Error) and reply.code == "bad_segment", reply
+            assert why in reply.message
+    finally:
+        os.close(fd)
+        os.close(unsealed)
+
+
+# --- descriptors ---------------------------------------------------------------------------
+
+U64 = (1 << 64) - 1
+
+# (name, fields): each must complete BAD_REQUEST with the dataplane alive
+MALFORMED: list[tuple[str, dict[str, object]]] = [
+    # weight chunks (issue 7 item 3): a wrapping offset, and duck ids past every table
+    (
+        "b_down_offset_wraps",
+        dict(op=Op.WEIGHT_CHUNK, layer=LOADING, duck=0xFFFF, tensor=3, offset=U64 - 63, nbytes=128),
+    ),
+    (
+        "shard_offset_wraps",
+        dict(op=Op.WEIGHT_CHUNK, layer=LOADING, duck=0, tensor=0, offset=U64 - 63, nbytes=128),
+    ),
+    ("duck_past_the_tables", dict(op=Op.WEIGHT_CHUNK, layer=LOADING, duck=300, nbytes=128)),
+    ("duck_65534", dict(op=Op.WEIGHT_CHUNK, layer=LOADING, duck=0xFFFE, nbytes=128)),
+    ("tensor_past_the_kind", dict(op=Op.WEIGHT_CHUNK, layer=LOADING, duck=0, tensor=9, nbytes=4)),
+    # forwards (item 5): a shape whose element product wraps to 64 elements (256 bytes)
+    (
+        "shape_product_wraps",
+        dict(
+            op=Op.FORWARD,
+            layer=LAYER,
+            dtype=DType.F32,
+            shape=[1073807362, 536838145, HIDDEN],
+            nbytes=256,
+        ),
+    ),
+    (
+        "shape_with_a_zero",
+        dict(op=Op.FORWARD, layer=LAYER, dtype=DType.F32, shape=[0, HIDDEN], nbytes=0),
+    ),
+    ("ndim_0", dict(op=Op.FORWARD, layer=LAYER, dtype=DType.F32, shape=[], nbytes=0)),
+    (
+        "huge_timeout",
+        dict(
+            op=Op.FORWARD,
+            layer=LAYER,
+            dtype=DType.F32,
+            shape=[1, HIDDEN],
+            nbytes=4 * HIDDEN,
+            timeout_us=0xFFFF_FFFF,
+        ),
+    ),
+    (
+        "ducks_outside_the_layer",
+        dict(
+            op=Op.FORWARD,
+            layer=LAYER,
+            dtype=DType.F32,
+            shape=[1, HIDDEN],
+            nbytes=4 * HIDDEN,
+            ducks=[0, 0, 0, 1 << 63],
+        ),
+    ),
+    ("slot_out_of_range", dict(op=Op.FORWARD, layer=LAYER, slot=1 << 31)),
+    ("unknown_op", dict(op=99, layer=LAYER)),
+]
+
+
+def _fill(fields: dict[str, object]) -> Callable[[object], None]:
+    def fill(d) -> None:
+        for k, v in fields.items():
+            if k == "shape":
+                d.ndim = len(v)  # type: ignore[arg-type]
+                for i, n in enumerate(v):  # type: ignore[arg-type]
+                    d.shape[i] = n
+            elif k == "ducks":
+                for i, w in enumerate(v):  # type: ignore[arg-type]
+                    d.ducks[i] = w
+            else:
+                setattr(d, k, v)
+
+    return fill
+
+
+def test_every_malformed_descriptor_is_refused_and_counted(watched):
+    with hostile(watched) as c:
+        c._request(
+            lambda rid: ctl.LoadWeights(
+                req_id=rid,
+                layer=LOADING,
+                kind=1,
+                dtype=1,
+                hidden=HIDDEN,
+                ffn=64,
+                ducks=[0],
+                shard_sizes=[64],
+                has_b_down=True,
+            )
+        )
+        before = _counters(c)
+        for name, fields in MALFORMED:
+            done = _zmq_completion(c, _push_raw(c, _fill(fields)))
+            assert done.status == Status.BAD_REQUEST, f"{name}: {Status(done.status).name}"
+            assert done.message, f"{name}: refused without a reason"
+        after = _counters(c)
+        assert after["bad_requests"] - before["bad_requests"] >= len(MALFORMED)
+        _check_forward(c, np.random.default_rng(9))  # the hostile client itself still works
