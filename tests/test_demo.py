@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import numpy as np
 import psutil
 import pytest
 
+from duckpipe.shm import list_segments
 from duckpipe.testing import cluster_class_or_skip
 
 minilm = pytest.importorskip("duckpipe.demo.minilm")
@@ -139,16 +139,9 @@ def test_ctrl_c_stops_everything_it_started():
         assert proc.wait(60) == 130
         _gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, alive
-        mine = [p for p in os.listdir("/dev/shm") + _huge() if f"-{proc.pid}-" in p]
+        mine = [s.name for s in list_segments() if f"-{proc.pid}-" in s.name]
         assert not mine
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def _huge() -> list[str]:
-    from duckpipe import runtime
-
-    d = runtime.find_hugetlbfs()
-    return os.listdir(d) if d else []
