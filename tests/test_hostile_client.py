@@ -375,3 +375,39 @@ def test_every_malformed_descriptor_is_refused_and_counted(watched):
         after = _counters(c)
         assert after["bad_requests"] - before["bad_requests"] >= len(MALFORMED)
         _check_forward(c, np.random.default_rng(9))  # the hostile client itself still works
+
+
+# --- quotas and fairness ---------------------------------------------------------------------
+
+
+def test_a_client_at_its_inflight_quota_waits_in_its_ring_while_others_are_served(
+    duckpipe_cluster_factory,
+):
+    # every duck reply waits 30 ms: forwards stay in flight long enough to meet the quota
+    cl = duckpipe_cluster_factory(2, duck_args=["--delay-us", "30000"], client_max_inflight=2)
+    mlp = GeluMlp.random(HIDDEN, 64, seed=71)
+    rng = np.random.default_rng(10)
+    with (
+        duckpipe.connect(cl.control, name="greedy", slots=16) as greedy,
+        duckpipe.connect(cl.control, name="modest") as modest,
+    ):
+        greedy.load_weights(LAYER, mlp)
+        xs = [rng.standard_normal((2, HIDDEN)).astype(np.float32) for _ in range(12)]
+        fwds = []
+        for x in xs:
+            with greedy.claim(x.shape) as slot:
+                slot.array[:] = x
+                fwds.append(greedy.submit(slot, LAYER))
+        # 12 forwards, 2 at a time, 30 ms each: the greedy client needs ~180 ms; the modest
+        # one is served next to it, not after it
+        y = rng.standard_normal((1, HIDDEN)).astype(np.float32)
+        np.testing.assert_allclose(
+            modest.forward(LAYER, y, timeout=10), mlp.reference(y), rtol=2e-4, atol=2e-5
+        )
+        pending = sum(not f.done() for f in fwds)
+        assert pending >= 4, f"only {pending} greedy forwards were left: the quota held nothing"
+        for x, f in zip(xs, fwds, strict=True):
+            np.testing.assert_allclose(f.result(10), mlp.reference(x), rtol=2e-4, atol=2e-5)
+            f.release()
+        n = _counters(modest)
+    assert n["client_quota_waits"] > 0 and n["forwards_ok"] == 13

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import random
 import socket
+import struct
 import threading
 from collections import defaultdict
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -23,7 +25,7 @@ from duckpipe.cluster import free_udp_ports
 from duckpipe.dataplane import DataplaneProcess
 from duckpipe.ducks import DucksProcess
 from duckpipe.models import duck_partial
-from duckpipe.schema.wire import WireOp
+from duckpipe.schema.wire import WireFlag, WireOp
 from duckpipe.testing import cluster_class_or_skip
 from duckpipe.topology import Duck, Nic, Topology
 from duckpipe.wire import decode, encode, payload_max
@@ -139,12 +141,30 @@ def _with_op(dgram: bytes, op: int) -> bytes:
     return bytes(b)
 
 
-@pytest.fixture
-def hostile_cluster():
-    cluster_class_or_skip()
-    base = free_udp_ports(3)
-    real = DucksProcess(ducks=1, base_port=base + 1, first_id=0).start()
-    liar = HostileDuck(base + 2)
+class NackFloodDuck(HostileDuck):
+    """Duck 1: once its input is complete, asks for chunk 0 again 2,000 times in one NACK,
+    twice over, then answers honestly (a zero partial)."""
+
+    REPEAT = 2000
+
+    def __init__(self, port: int) -> None:
+        super().__init__(port)
+        self.flooded: set[int] = set()
+
+    def answer(self, h, host, common, *, hostile: bool) -> None:
+        if h.op == WireOp.FORWARD and h.forward_id not in self.flooded:
+            self.flooded.add(h.forward_id)
+            listing = struct.pack(f"<{self.REPEAT}I", *([0] * self.REPEAT))
+            nack = encode(WireOp.NACK, listing, flags=WireFlag.INPUT, **common)
+            for _ in range(2):
+                self.sock.sendto(nack, host)
+        super().answer(h, host, common, hostile=False)
+
+
+@contextmanager
+def _cluster(liar: HostileDuck, port: int, **settings):
+    """Duck 0 emulated honestly on port - 1, duck 1 the liar, the dataplane on port - 2."""
+    real = DucksProcess(ducks=1, base_port=port - 1, first_id=0).start()
     liar.start()
     topo = Topology(
         default_timeout_ms=3000,
@@ -152,13 +172,14 @@ def hostile_cluster():
             Nic(
                 name="lo",
                 host_ip="127.0.0.1",
-                host_port=base,
+                host_port=port - 2,
                 ducks=[
-                    Duck(id=0, ip="127.0.0.1", port=base + 1),
-                    Duck(id=1, ip="127.0.0.1", port=base + 2),
+                    Duck(id=0, ip="127.0.0.1", port=port - 1),
+                    Duck(id=1, ip="127.0.0.1", port=port),
                 ],
             )
         ],
+        **settings,
     )
     dp = DataplaneProcess(topo).start()
     try:
@@ -172,6 +193,23 @@ def hostile_cluster():
         liar.sock.close()
         real.stop()
         assert code == 0 and "runtime error" not in out and "Sanitizer" not in out, out[-3000:]
+
+
+@pytest.fixture
+def hostile_cluster():
+    cluster_class_or_skip()
+    base = free_udp_ports(3)
+    with _cluster(HostileDuck(base + 2), base + 2) as pair:
+        yield pair
+
+
+@pytest.fixture
+def nack_flood_cluster():
+    cluster_class_or_skip()
+    base = free_udp_ports(3)
+    # a NACK interval far longer than the flood takes: both NACKs fall in one interval
+    with _cluster(NackFloodDuck(base + 2), base + 2, nack_us=200_000) as pair:
+        yield pair
 
 
 def test_lies_are_dropped_counted_and_never_summed(hostile_cluster):
@@ -196,3 +234,22 @@ def test_lies_are_dropped_counted_and_never_summed(hostile_cluster):
     # (late, when the forward completed before they came); the last forward's may
     # still be on their way when the counters are read
     assert n["rx_late"] + n["rx_duplicates"] >= 9 * (2 + 5)
+
+
+def test_a_nack_flood_resends_each_chunk_once_per_interval(nack_flood_cluster):
+    dp, liar = nack_flood_cluster
+    mlp = GeluMlp.random(512, 64, seed=4, b_down=False)
+    rng = np.random.default_rng(1)
+    forwards = 5
+    with duckpipe.connect(dp.control) as c:
+        c.load_weights(1, mlp, ducks=[0, 1])
+        for _ in range(forwards):
+            x = rng.standard_normal((3, 512)).astype(np.float32)
+            want = duck_partial(mlp.kind, x, list(mlp.shard(0, 32)))
+            np.testing.assert_allclose(c.forward(1, x, timeout=10), want, rtol=1e-4, atol=1e-5)
+        n = c.stats().counters
+    assert len(liar.flooded) == forwards
+    assert n["nacks_received"] >= 2 * forwards
+    # once per forward (the first NACK); never 4,000 times
+    assert forwards <= n["retransmits"] <= 2 * forwards, n["retransmits"]
+    assert n["nack_resends_suppressed"] >= forwards * (2 * NackFloodDuck.REPEAT - 2)
