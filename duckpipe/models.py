@@ -16,7 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from .errors import BadInput
-from .schema.abi import DType, MlpKind
+from .schema.abi import TENSOR_NAMES, DType, MlpKind, tensor_shape
 
 __all__ = [
     "DTYPES",
@@ -118,7 +118,7 @@ class GeluMlp:
     """BERT-style: ``gelu(x @ w_up + b_up) @ w_down + b_down``."""
 
     kind: ClassVar[MlpKind] = MlpKind.GELU
-    TENSORS: ClassVar[tuple[str, ...]] = ("w_up", "b_up", "w_down")
+    TENSORS: ClassVar[tuple[str, ...]] = TENSOR_NAMES[MlpKind.GELU]
 
     w_up: np.ndarray  # [hidden, ffn]
     b_up: np.ndarray  # [ffn]
@@ -127,7 +127,7 @@ class GeluMlp:
 
     def __post_init__(self) -> None:
         h, f = self.w_up.shape
-        _check_shapes(self, {"w_up": (h, f), "b_up": (f,), "w_down": (f, h)})
+        _check_shapes(self, _shard_shapes(self.kind, h, f))
         if self.b_down is not None:
             _check_shapes(self, {"b_down": (h,)})
 
@@ -177,7 +177,7 @@ class SwiGluMlp:
     """Qwen-style: ``(silu(x @ w_gate) * (x @ w_up)) @ w_down``."""
 
     kind: ClassVar[MlpKind] = MlpKind.SWIGLU
-    TENSORS: ClassVar[tuple[str, ...]] = ("w_gate", "w_up", "w_down")
+    TENSORS: ClassVar[tuple[str, ...]] = TENSOR_NAMES[MlpKind.SWIGLU]
 
     w_gate: np.ndarray  # [hidden, ffn]
     w_up: np.ndarray  # [hidden, ffn]
@@ -186,7 +186,7 @@ class SwiGluMlp:
 
     def __post_init__(self) -> None:
         h, f = self.w_gate.shape
-        _check_shapes(self, {"w_gate": (h, f), "w_up": (h, f), "w_down": (f, h)})
+        _check_shapes(self, _shard_shapes(self.kind, h, f))
 
     @property
     def hidden(self) -> int:
@@ -225,6 +225,11 @@ class SwiGluMlp:
 
 
 Mlp = GeluMlp | SwiGluMlp
+
+
+def _shard_shapes(kind: MlpKind, hidden: int, ffn: int) -> dict[str, tuple[int, ...]]:
+    """The whole layer's tensors by name: the schema's shard shapes with every FFN column."""
+    return {name: tensor_shape(kind, t, hidden, ffn) for t, name in enumerate(TENSOR_NAMES[kind])}
 
 
 def _check_shapes(mlp: object, want: dict[str, tuple[int, ...]]) -> None:

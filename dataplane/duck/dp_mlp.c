@@ -44,12 +44,7 @@ typedef float dp_v8f __attribute__((vector_size(DP_MLP_VEC * sizeof(float))));
 
 uint64_t dp_mlp_tensor_len(uint8_t kind, uint32_t hidden, uint32_t ffn, unsigned t)
 {
-	uint64_t mat = (uint64_t)hidden * ffn;
-	if (kind == DP_MLP_KIND_GELU)
-		return t == 0 || t == 2 ? mat : t == 1 ? ffn : 0;
-	if (kind == DP_MLP_KIND_SWIGLU)
-		return t <= 2 ? mat : 0;
-	return 0;
+	return dp_tensor_elems(kind, hidden, ffn, t); /* the schema's TENSOR_SHAPES */
 }
 
 size_t dp_mlp_scratch_floats(uint32_t ffn)

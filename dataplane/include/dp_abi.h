@@ -31,6 +31,7 @@
 #define DP_SEG_MAGIC 0x314745534b435544
 #define DP_MAX_DUCKS 256
 #define DP_MAX_DIMS 4
+#define DP_SHARD_TENSORS 3
 #define DP_WIRE_MAGIC 0x4b435544
 #define DP_WIRE_VERSION 1
 #define DP_WIRE_ANY_DUCK 65535
@@ -79,6 +80,13 @@ enum dp_status {
 enum dp_mlp_kind {
     DP_MLP_KIND_GELU = 1,
     DP_MLP_KIND_SWIGLU = 2,
+};
+
+/* One dimension of a shard tensor, in ``TENSOR_SHAPES``. */
+enum dp_tensor_dim {
+    DP_TENSOR_DIM_ONE = 0,
+    DP_TENSOR_DIM_HIDDEN = 1,
+    DP_TENSOR_DIM_FFN = 2,
 };
 
 /* WireOp */
@@ -224,6 +232,26 @@ struct dp_wire_layer {
 };  /* 16 bytes */
 
 /* @cdef-end */
+
+/* Elements of shard tensor t (0..DP_SHARD_TENSORS-1) of an MLP kind whose duck holds
+ * ffn columns; 0 when there is no such tensor. From TENSOR_SHAPES in abi.py: the
+ * product of two 32-bit sizes cannot wrap. */
+static inline uint64_t dp_tensor_elems(uint8_t kind, uint32_t hidden, uint32_t ffn, uint32_t t)
+{
+	static const uint8_t dims[3][DP_SHARD_TENSORS][2] = {
+		{ { 0, 0 }, { 0, 0 }, { 0, 0 } },
+		{ { 1, 2 }, { 2, 0 }, { 2, 1 } },
+		{ { 1, 2 }, { 1, 2 }, { 2, 1 } },
+	};
+	if (kind == 0 || kind >= 3 || t >= DP_SHARD_TENSORS)
+		return 0;
+	uint64_t n = 1;
+	for (int k = 0; k < 2; k++) {
+		uint8_t d = dims[kind][t][k];
+		n *= d == DP_TENSOR_DIM_HIDDEN ? hidden : d == DP_TENSOR_DIM_FFN ? ffn : 1;
+	}
+	return n;
+}
 
 _Static_assert(sizeof(struct dp_seg_header) == 384, "dp_seg_header size");
 _Static_assert(offsetof(struct dp_seg_header, magic) == 0, "dp_seg_header.magic");

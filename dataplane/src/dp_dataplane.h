@@ -103,15 +103,13 @@ struct dp_layer {
 	float *b_down;           /* float32, set at commit */
 };
 
-/* Bytes of tensor t of ducks[i]'s shard; UINT64_MAX when that does not fit 64 bits
- * (no chunk can then end inside it, and the commit never sees it complete). */
+/* Bytes of shard tensor t of ducks[i] (dp_tensor_elems: the schema's TENSOR_SHAPES);
+ * UINT64_MAX when that does not fit 64 bits (no chunk can then end inside it, and the
+ * commit never sees it complete). */
 static inline uint64_t dp_tensor_bytes(const struct dp_layer *l, uint32_t i, uint32_t t)
 {
-	uint64_t item = l->dtype == DP_DTYPE_F16 ? 2 : 4;
-	uint64_t f = l->shard[i], h = l->hidden, n;
-	if (l->kind == DP_MLP_KIND_GELU && t == 1)
-		return f * item; /* b_up: 32 bits times 4 cannot wrap */
-	if (__builtin_mul_overflow(h * f, item, &n)) /* h * f: two 32-bit values fit */
+	uint64_t n, item = l->dtype == DP_DTYPE_F16 ? 2 : 4;
+	if (__builtin_mul_overflow(dp_tensor_elems(l->kind, l->hidden, l->shard[i], t), item, &n))
 		return UINT64_MAX;
 	return n;
 }

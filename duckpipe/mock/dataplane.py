@@ -38,7 +38,17 @@ from ..idle import IdleStrategy
 from ..models import duck_partial, numpy_dtype
 from ..ring import new_descs
 from ..schema import control as ctl
-from ..schema.abi import ABI_MAJOR, MAX_DIMS, MAX_DUCKS, DetachReason, DType, MlpKind, Op, Status
+from ..schema.abi import (
+    ABI_MAJOR,
+    MAX_DIMS,
+    MAX_DUCKS,
+    SHARD_TENSORS,
+    DetachReason,
+    DType,
+    Op,
+    Status,
+    tensor_shape,
+)
 from ..shm import Segment, clean_segments
 
 __all__ = ["MockConfig", "MockDataplane", "main_loop"]
@@ -91,9 +101,7 @@ class _Layer:
 
 
 def _tensor_shapes(kind: int, hidden: int, f: int) -> list[tuple[int, ...]]:
-    if kind == MlpKind.GELU:
-        return [(hidden, f), (f,), (f, hidden)]
-    return [(hidden, f), (hidden, f), (f, hidden)]
+    return [tensor_shape(kind, t, hidden, f) for t in range(SHARD_TENSORS)]
 
 
 @dataclasses.dataclass(eq=False)

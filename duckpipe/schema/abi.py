@@ -43,6 +43,9 @@ __all__ = [
     "MAX_DIMS",
     "MAX_DUCKS",
     "SEG_MAGIC",
+    "SHARD_TENSORS",
+    "TENSOR_NAMES",
+    "TENSOR_SHAPES",
     "Backing",
     "DType",
     "Desc",
@@ -53,6 +56,8 @@ __all__ = [
     "SegHeader",
     "SlotHeader",
     "Status",
+    "TensorDim",
+    "tensor_shape",
 ]
 
 ABI_MAJOR = 1
@@ -105,6 +110,43 @@ class Status(enum.IntEnum):
 class MlpKind(enum.IntEnum):
     GELU = 1  # BERT: gelu(x @ w_up + b_up) @ w_down (+ b_down once, after the reduce)
     SWIGLU = 2  # Qwen: (silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+class TensorDim(enum.IntEnum):
+    """One dimension of a shard tensor, in ``TENSOR_SHAPES``."""
+
+    ONE = 0  # no such dimension
+    HIDDEN = 1
+    FFN = 2  # the FFN columns of this duck's shard
+
+
+SHARD_TENSORS = 3  # tensors per duck's shard, indices 0..2; 3 is b_down, kept by the host
+
+#: The tensors of a duck's shard by kind and index (a WEIGHT_CHUNK's ``tensor``), as
+#: [rows, columns]. The dataplane (dp_tensor_elems in dp_abi.h), the duck emulator,
+#: the mock and duckpipe.models all size tensors from this one table.
+TENSOR_SHAPES: dict[MlpKind, tuple[tuple[TensorDim, TensorDim], ...]] = {
+    MlpKind.GELU: (
+        (TensorDim.HIDDEN, TensorDim.FFN),  # w_up
+        (TensorDim.FFN, TensorDim.ONE),  # b_up
+        (TensorDim.FFN, TensorDim.HIDDEN),  # w_down
+    ),
+    MlpKind.SWIGLU: (
+        (TensorDim.HIDDEN, TensorDim.FFN),  # w_gate
+        (TensorDim.HIDDEN, TensorDim.FFN),  # w_up
+        (TensorDim.FFN, TensorDim.HIDDEN),  # w_down
+    ),
+}
+TENSOR_NAMES: dict[MlpKind, tuple[str, ...]] = {
+    MlpKind.GELU: ("w_up", "b_up", "w_down"),
+    MlpKind.SWIGLU: ("w_gate", "w_up", "w_down"),
+}
+
+
+def tensor_shape(kind: int, t: int, hidden: int, ffn: int) -> tuple[int, ...]:
+    """The numpy shape of shard tensor ``t`` of ``kind`` (a vector for [n, ONE])."""
+    size = {TensorDim.HIDDEN: hidden, TensorDim.FFN: ffn}
+    return tuple(size[d] for d in TENSOR_SHAPES[MlpKind(kind)][t] if d != TensorDim.ONE)
 
 
 class SegHeader(msgspec.Struct, frozen=True):
@@ -241,4 +283,5 @@ CONSTANTS: dict[str, int] = {
     "SEG_MAGIC": SEG_MAGIC,
     "MAX_DUCKS": MAX_DUCKS,
     "MAX_DIMS": MAX_DIMS,
+    "SHARD_TENSORS": SHARD_TENSORS,
 }

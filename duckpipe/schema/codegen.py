@@ -29,6 +29,7 @@ ENUMS: tuple[type[enum.IntEnum], ...] = (
     abi.DType,
     abi.Status,
     abi.MlpKind,
+    abi.TensorDim,
     wire.WireOp,
     wire.WireFlag,
 )
@@ -77,6 +78,41 @@ def _constants() -> dict[str, int]:
     }
 
 
+def _c_tensor_elems() -> list[str]:
+    """dp_tensor_elems(): abi.TENSOR_SHAPES as C, after the cdef section (cffi needs no copy)."""
+    kinds = max(int(k) for k in abi.MlpKind) + 1
+    rows = []
+    for k in range(kinds):
+        shapes = abi.TENSOR_SHAPES.get(k, ())  # type: ignore[call-overload]
+        cells = [
+            "{ " + ", ".join(str(int(d)) for d in shapes[t]) + " }"
+            if t < len(shapes)
+            else "{ 0, 0 }"
+            for t in range(abi.SHARD_TENSORS)
+        ]
+        rows.append("\t\t{ " + ", ".join(cells) + " },")
+    return [
+        "/* Elements of shard tensor t (0..DP_SHARD_TENSORS-1) of an MLP kind whose duck holds",
+        " * ffn columns; 0 when there is no such tensor. From TENSOR_SHAPES in abi.py: the",
+        " * product of two 32-bit sizes cannot wrap. */",
+        "static inline uint64_t dp_tensor_elems(uint8_t kind, uint32_t hidden, uint32_t ffn, "
+        "uint32_t t)",
+        "{",
+        f"\tstatic const uint8_t dims[{kinds}][DP_SHARD_TENSORS][2] = {{",
+        *rows,
+        "\t};",
+        f"\tif (kind == 0 || kind >= {kinds} || t >= DP_SHARD_TENSORS)",
+        "\t\treturn 0;",
+        "\tuint64_t n = 1;",
+        "\tfor (int k = 0; k < 2; k++) {",
+        "\t\tuint8_t d = dims[kind][t][k];",
+        "\t\tn *= d == DP_TENSOR_DIM_HIDDEN ? hidden : d == DP_TENSOR_DIM_FFN ? ffn : 1;",
+        "\t}",
+        "\treturn n;",
+        "}",
+    ]
+
+
 def render_header() -> str:
     layouts = [layout_of(c) for c in (*abi.LAYOUTS, *wire.LAYOUTS)]
     diagram = (abi.__doc__ or "").split("::", 1)[1].split("\n\n")[1]
@@ -106,6 +142,7 @@ def render_header() -> str:
     for lay in layouts:
         parts += [_c_struct(lay), ""]
     parts += [CDEF_END, ""]
+    parts += [*_c_tensor_elems(), ""]
     for lay in layouts:
         parts += _c_asserts(lay)
     parts += ["", "#endif /* DP_ABI_H */", ""]
@@ -128,7 +165,19 @@ def render_abi_json() -> str:
             "constants": abi.CONSTANTS,
             "enums": {
                 c.__name__: _enum_json(c)
-                for c in (abi.Backing, abi.DetachReason, abi.Op, abi.DType, abi.Status, abi.MlpKind)
+                for c in (
+                    abi.Backing,
+                    abi.DetachReason,
+                    abi.Op,
+                    abi.DType,
+                    abi.Status,
+                    abi.MlpKind,
+                    abi.TensorDim,
+                )
+            },
+            "tensor_shapes": {
+                k.name: [[d.name for d in shape] for shape in shapes]
+                for k, shapes in abi.TENSOR_SHAPES.items()
             },
             "structs": {c.__name__: layout_of(c).to_json() for c in abi.LAYOUTS},
         }
