@@ -47,7 +47,12 @@ BackingChoice = Literal["auto", "hugetlbfs", "devshm"]
 DEVSHM = Path("/dev/shm")
 SMALL_PAGE = 4096
 MEMFD_LINK = "/memfd:"  # how /proc/*/fd shows a memfd: "/memfd:<name> (deleted)"
-SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW  # the creator's
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)  # Linux 5.1; Python 3.13
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
+# the dataplane's, once it has mapped a segment: no hole punching, no new writable
+# mapping, no more seals
+ATTACH_SEALS = F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL
 _HDR = ffi.sizeof("struct dp_seg_header")
 _fallback_logged = False
 
@@ -273,8 +278,10 @@ class Segment:
 
         Refuses anything but a duckpipe memfd owned by ``uid`` (default: ours),
         sealed against shrinking and growing, whose header, read before mapping,
-        says ``pid`` made it and passes dp_seg_plan() within the limits: the
-        checks of dp_client_map() in the C dataplane.
+        says ``pid`` made it and passes dp_seg_plan() within the limits; then
+        maps it, seals it against hole punching and new writable mappings
+        (so a segment is opened this way once) and faults it in: what
+        dp_client_map() in the C dataplane does.
         """
         uid = os.geteuid() if uid is None else uid
         path = Path(f"/proc/{pid}/fd/{fd}")
@@ -297,14 +304,27 @@ class Segment:
             if not link.startswith(MEMFD_LINK + "duckpipe"):
                 raise SegmentError(f"{path} is not a duckpipe memfd ({link})")
             name = link[len(MEMFD_LINK) :].removesuffix(" (deleted)")
-            if fcntl.fcntl(ours, fcntl.F_GET_SEALS) & SEALS != SEALS:
+            seals = fcntl.fcntl(ours, fcntl.F_GET_SEALS)
+            if seals & SEALS != SEALS:
                 raise SegmentError(f"memfd {name} is not sealed against shrinking and growing")
+            if seals & (ATTACH_SEALS | fcntl.F_SEAL_WRITE):
+                raise SegmentError(
+                    f"memfd {name} is sealed against writes or further seals ({seals:#x}): it "
+                    "is attached elsewhere, or its maker sealed it too far"
+                )
             raw = os.pread(ours, _HDR, 0)
             backing, layout = _validate_header(name, raw, st.st_size, max_slots, max_bytes)
             creator = int(ffi.cast("struct dp_seg_header *", ffi.from_buffer(raw)).creator_pid)
             if creator != pid:
                 raise SegmentError(f"memfd {name} was made by pid {creator}, not {pid}")
-            mm = mmap.mmap(ours, st.st_size, mmap.MAP_SHARED | mmap.MAP_POPULATE)
+            mm = mmap.mmap(ours, st.st_size, mmap.MAP_SHARED)
+            try:
+                fcntl.fcntl(ours, fcntl.F_ADD_SEALS, ATTACH_SEALS)
+                # a page punched before the seal that cannot come back fails here, not later
+                mm.madvise(MADV_POPULATE_WRITE)
+            except OSError as e:
+                mm.close()
+                raise SegmentError(f"cannot seal and fault in memfd {name}: {e}") from e
         finally:
             os.close(ours)
         return cls(name, mm, backing, False, layout, path=path, st_dev=st.st_dev, st_ino=st.st_ino)
@@ -474,9 +494,9 @@ def _create_memfd(name: str, size: int, *, huge: bool) -> tuple[int, mmap.mmap]:
     fd = os.memfd_create(name, flags)
     try:
         os.ftruncate(fd, size)
-        # nobody (the client included) can resize it now: a reader never SIGBUSes; F_SEAL_SEAL
-        # keeps it that way
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)
+        # nobody (the client included) can resize it now: a reader never SIGBUSes. The
+        # dataplane adds F_SEAL_FUTURE_WRITE and F_SEAL_SEAL once it has mapped it.
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
         # MAP_POPULATE reserves and faults every page now, or fails with ENOMEM now.
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED | mmap.MAP_POPULATE)
     except OSError:

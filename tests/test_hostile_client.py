@@ -14,6 +14,8 @@ under the sanitizer build through tools/setup's "hostile" selection.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import threading
 import time
@@ -217,7 +219,7 @@ def test_a_client_that_breaks_its_ring_is_detached_alone(watched, how):
 # --- the segment ----------------------------------------------------------------------------
 
 
-def test_a_segment_cannot_be_truncated_under_the_dataplane(watched):
+def test_a_segment_can_be_neither_truncated_nor_punched_under_the_dataplane(watched):
     with hostile(watched) as c:
         seg = c._segment
         page = int(seg.header.page_size)  # hugetlb memfds refuse other sizes with EINVAL
@@ -230,6 +232,10 @@ def test_a_segment_cannot_be_truncated_under_the_dataplane(watched):
                 os.ftruncate(fd, 0)
         finally:
             os.close(fd)
+        # nor can it lose pages: a punched hugepage would fault on the dataplane's next touch
+        libc = ctypes.CDLL(None, use_errno=True)
+        rc = libc.fallocate(seg.fd, 3, ctypes.c_long(0), ctypes.c_long(seg.size))  # PUNCH_HOLE
+        assert rc == -1 and ctypes.get_errno() == errno.EPERM
         _check_forward(c, np.random.default_rng(7))  # and the dataplane still reads it
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
 import json
 import logging
@@ -82,10 +84,10 @@ def test_segment_is_a_duckpipe_memfd_of_this_user(segments) -> None:
     assert not any(p.name == seg.name for p in Path("/dev/shm").iterdir())  # no file anywhere
 
 
-def test_segment_can_neither_shrink_nor_grow_nor_be_unsealed(segments) -> None:
+def test_segment_can_neither_shrink_nor_grow(segments) -> None:
     seg = segments()
     seals = fcntl.fcntl(seg.fd, fcntl.F_GET_SEALS)
-    assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW and seals & fcntl.F_SEAL_SEAL
+    assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW
     for size in (0, seg.size - PAGE, seg.size + PAGE):
         with pytest.raises(PermissionError):
             os.ftruncate(seg.fd, size)
@@ -97,6 +99,37 @@ def test_segment_can_neither_shrink_nor_grow_nor_be_unsealed(segments) -> None:
     finally:
         os.close(fd)
     assert os.fstat(seg.fd).st_size == seg.size
+
+
+def _punch(fd: int, offset: int, length: int) -> int:
+    """fallocate(PUNCH_HOLE | KEEP_SIZE): 0, or the errno."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    rc = libc.fallocate(fd, 3, ctypes.c_long(offset), ctypes.c_long(length))
+    return 0 if rc == 0 else ctypes.get_errno()
+
+
+def test_once_opened_by_a_dataplane_no_hole_can_be_punched_and_no_seal_added(segments) -> None:
+    seg = segments()
+    act = int(seg.header.act_offset)
+    seg.act_bytes(0)[:4] = 5
+    assert _punch(seg.fd, act, PAGE) == 0  # before: allowed, and the page reads back as zeros
+    assert not seg.act_bytes(0)[:4].any()
+    peer = Segment.open_fd(os.getpid(), seg.fd)
+    try:
+        seals = fcntl.fcntl(seg.fd, fcntl.F_GET_SEALS)
+        assert seals & shm.F_SEAL_FUTURE_WRITE and seals & fcntl.F_SEAL_SEAL
+        assert _punch(seg.fd, act, PAGE) == errno.EPERM
+        with pytest.raises(PermissionError):
+            fcntl.fcntl(seg.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)
+        # both existing mappings stay writable
+        seg.act_bytes(0)[:4] = 7
+        peer.res_bytes(0)[:4] = 9
+        assert list(peer.act_bytes(0)[:4]) == [7] * 4 and list(seg.res_bytes(0)[:4]) == [9] * 4
+        # and a second dataplane cannot map it
+        with pytest.raises(SegmentError, match="sealed against writes or further seals"):
+            Segment.open_fd(os.getpid(), seg.fd)
+    finally:
+        peer.close()
 
 
 def test_closing_a_segment_closes_its_memfd(segments) -> None:

@@ -4,9 +4,18 @@
  * dataplane opens it through /proc/<pid>/fd/<fd>, refuses anything that is not
  * a duckpipe memfd of that user that can neither shrink nor grow, reads the
  * header with pread (before mapping a byte), checks it against dp_seg_plan()
- * and its limits, and keeps its own copy of the layout: after that nothing is
- * read from the header but the client's heartbeat. Nothing is ever unlinked:
- * the memory goes when the last mapping and descriptor do.
+ * and its limits, maps it, seals it against hole punching and pre-faults it,
+ * and keeps its own copy of the layout: after that nothing is read from the
+ * header but the client's heartbeat. Nothing is ever unlinked: the memory goes
+ * when the last mapping and descriptor do.
+ *
+ * Seals: the client adds F_SEAL_SHRINK | F_SEAL_GROW (a segment that cannot
+ * shrink cannot SIGBUS us). Those do not stop fallocate(PUNCH_HOLE), and a
+ * punched hugepage is allocated again on the next touch, which faults when the
+ * pool is empty; so once mapped, the dataplane adds F_SEAL_FUTURE_WRITE (no hole
+ * punching, no new writable mapping; the two existing ones stay writable) and
+ * F_SEAL_SEAL, then faults every page in with MADV_POPULATE_WRITE, which fails
+ * instead of raising SIGBUS if a page went missing before the seal.
  */
 #include "dp_client.h"
 
@@ -21,6 +30,13 @@
 #include <unistd.h>
 
 #include "dp_seg_plan.h"
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
 
 #define HUGEPAGE (2u << 20)
 #define SMALL_PAGE 4096u
@@ -117,11 +133,6 @@ static int check_memfd(int fd, uint32_t uid, struct stat *st, char *name, size_t
 	if (deleted)
 		*deleted = '\0';
 	snprintf(name, namelen, "%.200s", target + strlen("/memfd:"));
-	int seals = fcntl(fd, F_GET_SEALS);
-	if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-		dp_set_error("memfd %s is not sealed against shrinking and growing", name);
-		return -1;
-	}
 	for (uint32_t i = 0; i < limits.n; i++) {
 		const struct dp_client *o = &limits.all[i];
 		if (dp_load_acquire_u32(&o->state) != DP_CLIENT_FREE && o->base &&
@@ -129,6 +140,17 @@ static int check_memfd(int fd, uint32_t uid, struct stat *st, char *name, size_t
 			dp_set_error("memfd %s is already attached (client %u)", name, o->id);
 			return -1;
 		}
+	}
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+		dp_set_error("memfd %s is not sealed against shrinking and growing", name);
+		return -1;
+	}
+	if (seals & (F_SEAL_SEAL | F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) {
+		dp_set_error("memfd %s is sealed against writes or further seals (0x%x): it is "
+			     "attached elsewhere, or its maker sealed it too far",
+			     name, (unsigned)seals);
+		return -1;
 	}
 	return 0;
 }
@@ -165,11 +187,22 @@ int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int
 		dp_set_error("made by pid %u, not by the client (pid %u)", h.creator_pid, peer_pid);
 		goto refuse;
 	}
-	/* MAP_POPULATE: fault every page now, never on a forward (the size is capped above) */
-	void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
-			  MAP_SHARED | MAP_POPULATE, fd, 0);
+	void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (base == MAP_FAILED) {
 		dp_set_error("mmap of %ld bytes: %s", (long)st.st_size, strerror(errno));
+		goto refuse;
+	}
+	/* no hole can be punched from now on (see the top of this file) */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0) {
+		dp_set_error("cannot seal memfd %s against hole punching: %s", name, strerror(errno));
+		munmap(base, (size_t)st.st_size);
+		goto refuse;
+	}
+	/* fault every page now, never on a forward (the size is capped above); a page punched
+	 * before the seal that cannot come back is an error here, not a SIGBUS later */
+	if (madvise(base, (size_t)st.st_size, MADV_POPULATE_WRITE) < 0 && errno != EINVAL) {
+		dp_set_error("cannot fault in memfd %s: %s", name, strerror(errno));
+		munmap(base, (size_t)st.st_size);
 		goto refuse;
 	}
 	close(fd);

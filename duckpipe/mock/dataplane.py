@@ -339,6 +339,24 @@ class MockDataplane:
         if identity in self.clients:
             return ctl.Error(req_id=rid, code="already_attached", message="this socket is attached")
         cfg = self.cfg
+        try:  # the file first: a second attach of one memfd is refused before it is opened
+            st = os.stat(f"/proc/{msg.pid}/fd/{msg.segment_fd}") if msg.segment_fd >= 0 else None
+        except OSError:
+            st = None  # open_fd says why
+        twin = next(
+            (
+                c
+                for c in self.clients.values()
+                if st is not None and (c.seg.st_dev, c.seg.st_ino) == (st.st_dev, st.st_ino)
+            ),
+            None,
+        )
+        if twin is not None:
+            return ctl.Error(
+                req_id=rid,
+                code="bad_segment",
+                message=f"memfd {twin.seg.name} is already attached (client {twin.id})",
+            )
         try:
             seg = Segment.open_fd(
                 msg.pid,
@@ -348,21 +366,6 @@ class MockDataplane:
             )
         except DuckpipeError as e:
             return ctl.Error(req_id=rid, code="bad_segment", message=str(e))
-        twin = next(
-            (
-                c
-                for c in self.clients.values()
-                if (c.seg.st_dev, c.seg.st_ino) == (seg.st_dev, seg.st_ino)
-            ),
-            None,
-        )
-        if twin is not None:
-            seg.close()
-            return ctl.Error(
-                req_id=rid,
-                code="bad_segment",
-                message=f"memfd {seg.name} is already attached (client {twin.id})",
-            )
         cid = self._next_client
         self._next_client += 1
         seg.header.dataplane_pid = os.getpid()
