@@ -320,10 +320,18 @@ class Segment:
             mm = mmap.mmap(ours, st.st_size, mmap.MAP_SHARED)
             try:
                 fcntl.fcntl(ours, fcntl.F_ADD_SEALS, ATTACH_SEALS)
+                held = os.fstat(ours).st_blocks * 512
+                if held < st.st_size:  # a sparse segment would be allocated by its reader
+                    raise SegmentError(
+                        f"memfd {name} holds {held} of its {st.st_size} bytes: its maker must "
+                        "pre-fault it"
+                    )
                 # a page punched before the seal that cannot come back fails here, not later
                 mm.madvise(MADV_POPULATE_WRITE)
             except OSError as e:
                 mm.close()
+                if isinstance(e, SegmentError):
+                    raise
                 raise SegmentError(f"cannot seal and fault in memfd {name}: {e}") from e
         finally:
             os.close(ours)

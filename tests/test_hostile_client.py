@@ -35,6 +35,7 @@ from duckpipe.ring import new_desc
 from duckpipe.runtime import monotonic_ns, segment_prefix
 from duckpipe.schema import control as ctl
 from duckpipe.schema.abi import DetachReason, DType, Op, Status
+from duckpipe.shm import Segment
 
 HIDDEN = 32
 LAYER = 70  # the bystander's layer
@@ -261,17 +262,22 @@ def test_the_same_segment_cannot_be_attached_twice(watched):
         _check_forward(c, np.random.default_rng(8))  # the first attach is untouched
 
 
-def test_attach_refuses_descriptors_that_are_not_sealed_duckpipe_memfds(watched, tmp_path: Path):
+def test_attach_refuses_what_is_not_a_whole_sealed_duckpipe_memfd(watched, tmp_path: Path):
     plain = tmp_path / "segment"
     plain.write_bytes(bytes(1 << 16))
     unsealed = os.memfd_create(segment_prefix() + "unsealed", os.MFD_CLOEXEC)
     os.ftruncate(unsealed, 1 << 16)
     fd = os.open(plain, os.O_RDWR)
+    # a real segment with a hole: the dataplane would have to allocate the client's memory
+    holed = Segment.create(slot_count=2, act_slot_size=4096, backing="devshm", tag="holed")
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.fallocate(holed.fd, 3, ctypes.c_long(holed.size - 4096), ctypes.c_long(4096)) == 0
     try:
         for bad, why in (
             (fd, "not a duckpipe memfd"),
             (unsealed, "not sealed"),
             (-1, "no segment"),
+            (holed.fd, "pre-fault"),
         ):
             reply = _attach(watched, segment_fd=bad)
             assert isinstance(reply, ctl.Error) and reply.code == "bad_segment", reply
@@ -279,6 +285,7 @@ def test_attach_refuses_descriptors_that_are_not_sealed_duckpipe_memfds(watched,
     finally:
         os.close(fd)
         os.close(unsealed)
+        holed.close()
 
 
 # --- descriptors ---------------------------------------------------------------------------

@@ -303,6 +303,13 @@ def test_open_fd_refuses_an_unsealed_memfd() -> None:
         os.close(fd)
 
 
+def test_open_fd_refuses_a_segment_with_holes(segments) -> None:
+    seg = segments(slot_count=2)
+    assert _punch(seg.fd, int(seg.header.res_offset), PAGE) == 0
+    with pytest.raises(SegmentError, match="must pre-fault it"):
+        Segment.open_fd(os.getpid(), seg.fd)
+
+
 def test_open_fd_refuses_a_segment_another_pid_made(segments) -> None:
     seg = segments()
     seg.header.creator_pid = os.getpid() + 1

@@ -187,7 +187,8 @@ int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int
 		dp_set_error("made by pid %u, not by the client (pid %u)", h.creator_pid, peer_pid);
 		goto refuse;
 	}
-	void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	size_t size = (size_t)st.st_size; /* sealed: it stays this size */
+	void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (base == MAP_FAILED) {
 		dp_set_error("mmap of %ld bytes: %s", (long)st.st_size, strerror(errno));
 		goto refuse;
@@ -195,19 +196,27 @@ int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int
 	/* no hole can be punched from now on (see the top of this file) */
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0) {
 		dp_set_error("cannot seal memfd %s against hole punching: %s", name, strerror(errno));
-		munmap(base, (size_t)st.st_size);
+		munmap(base, size);
 		goto refuse;
 	}
-	/* fault every page now, never on a forward (the size is capped above); a page punched
+	/* every page must exist already: its maker pre-faults it, and a sparse segment would
+	 * have the dataplane allocate (and be charged for) the client's memory */
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size) {
+		dp_set_error("memfd %s holds %lu of its %lu bytes: its maker must pre-fault it", name,
+			     (unsigned long)st.st_blocks * 512, (unsigned long)st.st_size);
+		munmap(base, size);
+		goto refuse;
+	}
+	/* fault every page in now, never on a forward (the size is capped above); a page punched
 	 * before the seal that cannot come back is an error here, not a SIGBUS later */
-	if (madvise(base, (size_t)st.st_size, MADV_POPULATE_WRITE) < 0 && errno != EINVAL) {
+	if (madvise(base, size, MADV_POPULATE_WRITE) < 0 && errno != EINVAL) {
 		dp_set_error("cannot fault in memfd %s: %s", name, strerror(errno));
-		munmap(base, (size_t)st.st_size);
+		munmap(base, size);
 		goto refuse;
 	}
 	close(fd);
 	c->base = base;
-	c->size = (size_t)st.st_size;
+	c->size = size;
 	c->layout = lay;
 	c->st_dev = (uint64_t)st.st_dev;
 	c->st_ino = (uint64_t)st.st_ino;
