@@ -28,6 +28,8 @@ def _mock_dataplane(args: argparse.Namespace) -> int:
         delay_ms=args.delay_ms,
         dead_ducks=frozenset(args.dead_duck),
         crash_after=args.crash_after,
+        client_max_inflight=args.client_max_inflight,
+        max_timeout_us=args.max_timeout_us,
     )
     return main_loop(cfg)
 
@@ -228,6 +230,18 @@ def _parser() -> argparse.ArgumentParser:
         help="fault: this duck never answers (repeatable)",
     )
     m.add_argument("--crash-after", type=int, help="fault: SIGKILL itself on the forward after N")
+    m.add_argument(
+        "--client-max-inflight",
+        type=int,
+        default=64,
+        help="forwards in flight per client; more wait in its ring (default 64)",
+    )
+    m.add_argument(
+        "--max-timeout-us",
+        type=int,
+        default=10_000_000,
+        help="the longest deadline a descriptor may ask for (default 10 s)",
+    )
     m.set_defaults(func=_mock_dataplane)
 
     d = sub.add_parser("dataplane", help="run the C dataplane (kernel UDP or DPDK)")

@@ -397,11 +397,17 @@ def test_every_malformed_descriptor_is_refused_and_counted(watched):
 # --- quotas and fairness ---------------------------------------------------------------------
 
 
-def test_a_client_at_its_inflight_quota_waits_in_its_ring_while_others_are_served(
-    duckpipe_cluster_factory,
-):
-    # every duck reply waits 30 ms: forwards stay in flight long enough to meet the quota
-    cl = duckpipe_cluster_factory(2, duck_args=["--delay-us", "30000"], client_max_inflight=2)
+@pytest.mark.parametrize("kind", ["mock", "real"])
+def test_a_client_at_its_inflight_quota_waits_in_its_ring_while_others_are_served(request, kind):
+    # every reply waits 30 ms: forwards stay in flight long enough to meet the quota
+    if kind == "mock":
+        cl = request.getfixturevalue("duckpipe_mock_factory")(
+            ducks=2, args=["--delay-ms", "30", "--client-max-inflight", "2"]
+        )
+    else:
+        cl = request.getfixturevalue("duckpipe_cluster_factory")(
+            2, duck_args=["--delay-us", "30000"], client_max_inflight=2
+        )
     mlp = GeluMlp.random(HIDDEN, 64, seed=71)
     rng = np.random.default_rng(10)
     with (
