@@ -37,6 +37,7 @@ import msgspec
 from msgspec import Meta
 
 from .errors import BadInput
+from .schema.abi import MAX_DUCKS
 
 __all__ = ["DEFAULT_DUCK_PORT", "DEFAULT_HOST_PORT", "Duck", "Nic", "Topology", "load", "loopback"]
 
@@ -48,7 +49,7 @@ IPv4 = Annotated[str, Meta(pattern=r"^\d{1,3}(\.\d{1,3}){3}$")]
 
 
 class Duck(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    id: Annotated[int, Meta(ge=0, le=255)]
+    id: Annotated[int, Meta(ge=0, lt=MAX_DUCKS)]
     ip: IPv4
     port: Port
 
@@ -176,8 +177,8 @@ def loopback(
     **settings: object,
 ) -> Topology:
     """N ducks on 127.0.0.1 ports duck_port.., unicast fan-out (loopback has no broadcast)."""
-    if not 1 <= ducks <= 256:
-        raise BadInput(f"ducks must be between 1 and 256, not {ducks}")
+    if not 1 <= ducks <= MAX_DUCKS:
+        raise BadInput(f"ducks must be between 1 and {MAX_DUCKS}, not {ducks}")
     nic = Nic(
         name="lo",
         host_ip="127.0.0.1",
