@@ -30,7 +30,6 @@ from .errors import (
     ClientClosed,
     DataplaneFault,
     DataplaneLost,
-    DataplaneRefused,
     DataplaneUnavailable,
     DuckLost,
     ForwardFailed,
@@ -39,6 +38,7 @@ from .errors import (
     StaleEpoch,
     UnknownLayer,
     WaitTimeout,
+    refused,
 )
 from .models import Mlp, dtype_code, numpy_dtype, shard_bounds, shard_sizes
 from .progress import Progress
@@ -810,11 +810,7 @@ class Client:
                 self._check_alive()
         reply = self._replies.pop(rid)
         if isinstance(reply, ctl.Error):
-            if reply.code == "unknown_layer":
-                raise UnknownLayer(reply.message)
-            if reply.code == "bad_request":
-                raise BadInput(reply.message)
-            raise DataplaneRefused(reply.code, reply.message)
+            raise refused(reply.code, reply.message)
         return reply
 
     # --- liveness --------------------------------------------------------------

@@ -37,7 +37,7 @@ def test_garbage_on_the_control_socket_is_counted_and_ignored(dataplane):
         sock.send(junk)
         assert sock.poll(2000)
         reply = ctl.reply_decoder.decode(sock.recv())
-        assert isinstance(reply, ctl.Error) and reply.code == "bad_message"
+        assert isinstance(reply, ctl.Error) and reply.code == ctl.ErrorCode.BAD_MESSAGE
     sock.send_multipart([b"two", b"frames"])
     sock.close()
     time.sleep(0.1)
@@ -53,7 +53,7 @@ def test_attach_with_another_abi_version_is_refused(dataplane):
         ctl.Attach(req_id=1, abi_major=99, pid=1, segment="/dev/shm/none"),
         2,
     )
-    assert isinstance(reply, ctl.Error) and reply.code == "abi_mismatch"
+    assert isinstance(reply, ctl.Error) and reply.code == ctl.ErrorCode.ABI_MISMATCH
 
 
 def test_attach_to_a_missing_segment_is_refused(dataplane):
@@ -62,7 +62,7 @@ def test_attach_to_a_missing_segment_is_refused(dataplane):
         ctl.Attach(req_id=1, abi_major=1, pid=1, segment="/dev/shm/duckpipe-missing"),
         2,
     )
-    assert isinstance(reply, ctl.Error) and reply.code == "bad_segment"
+    assert isinstance(reply, ctl.Error) and reply.code == ctl.ErrorCode.BAD_SEGMENT
 
 
 def test_a_second_dataplane_on_a_busy_address_refuses_to_start(dataplane):

@@ -63,11 +63,11 @@ static void send_to(struct dp_control *c, const uint8_t *id, size_t idlen)
 }
 
 static void reply_error(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t req_id,
-			const char *code, const char *message)
+			enum dp_error_code code, const char *message)
 {
 	begin(c, "Error", 3);
 	dp_mp_kv_u64(&c->pk, "req_id", req_id);
-	dp_mp_kv_str(&c->pk, "code", code);
+	dp_mp_kv_u64(&c->pk, "code", code);
 	dp_mp_kv_str(&c->pk, "message", message);
 	send_to(c, id, idlen);
 }
@@ -183,22 +183,22 @@ static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
 	    dp_mp_u64(m, "pid", &pid, 0, UINT32_MAX) < 0 ||
 	    dp_mp_str(m, "segment", segment, sizeof(segment), "") < 0 ||
 	    dp_mp_str(m, "name", name, sizeof(name), "") < 0) {
-		reply_error(c, id, idlen, rid, "bad_request", dp_error());
+		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_REQUEST, dp_error());
 		return;
 	}
 	if (protocol != DP_PROTOCOL_VERSION || abi != DP_ABI_MAJOR) {
 		char msg[128];
 		snprintf(msg, sizeof(msg), "client speaks protocol %lu / ABI %lu, this dataplane %d / %d",
 			 protocol, abi, DP_PROTOCOL_VERSION, DP_ABI_MAJOR);
-		reply_error(c, id, idlen, rid, "abi_mismatch", msg);
+		reply_error(c, id, idlen, rid, DP_ERROR_CODE_ABI_MISMATCH, msg);
 		return;
 	}
 	if (idlen > sizeof(c->w->clients[0].identity)) {
-		reply_error(c, id, idlen, rid, "bad_request", "ZeroMQ identity too long");
+		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_REQUEST, "ZeroMQ identity too long");
 		return;
 	}
 	if (client_by_identity(c, id, idlen)) {
-		reply_error(c, id, idlen, rid, "already_attached", "this socket is attached");
+		reply_error(c, id, idlen, rid, DP_ERROR_CODE_ALREADY_ATTACHED, "this socket is attached");
 		return;
 	}
 	struct dp_client *cl = NULL;
@@ -206,12 +206,12 @@ static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
 		if (dp_load_acquire_u32(&c->w->clients[i].state) == DP_CLIENT_FREE)
 			cl = &c->w->clients[i];
 	if (!cl) {
-		reply_error(c, id, idlen, rid, "too_many_clients", "every client slot is taken");
+		reply_error(c, id, idlen, rid, DP_ERROR_CODE_TOO_MANY_CLIENTS, "every client slot is taken");
 		return;
 	}
 	memset(cl, 0, sizeof(*cl));
 	if (dp_client_map(cl, segment, (uint32_t)pid) < 0) {
-		reply_error(c, id, idlen, rid, "bad_segment", dp_error());
+		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_SEGMENT, dp_error());
 		return;
 	}
 	cl->id = c->next_client_id++;
@@ -321,7 +321,7 @@ static void on_load_weights(struct dp_control *c, const uint8_t *id, size_t idle
 	    dp_mp_u32(m, "ffn", &ffn, 0) < 0 || dp_mp_bool(m, "has_b_down", &b_down, false) < 0 ||
 	    dp_mp_uints(m, "ducks", ducks, 256, &nd, 255) < 0 ||
 	    dp_mp_uints(m, "shard_sizes", sizes, 256, &ns, UINT32_MAX) < 0) {
-		reply_error(c, id, idlen, rid, "bad_request", dp_error());
+		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_REQUEST, dp_error());
 		return;
 	}
 	uint64_t total = 0;
@@ -330,14 +330,14 @@ static void on_load_weights(struct dp_control *c, const uint8_t *id, size_t idle
 	if ((kind != DP_MLP_KIND_GELU && kind != DP_MLP_KIND_SWIGLU) ||
 	    (dtype != DP_DTYPE_F32 && dtype != DP_DTYPE_F16) || !hidden || !nd || nd != ns ||
 	    total != ffn) {
-		reply_error(c, id, idlen, rid, "bad_request",
+		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_REQUEST,
 			    "LoadWeights needs a known kind and dtype, and one shard size per duck "
 			    "summing to ffn");
 		return;
 	}
 	struct dp_layer *l = calloc(1, sizeof(*l));
 	if (!l) {
-		reply_error(c, id, idlen, rid, "dataplane_error", "out of memory");
+		reply_error(c, id, idlen, rid, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
 		return;
 	}
 	memset(l->index, 0xff, sizeof(l->index));
@@ -346,7 +346,7 @@ static void on_load_weights(struct dp_control *c, const uint8_t *id, size_t idle
 			snprintf(msg, sizeof(msg), "duck %u is not in the topology or is listed twice",
 				 ducks[i]);
 			free(l);
-			reply_error(c, id, idlen, rid, "bad_request", msg);
+			reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_REQUEST, msg);
 			return;
 		}
 		l->ducks[i] = (uint16_t)ducks[i];
@@ -367,7 +367,7 @@ static void on_load_weights(struct dp_control *c, const uint8_t *id, size_t idle
 			free(l->b_down_raw);
 			free(l->b_down);
 			free(l);
-			reply_error(c, id, idlen, rid, "dataplane_error", "out of memory");
+			reply_error(c, id, idlen, rid, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
 			return;
 		}
 	}
@@ -386,7 +386,7 @@ static void on_load_weights(struct dp_control *c, const uint8_t *id, size_t idle
 	free(l->b_down_raw);
 	free(l->b_down);
 	free(l);
-	reply_error(c, id, idlen, rid, "too_many_layers", "the layer table is full");
+	reply_error(c, id, idlen, rid, DP_ERROR_CODE_TOO_MANY_LAYERS, "the layer table is full");
 }
 
 static void on_stats(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t rid)
@@ -443,7 +443,7 @@ static void handle(struct dp_control *c, const uint8_t *id, size_t idlen, const 
 	    dp_mp_str(&msg.data, "type", type, sizeof(type), "") < 0 || !type[0] ||
 	    dp_mp_u64(&msg.data, "req_id", &rid, 0, UINT64_MAX) < 0) {
 		dp_count(c->counters, DP_C_bad_control_messages, 1);
-		reply_error(c, id, idlen, rid, "bad_message",
+		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_MESSAGE,
 			    "not a msgpack map with a 'type' and a 'req_id'");
 		goto out;
 	}
@@ -468,7 +468,7 @@ static void handle(struct dp_control *c, const uint8_t *id, size_t idlen, const 
 	} else if (!strcmp(type, "SetEpoch")) {
 		uint64_t now = dp_load_acquire_u64(&c->w->epoch), next;
 		if (dp_mp_u64(m, "epoch", &next, now + 1, UINT64_MAX) < 0 || next == now) {
-			reply_error(c, id, idlen, rid, "bad_request", "the new epoch must differ");
+			reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_REQUEST, "the new epoch must differ");
 		} else {
 			dp_store_release_u64(&c->w->epoch, next);
 			begin(c, "EpochChanged", 2);
@@ -479,7 +479,7 @@ static void handle(struct dp_control *c, const uint8_t *id, size_t idlen, const 
 	} else if (!strcmp(type, "GetStats")) {
 		on_stats(c, id, idlen, rid);
 	} else if (!strcmp(type, "SetFaults")) {
-		reply_error(c, id, idlen, rid, "unsupported",
+		reply_error(c, id, idlen, rid, DP_ERROR_CODE_UNSUPPORTED,
 			    "fault knobs live in the duck emulator here: duckpipe ducks --drop, "
 			    "--delay-us, --stop-after, --restart-after");
 	} else if (!strcmp(type, "Shutdown")) {
@@ -487,7 +487,7 @@ static void handle(struct dp_control *c, const uint8_t *id, size_t idlen, const 
 		dp_store_release_u32(&c->w->running, 0);
 	} else {
 		dp_count(c->counters, DP_C_bad_control_messages, 1);
-		reply_error(c, id, idlen, rid, "bad_message", "unknown message type");
+		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_MESSAGE, "unknown message type");
 	}
 out:
 	msgpack_unpacked_destroy(&msg);

@@ -37,6 +37,7 @@ from ..idle import IdleStrategy
 from ..models import duck_partial, numpy_dtype
 from ..ring import SubmissionRing, new_descs
 from ..schema import control as ctl
+from ..schema.control import ErrorCode
 from ..schema.abi import ABI_MAJOR, MAX_DUCKS, DType, MlpKind, Op, Status
 from ..shm import Segment, clean_segments
 
@@ -230,12 +231,12 @@ class MockDataplane:
                 msg = ctl.request_decoder.decode(raw)
             except msgspec.DecodeError as e:
                 self.counters["bad_control_messages"] += 1
-                self._send(identity, ctl.Error(req_id=0, code="bad_message", message=str(e)))
+                self._send(identity, ctl.Error(req_id=0, code=ErrorCode.BAD_MESSAGE, message=str(e)))
                 continue
             try:
                 reply = self._handle(identity, msg)
             except DuckpipeError as e:
-                reply = ctl.Error(req_id=msg.req_id, code="bad_request", message=str(e))
+                reply = ctl.Error(req_id=msg.req_id, code=ErrorCode.BAD_REQUEST, message=str(e))
             if reply is not None:
                 self._send(identity, reply)
         return n
@@ -312,20 +313,20 @@ class MockDataplane:
         if msg.protocol != ctl.PROTOCOL_VERSION or msg.abi_major != ABI_MAJOR:
             return ctl.Error(
                 req_id=rid,
-                code="abi_mismatch",
+                code=ErrorCode.ABI_MISMATCH,
                 message=f"client speaks protocol {msg.protocol} / ABI {msg.abi_major}, "
                 f"this dataplane {ctl.PROTOCOL_VERSION} / {ABI_MAJOR}",
             )
         if identity in self.clients:
-            return ctl.Error(req_id=rid, code="already_attached", message="this socket is attached")
+            return ctl.Error(req_id=rid, code=ErrorCode.ALREADY_ATTACHED, message="this socket is attached")
         try:
             seg = Segment.open(msg.segment)
         except DuckpipeError as e:
-            return ctl.Error(req_id=rid, code="bad_segment", message=str(e))
+            return ctl.Error(req_id=rid, code=ErrorCode.BAD_SEGMENT, message=str(e))
         if int(seg.header.creator_pid) != msg.pid:
             seg.close()
             return ctl.Error(
-                req_id=rid, code="bad_segment", message="segment was made by another pid"
+                req_id=rid, code=ErrorCode.BAD_SEGMENT, message="segment was made by another pid"
             )
         cid = self._next_client
         self._next_client += 1

@@ -30,6 +30,7 @@ ENUMS: tuple[type[enum.IntEnum], ...] = (
     abi.MlpKind,
     wire.WireOp,
     wire.WireFlag,
+    control.ErrorCode,
 )
 
 
@@ -73,6 +74,8 @@ def _constants() -> dict[str, int]:
         **wire.CONSTANTS,
         "HOST_TENSOR_DUCK": control.HOST_TENSOR_DUCK,
         "PROTOCOL_VERSION": control.PROTOCOL_VERSION,
+        "MAX_MESSAGE_BYTES": control.MAX_MESSAGE_BYTES,
+        "MAX_NESTING": control.MAX_NESTING,
     }
 
 
@@ -156,6 +159,7 @@ def render_control_json() -> str:
             "description": (control.__doc__ or "").strip(),
             "protocol": control.PROTOCOL_VERSION,
             "encoding": "msgpack; the 'type' field names the message",
+            "error_codes": _enum_json(control.ErrorCode),
             "request": req,
             "reply": rep,
             "$defs": components,
