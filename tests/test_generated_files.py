@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import msgspec
 import pytest
@@ -226,3 +226,28 @@ def test_layout_accepts_explicit_padding_and_places_fields() -> None:
         ("pad0", 1, 7, True),
         ("value", 8, 8, False),
     ]
+
+
+# --- the generated control codec ------------------------------------------------------
+
+
+def test_control_codec_needs_a_length_limit_on_every_string_and_list() -> None:
+    from duckpipe.schema import ctlgen
+
+    class Unbounded(control.Request, kw_only=True):
+        names: list[Annotated[int, msgspec.Meta(ge=0)]]
+
+    with pytest.raises(TypeError, match=r"Unbounded\.names: give it Meta\(max_length"):
+        ctlgen._fields(Unbounded)
+
+
+def test_every_request_type_has_a_generated_struct_and_a_table_entry() -> None:
+    from duckpipe.schema import ctlgen
+
+    h = (INCLUDE / "dp_ctl_gen.h").read_text()
+    c = (ROOT / "dataplane" / "src" / "dp_ctl_gen.c").read_text()
+    for cls in ctlgen.request_types():
+        snake = ctlgen._snake(cls.__name__)
+        assert f"struct dp_ctl_{snake} {{" in h
+        assert f'[DP_CTL_{snake.upper()}] = "{cls.__name__}"' in c
+        assert f"decode_{snake}(" in c

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <msgpack.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include <zmq.h>
 
 #include "dp_client.h"
+#include "dp_ctl_gen.h"
 #include "dp_mp.h"
 #include "dp_reduce.h"
 #include "dp_worker.h"
@@ -35,6 +37,7 @@ struct dp_control {
 	msgpack_sbuffer sbuf;
 	msgpack_packer pk;
 	struct dp_counters *counters;
+	struct dp_ctl_request req;      /* the request being handled (large: not on the stack) */
 	struct dp_layer *retired[4096]; /* replaced layers: contexts may still point at them */
 	uint32_t nretired;
 };
@@ -162,6 +165,29 @@ static int drain_completions(struct dp_control *c)
 
 /* --- requests ---------------------------------------------------------------------------- */
 
+/* Who sent the request being handled. */
+struct dp_peer {
+	const uint8_t *id; /* ZeroMQ routing id */
+	size_t idlen;
+	uint64_t rid;      /* req_id, echoed in the reply */
+};
+
+typedef void (*dp_ctl_handler)(struct dp_control *c, const struct dp_peer *p,
+			       const struct dp_ctl_request *r);
+
+static void refuse(struct dp_control *c, const struct dp_peer *p, enum dp_error_code code,
+		   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void refuse(struct dp_control *c, const struct dp_peer *p, enum dp_error_code code,
+		   const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	reply_error(c, p->id, p->idlen, p->rid, code, msg);
+}
+
 static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t *id, size_t len)
 {
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
@@ -173,32 +199,21 @@ static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t 
 	return NULL;
 }
 
-static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
-		      const msgpack_object *m, uint64_t rid)
+static void on_attach(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
-	uint64_t protocol, abi, pid;
-	char segment[256], name[64];
-	if (dp_mp_u64(m, "protocol", &protocol, DP_PROTOCOL_VERSION, UINT32_MAX) < 0 ||
-	    dp_mp_u64(m, "abi_major", &abi, 0, UINT32_MAX) < 0 ||
-	    dp_mp_u64(m, "pid", &pid, 0, UINT32_MAX) < 0 ||
-	    dp_mp_str(m, "segment", segment, sizeof(segment), "") < 0 ||
-	    dp_mp_str(m, "name", name, sizeof(name), "") < 0) {
-		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_REQUEST, dp_error());
+	const struct dp_ctl_attach *m = &r->u.attach;
+	if (m->protocol != DP_PROTOCOL_VERSION || m->abi_major != DP_ABI_MAJOR) {
+		refuse(c, p, DP_ERROR_CODE_ABI_MISMATCH,
+		       "client speaks protocol %u / ABI %u, this dataplane %d / %d", m->protocol,
+		       m->abi_major, DP_PROTOCOL_VERSION, DP_ABI_MAJOR);
 		return;
 	}
-	if (protocol != DP_PROTOCOL_VERSION || abi != DP_ABI_MAJOR) {
-		char msg[128];
-		snprintf(msg, sizeof(msg), "client speaks protocol %lu / ABI %lu, this dataplane %d / %d",
-			 protocol, abi, DP_PROTOCOL_VERSION, DP_ABI_MAJOR);
-		reply_error(c, id, idlen, rid, DP_ERROR_CODE_ABI_MISMATCH, msg);
+	if (p->idlen > sizeof(c->w->clients[0].identity)) {
+		refuse(c, p, DP_ERROR_CODE_BAD_REQUEST, "ZeroMQ identity too long");
 		return;
 	}
-	if (idlen > sizeof(c->w->clients[0].identity)) {
-		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_REQUEST, "ZeroMQ identity too long");
-		return;
-	}
-	if (client_by_identity(c, id, idlen)) {
-		reply_error(c, id, idlen, rid, DP_ERROR_CODE_ALREADY_ATTACHED, "this socket is attached");
+	if (client_by_identity(c, p->id, p->idlen)) {
+		refuse(c, p, DP_ERROR_CODE_ALREADY_ATTACHED, "this socket is attached");
 		return;
 	}
 	struct dp_client *cl = NULL;
@@ -206,27 +221,27 @@ static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
 		if (dp_load_acquire_u32(&c->w->clients[i].state) == DP_CLIENT_FREE)
 			cl = &c->w->clients[i];
 	if (!cl) {
-		reply_error(c, id, idlen, rid, DP_ERROR_CODE_TOO_MANY_CLIENTS, "every client slot is taken");
+		refuse(c, p, DP_ERROR_CODE_TOO_MANY_CLIENTS, "every client slot is taken");
 		return;
 	}
 	memset(cl, 0, sizeof(*cl));
-	if (dp_client_map(cl, segment, (uint32_t)pid) < 0) {
-		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_SEGMENT, dp_error());
+	if (dp_client_map(cl, m->segment, m->pid) < 0) {
+		refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT, "%s", dp_error());
 		return;
 	}
 	cl->id = c->next_client_id++;
-	memcpy(cl->identity, id, idlen);
-	cl->identity_len = idlen;
-	snprintf(cl->name, sizeof(cl->name), "%s", name);
+	memcpy(cl->identity, p->id, p->idlen);
+	cl->identity_len = p->idlen;
+	snprintf(cl->name, sizeof(cl->name), "%s", m->name);
 	cl->hdr->dataplane_pid = (uint32_t)getpid();
 	cl->hdr->client_id = cl->id;
 	dp_store_relaxed_u64(&cl->hdr->dataplane_heartbeat_ns, dp_now_ns());
 	/* release: the dispatcher that sees ACTIVE sees the mapping */
 	dp_store_release_u32(&cl->state, DP_CLIENT_ACTIVE);
 	dp_count(c->counters, DP_C_clients_attached, 1);
-	DP_INFO("client %u (pid %lu, %s) attached %s", cl->id, pid, name, segment);
+	DP_INFO("client %u (pid %u, %s) attached %s", cl->id, m->pid, m->name, m->segment);
 	begin(c, "Attached", 9);
-	dp_mp_kv_u64(&c->pk, "req_id", rid);
+	dp_mp_kv_u64(&c->pk, "req_id", p->rid);
 	dp_mp_kv_u64(&c->pk, "client_id", cl->id);
 	dp_mp_kv_u64(&c->pk, "epoch", dp_load_acquire_u64(&c->w->epoch));
 	dp_mp_kv_u64(&c->pk, "session", c->w->session);
@@ -235,16 +250,36 @@ static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
 	dp_mp_kv_u64(&c->pk, "ducks", c->w->cfg.nducks);
 	dp_mp_kv_u64(&c->pk, "default_timeout_us", c->w->cfg.default_timeout_us);
 	dp_mp_kv_u64(&c->pk, "max_forward_bytes", c->w->cfg.max_forward_bytes);
-	send_to(c, id, idlen);
+	send_to(c, p->id, p->idlen);
 }
 
-static void on_topology(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t rid)
+static void on_detach(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
+{
+	(void)r;
+	struct dp_client *cl = client_by_identity(c, p->id, p->idlen);
+	if (cl) {
+		dp_store_release_u32(&cl->state, DP_CLIENT_CLOSING);
+		dp_count(c->counters, DP_C_clients_detached, 1);
+	}
+	reply_ack(c, p->id, p->idlen, p->rid);
+}
+
+static void on_heartbeat(struct dp_control *c, const struct dp_peer *p,
+			 const struct dp_ctl_request *r)
+{
+	(void)r;
+	reply_ack(c, p->id, p->idlen, p->rid);
+}
+
+static void on_topology(struct dp_control *c, const struct dp_peer *p,
+			const struct dp_ctl_request *r)
 {
 	struct dp_world *w = c->w;
 	char addr[INET_ADDRSTRLEN];
 	uint64_t now = dp_now_ns();
+	(void)r;
 	begin(c, "Topology", 3);
-	dp_mp_kv_u64(&c->pk, "req_id", rid);
+	dp_mp_kv_u64(&c->pk, "req_id", p->rid);
 	dp_mp_key(&c->pk, "nics");
 	msgpack_pack_array(&c->pk, w->cfg.nnics);
 	for (uint32_t n = 0; n < w->cfg.nnics; n++) {
@@ -272,16 +307,17 @@ static void on_topology(struct dp_control *c, const uint8_t *id, size_t idlen, u
 		dp_mp_kv_bool(&c->pk, "alive",
 			      seen && now - seen < 3ull * w->cfg.ping_ms * 1000000ull);
 	}
-	send_to(c, id, idlen);
+	send_to(c, p->id, p->idlen);
 }
 
-static void on_layers(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t rid)
+static void on_layers(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
 	uint32_t n = 0;
+	(void)r;
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++)
 		n += c->w->layers[i] != NULL;
 	begin(c, "Layers", 2);
-	dp_mp_kv_u64(&c->pk, "req_id", rid);
+	dp_mp_kv_u64(&c->pk, "req_id", p->rid);
 	dp_mp_key(&c->pk, "layers");
 	msgpack_pack_array(&c->pk, n);
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
@@ -305,96 +341,108 @@ static void on_layers(struct dp_control *c, const uint8_t *id, size_t idlen, uin
 		dp_mp_kv_bool(&c->pk, "has_b_down", l->has_b_down);
 		dp_mp_kv_bool(&c->pk, "ready", dp_load_acquire_u32(&l->ready));
 	}
-	send_to(c, id, idlen);
+	send_to(c, p->id, p->idlen);
 }
 
-static void on_load_weights(struct dp_control *c, const uint8_t *id, size_t idlen,
-			    const msgpack_object *m, uint64_t rid)
+static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
+			    const struct dp_ctl_request *r)
 {
 	struct dp_world *w = c->w;
-	uint32_t layer, kind, dtype, hidden, ffn, nd, ns;
-	uint32_t ducks[256], sizes[256];
-	bool b_down;
-	char msg[160];
-	if (dp_mp_u32(m, "layer", &layer, 0) < 0 || dp_mp_u32(m, "kind", &kind, 0) < 0 ||
-	    dp_mp_u32(m, "dtype", &dtype, 0) < 0 || dp_mp_u32(m, "hidden", &hidden, 0) < 0 ||
-	    dp_mp_u32(m, "ffn", &ffn, 0) < 0 || dp_mp_bool(m, "has_b_down", &b_down, false) < 0 ||
-	    dp_mp_uints(m, "ducks", ducks, 256, &nd, 255) < 0 ||
-	    dp_mp_uints(m, "shard_sizes", sizes, 256, &ns, UINT32_MAX) < 0) {
-		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_REQUEST, dp_error());
-		return;
-	}
+	const struct dp_ctl_load_weights *m = &r->u.load_weights;
 	uint64_t total = 0;
-	for (uint32_t i = 0; i < ns; i++)
-		total += sizes[i];
-	if ((kind != DP_MLP_KIND_GELU && kind != DP_MLP_KIND_SWIGLU) ||
-	    (dtype != DP_DTYPE_F32 && dtype != DP_DTYPE_F16) || !hidden || !nd || nd != ns ||
-	    total != ffn) {
-		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_REQUEST,
-			    "LoadWeights needs a known kind and dtype, and one shard size per duck "
-			    "summing to ffn");
+	for (uint32_t i = 0; i < m->shard_sizes_len; i++)
+		total += m->shard_sizes[i];
+	if (m->ducks_len != m->shard_sizes_len || total != m->ffn) {
+		refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		       "LoadWeights needs one shard size per duck, summing to ffn");
 		return;
 	}
 	struct dp_layer *l = calloc(1, sizeof(*l));
 	if (!l) {
-		reply_error(c, id, idlen, rid, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
+		refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
 		return;
 	}
 	memset(l->index, 0xff, sizeof(l->index));
-	for (uint32_t i = 0; i < nd; i++) {
-		if (w->duck_index[ducks[i]] < 0 || l->index[ducks[i]] >= 0) {
-			snprintf(msg, sizeof(msg), "duck %u is not in the topology or is listed twice",
-				 ducks[i]);
+	for (uint32_t i = 0; i < m->ducks_len; i++) {
+		uint32_t duck = m->ducks[i];
+		if (w->duck_index[duck] < 0 || l->index[duck] >= 0) {
 			free(l);
-			reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_REQUEST, msg);
+			refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+			       "duck %u is not in the topology or is listed twice", duck);
 			return;
 		}
-		l->ducks[i] = (uint16_t)ducks[i];
-		l->shard[i] = sizes[i];
-		l->index[ducks[i]] = (int16_t)i;
+		l->ducks[i] = (uint16_t)duck;
+		l->shard[i] = m->shard_sizes[i];
+		l->index[duck] = (int16_t)i;
 	}
-	l->id = layer;
-	l->kind = (uint8_t)kind;
-	l->dtype = (uint8_t)dtype;
-	l->hidden = hidden;
-	l->ffn = ffn;
-	l->nducks = nd;
-	l->has_b_down = b_down;
-	if (b_down) {
-		l->b_down_raw = calloc(hidden, 4);
-		l->b_down = calloc(hidden, sizeof(float));
+	l->id = m->layer;
+	l->kind = (uint8_t)m->kind;
+	l->dtype = (uint8_t)m->dtype;
+	l->hidden = m->hidden;
+	l->ffn = m->ffn;
+	l->nducks = m->ducks_len;
+	l->has_b_down = m->has_b_down;
+	if (m->has_b_down) {
+		l->b_down_raw = calloc(m->hidden, 4);
+		l->b_down = calloc(m->hidden, sizeof(float));
 		if (!l->b_down_raw || !l->b_down) {
 			free(l->b_down_raw);
 			free(l->b_down);
 			free(l);
-			reply_error(c, id, idlen, rid, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
+			refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
 			return;
 		}
 	}
 	/* insert, or replace the layer of the same id (the old one is kept: forwards may use it) */
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
-		struct dp_layer **slot = &w->layers[(layer * 2654435761u + i) & (DP_LAYER_TABLE - 1)];
-		if (*slot && (*slot)->id != layer)
+		struct dp_layer **slot =
+			&w->layers[(m->layer * 2654435761u + i) & (DP_LAYER_TABLE - 1)];
+		if (*slot && (*slot)->id != m->layer)
 			continue;
 		if (*slot && c->nretired < DP_ARRAY_LEN(c->retired))
 			c->retired[c->nretired++] = *slot;
 		/* release: the dispatcher that finds the layer sees it whole */
 		dp_store_release_ptr((void **)slot, l);
-		reply_ack(c, id, idlen, rid);
+		reply_ack(c, p->id, p->idlen, p->rid);
 		return;
 	}
 	free(l->b_down_raw);
 	free(l->b_down);
 	free(l);
-	reply_error(c, id, idlen, rid, DP_ERROR_CODE_TOO_MANY_LAYERS, "the layer table is full");
+	refuse(c, p, DP_ERROR_CODE_TOO_MANY_LAYERS, "the layer table is full");
 }
 
-static void on_stats(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t rid)
+static void on_unload_layer(struct dp_control *c, const struct dp_peer *p,
+			    const struct dp_ctl_request *r)
+{
+	(void)r;
+	refuse(c, p, DP_ERROR_CODE_UNSUPPORTED, "UnloadLayer is not implemented yet");
+}
+
+static void on_set_epoch(struct dp_control *c, const struct dp_peer *p,
+			 const struct dp_ctl_request *r)
+{
+	const struct dp_ctl_set_epoch *m = &r->u.set_epoch;
+	uint64_t now = dp_load_acquire_u64(&c->w->epoch);
+	uint64_t next = m->has_epoch ? m->epoch : now + 1;
+	if (next == now) {
+		refuse(c, p, DP_ERROR_CODE_BAD_REQUEST, "already in epoch %lu", (unsigned long)now);
+		return;
+	}
+	dp_store_release_u64(&c->w->epoch, next);
+	begin(c, "EpochChanged", 2);
+	dp_mp_kv_u64(&c->pk, "req_id", p->rid);
+	dp_mp_kv_u64(&c->pk, "epoch", next);
+	send_to(c, p->id, p->idlen);
+}
+
+static void on_stats(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
 	struct dp_world *w = c->w;
 	uint64_t sum[DP_NCOUNTERS] = { 0 };
 	const struct dp_counters *all[DP_MAX_NICS + 2];
 	uint32_t nall = 0;
+	(void)r;
 	all[nall++] = &w->control_counters;
 	all[nall++] = &w->dispatch_counters;
 	for (uint32_t k = 0; k < w->cfg.nnics; k++)
@@ -406,7 +454,7 @@ static void on_stats(struct dp_control *c, const uint8_t *id, size_t idlen, uint
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
 		nclients += w->clients[i].state == DP_CLIENT_ACTIVE;
 	begin(c, "Stats", 5);
-	dp_mp_kv_u64(&c->pk, "req_id", rid);
+	dp_mp_kv_u64(&c->pk, "req_id", p->rid);
 	dp_mp_kv_str(&c->pk, "mode", w->cfg.nics[0].backend);
 	dp_mp_kv_u64(&c->pk, "epoch", dp_load_acquire_u64(&w->epoch));
 	dp_mp_key(&c->pk, "counters");
@@ -427,77 +475,58 @@ static void on_stats(struct dp_control *c, const uint8_t *id, size_t idlen, uint
 		dp_mp_kv_u64(&c->pk, "submitted", dp_load_relaxed_u64(&cl->submitted));
 		dp_mp_kv_u64(&c->pk, "completed", cl->completed);
 	}
-	send_to(c, id, idlen);
+	send_to(c, p->id, p->idlen);
 }
 
-static void handle(struct dp_control *c, const uint8_t *id, size_t idlen, const char *data,
-		   size_t len)
+static void on_set_faults(struct dp_control *c, const struct dp_peer *p,
+			  const struct dp_ctl_request *r)
 {
-	msgpack_unpacked msg;
-	msgpack_unpacked_init(&msg);
-	size_t off = 0;
-	char type[32];
-	uint64_t rid = 0;
-	if (msgpack_unpack_next(&msg, data, len, &off) != MSGPACK_UNPACK_SUCCESS ||
-	    msg.data.type != MSGPACK_OBJECT_MAP ||
-	    dp_mp_str(&msg.data, "type", type, sizeof(type), "") < 0 || !type[0] ||
-	    dp_mp_u64(&msg.data, "req_id", &rid, 0, UINT64_MAX) < 0) {
+	(void)r;
+	refuse(c, p, DP_ERROR_CODE_UNSUPPORTED,
+	       "fault knobs live in the duck emulator here: duckpipe ducks --drop, --delay-us, "
+	       "--stop-after, --restart-after");
+}
+
+static void on_shutdown(struct dp_control *c, const struct dp_peer *p,
+			const struct dp_ctl_request *r)
+{
+	(void)r;
+	reply_ack(c, p->id, p->idlen, p->rid);
+	dp_store_release_u32(&c->w->running, 0);
+}
+
+/* The generated decoder names the type; this table names its handler. */
+static const dp_ctl_handler handlers[DP_CTL_NTYPES] = {
+	[DP_CTL_ATTACH] = on_attach,
+	[DP_CTL_DETACH] = on_detach,
+	[DP_CTL_HEARTBEAT] = on_heartbeat,
+	[DP_CTL_GET_TOPOLOGY] = on_topology,
+	[DP_CTL_GET_LAYERS] = on_layers,
+	[DP_CTL_LOAD_WEIGHTS] = on_load_weights,
+	[DP_CTL_UNLOAD_LAYER] = on_unload_layer,
+	[DP_CTL_SET_EPOCH] = on_set_epoch,
+	[DP_CTL_GET_STATS] = on_stats,
+	[DP_CTL_SET_FAULTS] = on_set_faults,
+	[DP_CTL_SHUTDOWN] = on_shutdown,
+};
+
+static void handle(struct dp_control *c, struct dp_peer *p, const char *data, size_t len)
+{
+	char why[256];
+	int rc = dp_ctl_decode(data, len, &c->req, why, sizeof(why));
+	p->rid = c->req.req_id;
+	if (rc != 0) {
 		dp_count(c->counters, DP_C_bad_control_messages, 1);
-		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_MESSAGE,
-			    "not a msgpack map with a 'type' and a 'req_id'");
-		goto out;
+		reply_error(c, p->id, p->idlen, p->rid, (enum dp_error_code)rc, why);
+		return;
 	}
-	const msgpack_object *m = &msg.data;
-	if (!strcmp(type, "Attach")) {
-		on_attach(c, id, idlen, m, rid);
-	} else if (!strcmp(type, "Detach")) {
-		struct dp_client *cl = client_by_identity(c, id, idlen);
-		if (cl) {
-			dp_store_release_u32(&cl->state, DP_CLIENT_CLOSING);
-			dp_count(c->counters, DP_C_clients_detached, 1);
-		}
-		reply_ack(c, id, idlen, rid);
-	} else if (!strcmp(type, "Heartbeat")) {
-		reply_ack(c, id, idlen, rid);
-	} else if (!strcmp(type, "GetTopology")) {
-		on_topology(c, id, idlen, rid);
-	} else if (!strcmp(type, "GetLayers")) {
-		on_layers(c, id, idlen, rid);
-	} else if (!strcmp(type, "LoadWeights")) {
-		on_load_weights(c, id, idlen, m, rid);
-	} else if (!strcmp(type, "SetEpoch")) {
-		uint64_t now = dp_load_acquire_u64(&c->w->epoch), next;
-		if (dp_mp_u64(m, "epoch", &next, now + 1, UINT64_MAX) < 0 || next == now) {
-			reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_REQUEST, "the new epoch must differ");
-		} else {
-			dp_store_release_u64(&c->w->epoch, next);
-			begin(c, "EpochChanged", 2);
-			dp_mp_kv_u64(&c->pk, "req_id", rid);
-			dp_mp_kv_u64(&c->pk, "epoch", next);
-			send_to(c, id, idlen);
-		}
-	} else if (!strcmp(type, "GetStats")) {
-		on_stats(c, id, idlen, rid);
-	} else if (!strcmp(type, "SetFaults")) {
-		reply_error(c, id, idlen, rid, DP_ERROR_CODE_UNSUPPORTED,
-			    "fault knobs live in the duck emulator here: duckpipe ducks --drop, "
-			    "--delay-us, --stop-after, --restart-after");
-	} else if (!strcmp(type, "Shutdown")) {
-		reply_ack(c, id, idlen, rid);
-		dp_store_release_u32(&c->w->running, 0);
-	} else {
-		dp_count(c->counters, DP_C_bad_control_messages, 1);
-		reply_error(c, id, idlen, rid, DP_ERROR_CODE_BAD_MESSAGE, "unknown message type");
-	}
-out:
-	msgpack_unpacked_destroy(&msg);
+	handlers[c->req.type](c, p, &c->req);
 }
 
 static int poll_control(struct dp_control *c)
 {
 	int n = 0;
 	uint8_t id[256];
-	static char data[1 << 16];
 	while (n < MAX_MESSAGES_PER_LOOP) {
 		int idlen = zmq_recv(c->router, id, sizeof(id), ZMQ_DONTWAIT);
 		if (idlen < 0)
@@ -509,7 +538,9 @@ static int poll_control(struct dp_control *c)
 			dp_count(c->counters, DP_C_bad_control_messages, 1);
 			continue;
 		}
-		int len = zmq_recv(c->router, data, sizeof(data), ZMQ_DONTWAIT);
+		zmq_msg_t msg;
+		zmq_msg_init(&msg);
+		int len = zmq_msg_recv(&msg, c->router, ZMQ_DONTWAIT);
 		/* drain any further frames: a request is exactly identity + one payload */
 		bool extra = false;
 		zmq_getsockopt(c->router, ZMQ_RCVMORE, &more, &sz);
@@ -521,11 +552,14 @@ static int poll_control(struct dp_control *c)
 		}
 		n++;
 		dp_count(c->counters, DP_C_control_messages, 1);
-		if (len < 0 || extra || (size_t)len > sizeof(data) || idlen > (int)sizeof(id)) {
+		if (len < 0 || extra || idlen > (int)sizeof(id)) {
 			dp_count(c->counters, DP_C_bad_control_messages, 1);
+			zmq_msg_close(&msg);
 			continue;
 		}
-		handle(c, id, (size_t)idlen, data, (size_t)len);
+		struct dp_peer peer = { .id = id, .idlen = (size_t)idlen };
+		handle(c, &peer, zmq_msg_data(&msg), zmq_msg_size(&msg));
+		zmq_msg_close(&msg);
 	}
 	return n;
 }
@@ -612,9 +646,17 @@ struct dp_control *dp_control_new(struct dp_world *w)
 		}
 		unlink(ep + 6); /* left behind by a dataplane that died */
 	}
+	for (int t = 0; t < DP_CTL_NTYPES; t++)
+		if (!handlers[t]) {
+			dp_set_error("control message %s has no handler", dp_ctl_type_names[t]);
+			goto fail;
+		}
 	c->router = zmq_socket(c->zctx, ZMQ_ROUTER);
 	int zero = 0;
+	/* a longer message disconnects its sender before libzmq buffers it */
+	int64_t maxmsg = DP_MAX_MESSAGE_BYTES;
 	zmq_setsockopt(c->router, ZMQ_LINGER, &zero, sizeof(zero));
+	zmq_setsockopt(c->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
 	if (zmq_bind(c->router, ep) < 0) {
 		dp_set_error("cannot listen on %s: %s; is the address in use?", ep,
 			     zmq_strerror(errno));

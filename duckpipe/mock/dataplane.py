@@ -174,6 +174,8 @@ class MockDataplane:
                 path.unlink()  # left behind by a dataplane that died
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        # a longer message disconnects its sender before libzmq buffers it
+        sock.setsockopt(zmq.MAXMSGSIZE, ctl.MAX_MESSAGE_BYTES)
         try:
             sock.bind(control)
         except zmq.ZMQError as e:

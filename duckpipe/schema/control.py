@@ -141,7 +141,9 @@ class LoadWeights(Request, kw_only=True):
     hidden: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)]  # and <= the config's max_hidden
     ffn: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)]  # and <= the config's max_ffn
     ducks: Annotated[list[DuckId], Meta(min_length=1, max_length=MAX_DUCKS)]
-    shard_sizes: Annotated[list[U32], Meta(min_length=1, max_length=MAX_DUCKS)]
+    shard_sizes: Annotated[
+        list[Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)]], Meta(min_length=1, max_length=MAX_DUCKS)
+    ]
     has_b_down: bool = False
     shared: bool = False  # usable by every client; admin only
 
