@@ -251,3 +251,21 @@ def test_every_request_type_has_a_generated_struct_and_a_table_entry() -> None:
         assert f"struct dp_ctl_{snake} {{" in h
         assert f'[DP_CTL_{snake.upper()}] = "{cls.__name__}"' in c
         assert f"decode_{snake}(" in c
+
+
+def test_the_c_config_reader_reads_every_config_field_by_its_schema_name() -> None:
+    from duckpipe.schema import config
+
+    text = (ROOT / "dataplane" / "src" / "dp_config.c").read_text()
+    for cls in (config.DataplaneConfig, config.NicConfig, config.DuckConfig):
+        missing = [
+            f.name for f in msgspec.structs.fields(cls) if f'"{f.name}"' not in text
+        ]
+        assert not missing, f"dp_config.c never reads {cls.__name__}: {missing}"
+        defaults = [
+            f.name
+            for f in msgspec.structs.fields(cls)
+            if f.default is not msgspec.NODEFAULT and isinstance(f.default, bool | int | str)
+        ]
+        for name in defaults:  # a hand-typed default would drift from the Struct's
+            assert re.search(rf'"{name}",[^;]*DP_CFG_(NIC_)?DEFAULT_{name.upper()}\b', text), name

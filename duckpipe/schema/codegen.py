@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 
 from . import abi, control, wire
-from .ctlgen import render_ctl_c, render_ctl_h
+from .ctlgen import render_config_h, render_ctl_c, render_ctl_h
 from .layout import Layout, layout_of
 
 __all__ = ["CDEF_BEGIN", "CDEF_END", "ROOT", "render_all"]
@@ -174,6 +174,7 @@ def render_all() -> dict[Path, str]:
         Path("dataplane/include/dp_abi.h"): render_header(),
         Path("dataplane/include/dp_ctl_gen.h"): render_ctl_h(),
         Path("dataplane/src/dp_ctl_gen.c"): render_ctl_c(),
+        Path("dataplane/include/dp_config_gen.h"): render_config_h(),
         Path("schemas/abi.json"): render_abi_json(),
         Path("schemas/wire.json"): render_wire_json(),
         Path("schemas/control.json"): render_control_json(),
