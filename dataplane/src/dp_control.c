@@ -9,7 +9,9 @@
 #include "dp_control.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
+#include <grp.h>
 #include <msgpack.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -27,6 +29,7 @@
 
 #define HOUSEKEEPING_NS 50000000ull /* 50 ms */
 #define MAX_MESSAGES_PER_LOOP 64
+#define MAX_CURVE_CLIENTS 256
 
 struct dp_control {
 	struct dp_world *w;
@@ -38,6 +41,15 @@ struct dp_control {
 	msgpack_packer pk;
 	struct dp_counters *counters;
 	struct dp_ctl_request req;      /* the request being handled (large: not on the stack) */
+	/* who may talk: the dataplane's own user (admin), members of control_group (clients),
+	 * and over tcp:// the CURVE keys of curve_clients_file (clients) */
+	uint32_t euid;
+	bool ipc;                       /* the endpoint is ipc://: peers have uid, gid, pid */
+	bool has_group;
+	uint32_t group_gid;
+	void *zap;                      /* ZAP handler (REP) when CURVE is on */
+	uint8_t curve_clients[MAX_CURVE_CLIENTS][32];
+	uint32_t ncurve_clients;
 	struct dp_layer *retired[4096]; /* replaced layers: contexts may still point at them */
 	uint32_t nretired;
 };
@@ -170,7 +182,43 @@ struct dp_peer {
 	const uint8_t *id; /* ZeroMQ routing id */
 	size_t idlen;
 	uint64_t rid;      /* req_id, echoed in the reply */
+	bool creds;        /* uid, gid, pid read from the socket (ipc:// only) */
+	uint32_t uid, gid, pid;
+	bool admin;        /* the dataplane's own user */
 };
+
+/* "...:uid:gid:pid", the tail libzmq appends to an ipc peer's Peer-Address (SO_PEERCRED). */
+static bool parse_peer_address(const char *pa, uint32_t *uid, uint32_t *gid, uint32_t *pid)
+{
+	unsigned long v[3];
+	const char *end = pa ? pa + strlen(pa) : NULL;
+	if (!pa)
+		return false;
+	for (int k = 2; k >= 0; k--) {
+		const char *colon = end;
+		while (colon > pa && colon[-1] != ':')
+			colon--;
+		if (colon == pa || colon == end)
+			return false;
+		char num[16];
+		size_t n = (size_t)(end - colon);
+		if (n >= sizeof(num))
+			return false;
+		memcpy(num, colon, n);
+		num[n] = '\0';
+		for (size_t i = 0; i < n; i++)
+			if (!isdigit((unsigned char)num[i]))
+				return false;
+		v[k] = strtoul(num, NULL, 10);
+		if (v[k] > UINT32_MAX)
+			return false;
+		end = colon - 1;
+	}
+	*uid = (uint32_t)v[0];
+	*gid = (uint32_t)v[1];
+	*pid = (uint32_t)v[2];
+	return true;
+}
 
 typedef void (*dp_ctl_handler)(struct dp_control *c, const struct dp_peer *p,
 			       const struct dp_ctl_request *r);
@@ -185,6 +233,8 @@ static void refuse(struct dp_control *c, const struct dp_peer *p, enum dp_error_
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	if (code == DP_ERROR_CODE_NOT_PERMITTED)
+		dp_count(c->counters, DP_C_control_refused, 1);
 	reply_error(c, p->id, p->idlen, p->rid, code, msg);
 }
 
@@ -208,6 +258,17 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 		       m->abi_major, DP_PROTOCOL_VERSION, DP_ABI_MAJOR);
 		return;
 	}
+	if (!p->creds) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED,
+		       "shared memory needs a local peer: attach over ipc://, not tcp://");
+		return;
+	}
+	if (m->pid != p->pid) {
+		refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT,
+		       "Attach.pid %u is not the sender's pid %u: attach your own segment", m->pid,
+		       p->pid);
+		return;
+	}
 	if (p->idlen > sizeof(c->w->clients[0].identity)) {
 		refuse(c, p, DP_ERROR_CODE_BAD_REQUEST, "ZeroMQ identity too long");
 		return;
@@ -225,11 +286,13 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 		return;
 	}
 	memset(cl, 0, sizeof(*cl));
-	if (dp_client_map(cl, m->segment, m->pid) < 0) {
+	/* the peer's pid from the socket, never the message's */
+	if (dp_client_map(cl, m->segment, p->pid) < 0) {
 		refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT, "%s", dp_error());
 		return;
 	}
 	cl->id = c->next_client_id++;
+	cl->uid = p->uid;
 	memcpy(cl->identity, p->id, p->idlen);
 	cl->identity_len = p->idlen;
 	snprintf(cl->name, sizeof(cl->name), "%s", m->name);
@@ -239,7 +302,8 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 	/* release: the dispatcher that sees ACTIVE sees the mapping */
 	dp_store_release_u32(&cl->state, DP_CLIENT_ACTIVE);
 	dp_count(c->counters, DP_C_clients_attached, 1);
-	DP_INFO("client %u (pid %u, %s) attached %s", cl->id, m->pid, m->name, m->segment);
+	DP_INFO("client %u (pid %u uid %u, %s) attached %s", cl->id, p->pid, p->uid, m->name,
+		m->segment);
 	begin(c, "Attached", 9);
 	dp_mp_kv_u64(&c->pk, "req_id", p->rid);
 	dp_mp_kv_u64(&c->pk, "client_id", cl->id);
@@ -423,6 +487,10 @@ static void on_set_epoch(struct dp_control *c, const struct dp_peer *p,
 			 const struct dp_ctl_request *r)
 {
 	const struct dp_ctl_set_epoch *m = &r->u.set_epoch;
+	if (!p->admin) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED, "SetEpoch needs the admin role");
+		return;
+	}
 	uint64_t now = dp_load_acquire_u64(&c->w->epoch);
 	uint64_t next = m->has_epoch ? m->epoch : now + 1;
 	if (next == now) {
@@ -463,15 +531,18 @@ static void on_stats(struct dp_control *c, const struct dp_peer *p, const struct
 		dp_mp_kv_u64(&c->pk, dp_counter_names[i], sum[i]);
 	dp_mp_key(&c->pk, "clients");
 	msgpack_pack_array(&c->pk, nclients);
+	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
 		const struct dp_client *cl = &w->clients[i];
 		if (cl->state != DP_CLIENT_ACTIVE)
 			continue;
+		/* where another client's segment is, and who it is, is the admin's business */
+		bool shown = p->admin || cl == me;
 		msgpack_pack_map(&c->pk, 6);
 		dp_mp_kv_u64(&c->pk, "client_id", cl->id);
-		dp_mp_kv_u64(&c->pk, "pid", cl->pid);
-		dp_mp_kv_str(&c->pk, "name", cl->name);
-		dp_mp_kv_str(&c->pk, "segment", cl->path);
+		dp_mp_kv_u64(&c->pk, "pid", shown ? cl->pid : 0);
+		dp_mp_kv_str(&c->pk, "name", shown ? cl->name : "");
+		dp_mp_kv_str(&c->pk, "segment", shown ? cl->path : "");
 		dp_mp_kv_u64(&c->pk, "submitted", dp_load_relaxed_u64(&cl->submitted));
 		dp_mp_kv_u64(&c->pk, "completed", cl->completed);
 	}
@@ -482,6 +553,10 @@ static void on_set_faults(struct dp_control *c, const struct dp_peer *p,
 			  const struct dp_ctl_request *r)
 {
 	(void)r;
+	if (!p->admin) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED, "SetFaults needs the admin role");
+		return;
+	}
 	refuse(c, p, DP_ERROR_CODE_UNSUPPORTED,
 	       "fault knobs live in the duck emulator here: duckpipe ducks --drop, --delay-us, "
 	       "--stop-after, --restart-after");
@@ -491,6 +566,11 @@ static void on_shutdown(struct dp_control *c, const struct dp_peer *p,
 			const struct dp_ctl_request *r)
 {
 	(void)r;
+	if (!p->admin) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED, "Shutdown needs the admin role");
+		return;
+	}
+	DP_INFO("shutdown asked by pid %u", p->pid);
 	reply_ack(c, p->id, p->idlen, p->rid);
 	dp_store_release_u32(&c->w->running, 0);
 }
@@ -513,6 +593,19 @@ static const dp_ctl_handler handlers[DP_CTL_NTYPES] = {
 static void handle(struct dp_control *c, struct dp_peer *p, const char *data, size_t len)
 {
 	char why[256];
+	if (c->ipc && !p->creds) {
+		/* libzmq gives every ipc peer's SO_PEERCRED; without it we cannot tell who asks */
+		dp_count(c->counters, DP_C_control_refused, 1);
+		reply_error(c, p->id, p->idlen, 0, DP_ERROR_CODE_NO_CREDENTIALS,
+			    "the sender's credentials could not be read");
+		return;
+	}
+	if (c->ipc && p->uid != c->euid && !c->has_group) {
+		/* the socket filter admits only our user; this is the second fence */
+		dp_count(c->counters, DP_C_control_refused, 1);
+		return;
+	}
+	p->admin = p->creds && p->uid == c->euid;
 	int rc = dp_ctl_decode(data, len, &c->req, why, sizeof(why));
 	p->rid = c->req.req_id;
 	if (rc != 0) {
@@ -558,11 +651,15 @@ static int poll_control(struct dp_control *c)
 			continue;
 		}
 		struct dp_peer peer = { .id = id, .idlen = (size_t)idlen };
+		peer.creds = parse_peer_address(zmq_msg_gets(&msg, "Peer-Address"), &peer.uid,
+						&peer.gid, &peer.pid);
 		handle(c, &peer, zmq_msg_data(&msg), zmq_msg_size(&msg));
 		zmq_msg_close(&msg);
 	}
 	return n;
 }
+
+static int serve_zap(struct dp_control *c);
 
 /* --- housekeeping ---------------------------------------------------------------------- */
 
@@ -598,13 +695,180 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 {
 	struct dp_control *c = self;
 	(void)w;
-	int work = poll_control(c);
+	int work = serve_zap(c);
+	work += poll_control(c);
 	work += drain_completions(c);
 	if (now >= c->next_house) {
 		housekeeping(c, now);
 		c->next_house = now + HOUSEKEEPING_NS;
 	}
 	return work;
+}
+
+/* --- access: socket filters, CURVE and its ZAP handler ------------------------------------ */
+
+/* Answer the ZAP requests libzmq makes for each CURVE handshake (RFC 27): admit the
+ * public keys of curve_clients_file, refuse the rest. Runs in the control agent's loop. */
+static int serve_zap(struct dp_control *c)
+{
+	int work = 0;
+	while (c->zap) {
+		char frames[8][64];
+		int sizes[8], nf = 0, more = 1;
+		size_t sz = sizeof(more);
+		int len = zmq_recv(c->zap, frames[0], sizeof(frames[0]), ZMQ_DONTWAIT);
+		if (len < 0)
+			break;
+		sizes[nf++] = len;
+		zmq_getsockopt(c->zap, ZMQ_RCVMORE, &more, &sz);
+		while (more) {
+			char junk[64];
+			char *dst = nf < 8 ? frames[nf] : junk;
+			len = zmq_recv(c->zap, dst, 64, 0);
+			if (nf < 8)
+				sizes[nf++] = len;
+			zmq_getsockopt(c->zap, ZMQ_RCVMORE, &more, &sz);
+		}
+		work++;
+		/* version, request id, domain, address, routing id, mechanism, key */
+		bool ok = false;
+		if (nf >= 7 && sizes[5] == 5 && !memcmp(frames[5], "CURVE", 5) && sizes[6] == 32)
+			for (uint32_t k = 0; k < c->ncurve_clients && !ok; k++)
+				ok = !memcmp(c->curve_clients[k], frames[6], 32);
+		if (!ok) {
+			dp_count(c->counters, DP_C_curve_refused, 1);
+			DP_WARN("refused a CURVE client whose key is not in %s",
+				c->w->cfg.curve_clients_file);
+		}
+		int idlen = nf >= 2 && sizes[1] >= 0 && sizes[1] <= 64 ? sizes[1] : 0;
+		zmq_send(c->zap, "1.0", 3, ZMQ_SNDMORE);
+		zmq_send(c->zap, frames[1], (size_t)idlen, ZMQ_SNDMORE);
+		zmq_send(c->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE);
+		zmq_send(c->zap, ok ? "OK" : "unknown key", ok ? 2 : 11, ZMQ_SNDMORE);
+		zmq_send(c->zap, "", 0, ZMQ_SNDMORE); /* user id */
+		zmq_send(c->zap, "", 0, 0);           /* metadata */
+	}
+	return work;
+}
+
+/* One z85 key (40 characters) from a file, decoded. */
+static int read_key(const char *path, uint8_t key[32])
+{
+	char text[128];
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		dp_set_error("cannot read CURVE key %s: %s", path, strerror(errno));
+		return -1;
+	}
+	size_t n = fread(text, 1, sizeof(text) - 1, f);
+	fclose(f);
+	while (n && isspace((unsigned char)text[n - 1]))
+		n--;
+	text[n] = '\0';
+	if (n != 40 || !zmq_z85_decode(key, text)) {
+		dp_set_error("%s does not hold one z85 CURVE key (40 characters)", path);
+		return -1;
+	}
+	return 0;
+}
+
+static int setup_curve(struct dp_control *c)
+{
+	const struct dp_config *cfg = &c->w->cfg;
+	uint8_t secret[32], public[32];
+	if (!cfg->curve_secret_key_file[0] || !cfg->curve_public_key_file[0] ||
+	    !cfg->curve_clients_file[0]) {
+		dp_set_error("tcp:// control needs CURVE: set curve_secret_key_file, "
+			     "curve_public_key_file and curve_clients_file (or use ipc://)");
+		return -1;
+	}
+	if (!zmq_has("curve")) {
+		dp_set_error("this libzmq has no CURVE support; tcp:// control cannot be secured");
+		return -1;
+	}
+	if (read_key(cfg->curve_secret_key_file, secret) < 0 ||
+	    read_key(cfg->curve_public_key_file, public) < 0)
+		return -1;
+	FILE *f = fopen(cfg->curve_clients_file, "r");
+	if (!f) {
+		dp_set_error("cannot read %s: %s", cfg->curve_clients_file, strerror(errno));
+		return -1;
+	}
+	char line[256];
+	uint32_t lineno = 0;
+	while (fgets(line, sizeof(line), f)) {
+		lineno++;
+		size_t n = strlen(line);
+		while (n && isspace((unsigned char)line[n - 1]))
+			line[--n] = '\0';
+		if (n == 0 || line[0] == '#')
+			continue;
+		if (n != 40 || c->ncurve_clients == MAX_CURVE_CLIENTS ||
+		    !zmq_z85_decode(c->curve_clients[c->ncurve_clients], line)) {
+			fclose(f);
+			dp_set_error("%s line %u: not a z85 public key (or more than %d keys)",
+				     cfg->curve_clients_file, lineno, MAX_CURVE_CLIENTS);
+			return -1;
+		}
+		c->ncurve_clients++;
+	}
+	fclose(f);
+	/* the handler must be bound before the first handshake can ask it */
+	c->zap = zmq_socket(c->zctx, ZMQ_REP);
+	int zero = 0, one = 1;
+	zmq_setsockopt(c->zap, ZMQ_LINGER, &zero, sizeof(zero));
+	if (zmq_bind(c->zap, "inproc://zeromq.zap.01") < 0) {
+		dp_set_error("cannot bind the ZAP handler: %s", zmq_strerror(errno));
+		return -1;
+	}
+	if (zmq_setsockopt(c->router, ZMQ_CURVE_SERVER, &one, sizeof(one)) < 0 ||
+	    zmq_setsockopt(c->router, ZMQ_CURVE_SECRETKEY, secret, 32) < 0 ||
+	    zmq_setsockopt(c->router, ZMQ_CURVE_PUBLICKEY, public, 32) < 0 ||
+	    zmq_setsockopt(c->router, ZMQ_ZAP_DOMAIN, "duckpipe", 8) < 0) {
+		dp_set_error("cannot make the control socket a CURVE server: %s",
+			     zmq_strerror(errno));
+		return -1;
+	}
+	memset(secret, 0, sizeof(secret));
+	return 0;
+}
+
+/* Before bind: who may connect. ipc:// admits our user (and control_group) by SO_PEERCRED;
+ * tcp:// admits the CURVE keys listed; nothing else is served. */
+static int setup_access(struct dp_control *c)
+{
+	const struct dp_config *cfg = &c->w->cfg;
+	c->euid = (uint32_t)geteuid();
+	if (cfg->control_group[0]) {
+		struct group *g = getgrnam(cfg->control_group);
+		if (!g) {
+			dp_set_error("control_group '%s' is not a group here", cfg->control_group);
+			return -1;
+		}
+		c->has_group = true;
+		c->group_gid = (uint32_t)g->gr_gid;
+	}
+	if (!strncmp(cfg->control, "ipc://", 6)) {
+		c->ipc = true;
+		int uid = (int)c->euid;
+		if (zmq_setsockopt(c->router, ZMQ_IPC_FILTER_UID, &uid, sizeof(uid)) < 0) {
+			dp_set_error("ZMQ_IPC_FILTER_UID: %s", zmq_strerror(errno));
+			return -1;
+		}
+		if (c->has_group) {
+			int gid = (int)c->group_gid;
+			if (zmq_setsockopt(c->router, ZMQ_IPC_FILTER_GID, &gid, sizeof(gid)) < 0) {
+				dp_set_error("ZMQ_IPC_FILTER_GID: %s", zmq_strerror(errno));
+				return -1;
+			}
+		}
+		return 0;
+	}
+	if (!strncmp(cfg->control, "tcp://", 6))
+		return setup_curve(c);
+	dp_set_error("control endpoint %s: only ipc:// (or tcp:// with CURVE keys) is served",
+		     cfg->control);
+	return -1;
 }
 
 /* Is a dataplane already answering at this endpoint? */
@@ -657,15 +921,27 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	int64_t maxmsg = DP_MAX_MESSAGE_BYTES;
 	zmq_setsockopt(c->router, ZMQ_LINGER, &zero, sizeof(zero));
 	zmq_setsockopt(c->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-	if (zmq_bind(c->router, ep) < 0) {
+	if (setup_access(c) < 0)
+		goto fail;
+	/* the socket's mode is the first fence: created 0600 (umask), opened to the group after */
+	mode_t old = umask(0077);
+	int rc = zmq_bind(c->router, ep);
+	umask(old);
+	if (rc < 0) {
 		dp_set_error("cannot listen on %s: %s; is the address in use?", ep,
 			     zmq_strerror(errno));
 		goto fail;
 	}
-	if (!strncmp(ep, "ipc://", 6))
-		chmod(ep + 6, 0600);
+	if (c->ipc && c->has_group &&
+	    (chown(ep + 6, (uid_t)-1, (gid_t)c->group_gid) < 0 || chmod(ep + 6, 0660) < 0)) {
+		dp_set_error("cannot give %s to group %s: %s", ep + 6, w->cfg.control_group,
+			     strerror(errno));
+		goto fail;
+	}
 	return c;
 fail:
+	if (c->zap)
+		zmq_close(c->zap);
 	if (c->router)
 		zmq_close(c->router);
 	zmq_ctx_term(c->zctx);
@@ -682,6 +958,8 @@ void dp_control_free(struct dp_control *c)
 		if (c->w->clients[i].base)
 			dp_client_unmap(&c->w->clients[i]); /* live clients own their segments */
 	zmq_close(c->router);
+	if (c->zap)
+		zmq_close(c->zap);
 	zmq_ctx_term(c->zctx);
 	if (!strncmp(c->w->cfg.control, "ipc://", 6))
 		unlink(c->w->cfg.control + 6);

@@ -46,6 +46,7 @@ struct dp_client {
 	uint32_t state; /* enum dp_client_state, release/acquire */
 	uint32_t id;
 	uint32_t pid;
+	uint32_t uid;   /* the peer's, from the control socket */
 	bool dead;      /* reclaimed (unlink the segment) rather than detached */
 	uint64_t start_ns;
 	uint8_t identity[256];
