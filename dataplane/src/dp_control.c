@@ -50,9 +50,10 @@ struct dp_control {
 	void *zap;                      /* ZAP handler (REP) when CURVE is on */
 	uint8_t curve_clients[MAX_CURVE_CLIENTS][32];
 	uint32_t ncurve_clients;
-	struct dp_layer *retired[4096]; /* replaced layers: contexts may still point at them */
-	uint32_t nretired;
+	struct dp_layer *retired;       /* unpublished layers, freed once nobody can hold them */
 };
+
+struct dp_layer dp_layer_tombstone;
 
 const char *const dp_counter_names[DP_NCOUNTERS] = {
 #define DP_COUNTER_NAME(name) #name,
@@ -149,6 +150,10 @@ static void send_completion(struct dp_control *c, struct dp_fwd *f)
 	dp_mp_kv_str(&c->pk, "message", f->message);
 	dp_mp_kv_u64(&c->pk, "current_epoch", dp_load_acquire_u64(&w->epoch));
 	send_to(c, cl->identity, cl->identity_len);
+	if (f->layer) {
+		dp_layer_put(f->layer); /* taken by the dispatcher */
+		f->layer = NULL;
+	}
 	dp_count(c->counters, DP_C_completions_sent, 1);
 	dp_store_relaxed_u64(&cl->completed, cl->completed + 1);
 	dp_fetch_add_u64(&cl->inflight, -1);
@@ -249,6 +254,91 @@ static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t 
 	return NULL;
 }
 
+/* --- layers: owned, counted, unpublished, then freed ---------------------------------- */
+
+static void layer_free(struct dp_layer *l)
+{
+	free(l->b_down_raw);
+	free(l->b_down);
+	free(l);
+}
+
+/* Take the layer in table slot i out of the table; it is freed later (free_retired). */
+static void layer_unpublish(struct dp_control *c, uint32_t slot)
+{
+	struct dp_world *w = c->w;
+	struct dp_layer *l = w->layers[slot];
+	dp_store_release_ptr((void **)&w->layers[slot], DP_LAYER_GONE);
+	/* seq_cst: the dispatcher's pass that ends after this read cannot have missed the store */
+	l->retired_pass = __atomic_load_n(&w->dispatch_passes, __ATOMIC_SEQ_CST);
+	l->next_retired = c->retired;
+	c->retired = l;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		struct dp_client *cl = &w->clients[i];
+		if (cl->state != DP_CLIENT_FREE && cl->id == l->owner) {
+			cl->nlayers--;
+			cl->weight_bytes -= l->weight_bytes;
+		}
+	}
+}
+
+/* Free the unpublished layers no forward holds and no dispatcher pass can still see. */
+static void free_retired(struct dp_control *c, bool all)
+{
+	uint64_t passes = __atomic_load_n(&c->w->dispatch_passes, __ATOMIC_ACQUIRE);
+	for (struct dp_layer **pl = &c->retired; *pl;) {
+		struct dp_layer *l = *pl;
+		if (all || (passes > l->retired_pass &&
+			    __atomic_load_n(&l->refs, __ATOMIC_ACQUIRE) == 0)) {
+			*pl = l->next_retired;
+			layer_free(l);
+			dp_count(c->counters, DP_C_layers_freed, 1);
+		} else {
+			pl = &l->next_retired;
+		}
+	}
+}
+
+/* The table slot holding layer id, or -1. */
+static int layer_slot(struct dp_world *w, uint32_t id)
+{
+	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
+		uint32_t k = dp_layer_hash(id, i);
+		struct dp_layer *l = w->layers[k];
+		if (!l)
+			return -1;
+		if (l != DP_LAYER_GONE && l->id == id)
+			return (int)k;
+	}
+	return -1;
+}
+
+/* Every layer client id owned goes (it detached or died). */
+static void unload_layers_of(struct dp_control *c, uint32_t owner)
+{
+	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
+		struct dp_layer *l = c->w->layers[i];
+		if (l && l != DP_LAYER_GONE && l->owner == owner)
+			layer_unpublish(c, i);
+	}
+}
+
+/* Bytes a layer plan stands for: every duck's shards and b_down (raw and float);
+ * UINT64_MAX when that does not fit (a config may raise max_hidden and max_ffn to 2^32). */
+static uint64_t plan_bytes(const struct dp_ctl_load_weights *m)
+{
+	uint64_t item = m->dtype == DP_DTYPE_F16 ? 2 : 4, h = m->hidden, total = 0, hf, t;
+	for (uint32_t i = 0; i < m->shard_sizes_len; i++) {
+		uint64_t f = m->shard_sizes[i];
+		uint64_t mats = m->kind == DP_MLP_KIND_GELU ? 2 : 3; /* b_up: f more for GELU */
+		if (__builtin_mul_overflow(h, f, &hf) || __builtin_mul_overflow(hf, mats, &t) ||
+		    __builtin_add_overflow(t, m->kind == DP_MLP_KIND_GELU ? f : 0, &t) ||
+		    __builtin_mul_overflow(t, item, &t) || __builtin_add_overflow(total, t, &total))
+			return UINT64_MAX;
+	}
+	return m->has_b_down && __builtin_add_overflow(total, h * 8, &total) ? UINT64_MAX : total;
+}
+
 static void on_attach(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
 	const struct dp_ctl_attach *m = &r->u.attach;
@@ -322,6 +412,7 @@ static void on_detach(struct dp_control *c, const struct dp_peer *p, const struc
 	(void)r;
 	struct dp_client *cl = client_by_identity(c, p->id, p->idlen);
 	if (cl) {
+		unload_layers_of(c, cl->id); /* now: its layer ids are free for the next client */
 		dp_store_release_u32(&cl->state, DP_CLIENT_CLOSING);
 		dp_count(c->counters, DP_C_clients_detached, 1);
 	}
@@ -374,19 +465,27 @@ static void on_topology(struct dp_control *c, const struct dp_peer *p,
 	send_to(c, p->id, p->idlen);
 }
 
+/* Layers a peer may see: its own and shared ones; all of them for the admin. */
+static bool layer_visible(const struct dp_layer *l, const struct dp_peer *p,
+			  const struct dp_client *me)
+{
+	return l && l != DP_LAYER_GONE && (p->admin || l->shared || (me && l->owner == me->id));
+}
+
 static void on_layers(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
 	uint32_t n = 0;
+	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
 	(void)r;
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++)
-		n += c->w->layers[i] != NULL;
+		n += layer_visible(c->w->layers[i], p, me);
 	begin(c, "Layers", 2);
 	dp_mp_kv_u64(&c->pk, "req_id", p->rid);
 	dp_mp_key(&c->pk, "layers");
 	msgpack_pack_array(&c->pk, n);
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
 		const struct dp_layer *l = c->w->layers[i];
-		if (!l)
+		if (!layer_visible(l, p, me))
 			continue;
 		msgpack_pack_map(&c->pk, 9);
 		dp_mp_kv_u64(&c->pk, "layer", l->id);
@@ -412,13 +511,61 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 			    const struct dp_ctl_request *r)
 {
 	struct dp_world *w = c->w;
+	const struct dp_config *cfg = &w->cfg;
 	const struct dp_ctl_load_weights *m = &r->u.load_weights;
+	struct dp_client *me = client_by_identity(c, p->id, p->idlen);
+	if (!me) {
+		refuse(c, p, DP_ERROR_CODE_NOT_ATTACHED, "LoadWeights needs an attached client");
+		return;
+	}
+	if (m->shared && !p->admin) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED,
+		       "a shared layer needs the admin role (the dataplane's user)");
+		return;
+	}
+	/* every bound before any allocation: hidden 2^32-1 once reserved two 16 GiB buffers */
+	if (m->hidden > cfg->max_hidden || m->ffn > cfg->max_ffn) {
+		refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		       "hidden %u / ffn %u exceed this dataplane's max_hidden %u / max_ffn %u",
+		       m->hidden, m->ffn, cfg->max_hidden, cfg->max_ffn);
+		return;
+	}
 	uint64_t total = 0;
 	for (uint32_t i = 0; i < m->shard_sizes_len; i++)
 		total += m->shard_sizes[i];
 	if (m->ducks_len != m->shard_sizes_len || total != m->ffn) {
 		refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
 		       "LoadWeights needs one shard size per duck, summing to ffn");
+		return;
+	}
+	int old = layer_slot(w, m->layer);
+	const struct dp_layer *prev = old >= 0 ? w->layers[old] : NULL;
+	if (prev && prev->owner != me->id) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED, "layer %u belongs to another client",
+		       m->layer);
+		return;
+	}
+	uint64_t bytes = plan_bytes(m);
+	uint32_t nlayers = me->nlayers - (prev != NULL);
+	uint64_t held = me->weight_bytes - (prev ? prev->weight_bytes : 0);
+	if (nlayers + 1 > cfg->client_max_layers || bytes > cfg->client_max_weight_bytes - held ||
+	    held > cfg->client_max_weight_bytes) {
+		dp_count(c->counters, DP_C_quota_refused, 1);
+		refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+		       "layer %u (%lu bytes) would pass this client's quota: %u of %u layers, "
+		       "%lu of %lu weight bytes held; unload layers first",
+		       m->layer, (unsigned long)bytes, nlayers, cfg->client_max_layers,
+		       (unsigned long)held, (unsigned long)cfg->client_max_weight_bytes);
+		return;
+	}
+	int slot = old;
+	for (uint32_t i = 0; i < DP_LAYER_TABLE && slot < 0; i++) {
+		uint32_t k = dp_layer_hash(m->layer, i);
+		if (!w->layers[k] || w->layers[k] == DP_LAYER_GONE)
+			slot = (int)k;
+	}
+	if (slot < 0) {
+		refuse(c, p, DP_ERROR_CODE_TOO_MANY_LAYERS, "the layer table is full");
 		return;
 	}
 	struct dp_layer *l = calloc(1, sizeof(*l));
@@ -440,6 +587,9 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 		l->index[duck] = (int16_t)i;
 	}
 	l->id = m->layer;
+	l->owner = me->id;
+	l->shared = m->shared;
+	l->weight_bytes = bytes;
 	l->kind = (uint8_t)m->kind;
 	l->dtype = (uint8_t)m->dtype;
 	l->hidden = m->hidden;
@@ -450,37 +600,37 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 		l->b_down_raw = calloc(m->hidden, 4);
 		l->b_down = calloc(m->hidden, sizeof(float));
 		if (!l->b_down_raw || !l->b_down) {
-			free(l->b_down_raw);
-			free(l->b_down);
-			free(l);
+			layer_free(l);
 			refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
 			return;
 		}
 	}
-	/* insert, or replace the layer of the same id (the old one is kept: forwards may use it) */
-	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
-		struct dp_layer **slot =
-			&w->layers[(m->layer * 2654435761u + i) & (DP_LAYER_TABLE - 1)];
-		if (*slot && (*slot)->id != m->layer)
-			continue;
-		if (*slot && c->nretired < DP_ARRAY_LEN(c->retired))
-			c->retired[c->nretired++] = *slot;
-		/* release: the dispatcher that finds the layer sees it whole */
-		dp_store_release_ptr((void **)slot, l);
-		reply_ack(c, p->id, p->idlen, p->rid);
-		return;
-	}
-	free(l->b_down_raw);
-	free(l->b_down);
-	free(l);
-	refuse(c, p, DP_ERROR_CODE_TOO_MANY_LAYERS, "the layer table is full");
+	if (prev)
+		layer_unpublish(c, (uint32_t)slot); /* forwards in flight keep the old one */
+	/* release: the dispatcher that finds the layer sees it whole */
+	dp_store_release_ptr((void **)&w->layers[slot], l);
+	me->nlayers++;
+	me->weight_bytes += bytes;
+	reply_ack(c, p->id, p->idlen, p->rid);
 }
 
 static void on_unload_layer(struct dp_control *c, const struct dp_peer *p,
 			    const struct dp_ctl_request *r)
 {
-	(void)r;
-	refuse(c, p, DP_ERROR_CODE_UNSUPPORTED, "UnloadLayer is not implemented yet");
+	const struct dp_ctl_unload_layer *m = &r->u.unload_layer;
+	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
+	int slot = layer_slot(c->w, m->layer);
+	if (slot < 0) {
+		refuse(c, p, DP_ERROR_CODE_UNKNOWN_LAYER, "layer %u is not loaded", m->layer);
+		return;
+	}
+	if (!p->admin && (!me || c->w->layers[slot]->owner != me->id)) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED, "layer %u belongs to another client",
+		       m->layer);
+		return;
+	}
+	layer_unpublish(c, (uint32_t)slot);
+	reply_ack(c, p->id, p->idlen, p->rid);
 }
 
 static void on_set_epoch(struct dp_control *c, const struct dp_peer *p,
@@ -682,6 +832,7 @@ static void housekeeping(struct dp_control *c, uint64_t now)
 		} else if (state == DP_CLIENT_QUIESCED &&
 			   __atomic_load_n(&cl->inflight, __ATOMIC_ACQUIRE) == 0) {
 			dp_client_unmap(cl);
+			unload_layers_of(c, cl->id); /* its layers go with it */
 			if (cl->dead) {
 				unlink(cl->path);
 				dp_count(c->counters, DP_C_clients_reclaimed, 1);
@@ -689,6 +840,11 @@ static void housekeeping(struct dp_control *c, uint64_t now)
 			dp_store_release_u32(&cl->state, DP_CLIENT_FREE);
 		}
 	}
+}
+
+static void housekeeping_layers(struct dp_control *c)
+{
+	free_retired(c, false);
 }
 
 int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
@@ -700,6 +856,7 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 	work += drain_completions(c);
 	if (now >= c->next_house) {
 		housekeeping(c, now);
+		housekeeping_layers(c);
 		c->next_house = now + HOUSEKEEPING_NS;
 	}
 	return work;
@@ -963,17 +1120,11 @@ void dp_control_free(struct dp_control *c)
 	zmq_ctx_term(c->zctx);
 	if (!strncmp(c->w->cfg.control, "ipc://", 6))
 		unlink(c->w->cfg.control + 6);
+	/* every agent has stopped: nothing holds a layer any more */
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++)
-		if (c->w->layers[i]) {
-			free(c->w->layers[i]->b_down_raw);
-			free(c->w->layers[i]->b_down);
-			free(c->w->layers[i]);
-		}
-	for (uint32_t i = 0; i < c->nretired; i++) {
-		free(c->retired[i]->b_down_raw);
-		free(c->retired[i]->b_down);
-		free(c->retired[i]);
-	}
+		if (c->w->layers[i] && c->w->layers[i] != DP_LAYER_GONE)
+			layer_free(c->w->layers[i]);
+	free_retired(c, true);
 	msgpack_sbuffer_destroy(&c->sbuf);
 	free(c);
 }

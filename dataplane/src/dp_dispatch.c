@@ -115,7 +115,7 @@ static void dispatch_forward(struct dp_dispatcher *d, struct dp_fwd *f, uint64_t
 	struct dp_world *w = d->w;
 	struct dp_client *c = f->client;
 	const struct dp_desc *desc = &f->desc;
-	struct dp_layer *l = dp_layer_find(w, desc->layer);
+	struct dp_layer *l = f->layer = dp_layer_take(w, desc->layer, c);
 	if (!l || !dp_load_acquire_u32(&l->ready)) {
 		complete(d, f, DP_STATUS_BAD_REQUEST, "layer %u is not loaded", desc->layer);
 		return;
@@ -173,7 +173,7 @@ static void dispatch_weight(struct dp_dispatcher *d, struct dp_fwd *f, uint64_t 
 {
 	struct dp_world *w = d->w;
 	const struct dp_desc *desc = &f->desc;
-	struct dp_layer *l = dp_layer_find(w, desc->layer);
+	struct dp_layer *l = f->layer = dp_layer_take(w, desc->layer, f->client);
 	if (!l || dp_load_acquire_u32(&l->ready)) {
 		complete(d, f, DP_STATUS_BAD_REQUEST,
 			 "layer %u is not being loaded (send LoadWeights first)", desc->layer);
@@ -220,7 +220,7 @@ static void dispatch_weight(struct dp_dispatcher *d, struct dp_fwd *f, uint64_t 
 /* A commit completes once every chunk before it has; 1 when it did. */
 static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 {
-	struct dp_layer *l = dp_layer_find(d->w, f->desc.layer);
+	struct dp_layer *l = f->layer; /* taken at dispatch */
 	if (!l) {
 		complete(d, f, DP_STATUS_BAD_REQUEST, "layer %u is not being loaded", f->desc.layer);
 		return 1;
@@ -291,6 +291,7 @@ static void dispatch(struct dp_dispatcher *d, struct dp_client *c, const struct 
 		break;
 	case DP_OP_WEIGHT_COMMIT:
 		f->kind = DP_FWD_DONE_AT_DISPATCH;
+		f->layer = dp_layer_take(d->w, desc->layer, c);
 		if (d->ncommits == MAX_PENDING_COMMITS) {
 			complete(d, f, DP_STATUS_BAD_REQUEST, "too many layer commits at once");
 			break;
@@ -337,6 +338,10 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 			dispatch(d, c, &d->burst[k], pickup);
 		work += (int)n;
 	}
+	/* a layer pointer read in this pass is now held by a reference, or not at all:
+	 * the control agent may free what it unpublished before this pass (seq_cst: store
+	 * then later table loads) */
+	__atomic_fetch_add(&w->dispatch_passes, 1, __ATOMIC_SEQ_CST);
 	return work;
 }
 
