@@ -12,8 +12,21 @@ import numpy as np
 
 from . import runtime
 from .errors import DuckpipeError
+from .schema.config import default as config_default
 
 __all__ = ["main"]
+
+#: Settings the mock shares with the C dataplane's config (duckpipe/schema/config.py).
+MOCK_CONFIG_FIELDS = (
+    "client_max_layers",
+    "client_max_weight_bytes",
+    "max_hidden",
+    "max_ffn",
+    "control_group",
+    "curve_secret_key_file",
+    "curve_public_key_file",
+    "curve_clients_file",
+)
 
 
 def _mock_dataplane(args: argparse.Namespace) -> int:
@@ -28,6 +41,7 @@ def _mock_dataplane(args: argparse.Namespace) -> int:
         delay_ms=args.delay_ms,
         dead_ducks=frozenset(args.dead_duck),
         crash_after=args.crash_after,
+        **{name: getattr(args, name) for name in MOCK_CONFIG_FIELDS},
     )
     return main_loop(cfg)
 
@@ -219,6 +233,11 @@ def _parser() -> argparse.ArgumentParser:
         help="fault: this duck never answers (repeatable)",
     )
     m.add_argument("--crash-after", type=int, help="fault: SIGKILL itself on the forward after N")
+    for name in MOCK_CONFIG_FIELDS:  # the C dataplane's config names and defaults
+        dflt = config_default(name)
+        m.add_argument(
+            "--" + name.replace("_", "-"), type=type(dflt), default=dflt, help=f"(default {dflt!r})"
+        )
     m.set_defaults(func=_mock_dataplane)
 
     d = sub.add_parser("dataplane", help="run the C dataplane (kernel UDP or DPDK)")

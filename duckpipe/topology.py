@@ -126,9 +126,7 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
 
     def dataplane_config(self, control: str) -> cfgschema.DataplaneConfig:
         own = {f: getattr(self, f) for f in self.__struct_fields__}
-        shared = {
-            f: own[f] for f in cfgschema.DataplaneConfig.__struct_fields__ if f in own
-        }
+        shared = {f: own[f] for f in cfgschema.DataplaneConfig.__struct_fields__ if f in own}
         shared.update(
             control=control,
             dedicated_threads=self.threads == "dedicated",

@@ -258,9 +258,7 @@ def test_the_c_config_reader_reads_every_config_field_by_its_schema_name() -> No
 
     text = (ROOT / "dataplane" / "src" / "dp_config.c").read_text()
     for cls in (config.DataplaneConfig, config.NicConfig, config.DuckConfig):
-        missing = [
-            f.name for f in msgspec.structs.fields(cls) if f'"{f.name}"' not in text
-        ]
+        missing = [f.name for f in msgspec.structs.fields(cls) if f'"{f.name}"' not in text]
         assert not missing, f"dp_config.c never reads {cls.__name__}: {missing}"
         defaults = [
             f.name

@@ -20,17 +20,17 @@ static int fail(char *why, size_t n, const char *fmt, ...)
 }
 
 static int get_uint(const msgpack_object *o, uint64_t lo, uint64_t hi, uint64_t *v,
-		    const char *field, char *why, size_t n)
+			const char *field, char *why, size_t n)
 {
 	if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 < lo || o->via.u64 > hi)
 		return fail(why, n, "%s must be an integer in [%llu, %llu]", field,
-			    (unsigned long long)lo, (unsigned long long)hi);
+				(unsigned long long)lo, (unsigned long long)hi);
 	*v = o->via.u64;
 	return 0;
 }
 
 static int get_float(const msgpack_object *o, double lo, double hi, double *v, const char *field,
-		     char *why, size_t n)
+			 char *why, size_t n)
 {
 	double x;
 	if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
@@ -60,7 +60,7 @@ static int get_str(const msgpack_object *o, uint32_t min, uint32_t max, char *ou
 }
 
 static int get_list(const msgpack_object *o, uint32_t min, uint32_t max, const char *field,
-		    char *why, size_t n)
+			char *why, size_t n)
 {
 	if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < min || o->via.array.size > max)
 		return fail(why, n, "%s must be a list of %u to %u items", field, min, max);

@@ -154,7 +154,8 @@ class _Field:
         else:
             lo, hi = _int_bounds(t.item_type)
             body += [
-                f"\t\t\tif (get_list(val, {t.min_length or 0}u, {t.max_length}u, {where}, why, n) < 0)",
+                f"\t\t\tif (get_list(val, {t.min_length or 0}u, {t.max_length}u, {where}, why, "
+                "n) < 0)",
                 "\t\t\t\treturn -1;",
                 f"\t\t\tout->{n}_len = val->via.array.size;",
                 f"\t\t\tfor (uint32_t k = 0; k < out->{n}_len; k++) {{",
@@ -259,64 +260,64 @@ C_PRELUDE = """\
 static int fail(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *why, size_t n, const char *fmt, ...)
 {
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(why, n, fmt, ap);
-	va_end(ap);
-	return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, n, fmt, ap);
+    va_end(ap);
+    return -1;
 }
 
 static int get_uint(const msgpack_object *o, uint64_t lo, uint64_t hi, uint64_t *v,
-		    const char *field, char *why, size_t n)
+            const char *field, char *why, size_t n)
 {
-	if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 < lo || o->via.u64 > hi)
-		return fail(why, n, "%s must be an integer in [%llu, %llu]", field,
-			    (unsigned long long)lo, (unsigned long long)hi);
-	*v = o->via.u64;
-	return 0;
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 < lo || o->via.u64 > hi)
+        return fail(why, n, "%s must be an integer in [%llu, %llu]", field,
+                (unsigned long long)lo, (unsigned long long)hi);
+    *v = o->via.u64;
+    return 0;
 }
 
 static int get_float(const msgpack_object *o, double lo, double hi, double *v, const char *field,
-		     char *why, size_t n)
+             char *why, size_t n)
 {
-	double x;
-	if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
-		x = o->via.f64;
-	else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-		x = (double)o->via.u64;
-	else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-		x = (double)o->via.i64;
-	else
-		return fail(why, n, "%s must be a number", field);
-	if (!(x >= lo && x <= hi)) /* NaN fails too */
-		return fail(why, n, "%s must be a number in [%g, %g]", field, lo, hi);
-	*v = x;
-	return 0;
+    double x;
+    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
+        x = o->via.f64;
+    else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+        x = (double)o->via.u64;
+    else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        x = (double)o->via.i64;
+    else
+        return fail(why, n, "%s must be a number", field);
+    if (!(x >= lo && x <= hi)) /* NaN fails too */
+        return fail(why, n, "%s must be a number in [%g, %g]", field, lo, hi);
+    *v = x;
+    return 0;
 }
 
 static int get_str(const msgpack_object *o, uint32_t min, uint32_t max, char *out,
-		   const char *field, char *why, size_t n)
+           const char *field, char *why, size_t n)
 {
-	if (o->type != MSGPACK_OBJECT_STR || o->via.str.size < min || o->via.str.size > max)
-		return fail(why, n, "%s must be a string of %u to %u bytes", field, min, max);
-	if (memchr(o->via.str.ptr, '\\0', o->via.str.size))
-		return fail(why, n, "%s must not hold a NUL byte", field);
-	memcpy(out, o->via.str.ptr, o->via.str.size);
-	out[o->via.str.size] = '\\0';
-	return 0;
+    if (o->type != MSGPACK_OBJECT_STR || o->via.str.size < min || o->via.str.size > max)
+        return fail(why, n, "%s must be a string of %u to %u bytes", field, min, max);
+    if (memchr(o->via.str.ptr, '\\0', o->via.str.size))
+        return fail(why, n, "%s must not hold a NUL byte", field);
+    memcpy(out, o->via.str.ptr, o->via.str.size);
+    out[o->via.str.size] = '\\0';
+    return 0;
 }
 
 static int get_list(const msgpack_object *o, uint32_t min, uint32_t max, const char *field,
-		    char *why, size_t n)
+            char *why, size_t n)
 {
-	if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < min || o->via.array.size > max)
-		return fail(why, n, "%s must be a list of %u to %u items", field, min, max);
-	return 0;
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < min || o->via.array.size > max)
+        return fail(why, n, "%s must be a list of %u to %u items", field, min, max);
+    return 0;
 }
 
 static bool key_is(const msgpack_object *k, const char *name, size_t len)
 {
-	return k->via.str.size == len && !memcmp(k->via.str.ptr, name, len);
+    return k->via.str.size == len && !memcmp(k->via.str.ptr, name, len);
 }
 """
 
@@ -363,7 +364,7 @@ def _decoder(cls: type[msgspec.Struct]) -> list[str]:
 
 def render_ctl_c() -> str:
     types = request_types()
-    out = [C_PRELUDE.rstrip("\n")]
+    out = [C_PRELUDE.replace("    ", "\t").rstrip("\n")]  # C in the house style: tabs
     for cls in types:
         out += _decoder(cls)
     out += ["", "const char *const dp_ctl_type_names[DP_CTL_NTYPES] = {"]
@@ -404,7 +405,7 @@ def render_ctl_c() -> str:
         "\t\tif (key_is(type, dp_ctl_type_names[i], strlen(dp_ctl_type_names[i])))",
         "\t\t\tt = i;",
         "\tif (t < 0) {",
-        '\t\tfail(why, n, "unknown message type \'%.*s\'", (int)(type->via.str.size > 32 ? 32 : '
+        "\t\tfail(why, n, \"unknown message type '%.*s'\", (int)(type->via.str.size > 32 ? 32 : "
         "type->via.str.size), type->via.str.ptr);",
         "\t\tgoto out;",
         "\t}",
