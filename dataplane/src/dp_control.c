@@ -1089,6 +1089,11 @@ struct dp_control *dp_control_new(struct dp_world *w)
 			     zmq_strerror(errno));
 		goto fail;
 	}
+	/* created 0700 under that umask; a socket needs no x bit */
+	if (c->ipc && !c->has_group && chmod(ep + 6, 0600) < 0) {
+		dp_set_error("cannot chmod %s: %s", ep + 6, strerror(errno));
+		goto fail;
+	}
 	if (c->ipc && c->has_group &&
 	    (chown(ep + 6, (uid_t)-1, (gid_t)c->group_gid) < 0 || chmod(ep + 6, 0660) < 0)) {
 		dp_set_error("cannot give %s to group %s: %s", ep + 6, w->cfg.control_group,

@@ -30,6 +30,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import zmq
+from zmq.utils import z85
 
 from .. import runtime
 from .._native import lib
@@ -249,10 +250,11 @@ class MockDataplane:
             raise DuckpipeError(f"cannot listen on {control}: {e}; is the address in use?") from e
         finally:
             os.umask(old)
-        if self._ipc and self._group_gid is not None:
+        if self._ipc:  # created 0700 under the umask; a socket needs no x bit
             path = control[len("ipc://") :]
-            os.chown(path, -1, self._group_gid)
-            os.chmod(path, 0o660)
+            if self._group_gid is not None:
+                os.chown(path, -1, self._group_gid)
+            os.chmod(path, 0o600 if self._group_gid is None else 0o660)
         return sock
 
     def _limit_access(self, sock: zmq.Socket, control: str) -> None:
@@ -275,13 +277,16 @@ class MockDataplane:
         try:
             secret = Path(cfg.curve_secret_key_file).read_text().strip().encode()
             public = Path(cfg.curve_public_key_file).read_text().strip().encode()
-            keys = Path(cfg.curve_clients_file).read_text().split()
+            lines = Path(cfg.curve_clients_file).read_text().splitlines()
         except OSError as e:
             raise DuckpipeError(f"cannot read a CURVE key file: {e}") from e
-        try:
-            self._curve_clients = {zmq.utils.z85.decode(k) for k in keys if not k.startswith("#")}
-        except ValueError as e:
-            raise DuckpipeError(f"{cfg.curve_clients_file}: not z85 public keys: {e}") from e
+        for i, line in enumerate(lines, 1):
+            key = line.strip()
+            if not key or key.startswith("#"):
+                continue
+            if len(key) != 40:
+                raise DuckpipeError(f"{cfg.curve_clients_file} line {i}: not a z85 public key")
+            self._curve_clients.add(z85.decode(key))
         self._zap = self._ctx.socket(zmq.REP)  # bound before any handshake can ask it
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind("inproc://zeromq.zap.01")
@@ -359,6 +364,11 @@ class MockDataplane:
             identity, raw = frames[0].bytes, frames[1]
             peer = self._peer(identity, raw)
             if peer is None:
+                continue
+            lie = _prescan(raw.bytes, ctl.MAX_NESTING)
+            if lie is not None:  # as the C dataplane's dp_mp_prescan refuses it
+                self.counters["bad_control_messages"] += 1
+                self._send(identity, ctl.Error(req_id=0, code=ErrorCode.BAD_MESSAGE, message=lie))
                 continue
             try:
                 msg = ctl.request_decoder.decode(raw.buffer)
@@ -876,6 +886,73 @@ class MockDataplane:
             client.seg.close()
             client.seg.unlink()
             self.counters["clients_reclaimed"] += 1
+
+
+def _prescan(buf: bytes, max_depth: int) -> str | None:
+    """dataplane/src/dp_mp.c's dp_mp_prescan: None when buf is one msgpack object whose
+    declared lengths fit the bytes left and whose nesting is at most max_depth, else why."""
+    n = len(buf)
+    p = 0
+    left = [1]  # objects still owed to each open container (a map owes 2 per entry)
+    while left:
+        if left[-1] == 0:
+            left.pop()
+            continue
+        if p >= n:
+            return f"message ends inside an object (byte {n})"
+        left[-1] -= 1
+        b = buf[p]
+        p += 1
+        body = count = 0
+        if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):
+            pass
+        elif b <= 0x8F:
+            count = 2 * (b & 0x0F)
+        elif b <= 0x9F:
+            count = b & 0x0F
+        elif b <= 0xBF:
+            body = b & 0x1F
+        elif b == 0xC1:
+            return f"byte 0xc1 is not msgpack (offset {p - 1})"
+        else:
+            lenbytes = 0
+            if b in (0xC4, 0xC5, 0xC6):
+                lenbytes = 1 << (b - 0xC4)
+            elif b in (0xD9, 0xDA, 0xDB):
+                lenbytes = 1 << (b - 0xD9)
+            elif b in (0xC7, 0xC8, 0xC9):
+                lenbytes, body = 1 << (b - 0xC7), 1
+            elif b in (0xCA, 0xCB):
+                body = 4 if b == 0xCA else 8
+            elif 0xCC <= b <= 0xCF:
+                body = 1 << (b - 0xCC)
+            elif 0xD0 <= b <= 0xD3:
+                body = 1 << (b - 0xD0)
+            elif 0xD4 <= b <= 0xD8:
+                body = 1 + (1 << (b - 0xD4))
+            else:  # 0xdc-0xdf: array or map 16/32
+                width = 2 if b in (0xDC, 0xDE) else 4
+                if n - p < width:
+                    return f"message ends inside a length (byte {n})"
+                count = int.from_bytes(buf[p : p + width], "big") * (2 if b >= 0xDE else 1)
+                p += width
+            if lenbytes:
+                if n - p < lenbytes:
+                    return f"message ends inside a length (byte {n})"
+                body += int.from_bytes(buf[p : p + lenbytes], "big")
+                p += lenbytes
+        if body > n - p:
+            return f"a string or binary at byte {p} declares {body} bytes, {n - p} are left"
+        p += body
+        if count:
+            if count > n - p:  # every element takes a byte at least
+                return f"a container at byte {p} declares {count} elements, {n - p} bytes are left"
+            if len(left) >= max_depth + 1:
+                return f"nesting deeper than {max_depth}"
+            left.append(count)
+    if p != n:
+        return f"{n - p} bytes after the message"
+    return None
 
 
 def _need_admin(peer: _Peer, what: str) -> None:
