@@ -517,3 +517,42 @@ def test_tcp_control_with_curve_serves_only_listed_keys(kind, tmp_path):
         out = child.output()
         child.close()
     assert code == 0 and not [m for m in SANITIZER_MARKS if m in out], out[-3000:]
+
+
+@contextlib.contextmanager
+def _slow_dataplane(kind: str) -> Iterator:
+    """Ducks (or the mock) that answer 200 ms late: forwards stay in flight that long."""
+    if kind == "mock":
+        with MockDataplaneProcess(ducks=2, args=["--delay-ms", "200"]) as d:
+            yield d
+        return
+    cluster = cluster_class_or_skip()(2, duck_args=["--delay-us", "200000"]).start()
+    try:
+        yield cluster
+    finally:
+        assert_clean_exit(cluster)
+
+
+@pytest.mark.parametrize("kind", ["mock", "real"])
+def test_unloading_a_layer_under_forwards_in_flight_lets_them_finish(kind):
+    with _slow_dataplane(kind) as d, duckpipe.connect(d.control) as c:
+        c.load_weights(5, MLP, ducks=[0, 1])
+        stats = _stats(d).counters
+        freed, picked = stats["layers_freed"], stats["descriptors"]
+        fwds = []
+        for _ in range(8):
+            slot = c.claim(X.shape, X.dtype)
+            slot.array[:] = X
+            fwds.append(c.submit(slot, 5))
+        deadline = time.monotonic() + 5  # the dataplane took them all: they hold the layer
+        while _stats(d).counters["descriptors"] < picked + 8 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        c.unload_layer(5)
+        for f in fwds:
+            np.testing.assert_allclose(f.result(timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5)
+        deadline = time.monotonic() + 5  # and it is freed once they are done
+        while _stats(d).counters["layers_freed"] < freed + 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _stats(d).counters["layers_freed"] == freed + 1
+        with pytest.raises(UnknownLayer):
+            c.forward(5, X, timeout=10)
