@@ -21,15 +21,16 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "dp_access.h"
 #include "dp_client.h"
 #include "dp_ctl_gen.h"
+#include "dp_layers.h"
 #include "dp_mp.h"
 #include "dp_reduce.h"
 #include "dp_worker.h"
 
 #define HOUSEKEEPING_NS 50000000ull /* 50 ms */
 #define MAX_MESSAGES_PER_LOOP 64
-#define MAX_CURVE_CLIENTS 256
 
 struct dp_control {
 	struct dp_world *w;
@@ -41,19 +42,9 @@ struct dp_control {
 	msgpack_packer pk;
 	struct dp_counters *counters;
 	struct dp_ctl_request req;      /* the request being handled (large: not on the stack) */
-	/* who may talk: the dataplane's own user (admin), members of control_group (clients),
-	 * and over tcp:// the CURVE keys of curve_clients_file (clients) */
-	uint32_t euid;
-	bool ipc;                       /* the endpoint is ipc://: peers have uid, gid, pid */
-	bool has_group;
-	uint32_t group_gid;
-	void *zap;                      /* ZAP handler (REP) when CURVE is on */
-	uint8_t curve_clients[MAX_CURVE_CLIENTS][32];
-	uint32_t ncurve_clients;
+	struct dp_access access;        /* who may talk, and as what (dp_access.c) */
 	struct dp_layer *retired;       /* unpublished layers, freed once nobody can hold them */
 };
-
-struct dp_layer dp_layer_tombstone;
 
 const char *const dp_counter_names[DP_NCOUNTERS] = {
 #define DP_COUNTER_NAME(name) #name,
@@ -192,39 +183,6 @@ struct dp_peer {
 	bool admin;        /* the dataplane's own user */
 };
 
-/* "...:uid:gid:pid", the tail libzmq appends to an ipc peer's Peer-Address (SO_PEERCRED). */
-static bool parse_peer_address(const char *pa, uint32_t *uid, uint32_t *gid, uint32_t *pid)
-{
-	unsigned long v[3];
-	const char *end = pa ? pa + strlen(pa) : NULL;
-	if (!pa)
-		return false;
-	for (int k = 2; k >= 0; k--) {
-		const char *colon = end;
-		while (colon > pa && colon[-1] != ':')
-			colon--;
-		if (colon == pa || colon == end)
-			return false;
-		char num[16];
-		size_t n = (size_t)(end - colon);
-		if (n >= sizeof(num))
-			return false;
-		memcpy(num, colon, n);
-		num[n] = '\0';
-		for (size_t i = 0; i < n; i++)
-			if (!isdigit((unsigned char)num[i]))
-				return false;
-		v[k] = strtoul(num, NULL, 10);
-		if (v[k] > UINT32_MAX)
-			return false;
-		end = colon - 1;
-	}
-	*uid = (uint32_t)v[0];
-	*gid = (uint32_t)v[1];
-	*pid = (uint32_t)v[2];
-	return true;
-}
-
 typedef void (*dp_ctl_handler)(struct dp_control *c, const struct dp_peer *p,
 			       const struct dp_ctl_request *r);
 
@@ -252,91 +210,6 @@ static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t 
 			return cl;
 	}
 	return NULL;
-}
-
-/* --- layers: owned, counted, unpublished, then freed ---------------------------------- */
-
-static void layer_free(struct dp_layer *l)
-{
-	free(l->b_down_raw);
-	free(l->b_down);
-	free(l);
-}
-
-/* Take the layer in table slot i out of the table; it is freed later (free_retired). */
-static void layer_unpublish(struct dp_control *c, uint32_t slot)
-{
-	struct dp_world *w = c->w;
-	struct dp_layer *l = w->layers[slot];
-	dp_store_release_ptr((void **)&w->layers[slot], DP_LAYER_GONE);
-	/* seq_cst: the dispatcher's pass that ends after this read cannot have missed the store */
-	l->retired_pass = __atomic_load_n(&w->dispatch_passes, __ATOMIC_SEQ_CST);
-	l->next_retired = c->retired;
-	c->retired = l;
-	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
-		struct dp_client *cl = &w->clients[i];
-		if (cl->state != DP_CLIENT_FREE && cl->id == l->owner) {
-			cl->nlayers--;
-			cl->weight_bytes -= l->weight_bytes;
-		}
-	}
-}
-
-/* Free the unpublished layers no forward holds and no dispatcher pass can still see. */
-static void free_retired(struct dp_control *c, bool all)
-{
-	uint64_t passes = __atomic_load_n(&c->w->dispatch_passes, __ATOMIC_ACQUIRE);
-	for (struct dp_layer **pl = &c->retired; *pl;) {
-		struct dp_layer *l = *pl;
-		if (all || (passes > l->retired_pass &&
-			    __atomic_load_n(&l->refs, __ATOMIC_ACQUIRE) == 0)) {
-			*pl = l->next_retired;
-			layer_free(l);
-			dp_count(c->counters, DP_C_layers_freed, 1);
-		} else {
-			pl = &l->next_retired;
-		}
-	}
-}
-
-/* The table slot holding layer id, or -1. */
-static int layer_slot(struct dp_world *w, uint32_t id)
-{
-	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
-		uint32_t k = dp_layer_hash(id, i);
-		struct dp_layer *l = w->layers[k];
-		if (!l)
-			return -1;
-		if (l != DP_LAYER_GONE && l->id == id)
-			return (int)k;
-	}
-	return -1;
-}
-
-/* Every layer client id owned goes (it detached or died). */
-static void unload_layers_of(struct dp_control *c, uint32_t owner)
-{
-	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
-		struct dp_layer *l = c->w->layers[i];
-		if (l && l != DP_LAYER_GONE && l->owner == owner)
-			layer_unpublish(c, i);
-	}
-}
-
-/* Bytes a layer plan stands for: every duck's shards and b_down (raw and float);
- * UINT64_MAX when that does not fit (a config may raise max_hidden and max_ffn to 2^32). */
-static uint64_t plan_bytes(const struct dp_ctl_load_weights *m)
-{
-	uint64_t item = m->dtype == DP_DTYPE_F16 ? 2 : 4, h = m->hidden, total = 0, hf, t;
-	for (uint32_t i = 0; i < m->shard_sizes_len; i++) {
-		uint64_t f = m->shard_sizes[i];
-		uint64_t mats = m->kind == DP_MLP_KIND_GELU ? 2 : 3; /* b_up: f more for GELU */
-		if (__builtin_mul_overflow(h, f, &hf) || __builtin_mul_overflow(hf, mats, &t) ||
-		    __builtin_add_overflow(t, m->kind == DP_MLP_KIND_GELU ? f : 0, &t) ||
-		    __builtin_mul_overflow(t, item, &t) || __builtin_add_overflow(total, t, &total))
-			return UINT64_MAX;
-	}
-	return m->has_b_down && __builtin_add_overflow(total, h * 8, &total) ? UINT64_MAX : total;
 }
 
 static void on_attach(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
@@ -412,7 +285,7 @@ static void on_detach(struct dp_control *c, const struct dp_peer *p, const struc
 	(void)r;
 	struct dp_client *cl = client_by_identity(c, p->id, p->idlen);
 	if (cl) {
-		unload_layers_of(c, cl->id); /* now: its layer ids are free for the next client */
+		dp_layers_unload_owner(c->w, cl->id, &c->retired); /* now: its layer ids are free for the next client */
 		dp_store_release_u32(&cl->state, DP_CLIENT_CLOSING);
 		dp_count(c->counters, DP_C_clients_detached, 1);
 	}
@@ -538,14 +411,14 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 		       "LoadWeights needs one shard size per duck, summing to ffn");
 		return;
 	}
-	int old = layer_slot(w, m->layer);
+	int old = dp_layer_slot(w, m->layer);
 	const struct dp_layer *prev = old >= 0 ? w->layers[old] : NULL;
 	if (prev && prev->owner != me->id) {
 		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED, "layer %u belongs to another client",
 		       m->layer);
 		return;
 	}
-	uint64_t bytes = plan_bytes(m);
+	uint64_t bytes = dp_layer_plan_bytes(m);
 	uint32_t nlayers = me->nlayers - (prev != NULL);
 	uint64_t held = me->weight_bytes - (prev ? prev->weight_bytes : 0);
 	if (nlayers + 1 > cfg->client_max_layers || bytes > cfg->client_max_weight_bytes - held ||
@@ -600,13 +473,13 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 		l->b_down_raw = calloc(m->hidden, 4);
 		l->b_down = calloc(m->hidden, sizeof(float));
 		if (!l->b_down_raw || !l->b_down) {
-			layer_free(l);
+			dp_layer_free(l);
 			refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
 			return;
 		}
 	}
 	if (prev)
-		layer_unpublish(c, (uint32_t)slot); /* forwards in flight keep the old one */
+		dp_layer_unpublish(c->w, (uint32_t)slot, &c->retired); /* forwards in flight keep the old one */
 	/* release: the dispatcher that finds the layer sees it whole */
 	dp_store_release_ptr((void **)&w->layers[slot], l);
 	me->nlayers++;
@@ -619,7 +492,7 @@ static void on_unload_layer(struct dp_control *c, const struct dp_peer *p,
 {
 	const struct dp_ctl_unload_layer *m = &r->u.unload_layer;
 	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
-	int slot = layer_slot(c->w, m->layer);
+	int slot = dp_layer_slot(c->w, m->layer);
 	if (slot < 0) {
 		refuse(c, p, DP_ERROR_CODE_UNKNOWN_LAYER, "layer %u is not loaded", m->layer);
 		return;
@@ -629,7 +502,7 @@ static void on_unload_layer(struct dp_control *c, const struct dp_peer *p,
 		       m->layer);
 		return;
 	}
-	layer_unpublish(c, (uint32_t)slot);
+	dp_layer_unpublish(c->w, (uint32_t)slot, &c->retired);
 	reply_ack(c, p->id, p->idlen, p->rid);
 }
 
@@ -743,19 +616,19 @@ static const dp_ctl_handler handlers[DP_CTL_NTYPES] = {
 static void handle(struct dp_control *c, struct dp_peer *p, const char *data, size_t len)
 {
 	char why[256];
-	if (c->ipc && !p->creds) {
+	if (c->access.ipc && !p->creds) {
 		/* libzmq gives every ipc peer's SO_PEERCRED; without it we cannot tell who asks */
 		dp_count(c->counters, DP_C_control_refused, 1);
 		reply_error(c, p->id, p->idlen, 0, DP_ERROR_CODE_NO_CREDENTIALS,
 			    "the sender's credentials could not be read");
 		return;
 	}
-	if (c->ipc && p->uid != c->euid && !c->has_group) {
+	if (c->access.ipc && p->uid != c->access.euid && !c->access.has_group) {
 		/* the socket filter admits only our user; this is the second fence */
 		dp_count(c->counters, DP_C_control_refused, 1);
 		return;
 	}
-	p->admin = p->creds && p->uid == c->euid;
+	p->admin = p->creds && p->uid == c->access.euid;
 	int rc = dp_ctl_decode(data, len, &c->req, why, sizeof(why));
 	p->rid = c->req.req_id;
 	if (rc != 0) {
@@ -801,15 +674,13 @@ static int poll_control(struct dp_control *c)
 			continue;
 		}
 		struct dp_peer peer = { .id = id, .idlen = (size_t)idlen };
-		peer.creds = parse_peer_address(zmq_msg_gets(&msg, "Peer-Address"), &peer.uid,
+		peer.creds = dp_peer_credentials(zmq_msg_gets(&msg, "Peer-Address"), &peer.uid,
 						&peer.gid, &peer.pid);
 		handle(c, &peer, zmq_msg_data(&msg), zmq_msg_size(&msg));
 		zmq_msg_close(&msg);
 	}
 	return n;
 }
-
-static int serve_zap(struct dp_control *c);
 
 /* --- housekeeping ---------------------------------------------------------------------- */
 
@@ -832,7 +703,7 @@ static void housekeeping(struct dp_control *c, uint64_t now)
 		} else if (state == DP_CLIENT_QUIESCED &&
 			   __atomic_load_n(&cl->inflight, __ATOMIC_ACQUIRE) == 0) {
 			dp_client_unmap(cl);
-			unload_layers_of(c, cl->id); /* its layers go with it */
+			dp_layers_unload_owner(c->w, cl->id, &c->retired); /* its layers go with it */
 			if (cl->dead) {
 				unlink(cl->path);
 				dp_count(c->counters, DP_C_clients_reclaimed, 1);
@@ -844,14 +715,16 @@ static void housekeeping(struct dp_control *c, uint64_t now)
 
 static void housekeeping_layers(struct dp_control *c)
 {
-	free_retired(c, false);
+	dp_count(c->counters, DP_C_layers_freed, dp_layers_free_retired(c->w, &c->retired, false));
 }
 
 int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 {
 	struct dp_control *c = self;
 	(void)w;
-	int work = serve_zap(c);
+	uint64_t refused = c->access.refused;
+	int work = dp_access_serve_zap(&c->access);
+	dp_count(c->counters, DP_C_curve_refused, c->access.refused - refused);
 	work += poll_control(c);
 	work += drain_completions(c);
 	if (now >= c->next_house) {
@@ -860,172 +733,6 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 		c->next_house = now + HOUSEKEEPING_NS;
 	}
 	return work;
-}
-
-/* --- access: socket filters, CURVE and its ZAP handler ------------------------------------ */
-
-/* Answer the ZAP requests libzmq makes for each CURVE handshake (RFC 27): admit the
- * public keys of curve_clients_file, refuse the rest. Runs in the control agent's loop. */
-static int serve_zap(struct dp_control *c)
-{
-	int work = 0;
-	while (c->zap) {
-		char frames[8][64];
-		int sizes[8], nf = 0, more = 1;
-		size_t sz = sizeof(more);
-		int len = zmq_recv(c->zap, frames[0], sizeof(frames[0]), ZMQ_DONTWAIT);
-		if (len < 0)
-			break;
-		sizes[nf++] = len;
-		zmq_getsockopt(c->zap, ZMQ_RCVMORE, &more, &sz);
-		while (more) {
-			char junk[64];
-			char *dst = nf < 8 ? frames[nf] : junk;
-			len = zmq_recv(c->zap, dst, 64, 0);
-			if (nf < 8)
-				sizes[nf++] = len;
-			zmq_getsockopt(c->zap, ZMQ_RCVMORE, &more, &sz);
-		}
-		work++;
-		/* version, request id, domain, address, routing id, mechanism, key */
-		bool ok = false;
-		if (nf >= 7 && sizes[5] == 5 && !memcmp(frames[5], "CURVE", 5) && sizes[6] == 32)
-			for (uint32_t k = 0; k < c->ncurve_clients && !ok; k++)
-				ok = !memcmp(c->curve_clients[k], frames[6], 32);
-		if (!ok) {
-			dp_count(c->counters, DP_C_curve_refused, 1);
-			DP_WARN("refused a CURVE client whose key is not in %s",
-				c->w->cfg.curve_clients_file);
-		}
-		int idlen = nf >= 2 && sizes[1] >= 0 && sizes[1] <= 64 ? sizes[1] : 0;
-		zmq_send(c->zap, "1.0", 3, ZMQ_SNDMORE);
-		zmq_send(c->zap, frames[1], (size_t)idlen, ZMQ_SNDMORE);
-		zmq_send(c->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE);
-		zmq_send(c->zap, ok ? "OK" : "unknown key", ok ? 2 : 11, ZMQ_SNDMORE);
-		zmq_send(c->zap, "", 0, ZMQ_SNDMORE); /* user id */
-		zmq_send(c->zap, "", 0, 0);           /* metadata */
-	}
-	return work;
-}
-
-/* One z85 key (40 characters) from a file, decoded. */
-static int read_key(const char *path, uint8_t key[32])
-{
-	char text[128];
-	FILE *f = fopen(path, "r");
-	if (!f) {
-		dp_set_error("cannot read CURVE key %s: %s", path, strerror(errno));
-		return -1;
-	}
-	size_t n = fread(text, 1, sizeof(text) - 1, f);
-	fclose(f);
-	while (n && isspace((unsigned char)text[n - 1]))
-		n--;
-	text[n] = '\0';
-	if (n != 40 || !zmq_z85_decode(key, text)) {
-		dp_set_error("%s does not hold one z85 CURVE key (40 characters)", path);
-		return -1;
-	}
-	return 0;
-}
-
-static int setup_curve(struct dp_control *c)
-{
-	const struct dp_config *cfg = &c->w->cfg;
-	uint8_t secret[32], public[32];
-	if (!cfg->curve_secret_key_file[0] || !cfg->curve_public_key_file[0] ||
-	    !cfg->curve_clients_file[0]) {
-		dp_set_error("tcp:// control needs CURVE: set curve_secret_key_file, "
-			     "curve_public_key_file and curve_clients_file (or use ipc://)");
-		return -1;
-	}
-	if (!zmq_has("curve")) {
-		dp_set_error("this libzmq has no CURVE support; tcp:// control cannot be secured");
-		return -1;
-	}
-	if (read_key(cfg->curve_secret_key_file, secret) < 0 ||
-	    read_key(cfg->curve_public_key_file, public) < 0)
-		return -1;
-	FILE *f = fopen(cfg->curve_clients_file, "r");
-	if (!f) {
-		dp_set_error("cannot read %s: %s", cfg->curve_clients_file, strerror(errno));
-		return -1;
-	}
-	char line[256];
-	uint32_t lineno = 0;
-	while (fgets(line, sizeof(line), f)) {
-		lineno++;
-		size_t n = strlen(line);
-		while (n && isspace((unsigned char)line[n - 1]))
-			line[--n] = '\0';
-		if (n == 0 || line[0] == '#')
-			continue;
-		if (n != 40 || c->ncurve_clients == MAX_CURVE_CLIENTS ||
-		    !zmq_z85_decode(c->curve_clients[c->ncurve_clients], line)) {
-			fclose(f);
-			dp_set_error("%s line %u: not a z85 public key (or more than %d keys)",
-				     cfg->curve_clients_file, lineno, MAX_CURVE_CLIENTS);
-			return -1;
-		}
-		c->ncurve_clients++;
-	}
-	fclose(f);
-	/* the handler must be bound before the first handshake can ask it */
-	c->zap = zmq_socket(c->zctx, ZMQ_REP);
-	int zero = 0, one = 1;
-	zmq_setsockopt(c->zap, ZMQ_LINGER, &zero, sizeof(zero));
-	if (zmq_bind(c->zap, "inproc://zeromq.zap.01") < 0) {
-		dp_set_error("cannot bind the ZAP handler: %s", zmq_strerror(errno));
-		return -1;
-	}
-	if (zmq_setsockopt(c->router, ZMQ_CURVE_SERVER, &one, sizeof(one)) < 0 ||
-	    zmq_setsockopt(c->router, ZMQ_CURVE_SECRETKEY, secret, 32) < 0 ||
-	    zmq_setsockopt(c->router, ZMQ_CURVE_PUBLICKEY, public, 32) < 0 ||
-	    zmq_setsockopt(c->router, ZMQ_ZAP_DOMAIN, "duckpipe", 8) < 0) {
-		dp_set_error("cannot make the control socket a CURVE server: %s",
-			     zmq_strerror(errno));
-		return -1;
-	}
-	memset(secret, 0, sizeof(secret));
-	return 0;
-}
-
-/* Before bind: who may connect. ipc:// admits our user (and control_group) by SO_PEERCRED;
- * tcp:// admits the CURVE keys listed; nothing else is served. */
-static int setup_access(struct dp_control *c)
-{
-	const struct dp_config *cfg = &c->w->cfg;
-	c->euid = (uint32_t)geteuid();
-	if (cfg->control_group[0]) {
-		struct group *g = getgrnam(cfg->control_group);
-		if (!g) {
-			dp_set_error("control_group '%s' is not a group here", cfg->control_group);
-			return -1;
-		}
-		c->has_group = true;
-		c->group_gid = (uint32_t)g->gr_gid;
-	}
-	if (!strncmp(cfg->control, "ipc://", 6)) {
-		c->ipc = true;
-		int uid = (int)c->euid;
-		if (zmq_setsockopt(c->router, ZMQ_IPC_FILTER_UID, &uid, sizeof(uid)) < 0) {
-			dp_set_error("ZMQ_IPC_FILTER_UID: %s", zmq_strerror(errno));
-			return -1;
-		}
-		if (c->has_group) {
-			int gid = (int)c->group_gid;
-			if (zmq_setsockopt(c->router, ZMQ_IPC_FILTER_GID, &gid, sizeof(gid)) < 0) {
-				dp_set_error("ZMQ_IPC_FILTER_GID: %s", zmq_strerror(errno));
-				return -1;
-			}
-		}
-		return 0;
-	}
-	if (!strncmp(cfg->control, "tcp://", 6))
-		return setup_curve(c);
-	dp_set_error("control endpoint %s: only ipc:// (or tcp:// with CURVE keys) is served",
-		     cfg->control);
-	return -1;
 }
 
 /* Is a dataplane already answering at this endpoint? */
@@ -1078,7 +785,7 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	int64_t maxmsg = DP_MAX_MESSAGE_BYTES;
 	zmq_setsockopt(c->router, ZMQ_LINGER, &zero, sizeof(zero));
 	zmq_setsockopt(c->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-	if (setup_access(c) < 0)
+	if (dp_access_setup(&c->access, &w->cfg, c->zctx, c->router) < 0)
 		goto fail;
 	/* the socket's mode is the first fence: created 0600 (umask), opened to the group after */
 	mode_t old = umask(0077);
@@ -1090,20 +797,19 @@ struct dp_control *dp_control_new(struct dp_world *w)
 		goto fail;
 	}
 	/* created 0700 under that umask; a socket needs no x bit */
-	if (c->ipc && !c->has_group && chmod(ep + 6, 0600) < 0) {
+	if (c->access.ipc && !c->access.has_group && chmod(ep + 6, 0600) < 0) {
 		dp_set_error("cannot chmod %s: %s", ep + 6, strerror(errno));
 		goto fail;
 	}
-	if (c->ipc && c->has_group &&
-	    (chown(ep + 6, (uid_t)-1, (gid_t)c->group_gid) < 0 || chmod(ep + 6, 0660) < 0)) {
+	if (c->access.ipc && c->access.has_group &&
+	    (chown(ep + 6, (uid_t)-1, (gid_t)c->access.group_gid) < 0 || chmod(ep + 6, 0660) < 0)) {
 		dp_set_error("cannot give %s to group %s: %s", ep + 6, w->cfg.control_group,
 			     strerror(errno));
 		goto fail;
 	}
 	return c;
 fail:
-	if (c->zap)
-		zmq_close(c->zap);
+	dp_access_close(&c->access);
 	if (c->router)
 		zmq_close(c->router);
 	zmq_ctx_term(c->zctx);
@@ -1120,16 +826,15 @@ void dp_control_free(struct dp_control *c)
 		if (c->w->clients[i].base)
 			dp_client_unmap(&c->w->clients[i]); /* live clients own their segments */
 	zmq_close(c->router);
-	if (c->zap)
-		zmq_close(c->zap);
+	dp_access_close(&c->access);
 	zmq_ctx_term(c->zctx);
 	if (!strncmp(c->w->cfg.control, "ipc://", 6))
 		unlink(c->w->cfg.control + 6);
 	/* every agent has stopped: nothing holds a layer any more */
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++)
 		if (c->w->layers[i] && c->w->layers[i] != DP_LAYER_GONE)
-			layer_free(c->w->layers[i]);
-	free_retired(c, true);
+			dp_layer_free(c->w->layers[i]);
+	dp_layers_free_retired(c->w, &c->retired, true);
 	msgpack_sbuffer_destroy(&c->sbuf);
 	free(c);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "dp_access.h"
 #include "dp_ctl_gen.h"
 #include "dp_mp.h"
 #include "test_check.h"
@@ -200,8 +201,25 @@ static void test_decode_checks_fields(void)
 	msgpack_sbuffer_destroy(&p.sb);
 }
 
+static void test_peer_credentials(void)
+{
+	uint32_t uid = 9, gid = 9, pid = 9;
+	CHECK(dp_peer_credentials("localhost:1000:100:2639", &uid, &gid, &pid) && uid == 1000 &&
+		      gid == 100 && pid == 2639,
+	      "%u %u %u", uid, gid, pid);
+	CHECK(dp_peer_credentials("/run/x:y/control:0:0:1", &uid, &gid, &pid) && uid == 0 &&
+		      pid == 1,
+	      "a path with a colon");
+	CHECK(!dp_peer_credentials("127.0.0.1", &uid, &gid, &pid), "tcp: no credentials");
+	CHECK(!dp_peer_credentials(NULL, &uid, &gid, &pid), "no property");
+	CHECK(!dp_peer_credentials("x:1:2:", &uid, &gid, &pid), "an empty pid");
+	CHECK(!dp_peer_credentials("x:1:-2:3", &uid, &gid, &pid), "a sign");
+	CHECK(!dp_peer_credentials("x:99999999999:2:3", &uid, &gid, &pid), "past 32 bits");
+}
+
 int main(void)
 {
+	test_peer_credentials();
 	test_prescan_refuses_lies();
 	test_decode_bombs_without_allocating();
 	test_decode_checks_fields();
