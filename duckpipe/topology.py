@@ -5,6 +5,9 @@
     threads = "shared"            # or "dedicated": one thread per agent, pinned to `cores`
     idle = "backoff"              # spin | yield | backoff
     default_timeout_ms = 1000     # a forward's deadline unless the client sets one
+    control_group = ""            # members may be clients (not admins) of the dataplane
+    client_max_layers = 256       # per-client quotas; every setting and its default:
+    client_max_weight_bytes = 8589934592   # duckpipe/schema/config.py
 
     [[nics]]
     name = "lo"
