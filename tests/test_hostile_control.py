@@ -37,6 +37,7 @@ from duckpipe.errors import (
 )
 from duckpipe.mock.process import MockDataplaneProcess, ping
 from duckpipe.schema import control as ctl
+from duckpipe.schema.abi import Op, Status
 from duckpipe.schema.control import ErrorCode
 from duckpipe.testing import SANITIZER_MARKS, assert_clean_exit, cluster_class_or_skip
 
@@ -175,6 +176,7 @@ ATTACKER = """
 import sys
 import zmq
 from duckpipe.schema import control as ctl
+from duckpipe.schema.abi import Op, Status
 control, victim_pid, segment = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 for pid in (victim_pid, __import__("os").getpid()):
     s = zmq.Context.instance().socket(zmq.DEALER)
@@ -231,6 +233,26 @@ def test_a_shared_layer_serves_every_client(dp):
         a.load_weights(11, MLP, ducks=[0, 1], shared=True)  # a is the admin: same user
         np.testing.assert_allclose(
             b.forward(11, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+        )
+
+
+def test_only_its_owner_writes_a_shared_layers_weights(dp):
+    with duckpipe.connect(dp.control) as a, duckpipe.connect(dp.control) as b:
+        _load_plan(a, layer=12, shared=True)  # announced; its chunks are a's to send
+        recs = []
+        for op in (Op.WEIGHT_CHUNK, Op.WEIGHT_COMMIT):
+            i = b._take_slot(5)
+            b._segment.act_bytes(i)[:64] = 7
+            recs.append(b._push_weight(i, op, 12, 0, 0, 0, 64 if op == Op.WEIGHT_CHUNK else 0))
+        for rec in recs:
+            b._wait(rec, 10, "block")
+            assert rec.status == Status.BAD_REQUEST and "not being loaded" in rec.message, (
+                rec.status,
+                rec.message,
+            )
+        a.load_weights(12, MLP, ducks=[0, 1], shared=True)  # a still can, b forwards on it
+        np.testing.assert_allclose(
+            b.forward(12, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
         )
 
 

@@ -231,13 +231,14 @@ static inline struct dp_layer *dp_layer_find(struct dp_world *w, uint32_t id)
 	return NULL;
 }
 
-/* Dispatcher: the layer `id` if client c may use it (its own, or shared), with a reference
- * the control agent drops when the forward's completion is sent (dp_layer_put). */
+/* Dispatcher: the layer `id` if client c may use it (its own, or a shared one to forward
+ * on; weights only its owner writes), with a reference the control agent drops when the
+ * completion is sent (dp_layer_put). */
 static inline struct dp_layer *dp_layer_take(struct dp_world *w, uint32_t id,
-					     const struct dp_client *c)
+					     const struct dp_client *c, bool write)
 {
 	struct dp_layer *l = dp_layer_find(w, id);
-	if (!l || (l->owner != c->id && !l->shared))
+	if (!l || (l->owner != c->id && (write || !l->shared)))
 		return NULL;
 	__atomic_fetch_add(&l->refs, 1, __ATOMIC_RELAXED); /* published by the pass's end */
 	return l;

@@ -115,7 +115,7 @@ static void dispatch_forward(struct dp_dispatcher *d, struct dp_fwd *f, uint64_t
 	struct dp_world *w = d->w;
 	struct dp_client *c = f->client;
 	const struct dp_desc *desc = &f->desc;
-	struct dp_layer *l = f->layer = dp_layer_take(w, desc->layer, c);
+	struct dp_layer *l = f->layer = dp_layer_take(w, desc->layer, c, false);
 	if (!l || !dp_load_acquire_u32(&l->ready)) {
 		complete(d, f, DP_STATUS_BAD_REQUEST, "layer %u is not loaded", desc->layer);
 		return;
@@ -173,7 +173,7 @@ static void dispatch_weight(struct dp_dispatcher *d, struct dp_fwd *f, uint64_t 
 {
 	struct dp_world *w = d->w;
 	const struct dp_desc *desc = &f->desc;
-	struct dp_layer *l = f->layer = dp_layer_take(w, desc->layer, f->client);
+	struct dp_layer *l = f->layer = dp_layer_take(w, desc->layer, f->client, true);
 	if (!l || dp_load_acquire_u32(&l->ready)) {
 		complete(d, f, DP_STATUS_BAD_REQUEST,
 			 "layer %u is not being loaded (send LoadWeights first)", desc->layer);
@@ -291,7 +291,7 @@ static void dispatch(struct dp_dispatcher *d, struct dp_client *c, const struct 
 		break;
 	case DP_OP_WEIGHT_COMMIT:
 		f->kind = DP_FWD_DONE_AT_DISPATCH;
-		f->layer = dp_layer_take(d->w, desc->layer, c);
+		f->layer = dp_layer_take(d->w, desc->layer, c, true);
 		if (d->ncommits == MAX_PENDING_COMMITS) {
 			complete(d, f, DP_STATUS_BAD_REQUEST, "too many layer commits at once");
 			break;

@@ -614,10 +614,11 @@ class MockDataplane:
         self.layers[msg.layer] = _Layer(msg, me.id, weight_bytes, raw, received)
         return ctl.Ack(req_id=msg.req_id)
 
-    def _usable_layer(self, client: _Client, layer_id: int) -> _Layer | None:
-        """The layer if this client may use it: its own, or a shared one."""
+    def _usable_layer(self, client: _Client, layer_id: int, write: bool = False) -> _Layer | None:
+        """The layer if this client may use it: its own, or a shared one to forward on
+        (weights only its owner writes)."""
         layer = self.layers.get(layer_id)
-        if layer is None or (layer.owner != client.id and not layer.info.shared):
+        if layer is None or (layer.owner != client.id and (write or not layer.info.shared)):
             return None
         return layer
 
@@ -757,7 +758,7 @@ class MockDataplane:
             self._finish(client, fields, Status.OK, answered, [], timings)
 
     def _weight_chunk(self, client: _Client, d) -> None:
-        layer = self._usable_layer(client, int(d.layer))
+        layer = self._usable_layer(client, int(d.layer), write=True)
         if layer is None or layer.ready:
             raise DuckpipeError(
                 f"layer {int(d.layer)} is not being loaded (send LoadWeights first)"
@@ -777,7 +778,7 @@ class MockDataplane:
         self.counters["weight_bytes"] += n
 
     def _commit(self, client: _Client, layer_id: int) -> None:
-        layer = self._usable_layer(client, layer_id)
+        layer = self._usable_layer(client, layer_id, write=True)
         if layer is None:
             raise DuckpipeError(f"layer {layer_id} is not being loaded")
         short = [
