@@ -35,6 +35,7 @@ void dp_slot_publish(struct dp_slot_header *h, uint64_t forward_id, uint64_t epo
                      uint64_t nbytes, uint32_t answered, uint32_t missing,
                      uint32_t generation, uint32_t status);
 uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uint64_t max_ns);
+int dp_mp_prescan(const char *buf, size_t len, uint32_t max_depth, char *why, size_t n);
 """
 
 # Only the Python client spins on a done word; the GIL is released for the call.
@@ -42,6 +43,7 @@ SOURCE = r"""
 #include <time.h>
 #include "dp_abi.h"
 #include "dp_ring.h"
+#include "dp_mp_scan.h" /* the mock dataplane's control pre-scan: the dataplane's own */
 
 static uint64_t dp_mono_ns(void)
 {

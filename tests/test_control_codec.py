@@ -1,9 +1,10 @@
 """The generated C control decoder agrees with msgspec on what it accepts and why it refuses.
 
 A small driver around ``dp_ctl_decode`` (dataplane/src/dp_ctl_gen.c) decodes thousands
-of random requests, valid and broken field by field; the mock dataplane's rules (its
-pre-scan, then msgspec's typed decoder) give the expected verdict for each: accepted as
-the same type with the same req_id, or refused with the same ErrorCode.
+of random requests, valid and broken field by field; the mock dataplane's rules (the
+shared pre-scan of dp_mp_scan.h through cffi, then msgspec's typed decoder) give the
+expected verdict for each: accepted as the same type with the same req_id, or refused
+with the same ErrorCode.
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ def test_c_decoder_and_msgspec_agree_on_random_requests(decoder):
     assert 0.2 * len(got) < accepted < 0.8 * len(got)  # both sides of the line were tried
 
 
-def test_c_decoder_and_the_mock_prescan_refuse_the_same_lies(decoder):
+def test_truncated_or_lying_messages_get_the_same_verdict_on_both_sides(decoder):
     rng = random.Random(11)
     honest = [_message(rng, ctl.LoadWeights) for _ in range(50)]
     lies = []

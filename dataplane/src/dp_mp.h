@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dp_mp_scan.h" /* dp_mp_prescan: run it before msgpack_unpack_next */
+
 /* The value of `key` in map, or NULL (also when map is not a map). */
 const msgpack_object *dp_mp_get(const msgpack_object *map, const char *key);
 
@@ -19,16 +21,6 @@ int dp_mp_str(const msgpack_object *map, const char *key, char *out, size_t cap,
 /* A list of unsigned integers, each <= max; n is set to the count. */
 int dp_mp_uints(const msgpack_object *map, const char *key, uint32_t *out, uint32_t cap,
 		uint32_t *n, uint32_t max);
-
-/* Deepest nesting dp_mp_prescan can follow. */
-#define DP_MP_MAX_DEPTH 32
-
-/* Walk one msgpack object in buf without allocating: 0 when it is exactly len bytes,
- * every declared str/bin/ext length fits the bytes left, every array or map declares
- * no more elements than bytes left (each takes one at least), and maps and arrays nest
- * at most max_depth deep; else -1 with why. Run it before msgpack_unpack_next, which
- * reserves memory for the declared count (a 150-byte message asked for ~240 GiB). */
-int dp_mp_prescan(const char *buf, size_t len, uint32_t max_depth, char *why, size_t n);
 
 /* Packing helpers for the replies. */
 void dp_mp_key(msgpack_packer *pk, const char *key);

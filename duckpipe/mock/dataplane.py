@@ -33,7 +33,7 @@ import zmq
 from zmq.utils import z85
 
 from .. import runtime
-from .._native import lib
+from .._native import ffi, lib
 from ..errors import DuckpipeError
 from ..idle import IdleStrategy
 from ..models import duck_partial, numpy_dtype
@@ -890,70 +890,12 @@ class MockDataplane:
 
 
 def _prescan(buf: bytes, max_depth: int) -> str | None:
-    """dataplane/src/dp_mp.c's dp_mp_prescan: None when buf is one msgpack object whose
-    declared lengths fit the bytes left and whose nesting is at most max_depth, else why."""
-    n = len(buf)
-    p = 0
-    left = [1]  # objects still owed to each open container (a map owes 2 per entry)
-    while left:
-        if left[-1] == 0:
-            left.pop()
-            continue
-        if p >= n:
-            return f"message ends inside an object (byte {n})"
-        left[-1] -= 1
-        b = buf[p]
-        p += 1
-        body = count = 0
-        if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):
-            pass
-        elif b <= 0x8F:
-            count = 2 * (b & 0x0F)
-        elif b <= 0x9F:
-            count = b & 0x0F
-        elif b <= 0xBF:
-            body = b & 0x1F
-        elif b == 0xC1:
-            return f"byte 0xc1 is not msgpack (offset {p - 1})"
-        else:
-            lenbytes = 0
-            if b in (0xC4, 0xC5, 0xC6):
-                lenbytes = 1 << (b - 0xC4)
-            elif b in (0xD9, 0xDA, 0xDB):
-                lenbytes = 1 << (b - 0xD9)
-            elif b in (0xC7, 0xC8, 0xC9):
-                lenbytes, body = 1 << (b - 0xC7), 1
-            elif b in (0xCA, 0xCB):
-                body = 4 if b == 0xCA else 8
-            elif 0xCC <= b <= 0xCF:
-                body = 1 << (b - 0xCC)
-            elif 0xD0 <= b <= 0xD3:
-                body = 1 << (b - 0xD0)
-            elif 0xD4 <= b <= 0xD8:
-                body = 1 + (1 << (b - 0xD4))
-            else:  # 0xdc-0xdf: array or map 16/32
-                width = 2 if b in (0xDC, 0xDE) else 4
-                if n - p < width:
-                    return f"message ends inside a length (byte {n})"
-                count = int.from_bytes(buf[p : p + width], "big") * (2 if b >= 0xDE else 1)
-                p += width
-            if lenbytes:
-                if n - p < lenbytes:
-                    return f"message ends inside a length (byte {n})"
-                body += int.from_bytes(buf[p : p + lenbytes], "big")
-                p += lenbytes
-        if body > n - p:
-            return f"a string or binary at byte {p} declares {body} bytes, {n - p} are left"
-        p += body
-        if count:
-            if count > n - p:  # every element takes a byte at least
-                return f"a container at byte {p} declares {count} elements, {n - p} bytes are left"
-            if len(left) >= max_depth + 1:
-                return f"nesting deeper than {max_depth}"
-            left.append(count)
-    if p != n:
-        return f"{n - p} bytes after the message"
-    return None
+    """None when buf is one msgpack object whose declared lengths fit and whose nesting is
+    at most max_depth, else why: the dataplane's own dp_mp_prescan (dp_mp_scan.h)."""
+    why = ffi.new("char[256]")
+    if lib.dp_mp_prescan(buf, len(buf), max_depth, why, 256) == 0:
+        return None
+    return ffi.string(why).decode(errors="replace")
 
 
 def _need_admin(peer: _Peer, what: str) -> None:
