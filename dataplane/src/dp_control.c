@@ -2,16 +2,17 @@
  *
  * One ZeroMQ ROUTER carries the control protocol of duckpipe/schema/control.py
  * (msgpack maps whose "type" names the message): attach and detach, topology,
- * layers, weight-load plans, epochs, stats, shutdown. It also sends every
- * completion the other agents queue, heartbeats into every attached segment,
- * and reclaims the segments of clients that died.
+ * layers, weight-load plans, epochs, stats, shutdown. Requests are decoded by
+ * the generated dp_ctl_gen.c; this file holds the handlers, which check the
+ * sender's role (dp_access.c: the admin is the dataplane's own user). It also
+ * sends every completion the other agents queue (dropping the layer reference
+ * each forward held), heartbeats into every attached segment, reclaims the
+ * segments of clients that died and frees the layers they owned (dp_layers.c).
  */
 #include "dp_control.h"
 
 #include <arpa/inet.h>
-#include <ctype.h>
 #include <errno.h>
-#include <grp.h>
 #include <msgpack.h>
 #include <stdarg.h>
 #include <stdio.h>
