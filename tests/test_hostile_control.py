@@ -578,3 +578,60 @@ def test_unloading_a_layer_under_forwards_in_flight_lets_them_finish(kind):
         assert _stats(d).counters["layers_freed"] == freed + 1
         with pytest.raises(UnknownLayer):
             c.forward(5, X, timeout=10)
+
+
+FLOODER = """
+import sys, time
+import zmq
+control, seconds = sys.argv[1], float(sys.argv[2])
+junk = [bytes.fromhex(h) for h in sys.argv[3:]]
+ctx = zmq.Context()
+socks = []
+for _ in range(4):
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDHWM, 100000)
+    s.connect(control)
+    socks.append(s)
+sent, end = 0, time.monotonic() + seconds
+while time.monotonic() < end:
+    for s in socks:
+        try:
+            s.send(junk[sent % len(junk)], zmq.NOBLOCK)
+            sent += 1
+        except zmq.Again:
+            pass
+print(sent)
+ctx.destroy(linger=0)
+"""
+
+
+def test_a_control_flood_costs_a_well_behaved_client_nothing(dp):
+    junk = [
+        *BOMBS.values(),
+        b"\xff\x00garbage",
+        ctl.encoder.encode(ctl.GetStats(req_id=1)),
+        ctl.encoder.encode(ctl.GetLayers(req_id=2)),
+        msgspec.msgpack.encode({"type": "LoadWeights", "req_id": 3, "hidden": 2**32 - 1}),
+    ]
+    with duckpipe.connect(dp.control) as c:
+        c.load_weights(95, MLP, ducks=[0, 1])
+        flood = subprocess.Popen(
+            [sys.executable, "-c", FLOODER, dp.control, "3", *(j.hex() for j in junk)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        done = 0
+        try:
+            while flood.poll() is None:
+                np.testing.assert_allclose(
+                    c.forward(95, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+                )
+                done += 1
+        finally:
+            out, _ = flood.communicate(timeout=30)
+        assert int(out) > 1000 and done > 10, (out, done)
+        assert _stats(dp).counters["control_messages"] > 1000
+        np.testing.assert_allclose(
+            c.forward(95, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+        )
