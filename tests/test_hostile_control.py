@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -88,7 +89,6 @@ def dp(request) -> Iterator:
     settings = dict(SETTINGS, control_group="nogroup") if IS_ROOT else dict(SETTINGS)
     try:
         with _dataplane(request.param, f"ipc://{run}/control", **settings) as d:
-            d.kind = request.param
             yield d
     finally:
         shutil.rmtree(run, ignore_errors=True)
@@ -439,10 +439,12 @@ def test_another_user_is_refused_by_the_socket_even_when_its_file_is_open(kind):
 
 
 def _tcp() -> str:
-    return f"tcp://127.0.0.1:{free_udp_ports(1)}"  # a free UDP port is a free TCP one mostly
+    with socket.socket() as s:  # a free TCP port (the kernel may not hand it out again soon)
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def _start_raw(kind: str, control: str, settings: dict, tmp: Path):
+def _start_raw(kind: str, control: str, settings: dict):
     """The dataplane process, without waiting for an answer (ping has no CURVE keys)."""
     if kind == "mock":
         args = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
@@ -460,8 +462,8 @@ def _start_raw(kind: str, control: str, settings: dict, tmp: Path):
 
 
 @pytest.mark.parametrize("kind", ["mock", "real"])
-def test_tcp_control_without_curve_keys_is_refused_at_start(kind, tmp_path):
-    child = _start_raw(kind, _tcp(), {}, tmp_path)
+def test_tcp_control_without_curve_keys_is_refused_at_start(kind):
+    child = _start_raw(kind, _tcp(), {})
     try:
         assert child.proc.wait(20) != 0
         assert "needs CURVE" in child.output(), child.output()
@@ -504,7 +506,7 @@ def test_tcp_control_with_curve_serves_only_listed_keys(kind, tmp_path):
         "curve_clients_file": str(tmp_path / "clients"),
     }
     control = _tcp()
-    child = _start_raw(kind, control, settings, tmp_path)
+    child = _start_raw(kind, control, settings)
     ctx = zmq.Context()
     try:
         ok = _curve_socket(ctx, control, server_public, known)
