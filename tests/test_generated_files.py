@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated, ClassVar
 
@@ -241,7 +242,7 @@ def test_control_codec_needs_a_length_limit_on_every_string_and_list() -> None:
         ctlgen._fields(Unbounded)
 
 
-def test_every_request_type_has_a_generated_struct_and_a_table_entry() -> None:
+def test_every_message_has_a_generated_struct_and_decoder_or_encoder() -> None:
     from duckpipe.schema import ctlgen
 
     h = (INCLUDE / "dp_ctl_gen.h").read_text()
@@ -251,6 +252,12 @@ def test_every_request_type_has_a_generated_struct_and_a_table_entry() -> None:
         assert f"struct dp_ctl_{snake} {{" in h
         assert f'[DP_CTL_{snake.upper()}] = "{cls.__name__}"' in c
         assert f"decode_{snake}(" in c
+    for cls in ctlgen.reply_types():  # and every reply an encoder the dataplane uses
+        snake = ctlgen._snake(cls.__name__)
+        assert f"void dp_ctl_pack_{snake}(msgpack_packer *pk" in c
+    used = (ROOT / "dataplane" / "src" / "dp_control.c").read_text()
+    for cls in typing.get_args(control.AnyReply):
+        assert f"PACK(c, {ctlgen._snake(cls.__name__)}," in used, cls.__name__
 
 
 def test_the_c_config_reader_reads_every_config_field_by_its_schema_name() -> None:

@@ -121,6 +121,150 @@ struct dp_ctl_request {
 	} u;
 };
 
+struct msgpack_packer; /* msgpack-c's packer */
+
+/* Attached (reply): pack with dp_ctl_pack_attached. */
+struct dp_ctl_attached {
+	uint64_t req_id;
+	uint64_t client_id;
+	uint64_t epoch;
+	uint64_t session;
+	uint64_t dataplane_pid;
+	const char *mode; /* NULL packs as "" */
+	uint64_t ducks;
+	uint64_t default_timeout_us;
+	uint64_t max_forward_bytes;
+};
+void dp_ctl_pack_attached(struct msgpack_packer *pk, const struct dp_ctl_attached *m);
+
+/* Ack (reply): pack with dp_ctl_pack_ack. */
+struct dp_ctl_ack {
+	uint64_t req_id;
+};
+void dp_ctl_pack_ack(struct msgpack_packer *pk, const struct dp_ctl_ack *m);
+
+/* Error (reply): pack with dp_ctl_pack_error. */
+struct dp_ctl_error {
+	uint64_t req_id;
+	uint32_t code; /* enum dp_error_code */
+	const char *message; /* NULL packs as "" */
+};
+void dp_ctl_pack_error(struct msgpack_packer *pk, const struct dp_ctl_error *m);
+
+/* NicInfo (reply): pack with dp_ctl_pack_nic_info. */
+struct dp_ctl_nic_info {
+	const char *name; /* NULL packs as "" */
+	const char *backend; /* NULL packs as "" */
+	const char *address; /* NULL packs as "" */
+	const char *broadcast; /* NULL packs as "" */
+};
+void dp_ctl_pack_nic_info(struct msgpack_packer *pk, const struct dp_ctl_nic_info *m);
+
+/* DuckInfo (reply): pack with dp_ctl_pack_duck_info. */
+struct dp_ctl_duck_info {
+	uint64_t id;
+	const char *nic; /* NULL packs as "" */
+	const char *address; /* NULL packs as "" */
+	uint64_t port;
+	bool alive;
+};
+void dp_ctl_pack_duck_info(struct msgpack_packer *pk, const struct dp_ctl_duck_info *m);
+
+/* Topology (reply): pack with dp_ctl_pack_topology. */
+struct dp_ctl_topology {
+	uint64_t req_id;
+	const struct dp_ctl_nic_info *nics;
+	uint32_t nics_len;
+	const struct dp_ctl_duck_info *ducks;
+	uint32_t ducks_len;
+};
+void dp_ctl_pack_topology(struct msgpack_packer *pk, const struct dp_ctl_topology *m);
+
+/* LayerInfo (reply): pack with dp_ctl_pack_layer_info. */
+struct dp_ctl_layer_info {
+	uint64_t layer;
+	uint64_t kind;
+	uint64_t dtype;
+	uint64_t hidden;
+	uint64_t ffn;
+	const uint32_t *ducks;
+	uint32_t ducks_len;
+	const uint32_t *shard_sizes;
+	uint32_t shard_sizes_len;
+	bool has_b_down;
+	bool ready;
+};
+void dp_ctl_pack_layer_info(struct msgpack_packer *pk, const struct dp_ctl_layer_info *m);
+
+/* Layers (reply): pack with dp_ctl_pack_layers. */
+struct dp_ctl_layers {
+	uint64_t req_id;
+	const struct dp_ctl_layer_info *layers;
+	uint32_t layers_len;
+};
+void dp_ctl_pack_layers(struct msgpack_packer *pk, const struct dp_ctl_layers *m);
+
+/* EpochChanged (reply): pack with dp_ctl_pack_epoch_changed. */
+struct dp_ctl_epoch_changed {
+	uint64_t req_id;
+	uint64_t epoch;
+};
+void dp_ctl_pack_epoch_changed(struct msgpack_packer *pk, const struct dp_ctl_epoch_changed *m);
+
+/* ClientStats (reply): pack with dp_ctl_pack_client_stats. */
+struct dp_ctl_client_stats {
+	uint64_t client_id;
+	uint64_t pid;
+	const char *name; /* NULL packs as "" */
+	const char *segment; /* NULL packs as "" */
+	uint64_t submitted;
+	uint64_t completed;
+};
+void dp_ctl_pack_client_stats(struct msgpack_packer *pk, const struct dp_ctl_client_stats *m);
+
+/* Stats (reply): pack with dp_ctl_pack_stats. */
+struct dp_ctl_stats {
+	uint64_t req_id;
+	const char *mode; /* NULL packs as "" */
+	uint64_t epoch;
+	const char *const *counters_keys;
+	const uint64_t *counters_values;
+	uint32_t counters_len;
+	const struct dp_ctl_client_stats *clients;
+	uint32_t clients_len;
+};
+void dp_ctl_pack_stats(struct msgpack_packer *pk, const struct dp_ctl_stats *m);
+
+/* Timings (reply): pack with dp_ctl_pack_timings. */
+struct dp_ctl_timings {
+	uint64_t prepare_ns;
+	uint64_t send_ns;
+	uint64_t wait_ns;
+	uint64_t fetch_ns;
+	uint64_t reduce_ns;
+	uint64_t spread_ns;
+	const uint64_t *duck_compute_ns;
+	uint32_t duck_compute_ns_len;
+};
+void dp_ctl_pack_timings(struct msgpack_packer *pk, const struct dp_ctl_timings *m);
+
+/* Completion (reply): pack with dp_ctl_pack_completion. */
+struct dp_ctl_completion {
+	uint64_t forward_id;
+	uint64_t slot;
+	uint64_t generation;
+	uint64_t epoch;
+	uint64_t status;
+	const uint32_t *answered;
+	uint32_t answered_len;
+	const uint32_t *missing;
+	uint32_t missing_len;
+	struct dp_ctl_timings timings;
+	const char *message; /* NULL packs as "" */
+	uint64_t current_epoch;
+};
+void dp_ctl_pack_completion(struct msgpack_packer *pk, const struct dp_ctl_completion *m);
+
 /* Type names, indexed by enum dp_ctl_type. */
 extern const char *const dp_ctl_type_names[DP_CTL_NTYPES];
 

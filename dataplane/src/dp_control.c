@@ -45,6 +45,8 @@ struct dp_control {
 	struct dp_ctl_request req;      /* the request being handled (large: not on the stack) */
 	struct dp_access access;        /* who may talk, and as what (dp_access.c) */
 	struct dp_layer *retired;       /* unpublished layers, freed once nobody can hold them */
+	struct dp_ctl_layer_info *layer_infos; /* Layers reply: one per table slot */
+	uint32_t (*layer_ducks)[256];
 };
 
 const char *const dp_counter_names[DP_NCOUNTERS] = {
@@ -55,12 +57,13 @@ const char *const dp_counter_names[DP_NCOUNTERS] = {
 
 /* --- replies ----------------------------------------------------------------------- */
 
-static void begin(struct dp_control *c, const char *type, uint32_t fields)
-{
-	msgpack_sbuffer_clear(&c->sbuf);
-	msgpack_pack_map(&c->pk, fields + 1);
-	dp_mp_kv_str(&c->pk, "type", type);
-}
+/* Every reply is packed by its generated encoder (dp_ctl_pack_*) into c->sbuf, emptied
+ * first, then sent. */
+#define PACK(c, name, ...)                                                         \
+	do {                                                                       \
+		msgpack_sbuffer_clear(&(c)->sbuf);                                 \
+		dp_ctl_pack_##name(&(c)->pk, &(struct dp_ctl_##name){ __VA_ARGS__ }); \
+	} while (0)
 
 static void send_to(struct dp_control *c, const uint8_t *id, size_t idlen)
 {
@@ -73,17 +76,13 @@ static void send_to(struct dp_control *c, const uint8_t *id, size_t idlen)
 static void reply_error(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t req_id,
 			enum dp_error_code code, const char *message)
 {
-	begin(c, "Error", 3);
-	dp_mp_kv_u64(&c->pk, "req_id", req_id);
-	dp_mp_kv_u64(&c->pk, "code", code);
-	dp_mp_kv_str(&c->pk, "message", message);
+	PACK(c, error, .req_id = req_id, .code = code, .message = message);
 	send_to(c, id, idlen);
 }
 
 static void reply_ack(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t req_id)
 {
-	begin(c, "Ack", 1);
-	dp_mp_kv_u64(&c->pk, "req_id", req_id);
+	PACK(c, ack, .req_id = req_id);
 	send_to(c, id, idlen);
 }
 
@@ -93,8 +92,6 @@ static void send_completion(struct dp_control *c, struct dp_fwd *f)
 {
 	struct dp_world *w = c->w;
 	struct dp_client *cl = f->client;
-	uint32_t answered, missing;
-	dp_fwd_counts(w, f, &answered, &missing);
 	uint64_t send = 0, wait = 0, fetch = 0, first = UINT64_MAX, last = 0;
 	for (uint32_t n = 0; n < DP_MAX_NICS; n++)
 		if (f->nic_mask & (1u << n) && f->kind == DP_FWD_FORWARD) {
@@ -107,40 +104,37 @@ static void send_completion(struct dp_control *c, struct dp_fwd *f)
 			if (p->last_ns > last)
 				last = p->last_ns;
 		}
-	begin(c, "Completion", 10);
-	dp_mp_kv_u64(&c->pk, "forward_id", f->desc.forward_id);
-	dp_mp_kv_u64(&c->pk, "slot", f->desc.slot);
-	dp_mp_kv_u64(&c->pk, "generation", f->desc.generation);
-	dp_mp_kv_u64(&c->pk, "epoch", f->desc.epoch);
-	dp_mp_kv_u64(&c->pk, "status", f->status);
-	dp_mp_key(&c->pk, "answered");
-	msgpack_pack_array(&c->pk, answered);
-	for (uint32_t d = 0; d < 256 && f->kind == DP_FWD_FORWARD; d++)
-		if (dp_targets_has(f->targets, d) && f->rx[w->duck_index[d]].state == 1)
-			msgpack_pack_uint32(&c->pk, d);
-	dp_mp_key(&c->pk, "missing");
-	msgpack_pack_array(&c->pk, missing);
-	for (uint32_t d = 0; d < 256 && f->kind == DP_FWD_FORWARD; d++)
-		if (dp_targets_has(f->targets, d) && f->rx[w->duck_index[d]].state != 1)
-			msgpack_pack_uint32(&c->pk, d);
-	dp_mp_key(&c->pk, "timings");
-	msgpack_pack_map(&c->pk, 7);
-	uint64_t submit = f->desc.submit_ns;
-	dp_mp_kv_u64(&c->pk, "prepare_ns", submit && submit < f->pickup_ns ? f->pickup_ns - submit : 0);
-	dp_mp_kv_u64(&c->pk, "send_ns", send);
-	dp_mp_kv_u64(&c->pk, "wait_ns", wait);
-	dp_mp_kv_u64(&c->pk, "fetch_ns", fetch);
-	dp_mp_kv_u64(&c->pk, "reduce_ns", f->reduce_ns);
-	dp_mp_kv_u64(&c->pk, "spread_ns", last > first && first != UINT64_MAX ? last - first : 0);
-	dp_mp_key(&c->pk, "duck_compute_ns");
-	msgpack_pack_array(&c->pk, answered);
-	for (uint32_t d = 0; d < 256 && f->kind == DP_FWD_FORWARD; d++)
-		if (dp_targets_has(f->targets, d) && f->rx[w->duck_index[d]].state == 1)
-			msgpack_pack_uint64(&c->pk, f->rx[w->duck_index[d]].compute_ns);
+	uint32_t ok[256], bad[256];
+	uint64_t compute[256];
+	uint32_t nok = 0, nbad = 0;
+	for (uint32_t d = 0; d < 256 && f->kind == DP_FWD_FORWARD; d++) {
+		if (!dp_targets_has(f->targets, d))
+			continue;
+		const struct dp_duck_rx *rx = &f->rx[w->duck_index[d]];
+		if (rx->state == 1) {
+			compute[nok] = rx->compute_ns;
+			ok[nok++] = d;
+		} else {
+			bad[nbad++] = d;
+		}
+	}
 	if (!f->message[0] && f->status == DP_STATUS_TIMEOUT)
 		snprintf(f->message, sizeof(f->message), "no complete partial within the deadline");
-	dp_mp_kv_str(&c->pk, "message", f->message);
-	dp_mp_kv_u64(&c->pk, "current_epoch", dp_load_acquire_u64(&w->epoch));
+	uint64_t submit = f->desc.submit_ns;
+	PACK(c, completion, .forward_id = f->desc.forward_id, .slot = f->desc.slot,
+	     .generation = f->desc.generation, .epoch = f->desc.epoch, .status = f->status,
+	     .answered = ok, .answered_len = nok, .missing = bad, .missing_len = nbad,
+	     .timings = {
+		     .prepare_ns = submit && submit < f->pickup_ns ? f->pickup_ns - submit : 0,
+		     .send_ns = send,
+		     .wait_ns = wait,
+		     .fetch_ns = fetch,
+		     .reduce_ns = f->reduce_ns,
+		     .spread_ns = last > first && first != UINT64_MAX ? last - first : 0,
+		     .duck_compute_ns = compute,
+		     .duck_compute_ns_len = nok,
+	     },
+	     .message = f->message, .current_epoch = dp_load_acquire_u64(&w->epoch));
 	send_to(c, cl->identity, cl->identity_len);
 	if (f->layer) {
 		dp_layer_put(f->layer); /* taken by the dispatcher */
@@ -268,16 +262,11 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 	dp_count(c->counters, DP_C_clients_attached, 1);
 	DP_INFO("client %u (pid %u uid %u, %s) attached %s", cl->id, p->pid, p->uid, m->name,
 		m->segment);
-	begin(c, "Attached", 9);
-	dp_mp_kv_u64(&c->pk, "req_id", p->rid);
-	dp_mp_kv_u64(&c->pk, "client_id", cl->id);
-	dp_mp_kv_u64(&c->pk, "epoch", dp_load_acquire_u64(&c->w->epoch));
-	dp_mp_kv_u64(&c->pk, "session", c->w->session);
-	dp_mp_kv_u64(&c->pk, "dataplane_pid", (uint64_t)getpid());
-	dp_mp_kv_str(&c->pk, "mode", c->w->cfg.nics[0].backend);
-	dp_mp_kv_u64(&c->pk, "ducks", c->w->cfg.nducks);
-	dp_mp_kv_u64(&c->pk, "default_timeout_us", c->w->cfg.default_timeout_us);
-	dp_mp_kv_u64(&c->pk, "max_forward_bytes", c->w->cfg.max_forward_bytes);
+	PACK(c, attached, .req_id = p->rid, .client_id = cl->id,
+	     .epoch = dp_load_acquire_u64(&c->w->epoch), .session = c->w->session,
+	     .dataplane_pid = (uint64_t)getpid(), .mode = c->w->cfg.nics[0].backend,
+	     .ducks = c->w->cfg.nducks, .default_timeout_us = c->w->cfg.default_timeout_us,
+	     .max_forward_bytes = c->w->cfg.max_forward_bytes);
 	send_to(c, p->id, p->idlen);
 }
 
@@ -304,38 +293,35 @@ static void on_topology(struct dp_control *c, const struct dp_peer *p,
 			const struct dp_ctl_request *r)
 {
 	struct dp_world *w = c->w;
-	char addr[INET_ADDRSTRLEN];
+	static char addrs[DP_MAX_NICS * 2 + 256][INET_ADDRSTRLEN];
+	struct dp_ctl_nic_info nics[DP_MAX_NICS];
+	struct dp_ctl_duck_info ducks[256];
 	uint64_t now = dp_now_ns();
 	(void)r;
-	begin(c, "Topology", 3);
-	dp_mp_kv_u64(&c->pk, "req_id", p->rid);
-	dp_mp_key(&c->pk, "nics");
-	msgpack_pack_array(&c->pk, w->cfg.nnics);
 	for (uint32_t n = 0; n < w->cfg.nnics; n++) {
 		const struct dp_nic_cfg *nic = &w->cfg.nics[n];
-		msgpack_pack_map(&c->pk, 4);
-		dp_mp_kv_str(&c->pk, "name", nic->name);
-		dp_mp_kv_str(&c->pk, "backend", nic->backend);
-		inet_ntop(AF_INET, &nic->host.sin_addr, addr, sizeof(addr));
-		dp_mp_kv_str(&c->pk, "address", addr);
-		if (nic->use_broadcast)
-			inet_ntop(AF_INET, &nic->broadcast.sin_addr, addr, sizeof(addr));
-		dp_mp_kv_str(&c->pk, "broadcast", nic->use_broadcast ? addr : "");
+		char *host = addrs[2 * n], *bcast = addrs[2 * n + 1];
+		inet_ntop(AF_INET, &nic->host.sin_addr, host, INET_ADDRSTRLEN);
+		inet_ntop(AF_INET, &nic->broadcast.sin_addr, bcast, INET_ADDRSTRLEN);
+		nics[n] = (struct dp_ctl_nic_info){ .name = nic->name, .backend = nic->backend,
+						    .address = host,
+						    .broadcast = nic->use_broadcast ? bcast : "" };
 	}
-	dp_mp_key(&c->pk, "ducks");
-	msgpack_pack_array(&c->pk, w->cfg.nducks);
 	for (uint32_t i = 0; i < w->cfg.nducks; i++) {
 		const struct dp_duck_cfg *d = &w->cfg.ducks[i];
 		uint64_t seen = dp_load_relaxed_u64(&w->duck_seen_ns[d->id]);
-		msgpack_pack_map(&c->pk, 5);
-		dp_mp_kv_u64(&c->pk, "id", d->id);
-		dp_mp_kv_str(&c->pk, "nic", w->cfg.nics[d->nic].name);
-		inet_ntop(AF_INET, &d->addr.sin_addr, addr, sizeof(addr));
-		dp_mp_kv_str(&c->pk, "address", addr);
-		dp_mp_kv_u64(&c->pk, "port", ntohs(d->addr.sin_port));
-		dp_mp_kv_bool(&c->pk, "alive",
-			      seen && now - seen < 3ull * w->cfg.ping_ms * 1000000ull);
+		char *addr = addrs[2 * DP_MAX_NICS + i];
+		inet_ntop(AF_INET, &d->addr.sin_addr, addr, INET_ADDRSTRLEN);
+		ducks[i] = (struct dp_ctl_duck_info){
+			.id = d->id,
+			.nic = w->cfg.nics[d->nic].name,
+			.address = addr,
+			.port = ntohs(d->addr.sin_port),
+			.alive = seen && now - seen < 3ull * w->cfg.ping_ms * 1000000ull,
+		};
 	}
+	PACK(c, topology, .req_id = p->rid, .nics = nics, .nics_len = w->cfg.nnics,
+	     .ducks = ducks, .ducks_len = w->cfg.nducks);
 	send_to(c, p->id, p->idlen);
 }
 
@@ -351,33 +337,28 @@ static void on_layers(struct dp_control *c, const struct dp_peer *p, const struc
 	uint32_t n = 0;
 	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
 	(void)r;
-	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++)
-		n += layer_visible(c->w->layers[i], p, me);
-	begin(c, "Layers", 2);
-	dp_mp_kv_u64(&c->pk, "req_id", p->rid);
-	dp_mp_key(&c->pk, "layers");
-	msgpack_pack_array(&c->pk, n);
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
 		const struct dp_layer *l = c->w->layers[i];
 		if (!layer_visible(l, p, me))
 			continue;
-		msgpack_pack_map(&c->pk, 9);
-		dp_mp_kv_u64(&c->pk, "layer", l->id);
-		dp_mp_kv_u64(&c->pk, "kind", l->kind);
-		dp_mp_kv_u64(&c->pk, "dtype", l->dtype);
-		dp_mp_kv_u64(&c->pk, "hidden", l->hidden);
-		dp_mp_kv_u64(&c->pk, "ffn", l->ffn);
-		dp_mp_key(&c->pk, "ducks");
-		msgpack_pack_array(&c->pk, l->nducks);
 		for (uint32_t k = 0; k < l->nducks; k++)
-			msgpack_pack_uint32(&c->pk, l->ducks[k]);
-		dp_mp_key(&c->pk, "shard_sizes");
-		msgpack_pack_array(&c->pk, l->nducks);
-		for (uint32_t k = 0; k < l->nducks; k++)
-			msgpack_pack_uint32(&c->pk, l->shard[k]);
-		dp_mp_kv_bool(&c->pk, "has_b_down", l->has_b_down);
-		dp_mp_kv_bool(&c->pk, "ready", dp_load_acquire_u32(&l->ready));
+			c->layer_ducks[n][k] = l->ducks[k];
+		c->layer_infos[n] = (struct dp_ctl_layer_info){
+			.layer = l->id,
+			.kind = l->kind,
+			.dtype = l->dtype,
+			.hidden = l->hidden,
+			.ffn = l->ffn,
+			.ducks = c->layer_ducks[n],
+			.ducks_len = l->nducks,
+			.shard_sizes = l->shard,
+			.shard_sizes_len = l->nducks,
+			.has_b_down = l->has_b_down,
+			.ready = dp_load_acquire_u32(&l->ready),
+		};
+		n++;
 	}
+	PACK(c, layers, .req_id = p->rid, .layers = c->layer_infos, .layers_len = n);
 	send_to(c, p->id, p->idlen);
 }
 
@@ -522,9 +503,7 @@ static void on_set_epoch(struct dp_control *c, const struct dp_peer *p,
 		return;
 	}
 	dp_store_release_u64(&c->w->epoch, next);
-	begin(c, "EpochChanged", 2);
-	dp_mp_kv_u64(&c->pk, "req_id", p->rid);
-	dp_mp_kv_u64(&c->pk, "epoch", next);
+	PACK(c, epoch_changed, .req_id = p->rid, .epoch = next);
 	send_to(c, p->id, p->idlen);
 }
 
@@ -542,19 +521,8 @@ static void on_stats(struct dp_control *c, const struct dp_peer *p, const struct
 	for (uint32_t a = 0; a < nall; a++)
 		for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
 			sum[i] += dp_load_relaxed_u64(&all[a]->v[i]);
-	uint32_t nclients = 0;
-	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
-		nclients += w->clients[i].state == DP_CLIENT_ACTIVE;
-	begin(c, "Stats", 5);
-	dp_mp_kv_u64(&c->pk, "req_id", p->rid);
-	dp_mp_kv_str(&c->pk, "mode", w->cfg.nics[0].backend);
-	dp_mp_kv_u64(&c->pk, "epoch", dp_load_acquire_u64(&w->epoch));
-	dp_mp_key(&c->pk, "counters");
-	msgpack_pack_map(&c->pk, DP_NCOUNTERS);
-	for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
-		dp_mp_kv_u64(&c->pk, dp_counter_names[i], sum[i]);
-	dp_mp_key(&c->pk, "clients");
-	msgpack_pack_array(&c->pk, nclients);
+	struct dp_ctl_client_stats clients[DP_MAX_CLIENTS];
+	uint32_t n = 0;
 	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
 		const struct dp_client *cl = &w->clients[i];
@@ -562,14 +530,19 @@ static void on_stats(struct dp_control *c, const struct dp_peer *p, const struct
 			continue;
 		/* where another client's segment is, and who it is, is the admin's business */
 		bool shown = p->admin || cl == me;
-		msgpack_pack_map(&c->pk, 6);
-		dp_mp_kv_u64(&c->pk, "client_id", cl->id);
-		dp_mp_kv_u64(&c->pk, "pid", shown ? cl->pid : 0);
-		dp_mp_kv_str(&c->pk, "name", shown ? cl->name : "");
-		dp_mp_kv_str(&c->pk, "segment", shown ? cl->path : "");
-		dp_mp_kv_u64(&c->pk, "submitted", dp_load_relaxed_u64(&cl->submitted));
-		dp_mp_kv_u64(&c->pk, "completed", cl->completed);
+		clients[n++] = (struct dp_ctl_client_stats){
+			.client_id = cl->id,
+			.pid = shown ? cl->pid : 0,
+			.name = shown ? cl->name : "",
+			.segment = shown ? cl->path : "",
+			.submitted = dp_load_relaxed_u64(&cl->submitted),
+			.completed = cl->completed,
+		};
 	}
+	PACK(c, stats, .req_id = p->rid, .mode = w->cfg.nics[0].backend,
+	     .epoch = dp_load_acquire_u64(&w->epoch), .counters_keys = dp_counter_names,
+	     .counters_values = sum, .counters_len = DP_NCOUNTERS, .clients = clients,
+	     .clients_len = n);
 	send_to(c, p->id, p->idlen);
 }
 
@@ -762,6 +735,15 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	}
 	c->w = w;
 	c->counters = &w->control_counters;
+	c->layer_infos = calloc(DP_LAYER_TABLE, sizeof(*c->layer_infos));
+	c->layer_ducks = calloc(DP_LAYER_TABLE, sizeof(*c->layer_ducks));
+	if (!c->layer_infos || !c->layer_ducks) {
+		free(c->layer_infos);
+		free(c->layer_ducks);
+		free(c);
+		dp_set_error("out of memory");
+		return NULL;
+	}
 	c->next_client_id = 1;
 	msgpack_sbuffer_init(&c->sbuf);
 	msgpack_packer_init(&c->pk, &c->sbuf, msgpack_sbuffer_write);
@@ -815,6 +797,8 @@ fail:
 		zmq_close(c->router);
 	zmq_ctx_term(c->zctx);
 	msgpack_sbuffer_destroy(&c->sbuf);
+	free(c->layer_infos);
+	free(c->layer_ducks);
 	free(c);
 	return NULL;
 }
@@ -837,5 +821,7 @@ void dp_control_free(struct dp_control *c)
 			dp_layer_free(c->w->layers[i]);
 	dp_layers_free_retired(c->w, &c->retired, true);
 	msgpack_sbuffer_destroy(&c->sbuf);
+	free(c->layer_infos);
+	free(c->layer_ducks);
 	free(c);
 }

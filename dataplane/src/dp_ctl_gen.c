@@ -569,3 +569,260 @@ out:
 	msgpack_unpacked_destroy(&msg);
 	return rc;
 }
+
+/* --- reply encoders ---------------------------------------------------------- */
+
+static void key(msgpack_packer *pk, const char *k, size_t n)
+{
+	msgpack_pack_str(pk, n);
+	msgpack_pack_str_body(pk, k, n);
+}
+
+static void str(msgpack_packer *pk, const char *s)
+{
+	key(pk, s ? s : "", s ? strlen(s) : 0);
+}
+
+void dp_ctl_pack_attached(msgpack_packer *pk, const struct dp_ctl_attached *m)
+{
+	msgpack_pack_map(pk, 10);
+	key(pk, "type", 4);
+	key(pk, "Attached", 8);
+	key(pk, "req_id", 6);
+	msgpack_pack_uint64(pk, m->req_id);
+	key(pk, "client_id", 9);
+	msgpack_pack_uint64(pk, m->client_id);
+	key(pk, "epoch", 5);
+	msgpack_pack_uint64(pk, m->epoch);
+	key(pk, "session", 7);
+	msgpack_pack_uint64(pk, m->session);
+	key(pk, "dataplane_pid", 13);
+	msgpack_pack_uint64(pk, m->dataplane_pid);
+	key(pk, "mode", 4);
+	str(pk, m->mode);
+	key(pk, "ducks", 5);
+	msgpack_pack_uint64(pk, m->ducks);
+	key(pk, "default_timeout_us", 18);
+	msgpack_pack_uint64(pk, m->default_timeout_us);
+	key(pk, "max_forward_bytes", 17);
+	msgpack_pack_uint64(pk, m->max_forward_bytes);
+}
+
+void dp_ctl_pack_ack(msgpack_packer *pk, const struct dp_ctl_ack *m)
+{
+	msgpack_pack_map(pk, 2);
+	key(pk, "type", 4);
+	key(pk, "Ack", 3);
+	key(pk, "req_id", 6);
+	msgpack_pack_uint64(pk, m->req_id);
+}
+
+void dp_ctl_pack_error(msgpack_packer *pk, const struct dp_ctl_error *m)
+{
+	msgpack_pack_map(pk, 4);
+	key(pk, "type", 4);
+	key(pk, "Error", 5);
+	key(pk, "req_id", 6);
+	msgpack_pack_uint64(pk, m->req_id);
+	key(pk, "code", 4);
+	msgpack_pack_uint32(pk, m->code);
+	key(pk, "message", 7);
+	str(pk, m->message);
+}
+
+void dp_ctl_pack_nic_info(msgpack_packer *pk, const struct dp_ctl_nic_info *m)
+{
+	msgpack_pack_map(pk, 4);
+	key(pk, "name", 4);
+	str(pk, m->name);
+	key(pk, "backend", 7);
+	str(pk, m->backend);
+	key(pk, "address", 7);
+	str(pk, m->address);
+	key(pk, "broadcast", 9);
+	str(pk, m->broadcast);
+}
+
+void dp_ctl_pack_duck_info(msgpack_packer *pk, const struct dp_ctl_duck_info *m)
+{
+	msgpack_pack_map(pk, 5);
+	key(pk, "id", 2);
+	msgpack_pack_uint64(pk, m->id);
+	key(pk, "nic", 3);
+	str(pk, m->nic);
+	key(pk, "address", 7);
+	str(pk, m->address);
+	key(pk, "port", 4);
+	msgpack_pack_uint64(pk, m->port);
+	key(pk, "alive", 5);
+	if (m->alive)
+		msgpack_pack_true(pk);
+	else
+		msgpack_pack_false(pk);
+}
+
+void dp_ctl_pack_topology(msgpack_packer *pk, const struct dp_ctl_topology *m)
+{
+	msgpack_pack_map(pk, 4);
+	key(pk, "type", 4);
+	key(pk, "Topology", 8);
+	key(pk, "req_id", 6);
+	msgpack_pack_uint64(pk, m->req_id);
+	key(pk, "nics", 4);
+	msgpack_pack_array(pk, m->nics_len);
+	for (uint32_t i = 0; i < m->nics_len; i++)
+		dp_ctl_pack_nic_info(pk, &m->nics[i]);
+	key(pk, "ducks", 5);
+	msgpack_pack_array(pk, m->ducks_len);
+	for (uint32_t i = 0; i < m->ducks_len; i++)
+		dp_ctl_pack_duck_info(pk, &m->ducks[i]);
+}
+
+void dp_ctl_pack_layer_info(msgpack_packer *pk, const struct dp_ctl_layer_info *m)
+{
+	msgpack_pack_map(pk, 9);
+	key(pk, "layer", 5);
+	msgpack_pack_uint64(pk, m->layer);
+	key(pk, "kind", 4);
+	msgpack_pack_uint64(pk, m->kind);
+	key(pk, "dtype", 5);
+	msgpack_pack_uint64(pk, m->dtype);
+	key(pk, "hidden", 6);
+	msgpack_pack_uint64(pk, m->hidden);
+	key(pk, "ffn", 3);
+	msgpack_pack_uint64(pk, m->ffn);
+	key(pk, "ducks", 5);
+	msgpack_pack_array(pk, m->ducks_len);
+	for (uint32_t i = 0; i < m->ducks_len; i++)
+		msgpack_pack_uint32(pk, m->ducks[i]);
+	key(pk, "shard_sizes", 11);
+	msgpack_pack_array(pk, m->shard_sizes_len);
+	for (uint32_t i = 0; i < m->shard_sizes_len; i++)
+		msgpack_pack_uint32(pk, m->shard_sizes[i]);
+	key(pk, "has_b_down", 10);
+	if (m->has_b_down)
+		msgpack_pack_true(pk);
+	else
+		msgpack_pack_false(pk);
+	key(pk, "ready", 5);
+	if (m->ready)
+		msgpack_pack_true(pk);
+	else
+		msgpack_pack_false(pk);
+}
+
+void dp_ctl_pack_layers(msgpack_packer *pk, const struct dp_ctl_layers *m)
+{
+	msgpack_pack_map(pk, 3);
+	key(pk, "type", 4);
+	key(pk, "Layers", 6);
+	key(pk, "req_id", 6);
+	msgpack_pack_uint64(pk, m->req_id);
+	key(pk, "layers", 6);
+	msgpack_pack_array(pk, m->layers_len);
+	for (uint32_t i = 0; i < m->layers_len; i++)
+		dp_ctl_pack_layer_info(pk, &m->layers[i]);
+}
+
+void dp_ctl_pack_epoch_changed(msgpack_packer *pk, const struct dp_ctl_epoch_changed *m)
+{
+	msgpack_pack_map(pk, 3);
+	key(pk, "type", 4);
+	key(pk, "EpochChanged", 12);
+	key(pk, "req_id", 6);
+	msgpack_pack_uint64(pk, m->req_id);
+	key(pk, "epoch", 5);
+	msgpack_pack_uint64(pk, m->epoch);
+}
+
+void dp_ctl_pack_client_stats(msgpack_packer *pk, const struct dp_ctl_client_stats *m)
+{
+	msgpack_pack_map(pk, 6);
+	key(pk, "client_id", 9);
+	msgpack_pack_uint64(pk, m->client_id);
+	key(pk, "pid", 3);
+	msgpack_pack_uint64(pk, m->pid);
+	key(pk, "name", 4);
+	str(pk, m->name);
+	key(pk, "segment", 7);
+	str(pk, m->segment);
+	key(pk, "submitted", 9);
+	msgpack_pack_uint64(pk, m->submitted);
+	key(pk, "completed", 9);
+	msgpack_pack_uint64(pk, m->completed);
+}
+
+void dp_ctl_pack_stats(msgpack_packer *pk, const struct dp_ctl_stats *m)
+{
+	msgpack_pack_map(pk, 6);
+	key(pk, "type", 4);
+	key(pk, "Stats", 5);
+	key(pk, "req_id", 6);
+	msgpack_pack_uint64(pk, m->req_id);
+	key(pk, "mode", 4);
+	str(pk, m->mode);
+	key(pk, "epoch", 5);
+	msgpack_pack_uint64(pk, m->epoch);
+	key(pk, "counters", 8);
+	msgpack_pack_map(pk, m->counters_len);
+	for (uint32_t i = 0; i < m->counters_len; i++) {
+		str(pk, m->counters_keys[i]);
+		msgpack_pack_uint64(pk, m->counters_values[i]);
+	}
+	key(pk, "clients", 7);
+	msgpack_pack_array(pk, m->clients_len);
+	for (uint32_t i = 0; i < m->clients_len; i++)
+		dp_ctl_pack_client_stats(pk, &m->clients[i]);
+}
+
+void dp_ctl_pack_timings(msgpack_packer *pk, const struct dp_ctl_timings *m)
+{
+	msgpack_pack_map(pk, 7);
+	key(pk, "prepare_ns", 10);
+	msgpack_pack_uint64(pk, m->prepare_ns);
+	key(pk, "send_ns", 7);
+	msgpack_pack_uint64(pk, m->send_ns);
+	key(pk, "wait_ns", 7);
+	msgpack_pack_uint64(pk, m->wait_ns);
+	key(pk, "fetch_ns", 8);
+	msgpack_pack_uint64(pk, m->fetch_ns);
+	key(pk, "reduce_ns", 9);
+	msgpack_pack_uint64(pk, m->reduce_ns);
+	key(pk, "spread_ns", 9);
+	msgpack_pack_uint64(pk, m->spread_ns);
+	key(pk, "duck_compute_ns", 15);
+	msgpack_pack_array(pk, m->duck_compute_ns_len);
+	for (uint32_t i = 0; i < m->duck_compute_ns_len; i++)
+		msgpack_pack_uint64(pk, m->duck_compute_ns[i]);
+}
+
+void dp_ctl_pack_completion(msgpack_packer *pk, const struct dp_ctl_completion *m)
+{
+	msgpack_pack_map(pk, 11);
+	key(pk, "type", 4);
+	key(pk, "Completion", 10);
+	key(pk, "forward_id", 10);
+	msgpack_pack_uint64(pk, m->forward_id);
+	key(pk, "slot", 4);
+	msgpack_pack_uint64(pk, m->slot);
+	key(pk, "generation", 10);
+	msgpack_pack_uint64(pk, m->generation);
+	key(pk, "epoch", 5);
+	msgpack_pack_uint64(pk, m->epoch);
+	key(pk, "status", 6);
+	msgpack_pack_uint64(pk, m->status);
+	key(pk, "answered", 8);
+	msgpack_pack_array(pk, m->answered_len);
+	for (uint32_t i = 0; i < m->answered_len; i++)
+		msgpack_pack_uint32(pk, m->answered[i]);
+	key(pk, "missing", 7);
+	msgpack_pack_array(pk, m->missing_len);
+	for (uint32_t i = 0; i < m->missing_len; i++)
+		msgpack_pack_uint32(pk, m->missing[i]);
+	key(pk, "timings", 7);
+	dp_ctl_pack_timings(pk, &m->timings);
+	key(pk, "message", 7);
+	str(pk, m->message);
+	key(pk, "current_epoch", 13);
+	msgpack_pack_uint64(pk, m->current_epoch);
+}

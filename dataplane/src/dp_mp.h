@@ -22,7 +22,7 @@ int dp_mp_str(const msgpack_object *map, const char *key, char *out, size_t cap,
 int dp_mp_uints(const msgpack_object *map, const char *key, uint32_t *out, uint32_t cap,
 		uint32_t *n, uint32_t max);
 
-/* Packing helpers for the replies. */
+/* Packing helpers (the replies use the generated dp_ctl_pack_* encoders). */
 void dp_mp_key(msgpack_packer *pk, const char *key);
 void dp_mp_kv_str(msgpack_packer *pk, const char *key, const char *val);
 void dp_mp_kv_u64(msgpack_packer *pk, const char *key, uint64_t val);

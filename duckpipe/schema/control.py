@@ -229,8 +229,8 @@ class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
     dtype: int
     hidden: int
     ffn: int
-    ducks: list[int]
-    shard_sizes: list[int]
+    ducks: list[DuckId]
+    shard_sizes: list[U32]
     has_b_down: bool
     ready: bool
 
@@ -282,8 +282,8 @@ class Completion(Message, kw_only=True):
     generation: int
     epoch: int
     status: int
-    answered: list[int] = []
-    missing: list[int] = []
+    answered: list[DuckId] = []
+    missing: list[DuckId] = []
     timings: Timings = Timings()
     message: str = ""
     current_epoch: int = 0  # the dataplane's epoch now; tells a STALE_EPOCH client where to go

@@ -7,6 +7,10 @@ dispatch table (type name -> decoder). ``dp_ctl_decode`` runs the bounded
 pre-scan (``dp_mp_prescan``) over the raw bytes before msgpack-c sees them,
 because msgpack-c reserves memory from declared lengths.
 
+For every reply (and the Structs nested in them): a C struct whose strings and lists
+point at the caller's data, and an encoder to a msgpack-c packer that writes every
+field under its schema name.
+
 The decoders follow msgspec's rules: unknown keys are ignored, a missing field
 takes its default (a required one is an error), nil is only an Optional's None.
 """
@@ -20,7 +24,7 @@ from msgspec import inspect as mi
 
 from . import control
 
-__all__ = ["render_ctl_c", "render_ctl_h", "request_types"]
+__all__ = ["render_config_h", "render_ctl_c", "render_ctl_h", "reply_types", "request_types"]
 
 U32_MAX = 0xFFFF_FFFF
 U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
@@ -230,6 +234,7 @@ def render_ctl_h() -> str:
         "\t} u;",
         "};",
         "",
+        *render_reply_decls(),
         "/* Type names, indexed by enum dp_ctl_type. */",
         "extern const char *const dp_ctl_type_names[DP_CTL_NTYPES];",
         "",
@@ -429,6 +434,7 @@ def render_ctl_c() -> str:
         "\tmsgpack_unpacked_destroy(&msg);",
         "\treturn rc;",
         "}",
+        *render_reply_encoders(),
         "",
     ]
     return "\n".join(out)
@@ -468,3 +474,146 @@ def render_config_h() -> str:
         out.append("")
     out += ["#endif /* DP_CONFIG_GEN_H */", ""]
     return "\n".join(out)
+
+
+# --- reply encoders ---------------------------------------------------------------------
+
+
+def reply_types() -> list[type[msgspec.Struct]]:
+    """Every reply and the Structs nested in them, each after the ones it holds."""
+    out: list[type[msgspec.Struct]] = []
+
+    def visit(t: mi.Type) -> None:
+        if isinstance(t, mi.StructType):
+            for f in t.fields:
+                visit(f.type)
+            if t.cls not in out:
+                out.append(t.cls)
+        elif isinstance(t, mi.ListType | mi.DictType):
+            visit(t.item_type if isinstance(t, mi.ListType) else t.value_type)
+
+    for cls in typing.get_args(control.AnyReply):
+        visit(mi.type_info(cls))
+    return out
+
+
+def _reply_decl(f: mi.Field, where: str) -> list[str]:
+    t, n = f.type, f.name
+    if isinstance(t, mi.IntType):
+        return [f"\tuint64_t {n};"]
+    if isinstance(t, mi.EnumType):
+        return [f"\tuint32_t {n}; /* enum dp_{_snake(t.cls.__name__)} */"]
+    if isinstance(t, mi.BoolType):
+        return [f"\tbool {n};"]
+    if isinstance(t, mi.FloatType):
+        return [f"\tdouble {n};"]
+    if isinstance(t, mi.StrType):
+        return [f"\tconst char *{n}; /* NULL packs as \"\" */"]
+    if isinstance(t, mi.StructType):
+        return [f"\tstruct dp_ctl_{_snake(t.cls.__name__)} {n};"]
+    if isinstance(t, mi.ListType) and isinstance(t.item_type, mi.IntType):
+        return [f"\tconst {_c_list_int(t.item_type)} *{n};", f"\tuint32_t {n}_len;"]
+    if isinstance(t, mi.ListType) and isinstance(t.item_type, mi.StructType):
+        return [
+            f"\tconst struct dp_ctl_{_snake(t.item_type.cls.__name__)} *{n};",
+            f"\tuint32_t {n}_len;",
+        ]
+    if isinstance(t, mi.DictType) and isinstance(t.value_type, mi.IntType):
+        return [
+            f"\tconst char *const *{n}_keys;",
+            f"\tconst uint64_t *{n}_values;",
+            f"\tuint32_t {n}_len;",
+        ]
+    raise TypeError(f"{where}.{n}: no C encoder for {t}")
+
+
+def _c_list_int(t: mi.IntType) -> str:
+    hi = t.le if t.le is not None else (t.lt - 1 if t.lt is not None else U64_MAX)
+    return "uint32_t" if hi <= U32_MAX else "uint64_t"
+
+
+def _reply_pack(f: mi.Field) -> list[str]:
+    t, n = f.type, f.name
+    key = f'\tkey(pk, "{f.encode_name}", {len(f.encode_name.encode())});'
+    if isinstance(t, mi.IntType):
+        body = [f"\tmsgpack_pack_uint64(pk, m->{n});"]
+    elif isinstance(t, mi.EnumType):
+        body = [f"\tmsgpack_pack_uint32(pk, m->{n});"]
+    elif isinstance(t, mi.BoolType):
+        body = [f"\tif (m->{n})", "\t\tmsgpack_pack_true(pk);", "\telse", "\t\tmsgpack_pack_false(pk);"]
+    elif isinstance(t, mi.FloatType):
+        body = [f"\tmsgpack_pack_double(pk, m->{n});"]
+    elif isinstance(t, mi.StrType):
+        body = [f"\tstr(pk, m->{n});"]
+    elif isinstance(t, mi.StructType):
+        body = [f"\tdp_ctl_pack_{_snake(t.cls.__name__)}(pk, &m->{n});"]
+    elif isinstance(t, mi.ListType):
+        item = (
+            f"msgpack_pack_{_c_list_int(t.item_type)[:-2]}(pk, m->{n}[i]);"
+            if isinstance(t.item_type, mi.IntType)
+            else f"dp_ctl_pack_{_snake(t.item_type.cls.__name__)}(pk, &m->{n}[i]);"
+        )
+        body = [
+            f"\tmsgpack_pack_array(pk, m->{n}_len);",
+            f"\tfor (uint32_t i = 0; i < m->{n}_len; i++)",
+            f"\t\t{item}",
+        ]
+    else:
+        body = [
+            f"\tmsgpack_pack_map(pk, m->{n}_len);",
+            f"\tfor (uint32_t i = 0; i < m->{n}_len; i++) {{",
+            f"\t\tstr(pk, m->{n}_keys[i]);",
+            f"\t\tmsgpack_pack_uint64(pk, m->{n}_values[i]);",
+            "\t}",
+        ]
+    return [key, *body]
+
+
+def render_reply_decls() -> list[str]:
+    out = ["struct msgpack_packer; /* msgpack-c's packer */", ""]
+    for cls in reply_types():
+        info = mi.type_info(cls)
+        s = _snake(cls.__name__)
+        out.append(f"/* {cls.__name__} (reply): pack with dp_ctl_pack_{s}. */")
+        out.append(f"struct dp_ctl_{s} {{")
+        for f in info.fields:
+            out += _reply_decl(f, cls.__name__)
+        out += ["};", f"void dp_ctl_pack_{s}(struct msgpack_packer *pk, const struct dp_ctl_{s} *m);", ""]
+    return out
+
+
+def render_reply_encoders() -> list[str]:
+    out = [
+        "",
+        "/* --- reply encoders ---------------------------------------------------------- */",
+        "",
+        "static void key(msgpack_packer *pk, const char *k, size_t n)",
+        "{",
+        "\tmsgpack_pack_str(pk, n);",
+        "\tmsgpack_pack_str_body(pk, k, n);",
+        "}",
+        "",
+        "static void str(msgpack_packer *pk, const char *s)",
+        "{",
+        '\tkey(pk, s ? s : "", s ? strlen(s) : 0);',
+        "}",
+    ]
+    for cls in reply_types():
+        info = mi.type_info(cls)
+        s = _snake(cls.__name__)
+        tagged = info.tag_field is not None
+        out += [
+            "",
+            f"void dp_ctl_pack_{s}(msgpack_packer *pk, const struct dp_ctl_{s} *m)",
+            "{",
+            f"\tmsgpack_pack_map(pk, {len(info.fields) + tagged});",
+        ]
+        if tagged:
+            out += [
+                f'\tkey(pk, "{info.tag_field}", {len(info.tag_field)});',
+                f'\tkey(pk, "{info.tag}", {len(info.tag)});',
+            ]
+        for f in info.fields:
+            out += _reply_pack(f)
+        out.append("}")
+    return out
