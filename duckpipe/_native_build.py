@@ -46,6 +46,7 @@ uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uin
 int dp_seg_plan(uint32_t slot_count, uint32_t ring_capacity, uint64_t act_slot_size,
                 uint64_t res_slot_size, uint64_t page_size, struct dp_seg_plan *out);
 const char *dp_seg_plan_strerror(int rc);
+int dp_mp_prescan(const char *buf, size_t len, uint32_t max_depth, char *why, size_t n);
 """
 
 # Only the Python client spins on a done word; the GIL is released for the call.
@@ -54,6 +55,7 @@ SOURCE = r"""
 #include "dp_abi.h"
 #include "dp_ring.h"
 #include "dp_seg_plan.h"
+#include "dp_mp_scan.h" /* the mock dataplane's control pre-scan: the dataplane's own */
 
 static uint64_t dp_mono_ns(void)
 {

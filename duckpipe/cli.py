@@ -12,8 +12,25 @@ import numpy as np
 
 from . import runtime
 from .errors import DuckpipeError
+from .schema.config import default as config_default
 
 __all__ = ["main"]
+
+#: Settings the mock shares with the C dataplane's config (duckpipe/schema/config.py).
+MOCK_CONFIG_FIELDS = (
+    "client_max_inflight",
+    "client_max_slots",
+    "client_max_segment_bytes",
+    "max_timeout_us",
+    "client_max_layers",
+    "client_max_weight_bytes",
+    "max_hidden",
+    "max_ffn",
+    "control_group",
+    "curve_secret_key_file",
+    "curve_public_key_file",
+    "curve_clients_file",
+)
 
 
 def _mock_dataplane(args: argparse.Namespace) -> int:
@@ -28,8 +45,7 @@ def _mock_dataplane(args: argparse.Namespace) -> int:
         delay_ms=args.delay_ms,
         dead_ducks=frozenset(args.dead_duck),
         crash_after=args.crash_after,
-        client_max_inflight=args.client_max_inflight,
-        max_timeout_us=args.max_timeout_us,
+        **{name: getattr(args, name) for name in MOCK_CONFIG_FIELDS},
     )
     return main_loop(cfg)
 
@@ -230,18 +246,11 @@ def _parser() -> argparse.ArgumentParser:
         help="fault: this duck never answers (repeatable)",
     )
     m.add_argument("--crash-after", type=int, help="fault: SIGKILL itself on the forward after N")
-    m.add_argument(
-        "--client-max-inflight",
-        type=int,
-        default=64,
-        help="forwards in flight per client; more wait in its ring (default 64)",
-    )
-    m.add_argument(
-        "--max-timeout-us",
-        type=int,
-        default=10_000_000,
-        help="the longest deadline a descriptor may ask for (default 10 s)",
-    )
+    for name in MOCK_CONFIG_FIELDS:  # the C dataplane's config names and defaults
+        dflt = config_default(name)
+        m.add_argument(
+            "--" + name.replace("_", "-"), type=type(dflt), default=dflt, help=f"(default {dflt!r})"
+        )
     m.set_defaults(func=_mock_dataplane)
 
     d = sub.add_parser("dataplane", help="run the C dataplane (kernel UDP or DPDK)")

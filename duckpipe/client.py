@@ -32,7 +32,6 @@ from .errors import (
     ClientDetached,
     DataplaneFault,
     DataplaneLost,
-    DataplaneRefused,
     DataplaneUnavailable,
     DuckLost,
     ForwardFailed,
@@ -41,6 +40,7 @@ from .errors import (
     StaleEpoch,
     UnknownLayer,
     WaitTimeout,
+    refused,
 )
 from .models import Mlp, dtype_code, numpy_dtype, shard_bounds, shard_sizes
 from .progress import Progress
@@ -489,6 +489,12 @@ class Client:
         with fwd:
             return fwd.result(timeout).copy()
 
+    def unload_layer(self, layer: int) -> None:
+        """Free a layer this client loaded; forwards already submitted on it finish first."""
+        self._check_usable()
+        self._request(lambda rid: ctl.UnloadLayer(req_id=rid, layer=layer))
+        self._layers.pop(layer, None)
+
     def load_weights(
         self,
         layer: int,
@@ -497,8 +503,13 @@ class Client:
         ducks: Sequence[int] | None = None,
         progress: bool | None = None,
         timeout: float = 60.0,
+        shared: bool = False,
     ) -> ctl.LayerInfo:
         """Shard ``mlp`` over ``ducks`` (default: every duck) and load it as ``layer``.
+
+        The layer is this client's: other clients cannot use or replace it, and it is
+        freed when this client closes or dies. ``shared=True`` lets every client use it;
+        only the dataplane's own user (the admin) may load shared layers.
 
         The shards travel through this client's shared-memory slots, never over
         ZeroMQ. A progress bar is drawn on stderr when it is a terminal
@@ -526,6 +537,7 @@ class Client:
                 ducks=chosen,
                 shard_sizes=sizes,
                 has_b_down=mlp.b_down is not None,
+                shared=shared,
             )
         )
         self._layers.pop(layer, None)
@@ -818,11 +830,7 @@ class Client:
                 self._check_alive()
         reply = self._replies.pop(rid)
         if isinstance(reply, ctl.Error):
-            if reply.code == "unknown_layer":
-                raise UnknownLayer(reply.message)
-            if reply.code == "bad_request":
-                raise BadInput(reply.message)
-            raise DataplaneRefused(reply.code, reply.message)
+            raise refused(reply.code, reply.message)
         return reply
 
     # --- liveness --------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .schema.control import ErrorCode
+
 __all__ = [
     "AbiMismatch",
     "BadInput",
@@ -16,11 +18,14 @@ __all__ = [
     "DuckpipeError",
     "ForwardFailed",
     "ForwardTimeout",
+    "NotPermitted",
+    "QuotaExceeded",
     "RingFull",
     "SegmentError",
     "StaleEpoch",
     "UnknownLayer",
     "WaitTimeout",
+    "refused",
 ]
 
 
@@ -66,9 +71,24 @@ class DataplaneLost(DuckpipeError, ConnectionError):
 class DataplaneRefused(DuckpipeError):
     """The dataplane answered a control request with an error."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{message} [{code}]")
+    def __init__(self, code: ErrorCode | int, message: str) -> None:
+        try:
+            code = ErrorCode(code)
+            name = code.name.lower()
+        except ValueError:  # a newer dataplane's code: still say which
+            name = f"error {code}"
+        super().__init__(f"{message} [{name}]")
         self.code = code
+
+
+class NotPermitted(DataplaneRefused, PermissionError):
+    """The request needs the admin role (the user who started the dataplane), or touches
+    another client's layer or segment."""
+
+
+class QuotaExceeded(DataplaneRefused):
+    """The client's layer or weight-byte quota (dataplane config) would be passed;
+    unload layers it no longer needs."""
 
 
 class AbiMismatch(DuckpipeError):
@@ -106,3 +126,22 @@ class Cancelled(ForwardFailed):
 
 class DataplaneFault(ForwardFailed):
     """The dataplane refused or failed the forward (bad request or internal error)."""
+
+
+#: One table: the exception an Error reply with this code raises (DataplaneRefused otherwise).
+_REFUSALS: dict[ErrorCode, type[DuckpipeError]] = {
+    ErrorCode.BAD_REQUEST: BadInput,
+    ErrorCode.UNKNOWN_LAYER: UnknownLayer,
+    ErrorCode.ABI_MISMATCH: AbiMismatch,
+    ErrorCode.BAD_SEGMENT: SegmentError,
+    ErrorCode.NOT_PERMITTED: NotPermitted,
+    ErrorCode.QUOTA_EXCEEDED: QuotaExceeded,
+}
+
+
+def refused(code: ErrorCode | int, message: str) -> DuckpipeError:
+    """The exception for a dataplane's Error reply."""
+    cls = _REFUSALS.get(code)  # type: ignore[call-overload]
+    if cls is None or issubclass(cls, DataplaneRefused):
+        return (cls or DataplaneRefused)(code, message)
+    return cls(message)

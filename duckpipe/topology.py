@@ -9,6 +9,9 @@
     client_max_slots = 1024       # per client: slots in its segment
     client_max_segment_bytes = 1073741824
     max_timeout_us = 10000000     # the longest deadline a client may ask for
+    control_group = ""            # members may be clients (not admins) of the dataplane
+    client_max_layers = 256       # every setting and its default: duckpipe/schema/config.py
+    client_max_weight_bytes = 8589934592
 
     [[nics]]
     name = "lo"
@@ -38,6 +41,8 @@ from msgspec import Meta
 
 from .errors import BadInput
 from .schema.abi import MAX_DUCKS
+from .schema import config as cfgschema
+from .schema.config import default
 
 __all__ = ["DEFAULT_DUCK_PORT", "DEFAULT_HOST_PORT", "Duck", "Nic", "Topology", "load", "loopback"]
 
@@ -73,19 +78,26 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
     threads: Literal["shared", "dedicated"] = "shared"
     cores: list[Annotated[int, Meta(ge=0)]] = []
     idle: Literal["spin", "yield", "backoff"] = "backoff"
-    default_timeout_ms: Annotated[float, Meta(gt=0)] = 1000.0
-    nack_us: Annotated[int, Meta(ge=100)] = 2000
-    weight_rto_us: Annotated[int, Meta(ge=100)] = 20000
-    weight_timeout_ms: Annotated[int, Meta(ge=1)] = 10000
-    client_timeout_ms: Annotated[int, Meta(ge=100)] = 10000
-    max_inflight: Annotated[int, Meta(ge=1, le=4096)] = 64
-    max_forward_bytes: Annotated[int, Meta(ge=4096)] = 1 << 20
-    ping_ms: Annotated[int, Meta(ge=10)] = 1000
-    # per-client limits: what one client may cost everyone else
-    client_max_inflight: Annotated[int, Meta(ge=1)] = 64  # more descriptors wait in its ring
-    client_max_slots: Annotated[int, Meta(ge=1)] = 1024
-    client_max_segment_bytes: Annotated[int, Meta(ge=4096)] = 1 << 30
-    max_timeout_us: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)] = 10_000_000
+    default_timeout_ms: Annotated[float, Meta(gt=0)] = default("default_timeout_us") / 1000
+    nack_us: Annotated[int, Meta(ge=100)] = default("nack_us")
+    weight_rto_us: Annotated[int, Meta(ge=100)] = default("weight_rto_us")
+    weight_timeout_ms: Annotated[int, Meta(ge=1)] = default("weight_timeout_ms")
+    client_timeout_ms: Annotated[int, Meta(ge=100)] = default("client_timeout_ms")
+    max_inflight: Annotated[int, Meta(ge=1, le=4096)] = default("max_inflight")
+    max_forward_bytes: Annotated[int, Meta(ge=4096)] = default("max_forward_bytes")
+    ping_ms: Annotated[int, Meta(ge=10)] = default("ping_ms")
+    client_max_inflight: Annotated[int, Meta(ge=1)] = default("client_max_inflight")
+    client_max_slots: Annotated[int, Meta(ge=1)] = default("client_max_slots")
+    client_max_segment_bytes: Annotated[int, Meta(ge=4096)] = default("client_max_segment_bytes")
+    max_timeout_us: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)] = default("max_timeout_us")
+    client_max_layers: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)] = default("client_max_layers")
+    client_max_weight_bytes: Annotated[int, Meta(ge=0)] = default("client_max_weight_bytes")
+    max_hidden: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)] = default("max_hidden")
+    max_ffn: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)] = default("max_ffn")
+    control_group: Annotated[str, Meta(max_length=31)] = default("control_group")
+    curve_secret_key_file: str = default("curve_secret_key_file")
+    curve_public_key_file: str = default("curve_public_key_file")
+    curve_clients_file: str = default("curve_clients_file")
     nics: Annotated[list[Nic], Meta(min_length=1, max_length=8)]
 
     def __post_init__(self) -> None:
@@ -123,35 +135,26 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
 
     def to_config(self, control: str) -> bytes:
         """The msgpack configuration duckpipe-dataplane reads (dataplane/src/dp_config.c)."""
-        return msgspec.msgpack.encode(
-            {
-                "control": control,
-                "dedicated_threads": self.threads == "dedicated",
-                "cores": self.cores,
-                "idle": self.idle,
-                "default_timeout_us": int(self.default_timeout_ms * 1000),
-                "nack_us": self.nack_us,
-                "weight_rto_us": self.weight_rto_us,
-                "weight_timeout_ms": self.weight_timeout_ms,
-                "client_timeout_ms": self.client_timeout_ms,
-                "max_inflight": self.max_inflight,
-                "max_forward_bytes": self.max_forward_bytes,
-                "ping_ms": self.ping_ms,
-                "client_max_inflight": self.client_max_inflight,
-                "client_max_slots": self.client_max_slots,
-                "client_max_segment_bytes": self.client_max_segment_bytes,
-                "max_timeout_us": self.max_timeout_us,
-                "nics": [_nic_config(n) for n in self.nics],
-            }
+        return msgspec.msgpack.encode(self.dataplane_config(control))
+
+    def dataplane_config(self, control: str) -> cfgschema.DataplaneConfig:
+        own = {f: getattr(self, f) for f in self.__struct_fields__}
+        shared = {f: own[f] for f in cfgschema.DataplaneConfig.__struct_fields__ if f in own}
+        shared.update(
+            control=control,
+            dedicated_threads=self.threads == "dedicated",
+            default_timeout_us=int(self.default_timeout_ms * 1000),
+            nics=[_nic_config(n) for n in self.nics],
         )
+        return cfgschema.DataplaneConfig(**shared)
 
 
-def _nic_config(nic: Nic) -> dict[str, object]:
+def _nic_config(nic: Nic) -> cfgschema.NicConfig:
     fields = msgspec.structs.asdict(nic)
-    fields["ducks"] = [msgspec.structs.asdict(d) for d in nic.ducks]
+    fields["ducks"] = [cfgschema.DuckConfig(**msgspec.structs.asdict(d)) for d in nic.ducks]
     # one datagram to the subnet reaches every duck: they share a port (checked above)
     fields["broadcast_port"] = nic.ducks[0].port if nic.broadcast and nic.ducks else 0
-    return fields
+    return cfgschema.NicConfig(**fields)
 
 
 def load(path: str | Path) -> Topology:

@@ -8,6 +8,7 @@ import pytest
 import duckpipe
 from duckpipe import GeluMlp
 from duckpipe.errors import BadInput, ClientClosed, DuckpipeError, UnknownLayer
+from duckpipe.schema.control import ErrorCode
 
 HIDDEN = 32
 
@@ -20,7 +21,12 @@ def loaded(client):
 
 def test_every_error_is_a_duckpipe_error():
     for name in duckpipe.errors.__all__:
-        assert issubclass(getattr(duckpipe.errors, name), DuckpipeError)
+        obj = getattr(duckpipe.errors, name)
+        if name != "refused":
+            assert issubclass(obj, DuckpipeError), name
+    for code in ErrorCode:  # every refusal the dataplane can send, with its own message
+        err = duckpipe.errors.refused(code, "why")
+        assert isinstance(err, DuckpipeError) and "why" in str(err), code
 
 
 def test_claim_rejects_unsupported_dtype(loaded):

@@ -37,7 +37,7 @@ def test_garbage_on_the_control_socket_is_counted_and_ignored(dataplane):
         sock.send(junk)
         assert sock.poll(2000)
         reply = ctl.reply_decoder.decode(sock.recv())
-        assert isinstance(reply, ctl.Error) and reply.code == "bad_message"
+        assert isinstance(reply, ctl.Error) and reply.code == ctl.ErrorCode.BAD_MESSAGE
     sock.send_multipart([b"two", b"frames"])
     sock.close()
     time.sleep(0.1)
@@ -50,19 +50,19 @@ def test_garbage_on_the_control_socket_is_counted_and_ignored(dataplane):
 def test_attach_with_another_abi_version_is_refused(dataplane):
     reply = control_request(
         dataplane.control,
-        ctl.Attach(req_id=1, abi_major=99, pid=1, segment="/dev/shm/none"),
+        ctl.Attach(req_id=1, abi_major=99, pid=1, segment="none", segment_fd=0),
         2,
     )
-    assert isinstance(reply, ctl.Error) and reply.code == "abi_mismatch"
+    assert isinstance(reply, ctl.Error) and reply.code == ctl.ErrorCode.ABI_MISMATCH
 
 
 def test_attach_to_a_missing_segment_is_refused(dataplane):
     reply = control_request(
         dataplane.control,
-        ctl.Attach(req_id=1, abi_major=1, pid=1, segment="/dev/shm/duckpipe-missing"),
+        ctl.Attach(req_id=1, abi_major=1, pid=1, segment="missing", segment_fd=0),
         2,
     )
-    assert isinstance(reply, ctl.Error) and reply.code == "bad_segment"
+    assert isinstance(reply, ctl.Error) and reply.code == ctl.ErrorCode.BAD_SEGMENT
 
 
 def test_a_second_dataplane_on_a_busy_address_refuses_to_start(dataplane):

@@ -98,7 +98,7 @@ def test_a_killed_client_has_its_segment_reclaimed(duckpipe_mock_factory):
 def test_a_forward_from_a_stale_epoch_is_refused_and_the_client_catches_up(dataplane):
     mlp = GeluMlp.random(HIDDEN, 8, seed=5)
     with duckpipe.connect(dataplane.control) as a, duckpipe.connect(dataplane.control) as b:
-        a.load_weights(30, mlp, ducks=[0])
+        a.load_weights(30, mlp, ducks=[0], shared=True)  # b forwards on it too
         x = np.ones((1, HIDDEN), np.float32)
         old = b.epoch
         new = a.set_epoch()

@@ -116,7 +116,7 @@ def test_dropping_a_forward_frees_its_slot(dataplane):
 def test_two_clients_share_layers_and_get_their_own_results(dataplane):
     mlp = GeluMlp.random(24, 48, seed=8)
     with duckpipe.connect(dataplane.control) as a, duckpipe.connect(dataplane.control) as b:
-        a.load_weights(6, mlp, ducks=[0, 1, 2])
+        a.load_weights(6, mlp, ducks=[0, 1, 2], shared=True)  # a is the admin: same user
         xa = np.full((2, 24), 0.5, np.float32)
         xb = np.full((2, 24), -0.25, np.float32)
         fa = a.submit(_filled(a, xa), 6)

@@ -8,8 +8,9 @@ import re
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import msgspec
 import pytest
@@ -226,3 +227,50 @@ def test_layout_accepts_explicit_padding_and_places_fields() -> None:
         ("pad0", 1, 7, True),
         ("value", 8, 8, False),
     ]
+
+
+# --- the generated control codec ------------------------------------------------------
+
+
+def test_control_codec_needs_a_length_limit_on_every_string_and_list() -> None:
+    from duckpipe.schema import ctlgen
+
+    class Unbounded(control.Request, kw_only=True):
+        names: list[Annotated[int, msgspec.Meta(ge=0)]]
+
+    with pytest.raises(TypeError, match=r"Unbounded\.names: give it Meta\(max_length"):
+        ctlgen._fields(Unbounded)
+
+
+def test_every_message_has_a_generated_struct_and_decoder_or_encoder() -> None:
+    from duckpipe.schema import ctlgen
+
+    h = (INCLUDE / "dp_ctl_gen.h").read_text()
+    c = (ROOT / "dataplane" / "src" / "dp_ctl_gen.c").read_text()
+    for cls in ctlgen.request_types():
+        snake = ctlgen._snake(cls.__name__)
+        assert f"struct dp_ctl_{snake} {{" in h
+        assert f'[DP_CTL_{snake.upper()}] = "{cls.__name__}"' in c
+        assert f"decode_{snake}(" in c
+    for cls in ctlgen.reply_types():  # and every reply an encoder the dataplane uses
+        snake = ctlgen._snake(cls.__name__)
+        assert f"void dp_ctl_pack_{snake}(msgpack_packer *pk" in c
+    used = (ROOT / "dataplane" / "src" / "dp_control.c").read_text()
+    for cls in typing.get_args(control.AnyReply):
+        assert f"PACK(c, {ctlgen._snake(cls.__name__)}," in used, cls.__name__
+
+
+def test_the_c_config_reader_reads_every_config_field_by_its_schema_name() -> None:
+    from duckpipe.schema import config
+
+    text = (ROOT / "dataplane" / "src" / "dp_config.c").read_text()
+    for cls in (config.DataplaneConfig, config.NicConfig, config.DuckConfig):
+        missing = [f.name for f in msgspec.structs.fields(cls) if f'"{f.name}"' not in text]
+        assert not missing, f"dp_config.c never reads {cls.__name__}: {missing}"
+        defaults = [
+            f.name
+            for f in msgspec.structs.fields(cls)
+            if f.default is not msgspec.NODEFAULT and isinstance(f.default, bool | int | str)
+        ]
+        for name in defaults:  # a hand-typed default would drift from the Struct's
+            assert re.search(rf'"{name}",[^;]*DP_CFG_(NIC_)?DEFAULT_{name.upper()}\b', text), name

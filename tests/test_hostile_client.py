@@ -34,6 +34,7 @@ from duckpipe.errors import ClientDetached
 from duckpipe.ring import new_desc
 from duckpipe.runtime import monotonic_ns, segment_prefix
 from duckpipe.schema import control as ctl
+from duckpipe.schema.control import ErrorCode
 from duckpipe.schema.abi import DetachReason, DType, Op, Status
 from duckpipe.shm import Segment
 
@@ -79,11 +80,12 @@ class Bystander(threading.Thread):
 
 
 @pytest.fixture(scope="module")
-def loaded(dataplane) -> str:
-    """The module's dataplane with LAYER loaded (and LOADING announced, never committed)."""
+def loaded(dataplane) -> Iterator[str]:
+    """The module's dataplane with LAYER loaded, shared, by a loader that stays attached
+    (a layer goes with its owner)."""
     with duckpipe.connect(dataplane.control, name="loader") as c:
-        c.load_weights(LAYER, MLP, ducks=[0, 1, 2])
-    return dataplane.control
+        c.load_weights(LAYER, MLP, ducks=[0, 1, 2], shared=True)
+        yield dataplane.control
 
 
 @pytest.fixture
@@ -261,7 +263,7 @@ def _attach(control: str, **fields: object) -> ctl.AnyReply:
 def test_the_same_segment_cannot_be_attached_twice(watched):
     with hostile(watched) as c:
         reply = _attach(watched, segment_fd=c._segment.fd)
-        assert isinstance(reply, ctl.Error) and reply.code == "bad_segment"
+        assert isinstance(reply, ctl.Error) and reply.code == ErrorCode.BAD_SEGMENT
         assert "already attached" in reply.message
         _check_forward(c, np.random.default_rng(8))  # the first attach is untouched
 
@@ -280,11 +282,11 @@ def test_attach_refuses_what_is_not_a_whole_sealed_duckpipe_memfd(watched, tmp_p
         for bad, why in (
             (fd, "not a duckpipe memfd"),
             (unsealed, "not sealed"),
-            (-1, "no segment"),
+            (1_000_000, "cannot open"),  # no such descriptor in this process
             (holed.fd, "pre-fault"),
         ):
             reply = _attach(watched, segment_fd=bad)
-            assert isinstance(reply, ctl.Error) and reply.code == "bad_segment", reply
+            assert isinstance(reply, ctl.Error) and reply.code == ErrorCode.BAD_SEGMENT, reply
             assert why in reply.message
     finally:
         os.close(fd)
@@ -414,7 +416,7 @@ def test_a_client_at_its_inflight_quota_waits_in_its_ring_while_others_are_serve
         duckpipe.connect(cl.control, name="greedy", slots=16) as greedy,
         duckpipe.connect(cl.control, name="modest") as modest,
     ):
-        greedy.load_weights(LAYER, mlp)
+        greedy.load_weights(LAYER, mlp, shared=True)  # the modest one forwards on it too
         xs = [rng.standard_normal((2, HIDDEN)).astype(np.float32) for _ in range(12)]
         fwds = []
         for x in xs:

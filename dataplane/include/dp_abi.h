@@ -37,7 +37,9 @@
 #define DP_WIRE_ANY_DUCK 65535
 #define DP_WIRE_LAYER_TENSOR 65535
 #define DP_HOST_TENSOR_DUCK 65535
-#define DP_PROTOCOL_VERSION 1
+#define DP_PROTOCOL_VERSION 2
+#define DP_MAX_MESSAGE_BYTES 0x10000
+#define DP_MAX_NESTING 8
 
 /* What memory backs a segment. */
 enum dp_backing {
@@ -105,6 +107,24 @@ enum dp_wire_op {
 enum dp_wire_flag {
     DP_WIRE_FLAG_INPUT = 1,
     DP_WIRE_FLAG_NO_LAYER = 2,
+};
+
+/* Why the dataplane refused a control request (Error.code). */
+enum dp_error_code {
+    DP_ERROR_CODE_BAD_MESSAGE = 1,
+    DP_ERROR_CODE_BAD_REQUEST = 2,
+    DP_ERROR_CODE_ABI_MISMATCH = 3,
+    DP_ERROR_CODE_BAD_SEGMENT = 4,
+    DP_ERROR_CODE_ALREADY_ATTACHED = 5,
+    DP_ERROR_CODE_TOO_MANY_CLIENTS = 6,
+    DP_ERROR_CODE_TOO_MANY_LAYERS = 7,
+    DP_ERROR_CODE_UNKNOWN_LAYER = 8,
+    DP_ERROR_CODE_UNSUPPORTED = 9,
+    DP_ERROR_CODE_NOT_PERMITTED = 10,
+    DP_ERROR_CODE_QUOTA_EXCEEDED = 11,
+    DP_ERROR_CODE_NOT_ATTACHED = 12,
+    DP_ERROR_CODE_DATAPLANE_ERROR = 13,
+    DP_ERROR_CODE_NO_CREDENTIALS = 14,
 };
 
 /*

@@ -9,16 +9,17 @@
 #include <string.h>
 
 #include "dp_common.h"
+#include "dp_config_gen.h"
 #include "dp_mp.h"
 
 static int get_addr(const msgpack_object *map, const char *ipkey, const char *portkey,
-		    struct sockaddr_in *out)
+		    uint32_t default_port, struct sockaddr_in *out)
 {
 	char ip[64];
 	uint32_t port = 0;
 	if (dp_mp_str(map, ipkey, ip, sizeof(ip), "") < 0)
 		return -1;
-	if (portkey && dp_mp_u32(map, portkey, &port, 0) < 0)
+	if (portkey && dp_mp_u32(map, portkey, &port, default_port) < 0)
 		return -1;
 	memset(out, 0, sizeof(*out));
 	out->sin_family = AF_INET;
@@ -39,13 +40,16 @@ static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t ind
 		return -1;
 	}
 	if (dp_mp_str(o, "name", nic->name, sizeof(nic->name), "") < 0 ||
-	    dp_mp_str(o, "backend", nic->backend, sizeof(nic->backend), "socket") < 0 ||
-	    dp_mp_str(o, "interface", nic->interface, sizeof(nic->interface), "") < 0 ||
-	    get_addr(o, "host_ip", "host_port", &nic->host) < 0 ||
-	    dp_mp_str(o, "broadcast", bcast, sizeof(bcast), "") < 0 ||
-	    dp_mp_u32(o, "mtu", &nic->mtu, 1500) < 0 || dp_mp_bool(o, "gso", &nic->gso, true) < 0 ||
-	    dp_mp_u32(o, "busy_poll_us", &nic->busy_poll_us, 0) < 0 ||
-	    dp_mp_u32(o, "rcvbuf", &nic->rcvbuf, 16u << 20) < 0)
+	    dp_mp_str(o, "backend", nic->backend, sizeof(nic->backend),
+		      DP_CFG_NIC_DEFAULT_BACKEND) < 0 ||
+	    dp_mp_str(o, "interface", nic->interface, sizeof(nic->interface),
+		      DP_CFG_NIC_DEFAULT_INTERFACE) < 0 ||
+	    get_addr(o, "host_ip", "host_port", DP_CFG_NIC_DEFAULT_HOST_PORT, &nic->host) < 0 ||
+	    dp_mp_str(o, "broadcast", bcast, sizeof(bcast), DP_CFG_NIC_DEFAULT_BROADCAST) < 0 ||
+	    dp_mp_u32(o, "mtu", &nic->mtu, DP_CFG_NIC_DEFAULT_MTU) < 0 ||
+	    dp_mp_bool(o, "gso", &nic->gso, DP_CFG_NIC_DEFAULT_GSO) < 0 ||
+	    dp_mp_u32(o, "busy_poll_us", &nic->busy_poll_us, DP_CFG_NIC_DEFAULT_BUSY_POLL_US) < 0 ||
+	    dp_mp_u32(o, "rcvbuf", &nic->rcvbuf, DP_CFG_NIC_DEFAULT_RCVBUF) < 0)
 		return -1;
 	if (nic->mtu < 576 || nic->mtu > 65535) {
 		dp_set_error("mtu %u is outside [576, 65535]", nic->mtu);
@@ -54,7 +58,7 @@ static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t ind
 	nic->use_broadcast = bcast[0] != '\0';
 	if (nic->use_broadcast) {
 		uint32_t port;
-		if (dp_mp_u32(o, "broadcast_port", &port, 0) < 0 || port == 0 || port > 65535) {
+		if (dp_mp_u32(o, "broadcast_port", &port, DP_CFG_NIC_DEFAULT_BROADCAST_PORT) < 0 || port == 0 || port > 65535) {
 			dp_set_error("broadcast needs 'broadcast_port', the port every duck listens on");
 			return -1;
 		}
@@ -79,12 +83,12 @@ static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t ind
 			return -1;
 		}
 		struct dp_duck_cfg *dc = &cfg->ducks[cfg->nducks];
-		if (dp_mp_u32(d, "id", &id, UINT32_MAX) < 0 || get_addr(d, "ip", "port", &dc->addr) < 0) {
+		if (dp_mp_u32(d, "id", &id, UINT32_MAX) < 0 || get_addr(d, "ip", "port", 0, &dc->addr) < 0) {
 			dp_add_error_context("duck %u", i);
 			return -1;
 		}
-		if (id >= DP_MAX_DUCKS) {
-			dp_set_error("duck %u: id %u is outside [0, %d]", i, id, DP_MAX_DUCKS - 1);
+		if (id > 255) {
+			dp_set_error("duck %u: id %u is outside [0, 255]", i, id);
 			return -1;
 		}
 		for (uint32_t k = 0; k < cfg->nducks; k++)
@@ -118,8 +122,10 @@ int dp_config_load(const char *path, struct dp_config *cfg)
 	msgpack_unpacked_init(&msg);
 	size_t off = 0;
 	int rc = -1;
-	if (msgpack_unpack_next(&msg, buf, len, &off) != MSGPACK_UNPACK_SUCCESS) {
-		dp_set_error("config %s is not msgpack", path);
+	char why[160];
+	if (dp_mp_prescan(buf, len, 8, why, sizeof(why)) < 0 ||
+	    msgpack_unpack_next(&msg, buf, len, &off) != MSGPACK_UNPACK_SUCCESS) {
+		dp_set_error("config %s is not one msgpack map", path);
 		goto out;
 	}
 	const msgpack_object *root = &msg.data;
@@ -129,30 +135,43 @@ int dp_config_load(const char *path, struct dp_config *cfg)
 		cfg->cores[i] = -1;
 	bool dedicated;
 	if (dp_mp_str(root, "control", cfg->control, sizeof(cfg->control), "") < 0 ||
-	    dp_mp_bool(root, "dedicated_threads", &dedicated, false) < 0 ||
-	    dp_mp_str(root, "idle", idle, sizeof(idle), "backoff") < 0 ||
+	    dp_mp_bool(root, "dedicated_threads", &dedicated, DP_CFG_DEFAULT_DEDICATED_THREADS) < 0 ||
+	    dp_mp_str(root, "idle", idle, sizeof(idle), DP_CFG_DEFAULT_IDLE) < 0 ||
 	    dp_idle_parse(idle, &cfg->idle) < 0 ||
-	    dp_mp_u32(root, "default_timeout_us", &cfg->default_timeout_us, 1000000) < 0 ||
-	    dp_mp_u32(root, "nack_us", &cfg->nack_us, 2000) < 0 ||
-	    dp_mp_u32(root, "weight_rto_us", &cfg->weight_rto_us, 20000) < 0 ||
-	    dp_mp_u32(root, "weight_timeout_ms", &cfg->weight_timeout_ms, 10000) < 0 ||
-	    dp_mp_u32(root, "client_timeout_ms", &cfg->client_timeout_ms, 10000) < 0 ||
-	    dp_mp_u32(root, "max_inflight", &cfg->max_inflight, 64) < 0 ||
-	    dp_mp_u32(root, "max_forward_bytes", &cfg->max_forward_bytes, 1u << 20) < 0 ||
-	    dp_mp_u32(root, "ping_ms", &cfg->ping_ms, 1000) < 0 ||
-	    dp_mp_u32(root, "client_max_inflight", &cfg->client_max_inflight, 64) < 0 ||
-	    dp_mp_u32(root, "client_max_slots", &cfg->client_max_slots, 1024) < 0 ||
-	    dp_mp_u64(root, "client_max_segment_bytes", &cfg->client_max_segment_bytes, 1ull << 30,
-		      UINT64_MAX) < 0 ||
-	    dp_mp_u32(root, "max_timeout_us", &cfg->max_timeout_us, 10000000) < 0)
+	    dp_mp_u32(root, "default_timeout_us", &cfg->default_timeout_us,
+		      DP_CFG_DEFAULT_DEFAULT_TIMEOUT_US) < 0 ||
+	    dp_mp_u32(root, "nack_us", &cfg->nack_us, DP_CFG_DEFAULT_NACK_US) < 0 ||
+	    dp_mp_u32(root, "weight_rto_us", &cfg->weight_rto_us, DP_CFG_DEFAULT_WEIGHT_RTO_US) < 0 ||
+	    dp_mp_u32(root, "weight_timeout_ms", &cfg->weight_timeout_ms,
+		      DP_CFG_DEFAULT_WEIGHT_TIMEOUT_MS) < 0 ||
+	    dp_mp_u32(root, "client_timeout_ms", &cfg->client_timeout_ms,
+		      DP_CFG_DEFAULT_CLIENT_TIMEOUT_MS) < 0 ||
+	    dp_mp_u32(root, "max_inflight", &cfg->max_inflight, DP_CFG_DEFAULT_MAX_INFLIGHT) < 0 ||
+	    dp_mp_u32(root, "max_forward_bytes", &cfg->max_forward_bytes,
+		      DP_CFG_DEFAULT_MAX_FORWARD_BYTES) < 0 ||
+	    dp_mp_u32(root, "ping_ms", &cfg->ping_ms, DP_CFG_DEFAULT_PING_MS) < 0 ||
+	    dp_mp_u32(root, "client_max_inflight", &cfg->client_max_inflight,
+		      DP_CFG_DEFAULT_CLIENT_MAX_INFLIGHT) < 0 ||
+	    dp_mp_u32(root, "client_max_slots", &cfg->client_max_slots,
+		      DP_CFG_DEFAULT_CLIENT_MAX_SLOTS) < 0 ||
+	    dp_mp_u64(root, "client_max_segment_bytes", &cfg->client_max_segment_bytes,
+		      DP_CFG_DEFAULT_CLIENT_MAX_SEGMENT_BYTES, UINT64_MAX) < 0 ||
+	    dp_mp_u32(root, "max_timeout_us", &cfg->max_timeout_us, DP_CFG_DEFAULT_MAX_TIMEOUT_US) < 0 ||
+	    dp_mp_u32(root, "client_max_layers", &cfg->client_max_layers,
+		      DP_CFG_DEFAULT_CLIENT_MAX_LAYERS) < 0 ||
+	    dp_mp_u64(root, "client_max_weight_bytes", &cfg->client_max_weight_bytes,
+		      DP_CFG_DEFAULT_CLIENT_MAX_WEIGHT_BYTES, UINT64_MAX) < 0 ||
+	    dp_mp_u32(root, "max_hidden", &cfg->max_hidden, DP_CFG_DEFAULT_MAX_HIDDEN) < 0 ||
+	    dp_mp_u32(root, "max_ffn", &cfg->max_ffn, DP_CFG_DEFAULT_MAX_FFN) < 0 ||
+	    dp_mp_str(root, "control_group", cfg->control_group, sizeof(cfg->control_group),
+		      DP_CFG_DEFAULT_CONTROL_GROUP) < 0 ||
+	    dp_mp_str(root, "curve_secret_key_file", cfg->curve_secret_key_file,
+		      sizeof(cfg->curve_secret_key_file), DP_CFG_DEFAULT_CURVE_SECRET_KEY_FILE) < 0 ||
+	    dp_mp_str(root, "curve_public_key_file", cfg->curve_public_key_file,
+		      sizeof(cfg->curve_public_key_file), DP_CFG_DEFAULT_CURVE_PUBLIC_KEY_FILE) < 0 ||
+	    dp_mp_str(root, "curve_clients_file", cfg->curve_clients_file,
+		      sizeof(cfg->curve_clients_file), DP_CFG_DEFAULT_CURVE_CLIENTS_FILE) < 0)
 		goto out;
-	if (cfg->client_max_inflight == 0 || cfg->client_max_slots == 0 ||
-	    cfg->max_timeout_us < cfg->default_timeout_us) {
-		dp_set_error("client_max_inflight and client_max_slots must be positive and "
-			     "max_timeout_us (%u) at least default_timeout_us (%u)",
-			     cfg->max_timeout_us, cfg->default_timeout_us);
-		goto out;
-	}
 	cfg->dedicated_threads = dedicated;
 	if (!cfg->control[0]) {
 		dp_set_error("'control' (the ZeroMQ endpoint) is missing");

@@ -7,7 +7,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "dp_abi.h"
 #include "dp_idle.h"
 
 #define DP_MAX_NICS 8
@@ -47,15 +46,24 @@ struct dp_config {
 	uint32_t max_inflight;       /* forward contexts, a power of two */
 	uint32_t max_forward_bytes;  /* largest activation (and result) of one forward */
 	uint32_t ping_ms;
-	/* per-client limits (issue 7): one client costs at most this much of the dataplane */
-	uint32_t client_max_inflight;      /* descriptors in flight; more wait in its ring */
-	uint32_t client_max_slots;         /* slot_count of a segment at attach */
-	uint64_t client_max_segment_bytes; /* size of a segment at attach */
-	uint32_t max_timeout_us;           /* largest deadline a descriptor may ask for */
+	/* per-client quotas and bounds */
+	uint32_t client_max_inflight;      /* forwards in flight per client */
+	uint32_t client_max_slots;         /* slots of one segment */
+	uint64_t client_max_segment_bytes;
+	uint32_t max_timeout_us;           /* longest deadline a client may ask for */
+	uint32_t client_max_layers;
+	uint64_t client_max_weight_bytes;  /* shards + b_down of all one client's layers */
+	uint32_t max_hidden;
+	uint32_t max_ffn;
+	/* who may talk to the control socket */
+	char control_group[32];            /* members are clients; "" = the dataplane's user only */
+	char curve_secret_key_file[256];   /* tcp:// control needs CURVE keys */
+	char curve_public_key_file[256];
+	char curve_clients_file[256];
 	uint32_t nnics;
 	struct dp_nic_cfg nics[DP_MAX_NICS];
 	uint32_t nducks;
-	struct dp_duck_cfg ducks[DP_MAX_DUCKS];
+	struct dp_duck_cfg ducks[256];
 };
 
 /* 0 on success; -1 with dp_error() naming the key that is wrong. */

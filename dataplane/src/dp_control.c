@@ -2,15 +2,19 @@
  *
  * One ZeroMQ ROUTER carries the control protocol of duckpipe/schema/control.py
  * (msgpack maps whose "type" names the message): attach and detach, topology,
- * layers, weight-load plans, epochs, stats, shutdown. It also sends every
- * completion the other agents queue, heartbeats into every attached segment,
- * and reclaims the segments of clients that died.
+ * layers, weight-load plans, epochs, stats, shutdown. Requests are decoded by
+ * the generated dp_ctl_gen.c; this file holds the handlers, which check the
+ * sender's role (dp_access.c: the admin is the dataplane's own user). It also
+ * sends every completion the other agents queue (dropping the layer reference
+ * each forward held), heartbeats into every attached segment, reclaims the
+ * segments of clients that died and frees the layers they owned (dp_layers.c).
  */
 #include "dp_control.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <msgpack.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +22,10 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "dp_access.h"
 #include "dp_client.h"
+#include "dp_ctl_gen.h"
+#include "dp_layers.h"
 #include "dp_mp.h"
 #include "dp_reduce.h"
 #include "dp_worker.h"
@@ -35,8 +42,11 @@ struct dp_control {
 	msgpack_sbuffer sbuf;
 	msgpack_packer pk;
 	struct dp_counters *counters;
-	struct dp_layer *retired[4096]; /* replaced layers: contexts may still point at them */
-	uint32_t nretired;
+	struct dp_ctl_request req;      /* the request being handled (large: not on the stack) */
+	struct dp_access access;        /* who may talk, and as what (dp_access.c) */
+	struct dp_layer *retired;       /* unpublished layers, freed once nobody can hold them */
+	struct dp_ctl_layer_info *layer_infos; /* Layers reply: one per table slot */
+	uint32_t (*layer_ducks)[256];
 };
 
 const char *const dp_counter_names[DP_NCOUNTERS] = {
@@ -47,12 +57,13 @@ const char *const dp_counter_names[DP_NCOUNTERS] = {
 
 /* --- replies ----------------------------------------------------------------------- */
 
-static void begin(struct dp_control *c, const char *type, uint32_t fields)
-{
-	msgpack_sbuffer_clear(&c->sbuf);
-	msgpack_pack_map(&c->pk, fields + 1);
-	dp_mp_kv_str(&c->pk, "type", type);
-}
+/* Every reply is packed by its generated encoder (dp_ctl_pack_*) into c->sbuf, emptied
+ * first, then sent. */
+#define PACK(c, name, ...)                                                         \
+	do {                                                                       \
+		msgpack_sbuffer_clear(&(c)->sbuf);                                 \
+		dp_ctl_pack_##name(&(c)->pk, &(struct dp_ctl_##name){ __VA_ARGS__ }); \
+	} while (0)
 
 static void send_to(struct dp_control *c, const uint8_t *id, size_t idlen)
 {
@@ -63,19 +74,15 @@ static void send_to(struct dp_control *c, const uint8_t *id, size_t idlen)
 }
 
 static void reply_error(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t req_id,
-			const char *code, const char *message)
+			enum dp_error_code code, const char *message)
 {
-	begin(c, "Error", 3);
-	dp_mp_kv_u64(&c->pk, "req_id", req_id);
-	dp_mp_kv_str(&c->pk, "code", code);
-	dp_mp_kv_str(&c->pk, "message", message);
+	PACK(c, error, .req_id = req_id, .code = code, .message = message);
 	send_to(c, id, idlen);
 }
 
 static void reply_ack(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t req_id)
 {
-	begin(c, "Ack", 1);
-	dp_mp_kv_u64(&c->pk, "req_id", req_id);
+	PACK(c, ack, .req_id = req_id);
 	send_to(c, id, idlen);
 }
 
@@ -85,8 +92,6 @@ static void send_completion(struct dp_control *c, struct dp_fwd *f)
 {
 	struct dp_world *w = c->w;
 	struct dp_client *cl = f->client;
-	uint32_t answered, missing;
-	dp_fwd_counts(w, f, &answered, &missing);
 	uint64_t send = 0, wait = 0, fetch = 0, first = UINT64_MAX, last = 0;
 	for (uint32_t n = 0; n < DP_MAX_NICS; n++)
 		if (f->nic_mask & (1u << n) && f->kind == DP_FWD_FORWARD) {
@@ -99,41 +104,42 @@ static void send_completion(struct dp_control *c, struct dp_fwd *f)
 			if (p->last_ns > last)
 				last = p->last_ns;
 		}
-	begin(c, "Completion", 10);
-	dp_mp_kv_u64(&c->pk, "forward_id", f->desc.forward_id);
-	dp_mp_kv_u64(&c->pk, "slot", f->desc.slot);
-	dp_mp_kv_u64(&c->pk, "generation", f->desc.generation);
-	dp_mp_kv_u64(&c->pk, "epoch", f->desc.epoch);
-	dp_mp_kv_u64(&c->pk, "status", f->status);
-	dp_mp_key(&c->pk, "answered");
-	msgpack_pack_array(&c->pk, answered);
-	for (uint32_t d = 0; d < 256 && f->kind == DP_FWD_FORWARD; d++)
-		if (dp_targets_has(f->targets, d) && f->rx[w->duck_index[d]].state == 1)
-			msgpack_pack_uint32(&c->pk, d);
-	dp_mp_key(&c->pk, "missing");
-	msgpack_pack_array(&c->pk, missing);
-	for (uint32_t d = 0; d < 256 && f->kind == DP_FWD_FORWARD; d++)
-		if (dp_targets_has(f->targets, d) && f->rx[w->duck_index[d]].state != 1)
-			msgpack_pack_uint32(&c->pk, d);
-	dp_mp_key(&c->pk, "timings");
-	msgpack_pack_map(&c->pk, 7);
-	uint64_t submit = f->desc.submit_ns;
-	dp_mp_kv_u64(&c->pk, "prepare_ns", submit && submit < f->pickup_ns ? f->pickup_ns - submit : 0);
-	dp_mp_kv_u64(&c->pk, "send_ns", send);
-	dp_mp_kv_u64(&c->pk, "wait_ns", wait);
-	dp_mp_kv_u64(&c->pk, "fetch_ns", fetch);
-	dp_mp_kv_u64(&c->pk, "reduce_ns", f->reduce_ns);
-	dp_mp_kv_u64(&c->pk, "spread_ns", last > first && first != UINT64_MAX ? last - first : 0);
-	dp_mp_key(&c->pk, "duck_compute_ns");
-	msgpack_pack_array(&c->pk, answered);
-	for (uint32_t d = 0; d < 256 && f->kind == DP_FWD_FORWARD; d++)
-		if (dp_targets_has(f->targets, d) && f->rx[w->duck_index[d]].state == 1)
-			msgpack_pack_uint64(&c->pk, f->rx[w->duck_index[d]].compute_ns);
+	uint32_t ok[256], bad[256];
+	uint64_t compute[256];
+	uint32_t nok = 0, nbad = 0;
+	for (uint32_t d = 0; d < 256 && f->kind == DP_FWD_FORWARD; d++) {
+		if (!dp_targets_has(f->targets, d))
+			continue;
+		const struct dp_duck_rx *rx = &f->rx[w->duck_index[d]];
+		if (rx->state == 1) {
+			compute[nok] = rx->compute_ns;
+			ok[nok++] = d;
+		} else {
+			bad[nbad++] = d;
+		}
+	}
 	if (!f->message[0] && f->status == DP_STATUS_TIMEOUT)
 		snprintf(f->message, sizeof(f->message), "no complete partial within the deadline");
-	dp_mp_kv_str(&c->pk, "message", f->message);
-	dp_mp_kv_u64(&c->pk, "current_epoch", dp_load_acquire_u64(&w->epoch));
+	uint64_t submit = f->desc.submit_ns;
+	PACK(c, completion, .forward_id = f->desc.forward_id, .slot = f->desc.slot,
+	     .generation = f->desc.generation, .epoch = f->desc.epoch, .status = f->status,
+	     .answered = ok, .answered_len = nok, .missing = bad, .missing_len = nbad,
+	     .timings = {
+		     .prepare_ns = submit && submit < f->pickup_ns ? f->pickup_ns - submit : 0,
+		     .send_ns = send,
+		     .wait_ns = wait,
+		     .fetch_ns = fetch,
+		     .reduce_ns = f->reduce_ns,
+		     .spread_ns = last > first && first != UINT64_MAX ? last - first : 0,
+		     .duck_compute_ns = compute,
+		     .duck_compute_ns_len = nok,
+	     },
+	     .message = f->message, .current_epoch = dp_load_acquire_u64(&w->epoch));
 	send_to(c, cl->identity, cl->identity_len);
+	if (f->layer) {
+		dp_layer_put(f->layer); /* taken by the dispatcher */
+		f->layer = NULL;
+	}
 	dp_count(c->counters, DP_C_completions_sent, 1);
 	dp_store_relaxed_u64(&cl->completed, cl->completed + 1);
 	dp_fetch_add_u64(&cl->inflight, -1);
@@ -162,6 +168,34 @@ static int drain_completions(struct dp_control *c)
 
 /* --- requests ---------------------------------------------------------------------------- */
 
+/* Who sent the request being handled. */
+struct dp_peer {
+	const uint8_t *id; /* ZeroMQ routing id */
+	size_t idlen;
+	uint64_t rid;      /* req_id, echoed in the reply */
+	bool creds;        /* uid, gid, pid read from the socket (ipc:// only) */
+	uint32_t uid, gid, pid;
+	bool admin;        /* the dataplane's own user */
+};
+
+typedef void (*dp_ctl_handler)(struct dp_control *c, const struct dp_peer *p,
+			       const struct dp_ctl_request *r);
+
+static void refuse(struct dp_control *c, const struct dp_peer *p, enum dp_error_code code,
+		   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void refuse(struct dp_control *c, const struct dp_peer *p, enum dp_error_code code,
+		   const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (code == DP_ERROR_CODE_NOT_PERMITTED)
+		dp_count(c->counters, DP_C_control_refused, 1);
+	reply_error(c, p->id, p->idlen, p->rid, code, msg);
+}
+
 static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t *id, size_t len)
 {
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
@@ -173,35 +207,32 @@ static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t 
 	return NULL;
 }
 
-static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
-		      const msgpack_object *m, uint64_t rid)
+static void on_attach(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
-	uint64_t protocol, abi, pid, segment_fd = UINT64_MAX; /* -1 (none) stays "none" */
-	char segment[256], name[64];
-	const msgpack_object *sfd = dp_mp_get(m, "segment_fd");
-	if (dp_mp_u64(m, "protocol", &protocol, DP_PROTOCOL_VERSION, UINT32_MAX) < 0 ||
-	    dp_mp_u64(m, "abi_major", &abi, 0, UINT32_MAX) < 0 ||
-	    dp_mp_u64(m, "pid", &pid, 0, UINT32_MAX) < 0 ||
-	    (!(sfd && sfd->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) &&
-	     dp_mp_u64(m, "segment_fd", &segment_fd, UINT64_MAX, INT32_MAX) < 0) ||
-	    dp_mp_str(m, "segment", segment, sizeof(segment), "") < 0 ||
-	    dp_mp_str(m, "name", name, sizeof(name), "") < 0) {
-		reply_error(c, id, idlen, rid, "bad_request", dp_error());
+	const struct dp_ctl_attach *m = &r->u.attach;
+	if (m->protocol != DP_PROTOCOL_VERSION || m->abi_major != DP_ABI_MAJOR) {
+		refuse(c, p, DP_ERROR_CODE_ABI_MISMATCH,
+		       "client speaks protocol %u / ABI %u, this dataplane %d / %d", m->protocol,
+		       m->abi_major, DP_PROTOCOL_VERSION, DP_ABI_MAJOR);
 		return;
 	}
-	if (protocol != DP_PROTOCOL_VERSION || abi != DP_ABI_MAJOR) {
-		char msg[128];
-		snprintf(msg, sizeof(msg), "client speaks protocol %lu / ABI %lu, this dataplane %d / %d",
-			 protocol, abi, DP_PROTOCOL_VERSION, DP_ABI_MAJOR);
-		reply_error(c, id, idlen, rid, "abi_mismatch", msg);
+	if (!p->creds) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED,
+		       "shared memory needs a local peer: attach over ipc://, not tcp://");
 		return;
 	}
-	if (idlen > sizeof(c->w->clients[0].identity)) {
-		reply_error(c, id, idlen, rid, "bad_request", "ZeroMQ identity too long");
+	if (m->pid != p->pid) {
+		refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT,
+		       "Attach.pid %u is not the sender's pid %u: attach your own segment", m->pid,
+		       p->pid);
 		return;
 	}
-	if (client_by_identity(c, id, idlen)) {
-		reply_error(c, id, idlen, rid, "already_attached", "this socket is attached");
+	if (p->idlen > sizeof(c->w->clients[0].identity)) {
+		refuse(c, p, DP_ERROR_CODE_BAD_REQUEST, "ZeroMQ identity too long");
+		return;
+	}
+	if (client_by_identity(c, p->id, p->idlen)) {
+		refuse(c, p, DP_ERROR_CODE_ALREADY_ATTACHED, "this socket is attached");
 		return;
 	}
 	struct dp_client *cl = NULL;
@@ -209,197 +240,280 @@ static void on_attach(struct dp_control *c, const uint8_t *id, size_t idlen,
 		if (dp_load_acquire_u32(&c->w->clients[i].state) == DP_CLIENT_FREE)
 			cl = &c->w->clients[i];
 	if (!cl) {
-		reply_error(c, id, idlen, rid, "too_many_clients", "every client slot is taken");
+		refuse(c, p, DP_ERROR_CODE_TOO_MANY_CLIENTS, "every client slot is taken");
 		return;
 	}
 	memset(cl, 0, sizeof(*cl));
-	/* until peer credentials arrive (helper "control"): the pid the client states, our uid */
-	if (dp_client_map(cl, (uint32_t)pid, (uint32_t)geteuid(),
-			  segment_fd > INT32_MAX ? -1 : (int32_t)segment_fd) < 0) {
-		reply_error(c, id, idlen, rid, "bad_segment", dp_error());
+	/* the peer's pid from the socket, never the message's */
+	if (dp_client_map(cl, p->pid, p->uid, m->segment_fd) < 0) {
+		refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT, "%s", dp_error());
 		return;
 	}
 	cl->id = c->next_client_id++;
-	memcpy(cl->identity, id, idlen);
-	cl->identity_len = idlen;
-	snprintf(cl->name, sizeof(cl->name), "%s", name);
+	cl->uid = p->uid;
+	memcpy(cl->identity, p->id, p->idlen);
+	cl->identity_len = p->idlen;
+	snprintf(cl->name, sizeof(cl->name), "%s", m->name);
 	cl->hdr->dataplane_pid = (uint32_t)getpid();
 	cl->hdr->client_id = cl->id;
 	dp_store_relaxed_u64(&cl->hdr->dataplane_heartbeat_ns, dp_now_ns());
 	/* release: the dispatcher that sees ACTIVE sees the mapping */
 	dp_store_release_u32(&cl->state, DP_CLIENT_ACTIVE);
 	dp_count(c->counters, DP_C_clients_attached, 1);
-	DP_INFO("client %u (pid %lu, %s) attached %s (%s)", cl->id, pid, name, segment, cl->path);
-	begin(c, "Attached", 9);
-	dp_mp_kv_u64(&c->pk, "req_id", rid);
-	dp_mp_kv_u64(&c->pk, "client_id", cl->id);
-	dp_mp_kv_u64(&c->pk, "epoch", dp_load_acquire_u64(&c->w->epoch));
-	dp_mp_kv_u64(&c->pk, "session", c->w->session);
-	dp_mp_kv_u64(&c->pk, "dataplane_pid", (uint64_t)getpid());
-	dp_mp_kv_str(&c->pk, "mode", c->w->cfg.nics[0].backend);
-	dp_mp_kv_u64(&c->pk, "ducks", c->w->cfg.nducks);
-	dp_mp_kv_u64(&c->pk, "default_timeout_us", c->w->cfg.default_timeout_us);
-	dp_mp_kv_u64(&c->pk, "max_forward_bytes", c->w->cfg.max_forward_bytes);
-	send_to(c, id, idlen);
+	DP_INFO("client %u (pid %u uid %u, %s) attached %s (%s)", cl->id, p->pid, p->uid, m->name,
+		m->segment, cl->path);
+	PACK(c, attached, .req_id = p->rid, .client_id = cl->id,
+	     .epoch = dp_load_acquire_u64(&c->w->epoch), .session = c->w->session,
+	     .dataplane_pid = (uint64_t)getpid(), .mode = c->w->cfg.nics[0].backend,
+	     .ducks = c->w->cfg.nducks, .default_timeout_us = c->w->cfg.default_timeout_us,
+	     .max_forward_bytes = c->w->cfg.max_forward_bytes);
+	send_to(c, p->id, p->idlen);
 }
 
-static void on_topology(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t rid)
+static void on_detach(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
+{
+	(void)r;
+	struct dp_client *cl = client_by_identity(c, p->id, p->idlen);
+	if (cl) {
+		dp_layers_unload_owner(c->w, cl->id, &c->retired); /* now: its layer ids are free for the next client */
+		dp_store_release_u32(&cl->state, DP_CLIENT_CLOSING);
+		dp_count(c->counters, DP_C_clients_detached, 1);
+	}
+	reply_ack(c, p->id, p->idlen, p->rid);
+}
+
+static void on_heartbeat(struct dp_control *c, const struct dp_peer *p,
+			 const struct dp_ctl_request *r)
+{
+	(void)r;
+	reply_ack(c, p->id, p->idlen, p->rid);
+}
+
+static void on_topology(struct dp_control *c, const struct dp_peer *p,
+			const struct dp_ctl_request *r)
 {
 	struct dp_world *w = c->w;
-	char addr[INET_ADDRSTRLEN];
+	static char addrs[DP_MAX_NICS * 2 + 256][INET_ADDRSTRLEN];
+	struct dp_ctl_nic_info nics[DP_MAX_NICS];
+	struct dp_ctl_duck_info ducks[256];
 	uint64_t now = dp_now_ns();
-	begin(c, "Topology", 3);
-	dp_mp_kv_u64(&c->pk, "req_id", rid);
-	dp_mp_key(&c->pk, "nics");
-	msgpack_pack_array(&c->pk, w->cfg.nnics);
+	(void)r;
 	for (uint32_t n = 0; n < w->cfg.nnics; n++) {
 		const struct dp_nic_cfg *nic = &w->cfg.nics[n];
-		msgpack_pack_map(&c->pk, 4);
-		dp_mp_kv_str(&c->pk, "name", nic->name);
-		dp_mp_kv_str(&c->pk, "backend", nic->backend);
-		inet_ntop(AF_INET, &nic->host.sin_addr, addr, sizeof(addr));
-		dp_mp_kv_str(&c->pk, "address", addr);
-		if (nic->use_broadcast)
-			inet_ntop(AF_INET, &nic->broadcast.sin_addr, addr, sizeof(addr));
-		dp_mp_kv_str(&c->pk, "broadcast", nic->use_broadcast ? addr : "");
+		char *host = addrs[2 * n], *bcast = addrs[2 * n + 1];
+		inet_ntop(AF_INET, &nic->host.sin_addr, host, INET_ADDRSTRLEN);
+		inet_ntop(AF_INET, &nic->broadcast.sin_addr, bcast, INET_ADDRSTRLEN);
+		nics[n] = (struct dp_ctl_nic_info){ .name = nic->name, .backend = nic->backend,
+						    .address = host,
+						    .broadcast = nic->use_broadcast ? bcast : "" };
 	}
-	dp_mp_key(&c->pk, "ducks");
-	msgpack_pack_array(&c->pk, w->cfg.nducks);
 	for (uint32_t i = 0; i < w->cfg.nducks; i++) {
 		const struct dp_duck_cfg *d = &w->cfg.ducks[i];
 		uint64_t seen = dp_load_relaxed_u64(&w->duck_seen_ns[d->id]);
-		msgpack_pack_map(&c->pk, 5);
-		dp_mp_kv_u64(&c->pk, "id", d->id);
-		dp_mp_kv_str(&c->pk, "nic", w->cfg.nics[d->nic].name);
-		inet_ntop(AF_INET, &d->addr.sin_addr, addr, sizeof(addr));
-		dp_mp_kv_str(&c->pk, "address", addr);
-		dp_mp_kv_u64(&c->pk, "port", ntohs(d->addr.sin_port));
-		dp_mp_kv_bool(&c->pk, "alive",
-			      seen && now - seen < 3ull * w->cfg.ping_ms * 1000000ull);
+		char *addr = addrs[2 * DP_MAX_NICS + i];
+		inet_ntop(AF_INET, &d->addr.sin_addr, addr, INET_ADDRSTRLEN);
+		ducks[i] = (struct dp_ctl_duck_info){
+			.id = d->id,
+			.nic = w->cfg.nics[d->nic].name,
+			.address = addr,
+			.port = ntohs(d->addr.sin_port),
+			.alive = seen && now - seen < 3ull * w->cfg.ping_ms * 1000000ull,
+		};
 	}
-	send_to(c, id, idlen);
+	PACK(c, topology, .req_id = p->rid, .nics = nics, .nics_len = w->cfg.nnics,
+	     .ducks = ducks, .ducks_len = w->cfg.nducks);
+	send_to(c, p->id, p->idlen);
 }
 
-static void on_layers(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t rid)
+/* Layers a peer may see: its own and shared ones; all of them for the admin. */
+static bool layer_visible(const struct dp_layer *l, const struct dp_peer *p,
+			  const struct dp_client *me)
+{
+	return l && l != DP_LAYER_GONE && (p->admin || l->shared || (me && l->owner == me->id));
+}
+
+static void on_layers(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
 	uint32_t n = 0;
-	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++)
-		n += c->w->layers[i] != NULL;
-	begin(c, "Layers", 2);
-	dp_mp_kv_u64(&c->pk, "req_id", rid);
-	dp_mp_key(&c->pk, "layers");
-	msgpack_pack_array(&c->pk, n);
+	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
+	(void)r;
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
 		const struct dp_layer *l = c->w->layers[i];
-		if (!l)
+		if (!layer_visible(l, p, me))
 			continue;
-		msgpack_pack_map(&c->pk, 9);
-		dp_mp_kv_u64(&c->pk, "layer", l->id);
-		dp_mp_kv_u64(&c->pk, "kind", l->kind);
-		dp_mp_kv_u64(&c->pk, "dtype", l->dtype);
-		dp_mp_kv_u64(&c->pk, "hidden", l->hidden);
-		dp_mp_kv_u64(&c->pk, "ffn", l->ffn);
-		dp_mp_key(&c->pk, "ducks");
-		msgpack_pack_array(&c->pk, l->nducks);
 		for (uint32_t k = 0; k < l->nducks; k++)
-			msgpack_pack_uint32(&c->pk, l->ducks[k]);
-		dp_mp_key(&c->pk, "shard_sizes");
-		msgpack_pack_array(&c->pk, l->nducks);
-		for (uint32_t k = 0; k < l->nducks; k++)
-			msgpack_pack_uint32(&c->pk, l->shard[k]);
-		dp_mp_kv_bool(&c->pk, "has_b_down", l->has_b_down);
-		dp_mp_kv_bool(&c->pk, "ready", dp_load_acquire_u32(&l->ready));
+			c->layer_ducks[n][k] = l->ducks[k];
+		c->layer_infos[n] = (struct dp_ctl_layer_info){
+			.layer = l->id,
+			.kind = l->kind,
+			.dtype = l->dtype,
+			.hidden = l->hidden,
+			.ffn = l->ffn,
+			.ducks = c->layer_ducks[n],
+			.ducks_len = l->nducks,
+			.shard_sizes = l->shard,
+			.shard_sizes_len = l->nducks,
+			.has_b_down = l->has_b_down,
+			.ready = dp_load_acquire_u32(&l->ready),
+		};
+		n++;
 	}
-	send_to(c, id, idlen);
+	PACK(c, layers, .req_id = p->rid, .layers = c->layer_infos, .layers_len = n);
+	send_to(c, p->id, p->idlen);
 }
 
-static void on_load_weights(struct dp_control *c, const uint8_t *id, size_t idlen,
-			    const msgpack_object *m, uint64_t rid)
+static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
+			    const struct dp_ctl_request *r)
 {
 	struct dp_world *w = c->w;
-	uint32_t layer, kind, dtype, hidden, ffn, nd, ns;
-	uint32_t ducks[256], sizes[256];
-	bool b_down;
-	char msg[160];
-	if (dp_mp_u32(m, "layer", &layer, 0) < 0 || dp_mp_u32(m, "kind", &kind, 0) < 0 ||
-	    dp_mp_u32(m, "dtype", &dtype, 0) < 0 || dp_mp_u32(m, "hidden", &hidden, 0) < 0 ||
-	    dp_mp_u32(m, "ffn", &ffn, 0) < 0 || dp_mp_bool(m, "has_b_down", &b_down, false) < 0 ||
-	    dp_mp_uints(m, "ducks", ducks, 256, &nd, 255) < 0 ||
-	    dp_mp_uints(m, "shard_sizes", sizes, 256, &ns, UINT32_MAX) < 0) {
-		reply_error(c, id, idlen, rid, "bad_request", dp_error());
+	const struct dp_config *cfg = &w->cfg;
+	const struct dp_ctl_load_weights *m = &r->u.load_weights;
+	struct dp_client *me = client_by_identity(c, p->id, p->idlen);
+	if (!me) {
+		refuse(c, p, DP_ERROR_CODE_NOT_ATTACHED, "LoadWeights needs an attached client");
+		return;
+	}
+	if (m->shared && !p->admin) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED,
+		       "a shared layer needs the admin role (the dataplane's user)");
+		return;
+	}
+	/* every bound before any allocation: hidden 2^32-1 once reserved two 16 GiB buffers */
+	if (m->hidden > cfg->max_hidden || m->ffn > cfg->max_ffn) {
+		refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		       "hidden %u / ffn %u exceed this dataplane's max_hidden %u / max_ffn %u",
+		       m->hidden, m->ffn, cfg->max_hidden, cfg->max_ffn);
 		return;
 	}
 	uint64_t total = 0;
-	for (uint32_t i = 0; i < ns; i++)
-		total += sizes[i];
-	if ((kind != DP_MLP_KIND_GELU && kind != DP_MLP_KIND_SWIGLU) ||
-	    (dtype != DP_DTYPE_F32 && dtype != DP_DTYPE_F16) || !hidden || !nd || nd != ns ||
-	    total != ffn) {
-		reply_error(c, id, idlen, rid, "bad_request",
-			    "LoadWeights needs a known kind and dtype, and one shard size per duck "
-			    "summing to ffn");
+	for (uint32_t i = 0; i < m->shard_sizes_len; i++)
+		total += m->shard_sizes[i];
+	if (m->ducks_len != m->shard_sizes_len || total != m->ffn) {
+		refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		       "LoadWeights needs one shard size per duck, summing to ffn");
+		return;
+	}
+	int old = dp_layer_slot(w, m->layer);
+	const struct dp_layer *prev = old >= 0 ? w->layers[old] : NULL;
+	if (prev && prev->owner != me->id) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED, "layer %u belongs to another client",
+		       m->layer);
+		return;
+	}
+	uint64_t bytes = dp_layer_plan_bytes(m);
+	uint32_t nlayers = me->nlayers - (prev != NULL);
+	uint64_t held = me->weight_bytes - (prev ? prev->weight_bytes : 0);
+	if (nlayers + 1 > cfg->client_max_layers || bytes > cfg->client_max_weight_bytes - held ||
+	    held > cfg->client_max_weight_bytes) {
+		dp_count(c->counters, DP_C_quota_refused, 1);
+		refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+		       "layer %u (%lu bytes) would pass this client's quota: %u of %u layers, "
+		       "%lu of %lu weight bytes held; unload layers first",
+		       m->layer, (unsigned long)bytes, nlayers, cfg->client_max_layers,
+		       (unsigned long)held, (unsigned long)cfg->client_max_weight_bytes);
+		return;
+	}
+	int slot = old;
+	for (uint32_t i = 0; i < DP_LAYER_TABLE && slot < 0; i++) {
+		uint32_t k = dp_layer_hash(m->layer, i);
+		if (!w->layers[k] || w->layers[k] == DP_LAYER_GONE)
+			slot = (int)k;
+	}
+	if (slot < 0) {
+		refuse(c, p, DP_ERROR_CODE_TOO_MANY_LAYERS, "the layer table is full");
 		return;
 	}
 	struct dp_layer *l = calloc(1, sizeof(*l));
 	if (!l) {
-		reply_error(c, id, idlen, rid, "dataplane_error", "out of memory");
+		refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
 		return;
 	}
 	memset(l->index, 0xff, sizeof(l->index));
-	for (uint32_t i = 0; i < nd; i++) {
-		if (w->duck_index[ducks[i]] < 0 || l->index[ducks[i]] >= 0) {
-			snprintf(msg, sizeof(msg), "duck %u is not in the topology or is listed twice",
-				 ducks[i]);
+	for (uint32_t i = 0; i < m->ducks_len; i++) {
+		uint32_t duck = m->ducks[i];
+		if (w->duck_index[duck] < 0 || l->index[duck] >= 0) {
 			free(l);
-			reply_error(c, id, idlen, rid, "bad_request", msg);
+			refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+			       "duck %u is not in the topology or is listed twice", duck);
 			return;
 		}
-		l->ducks[i] = (uint16_t)ducks[i];
-		l->shard[i] = sizes[i];
-		l->index[ducks[i]] = (int16_t)i;
+		l->ducks[i] = (uint16_t)duck;
+		l->shard[i] = m->shard_sizes[i];
+		l->index[duck] = (int16_t)i;
 	}
-	l->id = layer;
-	l->kind = (uint8_t)kind;
-	l->dtype = (uint8_t)dtype;
-	l->hidden = hidden;
-	l->ffn = ffn;
-	l->nducks = nd;
-	l->has_b_down = b_down;
-	if (b_down) {
-		l->b_down_raw = calloc(hidden, 4);
-		l->b_down = calloc(hidden, sizeof(float));
+	l->id = m->layer;
+	l->owner = me->id;
+	l->shared = m->shared;
+	l->weight_bytes = bytes;
+	l->kind = (uint8_t)m->kind;
+	l->dtype = (uint8_t)m->dtype;
+	l->hidden = m->hidden;
+	l->ffn = m->ffn;
+	l->nducks = m->ducks_len;
+	l->has_b_down = m->has_b_down;
+	if (m->has_b_down) {
+		l->b_down_raw = calloc(m->hidden, 4);
+		l->b_down = calloc(m->hidden, sizeof(float));
 		if (!l->b_down_raw || !l->b_down) {
-			free(l->b_down_raw);
-			free(l->b_down);
-			free(l);
-			reply_error(c, id, idlen, rid, "dataplane_error", "out of memory");
+			dp_layer_free(l);
+			refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
 			return;
 		}
 	}
-	/* insert, or replace the layer of the same id (the old one is kept: forwards may use it) */
-	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
-		struct dp_layer **slot = &w->layers[(layer * 2654435761u + i) & (DP_LAYER_TABLE - 1)];
-		if (*slot && (*slot)->id != layer)
-			continue;
-		if (*slot && c->nretired < DP_ARRAY_LEN(c->retired))
-			c->retired[c->nretired++] = *slot;
-		/* release: the dispatcher that finds the layer sees it whole */
-		dp_store_release_ptr((void **)slot, l);
-		reply_ack(c, id, idlen, rid);
-		return;
-	}
-	free(l->b_down_raw);
-	free(l->b_down);
-	free(l);
-	reply_error(c, id, idlen, rid, "too_many_layers", "the layer table is full");
+	if (prev)
+		dp_layer_unpublish(c->w, (uint32_t)slot, &c->retired); /* forwards in flight keep the old one */
+	/* release: the dispatcher that finds the layer sees it whole */
+	dp_store_release_ptr((void **)&w->layers[slot], l);
+	me->nlayers++;
+	me->weight_bytes += bytes;
+	reply_ack(c, p->id, p->idlen, p->rid);
 }
 
-static void on_stats(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t rid)
+static void on_unload_layer(struct dp_control *c, const struct dp_peer *p,
+			    const struct dp_ctl_request *r)
+{
+	const struct dp_ctl_unload_layer *m = &r->u.unload_layer;
+	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
+	int slot = dp_layer_slot(c->w, m->layer);
+	if (slot < 0) {
+		refuse(c, p, DP_ERROR_CODE_UNKNOWN_LAYER, "layer %u is not loaded", m->layer);
+		return;
+	}
+	if (!p->admin && (!me || c->w->layers[slot]->owner != me->id)) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED, "layer %u belongs to another client",
+		       m->layer);
+		return;
+	}
+	dp_layer_unpublish(c->w, (uint32_t)slot, &c->retired);
+	reply_ack(c, p->id, p->idlen, p->rid);
+}
+
+static void on_set_epoch(struct dp_control *c, const struct dp_peer *p,
+			 const struct dp_ctl_request *r)
+{
+	const struct dp_ctl_set_epoch *m = &r->u.set_epoch;
+	if (!p->admin) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED, "SetEpoch needs the admin role");
+		return;
+	}
+	uint64_t now = dp_load_acquire_u64(&c->w->epoch);
+	uint64_t next = m->has_epoch ? m->epoch : now + 1;
+	if (next == now) {
+		refuse(c, p, DP_ERROR_CODE_BAD_REQUEST, "already in epoch %lu", (unsigned long)now);
+		return;
+	}
+	dp_store_release_u64(&c->w->epoch, next);
+	PACK(c, epoch_changed, .req_id = p->rid, .epoch = next);
+	send_to(c, p->id, p->idlen);
+}
+
+static void on_stats(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
 	struct dp_world *w = c->w;
 	uint64_t sum[DP_NCOUNTERS] = { 0 };
 	const struct dp_counters *all[DP_MAX_NICS + 2];
 	uint32_t nall = 0;
+	(void)r;
 	all[nall++] = &w->control_counters;
 	all[nall++] = &w->dispatch_counters;
 	for (uint32_t k = 0; k < w->cfg.nnics; k++)
@@ -407,102 +521,102 @@ static void on_stats(struct dp_control *c, const uint8_t *id, size_t idlen, uint
 	for (uint32_t a = 0; a < nall; a++)
 		for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
 			sum[i] += dp_load_relaxed_u64(&all[a]->v[i]);
-	uint32_t nclients = 0;
-	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
-		nclients += dp_load_acquire_u32(&w->clients[i].state) == DP_CLIENT_ACTIVE;
-	begin(c, "Stats", 5);
-	dp_mp_kv_u64(&c->pk, "req_id", rid);
-	dp_mp_kv_str(&c->pk, "mode", w->cfg.nics[0].backend);
-	dp_mp_kv_u64(&c->pk, "epoch", dp_load_acquire_u64(&w->epoch));
-	dp_mp_key(&c->pk, "counters");
-	msgpack_pack_map(&c->pk, DP_NCOUNTERS);
-	for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
-		dp_mp_kv_u64(&c->pk, dp_counter_names[i], sum[i]);
-	dp_mp_key(&c->pk, "clients");
-	msgpack_pack_array(&c->pk, nclients);
+	struct dp_ctl_client_stats clients[DP_MAX_CLIENTS];
+	uint32_t n = 0;
+	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
 		const struct dp_client *cl = &w->clients[i];
 		if (dp_load_acquire_u32(&cl->state) != DP_CLIENT_ACTIVE)
 			continue;
-		msgpack_pack_map(&c->pk, 6);
-		dp_mp_kv_u64(&c->pk, "client_id", cl->id);
-		dp_mp_kv_u64(&c->pk, "pid", cl->pid);
-		dp_mp_kv_str(&c->pk, "name", cl->name);
-		dp_mp_kv_str(&c->pk, "segment", cl->path);
-		dp_mp_kv_u64(&c->pk, "submitted", dp_load_relaxed_u64(&cl->submitted));
-		dp_mp_kv_u64(&c->pk, "completed", cl->completed);
+		/* where another client's segment is, and who it is, is the admin's business */
+		bool shown = p->admin || cl == me;
+		clients[n++] = (struct dp_ctl_client_stats){
+			.client_id = cl->id,
+			.pid = shown ? cl->pid : 0,
+			.name = shown ? cl->name : "",
+			.segment = shown ? cl->path : "",
+			.submitted = dp_load_relaxed_u64(&cl->submitted),
+			.completed = cl->completed,
+		};
 	}
-	send_to(c, id, idlen);
+	PACK(c, stats, .req_id = p->rid, .mode = w->cfg.nics[0].backend,
+	     .epoch = dp_load_acquire_u64(&w->epoch), .counters_keys = dp_counter_names,
+	     .counters_values = sum, .counters_len = DP_NCOUNTERS, .clients = clients,
+	     .clients_len = n);
+	send_to(c, p->id, p->idlen);
 }
 
-static void handle(struct dp_control *c, const uint8_t *id, size_t idlen, const char *data,
-		   size_t len)
+static void on_set_faults(struct dp_control *c, const struct dp_peer *p,
+			  const struct dp_ctl_request *r)
 {
-	msgpack_unpacked msg;
-	msgpack_unpacked_init(&msg);
-	size_t off = 0;
-	char type[32];
-	uint64_t rid = 0;
-	if (msgpack_unpack_next(&msg, data, len, &off) != MSGPACK_UNPACK_SUCCESS ||
-	    msg.data.type != MSGPACK_OBJECT_MAP ||
-	    dp_mp_str(&msg.data, "type", type, sizeof(type), "") < 0 || !type[0] ||
-	    dp_mp_u64(&msg.data, "req_id", &rid, 0, UINT64_MAX) < 0) {
-		dp_count(c->counters, DP_C_bad_control_messages, 1);
-		reply_error(c, id, idlen, rid, "bad_message",
-			    "not a msgpack map with a 'type' and a 'req_id'");
-		goto out;
+	(void)r;
+	if (!p->admin) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED, "SetFaults needs the admin role");
+		return;
 	}
-	const msgpack_object *m = &msg.data;
-	if (!strcmp(type, "Attach")) {
-		on_attach(c, id, idlen, m, rid);
-	} else if (!strcmp(type, "Detach")) {
-		struct dp_client *cl = client_by_identity(c, id, idlen);
-		if (cl) {
-			dp_store_release_u32(&cl->state, DP_CLIENT_CLOSING);
-			dp_count(c->counters, DP_C_clients_detached, 1);
-		}
-		reply_ack(c, id, idlen, rid);
-	} else if (!strcmp(type, "Heartbeat")) {
-		reply_ack(c, id, idlen, rid);
-	} else if (!strcmp(type, "GetTopology")) {
-		on_topology(c, id, idlen, rid);
-	} else if (!strcmp(type, "GetLayers")) {
-		on_layers(c, id, idlen, rid);
-	} else if (!strcmp(type, "LoadWeights")) {
-		on_load_weights(c, id, idlen, m, rid);
-	} else if (!strcmp(type, "SetEpoch")) {
-		uint64_t now = dp_load_acquire_u64(&c->w->epoch), next;
-		if (dp_mp_u64(m, "epoch", &next, now + 1, UINT64_MAX) < 0 || next == now) {
-			reply_error(c, id, idlen, rid, "bad_request", "the new epoch must differ");
-		} else {
-			dp_store_release_u64(&c->w->epoch, next);
-			begin(c, "EpochChanged", 2);
-			dp_mp_kv_u64(&c->pk, "req_id", rid);
-			dp_mp_kv_u64(&c->pk, "epoch", next);
-			send_to(c, id, idlen);
-		}
-	} else if (!strcmp(type, "GetStats")) {
-		on_stats(c, id, idlen, rid);
-	} else if (!strcmp(type, "SetFaults")) {
-		reply_error(c, id, idlen, rid, "unsupported",
-			    "fault knobs live in the duck emulator here: duckpipe ducks --drop, "
-			    "--delay-us, --stop-after, --restart-after");
-	} else if (!strcmp(type, "Shutdown")) {
-		reply_ack(c, id, idlen, rid);
-		dp_store_release_u32(&c->w->running, 0);
-	} else {
-		dp_count(c->counters, DP_C_bad_control_messages, 1);
-		reply_error(c, id, idlen, rid, "bad_message", "unknown message type");
+	refuse(c, p, DP_ERROR_CODE_UNSUPPORTED,
+	       "fault knobs live in the duck emulator here: duckpipe ducks --drop, --delay-us, "
+	       "--stop-after, --restart-after");
+}
+
+static void on_shutdown(struct dp_control *c, const struct dp_peer *p,
+			const struct dp_ctl_request *r)
+{
+	(void)r;
+	if (!p->admin) {
+		refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED, "Shutdown needs the admin role");
+		return;
 	}
-out:
-	msgpack_unpacked_destroy(&msg);
+	DP_INFO("shutdown asked by pid %u", p->pid);
+	reply_ack(c, p->id, p->idlen, p->rid);
+	dp_store_release_u32(&c->w->running, 0);
+}
+
+/* The generated decoder names the type; this table names its handler. */
+static const dp_ctl_handler handlers[DP_CTL_NTYPES] = {
+	[DP_CTL_ATTACH] = on_attach,
+	[DP_CTL_DETACH] = on_detach,
+	[DP_CTL_HEARTBEAT] = on_heartbeat,
+	[DP_CTL_GET_TOPOLOGY] = on_topology,
+	[DP_CTL_GET_LAYERS] = on_layers,
+	[DP_CTL_LOAD_WEIGHTS] = on_load_weights,
+	[DP_CTL_UNLOAD_LAYER] = on_unload_layer,
+	[DP_CTL_SET_EPOCH] = on_set_epoch,
+	[DP_CTL_GET_STATS] = on_stats,
+	[DP_CTL_SET_FAULTS] = on_set_faults,
+	[DP_CTL_SHUTDOWN] = on_shutdown,
+};
+
+static void handle(struct dp_control *c, struct dp_peer *p, const char *data, size_t len)
+{
+	char why[256];
+	if (c->access.ipc && !p->creds) {
+		/* libzmq gives every ipc peer's SO_PEERCRED; without it we cannot tell who asks */
+		dp_count(c->counters, DP_C_control_refused, 1);
+		reply_error(c, p->id, p->idlen, 0, DP_ERROR_CODE_NO_CREDENTIALS,
+			    "the sender's credentials could not be read");
+		return;
+	}
+	if (c->access.ipc && p->uid != c->access.euid && !c->access.has_group) {
+		/* the socket filter admits only our user; this is the second fence */
+		dp_count(c->counters, DP_C_control_refused, 1);
+		return;
+	}
+	p->admin = p->creds && p->uid == c->access.euid;
+	int rc = dp_ctl_decode(data, len, &c->req, why, sizeof(why));
+	p->rid = c->req.req_id;
+	if (rc != 0) {
+		dp_count(c->counters, DP_C_bad_control_messages, 1);
+		reply_error(c, p->id, p->idlen, p->rid, (enum dp_error_code)rc, why);
+		return;
+	}
+	handlers[c->req.type](c, p, &c->req);
 }
 
 static int poll_control(struct dp_control *c)
 {
 	int n = 0;
 	uint8_t id[256];
-	static char data[1 << 16];
 	while (n < MAX_MESSAGES_PER_LOOP) {
 		int idlen = zmq_recv(c->router, id, sizeof(id), ZMQ_DONTWAIT);
 		if (idlen < 0)
@@ -514,7 +628,9 @@ static int poll_control(struct dp_control *c)
 			dp_count(c->counters, DP_C_bad_control_messages, 1);
 			continue;
 		}
-		int len = zmq_recv(c->router, data, sizeof(data), ZMQ_DONTWAIT);
+		zmq_msg_t msg;
+		zmq_msg_init(&msg);
+		int len = zmq_msg_recv(&msg, c->router, ZMQ_DONTWAIT);
 		/* drain any further frames: a request is exactly identity + one payload */
 		bool extra = false;
 		zmq_getsockopt(c->router, ZMQ_RCVMORE, &more, &sz);
@@ -526,11 +642,16 @@ static int poll_control(struct dp_control *c)
 		}
 		n++;
 		dp_count(c->counters, DP_C_control_messages, 1);
-		if (len < 0 || extra || (size_t)len > sizeof(data) || idlen > (int)sizeof(id)) {
+		if (len < 0 || extra || idlen > (int)sizeof(id)) {
 			dp_count(c->counters, DP_C_bad_control_messages, 1);
+			zmq_msg_close(&msg);
 			continue;
 		}
-		handle(c, id, (size_t)idlen, data, (size_t)len);
+		struct dp_peer peer = { .id = id, .idlen = (size_t)idlen };
+		peer.creds = dp_peer_credentials(zmq_msg_gets(&msg, "Peer-Address"), &peer.uid,
+						&peer.gid, &peer.pid);
+		handle(c, &peer, zmq_msg_data(&msg), zmq_msg_size(&msg));
+		zmq_msg_close(&msg);
 	}
 	return n;
 }
@@ -557,6 +678,7 @@ static void housekeeping(struct dp_control *c, uint64_t now)
 			   __atomic_load_n(&cl->inflight, __ATOMIC_ACQUIRE) == 0) {
 			/* a memfd needs no unlink: its memory goes with the last mapping */
 			dp_client_unmap(cl);
+			dp_layers_unload_owner(c->w, cl->id, &c->retired); /* its layers go with it */
 			if (cl->dead)
 				dp_count(c->counters, DP_C_clients_reclaimed, 1);
 			dp_store_release_u32(&cl->state, DP_CLIENT_FREE);
@@ -564,14 +686,23 @@ static void housekeeping(struct dp_control *c, uint64_t now)
 	}
 }
 
+static void housekeeping_layers(struct dp_control *c)
+{
+	dp_count(c->counters, DP_C_layers_freed, dp_layers_free_retired(c->w, &c->retired, false));
+}
+
 int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 {
 	struct dp_control *c = self;
 	(void)w;
-	int work = poll_control(c);
+	uint64_t refused = c->access.refused;
+	int work = dp_access_serve_zap(&c->access);
+	dp_count(c->counters, DP_C_curve_refused, c->access.refused - refused);
+	work += poll_control(c);
 	work += drain_completions(c);
 	if (now >= c->next_house) {
 		housekeeping(c, now);
+		housekeeping_layers(c);
 		c->next_house = now + HOUSEKEEPING_NS;
 	}
 	return work;
@@ -603,6 +734,15 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	}
 	c->w = w;
 	c->counters = &w->control_counters;
+	c->layer_infos = calloc(DP_LAYER_TABLE, sizeof(*c->layer_infos));
+	c->layer_ducks = calloc(DP_LAYER_TABLE, sizeof(*c->layer_ducks));
+	if (!c->layer_infos || !c->layer_ducks) {
+		free(c->layer_infos);
+		free(c->layer_ducks);
+		free(c);
+		dp_set_error("out of memory");
+		return NULL;
+	}
 	c->next_client_id = 1;
 	msgpack_sbuffer_init(&c->sbuf);
 	msgpack_packer_init(&c->pk, &c->sbuf, msgpack_sbuffer_write);
@@ -616,22 +756,48 @@ struct dp_control *dp_control_new(struct dp_world *w)
 		}
 		unlink(ep + 6); /* left behind by a dataplane that died */
 	}
+	for (int t = 0; t < DP_CTL_NTYPES; t++)
+		if (!handlers[t]) {
+			dp_set_error("control message %s has no handler", dp_ctl_type_names[t]);
+			goto fail;
+		}
 	c->router = zmq_socket(c->zctx, ZMQ_ROUTER);
 	int zero = 0;
+	/* a longer message disconnects its sender before libzmq buffers it */
+	int64_t maxmsg = DP_MAX_MESSAGE_BYTES;
 	zmq_setsockopt(c->router, ZMQ_LINGER, &zero, sizeof(zero));
-	if (zmq_bind(c->router, ep) < 0) {
+	zmq_setsockopt(c->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+	if (dp_access_setup(&c->access, &w->cfg, c->zctx, c->router) < 0)
+		goto fail;
+	/* the socket's mode is the first fence: created 0600 (umask), opened to the group after */
+	mode_t old = umask(0077);
+	int rc = zmq_bind(c->router, ep);
+	umask(old);
+	if (rc < 0) {
 		dp_set_error("cannot listen on %s: %s; is the address in use?", ep,
 			     zmq_strerror(errno));
 		goto fail;
 	}
-	if (!strncmp(ep, "ipc://", 6))
-		chmod(ep + 6, 0600);
+	/* created 0700 under that umask; a socket needs no x bit */
+	if (c->access.ipc && !c->access.has_group && chmod(ep + 6, 0600) < 0) {
+		dp_set_error("cannot chmod %s: %s", ep + 6, strerror(errno));
+		goto fail;
+	}
+	if (c->access.ipc && c->access.has_group &&
+	    (chown(ep + 6, (uid_t)-1, (gid_t)c->access.group_gid) < 0 || chmod(ep + 6, 0660) < 0)) {
+		dp_set_error("cannot give %s to group %s: %s", ep + 6, w->cfg.control_group,
+			     strerror(errno));
+		goto fail;
+	}
 	return c;
 fail:
+	dp_access_close(&c->access);
 	if (c->router)
 		zmq_close(c->router);
 	zmq_ctx_term(c->zctx);
 	msgpack_sbuffer_destroy(&c->sbuf);
+	free(c->layer_infos);
+	free(c->layer_ducks);
 	free(c);
 	return NULL;
 }
@@ -644,20 +810,17 @@ void dp_control_free(struct dp_control *c)
 		if (c->w->clients[i].base)
 			dp_client_unmap(&c->w->clients[i]); /* live clients own their segments */
 	zmq_close(c->router);
+	dp_access_close(&c->access);
 	zmq_ctx_term(c->zctx);
 	if (!strncmp(c->w->cfg.control, "ipc://", 6))
 		unlink(c->w->cfg.control + 6);
+	/* every agent has stopped: nothing holds a layer any more */
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++)
-		if (c->w->layers[i]) {
-			free(c->w->layers[i]->b_down_raw);
-			free(c->w->layers[i]->b_down);
-			free(c->w->layers[i]);
-		}
-	for (uint32_t i = 0; i < c->nretired; i++) {
-		free(c->retired[i]->b_down_raw);
-		free(c->retired[i]->b_down);
-		free(c->retired[i]);
-	}
+		if (c->w->layers[i] && c->w->layers[i] != DP_LAYER_GONE)
+			dp_layer_free(c->w->layers[i]);
+	dp_layers_free_retired(c->w, &c->retired, true);
 	msgpack_sbuffer_destroy(&c->sbuf);
+	free(c->layer_infos);
+	free(c->layer_ducks);
 	free(c);
 }

@@ -47,6 +47,10 @@
 	X(no_layer_replies)     /* a duck said it holds no such layer */                    \
 	X(control_messages)                                                                 \
 	X(bad_control_messages)                                                             \
+	X(control_refused)      /* no credentials, or a role that may not ask that */       \
+	X(quota_refused)        /* LoadWeights past a client's layer or weight-byte quota */\
+	X(layers_freed)                                                                     \
+	X(curve_refused)        /* tcp:// handshakes with a key not in curve_clients_file */\
 	X(clients_attached)                                                                 \
 	X(clients_detached)                                                                 \
 	X(clients_reclaimed)    /* dead clients whose segments were unmapped */             \

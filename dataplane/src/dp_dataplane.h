@@ -55,6 +55,7 @@ struct dp_client {
 	uint32_t state; /* enum dp_client_state, release/acquire */
 	uint32_t id;
 	uint32_t pid;
+	uint32_t uid;   /* the peer's, from the control socket */
 	bool dead;      /* its process died (counted as reclaimed) rather than detached */
 	uint64_t start_ns;
 	uint8_t identity[256];
@@ -75,6 +76,8 @@ struct dp_client {
 	uint8_t *res;
 	uint64_t ring_tail;      /* dispatcher: the consumer index; shm's tail is only a copy */
 	uint64_t ring_head_seen; /* dispatcher: head never moves back */
+	uint32_t nlayers;        /* control: layers it owns */
+	uint64_t weight_bytes;   /* control: their weight_bytes */
 	uint64_t inflight dp_cache_aligned;  /* dispatcher adds, control subtracts */
 	uint64_t submitted dp_cache_aligned; /* dispatcher */
 	uint64_t completed dp_cache_aligned; /* control */
@@ -82,8 +85,18 @@ struct dp_client {
 
 /* --- layers ----------------------------------------------------------------------- */
 
+/* A layer belongs to the client that loaded it (shared ones: loaded by the admin, usable
+ * by all). The control agent publishes it in the table and later unpublishes it (unload,
+ * reload, owner gone); it frees it only once no forward holds a reference (refs) and the
+ * dispatcher finished a pass since (dispatch_passes): a pointer it read then is gone. */
 struct dp_layer {
 	uint32_t id;
+	uint32_t owner;          /* client id of the loader */
+	bool shared;             /* every client may use it */
+	uint64_t weight_bytes;   /* counted against the owner's client_max_weight_bytes */
+	uint64_t refs;           /* forwards and weight chunks holding it (dispatcher +, control -) */
+	uint64_t retired_pass;   /* control: dispatch_passes when it was unpublished */
+	struct dp_layer *next_retired; /* control's list of unpublished layers */
 	uint8_t kind;
 	uint8_t dtype;
 	bool has_b_down;
@@ -200,6 +213,7 @@ struct dp_world {
 	uint32_t running;
 	struct dp_client clients[DP_MAX_CLIENTS];
 	struct dp_layer *layers[DP_LAYER_TABLE]; /* control inserts; dispatcher reads */
+	uint64_t dispatch_passes;       /* dispatcher: passes over the clients finished */
 	int16_t duck_index[DP_MAX_DUCKS]; /* duck id -> topology index, or -1 */
 	/* forward contexts */
 	struct dp_fwd *fwds;
@@ -212,18 +226,46 @@ struct dp_world {
 	uint64_t duck_seen_ns[DP_MAX_DUCKS]; /* last PONG or reply; worker writes */
 };
 
+/* A table slot whose layer was removed: lookups probe on past it, inserts reuse it. */
+extern struct dp_layer dp_layer_tombstone;
+#define DP_LAYER_GONE (&dp_layer_tombstone)
+
+static inline uint32_t dp_layer_hash(uint32_t id, uint32_t i)
+{
+	return (id * 2654435761u + i) & (DP_LAYER_TABLE - 1);
+}
+
 /* The layer with this id, or NULL (acquire: the control agent publishes). */
 static inline struct dp_layer *dp_layer_find(struct dp_world *w, uint32_t id)
 {
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
-		struct dp_layer *l = dp_load_acquire_ptr(
-			(void *const *)&w->layers[(id * 2654435761u + i) & (DP_LAYER_TABLE - 1)]);
+		struct dp_layer *l =
+			dp_load_acquire_ptr((void *const *)&w->layers[dp_layer_hash(id, i)]);
 		if (!l)
 			return NULL;
-		if (l->id == id)
+		if (l != DP_LAYER_GONE && l->id == id)
 			return l;
 	}
 	return NULL;
+}
+
+/* Dispatcher: the layer `id` if client c may use it (its own, or a shared one to forward
+ * on; weights only its owner writes), with a reference the control agent drops when the
+ * completion is sent (dp_layer_put). */
+static inline struct dp_layer *dp_layer_take(struct dp_world *w, uint32_t id,
+					     const struct dp_client *c, bool write)
+{
+	struct dp_layer *l = dp_layer_find(w, id);
+	if (!l || (l->owner != c->id && (write || !l->shared)))
+		return NULL;
+	__atomic_fetch_add(&l->refs, 1, __ATOMIC_RELAXED); /* published by the pass's end */
+	return l;
+}
+
+static inline void dp_layer_put(struct dp_layer *l)
+{
+	/* release: everything done with the layer happens before its free */
+	__atomic_fetch_sub(&l->refs, 1, __ATOMIC_RELEASE);
 }
 
 /* Completion path shared by every agent: publish the slot's done word (dp_dispatch.c). */

@@ -170,7 +170,7 @@ static void dispatch_weight(struct dp_dispatcher *d, struct dp_fwd *f, struct dp
 /* A commit completes once every chunk before it has; 1 when it did. */
 static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 {
-	struct dp_layer *l = dp_layer_find(d->w, f->desc.layer);
+	struct dp_layer *l = f->layer; /* taken at dispatch */
 	if (!l) {
 		complete(d, f, DP_STATUS_BAD_REQUEST, "layer %u is not being loaded", f->desc.layer);
 		return 1;
@@ -233,7 +233,9 @@ static void dispatch(struct dp_dispatcher *d, struct dp_client *c, const struct 
 			 (unsigned long)desc->epoch, (unsigned long)epoch);
 		return;
 	}
-	struct dp_layer *l = desc->op == DP_OP_WEIGHT_COMMIT ? NULL : dp_layer_find(d->w, desc->layer);
+	/* the layer, if this client may use it (its own, or shared to forward on), with a
+	 * reference the control agent drops when the completion is sent */
+	struct dp_layer *l = f->layer = dp_layer_take(d->w, desc->layer, c, desc->op != DP_OP_FORWARD);
 	struct dp_desc_plan plan;
 	if (dp_desc_check(&c->layout, l, desc, &d->limits, &plan, f->message, sizeof(f->message)) <
 	    0) {
@@ -341,6 +343,10 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 		work += got;
 	}
 	d->nactive = nactive;
+	/* a layer pointer read in this pass is now held by a reference, or not at all:
+	 * the control agent may free what it unpublished before this pass (seq_cst: store
+	 * then later table loads) */
+	__atomic_fetch_add(&w->dispatch_passes, 1, __ATOMIC_SEQ_CST);
 	return work;
 }
 

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dp_mp_scan.h" /* dp_mp_prescan: run it before msgpack_unpack_next */
+
 /* The value of `key` in map, or NULL (also when map is not a map). */
 const msgpack_object *dp_mp_get(const msgpack_object *map, const char *key);
 
@@ -20,7 +22,7 @@ int dp_mp_str(const msgpack_object *map, const char *key, char *out, size_t cap,
 int dp_mp_uints(const msgpack_object *map, const char *key, uint32_t *out, uint32_t cap,
 		uint32_t *n, uint32_t max);
 
-/* Packing helpers for the replies. */
+/* Packing helpers (the replies use the generated dp_ctl_pack_* encoders). */
 void dp_mp_key(msgpack_packer *pk, const char *key);
 void dp_mp_kv_str(msgpack_packer *pk, const char *key, const char *val);
 void dp_mp_kv_u64(msgpack_packer *pk, const char *key, uint64_t val);

@@ -16,6 +16,7 @@ naming them), and a crash (SIGKILL of itself) on the forward after N.
 from __future__ import annotations
 
 import dataclasses
+import grp
 import heapq
 import itertools
 import logging
@@ -30,6 +31,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import zmq
+from zmq.utils import z85
 
 from .. import runtime
 from .._native import ffi, lib
@@ -45,10 +47,13 @@ from ..schema.abi import (
     SHARD_TENSORS,
     DetachReason,
     DType,
+    MlpKind,
     Op,
     Status,
     tensor_shape,
 )
+from ..schema.config import default as config_default
+from ..schema.control import ErrorCode
 from ..shm import Segment, clean_segments
 
 __all__ = ["MockConfig", "MockDataplane", "main_loop"]
@@ -70,15 +75,56 @@ class MockConfig:
     dead_ducks: frozenset[int] = frozenset()
     crash_after: int | None = None
     # per-client limits, as the C dataplane's config (duckpipe/topology.py)
-    client_max_inflight: int = 64
-    client_max_slots: int = 1024
-    client_max_segment_bytes: int = 1 << 30
-    max_timeout_us: int = 10_000_000
+    client_max_inflight: int = config_default("client_max_inflight")
+    client_max_slots: int = config_default("client_max_slots")
+    client_max_segment_bytes: int = config_default("client_max_segment_bytes")
+    max_timeout_us: int = config_default("max_timeout_us")
+    # the C dataplane's names and defaults (duckpipe/schema/config.py)
+    client_max_layers: int = config_default("client_max_layers")
+    client_max_weight_bytes: int = config_default("client_max_weight_bytes")
+    max_hidden: int = config_default("max_hidden")
+    max_ffn: int = config_default("max_ffn")
+    control_group: str = config_default("control_group")
+    curve_secret_key_file: str = config_default("curve_secret_key_file")
+    curve_public_key_file: str = config_default("curve_public_key_file")
+    curve_clients_file: str = config_default("curve_clients_file")
+
+
+class _Refused(DuckpipeError):
+    """A control request refused with a specific ErrorCode."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclasses.dataclass(frozen=True)
+class _Peer:
+    """Who sent a control request: uid, gid, pid from the socket (ipc://), or none."""
+
+    identity: bytes
+    creds: bool
+    uid: int = -1
+    gid: int = -1
+    pid: int = -1
+    admin: bool = False
+
+
+def _peer_credentials(address: str | None) -> tuple[int, int, int] | None:
+    """(uid, gid, pid) from the ":uid:gid:pid" tail libzmq gives an ipc peer's address."""
+    if not address:
+        return None
+    parts = address.rsplit(":", 3)
+    if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
+        return None
+    return int(parts[1]), int(parts[2]), int(parts[3])
 
 
 @dataclasses.dataclass
 class _Layer:
     info: ctl.LoadWeights
+    owner: int  # client id of the loader
+    weight_bytes: int
     raw: dict[tuple[int, int], np.ndarray]  # (duck, tensor) -> bytes being filled
     received: dict[tuple[int, int], int]
     tensors: dict[int, list[np.ndarray]] = dataclasses.field(default_factory=dict)  # ready shards
@@ -115,6 +161,7 @@ class _Client:
     # the consumer's private ring indices (tail, head seen): the segment's copy of tail is
     # only published for the producer, so a client cannot make us replay or skip entries
     indices: object = dataclasses.field(default_factory=lambda: ffi.new("uint64_t[2]"))
+    uid: int = -1
     submitted: int = 0
     completed: int = 0
     inflight: int = 0  # deferred completions not sent yet
@@ -144,6 +191,10 @@ class MockDataplane:
             for k in (
                 "control_messages",
                 "bad_control_messages",
+                "control_refused",
+                "quota_refused",
+                "layers_freed",
+                "curve_refused",
                 "clients_attached",
                 "clients_detached",
                 "clients_reclaimed",
@@ -174,6 +225,18 @@ class MockDataplane:
         self._running = True
         self._descs = new_descs(BURST)
         self._ctx = zmq.Context.instance()
+        self._euid = os.geteuid()
+        self._group_gid: int | None = None
+        if cfg.control_group:
+            try:
+                self._group_gid = grp.getgrnam(cfg.control_group).gr_gid
+            except KeyError:
+                raise DuckpipeError(
+                    f"control_group {cfg.control_group!r} is not a group here"
+                ) from None
+        self._ipc = cfg.control.startswith("ipc://")
+        self._zap: zmq.Socket | None = None
+        self._curve_clients: set[bytes] = set()
         self.router = self._bind(cfg.control)
         self._idle = IdleStrategy(cfg.idle, park=lambda s: self.router.poll(max(1, int(s * 1000))))
 
@@ -192,14 +255,85 @@ class MockDataplane:
                 path.unlink()  # left behind by a dataplane that died
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        # a longer message disconnects its sender before libzmq buffers it
+        sock.setsockopt(zmq.MAXMSGSIZE, ctl.MAX_MESSAGE_BYTES)
+        try:
+            self._limit_access(sock, control)
+        except BaseException:
+            sock.close()
+            raise
+        old = os.umask(0o077)  # the socket's mode is the first fence
         try:
             sock.bind(control)
         except zmq.ZMQError as e:
             sock.close()
             raise DuckpipeError(f"cannot listen on {control}: {e}; is the address in use?") from e
-        if control.startswith("ipc://"):
-            os.chmod(control[len("ipc://") :], 0o600)
+        finally:
+            os.umask(old)
+        if self._ipc:  # created 0700 under the umask; a socket needs no x bit
+            path = control[len("ipc://") :]
+            if self._group_gid is not None:
+                os.chown(path, -1, self._group_gid)
+            os.chmod(path, 0o600 if self._group_gid is None else 0o660)
         return sock
+
+    def _limit_access(self, sock: zmq.Socket, control: str) -> None:
+        """ipc://: our user (and control_group) by SO_PEERCRED; tcp://: listed CURVE keys."""
+        cfg = self.cfg
+        if self._ipc:
+            sock.setsockopt(zmq.IPC_FILTER_UID, self._euid)
+            if self._group_gid is not None:
+                sock.setsockopt(zmq.IPC_FILTER_GID, self._group_gid)
+            return
+        if not control.startswith("tcp://"):
+            raise DuckpipeError(
+                f"control endpoint {control}: only ipc:// (or tcp:// with CURVE keys) is served"
+            )
+        if not (cfg.curve_secret_key_file and cfg.curve_public_key_file and cfg.curve_clients_file):
+            raise DuckpipeError(
+                "tcp:// control needs CURVE: set curve_secret_key_file, curve_public_key_file "
+                "and curve_clients_file (or use ipc://)"
+            )
+        try:
+            secret = Path(cfg.curve_secret_key_file).read_text().strip().encode()
+            public = Path(cfg.curve_public_key_file).read_text().strip().encode()
+            lines = Path(cfg.curve_clients_file).read_text().splitlines()
+        except OSError as e:
+            raise DuckpipeError(f"cannot read a CURVE key file: {e}") from e
+        for i, line in enumerate(lines, 1):
+            key = line.strip()
+            if not key or key.startswith("#"):
+                continue
+            if len(key) != 40:
+                raise DuckpipeError(f"{cfg.curve_clients_file} line {i}: not a z85 public key")
+            self._curve_clients.add(z85.decode(key))
+        self._zap = self._ctx.socket(zmq.REP)  # bound before any handshake can ask it
+        self._zap.setsockopt(zmq.LINGER, 0)
+        self._zap.bind("inproc://zeromq.zap.01")
+        sock.curve_server = True
+        sock.curve_secretkey = secret
+        sock.curve_publickey = public
+        sock.zap_domain = b"duckpipe"
+
+    def _serve_zap(self) -> int:
+        """Answer libzmq's ZAP requests (RFC 27): admit the keys of curve_clients_file."""
+        n = 0
+        while self._zap is not None:
+            try:
+                frames = self._zap.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            n += 1
+            ok = len(frames) >= 7 and frames[5] == b"CURVE" and frames[6] in self._curve_clients
+            if not ok:
+                self.counters["curve_refused"] += 1
+                log.warning(
+                    "refused a CURVE client whose key is not in %s", self.cfg.curve_clients_file
+                )
+            rid = frames[1] if len(frames) > 1 else b""
+            status = [b"200", b"OK"] if ok else [b"400", b"unknown key"]
+            self._zap.send_multipart([b"1.0", rid, *status, b"", b""])
+        return n
 
     # --- main loop -------------------------------------------------------------
 
@@ -209,7 +343,7 @@ class MockDataplane:
             self.counters["stale_segments_removed"] += 1
         last_house = 0.0
         while self._running:
-            work = self._poll_control()
+            work = self._serve_zap() + self._poll_control()
             for client in list(self.clients.values()):
                 if client.identity in self.clients:  # not evicted by an earlier one
                     work += self._drain(client)
@@ -229,6 +363,8 @@ class MockDataplane:
             client.seg.close()  # the clients own their memfds
         self.clients.clear()
         self.router.close(linger=0)
+        if self._zap is not None:
+            self._zap.close(linger=0)
         if self.cfg.control.startswith("ipc://"):
             Path(self.cfg.control[len("ipc://") :]).unlink(missing_ok=True)
 
@@ -238,27 +374,65 @@ class MockDataplane:
         n = 0
         while n < 64:
             try:
-                identity, raw = self.router.recv_multipart(zmq.NOBLOCK)
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            except ValueError:  # not two frames
-                self.counters["bad_control_messages"] += 1
-                continue
             n += 1
             self.counters["control_messages"] += 1
-            try:
-                msg = ctl.request_decoder.decode(raw)
-            except msgspec.DecodeError as e:
+            if len(frames) != 2:  # identity + one payload
                 self.counters["bad_control_messages"] += 1
-                self._send(identity, ctl.Error(req_id=0, code="bad_message", message=str(e)))
+                continue
+            identity, raw = frames[0].bytes, frames[1]
+            peer = self._peer(identity, raw)
+            if peer is None:
+                continue
+            lie = _prescan(raw.bytes, ctl.MAX_NESTING)
+            if lie is not None:  # as the C dataplane's dp_mp_prescan refuses it
+                self.counters["bad_control_messages"] += 1
+                self._send(identity, ctl.Error(req_id=0, code=ErrorCode.BAD_MESSAGE, message=lie))
                 continue
             try:
-                reply = self._handle(identity, msg)
+                msg = ctl.request_decoder.decode(raw.buffer)
+            except msgspec.DecodeError as e:
+                self.counters["bad_control_messages"] += 1
+                code = _decode_error_code(e)
+                self._send(
+                    identity, ctl.Error(req_id=_req_id(raw.bytes), code=code, message=str(e))
+                )
+                continue
+            try:
+                reply = self._handle(peer, msg)
+            except _Refused as e:
+                if e.code == ErrorCode.NOT_PERMITTED:
+                    self.counters["control_refused"] += 1
+                reply = ctl.Error(req_id=msg.req_id, code=e.code, message=str(e))
             except DuckpipeError as e:
-                reply = ctl.Error(req_id=msg.req_id, code="bad_request", message=str(e))
+                reply = ctl.Error(req_id=msg.req_id, code=ErrorCode.BAD_REQUEST, message=str(e))
             if reply is not None:
                 self._send(identity, reply)
         return n
+
+    def _peer(self, identity: bytes, frame: zmq.Frame) -> _Peer | None:
+        """Who sent it, or None (refused and counted) when an ipc peer has no credentials."""
+        if not self._ipc:
+            return _Peer(identity, creds=False)
+        creds = _peer_credentials(frame.get("Peer-Address"))
+        if creds is None:
+            self.counters["control_refused"] += 1
+            self._send(
+                identity,
+                ctl.Error(
+                    req_id=0,
+                    code=ErrorCode.NO_CREDENTIALS,
+                    message="the sender's credentials could not be read",
+                ),
+            )
+            return None
+        uid, gid, pid = creds
+        if uid != self._euid and self._group_gid is None:
+            self.counters["control_refused"] += 1  # the socket filter's second fence
+            return None
+        return _Peer(identity, True, uid, gid, pid, admin=uid == self._euid)
 
     def _send(self, identity: bytes, msg: msgspec.Struct) -> None:
         try:
@@ -266,14 +440,16 @@ class MockDataplane:
         except zmq.Again:
             log.warning("control reply dropped: client queue full")
 
-    def _handle(self, identity: bytes, msg: ctl.Request) -> msgspec.Struct | None:
+    def _handle(self, peer: _Peer, msg: ctl.Request) -> msgspec.Struct | None:
         rid = msg.req_id
+        me = self.clients.get(peer.identity)
         match msg:
             case ctl.Attach():
-                return self._attach(identity, msg)
+                return self._attach(peer, msg)
             case ctl.Detach():
-                client = self.clients.pop(identity, None)
+                client = self.clients.pop(peer.identity, None)
                 if client is not None:
+                    self._drop_layers_of(client)
                     client.seg.close()
                     self.counters["clients_detached"] += 1
                 return ctl.Ack(req_id=rid)
@@ -289,10 +465,28 @@ class MockDataplane:
                     ],
                 )
             case ctl.GetLayers():
-                return ctl.Layers(req_id=rid, layers=[la.public() for la in self.layers.values()])
+                return ctl.Layers(
+                    req_id=rid,
+                    layers=[
+                        la.public()
+                        for la in self.layers.values()
+                        if peer.admin or la.info.shared or (me and la.owner == me.id)
+                    ],
+                )
             case ctl.LoadWeights():
-                return self._load_weights(msg)
+                return self._load_weights(peer, me, msg)
+            case ctl.UnloadLayer():
+                layer = self.layers.get(msg.layer)
+                if layer is None:
+                    raise _Refused(ErrorCode.UNKNOWN_LAYER, f"layer {msg.layer} is not loaded")
+                if not peer.admin and (me is None or layer.owner != me.id):
+                    raise _Refused(
+                        ErrorCode.NOT_PERMITTED, f"layer {msg.layer} belongs to another client"
+                    )
+                self._drop_layer(msg.layer)
+                return ctl.Ack(req_id=rid)
             case ctl.SetEpoch():
+                _need_admin(peer, "SetEpoch")
                 new = self.epoch + 1 if msg.epoch is None else msg.epoch
                 if new == self.epoch:
                     raise DuckpipeError(f"already in epoch {new}")
@@ -305,11 +499,12 @@ class MockDataplane:
                     epoch=self.epoch,
                     counters=dict(self.counters),
                     clients=[
+                        # where another client's segment is, and who it is, is the admin's
                         ctl.ClientStats(
                             client_id=c.id,
-                            pid=c.pid,
-                            name=c.name,
-                            segment=c.seg.name,
+                            pid=c.pid if peer.admin or c is me else 0,
+                            name=c.name if peer.admin or c is me else "",
+                            segment=c.seg.name if peer.admin or c is me else "",
                             submitted=c.submitted,
                             completed=c.completed,
                         )
@@ -317,30 +512,44 @@ class MockDataplane:
                     ],
                 )
             case ctl.SetFaults():
+                _need_admin(peer, "SetFaults")
                 bad = [d for d in msg.dead_ducks if d >= self.cfg.ducks]
                 if bad:
                     raise DuckpipeError(f"ducks {bad} do not exist (there are {self.cfg.ducks})")
                 self.faults = msg
                 return ctl.Ack(req_id=rid)
             case ctl.Shutdown():
+                _need_admin(peer, "Shutdown")
                 self._running = False
                 return ctl.Ack(req_id=rid)
         raise DuckpipeError(f"unhandled request {type(msg).__name__}")
 
-    def _attach(self, identity: bytes, msg: ctl.Attach) -> msgspec.Struct:
+    def _attach(self, peer: _Peer, msg: ctl.Attach) -> msgspec.Struct:
         rid = msg.req_id
         if msg.protocol != ctl.PROTOCOL_VERSION or msg.abi_major != ABI_MAJOR:
             return ctl.Error(
                 req_id=rid,
-                code="abi_mismatch",
+                code=ErrorCode.ABI_MISMATCH,
                 message=f"client speaks protocol {msg.protocol} / ABI {msg.abi_major}, "
                 f"this dataplane {ctl.PROTOCOL_VERSION} / {ABI_MAJOR}",
             )
-        if identity in self.clients:
-            return ctl.Error(req_id=rid, code="already_attached", message="this socket is attached")
+        if not peer.creds:
+            raise _Refused(
+                ErrorCode.NOT_PERMITTED,
+                "shared memory needs a local peer: attach over ipc://, not tcp://",
+            )
+        if msg.pid != peer.pid:
+            raise _Refused(
+                ErrorCode.BAD_SEGMENT,
+                f"Attach.pid {msg.pid} is not the sender's pid {peer.pid}: attach your own segment",
+            )
+        if peer.identity in self.clients:
+            return ctl.Error(
+                req_id=rid, code=ErrorCode.ALREADY_ATTACHED, message="this socket is attached"
+            )
         cfg = self.cfg
         try:  # the file first: a second attach of one memfd is refused before it is opened
-            st = os.stat(f"/proc/{msg.pid}/fd/{msg.segment_fd}") if msg.segment_fd >= 0 else None
+            st = os.stat(f"/proc/{peer.pid}/fd/{msg.segment_fd}") if msg.segment_fd >= 0 else None
         except OSError:
             st = None  # open_fd says why
         twin = next(
@@ -354,28 +563,36 @@ class MockDataplane:
         if twin is not None:
             return ctl.Error(
                 req_id=rid,
-                code="bad_segment",
+                code=ErrorCode.BAD_SEGMENT,
                 message=f"memfd {twin.seg.name} is already attached (client {twin.id})",
             )
         try:
             seg = Segment.open_fd(
-                msg.pid,
+                peer.pid,
                 msg.segment_fd,
+                uid=peer.uid,
                 max_slots=cfg.client_max_slots,
                 max_bytes=cfg.client_max_segment_bytes,
             )
         except DuckpipeError as e:
-            return ctl.Error(req_id=rid, code="bad_segment", message=str(e))
+            return ctl.Error(req_id=rid, code=ErrorCode.BAD_SEGMENT, message=str(e))
+        if int(seg.header.creator_pid) != peer.pid:
+            seg.close()
+            return ctl.Error(
+                req_id=rid, code=ErrorCode.BAD_SEGMENT, message="segment was made by another pid"
+            )
         cid = self._next_client
         self._next_client += 1
         seg.header.dataplane_pid = os.getpid()
         seg.header.client_id = cid
         seg.header.dataplane_heartbeat_ns = runtime.monotonic_ns()
-        client = _Client(cid, identity, msg.pid, msg.name, seg, int(seg.header.start_ns))
+        client = _Client(
+            cid, peer.identity, peer.pid, msg.name, seg, int(seg.header.start_ns), uid=peer.uid
+        )
         client.indices[0] = client.indices[1] = lib.dp_load_acquire_u64(
             ffi.addressof(seg.ring, "tail")
         )
-        self.clients[identity] = client
+        self.clients[peer.identity] = client
         self.counters["clients_attached"] += 1
         return ctl.Attached(
             req_id=rid,
@@ -388,22 +605,74 @@ class MockDataplane:
             default_timeout_us=int(self.cfg.default_timeout_ms * 1000),
         )
 
-    def _load_weights(self, msg: ctl.LoadWeights) -> msgspec.Struct:
+    def _load_weights(
+        self, peer: _Peer, me: _Client | None, msg: ctl.LoadWeights
+    ) -> msgspec.Struct:
+        cfg = self.cfg
+        if me is None:
+            raise _Refused(ErrorCode.NOT_ATTACHED, "LoadWeights needs an attached client")
+        if msg.shared and not peer.admin:
+            raise _Refused(
+                ErrorCode.NOT_PERMITTED,
+                "a shared layer needs the admin role (the dataplane's user)",
+            )
+        # every bound before any allocation
+        if msg.hidden > cfg.max_hidden or msg.ffn > cfg.max_ffn:
+            raise DuckpipeError(
+                f"hidden {msg.hidden} / ffn {msg.ffn} exceed this dataplane's max_hidden "
+                f"{cfg.max_hidden} / max_ffn {cfg.max_ffn}"
+            )
         if len(msg.ducks) != len(msg.shard_sizes) or sum(msg.shard_sizes) != msg.ffn:
             raise DuckpipeError("shard_sizes must give one size per duck and sum to ffn")
         if len(set(msg.ducks)) != len(msg.ducks) or any(d >= self.cfg.ducks for d in msg.ducks):
             raise DuckpipeError(f"ducks {msg.ducks} must be distinct ids below {self.cfg.ducks}")
+        prev = self.layers.get(msg.layer)
+        if prev is not None and prev.owner != me.id:
+            raise _Refused(ErrorCode.NOT_PERMITTED, f"layer {msg.layer} belongs to another client")
         item = numpy_dtype(msg.dtype).itemsize
+        shapes = [_tensor_shapes(msg.kind, msg.hidden, f) for f in msg.shard_sizes]
+        weight_bytes = item * sum(int(np.prod(s)) for plan in shapes for s in plan)
+        weight_bytes += 8 * msg.hidden if msg.has_b_down else 0  # as the C dataplane counts
+        mine = [la for la in self.layers.values() if la.owner == me.id and la is not prev]
+        held = sum(la.weight_bytes for la in mine)
+        if (
+            len(mine) + 1 > cfg.client_max_layers
+            or held + weight_bytes > cfg.client_max_weight_bytes
+        ):
+            self.counters["quota_refused"] += 1
+            raise _Refused(
+                ErrorCode.QUOTA_EXCEEDED,
+                f"layer {msg.layer} ({weight_bytes} bytes) would pass this client's quota: "
+                f"{len(mine)} of {cfg.client_max_layers} layers, {held} of "
+                f"{cfg.client_max_weight_bytes} weight bytes held; unload layers first",
+            )
         raw, received = {}, {}
-        for duck, f in zip(msg.ducks, msg.shard_sizes, strict=True):
-            for t, shape in enumerate(_tensor_shapes(msg.kind, msg.hidden, f)):
+        for duck, plan in zip(msg.ducks, shapes, strict=True):
+            for t, shape in enumerate(plan):
                 raw[duck, t] = np.empty(int(np.prod(shape)) * item, np.uint8)
                 received[duck, t] = 0
         if msg.has_b_down:
             raw[ctl.HOST_TENSOR_DUCK, 3] = np.empty(msg.hidden * item, np.uint8)
             received[ctl.HOST_TENSOR_DUCK, 3] = 0
-        self.layers[msg.layer] = _Layer(msg, raw, received)
+        self.layers[msg.layer] = _Layer(msg, me.id, weight_bytes, raw, received)
         return ctl.Ack(req_id=msg.req_id)
+
+    def _usable_layer(self, client: _Client, layer_id: int, write: bool = False) -> _Layer | None:
+        """The layer if this client may use it: its own, or a shared one to forward on
+        (weights only its owner writes)."""
+        layer = self.layers.get(layer_id)
+        if layer is None or (layer.owner != client.id and (write or not layer.info.shared)):
+            return None
+        return layer
+
+    def _drop_layer(self, layer_id: int) -> None:
+        # one thread: nothing in flight holds it (deferred completions carry their results)
+        if self.layers.pop(layer_id, None) is not None:
+            self.counters["layers_freed"] += 1
+
+    def _drop_layers_of(self, client: _Client) -> None:
+        for lid in [k for k, la in self.layers.items() if la.owner == client.id]:
+            self._drop_layer(lid)
 
     # --- the data path -------------------------------------------------------------
 
@@ -464,7 +733,7 @@ class MockDataplane:
                 self._weight_chunk(client, d)
                 self._finish(client, fields, Status.OK)
             elif op == Op.WEIGHT_COMMIT:
-                self._commit(int(d.layer))
+                self._commit(client, int(d.layer))
                 self._finish(client, fields, Status.OK)
             else:
                 raise DuckpipeError(f"unknown op {op}")
@@ -480,7 +749,7 @@ class MockDataplane:
         self._finish(client, fields, Status.BAD_REQUEST, message=message)
 
     def _forward(self, client: _Client, d, fields: dict, pickup: int) -> None:
-        layer = self.layers.get(int(d.layer))
+        layer = self._usable_layer(client, int(d.layer))
         if layer is None or not layer.ready:
             raise DuckpipeError(f"layer {int(d.layer)} is not loaded")
         info = layer.info
@@ -557,7 +826,7 @@ class MockDataplane:
             self._finish(client, fields, Status.OK, answered, [], timings)
 
     def _weight_chunk(self, client: _Client, d) -> None:
-        layer = self.layers.get(int(d.layer))
+        layer = self._usable_layer(client, int(d.layer), write=True)
         if layer is None or layer.ready:
             raise DuckpipeError(
                 f"layer {int(d.layer)} is not being loaded (send LoadWeights first)"
@@ -576,8 +845,8 @@ class MockDataplane:
         self.counters["weight_chunks"] += 1
         self.counters["weight_bytes"] += n
 
-    def _commit(self, layer_id: int) -> None:
-        layer = self.layers.get(layer_id)
+    def _commit(self, client: _Client, layer_id: int) -> None:
+        layer = self._usable_layer(client, layer_id, write=True)
         if layer is None:
             raise DuckpipeError(f"layer {layer_id} is not being loaded")
         short = [
@@ -684,8 +953,44 @@ class MockDataplane:
                 "client %d (pid %d) is gone; unmapping %s", client.id, client.pid, client.seg.name
             )
             del self.clients[identity]
+            self._drop_layers_of(client)
             client.seg.close()  # a memfd needs no unlink: its memory goes with this mapping
             self.counters["clients_reclaimed"] += 1
+
+
+def _prescan(buf: bytes, max_depth: int) -> str | None:
+    """None when buf is one msgpack object whose declared lengths fit and whose nesting is
+    at most max_depth, else why: the dataplane's own dp_mp_prescan (dp_mp_scan.h)."""
+    why = ffi.new("char[256]")
+    if lib.dp_mp_prescan(buf, len(buf), max_depth, why, 256) == 0:
+        return None
+    return ffi.string(why).decode(errors="replace")
+
+
+def _need_admin(peer: _Peer, what: str) -> None:
+    if not peer.admin:
+        raise _Refused(ErrorCode.NOT_PERMITTED, f"{what} needs the admin role")
+
+
+def _decode_error_code(e: msgspec.DecodeError) -> ErrorCode:
+    """BAD_MESSAGE when it is not a map with a known 'type' (as the C decoder says), else
+    BAD_REQUEST: a field is wrong."""
+    text = str(e)
+    if not isinstance(e, msgspec.ValidationError) or (
+        "`$.type`" in text or "field `type`" in text or text.startswith("Expected `object`")
+    ):
+        return ErrorCode.BAD_MESSAGE
+    return ErrorCode.BAD_REQUEST
+
+
+def _req_id(raw: bytes) -> int:
+    """The req_id of a message that failed to decode, to echo; 0 when there is none."""
+    try:
+        obj = msgspec.msgpack.decode(raw)
+    except Exception:
+        return 0
+    rid = obj.get("req_id") if isinstance(obj, dict) else None
+    return rid if isinstance(rid, int) and 0 <= rid < 1 << 64 else 0
 
 
 def _bitmap_ducks(words) -> list[int]:

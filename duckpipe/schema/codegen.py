@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 
 from . import abi, control, wire
+from .ctlgen import render_config_h, render_ctl_c, render_ctl_h
 from .layout import Layout, layout_of
 
 __all__ = ["CDEF_BEGIN", "CDEF_END", "ROOT", "render_all"]
@@ -32,6 +33,7 @@ ENUMS: tuple[type[enum.IntEnum], ...] = (
     abi.TensorDim,
     wire.WireOp,
     wire.WireFlag,
+    control.ErrorCode,
 )
 
 
@@ -75,6 +77,8 @@ def _constants() -> dict[str, int]:
         **wire.CONSTANTS,
         "HOST_TENSOR_DUCK": control.HOST_TENSOR_DUCK,
         "PROTOCOL_VERSION": control.PROTOCOL_VERSION,
+        "MAX_MESSAGE_BYTES": control.MAX_MESSAGE_BYTES,
+        "MAX_NESTING": control.MAX_NESTING,
     }
 
 
@@ -206,6 +210,7 @@ def render_control_json() -> str:
             "description": (control.__doc__ or "").strip(),
             "protocol": control.PROTOCOL_VERSION,
             "encoding": "msgpack; the 'type' field names the message",
+            "error_codes": _enum_json(control.ErrorCode),
             "request": req,
             "reply": rep,
             "$defs": components,
@@ -217,6 +222,9 @@ def render_all() -> dict[Path, str]:
     """Every generated file, by path relative to the repository root."""
     return {
         Path("dataplane/include/dp_abi.h"): render_header(),
+        Path("dataplane/include/dp_ctl_gen.h"): render_ctl_h(),
+        Path("dataplane/src/dp_ctl_gen.c"): render_ctl_c(),
+        Path("dataplane/include/dp_config_gen.h"): render_config_h(),
         Path("schemas/abi.json"): render_abi_json(),
         Path("schemas/wire.json"): render_wire_json(),
         Path("schemas/control.json"): render_control_json(),

@@ -8,13 +8,18 @@ append-only with defaults, so an older peer still decodes a newer message.
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated
 
 import msgspec
 from msgspec import Meta
 
+from .abi import MAX_DUCKS
+
 __all__ = [
     "HOST_TENSOR_DUCK",
+    "MAX_MESSAGE_BYTES",
+    "MAX_NESTING",
     "PROTOCOL_VERSION",
     "Ack",
     "AnyReply",
@@ -27,6 +32,7 @@ __all__ = [
     "DuckInfo",
     "EpochChanged",
     "Error",
+    "ErrorCode",
     "GetLayers",
     "GetStats",
     "GetTopology",
@@ -42,18 +48,46 @@ __all__ = [
     "Stats",
     "Timings",
     "Topology",
+    "UnloadLayer",
     "encoder",
     "reply_decoder",
     "request_decoder",
 ]
 
-PROTOCOL_VERSION = 1
+#: 2: Error.code became an ErrorCode (an integer); LoadWeights.shared; UnloadLayer.
+PROTOCOL_VERSION = 2
 #: ``duck`` of a WEIGHT_CHUNK the dataplane keeps itself (b_down: added once, after the reduce).
 HOST_TENSOR_DUCK = 0xFFFF
 
-NonNeg = Annotated[int, Meta(ge=0)]
+#: Longest control message either dataplane reads; longer ones are refused unread.
+MAX_MESSAGE_BYTES = 1 << 16
+#: Deepest nesting of maps and arrays a request may have (a request map holding a list is 2).
+MAX_NESTING = 8
+
+NonNeg = Annotated[int, Meta(ge=0)]  # a u64 on the C side
 U32 = Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)]
-DuckId = Annotated[int, Meta(ge=0, lt=256)]
+DuckId = Annotated[int, Meta(ge=0, lt=MAX_DUCKS)]
+Name = Annotated[str, Meta(max_length=63)]
+Path = Annotated[str, Meta(max_length=255)]
+
+
+class ErrorCode(enum.IntEnum):
+    """Why the dataplane refused a control request (Error.code)."""
+
+    BAD_MESSAGE = 1  # not a msgpack map with a known 'type' and a 'req_id'
+    BAD_REQUEST = 2  # a field has the wrong type or is out of the schema's range
+    ABI_MISMATCH = 3  # another protocol or ABI major version
+    BAD_SEGMENT = 4  # the segment cannot be mapped, or is not the sender's
+    ALREADY_ATTACHED = 5  # this socket is attached already
+    TOO_MANY_CLIENTS = 6  # every client slot is taken
+    TOO_MANY_LAYERS = 7  # the layer table is full
+    UNKNOWN_LAYER = 8  # no such layer (or not one this client may use)
+    UNSUPPORTED = 9  # this dataplane does not implement the request
+    NOT_PERMITTED = 10  # the sender's role does not allow it (admin only, another's layer)
+    QUOTA_EXCEEDED = 11  # the client's layers or weight bytes would pass its quota
+    NOT_ATTACHED = 12  # the request needs an attached client
+    DATAPLANE_ERROR = 13  # the dataplane failed (out of memory...)
+    NO_CREDENTIALS = 14  # the peer's uid/gid/pid could not be read
 
 
 class Message(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -74,12 +108,12 @@ class Attach(Request, kw_only=True):
     process; the dataplane opens it as /proc/<pid>/fd/<segment_fd>. ``segment``
     is only its name, for people."""
 
-    protocol: int = PROTOCOL_VERSION
-    abi_major: int
-    pid: int
-    segment: str
-    name: str = ""
-    segment_fd: int = -1
+    protocol: U32 = PROTOCOL_VERSION
+    abi_major: U32
+    pid: U32  # must be the sender's own pid (the dataplane reads it from the socket)
+    segment: Path
+    name: Name = ""
+    segment_fd: Annotated[int, Meta(ge=0, le=0x7FFF_FFFF)]
 
 
 class Detach(Request, kw_only=True):
@@ -109,11 +143,20 @@ class LoadWeights(Request, kw_only=True):
     layer: U32
     kind: Annotated[int, Meta(ge=1, le=2)]
     dtype: Annotated[int, Meta(ge=1, le=2)]
-    hidden: Annotated[int, Meta(ge=1)]
-    ffn: Annotated[int, Meta(ge=1)]
-    ducks: list[DuckId]
-    shard_sizes: list[Annotated[int, Meta(ge=1)]]
+    hidden: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)]  # and <= the config's max_hidden
+    ffn: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)]  # and <= the config's max_ffn
+    ducks: Annotated[list[DuckId], Meta(min_length=1, max_length=MAX_DUCKS)]
+    shard_sizes: Annotated[
+        list[Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)]], Meta(min_length=1, max_length=MAX_DUCKS)
+    ]
     has_b_down: bool = False
+    shared: bool = False  # usable by every client; admin only
+
+
+class UnloadLayer(Request, kw_only=True):
+    """Free a layer: its owner or the admin. Forwards in flight on it finish first."""
+
+    layer: U32
 
 
 class SetEpoch(Request, kw_only=True):
@@ -130,8 +173,8 @@ class GetStats(Request, kw_only=True):
 class SetFaults(Request, kw_only=True):
     """Fault injection for tests; a dataplane that has none answers Error."""
 
-    delay_ms: Annotated[float, Meta(ge=0)] = 0.0
-    dead_ducks: list[DuckId] = []
+    delay_ms: Annotated[float, Meta(ge=0, le=3_600_000)] = 0.0
+    dead_ducks: Annotated[list[DuckId], Meta(max_length=MAX_DUCKS)] = []
     crash_after: NonNeg | None = None
 
 
@@ -160,7 +203,7 @@ class Ack(Message, kw_only=True):
 
 class Error(Message, kw_only=True):
     req_id: NonNeg
-    code: str
+    code: ErrorCode
     message: str
 
 
@@ -191,8 +234,8 @@ class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
     dtype: int
     hidden: int
     ffn: int
-    ducks: list[int]
-    shard_sizes: list[int]
+    ducks: list[DuckId]
+    shard_sizes: list[U32]
     has_b_down: bool
     ready: bool
 
@@ -244,8 +287,8 @@ class Completion(Message, kw_only=True):
     generation: int
     epoch: int
     status: int
-    answered: list[int] = []
-    missing: list[int] = []
+    answered: list[DuckId] = []
+    missing: list[DuckId] = []
     timings: Timings = Timings()
     message: str = ""
     current_epoch: int = 0  # the dataplane's epoch now; tells a STALE_EPOCH client where to go
@@ -258,6 +301,7 @@ AnyRequest = (
     | GetTopology
     | GetLayers
     | LoadWeights
+    | UnloadLayer
     | SetEpoch
     | GetStats
     | SetFaults

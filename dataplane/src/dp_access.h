@@ -1,0 +1,37 @@
+/* dp_access.h: peer credentials, socket filters, CURVE and its ZAP handler. */
+#ifndef DP_ACCESS_H
+#define DP_ACCESS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dp_config.h"
+
+#define DP_MAX_CURVE_CLIENTS 256
+
+struct dp_access {
+	const struct dp_config *cfg;
+	uint32_t euid;     /* the admin: the user who started the dataplane */
+	bool ipc;          /* the endpoint is ipc://: peers have uid, gid, pid */
+	bool has_group;    /* control_group: its members are clients, not admins */
+	uint32_t group_gid;
+	void *zap;         /* ZAP handler (REP) when CURVE is on */
+	uint8_t curve_clients[DP_MAX_CURVE_CLIENTS][32];
+	uint32_t ncurve_clients;
+	uint64_t refused;  /* CURVE handshakes refused (the control agent counts them) */
+};
+
+/* Before bind: set the router's filters (ipc://) or make it a CURVE server with a ZAP
+ * handler (tcp://); any other transport is refused. 0, or -1 with dp_error(). */
+int dp_access_setup(struct dp_access *a, const struct dp_config *cfg, void *zctx, void *router);
+
+/* Answer pending ZAP requests (call from the control agent's loop); how many. */
+int dp_access_serve_zap(struct dp_access *a);
+
+void dp_access_close(struct dp_access *a);
+
+/* uid, gid, pid from the ":uid:gid:pid" tail libzmq gives an ipc peer's Peer-Address
+ * (SO_PEERCRED); false when there is none (tcp://, or no credentials). */
+bool dp_peer_credentials(const char *peer_address, uint32_t *uid, uint32_t *gid, uint32_t *pid);
+
+#endif /* DP_ACCESS_H */

@@ -1,0 +1,93 @@
+/* dp_layers.c: the layer table as the control agent keeps it.
+ *
+ * A layer belongs to the client that loaded it. The control agent publishes it,
+ * later unpublishes it (unload, reload, owner gone: a tombstone keeps the probe
+ * chains whole) and frees it once two things hold: no forward or weight chunk
+ * holds a reference (the dispatcher takes one, dp_layer_take; the control agent
+ * drops it when the completion is sent), and the dispatcher finished a pass
+ * that began after the unpublish, so no pointer it read from the table without
+ * a reference is left.
+ */
+#include "dp_layers.h"
+
+#include <stdlib.h>
+
+struct dp_layer dp_layer_tombstone;
+
+void dp_layer_free(struct dp_layer *l)
+{
+	free(l->b_down_raw);
+	free(l->b_down);
+	free(l);
+}
+
+void dp_layer_unpublish(struct dp_world *w, uint32_t slot, struct dp_layer **retired)
+{
+	struct dp_layer *l = w->layers[slot];
+	dp_store_release_ptr((void **)&w->layers[slot], DP_LAYER_GONE);
+	/* seq_cst: the dispatcher's pass that ends after this read cannot have missed the store */
+	l->retired_pass = __atomic_load_n(&w->dispatch_passes, __ATOMIC_SEQ_CST);
+	l->next_retired = *retired;
+	*retired = l;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		struct dp_client *cl = &w->clients[i];
+		if (cl->state != DP_CLIENT_FREE && cl->id == l->owner) {
+			cl->nlayers--;
+			cl->weight_bytes -= l->weight_bytes;
+		}
+	}
+}
+
+uint32_t dp_layers_free_retired(struct dp_world *w, struct dp_layer **retired, bool all)
+{
+	uint32_t n = 0;
+	uint64_t passes = __atomic_load_n(&w->dispatch_passes, __ATOMIC_ACQUIRE);
+	for (struct dp_layer **pl = retired; *pl;) {
+		struct dp_layer *l = *pl;
+		if (all || (passes > l->retired_pass &&
+			    __atomic_load_n(&l->refs, __ATOMIC_ACQUIRE) == 0)) {
+			*pl = l->next_retired;
+			dp_layer_free(l);
+			n++;
+		} else {
+			pl = &l->next_retired;
+		}
+	}
+	return n;
+}
+
+int dp_layer_slot(const struct dp_world *w, uint32_t id)
+{
+	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
+		uint32_t k = dp_layer_hash(id, i);
+		const struct dp_layer *l = w->layers[k];
+		if (!l)
+			return -1;
+		if (l != DP_LAYER_GONE && l->id == id)
+			return (int)k;
+	}
+	return -1;
+}
+
+void dp_layers_unload_owner(struct dp_world *w, uint32_t owner, struct dp_layer **retired)
+{
+	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
+		const struct dp_layer *l = w->layers[i];
+		if (l && l != DP_LAYER_GONE && l->owner == owner)
+			dp_layer_unpublish(w, i, retired);
+	}
+}
+
+uint64_t dp_layer_plan_bytes(const struct dp_ctl_load_weights *m)
+{
+	uint64_t item = m->dtype == DP_DTYPE_F16 ? 2 : 4, h = m->hidden, total = 0, hf, t;
+	for (uint32_t i = 0; i < m->shard_sizes_len; i++) {
+		uint64_t f = m->shard_sizes[i];
+		uint64_t mats = m->kind == DP_MLP_KIND_GELU ? 2 : 3; /* b_up: f more for GELU */
+		if (__builtin_mul_overflow(h, f, &hf) || __builtin_mul_overflow(hf, mats, &t) ||
+		    __builtin_add_overflow(t, m->kind == DP_MLP_KIND_GELU ? f : 0, &t) ||
+		    __builtin_mul_overflow(t, item, &t) || __builtin_add_overflow(total, t, &total))
+			return UINT64_MAX;
+	}
+	return m->has_b_down && __builtin_add_overflow(total, h * 8, &total) ? UINT64_MAX : total;
+}

@@ -1,0 +1,82 @@
+"""The dataplane's configuration: what ``duckpipe dataplane`` writes (msgpack) for
+duckpipe-dataplane to read (dataplane/src/dp_config.c).
+
+Every default lives here, once: topology.py takes its TOML defaults from these
+Structs, and the C reader takes its own from the generated dp_config_gen.h.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from .abi import MAX_DUCKS
+
+__all__ = ["DataplaneConfig", "DuckConfig", "NicConfig", "default"]
+
+U32 = Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)]
+U64 = Annotated[int, Meta(ge=0)]
+FilePath = Annotated[str, Meta(max_length=255)]
+
+
+class DuckConfig(msgspec.Struct, kw_only=True, frozen=True):
+    id: Annotated[int, Meta(ge=0, lt=MAX_DUCKS)]
+    ip: str
+    port: Annotated[int, Meta(ge=1, le=65535)]
+
+
+class NicConfig(msgspec.Struct, kw_only=True, frozen=True):
+    name: Annotated[str, Meta(max_length=31)]
+    backend: Annotated[str, Meta(max_length=31)] = "socket"
+    interface: Annotated[str, Meta(max_length=31)] = ""
+    host_ip: str
+    host_port: Annotated[int, Meta(ge=1, le=65535)] = 47000
+    broadcast: str = ""
+    broadcast_port: Annotated[int, Meta(ge=0, le=65535)] = 0  # every duck's port when broadcast
+    mtu: Annotated[int, Meta(ge=576, le=65535)] = 1500
+    gso: bool = True
+    busy_poll_us: U32 = 0
+    rcvbuf: U32 = 16 << 20
+    ducks: list[DuckConfig]
+
+
+class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
+    control: Annotated[str, Meta(min_length=1, max_length=255)]  # the ZeroMQ endpoint
+    dedicated_threads: bool = False  # else every agent shares one thread
+    cores: list[int] = []  # control, dispatcher, worker 0..: pin when >= 0
+    idle: Literal["spin", "yield", "backoff"] = "backoff"
+    default_timeout_us: U32 = 1_000_000  # a forward's deadline unless the client sets one
+    nack_us: U32 = 2000  # first NACK after this, then every this
+    weight_rto_us: U32 = 20_000  # weight datagram retransmit timeout
+    weight_timeout_ms: U32 = 10_000  # a weight chunk not acked by then fails
+    client_timeout_ms: U32 = 10_000  # client heartbeat age that counts as dead
+    max_inflight: U32 = 64  # forward contexts, a power of two up to 4096
+    max_forward_bytes: U32 = 1 << 20  # largest activation (and result) of one forward
+    ping_ms: U32 = 1000
+    # --- per-client quotas and bounds (issue 7) ---
+    client_max_inflight: U32 = 64  # forwards in flight per client
+    client_max_slots: U32 = 1024  # slots of one client's segment
+    client_max_segment_bytes: U64 = 1 << 30  # size of one client's segment
+    max_timeout_us: U32 = 10_000_000  # longest deadline a client may ask for
+    client_max_layers: U32 = 256  # layers one client may hold
+    client_max_weight_bytes: U64 = 8 << 30  # bytes of all one client's layers
+    max_hidden: U32 = 65536  # LoadWeights.hidden bound
+    max_ffn: U32 = 1 << 20  # LoadWeights.ffn bound
+    # --- who may talk to the control socket ---
+    control_group: Annotated[str, Meta(max_length=31)] = ""  # members are clients (not admins)
+    curve_secret_key_file: FilePath = ""  # tcp:// needs these: z85 keys, one per file
+    curve_public_key_file: FilePath = ""
+    curve_clients_file: FilePath = ""  # z85 public keys admitted, one per line
+    nics: Annotated[list[NicConfig], Meta(min_length=1, max_length=8)]
+
+
+def default(name: str, cls: type[msgspec.Struct] = DataplaneConfig) -> object:
+    """The default of one field, for the TOML topology's own Struct."""
+    for f in msgspec.structs.fields(cls):
+        if f.name == name:
+            if f.default is not msgspec.NODEFAULT:
+                return f.default
+            break
+    raise KeyError(f"{cls.__name__}.{name} has no default")
