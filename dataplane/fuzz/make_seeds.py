@@ -1,0 +1,114 @@
+"""Seed corpora for the libFuzzer harnesses in dataplane/fuzz, made from real messages.
+
+    .venv/bin/python dataplane/fuzz/make_seeds.py
+
+Datagrams come from duckpipe.wire's encoder, control messages from the msgspec
+schema (duckpipe/schema/control.py) and its encoder: what a real duck and a real
+client send, so the fuzzers start from inside the parsers rather than at their
+first check. Rerun after a wire or control schema change and commit the result.
+Each harness's input format is described at the top of its .c file.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from pathlib import Path
+
+from duckpipe._native import lib
+
+from duckpipe import wire
+
+HERE = Path(__file__).resolve().parent
+CORPUS = HERE / "corpus"
+
+# fuzz_wire_reasm's fixed forward (see the harness)
+SESSION, EPOCH, FWD_ID = 0x5E55, 7, (3 << 16) | 1
+
+
+def write(harness: str, name: str, data: bytes) -> None:
+    d = CORPUS / harness
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"seed-{name}").write_bytes(data)
+
+
+# --- fuzz_wire_reasm ------------------------------------------------------------------
+
+
+def scenario(f16: bool, elems: int, mtu: int, nducks: int) -> bytes:
+    return struct.pack("<BHHBxx", int(f16), elems, mtu - 128, nducks - 1)
+
+
+def framed(datagrams: list[bytes]) -> bytes:
+    """Tag 0: each datagram as long as its header says."""
+    return b"".join(b"\0" + d for d in datagrams)
+
+
+def partials(f16: bool, elems: int, mtu: int, duck: int, rng: random.Random) -> list[bytes]:
+    """A duck's whole answer, cut the way dp_duck.c cuts it."""
+    item = 2 if f16 else 4
+    total = elems * item
+    payload = wire.payload_max(mtu)
+    chunks = max(1, -(-total // payload))
+    fmt = f"<{elems}{'e' if f16 else 'f'}"
+    values = struct.pack(fmt, *(rng.uniform(-2, 2) for _ in range(elems)))
+    out = []
+    for c in range(chunks):
+        body = values[c * payload : (c + 1) * payload]
+        out.append(
+            wire.encode(
+                lib.DP_WIRE_OP_PARTIAL,
+                body,
+                dtype=lib.DP_DTYPE_F16 if f16 else lib.DP_DTYPE_F32,
+                session=SESSION,
+                epoch=EPOCH,
+                forward_id=FWD_ID,
+                layer=1,
+                duck=duck,
+                chunk=c,
+                chunks=chunks,
+                offset=c * payload,
+                total=total,
+                rows=1,
+                compute_ns=1000 + c,
+            )
+        )
+    return out
+
+
+def nack(duck: int, chunks: list[int], flags: int) -> bytes:
+    return wire.encode(
+        lib.DP_WIRE_OP_NACK,
+        struct.pack(f"<{len(chunks)}I", *chunks),
+        session=SESSION,
+        epoch=EPOCH,
+        forward_id=FWD_ID,
+        layer=1,
+        duck=duck,
+        flags=flags,
+    )
+
+
+def wire_seeds() -> None:
+    rng = random.Random(7)
+    h = "fuzz_wire_reasm"
+    inp, nl = lib.DP_WIRE_FLAG_INPUT, lib.DP_WIRE_FLAG_NO_LAYER
+    # one chunk per duck, two ducks: the common small forward
+    dgs = [*partials(False, 256, 1500, 0, rng), *partials(False, 256, 1500, 1, rng)]
+    write(h, "one-chunk", scenario(False, 256, 1500, 2) + framed(dgs))
+    # nine chunks out of order with a duplicate, and a NACK for activation chunks
+    p = partials(False, 1000, 576, 0, rng)
+    dgs = [nack(1, [1, 3], inp), nack(1, [], inp), *p[::-1], p[3]]
+    dgs += partials(False, 1000, 576, 1, rng)
+    write(h, "reorder-dup-nack", scenario(False, 1000, 576, 2) + framed(dgs))
+    # float16, a duck that lost its layer
+    dgs = [*partials(True, 3000, 1500, 0, rng), nack(1, [], nl)]
+    dgs += partials(True, 3000, 1500, 2, rng)
+    write(h, "f16-no-layer", scenario(True, 3000, 1500, 3) + framed(dgs))
+    # a short last chunk, jumbo MTU
+    dgs = partials(False, 2500, 9000, 0, rng)
+    write(h, "short-last", scenario(False, 2500, 9000, 1) + framed(dgs))
+
+
+if __name__ == "__main__":
+    wire_seeds()
