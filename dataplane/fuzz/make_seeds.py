@@ -26,10 +26,10 @@ CORPUS = HERE / "corpus"
 SESSION, EPOCH, FWD_ID = 0x5E55, 7, (3 << 16) | 1
 
 
-def write(harness: str, name: str, data: bytes) -> None:
+def write(harness: str, name: str, data: bytes, prefix: str = "seed") -> None:
     d = CORPUS / harness
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"seed-{name}").write_bytes(data)
+    (d / f"{prefix}-{name}").write_bytes(data)
 
 
 # --- fuzz_wire_reasm ------------------------------------------------------------------
@@ -110,5 +110,58 @@ def wire_seeds() -> None:
     write(h, "short-last", scenario(False, 2500, 9000, 1) + framed(dgs))
 
 
+# --- fuzz_control -----------------------------------------------------------------------
+
+
+def control_seeds() -> None:
+    from duckpipe.schema import control as c
+
+    msgs = {
+        "attach": c.Attach(
+            req_id=1,
+            abi_major=lib.DP_ABI_MAJOR,
+            pid=4242,
+            segment="/memfd:duckpipe-4242-0",
+            name="model-a",
+        ),
+        "detach": c.Detach(req_id=2),
+        "heartbeat": c.Heartbeat(req_id=3),
+        "get-topology": c.GetTopology(req_id=4),
+        "get-layers": c.GetLayers(req_id=5),
+        "load-weights": c.LoadWeights(
+            req_id=6,
+            layer=3,
+            kind=1,
+            dtype=2,
+            hidden=4096,
+            ffn=16384,
+            ducks=[0, 1, 2, 3],
+            shard_sizes=[4096] * 4,
+            has_b_down=True,
+        ),
+        "set-epoch": c.SetEpoch(req_id=7, epoch=9),
+        "set-epoch-next": c.SetEpoch(req_id=8),
+        "get-stats": c.GetStats(req_id=9),
+        "set-faults": c.SetFaults(req_id=10, delay_ms=1.5, dead_ducks=[2], crash_after=5),
+        "shutdown": c.Shutdown(req_id=11),
+    }
+    for name, msg in msgs.items():
+        write("fuzz_control", name, c.encoder.encode(msg))
+    # Issue 7 item 8: msgpack-c reserves room for a container's declared length before
+    # reading it. A LoadWeights whose ducks list declares 2^32-1 entries in 70 bytes; a
+    # decoder that checks lengths against the bytes left refuses it without allocating.
+    # (bomb-found-map32 is the fuzzer's own find: a map declaring 2^32-1 pairs.)
+    head = c.encoder.encode(
+        c.LoadWeights(
+            req_id=1, layer=1, kind=1, dtype=1, hidden=64, ffn=64, ducks=[0], shard_sizes=[64]
+        )
+    )
+    ducks = c.encoder.encode("ducks") + b"\x91\x00"
+    assert ducks in head
+    bomb = head.replace(ducks, c.encoder.encode("ducks") + b"\xdd\xff\xff\xff\xff\x00")
+    write("fuzz_control", "array32-ducks", bomb, prefix="bomb")
+
+
 if __name__ == "__main__":
     wire_seeds()
+    control_seeds()
