@@ -162,6 +162,88 @@ def control_seeds() -> None:
     write("fuzz_control", "array32-ducks", bomb, prefix="bomb")
 
 
+# --- fuzz_desc ----------------------------------------------------------------------------
+
+
+def desc_params(
+    flags: int, hidden: int, ducks: list[tuple[int, int]], slots: int, act: int, res: int
+) -> bytes:
+    """fuzz_desc's layer, layout and limits after the descriptor (see the harness)."""
+    out = struct.pack("<BHB", flags, hidden - 1, len(ducks) - 1)
+    out += b"".join(struct.pack("<BH", i, s - 1) for i, s in ducks)
+    return out + struct.pack("<BHHIII", slots - 1, act, res, 4096, 2_000_000, 10_000_000)
+
+
+def desc(**fields) -> bytes:
+    from duckpipe._native import ffi
+
+    d = ffi.new("struct dp_desc *")
+    for name, value in fields.items():
+        if name in ("shape", "ducks"):
+            for i, v in enumerate(value):
+                getattr(d, name)[i] = v
+        else:
+            setattr(d, name, value)
+    assert ffi.sizeof(d[0]) == 128
+    return bytes(ffi.buffer(d))
+
+
+def desc_seeds() -> None:
+    h = "fuzz_desc"
+    f16, gelu_b_down, ready = 1, 4, 8
+    ducks = [(0, 32), (1, 32), (5, 16)]
+    committed = desc_params(f16 | ready, 64, ducks, 8, 4096, 4096)
+    loading = desc_params(f16 | gelu_b_down, 64, ducks, 8, 4096, 4096)
+    common = dict(forward_id=17, submit_ns=1, epoch=1, layer=3, slot=5, generation=2)
+    fwd = desc(
+        op=lib.DP_OP_FORWARD,
+        dtype=lib.DP_DTYPE_F16,
+        ndim=2,
+        shape=[4, 64],
+        nbytes=4 * 64 * 2,
+        **common,
+    )
+    write(h, "forward-all-ducks", fwd + committed)
+    fwd = desc(
+        op=lib.DP_OP_FORWARD,
+        dtype=lib.DP_DTYPE_F16,
+        ndim=3,
+        shape=[2, 3, 64],
+        nbytes=2 * 3 * 64 * 2,
+        ducks=[(1 << 1) | (1 << 5)],
+        timeout_us=5000,
+        **common,
+    )
+    write(h, "forward-some-ducks", fwd + committed)
+    # every dimension used: the shape whose product once wrapped
+    fwd = desc(
+        op=lib.DP_OP_FORWARD,
+        dtype=lib.DP_DTYPE_F16,
+        ndim=4,
+        shape=[1, 2, 3, 64],
+        nbytes=1 * 2 * 3 * 64 * 2,
+        **common,
+    )
+    write(h, "forward-4d", fwd + committed)
+    # issue 7 item 5: 2^31 * 2^31 * 4 * 64 wraps to 0 in 64 bits; nbytes 0 "matches"
+    fwd = desc(
+        op=lib.DP_OP_FORWARD,
+        dtype=lib.DP_DTYPE_F16,
+        ndim=4,
+        shape=[1 << 31, 1 << 31, 4, 64],
+        nbytes=0,
+        **common,
+    )
+    write(h, "forward-shape-wraps", fwd + committed)
+    w = desc(op=lib.DP_OP_WEIGHT_CHUNK, nbytes=1024, offset=2048, duck=1, tensor=2, **common)
+    write(h, "weight-chunk", w + loading)
+    w = desc(op=lib.DP_OP_WEIGHT_CHUNK, nbytes=64, offset=64, duck=0xFFFF, tensor=3, **common)
+    write(h, "weight-b-down", w + loading)
+    w = desc(op=lib.DP_OP_WEIGHT_COMMIT, **common)
+    write(h, "weight-commit", w + loading)
+
+
 if __name__ == "__main__":
     wire_seeds()
     control_seeds()
+    desc_seeds()
