@@ -145,6 +145,8 @@ def control_seeds() -> None:
         "set-faults": c.SetFaults(req_id=10, delay_ms=1.5, dead_ducks=[2], crash_after=5),
         "shutdown": c.Shutdown(req_id=11),
     }
+    if hasattr(c, "UnloadLayer"):  # added with the generated codec (issue 7)
+        msgs["unload-layer"] = c.UnloadLayer(req_id=12, layer=3)
     for name, msg in msgs.items():
         write("fuzz_control", name, c.encoder.encode(msg))
     # Issue 7 item 8: msgpack-c reserves room for a container's declared length before
