@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import msgspec
+
 from . import runtime
 from .binaries import find_binary
 from .process import DataplaneChild
@@ -25,6 +27,7 @@ class DataplaneProcess(DataplaneChild):
     """``with DataplaneProcess(topology) as dp: duckpipe.connect(dp.control)``.
 
     ``binary`` overrides which build runs (the sanitizer build, say).
+    ``$DUCKPIPE_DEDICATED_THREADS=1`` forces ``threads = "dedicated"``.
     """
 
     what = "duckpipe-dataplane"
@@ -39,6 +42,10 @@ class DataplaneProcess(DataplaneChild):
         verbose: bool = False,
     ) -> None:
         self.topology = topology or loopback()
+        if os.environ.get("DUCKPIPE_DEDICATED_THREADS") == "1":
+            # the ThreadSanitizer run (tools/setup test): every agent on its own thread,
+            # whatever mode the test asked for, so that their sharing is what TSan sees
+            self.topology = msgspec.structs.replace(self.topology, threads="dedicated")
         super().__init__(
             control=control or self.topology.control or None, ready_timeout=ready_timeout
         )

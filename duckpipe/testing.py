@@ -40,7 +40,12 @@ __all__ = [
     "wait_until_gone",
 ]
 
-SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+SANITIZER_MARKS = (
+    "ERROR: AddressSanitizer",
+    "ERROR: LeakSanitizer",
+    "runtime error:",
+    "WARNING: ThreadSanitizer",
+)
 
 
 def cluster_class_or_skip():

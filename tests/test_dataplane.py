@@ -299,6 +299,14 @@ def test_random_control_messages_never_hurt_the_dataplane(cluster_factory):
             sock.send(msgspec.msgpack.encode(msg))
             while sock.poll(0):
                 sock.recv()
+        # The requests are handled in order: once this one's Ack is back, no random
+        # SetEpoch is still queued to make the next client's epoch stale (a slow build,
+        # ThreadSanitizer's, is still working through the backlog otherwise).
+        sock.send(msgspec.msgpack.encode({"type": "Heartbeat", "req_id": 2**62}))
+        while True:
+            assert sock.poll(30_000), "the dataplane stopped answering"
+            if msgspec.msgpack.decode(sock.recv()).get("req_id") == 2**62:
+                break
     finally:
         sock.close()
     with duckpipe.connect(cl.control) as c:  # still serving, and correct

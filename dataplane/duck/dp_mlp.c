@@ -24,7 +24,10 @@
 #include "dp_abi.h"
 #include "dp_mlp.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* Not under ThreadSanitizer: the clones' ifunc resolver runs while the loader relocates,
+ * before the TSan runtime is up, and its instrumented entry crashes the program there. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+	!defined(__SANITIZE_THREAD__)
 #define DP_MLP_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define DP_MLP_CLONES

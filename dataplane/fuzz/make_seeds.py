@@ -1,0 +1,251 @@
+"""Seed corpora for the libFuzzer harnesses in dataplane/fuzz, made from real messages.
+
+    .venv/bin/python dataplane/fuzz/make_seeds.py
+
+Datagrams come from duckpipe.wire's encoder, control messages from the msgspec
+schema (duckpipe/schema/control.py) and its encoder: what a real duck and a real
+client send, so the fuzzers start from inside the parsers rather than at their
+first check. Rerun after a wire or control schema change and commit the result.
+Each harness's input format is described at the top of its .c file.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from pathlib import Path
+
+from duckpipe._native import lib
+
+from duckpipe import wire
+
+HERE = Path(__file__).resolve().parent
+CORPUS = HERE / "corpus"
+
+# fuzz_wire_reasm's fixed forward (see the harness)
+SESSION, EPOCH, FWD_ID = 0x5E55, 7, (3 << 16) | 1
+
+
+def write(harness: str, name: str, data: bytes, prefix: str = "seed") -> None:
+    d = CORPUS / harness
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{prefix}-{name}").write_bytes(data)
+
+
+# --- fuzz_wire_reasm ------------------------------------------------------------------
+
+
+def scenario(f16: bool, elems: int, mtu: int, nducks: int) -> bytes:
+    return struct.pack("<BHHBxx", int(f16), elems, mtu - 128, nducks - 1)
+
+
+def framed(datagrams: list[bytes]) -> bytes:
+    """Tag 0: each datagram as long as its header says."""
+    return b"".join(b"\0" + d for d in datagrams)
+
+
+def partials(f16: bool, elems: int, mtu: int, duck: int, rng: random.Random) -> list[bytes]:
+    """A duck's whole answer, cut the way dp_duck.c cuts it."""
+    item = 2 if f16 else 4
+    total = elems * item
+    payload = wire.payload_max(mtu)
+    chunks = max(1, -(-total // payload))
+    fmt = f"<{elems}{'e' if f16 else 'f'}"
+    values = struct.pack(fmt, *(rng.uniform(-2, 2) for _ in range(elems)))
+    out = []
+    for c in range(chunks):
+        body = values[c * payload : (c + 1) * payload]
+        out.append(
+            wire.encode(
+                lib.DP_WIRE_OP_PARTIAL,
+                body,
+                dtype=lib.DP_DTYPE_F16 if f16 else lib.DP_DTYPE_F32,
+                session=SESSION,
+                epoch=EPOCH,
+                forward_id=FWD_ID,
+                layer=1,
+                duck=duck,
+                chunk=c,
+                chunks=chunks,
+                offset=c * payload,
+                total=total,
+                rows=1,
+                compute_ns=1000 + c,
+            )
+        )
+    return out
+
+
+def nack(duck: int, chunks: list[int], flags: int) -> bytes:
+    return wire.encode(
+        lib.DP_WIRE_OP_NACK,
+        struct.pack(f"<{len(chunks)}I", *chunks),
+        session=SESSION,
+        epoch=EPOCH,
+        forward_id=FWD_ID,
+        layer=1,
+        duck=duck,
+        flags=flags,
+    )
+
+
+def wire_seeds() -> None:
+    rng = random.Random(7)
+    h = "fuzz_wire_reasm"
+    inp, nl = lib.DP_WIRE_FLAG_INPUT, lib.DP_WIRE_FLAG_NO_LAYER
+    # one chunk per duck, two ducks: the common small forward
+    dgs = [*partials(False, 256, 1500, 0, rng), *partials(False, 256, 1500, 1, rng)]
+    write(h, "one-chunk", scenario(False, 256, 1500, 2) + framed(dgs))
+    # nine chunks out of order with a duplicate, and a NACK for activation chunks
+    p = partials(False, 1000, 576, 0, rng)
+    dgs = [nack(1, [1, 3], inp), nack(1, [], inp), *p[::-1], p[3]]
+    dgs += partials(False, 1000, 576, 1, rng)
+    write(h, "reorder-dup-nack", scenario(False, 1000, 576, 2) + framed(dgs))
+    # float16, a duck that lost its layer
+    dgs = [*partials(True, 3000, 1500, 0, rng), nack(1, [], nl)]
+    dgs += partials(True, 3000, 1500, 2, rng)
+    write(h, "f16-no-layer", scenario(True, 3000, 1500, 3) + framed(dgs))
+    # a short last chunk, jumbo MTU
+    dgs = partials(False, 2500, 9000, 0, rng)
+    write(h, "short-last", scenario(False, 2500, 9000, 1) + framed(dgs))
+
+
+# --- fuzz_control -----------------------------------------------------------------------
+
+
+def control_seeds() -> None:
+    from duckpipe.schema import control as c
+
+    msgs = {
+        "attach": c.Attach(
+            req_id=1,
+            abi_major=lib.DP_ABI_MAJOR,
+            pid=4242,
+            segment="/memfd:duckpipe-4242-0",
+            name="model-a",
+        ),
+        "detach": c.Detach(req_id=2),
+        "heartbeat": c.Heartbeat(req_id=3),
+        "get-topology": c.GetTopology(req_id=4),
+        "get-layers": c.GetLayers(req_id=5),
+        "load-weights": c.LoadWeights(
+            req_id=6,
+            layer=3,
+            kind=1,
+            dtype=2,
+            hidden=4096,
+            ffn=16384,
+            ducks=[0, 1, 2, 3],
+            shard_sizes=[4096] * 4,
+            has_b_down=True,
+        ),
+        "set-epoch": c.SetEpoch(req_id=7, epoch=9),
+        "set-epoch-next": c.SetEpoch(req_id=8),
+        "get-stats": c.GetStats(req_id=9),
+        "set-faults": c.SetFaults(req_id=10, delay_ms=1.5, dead_ducks=[2], crash_after=5),
+        "shutdown": c.Shutdown(req_id=11),
+    }
+    if hasattr(c, "UnloadLayer"):  # added with the generated codec (issue 7)
+        msgs["unload-layer"] = c.UnloadLayer(req_id=12, layer=3)
+    for name, msg in msgs.items():
+        write("fuzz_control", name, c.encoder.encode(msg))
+    # Issue 7 item 8: msgpack-c reserves room for a container's declared length before
+    # reading it. A LoadWeights whose ducks list declares 2^32-1 entries in 70 bytes; a
+    # decoder that checks lengths against the bytes left refuses it without allocating.
+    # (bomb-found-map32 is the fuzzer's own find: a map declaring 2^32-1 pairs.)
+    head = c.encoder.encode(
+        c.LoadWeights(
+            req_id=1, layer=1, kind=1, dtype=1, hidden=64, ffn=64, ducks=[0], shard_sizes=[64]
+        )
+    )
+    ducks = c.encoder.encode("ducks") + b"\x91\x00"
+    assert ducks in head
+    bomb = head.replace(ducks, c.encoder.encode("ducks") + b"\xdd\xff\xff\xff\xff\x00")
+    write("fuzz_control", "array32-ducks", bomb, prefix="bomb")
+
+
+# --- fuzz_desc ----------------------------------------------------------------------------
+
+
+def desc_params(
+    flags: int, hidden: int, ducks: list[tuple[int, int]], slots: int, act: int, res: int
+) -> bytes:
+    """fuzz_desc's layer, layout and limits after the descriptor (see the harness)."""
+    out = struct.pack("<BHB", flags, hidden - 1, len(ducks) - 1)
+    out += b"".join(struct.pack("<BH", i, s - 1) for i, s in ducks)
+    return out + struct.pack("<BHHIII", slots - 1, act, res, 4096, 2_000_000, 10_000_000)
+
+
+def desc(**fields) -> bytes:
+    from duckpipe._native import ffi
+
+    d = ffi.new("struct dp_desc *")
+    for name, value in fields.items():
+        if name in ("shape", "ducks"):
+            for i, v in enumerate(value):
+                getattr(d, name)[i] = v
+        else:
+            setattr(d, name, value)
+    assert ffi.sizeof(d[0]) == 128
+    return bytes(ffi.buffer(d))
+
+
+def desc_seeds() -> None:
+    h = "fuzz_desc"
+    f16, gelu_b_down, ready = 1, 4, 8
+    ducks = [(0, 32), (1, 32), (5, 16)]
+    committed = desc_params(f16 | ready, 64, ducks, 8, 4096, 4096)
+    loading = desc_params(f16 | gelu_b_down, 64, ducks, 8, 4096, 4096)
+    common = dict(forward_id=17, submit_ns=1, epoch=1, layer=3, slot=5, generation=2)
+    fwd = desc(
+        op=lib.DP_OP_FORWARD,
+        dtype=lib.DP_DTYPE_F16,
+        ndim=2,
+        shape=[4, 64],
+        nbytes=4 * 64 * 2,
+        **common,
+    )
+    write(h, "forward-all-ducks", fwd + committed)
+    fwd = desc(
+        op=lib.DP_OP_FORWARD,
+        dtype=lib.DP_DTYPE_F16,
+        ndim=3,
+        shape=[2, 3, 64],
+        nbytes=2 * 3 * 64 * 2,
+        ducks=[(1 << 1) | (1 << 5)],
+        timeout_us=5000,
+        **common,
+    )
+    write(h, "forward-some-ducks", fwd + committed)
+    # every dimension used: the shape whose product once wrapped
+    fwd = desc(
+        op=lib.DP_OP_FORWARD,
+        dtype=lib.DP_DTYPE_F16,
+        ndim=4,
+        shape=[1, 2, 3, 64],
+        nbytes=1 * 2 * 3 * 64 * 2,
+        **common,
+    )
+    write(h, "forward-4d", fwd + committed)
+    # issue 7 item 5: 2^31 * 2^31 * 4 * 64 wraps to 0 in 64 bits; nbytes 0 "matches"
+    fwd = desc(
+        op=lib.DP_OP_FORWARD,
+        dtype=lib.DP_DTYPE_F16,
+        ndim=4,
+        shape=[1 << 31, 1 << 31, 4, 64],
+        nbytes=0,
+        **common,
+    )
+    write(h, "forward-shape-wraps", fwd + committed)
+    w = desc(op=lib.DP_OP_WEIGHT_CHUNK, nbytes=1024, offset=2048, duck=1, tensor=2, **common)
+    write(h, "weight-chunk", w + loading)
+    w = desc(op=lib.DP_OP_WEIGHT_CHUNK, nbytes=64, offset=64, duck=0xFFFF, tensor=3, **common)
+    write(h, "weight-b-down", w + loading)
+    w = desc(op=lib.DP_OP_WEIGHT_COMMIT, **common)
+    write(h, "weight-commit", w + loading)
+
+
+if __name__ == "__main__":
+    wire_seeds()
+    control_seeds()
+    desc_seeds()
