@@ -21,6 +21,7 @@
 #include "dp_f16.h"
 #include "dp_reduce.h"
 #include "dp_ring.h"
+#include "dp_tsan.h"
 #include "dp_worker.h"
 
 #define MAX_PENDING_COMMITS 64
@@ -62,6 +63,7 @@ void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f)
 	dp_fwd_counts(w, f, &answered, &missing);
 	dp_slot_publish(&c->slots[f->desc.slot], f->desc.forward_id, f->desc.epoch, f->bytes,
 			answered, missing, f->desc.generation, f->status);
+	DP_TSAN_RELEASE(&c->slots[f->desc.slot]); /* the client hands the slot back: dp_tsan.h */
 }
 
 /* Complete here, now: publish the slot and queue the ZeroMQ completion. */
@@ -227,6 +229,7 @@ static void dispatch(struct dp_dispatcher *d, struct dp_client *c, const struct 
 		complete(d, f, DP_STATUS_BAD_REQUEST, "slot %u is out of range", desc->slot);
 		return;
 	}
+	DP_TSAN_ACQUIRE(&c->slots[desc->slot]);
 	uint64_t epoch = dp_load_acquire_u64(&d->w->epoch);
 	if (desc->epoch != epoch) {
 		complete(d, f, DP_STATUS_STALE_EPOCH, "epoch %lu is stale; now %lu",

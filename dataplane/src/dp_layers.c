@@ -31,7 +31,7 @@ void dp_layer_unpublish(struct dp_world *w, uint32_t slot, struct dp_layer **ret
 	*retired = l;
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
 		struct dp_client *cl = &w->clients[i];
-		if (cl->state != DP_CLIENT_FREE && cl->id == l->owner) {
+		if (dp_load_acquire_u32(&cl->state) != DP_CLIENT_FREE && cl->id == l->owner) {
 			cl->nlayers--;
 			cl->weight_bytes -= l->weight_bytes;
 		}

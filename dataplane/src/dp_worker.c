@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp_partial.h"
 #include "dp_reduce.h"
 #include "dp_wire.h"
 
@@ -442,23 +443,15 @@ static void on_partial(struct dp_worker *wk, struct dp_fwd *f, const struct dp_w
 		dp_count(&wk->counters, DP_C_rx_duplicates, 1);
 		return;
 	}
-	uint32_t size = dp_wire_chunk_size(h);
-	if (h->total != f->bytes || h->dtype != l->dtype || h->chunks > DP_REASM_MAX_CHUNKS ||
-	    h->offset % item || h->length % item || size == 0 ||
-	    (rx->reasm.chunks && (h->chunks != rx->reasm.chunks || size != rx->chunk_bytes))) {
-		DP_DEBUG("duck %u: partial chunk %u/%u at %lu+%u of %lu refused (size %u, expected %u/%u)",
+	enum dp_partial_verdict v = dp_partial_admit(h, f->bytes, l->dtype, &rx->reasm,
+						     &rx->chunk_bytes);
+	if (v != DP_PARTIAL_ADD) {
+		DP_DEBUG("duck %u: partial chunk %u/%u at %lu+%u of %lu refused (%s, expected %u/%u)",
 			 duck, h->chunk, h->chunks, (unsigned long)h->offset, h->length,
-			 (unsigned long)h->total, size, rx->reasm.chunks, rx->chunk_bytes);
-		dp_count(&wk->counters, DP_C_rx_malformed, 1);
-		return;
-	}
-	if (!rx->reasm.chunks) {
-		dp_reasm_reset(&rx->reasm, h->chunks);
-		rx->chunk_bytes = size;
-	}
-	int fresh = dp_reasm_mark(&rx->reasm, h->chunk);
-	if (fresh <= 0) {
-		dp_count(&wk->counters, fresh == 0 ? DP_C_rx_duplicates : DP_C_rx_malformed, 1);
+			 (unsigned long)h->total, v == DP_PARTIAL_DUPLICATE ? "duplicate" : "malformed",
+			 rx->reasm.chunks, rx->chunk_bytes);
+		dp_count(&wk->counters,
+			 v == DP_PARTIAL_DUPLICATE ? DP_C_rx_duplicates : DP_C_rx_malformed, 1);
 		return;
 	}
 	dp_accumulate(f->acc[wk->nic], h->offset / item, dp_wire_payload(h), h->length / item,
@@ -552,7 +545,7 @@ static void on_weight_ack(struct dp_worker *wk, struct dp_fwd *f, const struct d
 static int receive(struct dp_worker *wk, uint64_t now)
 {
 	struct dp_rx rx[RX_BURST];
-	struct dp_fwd *touched[RX_BURST];
+	uint64_t touched[RX_BURST]; /* wire ids of the forwards partials went to */
 	uint32_t ntouched = 0;
 	uint32_t n = wk->be.ops->rx_burst(&wk->be, rx, RX_BURST);
 	if (!n)
@@ -597,7 +590,7 @@ static int receive(struct dp_worker *wk, uint64_t now)
 				dp_count(&wk->counters, DP_C_rx_late, 1);
 				break;
 			}
-			touched[ntouched++] = f;
+			touched[ntouched++] = f->wire_id;
 			on_partial(wk, f, h, (uint32_t)duck, now);
 			break;
 		case DP_WIRE_OP_NACK:
@@ -613,8 +606,12 @@ static int receive(struct dp_worker *wk, uint64_t now)
 	/* fetch time: this burst's handling, shared among the partials in it */
 	if (ntouched) {
 		uint64_t share = (dp_now_ns() - now) / ntouched;
-		for (uint32_t i = 0; i < ntouched; i++)
-			touched[i]->part[wk->nic].fetch_ns += share;
+		for (uint32_t i = 0; i < ntouched; i++) {
+			/* not a forward this burst finished: that one is the control agent's now */
+			uint64_t id = touched[i];
+			if (wk->owned[id & 0xFFFF] == id)
+				wk->w->fwds[id & 0xFFFF].part[wk->nic].fetch_ns += share;
+		}
 	}
 	tx_flush(wk);
 	return (int)n;
