@@ -291,9 +291,21 @@ class Segment:
                 "segments; upgrade it"
             )
         try:
-            ours = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            # O_PATH first: only a regular file is opened for real (a device or FIFO the
+            # peer named could have side effects), through our handle on the same inode
+            handle = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError as e:
             raise SegmentError(f"cannot open {path}: {e.strerror}; is the client alive?") from e
+        try:
+            regular = stat.S_ISREG(os.fstat(handle).st_mode)
+            if regular:
+                ours = os.open(f"/proc/self/fd/{handle}", os.O_RDWR | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as e:
+            raise SegmentError(f"cannot open {path}: {e.strerror}") from e
+        finally:
+            os.close(handle)
+        if not regular:
+            raise SegmentError(f"{path} is not a regular file")
         try:
             st = os.fstat(ours)
             if not stat.S_ISREG(st.st_mode):

@@ -40,8 +40,8 @@ import msgspec
 from msgspec import Meta
 
 from .errors import BadInput
-from .schema.abi import MAX_DUCKS
 from .schema import config as cfgschema
+from .schema.abi import MAX_DUCKS
 from .schema.config import default
 
 __all__ = ["DEFAULT_DUCK_PORT", "DEFAULT_HOST_PORT", "Duck", "Nic", "Topology", "load", "loopback"]

@@ -34,8 +34,8 @@ from duckpipe.errors import ClientDetached
 from duckpipe.ring import new_desc
 from duckpipe.runtime import monotonic_ns, segment_prefix
 from duckpipe.schema import control as ctl
-from duckpipe.schema.control import ErrorCode
 from duckpipe.schema.abi import DetachReason, DType, Op, Status
+from duckpipe.schema.control import ErrorCode
 from duckpipe.shm import Segment
 
 HIDDEN = 32
@@ -274,6 +274,9 @@ def test_attach_refuses_what_is_not_a_whole_sealed_duckpipe_memfd(watched, tmp_p
     unsealed = os.memfd_create(segment_prefix() + "unsealed", os.MFD_CLOEXEC)
     os.ftruncate(unsealed, 1 << 16)
     fd = os.open(plain, os.O_RDWR)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    pipe = os.open(fifo, os.O_RDWR)  # the dataplane must not open it, only look at it
     # a real segment with a hole: the dataplane would have to allocate the client's memory
     holed = Segment.create(slot_count=2, act_slot_size=4096, backing="devshm", tag="holed")
     libc = ctypes.CDLL(None, use_errno=True)
@@ -281,6 +284,7 @@ def test_attach_refuses_what_is_not_a_whole_sealed_duckpipe_memfd(watched, tmp_p
     try:
         for bad, why in (
             (fd, "not a duckpipe memfd"),
+            (pipe, "not a regular file"),
             (unsealed, "not sealed"),
             (1_000_000, "cannot open"),  # no such descriptor in this process
             (holed.fd, "pre-fault"),
@@ -290,6 +294,7 @@ def test_attach_refuses_what_is_not_a_whole_sealed_duckpipe_memfd(watched, tmp_p
             assert why in reply.message
     finally:
         os.close(fd)
+        os.close(pipe)
         os.close(unsealed)
         holed.close()
 

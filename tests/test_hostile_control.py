@@ -528,7 +528,9 @@ def test_tcp_control_with_curve_serves_only_listed_keys(kind, tmp_path):
         plain.setsockopt(zmq.LINGER, 0)
         plain.connect(control)
         assert _ask(plain, ctl.GetStats(req_id=1), 1.0) is None, "a plain client was served"
-        reply = _ask(ok, ctl.Attach(req_id=1000, abi_major=1, pid=os.getpid(), segment="/x", segment_fd=0))
+        reply = _ask(
+            ok, ctl.Attach(req_id=1000, abi_major=1, pid=os.getpid(), segment="/x", segment_fd=0)
+        )
         assert isinstance(reply, ctl.Error) and reply.code == ErrorCode.NOT_PERMITTED, reply
         assert "local peer" in reply.message
         reply = _ask(ok, ctl.Shutdown(req_id=1001))  # a tcp peer is no admin

@@ -165,13 +165,29 @@ int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int
 			     peer_pid, segment_fd);
 		return -1;
 	}
-	/* O_NOFOLLOW would refuse every /proc fd link; what it names is checked below */
-	int fd = open(path, O_RDWR | O_CLOEXEC);
-	if (fd < 0) {
+	/* O_PATH first: opening a device or FIFO the peer named could have side effects, so
+	 * nothing but a regular file is opened for real (through our own O_PATH handle: the
+	 * same inode, whatever the peer does meanwhile). O_NOFOLLOW would refuse every /proc
+	 * fd link; what it names is checked below. */
+	int fd = -1, pfd = open(path, O_PATH | O_CLOEXEC);
+	struct stat st;
+	if (pfd < 0) {
 		dp_set_error("cannot open %s: %s; is the client alive?", path, strerror(errno));
 		return -1;
 	}
-	struct stat st;
+	if (fstat(pfd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		close(pfd);
+		dp_set_error("%s is not a regular file", path);
+		return -1;
+	}
+	char self[64];
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", pfd);
+	fd = open(self, O_RDWR | O_CLOEXEC | O_NOCTTY);
+	close(pfd);
+	if (fd < 0) {
+		dp_set_error("cannot open %s: %s", path, strerror(errno));
+		return -1;
+	}
 	struct dp_seg_header h;
 	struct dp_client_layout lay;
 	if (check_memfd(fd, peer_uid, &st, name, sizeof(name)) < 0)

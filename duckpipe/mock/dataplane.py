@@ -47,7 +47,6 @@ from ..schema.abi import (
     SHARD_TENSORS,
     DetachReason,
     DType,
-    MlpKind,
     Op,
     Status,
     tensor_shape,

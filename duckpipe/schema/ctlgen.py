@@ -508,7 +508,7 @@ def _reply_decl(f: mi.Field, where: str) -> list[str]:
     if isinstance(t, mi.FloatType):
         return [f"\tdouble {n};"]
     if isinstance(t, mi.StrType):
-        return [f"\tconst char *{n}; /* NULL packs as \"\" */"]
+        return [f'\tconst char *{n}; /* NULL packs as "" */']
     if isinstance(t, mi.StructType):
         return [f"\tstruct dp_ctl_{_snake(t.cls.__name__)} {n};"]
     if isinstance(t, mi.ListType) and isinstance(t.item_type, mi.IntType):
@@ -540,7 +540,12 @@ def _reply_pack(f: mi.Field) -> list[str]:
     elif isinstance(t, mi.EnumType):
         body = [f"\tmsgpack_pack_uint32(pk, m->{n});"]
     elif isinstance(t, mi.BoolType):
-        body = [f"\tif (m->{n})", "\t\tmsgpack_pack_true(pk);", "\telse", "\t\tmsgpack_pack_false(pk);"]
+        body = [
+            f"\tif (m->{n})",
+            "\t\tmsgpack_pack_true(pk);",
+            "\telse",
+            "\t\tmsgpack_pack_false(pk);",
+        ]
     elif isinstance(t, mi.FloatType):
         body = [f"\tmsgpack_pack_double(pk, m->{n});"]
     elif isinstance(t, mi.StrType):
@@ -578,7 +583,11 @@ def render_reply_decls() -> list[str]:
         out.append(f"struct dp_ctl_{s} {{")
         for f in info.fields:
             out += _reply_decl(f, cls.__name__)
-        out += ["};", f"void dp_ctl_pack_{s}(struct msgpack_packer *pk, const struct dp_ctl_{s} *m);", ""]
+        out += [
+            "};",
+            f"void dp_ctl_pack_{s}(struct msgpack_packer *pk, const struct dp_ctl_{s} *m);",
+            "",
+        ]
     return out
 
 
