@@ -19,6 +19,7 @@ __all__ = ["main"]
 #: Settings the mock shares with the C dataplane's config (duckpipe/schema/config.py).
 MOCK_CONFIG_FIELDS = (
     "client_max_inflight",
+    "max_inflight",
     "client_max_slots",
     "client_max_segment_bytes",
     "max_timeout_us",

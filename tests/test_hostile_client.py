@@ -441,3 +441,71 @@ def test_a_client_at_its_inflight_quota_waits_in_its_ring_while_others_are_serve
             f.release()
         n = _counters(modest)
     assert n["client_quota_waits"] > 0 and n["forwards_ok"] == 13
+
+
+# --- weights: every byte of a load is this load's ---------------------------------------------
+
+
+def test_a_weight_chunk_sent_twice_does_not_stand_in_for_one_never_sent(watched):
+    # Byte counts alone would let a chunk sent N times pass for a whole tensor, and a duck
+    # would then compute with whatever an earlier owner of the layer id left in its memory.
+    mlp = GeluMlp.random(32, 64, seed=123, b_down=False)
+    layer, size = 501, 256
+    with hostile(watched) as c:
+        c._request(
+            lambda rid: ctl.LoadWeights(
+                req_id=rid, layer=layer, kind=int(mlp.kind), dtype=int(DType.F32), hidden=32,
+                ffn=64, ducks=[0], shard_sizes=[64], has_b_down=False,
+            )
+        )  # fmt: skip
+        recs = []
+        for tensor in range(len(mlp.shard(0, 64))):
+            for _ in range(2):  # the first chunk of each tensor, twice
+                i = c._take_slot(5)
+                c._segment.act_bytes(i)[:size] = 0
+                recs.append(c._push_weight(i, Op.WEIGHT_CHUNK, layer, 0, tensor, 0, size))
+                c._pump(0)
+        commit = c._push_weight(c._take_slot(5), Op.WEIGHT_COMMIT, layer, 0, 0, 0, 0)
+        for r in [*recs, commit]:
+            if r.status is None:
+                c._wait(r, 20, "block")
+        assert [r.status for r in recs[0::2]] == [Status.OK] * (len(recs) // 2)
+        for r in recs[1::2]:
+            assert r.status == Status.BAD_REQUEST and "next byte due is 256" in r.message, r
+        assert commit.status == Status.BAD_REQUEST and "incomplete" in commit.message, commit
+        assert not any(info.layer == layer and info.ready for info in c.layers())
+
+
+def test_a_client_whose_contexts_wait_on_a_silent_duck_leaves_others_their_share(
+    duckpipe_cluster_factory,
+):
+    # A duck never acknowledges a layer it has no room for, so each of the hostile
+    # client's weight chunks holds a forward context for weight_timeout_ms. Had it all of
+    # them, every other client's forward would wait that long.
+    cl = duckpipe_cluster_factory(2, weight_timeout_ms=6000)
+    mlp = GeluMlp.random(HIDDEN, 64, seed=72)
+    rng = np.random.default_rng(11)
+    with (
+        duckpipe.connect(cl.control, name="modest") as modest,
+        duckpipe.connect(cl.control, name="hostile", slots=128, slot_size=4096) as h,
+    ):
+        modest.load_weights(LAYER, mlp)
+        big_hidden, big_ffn = 65536, 2100  # within every dataplane bound; over a duck's memory
+        h._request(
+            lambda rid: ctl.LoadWeights(
+                req_id=rid, layer=902, kind=int(mlp.kind), dtype=int(DType.F32),
+                hidden=big_hidden, ffn=big_ffn, ducks=[0], shard_sizes=[big_ffn],
+                has_b_down=False,
+            )
+        )  # fmt: skip
+        sent = 0
+        while h._free:  # 128 chunks, in order: more than the dataplane has contexts
+            i = h._take_slot(1)
+            h._push_weight(i, Op.WEIGHT_CHUNK, 902, 0, 0, sent * 4096, 4096)
+            sent += 1
+        h._pump(0.2)
+        for _ in range(10):  # each well inside the 6 s a held context would cost it
+            y = rng.standard_normal((2, HIDDEN)).astype(np.float32)
+            out = modest.forward(LAYER, y, timeout=3)
+            np.testing.assert_allclose(out, mlp.reference(y), rtol=2e-4, atol=2e-5)
+        assert _counters(modest)["client_quota_waits"] > 0

@@ -112,7 +112,8 @@ struct dp_layer {
 	uint64_t acked[DP_MAX_DUCKS][3]; /* bytes acknowledged per duck and tensor (atomic adds) */
 	uint8_t announced[DP_MAX_DUCKS];  /* LAYER acknowledged by the duck: its NIC's worker only */
 	uint8_t *b_down_raw;     /* dispatcher: bytes of b_down as they arrive */
-	uint64_t b_down_got;
+	uint64_t b_down_got;     /* dispatcher: b_down bytes so far (they arrive in order) */
+	uint64_t next_offset[DP_MAX_DUCKS][3]; /* dispatcher: each tensor's next byte due */
 	float *b_down;           /* float32, set at commit */
 };
 

@@ -149,6 +149,21 @@ static void dispatch_weight(struct dp_dispatcher *d, struct dp_fwd *f, struct dp
 	const struct dp_desc *desc = &f->desc;
 	struct dp_client *c = f->client;
 	const uint8_t *src = c->act + (uint64_t)desc->slot * c->layout.act_slot_size;
+	/* Each tensor's bytes arrive once, in order: a commit that counts bytes then proves
+	 * every byte was written by this load (a chunk sent twice must not stand in for one
+	 * never sent, which would leave a duck computing with an earlier owner's weights). */
+	uint64_t *next = p->duck_index < 0 ? &l->b_down_got
+					   : &l->next_offset[p->duck_index][desc->tensor];
+	if (desc->offset != *next) {
+		complete(d, f, DP_STATUS_BAD_REQUEST,
+			 "layer %u duck %u tensor %u: chunk at byte %lu, but the next byte due is %lu "
+			 "(send each tensor once, in order)",
+			 l->id, desc->duck, desc->tensor, (unsigned long)desc->offset,
+			 (unsigned long)*next);
+		return;
+	}
+	if (p->duck_index >= 0)
+		*next += desc->nbytes; /* b_down_got moves below */
 	if (p->duck_index < 0) {
 		/* b_down stays here: it is added once, after the reduce */
 		memcpy(l->b_down_raw + desc->offset, src, desc->nbytes);
@@ -309,7 +324,15 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 	 * rather than letting one client take a whole burst while others wait */
 	uint32_t credit = DP_BURST / (d->nactive ? d->nactive : 1);
 	uint32_t nactive = 0, start = d->next_client;
+	/* nobody holds more than a fair share of the forward contexts, with one share kept
+	 * for a client yet to come: a client whose contexts wait on slow or silent ducks (a
+	 * weight chunk holds one up to weight_timeout_ms) cannot leave another none */
+	uint64_t share = w->nfwds / (d->nactive + 1);
 	uint64_t quota = w->cfg.client_max_inflight;
+	if (share < 1)
+		share = 1;
+	if (quota > share)
+		quota = share;
 	for (uint32_t k = 0; k < DP_MAX_CLIENTS; k++) {
 		uint32_t i = (start + k) % DP_MAX_CLIENTS;
 		struct dp_client *c = &w->clients[i];

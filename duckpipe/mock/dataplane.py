@@ -75,6 +75,7 @@ class MockConfig:
     crash_after: int | None = None
     # per-client limits, as the C dataplane's config (duckpipe/topology.py)
     client_max_inflight: int = config_default("client_max_inflight")
+    max_inflight: int = config_default("max_inflight")
     client_max_slots: int = config_default("client_max_slots")
     client_max_segment_bytes: int = config_default("client_max_segment_bytes")
     max_timeout_us: int = config_default("max_timeout_us")
@@ -164,6 +165,7 @@ class _Client:
     submitted: int = 0
     completed: int = 0
     inflight: int = 0  # deferred completions not sent yet
+    closing: bool = False  # detached: unmapped once nothing is in flight
 
 
 @dataclasses.dataclass(order=True)
@@ -449,7 +451,7 @@ class MockDataplane:
                 client = self.clients.pop(peer.identity, None)
                 if client is not None:
                     self._drop_layers_of(client)
-                    client.seg.close()
+                    self._retire(client)
                     self.counters["clients_detached"] += 1
                 return ctl.Ack(req_id=rid)
             case ctl.Heartbeat():
@@ -648,10 +650,10 @@ class MockDataplane:
         raw, received = {}, {}
         for duck, plan in zip(msg.ducks, shapes, strict=True):
             for t, shape in enumerate(plan):
-                raw[duck, t] = np.empty(int(np.prod(shape)) * item, np.uint8)
+                raw[duck, t] = np.zeros(int(np.prod(shape)) * item, np.uint8)
                 received[duck, t] = 0
         if msg.has_b_down:
-            raw[ctl.HOST_TENSOR_DUCK, 3] = np.empty(msg.hidden * item, np.uint8)
+            raw[ctl.HOST_TENSOR_DUCK, 3] = np.zeros(msg.hidden * item, np.uint8)
             received[ctl.HOST_TENSOR_DUCK, 3] = 0
         self.layers[msg.layer] = _Layer(msg, me.id, weight_bytes, raw, received)
         return ctl.Ack(req_id=msg.req_id)
@@ -676,7 +678,10 @@ class MockDataplane:
     # --- the data path -------------------------------------------------------------
 
     def _drain(self, client: _Client) -> int:
-        room = min(BURST, self.cfg.client_max_inflight - client.inflight)
+        # a fair share of the C dataplane's forward contexts, one share kept for a client
+        # yet to come (dp_dispatch.c)
+        share = max(1, self.cfg.max_inflight // (len(self.clients) + 1))
+        room = min(BURST, min(self.cfg.client_max_inflight, share) - client.inflight)
         seg = client.seg
         if room <= 0:
             if lib.dp_load_acquire_u64(ffi.addressof(seg.ring, "head")) != client.indices[0]:
@@ -698,8 +703,15 @@ class MockDataplane:
         log.warning("client %d (pid %d) detached: %s", client.id, client.pid, reason.name)
         client.seg.header.detach_reason = int(reason)
         del self.clients[client.identity]
-        client.seg.close()
+        self._retire(client)
         self.counters["clients_evicted"] += 1
+
+    def _retire(self, client: _Client) -> None:
+        """A client left the ring table: unmap its segment once every forward it submitted
+        has completed (as the C dataplane does: each one still gets its completion)."""
+        client.closing = True
+        if client.inflight == 0:
+            client.seg.close()
 
     def _execute(self, client: _Client, d) -> None:
         pickup = runtime.monotonic_ns()
@@ -839,6 +851,11 @@ class MockDataplane:
         off, n = int(d.offset), int(d.nbytes)
         if n > client.seg.act_slot_size or off + n > buf.size:
             raise DuckpipeError(f"chunk [{off}, {off + n}) overflows tensor of {buf.size} bytes")
+        if off != layer.received[key]:  # once, in order: the commit's count then proves it all
+            raise DuckpipeError(
+                f"layer {int(d.layer)} duck {key[0]} tensor {key[1]}: chunk at byte {off}, but "
+                f"the next byte due is {layer.received[key]} (send each tensor once, in order)"
+            )
         buf[off : off + n] = client.seg.act_bytes(int(d.slot))[:n]
         layer.received[key] += n
         self.counters["weight_chunks"] += 1
@@ -909,13 +926,15 @@ class MockDataplane:
         now = time.monotonic()
         while self._deferred and self._deferred[0].due <= now:
             item = heapq.heappop(self._deferred)
-            item.client.inflight -= 1
-            if item.client.identity in self.clients:
-                if item.fields["epoch"] != self.epoch and item.fields["status"] == Status.OK:
-                    item.fields["status"] = int(
-                        Status.STALE_EPOCH
-                    )  # the epoch moved while in flight
-                self._complete(item.client, item.fields)
+            client = item.client
+            client.inflight -= 1
+            # a detached client still gets every completion it is owed, into the segment
+            # it submitted from (not a newer one on the same socket)
+            if item.fields["epoch"] != self.epoch and item.fields["status"] == Status.OK:
+                item.fields["status"] = int(Status.STALE_EPOCH)  # the epoch moved in flight
+            self._complete(client, item.fields)
+            if client.closing and client.inflight == 0:
+                client.seg.close()
             n += 1
         return n
 
@@ -953,7 +972,7 @@ class MockDataplane:
             )
             del self.clients[identity]
             self._drop_layers_of(client)
-            client.seg.close()  # a memfd needs no unlink: its memory goes with this mapping
+            self._retire(client)  # a memfd needs no unlink: its memory goes with the mapping
             self.counters["clients_reclaimed"] += 1
 
 
