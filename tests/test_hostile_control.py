@@ -643,3 +643,17 @@ def test_a_control_flood_costs_a_well_behaved_client_nothing(dp):
         np.testing.assert_allclose(
             c.forward(95, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
         )
+
+
+# --- peer credentials only on ipc:// ------------------------------------------------------
+
+
+def test_credentials_are_read_only_from_ipc_peers():
+    """A tcp:// peer's Peer-Address is its IP: an IPv6 one ending ":0:7:5" is not uid 0.
+    (The C parser has the same cases in dataplane/tests/test_ctl.c.)"""
+    from duckpipe.mock.dataplane import _peer_credentials
+
+    assert _peer_credentials("ipc:///run/x/control", "localhost:1000:100:2639") == (1000, 100, 2639)
+    assert _peer_credentials("ipc:///run/x/control", "2001:db8::0:7:5") == (0, 7, 5)
+    assert _peer_credentials("tcp://[::]:5555", "2001:db8::0:7:5") is None
+    assert _peer_credentials("tcp://127.0.0.1:5555", "localhost:1000:100:2639") is None

@@ -648,8 +648,9 @@ static int poll_control(struct dp_control *c)
 			continue;
 		}
 		struct dp_peer peer = { .id = id, .idlen = (size_t)idlen };
-		peer.creds = dp_peer_credentials(zmq_msg_gets(&msg, "Peer-Address"), &peer.uid,
-						&peer.gid, &peer.pid);
+		peer.creds = dp_peer_credentials(c->w->cfg.control,
+						 zmq_msg_gets(&msg, "Peer-Address"), &peer.uid,
+						 &peer.gid, &peer.pid);
 		handle(c, &peer, zmq_msg_data(&msg), zmq_msg_size(&msg));
 		zmq_msg_close(&msg);
 	}

@@ -109,9 +109,12 @@ class _Peer:
     admin: bool = False
 
 
-def _peer_credentials(address: str | None) -> tuple[int, int, int] | None:
-    """(uid, gid, pid) from the ":uid:gid:pid" tail libzmq gives an ipc peer's address."""
-    if not address:
+def _peer_credentials(control: str, address: str | None) -> tuple[int, int, int] | None:
+    """(uid, gid, pid) from the ":uid:gid:pid" tail libzmq gives an ipc peer's address.
+
+    Only on an ipc:// endpoint: a tcp:// peer's address is its IP, and an IPv6 one such
+    as "2001:db8::0:7:5" has the same shape (uid 0, the admin)."""
+    if not control.startswith("ipc://") or not address:
         return None
     parts = address.rsplit(":", 3)
     if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
@@ -415,7 +418,7 @@ class MockDataplane:
         """Who sent it, or None (refused and counted) when an ipc peer has no credentials."""
         if not self._ipc:
             return _Peer(identity, creds=False)
-        creds = _peer_credentials(frame.get("Peer-Address"))
+        creds = _peer_credentials(self.cfg.control, frame.get("Peer-Address"))
         if creds is None:
             self.counters["control_refused"] += 1
             self._send(
