@@ -657,3 +657,35 @@ def test_credentials_are_read_only_from_ipc_peers():
     assert _peer_credentials("ipc:///run/x/control", "2001:db8::0:7:5") == (0, 7, 5)
     assert _peer_credentials("tcp://[::]:5555", "2001:db8::0:7:5") is None
     assert _peer_credentials("tcp://127.0.0.1:5555", "localhost:1000:100:2639") is None
+
+
+# --- liveness: the kernel's start time, not the header's -------------------------------------
+
+
+class _ForgedClock:
+    """duckpipe.shm's clock, with time_ns() far in the past: the segment header's start_ns
+    (written by the client) then says the process started long before it did."""
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    @staticmethod
+    def time_ns() -> int:
+        return 10**9
+
+
+def test_liveness_uses_the_kernels_start_time_not_the_segment_header(dp, monkeypatch):
+    """A client writes its header's start_ns: once trusted, a date in the future hid a
+    reused pid from the dataplane, and one in the past (here) made a live client 'dead'."""
+    import duckpipe.shm
+
+    monkeypatch.setattr(duckpipe.shm, "time", _ForgedClock())
+    with duckpipe.connect(dp.control, name="forged-start") as c:
+        monkeypatch.undo()
+        assert c._segment.header.start_ns == 10**9
+        c.load_weights(50, MLP, ducks=[0])
+        time.sleep(0.5)  # ten housekeeping rounds of the dataplane
+        np.testing.assert_allclose(
+            c.forward(50, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+        )
+        assert [s.name for s in c.stats().clients if s.pid == os.getpid()] == ["forged-start"]

@@ -669,7 +669,7 @@ static void housekeeping(struct dp_control *c, uint64_t now)
 		if (state == DP_CLIENT_ACTIVE) {
 			dp_store_relaxed_u64(&cl->hdr->dataplane_heartbeat_ns, now);
 			uint64_t beat = dp_load_relaxed_u64(&cl->hdr->client_heartbeat_ns);
-			if (!dp_process_alive(cl->pid, cl->start_ns) || (beat < now && now - beat > stale)) {
+			if (!dp_process_alive(cl->pid, cl->start_ticks) || (beat < now && now - beat > stale)) {
 				DP_WARN("client %u (pid %u) is gone; reclaiming %s", cl->id, cl->pid,
 					cl->path);
 				cl->dead = true;

@@ -57,7 +57,7 @@ struct dp_client {
 	uint32_t pid;
 	uint32_t uid;   /* the peer's, from the control socket */
 	bool dead;      /* its process died (counted as reclaimed) rather than detached */
-	uint64_t start_ns;
+	uint64_t start_ticks; /* the process's start, from /proc/<pid>/stat at attach */
 	uint8_t identity[256];
 	size_t identity_len;
 	char name[64];

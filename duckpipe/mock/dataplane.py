@@ -159,7 +159,7 @@ class _Client:
     pid: int
     name: str
     seg: Segment
-    start_ns: int
+    start_ticks: int  # the kernel's start time of pid, read at attach (never the header's)
     # the consumer's private ring indices (tail, head seen): the segment's copy of tail is
     # only published for the producer, so a client cannot make us replay or skip entries
     indices: object = dataclasses.field(default_factory=lambda: ffi.new("uint64_t[2]"))
@@ -583,13 +583,21 @@ class MockDataplane:
             return ctl.Error(
                 req_id=rid, code=ErrorCode.BAD_SEGMENT, message="segment was made by another pid"
             )
+        start_ticks = runtime.process_start_ticks(peer.pid)
+        if start_ticks is None:
+            seg.close()
+            return ctl.Error(
+                req_id=rid,
+                code=ErrorCode.BAD_SEGMENT,
+                message=f"cannot read /proc/{peer.pid}/stat: is the client alive?",
+            )
         cid = self._next_client
         self._next_client += 1
         seg.header.dataplane_pid = os.getpid()
         seg.header.client_id = cid
         seg.header.dataplane_heartbeat_ns = runtime.monotonic_ns()
         client = _Client(
-            cid, peer.identity, peer.pid, msg.name, seg, int(seg.header.start_ns), uid=peer.uid
+            cid, peer.identity, peer.pid, msg.name, seg, start_ticks, uid=peer.uid
         )
         client.indices[0] = client.indices[1] = lib.dp_load_acquire_u64(
             ffi.addressof(seg.ring, "tail")
@@ -949,7 +957,11 @@ class MockDataplane:
             hdr = client.seg.header
             hdr.dataplane_heartbeat_ns = now
             beat_age = now - int(hdr.client_heartbeat_ns)
-            if runtime.process_alive(client.pid, client.start_ns) and beat_age < stale_ns:
+            # a pid whose start time changed was reused: the client is gone
+            alive = runtime.process_alive(client.pid) and (
+                runtime.process_start_ticks(client.pid) == client.start_ticks
+            )
+            if alive and beat_age < stale_ns:
                 continue
             log.warning(
                 "client %d (pid %d) is gone; unmapping %s", client.id, client.pid, client.seg.name
