@@ -37,8 +37,10 @@ from duckpipe.errors import (
     UnknownLayer,
 )
 from duckpipe.mock.process import MockDataplaneProcess, ping
+from duckpipe.models import dtype_code
 from duckpipe.schema import control as ctl
-from duckpipe.schema.abi import Op, Status
+from duckpipe.schema.abi import LAYER_TABLE, MAX_CLIENTS, Op, Status
+from duckpipe.schema.config import default as config_default
 from duckpipe.schema.control import ErrorCode
 from duckpipe.testing import SANITIZER_MARKS, assert_clean_exit, cluster_class_or_skip
 
@@ -689,3 +691,101 @@ def test_liveness_uses_the_kernels_start_time_not_the_segment_header(dp, monkeyp
             c.forward(50, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
         )
         assert [s.name for s in c.stats().clients if s.pid == os.getpid()] == ["forged-start"]
+
+
+# --- tables and connections: one process cannot fill them --------------------------------------
+
+MAX_CONNECTIONS = 32  # low, so that a flood passes it quickly
+
+
+@pytest.fixture(scope="module", params=["mock", "real"])
+def caps(request) -> Iterator:
+    """A dataplane with the default table quotas (client_max_per_pid, client_max_layers)."""
+    run = _shared_dir(None)
+    try:
+        with _dataplane(
+            request.param, f"ipc://{run}/control", max_connections=MAX_CONNECTIONS
+        ) as d:
+            yield d
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+
+
+VICTIM = """
+import sys
+import numpy as np
+import duckpipe
+from duckpipe import GeluMlp
+mlp = GeluMlp.random(16, 32, seed=3)
+x = np.ones((2, 16), np.float32)
+with duckpipe.connect(sys.argv[1], name="victim") as v:
+    v.load_weights(7, mlp, ducks=[0, 1])
+    np.testing.assert_allclose(v.forward(7, x, timeout=10), mlp.reference(x), rtol=1e-4, atol=1e-5)
+print("victim ok")
+"""
+
+
+def _victim(control: str) -> str:
+    """A well-behaved client in another process: loads a layer and checks a forward."""
+    out = subprocess.run(
+        [sys.executable, "-c", VICTIM, control], capture_output=True, text=True, timeout=120
+    )
+    return (out.stdout + out.stderr).strip()
+
+
+def test_one_process_attaches_at_most_client_max_per_pid_clients(caps):
+    limit = config_default("client_max_per_pid")
+    with contextlib.ExitStack() as stack:
+        for i in range(limit):
+            stack.enter_context(duckpipe.connect(caps.control, name=f"hog{i}", slots=1))
+        with pytest.raises(QuotaExceeded, match="client_max_per_pid"):
+            duckpipe.connect(caps.control, name="one-too-many", slots=1)
+        assert _victim(caps.control).endswith("victim ok")  # another process still can
+    with duckpipe.connect(caps.control, name="after") as c:  # closing gave the slots back
+        c.load_weights(8, MLP, ducks=[0])
+
+
+def test_clients_at_their_layer_quota_leave_room_in_the_layer_table(caps):
+    tiny = GeluMlp.random(16, 1, seed=1, b_down=False)
+    fields = dict(
+        kind=int(tiny.kind),
+        dtype=int(dtype_code(tiny.dtype)),
+        hidden=16,
+        ffn=1,
+        ducks=[0],
+        shard_sizes=[1],
+        has_b_down=False,
+    )
+    greedy = config_default("client_max_per_pid")
+    with contextlib.ExitStack() as stack:
+        for k in range(greedy):
+            c = stack.enter_context(duckpipe.connect(caps.control, name=f"greedy{k}", slots=1))
+            for i in range(1 << 16):  # until its quota says no (the table must not first)
+                try:
+                    c._request(
+                        lambda rid, lid=100_000 * (k + 1) + i: ctl.LoadWeights(
+                            req_id=rid, layer=lid, **fields
+                        )
+                    )
+                except QuotaExceeded:
+                    break
+            assert i == config_default("client_max_layers")
+        assert _victim(caps.control).endswith("victim ok")
+
+
+@pytest.mark.parametrize("kind", ["mock", "real"])
+@pytest.mark.parametrize(
+    "settings, why",
+    [
+        ({"client_max_layers": LAYER_TABLE // MAX_CLIENTS + 1}, "passes the layer table"),
+        ({"client_max_per_pid": 0}, "client_max_per_pid 0 is outside"),
+    ],
+)
+def test_table_quotas_that_cannot_work_are_refused_at_start(kind, settings, why, tmp_path):
+    child = _start_raw(kind, f"ipc://{tmp_path}/control", settings)
+    try:
+        assert child.proc.wait(20) != 0
+        assert why in child.output(), child.output()
+    finally:
+        child.kill()
+        child.close()

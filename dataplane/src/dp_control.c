@@ -235,6 +235,18 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 		refuse(c, p, DP_ERROR_CODE_ALREADY_ATTACHED, "this socket is attached");
 		return;
 	}
+	/* one process cannot take every client slot */
+	uint32_t mine = 0;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
+		mine += dp_load_acquire_u32(&c->w->clients[i].state) == DP_CLIENT_ACTIVE &&
+			c->w->clients[i].pid == p->pid;
+	if (mine >= c->w->cfg.client_max_per_pid) {
+		dp_count(c->counters, DP_C_quota_refused, 1);
+		refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+		       "pid %u has %u clients attached, client_max_per_pid is %u: close one first",
+		       p->pid, mine, c->w->cfg.client_max_per_pid);
+		return;
+	}
 	struct dp_client *cl = NULL;
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS && !cl; i++)
 		if (dp_load_acquire_u32(&c->w->clients[i].state) == DP_CLIENT_FREE)

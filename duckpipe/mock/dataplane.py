@@ -51,6 +51,7 @@ from ..schema.abi import (
     Status,
     tensor_shape,
 )
+from ..schema.config import check_limits
 from ..schema.config import default as config_default
 from ..schema.control import ErrorCode
 from ..shm import Segment, clean_segments
@@ -83,6 +84,8 @@ class MockConfig:
     client_max_weight_bytes: int = config_default("client_max_weight_bytes")
     max_hidden: int = config_default("max_hidden")
     max_ffn: int = config_default("max_ffn")
+    client_max_per_pid: int = config_default("client_max_per_pid")
+    max_connections: int = config_default("max_connections")
     control_group: str = config_default("control_group")
     curve_secret_key_file: str = config_default("curve_secret_key_file")
     curve_public_key_file: str = config_default("curve_public_key_file")
@@ -228,6 +231,9 @@ class MockDataplane:
         self._descs = new_descs(BURST)
         self._ctx = zmq.Context.instance()
         self._euid = os.geteuid()
+        why = check_limits(cfg.client_max_layers, cfg.client_max_per_pid)
+        if why:  # as the C dataplane: refused at start
+            raise DuckpipeError(why)
         self._group_gid: int | None = None
         if cfg.control_group:
             try:
@@ -550,6 +556,15 @@ class MockDataplane:
                 req_id=rid, code=ErrorCode.ALREADY_ATTACHED, message="this socket is attached"
             )
         cfg = self.cfg
+        mine = sum(1 for c in self.clients.values() if c.pid == peer.pid)
+        if mine >= cfg.client_max_per_pid:  # one process cannot take every client slot
+            self.counters["quota_refused"] += 1
+            return ctl.Error(
+                req_id=rid,
+                code=ErrorCode.QUOTA_EXCEEDED,
+                message=f"pid {peer.pid} has {mine} clients attached, client_max_per_pid is "
+                f"{cfg.client_max_per_pid}: close one first",
+            )
         try:  # the file first: a second attach of one memfd is refused before it is opened
             st = os.stat(f"/proc/{peer.pid}/fd/{msg.segment_fd}") if msg.segment_fd >= 0 else None
         except OSError:
@@ -596,9 +611,7 @@ class MockDataplane:
         seg.header.dataplane_pid = os.getpid()
         seg.header.client_id = cid
         seg.header.dataplane_heartbeat_ns = runtime.monotonic_ns()
-        client = _Client(
-            cid, peer.identity, peer.pid, msg.name, seg, start_ticks, uid=peer.uid
-        )
+        client = _Client(cid, peer.identity, peer.pid, msg.name, seg, start_ticks, uid=peer.uid)
         client.indices[0] = client.indices[1] = lib.dp_load_acquire_u64(
             ffi.addressof(seg.ring, "tail")
         )
