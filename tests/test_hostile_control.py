@@ -789,3 +789,67 @@ def test_table_quotas_that_cannot_work_are_refused_at_start(kind, settings, why,
     finally:
         child.kill()
         child.close()
+
+
+def _raw_connections(path: str, n: int, seconds: float = 20.0) -> list[socket.socket]:
+    """Up to n AF_UNIX connections to path that never send a ZMTP greeting."""
+    socks: list[socket.socket] = []
+    deadline = time.monotonic() + seconds
+    while len(socks) < n and time.monotonic() < deadline:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        while time.monotonic() < deadline:
+            try:
+                s.connect(path)
+                socks.append(s)
+                break
+            except BlockingIOError:  # the backlog is full: wait for the dataplane to accept
+                time.sleep(0.001)
+            except OSError:
+                time.sleep(0.01)  # refused while the dataplane closes the flood: try again
+        else:
+            s.close()
+    return socks
+
+
+def test_a_connection_flood_cannot_exhaust_the_dataplanes_file_descriptors(tmp_path):
+    """libzmq 4.3 aborts the process when accept() fails with EMFILE: raw connections that
+    never greet once killed the dataplane (1k of them under a 1024 fd limit). Past
+    max_connections they are closed at once; the rest die after the 2 s handshake limit."""
+    import resource
+
+    nofile = 256  # the dataplane's limit, lowered after start (it raised its own to hard)
+    flood = nofile + 200
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < flood + 256:
+        pytest.skip(f"this process may hold only {hard} descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    socks: list[socket.socket] = []
+    try:
+        with _dataplane("real", f"ipc://{tmp_path}/control", max_connections=MAX_CONNECTIONS) as d:
+            pid = _pid(d)
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (nofile, nofile))
+            with duckpipe.connect(d.control, name="attached") as c:
+                c.load_weights(60, MLP, ducks=[0, 1])
+                socks = _raw_connections(d.control[len("ipc://") :], flood)
+                assert d.dataplane.proc.poll() is None, d.output()[-2000:]
+                assert len(socks) >= flood // 2, len(socks)
+                # a client attached before the flood keeps its connection throughout
+                np.testing.assert_allclose(
+                    c.forward(60, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+                )
+                assert len(os.listdir(f"/proc/{pid}/fd")) < nofile
+                for s in socks:
+                    s.close()
+                socks = []
+                assert c.stats().counters["connections_refused"] > 0
+            with duckpipe.connect(d.control, name="after", timeout=20) as after:
+                after.load_weights(61, MLP, ducks=[0])
+                np.testing.assert_allclose(
+                    after.forward(61, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+                )
+            assert d.dataplane.proc.poll() is None
+    finally:
+        for s in socks:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -198,6 +198,7 @@ class MockDataplane:
                 "bad_control_messages",
                 "control_refused",
                 "quota_refused",
+                "connections_refused",
                 "layers_freed",
                 "curve_refused",
                 "clients_attached",
