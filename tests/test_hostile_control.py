@@ -853,3 +853,49 @@ def test_a_connection_flood_cannot_exhaust_the_dataplanes_file_descriptors(tmp_p
         for s in socks:
             s.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_replies_nobody_reads_cost_bounded_memory(tmp_path):
+    """Each control peer's unread replies once queued up to libzmq's default SNDHWM (1000)
+    each (500 peers x 1000 GetStats took the dataplane from 7 to 388 MiB); now at most
+    ROUTER_SNDHWM (256) per peer, and max_connections peers."""
+    peers, requests = 100, 1000
+    with _dataplane("real", f"ipc://{tmp_path}/control") as d:
+        before = _rss(d)
+        ctx = zmq.Context()
+        socks = []
+        try:
+            req = ctl.encoder.encode(ctl.GetStats(req_id=2))
+            for _ in range(peers):
+                s = ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.LINGER, 0)
+                s.setsockopt(zmq.SNDHWM, 0)
+                s.setsockopt(zmq.RCVHWM, 1)  # this side keeps almost nothing
+                s.connect(d.control)
+                socks.append(s)
+            for _ in range(requests):
+                for s in socks:
+                    s.send(req, zmq.NOBLOCK)
+            deadline = time.monotonic() + 60
+            while _stats(d).counters["control_messages"] < peers * requests:
+                assert time.monotonic() < deadline, "the dataplane did not read the requests"
+                time.sleep(0.2)
+            grown = (_rss(d) - before) / 2**20
+            one = len(ctl.encoder.encode(_stats(d)))
+            # unbounded: peers x requests replies; bounded: peers x 256 (and the socket buffers)
+            assert grown < peers * requests * one / 2**20 / 2, (grown, one)
+        finally:
+            for s in socks:
+                s.close()
+            ctx.term()
+        assert d.dataplane.proc.poll() is None
+
+
+def test_max_connections_past_the_fd_limit_is_refused_at_start(tmp_path):
+    child = _start_raw("real", f"ipc://{tmp_path}/control", {"max_connections": 2**31})
+    try:
+        assert child.proc.wait(20) != 0
+        assert "RLIMIT_NOFILE" in child.output(), child.output()
+    finally:
+        child.kill()
+        child.close()

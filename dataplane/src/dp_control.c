@@ -36,6 +36,10 @@
 /* a connection that has not finished its ZMTP greeting by then is closed (libzmq's
  * default is 30 s: raw connections held that long once exhausted the fd table) */
 #define HANDSHAKE_IVL_MS 2000
+/* replies queued for one peer that does not read them: past it replies (and completions,
+ * sent DONTWAIT; the slot's done word still carries the status) are dropped, so with
+ * max_connections peers what unread replies can cost is bounded */
+#define ROUTER_SNDHWM 256
 #define MONITOR_ENDPOINT "inproc://duckpipe-control-monitor"
 
 struct dp_control {
@@ -842,10 +846,11 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	int zero = 0;
 	/* a longer message disconnects its sender before libzmq buffers it */
 	int64_t maxmsg = DP_MAX_MESSAGE_BYTES;
-	int handshake = HANDSHAKE_IVL_MS;
+	int handshake = HANDSHAKE_IVL_MS, sndhwm = ROUTER_SNDHWM;
 	zmq_setsockopt(c->router, ZMQ_LINGER, &zero, sizeof(zero));
 	zmq_setsockopt(c->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
 	zmq_setsockopt(c->router, ZMQ_HANDSHAKE_IVL, &handshake, sizeof(handshake));
+	zmq_setsockopt(c->router, ZMQ_SNDHWM, &sndhwm, sizeof(sndhwm));
 	/* before bind: every accepted connection is counted */
 	if (zmq_socket_monitor(c->router, MONITOR_ENDPOINT,
 			       ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) < 0) {

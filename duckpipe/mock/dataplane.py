@@ -266,6 +266,10 @@ class MockDataplane:
         sock.setsockopt(zmq.LINGER, 0)
         # a longer message disconnects its sender before libzmq buffers it
         sock.setsockopt(zmq.MAXMSGSIZE, ctl.MAX_MESSAGE_BYTES)
+        # as the C dataplane: a peer that never greets is closed after 2 s, and one that
+        # never reads has at most 256 replies queued (later ones are dropped)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, 2000)
+        sock.setsockopt(zmq.SNDHWM, 256)
         try:
             self._limit_access(sock, control)
         except BaseException:
