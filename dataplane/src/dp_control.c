@@ -716,7 +716,10 @@ static int poll_monitor(struct dp_control *c)
 			c->connections++;
 			if (c->connections > max) {
 				/* libzmq owns the fd: shutdown, never close, makes its engine see the
-				 * end of the stream and close it (DISCONNECTED then counts it off) */
+				 * end of the stream and close it (DISCONNECTED then counts it off).
+				 * Had libzmq closed it already, the number could name a connection
+				 * accepted since, normally past the limit too; a ZeroMQ peer whose
+				 * connection is closed reconnects by itself. */
 				shutdown(fd, SHUT_RDWR);
 				dp_count(c->counters, DP_C_connections_refused, 1);
 				if (!c->over_limit)
