@@ -27,6 +27,8 @@ MOCK_CONFIG_FIELDS = (
     "client_max_weight_bytes",
     "max_hidden",
     "max_ffn",
+    "client_max_per_pid",
+    "max_connections",
     "control_group",
     "curve_secret_key_file",
     "curve_public_key_file",

@@ -18,6 +18,7 @@ __all__ = [
     "free_hugepages",
     "monotonic_ns",
     "process_alive",
+    "process_start_ticks",
     "run_dir",
     "segment_prefix",
 ]
@@ -86,6 +87,20 @@ def free_hugepages() -> int:
         return int(Path("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").read_text())
     except (OSError, ValueError):
         return 0
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot, /proc/<pid>/stat field
+    22), or None when it cannot be read. With the pid it names one process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()  # the name may hold spaces and parentheses
+    try:
+        return int(fields[19])  # field 22; fields[0] is field 3 (state)
+    except (IndexError, ValueError):
+        return None
 
 
 def process_alive(pid: int, started_ns: int | None = None) -> bool:

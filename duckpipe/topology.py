@@ -10,8 +10,10 @@
     client_max_segment_bytes = 1073741824
     max_timeout_us = 10000000     # the longest deadline a client may ask for
     control_group = ""            # members may be clients (not admins) of the dataplane
-    client_max_layers = 256       # every setting and its default: duckpipe/schema/config.py
+    client_max_layers = 128       # every setting and its default: duckpipe/schema/config.py
     client_max_weight_bytes = 8589934592
+    client_max_per_pid = 4        # clients one process may attach
+    max_connections = 256         # control connections at once (the endpoint pauses past it)
 
     [[nics]]
     name = "lo"
@@ -94,6 +96,8 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
     client_max_weight_bytes: Annotated[int, Meta(ge=0)] = default("client_max_weight_bytes")
     max_hidden: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)] = default("max_hidden")
     max_ffn: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)] = default("max_ffn")
+    client_max_per_pid: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)] = default("client_max_per_pid")
+    max_connections: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)] = default("max_connections")
     control_group: Annotated[str, Meta(max_length=31)] = default("control_group")
     curve_secret_key_file: str = default("curve_secret_key_file")
     curve_public_key_file: str = default("curve_public_key_file")

@@ -37,8 +37,10 @@ from duckpipe.errors import (
     UnknownLayer,
 )
 from duckpipe.mock.process import MockDataplaneProcess, ping
+from duckpipe.models import dtype_code
 from duckpipe.schema import control as ctl
-from duckpipe.schema.abi import Op, Status
+from duckpipe.schema.abi import LAYER_TABLE, MAX_CLIENTS, Op, Status
+from duckpipe.schema.config import default as config_default
 from duckpipe.schema.control import ErrorCode
 from duckpipe.testing import SANITIZER_MARKS, assert_clean_exit, cluster_class_or_skip
 
@@ -643,3 +645,265 @@ def test_a_control_flood_costs_a_well_behaved_client_nothing(dp):
         np.testing.assert_allclose(
             c.forward(95, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
         )
+
+
+# --- peer credentials only on ipc:// ------------------------------------------------------
+
+
+def test_credentials_are_read_only_from_ipc_peers():
+    """A tcp:// peer's Peer-Address is its IP: an IPv6 one ending ":0:7:5" is not uid 0.
+    (The C parser has the same cases in dataplane/tests/test_ctl.c.)"""
+    from duckpipe.mock.dataplane import _peer_credentials
+
+    assert _peer_credentials("ipc:///run/x/control", "localhost:1000:100:2639") == (1000, 100, 2639)
+    assert _peer_credentials("ipc:///run/x/control", "2001:db8::0:7:5") == (0, 7, 5)
+    assert _peer_credentials("tcp://[::]:5555", "2001:db8::0:7:5") is None
+    assert _peer_credentials("tcp://127.0.0.1:5555", "localhost:1000:100:2639") is None
+
+
+# --- liveness: the kernel's start time, not the header's -------------------------------------
+
+
+class _ForgedClock:
+    """duckpipe.shm's clock, with time_ns() far in the past: the segment header's start_ns
+    (written by the client) then says the process started long before it did."""
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    @staticmethod
+    def time_ns() -> int:
+        return 10**9
+
+
+def test_liveness_uses_the_kernels_start_time_not_the_segment_header(dp, monkeypatch):
+    """A client writes its header's start_ns: once trusted, a date in the future hid a
+    reused pid from the dataplane, and one in the past (here) made a live client 'dead'."""
+    import duckpipe.shm
+
+    monkeypatch.setattr(duckpipe.shm, "time", _ForgedClock())
+    with duckpipe.connect(dp.control, name="forged-start") as c:
+        monkeypatch.undo()
+        assert c._segment.header.start_ns == 10**9
+        c.load_weights(50, MLP, ducks=[0])
+        time.sleep(0.5)  # ten housekeeping rounds of the dataplane
+        np.testing.assert_allclose(
+            c.forward(50, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+        )
+        assert [s.name for s in c.stats().clients if s.pid == os.getpid()] == ["forged-start"]
+
+
+# --- tables and connections: one process cannot fill them --------------------------------------
+
+MAX_CONNECTIONS = 32  # low, so that a flood passes it quickly
+
+
+@pytest.fixture(scope="module", params=["mock", "real"])
+def caps(request) -> Iterator:
+    """A dataplane with the default table quotas (client_max_per_pid, client_max_layers)."""
+    run = _shared_dir(None)
+    try:
+        with _dataplane(
+            request.param, f"ipc://{run}/control", max_connections=MAX_CONNECTIONS
+        ) as d:
+            yield d
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+
+
+VICTIM = """
+import sys
+import numpy as np
+import duckpipe
+from duckpipe import GeluMlp
+mlp = GeluMlp.random(16, 32, seed=3)
+x = np.ones((2, 16), np.float32)
+with duckpipe.connect(sys.argv[1], name="victim") as v:
+    v.load_weights(7, mlp, ducks=[0, 1])
+    np.testing.assert_allclose(v.forward(7, x, timeout=10), mlp.reference(x), rtol=1e-4, atol=1e-5)
+print("victim ok")
+"""
+
+
+def _victim(control: str) -> str:
+    """A well-behaved client in another process: loads a layer and checks a forward."""
+    out = subprocess.run(
+        [sys.executable, "-c", VICTIM, control], capture_output=True, text=True, timeout=120
+    )
+    return (out.stdout + out.stderr).strip()
+
+
+def test_one_process_attaches_at_most_client_max_per_pid_clients(caps):
+    limit = config_default("client_max_per_pid")
+    with contextlib.ExitStack() as stack:
+        for i in range(limit):
+            stack.enter_context(duckpipe.connect(caps.control, name=f"hog{i}", slots=1))
+        with pytest.raises(QuotaExceeded, match="client_max_per_pid"):
+            duckpipe.connect(caps.control, name="one-too-many", slots=1)
+        assert _victim(caps.control).endswith("victim ok")  # another process still can
+    with duckpipe.connect(caps.control, name="after") as c:  # closing gave the slots back
+        c.load_weights(8, MLP, ducks=[0])
+
+
+def test_clients_at_their_layer_quota_leave_room_in_the_layer_table(caps):
+    tiny = GeluMlp.random(16, 1, seed=1, b_down=False)
+    fields = dict(
+        kind=int(tiny.kind),
+        dtype=int(dtype_code(tiny.dtype)),
+        hidden=16,
+        ffn=1,
+        ducks=[0],
+        shard_sizes=[1],
+        has_b_down=False,
+    )
+    greedy = config_default("client_max_per_pid")
+    with contextlib.ExitStack() as stack:
+        for k in range(greedy):
+            c = stack.enter_context(duckpipe.connect(caps.control, name=f"greedy{k}", slots=1))
+            for i in range(1 << 16):  # until its quota says no (the table must not first)
+                try:
+                    c._request(
+                        lambda rid, lid=100_000 * (k + 1) + i: ctl.LoadWeights(
+                            req_id=rid, layer=lid, **fields
+                        )
+                    )
+                except QuotaExceeded:
+                    break
+            assert i == config_default("client_max_layers")
+        assert _victim(caps.control).endswith("victim ok")
+
+
+@pytest.mark.parametrize("kind", ["mock", "real"])
+@pytest.mark.parametrize(
+    "settings, why",
+    [
+        ({"client_max_layers": LAYER_TABLE // MAX_CLIENTS + 1}, "passes the layer table"),
+        ({"client_max_per_pid": 0}, "client_max_per_pid 0 is outside"),
+    ],
+)
+def test_table_quotas_that_cannot_work_are_refused_at_start(kind, settings, why, tmp_path):
+    child = _start_raw(kind, f"ipc://{tmp_path}/control", settings)
+    try:
+        assert child.proc.wait(20) != 0
+        assert why in child.output(), child.output()
+    finally:
+        child.kill()
+        child.close()
+
+
+def _raw_connections(path: str, n: int, seconds: float = 20.0) -> list[socket.socket]:
+    """Up to n AF_UNIX connections to path that never send a ZMTP greeting."""
+    socks: list[socket.socket] = []
+    deadline = time.monotonic() + seconds
+    while len(socks) < n and time.monotonic() < deadline:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        while time.monotonic() < deadline:
+            try:
+                s.connect(path)
+                socks.append(s)
+                break
+            except BlockingIOError:  # the backlog is full: wait for the dataplane to accept
+                time.sleep(0.001)
+            except OSError:
+                time.sleep(0.01)  # refused while the dataplane closes the flood: try again
+        else:
+            s.close()
+    return socks
+
+
+def test_a_connection_flood_cannot_exhaust_the_dataplanes_file_descriptors(tmp_path):
+    """libzmq 4.3 aborts the process when accept() fails with EMFILE: raw connections that
+    never greet once killed the dataplane (1k of them under a 1024 fd limit). Past
+    max_connections they are closed at once; the rest die after the 2 s handshake limit."""
+    import resource
+
+    nofile = 256  # the dataplane's limit, lowered after start (it raised its own to hard)
+    flood = nofile + 200
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < flood + 256:
+        pytest.skip(f"this process may hold only {hard} descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    socks: list[socket.socket] = []
+    try:
+        with _dataplane("real", f"ipc://{tmp_path}/control", max_connections=MAX_CONNECTIONS) as d:
+            pid = _pid(d)
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (nofile, nofile))
+            with duckpipe.connect(d.control, name="attached") as c:
+                c.load_weights(60, MLP, ducks=[0, 1])
+                socks = _raw_connections(d.control[len("ipc://") :], flood)
+                assert d.dataplane.proc.poll() is None, d.output()[-2000:]
+                assert len(socks) >= flood // 2, len(socks)
+                # a client attached before the flood keeps its connection throughout
+                np.testing.assert_allclose(
+                    c.forward(60, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+                )
+                assert len(os.listdir(f"/proc/{pid}/fd")) < nofile
+                for s in socks:
+                    s.close()
+                socks = []
+                assert c.stats().counters["connections_refused"] > 0
+            with duckpipe.connect(d.control, name="after", timeout=20) as after:
+                after.load_weights(61, MLP, ducks=[0])
+                np.testing.assert_allclose(
+                    after.forward(61, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+                )
+            assert d.dataplane.proc.poll() is None
+    finally:
+        for s in socks:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_replies_nobody_reads_cost_bounded_memory(tmp_path):
+    """Each control peer's unread replies once queued up to libzmq's default SNDHWM (1000)
+    each (500 peers x 1000 GetStats took the dataplane from 7 to 388 MiB); now at most
+    ROUTER_SNDHWM (256) per peer, and max_connections peers: the rest are dropped."""
+    peers, requests = 100, 1000
+    with _dataplane("real", f"ipc://{tmp_path}/control") as d:
+        before = _rss(d)
+        ctx = zmq.Context()
+        socks = []
+        try:
+            req = ctl.encoder.encode(ctl.GetStats(req_id=2))
+            for _ in range(peers):
+                s = ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.LINGER, 0)
+                s.setsockopt(zmq.SNDHWM, 0)
+                s.setsockopt(zmq.RCVHWM, 1)  # this side keeps almost nothing
+                s.connect(d.control)
+                socks.append(s)
+            for _ in range(requests):
+                for s in socks:
+                    s.send(req, zmq.NOBLOCK)
+            deadline = time.monotonic() + 60
+            while _stats(d).counters["control_messages"] < peers * requests:
+                assert time.monotonic() < deadline, "the dataplane did not read the requests"
+                time.sleep(0.2)
+            grown = (_rss(d) - before) / 2**20
+            one = len(ctl.encoder.encode(_stats(d)))
+            received = 0  # what was kept for one peer: 256 queued, and the socket buffers
+            while socks[0].poll(500):
+                while socks[0].poll(0):
+                    socks[0].recv()
+                    received += 1
+            assert received <= 2 * 256 < requests, received
+            with open(f"/proc/{_pid(d)}/maps") as maps:
+                asan = "libasan" in maps.read()  # its quarantine keeps freed memory
+            # unbounded: peers x requests replies; bounded: peers x 256 (and socket buffers)
+            assert asan or grown < peers * requests * one / 2**20 / 2, (grown, one)
+        finally:
+            for s in socks:
+                s.close()
+            ctx.term()
+        assert d.dataplane.proc.poll() is None
+
+
+def test_max_connections_past_the_fd_limit_is_refused_at_start(tmp_path):
+    child = _start_raw("real", f"ipc://{tmp_path}/control", {"max_connections": 2**31})
+    try:
+        assert child.proc.wait(20) != 0
+        assert "RLIMIT_NOFILE" in child.output(), child.output()
+    finally:
+        child.kill()
+        child.close()

@@ -21,13 +21,16 @@
 
 #include "dp_common.h"
 
-/* "...:uid:gid:pid", the tail libzmq appends to an ipc peer's Peer-Address (SO_PEERCRED). */
-bool dp_peer_credentials(const char *pa, uint32_t *uid, uint32_t *gid, uint32_t *pid)
+/* "...:uid:gid:pid", the tail libzmq appends to an ipc peer's Peer-Address (SO_PEERCRED).
+ * Only there: a tcp:// peer's Peer-Address is its IP address, and an IPv6 one such as
+ * "2001:db8::0:7:5" has the same shape (uid 0 would make it the admin). */
+bool dp_peer_credentials(const char *endpoint, const char *pa, uint32_t *uid, uint32_t *gid,
+			 uint32_t *pid)
 {
 	unsigned long v[3];
-	const char *end = pa ? pa + strlen(pa) : NULL;
-	if (!pa)
+	if (!endpoint || strncmp(endpoint, "ipc://", 6) != 0 || !pa)
 		return false;
+	const char *end = pa + strlen(pa);
 	for (int k = 2; k >= 0; k--) {
 		const char *colon = end;
 		while (colon > pa && colon[-1] != ':')

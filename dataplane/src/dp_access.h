@@ -31,7 +31,9 @@ int dp_access_serve_zap(struct dp_access *a);
 void dp_access_close(struct dp_access *a);
 
 /* uid, gid, pid from the ":uid:gid:pid" tail libzmq gives an ipc peer's Peer-Address
- * (SO_PEERCRED); false when there is none (tcp://, or no credentials). */
-bool dp_peer_credentials(const char *peer_address, uint32_t *uid, uint32_t *gid, uint32_t *pid);
+ * (SO_PEERCRED); false when there is none (no credentials), and always when the control
+ * endpoint is not ipc:// (a tcp:// peer's address is an IP, which may end in ":0:7:5"). */
+bool dp_peer_credentials(const char *endpoint, const char *peer_address, uint32_t *uid,
+			 uint32_t *gid, uint32_t *pid);
 
 #endif /* DP_ACCESS_H */

@@ -165,6 +165,13 @@ int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int
 			     peer_pid, segment_fd);
 		return -1;
 	}
+	/* the kernel's start time of the peer, never the header's start_ns (the client writes
+	 * that one: a date in the future would hide a reused pid from dp_process_alive) */
+	uint64_t start_ticks = dp_process_start_ticks(peer_pid);
+	if (!start_ticks) {
+		dp_set_error("cannot read /proc/%u/stat: is the client alive?", peer_pid);
+		return -1;
+	}
 	/* O_PATH first: opening a device or FIFO the peer named could have side effects, so
 	 * nothing but a regular file is opened for real (through our own O_PATH handle: the
 	 * same inode, whatever the peer does meanwhile). O_NOFOLLOW would refuse every /proc
@@ -247,7 +254,7 @@ int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int
 	c->ring_tail = dp_load_acquire_u64(&c->ring->tail);
 	c->ring_head_seen = c->ring_tail;
 	c->pid = peer_pid;
-	c->start_ns = h.start_ns;
+	c->start_ticks = start_ticks;
 	snprintf(c->path, sizeof(c->path), "%.200s", name);
 	return 0;
 refuse:
@@ -264,27 +271,13 @@ void dp_client_unmap(struct dp_client *c)
 	c->hdr = NULL;
 }
 
-/* Boot time (CLOCK_REALTIME seconds), for turning /proc start ticks into a date. */
-static uint64_t boot_time_s(void)
+/* State (field 3) and starttime (field 22, clock ticks since boot) of a process, from
+ * /proc/<pid>/stat. false when it cannot be read (gone, or no /proc). */
+static bool proc_stat(uint32_t pid, char *state, uint64_t *start_ticks)
 {
-	static uint64_t btime;
-	if (btime)
-		return btime;
-	FILE *f = fopen("/proc/stat", "r");
-	char line[256];
-	while (f && fgets(line, sizeof(line), f))
-		if (sscanf(line, "btime %lu", &btime) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return btime;
-}
-
-bool dp_process_alive(uint32_t pid, uint64_t started_realtime_ns)
-{
-	if (pid == 0 || (kill((pid_t)pid, 0) < 0 && errno == ESRCH))
-		return false;
 	char path[64], buf[1024];
+	if (pid == 0)
+		return false;
 	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
 	FILE *f = fopen(path, "r");
 	if (!f)
@@ -293,21 +286,33 @@ bool dp_process_alive(uint32_t pid, uint64_t started_realtime_ns)
 	fclose(f);
 	buf[len] = '\0';
 	char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-	if (!p)
-		return true;
-	char state;
-	unsigned long long start_ticks = 0;
+	unsigned long long ticks = 0;
 	/* fields after the name: 3 state ... 22 starttime */
-	if (sscanf(p + 2, "%c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s "
-			  "%*s %llu",
-		   &state, &start_ticks) != 2)
-		return true;
+	if (!p || sscanf(p + 2, "%c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s "
+				"%*s %*s %*s %llu",
+			 state, &ticks) != 2)
+		return false;
+	*start_ticks = ticks;
+	return true;
+}
+
+uint64_t dp_process_start_ticks(uint32_t pid)
+{
+	char state;
+	uint64_t ticks;
+	return proc_stat(pid, &state, &ticks) ? ticks : 0;
+}
+
+bool dp_process_alive(uint32_t pid, uint64_t start_ticks)
+{
+	if (pid == 0 || (kill((pid_t)pid, 0) < 0 && errno == ESRCH))
+		return false;
+	char state;
+	uint64_t ticks;
+	if (!proc_stat(pid, &state, &ticks))
+		return false;
 	if (state == 'Z' || state == 'X')
 		return false;
-	if (started_realtime_ns) {
-		uint64_t started_s = boot_time_s() + start_ticks / (uint64_t)sysconf(_SC_CLK_TCK);
-		if (started_s > started_realtime_ns / 1000000000ull + 1)
-			return false; /* a newer process took the pid */
-	}
-	return true;
+	/* the kernel's start time, read at attach: a newer process took the pid */
+	return ticks == start_ticks;
 }

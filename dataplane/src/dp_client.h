@@ -20,7 +20,11 @@ int dp_client_check_header(const struct dp_seg_header *h, uint64_t file_size,
 int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int32_t segment_fd);
 void dp_client_unmap(struct dp_client *c);
 
-/* False once pid has exited, is a zombie, or is a newer process reusing the pid. */
-bool dp_process_alive(uint32_t pid, uint64_t started_realtime_ns);
+/* A process's start time (clock ticks since boot, /proc/<pid>/stat field 22), 0 when it
+ * cannot be read. With the pid it names one process: pids are reused, start times not. */
+uint64_t dp_process_start_ticks(uint32_t pid);
+/* False once pid has exited, is a zombie, or is a newer process reusing the pid (its start
+ * ticks differ from start_ticks, read at attach by dp_process_start_ticks). */
+bool dp_process_alive(uint32_t pid, uint64_t start_ticks);
 
 #endif /* DP_CLIENT_H */

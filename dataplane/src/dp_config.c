@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp_abi.h"
 #include "dp_common.h"
 #include "dp_config_gen.h"
 #include "dp_mp.h"
@@ -163,6 +164,10 @@ int dp_config_load(const char *path, struct dp_config *cfg)
 		      DP_CFG_DEFAULT_CLIENT_MAX_WEIGHT_BYTES, UINT64_MAX) < 0 ||
 	    dp_mp_u32(root, "max_hidden", &cfg->max_hidden, DP_CFG_DEFAULT_MAX_HIDDEN) < 0 ||
 	    dp_mp_u32(root, "max_ffn", &cfg->max_ffn, DP_CFG_DEFAULT_MAX_FFN) < 0 ||
+	    dp_mp_u32(root, "client_max_per_pid", &cfg->client_max_per_pid,
+		      DP_CFG_DEFAULT_CLIENT_MAX_PER_PID) < 0 ||
+	    dp_mp_u32(root, "max_connections", &cfg->max_connections,
+		      DP_CFG_DEFAULT_MAX_CONNECTIONS) < 0 ||
 	    dp_mp_str(root, "control_group", cfg->control_group, sizeof(cfg->control_group),
 		      DP_CFG_DEFAULT_CONTROL_GROUP) < 0 ||
 	    dp_mp_str(root, "curve_secret_key_file", cfg->curve_secret_key_file,
@@ -180,6 +185,22 @@ int dp_config_load(const char *path, struct dp_config *cfg)
 	if (cfg->max_inflight == 0 || (cfg->max_inflight & (cfg->max_inflight - 1)) ||
 	    cfg->max_inflight > 4096) {
 		dp_set_error("max_inflight %u must be a power of two up to 4096", cfg->max_inflight);
+		goto out;
+	}
+	/* every client at its layer quota must leave the table room for the others */
+	if ((uint64_t)cfg->client_max_layers * DP_MAX_CLIENTS > DP_LAYER_TABLE) {
+		dp_set_error("client_max_layers %u x %d clients passes the layer table (%d): at most %d",
+			     cfg->client_max_layers, DP_MAX_CLIENTS, DP_LAYER_TABLE,
+			     DP_LAYER_TABLE / DP_MAX_CLIENTS);
+		goto out;
+	}
+	if (cfg->client_max_per_pid == 0 || cfg->client_max_per_pid > DP_MAX_CLIENTS) {
+		dp_set_error("client_max_per_pid %u is outside [1, %d]", cfg->client_max_per_pid,
+			     DP_MAX_CLIENTS);
+		goto out;
+	}
+	if (cfg->max_connections == 0) {
+		dp_set_error("max_connections must be at least 1");
 		goto out;
 	}
 	const msgpack_object *cores = dp_mp_get(root, "cores");

@@ -55,6 +55,8 @@ struct dp_config {
 	uint64_t client_max_weight_bytes;  /* shards + b_down of all one client's layers */
 	uint32_t max_hidden;
 	uint32_t max_ffn;
+	uint32_t client_max_per_pid;       /* clients one process may attach */
+	uint32_t max_connections;          /* control connections at once (dp_control.c) */
 	/* who may talk to the control socket */
 	char control_group[32];            /* members are clients; "" = the dataplane's user only */
 	char curve_secret_key_file[256];   /* tcp:// control needs CURVE keys */

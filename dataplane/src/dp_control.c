@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -32,6 +33,14 @@
 
 #define HOUSEKEEPING_NS 50000000ull /* 50 ms */
 #define MAX_MESSAGES_PER_LOOP 64
+/* a connection that has not finished its ZMTP greeting by then is closed (libzmq's
+ * default is 30 s: raw connections held that long once exhausted the fd table) */
+#define HANDSHAKE_IVL_MS 2000
+/* replies queued for one peer that does not read them: past it replies (and completions,
+ * sent DONTWAIT; the slot's done word still carries the status) are dropped, so with
+ * max_connections peers what unread replies can cost is bounded */
+#define ROUTER_SNDHWM 256
+#define MONITOR_ENDPOINT "inproc://duckpipe-control-monitor"
 
 struct dp_control {
 	struct dp_world *w;
@@ -44,6 +53,9 @@ struct dp_control {
 	struct dp_counters *counters;
 	struct dp_ctl_request req;      /* the request being handled (large: not on the stack) */
 	struct dp_access access;        /* who may talk, and as what (dp_access.c) */
+	void *monitor;                  /* PAIR: the router's accept/disconnect events */
+	uint32_t connections;           /* live control connections (accepted - disconnected) */
+	bool over_limit;                /* refusing connections: logged once per episode */
 	struct dp_layer *retired;       /* unpublished layers, freed once nobody can hold them */
 	struct dp_ctl_layer_info *layer_infos; /* Layers reply: one per table slot */
 	uint32_t (*layer_ducks)[256];
@@ -233,6 +245,18 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 	}
 	if (client_by_identity(c, p->id, p->idlen)) {
 		refuse(c, p, DP_ERROR_CODE_ALREADY_ATTACHED, "this socket is attached");
+		return;
+	}
+	/* one process cannot take every client slot */
+	uint32_t mine = 0;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
+		mine += dp_load_acquire_u32(&c->w->clients[i].state) == DP_CLIENT_ACTIVE &&
+			c->w->clients[i].pid == p->pid;
+	if (mine >= c->w->cfg.client_max_per_pid) {
+		dp_count(c->counters, DP_C_quota_refused, 1);
+		refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+		       "pid %u has %u clients attached, client_max_per_pid is %u: close one first",
+		       p->pid, mine, c->w->cfg.client_max_per_pid);
 		return;
 	}
 	struct dp_client *cl = NULL;
@@ -648,12 +672,71 @@ static int poll_control(struct dp_control *c)
 			continue;
 		}
 		struct dp_peer peer = { .id = id, .idlen = (size_t)idlen };
-		peer.creds = dp_peer_credentials(zmq_msg_gets(&msg, "Peer-Address"), &peer.uid,
-						&peer.gid, &peer.pid);
+		peer.creds = dp_peer_credentials(c->w->cfg.control,
+						 zmq_msg_gets(&msg, "Peer-Address"), &peer.uid,
+						 &peer.gid, &peer.pid);
 		handle(c, &peer, zmq_msg_data(&msg), zmq_msg_size(&msg));
 		zmq_msg_close(&msg);
 	}
 	return n;
+}
+
+/* --- connections ------------------------------------------------------------------------ */
+
+/* Count the router's connections from its monitor and close the ones past max_connections
+ * as soon as they are accepted. libzmq 4.3 aborts the whole process when accept() fails
+ * with EMFILE, so the number of connections anyone can hold must stay far below the fd
+ * limit (checked at start, dp_main.c). zmq_unbind cannot pause accepting: it also drops
+ * every connection accepted on the endpoint, attached clients' included. */
+static int poll_monitor(struct dp_control *c)
+{
+	int work = 0;
+	const uint32_t max = c->w->cfg.max_connections;
+	for (;;) {
+		uint8_t ev[6];
+		int n = zmq_recv(c->monitor, ev, sizeof(ev), ZMQ_DONTWAIT);
+		if (n < 0)
+			break;
+		int more = 0;
+		size_t sz = sizeof(more);
+		zmq_getsockopt(c->monitor, ZMQ_RCVMORE, &more, &sz);
+		while (more) { /* the endpoint's address: not needed */
+			char junk[64];
+			(void)zmq_recv(c->monitor, junk, sizeof(junk), 0);
+			zmq_getsockopt(c->monitor, ZMQ_RCVMORE, &more, &sz);
+		}
+		work++;
+		if (n != 6)
+			continue;
+		uint16_t event;
+		int32_t fd;
+		memcpy(&event, ev, 2);
+		memcpy(&fd, ev + 2, 4);
+		if (event == ZMQ_EVENT_ACCEPTED) {
+			c->connections++;
+			if (c->connections > max) {
+				/* libzmq owns the fd: shutdown, never close, makes its engine see the
+				 * end of the stream and close it (DISCONNECTED then counts it off).
+				 * Had libzmq closed it already, the number could name a connection
+				 * accepted since, normally past the limit too; a ZeroMQ peer whose
+				 * connection is closed reconnects by itself. */
+				shutdown(fd, SHUT_RDWR);
+				dp_count(c->counters, DP_C_connections_refused, 1);
+				if (!c->over_limit)
+					DP_WARN("%u control connections: max_connections is %u; closing "
+						"new ones until fewer than %u are open",
+						c->connections - 1, max, max - max / 10);
+				c->over_limit = true;
+			}
+		} else if (event == ZMQ_EVENT_DISCONNECTED && c->connections > 0) {
+			c->connections--;
+			if (c->over_limit && c->connections < max - max / 10) {
+				DP_INFO("%u control connections: accepting again", c->connections);
+				c->over_limit = false;
+			}
+		}
+	}
+	return work;
 }
 
 /* --- housekeeping ---------------------------------------------------------------------- */
@@ -668,7 +751,7 @@ static void housekeeping(struct dp_control *c, uint64_t now)
 		if (state == DP_CLIENT_ACTIVE) {
 			dp_store_relaxed_u64(&cl->hdr->dataplane_heartbeat_ns, now);
 			uint64_t beat = dp_load_relaxed_u64(&cl->hdr->client_heartbeat_ns);
-			if (!dp_process_alive(cl->pid, cl->start_ns) || (beat < now && now - beat > stale)) {
+			if (!dp_process_alive(cl->pid, cl->start_ticks) || (beat < now && now - beat > stale)) {
 				DP_WARN("client %u (pid %u) is gone; reclaiming %s", cl->id, cl->pid,
 					cl->path);
 				cl->dead = true;
@@ -698,6 +781,7 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 	uint64_t refused = c->access.refused;
 	int work = dp_access_serve_zap(&c->access);
 	dp_count(c->counters, DP_C_curve_refused, c->access.refused - refused);
+	work += poll_monitor(c);
 	work += poll_control(c);
 	work += drain_completions(c);
 	if (now >= c->next_house) {
@@ -765,8 +849,23 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	int zero = 0;
 	/* a longer message disconnects its sender before libzmq buffers it */
 	int64_t maxmsg = DP_MAX_MESSAGE_BYTES;
+	int handshake = HANDSHAKE_IVL_MS, sndhwm = ROUTER_SNDHWM;
 	zmq_setsockopt(c->router, ZMQ_LINGER, &zero, sizeof(zero));
 	zmq_setsockopt(c->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+	zmq_setsockopt(c->router, ZMQ_HANDSHAKE_IVL, &handshake, sizeof(handshake));
+	zmq_setsockopt(c->router, ZMQ_SNDHWM, &sndhwm, sizeof(sndhwm));
+	/* before bind: every accepted connection is counted */
+	if (zmq_socket_monitor(c->router, MONITOR_ENDPOINT,
+			       ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) < 0) {
+		dp_set_error("cannot monitor the control socket: %s", zmq_strerror(errno));
+		goto fail;
+	}
+	c->monitor = zmq_socket(c->zctx, ZMQ_PAIR);
+	zmq_setsockopt(c->monitor, ZMQ_LINGER, &zero, sizeof(zero));
+	if (zmq_connect(c->monitor, MONITOR_ENDPOINT) < 0) {
+		dp_set_error("cannot read the control socket's monitor: %s", zmq_strerror(errno));
+		goto fail;
+	}
 	if (dp_access_setup(&c->access, &w->cfg, c->zctx, c->router) < 0)
 		goto fail;
 	/* the socket's mode is the first fence: created 0600 (umask), opened to the group after */
@@ -792,8 +891,12 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	return c;
 fail:
 	dp_access_close(&c->access);
-	if (c->router)
+	if (c->monitor)
+		zmq_close(c->monitor);
+	if (c->router) {
+		zmq_socket_monitor(c->router, NULL, 0);
 		zmq_close(c->router);
+	}
 	zmq_ctx_term(c->zctx);
 	msgpack_sbuffer_destroy(&c->sbuf);
 	free(c->layer_infos);
@@ -809,6 +912,8 @@ void dp_control_free(struct dp_control *c)
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
 		if (c->w->clients[i].base)
 			dp_client_unmap(&c->w->clients[i]); /* live clients own their segments */
+	zmq_socket_monitor(c->router, NULL, 0);
+	zmq_close(c->monitor);
 	zmq_close(c->router);
 	dp_access_close(&c->access);
 	zmq_ctx_term(c->zctx);

@@ -48,7 +48,8 @@
 	X(control_messages)                                                                 \
 	X(bad_control_messages)                                                             \
 	X(control_refused)      /* no credentials, or a role that may not ask that */       \
-	X(quota_refused)        /* LoadWeights past a client's layer or weight-byte quota */\
+	X(quota_refused)        /* LoadWeights or Attach past a client's or a pid's quota */\
+	X(connections_refused)  /* control connections past max_connections, closed */     \
 	X(layers_freed)                                                                     \
 	X(curve_refused)        /* tcp:// handshakes with a key not in curve_clients_file */\
 	X(clients_attached)                                                                 \

@@ -26,8 +26,10 @@
 #include "dp_reasm.h"
 #include "dp_spsc.h"
 
-#define DP_MAX_CLIENTS 64
-#define DP_LAYER_TABLE 1024 /* open addressing, a power of two */
+/* DP_MAX_CLIENTS and DP_LAYER_TABLE (8192, open addressing, a power of two) come from the
+ * schema (dp_abi.h): the config check DP_MAX_CLIENTS * client_max_layers <= DP_LAYER_TABLE
+ * (dp_config.c) keeps clients at their quota from filling the table for the others. */
+_Static_assert((DP_LAYER_TABLE & (DP_LAYER_TABLE - 1)) == 0, "DP_LAYER_TABLE: a power of two");
 #define DP_BURST 32
 #define DP_MSG_LEN 160
 
@@ -57,7 +59,7 @@ struct dp_client {
 	uint32_t pid;
 	uint32_t uid;   /* the peer's, from the control socket */
 	bool dead;      /* its process died (counted as reclaimed) rather than detached */
-	uint64_t start_ns;
+	uint64_t start_ticks; /* the process's start, from /proc/<pid>/stat at attach */
 	uint8_t identity[256];
 	size_t identity_len;
 	char name[64];

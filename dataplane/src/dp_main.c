@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "dp_client.h"
@@ -77,6 +78,41 @@ static void usage(const char *prog)
 		"  FILE: msgpack configuration written by `duckpipe dataplane`\n"
 		"  BACKEND OPTIONS: passed to the backend (EAL options for dpdk)\n",
 		prog);
+}
+
+/* File descriptors kept for everything but control connections: sockets of the NICs and
+ * ZeroMQ (its I/O thread, mailboxes), memfds while they are checked at attach, /proc. */
+#define DP_FD_RESERVE 256
+
+/* libzmq 4.3 aborts the process when accept() fails with EMFILE: take every descriptor
+ * the hard limit allows, then refuse a max_connections that does not fit well under it
+ * (twice: connections past the limit hold an fd until the control agent closes them). */
+static int raise_fd_limit(const struct dp_config *cfg)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+		dp_set_error("getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+		return -1;
+	}
+	if (rl.rlim_cur < rl.rlim_max) {
+		rlim_t soft = rl.rlim_cur;
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
+			DP_WARN("cannot raise RLIMIT_NOFILE from %lu to %lu: %s", (unsigned long)soft,
+				(unsigned long)rl.rlim_max, strerror(errno));
+			rl.rlim_cur = soft;
+		}
+	}
+	uint64_t need = 2ull * cfg->max_connections + DP_FD_RESERVE;
+	if (rl.rlim_cur != RLIM_INFINITY && need > (uint64_t)rl.rlim_cur) {
+		dp_set_error("max_connections %u needs %lu file descriptors (twice it, and %d more); "
+			     "RLIMIT_NOFILE is %lu: lower max_connections or raise the limit "
+			     "(ulimit -Hn, LimitNOFILE=)",
+			     cfg->max_connections, (unsigned long)need, DP_FD_RESERVE,
+			     (unsigned long)rl.rlim_cur);
+		return -1;
+	}
+	return 0;
 }
 
 static int init_world(struct dp_world *w)
@@ -146,6 +182,10 @@ int main(int argc, char **argv)
 				world.backend_argv[0]);
 			return 2;
 		}
+	if (raise_fd_limit(&world.cfg) < 0) {
+		fprintf(stderr, "duckpipe-dataplane: config %s: %s\n", config, dp_error());
+		return 1;
+	}
 	if (init_world(&world) < 0) {
 		fprintf(stderr, "duckpipe-dataplane: init: %s\n", dp_error());
 		return 1;

@@ -204,17 +204,28 @@ static void test_decode_checks_fields(void)
 static void test_peer_credentials(void)
 {
 	uint32_t uid = 9, gid = 9, pid = 9;
-	CHECK(dp_peer_credentials("localhost:1000:100:2639", &uid, &gid, &pid) && uid == 1000 &&
+	const char *ipc = "ipc:///run/x/control";
+	CHECK(dp_peer_credentials(ipc, "localhost:1000:100:2639", &uid, &gid, &pid) && uid == 1000 &&
 		      gid == 100 && pid == 2639,
 	      "%u %u %u", uid, gid, pid);
-	CHECK(dp_peer_credentials("/run/x:y/control:0:0:1", &uid, &gid, &pid) && uid == 0 &&
+	CHECK(dp_peer_credentials(ipc, "/run/x:y/control:0:0:1", &uid, &gid, &pid) && uid == 0 &&
 		      pid == 1,
 	      "a path with a colon");
-	CHECK(!dp_peer_credentials("127.0.0.1", &uid, &gid, &pid), "tcp: no credentials");
-	CHECK(!dp_peer_credentials(NULL, &uid, &gid, &pid), "no property");
-	CHECK(!dp_peer_credentials("x:1:2:", &uid, &gid, &pid), "an empty pid");
-	CHECK(!dp_peer_credentials("x:1:-2:3", &uid, &gid, &pid), "a sign");
-	CHECK(!dp_peer_credentials("x:99999999999:2:3", &uid, &gid, &pid), "past 32 bits");
+	CHECK(!dp_peer_credentials(ipc, "127.0.0.1", &uid, &gid, &pid), "tcp: no credentials");
+	CHECK(!dp_peer_credentials(ipc, NULL, &uid, &gid, &pid), "no property");
+	CHECK(!dp_peer_credentials(ipc, "x:1:2:", &uid, &gid, &pid), "an empty pid");
+	CHECK(!dp_peer_credentials(ipc, "x:1:-2:3", &uid, &gid, &pid), "a sign");
+	CHECK(!dp_peer_credentials(ipc, "x:99999999999:2:3", &uid, &gid, &pid), "past 32 bits");
+	/* a tcp:// peer's Peer-Address is its IP: an IPv6 one can end in ":0:7:5" (uid 0) */
+	uid = 9;
+	CHECK(!dp_peer_credentials("tcp://[::]:5555", "2001:db8::0:7:5", &uid, &gid, &pid) &&
+		      uid == 9,
+	      "tcp: an IPv6 address is not uid 0");
+	CHECK(!dp_peer_credentials("tcp://127.0.0.1:5555", "localhost:1000:100:2639", &uid, &gid,
+				   &pid),
+	      "tcp: never credentials, whatever the address says");
+	CHECK(dp_peer_credentials(ipc, "2001:db8::0:7:5", &uid, &gid, &pid) && uid == 0,
+	      "ipc: the same tail is SO_PEERCRED");
 }
 
 int main(void)

@@ -51,6 +51,7 @@ from ..schema.abi import (
     Status,
     tensor_shape,
 )
+from ..schema.config import check_limits
 from ..schema.config import default as config_default
 from ..schema.control import ErrorCode
 from ..shm import Segment, clean_segments
@@ -84,6 +85,8 @@ class MockConfig:
     client_max_weight_bytes: int = config_default("client_max_weight_bytes")
     max_hidden: int = config_default("max_hidden")
     max_ffn: int = config_default("max_ffn")
+    client_max_per_pid: int = config_default("client_max_per_pid")
+    max_connections: int = config_default("max_connections")
     control_group: str = config_default("control_group")
     curve_secret_key_file: str = config_default("curve_secret_key_file")
     curve_public_key_file: str = config_default("curve_public_key_file")
@@ -110,9 +113,12 @@ class _Peer:
     admin: bool = False
 
 
-def _peer_credentials(address: str | None) -> tuple[int, int, int] | None:
-    """(uid, gid, pid) from the ":uid:gid:pid" tail libzmq gives an ipc peer's address."""
-    if not address:
+def _peer_credentials(control: str, address: str | None) -> tuple[int, int, int] | None:
+    """(uid, gid, pid) from the ":uid:gid:pid" tail libzmq gives an ipc peer's address.
+
+    Only on an ipc:// endpoint: a tcp:// peer's address is its IP, and an IPv6 one such
+    as "2001:db8::0:7:5" has the same shape (uid 0, the admin)."""
+    if not control.startswith("ipc://") or not address:
         return None
     parts = address.rsplit(":", 3)
     if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
@@ -157,7 +163,7 @@ class _Client:
     pid: int
     name: str
     seg: Segment
-    start_ns: int
+    start_ticks: int  # the kernel's start time of pid, read at attach (never the header's)
     # the consumer's private ring indices (tail, head seen): the segment's copy of tail is
     # only published for the producer, so a client cannot make us replay or skip entries
     indices: object = dataclasses.field(default_factory=lambda: ffi.new("uint64_t[2]"))
@@ -194,6 +200,7 @@ class MockDataplane:
                 "bad_control_messages",
                 "control_refused",
                 "quota_refused",
+                "connections_refused",
                 "layers_freed",
                 "curve_refused",
                 "clients_attached",
@@ -227,6 +234,9 @@ class MockDataplane:
         self._descs = new_descs(BURST)
         self._ctx = zmq.Context.instance()
         self._euid = os.geteuid()
+        why = check_limits(cfg.client_max_layers, cfg.client_max_per_pid)
+        if why:  # as the C dataplane: refused at start
+            raise DuckpipeError(why)
         self._group_gid: int | None = None
         if cfg.control_group:
             try:
@@ -258,6 +268,10 @@ class MockDataplane:
         sock.setsockopt(zmq.LINGER, 0)
         # a longer message disconnects its sender before libzmq buffers it
         sock.setsockopt(zmq.MAXMSGSIZE, ctl.MAX_MESSAGE_BYTES)
+        # as the C dataplane: a peer that never greets is closed after 2 s, and one that
+        # never reads has at most 256 replies queued (later ones are dropped)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, 2000)
+        sock.setsockopt(zmq.SNDHWM, 256)
         try:
             self._limit_access(sock, control)
         except BaseException:
@@ -417,7 +431,7 @@ class MockDataplane:
         """Who sent it, or None (refused and counted) when an ipc peer has no credentials."""
         if not self._ipc:
             return _Peer(identity, creds=False)
-        creds = _peer_credentials(frame.get("Peer-Address"))
+        creds = _peer_credentials(self.cfg.control, frame.get("Peer-Address"))
         if creds is None:
             self.counters["control_refused"] += 1
             self._send(
@@ -549,6 +563,15 @@ class MockDataplane:
                 req_id=rid, code=ErrorCode.ALREADY_ATTACHED, message="this socket is attached"
             )
         cfg = self.cfg
+        mine = sum(1 for c in self.clients.values() if c.pid == peer.pid)
+        if mine >= cfg.client_max_per_pid:  # one process cannot take every client slot
+            self.counters["quota_refused"] += 1
+            return ctl.Error(
+                req_id=rid,
+                code=ErrorCode.QUOTA_EXCEEDED,
+                message=f"pid {peer.pid} has {mine} clients attached, client_max_per_pid is "
+                f"{cfg.client_max_per_pid}: close one first",
+            )
         try:  # the file first: a second attach of one memfd is refused before it is opened
             st = os.stat(f"/proc/{peer.pid}/fd/{msg.segment_fd}") if msg.segment_fd >= 0 else None
         except OSError:
@@ -582,14 +605,20 @@ class MockDataplane:
             return ctl.Error(
                 req_id=rid, code=ErrorCode.BAD_SEGMENT, message="segment was made by another pid"
             )
+        start_ticks = runtime.process_start_ticks(peer.pid)
+        if start_ticks is None:
+            seg.close()
+            return ctl.Error(
+                req_id=rid,
+                code=ErrorCode.BAD_SEGMENT,
+                message=f"cannot read /proc/{peer.pid}/stat: is the client alive?",
+            )
         cid = self._next_client
         self._next_client += 1
         seg.header.dataplane_pid = os.getpid()
         seg.header.client_id = cid
         seg.header.dataplane_heartbeat_ns = runtime.monotonic_ns()
-        client = _Client(
-            cid, peer.identity, peer.pid, msg.name, seg, int(seg.header.start_ns), uid=peer.uid
-        )
+        client = _Client(cid, peer.identity, peer.pid, msg.name, seg, start_ticks, uid=peer.uid)
         client.indices[0] = client.indices[1] = lib.dp_load_acquire_u64(
             ffi.addressof(seg.ring, "tail")
         )
@@ -965,7 +994,11 @@ class MockDataplane:
             hdr = client.seg.header
             hdr.dataplane_heartbeat_ns = now
             beat_age = now - int(hdr.client_heartbeat_ns)
-            if runtime.process_alive(client.pid, client.start_ns) and beat_age < stale_ns:
+            # a pid whose start time changed was reused: the client is gone
+            alive = runtime.process_alive(client.pid) and (
+                runtime.process_start_ticks(client.pid) == client.start_ticks
+            )
+            if alive and beat_age < stale_ns:
                 continue
             log.warning(
                 "client %d (pid %d) is gone; unmapping %s", client.id, client.pid, client.seg.name

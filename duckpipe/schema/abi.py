@@ -39,7 +39,9 @@ __all__ = [
     "ABI_MAJOR",
     "ABI_MINOR",
     "CONSTANTS",
+    "LAYER_TABLE",
     "LAYOUTS",
+    "MAX_CLIENTS",
     "MAX_DIMS",
     "MAX_DUCKS",
     "SEG_MAGIC",
@@ -65,6 +67,11 @@ ABI_MINOR = 1  # 1.1: segments are sealed memfds; detach_reason
 SEG_MAGIC = int.from_bytes(b"DUCKSEG1", "little")
 MAX_DUCKS = 256  # bits in a descriptor's target set
 MAX_DIMS = 4
+MAX_CLIENTS = 64  # client slots of one dataplane
+# Layer table entries (open addressing, a power of two): at least MAX_CLIENTS times the
+# config's client_max_layers, which the dataplane checks at start, so that clients at
+# their quota can never fill it for the others.
+LAYER_TABLE = 8192
 
 
 class Backing(enum.IntEnum):
@@ -283,5 +290,7 @@ CONSTANTS: dict[str, int] = {
     "SEG_MAGIC": SEG_MAGIC,
     "MAX_DUCKS": MAX_DUCKS,
     "MAX_DIMS": MAX_DIMS,
+    "MAX_CLIENTS": MAX_CLIENTS,
+    "LAYER_TABLE": LAYER_TABLE,
     "SHARD_TENSORS": SHARD_TENSORS,
 }

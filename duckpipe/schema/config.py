@@ -12,9 +12,9 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from .abi import MAX_DUCKS
+from .abi import LAYER_TABLE, MAX_CLIENTS, MAX_DUCKS
 
-__all__ = ["DataplaneConfig", "DuckConfig", "NicConfig", "default"]
+__all__ = ["DataplaneConfig", "DuckConfig", "NicConfig", "check_limits", "default"]
 
 U32 = Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)]
 U64 = Annotated[int, Meta(ge=0)]
@@ -60,10 +60,14 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     client_max_slots: U32 = 1024  # slots of one client's segment
     client_max_segment_bytes: U64 = 1 << 30  # size of one client's segment
     max_timeout_us: U32 = 10_000_000  # longest deadline a client may ask for
-    client_max_layers: U32 = 256  # layers one client may hold
+    client_max_layers: U32 = 128  # layers one client may hold (x MAX_CLIENTS <= LAYER_TABLE)
     client_max_weight_bytes: U64 = 8 << 30  # bytes of all one client's layers
     max_hidden: U32 = 65536  # LoadWeights.hidden bound
     max_ffn: U32 = 1 << 20  # LoadWeights.ffn bound
+    client_max_per_pid: U32 = 4  # clients one process may attach (of MAX_CLIENTS)
+    # control connections held at once: at the limit the endpoint is unbound until they
+    # drop below 90% (attached clients keep theirs); must fit well under RLIMIT_NOFILE
+    max_connections: U32 = 256
     # --- who may talk to the control socket ---
     control_group: Annotated[str, Meta(max_length=31)] = ""  # members are clients (not admins)
     curve_secret_key_file: FilePath = ""  # tcp:// needs these: z85 keys, one per file
@@ -80,3 +84,16 @@ def default(name: str, cls: type[msgspec.Struct] = DataplaneConfig) -> object:
                 return f.default
             break
     raise KeyError(f"{cls.__name__}.{name} has no default")
+
+
+def check_limits(client_max_layers: int, client_max_per_pid: int) -> str | None:
+    """Why a config's table quotas cannot work (the C dataplane refuses them at start too),
+    or None: every client at its layer quota must leave the layer table room."""
+    if MAX_CLIENTS * client_max_layers > LAYER_TABLE:
+        return (
+            f"client_max_layers {client_max_layers} x {MAX_CLIENTS} clients passes the "
+            f"layer table ({LAYER_TABLE}): at most {LAYER_TABLE // MAX_CLIENTS}"
+        )
+    if not 1 <= client_max_per_pid <= MAX_CLIENTS:
+        return f"client_max_per_pid {client_max_per_pid} is outside [1, {MAX_CLIENTS}]"
+    return None
