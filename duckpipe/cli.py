@@ -264,11 +264,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(func=_dataplane)
 
+    from .bench import add_parser as add_bench_parser
     from .demo.run import add_parser as add_demo_parser
     from .ducks import add_parser as add_ducks_parser
 
     add_ducks_parser(sub)
     add_demo_parser(sub)
+    add_bench_parser(sub)
 
     s = sub.add_parser("shm", help="list or reclaim shared-memory segments")
     ssub = s.add_subparsers(dest="shm_command", required=True, metavar="ACTION")
