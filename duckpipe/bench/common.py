@@ -169,8 +169,9 @@ class Progress:
     def step(self, what: str) -> None:
         self.done += 1
         if not self.quiet:
+            took = time.monotonic() - self.t0
             print(
-                f"[{self.section} {self.done}/{self.total} {time.monotonic() - self.t0:.1f}s] {what}",
+                f"[{self.section} {self.done}/{self.total} {took:.1f}s] {what}",
                 file=sys.stderr,
                 flush=True,
             )

@@ -224,7 +224,7 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
     table.notes += [
         "Every row of one config talks to the same `duckpipe-ducks --compute echo` process "
         "(all its ducks are one thread on CPU 1: they answer one after another).",
-        "host overhead = end to end − the slowest duck's reported compute_ns (reply headers "
+        "host overhead = end to end - the slowest duck's reported compute_ns (reply headers "
         "for the baselines, the completion's timings for duckpipe).",
         "send spread: first send → last send returned (duckpipe: the dataplane's send phase). "
         "receive window: first partial datagram in → last one in (duckpipe: its spread_ns, "

@@ -19,7 +19,7 @@ def fmt(v: object) -> str:
         return f"{v:,}"
     if isinstance(v, float):
         if math.isnan(v):
-            return "–"
+            return "n/a"
         a = abs(v)
         if a >= 100:
             return f"{v:,.0f}"
