@@ -95,9 +95,10 @@ def _topology(ducks: Sequence[tuple[int, int]], nbytes: int) -> Topology:
                 host_ip="127.0.0.1",
                 host_port=free_udp_ports(1),
                 ducks=[Duck(id=i, ip="127.0.0.1", port=p) for i, p in ducks],
+                rcvbuf=64 << 20,  # 4 MiB partials from several ducks at once
             )
         ],
-        max_forward_bytes=max(1 << 20, 2 * nbytes),
+        max_forward_bytes=max(1 << 20, nbytes),
     )
 
 
