@@ -67,12 +67,12 @@ class Table:
 
 
 def pin(pid: int, cpu: int) -> bool:
-    """Pin ``pid`` (0: this process) to ``cpu`` if the machine has it; False when it cannot."""
-    if not hasattr(os, "sched_setaffinity"):
+    """Pin ``pid`` (0: this process) to ``cpu`` if the machine has it; False when it cannot.
+
+    A child of a pinned process inherits its one CPU: this moves it to another."""
+    if not hasattr(os, "sched_setaffinity") or cpu >= (os.cpu_count() or 1):
         return False
     try:
-        if cpu not in os.sched_getaffinity(0) and pid == 0:
-            return False
         os.sched_setaffinity(pid, {cpu})
         return True
     except OSError:
