@@ -73,6 +73,7 @@ class Samples:
     samples: list[Sample]
     cpu_s: float  # host CPU over the timed forwards (client + dataplane where there is one)
     forwards: int
+    counters: dict[str, int] = dataclasses.field(default_factory=dict)  # dataplane, per run
 
 
 def _buffers(s: socket.socket) -> None:

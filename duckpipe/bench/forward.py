@@ -27,6 +27,8 @@ __all__ = ["WAIT_MODES", "Config", "configs", "run", "run_duckpipe"]
 #: duckpipe.connect(wait=...) modes measured (duckpipe/client.py)
 WAIT_MODES = ("spin", "hybrid", "block")
 FLOOR = "c_mmsg"
+#: dataplane counters reported per forward (duckpipe rows; JSON, and scale's table)
+COUNTERS = ("nacks_sent", "retransmits", "rx_duplicates", "rx_late", "rxq_overflows", "timeouts")
 
 ROW_LABELS = {
     **baselines.PYTHON_BASELINES,
@@ -84,7 +86,7 @@ def configs(size: Size) -> tuple[list[Config], int, int]:
     hidden = size.pick(1024, 1024, 256)
     big = size.pick([(8, 8, 7168), (24, 8, 7168)], [(8, 8, 7168)], [(2, 2, 1024)])
     out = [Config(n, 1, hidden) for n in small] + [Config(*b) for b in big]  # type: ignore[union-attr]
-    return out, size.pick(400, 60, 5), size.pick(60, 8, 3)  # type: ignore[return-value]
+    return out, size.pick(400, 200, 5), size.pick(60, 20, 3)  # type: ignore[return-value]
 
 
 def _topology(ducks: Sequence[tuple[int, int]], nbytes: int) -> Topology:
@@ -159,9 +161,13 @@ def run_duckpipe(
                                 lost=lost,
                             )
                         )
+                    if k == warmup - 1:
+                        n0 = c.stats().counters
                 cpu = cpu_seconds() - cpu0 + _proc_cpu(dproc) - dcpu0
+                n1 = c.stats().counters
                 c.unload_layer(1)
-            out[f"duckpipe_{mode}"] = baselines.Samples(samples, cpu, iters)
+            diff = {k: n1.get(k, 0) - n0.get(k, 0) for k in COUNTERS}
+            out[f"duckpipe_{mode}"] = baselines.Samples(samples, cpu, iters, diff)
     return out
 
 
@@ -186,6 +192,7 @@ def summarise(cfg: Config, name: str, r: baselines.Samples) -> dict[str, object]
         "duck_compute_sum_p50_us": percentiles_us([x.sum_compute for x in s])[0],
         "cpu_per_forward_us": r.cpu_s / max(1, r.forwards) * 1e6,
         "lost": int(sum(x.lost for x in s)),
+        **{f"{k}_per_forward": v / max(1, len(s)) for k, v in r.counters.items()},
     }
 
 

@@ -48,6 +48,9 @@ def _measure(ducks: int, rows: int, iters: int) -> dict[str, object]:
         "host_overhead_p50_us": ho50,
         "host_overhead_p99_us": ho99,
         "lost": int(sum(x.lost for x in s)),
+        "nacks_per_forward": r[f"duckpipe_{WAIT}"].counters.get("nacks_sent", 0) / max(1, len(s)),
+        "duplicates_per_forward": r[f"duckpipe_{WAIT}"].counters.get("rx_duplicates", 0)
+        / max(1, len(s)),
     }
 
 
@@ -55,7 +58,7 @@ def run(size: Size, out: Path, *, quiet: bool = False) -> tuple[list[Table], lis
     duck_pts: list[int] = size.pick([1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16], [1, 2])  # type: ignore[assignment]
     kib: list[int] = size.pick([4 << k for k in range(11)], [4, 16, 64, 256, 1024], [4, 16])  # type: ignore[assignment]
     payload_ducks = 1  # 4 ducks x 4 MiB timed out every forward here (see the README)
-    iters_small: int = size.pick(300, 40, 5)  # type: ignore[assignment]
+    iters_small: int = size.pick(300, 100, 5)  # type: ignore[assignment]
     prog = Progress("scale", len(duck_pts) + len(kib), quiet=quiet)
     cols = [
         ("series", "series"),
@@ -64,6 +67,8 @@ def run(size: Size, out: Path, *, quiet: bool = False) -> tuple[list[Table], lis
         ("p50_us", "p50 µs"),
         ("host_overhead_p50_us", "host overhead p50 µs"),
         ("host_overhead_p99_us", "host overhead p99 µs"),
+        ("nacks_per_forward", "NACKs / fwd"),
+        ("duplicates_per_forward", "duplicates / fwd"),
         ("lost", "lost"),
     ]
     t = Table(key="scale", title=f"scale: duckpipe host overhead (wait={WAIT})", columns=cols)
