@@ -34,6 +34,16 @@ def _forward_plot(out: Path, t: Table) -> bool:
     return plot(out / "forward.png", "forward p50, one row", series, "ducks", "p50 (µs)")
 
 
+def _ipc_plot(out: Path, t: Table) -> bool:
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for r in t.rows:
+        x, y = series.setdefault(str(r["transport"]), ([], []))
+        x.append(float(r["bytes"]))  # type: ignore[arg-type]
+        y.append(float(r["rt_p50_us"]))  # type: ignore[arg-type]
+    return plot(out / "ipc.png", "round trip p50 by payload", series, "payload (bytes)",
+                "round trip p50 (µs)", logx=True, logy=True)  # fmt: skip
+
+
 def run(sections: list[str], size: Size, out: Path, command: str, *, quiet: bool = False) -> int:
     out.mkdir(parents=True, exist_ok=True)
     before, pinning = pin_self()
@@ -66,6 +76,10 @@ def run(sections: list[str], size: Size, out: Path, command: str, *, quiet: bool
                 from . import ipc
 
                 new = ipc.run(size, quiet=quiet)
+                if _ipc_plot(out, new[0]):
+                    plots.append("ipc.png")
+                else:
+                    have_plots = False
             else:
                 raise ValueError(name)
             seconds[name] = round(time.monotonic() - t0, 1)

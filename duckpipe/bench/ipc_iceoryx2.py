@@ -30,6 +30,7 @@ class _End:
     def __init__(self, tx_name: str, rx_name: str, size: int) -> None:
         import iceoryx2 as iox2
 
+        iox2.set_log_level_from_env_or(iox2.LogLevel.Error)  # not "no config file" on stdout
         self.node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
 
         def svc(name: str):  # type: ignore[no-untyped-def]

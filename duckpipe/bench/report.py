@@ -81,7 +81,7 @@ def write_json(path: Path, facts: dict[str, object], command: str, tables: Seque
 
 
 def plot(path: Path, title: str, series: dict[str, tuple[list[float], list[float]]],
-         xlabel: str, ylabel: str, *, logx: bool = False,
+         xlabel: str, ylabel: str, *, logx: bool = False, logy: bool = False,
          fits: dict[str, tuple[float, float]] | None = None) -> bool:  # fmt: skip
     """A line plot of ``series`` (name -> (x, y)); False when matplotlib is not installed."""
     try:
@@ -100,6 +100,8 @@ def plot(path: Path, title: str, series: dict[str, tuple[list[float], list[float
                     label=f"{name}: fit {slope:.3g}/unit")  # fmt: skip
     if logx:
         ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
