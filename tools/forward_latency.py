@@ -4,7 +4,7 @@
     python tools/forward_latency.py --ducks 24 --hidden 1024 --compute echo
 
 Prints end-to-end p50/p99 from Python and the dataplane's per-phase medians. The
-benchmark suite with baselines in the same run is its own issue; this is the
+benchmark suite with baselines in the same run is `duckpipe bench`; this is the
 quick look the README's numbers come from.
 """
 
