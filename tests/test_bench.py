@@ -107,7 +107,7 @@ def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -
     assert_complete(sc)
     assert_complete(fits)
     assert {r["series"] for r in sc["rows"]} == {"ducks", "payload"}
-    assert len(fits["rows"]) == 2
+    assert len(fits["rows"]) == 3
     assert f"wrote {tmp_path / 'results' / 'bench.json'}" in stdout
 
 
