@@ -31,7 +31,7 @@ def _forward_plot(out: Path, t: Table) -> bool:
         x, y = series.setdefault(str(r["row"]), ([], []))
         x.append(float(r["ducks"]))  # type: ignore[arg-type]
         y.append(float(r["p50_us"]))  # type: ignore[arg-type]
-    return plot(out / "forward.png", "forward p50, one row", series, "ducks", "p50 (µs)")
+    return plot(out / "forward.png", "forward p50, one row", series, "ducks", "p50 (µs)", logy=True)
 
 
 def _ipc_plot(out: Path, t: Table) -> bool:
