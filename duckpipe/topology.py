@@ -80,6 +80,8 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
     idle: Literal["spin", "yield", "backoff"] = "backoff"
     default_timeout_ms: Annotated[float, Meta(gt=0)] = default("default_timeout_us") / 1000
     nack_us: Annotated[int, Meta(ge=100)] = default("nack_us")
+    nack_min_us: Annotated[int, Meta(ge=10, le=0xFFFF_FFFF)] = default("nack_min_us")
+    nack_max_us: Annotated[int, Meta(ge=100, le=0xFFFF_FFFF)] = default("nack_max_us")
     weight_rto_us: Annotated[int, Meta(ge=100)] = default("weight_rto_us")
     weight_timeout_ms: Annotated[int, Meta(ge=1)] = default("weight_timeout_ms")
     client_timeout_ms: Annotated[int, Meta(ge=100)] = default("client_timeout_ms")
@@ -107,6 +109,10 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
             raise ValueError(
                 f"max_timeout_us ({self.max_timeout_us}) is below default_timeout_ms "
                 f"({self.default_timeout_ms:g})"
+            )
+        if self.nack_min_us > self.nack_max_us:
+            raise ValueError(
+                f"nack_min_us ({self.nack_min_us}) is above nack_max_us ({self.nack_max_us})"
             )
         seen: set[int] = set()
         for nic in self.nics:
