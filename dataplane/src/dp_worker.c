@@ -692,7 +692,9 @@ static int receive(struct dp_worker *wk, uint64_t now)
 
 /* --- timers ------------------------------------------------------------------------- */
 
-static int timers(struct dp_worker *wk, uint64_t now)
+/* backlog: the last receive filled its burst, so replies may be waiting unread (this
+ * thread was descheduled, say): NACK nobody until they are read. */
+static int timers(struct dp_worker *wk, uint64_t now, bool backlog)
 {
 	int work = 0;
 	uint32_t forwards = 0, unacked = 0;
@@ -712,7 +714,7 @@ static int timers(struct dp_worker *wk, uint64_t now)
 			if (now >= f->deadline_ns) {
 				finish_part(wk, f, DP_STATUS_TIMEOUT, now);
 				work++;
-			} else if (now >= wk->next_nack[f->index]) {
+			} else if (!backlog && now >= wk->next_nack[f->index]) {
 				wk->next_nack[f->index] = nack_forward(wk, f, now);
 				work++;
 			}
@@ -757,8 +759,9 @@ int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now)
 	}
 	int work = (int)n;
 	/* fresh clocks: sends above may have taken longer than the loop's `now` knows */
-	work += receive(wk, n ? dp_now_ns() : now);
-	work += timers(wk, dp_now_ns());
+	int got = receive(wk, n ? dp_now_ns() : now);
+	work += got;
+	work += timers(wk, dp_now_ns(), got == RX_BURST);
 	return work;
 }
 
@@ -786,6 +789,8 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 		}
 	wk->be.ops = dp_backend_lookup(cfg->backend);
 	wk->be.cfg = cfg;
+	wk->be.config = &w->cfg;
+	wk->be.nic = nic;
 	wk->be.counters = &wk->counters;
 	if (!wk->be.ops)
 		return -1;
