@@ -54,7 +54,7 @@ def _dataplane(args: argparse.Namespace) -> int:
     from .dataplane import run_foreground
     from .topology import load, loopback
 
-    topo = load(args.config) if args.config else loopback(args.ducks)
+    topo = load(args.config) if args.config else loopback(args.ducks, backend=args.backend)
     extra = args.backend_args[1:] if args.backend_args[:1] == ["--"] else args.backend_args
     return run_foreground(topo, args.control, args.verbose, extra)
 
@@ -256,6 +256,12 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("dataplane", help="run the C dataplane (kernel UDP or DPDK)")
     d.add_argument("--config", help="TOML topology (default: --ducks ducks on loopback)")
     d.add_argument("--ducks", type=int, default=8, help="loopback ducks without --config")
+    d.add_argument(
+        "--backend",
+        choices=["socket", "null"],
+        default="socket",
+        help="without --config: null answers for the ducks itself (no network; README)",
+    )
     d.add_argument("--control", help="ZeroMQ endpoint (default: $DUCKPIPE_CONTROL or the run dir)")
     d.add_argument(
         "backend_args",

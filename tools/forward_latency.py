@@ -69,6 +69,11 @@ def main() -> int:
         f"  datagrams: {n['tx_packets']} out ({n['gso_sends']} GSO sends), {n['rx_packets']} in, "
         f"{n['nacks_sent']} NACKs, {n['timeouts']} timeouts"
     )
+    per = max(n["forwards"], 1)
+    print(
+        f"  per forward: {n['nacks_sent'] / per:.3f} NACKs, "
+        f"{n['rx_duplicates'] / per:.3f} duplicate and {n['rx_late'] / per:.3f} late datagrams"
+    )
     return 0
 
 
