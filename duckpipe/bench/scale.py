@@ -107,13 +107,21 @@ def run(size: Size, out: Path, *, quiet: bool = False) -> tuple[list[Table], lis
                 "slope": per_mib,
                 "intercept_us": mib_icpt,
             },
+        ],
+    )
+    if len(clean) >= 2:
+        fits.rows.append(
             {
                 "fit": f"µs per MiB ({payload_ducks} ducks, points with < 0.5 NACKs / fwd)",
                 "slope": clean_mib,
                 "intercept_us": clean_icpt,
-            },
-        ],
-    )
+            }
+        )
+    else:
+        fits.notes.append(
+            f"Only {len(clean)} payload point(s) had fewer than 0.5 NACKs per forward: "
+            "no fit without NACK recovery."
+        )
     t.notes.append(
         f"Payload series: {payload_ducks} duck(s), rows x {HIDDEN} float32; each duck's "
         "partial is as large as the activation, so the bytes moved are ducks x 2 x payload."
