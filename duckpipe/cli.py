@@ -57,7 +57,7 @@ def _dataplane(args: argparse.Namespace) -> int:
     from .dataplane import run_foreground
     from .topology import load, loopback
 
-    topo = load(args.config) if args.config else loopback(args.ducks)
+    topo = load(args.config) if args.config else loopback(args.ducks, backend=args.backend)
     extra = args.backend_args[1:] if args.backend_args[:1] == ["--"] else args.backend_args
     return run_foreground(topo, args.control, args.verbose, extra)
 
@@ -259,6 +259,12 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("dataplane", help="run the C dataplane (kernel UDP or DPDK)")
     d.add_argument("--config", help="TOML topology (default: --ducks ducks on loopback)")
     d.add_argument("--ducks", type=int, default=8, help="loopback ducks without --config")
+    d.add_argument(
+        "--backend",
+        choices=["socket", "null"],
+        default="socket",
+        help="without --config: null answers for the ducks itself (no network; README)",
+    )
     d.add_argument("--control", help="ZeroMQ endpoint (default: $DUCKPIPE_CONTROL or the run dir)")
     d.add_argument(
         "backend_args",
@@ -267,11 +273,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(func=_dataplane)
 
+    from .bench import add_parser as add_bench_parser
     from .demo.run import add_parser as add_demo_parser
     from .ducks import add_parser as add_ducks_parser
 
     add_ducks_parser(sub)
     add_demo_parser(sub)
+    add_bench_parser(sub)
 
     s = sub.add_parser("shm", help="list or reclaim shared-memory segments")
     ssub = s.add_subparsers(dest="shm_command", required=True, metavar="ACTION")

@@ -8,7 +8,10 @@ Installed with duckpipe (entry point ``pytest11``)::
 
 ``duckpipe_mock`` is one mock dataplane with 8 ducks per test module;
 ``duckpipe_mock_factory(ducks=24, args=[...])`` starts private ones for a test
-(faults, crashes) and stops them after it.
+(faults, crashes) and stops them after it. ``duckpipe_null_factory(ducks=8)``
+starts the C dataplane with the ``null`` backend (no ducks, no network: each
+duck's partial is the activation itself) and :func:`null_backend_result` says
+what a forward through it returns.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .errors import DataplaneRefused, DataplaneUnavailable
@@ -34,8 +38,11 @@ __all__ = [
     "duckpipe_cluster_factory",
     "duckpipe_mock",
     "duckpipe_mock_factory",
+    "duckpipe_null_factory",
     "killed_client_segment",
     "mapped_by",
+    "null_backend_result",
+    "null_topology",
     "set_faults",
     "wait_until_gone",
 ]
@@ -166,3 +173,73 @@ def duckpipe_mock_factory() -> Iterator:
     yield start
     for dp in started:
         dp.__exit__(None, None, None)
+
+
+def null_backend_result(x: np.ndarray, ducks: int, b_down: np.ndarray | None = None) -> np.ndarray:
+    """What a forward of ``x`` through the ``null`` backend returns, bit for bit.
+
+    Every duck's partial is ``x`` itself, so the dataplane's float32 sum is
+    ``ducks * x`` (``ducks``: how many answered: the layer's, or the ``ducks=``
+    subset), plus ``b_down``, rounded to x's dtype. Exact whenever every
+    ``k * x`` (k <= ducks) is a float32: always for float16 activations; for
+    float32 ones use values with a few significant bits (e.g. multiples of 1/64).
+    """
+    acc = np.zeros(x.shape, np.float32)
+    xf = np.asarray(x, np.float32)
+    for _ in range(ducks):
+        acc += xf
+    if b_down is not None:
+        acc += np.asarray(b_down, np.float32)
+    return acc.astype(x.dtype)
+
+
+def null_topology(ducks: int = 8, *, nics: int = 1, broadcast: bool = False, **settings):
+    """A topology of ``ducks`` over ``nics`` NICs with the ``null`` backend: no duck runs
+    and nothing is sent; the addresses (loopback, unused) only name the ducks. With
+    ``broadcast`` each NIC's FORWARD datagrams go to 127.255.255.255 and reach every duck
+    of the NIC, as a subnet broadcast does."""
+    from .topology import Duck, Nic, Topology
+
+    port = 47100  # never bound: every duck may share it, as broadcast requires
+    per_nic: list[list[Duck]] = [[] for _ in range(nics)]
+    for i in range(ducks):
+        per_nic[i % nics].append(Duck(id=i, ip=f"127.0.{i // 250}.{1 + i % 250}", port=port))
+    return Topology(
+        nics=[
+            Nic(
+                name=f"null{k}",
+                backend="null",
+                host_ip="127.0.0.1",
+                host_port=47000 + k,
+                broadcast="127.255.255.255" if broadcast else "",
+                ducks=per_nic[k],
+            )
+            for k in range(nics)
+        ],
+        **settings,
+    )
+
+
+@pytest.fixture
+def duckpipe_null_factory() -> Iterator:
+    """``duckpipe_null_factory(ducks=8, nics=1, broadcast=False, **settings)``: the C
+    dataplane with the ``null`` backend (see :func:`null_backend_result`), stopped and
+    checked for a clean exit after the test."""
+    from .binaries import find_binary
+    from .dataplane import DataplaneProcess
+    from .errors import DuckpipeError
+
+    try:
+        find_binary("duckpipe-dataplane")
+    except DuckpipeError as e:
+        pytest.skip(str(e))
+    started: list[DataplaneProcess] = []
+
+    def start(ducks: int = 8, **kw) -> DataplaneProcess:
+        dp = DataplaneProcess(null_topology(ducks, **kw))
+        started.append(dp)
+        return dp.start()
+
+    yield start
+    for dp in started:
+        assert_clean_exit(dp)

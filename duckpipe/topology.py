@@ -17,7 +17,8 @@
 
     [[nics]]
     name = "lo"
-    backend = "socket"            # kernel UDP; "dpdk" once built
+    backend = "socket"            # kernel UDP; "null": no network, the ducks answer at once
+                                  # (README: the null backend); "dpdk" once built
     interface = ""                # SO_BINDTODEVICE when set
     host_ip = "127.0.0.1"         # the dataplane's address on this NIC
     host_port = 47000
@@ -63,7 +64,7 @@ class Duck(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True
 
 class Nic(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     name: Annotated[str, Meta(min_length=1, max_length=15)]
-    backend: Literal["socket", "dpdk"] = "socket"
+    backend: Literal["socket", "null", "dpdk"] = "socket"
     interface: Annotated[str, Meta(max_length=15)] = ""
     host_ip: IPv4
     host_port: Port = DEFAULT_HOST_PORT
@@ -82,6 +83,8 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
     idle: Literal["spin", "yield", "backoff"] = "backoff"
     default_timeout_ms: Annotated[float, Meta(gt=0)] = default("default_timeout_us") / 1000
     nack_us: Annotated[int, Meta(ge=100)] = default("nack_us")
+    nack_min_us: Annotated[int, Meta(ge=10, le=0xFFFF_FFFF)] = default("nack_min_us")
+    nack_max_us: Annotated[int, Meta(ge=100, le=0xFFFF_FFFF)] = default("nack_max_us")
     weight_rto_us: Annotated[int, Meta(ge=100)] = default("weight_rto_us")
     weight_timeout_ms: Annotated[int, Meta(ge=1)] = default("weight_timeout_ms")
     client_timeout_ms: Annotated[int, Meta(ge=100)] = default("client_timeout_ms")
@@ -111,6 +114,10 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
             raise ValueError(
                 f"max_timeout_us ({self.max_timeout_us}) is below default_timeout_ms "
                 f"({self.default_timeout_ms:g})"
+            )
+        if self.nack_min_us > self.nack_max_us:
+            raise ValueError(
+                f"nack_min_us ({self.nack_min_us}) is above nack_max_us ({self.nack_max_us})"
             )
         seen: set[int] = set()
         for nic in self.nics:
@@ -181,16 +188,22 @@ def loopback(
     *,
     host_port: int = DEFAULT_HOST_PORT,
     duck_port: int = DEFAULT_DUCK_PORT,
+    backend: str = "socket",
     **settings: object,
 ) -> Topology:
-    """N ducks on 127.0.0.1 ports duck_port.., unicast fan-out (loopback has no broadcast)."""
+    """N ducks on 127.0.0.1 ports duck_port.., unicast fan-out (loopback has no broadcast).
+
+    ``backend="null"``: no ducks need to run; the dataplane answers for them."""
     if not 1 <= ducks <= MAX_DUCKS:
         raise BadInput(f"ducks must be between 1 and {MAX_DUCKS}, not {ducks}")
+    if backend not in ("socket", "null", "dpdk"):
+        raise BadInput(f"backend must be socket, null or dpdk, not {backend!r}")
     nic = Nic(
         name="lo",
         host_ip="127.0.0.1",
         host_port=host_port,
         ducks=[Duck(id=i, ip="127.0.0.1", port=duck_port + i) for i in range(ducks)],
+        backend=backend,  # type: ignore[arg-type]
     )
     try:
         return Topology(nics=[nic], **settings)  # type: ignore[arg-type]

@@ -4,7 +4,7 @@
     python tools/forward_latency.py --ducks 24 --hidden 1024 --compute echo
 
 Prints end-to-end p50/p99 from Python and the dataplane's per-phase medians. The
-benchmark suite with baselines in the same run is its own issue; this is the
+benchmark suite with baselines in the same run is `duckpipe bench`; this is the
 quick look the README's numbers come from.
 """
 
@@ -68,6 +68,11 @@ def main() -> int:
     print(
         f"  datagrams: {n['tx_packets']} out ({n['gso_sends']} GSO sends), {n['rx_packets']} in, "
         f"{n['nacks_sent']} NACKs, {n['timeouts']} timeouts"
+    )
+    per = max(n["forwards"], 1)
+    print(
+        f"  per forward: {n['nacks_sent'] / per:.3f} NACKs, "
+        f"{n['rx_duplicates'] / per:.3f} duplicate and {n['rx_late'] / per:.3f} late datagrams"
     )
     return 0
 

@@ -1,5 +1,6 @@
 /* dp_backend.h: how a NIC worker moves datagrams, as an ops table (l3fwd's lookup
- * modes are the model). `socket` is kernel UDP; `dpdk` plugs in the same way. */
+ * modes are the model). `socket` is kernel UDP; `null` answers for the ducks itself,
+ * with no network (dp_backend_null.c); `dpdk` plugs in the same way. */
 #ifndef DP_BACKEND_H
 #define DP_BACKEND_H
 
@@ -43,6 +44,8 @@ struct dp_backend_ops {
 struct dp_backend {
 	const struct dp_backend_ops *ops;
 	const struct dp_nic_cfg *cfg;
+	const struct dp_config *config; /* all of it: the ducks, and which NIC each is on */
+	uint32_t nic;                   /* cfg's index in config->nics */
 	struct dp_counters *counters;
 	bool gso;           /* the backend can cut one send into datagrams */
 	uint32_t max_gso_segments;
@@ -50,6 +53,7 @@ struct dp_backend {
 };
 
 extern const struct dp_backend_ops dp_backend_socket;
+extern const struct dp_backend_ops dp_backend_null;
 
 /* The ops table for a backend name, or NULL (with dp_error naming the choices). */
 const struct dp_backend_ops *dp_backend_lookup(const char *name);

@@ -142,6 +142,8 @@ int dp_config_load(const char *path, struct dp_config *cfg)
 	    dp_mp_u32(root, "default_timeout_us", &cfg->default_timeout_us,
 		      DP_CFG_DEFAULT_DEFAULT_TIMEOUT_US) < 0 ||
 	    dp_mp_u32(root, "nack_us", &cfg->nack_us, DP_CFG_DEFAULT_NACK_US) < 0 ||
+	    dp_mp_u32(root, "nack_min_us", &cfg->nack_min_us, DP_CFG_DEFAULT_NACK_MIN_US) < 0 ||
+	    dp_mp_u32(root, "nack_max_us", &cfg->nack_max_us, DP_CFG_DEFAULT_NACK_MAX_US) < 0 ||
 	    dp_mp_u32(root, "weight_rto_us", &cfg->weight_rto_us, DP_CFG_DEFAULT_WEIGHT_RTO_US) < 0 ||
 	    dp_mp_u32(root, "weight_timeout_ms", &cfg->weight_timeout_ms,
 		      DP_CFG_DEFAULT_WEIGHT_TIMEOUT_MS) < 0 ||
@@ -180,6 +182,11 @@ int dp_config_load(const char *path, struct dp_config *cfg)
 	cfg->dedicated_threads = dedicated;
 	if (!cfg->control[0]) {
 		dp_set_error("'control' (the ZeroMQ endpoint) is missing");
+		goto out;
+	}
+	if (cfg->nack_min_us == 0 || cfg->nack_min_us > cfg->nack_max_us) {
+		dp_set_error("nack_min_us %u must be above 0 and at most nack_max_us %u",
+			     cfg->nack_min_us, cfg->nack_max_us);
 		goto out;
 	}
 	if (cfg->max_inflight == 0 || (cfg->max_inflight & (cfg->max_inflight - 1)) ||

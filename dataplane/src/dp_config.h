@@ -39,7 +39,9 @@ struct dp_config {
 	uint32_t ncores;
 	enum dp_idle_kind idle;
 	uint32_t default_timeout_us;
-	uint32_t nack_us;            /* first NACK after this, then every this */
+	uint32_t nack_us;            /* a duck's NACK timeout until its reply time is measured */
+	uint32_t nack_min_us;        /* the measured NACK timeout's floor */
+	uint32_t nack_max_us;        /* and its ceiling, backoff included */
 	uint32_t weight_rto_us;      /* weight datagram retransmit timeout */
 	uint32_t weight_timeout_ms;  /* a weight chunk not acked by then fails */
 	uint32_t client_timeout_ms;  /* client heartbeat age that counts as dead */

@@ -40,6 +40,9 @@
 	X(nacks_received)                                                                   \
 	X(retransmits)          /* activation chunks resent on a duck's NACK */             \
 	X(nack_resends_suppressed) /* chunks a NACK asked for again within nack_us */      \
+	X(rto_samples)          /* duck reply times taken into its NACK timeout (RTO) */    \
+	X(nacks_avoided)        /* ducks that answered un-NACKed after more than nack_us */ \
+	X(rto_backoffs)         /* NACK timeouts that doubled a duck's RTO */              \
 	X(weight_datagrams)                                                                 \
 	X(weight_retransmits)                                                               \
 	X(pings)                                                                            \

@@ -140,6 +140,8 @@ struct dp_duck_rx {
 	uint64_t compute_ns;
 	uint64_t done_ns;
 	uint64_t resent_ns; /* last activation resend on this duck's NACK (NACK flood guard) */
+	uint64_t progress_ns; /* last datagram from this duck for the forward (0: none yet) */
+	uint32_t nacks;       /* NACKs sent to it for this forward (Karn: then no RTT sample) */
 	uint8_t state; /* 0 waiting, 1 answered, 2 holds no such layer */
 };
 

@@ -3,8 +3,10 @@
  * For every forward handed over by the dispatcher it sends the activation to
  * the ducks of its NIC (broadcast, or unicast fan-out one duck after another),
  * then takes their partials chunk by chunk, adding each new chunk straight into
- * a float32 sum (a bitmap per duck refuses duplicates), NACKs ducks whose
- * partials are incomplete, resends the activation chunks a duck asks for, and
+ * a float32 sum (a bitmap per duck refuses duplicates), NACKs a duck whose
+ * partial has made no progress for that duck's RTO (RFC 6298's estimator over
+ * its measured reply times, so that a slow duck is not taken for a lossy one),
+ * resends the activation chunks a duck asks for, and
  * gives up at the forward's deadline naming the ducks that did not answer. The
  * worker that completes the last NIC's part writes the result slot and
  * publishes the completion. Weight chunks go to one duck by reliable unicast
@@ -113,6 +115,51 @@ static void send_activation(struct dp_worker *wk, struct dp_fwd *f, const struct
 		wk->tx[wk->ntx++] = (struct dp_tx){ .dst = dst, .iov = iov, .iovcnt = 2 * k,
 						   .gso_size = k > 1 ? per : 0, .datagrams = k };
 		wk->niov += 2 * k;
+	}
+}
+
+/* --- NACK timeouts ---------------------------------------------------------------- */
+
+static uint64_t clamp_rto(const struct dp_worker *wk, uint64_t rto)
+{
+	uint64_t lo = (uint64_t)wk->w->cfg.nack_min_us * 1000;
+	uint64_t hi = (uint64_t)wk->w->cfg.nack_max_us * 1000;
+	return rto < lo ? lo : rto > hi ? hi : rto;
+}
+
+/* RFC 6298 (2.2, 2.3) with K = 4 and G = nack_min_us (RTTVAR's fall slowed, below): one reply time R of a duck that
+ * was never NACKed nor sent an activation again for this forward (Karn's rule). */
+static void rto_sample(struct dp_worker *wk, uint32_t duck, uint64_t r)
+{
+	struct dp_rto *e = &wk->rto[duck];
+	if (!e->sampled) {
+		e->srtt = r;
+		e->rttvar = r / 2;
+		e->sampled = true;
+	} else {
+		uint64_t delta = e->srtt > r ? e->srtt - r : r - e->srtt;
+		/* RTTVAR rises as RFC 6298 says but falls 8x slower (Linux keeps the recent
+		 * maximum deviation too): on a shared core one calm stretch must not shrink the
+		 * RTO to srtt + G and make the next scheduling hiccup look like a loss */
+		if (delta >= e->rttvar)
+			e->rttvar = (3 * e->rttvar + delta) / 4;
+		else
+			e->rttvar -= (e->rttvar - delta) / 32;
+		e->srtt = (7 * e->srtt + r) / 8;
+	}
+	uint64_t g = (uint64_t)wk->w->cfg.nack_min_us * 1000;
+	e->rto = clamp_rto(wk, e->srtt + (4 * e->rttvar > g ? 4 * e->rttvar : g));
+	dp_count(&wk->counters, DP_C_rto_samples, 1);
+}
+
+/* A NACK timeout fired (5.5): back off, until a fresh sample says otherwise. */
+static void rto_backoff(struct dp_worker *wk, uint32_t duck)
+{
+	struct dp_rto *e = &wk->rto[duck];
+	uint64_t hi = (uint64_t)wk->w->cfg.nack_max_us * 1000;
+	if (e->rto < hi) {
+		e->rto = 2 * e->rto < hi ? 2 * e->rto : hi;
+		dp_count(&wk->counters, DP_C_rto_backoffs, 1);
 	}
 }
 
@@ -246,7 +293,8 @@ static void accept_forward(struct dp_worker *wk, struct dp_fwd *f)
 			rx->reasm.chunks = 0; /* the first chunk says how many */
 			rx->reasm.have = 0;
 			rx->state = 0;
-			rx->compute_ns = rx->done_ns = rx->resent_ns = 0;
+			rx->compute_ns = rx->done_ns = rx->resent_ns = rx->progress_ns = 0;
+			rx->nacks = 0;
 		}
 	wk->owned[f->index] = f->wire_id;
 	wk->active[wk->nactive++] = f;
@@ -263,16 +311,33 @@ static void accept_forward(struct dp_worker *wk, struct dp_fwd *f)
 	tx_flush(wk);
 	p->wait_start = dp_now_ns();
 	p->send_ns = p->wait_start - start;
-	wk->next_nack[f->index] = p->wait_start + (uint64_t)wk->w->cfg.nack_us * 1000;
+	uint64_t rto = UINT64_MAX;
+	for (uint32_t i = 0; i < wk->nducks; i++)
+		if (dp_targets_has(f->targets, wk->ducks[i]) && wk->rto[wk->ducks[i]].rto < rto)
+			rto = wk->rto[wk->ducks[i]].rto;
+	wk->next_nack[f->index] = p->wait_start + rto;
 }
 
-static void nack_forward(struct dp_worker *wk, struct dp_fwd *f)
+/* NACK the ducks of f whose partial made no progress for their RTO; returns when the
+ * next one is due (UINT64_MAX: none is waited for). */
+static uint64_t nack_forward(struct dp_worker *wk, struct dp_fwd *f, uint64_t now)
 {
+	uint64_t next = UINT64_MAX;
+	uint64_t sent_end = f->part[wk->nic].wait_start;
 	for (uint32_t i = 0; i < wk->nducks; i++) {
 		uint32_t d = wk->ducks[i];
 		if (!dp_targets_has(f->targets, d) || duck_rx(wk, f, d)->state != 0)
 			continue;
 		struct dp_duck_rx *rx = duck_rx(wk, f, d);
+		uint64_t due = (rx->progress_ns ? rx->progress_ns : sent_end) + wk->rto[d].rto;
+		if (due > now) {
+			next = due < next ? due : next;
+			continue;
+		}
+		rto_backoff(wk, d);
+		rx->nacks++;
+		rx->progress_ns = now; /* the next NACK one (backed-off) RTO from now */
+		next = now + wk->rto[d].rto < next ? now + wk->rto[d].rto : next;
 		void *list;
 		struct dp_wire_header *h = ctl_header(wk, DP_WIRE_OP_NACK, f->desc.epoch, &list);
 		/* nothing yet: an empty list asks for everything */
@@ -286,6 +351,7 @@ static void nack_forward(struct dp_worker *wk, struct dp_fwd *f)
 		tx_one(wk, duck_addr(wk, d), h, list, h->length);
 		dp_count(&wk->counters, DP_C_nacks_sent, 1);
 	}
+	return next;
 }
 
 /* --- weights ----------------------------------------------------------------------- */
@@ -456,14 +522,20 @@ static void on_partial(struct dp_worker *wk, struct dp_fwd *f, const struct dp_w
 	}
 	dp_accumulate(f->acc[wk->nic], h->offset / item, dp_wire_payload(h), h->length / item,
 		      l->dtype);
-	/* NACK only once the stream of partials stalls: ducks still computing are not late */
-	wk->next_nack[f->index] = now + (uint64_t)wk->w->cfg.nack_us * 1000;
+	/* NACK only once this duck's stream stalls for its RTO: next_nack stays a lower bound */
+	rx->progress_ns = now;
 	if (h->compute_ns > rx->compute_ns)
 		rx->compute_ns = h->compute_ns;
 	if (dp_reasm_complete(&rx->reasm)) {
 		struct dp_nic_part *p = &f->part[wk->nic];
 		rx->state = 1;
 		rx->done_ns = now;
+		/* Karn: a reply to a NACK or to a resent activation says nothing of the RTT */
+		if (!rx->nacks && !rx->resent_ns && now > p->wait_start) {
+			rto_sample(wk, duck, now - p->wait_start);
+			if (now - p->wait_start > (uint64_t)wk->w->cfg.nack_us * 1000)
+				dp_count(&wk->counters, DP_C_nacks_avoided, 1);
+		}
 		if (!p->first_ns)
 			p->first_ns = now;
 		p->last_ns = now;
@@ -504,6 +576,7 @@ static void on_nack(struct dp_worker *wk, struct dp_fwd *f, const struct dp_wire
 	uint32_t n = h->length / sizeof(uint32_t);
 	struct dp_duck_rx *rx = duck_rx(wk, f, duck);
 	uint64_t interval = (uint64_t)wk->w->cfg.nack_us * 1000;
+	rx->progress_ns = now; /* it is alive and waits for input: one RTO from now */
 	if (rx->resent_ns && now < rx->resent_ns + interval) {
 		dp_count(&wk->counters, DP_C_nack_resends_suppressed, n ? n : chunks);
 		return;
@@ -619,7 +692,9 @@ static int receive(struct dp_worker *wk, uint64_t now)
 
 /* --- timers ------------------------------------------------------------------------- */
 
-static int timers(struct dp_worker *wk, uint64_t now)
+/* backlog: the last receive filled its burst, so replies may be waiting unread (this
+ * thread was descheduled, say): NACK nobody until they are read. */
+static int timers(struct dp_worker *wk, uint64_t now, bool backlog)
 {
 	int work = 0;
 	uint32_t forwards = 0, unacked = 0;
@@ -639,9 +714,8 @@ static int timers(struct dp_worker *wk, uint64_t now)
 			if (now >= f->deadline_ns) {
 				finish_part(wk, f, DP_STATUS_TIMEOUT, now);
 				work++;
-			} else if (now >= wk->next_nack[f->index]) {
-				nack_forward(wk, f);
-				wk->next_nack[f->index] = now + (uint64_t)wk->w->cfg.nack_us * 1000;
+			} else if (!backlog && now >= wk->next_nack[f->index]) {
+				wk->next_nack[f->index] = nack_forward(wk, f, now);
 				work++;
 			}
 		} else if (now >= f->deadline_ns) {
@@ -685,8 +759,9 @@ int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now)
 	}
 	int work = (int)n;
 	/* fresh clocks: sends above may have taken longer than the loop's `now` knows */
-	work += receive(wk, n ? dp_now_ns() : now);
-	work += timers(wk, dp_now_ns());
+	int got = receive(wk, n ? dp_now_ns() : now);
+	work += got;
+	work += timers(wk, dp_now_ns(), got == RX_BURST);
 	return work;
 }
 
@@ -705,10 +780,17 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 		return -1;
 	}
 	for (uint32_t i = 0; i < w->cfg.nducks; i++)
-		if (w->cfg.ducks[i].nic == nic)
-			wk->ducks[wk->nducks++] = w->cfg.ducks[i].id;
+		if (w->cfg.ducks[i].nic == nic) {
+			uint16_t id = w->cfg.ducks[i].id;
+			wk->ducks[wk->nducks++] = id;
+			uint32_t init = w->cfg.nack_us > w->cfg.nack_min_us ? w->cfg.nack_us
+									    : w->cfg.nack_min_us;
+			wk->rto[id] = (struct dp_rto){ .rto = (uint64_t)init * 1000 };
+		}
 	wk->be.ops = dp_backend_lookup(cfg->backend);
 	wk->be.cfg = cfg;
+	wk->be.config = &w->cfg;
+	wk->be.nic = nic;
 	wk->be.counters = &wk->counters;
 	if (!wk->be.ops)
 		return -1;

@@ -12,6 +12,14 @@
 #define DP_WORKER_IOV 4096
 #define DP_WORKER_CTL_PAYLOAD 256 /* a NACK lists up to 64 chunks; the next NACK the rest */
 
+/* A duck's NACK timeout, RFC 6298's estimator over its reply times (ns). */
+struct dp_rto {
+	uint64_t srtt;
+	uint64_t rttvar;
+	uint64_t rto;     /* cfg.nack_us until the first sample */
+	bool sampled;
+};
+
 struct dp_worker {
 	uint32_t nic;
 	struct dp_world *w;
@@ -24,7 +32,7 @@ struct dp_worker {
 	/* per forward context, by its index (worker-local) */
 	uint64_t *owned;     /* wire id while on this worker, else 0 */
 	struct dp_wire_header *hdrs; /* [nfwds][max_chunks] prepared FORWARD / WEIGHT headers */
-	uint64_t *next_nack;
+	uint64_t *next_nack; /* no duck's NACK is due before this (a lower bound) */
 	uint64_t *sent_ns;   /* weights: [nfwds][max_chunks] last send of each datagram */
 	float *scratch;      /* [nfwds][max_forward_bytes / 2] float32 sums when not in place */
 	uint32_t scratch_floats;
@@ -33,6 +41,7 @@ struct dp_worker {
 	/* ducks on this NIC */
 	uint32_t nducks;
 	uint16_t ducks[DP_MAX_DUCKS];
+	struct dp_rto rto[DP_MAX_DUCKS]; /* by duck id, for the ducks on this NIC */
 	uint64_t next_ping_ns;
 	struct dp_reasm nack_seen; /* chunks already resent for the NACK being answered */
 	/* tx scratch */

@@ -48,7 +48,9 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     cores: list[int] = []  # control, dispatcher, worker 0..: pin when >= 0
     idle: Literal["spin", "yield", "backoff"] = "backoff"
     default_timeout_us: U32 = 1_000_000  # a forward's deadline unless the client sets one
-    nack_us: U32 = 2000  # first NACK after this, then every this
+    nack_us: U32 = 2000  # a duck's NACK timeout (RTO) until its reply time is measured
+    nack_min_us: U32 = 200  # the measured RTO's floor (also RFC 6298's G)
+    nack_max_us: U32 = 50_000  # the RTO's ceiling, backoff included
     weight_rto_us: U32 = 20_000  # weight datagram retransmit timeout
     weight_timeout_ms: U32 = 10_000  # a weight chunk not acked by then fails
     client_timeout_ms: U32 = 10_000  # client heartbeat age that counts as dead

@@ -1,0 +1,115 @@
+"""``duckpipe bench [ipc|forward|scale|all] [--quick|--smoke] [--out DIR]``.
+
+Sections, one module each: :mod:`.ipc` (the handoff against IPC baselines),
+:mod:`.forward` (the reference system's path against duckpipe, same ducks),
+:mod:`.scale` (duckpipe's host overhead against ducks and payload). Markdown
+tables go to stdout, progress to stderr, ``bench.json`` (and PNG plots when
+matplotlib is installed: ``pip install 'duckpipe[bench]'``) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from .common import Size, Table, machine_facts, pin_self
+from .report import header_markdown, plot, table_markdown, write_json
+
+__all__ = ["SECTIONS", "add_parser", "run"]
+
+SECTIONS = ("ipc", "forward", "scale")
+
+
+def _forward_plot(out: Path, t: Table) -> bool:
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for r in t.rows:
+        if r["rows"] != 1:
+            continue
+        x, y = series.setdefault(str(r["row"]), ([], []))
+        x.append(float(r["ducks"]))  # type: ignore[arg-type]
+        y.append(float(r["p50_us"]))  # type: ignore[arg-type]
+    return plot(out / "forward.png", "forward p50, one row", series, "ducks", "p50 (µs)", logy=True)
+
+
+def _ipc_plot(out: Path, t: Table) -> bool:
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for r in t.rows:
+        x, y = series.setdefault(str(r["transport"]), ([], []))
+        x.append(float(r["bytes"]))  # type: ignore[arg-type]
+        y.append(float(r["rt_p50_us"]))  # type: ignore[arg-type]
+    return plot(out / "ipc.png", "round trip p50 by payload", series, "payload (bytes)",
+                "round trip p50 (µs)", logx=True, logy=True)  # fmt: skip
+
+
+def run(sections: list[str], size: Size, out: Path, command: str, *, quiet: bool = False) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    before, pinning = pin_self()
+    facts = machine_facts(pinning)
+    facts["size"] = size.name
+    print(header_markdown(facts, command))
+    tables: list[Table] = []
+    extra: dict[str, object] = {"sections": sections, "seconds": {}, "plots": []}
+    plots: list[str] = extra["plots"]  # type: ignore[assignment]
+    seconds: dict[str, float] = extra["seconds"]  # type: ignore[assignment]
+    have_plots = True
+    try:
+        for name in sections:
+            t0 = time.monotonic()
+            if name == "forward":
+                from . import forward
+
+                new = forward.run(size, quiet=quiet)
+                if _forward_plot(out, new[0]):
+                    plots.append("forward.png")
+                else:
+                    have_plots = False
+            elif name == "scale":
+                from . import scale
+
+                new, pngs = scale.run(size, out, quiet=quiet)
+                plots += pngs
+                have_plots = have_plots and bool(pngs)
+            elif name == "ipc":
+                from . import ipc
+
+                new = ipc.run(size, quiet=quiet)
+                if _ipc_plot(out, new[0]):
+                    plots.append("ipc.png")
+                else:
+                    have_plots = False
+            else:
+                raise ValueError(name)
+            seconds[name] = round(time.monotonic() - t0, 1)
+            for t in new:
+                print(table_markdown(t))
+            tables += new
+            sys.stdout.flush()
+    finally:
+        if before is not None:
+            os.sched_setaffinity(0, before)
+    if not have_plots:
+        print("(no plots: matplotlib is not installed; pip install 'duckpipe[bench]')")
+    write_json(out / "bench.json", facts, command, tables, extra)
+    print(f"wrote {out / 'bench.json'}" + (f" and {', '.join(plots)}" if plots else ""))
+    return 0
+
+
+def _main(args: argparse.Namespace) -> int:
+    sections = list(SECTIONS) if args.section == "all" else [args.section]
+    size = Size("smoke" if args.smoke else "quick" if args.quick else "full")
+    command = "duckpipe bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "duckpipe bench"
+    return run(sections, size, Path(args.out), command.strip(), quiet=args.quiet)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("bench", help="benchmarks: the handoff, the forward path, scaling")
+    b.add_argument("section", nargs="?", default="all", choices=(*SECTIONS, "all"))
+    g = b.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help="small sizes, under 5 minutes on 2 cores")
+    g.add_argument("--smoke", action="store_true", help="tiniest sizes, seconds (CI, tests)")
+    b.add_argument("--out", default="bench-results", help="results folder (default bench-results)")
+    b.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    b.set_defaults(func=_main)

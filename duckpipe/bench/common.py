@@ -1,0 +1,177 @@
+"""What every section of ``duckpipe bench`` shares: sizes, pinning, machine facts, statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "CLIENT_CPU",
+    "DUCKS_CPU",
+    "Progress",
+    "Size",
+    "Table",
+    "cpu_seconds",
+    "machine_facts",
+    "percentiles_us",
+    "pin",
+    "pin_self",
+]
+
+#: The pinning every section uses (the issue's): client and dataplane on CPU 0,
+#: emulated ducks (and the far end of an IPC pair) on CPU 1.
+CLIENT_CPU = 0
+DUCKS_CPU = 1
+
+SIZES = ("full", "quick", "smoke")
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """How big a run is: ``full`` (the issue's sizes), ``quick`` (<= 5 min), ``smoke`` (CI)."""
+
+    name: str
+
+    def pick(self, full: object, quick: object, smoke: object) -> object:
+        return {"full": full, "quick": quick, "smoke": smoke}[self.name]
+
+
+@dataclasses.dataclass
+class Table:
+    """One markdown table: ``columns`` are (key, heading) pairs; rows are dicts by key."""
+
+    key: str
+    title: str
+    columns: list[tuple[str, str]]
+    rows: list[dict[str, object]] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "key": self.key,
+            "title": self.title,
+            "columns": [{"key": k, "heading": h} for k, h in self.columns],
+            "rows": self.rows,
+            "notes": self.notes,
+        }
+
+
+def pin(pid: int, cpu: int) -> bool:
+    """Pin ``pid`` (0: this process) to ``cpu`` if the machine has it; False when it cannot.
+
+    A child of a pinned process inherits its one CPU: this moves it to another."""
+    if not hasattr(os, "sched_setaffinity") or cpu >= (os.cpu_count() or 1):
+        return False
+    try:
+        os.sched_setaffinity(pid, {cpu})
+        return True
+    except OSError:
+        return False
+
+
+def pin_self() -> tuple[set[int] | None, str]:
+    """Pin this process (and so the children it starts) to CLIENT_CPU.
+
+    Returns the previous affinity (to restore) and a sentence describing the pinning.
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        return None, "no pinning (no sched_setaffinity on this platform)"
+    before = os.sched_getaffinity(0)
+    if len(before) < 2 or CLIENT_CPU not in before or DUCKS_CPU not in before:
+        return None, f"no pinning: this process may run on CPUs {sorted(before)} only"
+    os.sched_setaffinity(0, {CLIENT_CPU})
+    return before, (
+        f"client and dataplane on CPU {CLIENT_CPU}, ducks (and the far end of IPC pairs) on "
+        f"CPU {DUCKS_CPU}, by os.sched_setaffinity"
+    )
+
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process (all its threads) so far."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def percentiles_us(ns: Iterable[float], qs: Sequence[float] = (50, 99)) -> list[float]:
+    a = np.asarray(list(ns), dtype=np.float64) / 1e3
+    if a.size == 0:
+        return [float("nan")] * len(qs)
+    return [float(np.percentile(a, q)) for q in qs]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine_facts(pinning: str) -> dict[str, object]:
+    facts: dict[str, object] = {
+        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu_model": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "pinning": pinning,
+        "git_commit": _git_commit(),
+    }
+    try:
+        import zmq
+
+        facts["pyzmq"] = zmq.__version__
+        facts["libzmq"] = zmq.zmq_version()
+    except ImportError:
+        pass
+    try:
+        facts["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    return facts
+
+
+class Progress:
+    """One line per step on stderr, with elapsed seconds: ``[forward 3/12 4.1s] ...``."""
+
+    def __init__(self, section: str, total: int, *, quiet: bool = False) -> None:
+        self.section, self.total, self.quiet = section, total, quiet
+        self.done = 0
+        self.t0 = time.monotonic()
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        if not self.quiet:
+            took = time.monotonic() - self.t0
+            print(
+                f"[{self.section} {self.done}/{self.total} {took:.1f}s] {what}",
+                file=sys.stderr,
+                flush=True,
+            )

@@ -1,0 +1,248 @@
+"""``duckpipe bench forward``: the reference system's path and duckpipe, one table, same ducks.
+
+For every configuration (ducks x activation) one ``duckpipe-ducks --compute echo``
+process is started on CPU 1 and every row talks to it: the Python baselines, the
+C floor (sendmmsg) and the C GSO loop, then duckpipe through the C dataplane
+(socket backend, on CPU 0 with this process) once per wait mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import psutil
+
+from ..cluster import free_udp_ports
+from ..dataplane import DataplaneProcess
+from ..ducks import DucksProcess
+from ..topology import Duck, Nic, Topology
+from . import baselines
+from .common import DUCKS_CPU, Progress, Size, Table, cpu_seconds, percentiles_us, pin
+
+__all__ = ["WAIT_MODES", "Config", "configs", "run", "run_duckpipe"]
+
+#: duckpipe.connect(wait=...) modes measured (duckpipe/client.py)
+WAIT_MODES = ("spin", "hybrid", "block")
+FLOOR = "c_mmsg"
+#: dataplane counters reported per forward (duckpipe rows; JSON, and scale's table)
+COUNTERS = ("nacks_sent", "retransmits", "rx_duplicates", "rx_late", "rxq_overflows", "timeouts")
+
+ROW_LABELS = {
+    **baselines.PYTHON_BASELINES,
+    "c_mmsg": "C sendmmsg/recvmmsg (the floor)",
+    "c_gso": "C UDP GSO sends + recvmmsg",
+    **{f"duckpipe_{m}": f"duckpipe, socket backend, wait={m}" for m in WAIT_MODES},
+}
+
+COLUMNS = [
+    ("config", "config"),
+    ("row", "row"),
+    ("p50_us", "p50 µs"),
+    ("p99_us", "p99 µs"),
+    ("host_overhead_p50_us", "host overhead p50 µs"),
+    ("send_spread_p50_us", "send spread p50 µs"),
+    ("recv_window_p50_us", "receive window p50 µs"),
+    ("duck_compute_sum_p50_us", "Σ duck compute p50 µs"),
+    ("cpu_per_forward_us", "host CPU / fwd µs"),
+    ("ratio_to_floor", "p50 / floor"),
+    ("p99_ratio_to_floor", "p99 / floor p99"),
+    ("lost", "lost"),
+]
+
+REFERENCE = Table(
+    key="reference",
+    title="The reference cluster (other hardware: real ducks on their own machines; not this run)",
+    columns=[("what", "what"), ("value", "value")],
+    rows=[
+        {"what": "duck compute per MLP call", "value": "~110 µs"},
+        {"what": "host, end to end, 24 ducks", "value": "~546 µs"},
+        {"what": "send, large payloads", "value": "~0.48 ms"},
+        {"what": "receive, large payloads", "value": "~0.48 ms"},
+    ],
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    ducks: int
+    rows: int
+    hidden: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.hidden * 4
+
+    @property
+    def label(self) -> str:
+        return f"{self.ducks} ducks, {self.rows}x{self.hidden}"
+
+
+def configs(size: Size) -> tuple[list[Config], int, int]:
+    """(configurations, timed forwards for one-row configs, for large ones)."""
+    small = size.pick([1, 4, 8, 16, 24, 32], [1, 4, 8], [1, 2])
+    hidden = size.pick(1024, 1024, 256)
+    big = size.pick([(8, 8, 7168), (24, 8, 7168)], [(8, 8, 7168)], [(2, 2, 1024)])
+    out = [Config(n, 1, hidden) for n in small] + [Config(*b) for b in big]  # type: ignore[union-attr]
+    return out, size.pick(400, 200, 5), size.pick(60, 20, 3)  # type: ignore[return-value]
+
+
+def _topology(ducks: Sequence[tuple[int, int]], nbytes: int) -> Topology:
+    return Topology(
+        nics=[
+            Nic(
+                name="lo0",
+                host_ip="127.0.0.1",
+                host_port=free_udp_ports(1),
+                ducks=[Duck(id=i, ip="127.0.0.1", port=p) for i, p in ducks],
+                rcvbuf=64 << 20,  # 4 MiB partials from several ducks at once
+            )
+        ],
+        max_forward_bytes=max(1 << 20, nbytes),
+    )
+
+
+def _proc_cpu(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+def run_duckpipe(
+    ducks: Sequence[tuple[int, int]],
+    hidden: int,
+    rows: int,
+    modes: Sequence[str],
+    *,
+    iters: int,
+    warmup: int,
+    timeout: float = 2.0,
+) -> dict[str, baselines.Samples]:
+    """One C dataplane (socket backend) on these ducks; a client per wait mode in turn."""
+    import duckpipe
+
+    nbytes = rows * hidden * 4
+    out: dict[str, baselines.Samples] = {}
+    slot = max(1 << 16, 1 << (nbytes - 1).bit_length())
+    with DataplaneProcess(_topology(ducks, nbytes)) as dp:
+        dproc = psutil.Process(dp.pid)
+        mlp = duckpipe.SwiGluMlp.random(hidden, 4 * len(ducks), seed=1)
+        x = np.random.default_rng(0).standard_normal((rows, hidden)).astype(np.float32)
+        for mode in modes:
+            with duckpipe.connect(dp.control, wait=mode, slots=4, slot_size=slot) as c:
+                c.load_weights(1, mlp, progress=False)
+                samples: list[baselines.Sample] = []
+                cpu0 = dcpu0 = 0.0
+                for k in range(warmup + iters):
+                    if k == warmup:
+                        cpu0, dcpu0 = cpu_seconds(), _proc_cpu(dproc)
+                    t0 = time.perf_counter_ns()
+                    with c.claim(x.shape, x.dtype) as s:
+                        s.array[:] = x
+                        fwd = c.submit(s, 1)
+                    with fwd:
+                        lost = 0
+                        try:
+                            fwd.result(timeout=timeout)
+                        except duckpipe.errors.DuckpipeError:
+                            lost = len(ducks) - len(fwd.answered)
+                        t2 = time.perf_counter_ns()
+                        tm = fwd.timings
+                    if k >= warmup:
+                        comp = list(tm.duck_compute_ns) or [0]
+                        samples.append(
+                            baselines.Sample(
+                                e2e=t2 - t0,
+                                send=tm.send_ns,
+                                recv_window=tm.spread_ns,
+                                max_compute=max(comp),
+                                sum_compute=sum(comp),
+                                lost=lost,
+                            )
+                        )
+                    if k == warmup - 1:
+                        n0 = c.stats().counters
+                cpu = cpu_seconds() - cpu0 + _proc_cpu(dproc) - dcpu0
+                n1 = c.stats().counters
+                c.unload_layer(1)
+            diff = {k: n1.get(k, 0) - n0.get(k, 0) for k in COUNTERS}
+            out[f"duckpipe_{mode}"] = baselines.Samples(samples, cpu, iters, diff)
+    return out
+
+
+def summarise(cfg: Config, name: str, r: baselines.Samples) -> dict[str, object]:
+    s = r.samples
+    p50, p99 = percentiles_us([x.e2e for x in s])
+    return {
+        "config": cfg.label,
+        "ducks": cfg.ducks,
+        "rows": cfg.rows,
+        "hidden": cfg.hidden,
+        "bytes": cfg.nbytes,
+        "row": ROW_LABELS[name],
+        "name": name,
+        "forwards": len(s),
+        "p50_us": p50,
+        "p99_us": p99,
+        "host_overhead_p50_us": percentiles_us([x.e2e - x.max_compute for x in s])[0],
+        "send_spread_p50_us": percentiles_us([x.send for x in s])[0],
+        "recv_window_p50_us": percentiles_us([x.recv_window for x in s])[0],
+        "duck_compute_max_p50_us": percentiles_us([x.max_compute for x in s])[0],
+        "duck_compute_sum_p50_us": percentiles_us([x.sum_compute for x in s])[0],
+        "cpu_per_forward_us": r.cpu_s / max(1, r.forwards) * 1e6,
+        "lost": int(sum(x.lost for x in s)),
+        **{f"{k}_per_forward": v / max(1, len(s)) for k, v in r.counters.items()},
+    }
+
+
+def run(size: Size, *, quiet: bool = False) -> list[Table]:
+    cfgs, iters_small, iters_big = configs(size)
+    per_cfg = len(baselines.PYTHON_BASELINES) + 2 + 1
+    prog = Progress("forward", len(cfgs) * per_cfg, quiet=quiet)
+    table = Table(key="forward", title="forward: end to end through echo ducks", columns=COLUMNS)
+    for cfg in cfgs:
+        iters = iters_small if cfg.rows == 1 else iters_big
+        warmup = max(2, iters // 10)
+        with DucksProcess(
+            ducks=cfg.ducks, base_port=free_udp_ports(cfg.ducks), args=["--compute", "echo"]
+        ) as dk:
+            pin(dk.pid, DUCKS_CPU)
+            ducks = [(i, p) for i, _, p in dk.addresses]
+            rows: dict[str, dict[str, object]] = {}
+            for kind in baselines.PYTHON_BASELINES:
+                prog.step(f"{cfg.label}: {ROW_LABELS[kind]} x{iters}")
+                r = baselines.run_python(kind, ducks, cfg.nbytes, cfg.rows, iters=iters,
+                                         warmup=warmup)  # fmt: skip
+                rows[kind] = summarise(cfg, kind, r)
+            for name, gso in (("c_mmsg", False), ("c_gso", True)):
+                prog.step(f"{cfg.label}: {ROW_LABELS[name]} x{iters}")
+                r = baselines.run_floor(ducks, cfg.nbytes, cfg.rows, iters=iters, warmup=warmup,
+                                        gso=gso)  # fmt: skip
+                rows[name] = summarise(cfg, name, r)
+            prog.step(f"{cfg.label}: duckpipe, wait {'/'.join(WAIT_MODES)} x{iters}")
+            dp = run_duckpipe(ducks, cfg.hidden, cfg.rows, WAIT_MODES, iters=iters, warmup=warmup)
+            for name, r in dp.items():
+                rows[name] = summarise(cfg, name, r)
+        floor = rows[FLOOR]
+        for row in rows.values():
+            row["ratio_to_floor"] = row["p50_us"] / floor["p50_us"]  # type: ignore[operator]
+            row["p99_ratio_to_floor"] = row["p99_us"] / floor["p99_us"]  # type: ignore[operator]
+            table.rows.append(row)
+    table.notes += [
+        "Every row of one config talks to the same `duckpipe-ducks --compute echo` process "
+        "(all its ducks are one thread on CPU 1: they answer one after another).",
+        "host overhead = end to end - the slowest duck's reported compute_ns (reply headers "
+        "for the baselines, the completion's timings for duckpipe).",
+        "send spread: first send → last send returned (duckpipe: the dataplane's send phase). "
+        "receive window: first partial datagram in → last one in (duckpipe: its spread_ns, "
+        "first duck's reply → last duck's reply).",
+        "Σ duck compute: the ducks' own compute added up; the emulator's reply spread is at "
+        "least this (one thread computes the ducks in turn); the wire protocol carries no "
+        "send timestamps, so the spread itself is not observed.",
+        "host CPU / fwd: user+system of this process (and of the dataplane for duckpipe rows; "
+        "the floor's own getrusage for C rows) over the timed forwards.",
+        "lost: ducks whose partial was not complete in time, over all forwards (baselines: "
+        "0.5 s, no NACKs; duckpipe: the dataplane's 1 s deadline).",
+    ]
+    return [table, REFERENCE]
