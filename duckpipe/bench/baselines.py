@@ -188,8 +188,13 @@ def announce_layer(ducks: Sequence[tuple[int, int]], hidden: int, session: int) 
         s.settimeout(0.2)
         for duck_id, port in ducks:
             dgram = wire.encode(
-                int(WireOp.LAYER), payload, session=session, epoch=1, duck=duck_id,
-                layer=LAYER_ID, dtype=1,
+                int(WireOp.LAYER),
+                payload,
+                session=session,
+                epoch=1,
+                duck=duck_id,
+                layer=LAYER_ID,
+                dtype=1,
             )
             for _ in range(5):
                 s.sendto(dgram, ("127.0.0.1", port))
@@ -479,4 +484,3 @@ def run_floor(
         elif f[:1] == ["cpu"]:
             cpu_ns = int(f[1])
     return Samples(samples, cpu_ns / 1e9, iters)
-
