@@ -43,13 +43,18 @@ void dp_slot_publish(struct dp_slot_header *h, uint64_t forward_id, uint64_t epo
                      uint64_t nbytes, uint32_t answered, uint32_t missing,
                      uint32_t generation, uint32_t status);
 uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uint64_t max_ns);
+int dp_client_submit(const struct dp_seg_header *seg, struct dp_ring_header *r,
+                     struct dp_desc *descs, uint32_t capacity, const struct dp_desc *d,
+                     int doorbell_fd);
+uint64_t dp_wait_done(struct dp_slot_header *h, uint32_t generation, uint64_t spin_ns,
+                      uint64_t sleep_ns);
 int dp_seg_plan(uint32_t slot_count, uint32_t ring_capacity, uint64_t act_slot_size,
                 uint64_t res_slot_size, uint64_t page_size, struct dp_seg_plan *out);
 const char *dp_seg_plan_strerror(int rc);
 int dp_mp_prescan(const char *buf, size_t len, uint32_t max_depth, char *why, size_t n);
 """
 
-# Only the Python client spins on a done word; the GIL is released for the call.
+# Only the Python client spins or sleeps on a done word; the GIL is released for the call.
 SOURCE = r"""
 #include <time.h>
 #include "dp_abi.h"
@@ -77,6 +82,29 @@ static uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generati
             return w;
         dp_cpu_relax();
     }
+}
+
+/* Push one descriptor, then ring the dataplane's doorbell if it said it parks
+ * (dp_wake.h). Returns -1 when the ring is full, 1 when it rang, else 0. */
+static int dp_client_submit(const struct dp_seg_header *seg, struct dp_ring_header *r,
+                            struct dp_desc *descs, uint32_t capacity, const struct dp_desc *d,
+                            int doorbell_fd)
+{
+    if (dp_ring_push(r, descs, capacity, d) < 0)
+        return -1;
+    return doorbell_fd >= 0 && dp_doorbell_ring(seg, doorbell_fd) == 1;
+}
+
+/* Wait for the slot's done word to carry `generation`: spin up to spin_ns, then sleep
+ * on its futex up to sleep_ns more (0: don't). Returns the last word read. */
+static uint64_t dp_wait_done(struct dp_slot_header *h, uint32_t generation, uint64_t spin_ns,
+                             uint64_t sleep_ns)
+{
+    uint64_t w = spin_ns ? dp_spin_until_generation(&h->done, generation, spin_ns)
+                         : dp_load_acquire_u64(&h->done);
+    if ((uint32_t)(w >> 32) == generation || !sleep_ns)
+        return w;
+    return dp_slot_sleep(h, generation, sleep_ns);
 }
 """
 

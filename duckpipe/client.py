@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import logging
 import os
+import socket
 import threading
 import time
 import weakref
@@ -58,6 +59,11 @@ WaitStrategy = Literal["spin", "block", "hybrid"]
 _HEARTBEAT_S = 0.2
 _LIVENESS_CHECK_S = 0.05
 _BLOCK_SLICE_S = 0.1
+# a sleeping waiter looks at ZeroMQ and the dataplane's heartbeat this often
+_SLEEP_SLICE_NS = 50_000_000
+_SPIN_SLICE_NS = 10_000_000
+# ZeroMQ completions (timings, duck lists) are read in batches: result() does not need them
+_PUMP_EVERY = 32
 _ZERO_DESC = bytes(ffi.sizeof("struct dp_desc"))
 
 
@@ -88,9 +94,12 @@ def connect(
     ``control`` defaults to ``$DUCKPIPE_CONTROL`` or the per-user run directory's
     ``ipc://.../control``. ``slots`` (a power of two) slots of ``slot_size``
     activation bytes (and ``result_slot_size`` result bytes, default the same)
-    are created in one segment. ``wait`` picks how ``Forward.result`` waits:
-    ``spin`` on the result slot's done word, ``block`` on ZeroMQ, or ``hybrid``
-    (spin ``spin_us``, then block). ``forward_timeout`` is each forward's
+    are created in one segment. ``wait`` picks how ``Forward.result`` waits for
+    the result slot's done word: ``spin`` polls it (a core of your own), ``block``
+    sleeps on it at once (a futex the dataplane wakes), ``hybrid`` spins ``spin_us``
+    first, then sleeps (the README says which fits which machine). None of them needs
+    ZeroMQ: the completion's timings and duck lists arrive there, read in batches
+    and on demand (``Forward.timings``). ``forward_timeout`` is each forward's
     deadline in the dataplane (None: the dataplane's default). The dataplane is
     declared lost when its process exits or its heartbeat is older than
     ``dataplane_timeout`` seconds.
@@ -327,13 +336,15 @@ class Client:
         self._gen = [0] * seg.slot_count
         self._state = [SlotState.FREE] * seg.slot_count
         self._free = list(range(seg.slot_count - 1, -1, -1))  # LIFO: slot 0 first, hottest reused
+        self._pushes = 0
+        self._doorbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(
             target=_heartbeat_loop, args=(seg, self._stop), name="duckpipe-heartbeat", daemon=True
         )
         self._heartbeat.start()
         self._finalizer = weakref.finalize(
-            self, _cleanup, self._sock, seg, self._stop, self._heartbeat
+            self, _cleanup, self._sock, seg, self._stop, self._heartbeat, self._doorbell
         )
         self._dp_pid = 0
         try:
@@ -358,6 +369,8 @@ class Client:
         self.mode = att.mode
         self._dp_pid = att.dataplane_pid
         self._max_bytes = min(seg.act_slot_size, att.max_forward_bytes or seg.act_slot_size)
+        if att.doorbell:
+            self._use_doorbell(att.doorbell)
 
     # --- public API -----------------------------------------------------------
 
@@ -655,12 +668,29 @@ class Client:
         d.epoch = self.epoch
         d.timeout_us = self._timeout_us
         d.submit_ns = runtime.monotonic_ns()
-        if not self._ring.push(d):  # cannot happen: capacity >= slot count
+        if not self._ring.submit(d):  # cannot happen: capacity >= slot count
             raise RingFull("the submission ring is full")
         self._state[slot] = SlotState.SUBMITTED
         rec = _Inflight(fid, slot, self._gen[slot], self.epoch, int(d.op), shape, dtype, internal)
         self._inflight[fid] = rec
+        self._pushes += 1
+        if self._pushes % _PUMP_EVERY == 0:
+            self._pump(0)  # the ZeroMQ completions of earlier forwards, in one batch
         return rec
+
+    def _use_doorbell(self, address: str) -> None:
+        """Connect to the dataplane's doorbell (an abstract AF_UNIX name, '@...')."""
+        name = "\0" + address[1:] if address.startswith("@") else address
+        try:
+            self._doorbell.connect(name)
+        except OSError as e:
+            self.close()
+            raise DataplaneUnavailable(
+                f"cannot reach the dataplane's doorbell {address}: {e.strerror}; is the "
+                "dataplane in another network namespace?"
+            ) from None
+        self._doorbell.setblocking(False)
+        self._ring.use_doorbell(self._doorbell.fileno())
 
     def _push_weight(
         self, slot: int, op: Op, layer: int, duck: int, tensor: int, offset: int, n: int
@@ -699,37 +729,32 @@ class Client:
             self._pump(0)
 
     def _wait(self, rec: _Inflight, timeout: float | None, wait: WaitStrategy) -> None:
+        """Wait on the slot's done word: ``spin`` polls it, ``block`` sleeps on its futex
+        at once, ``hybrid`` spins ``spin_us`` first. Each slice ends with a look at
+        ZeroMQ (a descriptor refused for a bad slot completes there only) and at the
+        dataplane's heartbeat, so a dead dataplane is an error, never a hang."""
         if self._closed:
             raise ClientClosed("the client is closed; connect again")
         deadline = None if timeout is None else time.monotonic() + timeout
-        if wait in ("spin", "hybrid"):
-            budget = self._spin_ns if wait == "hybrid" else None
-            done = self._done_word(rec)
-            while rec.status is None:
-                step = 10_000_000 if budget is None else min(budget, 10_000_000)
-                if deadline is not None:
-                    step = max(0, min(step, int((deadline - time.monotonic()) * 1e9)))
-                word = lib.dp_spin_until_generation(done, rec.generation, step)
-                if (word >> 32) == rec.generation and word & 0xFFFF_FFFF:
-                    self._completed_shm(rec, word)
-                    return
-                if budget is not None:
-                    budget -= step
-                    if budget <= 0:
-                        break
-                self._pump(0)  # a refused descriptor completes over ZeroMQ only
+        hdr = self._segment.slot_headers + rec.slot
+        spin = self._spin_ns if wait == "hybrid" else 0
+        while rec.status is None:
+            left = None if deadline is None else int((deadline - time.monotonic()) * 1e9)
+            if wait == "spin":
+                spin_ns, sleep_ns = _SPIN_SLICE_NS, 0
+            else:
+                spin_ns, sleep_ns, spin = spin, _SLEEP_SLICE_NS, 0
+            if left is not None:
+                spin_ns, sleep_ns = max(0, min(spin_ns, left)), max(0, min(sleep_ns, left))
+            word = lib.dp_wait_done(hdr, rec.generation, spin_ns, sleep_ns)
+            if (word >> 32) == rec.generation and word & 0xFFFF_FFFF:
+                self._completed_shm(rec, word)
+                return
+            self._pump(0)
+            if rec.status is None:
                 self._check_alive()
                 if deadline is not None and time.monotonic() >= deadline:
                     raise self._wait_timeout(rec, timeout)
-        while rec.status is None:
-            left = _BLOCK_SLICE_S if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                raise self._wait_timeout(rec, timeout)
-            self._pump(min(left, _BLOCK_SLICE_S))
-            if rec.status is None:
-                self._poll_once(rec)
-            if rec.status is None:
-                self._check_alive()
 
     def _wait_timeout(self, rec: _Inflight, timeout: float | None) -> WaitTimeout:
         return WaitTimeout(
@@ -914,8 +939,15 @@ def _heartbeat_loop(seg: Segment, stop: threading.Event) -> None:
         seg.heartbeat_client()
 
 
-def _cleanup(sock: zmq.Socket, seg: Segment, stop: threading.Event, beat: threading.Thread) -> None:
+def _cleanup(
+    sock: zmq.Socket,
+    seg: Segment,
+    stop: threading.Event,
+    beat: threading.Thread,
+    doorbell: socket.socket,
+) -> None:
     stop.set()
     beat.join(timeout=2.0)
     sock.close(linger=0)
+    doorbell.close()
     seg.close()  # closes the memfd: its memory goes once the dataplane unmaps it too

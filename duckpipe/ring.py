@@ -28,16 +28,33 @@ class SubmissionRing:
     nothing here is safe to call from two threads on the same side at once.
     """
 
-    __slots__ = ("_descs", "_hdr", "capacity")
+    __slots__ = ("_descs", "_doorbell", "_hdr", "_seg", "capacity", "doorbells")
 
     def __init__(self, segment: Segment) -> None:
+        self._seg = segment.header
         self._hdr = segment.ring
         self._descs = segment.descs
         self.capacity = segment.ring_capacity
+        self._doorbell = -1
+        self.doorbells = 0  # times the dataplane was parked and we rang
+
+    def use_doorbell(self, fd: int) -> None:
+        """``submit`` rings ``fd`` (a connected datagram socket) when the dataplane parks."""
+        self._doorbell = fd
 
     def push(self, desc) -> bool:
         """Copy one descriptor in; False when the ring is full."""
         return lib.dp_ring_push(self._hdr, self._descs, self.capacity, desc) == 0
+
+    def submit(self, desc) -> bool:
+        """``push``, then wake a parked dataplane (io_uring's NEED_WAKEUP handshake:
+        no syscall while it is awake). False when the ring is full."""
+        rc = lib.dp_client_submit(
+            self._seg, self._hdr, self._descs, self.capacity, desc, self._doorbell
+        )
+        if rc > 0:
+            self.doorbells += 1
+        return rc >= 0
 
     def pop(self, out) -> bool:
         """Copy the oldest descriptor out; False when the ring is empty."""

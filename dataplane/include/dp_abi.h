@@ -27,7 +27,7 @@
 /* @cdef-begin: cffi parses from here */
 
 #define DP_ABI_MAJOR 1
-#define DP_ABI_MINOR 1
+#define DP_ABI_MINOR 2
 #define DP_SEG_MAGIC 0x314745534b435544
 #define DP_MAX_DUCKS 256
 #define DP_MAX_DIMS 4
@@ -39,7 +39,7 @@
 #define DP_WIRE_ANY_DUCK 65535
 #define DP_WIRE_LAYER_TENSOR 65535
 #define DP_HOST_TENSOR_DUCK 65535
-#define DP_PROTOCOL_VERSION 2
+#define DP_PROTOCOL_VERSION 3
 #define DP_MAX_MESSAGE_BYTES 0x10000
 #define DP_MAX_NESTING 8
 
@@ -162,7 +162,8 @@ struct dp_seg_header {
     uint32_t dataplane_pid;             /*  200 */
     uint32_t client_id;                 /*  204: assigned by the dataplane at attach */
     uint32_t detach_reason;             /*  208: enum dp_detach_reason: set once when the dataplane drops the client */
-    uint8_t pad4[44];                   /*  212 */
+    uint32_t need_wakeup;               /*  212: 1 while the dataplane is parked (or about to be): ring the doorbell after advancing head (io_uring's IORING_SQ_NEED_WAKEUP) */
+    uint8_t pad4[40];                   /*  216 */
     char name[128];                     /*  256: the segment's own name, for inspectors */
 };  /* 384 bytes */
 
@@ -204,17 +205,19 @@ struct dp_desc {
 };  /* 128 bytes */
 
 /*
- * Per-slot completion word, written by the dataplane only. It fills every
- *     other field first, then stores ``done = generation << 32 | status`` (release).
+ * Per-slot completion word, written by the dataplane (``waiters`` by the client).
+ *     It fills every other field first, then stores ``done = generation << 32 | status``
+ *     (release), then wakes the futex on done's high half if ``waiters`` says one sleeps.
  */
 struct dp_slot_header {
-    uint64_t done;                      /*    0 */
+    uint64_t done;                      /*    0: generation << 32 | status; the high half (little-endian: bytes 4-7) is the futex a waiting client sleeps on */
     uint64_t forward_id;                /*    8 */
     uint64_t epoch;                     /*   16 */
     uint64_t nbytes;                    /*   24 */
     uint32_t answered;                  /*   32 */
     uint32_t missing;                   /*   36 */
-    uint8_t pad0[24];                   /*   40 */
+    uint32_t waiters;                   /*   40: client: nonzero while a thread sleeps on done (a hint: the dataplane calls futex_wake only then) */
+    uint8_t pad0[20];                   /*   44 */
 };  /* 64 bytes */
 
 /*
@@ -304,7 +307,8 @@ _Static_assert(offsetof(struct dp_seg_header, dataplane_heartbeat_ns) == 192, "d
 _Static_assert(offsetof(struct dp_seg_header, dataplane_pid) == 200, "dp_seg_header.dataplane_pid");
 _Static_assert(offsetof(struct dp_seg_header, client_id) == 204, "dp_seg_header.client_id");
 _Static_assert(offsetof(struct dp_seg_header, detach_reason) == 208, "dp_seg_header.detach_reason");
-_Static_assert(offsetof(struct dp_seg_header, pad4) == 212, "dp_seg_header.pad4");
+_Static_assert(offsetof(struct dp_seg_header, need_wakeup) == 212, "dp_seg_header.need_wakeup");
+_Static_assert(offsetof(struct dp_seg_header, pad4) == 216, "dp_seg_header.pad4");
 _Static_assert(offsetof(struct dp_seg_header, name) == 256, "dp_seg_header.name");
 _Static_assert(sizeof(struct dp_ring_header) == 128, "dp_ring_header size");
 _Static_assert(offsetof(struct dp_ring_header, head) == 0, "dp_ring_header.head");
@@ -338,7 +342,8 @@ _Static_assert(offsetof(struct dp_slot_header, epoch) == 16, "dp_slot_header.epo
 _Static_assert(offsetof(struct dp_slot_header, nbytes) == 24, "dp_slot_header.nbytes");
 _Static_assert(offsetof(struct dp_slot_header, answered) == 32, "dp_slot_header.answered");
 _Static_assert(offsetof(struct dp_slot_header, missing) == 36, "dp_slot_header.missing");
-_Static_assert(offsetof(struct dp_slot_header, pad0) == 40, "dp_slot_header.pad0");
+_Static_assert(offsetof(struct dp_slot_header, waiters) == 40, "dp_slot_header.waiters");
+_Static_assert(offsetof(struct dp_slot_header, pad0) == 44, "dp_slot_header.pad0");
 _Static_assert(sizeof(struct dp_wire_header) == 80, "dp_wire_header size");
 _Static_assert(offsetof(struct dp_wire_header, magic) == 0, "dp_wire_header.magic");
 _Static_assert(offsetof(struct dp_wire_header, version) == 4, "dp_wire_header.version");

@@ -135,6 +135,7 @@ struct dp_ctl_attached {
 	uint64_t ducks;
 	uint64_t default_timeout_us;
 	uint64_t max_forward_bytes;
+	const char *doorbell; /* NULL packs as "" */
 };
 void dp_ctl_pack_attached(struct msgpack_packer *pk, const struct dp_ctl_attached *m);
 

@@ -13,6 +13,7 @@
 
 #include "dp_abi.h"
 #include "dp_barrier.h"
+#include "dp_wake.h"
 
 /* Descriptors the consumer has not taken yet. */
 static inline uint32_t dp_ring_count(const struct dp_ring_header *r)
@@ -97,10 +98,12 @@ static inline int dp_ring_pop(struct dp_ring_header *r, const struct dp_desc *de
 	return dp_ring_pop_burst(r, descs, capacity, out, 1) == 1 ? 0 : -1;
 }
 
-/* Consumer: publish a slot's completion. Fields first, then the done word (release). */
-static inline void dp_slot_publish(struct dp_slot_header *h, uint64_t forward_id, uint64_t epoch,
-				   uint64_t nbytes, uint32_t answered, uint32_t missing,
-				   uint32_t generation, uint32_t status)
+/* Consumer: publish a slot's completion. Fields first, then the done word (release),
+ * then wake the client if it sleeps on it (dp_wake.h). Returns 1 if it called
+ * FUTEX_WAKE, else 0. */
+static inline int dp_slot_publish(struct dp_slot_header *h, uint64_t forward_id, uint64_t epoch,
+				  uint64_t nbytes, uint32_t answered, uint32_t missing,
+				  uint32_t generation, uint32_t status)
 {
 	h->forward_id = forward_id;
 	h->epoch = epoch;
@@ -109,6 +112,12 @@ static inline void dp_slot_publish(struct dp_slot_header *h, uint64_t forward_id
 	h->missing = missing;
 	/* release: a client that sees this generation sees the fields and the result bytes */
 	dp_store_release_u64(&h->done, ((uint64_t)generation << 32) | status);
+	/* seq_cst: done's store before waiters' load; pairs with dp_slot_sleep */
+	dp_fence_seq_cst();
+	if (!__atomic_load_n(&h->waiters, __ATOMIC_RELAXED))
+		return 0;
+	(void)dp_futex_wake(dp_done_futex(&h->done));
+	return 1;
 }
 
 #endif /* DP_RING_H */

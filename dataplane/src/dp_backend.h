@@ -39,7 +39,14 @@ struct dp_backend_ops {
 	uint32_t (*tx_burst)(struct dp_backend *b, struct dp_tx *tx, uint32_t n);
 	/* Fills up to n rx entries (buffers owned by the backend until the next call). */
 	uint32_t (*rx_burst)(struct dp_backend *b, struct dp_rx *rx, uint32_t n);
+	/* Parking (dp_waker.h): the fd that turns readable when datagrams arrive, or -1.
+	 * A backend without one says with rx_ready whether rx_burst has something now;
+	 * one with neither (poll-mode DPDK) is polled every DP_BACKEND_POLL_NS instead. */
+	int (*wait_fd)(struct dp_backend *b);
+	bool (*rx_ready)(struct dp_backend *b);
 };
+
+#define DP_BACKEND_POLL_NS 100000ull
 
 struct dp_backend {
 	const struct dp_backend_ops *ops;

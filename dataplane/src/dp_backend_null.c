@@ -256,10 +256,18 @@ static uint32_t null_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n
 	return got;
 }
 
+/* The answers are made when the worker sends: they wait in the queue, no fd to poll. */
+static bool null_rx_ready(struct dp_backend *b)
+{
+	const struct null_priv *p = b->priv;
+	return p->job_head != p->job_tail;
+}
+
 const struct dp_backend_ops dp_backend_null = {
 	.name = "null",
 	.open = null_open,
 	.close = null_close,
 	.tx_burst = null_tx_burst,
 	.rx_burst = null_rx_burst,
+	.rx_ready = null_rx_ready,
 };

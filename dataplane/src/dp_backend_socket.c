@@ -200,12 +200,19 @@ static uint32_t sock_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n
 	return (uint32_t)rc;
 }
 
+/* A parked worker sleeps in epoll on this socket: the reply itself wakes it. */
+static int sock_wait_fd(struct dp_backend *b)
+{
+	return ((const struct sock_priv *)b->priv)->fd;
+}
+
 const struct dp_backend_ops dp_backend_socket = {
 	.name = "socket",
 	.open = sock_open,
 	.close = sock_close,
 	.tx_burst = sock_tx_burst,
 	.rx_burst = sock_rx_burst,
+	.wait_fd = sock_wait_fd,
 };
 
 const struct dp_backend_ops *dp_backend_lookup(const char *name)

@@ -290,8 +290,9 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 	     .epoch = dp_load_acquire_u64(&c->w->epoch), .session = c->w->session,
 	     .dataplane_pid = (uint64_t)getpid(), .mode = c->w->cfg.nics[0].backend,
 	     .ducks = c->w->cfg.nducks, .default_timeout_us = c->w->cfg.default_timeout_us,
-	     .max_forward_bytes = c->w->cfg.max_forward_bytes);
+	     .max_forward_bytes = c->w->cfg.max_forward_bytes, .doorbell = c->w->doorbell);
 	send_to(c, p->id, p->idlen);
+	dp_waker_kick(c->w->dispatch_waker); /* a parked dispatcher arms the new ring too */
 }
 
 static void on_detach(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
@@ -301,6 +302,7 @@ static void on_detach(struct dp_control *c, const struct dp_peer *p, const struc
 	if (cl) {
 		dp_layers_unload_owner(c->w, cl->id, &c->retired); /* now: its layer ids are free for the next client */
 		dp_store_release_u32(&cl->state, DP_CLIENT_CLOSING);
+		dp_waker_kick(c->w->dispatch_waker); /* it acknowledges CLOSING in a pass */
 		dp_count(c->counters, DP_C_clients_detached, 1);
 	}
 	reply_ack(c, p->id, p->idlen, p->rid);
@@ -593,7 +595,7 @@ static void on_shutdown(struct dp_control *c, const struct dp_peer *p,
 	}
 	DP_INFO("shutdown asked by pid %u", p->pid);
 	reply_ack(c, p->id, p->idlen, p->rid);
-	dp_store_release_u32(&c->w->running, 0);
+	dp_world_stop(c->w);
 }
 
 /* The generated decoder names the type; this table names its handler. */
@@ -774,6 +776,17 @@ static void housekeeping_layers(struct dp_control *c)
 	dp_count(c->counters, DP_C_layers_freed, dp_layers_free_retired(c->w, &c->retired, false));
 }
 
+/* A parked dispatcher makes no passes: wake it when a client waits for it to let go
+ * (CLOSING) or a retired layer for its next pass (dp_layers_free_retired). */
+static void nudge_dispatcher(struct dp_control *c)
+{
+	bool waits = c->retired != NULL;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS && !waits; i++)
+		waits = dp_load_acquire_u32(&c->w->clients[i].state) == DP_CLIENT_CLOSING;
+	if (waits)
+		dp_waker_kick(c->w->dispatch_waker);
+}
+
 int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 {
 	struct dp_control *c = self;
@@ -787,9 +800,57 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 	if (now >= c->next_house) {
 		housekeeping(c, now);
 		housekeeping_layers(c);
+		nudge_dispatcher(c);
 		c->next_house = now + HOUSEKEEPING_NS;
 	}
 	return work;
+}
+
+/* --- parking ------------------------------------------------------------------------- */
+
+/* ZeroMQ's fd only says "look": ZMQ_EVENTS says whether a message waits (and re-arms
+ * the fd), so it is asked before every park (zmq_getsockopt(3), ZMQ_FD). */
+static bool zmq_readable(void *s)
+{
+	int ev = 0;
+	size_t sz = sizeof(ev);
+	return s && zmq_getsockopt(s, ZMQ_EVENTS, &ev, &sz) == 0 && (ev & ZMQ_POLLIN);
+}
+
+static int add_zmq_fd(struct dp_waker *wk, void *s)
+{
+	int fd;
+	size_t sz = sizeof(fd);
+	if (!s)
+		return 0;
+	if (zmq_getsockopt(s, ZMQ_FD, &fd, &sz) < 0) {
+		dp_set_error("ZMQ_FD: %s", zmq_strerror(errno));
+		return -1;
+	}
+	return dp_waker_add(wk, fd);
+}
+
+int dp_control_wait_on(struct dp_world *w, void *self, struct dp_waker *wk)
+{
+	struct dp_control *c = self;
+	(void)w;
+	if (add_zmq_fd(wk, c->router) < 0 || add_zmq_fd(wk, c->monitor) < 0 ||
+	    add_zmq_fd(wk, c->access.zap) < 0)
+		return -1;
+	return 0;
+}
+
+int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now)
+{
+	struct dp_control *c = self;
+	if (!dp_spsc_empty(&w->dispatch_done))
+		return -1;
+	for (uint32_t k = 0; k < w->cfg.nnics; k++)
+		if (!dp_spsc_empty(&w->workers[k]->done))
+			return -1;
+	if (zmq_readable(c->router) || zmq_readable(c->monitor) || zmq_readable(c->access.zap))
+		return -1;
+	return c->next_house > now ? (int64_t)(c->next_house - now) : 0;
 }
 
 /* Is a dataplane already answering at this endpoint? */

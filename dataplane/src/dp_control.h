@@ -12,5 +12,9 @@ struct dp_control;
 struct dp_control *dp_control_new(struct dp_world *w);
 void dp_control_free(struct dp_control *c);
 int dp_control_do_work(struct dp_world *w, void *self, uint64_t now);
+/* Parking (struct dp_agent): ZeroMQ's fds into the runner's waker; before a park, -1
+ * if a message or a completion waits, else ns until the next housekeeping. */
+int dp_control_wait_on(struct dp_world *w, void *self, struct dp_waker *wk);
+int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now);
 
 #endif /* DP_CONTROL_H */

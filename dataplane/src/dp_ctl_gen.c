@@ -14,7 +14,7 @@ static int decode_attach(const msgpack_object *m, struct dp_ctl_attach *out, cha
 {
 	uint64_t seen = 0;
 	memset(out, 0, sizeof(*out));
-	out->protocol = 2u;
+	out->protocol = 3u;
 	memcpy(out->name, "", 1);
 	for (uint32_t i = 0; i < m->via.map.size; i++) {
 		const msgpack_object *key = &m->via.map.ptr[i].key;
@@ -531,7 +531,7 @@ static void str(msgpack_packer *pk, const char *s)
 
 void dp_ctl_pack_attached(msgpack_packer *pk, const struct dp_ctl_attached *m)
 {
-	msgpack_pack_map(pk, 10);
+	msgpack_pack_map(pk, 11);
 	key(pk, "type", 4);
 	key(pk, "Attached", 8);
 	key(pk, "req_id", 6);
@@ -552,6 +552,8 @@ void dp_ctl_pack_attached(msgpack_packer *pk, const struct dp_ctl_attached *m)
 	msgpack_pack_uint64(pk, m->default_timeout_us);
 	key(pk, "max_forward_bytes", 17);
 	msgpack_pack_uint64(pk, m->max_forward_bytes);
+	key(pk, "doorbell", 8);
+	str(pk, m->doorbell);
 }
 
 void dp_ctl_pack_ack(msgpack_packer *pk, const struct dp_ctl_ack *m)

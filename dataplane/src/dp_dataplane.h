@@ -199,12 +199,18 @@ static inline bool dp_targets_has(const uint64_t *t, uint32_t duck)
 
 struct dp_world;
 
+/* An agent (Aeron's shape): do_work returns how much it did. The parking hooks let
+ * the runner sleep when every agent on it is idle (dp_waker.h); each may be NULL. */
 struct dp_agent {
 	const char *name;
 	int (*do_work)(struct dp_world *w, void *self, uint64_t now);
+	/* at start: add the fds whose readiness means work to the runner's waker */
+	int (*wait_on)(struct dp_world *w, void *self, struct dp_waker *wk);
+	/* the runner armed its waker: -1 if work came after all, else ns until the agent's
+	 * next timer (DP_PARK_FOREVER: none) */
+	int64_t (*park)(struct dp_world *w, void *self, uint64_t now);
+	void (*unpark)(struct dp_world *w, void *self); /* the runner woke up */
 	void *self;
-	int core;
-	struct dp_idle idle;
 };
 
 struct dp_worker; /* dp_worker.h */
@@ -229,7 +235,20 @@ struct dp_world {
 	struct dp_counters dispatch_counters;
 	struct dp_counters control_counters;
 	uint64_t duck_seen_ns[DP_MAX_DUCKS]; /* last PONG or reply; worker writes */
+	char doorbell[64];              /* the dispatcher's doorbell address, '@' for abstract */
+	struct dp_waker *wakers[DP_MAX_NICS + 2]; /* one per runner thread: Stats reads them */
+	uint32_t nwakers;
+	struct dp_waker *dispatch_waker; /* its runner's, for the control agent to kick; NULL
+					  * when they share a thread */
 };
+
+/* Stop every runner: clear running, wake the parked (async-signal-safe). */
+static inline void dp_world_stop(struct dp_world *w)
+{
+	dp_store_release_u32(&w->running, 0);
+	for (uint32_t i = 0; i < w->nwakers; i++)
+		dp_waker_stop(w->wakers[i]);
+}
 
 /* A table slot whose layer was removed: lookups probe on past it, inserts reuse it. */
 extern struct dp_layer dp_layer_tombstone;

@@ -12,10 +12,14 @@
  */
 #include "dp_dispatch.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "dp_desc.h"
 #include "dp_f16.h"
@@ -25,6 +29,7 @@
 #include "dp_worker.h"
 
 #define MAX_PENDING_COMMITS 64
+#define COMMIT_POLL_NS 200000ull /* a pending layer commit is looked at this often */
 
 struct dp_dispatcher {
 	struct dp_world *w;
@@ -37,6 +42,8 @@ struct dp_dispatcher {
 	struct dp_limits limits;
 	uint32_t next_client; /* round-robin: the pass starts after the last client served */
 	uint32_t nactive;     /* clients polled in the last pass: each one's share of a burst */
+	int doorbell;         /* AF_UNIX datagrams: clients that found need_wakeup set */
+	bool armed;           /* need_wakeup is set in the clients' headers */
 };
 
 void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *answered,
@@ -376,6 +383,97 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 	return work;
 }
 
+/* --- parking ------------------------------------------------------------------------- */
+
+/* The quota dp_dispatch_do_work gives each client in a pass (its fair share). */
+static uint64_t client_quota(const struct dp_dispatcher *d)
+{
+	uint64_t share = d->w->nfwds / (d->nactive + 1);
+	uint64_t quota = d->w->cfg.client_max_inflight;
+	if (share < 1)
+		share = 1;
+	return quota < share ? quota : share;
+}
+
+static void set_need_wakeup(struct dp_dispatcher *d, uint32_t v)
+{
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		struct dp_client *c = &d->w->clients[i];
+		if (dp_load_acquire_u32(&c->state) == DP_CLIENT_ACTIVE)
+			__atomic_store_n(&c->hdr->need_wakeup, v, __ATOMIC_RELAXED);
+	}
+}
+
+int64_t dp_dispatch_park(struct dp_world *w, void *self, uint64_t now)
+{
+	struct dp_dispatcher *d = self;
+	(void)now;
+	if (!dp_spsc_empty(&w->free_ring))
+		return -1;
+	set_need_wakeup(d, 1);
+	d->armed = true;
+	/* seq_cst: need_wakeup's stores before the heads' loads; pairs with dp_doorbell_ring */
+	dp_fence_seq_cst();
+	uint64_t quota = client_quota(d);
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		struct dp_client *c = &w->clients[i];
+		uint32_t state = dp_load_acquire_u32(&c->state);
+		if (state == DP_CLIENT_CLOSING)
+			return -1; /* a pass acknowledges it (QUIESCED) */
+		if (state != DP_CLIENT_ACTIVE || dp_load_acquire_u64(&c->ring->head) == c->ring_tail)
+			continue;
+		/* descriptors wait: take them now, unless the client is at its quota or every
+		 * context is out (then the control agent's push into the free ring kicks us) */
+		if (d->nfree && __atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE) < quota)
+			return -1;
+	}
+	/* a layer commit waits for its chunks' completions: look again soon */
+	return d->ncommits ? (int64_t)COMMIT_POLL_NS : DP_PARK_FOREVER;
+}
+
+void dp_dispatch_unpark(struct dp_world *w, void *self)
+{
+	struct dp_dispatcher *d = self;
+	(void)w;
+	if (d->armed) {
+		set_need_wakeup(d, 0); /* awake: clients need not ring */
+		d->armed = false;
+	}
+	/* what the doorbell carried is only that someone rang: the rings say the rest */
+	uint8_t junk[64];
+	uint32_t rang = 0;
+	while (rang < 4096 && recv(d->doorbell, junk, sizeof(junk), MSG_DONTWAIT) >= 0)
+		rang++;
+	dp_count(d->counters, DP_C_doorbells, rang);
+}
+
+int dp_dispatch_wait_on(struct dp_world *w, void *self, struct dp_waker *wk)
+{
+	struct dp_dispatcher *d = self;
+	(void)w;
+	return dp_waker_add(wk, d->doorbell);
+}
+
+/* An abstract AF_UNIX name (no file to clean up) that is hard to guess; clients learn
+ * it in Attached. Anyone who rings it only makes the dispatcher look at its rings. */
+static int open_doorbell(struct dp_dispatcher *d)
+{
+	struct dp_world *w = d->w;
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	snprintf(w->doorbell, sizeof(w->doorbell), "@duckpipe-doorbell/%d/%016llx", getpid(),
+		 (unsigned long long)w->session);
+	size_t len = strlen(w->doorbell);
+	memcpy(a.sun_path, w->doorbell, len);
+	a.sun_path[0] = '\0';
+	d->doorbell = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (d->doorbell < 0 ||
+	    bind(d->doorbell, (struct sockaddr *)&a, offsetof(struct sockaddr_un, sun_path) + len) < 0) {
+		dp_set_error("doorbell socket %s: %s", w->doorbell, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
 struct dp_dispatcher *dp_dispatch_new(struct dp_world *w)
 {
 	struct dp_dispatcher *d = calloc(1, sizeof(*d));
@@ -385,6 +483,13 @@ struct dp_dispatcher *dp_dispatch_new(struct dp_world *w)
 		return NULL;
 	}
 	d->w = w;
+	if (open_doorbell(d) < 0) {
+		if (d->doorbell >= 0)
+			close(d->doorbell);
+		free(d->free);
+		free(d);
+		return NULL;
+	}
 	d->counters = &w->dispatch_counters;
 	d->limits = (struct dp_limits){ .max_forward_bytes = w->cfg.max_forward_bytes,
 					.default_timeout_us = w->cfg.default_timeout_us,
@@ -396,7 +501,9 @@ struct dp_dispatcher *dp_dispatch_new(struct dp_world *w)
 
 void dp_dispatch_free(struct dp_dispatcher *d)
 {
-	if (d)
+	if (d) {
+		close(d->doorbell);
 		free(d->free);
+	}
 	free(d);
 }

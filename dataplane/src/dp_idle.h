@@ -1,20 +1,28 @@
-/* dp_idle.h: what an agent does after a loop that found no work (Aeron's idle strategies). */
+/* dp_idle.h: what a runner does after a loop that found no work (Aeron's idle
+ * strategies). spin and yield never sleep; backoff spins, yields, then asks the
+ * runner to park on its waker (dp_waker.h) until work, a datagram or a timer. */
 #ifndef DP_IDLE_H
 #define DP_IDLE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 enum dp_idle_kind { DP_IDLE_SPIN, DP_IDLE_YIELD, DP_IDLE_BACKOFF };
 
 struct dp_idle {
 	enum dp_idle_kind kind;
-	uint32_t count;
-	uint32_t park_ns;
+	uint64_t spin_ns;      /* backoff: spin this long after the last work, yield as long */
+	uint64_t idle_since;   /* 0: the last loop did work */
 };
 
 int dp_idle_parse(const char *name, enum dp_idle_kind *out);
-void dp_idle_init(struct dp_idle *s, enum dp_idle_kind kind);
-/* work > 0 resets; else spin, then yield, then sleep for growing periods (backoff). */
-void dp_idle_idle(struct dp_idle *s, int work);
+void dp_idle_init(struct dp_idle *s, enum dp_idle_kind kind, uint32_t spin_us);
+/* work > 0 resets; else spin or yield once. True when the runner should park now. */
+bool dp_idle_idle(struct dp_idle *s, int work, uint64_t now);
+/* After a park: the next idle loop starts spinning again. */
+static inline void dp_idle_reset(struct dp_idle *s)
+{
+	s->idle_since = 0;
+}
 
 #endif /* DP_IDLE_H */

@@ -32,7 +32,7 @@ static struct dp_world world;
 static void on_signal(int sig)
 {
 	(void)sig;
-	dp_store_release_u32(&world.running, 0);
+	dp_world_stop(&world);
 }
 
 static void pin(int core, const char *name)
@@ -51,9 +51,34 @@ struct runner {
 	struct dp_agent *agents;
 	uint32_t n;
 	struct dp_idle idle;
+	struct dp_waker waker;
 	int core;
 	const char *name;
 };
+
+/* Every agent idle for a while: arm the waker, let each agent look once more (and say
+ * when its next timer is due), then sleep until an fd, a kick or the nearest timer. */
+static void park(struct runner *r)
+{
+	dp_waker_arm(&r->waker);
+	uint64_t now = dp_now_ns();
+	int64_t timeout = DP_PARK_FOREVER;
+	bool work = false;
+	for (uint32_t i = 0; i < r->n && !work; i++) {
+		const struct dp_agent *a = &r->agents[i];
+		int64_t t = a->park ? a->park(&world, a->self, now) : 0;
+		work = t < 0;
+		if (t < timeout)
+			timeout = t;
+	}
+	if (!work && dp_load_acquire_u32(&world.running))
+		dp_waker_wait(&r->waker, timeout);
+	dp_waker_disarm(&r->waker);
+	for (uint32_t i = 0; i < r->n; i++)
+		if (r->agents[i].unpark)
+			r->agents[i].unpark(&world, r->agents[i].self);
+	dp_idle_reset(&r->idle);
+}
 
 /* The agent runner: every agent's do_work in turn, the idle strategy on no work. */
 static void *run(void *arg)
@@ -66,9 +91,41 @@ static void *run(void *arg)
 		uint64_t now = dp_now_ns();
 		for (uint32_t i = 0; i < r->n; i++)
 			work += r->agents[i].do_work(&world, r->agents[i].self, now);
-		dp_idle_idle(&r->idle, work);
+		if (dp_idle_idle(&r->idle, work, now))
+			park(r);
 	}
 	return NULL;
+}
+
+/* Each agent waits on its runner's waker; a ring fed from another runner kicks it. */
+static int setup_runner(struct runner *r)
+{
+	if (dp_waker_init(&r->waker) < 0)
+		return -1;
+	world.wakers[world.nwakers++] = &r->waker;
+	for (uint32_t i = 0; i < r->n; i++) {
+		struct dp_agent *a = &r->agents[i];
+		if (a->wait_on && a->wait_on(&world, a->self, &r->waker) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* With a thread per agent, a push into another agent's ring kicks that agent's runner
+ * (agents: control, dispatcher, workers, in that order). Sharing one thread, nobody
+ * kicks: whoever pushes is awake, and so is the consumer. */
+static void connect_rings(struct runner *runners, uint32_t nrunners)
+{
+	if (nrunners == 1)
+		return;
+	struct dp_waker *control = &runners[0].waker, *dispatch = &runners[1].waker;
+	world.dispatch_waker = dispatch;
+	world.free_ring.consumer = dispatch;
+	world.dispatch_done.consumer = control;
+	for (uint32_t n = 0; n < world.cfg.nnics; n++) {
+		world.workers[n]->in.consumer = &runners[2 + n].waker;
+		world.workers[n]->done.consumer = control;
+	}
 }
 
 static void usage(const char *prog)
@@ -210,12 +267,25 @@ int main(int argc, char **argv)
 
 	struct dp_agent agents[MAX_AGENTS];
 	uint32_t nagents = 0;
-	agents[nagents++] = (struct dp_agent){ "control", dp_control_do_work, control, -1, { 0 } };
-	agents[nagents++] = (struct dp_agent){ "dispatch", dp_dispatch_do_work, dispatcher, -1, { 0 } };
+	agents[nagents++] = (struct dp_agent){ .name = "control",
+					       .do_work = dp_control_do_work,
+					       .wait_on = dp_control_wait_on,
+					       .park = dp_control_park,
+					       .self = control };
+	agents[nagents++] = (struct dp_agent){ .name = "dispatch",
+					       .do_work = dp_dispatch_do_work,
+					       .wait_on = dp_dispatch_wait_on,
+					       .park = dp_dispatch_park,
+					       .unpark = dp_dispatch_unpark,
+					       .self = dispatcher };
 	static char names[DP_MAX_NICS][16];
 	for (uint32_t n = 0; n < world.cfg.nnics; n++) {
 		snprintf(names[n], sizeof(names[n]), "nic-%s", world.cfg.nics[n].name);
-		agents[nagents++] = (struct dp_agent){ names[n], dp_worker_do_work, &workers[n], -1, { 0 } };
+		agents[nagents++] = (struct dp_agent){ .name = names[n],
+						       .do_work = dp_worker_do_work,
+						       .wait_on = dp_worker_wait_on,
+						       .park = dp_worker_park,
+						       .self = &workers[n] };
 	}
 	printf("duckpipe-dataplane: %u ducks on %u NIC(s), control %s, %s threads (pid %d)\n",
 	       world.cfg.nducks, world.cfg.nnics, world.cfg.control,
@@ -231,8 +301,13 @@ int main(int argc, char **argv)
 					      .core = i < world.cfg.ncores ? world.cfg.cores[i] : -1,
 					      .name = world.cfg.dedicated_threads ? agents[i].name
 										  : "dataplane" };
-		dp_idle_init(&runners[i].idle, world.cfg.idle);
+		dp_idle_init(&runners[i].idle, world.cfg.idle, world.cfg.idle_spin_us);
+		if (setup_runner(&runners[i]) < 0) {
+			fprintf(stderr, "duckpipe-dataplane: %s: %s\n", runners[i].name, dp_error());
+			return 1;
+		}
 	}
+	connect_rings(runners, nrunners);
 	for (uint32_t i = 1; i < nrunners; i++)
 		if (pthread_create(&threads[i], NULL, run, &runners[i])) {
 			fprintf(stderr, "duckpipe-dataplane: pthread_create %s failed\n", runners[i].name);

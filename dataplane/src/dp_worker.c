@@ -765,6 +765,41 @@ int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now)
 	return work;
 }
 
+int dp_worker_wait_on(struct dp_world *w, void *self, struct dp_waker *wk)
+{
+	struct dp_worker *me = self;
+	(void)w;
+	int fd = me->be.ops->wait_fd ? me->be.ops->wait_fd(&me->be) : -1;
+	return fd >= 0 ? dp_waker_add(wk, fd) : 0;
+}
+
+int64_t dp_worker_park(struct dp_world *w, void *self, uint64_t now)
+{
+	struct dp_worker *wk = self;
+	const struct dp_backend_ops *ops = wk->be.ops;
+	if (!dp_spsc_empty(&wk->in) || (ops->rx_ready && ops->rx_ready(&wk->be)))
+		return -1;
+	uint64_t next = wk->next_ping_ns;
+	if (!ops->wait_fd && !ops->rx_ready && now + DP_BACKEND_POLL_NS < next)
+		next = now + DP_BACKEND_POLL_NS; /* nothing tells us a datagram came: poll */
+	/* a weight datagram is resent weight_rto after it went out: wake an eighth of it
+	 * late at most (the per-datagram times are not worth a scan; weights are background) */
+	uint64_t weight_tick = (uint64_t)w->cfg.weight_rto_us * 1000 / 8;
+	for (uint32_t i = 0; i < wk->nactive; i++) {
+		const struct dp_fwd *f = wk->active[i];
+		uint64_t due = f->deadline_ns;
+		if (f->kind == DP_FWD_FORWARD) {
+			if (wk->next_nack[f->index] < due)
+				due = wk->next_nack[f->index];
+		} else if (now + weight_tick < due) {
+			due = now + weight_tick;
+		}
+		if (due < next)
+			next = due;
+	}
+	return next <= now ? 0 : (int64_t)(next - now);
+}
+
 int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 {
 	const struct dp_nic_cfg *cfg = &w->cfg.nics[nic];

@@ -56,5 +56,9 @@ struct dp_worker {
 int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic);
 void dp_worker_fini(struct dp_worker *wk);
 int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now);
+/* Parking (struct dp_agent): the backend's fd into the runner's waker; before a park,
+ * -1 if work is waiting, else ns until the next NACK, deadline, retransmit or PING. */
+int dp_worker_wait_on(struct dp_world *w, void *self, struct dp_waker *wk);
+int64_t dp_worker_park(struct dp_world *w, void *self, uint64_t now);
 
 #endif /* DP_WORKER_H */

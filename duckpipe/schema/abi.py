@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 ABI_MAJOR = 1
-ABI_MINOR = 1  # 1.1: segments are sealed memfds; detach_reason
+ABI_MINOR = 2  # 1.1: segments are sealed memfds; detach_reason. 1.2: need_wakeup, waiters
 SEG_MAGIC = int.from_bytes(b"DUCKSEG1", "little")
 MAX_DUCKS = 256  # bits in a descriptor's target set
 MAX_DIMS = 4
@@ -172,6 +172,8 @@ class SegHeader(msgspec.Struct, frozen=True):
         "dataplane_heartbeat_ns": "CLOCK_MONOTONIC, refreshed by the dataplane while attached",
         "client_id": "assigned by the dataplane at attach",
         "detach_reason": "enum dp_detach_reason: set once when the dataplane drops the client",
+        "need_wakeup": "1 while the dataplane is parked (or about to be): ring the doorbell "
+        "after advancing head (io_uring's IORING_SQ_NEED_WAKEUP)",
         "name": "the segment's own name, for inspectors",
     }
 
@@ -207,7 +209,8 @@ class SegHeader(msgspec.Struct, frozen=True):
     dataplane_pid: U32
     client_id: U32
     detach_reason: U32
-    pad4: Pad(44)
+    need_wakeup: U32
+    pad4: Pad(40)
     # lines 4-5: name (creator, once)
     name: Chars(128)
 
@@ -267,11 +270,18 @@ class Desc(msgspec.Struct, frozen=True):
 
 
 class SlotHeader(msgspec.Struct, frozen=True):
-    """Per-slot completion word, written by the dataplane only. It fills every
-    other field first, then stores ``done = generation << 32 | status`` (release)."""
+    """Per-slot completion word, written by the dataplane (``waiters`` by the client).
+    It fills every other field first, then stores ``done = generation << 32 | status``
+    (release), then wakes the futex on done's high half if ``waiters`` says one sleeps."""
 
     __c_name__: ClassVar[str] = "dp_slot_header"
     __c_size__: ClassVar[int] = 64
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "done": "generation << 32 | status; the high half (little-endian: bytes 4-7) is "
+        "the futex a waiting client sleeps on",
+        "waiters": "client: nonzero while a thread sleeps on done (a hint: the dataplane "
+        "calls futex_wake only then)",
+    }
 
     done: U64
     forward_id: U64
@@ -279,7 +289,8 @@ class SlotHeader(msgspec.Struct, frozen=True):
     nbytes: U64
     answered: U32
     missing: U32
-    pad0: Pad(24)
+    waiters: U32
+    pad0: Pad(20)
 
 
 LAYOUTS = (SegHeader, RingHeader, Desc, SlotHeader)

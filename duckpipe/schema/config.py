@@ -47,6 +47,9 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     dedicated_threads: bool = False  # else every agent shares one thread
     cores: list[int] = []  # control, dispatcher, worker 0..: pin when >= 0
     idle: Literal["spin", "yield", "backoff"] = "backoff"
+    # backoff: spin this long after the last work, then yield as long again, then park
+    # until a doorbell, a datagram or the next timer wakes it
+    idle_spin_us: Annotated[int, Meta(ge=0, le=1_000_000)] = 50
     default_timeout_us: U32 = 1_000_000  # a forward's deadline unless the client sets one
     nack_us: U32 = 2000  # a duck's NACK timeout (RTO) until its reply time is measured
     nack_min_us: U32 = 200  # the measured RTO's floor (also RFC 6298's G)

@@ -55,7 +55,8 @@ __all__ = [
 ]
 
 #: 2: Error.code became an ErrorCode (an integer); LoadWeights.shared; UnloadLayer.
-PROTOCOL_VERSION = 2
+#: 3: the dataplane parks: a client rings Attached.doorbell when need_wakeup is set.
+PROTOCOL_VERSION = 3
 #: ``duck`` of a WEIGHT_CHUNK the dataplane keeps itself (b_down: added once, after the reduce).
 HOST_TENSOR_DUCK = 0xFFFF
 
@@ -195,6 +196,9 @@ class Attached(Message, kw_only=True):
     ducks: int
     default_timeout_us: int
     max_forward_bytes: int = 0  # largest activation or weight chunk; 0: no limit
+    # the dataplane's doorbell, an abstract AF_UNIX datagram address ("" where it never
+    # parks): after advancing head, send it one byte if need_wakeup is set (dp_ring.h)
+    doorbell: str = ""
 
 
 class Ack(Message, kw_only=True):

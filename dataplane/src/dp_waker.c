@@ -1,0 +1,70 @@
+/* dp_waker.c: a runner's epoll set and the eventfd other threads kick (dp_waker.h). */
+#include "dp_waker.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+
+#define MAX_EVENTS 16
+
+int dp_waker_init(struct dp_waker *wk)
+{
+	memset(wk, 0, sizeof(*wk));
+	wk->epfd = epoll_create1(EPOLL_CLOEXEC);
+	wk->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (wk->epfd < 0 || wk->efd < 0) {
+		dp_set_error("epoll_create1/eventfd: %s", strerror(errno));
+		dp_waker_fini(wk);
+		return -1;
+	}
+	return dp_waker_add(wk, wk->efd);
+}
+
+void dp_waker_fini(struct dp_waker *wk)
+{
+	if (wk->epfd >= 0)
+		close(wk->epfd);
+	if (wk->efd >= 0)
+		close(wk->efd);
+	wk->epfd = wk->efd = -1;
+}
+
+int dp_waker_add(struct dp_waker *wk, int fd)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
+	if (epoll_ctl(wk->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		dp_set_error("epoll_ctl(ADD, fd %d): %s", fd, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+void dp_waker_del(struct dp_waker *wk, int fd)
+{
+	(void)epoll_ctl(wk->epfd, EPOLL_CTL_DEL, fd, NULL);
+}
+
+void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns)
+{
+	struct epoll_event ev[MAX_EVENTS];
+	struct timespec ts, *tp = NULL;
+	if (timeout_ns != DP_PARK_FOREVER) {
+		if (timeout_ns < 0)
+			timeout_ns = 0;
+		ts.tv_sec = timeout_ns / 1000000000;
+		ts.tv_nsec = timeout_ns % 1000000000;
+		tp = &ts;
+	}
+	wk->parks++;
+	/* epoll_pwait2: a nanosecond timeout (epoll_wait's is in ms: a NACK timer of 300 us
+	 * would sleep a whole millisecond) */
+	int n = epoll_pwait2(wk->epfd, ev, MAX_EVENTS, tp, NULL);
+	for (int i = 0; i < n; i++)
+		if (ev[i].data.fd == wk->efd) {
+			uint64_t v;
+			(void)!read(wk->efd, &v, sizeof(v)); /* level-triggered: drain it */
+			wk->kicked++;
+		}
+}
