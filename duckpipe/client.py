@@ -1,31 +1,32 @@
 """The client: attach to a dataplane, claim slots, submit forwards, take completions.
 
 A ``Client`` owns one shared-memory segment (its submission ring and slot
-arenas) and one ZeroMQ DEALER to the dataplane. The model writes activations
+arenas) and one control channel to the dataplane. The model writes activations
 straight into slot memory through ``Slot.array``; results come back in the
 paired result slot. A Client is not thread-safe: use one per thread.
+
+The pieces it is built from live next door: ``channel`` (the control socket),
+``slots`` (the slot table and ``Slot``), ``weights`` (loading a layer).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
-import os
 import socket
 import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import msgspec
 import numpy as np
-import zmq
 
-from . import runtime
+from . import runtime, weights
 from ._native import ffi, lib
+from .channel import BLOCK_SLICE_S as _BLOCK_SLICE_S
+from .channel import Channel
 from .errors import (
     BadInput,
     Cancelled,
@@ -41,14 +42,16 @@ from .errors import (
     StaleEpoch,
     UnknownLayer,
     WaitTimeout,
-    refused,
 )
-from .models import Mlp, dtype_code, numpy_dtype, shard_bounds, shard_sizes
-from .progress import Progress
+from .models import Mlp, dtype_code, numpy_dtype
 from .ring import SubmissionRing, new_desc
 from .schema import control as ctl
 from .schema.abi import MAX_DIMS, DetachReason, Op, Status
 from .shm import BackingChoice, Segment
+from .slots import Slot, SlotState, SlotTable
+
+if TYPE_CHECKING:
+    import zmq
 
 __all__ = ["Client", "Forward", "Slot", "SlotState", "WaitStrategy", "connect"]
 
@@ -58,20 +61,12 @@ WaitStrategy = Literal["spin", "block", "hybrid"]
 
 _HEARTBEAT_S = 0.2
 _LIVENESS_CHECK_S = 0.05
-_BLOCK_SLICE_S = 0.1
 # a sleeping waiter looks at ZeroMQ and the dataplane's heartbeat this often
 _SLEEP_SLICE_NS = 50_000_000
 _SPIN_SLICE_NS = 10_000_000
 # ZeroMQ completions (timings, duck lists) are read in batches: result() does not need them
 _PUMP_EVERY = 32
 _ZERO_DESC = bytes(ffi.sizeof("struct dp_desc"))
-
-
-class SlotState(enum.IntEnum):
-    FREE = 0
-    CLAIMED = 1  # the client writes the activation
-    SUBMITTED = 2  # the dataplane may read the activation and write the result
-    COMPLETED = 3  # the client reads the result
 
 
 def connect(
@@ -141,38 +136,6 @@ class _Inflight:
     message: str = ""
     zmq_done: bool = False
     released: bool = False
-
-
-class Slot:
-    """A claimed slot. Write the activation into ``array`` (a view of shared memory).
-
-    As a context manager it is released when the block raises, or when it ends
-    without the slot having been submitted.
-    """
-
-    __slots__ = ("_client", "array", "generation", "index")
-
-    def __init__(self, client: Client, index: int, generation: int, array: np.ndarray) -> None:
-        self._client = client
-        self.index = index
-        self.generation = generation
-        self.array = array
-
-    def release(self) -> None:
-        """Give the slot back without submitting it."""
-        self._client._release_claim(self)
-
-    def __enter__(self) -> Slot:
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if self._client._slot_is_claimed(self):
-            self.release()
-
-    def __repr__(self) -> str:
-        return (
-            f"<Slot {self.index} gen {self.generation} {self.array.dtype}{list(self.array.shape)}>"
-        )
 
 
 class Forward:
@@ -307,18 +270,13 @@ class Client:
         self._dataplane_timeout_ns = int(dataplane_timeout * 1e9)
         self._closed = False
         self._lost: str | None = None
-        self._req_id = 0
         self._next_forward = 1
-        self._replies: dict[int, ctl.AnyReply] = {}
         self._inflight: dict[int, _Inflight] = {}
         self._layers: dict[int, ctl.LayerInfo] = {}
         self._last_check = 0.0
         self.counters = {"stale_completions": 0, "completion_mismatch": 0, "bad_messages": 0}
 
-        _check_endpoint(control)
-        self._sock = zmq.Context.instance().socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(control)
+        self._channel = Channel(control, self.counters)
         try:
             self._segment = Segment.create(
                 slot_count=slots,
@@ -328,14 +286,12 @@ class Client:
                 tag=name or "client",
             )
         except Exception:
-            self._sock.close()
+            self._channel.close()
             raise
         seg = self._segment
         self._ring = SubmissionRing(seg)
         self._desc = new_desc()
-        self._gen = [0] * seg.slot_count
-        self._state = [SlotState.FREE] * seg.slot_count
-        self._free = list(range(seg.slot_count - 1, -1, -1))  # LIFO: slot 0 first, hottest reused
+        self._slots = SlotTable(seg.slot_count)
         self._pushes = 0
         self._doorbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._stop = threading.Event()
@@ -344,26 +300,14 @@ class Client:
         )
         self._heartbeat.start()
         self._finalizer = weakref.finalize(
-            self, _cleanup, self._sock, seg, self._stop, self._heartbeat, self._doorbell
+            self, _cleanup, self._channel, seg, self._stop, self._heartbeat, self._doorbell
         )
         self._dp_pid = 0
         try:
-            att = self._request(
-                lambda rid: ctl.Attach(
-                    req_id=rid,
-                    abi_major=int(seg.header.abi_major),
-                    pid=os.getpid(),
-                    segment=seg.name,
-                    segment_fd=seg.fd,
-                    name=name,
-                ),
-                timeout,
-                unavailable=True,
-            )
+            att = self._channel.attach(seg, name, timeout, self._on_completion)
         except BaseException:
             self._finalizer()
             raise
-        assert isinstance(att, ctl.Attached)
         self.client_id = att.client_id
         self.epoch = att.epoch
         self.mode = att.mode
@@ -439,7 +383,7 @@ class Client:
                 "(the dataplane's max_forward_bytes caps it too)"
             )
         i = self._take_slot(self._claim_timeout if timeout is None else timeout)
-        return Slot(self, i, self._gen[i], seg.act_view(i, shape_t, dt))
+        return Slot(self, i, self._slots.generation[i], seg.act_view(i, shape_t, dt))
 
     def submit(self, slot: Slot, layer: int, *, ducks: Iterable[int] | None = None) -> Forward:
         """Hand a filled slot to the dataplane to run ``layer`` on it.
@@ -528,65 +472,9 @@ class Client:
         ZeroMQ. A progress bar is drawn on stderr when it is a terminal
         (``progress`` forces it on or off).
         """
-        self._check_usable()
-        if not isinstance(layer, int) or not 0 <= layer <= 0xFFFF_FFFF:
-            raise BadInput(f"layer must be an integer in [0, 2**32), not {layer!r}")
-        kind = mlp.kind
-        dt = mlp.dtype
-        code = dtype_code(dt)
-        all_ducks = [d.id for d in self.topology().ducks]
-        chosen = list(all_ducks if ducks is None else ducks)
-        if len(set(chosen)) != len(chosen) or not set(chosen) <= set(all_ducks):
-            raise BadInput(f"ducks {chosen} must be distinct ids among {all_ducks}")
-        sizes = shard_sizes(mlp.ffn, len(chosen))
-        self._request(
-            lambda rid: ctl.LoadWeights(
-                req_id=rid,
-                layer=layer,
-                kind=int(kind),
-                dtype=int(code),
-                hidden=mlp.hidden,
-                ffn=mlp.ffn,
-                ducks=chosen,
-                shard_sizes=sizes,
-                has_b_down=mlp.b_down is not None,
-                shared=shared,
-            )
+        return weights.load_weights(
+            self, layer, mlp, ducks=ducks, progress=progress, timeout=timeout, shared=shared
         )
-        self._layers.pop(layer, None)
-        pieces: list[tuple[int, int, np.ndarray]] = []
-        for duck, (lo, hi) in zip(chosen, shard_bounds(sizes), strict=True):
-            pieces += [(duck, t, arr) for t, arr in enumerate(mlp.shard(lo, hi))]
-        if mlp.b_down is not None:
-            pieces.append((ctl.HOST_TENSOR_DUCK, 3, np.ascontiguousarray(mlp.b_down)))
-        total = sum(a.nbytes for _, _, a in pieces)
-        chunk = self._max_bytes
-        recs: list[_Inflight] = []
-        with Progress(total, f"layer {layer} weights", enabled=progress) as bar:
-            for duck, tensor, arr in pieces:
-                raw = arr.reshape(-1).view(np.uint8)
-                for off in range(0, raw.size, chunk):
-                    part = raw[off : off + chunk]
-                    i = self._take_slot(timeout)
-                    self._segment.act_bytes(i)[: part.size] = part
-                    recs.append(
-                        self._push_weight(i, Op.WEIGHT_CHUNK, layer, duck, tensor, off, part.size)
-                    )
-                    bar.advance(part.size)
-                    self._pump(0)  # take completions already in; frees their slots
-            i = self._take_slot(timeout)
-            commit = self._push_weight(i, Op.WEIGHT_COMMIT, layer, 0, 0, 0, 0)
-            self._wait(commit, timeout, "block")
-            for rec in recs:
-                if rec.status is None:
-                    self._wait(rec, timeout, "block")
-        for rec in [*recs, commit]:
-            if rec.status != Status.OK:
-                raise DataplaneFault(
-                    f"loading layer {layer} failed: {rec.message or Status(rec.status).name}",
-                    status=rec.status or 0,
-                )
-        return self._layer_info(layer)
 
     def close(self) -> None:
         """Detach from the dataplane and close this client's segment."""
@@ -612,48 +500,36 @@ class Client:
     # --- slots ------------------------------------------------------------------
 
     def _take_slot(self, timeout: float) -> int:
-        if not self._free:
-            deadline = time.monotonic() + timeout
-            while not self._free:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RingFull(
-                        f"all {self._segment.slot_count} slots stayed in use for {timeout:g} s: "
-                        "release finished forwards (Forward.release() or drop them), "
-                        "or connect with more slots"
-                    )
-                self._pump(min(left, _BLOCK_SLICE_S))
-                self._check_alive()
-        i = self._free.pop()
-        self._gen[i] = (self._gen[i] + 1) & 0xFFFF_FFFF or 1
-        self._state[i] = SlotState.CLAIMED
-        return i
+        return self._slots.take(timeout, self._wait_for_slot)
+
+    def _wait_for_slot(self, left: float) -> None:
+        self._pump(min(left, _BLOCK_SLICE_S))  # completions free slots
+        self._check_alive()
 
     def _slot_is_claimed(self, slot: Slot) -> bool:
-        i = slot.index
         return (
             slot._client is self
             and not self._closed
-            and self._state[i] == SlotState.CLAIMED
-            and self._gen[i] == slot.generation
+            and self._slots.is_claimed(slot.index, slot.generation)
         )
 
     def _release_claim(self, slot: Slot) -> None:
         if not self._slot_is_claimed(slot):
             raise BadInput(f"{slot!r} is not claimed by this client")
-        self._free_slot(slot.index)
-
-    def _free_slot(self, i: int) -> None:
-        self._state[i] = SlotState.FREE
-        self._free.append(i)
+        self._slots.release(slot.index)
 
     def _release_forward(self, rec: _Inflight) -> None:
         if rec.released or self._closed:
             return
         rec.released = True
         if rec.status is not None:
-            self._free_slot(rec.slot)
+            self._slots.release(rec.slot)
         # else: freed by _completed, once the dataplane is done with the slot
+
+    @property
+    def _free(self) -> list[int]:
+        """The free slots' indices (tests look at how many there are)."""
+        return self._slots.free
 
     # --- submission ------------------------------------------------------------
 
@@ -662,16 +538,17 @@ class Client:
     ) -> _Inflight:
         fid = self._next_forward
         self._next_forward += 1
+        gen = self._slots.generation[slot]
         d.forward_id = fid
         d.slot = slot
-        d.generation = self._gen[slot]
+        d.generation = gen
         d.epoch = self.epoch
         d.timeout_us = self._timeout_us
         d.submit_ns = runtime.monotonic_ns()
         if not self._ring.submit(d):  # cannot happen: capacity >= slot count
             raise RingFull("the submission ring is full")
-        self._state[slot] = SlotState.SUBMITTED
-        rec = _Inflight(fid, slot, self._gen[slot], self.epoch, int(d.op), shape, dtype, internal)
+        self._slots.state[slot] = SlotState.SUBMITTED
+        rec = _Inflight(fid, slot, gen, self.epoch, int(d.op), shape, dtype, internal)
         self._inflight[fid] = rec
         self._pushes += 1
         if self._pushes % _PUMP_EVERY == 0:
@@ -783,9 +660,9 @@ class Client:
         """Either completion path lands here; the second one must agree with the first."""
         if rec.status is None:
             rec.status = status
-            self._state[rec.slot] = SlotState.COMPLETED
+            self._slots.state[rec.slot] = SlotState.COMPLETED
             if rec.released:
-                self._free_slot(rec.slot)
+                self._slots.release(rec.slot)
         elif rec.status != status:
             self.counters["completion_mismatch"] += 1
             log.error("forward %d: shm says %s, ZeroMQ says %s", rec.forward_id, rec.status, status)
@@ -808,55 +685,25 @@ class Client:
             self.epoch = msg.current_epoch
         self._completed(rec, msg.status)
 
+    # --- control channel --------------------------------------------------------
+
     def _pump(self, timeout_s: float) -> int:
         """Receive whatever the dataplane sent, waiting up to ``timeout_s`` for the first."""
-        sock = self._sock
-        if not sock.poll(int(timeout_s * 1000) if timeout_s > 0 else 0):
-            return 0
-        n = 0
-        while True:
-            try:
-                raw = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return n
-            n += 1
-            try:
-                msg = ctl.reply_decoder.decode(raw)
-            except msgspec.DecodeError as e:
-                self.counters["bad_messages"] += 1
-                log.warning("undecodable message from the dataplane dropped: %s", e)
-                continue
-            if isinstance(msg, ctl.Completion):
-                self._on_completion(msg)
-            else:
-                self._replies[msg.req_id] = msg
+        return self._channel.pump(timeout_s, self._on_completion)
 
-    def _request(self, make, timeout: float = 5.0, *, unavailable: bool = False) -> ctl.AnyReply:
-        if not unavailable:
-            self._check_usable()
-        self._req_id += 1
-        rid = self._req_id
-        self._sock.send(ctl.encoder.encode(make(rid)))
-        deadline = time.monotonic() + timeout
-        while rid not in self._replies:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                if unavailable:
-                    raise DataplaneUnavailable(
-                        f"no dataplane answered at {self.control} within {timeout:g} s; is it "
-                        "running? Start one with `duckpipe mock-dataplane` or `duckpipe dataplane`"
-                    )
-                self._check_alive()
-                raise WaitTimeout(
-                    f"the dataplane did not answer a control request within {timeout:g} s"
-                )
-            self._pump(min(left, _BLOCK_SLICE_S))
-            if not unavailable and rid not in self._replies:
-                self._check_alive()
-        reply = self._replies.pop(rid)
-        if isinstance(reply, ctl.Error):
-            raise refused(reply.code, reply.message)
-        return reply
+    def _request(self, make, timeout: float = 5.0) -> ctl.AnyReply:
+        """Send the request ``make(req_id)`` builds and return its reply (an Error raises)."""
+        self._check_usable()
+        return self._channel.request(make, timeout, self._on_completion, self._check_alive)
+
+    # Tests reach past _pump to the socket and the replies it sorts.
+    @property
+    def _sock(self) -> zmq.Socket:
+        return self._channel.sock
+
+    @property
+    def _replies(self) -> dict[int, ctl.AnyReply]:
+        return self._channel.replies
 
     # --- liveness --------------------------------------------------------------
 
@@ -912,16 +759,6 @@ class Client:
             raise DataplaneLost(self._lost)
 
 
-def _check_endpoint(control: str) -> None:
-    if control.startswith("ipc://"):
-        path = Path(control[len("ipc://") :])
-        if not path.exists():
-            raise DataplaneUnavailable(
-                f"no dataplane at {control} (no socket at {path}); is it running? Start one with "
-                "`duckpipe mock-dataplane` or `duckpipe dataplane`, or set DUCKPIPE_CONTROL"
-            )
-
-
 def _normalise_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     try:
         t = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
@@ -940,7 +777,7 @@ def _heartbeat_loop(seg: Segment, stop: threading.Event) -> None:
 
 
 def _cleanup(
-    sock: zmq.Socket,
+    channel: Channel,
     seg: Segment,
     stop: threading.Event,
     beat: threading.Thread,
@@ -948,6 +785,6 @@ def _cleanup(
 ) -> None:
     stop.set()
     beat.join(timeout=2.0)
-    sock.close(linger=0)
+    channel.close()
     doorbell.close()
     seg.close()  # closes the memfd: its memory goes once the dataplane unmaps it too

@@ -1,0 +1,105 @@
+"""Weight loading: shard an MLP over ducks and stream the shards through slots.
+
+The dataplane is told the plan (``LoadWeights``: kind, sizes, which duck holds
+which rows), then every shard tensor is cut into slot-sized chunks, each one a
+``WEIGHT_CHUNK`` descriptor on the client's submission ring, and a final
+``WEIGHT_COMMIT`` makes the layer usable once every chunk has landed. Weights
+thus travel through shared memory like activations, never over ZeroMQ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import BadInput, DataplaneFault
+from .models import Mlp, dtype_code, shard_bounds, shard_sizes
+from .progress import Progress
+from .schema import control as ctl
+from .schema.abi import Op, Status
+
+if TYPE_CHECKING:
+    from .client import Client, _Inflight
+
+__all__ = ["load_weights"]
+
+
+def load_weights(
+    client: Client,
+    layer: int,
+    mlp: Mlp,
+    *,
+    ducks: Sequence[int] | None,
+    progress: bool | None,
+    timeout: float,
+    shared: bool,
+) -> ctl.LayerInfo:
+    """Load ``mlp`` as ``layer`` through ``client``; see ``Client.load_weights``."""
+    client._check_usable()
+    if not isinstance(layer, int) or not 0 <= layer <= 0xFFFF_FFFF:
+        raise BadInput(f"layer must be an integer in [0, 2**32), not {layer!r}")
+    kind = mlp.kind
+    dt = mlp.dtype
+    code = dtype_code(dt)
+    all_ducks = [d.id for d in client.topology().ducks]
+    chosen = list(all_ducks if ducks is None else ducks)
+    if len(set(chosen)) != len(chosen) or not set(chosen) <= set(all_ducks):
+        raise BadInput(f"ducks {chosen} must be distinct ids among {all_ducks}")
+    sizes = shard_sizes(mlp.ffn, len(chosen))
+    client._request(
+        lambda rid: ctl.LoadWeights(
+            req_id=rid,
+            layer=layer,
+            kind=int(kind),
+            dtype=int(code),
+            hidden=mlp.hidden,
+            ffn=mlp.ffn,
+            ducks=chosen,
+            shard_sizes=sizes,
+            has_b_down=mlp.b_down is not None,
+            shared=shared,
+        )
+    )
+    client._layers.pop(layer, None)  # the cached LayerInfo, if any, is the old layer's
+    pieces = _pieces(mlp, chosen, sizes)
+    total = sum(a.nbytes for _, _, a in pieces)
+    chunk = client._max_bytes
+    recs: list[_Inflight] = []
+    with Progress(total, f"layer {layer} weights", enabled=progress) as bar:
+        for duck, tensor, arr in pieces:
+            raw = arr.reshape(-1).view(np.uint8)
+            for off in range(0, raw.size, chunk):
+                part = raw[off : off + chunk]
+                i = client._take_slot(timeout)
+                client._segment.act_bytes(i)[: part.size] = part
+                recs.append(
+                    client._push_weight(i, Op.WEIGHT_CHUNK, layer, duck, tensor, off, part.size)
+                )
+                bar.advance(part.size)
+                client._pump(0)  # take completions already in; frees their slots
+        i = client._take_slot(timeout)
+        commit = client._push_weight(i, Op.WEIGHT_COMMIT, layer, 0, 0, 0, 0)
+        client._wait(commit, timeout, "block")
+        for rec in recs:
+            if rec.status is None:
+                client._wait(rec, timeout, "block")
+    for rec in [*recs, commit]:
+        if rec.status != Status.OK:
+            raise DataplaneFault(
+                f"loading layer {layer} failed: {rec.message or Status(rec.status).name}",
+                status=rec.status or 0,
+            )
+    return client._layer_info(layer)
+
+
+def _pieces(mlp: Mlp, ducks: list[int], sizes: list[int]) -> list[tuple[int, int, np.ndarray]]:
+    """(duck, tensor index, array) for every tensor to send: each duck's shard, then
+    b_down (tensor 3), which the dataplane keeps and adds once, after the reduce."""
+    pieces: list[tuple[int, int, np.ndarray]] = []
+    for duck, (lo, hi) in zip(ducks, shard_bounds(sizes), strict=True):
+        pieces += [(duck, t, arr) for t, arr in enumerate(mlp.shard(lo, hi))]
+    if mlp.b_down is not None:
+        pieces.append((ctl.HOST_TENSOR_DUCK, 3, np.ascontiguousarray(mlp.b_down)))
+    return pieces
