@@ -32,9 +32,8 @@ TEXT_KEYS = {"config", "row", "name", "transport", "size", "series", "fit", "str
 def run_bench(tmp_path: Path, *args: str, hide_matplotlib: bool = False) -> tuple[str, dict]:
     out = tmp_path / "results"
     code = (
-        ("import sys; sys.modules['matplotlib'] = None; " if hide_matplotlib else "")
-        + "from duckpipe.cli import main; raise SystemExit(main(sys.argv[1:]))"
-    )
+        "import sys; sys.modules['matplotlib'] = None; " if hide_matplotlib else ""
+    ) + "from duckpipe.cli import main; raise SystemExit(main(sys.argv[1:]))"
     if not hide_matplotlib:
         code = "import sys; " + code
     p = subprocess.run(
