@@ -251,7 +251,7 @@ def test_only_its_owner_writes_a_shared_layers_weights(dp):
             b._segment.act_bytes(i)[:64] = 7
             recs.append(b._push_weight(i, op, 12, 0, 0, 0, 64 if op == Op.WEIGHT_CHUNK else 0))
         for rec in recs:
-            b._wait(rec, 10, "block")
+            b._await_zmq(rec, 10)  # the refusal's message rides ZeroMQ
             assert rec.status == Status.BAD_REQUEST and "not being loaded" in rec.message, (
                 rec.status,
                 rec.message,

@@ -30,6 +30,10 @@
 #include "dp_abi.h"
 #include "dp_barrier.h"
 
+/* unistd.h declares syscall(2) only under _DEFAULT_SOURCE; this header is also built as
+ * strict C11 (tests/test_generated_files.py), so it says the prototype itself */
+long syscall(long number, ...);
+
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 	       "the done word's futex is its high half: bytes 4-7 on little-endian");
 

@@ -547,6 +547,10 @@ static void on_stats(struct dp_control *c, const struct dp_peer *p, const struct
 	for (uint32_t a = 0; a < nall; a++)
 		for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
 			sum[i] += dp_load_relaxed_u64(&all[a]->v[i]);
+	for (uint32_t k = 0; k < w->nwakers; k++) { /* each runner writes its own */
+		sum[DP_C_parks] += dp_load_relaxed_u64(&w->wakers[k]->parks);
+		sum[DP_C_kicks] += dp_load_relaxed_u64(&w->wakers[k]->kicked);
+	}
 	struct dp_ctl_client_stats clients[DP_MAX_CLIENTS];
 	uint32_t n = 0;
 	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);

@@ -60,6 +60,8 @@
 	X(clients_reclaimed)    /* dead clients whose segments were unmapped */             \
 	X(clients_evicted)      /* clients detached for breaking their ring */              \
 	X(client_quota_waits)   /* passes a client at client_max_inflight was skipped */    \
+	X(parks)                /* times a runner thread slept (dp_waker.h) */             \
+	X(kicks)                /* of those, woken by another thread's push */             \
 	X(doorbells)            /* doorbell datagrams from clients that found us parked */ \
 	X(futex_wakes)          /* completions that woke a client sleeping on its slot */  \
 	X(completions_sent)

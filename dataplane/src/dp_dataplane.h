@@ -292,8 +292,9 @@ static inline void dp_layer_put(struct dp_layer *l)
 	__atomic_fetch_sub(&l->refs, 1, __ATOMIC_RELEASE);
 }
 
-/* Completion path shared by every agent: publish the slot's done word (dp_dispatch.c). */
-void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f);
+/* Completion path shared by every agent: publish the slot's done word and wake a client
+ * sleeping on it, counted as futex_wakes in `counters` (dp_dispatch.c). */
+void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters);
 /* Ducks of a forward that answered, and that did not. */
 void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *answered,
 		   uint32_t *missing);

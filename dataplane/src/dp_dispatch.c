@@ -61,16 +61,17 @@ void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *a
 		}
 }
 
-void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f)
+void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters)
 {
 	struct dp_client *c = f->client;
 	if (f->desc.slot >= c->layout.slot_count)
 		return; /* a refused descriptor with a bad slot completes over ZeroMQ only */
 	uint32_t answered, missing;
 	dp_fwd_counts(w, f, &answered, &missing);
-	dp_slot_publish(&c->slots[f->desc.slot], f->desc.forward_id, f->desc.epoch, f->bytes,
-			answered, missing, f->desc.generation, f->status);
 	DP_TSAN_RELEASE(&c->slots[f->desc.slot]); /* the client hands the slot back: dp_tsan.h */
+	if (dp_slot_publish(&c->slots[f->desc.slot], f->desc.forward_id, f->desc.epoch, f->bytes,
+			    answered, missing, f->desc.generation, f->status))
+		dp_count(counters, DP_C_futex_wakes, 1);
 }
 
 /* Complete here, now: publish the slot and queue the ZeroMQ completion. */
@@ -91,7 +92,7 @@ static void complete(struct dp_dispatcher *d, struct dp_fwd *f, uint32_t status,
 		dp_count(d->counters, DP_C_bad_requests, 1);
 	else if (status == DP_STATUS_STALE_EPOCH)
 		dp_count(d->counters, DP_C_stale_epoch, 1);
-	dp_fwd_publish(d->w, f);
+	dp_fwd_publish(d->w, f, d->counters);
 	dp_spsc_push(&d->w->dispatch_done, (void **)&f, 1);
 }
 

@@ -57,7 +57,7 @@ void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns)
 		ts.tv_nsec = timeout_ns % 1000000000;
 		tp = &ts;
 	}
-	wk->parks++;
+	dp_store_relaxed_u64(&wk->parks, wk->parks + 1); /* Stats reads it */
 	/* epoll_pwait2: a nanosecond timeout (epoll_wait's is in ms: a NACK timer of 300 us
 	 * would sleep a whole millisecond) */
 	int n = epoll_pwait2(wk->epfd, ev, MAX_EVENTS, tp, NULL);
@@ -65,6 +65,6 @@ void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns)
 		if (ev[i].data.fd == wk->efd) {
 			uint64_t v;
 			(void)!read(wk->efd, &v, sizeof(v)); /* level-triggered: drain it */
-			wk->kicked++;
+			dp_store_relaxed_u64(&wk->kicked, wk->kicked + 1);
 		}
 }

@@ -229,7 +229,7 @@ static void finalize(struct dp_worker *wk, struct dp_fwd *f)
 		dp_count(&wk->counters, DP_C_duck_lost, 1);
 	}
 	f->status = status;
-	dp_fwd_publish(wk->w, f);
+	dp_fwd_publish(wk->w, f, &wk->counters);
 	dp_spsc_push(&wk->done, (void **)&f, 1);
 }
 
