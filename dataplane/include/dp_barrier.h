@@ -61,6 +61,23 @@ static inline uint32_t dp_fetch_sub_u32(uint32_t *p, uint32_t v)
 	return atomic_fetch_sub_explicit((_Atomic uint32_t *)p, v, memory_order_acq_rel);
 }
 
+/* A full fence: my store before my next load of another word (the wake-up handshakes'
+ * Dekker pattern, dp_wake.h and dp_waker.h). GCC's ThreadSanitizer cannot model
+ * atomic_thread_fence (-Wtsan): there a seq_cst read-modify-write of a private word,
+ * a locked instruction and so as full a barrier on x86, stands in for it. */
+#if defined(__SANITIZE_THREAD__)
+static inline void dp_fence_seq_cst(void)
+{
+	static uint32_t fence_word;
+	(void)__atomic_fetch_add(&fence_word, 0, __ATOMIC_SEQ_CST);
+}
+#else
+static inline void dp_fence_seq_cst(void)
+{
+	atomic_thread_fence(memory_order_seq_cst);
+}
+#endif
+
 /* Tell the core we are spinning (frees the sibling hyperthread, saves power). */
 static inline void dp_cpu_relax(void)
 {

@@ -37,12 +37,6 @@ long syscall(long number, ...);
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 	       "the done word's futex is its high half: bytes 4-7 on little-endian");
 
-/* The full fence of the handshakes above: my store before your flag's load. */
-static inline void dp_fence_seq_cst(void)
-{
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-}
-
 /* The 32-bit futex word inside a slot's done word: its generation half. */
 static inline uint32_t *dp_done_futex(uint64_t *done)
 {

@@ -38,7 +38,7 @@ static inline void dp_waker_arm(struct dp_waker *wk)
 {
 	__atomic_store_n(&wk->sleeping, 1, __ATOMIC_RELAXED);
 	/* seq_cst: sleeping's store before the agents' last look at their rings */
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	dp_fence_seq_cst();
 }
 /* Sleep until an fd is readable, a kick, or timeout_ns (DP_PARK_FOREVER: none). */
 void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns);
@@ -54,7 +54,7 @@ static inline void dp_waker_kick(struct dp_waker *wk)
 	if (!wk)
 		return;
 	/* seq_cst: the push's store before sleeping's load; pairs with dp_waker_arm */
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	dp_fence_seq_cst();
 	if (__atomic_load_n(&wk->sleeping, __ATOMIC_RELAXED)) {
 		uint64_t one = 1;
 		(void)!write(wk->efd, &one, sizeof(one));
