@@ -34,10 +34,11 @@ def test_slow_ducks_without_loss_are_not_nacked(duckpipe_cluster_factory):
     assert n["forwards_ok"] == forwards and n["timeouts"] == 0
     # Warm-up only: before a duck's first sample its RTO is nack_us (2 ms); Karn's rule
     # takes no sample from a NACKed forward, so the RTO backs off (2 -> 4 -> 8 ms) until
-    # one forward goes un-NACKed. A few NACKs per duck at most, then none. Each NACK asks
-    # a duck for its one-chunk partial again: the resend arrives as a duplicate, so the
-    # duplicates are the warm-up NACKs' and no more (CI saw 6 with 6 NACKs).
-    assert n["nacks_sent"] <= 4 * DUCKS, n
+    # one forward goes un-NACKed. A few NACKs per duck, then only where the machine stalls
+    # a duck past its RTO (19-28 of 800 on a loaded 2-core VM); the fixed 2 ms timer NACKed
+    # every duck of every forward (800). Each NACK asks a duck for its one-chunk partial
+    # again: the resend arrives as a duplicate, so there are no more duplicates than NACKs.
+    assert n["nacks_sent"] <= forwards * DUCKS // 10, n
     assert n["rx_duplicates"] <= n["nacks_sent"], n
     assert n["rto_samples"] >= forwards * DUCKS * 0.9, n
     # the ducks the fixed 2 ms timer would have NACKed, every one of them
