@@ -5,9 +5,10 @@
  * layers, weight-load plans, epochs, stats, shutdown. Requests are decoded by
  * the generated dp_ctl_gen.c; this file holds the handlers, which check the
  * sender's role (dp_access.c: the admin is the dataplane's own user). It also
- * sends every completion the other agents queue (dropping the layer reference
- * each forward held), heartbeats into every attached segment, reclaims the
- * segments of clients that died and frees the layers they owned (dp_layers.c).
+ * sends every completion the other agents queue (its numbers and the context's
+ * return to the dispatcher: dp_fwd.c), heartbeats into every attached segment,
+ * reclaims the segments of clients that died and frees the layers they owned
+ * (dp_layers.c).
  */
 #include "dp_control.h"
 
@@ -26,6 +27,7 @@
 #include "dp_access.h"
 #include "dp_client.h"
 #include "dp_ctl_gen.h"
+#include "dp_fwd.h"
 #include "dp_layers.h"
 #include "dp_mp.h"
 #include "dp_reduce.h"
@@ -104,58 +106,26 @@ static void send_completion(struct dp_control *c, struct dp_fwd *f)
 {
 	struct dp_world *w = c->w;
 	struct dp_client *cl = f->client;
-	uint64_t send = 0, wait = 0, fetch = 0, first = UINT64_MAX, last = 0;
-	for (uint32_t n = 0; n < DP_MAX_NICS; n++)
-		if (f->nic_mask & (1u << n) && f->kind == DP_FWD_FORWARD) {
-			const struct dp_nic_part *p = &f->part[n];
-			send = p->send_ns > send ? p->send_ns : send;
-			wait = p->wait_ns > wait ? p->wait_ns : wait;
-			fetch += p->fetch_ns;
-			if (p->first_ns && p->first_ns < first)
-				first = p->first_ns;
-			if (p->last_ns > last)
-				last = p->last_ns;
-		}
-	uint32_t ok[256], bad[256];
-	uint64_t compute[256];
-	uint32_t nok = 0, nbad = 0;
-	for (uint32_t d = 0; d < 256 && f->kind == DP_FWD_FORWARD; d++) {
-		if (!dp_targets_has(f->targets, d))
-			continue;
-		const struct dp_duck_rx *rx = &f->rx[w->duck_index[d]];
-		if (rx->state == 1) {
-			compute[nok] = rx->compute_ns;
-			ok[nok++] = d;
-		} else {
-			bad[nbad++] = d;
-		}
-	}
-	if (!f->message[0] && f->status == DP_STATUS_TIMEOUT)
-		snprintf(f->message, sizeof(f->message), "no complete partial within the deadline");
-	uint64_t submit = f->desc.submit_ns;
+	struct dp_fwd_summary s;
+	dp_fwd_summarize(w, f, &s);
 	PACK(c, completion, .forward_id = f->desc.forward_id, .slot = f->desc.slot,
 	     .generation = f->desc.generation, .epoch = f->desc.epoch, .status = f->status,
-	     .answered = ok, .answered_len = nok, .missing = bad, .missing_len = nbad,
+	     .answered = s.answered, .answered_len = s.nanswered, .missing = s.missing,
+	     .missing_len = s.nmissing,
 	     .timings = {
-		     .prepare_ns = submit && submit < f->pickup_ns ? f->pickup_ns - submit : 0,
-		     .send_ns = send,
-		     .wait_ns = wait,
-		     .fetch_ns = fetch,
-		     .reduce_ns = f->reduce_ns,
-		     .spread_ns = last > first && first != UINT64_MAX ? last - first : 0,
-		     .duck_compute_ns = compute,
-		     .duck_compute_ns_len = nok,
+		     .prepare_ns = s.prepare_ns,
+		     .send_ns = s.send_ns,
+		     .wait_ns = s.wait_ns,
+		     .fetch_ns = s.fetch_ns,
+		     .reduce_ns = s.reduce_ns,
+		     .spread_ns = s.spread_ns,
+		     .duck_compute_ns = s.compute_ns,
+		     .duck_compute_ns_len = s.nanswered,
 	     },
 	     .message = f->message, .current_epoch = dp_load_acquire_u64(&w->epoch));
 	send_to(c, cl->identity, cl->identity_len);
-	if (f->layer) {
-		dp_layer_put(f->layer); /* taken by the dispatcher */
-		f->layer = NULL;
-	}
 	dp_count(c->counters, DP_C_completions_sent, 1);
-	dp_store_relaxed_u64(&cl->completed, cl->completed + 1);
-	dp_fetch_add_u64(&cl->inflight, -1);
-	dp_spsc_push(&w->free_ring, (void **)&f, 1);
+	dp_fwd_release(w, f);
 }
 
 static int drain_completions(struct dp_control *c)

@@ -7,9 +7,11 @@
  *   NIC worker xN   sends, receives, reassembles, NACKs, reduces, loads weights
  *
  * Agents talk only through SPSC rings of pointers (dp_spsc.h) and atomics:
- * no locks. Forward contexts (struct dp_fwd) cycle
- *   dispatcher (alloc) -> worker(s) -> agent completion ring -> control
- *   (ZeroMQ completion) -> free ring -> dispatcher.
+ * no locks. Forward contexts (struct dp_fwd, dp_fwd.{c,h}: their whole life) cycle
+ *   dispatcher (dp_fwd_alloc) -> worker(s) (dp_fwd_part_done; the last NIC
+ *   out dp_fwd_finish, or the dispatcher itself) -> agent completion ring ->
+ *   control (dp_fwd_summarize: ZeroMQ completion; dp_fwd_release) -> free ring
+ *   -> dispatcher (dp_fwd_pool_refill).
  */
 #ifndef DP_DATAPLANE_H
 #define DP_DATAPLANE_H
@@ -23,7 +25,6 @@
 #include "dp_config.h"
 #include "dp_counters.h"
 #include "dp_idle.h"
-#include "dp_reasm.h"
 #include "dp_spsc.h"
 
 /* DP_MAX_CLIENTS and DP_LAYER_TABLE (8192, open addressing, a power of two) come from the
@@ -132,64 +133,9 @@ static inline uint64_t dp_tensor_bytes(const struct dp_layer *l, uint32_t i, uin
 
 /* --- forward contexts ---------------------------------------------------------------- */
 
-enum dp_fwd_kind { DP_FWD_FORWARD, DP_FWD_WEIGHT, DP_FWD_DONE_AT_DISPATCH };
+/* The contexts themselves, struct dp_fwd, and their cycle: dp_fwd.h. */
 
-struct dp_duck_rx {
-	struct dp_reasm reasm;
-	uint32_t chunk_bytes; /* implied by this duck's first datagram (dp_wire_chunk_size) */
-	uint64_t compute_ns;
-	uint64_t done_ns;
-	uint64_t resent_ns; /* last activation resend on this duck's NACK (NACK flood guard) */
-	uint64_t progress_ns; /* last datagram from this duck for the forward (0: none yet) */
-	uint32_t nacks;       /* NACKs sent to it for this forward (Karn: then no RTT sample) */
-	uint8_t state; /* 0 waiting, 1 answered, 2 holds no such layer */
-};
-
-/* One NIC's share of a forward; written by that NIC's worker only. */
-struct dp_nic_part {
-	uint32_t status;
-	uint64_t send_ns;    /* duration of the sends */
-	uint64_t wait_start; /* when the sends ended */
-	uint64_t wait_ns;    /* sends ended -> last partial complete (or give-up) */
-	uint64_t fetch_ns;   /* handling the partials' datagrams */
-	uint64_t first_ns;   /* first duck complete */
-	uint64_t last_ns;    /* last duck complete */
-};
-
-struct dp_fwd {
-	uint64_t wire_id;    /* gen << 16 | index: what ducks see as forward_id */
-	uint32_t index;
-	uint32_t gen;
-	uint8_t kind;        /* enum dp_fwd_kind */
-	uint32_t status;     /* final status (finisher) */
-	char message[DP_MSG_LEN];
-	struct dp_client *client;
-	struct dp_desc desc; /* copied out of the client's ring */
-	struct dp_layer *layer;
-	uint64_t pickup_ns;
-	uint64_t deadline_ns;
-	uint64_t reduce_ns;
-	/* forwards */
-	uint32_t rows;
-	uint64_t bytes;            /* activation bytes (= result bytes) */
-	const uint8_t *act;
-	uint8_t *res;
-	float *acc[DP_MAX_NICS];   /* per NIC: float32 sums of its ducks */
-	uint64_t targets[4];       /* duck id bitmap */
-	uint32_t nic_mask;
-	uint32_t nics_pending;     /* atomic: the worker that takes it to 0 finishes */
-	struct dp_nic_part part[DP_MAX_NICS];
-	struct dp_duck_rx *rx;     /* [nducks in topology], by topology index */
-	/* weight chunks */
-	uint16_t w_duck;
-	uint16_t w_tensor;
-	uint32_t w_index;          /* the duck's index in the layer */
-	bool w_announcer;          /* this context sends the LAYER datagram */
-	uint32_t w_sent;           /* distinct WEIGHT datagrams sent at least once */
-	uint64_t w_layer_sent_ns;
-	struct dp_reasm w_acks;    /* which WEIGHT datagrams the duck acknowledged */
-};
-
+/* A duck id bitmap (a forward's targets, a descriptor's ducks): is duck in it? */
 static inline bool dp_targets_has(const uint64_t *t, uint32_t duck)
 {
 	return (t[duck >> 6] >> (duck & 63)) & 1;
@@ -213,6 +159,7 @@ struct dp_agent {
 	void *self;
 };
 
+struct dp_fwd;    /* dp_fwd.h */
 struct dp_worker; /* dp_worker.h */
 
 struct dp_world {
@@ -291,12 +238,5 @@ static inline void dp_layer_put(struct dp_layer *l)
 	/* release: everything done with the layer happens before its free */
 	__atomic_fetch_sub(&l->refs, 1, __ATOMIC_RELEASE);
 }
-
-/* Completion path shared by every agent: publish the slot's done word and wake a client
- * sleeping on it, counted as futex_wakes in `counters` (dp_dispatch.c). */
-void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters);
-/* Ducks of a forward that answered, and that did not. */
-void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *answered,
-		   uint32_t *missing);
 
 #endif /* DP_DATAPLANE_H */

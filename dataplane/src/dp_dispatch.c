@@ -7,8 +7,8 @@
  * layer it names, and hands forwards and
  * weight chunks to the NIC workers through their SPSC rings. What it refuses,
  * and what needs no network (b_down, commits), it completes itself. It is the
- * only allocator of forward contexts; the control agent returns them through
- * the free ring once their ZeroMQ completion is out.
+ * only allocator of forward contexts (its pool, dp_fwd.c); the control agent
+ * returns them through the free ring once their ZeroMQ completion is out.
  */
 #include "dp_dispatch.h"
 
@@ -23,6 +23,7 @@
 
 #include "dp_desc.h"
 #include "dp_f16.h"
+#include "dp_fwd.h"
 #include "dp_reduce.h"
 #include "dp_ring.h"
 #include "dp_tsan.h"
@@ -33,8 +34,7 @@
 
 struct dp_dispatcher {
 	struct dp_world *w;
-	struct dp_fwd **free;
-	uint32_t nfree;
+	struct dp_fwd_pool pool;
 	struct dp_fwd *commits[MAX_PENDING_COMMITS];
 	uint32_t ncommits;
 	struct dp_desc burst[DP_BURST];
@@ -46,34 +46,6 @@ struct dp_dispatcher {
 	bool armed;           /* need_wakeup is set in the clients' headers */
 };
 
-void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *answered,
-		   uint32_t *missing)
-{
-	*answered = *missing = 0;
-	if (f->kind != DP_FWD_FORWARD)
-		return;
-	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++)
-		if (dp_targets_has(f->targets, d)) {
-			if (f->rx[w->duck_index[d]].state == 1)
-				(*answered)++;
-			else
-				(*missing)++;
-		}
-}
-
-void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters)
-{
-	struct dp_client *c = f->client;
-	if (f->desc.slot >= c->layout.slot_count)
-		return; /* a refused descriptor with a bad slot completes over ZeroMQ only */
-	uint32_t answered, missing;
-	dp_fwd_counts(w, f, &answered, &missing);
-	DP_TSAN_RELEASE(&c->slots[f->desc.slot]); /* the client hands the slot back: dp_tsan.h */
-	if (dp_slot_publish(&c->slots[f->desc.slot], f->desc.forward_id, f->desc.epoch, f->bytes,
-			    answered, missing, f->desc.generation, f->status))
-		dp_count(counters, DP_C_futex_wakes, 1);
-}
-
 /* Complete here, now: publish the slot and queue the ZeroMQ completion. */
 static void complete(struct dp_dispatcher *d, struct dp_fwd *f, uint32_t status, const char *fmt,
 		     ...) __attribute__((format(printf, 4, 5)));
@@ -81,7 +53,6 @@ static void complete(struct dp_dispatcher *d, struct dp_fwd *f, uint32_t status,
 		     ...)
 {
 	f->kind = DP_FWD_DONE_AT_DISPATCH;
-	f->status = status;
 	if (fmt) {
 		va_list ap;
 		va_start(ap, fmt);
@@ -92,32 +63,7 @@ static void complete(struct dp_dispatcher *d, struct dp_fwd *f, uint32_t status,
 		dp_count(d->counters, DP_C_bad_requests, 1);
 	else if (status == DP_STATUS_STALE_EPOCH)
 		dp_count(d->counters, DP_C_stale_epoch, 1);
-	dp_fwd_publish(d->w, f, d->counters);
-	dp_spsc_push(&d->w->dispatch_done, (void **)&f, 1);
-}
-
-static struct dp_fwd *fwd_alloc(struct dp_dispatcher *d, struct dp_client *c,
-				const struct dp_desc *desc, uint64_t now)
-{
-	struct dp_fwd *f = d->free[--d->nfree];
-	if (++f->gen == 0) /* wire id 0 would never match */
-		f->gen = 1;
-	f->wire_id = ((uint64_t)f->gen << 16) | f->index;
-	f->client = c;
-	f->desc = *desc;
-	f->layer = NULL;
-	f->status = DP_STATUS_PENDING;
-	f->message[0] = '\0';
-	f->pickup_ns = now;
-	f->reduce_ns = 0;
-	f->bytes = 0;
-	f->nic_mask = 0;
-	memset(f->targets, 0, sizeof(f->targets));
-	memset(f->part, 0, sizeof(f->part));
-	dp_fetch_add_u64(&c->inflight, 1);
-	dp_store_relaxed_u64(&c->submitted, c->submitted + 1);
-	dp_count(d->counters, DP_C_descriptors, 1);
-	return f;
+	dp_fwd_finish(d->w, f, status, &d->w->dispatch_done, d->counters);
 }
 
 static void hand_to(struct dp_dispatcher *d, struct dp_fwd *f, uint32_t nic)
@@ -247,7 +193,8 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 static void dispatch(struct dp_dispatcher *d, struct dp_client *c, const struct dp_desc *desc,
 		     uint64_t now)
 {
-	struct dp_fwd *f = fwd_alloc(d, c, desc, now);
+	struct dp_fwd *f = dp_fwd_alloc(&d->pool, c, desc, now);
+	dp_count(d->counters, DP_C_descriptors, 1);
 	if (desc->slot >= c->layout.slot_count) {
 		complete(d, f, DP_STATUS_BAD_REQUEST, "slot %u is out of range", desc->slot);
 		return;
@@ -314,12 +261,8 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 {
 	struct dp_dispatcher *d = self;
 	int work = 0;
-	void *back[DP_BURST];
 	(void)now; /* each burst takes a fresh clock: the loop's may predate the submit */
-	uint32_t n;
-	while ((n = dp_spsc_pop(&w->free_ring, back, DP_BURST)) > 0)
-		for (uint32_t i = 0; i < n; i++)
-			d->free[d->nfree++] = back[i];
+	dp_fwd_pool_refill(&d->pool);
 	for (uint32_t i = 0; i < d->ncommits;) {
 		if (try_commit(d, d->commits[i])) {
 			d->commits[i] = d->commits[--d->ncommits];
@@ -355,8 +298,8 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 		/* acquire: the control agent's decrement follows its last use of the context */
 		uint64_t inflight = __atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE);
 		uint32_t room = credit ? credit : 1;
-		if (room > d->nfree)
-			room = d->nfree; /* every context in flight: descriptors wait in the rings */
+		if (room > d->pool.nfree)
+			room = d->pool.nfree; /* all in flight: descriptors wait in the rings */
 		if (inflight >= quota) {
 			/* at its quota: its descriptors wait in its ring; nobody else waits for it */
 			if (dp_load_relaxed_u64(&c->ring->head) != c->ring_tail)
@@ -425,7 +368,7 @@ int64_t dp_dispatch_park(struct dp_world *w, void *self, uint64_t now)
 			continue;
 		/* descriptors wait: take them now, unless the client is at its quota or every
 		 * context is out (then the control agent's push into the free ring kicks us) */
-		if (d->nfree && __atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE) < quota)
+		if (d->pool.nfree && __atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE) < quota)
 			return -1;
 	}
 	/* a layer commit waits for its chunks' completions: look again soon */
@@ -478,7 +421,7 @@ static int open_doorbell(struct dp_dispatcher *d)
 struct dp_dispatcher *dp_dispatch_new(struct dp_world *w)
 {
 	struct dp_dispatcher *d = calloc(1, sizeof(*d));
-	if (!d || !(d->free = calloc(w->nfwds, sizeof(struct dp_fwd *)))) {
+	if (!d || dp_fwd_pool_init(&d->pool, w) < 0) {
 		free(d);
 		dp_set_error("out of memory for the dispatcher");
 		return NULL;
@@ -487,7 +430,7 @@ struct dp_dispatcher *dp_dispatch_new(struct dp_world *w)
 	if (open_doorbell(d) < 0) {
 		if (d->doorbell >= 0)
 			close(d->doorbell);
-		free(d->free);
+		dp_fwd_pool_fini(&d->pool);
 		free(d);
 		return NULL;
 	}
@@ -495,8 +438,6 @@ struct dp_dispatcher *dp_dispatch_new(struct dp_world *w)
 	d->limits = (struct dp_limits){ .max_forward_bytes = w->cfg.max_forward_bytes,
 					.default_timeout_us = w->cfg.default_timeout_us,
 					.max_timeout_us = w->cfg.max_timeout_us };
-	for (uint32_t i = w->nfwds; i-- > 0;)
-		d->free[d->nfree++] = &w->fwds[i];
 	return d;
 }
 
@@ -504,7 +445,7 @@ void dp_dispatch_free(struct dp_dispatcher *d)
 {
 	if (d) {
 		close(d->doorbell);
-		free(d->free);
+		dp_fwd_pool_fini(&d->pool);
 	}
 	free(d);
 }

@@ -9,7 +9,8 @@
  * resends the activation chunks a duck asks for, and
  * gives up at the forward's deadline naming the ducks that did not answer. The
  * worker that completes the last NIC's part writes the result slot and
- * publishes the completion. Weight chunks go to one duck by reliable unicast
+ * publishes the completion (the context's status, slot header and hand-over to
+ * the control agent: dp_fwd.c). Weight chunks go to one duck by reliable unicast
  * (LAYER first, then WEIGHT datagrams, each acknowledged), as background
  * traffic that never delays a forward.
  */
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp_fwd.h"
 #include "dp_partial.h"
 #include "dp_reduce.h"
 #include "dp_wire.h"
@@ -186,35 +188,16 @@ static void active_remove(struct dp_worker *wk, struct dp_fwd *f)
 	wk->owned[f->index] = 0;
 }
 
-static uint32_t status_rank(uint32_t s)
-{
-	return s == DP_STATUS_OK ? 0 : s == DP_STATUS_TIMEOUT ? 1 : 2;
-}
-
 /* The last NIC out: sum the NICs' partial sums into the result slot and publish. */
 static void finalize(struct dp_worker *wk, struct dp_fwd *f)
 {
 	struct dp_layer *l = f->layer;
-	uint32_t status = DP_STATUS_OK;
-	int primary = -1;
-	for (uint32_t n = 0; n < DP_MAX_NICS; n++)
-		if (f->nic_mask & (1u << n)) {
-			if (status_rank(f->part[n].status) > status_rank(status))
-				status = f->part[n].status;
-			if (primary < 0)
-				primary = (int)n;
-		}
-	/* the epoch moved while the forward was in flight: its result is not committed */
-	if (f->kind == DP_FWD_FORWARD && status == DP_STATUS_OK &&
-	    f->desc.epoch != dp_load_acquire_u64(&wk->w->epoch)) {
-		status = DP_STATUS_STALE_EPOCH;
-		dp_count(&wk->counters, DP_C_stale_epoch, 1);
-		snprintf(f->message, sizeof(f->message), "the epoch moved to %lu while in flight",
-			 (unsigned long)dp_load_acquire_u64(&wk->w->epoch));
-	}
+	uint32_t status = dp_fwd_final_status(wk->w, f, &wk->counters);
 	if (f->kind == DP_FWD_FORWARD && status == DP_STATUS_OK) {
 		uint64_t t0 = dp_now_ns();
 		uint64_t n = f->bytes / dp_dtype_size(l->dtype);
+		/* the first NIC: it summed in place when it could (accept_forward) */
+		int primary = __builtin_ctz(f->nic_mask);
 		float *acc = f->acc[primary];
 		for (uint32_t k = (uint32_t)primary + 1; k < DP_MAX_NICS; k++)
 			if (f->nic_mask & (1u << k))
@@ -228,20 +211,17 @@ static void finalize(struct dp_worker *wk, struct dp_fwd *f)
 	} else if (status == DP_STATUS_DUCK_LOST) {
 		dp_count(&wk->counters, DP_C_duck_lost, 1);
 	}
-	f->status = status;
-	dp_fwd_publish(wk->w, f, &wk->counters);
-	dp_spsc_push(&wk->done, (void **)&f, 1);
+	dp_fwd_finish(wk->w, f, status, &wk->done, &wk->counters);
 }
 
 static void finish_part(struct dp_worker *wk, struct dp_fwd *f, uint32_t status, uint64_t now)
 {
 	struct dp_nic_part *p = &f->part[wk->nic];
-	p->status = status;
 	uint64_t end = p->last_ns ? p->last_ns : now;
 	p->wait_ns = end > p->wait_start ? end - p->wait_start : 0;
 	active_remove(wk, f);
-	/* acq_rel: the last one out sees every other NIC's sums and statuses */
-	if (dp_fetch_sub_u32(&f->nics_pending, 1) == 1)
+	/* the last one out sees every other NIC's sums and statuses */
+	if (dp_fwd_part_done(f, wk->nic, status))
 		finalize(wk, f);
 }
 
@@ -473,9 +453,8 @@ static void finish_weight(struct dp_worker *wk, struct dp_fwd *f, uint32_t statu
 	}
 	/* release: the dispatcher's commit reads acked[] after seeing outstanding drop */
 	dp_fetch_add_u64(&l->outstanding, -1);
-	f->part[wk->nic].status = status;
 	active_remove(wk, f);
-	if (dp_fetch_sub_u32(&f->nics_pending, 1) == 1)
+	if (dp_fwd_part_done(f, wk->nic, status))
 		finalize(wk, f);
 }
 

@@ -7,6 +7,7 @@
 
 #include "dp_backend.h"
 #include "dp_dataplane.h"
+#include "dp_fwd.h" /* what its rings carry */
 
 #define DP_WORKER_TX 1024
 #define DP_WORKER_IOV 4096

@@ -1,0 +1,200 @@
+/* dp_fwd.c: a forward context's whole life (the cycle: dp_fwd.h).
+ *
+ * The dispatcher's pool of free contexts and their initialisation for a
+ * descriptor; the end of each NIC's part and the finalisation by the last NIC
+ * to finish; publishing into the client's slot header; the Completion's
+ * roll-up of what the NICs and ducks measured; the return to the pool through
+ * the free ring. Whichever agent runs a function here owns the context at that
+ * moment: a context is on one agent at a time, but for the NIC workers that
+ * share a forward, and they touch only their own part until the last one out.
+ */
+#include "dp_fwd.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp_ring.h"
+#include "dp_tsan.h"
+
+/* --- the pool ----------------------------------------------------------------------- */
+
+int dp_fwd_pool_init(struct dp_fwd_pool *p, struct dp_world *w)
+{
+	p->w = w;
+	p->nfree = 0;
+	p->free = calloc(w->nfwds, sizeof(struct dp_fwd *));
+	if (!p->free)
+		return -1;
+	for (uint32_t i = w->nfwds; i-- > 0;)
+		p->free[p->nfree++] = &w->fwds[i];
+	return 0;
+}
+
+void dp_fwd_pool_fini(struct dp_fwd_pool *p)
+{
+	free(p->free);
+	p->free = NULL;
+	p->nfree = 0;
+}
+
+void dp_fwd_pool_refill(struct dp_fwd_pool *p)
+{
+	void *back[DP_BURST];
+	uint32_t n;
+	while ((n = dp_spsc_pop(&p->w->free_ring, back, DP_BURST)) > 0)
+		for (uint32_t i = 0; i < n; i++)
+			p->free[p->nfree++] = back[i];
+}
+
+struct dp_fwd *dp_fwd_alloc(struct dp_fwd_pool *p, struct dp_client *c,
+			    const struct dp_desc *desc, uint64_t now)
+{
+	struct dp_fwd *f = p->free[--p->nfree];
+	if (++f->gen == 0) /* wire id 0 would never match */
+		f->gen = 1;
+	f->wire_id = ((uint64_t)f->gen << 16) | f->index;
+	f->client = c;
+	f->desc = *desc;
+	f->layer = NULL;
+	f->status = DP_STATUS_PENDING;
+	f->message[0] = '\0';
+	f->pickup_ns = now;
+	f->reduce_ns = 0;
+	f->bytes = 0;
+	f->nic_mask = 0;
+	memset(f->targets, 0, sizeof(f->targets));
+	memset(f->part, 0, sizeof(f->part));
+	dp_fetch_add_u64(&c->inflight, 1);
+	dp_store_relaxed_u64(&c->submitted, c->submitted + 1);
+	return f;
+}
+
+/* Drops the layer reference the dispatcher took and counts f off its client (the
+ * dispatcher's quota and the unmapping of a closing client read inflight), then hands f
+ * back through the free ring. */
+void dp_fwd_release(struct dp_world *w, struct dp_fwd *f)
+{
+	struct dp_client *cl = f->client;
+	if (f->layer) {
+		dp_layer_put(f->layer); /* taken by the dispatcher */
+		f->layer = NULL;
+	}
+	dp_store_relaxed_u64(&cl->completed, cl->completed + 1);
+	dp_fetch_add_u64(&cl->inflight, -1);
+	dp_spsc_push(&w->free_ring, (void **)&f, 1);
+}
+
+/* --- finishing ------------------------------------------------------------------------ */
+
+/* acq_rel: the last one out sees every other NIC's sums and statuses. */
+bool dp_fwd_part_done(struct dp_fwd *f, uint32_t nic, uint32_t status)
+{
+	f->part[nic].status = status;
+	return dp_fetch_sub_u32(&f->nics_pending, 1) == 1;
+}
+
+static uint32_t status_rank(uint32_t s)
+{
+	return s == DP_STATUS_OK ? 0 : s == DP_STATUS_TIMEOUT ? 1 : 2;
+}
+
+/* The worst of the NICs' statuses; counters are the finishing worker's. */
+uint32_t dp_fwd_final_status(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters)
+{
+	uint32_t status = DP_STATUS_OK;
+	for (uint32_t n = 0; n < DP_MAX_NICS; n++)
+		if (f->nic_mask & (1u << n) && status_rank(f->part[n].status) > status_rank(status))
+			status = f->part[n].status;
+	/* the epoch moved while the forward was in flight: its result is not committed */
+	if (f->kind == DP_FWD_FORWARD && status == DP_STATUS_OK &&
+	    f->desc.epoch != dp_load_acquire_u64(&w->epoch)) {
+		status = DP_STATUS_STALE_EPOCH;
+		dp_count(counters, DP_C_stale_epoch, 1);
+		snprintf(f->message, sizeof(f->message), "the epoch moved to %lu while in flight",
+			 (unsigned long)dp_load_acquire_u64(&w->epoch));
+	}
+	if (!f->message[0] && status == DP_STATUS_TIMEOUT)
+		snprintf(f->message, sizeof(f->message), "no complete partial within the deadline");
+	return status;
+}
+
+/* Nothing may touch f after: the control agent owns it from the push. */
+void dp_fwd_finish(struct dp_world *w, struct dp_fwd *f, uint32_t status, struct dp_spsc *done,
+		   struct dp_counters *counters)
+{
+	f->status = status;
+	dp_fwd_publish(w, f, counters);
+	dp_spsc_push(done, (void **)&f, 1);
+}
+
+void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *answered,
+		   uint32_t *missing)
+{
+	*answered = *missing = 0;
+	if (f->kind != DP_FWD_FORWARD)
+		return;
+	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++)
+		if (dp_targets_has(f->targets, d)) {
+			if (f->rx[w->duck_index[d]].state == 1)
+				(*answered)++;
+			else
+				(*missing)++;
+		}
+}
+
+void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters)
+{
+	struct dp_client *c = f->client;
+	if (f->desc.slot >= c->layout.slot_count)
+		return; /* a refused descriptor with a bad slot completes over ZeroMQ only */
+	uint32_t answered, missing;
+	dp_fwd_counts(w, f, &answered, &missing);
+	DP_TSAN_RELEASE(&c->slots[f->desc.slot]); /* the client hands the slot back: dp_tsan.h */
+	if (dp_slot_publish(&c->slots[f->desc.slot], f->desc.forward_id, f->desc.epoch, f->bytes,
+			    answered, missing, f->desc.generation, f->status))
+		dp_count(counters, DP_C_futex_wakes, 1); /* a client slept on it: dp_wake.h */
+}
+
+/* --- the completion ------------------------------------------------------------------- */
+
+/* send and wait: the longest NIC's; fetch: every NIC's added up; spread: from the first
+ * duck complete to the last, over every NIC. Weight chunks and what the dispatcher
+ * completed report zeros and no ducks. */
+void dp_fwd_summarize(const struct dp_world *w, const struct dp_fwd *f,
+		      struct dp_fwd_summary *s)
+{
+	uint64_t send = 0, wait = 0, fetch = 0, first = UINT64_MAX, last = 0;
+	for (uint32_t n = 0; n < DP_MAX_NICS; n++)
+		if (f->nic_mask & (1u << n) && f->kind == DP_FWD_FORWARD) {
+			const struct dp_nic_part *p = &f->part[n];
+			send = p->send_ns > send ? p->send_ns : send;
+			wait = p->wait_ns > wait ? p->wait_ns : wait;
+			fetch += p->fetch_ns;
+			if (p->first_ns && p->first_ns < first)
+				first = p->first_ns;
+			if (p->last_ns > last)
+				last = p->last_ns;
+		}
+	uint32_t nok = 0, nbad = 0;
+	for (uint32_t d = 0; d < DP_MAX_DUCKS && f->kind == DP_FWD_FORWARD; d++) {
+		if (!dp_targets_has(f->targets, d))
+			continue;
+		const struct dp_duck_rx *rx = &f->rx[w->duck_index[d]];
+		if (rx->state == 1) {
+			s->compute_ns[nok] = rx->compute_ns;
+			s->answered[nok++] = d;
+		} else {
+			s->missing[nbad++] = d;
+		}
+	}
+	s->nanswered = nok;
+	s->nmissing = nbad;
+	uint64_t submit = f->desc.submit_ns;
+	s->prepare_ns = submit && submit < f->pickup_ns ? f->pickup_ns - submit : 0;
+	s->send_ns = send;
+	s->wait_ns = wait;
+	s->fetch_ns = fetch;
+	s->reduce_ns = f->reduce_ns;
+	s->spread_ns = last > first && first != UINT64_MAX ? last - first : 0;
+}

@@ -1,0 +1,148 @@
+/* dp_fwd.h: a forward context's whole life.
+ *
+ * A context (struct dp_fwd) carries one descriptor through the dataplane, a forward or
+ * a weight chunk, and then goes back to be used again:
+ *
+ *   dispatcher  dp_fwd_alloc: from its pool, initialised for the descriptor; what
+ *               needs no network it completes itself (dp_fwd_finish)
+ *   worker xN   one part per NIC the forward's ducks are on (dp_fwd_part_done); the
+ *               last NIC out finalises (dp_fwd_final_status, dp_fwd_finish)
+ *   control     dp_fwd_summarize: the ZeroMQ Completion's numbers; dp_fwd_release:
+ *               back to the dispatcher through the free ring (dp_fwd_pool_refill)
+ *
+ * dp_fwd_finish publishes the result into the client's slot header (dp_fwd_publish,
+ * through dp_slot_publish, dp_ring.h: the one function that writes a slot header) and
+ * queues the context on the finishing agent's completion ring. The rings are the
+ * SPSC rings of struct dp_world and of the workers (dp_dataplane.h, dp_spsc.h); this
+ * module says what crosses them and when. Each agent keeps its own work: the
+ * dispatcher decides what a descriptor asks for, the workers send, gather and reduce,
+ * the control agent encodes and sends the Completion.
+ */
+#ifndef DP_FWD_H
+#define DP_FWD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dp_abi.h"
+#include "dp_counters.h"
+#include "dp_dataplane.h"
+#include "dp_reasm.h"
+#include "dp_spsc.h"
+
+/* --- the context --------------------------------------------------------------------- */
+
+enum dp_fwd_kind { DP_FWD_FORWARD, DP_FWD_WEIGHT, DP_FWD_DONE_AT_DISPATCH };
+
+struct dp_duck_rx {
+	struct dp_reasm reasm;
+	uint32_t chunk_bytes; /* implied by this duck's first datagram (dp_wire_chunk_size) */
+	uint64_t compute_ns;
+	uint64_t done_ns;
+	uint64_t resent_ns; /* last activation resend on this duck's NACK (NACK flood guard) */
+	uint64_t progress_ns; /* last datagram from this duck for the forward (0: none yet) */
+	uint32_t nacks;       /* NACKs sent to it for this forward (Karn: then no RTT sample) */
+	uint8_t state; /* 0 waiting, 1 answered, 2 holds no such layer */
+};
+
+/* One NIC's share of a forward; written by that NIC's worker only. */
+struct dp_nic_part {
+	uint32_t status;
+	uint64_t send_ns;    /* duration of the sends */
+	uint64_t wait_start; /* when the sends ended */
+	uint64_t wait_ns;    /* sends ended -> last partial complete (or give-up) */
+	uint64_t fetch_ns;   /* handling the partials' datagrams */
+	uint64_t first_ns;   /* first duck complete */
+	uint64_t last_ns;    /* last duck complete */
+};
+
+struct dp_fwd {
+	uint64_t wire_id;    /* gen << 16 | index: what ducks see as forward_id */
+	uint32_t index;
+	uint32_t gen;
+	uint8_t kind;        /* enum dp_fwd_kind */
+	uint32_t status;     /* final status (finisher) */
+	char message[DP_MSG_LEN];
+	struct dp_client *client;
+	struct dp_desc desc; /* copied out of the client's ring */
+	struct dp_layer *layer;
+	uint64_t pickup_ns;
+	uint64_t deadline_ns;
+	uint64_t reduce_ns;
+	/* forwards */
+	uint32_t rows;
+	uint64_t bytes;            /* activation bytes (= result bytes) */
+	const uint8_t *act;
+	uint8_t *res;
+	float *acc[DP_MAX_NICS];   /* per NIC: float32 sums of its ducks */
+	uint64_t targets[4];       /* duck id bitmap */
+	uint32_t nic_mask;
+	uint32_t nics_pending;     /* atomic: the worker that takes it to 0 finishes */
+	struct dp_nic_part part[DP_MAX_NICS];
+	struct dp_duck_rx *rx;     /* [nducks in topology], by topology index */
+	/* weight chunks */
+	uint16_t w_duck;
+	uint16_t w_tensor;
+	uint32_t w_index;          /* the duck's index in the layer */
+	bool w_announcer;          /* this context sends the LAYER datagram */
+	uint32_t w_sent;           /* distinct WEIGHT datagrams sent at least once */
+	uint64_t w_layer_sent_ns;
+	struct dp_reasm w_acks;    /* which WEIGHT datagrams the duck acknowledged */
+};
+
+/* --- the pool: the dispatcher's, the only allocator ------------------------------------ */
+
+struct dp_fwd_pool {
+	struct dp_world *w;
+	struct dp_fwd **free;
+	uint32_t nfree;
+};
+
+/* Every context of w free; -1 when out of memory. */
+int dp_fwd_pool_init(struct dp_fwd_pool *p, struct dp_world *w);
+void dp_fwd_pool_fini(struct dp_fwd_pool *p);
+/* Take back the contexts the control agent released (the free ring). */
+void dp_fwd_pool_refill(struct dp_fwd_pool *p);
+/* A free context (the caller made sure of one: p->nfree) for client c's descriptor,
+ * counted in flight for c until dp_fwd_release. */
+struct dp_fwd *dp_fwd_alloc(struct dp_fwd_pool *p, struct dp_client *c,
+			    const struct dp_desc *desc, uint64_t now);
+/* Control: f's completion is out; back to the dispatcher's pool. */
+void dp_fwd_release(struct dp_world *w, struct dp_fwd *f);
+
+/* --- finishing ------------------------------------------------------------------------- */
+
+/* A NIC worker ended its part of f with this status; true for the last NIC to finish. */
+bool dp_fwd_part_done(struct dp_fwd *f, uint32_t nic, uint32_t status);
+/* The last NIC out: f's status from its NICs' parts, and the message that goes with it. */
+uint32_t dp_fwd_final_status(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters);
+/* f is done: publish it into the client's slot and queue it on done for the control agent. */
+void dp_fwd_finish(struct dp_world *w, struct dp_fwd *f, uint32_t status, struct dp_spsc *done,
+		   struct dp_counters *counters);
+/* Publish the slot's done word (the result is in the slot already). */
+void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters);
+/* Ducks of a forward that answered, and that did not. */
+void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *answered,
+		   uint32_t *missing);
+
+/* --- the completion -------------------------------------------------------------------- */
+
+/* What the ZeroMQ Completion says of a finished context (dp_fwd_summarize). */
+struct dp_fwd_summary {
+	uint32_t answered[DP_MAX_DUCKS];   /* duck ids */
+	uint64_t compute_ns[DP_MAX_DUCKS]; /* answered[i]'s own compute time */
+	uint32_t nanswered;
+	uint32_t missing[DP_MAX_DUCKS];
+	uint32_t nmissing;
+	uint64_t prepare_ns; /* submit -> pickup */
+	uint64_t send_ns;    /* the slowest NIC's sends */
+	uint64_t wait_ns;    /* the longest NIC's wait for its partials */
+	uint64_t fetch_ns;   /* every NIC's handling of the partials' datagrams */
+	uint64_t reduce_ns;
+	uint64_t spread_ns;  /* first duck complete -> last duck complete */
+};
+
+void dp_fwd_summarize(const struct dp_world *w, const struct dp_fwd *f,
+		      struct dp_fwd_summary *s);
+
+#endif /* DP_FWD_H */
