@@ -193,11 +193,15 @@ def null_backend_result(x: np.ndarray, ducks: int, b_down: np.ndarray | None = N
     return acc.astype(x.dtype)
 
 
-def null_topology(ducks: int = 8, *, nics: int = 1, broadcast: bool = False, **settings):
+def null_topology(
+    ducks: int = 8, *, nics: int = 1, broadcast: bool = False, mtu: int = 1500, **settings
+):
     """A topology of ``ducks`` over ``nics`` NICs with the ``null`` backend: no duck runs
     and nothing is sent; the addresses (loopback, unused) only name the ducks. With
     ``broadcast`` each NIC's FORWARD datagrams go to 127.255.255.255 and reach every duck
-    of the NIC, as a subnet broadcast does."""
+    of the NIC, as a subnet broadcast does. ``mtu`` sizes the datagrams the null NIC
+    pretends to carry (up to 65535: one chunk per 64 KiB, the handoff without a
+    network's per-datagram work)."""
     from .topology import Duck, Nic, Topology
 
     port = 47100  # never bound: every duck may share it, as broadcast requires
@@ -212,6 +216,7 @@ def null_topology(ducks: int = 8, *, nics: int = 1, broadcast: bool = False, **s
                 host_ip="127.0.0.1",
                 host_port=47000 + k,
                 broadcast="127.255.255.255" if broadcast else "",
+                mtu=mtu,
                 ducks=per_nic[k],
             )
             for k in range(nics)

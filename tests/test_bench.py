@@ -100,12 +100,10 @@ def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -
     transports = {r["name"] for r in ipct["rows"]}
     assert {"numpy_copy", "pipe", "queue", "zmq_copy", "zmq_nocopy", "shm_ring"} <= transports
     assert {r["bytes"] for r in ipct["rows"]} == set(ipc.SIZES)
-    if ipc.null_backend_available():  # duckpipe's handoff: one row per wait mode and size
-        null = {(r["name"], r["bytes"]) for r in ipct["rows"] if r["name"].startswith("duckpipe")}
-        modes = forward.WAIT_MODES
-        assert null == {(f"duckpipe_null_{m}", n) for m in modes for n in ipc.SIZES}
-    else:
-        assert any("null backend: PENDING" in n for n in ipct["notes"])
+    # duckpipe's handoff: one row per way of waiting and size
+    null = {(r["name"], r["bytes"]) for r in ipct["rows"] if r["name"].startswith("duckpipe")}
+    modes = [p[1] for p in ipc.NULL_PROFILES]
+    assert null == {(f"duckpipe_null_{m}", n) for m in modes for n in ipc.SIZES}
     assert_markdown(stdout, ipct["title"], ipct["columns"])
 
     sc, fits = table(doc, "scale"), table(doc, "scale_fit")

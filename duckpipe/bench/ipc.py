@@ -16,7 +16,8 @@ installed (every send's return value is counted), and one numpy copy of the payl
 touched before timing.
 
 duckpipe's own handoff goes through the dataplane's ``null`` backend (every duck
-answers at once, no network): :func:`duckpipe_null_rows`, one row per wait mode.
+answers at once, no network): :func:`duckpipe_null_rows`, one row per way of waiting
+(:data:`NULL_PROFILES`).
 """
 
 from __future__ import annotations
@@ -330,44 +331,45 @@ def _measure_iceoryx2(size: int, n_rt: int, warm: int, n_stream: int) -> dict[st
 # ------------------------------------------------------------------ duckpipe (hook)
 
 
-def null_backend_available() -> bool:
-    """Whether this checkout's topology accepts ``backend = "null"``."""
-    from ..topology import Nic
+#: duckpipe's handoff, once per way of waiting: the client's wait mode with the dataplane
+#: idle strategy and pinning it is meant for (README: which mode fits which machine).
+#: (name, wait, topology settings, the dataplane thread's CPU or None: the client's)
+NULL_PROFILES: tuple[tuple[str, str, dict[str, object], int | None], ...] = (
+    ("spin", "spin", {"idle": "spin"}, DUCKS_CPU),
+    ("hybrid", "hybrid", {"idle": "backoff"}, None),
+    ("block, parked", "block", {"idle": "backoff", "idle_spin_us": 0}, None),
+)
 
-    return "null" in str(Nic.__annotations__.get("backend", ""))
+
+def null_profile_label(name: str) -> str:
+    settings = {p[0]: p for p in NULL_PROFILES}[name]
+    where = "its own core" if settings[3] is not None else "the client's core"
+    idle = settings[2]["idle"]
+    spin = settings[2].get("idle_spin_us")
+    idle = f"{idle}, idle_spin_us={spin}" if spin is not None else idle
+    return f"{TRANSPORTS['duckpipe_null']}, wait={settings[1]}, dataplane {idle} on {where}"
 
 
 def duckpipe_null_rows(
     size: int, n_rt: int, warm: int, n_stream: int
-) -> dict[str, dict[str, float]] | None:
-    """HOOK (issue 8 item 3): duckpipe's handoff alone, through the dataplane's ``null`` backend.
-
-    The null backend (every duck answers at once with a known partial, no network) came
-    from branch ``nullrto``. Where a topology cannot say ``backend = "null"`` this returns
-    None and the table says the row is pending. Otherwise this times,
-    per wait mode, claim + copy-in + submit + result() of a float32 activation of
-    ``size`` bytes (round trip) and ``n_stream`` such forwards back to back (streaming).
-    One duck (``duckpipe.testing.null_topology(1)``), the dataplane's default idle
-    strategy (backoff), a SwiGLU layer loaded through the null backend's acks.
-    """
-    if not null_backend_available():
-        return None
-    import numpy as np
-
+) -> dict[str, dict[str, float]]:
+    """duckpipe's handoff alone, through the dataplane's ``null`` backend (every duck
+    answers at once, no network), for each of :data:`NULL_PROFILES`: claim + copy-in +
+    submit + result() of a float32 activation of ``size`` bytes (round trip), and
+    ``n_stream`` such forwards back to back (streaming). One duck, a SwiGLU layer."""
     import duckpipe
 
     from ..dataplane import DataplaneProcess
     from ..testing import null_topology
-    from .forward import WAIT_MODES
 
     hidden = min(size // 4, 1024)
     x = np.ones((size // 4 // hidden, hidden), np.float32)
-    # one duck, default idle strategy (backoff); the dataplane inherits CPU 0 from us
-    topo = null_topology(1, max_forward_bytes=max(1 << 20, size))
     out: dict[str, dict[str, float]] = {}
-    with DataplaneProcess(topo) as dp:
-        for mode in WAIT_MODES:
-            with duckpipe.connect(dp.control, wait=mode, slots=8,
+    for name, wait, settings, cpu in NULL_PROFILES:
+        cores = [cpu] if cpu is not None else []
+        topo = null_topology(1, max_forward_bytes=max(1 << 20, size), cores=cores, **settings)
+        with DataplaneProcess(topo) as dp:
+            with duckpipe.connect(dp.control, wait=wait, slots=8,
                                   slot_size=max(PAGE, size)) as c:  # fmt: skip
                 c.load_weights(1, duckpipe.SwiGluMlp.random(hidden, 8, seed=1), progress=False)
 
@@ -387,7 +389,7 @@ def duckpipe_null_rows(
                 t0 = time.perf_counter_ns()
                 for _ in range(n_stream):
                     one()
-                out[mode] = _row(rts, time.perf_counter_ns() - t0, size, n_stream)
+                out[name] = _row(rts, time.perf_counter_ns() - t0, size, n_stream)
     return out
 
 
@@ -407,7 +409,7 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
     kinds = [k for k in TRANSPORTS if k not in ("iceoryx2", "duckpipe_null")]
     if ice_missing is None:
         kinds.append("iceoryx2")
-    prog = Progress("ipc", len(SIZES) * len(kinds), quiet=quiet)
+    prog = Progress("ipc", len(SIZES) * (len(kinds) + 1), quiet=quiet)
     t = Table(key="ipc", title="ipc: one payload between two processes", columns=COLUMNS)
     before = os.sched_getaffinity(0)
     with contextlib.suppress(OSError):
@@ -432,16 +434,13 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
             got = row.setdefault("stream_received", n_stream)  # reliable ones: all, or a timeout
             row["stream_delivered"] = f"{got}/{n_stream}"
             t.rows.append(row)
-        try:
-            # fewer than the baselines: wait=spin costs ~4 ms a forward with this pinning
-            null_rt, null_stream = min(n_rt, null_cap[0]), min(n_stream, null_cap[1])
-            null = duckpipe_null_rows(nbytes, null_rt, warm, null_stream)
-        except Exception as e:  # the hook is new code against a backend still in review
-            null = None
-            t.notes.append(f"duckpipe through the null backend failed at {nbytes} B: {e}")
-        for mode, vals in (null or {}).items():
-            row = {"transport": f"{TRANSPORTS['duckpipe_null']}, wait={mode}",
-                   "name": f"duckpipe_null_{mode}", "size": _size_label(nbytes),
+        null_rt, null_stream = min(n_rt, null_cap[0]), min(n_stream, null_cap[1])
+        prog.step(f"{_size_label(nbytes)}: duckpipe through the null backend, "
+                  f"{len(NULL_PROFILES)} ways of waiting")  # fmt: skip
+        null = duckpipe_null_rows(nbytes, null_rt, warm, null_stream)
+        for name, vals in null.items():
+            row = {"transport": null_profile_label(name),
+                   "name": f"duckpipe_null_{name.split(',')[0]}", "size": _size_label(nbytes),
                    "bytes": nbytes, **vals}  # fmt: skip
             row["ratio_to_copy"] = float(vals["rt_p50_us"]) / copy_p50
             row["stream_received"] = null_stream
@@ -458,16 +457,12 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         "The shm ring copies the payload into a slot (numpy) and the receiver reads a view.",
         "duckpipe through the null backend: one duck, claim + copy in + submit + result() "
         "per round trip (at most 1000 timed here); streaming is at most 2000 forwards one "
-        "after another; the dataplane (default "
-        "backoff idle) runs on CPU 0 with the client, so wait=spin competes with it.",
+        "after another. wait=spin runs the dataplane spinning on CPU 1 (the core of its own "
+        "spin mode needs); the others share CPU 0 with the client: hybrid with the default "
+        "backoff, block with a dataplane that parks as soon as it is idle (idle_spin_us=0).",
         "iceoryx2: loaned samples filled by one numpy copy, read in place; streamed: "
         "received / sent counts what the child got (send() return values are in the JSON).",
     ]
-    if not null_backend_available():
-        t.notes.append(
-            "duckpipe through the null backend: PENDING: the dataplane's null backend is on "
-            "branch nullrto (issue 8 item 3); the hook is duckpipe.bench.ipc.duckpipe_null_rows."
-        )
     if ice_missing:
         t.notes.append(f"iceoryx2 skipped: {ice_missing}.")
     os.sched_setaffinity(0, before)
