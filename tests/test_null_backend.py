@@ -77,6 +77,22 @@ def test_float16_is_exact_for_any_values(null_factory):
         np.testing.assert_array_equal(c.forward(1, x), null_backend_result(x, 7, mlp.b_down))
 
 
+@pytest.mark.parametrize("mtu", [9000, 65535])
+def test_datagrams_near_64_kib_are_sent_one_per_send(null_factory, mtu):
+    # at mtu 65535 a datagram is more than a GSO send may carry: the worker once cut
+    # zero of them per send and spun forever (the dataplane stopped heartbeating)
+    dp = null_factory(ducks=2, mtu=mtu)
+    mlp = GeluMlp.random(1024, 16, seed=2)
+    rng = np.random.default_rng(9)
+    with duckpipe.connect(dp.control, slot_size=1 << 20) as c:
+        c.load_weights(1, mlp)
+        for rows in (1, 64, 256):  # 4 KiB to 1 MiB: one chunk to seventeen
+            x = _grid(rng, (rows, 1024), np.float32)
+            np.testing.assert_array_equal(
+                c.forward(1, x, timeout=5), null_backend_result(x, 2, mlp.b_down)
+            )
+
+
 def test_many_forwards_in_flight_all_come_back_exact(null_factory):
     dp = null_factory(ducks=8)
     mlp = GeluMlp.random(512, 64, seed=2)

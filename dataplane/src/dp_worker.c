@@ -101,6 +101,8 @@ static void send_activation(struct dp_worker *wk, struct dp_fwd *f, const struct
 		group = GSO_MAX_BYTES / per;
 		if (group > wk->be.max_gso_segments)
 			group = wk->be.max_gso_segments;
+		if (group == 0)
+			group = 1; /* datagrams near 64 KiB (mtu 65535): one per send, never zero */
 	}
 	for (uint32_t c = first; c < first + n; c += group) {
 		uint32_t k = first + n - c < group ? first + n - c : group;
