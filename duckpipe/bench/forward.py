@@ -35,7 +35,11 @@ ROW_LABELS = {
     "c_mmsg": "C sendmmsg/recvmmsg (the floor)",
     "c_gso": "C UDP GSO sends + recvmmsg",
     **{f"duckpipe_{m}": f"duckpipe, socket backend, wait={m}" for m in WAIT_MODES},
+    "duckpipe_block_parked": "duckpipe, socket backend, wait=block, dataplane idle_spin_us=0",
 }
+#: the extra row's dataplane parks as soon as it is idle: the setting for a client that
+#: shares its core with the dataplane (README: which mode fits which machine)
+PARKED = {"idle_spin_us": 0}
 
 COLUMNS = [
     ("config", "config"),
@@ -89,7 +93,7 @@ def configs(size: Size) -> tuple[list[Config], int, int]:
     return out, size.pick(400, 200, 5), size.pick(60, 20, 3)  # type: ignore[return-value]
 
 
-def _topology(ducks: Sequence[tuple[int, int]], nbytes: int) -> Topology:
+def _topology(ducks: Sequence[tuple[int, int]], nbytes: int, **settings: object) -> Topology:
     return Topology(
         nics=[
             Nic(
@@ -101,6 +105,7 @@ def _topology(ducks: Sequence[tuple[int, int]], nbytes: int) -> Topology:
             )
         ],
         max_forward_bytes=max(1 << 20, nbytes),
+        **settings,  # type: ignore[arg-type]
     )
 
 
@@ -118,14 +123,17 @@ def run_duckpipe(
     iters: int,
     warmup: int,
     timeout: float = 2.0,
+    settings: dict[str, object] | None = None,
+    suffix: str = "",
 ) -> dict[str, baselines.Samples]:
-    """One C dataplane (socket backend) on these ducks; a client per wait mode in turn."""
+    """One C dataplane (socket backend, topology ``settings``) on these ducks; a client per
+    wait mode in turn. Rows are named ``duckpipe_<mode><suffix>``."""
     import duckpipe
 
     nbytes = rows * hidden * 4
     out: dict[str, baselines.Samples] = {}
     slot = max(1 << 16, 1 << (nbytes - 1).bit_length())
-    with DataplaneProcess(_topology(ducks, nbytes)) as dp:
+    with DataplaneProcess(_topology(ducks, nbytes, **(settings or {}))) as dp:
         dproc = psutil.Process(dp.pid)
         mlp = duckpipe.SwiGluMlp.random(hidden, 4 * len(ducks), seed=1)
         x = np.random.default_rng(0).standard_normal((rows, hidden)).astype(np.float32)
@@ -167,7 +175,7 @@ def run_duckpipe(
                 n1 = c.stats().counters
                 c.unload_layer(1)
             diff = {k: n1.get(k, 0) - n0.get(k, 0) for k in COUNTERS}
-            out[f"duckpipe_{mode}"] = baselines.Samples(samples, cpu, iters, diff)
+            out[f"duckpipe_{mode}{suffix}"] = baselines.Samples(samples, cpu, iters, diff)
     return out
 
 
@@ -198,7 +206,7 @@ def summarise(cfg: Config, name: str, r: baselines.Samples) -> dict[str, object]
 
 def run(size: Size, *, quiet: bool = False) -> list[Table]:
     cfgs, iters_small, iters_big = configs(size)
-    per_cfg = len(baselines.PYTHON_BASELINES) + 2 + 1
+    per_cfg = len(baselines.PYTHON_BASELINES) + 2 + 2
     prog = Progress("forward", len(cfgs) * per_cfg, quiet=quiet)
     table = Table(key="forward", title="forward: end to end through echo ducks", columns=COLUMNS)
     for cfg in cfgs:
@@ -222,6 +230,9 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
                 rows[name] = summarise(cfg, name, r)
             prog.step(f"{cfg.label}: duckpipe, wait {'/'.join(WAIT_MODES)} x{iters}")
             dp = run_duckpipe(ducks, cfg.hidden, cfg.rows, WAIT_MODES, iters=iters, warmup=warmup)
+            prog.step(f"{cfg.label}: {ROW_LABELS['duckpipe_block_parked']} x{iters}")
+            dp |= run_duckpipe(ducks, cfg.hidden, cfg.rows, ("block",), iters=iters,
+                               warmup=warmup, settings=PARKED, suffix="_parked")  # fmt: skip
             for name, r in dp.items():
                 rows[name] = summarise(cfg, name, r)
         floor = rows[FLOOR]
