@@ -1,16 +1,18 @@
 /* fuzz_wire_reasm: datagrams from the network into one forward's reassembly and sum.
  *
  * What a rogue duck or a spoofed packet controls is every byte of a datagram; the
- * worker (dp_worker.c receive/on_partial/on_nack) takes it through dp_wire_check,
- * the sender/session/forward/epoch filters, dp_partial_admit, dp_accumulate into a
- * float32 buffer of exactly the forward's size, and resends activation chunks a NACK
- * lists. This harness runs that path over a sequence of datagrams against one
- * forward in flight, with every buffer allocated to its exact size so that ASan
- * reports any byte outside it, and checks what the sum relies on: a duck whose
- * reassembly completes has added every element of the message exactly once.
+ * worker (dp_worker.c receive, dp_gather.c dp_gather_on_partial/dp_gather_on_nack)
+ * takes it through dp_wire_check, the sender/session/forward/epoch filters,
+ * dp_partial_admit, dp_accumulate into a float32 buffer of exactly the forward's
+ * size, and resends activation chunks a NACK lists. This harness runs that path
+ * over a sequence of datagrams against one forward in flight, with every buffer
+ * allocated to its exact size so that ASan reports any byte outside it, and checks
+ * what the sum relies on: a duck whose reassembly completes has added every element
+ * of the message exactly once.
  *
- * The receive filters and on_nack are static in dp_worker.c; the copies here follow
- * it line for line (marked "worker:"), and dp_partial_admit is the shared header.
+ * The receive filters are static in dp_worker.c and dp_gather_on_nack needs the whole
+ * worker; the copies here follow them line for line (marked "worker:"), and
+ * dp_partial_admit is the shared header.
  *
  * Input: an 8-byte scenario, then datagrams, each a one-byte frame tag and the
  * datagram: tag 0, its size is what its header's `length` says (so that a mutated
@@ -51,7 +53,7 @@ struct fwd {
 	uint64_t bytes, elems;
 	uint32_t payload;
 	uint8_t *act;                 /* the activation the NACK path resends from */
-	struct dp_wire_header *hdrs;  /* worker: accept_forward's prepared FORWARD headers */
+	struct dp_wire_header *hdrs;  /* worker: dp_gather_accept's prepared FORWARD headers */
 	uint32_t chunks;
 	float *acc;
 	uint32_t nducks;
@@ -66,7 +68,7 @@ static uint16_t get_u16(const uint8_t *p)
 	return (uint16_t)(p[0] | p[1] << 8);
 }
 
-/* worker: send_activation, reduced to the bytes it hands the kernel */
+/* worker: dp_tx_activation, reduced to the bytes it hands the kernel */
 static void resend(struct fwd *f, uint32_t first, uint32_t n)
 {
 	for (uint32_t c = first; c < first + n; c++) {
@@ -167,7 +169,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (!f.act || !f.hdrs || !f.acc)
 		abort();
 	memset(f.act, 0x3c, f.bytes);
-	for (uint32_t c = 0; c < f.chunks; c++) { /* worker: accept_forward */
+	for (uint32_t c = 0; c < f.chunks; c++) { /* worker: dp_gather_accept */
 		struct dp_wire_header *h = &f.hdrs[c];
 		dp_wire_init(h, DP_WIRE_OP_FORWARD, SESSION, EPOCH);
 		h->chunk = c;
@@ -210,7 +212,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		pos += len;
 	}
 
-	/* worker: finalize, when every duck answered: the store reads the whole sum */
+	/* worker: dp_worker_finalize, when every duck answered: the store reads the whole sum */
 	int all = 1;
 	for (uint32_t d = 0; d < f.nducks; d++)
 		all &= f.ducks[d].state == 1;

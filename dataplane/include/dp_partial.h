@@ -1,8 +1,8 @@
 /* dp_partial.h: may a duck's PARTIAL datagram be added into a forward's sum?
  *
- * The receive-side rule of the NIC worker (dp_worker.c on_partial), in a header so
- * that the worker and the libFuzzer harness (dataplane/fuzz/fuzz_wire_reasm.c) run
- * the same code. The guarantee it gives the caller: on DP_PARTIAL_ADD, the payload
+ * The receive-side rule of the NIC worker (dp_gather.c dp_gather_on_partial), in a
+ * header so that the worker and the libFuzzer harness (dataplane/fuzz/fuzz_wire_reasm.c)
+ * run the same code. The guarantee it gives the caller: on DP_PARTIAL_ADD, the payload
  * adds h->length / item values at element h->offset / item of a float32 buffer of
  * `total / item` elements, and nowhere else, and never twice for one chunk.
  */

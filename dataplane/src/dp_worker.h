@@ -1,5 +1,8 @@
 /* dp_worker.h: one NIC worker: sends activations, gathers partials, NACKs, reduces,
- * and loads weights into its ducks. */
+ * and loads weights into its ducks. The agent is dp_worker.c; the work is done by
+ * dp_tx.c (transmit batch), dp_gather.c (a forward's activation out, partials in)
+ * and dp_weight.c (reliable weight transfer), which take struct dp_worker, the
+ * worker's state, as their first argument. */
 #ifndef DP_WORKER_H
 #define DP_WORKER_H
 
@@ -53,6 +56,23 @@ struct dp_worker {
 	uint8_t ctl_payload[DP_WORKER_TX][DP_WORKER_CTL_PAYLOAD];
 	uint32_t nctl;
 };
+
+/* For the modules: a duck's address, f's prepared FORWARD or WEIGHT headers (one per
+ * chunk), f leaving this worker, and the last NIC out summing the NICs' partial sums
+ * into the result slot and publishing (dp_fwd_finish). */
+static inline const struct sockaddr_in *dp_worker_duck_addr(struct dp_worker *wk, uint32_t duck)
+{
+	return &wk->w->cfg.ducks[wk->w->duck_index[duck]].addr;
+}
+
+static inline struct dp_wire_header *dp_worker_fwd_headers(struct dp_worker *wk,
+							   const struct dp_fwd *f)
+{
+	return &wk->hdrs[(size_t)f->index * wk->max_chunks];
+}
+
+void dp_worker_active_remove(struct dp_worker *wk, struct dp_fwd *f);
+void dp_worker_finalize(struct dp_worker *wk, struct dp_fwd *f);
 
 int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic);
 void dp_worker_fini(struct dp_worker *wk);
