@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import socket
 import threading
 import time
@@ -67,6 +68,11 @@ _SPIN_SLICE_NS = 10_000_000
 # ZeroMQ completions (timings, duck lists) are read in batches: result() does not need them
 _PUMP_EVERY = 32
 _ZERO_DESC = bytes(ffi.sizeof("struct dp_desc"))
+# Bound on each per-client cache below (claim specs): a model uses a handful of
+# shapes; one feeding ever new shapes just starts them over.
+_CACHE_MAX = 256
+_OK = int(Status.OK)
+_COMPLETED = SlotState.COMPLETED
 
 
 def connect(
@@ -199,12 +205,13 @@ class Forward:
         client._check_open()
         if rec.status is None:
             client._wait(rec, timeout, wait or client.wait)
-        if rec.status != Status.OK:
+        if rec.status != _OK:
             client._await_zmq(rec, 1.0)  # it carries the reason and the missing ducks
             raise _failure(rec)
         if rec.released:
             raise BadInput(f"forward {rec.forward_id} was released; its result slot is reused")
-        return client._segment.res_view(rec.slot, rec.shape, rec.dtype)
+        # what Segment.res_view makes, in one call: claim checked that it fits the slot
+        return np.ndarray(rec.shape, rec.dtype, client._segment.res_bytes(rec.slot))
 
     def release(self) -> None:
         """Free the slot now (or as soon as the forward completes)."""
@@ -273,6 +280,9 @@ class Client:
         self._next_forward = 1
         self._inflight: dict[int, _Inflight] = {}
         self._layers: dict[int, ctl.LayerInfo] = {}
+        # claim: (shape, dtype) as given -> (normalised shape, np.dtype), once checked.
+        # Depends only on the slot sizes, fixed for the client's life.
+        self._claim_specs: dict[tuple, tuple[tuple[int, ...], np.dtype]] = {}
         self._last_check = 0.0
         self.counters = {"stale_completions": 0, "completion_mismatch": 0, "bad_messages": 0}
 
@@ -371,10 +381,24 @@ class Client:
         slot to free up, then raises ``RingFull``.
         """
         self._check_usable()
+        try:
+            shape_t, dt = self._claim_specs[shape, dtype]
+        except (KeyError, TypeError):  # a new shape or dtype, or an unhashable shape
+            shape_t, dt = self._claim_spec(shape, dtype)
+        slots = self._slots
+        i = slots.take(self._claim_timeout if timeout is None else timeout, self._wait_for_slot)
+        # a new array each claim (what Segment.act_view makes, in one call): the caller
+        # owns it and may reshape it in place
+        arr = np.ndarray(shape_t, dt, self._segment.act_bytes(i))
+        return Slot(self, i, slots.generation[i], arr)
+
+    def _claim_spec(self, shape: int | Sequence[int], dtype) -> tuple[tuple[int, ...], np.dtype]:
+        """Check a claim's shape and dtype; remember the result when they are hashable."""
         shape_t = _normalise_shape(shape)
         dt = np.dtype(dtype)
         dtype_code(dt)
-        nbytes = int(np.prod(shape_t)) * dt.itemsize
+        # math.prod: exact, where np.prod of a tuple is slow and wraps past 2**63
+        nbytes = math.prod(shape_t) * dt.itemsize
         seg = self._segment
         if nbytes > self._max_bytes or nbytes > seg.res_slot_size:
             raise BadInput(
@@ -382,8 +406,14 @@ class Client:
                 f"(result slots {seg.res_slot_size}); connect with a larger slot_size "
                 "(the dataplane's max_forward_bytes caps it too)"
             )
-        i = self._take_slot(self._claim_timeout if timeout is None else timeout)
-        return Slot(self, i, self._slots.generation[i], seg.act_view(i, shape_t, dt))
+        specs = self._claim_specs
+        if len(specs) >= _CACHE_MAX:
+            specs.clear()
+        try:
+            specs[shape, dtype] = (shape_t, dt)
+        except TypeError:
+            pass  # an unhashable shape (a list, an array): checked again next time
+        return shape_t, dt
 
     def submit(self, slot: Slot, layer: int, *, ducks: Iterable[int] | None = None) -> Forward:
         """Hand a filled slot to the dataplane to run ``layer`` on it.
@@ -614,17 +644,18 @@ class Client:
             raise ClientClosed("the client is closed; connect again")
         deadline = None if timeout is None else time.monotonic() + timeout
         hdr = self._segment.slot_headers + rec.slot
+        gen = rec.generation
         spin = self._spin_ns if wait == "hybrid" else 0
         while rec.status is None:
-            left = None if deadline is None else int((deadline - time.monotonic()) * 1e9)
             if wait == "spin":
                 spin_ns, sleep_ns = _SPIN_SLICE_NS, 0
             else:
                 spin_ns, sleep_ns, spin = spin, _SLEEP_SLICE_NS, 0
-            if left is not None:
+            if deadline is not None:
+                left = int((deadline - time.monotonic()) * 1e9)
                 spin_ns, sleep_ns = max(0, min(spin_ns, left)), max(0, min(sleep_ns, left))
-            word = lib.dp_wait_done(hdr, rec.generation, spin_ns, sleep_ns)
-            if (word >> 32) == rec.generation and word & 0xFFFF_FFFF:
+            word = lib.dp_wait_done(hdr, gen, spin_ns, sleep_ns)
+            if (word >> 32) == gen and word & 0xFFFF_FFFF:
                 self._completed_shm(rec, word)
                 return
             self._pump(0)
@@ -653,14 +684,14 @@ class Client:
 
     def _completed_shm(self, rec: _Inflight, word: int) -> None:
         hdr = self._segment.slot_headers[rec.slot]
-        rec.n_answered, rec.n_missing = int(hdr.answered), int(hdr.missing)
+        rec.n_answered, rec.n_missing = hdr.answered, hdr.missing  # ints already (cffi)
         self._completed(rec, word & 0xFFFF_FFFF)
 
     def _completed(self, rec: _Inflight, status: int) -> None:
         """Either completion path lands here; the second one must agree with the first."""
         if rec.status is None:
             rec.status = status
-            self._slots.state[rec.slot] = SlotState.COMPLETED
+            self._slots.state[rec.slot] = _COMPLETED
             if rec.released:
                 self._slots.release(rec.slot)
         elif rec.status != status:
@@ -712,10 +743,14 @@ class Client:
             raise ClientClosed("the client is closed; connect again")
 
     def _check_usable(self) -> None:
-        self._check_open()
+        # every claim and submit runs this: _check_open and _check_detached, inlined
+        if self._closed:
+            raise ClientClosed("the client is closed; connect again")
         if self._lost is not None:
             raise DataplaneLost(self._lost)
-        self._check_detached()
+        hdr = self._segment.header  # None once the segment is closed
+        if hdr is not None and hdr.detach_reason:
+            self._check_detached()
 
     def _check_detached(self) -> None:
         """Raise ClientDetached once the dataplane has dropped this client on its own."""

@@ -62,6 +62,27 @@ def test_claim_rejects_activation_larger_than_a_slot(loaded):
         loaded.claim((rows, HIDDEN), np.float32)
 
 
+def test_claim_rejects_a_shape_whose_size_overflows_64_bits(loaded):
+    # np.prod wrapped (2**32)**2 to 0 bytes; the claim then took a slot and failed to view it
+    free_before = len(loaded._free)
+    for _ in range(2):
+        with pytest.raises(BadInput, match="does not fit a slot"):
+            loaded.claim((2**32, 2**32), np.float32)
+    assert len(loaded._free) == free_before
+
+
+def test_claim_checks_a_shape_every_time_not_only_the_first(loaded):
+    # claim remembers shapes that passed; one that failed must fail again, and an
+    # unhashable shape (a list) works like the tuple
+    for _ in range(2):
+        with pytest.raises(BadInput, match="int64 is not supported"):
+            loaded.claim((1, HIDDEN), np.int64)
+        with pytest.raises(BadInput, match="positive dimensions"):
+            loaded.claim([0, HIDDEN], np.float32)
+        with loaded.claim([2, HIDDEN], "float32") as slot:
+            assert slot.array.shape == (2, HIDDEN) and slot.array.dtype == np.float32
+
+
 def test_submit_rejects_unknown_layer(loaded):
     with (
         loaded.claim((1, HIDDEN), np.float32) as slot,
