@@ -46,6 +46,15 @@ uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uin
 int dp_client_submit(const struct dp_seg_header *seg, struct dp_ring_header *r,
                      struct dp_desc *descs, uint32_t capacity, const struct dp_desc *d,
                      int doorbell_fd);
+struct dp_submitter {
+    const struct dp_seg_header *seg;
+    struct dp_ring_header *ring;
+    struct dp_desc *descs;
+    uint32_t capacity;
+    int doorbell_fd;
+};
+int dp_submit_template(const struct dp_submitter *s, const struct dp_desc *tpl,
+                       uint64_t forward_id, uint32_t slot, uint32_t generation, uint64_t epoch);
 uint64_t dp_wait_done(struct dp_slot_header *h, uint32_t generation, uint64_t spin_ns,
                       uint64_t sleep_ns);
 int dp_seg_plan(uint32_t slot_count, uint32_t ring_capacity, uint64_t act_slot_size,
@@ -93,6 +102,33 @@ static int dp_client_submit(const struct dp_seg_header *seg, struct dp_ring_head
     if (dp_ring_push(r, descs, capacity, d) < 0)
         return -1;
     return doorbell_fd >= 0 && dp_doorbell_ring(seg, doorbell_fd) == 1;
+}
+
+/* What dp_client_submit needs of one client's ring, gathered once: the Python client's
+ * per-forward call then converts a handful of arguments, not a dozen. */
+struct dp_submitter {
+    const struct dp_seg_header *seg;
+    struct dp_ring_header *ring;
+    struct dp_desc *descs;
+    uint32_t capacity;
+    int doorbell_fd; /* -1: no doorbell */
+};
+
+/* dp_client_submit of a copy of `tpl` (a descriptor prepared once per layer, shape and
+ * dtype) with the fields that change per forward filled in, and submit_ns taken here
+ * (CLOCK_MONOTONIC, the clock runtime.monotonic_ns reads). Same return values. */
+static int dp_submit_template(const struct dp_submitter *s, const struct dp_desc *tpl,
+                              uint64_t forward_id, uint32_t slot, uint32_t generation,
+                              uint64_t epoch)
+{
+    struct dp_desc d;
+    memcpy(&d, tpl, sizeof d);
+    d.forward_id = forward_id;
+    d.slot = slot;
+    d.generation = generation;
+    d.epoch = epoch;
+    d.submit_ns = dp_mono_ns();
+    return dp_client_submit(s->seg, s->ring, s->descs, s->capacity, &d, s->doorbell_fd);
 }
 
 /* Wait for the slot's done word to carry `generation`: spin up to spin_ns, then sleep

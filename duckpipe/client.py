@@ -11,8 +11,8 @@ The pieces it is built from live next door: ``channel`` (the control socket),
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import math
 import socket
 import threading
 import time
@@ -66,7 +66,13 @@ _SLEEP_SLICE_NS = 50_000_000
 _SPIN_SLICE_NS = 10_000_000
 # ZeroMQ completions (timings, duck lists) are read in batches: result() does not need them
 _PUMP_EVERY = 32
-_ZERO_DESC = bytes(ffi.sizeof("struct dp_desc"))
+# Bound on each per-client cache below (claim specs, descriptor templates): a model
+# uses a handful of shapes; one feeding ever new shapes just starts them over.
+_CACHE_MAX = 256
+_OK = int(Status.OK)
+_FORWARD = int(Op.FORWARD)
+_SUBMITTED = SlotState.SUBMITTED
+_COMPLETED = SlotState.COMPLETED
 
 
 def connect(
@@ -115,27 +121,65 @@ def connect(
     )
 
 
-@dataclasses.dataclass(eq=False)
 class _Inflight:
-    """Client-side record of one submitted descriptor, until its completions are in."""
+    """Client-side record of one submitted descriptor, until its completions are in.
 
-    forward_id: int
-    slot: int
-    generation: int
-    epoch: int
-    op: int
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    internal: bool = False  # weight chunks: the slot frees itself on completion
-    status: int | None = None
-    answered: tuple[int, ...] = ()
-    missing: tuple[int, ...] = ()
-    n_answered: int = 0
-    n_missing: int = 0
-    timings: ctl.Timings | None = None
-    message: str = ""
-    zmq_done: bool = False
-    released: bool = False
+    A plain class with ``__slots__``, not a dataclass: one is made per forward."""
+
+    __slots__ = (
+        "answered",
+        "dtype",
+        "epoch",
+        "forward_id",
+        "generation",
+        "internal",
+        "message",
+        "missing",
+        "n_answered",
+        "n_missing",
+        "op",
+        "released",
+        "shape",
+        "slot",
+        "status",
+        "timings",
+        "zmq_done",
+    )
+
+    def __init__(
+        self,
+        forward_id: int,
+        slot: int,
+        generation: int,
+        epoch: int,
+        op: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        internal: bool = False,  # weight chunks: the slot frees itself on completion
+    ) -> None:
+        self.forward_id = forward_id
+        self.slot = slot
+        self.generation = generation
+        self.epoch = epoch
+        self.op = op
+        self.shape = shape
+        self.dtype = dtype
+        self.internal = internal
+        self.status: int | None = None
+        self.answered: tuple[int, ...] = ()
+        self.missing: tuple[int, ...] = ()
+        self.n_answered = 0
+        self.n_missing = 0
+        self.timings: ctl.Timings | None = None
+        self.message = ""
+        self.zmq_done = False
+        self.released = False
+
+    def __repr__(self) -> str:
+        return (
+            f"_Inflight(forward_id={self.forward_id}, slot={self.slot}, "
+            f"generation={self.generation}, status={self.status}, released={self.released})"
+        )
 
 
 class Forward:
@@ -150,7 +194,11 @@ class Forward:
     def __init__(self, client: Client, rec: _Inflight) -> None:
         self._client = client
         self._rec = rec
-        weakref.finalize(self, client._release_forward, rec)
+
+    def __del__(self) -> None:
+        # __del__ rather than weakref.finalize: one is made per forward, and a finalizer
+        # costs microseconds to register; both run when the Forward is collected
+        self._client._release_forward(self._rec)
 
     @property
     def id(self) -> int:
@@ -199,12 +247,13 @@ class Forward:
         client._check_open()
         if rec.status is None:
             client._wait(rec, timeout, wait or client.wait)
-        if rec.status != Status.OK:
+        if rec.status != _OK:
             client._await_zmq(rec, 1.0)  # it carries the reason and the missing ducks
             raise _failure(rec)
         if rec.released:
             raise BadInput(f"forward {rec.forward_id} was released; its result slot is reused")
-        return client._segment.res_view(rec.slot, rec.shape, rec.dtype)
+        # what Segment.res_view makes, in one call: claim checked that it fits the slot
+        return np.ndarray(rec.shape, rec.dtype, client._segment.res_bytes(rec.slot))
 
     def release(self) -> None:
         """Free the slot now (or as soon as the forward completes)."""
@@ -260,6 +309,9 @@ class Client:
         dataplane_timeout: float,
         name: str,
     ) -> None:
+        # Keep a Client under 30 instance attributes (29 now): CPython (3.11 here) stops
+        # sharing an instance dict's keys at 30, and every self.x on the forward path
+        # gets slower: 10-15% per forward, measured.
         if wait not in ("spin", "block", "hybrid"):
             raise BadInput(f"wait must be 'spin', 'block' or 'hybrid', not {wait!r}")
         self.control = control
@@ -273,6 +325,14 @@ class Client:
         self._next_forward = 1
         self._inflight: dict[int, _Inflight] = {}
         self._layers: dict[int, ctl.LayerInfo] = {}
+        # claim: (shape, dtype) as given -> (normalised shape, np.dtype), once checked.
+        # Depends only on the slot sizes, fixed for the client's life.
+        self._claim_specs: dict[tuple, tuple[tuple[int, ...], np.dtype]] = {}
+        # submit: (layer, shape, dtype) -> (the LayerInfo it was checked against, a
+        # prepared FORWARD descriptor). Used only while that very LayerInfo is the one in
+        # _layers: layers(), load_weights and unload_layer replace or drop it, which
+        # invalidates the entry without anyone having to remember to.
+        self._templates: dict[tuple, tuple[ctl.LayerInfo, object]] = {}
         self._last_check = 0.0
         self.counters = {"stale_completions": 0, "completion_mismatch": 0, "bad_messages": 0}
 
@@ -290,7 +350,6 @@ class Client:
             raise
         seg = self._segment
         self._ring = SubmissionRing(seg)
-        self._desc = new_desc()
         self._slots = SlotTable(seg.slot_count)
         self._pushes = 0
         self._doorbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
@@ -371,10 +430,24 @@ class Client:
         slot to free up, then raises ``RingFull``.
         """
         self._check_usable()
+        try:
+            shape_t, dt = self._claim_specs[shape, dtype]
+        except (KeyError, TypeError):  # a new shape or dtype, or an unhashable shape
+            shape_t, dt = self._claim_spec(shape, dtype)
+        slots = self._slots
+        i = slots.take(self._claim_timeout if timeout is None else timeout, self._wait_for_slot)
+        # a new array each claim (what Segment.act_view makes, in one call): the caller
+        # owns it and may reshape it in place
+        arr = np.ndarray(shape_t, dt, self._segment.act_bytes(i))
+        return Slot(self, i, slots.generation[i], arr)
+
+    def _claim_spec(self, shape: int | Sequence[int], dtype) -> tuple[tuple[int, ...], np.dtype]:
+        """Check a claim's shape and dtype; remember the result when they are hashable."""
         shape_t = _normalise_shape(shape)
         dt = np.dtype(dtype)
         dtype_code(dt)
-        nbytes = int(np.prod(shape_t)) * dt.itemsize
+        # math.prod: exact, where np.prod of a tuple is slow and wraps past 2**63
+        nbytes = math.prod(shape_t) * dt.itemsize
         seg = self._segment
         if nbytes > self._max_bytes or nbytes > seg.res_slot_size:
             raise BadInput(
@@ -382,8 +455,14 @@ class Client:
                 f"(result slots {seg.res_slot_size}); connect with a larger slot_size "
                 "(the dataplane's max_forward_bytes caps it too)"
             )
-        i = self._take_slot(self._claim_timeout if timeout is None else timeout)
-        return Slot(self, i, self._slots.generation[i], seg.act_view(i, shape_t, dt))
+        specs = self._claim_specs
+        if len(specs) >= _CACHE_MAX:
+            specs.clear()
+        try:
+            specs[shape, dtype] = (shape_t, dt)
+        except TypeError:
+            pass  # an unhashable shape (a list, an array): checked again next time
+        return shape_t, dt
 
     def submit(self, slot: Slot, layer: int, *, ducks: Iterable[int] | None = None) -> Forward:
         """Hand a filled slot to the dataplane to run ``layer`` on it.
@@ -392,12 +471,33 @@ class Client:
         layer (their partials are summed); default: all of them.
         """
         self._check_usable()
-        if not self._slot_is_claimed(slot):
+        # _slot_is_claimed without its closed check: _check_usable made it
+        if not (slot._client is self and self._slots.is_claimed(slot.index, slot.generation)):
             raise BadInput(
                 f"{slot!r} is not claimed by this client (already submitted or released)"
             )
-        info = self._layer_info(layer)
         arr = slot.array
+        shape = arr.shape
+        tpl = None
+        if ducks is None:
+            # A descriptor prepared by an earlier submit of this layer, shape and dtype,
+            # while the LayerInfo it was checked against is still the current one.
+            try:
+                info, tpl = self._templates[layer, shape, arr.dtype]
+            except (KeyError, TypeError):
+                pass
+            else:
+                if self._layers.get(layer) is not info:
+                    tpl = None
+        if tpl is None:
+            tpl = self._forward_template(layer, arr, ducks)
+        return Forward(self, self._push(tpl, _FORWARD, slot.index, shape, arr.dtype))
+
+    def _forward_template(self, layer: int, arr: np.ndarray, ducks: Iterable[int] | None):
+        """Check ``arr`` against ``layer`` and prepare the FORWARD descriptor submitting
+        it; every field but the per-forward ones (``_push``). Kept in ``_templates``
+        when the forward goes to every duck of the layer."""
+        info = self._layer_info(layer)
         if arr.dtype != numpy_dtype(info.dtype):
             raise BadInput(
                 f"layer {layer} holds {numpy_dtype(info.dtype)} weights; "
@@ -408,8 +508,7 @@ class Client:
                 f"layer {layer} has hidden size {info.hidden}; "
                 f"the activation's shape is {arr.shape}"
             )
-        d = self._desc
-        ffi.memmove(d, _ZERO_DESC, len(_ZERO_DESC))
+        d = new_desc()
         if ducks is not None:
             chosen = sorted(set(ducks))
             stray = sorted(set(chosen) - set(info.ducks))
@@ -427,8 +526,13 @@ class Client:
         for k, n in enumerate(arr.shape):
             d.shape[k] = n
         d.nbytes = arr.nbytes
-        rec = self._push(d, slot.index, arr.shape, arr.dtype)
-        return Forward(self, rec)
+        d.timeout_us = self._timeout_us
+        if ducks is None:
+            templates = self._templates
+            if len(templates) >= _CACHE_MAX:
+                templates.clear()
+            templates[layer, arr.shape, arr.dtype] = (info, d)
+        return d
 
     def forward(
         self,
@@ -534,21 +638,25 @@ class Client:
     # --- submission ------------------------------------------------------------
 
     def _push(
-        self, d, slot: int, shape: tuple[int, ...], dtype: np.dtype, internal: bool = False
+        self,
+        tpl,
+        op: int,
+        slot: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        internal: bool = False,
     ) -> _Inflight:
+        """Submit a copy of the descriptor ``tpl`` (every field set but the forward id,
+        slot, generation, epoch and submit time, which this fills in) for ``slot``."""
         fid = self._next_forward
-        self._next_forward += 1
-        gen = self._slots.generation[slot]
-        d.forward_id = fid
-        d.slot = slot
-        d.generation = gen
-        d.epoch = self.epoch
-        d.timeout_us = self._timeout_us
-        d.submit_ns = runtime.monotonic_ns()
-        if not self._ring.submit(d):  # cannot happen: capacity >= slot count
-            raise RingFull("the submission ring is full")
-        self._slots.state[slot] = SlotState.SUBMITTED
-        rec = _Inflight(fid, slot, gen, self.epoch, int(d.op), shape, dtype, internal)
+        self._next_forward = fid + 1
+        slots = self._slots
+        gen = slots.generation[slot]
+        epoch = self.epoch
+        if not self._ring.submit_template(tpl, fid, slot, gen, epoch):
+            raise RingFull("the submission ring is full")  # cannot happen: capacity >= slots
+        slots.state[slot] = _SUBMITTED
+        rec = _Inflight(fid, slot, gen, epoch, op, shape, dtype, internal)
         self._inflight[fid] = rec
         self._pushes += 1
         if self._pushes % _PUMP_EVERY == 0:
@@ -572,10 +680,10 @@ class Client:
     def _push_weight(
         self, slot: int, op: Op, layer: int, duck: int, tensor: int, offset: int, n: int
     ) -> _Inflight:
-        d = self._desc
-        ffi.memmove(d, _ZERO_DESC, len(_ZERO_DESC))
+        d = new_desc()  # zeroed; _push copies it
         d.op, d.layer, d.duck, d.tensor, d.offset, d.nbytes = op, layer, duck, tensor, offset, n
-        rec = self._push(d, slot, (n,), np.dtype(np.uint8), internal=True)
+        d.timeout_us = self._timeout_us
+        rec = self._push(d, int(op), slot, (n,), np.dtype(np.uint8), internal=True)
         rec.released = True  # nobody reads a weight chunk's result
         return rec
 
@@ -614,17 +722,18 @@ class Client:
             raise ClientClosed("the client is closed; connect again")
         deadline = None if timeout is None else time.monotonic() + timeout
         hdr = self._segment.slot_headers + rec.slot
+        gen = rec.generation
         spin = self._spin_ns if wait == "hybrid" else 0
         while rec.status is None:
-            left = None if deadline is None else int((deadline - time.monotonic()) * 1e9)
             if wait == "spin":
                 spin_ns, sleep_ns = _SPIN_SLICE_NS, 0
             else:
                 spin_ns, sleep_ns, spin = spin, _SLEEP_SLICE_NS, 0
-            if left is not None:
+            if deadline is not None:
+                left = int((deadline - time.monotonic()) * 1e9)
                 spin_ns, sleep_ns = max(0, min(spin_ns, left)), max(0, min(sleep_ns, left))
-            word = lib.dp_wait_done(hdr, rec.generation, spin_ns, sleep_ns)
-            if (word >> 32) == rec.generation and word & 0xFFFF_FFFF:
+            word = lib.dp_wait_done(hdr, gen, spin_ns, sleep_ns)
+            if (word >> 32) == gen and word & 0xFFFF_FFFF:
                 self._completed_shm(rec, word)
                 return
             self._pump(0)
@@ -653,14 +762,14 @@ class Client:
 
     def _completed_shm(self, rec: _Inflight, word: int) -> None:
         hdr = self._segment.slot_headers[rec.slot]
-        rec.n_answered, rec.n_missing = int(hdr.answered), int(hdr.missing)
+        rec.n_answered, rec.n_missing = hdr.answered, hdr.missing  # ints already (cffi)
         self._completed(rec, word & 0xFFFF_FFFF)
 
     def _completed(self, rec: _Inflight, status: int) -> None:
         """Either completion path lands here; the second one must agree with the first."""
         if rec.status is None:
             rec.status = status
-            self._slots.state[rec.slot] = SlotState.COMPLETED
+            self._slots.state[rec.slot] = _COMPLETED
             if rec.released:
                 self._slots.release(rec.slot)
         elif rec.status != status:
@@ -712,10 +821,14 @@ class Client:
             raise ClientClosed("the client is closed; connect again")
 
     def _check_usable(self) -> None:
-        self._check_open()
+        # every claim and submit runs this: _check_open and _check_detached, inlined
+        if self._closed:
+            raise ClientClosed("the client is closed; connect again")
         if self._lost is not None:
             raise DataplaneLost(self._lost)
-        self._check_detached()
+        hdr = self._segment.header  # None once the segment is closed
+        if hdr is not None and hdr.detach_reason:
+            self._check_detached()
 
     def _check_detached(self) -> None:
         """Raise ClientDetached once the dataplane has dropped this client on its own."""

@@ -62,6 +62,45 @@ def test_claim_rejects_activation_larger_than_a_slot(loaded):
         loaded.claim((rows, HIDDEN), np.float32)
 
 
+def test_claim_rejects_a_shape_whose_size_overflows_64_bits(loaded):
+    # np.prod wrapped (2**32)**2 to 0 bytes; the claim then took a slot and failed to view it
+    free_before = len(loaded._free)
+    for _ in range(2):
+        with pytest.raises(BadInput, match="does not fit a slot"):
+            loaded.claim((2**32, 2**32), np.float32)
+    assert len(loaded._free) == free_before
+
+
+def test_claim_checks_a_shape_every_time_not_only_the_first(loaded):
+    # claim remembers shapes that passed; one that failed must fail again, and an
+    # unhashable shape (a list) works like the tuple
+    for _ in range(2):
+        with pytest.raises(BadInput, match="int64 is not supported"):
+            loaded.claim((1, HIDDEN), np.int64)
+        with pytest.raises(BadInput, match="positive dimensions"):
+            loaded.claim([0, HIDDEN], np.float32)
+        with loaded.claim([2, HIDDEN], "float32") as slot:
+            assert slot.array.shape == (2, HIDDEN) and slot.array.dtype == np.float32
+
+
+def test_a_layer_unloaded_or_reloaded_is_checked_again_at_submit(client):
+    # submit reuses the descriptor it prepared for a layer, shape and dtype only while
+    # the layer is the one it checked
+    x = np.full((1, HIDDEN), 0.5, np.float32)
+    mlp = GeluMlp.random(HIDDEN, 64, seed=3)
+    client.load_weights(11, mlp, ducks=[0, 1])
+    np.testing.assert_allclose(client.forward(11, x, timeout=10), mlp.reference(x), rtol=1e-5)
+    client.unload_layer(11)
+    with client.claim(x.shape, x.dtype) as slot, pytest.raises(UnknownLayer, match="layer 11"):
+        client.submit(slot, 11)
+    smaller = GeluMlp.random(HIDDEN // 2, 64, seed=4)
+    client.load_weights(11, smaller, ducks=[2])
+    with client.claim(x.shape, x.dtype) as slot, pytest.raises(BadInput, match="hidden size 16"):
+        client.submit(slot, 11)
+    y = x[:, : HIDDEN // 2]
+    np.testing.assert_allclose(client.forward(11, y, timeout=10), smaller.reference(y), rtol=1e-5)
+
+
 def test_submit_rejects_unknown_layer(loaded):
     with (
         loaded.claim((1, HIDDEN), np.float32) as slot,
