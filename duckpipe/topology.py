@@ -5,6 +5,7 @@
     threads = "shared"            # or "dedicated": one thread per agent, pinned to `cores`
     idle = "backoff"              # spin | yield | backoff (spin, yield, then park on wake-ups)
     idle_spin_us = 50             # backoff: spin this long after the last work before parking
+    completion_flush_us = 500     # ZeroMQ completions leave together, at most this late
     default_timeout_ms = 1000     # a forward's deadline unless the client sets one
     client_max_inflight = 64      # per client: forwards in flight (more wait in its ring)
     client_max_slots = 1024       # per client: slots in its segment
@@ -83,6 +84,7 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
     cores: list[Annotated[int, Meta(ge=0)]] = []
     idle: Literal["spin", "yield", "backoff"] = "backoff"
     idle_spin_us: Annotated[int, Meta(ge=0, le=1_000_000)] = default("idle_spin_us")
+    completion_flush_us: Annotated[int, Meta(ge=0, le=1_000_000)] = default("completion_flush_us")
     default_timeout_ms: Annotated[float, Meta(gt=0)] = default("default_timeout_us") / 1000
     nack_us: Annotated[int, Meta(ge=100)] = default("nack_us")
     nack_min_us: Annotated[int, Meta(ge=10, le=0xFFFF_FFFF)] = default("nack_min_us")

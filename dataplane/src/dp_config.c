@@ -140,6 +140,8 @@ int dp_config_load(const char *path, struct dp_config *cfg)
 	    dp_mp_str(root, "idle", idle, sizeof(idle), DP_CFG_DEFAULT_IDLE) < 0 ||
 	    dp_idle_parse(idle, &cfg->idle) < 0 ||
 	    dp_mp_u32(root, "idle_spin_us", &cfg->idle_spin_us, DP_CFG_DEFAULT_IDLE_SPIN_US) < 0 ||
+	    dp_mp_u32(root, "completion_flush_us", &cfg->completion_flush_us,
+		      DP_CFG_DEFAULT_COMPLETION_FLUSH_US) < 0 ||
 	    dp_mp_u32(root, "default_timeout_us", &cfg->default_timeout_us,
 		      DP_CFG_DEFAULT_DEFAULT_TIMEOUT_US) < 0 ||
 	    dp_mp_u32(root, "nack_us", &cfg->nack_us, DP_CFG_DEFAULT_NACK_US) < 0 ||

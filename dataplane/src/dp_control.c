@@ -43,6 +43,16 @@
  * max_connections peers what unread replies can cost is bounded */
 #define ROUTER_SNDHWM 256
 #define MONITOR_ENDPOINT "inproc://duckpipe-control-monitor"
+/* completions held back to leave together (completion_flush_us): at most this many */
+#define OUTBOX_MAX 32
+#define OUTBOX_BYTES (OUTBOX_MAX * 8192)
+
+/* A packed completion waiting in the outbox, and who it is for. */
+struct outbox_entry {
+	uint8_t identity[256];
+	uint32_t identity_len;
+	size_t off, len; /* in the outbox buffer */
+};
 
 struct dp_control {
 	struct dp_world *w;
@@ -61,6 +71,12 @@ struct dp_control {
 	struct dp_layer *retired;       /* unpublished layers, freed once nobody can hold them */
 	struct dp_ctl_layer_info *layer_infos; /* Layers reply: one per table slot */
 	uint32_t (*layer_ducks)[256];
+	/* the outbox: completions packed as they come, sent together (flush_outbox) */
+	struct outbox_entry outbox[OUTBOX_MAX];
+	uint32_t noutbox;
+	uint8_t *outbox_buf;
+	size_t outbox_used;
+	uint64_t outbox_since; /* when the oldest waiting completion was packed */
 };
 
 const char *const dp_counter_names[DP_NCOUNTERS] = {
@@ -102,6 +118,53 @@ static void reply_ack(struct dp_control *c, const uint8_t *id, size_t idlen, uin
 
 /* --- completions ---------------------------------------------------------------------- */
 
+/* Send every completion in the outbox, oldest first, in one burst: ZeroMQ wakes its I/O
+ * thread (and the client's) once for the burst, not once a message. On a shared core those
+ * wake-ups cost a forward more than everything else the handoff does (README). */
+static void flush_outbox(struct dp_control *c)
+{
+	for (uint32_t i = 0; i < c->noutbox; i++) {
+		const struct outbox_entry *e = &c->outbox[i];
+		if (zmq_send(c->router, e->identity, e->identity_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+		    zmq_send(c->router, c->outbox_buf + e->off, e->len, ZMQ_DONTWAIT) < 0)
+			DP_DEBUG("completion dropped: %s", zmq_strerror(errno));
+	}
+	dp_count(c->counters, DP_C_completions_sent, c->noutbox);
+	if (c->noutbox)
+		dp_count(c->counters, DP_C_completion_flushes, 1);
+	c->noutbox = 0;
+	c->outbox_used = 0;
+}
+
+/* The completion just packed into c->sbuf, for client cl: into the outbox. The slot's done
+ * word already told the client; this carries the timings and duck lists, a little later. */
+static void queue_completion(struct dp_control *c, const struct dp_client *cl)
+{
+	if (c->noutbox == OUTBOX_MAX || c->outbox_used + c->sbuf.size > OUTBOX_BYTES)
+		flush_outbox(c);
+	if (c->sbuf.size > OUTBOX_BYTES || c->w->cfg.completion_flush_us == 0) {
+		send_to(c, cl->identity, cl->identity_len); /* no waiting asked for */
+		dp_count(c->counters, DP_C_completions_sent, 1);
+		return;
+	}
+	struct outbox_entry *e = &c->outbox[c->noutbox++];
+	memcpy(e->identity, cl->identity, cl->identity_len);
+	e->identity_len = cl->identity_len;
+	e->off = c->outbox_used;
+	e->len = c->sbuf.size;
+	memcpy(c->outbox_buf + e->off, c->sbuf.data, e->len);
+	c->outbox_used += e->len;
+	if (c->noutbox == 1)
+		c->outbox_since = dp_now_ns();
+}
+
+/* When the outbox must be flushed (UINT64_MAX: it is empty). */
+static uint64_t outbox_due(const struct dp_control *c)
+{
+	return c->noutbox ? c->outbox_since + (uint64_t)c->w->cfg.completion_flush_us * 1000
+			  : UINT64_MAX;
+}
+
 static void send_completion(struct dp_control *c, struct dp_fwd *f)
 {
 	struct dp_world *w = c->w;
@@ -123,8 +186,7 @@ static void send_completion(struct dp_control *c, struct dp_fwd *f)
 		     .duck_compute_ns_len = s.nanswered,
 	     },
 	     .message = f->message, .current_epoch = dp_load_acquire_u64(&w->epoch));
-	send_to(c, cl->identity, cl->identity_len);
-	dp_count(c->counters, DP_C_completions_sent, 1);
+	queue_completion(c, cl);
 	dp_fwd_release(w, f);
 }
 
@@ -771,6 +833,10 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 	work += poll_monitor(c);
 	work += poll_control(c);
 	work += drain_completions(c);
+	if (c->noutbox && dp_now_ns() >= outbox_due(c)) {
+		flush_outbox(c);
+		work++;
+	}
 	if (now >= c->next_house) {
 		housekeeping(c, now);
 		housekeeping_layers(c);
@@ -824,7 +890,8 @@ int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now)
 			return -1;
 	if (zmq_readable(c->router) || zmq_readable(c->monitor) || zmq_readable(c->access.zap))
 		return -1;
-	return c->next_house > now ? (int64_t)(c->next_house - now) : 0;
+	uint64_t next = outbox_due(c) < c->next_house ? outbox_due(c) : c->next_house;
+	return next > now ? (int64_t)(next - now) : 0;
 }
 
 /* Is a dataplane already answering at this endpoint? */
@@ -855,9 +922,11 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	c->counters = &w->control_counters;
 	c->layer_infos = calloc(DP_LAYER_TABLE, sizeof(*c->layer_infos));
 	c->layer_ducks = calloc(DP_LAYER_TABLE, sizeof(*c->layer_ducks));
-	if (!c->layer_infos || !c->layer_ducks) {
+	c->outbox_buf = malloc(OUTBOX_BYTES);
+	if (!c->layer_infos || !c->layer_ducks || !c->outbox_buf) {
 		free(c->layer_infos);
 		free(c->layer_ducks);
+		free(c->outbox_buf);
 		free(c);
 		dp_set_error("out of memory");
 		return NULL;
@@ -936,6 +1005,7 @@ fail:
 	msgpack_sbuffer_destroy(&c->sbuf);
 	free(c->layer_infos);
 	free(c->layer_ducks);
+	free(c->outbox_buf);
 	free(c);
 	return NULL;
 }
@@ -944,6 +1014,7 @@ void dp_control_free(struct dp_control *c)
 {
 	if (!c)
 		return;
+	flush_outbox(c); /* the last completions still go out */
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
 		if (c->w->clients[i].base)
 			dp_client_unmap(&c->w->clients[i]); /* live clients own their segments */
@@ -962,5 +1033,6 @@ void dp_control_free(struct dp_control *c)
 	msgpack_sbuffer_destroy(&c->sbuf);
 	free(c->layer_infos);
 	free(c->layer_ducks);
+	free(c->outbox_buf);
 	free(c);
 }

@@ -64,7 +64,8 @@
 	X(kicks)                /* of those, woken by another thread's push */             \
 	X(doorbells)            /* doorbell datagrams from clients that found us parked */ \
 	X(futex_wakes)          /* completions that woke a client sleeping on its slot */  \
-	X(completions_sent)
+	X(completions_sent)                                                                 \
+	X(completion_flushes)   /* bursts the outbox sent them in (completion_flush_us) */
 
 enum dp_counter {
 #define DP_COUNTER_ENUM(name) DP_C_##name,

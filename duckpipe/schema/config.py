@@ -50,6 +50,9 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     # backoff: spin this long after the last work, then yield as long again, then park
     # until a doorbell, a datagram or the next timer wakes it
     idle_spin_us: Annotated[int, Meta(ge=0, le=1_000_000)] = 50
+    # ZeroMQ completions wait up to this long to leave together (32 at most): each send
+    # wakes both sides' ZeroMQ I/O threads, and result() needs nothing from them
+    completion_flush_us: Annotated[int, Meta(ge=0, le=1_000_000)] = 500
     default_timeout_us: U32 = 1_000_000  # a forward's deadline unless the client sets one
     nack_us: U32 = 2000  # a duck's NACK timeout (RTO) until its reply time is measured
     nack_min_us: U32 = 200  # the measured RTO's floor (also RFC 6298's G)
