@@ -44,7 +44,8 @@ class Cluster:
     own extra arguments (fault knobs): e.g. ``[(3, []), (1, ["--stop-after", "0"])]``.
     ``nics`` > 1 spreads the ducks over that many loopback "NICs" (one host port each).
     ``emulators`` > 1 splits the ducks over that many emulator processes (one thread
-    each), so that their compute can use more than one core.
+    each), so that their compute can use more than one core. ``mtu`` is every loopback
+    NIC's (the ducks' partials are cut to it too: pass ``duck_args=["--mtu", ...]``).
     """
 
     def __init__(
@@ -55,6 +56,7 @@ class Cluster:
         nics: int = 1,
         duck_args: Sequence[str] = (),
         emulators: int = 1,
+        mtu: int = 1500,
         **settings: object,
     ) -> None:
         if groups is None:  # split evenly over `emulators` processes (each is one thread)
@@ -74,6 +76,7 @@ class Cluster:
                     name=f"lo{k}",
                     host_ip="127.0.0.1",
                     host_port=self.host_ports[k],
+                    mtu=mtu,
                     ducks=per_nic[k],
                 )
                 for k in range(nics)

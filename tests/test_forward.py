@@ -146,3 +146,20 @@ def test_forwards_work_on_both_backings(dataplane, backing):
         c.load_weights(12, mlp, ducks=[0, 1])
         x = np.random.default_rng(3).standard_normal((2, 32)).astype(np.float32)
         np.testing.assert_allclose(c.forward(12, x), mlp.reference(x), rtol=1e-5, atol=1e-6)
+
+
+def test_datagrams_of_64_kib_on_loopback(duckpipe_cluster_factory):
+    # loopback carries 64 KiB datagrams: the socket backend's receive buffers follow the
+    # NIC's mtu (they were 9 KiB: a longer partial arrived truncated and was refused)
+    cl = duckpipe_cluster_factory(2, mtu=65535, duck_args=["--mtu", "65535"])
+    mlp = GeluMlp.random(8192, 64, seed=11)
+    rng = np.random.default_rng(12)
+    with duckpipe.connect(cl.control, slot_size=1 << 20) as c:
+        c.load_weights(1, mlp)
+        for rows in (1, 8):  # 32 KiB and 256 KiB: one datagram, then four per duck
+            x = rng.standard_normal((rows, 8192)).astype(np.float32)
+            np.testing.assert_allclose(
+                c.forward(1, x, timeout=10), mlp.reference(x), rtol=2e-4, atol=2e-4
+            )
+        n = c.stats().counters
+    assert n["rx_malformed"] == 0 and n["forwards_ok"] == 2, n

@@ -20,7 +20,7 @@
 #include "dp_udp.h"
 
 #define RX_BURST 64
-#define RX_BUF 9216      /* a jumbo frame; longer datagrams arrive truncated and are refused */
+#define RX_BUF 9216      /* at least a jumbo frame; more when the NIC's mtu says so */
 #define TX_BURST 64
 #define GSO_MAX_SEGMENTS 64
 
@@ -32,6 +32,7 @@ struct sock_priv {
 	struct sockaddr_in rx_src[RX_BURST];
 	char rx_cmsg[RX_BURST][CMSG_SPACE(sizeof(uint32_t))];
 	uint8_t *rx_bufs;
+	size_t rx_stride;       /* one datagram's room: the mtu (64-byte aligned) */
 	struct mmsghdr tx_msgs[TX_BURST];
 	char tx_cmsg[TX_BURST][CMSG_SPACE(sizeof(uint16_t))];
 };
@@ -49,7 +50,9 @@ static int sock_open(struct dp_backend *b)
 {
 	const struct dp_nic_cfg *cfg = b->cfg;
 	struct sock_priv *p = calloc(1, sizeof(*p));
-	if (!p || !(p->rx_bufs = malloc((size_t)RX_BURST * RX_BUF))) {
+	/* a UDP payload is shorter than the mtu: room for the largest, or it arrives truncated */
+	size_t stride = ((size_t)(cfg->mtu > RX_BUF ? cfg->mtu : RX_BUF) + 63) & ~(size_t)63;
+	if (!p || !(p->rx_bufs = aligned_alloc(64, RX_BURST * stride))) {
 		free(p);
 		dp_set_error("out of memory for socket buffers");
 		return -1;
@@ -86,9 +89,10 @@ static int sock_open(struct dp_backend *b)
 	/* Probe GSO: a socket-wide UDP_SEGMENT of 0 is accepted where the kernel has it. */
 	b->gso = cfg->gso && set_int(p->fd, SOL_UDP, UDP_SEGMENT, 0, "UDP_SEGMENT") == 0;
 	b->max_gso_segments = GSO_MAX_SEGMENTS;
+	p->rx_stride = stride;
 	for (uint32_t i = 0; i < RX_BURST; i++) {
-		p->rx_iov[i].iov_base = p->rx_bufs + (size_t)i * RX_BUF;
-		p->rx_iov[i].iov_len = RX_BUF;
+		p->rx_iov[i].iov_base = p->rx_bufs + (size_t)i * stride;
+		p->rx_iov[i].iov_len = stride;
 	}
 	b->priv = p;
 	return 0;
