@@ -1,0 +1,319 @@
+"""The dpdk backend on real virtual NICs: net_af_packet on veth pairs into namespaces.
+
+Each test builds its own network: per DPDK port, a veth pair whose far end lives in a
+new network namespace with its own subnet (10.77.<k>.0/24), where emulated ducks
+(``duckpipe-ducks``, kernel sockets) listen on addresses .10, .11, ...; the near end
+stays in the root namespace with no address at all, driven by DPDK's af_packet PMD:
+the host address (.1) exists only in the dataplane, which answers ARP for it. The
+ducks run with --no-gso: a veth hands a UDP GSO send to af_packet as one unsegmented
+super-frame, where a real NIC would have cut it into frames.
+
+Skips with the reason when not root, without free hugepages, or when the dataplane
+was built without DPDK. Everything made (namespaces, veths, the EAL's runtime
+directory) is removed afterwards, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import duckpipe
+from duckpipe import GeluMlp, runtime
+from duckpipe.binaries import find_binary
+from duckpipe.dataplane import DataplaneProcess
+from duckpipe.errors import DuckpipeError
+from duckpipe.topology import Duck, Nic, Topology
+
+DUCK_PORT = 47100
+HOST_PORT = 47000
+HUGEPAGES = 96  # 192 MiB: the EAL's own, an mbuf pool per port, and the clients' segments
+DPDK_RUN_DIR = Path("/var/run/dpdk")
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def _require_dpdk() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the dpdk backend needs root (hugepages, AF_PACKET, network namespaces)")
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2's `ip` is not installed (apt-get install iproute2)")
+    try:
+        dataplane = find_binary("duckpipe-dataplane")
+        find_binary("duckpipe-ducks")
+    except DuckpipeError as e:
+        pytest.skip(str(e))
+    have = subprocess.run([str(dataplane), "--backends"], capture_output=True, text=True)
+    if "dpdk" not in have.stdout.split():
+        pytest.skip(
+            "this dataplane was built without DPDK: install libdpdk-dev (tools/setup does) "
+            "and rebuild"
+        )
+    if runtime.free_hugepages() < HUGEPAGES:
+        pytest.skip(
+            f"{HUGEPAGES} free 2 MiB hugepages needed, {runtime.free_hugepages()} free "
+            "(tools/setup reserves 512 as root)"
+        )
+
+
+@dataclass
+class Net:
+    """What veth_ducks built: the NICs of a topology and the EAL options that match."""
+
+    nics: list[Nic]
+    eal: list[str]
+    spaces: list[str]
+    far_ends: list[str]
+    near_ends: list[str]
+    prefix: str
+    ducks: list[subprocess.Popen] = field(default_factory=list)
+
+
+@contextmanager
+def veth_ducks(
+    per_port: list[int], *, broadcast: bool = False, duck_args: tuple[str, ...] = ()
+) -> Iterator[Net]:
+    """One veth pair + namespace per entry of ``per_port`` with that many ducks in it.
+
+    With ``broadcast`` each namespace has one duck bound to 0.0.0.0 (the subnet's
+    broadcast reaches one port per address), and the NIC broadcasts.
+    """
+    _require_dpdk()
+    tag = f"{os.getpid() % 10000}{random.randrange(100)}"
+    base = random.randrange(1, 250 - len(per_port))
+    net = Net(nics=[], eal=[], spaces=[], far_ends=[], near_ends=[], prefix=f"duckpipe-t{tag}")
+    try:
+        first = 0
+        for k, n in enumerate(per_port):
+            assert not broadcast or n == 1
+            subnet = f"10.77.{base + k}"
+            ns, near, far = f"dpdk{tag}-{k}", f"dpk{tag}h{k}"[:15], f"dpk{tag}d{k}"[:15]
+            _ip("netns", "add", ns)
+            net.spaces.append(ns)
+            _ip("link", "add", near, "type", "veth", "peer", "name", far)
+            net.near_ends.append(near)
+            _ip("link", "set", far, "netns", ns)
+            net.far_ends.append(far)
+            # the near end carries DPDK's frames only: no address, no IPv6 chatter
+            v6 = Path(f"/proc/sys/net/ipv6/conf/{near}/disable_ipv6")
+            if v6.exists():
+                v6.write_text("1")
+            _ip("link", "set", near, "up")
+            ips = [f"{subnet}.{10 + i}" for i in range(n)]
+            for ip in ips:
+                _ip("-n", ns, "addr", "add", f"{ip}/24", "brd", f"{subnet}.255", "dev", far)
+            _ip("-n", ns, "link", "set", far, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            proc = subprocess.Popen(
+                [
+                    "ip", "netns", "exec", ns, str(find_binary("duckpipe-ducks")),
+                    "--ducks", str(n),
+                    "--bind", "0.0.0.0" if broadcast else ",".join(ips),
+                    "--base-port", str(DUCK_PORT),
+                    "--first-id", str(first),
+                    "--no-gso",
+                    *duck_args,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )  # fmt: skip
+            net.ducks.append(proc)
+            assert f"duckpipe-ducks: {n} ducks" in proc.stdout.readline()
+            net.nics.append(
+                Nic(
+                    name=f"p{k}",
+                    backend="dpdk",
+                    interface=f"net_af_packet{k}",
+                    host_ip=f"{subnet}.1",
+                    host_port=HOST_PORT,
+                    broadcast=f"{subnet}.255" if broadcast else "",
+                    ducks=[
+                        Duck(id=first + i, ip=ip, port=DUCK_PORT + (0 if broadcast else i))
+                        for i, ip in enumerate(ips)
+                    ],
+                )
+            )
+            net.eal.append(f"--vdev=net_af_packet{k},iface={near}")
+            first += n
+        net.eal = [
+            "--no-pci",
+            "--in-memory",
+            "--no-telemetry",
+            "--file-prefix",
+            net.prefix,
+            "-l",
+            "0",
+            *net.eal,
+        ]
+        yield net
+    finally:
+        for proc in net.ducks:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout:
+                proc.stdout.close()
+        for ns in net.spaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for near in net.near_ends:  # gone with its peer's namespace; in case it is not
+            subprocess.run(["ip", "link", "del", near], capture_output=True)
+        shutil.rmtree(DPDK_RUN_DIR / net.prefix, ignore_errors=True)
+
+
+def _topology(net: Net, **kw) -> Topology:
+    # a small forward window keeps the mbuf pools (sized from it) small
+    return Topology(nics=net.nics, max_inflight=16, max_forward_bytes=256 << 10, **kw)
+
+
+@contextmanager
+def _dataplane(net: Net, **kw) -> Iterator[DataplaneProcess]:
+    dp = DataplaneProcess(_topology(net, **kw), backend_args=net.eal).start()
+    try:
+        yield dp
+    finally:
+        code = dp.stop()
+        out = dp.output()
+        dp.close()
+    assert code == 0, out
+    assert "dpdk backend" in out, out
+
+
+def _check_forwards(c: duckpipe.Client, mlp: GeluMlp, count: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        x = rng.standard_normal((3, mlp.hidden)).astype(np.float32)
+        np.testing.assert_allclose(
+            c.forward(1, x, timeout=5), mlp.reference(x), rtol=1e-4, atol=1e-5
+        )
+
+
+def _near_mac(near: str) -> str:
+    return Path(f"/sys/class/net/{near}/address").read_text().strip()
+
+
+def test_forwards_over_af_packet_match_numpy_and_arp_works_both_ways():
+    with veth_ducks([4]) as net, _dataplane(net) as dp, duckpipe.connect(dp.control) as c:
+        mlp = GeluMlp.random(256, 96, seed=1)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 10)
+        # the ducks' kernel forgets the host's MAC and must ask again: the dataplane answers
+        _ip("-n", net.spaces[0], "neigh", "flush", "dev", net.far_ends[0])
+        _check_forwards(c, mlp, 10, seed=1)
+        n = c.stats().counters
+        assert all(d.alive for d in c.topology().ducks)
+        neigh = subprocess.run(
+            ["ip", "-n", net.spaces[0], "neigh", "show", net.nics[0].host_ip],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert _near_mac(net.near_ends[0]) in neigh, neigh
+    assert n["arp_replies"] >= 1, n  # the ducks' kernel asked who has the host address
+    assert n["arp_learned"] >= 1 and n["arp_requests"] >= 1, n  # one MAC: all four on one veth
+    assert n["timeouts"] == 0 and n["rx_malformed"] == 0 and n["rx_unknown_sender"] == 0, n
+    assert n["forwards_ok"] == 20 and n["tx_packets"] > 0 and n["rx_packets"] > 0, n
+
+
+def test_24_ducks_over_two_ports_on_dedicated_threads():
+    with (
+        veth_ducks([12, 12]) as net,
+        _dataplane(net, threads="dedicated") as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        mlp = GeluMlp.random(128, 24 * 8, seed=2)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 10)
+        assert len(c.topology().ducks) == 24 and all(d.alive for d in c.topology().ducks)
+        n = c.stats().counters
+    assert n["forwards_ok"] == 10 and n["timeouts"] == 0, n
+
+
+def test_a_broadcast_goes_out_once_as_an_ethernet_broadcast():
+    with (
+        veth_ducks([1, 1], broadcast=True) as net,
+        _dataplane(net) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        mlp = GeluMlp.random(256, 64, seed=3)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 10)
+        n = c.stats().counters
+    # 10 forwards of 3 KiB: 3 chunks each per NIC, once, not once per duck
+    forward_datagrams = n["tx_packets"] - n["weight_datagrams"] - n["pings"] - n["nacks_sent"]
+    assert forward_datagrams <= 2 * 10 * 3, n
+    assert n["timeouts"] == 0 and n["tx_no_mac"] == 0, n
+
+
+def test_lost_datagrams_are_recovered_by_nacks():
+    with (
+        veth_ducks([4], duck_args=("--drop", "0.05", "--seed", "7")) as net,
+        _dataplane(net, nack_us=2000, nack_min_us=1000) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        mlp = GeluMlp.random(512, 64, seed=4)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 30)
+        n = c.stats().counters
+    assert n["forwards_ok"] == 30 and n["timeouts"] == 0, n
+    assert n["nacks_sent"] + n["retransmits"] > 0, n  # some were lost, and asked for again
+
+
+def test_a_port_the_eal_does_not_have_fails_at_startup_naming_the_call():
+    with veth_ducks([1]) as net:
+        bad = Topology(
+            nics=[
+                Nic(
+                    name="p0",
+                    backend="dpdk",
+                    interface="net_af_packet7",
+                    host_ip=net.nics[0].host_ip,
+                    ducks=net.nics[0].ducks,
+                )
+            ],
+            max_inflight=16,
+            max_forward_bytes=256 << 10,
+        )
+        dp = DataplaneProcess(bad, backend_args=net.eal)
+        try:
+            with pytest.raises(DuckpipeError, match="rte_eth_dev_get_port_by_name") as e:
+                dp.start()
+            assert "net_af_packet0" in str(e.value)  # the ports it does have
+        finally:
+            dp.stop()
+            dp.close()
+
+
+def test_a_build_without_dpdk_refuses_the_backend_clearly(tmp_path):
+    try:
+        binary = find_binary("duckpipe-dataplane")
+    except DuckpipeError as e:
+        pytest.skip(str(e))
+    have = subprocess.run([str(binary), "--backends"], capture_output=True, text=True)
+    if "dpdk" in have.stdout.split():
+        pytest.skip("this dataplane has DPDK (the refusal is for builds without it)")
+    topo = Topology(
+        nics=[
+            Nic(name="p0", backend="dpdk", interface="net_af_packet0", host_ip="10.77.0.1",
+                ducks=[Duck(id=0, ip="10.77.0.10", port=DUCK_PORT)])
+        ]
+    )  # fmt: skip
+    dp = DataplaneProcess(topo)
+    try:
+        with pytest.raises(DuckpipeError, match="built without DPDK: install libdpdk-dev"):
+            dp.start()
+    finally:
+        dp.stop()
+        dp.close()
