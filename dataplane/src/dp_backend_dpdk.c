@@ -81,6 +81,7 @@
 #define ARP_SLOTS 512           /* open-addressed table of the NIC's duck addresses */
 #define ARP_RETRY_MS 10         /* a request per address at most this often */
 #define ARP_WAIT_MS 200         /* at open: how long to wait for the ducks' replies */
+_Static_assert(DP_MAX_DUCKS < ARP_SLOTS, "every duck's address needs a slot, and one free");
 #define HDRS_LEN (RTE_ETHER_HDR_LEN + sizeof(struct rte_ipv4_hdr) + sizeof(struct rte_udp_hdr))
 
 /* --- state ---------------------------------------------------------------------- */
@@ -151,6 +152,9 @@ static int eal_get(void)
 			     rte_strerror(rte_errno), rte_errno);
 		return -1;
 	}
+	if (rc < argc - 1)
+		DP_WARN("rte_eal_init took %d of the %d options after --; ignored from '%s' on",
+			rc, argc - 1, dp_backend_args.argv[rc]);
 	/* the EAL pinned this thread to its main lcore; duckpipe's runners pin themselves */
 	if (have_before)
 		(void)pthread_setaffinity_np(pthread_self(), sizeof(before), &before);
@@ -187,11 +191,12 @@ static struct arp_entry *arp_find(struct dpdk_priv *p, uint32_t ip)
 	return NULL;
 }
 
+/* Room for every duck (DP_MAX_DUCKS < ARP_SLOTS); a full table adds nothing. */
 static void arp_add(struct dpdk_priv *p, uint32_t ip)
 {
 	if (ip == 0 || arp_find(p, ip))
 		return;
-	for (uint32_t i = arp_hash(ip);; i = (i + 1) % ARP_SLOTS)
+	for (uint32_t i = arp_hash(ip), n = 0; n < ARP_SLOTS; i = (i + 1) % ARP_SLOTS, n++)
 		if (p->arp[i].ip == 0) {
 			p->arp[i].ip = ip;
 			return;
