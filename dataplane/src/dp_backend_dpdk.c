@@ -115,6 +115,10 @@ struct dpdk_priv {
 	uint16_t txq_datagrams;
 };
 
+static const struct rte_ether_addr ether_bcast = {
+	.addr_bytes = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff }
+};
+
 /* EAL: once per process; 0 before init, the number of open dpdk NICs after. */
 static int eal_users;
 static bool eal_up, eal_done;
@@ -288,10 +292,8 @@ static void arp_request(struct dp_backend *b, struct dpdk_priv *p, struct arp_en
 	struct rte_mbuf *m = rte_pktmbuf_alloc(p->pool);
 	if (!m)
 		return;
-	static const struct rte_ether_addr bcast = { .addr_bytes = { 0xff, 0xff, 0xff, 0xff, 0xff,
-								      0xff } };
 	static const struct rte_ether_addr zero;
-	arp_build(p, m, RTE_ARP_OP_REQUEST, &bcast, &zero, e->ip);
+	arp_build(p, m, RTE_ARP_OP_REQUEST, &ether_bcast, &zero, e->ip);
 	e->asked_ns = now;
 	dp_count(b->counters, DP_C_arp_requests, 1);
 	txq_push(b, p, m, 0);
@@ -301,13 +303,12 @@ static void arp_request(struct dp_backend *b, struct dpdk_priv *p, struct arp_en
 static const struct rte_ether_addr *dst_mac(struct dp_backend *b, struct dpdk_priv *p,
 					    uint32_t ip)
 {
-	static const struct rte_ether_addr bcast = { .addr_bytes = { 0xff, 0xff, 0xff, 0xff, 0xff,
-								      0xff } };
 	if ((p->bcast_ip && ip == p->bcast_ip) || ip == INADDR_BROADCAST)
-		return &bcast;
+		return &ether_bcast;
 	struct arp_entry *e = arp_find(p, ip);
 	if (!e) {
-		/* not a duck of this NIC: nothing would answer ARP for it either */
+		/* the worker sends only to its NIC's ducks, all in the table since open;
+		 * any other on-link address is resolved the same way */
 		arp_add(p, ip);
 		e = arp_find(p, ip);
 		if (!e)
