@@ -19,7 +19,7 @@ import os
 import random
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,16 +78,27 @@ class Net:
     near_ends: list[str]
     prefix: str
     ducks: list[subprocess.Popen] = field(default_factory=list)
+    pending: list[Callable[[], None]] = field(default_factory=list)
+
+    def start_ducks(self) -> None:
+        """Give the far ends their addresses and start the ducks (once)."""
+        while self.pending:
+            self.pending.pop(0)()
 
 
 @contextmanager
 def veth_ducks(
-    per_port: list[int], *, broadcast: bool = False, duck_args: tuple[str, ...] = ()
+    per_port: list[int],
+    *,
+    broadcast: bool = False,
+    duck_args: tuple[str, ...] = (),
+    late: bool = False,
 ) -> Iterator[Net]:
     """One veth pair + namespace per entry of ``per_port`` with that many ducks in it.
 
     With ``broadcast`` each namespace has one duck bound to 0.0.0.0 (the subnet's
-    broadcast reaches one port per address), and the NIC broadcasts.
+    broadcast reaches one port per address), and the NIC broadcasts. With ``late``
+    the ducks and their addresses wait for ``net.start_ducks()``.
     """
     _require_dpdk()
     tag = f"{os.getpid() % 10000}{random.randrange(100)}"
@@ -111,26 +122,30 @@ def veth_ducks(
                 v6.write_text("1")
             _ip("link", "set", near, "up")
             ips = [f"{subnet}.{10 + i}" for i in range(n)]
-            for ip in ips:
-                _ip("-n", ns, "addr", "add", f"{ip}/24", "brd", f"{subnet}.255", "dev", far)
             _ip("-n", ns, "link", "set", far, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
-            proc = subprocess.Popen(
-                [
-                    "ip", "netns", "exec", ns, str(find_binary("duckpipe-ducks")),
-                    "--ducks", str(n),
-                    "--bind", "0.0.0.0" if broadcast else ",".join(ips),
-                    "--base-port", str(DUCK_PORT),
-                    "--first-id", str(first),
-                    "--no-gso",
-                    *duck_args,
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )  # fmt: skip
-            net.ducks.append(proc)
-            assert f"duckpipe-ducks: {n} ducks" in proc.stdout.readline()
+
+            def up(ns=ns, far=far, subnet=subnet, ips=ips, n=n, first=first) -> None:
+                for ip in ips:
+                    _ip("-n", ns, "addr", "add", f"{ip}/24", "brd", f"{subnet}.255", "dev", far)
+                proc = subprocess.Popen(
+                    [
+                        "ip", "netns", "exec", ns, str(find_binary("duckpipe-ducks")),
+                        "--ducks", str(n),
+                        "--bind", "0.0.0.0" if broadcast else ",".join(ips),
+                        "--base-port", str(DUCK_PORT),
+                        "--first-id", str(first),
+                        "--no-gso",
+                        *duck_args,
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )  # fmt: skip
+                net.ducks.append(proc)
+                assert f"duckpipe-ducks: {n} ducks" in proc.stdout.readline()
+
+            net.pending.append(up)
             net.nics.append(
                 Nic(
                     name=f"p{k}",
@@ -157,6 +172,8 @@ def veth_ducks(
             "0",
             *net.eal,
         ]
+        if not late:
+            net.start_ducks()
         yield net
     finally:
         for proc in net.ducks:
@@ -317,3 +334,15 @@ def test_a_build_without_dpdk_refuses_the_backend_clearly(tmp_path):
     finally:
         dp.stop()
         dp.close()
+
+
+def test_ducks_that_come_up_after_the_dataplane_are_resolved_on_demand():
+    with veth_ducks([2], late=True) as net, _dataplane(net) as dp:
+        net.start_ducks()  # the ARP at open found nobody: the first datagrams find no MAC
+        with duckpipe.connect(dp.control) as c:
+            mlp = GeluMlp.random(256, 64, seed=5)
+            c.load_weights(1, mlp)
+            _check_forwards(c, mlp, 5)
+            n = c.stats().counters
+    assert n["tx_no_mac"] >= 1 and n["arp_learned"] >= 1, n  # asked again on the miss
+    assert n["forwards_ok"] == 5 and n["timeouts"] == 0, n
