@@ -36,7 +36,8 @@
  *            checksum the kernel never filled in (CHECKSUM_PARTIAL), and the wire
  *            header is checked by the worker anyway. Frames not for host_ip:host_port
  *            (other protocols, other ports) are counted as rx_not_ours, fragments as
- *            rx_fragments, broken ones as rx_malformed. UDP payloads go up in place,
+ *            rx_fragments, broken ones as rx_malformed, the port's own drops (imissed,
+ *            rx_nombuf) as rxq_overflows. UDP payloads go up in place,
  *            in their mbufs, which are freed on the next rx_burst (as the socket
  *            backend's buffers stay valid until its next call).
  *   parking  a poll-mode port has no fd: wait_fd and rx_ready are NULL, so a parked
@@ -82,6 +83,7 @@
 #define ARP_SLOTS 512           /* open-addressed table of the NIC's duck addresses */
 #define ARP_RETRY_MS 10         /* a request per address at most this often */
 #define ARP_WAIT_MS 200         /* at open: how long to wait for the ducks' replies */
+#define STATS_MS 10             /* the port's drop counters read this often (rxq_overflows) */
 _Static_assert(DP_MAX_DUCKS < ARP_SLOTS, "every duck's address needs a slot, and one free");
 _Static_assert(alignof(struct dp_wire_header) <= sizeof(struct rte_udp_hdr),
 	       "an RX payload is aligned by moving it back over its UDP header");
@@ -116,6 +118,9 @@ struct dpdk_priv {
 	uint16_t ntxq;
 	uint64_t txq_bytes; /* UDP payload bytes of the datagrams in txq */
 	uint16_t txq_datagrams;
+	/* the port's drops before rx_burst saw the frames (RX ring full, no mbuf) */
+	uint64_t next_stats_ns;
+	uint64_t dropped_seen;
 };
 
 static const struct rte_ether_addr ether_bcast = {
@@ -519,9 +524,28 @@ drop:
 	return 0;
 }
 
+/* Frames the port dropped before we saw them (its RX ring full, or no mbuf to put one
+ * in) into rxq_overflows, the socket backend's SO_RXQ_OVFL. Read from the worker's own
+ * thread, every STATS_MS. */
+static void port_drops(struct dp_backend *b, struct dpdk_priv *p)
+{
+	uint64_t now = dp_now_ns();
+	if (now < p->next_stats_ns)
+		return;
+	p->next_stats_ns = now + (uint64_t)STATS_MS * 1000000;
+	struct rte_eth_stats st;
+	if (rte_eth_stats_get(p->port, &st) != 0)
+		return;
+	uint64_t dropped = st.imissed + st.rx_nombuf;
+	if (dropped > p->dropped_seen)
+		dp_count(b->counters, DP_C_rxq_overflows, dropped - p->dropped_seen);
+	p->dropped_seen = dropped;
+}
+
 static uint32_t dpdk_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n)
 {
 	struct dpdk_priv *p = b->priv;
+	port_drops(b, p);
 	if (p->nheld) {
 		rte_pktmbuf_free_bulk(p->held, p->nheld);
 		p->nheld = 0;
@@ -686,6 +710,7 @@ static int dpdk_open(struct dp_backend *b)
 		dp_set_error("rte_eth_dev_start: err=%d, port=%u", rc, p->port);
 		goto fail_pool;
 	}
+	(void)rte_eth_stats_reset(p->port); /* rxq_overflows counts from here */
 	p->host_ip = cfg->host.sin_addr.s_addr;
 	p->host_port = cfg->host.sin_port;
 	p->bcast_ip = cfg->use_broadcast ? cfg->broadcast.sin_addr.s_addr : 0;
