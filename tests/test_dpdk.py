@@ -20,6 +20,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -365,3 +366,43 @@ def test_ducks_that_come_up_after_the_dataplane_are_resolved_on_demand():
             n = c.stats().counters
     assert n["tx_no_mac"] >= 1 and n["arp_learned"] >= 1, n  # asked again on the miss
     assert n["forwards_ok"] == 5 and n["timeouts"] == 0, n
+
+
+_SEND_JUNK = """
+import socket, sys
+host, port, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((src, 0))
+s.setsockopt(socket.IPPROTO_IP, 10, 0)  # IP_MTU_DISCOVER = IP_PMTUDISC_DONT: may fragment
+s.sendto(b"x" * 100, (host, port + 1))  # another port
+s.sendto(b"not a wire header" * 4, (host, port))  # the right port, garbage inside
+s.sendto(b"y" * 3000, (host, port))  # fragments on a 1500-byte veth
+"""
+
+
+@pytest.mark.parametrize("pmd", ["af_packet", "af_xdp"])
+def test_frames_not_for_us_fragments_and_garbage_are_counted_and_dropped(pmd):
+    with (
+        veth_ducks([1], pmd=pmd) as net,
+        _dataplane(net) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        nic = net.nics[0]
+        subprocess.run(
+            ["ip", "netns", "exec", net.spaces[0], sys.executable, "-c", _SEND_JUNK,
+             nic.host_ip, str(HOST_PORT), nic.ducks[0].ip],
+            check=True, capture_output=True, timeout=10,
+        )  # fmt: skip
+        mlp = GeluMlp.random(64, 32, seed=6)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 3)  # and the dataplane still serves
+        n = c.stats().counters
+    assert n["rx_not_ours"] >= 1, n  # the other port
+    if pmd == "af_xdp":
+        assert n["rx_fragments"] >= 2, n  # the 3000-byte datagram's three fragments
+        assert n["rx_malformed"] >= 1, n  # the garbage, refused by the wire check
+    else:
+        # af_packet's fanout reassembles fragments (PACKET_FANOUT_FLAG_DEFRAG): the
+        # datagram arrives whole, in more than one mbuf, and is refused as malformed
+        assert n["rx_fragments"] == 0 and n["rx_malformed"] >= 2, n
+    assert n["forwards_ok"] == 3, n
