@@ -220,6 +220,7 @@ def _dataplane(net: Net, **kw) -> Iterator[DataplaneProcess]:
         dp.close()
     assert code == 0, out
     assert "dpdk backend" in out, out
+    assert " xstats: rx_good_packets=" in out, out  # the port's own counters, at close
 
 
 def _check_forwards(c: duckpipe.Client, mlp: GeluMlp, count: int, seed: int = 0) -> None:
