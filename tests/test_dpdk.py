@@ -407,3 +407,14 @@ def test_frames_not_for_us_fragments_and_garbage_are_counted_and_dropped(pmd):
         # datagram arrives whole, in more than one mbuf, and is refused as malformed
         assert n["rx_fragments"] == 0 and n["rx_malformed"] >= 2, n
     assert n["forwards_ok"] == 3, n
+
+
+def test_eal_options_it_refuses_fail_at_startup_naming_rte_eal_init():
+    with veth_ducks([1]) as net:
+        dp = DataplaneProcess(_topology(net), backend_args=[*net.eal, "--no-such-eal-option"])
+        try:
+            with pytest.raises(DuckpipeError, match=r"rte_eal_init: .*the EAL options come after"):
+                dp.start()
+        finally:
+            dp.stop()
+            dp.close()
