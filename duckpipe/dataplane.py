@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -26,7 +27,8 @@ def write_config(topology: Topology, control: str, directory: Path) -> Path:
 class DataplaneProcess(DataplaneChild):
     """``with DataplaneProcess(topology) as dp: duckpipe.connect(dp.control)``.
 
-    ``binary`` overrides which build runs (the sanitizer build, say).
+    ``binary`` overrides which build runs (the sanitizer build, say); ``backend_args``
+    go after ``--`` (EAL options for the dpdk backend).
     ``$DUCKPIPE_DEDICATED_THREADS=1`` forces ``threads = "dedicated"``.
     """
 
@@ -40,6 +42,7 @@ class DataplaneProcess(DataplaneChild):
         binary: Path | None = None,
         ready_timeout: float = 20.0,
         verbose: bool = False,
+        backend_args: Sequence[str] = (),
     ) -> None:
         self.topology = topology or loopback()
         if os.environ.get("DUCKPIPE_DEDICATED_THREADS") == "1":
@@ -51,10 +54,12 @@ class DataplaneProcess(DataplaneChild):
         )
         self.binary = binary or find_binary("duckpipe-dataplane")
         self.verbose = verbose
+        self.backend_args = list(backend_args)
 
     def command(self) -> list[str]:
         config = write_config(self.topology, self.control, self.workdir)
-        return [str(self.binary), "--config", str(config), *(["-v"] if self.verbose else [])]
+        args = [str(self.binary), "--config", str(config), *(["-v"] if self.verbose else [])]
+        return args + (["--", *self.backend_args] if self.backend_args else [])
 
 
 def run_foreground(

@@ -20,8 +20,8 @@
     [[nics]]
     name = "lo"
     backend = "socket"            # kernel UDP; "null": no network, the ducks answer at once
-                                  # (README: the null backend); "dpdk" once built
-    interface = ""                # SO_BINDTODEVICE when set
+                                  # (README: the null backend); "dpdk": README, DPDK backend
+    interface = ""                # SO_BINDTODEVICE when set; dpdk: the port (net_af_packet0)
     host_ip = "127.0.0.1"         # the dataplane's address on this NIC
     host_port = 47000
     broadcast = ""                # the subnet's broadcast address; empty: unicast fan-out

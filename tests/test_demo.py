@@ -108,7 +108,8 @@ def test_user_sentences_from_a_file(tmp_path):
 
 def test_the_dpdk_backend_is_refused_clearly():
     r = _demo("--backend", "dpdk", "--json")
-    assert r.returncode == 1 and "dpdk backend is not built" in r.stderr and r.stdout == ""
+    assert r.returncode == 1 and "cannot start the dpdk backend" in r.stderr and r.stdout == ""
+    assert "--control" in r.stderr  # how to use one started by hand
 
 
 def test_ctrl_c_stops_everything_it_started():

@@ -1,6 +1,7 @@
 /* dp_backend.h: how a NIC worker moves datagrams, as an ops table (l3fwd's lookup
  * modes are the model). `socket` is kernel UDP; `null` answers for the ducks itself,
- * with no network (dp_backend_null.c); `dpdk` plugs in the same way. */
+ * with no network (dp_backend_null.c); `dpdk` (dp_backend_dpdk.c, only in a build
+ * that found libdpdk: DP_HAVE_DPDK) drives a DPDK port. dp_backend.c looks them up. */
 #ifndef DP_BACKEND_H
 #define DP_BACKEND_H
 
@@ -61,6 +62,20 @@ struct dp_backend {
 
 extern const struct dp_backend_ops dp_backend_socket;
 extern const struct dp_backend_ops dp_backend_null;
+#ifdef DP_HAVE_DPDK
+extern const struct dp_backend_ops dp_backend_dpdk; /* dp_backend_dpdk.c, built with libdpdk */
+#endif
+
+/* The command line's options after "--" (EAL options for dpdk), set by main before
+ * any backend opens; argv does not include a program name. */
+struct dp_backend_args {
+	int argc;
+	char **argv;
+};
+extern struct dp_backend_args dp_backend_args;
+
+/* The backends this build has, space-separated ("socket null dpdk"). */
+const char *dp_backend_names(void);
 
 /* The ops table for a backend name, or NULL (with dp_error naming the choices). */
 const struct dp_backend_ops *dp_backend_lookup(const char *name);

@@ -218,13 +218,3 @@ const struct dp_backend_ops dp_backend_socket = {
 	.rx_burst = sock_rx_burst,
 	.wait_fd = sock_wait_fd,
 };
-
-const struct dp_backend_ops *dp_backend_lookup(const char *name)
-{
-	static const struct dp_backend_ops *const all[] = { &dp_backend_socket, &dp_backend_null };
-	for (size_t i = 0; i < DP_ARRAY_LEN(all); i++)
-		if (!strcmp(all[i]->name, name))
-			return all[i];
-	dp_set_error("backend '%s' is not built in (have: socket, null)", name);
-	return NULL;
-}

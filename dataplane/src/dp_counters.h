@@ -36,6 +36,12 @@
 	X(rx_late)              /* for a forward no longer in flight */                     \
 	X(rx_duplicates)        /* chunks already received */                               \
 	X(rxq_overflows)        /* datagrams the kernel dropped: socket buffer full */      \
+	X(rx_not_ours)          /* dpdk: frames for another address, port or protocol */    \
+	X(rx_fragments)         /* dpdk: IPv4 fragments (never reassembled) */              \
+	X(tx_no_mac)            /* dpdk: datagrams dropped, the duck's MAC not known yet */ \
+	X(arp_requests)         /* dpdk: ARP requests sent for duck addresses */            \
+	X(arp_replies)          /* dpdk: ARP requests for the host address answered */      \
+	X(arp_learned)          /* dpdk: duck MACs learned or changed */                    \
 	X(nacks_sent)                                                                       \
 	X(nacks_received)                                                                   \
 	X(retransmits)          /* activation chunks resent on a duck's NACK */             \

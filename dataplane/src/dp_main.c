@@ -132,9 +132,10 @@ static void usage(const char *prog)
 {
 	fprintf(stderr,
 		"usage: %s --config FILE [-v] [-- BACKEND OPTIONS]\n"
+		"       %s --backends (prints the backends this build has)\n"
 		"  FILE: msgpack configuration written by `duckpipe dataplane`\n"
 		"  BACKEND OPTIONS: passed to the backend (EAL options for dpdk)\n",
-		prog);
+		prog, prog);
 }
 
 /* File descriptors kept for everything but control connections: sockets of the NICs and
@@ -203,6 +204,7 @@ int main(int argc, char **argv)
 	static const struct option opts[] = { { "config", required_argument, NULL, 'c' },
 					      { "verbose", no_argument, NULL, 'v' },
 					      { "help", no_argument, NULL, 'h' },
+					      { "backends", no_argument, NULL, 'B' },
 					      { NULL, 0, NULL, 0 } };
 	const char *config = NULL;
 	int opt;
@@ -214,6 +216,9 @@ int main(int argc, char **argv)
 		case 'v':
 			dp_log_min = DP_LOG_DEBUG;
 			break;
+		case 'B': /* which backends this build has (tests skip dpdk without it) */
+			printf("%s\n", dp_backend_names());
+			return 0;
 		default:
 			usage(argv[0]);
 			return opt == 'h' ? 0 : 2;
@@ -232,13 +237,18 @@ int main(int argc, char **argv)
 		fprintf(stderr, "duckpipe-dataplane: config %s: %s\n", config, dp_error());
 		return 1;
 	}
+	bool dpdk = false;
 	for (uint32_t n = 0; n < world.cfg.nnics; n++)
-		if (world.backend_argc && !strcmp(world.cfg.nics[n].backend, "socket")) {
-			fprintf(stderr, "duckpipe-dataplane: the socket backend takes no options "
-					"(got '%s' after --); they are for the dpdk backend\n",
-				world.backend_argv[0]);
-			return 2;
-		}
+		dpdk |= !strcmp(world.cfg.nics[n].backend, "dpdk");
+	if (world.backend_argc && !dpdk) {
+		fprintf(stderr, "duckpipe-dataplane: the %s backend takes no options "
+				"(got '%s' after --); they are for the dpdk backend\n",
+			world.cfg.nnics ? world.cfg.nics[0].backend : "socket", world.backend_argv[0]);
+		return 2;
+	}
+	/* the dpdk backend's first open hands them to rte_eal_init */
+	dp_backend_args = (struct dp_backend_args){ .argc = world.backend_argc,
+						    .argv = world.backend_argv };
 	if (raise_fd_limit(&world.cfg) < 0) {
 		fprintf(stderr, "duckpipe-dataplane: config %s: %s\n", config, dp_error());
 		return 1;

@@ -97,7 +97,9 @@ def _dataplane(args: argparse.Namespace, say: Callable[[str], None]) -> Iterator
         return
     if args.backend == "dpdk":
         raise DuckpipeError(
-            "the dpdk backend is not built yet (its own issue); use --backend socket, or --mock"
+            "the demo cannot start the dpdk backend itself (it needs DPDK ports and a "
+            "topology: README, DPDK backend); start it with `duckpipe dataplane --config "
+            "TOPOLOGY -- EAL OPTIONS` and pass --control, or use --backend socket, or --mock"
         )
     from ..cluster import Cluster
 

@@ -1,0 +1,420 @@
+"""The dpdk backend on real virtual NICs: net_af_packet (and net_af_xdp) on veth pairs.
+
+Each test builds its own network: per DPDK port, a veth pair whose far end lives in a
+new network namespace with its own subnet (10.77.<k>.0/24), where emulated ducks
+(``duckpipe-ducks``, kernel sockets) listen on addresses .10, .11, ...; the near end
+stays in the root namespace with no address at all, driven by DPDK's af_packet PMD
+(af_xdp in two tests: skipped, with the reason, where it cannot attach to a veth):
+the host address (.1) exists only in the dataplane, which answers ARP for it. The
+ducks run with --no-gso: a veth hands a UDP GSO send to af_packet as one unsegmented
+super-frame, where a real NIC would have cut it into frames.
+
+Skips with the reason when not root, without free hugepages, or when the dataplane
+was built without DPDK. Everything made (namespaces, veths, the EAL's runtime
+directory) is removed afterwards, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import duckpipe
+from duckpipe import GeluMlp, runtime
+from duckpipe.binaries import find_binary
+from duckpipe.dataplane import DataplaneProcess
+from duckpipe.errors import DuckpipeError
+from duckpipe.topology import Duck, Nic, Topology
+
+DUCK_PORT = 47100
+HOST_PORT = 47000
+HUGEPAGES = 96  # 192 MiB: the EAL's own, an mbuf pool per port, and the clients' segments
+DPDK_RUN_DIR = Path("/var/run/dpdk")
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def _require_dpdk() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the dpdk backend needs root (hugepages, AF_PACKET, network namespaces)")
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2's `ip` is not installed (apt-get install iproute2)")
+    try:
+        dataplane = find_binary("duckpipe-dataplane")
+        find_binary("duckpipe-ducks")
+    except DuckpipeError as e:
+        pytest.skip(str(e))
+    have = subprocess.run([str(dataplane), "--backends"], capture_output=True, text=True)
+    if "dpdk" not in have.stdout.split():
+        pytest.skip(
+            "this dataplane was built without DPDK: install libdpdk-dev (tools/setup does) "
+            "and rebuild"
+        )
+    if runtime.free_hugepages() < HUGEPAGES:
+        pytest.skip(
+            f"{HUGEPAGES} free 2 MiB hugepages needed, {runtime.free_hugepages()} free "
+            "(tools/setup reserves 512 as root)"
+        )
+
+
+@dataclass
+class Net:
+    """What veth_ducks built: the NICs of a topology and the EAL options that match."""
+
+    nics: list[Nic]
+    eal: list[str]
+    spaces: list[str]
+    far_ends: list[str]
+    near_ends: list[str]
+    prefix: str
+    ducks: list[subprocess.Popen] = field(default_factory=list)
+    pending: list[Callable[[], None]] = field(default_factory=list)
+
+    def start_ducks(self) -> None:
+        """Give the far ends their addresses and start the ducks (once)."""
+        while self.pending:
+            self.pending.pop(0)()
+
+
+@contextmanager
+def veth_ducks(
+    per_port: list[int],
+    *,
+    broadcast: bool = False,
+    duck_args: tuple[str, ...] = (),
+    late: bool = False,
+    pmd: str = "af_packet",
+) -> Iterator[Net]:
+    """One veth pair + namespace per entry of ``per_port`` with that many ducks in it.
+
+    With ``broadcast`` each namespace has one duck bound to 0.0.0.0 (the subnet's
+    broadcast reaches one port per address), and the NIC broadcasts. With ``late``
+    the ducks and their addresses wait for ``net.start_ducks()``. ``pmd`` is the
+    DPDK driver on the near ends: af_packet or af_xdp.
+    """
+    _require_dpdk()
+    tag = f"{os.getpid() % 10000}{random.randrange(100)}"
+    base = random.randrange(1, 250 - len(per_port))
+    net = Net(nics=[], eal=[], spaces=[], far_ends=[], near_ends=[], prefix=f"duckpipe-t{tag}")
+    try:
+        first = 0
+        for k, n in enumerate(per_port):
+            assert not broadcast or n == 1
+            subnet = f"10.77.{base + k}"
+            ns, near, far = f"dpdk{tag}-{k}", f"dpk{tag}h{k}"[:15], f"dpk{tag}d{k}"[:15]
+            _ip("netns", "add", ns)
+            net.spaces.append(ns)
+            _ip("link", "add", near, "type", "veth", "peer", "name", far)
+            net.near_ends.append(near)
+            _ip("link", "set", far, "netns", ns)
+            net.far_ends.append(far)
+            # the near end carries DPDK's frames only: no address, no IPv6 chatter
+            v6 = Path(f"/proc/sys/net/ipv6/conf/{near}/disable_ipv6")
+            if v6.exists():
+                v6.write_text("1")
+            _ip("link", "set", near, "up")
+            ips = [f"{subnet}.{10 + i}" for i in range(n)]
+            _ip("-n", ns, "link", "set", far, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+
+            def up(ns=ns, far=far, subnet=subnet, ips=ips, n=n, first=first) -> None:
+                for ip in ips:
+                    _ip("-n", ns, "addr", "add", f"{ip}/24", "brd", f"{subnet}.255", "dev", far)
+                proc = subprocess.Popen(
+                    [
+                        "ip", "netns", "exec", ns, str(find_binary("duckpipe-ducks")),
+                        "--ducks", str(n),
+                        "--bind", "0.0.0.0" if broadcast else ",".join(ips),
+                        "--base-port", str(DUCK_PORT),
+                        "--first-id", str(first),
+                        "--no-gso",
+                        *duck_args,
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )  # fmt: skip
+                net.ducks.append(proc)
+                assert f"duckpipe-ducks: {n} ducks" in proc.stdout.readline()
+
+            net.pending.append(up)
+            net.nics.append(
+                Nic(
+                    name=f"p{k}",
+                    backend="dpdk",
+                    interface=f"net_{pmd}{k}",
+                    host_ip=f"{subnet}.1",
+                    host_port=HOST_PORT,
+                    broadcast=f"{subnet}.255" if broadcast else "",
+                    ducks=[
+                        Duck(id=first + i, ip=ip, port=DUCK_PORT + (0 if broadcast else i))
+                        for i, ip in enumerate(ips)
+                    ],
+                )
+            )
+            net.eal.append(f"--vdev=net_{pmd}{k},iface={near}")
+            first += n
+        net.eal = [
+            "--no-pci",
+            "--in-memory",
+            "--no-telemetry",
+            "--file-prefix",
+            net.prefix,
+            "-l",
+            "0",
+            *net.eal,
+        ]
+        if not late:
+            net.start_ducks()
+        yield net
+    finally:
+        for proc in net.ducks:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout:
+                proc.stdout.close()
+        for ns in net.spaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for near in net.near_ends:  # gone with its peer's namespace; in case it is not
+            subprocess.run(["ip", "link", "del", near], capture_output=True)
+        shutil.rmtree(DPDK_RUN_DIR / net.prefix, ignore_errors=True)
+
+
+def _topology(net: Net, **kw) -> Topology:
+    # a small forward window keeps the mbuf pools (sized from it) small
+    return Topology(nics=net.nics, max_inflight=16, max_forward_bytes=256 << 10, **kw)
+
+
+@contextmanager
+def _dataplane(net: Net, **kw) -> Iterator[DataplaneProcess]:
+    dp = DataplaneProcess(_topology(net, **kw), backend_args=net.eal)
+    try:
+        dp.start()
+    except DuckpipeError as e:
+        dp.stop()
+        dp.close()
+        if "net_af_xdp" in net.nics[0].interface and "no such DPDK port" in str(e):
+            pytest.skip(f"net_af_xdp cannot attach to a veth here (kernel, libxdp):\n{e}")
+        raise
+    try:
+        yield dp
+    finally:
+        code = dp.stop()
+        out = dp.output()
+        dp.close()
+    assert code == 0, out
+    assert "dpdk backend" in out, out
+    assert " xstats: rx_good_packets=" in out, out  # the port's own counters, at close
+
+
+def _check_forwards(c: duckpipe.Client, mlp: GeluMlp, count: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        x = rng.standard_normal((3, mlp.hidden)).astype(np.float32)
+        np.testing.assert_allclose(
+            c.forward(1, x, timeout=5), mlp.reference(x), rtol=1e-4, atol=1e-5
+        )
+
+
+def _near_mac(near: str) -> str:
+    return Path(f"/sys/class/net/{near}/address").read_text().strip()
+
+
+@pytest.mark.parametrize("pmd", ["af_packet", "af_xdp"])
+def test_forwards_match_numpy_and_arp_works_both_ways(pmd):
+    # af_xdp: its XDP program takes ARP away from the kernel too: the backend answers it
+    with (
+        veth_ducks([4], pmd=pmd) as net,
+        _dataplane(net) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        mlp = GeluMlp.random(256, 96, seed=1)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 10)
+        # the ducks' kernel forgets the host's MAC and must ask again: the dataplane answers
+        _ip("-n", net.spaces[0], "neigh", "flush", "dev", net.far_ends[0])
+        _check_forwards(c, mlp, 10, seed=1)
+        n = c.stats().counters
+        assert all(d.alive for d in c.topology().ducks)
+        neigh = subprocess.run(
+            ["ip", "-n", net.spaces[0], "neigh", "show", net.nics[0].host_ip],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert _near_mac(net.near_ends[0]) in neigh, neigh
+    assert n["arp_replies"] >= 1, n  # the ducks' kernel asked who has the host address
+    assert n["arp_learned"] >= 1 and n["arp_requests"] >= 1, n  # one MAC: all four on one veth
+    assert n["timeouts"] == 0 and n["rx_malformed"] == 0 and n["rx_unknown_sender"] == 0, n
+    assert n["rxq_overflows"] == 0, n  # the port's own drops (imissed, rx_nombuf): none here
+    assert n["forwards_ok"] == 20 and n["tx_packets"] > 0 and n["rx_packets"] > 0, n
+
+
+def test_24_ducks_over_two_ports_on_dedicated_threads():
+    with (
+        veth_ducks([12, 12]) as net,
+        _dataplane(net, threads="dedicated") as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        mlp = GeluMlp.random(128, 24 * 8, seed=2)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 10)
+        assert len(c.topology().ducks) == 24 and all(d.alive for d in c.topology().ducks)
+        n = c.stats().counters
+    assert n["forwards_ok"] == 10 and n["timeouts"] == 0, n
+
+
+def test_a_broadcast_goes_out_once_as_an_ethernet_broadcast():
+    with (
+        veth_ducks([1, 1], broadcast=True) as net,
+        _dataplane(net) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        mlp = GeluMlp.random(256, 64, seed=3)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 10)
+        n = c.stats().counters
+    # 10 forwards of 3 KiB: 3 chunks each per NIC, once, not once per duck
+    forward_datagrams = n["tx_packets"] - n["weight_datagrams"] - n["pings"] - n["nacks_sent"]
+    assert forward_datagrams <= 2 * 10 * 3, n
+    assert n["timeouts"] == 0 and n["tx_no_mac"] == 0, n
+
+
+@pytest.mark.parametrize("pmd", ["af_packet", "af_xdp"])
+def test_lost_datagrams_are_recovered_by_nacks(pmd):
+    with (
+        veth_ducks([4], duck_args=("--drop", "0.05", "--seed", "7"), pmd=pmd) as net,
+        _dataplane(net, nack_us=2000, nack_min_us=1000) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        mlp = GeluMlp.random(512, 64, seed=4)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 30)
+        n = c.stats().counters
+    assert n["forwards_ok"] == 30 and n["timeouts"] == 0, n
+    assert n["nacks_sent"] + n["retransmits"] > 0, n  # some were lost, and asked for again
+
+
+def test_a_port_the_eal_does_not_have_fails_at_startup_naming_the_call():
+    with veth_ducks([1]) as net:
+        bad = Topology(
+            nics=[
+                Nic(
+                    name="p0",
+                    backend="dpdk",
+                    interface="net_af_packet7",
+                    host_ip=net.nics[0].host_ip,
+                    ducks=net.nics[0].ducks,
+                )
+            ],
+            max_inflight=16,
+            max_forward_bytes=256 << 10,
+        )
+        dp = DataplaneProcess(bad, backend_args=net.eal)
+        try:
+            with pytest.raises(DuckpipeError, match="rte_eth_dev_get_port_by_name") as e:
+                dp.start()
+            assert "net_af_packet0" in str(e.value)  # the ports it does have
+        finally:
+            dp.stop()
+            dp.close()
+
+
+def test_a_build_without_dpdk_refuses_the_backend_clearly(tmp_path):
+    try:
+        binary = find_binary("duckpipe-dataplane")
+    except DuckpipeError as e:
+        pytest.skip(str(e))
+    have = subprocess.run([str(binary), "--backends"], capture_output=True, text=True)
+    if "dpdk" in have.stdout.split():
+        pytest.skip("this dataplane has DPDK (the refusal is for builds without it)")
+    topo = Topology(
+        nics=[
+            Nic(name="p0", backend="dpdk", interface="net_af_packet0", host_ip="10.77.0.1",
+                ducks=[Duck(id=0, ip="10.77.0.10", port=DUCK_PORT)])
+        ]
+    )  # fmt: skip
+    dp = DataplaneProcess(topo)
+    try:
+        with pytest.raises(DuckpipeError, match="built without DPDK: install libdpdk-dev"):
+            dp.start()
+    finally:
+        dp.stop()
+        dp.close()
+
+
+def test_ducks_that_come_up_after_the_dataplane_are_resolved_on_demand():
+    with veth_ducks([2], late=True) as net, _dataplane(net) as dp:
+        net.start_ducks()  # the ARP at open found nobody: the first datagrams find no MAC
+        with duckpipe.connect(dp.control) as c:
+            mlp = GeluMlp.random(256, 64, seed=5)
+            c.load_weights(1, mlp)
+            _check_forwards(c, mlp, 5)
+            n = c.stats().counters
+    assert n["tx_no_mac"] >= 1 and n["arp_learned"] >= 1, n  # asked again on the miss
+    assert n["forwards_ok"] == 5 and n["timeouts"] == 0, n
+
+
+_SEND_JUNK = """
+import socket, sys
+host, port, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((src, 0))
+s.setsockopt(socket.IPPROTO_IP, 10, 0)  # IP_MTU_DISCOVER = IP_PMTUDISC_DONT: may fragment
+s.sendto(b"x" * 100, (host, port + 1))  # another port
+s.sendto(b"not a wire header" * 4, (host, port))  # the right port, garbage inside
+s.sendto(b"y" * 3000, (host, port))  # fragments on a 1500-byte veth
+"""
+
+
+@pytest.mark.parametrize("pmd", ["af_packet", "af_xdp"])
+def test_frames_not_for_us_fragments_and_garbage_are_counted_and_dropped(pmd):
+    with (
+        veth_ducks([1], pmd=pmd) as net,
+        _dataplane(net) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        nic = net.nics[0]
+        subprocess.run(
+            ["ip", "netns", "exec", net.spaces[0], sys.executable, "-c", _SEND_JUNK,
+             nic.host_ip, str(HOST_PORT), nic.ducks[0].ip],
+            check=True, capture_output=True, timeout=10,
+        )  # fmt: skip
+        mlp = GeluMlp.random(64, 32, seed=6)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 3)  # and the dataplane still serves
+        n = c.stats().counters
+    assert n["rx_not_ours"] >= 1, n  # the other port
+    if pmd == "af_xdp":
+        assert n["rx_fragments"] >= 2, n  # the 3000-byte datagram's three fragments
+        assert n["rx_malformed"] >= 1, n  # the garbage, refused by the wire check
+    else:
+        # af_packet's fanout reassembles fragments (PACKET_FANOUT_FLAG_DEFRAG): the
+        # datagram arrives whole, in more than one mbuf, and is refused as malformed
+        assert n["rx_fragments"] == 0 and n["rx_malformed"] >= 2, n
+    assert n["forwards_ok"] == 3, n
+
+
+def test_eal_options_it_refuses_fail_at_startup_naming_rte_eal_init():
+    with veth_ducks([1]) as net:
+        dp = DataplaneProcess(_topology(net), backend_args=[*net.eal, "--no-such-eal-option"])
+        try:
+            with pytest.raises(DuckpipeError, match=r"rte_eal_init: .*the EAL options come after"):
+                dp.start()
+        finally:
+            dp.stop()
+            dp.close()
