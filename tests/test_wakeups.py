@@ -9,6 +9,7 @@ tests prove each path is taken, and that nothing is lost when it is.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import numpy as np
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 import duckpipe
+import duckpipe.process
 from duckpipe import GeluMlp
 from duckpipe.testing import null_backend_result
 
@@ -152,3 +154,48 @@ def test_a_stray_doorbell_costs_one_look_not_a_spin(duckpipe_null_factory, threa
     assert parks > 1000, parks
     # measured: ~100 us a park before, ~10 us after
     assert cpu / parks < 40e-6, (cpu, parks)
+
+
+@pytest.mark.parametrize("threads", ["shared", "dedicated"])
+def test_a_pending_layer_commit_is_woken_by_its_last_chunk_not_polled(threads):
+    # ducks that never acknowledge: the commit waits for its chunks until weight_timeout.
+    # It used to be looked at every 200 us (thousands of wake-ups a second, a third of a
+    # core); the worker that completes a layer's last chunk now kicks the dispatcher,
+    # which here also proves the kick: with idle_spin_us=0 a lost one hangs the load
+    from duckpipe.cluster import free_udp_ports
+    from duckpipe.dataplane import DataplaneProcess
+    from duckpipe.errors import DataplaneFault
+    from duckpipe.topology import loopback
+
+    base = free_udp_ports(3)  # nobody listens on the ducks' ports
+    topo = loopback(
+        2,
+        host_port=base,
+        duck_port=base + 1,
+        threads=threads,
+        idle_spin_us=0,
+        weight_rto_us=400_000,  # the worker's own retransmit tick: 50 ms
+        weight_timeout_ms=2000,
+    )
+    with DataplaneProcess(topo) as dp, duckpipe.connect(dp.control, slots=8, slot_size=4096) as c:
+        errors: list[BaseException] = []
+
+        def load() -> None:
+            try:
+                c.load_weights(1, GeluMlp.random(HIDDEN, FFN, seed=1), progress=False, timeout=10)
+            except BaseException as e:
+                errors.append(e)
+
+        t = threading.Thread(target=load)
+        t.start()
+        time.sleep(0.3)
+        first = duckpipe.process.ping(dp.control).counters["parks"]
+        time.sleep(1.0)
+        parks = duckpipe.process.ping(dp.control).counters["parks"] - first
+        t0 = time.monotonic()
+        t.join(10)
+        assert not t.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], DataplaneFault), errors
+        assert time.monotonic() - t0 < 2.5
+    # housekeeping (20/s), the retransmit tick (20/s), the control thread's own: not 1000s
+    assert parks < 300, parks

@@ -30,7 +30,6 @@
 #include "dp_worker.h"
 
 #define MAX_PENDING_COMMITS 64
-#define COMMIT_POLL_NS 200000ull /* a pending layer commit is looked at this often */
 
 struct dp_dispatcher {
 	struct dp_world *w;
@@ -371,8 +370,14 @@ int64_t dp_dispatch_park(struct dp_world *w, void *self, uint64_t now)
 		if (d->pool.nfree && __atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE) < quota)
 			return -1;
 	}
-	/* a layer commit waits for its chunks' completions: look again soon */
-	return d->ncommits ? (int64_t)COMMIT_POLL_NS : DP_PARK_FOREVER;
+	/* a layer commit waits for its chunks: the worker that completes the last one kicks
+	 * us (finish_weight); one whose chunks are all done is ours to complete now */
+	for (uint32_t i = 0; i < d->ncommits; i++) {
+		const struct dp_layer *l = d->commits[i]->layer;
+		if (!l || __atomic_load_n(&l->outstanding, __ATOMIC_ACQUIRE) == 0)
+			return -1;
+	}
+	return DP_PARK_FOREVER;
 }
 
 void dp_dispatch_unpark(struct dp_world *w, void *self)
