@@ -8,7 +8,9 @@ tests prove each path is taken, and that nothing is lost when it is.
 
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
 import threading
 import time
 
@@ -199,3 +201,39 @@ def test_a_pending_layer_commit_is_woken_by_its_last_chunk_not_polled(threads):
         assert time.monotonic() - t0 < 2.5
     # housekeeping (20/s), the retransmit tick (20/s), the control thread's own: not 1000s
     assert parks < 300, parks
+
+
+_NO_EPOLL_PWAIT2 = r"""
+#include <errno.h>
+#include <sys/epoll.h>
+int epoll_pwait2(int epfd, struct epoll_event *ev, int n, const struct timespec *t,
+                 const sigset_t *sigmask)
+{
+    (void)epfd; (void)ev; (void)n; (void)t; (void)sigmask;
+    errno = ENOSYS; /* a kernel before 5.11, or a seccomp filter that predates it */
+    return -1;
+}
+"""
+
+
+@pytest.mark.parametrize("threads", ["shared", "dedicated"])
+def test_without_epoll_pwait2_an_idle_dataplane_still_sleeps(
+    duckpipe_null_factory, threads, tmp_path, monkeypatch
+):
+    # glibc's wrapper says ENOSYS on kernels before 5.11 (EPERM under older seccomp
+    # profiles): park() then returned at once, and an idle dataplane spun a whole core
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    src, lib = tmp_path / "no_pwait2.c", tmp_path / "no_pwait2.so"
+    src.write_text(_NO_EPOLL_PWAIT2)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    monkeypatch.setenv("LD_PRELOAD", str(lib))
+    dp = duckpipe_null_factory(2, threads=threads, idle_spin_us=0)
+    monkeypatch.delenv("LD_PRELOAD")
+    _run(dp.control, "block", 20, 2)  # wake-ups still work
+    time.sleep(0.3)
+    cpu = _cpu_s(dp.pid)
+    time.sleep(1.5)
+    cpu = _cpu_s(dp.pid) - cpu
+    assert cpu < 0.2, f"an idle dataplane used {cpu:.2f} s of CPU in 1.5 s"
