@@ -237,3 +237,28 @@ def test_without_epoll_pwait2_an_idle_dataplane_still_sleeps(
     time.sleep(1.5)
     cpu = _cpu_s(dp.pid) - cpu
     assert cpu < 0.2, f"an idle dataplane used {cpu:.2f} s of CPU in 1.5 s"
+
+
+def test_the_doorbell_name_does_not_publish_the_session(duckpipe_null_factory, monkeypatch):
+    # an abstract socket's name is in /proc/net/unix for every user of the host: it must
+    # not carry the wire protocol's session cookie (the ducks' datagrams carry it, and
+    # the dataplane drops replies without it)
+    from duckpipe.channel import Channel
+
+    seen = []
+    attach = Channel.attach
+
+    def spy(self, *a, **kw):
+        seen.append(attach(self, *a, **kw))
+        return seen[-1]
+
+    monkeypatch.setattr(Channel, "attach", spy)
+    dp = duckpipe_null_factory(1)
+    with duckpipe.connect(dp.control):
+        pass
+    (att,) = seen
+    assert att.doorbell.startswith("@"), att.doorbell
+    with open("/proc/net/unix") as f:
+        assert att.doorbell in f.read()  # anyone can read it
+    assert f"{att.session:016x}" not in att.doorbell, att.doorbell
+    assert str(att.session) not in att.doorbell, att.doorbell

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -403,14 +404,19 @@ int dp_dispatch_wait_on(struct dp_world *w, void *self, struct dp_waker *wk)
 	return dp_waker_add(wk, d->doorbell);
 }
 
-/* An abstract AF_UNIX name (no file to clean up) that is hard to guess; clients learn
- * it in Attached. Anyone who rings it only makes the dispatcher look at its rings. */
+/* An abstract AF_UNIX name (no file to clean up); clients learn it in Attached. It is no
+ * secret: /proc/net/unix lists it to every user of the host, so it carries a nonce of its
+ * own, never the session (the wire protocol's cookie). Anyone who rings it only makes the
+ * dispatcher look at its rings. */
 static int open_doorbell(struct dp_dispatcher *d)
 {
 	struct dp_world *w = d->w;
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	uint64_t nonce;
+	if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce))
+		nonce = dp_now_ns();
 	snprintf(w->doorbell, sizeof(w->doorbell), "@duckpipe-doorbell/%d/%016llx", getpid(),
-		 (unsigned long long)w->session);
+		 (unsigned long long)nonce);
 	size_t len = strlen(w->doorbell);
 	memcpy(a.sun_path, w->doorbell, len);
 	a.sun_path[0] = '\0';
