@@ -292,3 +292,33 @@ def test_junk_datagrams_cost_one_look_not_a_spin(threads):
     assert n["rx_malformed"] - first["rx_malformed"] > 1000, n
     assert parks > 1000, parks
     assert cpu / parks < 40e-6, (cpu, parks)  # measured: ~110 us a park before
+
+
+@pytest.mark.parametrize("backing", ["hugetlbfs", "devshm"])
+def test_the_futex_wakes_a_client_on_either_backing(duckpipe_cluster_factory, backing):
+    # a shared futex is keyed by the page: a hugetlbfs memfd's 2 MiB page as well as a
+    # /dev/shm one. Ducks that answer 2 ms late make sure the client sleeps first; a lost
+    # wake-up would cost it a whole sleep slice (50 ms)
+    cl = duckpipe_cluster_factory(2, duck_args=["--delay-us", "2000"])
+    mlp = GeluMlp.random(HIDDEN, FFN, seed=3)
+    rng = np.random.default_rng(8)
+    try:
+        c = duckpipe.connect(cl.control, wait="block", slots=8, slot_size=4096, backing=backing)
+    except duckpipe.DuckpipeError as e:
+        if backing == "hugetlbfs":
+            pytest.skip(str(e))
+        raise
+    with c:
+        assert c._segment.backing.name.lower() == backing
+        c.load_weights(1, mlp, progress=False)
+        before = c.stats().counters["futex_wakes"]
+        t = time.monotonic()
+        for _ in range(30):
+            x = _x(rng, 1)
+            np.testing.assert_allclose(
+                c.forward(1, x, timeout=10), mlp.reference(x), rtol=1e-4, atol=1e-5
+            )
+        took = time.monotonic() - t
+        wakes = c.stats().counters["futex_wakes"] - before
+    assert took < 0.75, (took, wakes)  # 30 lost wake-ups would take 1.5 s
+    assert wakes >= 20, (took, wakes)
