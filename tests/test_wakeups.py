@@ -63,7 +63,9 @@ def test_a_parked_dataplane_is_woken_by_the_doorbell_and_wakes_a_sleeping_client
     # the client rang only when need_wakeup said so, and the dataplane drained every ring
     assert n["doorbells"] > 0, n
     assert n["doorbells"] <= n["client_doorbells"] <= 200, n
-    assert n["futex_wakes"] > 0, n
+    # no futex_wakes > 0 here: a null-backend forward takes ~100 us even through a park,
+    # and the Python client may find every result before it sleeps (0 in 1 of ~40 runs);
+    # test_the_futex_wakes_a_client_on_either_backing makes sure it sleeps first
     if threads == "dedicated":
         assert n["kicks"] > 0, n  # the dispatcher's pushes woke the worker's thread
 
