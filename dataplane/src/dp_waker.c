@@ -76,7 +76,7 @@ void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns)
 	if (__atomic_load_n(&no_pwait2, __ATOMIC_RELAXED)) {
 		int ms = -1;
 		if (tp) {
-			int64_t r = (timeout_ns + 999999) / 1000000;
+			int64_t r = timeout_ns / 1000000 + (timeout_ns % 1000000 != 0);
 			ms = r > INT_MAX ? INT_MAX : (int)r;
 		}
 		n = epoll_wait(wk->epfd, ev, MAX_EVENTS, ms);
