@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -30,7 +31,6 @@
 #include "dp_worker.h"
 
 #define MAX_PENDING_COMMITS 64
-#define COMMIT_POLL_NS 200000ull /* a pending layer commit is looked at this often */
 
 struct dp_dispatcher {
 	struct dp_world *w;
@@ -371,8 +371,14 @@ int64_t dp_dispatch_park(struct dp_world *w, void *self, uint64_t now)
 		if (d->pool.nfree && __atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE) < quota)
 			return -1;
 	}
-	/* a layer commit waits for its chunks' completions: look again soon */
-	return d->ncommits ? (int64_t)COMMIT_POLL_NS : DP_PARK_FOREVER;
+	/* a layer commit waits for its chunks: the worker that completes the last one kicks
+	 * us (finish_weight); one whose chunks are all done is ours to complete now */
+	for (uint32_t i = 0; i < d->ncommits; i++) {
+		const struct dp_layer *l = d->commits[i]->layer;
+		if (!l || __atomic_load_n(&l->outstanding, __ATOMIC_ACQUIRE) == 0)
+			return -1;
+	}
+	return DP_PARK_FOREVER;
 }
 
 void dp_dispatch_unpark(struct dp_world *w, void *self)
@@ -398,14 +404,19 @@ int dp_dispatch_wait_on(struct dp_world *w, void *self, struct dp_waker *wk)
 	return dp_waker_add(wk, d->doorbell);
 }
 
-/* An abstract AF_UNIX name (no file to clean up) that is hard to guess; clients learn
- * it in Attached. Anyone who rings it only makes the dispatcher look at its rings. */
+/* An abstract AF_UNIX name (no file to clean up); clients learn it in Attached. It is no
+ * secret: /proc/net/unix lists it to every user of the host, so it carries a nonce of its
+ * own, never the session (the wire protocol's cookie). Anyone who rings it only makes the
+ * dispatcher look at its rings. */
 static int open_doorbell(struct dp_dispatcher *d)
 {
 	struct dp_world *w = d->w;
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	uint64_t nonce;
+	if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce))
+		nonce = dp_now_ns();
 	snprintf(w->doorbell, sizeof(w->doorbell), "@duckpipe-doorbell/%d/%016llx", getpid(),
-		 (unsigned long long)w->session);
+		 (unsigned long long)nonce);
 	size_t len = strlen(w->doorbell);
 	memcpy(a.sun_path, w->doorbell, len);
 	a.sun_path[0] = '\0';

@@ -31,12 +31,14 @@ void dp_idle_init(struct dp_idle *s, enum dp_idle_kind kind, uint32_t spin_us)
 	s->kind = kind;
 	s->spin_ns = (uint64_t)spin_us * 1000;
 	s->idle_since = 0;
+	s->woke = false;
 }
 
 bool dp_idle_idle(struct dp_idle *s, int work, uint64_t now)
 {
 	if (work > 0) {
 		s->idle_since = 0;
+		s->woke = false;
 		return false;
 	}
 	switch (s->kind) {
@@ -49,6 +51,8 @@ bool dp_idle_idle(struct dp_idle *s, int work, uint64_t now)
 	case DP_IDLE_BACKOFF:
 		break;
 	}
+	if (s->woke)
+		return true; /* woken for nothing: back to sleep (dp_idle_reset) */
 	if (!s->idle_since)
 		s->idle_since = now;
 	uint64_t idle = now - s->idle_since;

@@ -13,16 +13,20 @@ struct dp_idle {
 	enum dp_idle_kind kind;
 	uint64_t spin_ns;      /* backoff: spin this long after the last work, yield as long */
 	uint64_t idle_since;   /* 0: the last loop did work */
+	bool woke;             /* backoff: parked last; no spin until a loop does work */
 };
 
 int dp_idle_parse(const char *name, enum dp_idle_kind *out);
 void dp_idle_init(struct dp_idle *s, enum dp_idle_kind kind, uint32_t spin_us);
 /* work > 0 resets; else spin or yield once. True when the runner should park now. */
 bool dp_idle_idle(struct dp_idle *s, int work, uint64_t now);
-/* After a park: the next idle loop starts spinning again. */
+/* After a park. A wake-up whose first loop finds no work (a stray doorbell: anyone on
+ * the host can ring it; a timer with nothing due; a kick already served) parks again at
+ * once: the spin is for replies to work just done, and there was none. */
 static inline void dp_idle_reset(struct dp_idle *s)
 {
 	s->idle_since = 0;
+	s->woke = true;
 }
 
 #endif /* DP_IDLE_H */

@@ -2,6 +2,7 @@
 #include "dp_waker.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -59,8 +60,27 @@ void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns)
 	}
 	dp_store_relaxed_u64(&wk->parks, wk->parks + 1); /* Stats reads it */
 	/* epoll_pwait2: a nanosecond timeout (epoll_wait's is in ms: a NACK timer of 300 us
-	 * would sleep a whole millisecond) */
-	int n = epoll_pwait2(wk->epfd, ev, MAX_EVENTS, tp, NULL);
+	 * would sleep a whole millisecond). Kernels before 5.11 say ENOSYS, seccomp profiles
+	 * that predate it EPERM: then epoll_wait, its timeout rounded up (never early: a
+	 * timer late by under a millisecond, rather than a runner that never sleeps) */
+	static int no_pwait2; /* every runner finds the same answer: a benign race */
+	int n = -1;
+	if (!__atomic_load_n(&no_pwait2, __ATOMIC_RELAXED)) {
+		n = epoll_pwait2(wk->epfd, ev, MAX_EVENTS, tp, NULL);
+		if (n < 0 && (errno == ENOSYS || errno == EPERM)) {
+			__atomic_store_n(&no_pwait2, 1, __ATOMIC_RELAXED);
+			DP_WARN("epoll_pwait2: %s; parking with epoll_wait (millisecond timers)",
+				strerror(errno));
+		}
+	}
+	if (__atomic_load_n(&no_pwait2, __ATOMIC_RELAXED)) {
+		int ms = -1;
+		if (tp) {
+			int64_t r = timeout_ns / 1000000 + (timeout_ns % 1000000 != 0);
+			ms = r > INT_MAX ? INT_MAX : (int)r;
+		}
+		n = epoll_wait(wk->epfd, ev, MAX_EVENTS, ms);
+	}
 	for (int i = 0; i < n; i++)
 		if (ev[i].data.fd == wk->efd) {
 			uint64_t v;

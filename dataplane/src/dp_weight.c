@@ -133,8 +133,11 @@ void dp_weight_finish(struct dp_worker *wk, struct dp_fwd *f, uint32_t status)
 			 "duck %u did not acknowledge layer %u tensor %u within %u ms", f->w_duck,
 			 l->id, f->w_tensor, wk->w->cfg.weight_timeout_ms);
 	}
-	/* release: the dispatcher's commit reads acked[] after seeing outstanding drop */
-	dp_fetch_add_u64(&l->outstanding, -1);
+	/* release: the dispatcher's commit reads acked[] after seeing outstanding drop. The
+	 * last chunk out wakes a parked dispatcher: its commit may be waiting (the RMW, then
+	 * the kick's fence, pairs with dp_dispatch_park's look at outstanding) */
+	if (dp_fetch_add_u64(&l->outstanding, -1) == 1)
+		dp_waker_kick(wk->w->dispatch_waker);
 	dp_worker_active_remove(wk, f);
 	if (dp_fwd_part_done(f, wk->nic, status))
 		dp_worker_finalize(wk, f);

@@ -95,12 +95,17 @@ static struct dp_fwd *owned_fwd(struct dp_worker *wk, uint64_t wire_id)
 	return &wk->w->fwds[index];
 }
 
-static int receive(struct dp_worker *wk, uint64_t now)
+/* Returns how many datagrams reached a forward or weight chunk of ours: the work. What
+ * was dropped (malformed, unknown sender, bad session, late, PONG) is none, so a parked
+ * runner that junk woke parks again at once (dp_idle.h). *full: the burst was full. */
+static int receive(struct dp_worker *wk, uint64_t now, bool *full)
 {
 	struct dp_rx rx[RX_BURST];
 	uint64_t touched[RX_BURST]; /* wire ids of the forwards partials went to */
 	uint32_t ntouched = 0;
+	int useful = 0;
 	uint32_t n = wk->be.ops->rx_burst(&wk->be, rx, RX_BURST);
+	*full = n == RX_BURST;
 	if (!n)
 		return 0;
 	for (uint32_t i = 0; i < n; i++) {
@@ -137,6 +142,7 @@ static int receive(struct dp_worker *wk, uint64_t now)
 			dp_count(&wk->counters, DP_C_rx_stale_epoch, 1);
 			continue;
 		}
+		useful++;
 		switch (h->op) {
 		case DP_WIRE_OP_PARTIAL:
 			if (f->kind != DP_FWD_FORWARD || !dp_targets_has(f->targets, (uint32_t)duck)) {
@@ -167,7 +173,7 @@ static int receive(struct dp_worker *wk, uint64_t now)
 		}
 	}
 	dp_tx_flush(wk);
-	return (int)n;
+	return useful;
 }
 
 /* --- timers ------------------------------------------------------------------------- */
@@ -240,9 +246,9 @@ int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now)
 	}
 	int work = (int)n;
 	/* fresh clocks: sends above may have taken longer than the loop's `now` knows */
-	int got = receive(wk, n ? dp_now_ns() : now);
-	work += got;
-	work += timers(wk, dp_now_ns(), got == RX_BURST);
+	bool full;
+	work += receive(wk, n ? dp_now_ns() : now, &full);
+	work += timers(wk, dp_now_ns(), full);
 	return work;
 }
 
