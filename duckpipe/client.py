@@ -83,7 +83,7 @@ def connect(
     slot_size: int = 1 << 20,
     result_slot_size: int | None = None,
     backing: BackingChoice = "auto",
-    wait: WaitStrategy = "hybrid",
+    wait: WaitStrategy = "block",
     spin_us: float = 50.0,
     claim_timeout: float = 10.0,
     forward_timeout: float | None = None,

@@ -21,7 +21,7 @@ from .report import plot
 
 __all__ = ["fit", "run"]
 
-WAIT = "hybrid"
+WAIT = "block"  # the client's default
 HIDDEN = 1024
 
 
