@@ -1,4 +1,4 @@
-"""``duckpipe bench pps``: one worker's DPDK transmit rate against ``dpdk-testpmd`` (issue 9 item 6).
+"""``duckpipe bench pps``: one worker's DPDK transmit rate beside ``dpdk-testpmd`` (issue 9).
 
 Both on ``net_null`` (no NIC, no copy by the PMD) and on the same core
 (:data:`~duckpipe.bench.common.CLIENT_CPU`), one after the other in the same run:
@@ -86,7 +86,8 @@ def unavailable() -> str:
 
 
 def _eal(prefix: str) -> list[str]:
-    return ["--no-pci", "--in-memory", "--file-prefix", f"{prefix}-{os.getpid()}", "--log-level", "5"]
+    pid = os.getpid()
+    return ["--no-pci", "--in-memory", "--file-prefix", f"{prefix}-{pid}", "--log-level", "5"]
 
 
 def run_duckpipe(seconds: float) -> dict[str, tuple[int, int, float]]:
@@ -98,7 +99,8 @@ def run_duckpipe(seconds: float) -> dict[str, tuple[int, int, float]]:
     ]  # fmt: skip
     p = subprocess.run(args, capture_output=True, text=True, timeout=60 + 4 * seconds, check=False)
     if p.returncode != 0:
-        raise DuckpipeError(f"duckpipe-pps failed (exit {p.returncode}): {p.stderr.strip()[-2000:]}")
+        err = p.stderr.strip()[-2000:]
+        raise DuckpipeError(f"duckpipe-pps failed (exit {p.returncode}): {err}")
     lines = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("pps ")]
     if len(lines) != len(FRAMES):
         raise DuckpipeError(f"duckpipe-pps printed {p.stdout!r}")
@@ -110,7 +112,7 @@ def run_duckpipe(seconds: float) -> dict[str, tuple[int, int, float]]:
 
 
 def run_testpmd(frame_bytes: int, seconds: float) -> float:
-    """testpmd io-forward Mpps (TX of both net_null ports) with its forwarding lcore on CLIENT_CPU."""
+    """testpmd io-forward Mpps (TX of both net_null ports), forwarding lcore on CLIENT_CPU."""
     args = [
         "stdbuf", "-oL", TESTPMD, *_eal("dp-testpmd"),
         f"--vdev=net_null0,size={frame_bytes}", f"--vdev=net_null1,size={frame_bytes}",
@@ -168,6 +170,7 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         table.rows.append({
             "name": name,
             "frame_bytes": frame,
+            "udp_payload_bytes": 80 + payload,
             "duckpipe_mpps": mpps,
             "testpmd_mpps": tp,
             "ratio": mpps / tp,
@@ -175,8 +178,8 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
             "duckpipe_gbps": mpps * 1e6 * frame * 8 / 1e9,
         })  # fmt: skip
     table.notes += [
-        f"both on CPU {CLIENT_CPU}, one after the other, {seconds:g} s each; net_null frees what it "
-        "is given and makes up what is received without touching packet data",
+        f"both on CPU {CLIENT_CPU}, one after the other, {seconds:g} s each; net_null frees "
+        "what it is given and makes up what is received without touching packet data",
         "duckpipe: duckpipe-pps, the dpdk backend opened through its ops table and fed with the "
         "worker's dp_tx_one/dp_tx_flush: per frame an mbuf, Ethernet/IPv4/UDP headers, the "
         "80-byte wire header and payload copied, IPv4 and UDP checksums in software (net_null "
