@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from duckpipe.bench import forward, ipc, pps
+from duckpipe.bench import forward, forward_veth, ipc, pps
 from duckpipe.bench.common import Size
 from duckpipe.binaries import find_binary
 from duckpipe.errors import DuckpipeError
@@ -94,6 +94,18 @@ def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -
     # on one CPU) can miss a deadline, and that is a timing
     assert_markdown(stdout, fwd["title"], fwd["columns"])
     assert "other hardware" in stdout and "~546 µs" in stdout
+
+    # over a veth: the socket backend beside the dpdk backend (af_xdp where it attaches)
+    veth = table(doc, "forward_veth")
+    why = forward_veth.unavailable()
+    if why:
+        assert veth["rows"] == [] and veth["notes"] == [f"skipped: {why}"]
+    else:
+        assert_complete(veth)
+        names = [r["name"] for r in veth["rows"]]
+        assert names[:2] == ["socket", "dpdk_af_packet"] and set(names) <= set(forward_veth.ROWS)
+        assert len(names) == 3 or any("net_af_xdp could not" in n for n in veth["notes"])
+        assert_markdown(stdout, veth["title"], veth["columns"])
 
     ipct = table(doc, "ipc")
     assert_complete(ipct)
