@@ -3,7 +3,8 @@
 For every configuration (ducks x activation) one ``duckpipe-ducks --compute echo``
 process is started on CPU 1 and every row talks to it: the Python baselines, the
 C floor (sendmmsg) and the C GSO loop, then duckpipe through the C dataplane
-(socket backend, on CPU 0 with this process) once per wait mode.
+(socket backend, on CPU 0 with this process) once per wait mode. A second table
+(:mod:`.forward_veth`) puts the dpdk backend beside the socket backend over a veth pair.
 """
 
 from __future__ import annotations

@@ -85,9 +85,19 @@ def unavailable() -> str:
     return ""
 
 
+#: where the EAL keeps a --file-prefix's runtime files (removed after each run)
+DPDK_RUN_DIR = Path("/var/run/dpdk")
+PREFIXES = ("dp-pps", "dp-testpmd")
+
+
 def _eal(prefix: str) -> list[str]:
     pid = os.getpid()
     return ["--no-pci", "--in-memory", "--file-prefix", f"{prefix}-{pid}", "--log-level", "5"]
+
+
+def _cleanup() -> None:
+    for prefix in PREFIXES:
+        shutil.rmtree(DPDK_RUN_DIR / f"{prefix}-{os.getpid()}", ignore_errors=True)
 
 
 def run_duckpipe(seconds: float) -> dict[str, tuple[int, int, float]]:
@@ -161,12 +171,17 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         table.notes.append(f"skipped: {why}")
         return [table]
     prog = Progress("pps", 1 + len(FRAMES), quiet=quiet)
-    dp = run_duckpipe(seconds)
-    prog.step(f"duckpipe-pps, {len(FRAMES)} frame sizes, {seconds:g} s each")
-    for name, arg in FRAMES:
+    try:
+        dp = run_duckpipe(seconds)
+        prog.step(f"duckpipe-pps, {len(FRAMES)} frame sizes, {seconds:g} s each")
+        tps = []
+        for _, arg in FRAMES:
+            tps.append(run_testpmd(dp[arg][1], seconds))
+            prog.step(f"testpmd io-forward, {dp[arg][1]}-byte frames")
+    finally:
+        _cleanup()
+    for (name, arg), tp in zip(FRAMES, tps, strict=True):
         payload, frame, mpps = dp[arg]
-        tp = run_testpmd(frame, seconds)
-        prog.step(f"testpmd io-forward, {frame}-byte frames")
         table.rows.append({
             "name": name,
             "frame_bytes": frame,
