@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from duckpipe.bench import forward, ipc
+from duckpipe.bench import forward, forward_veth, ipc, pps
 from duckpipe.bench.common import Size
 from duckpipe.binaries import find_binary
 from duckpipe.errors import DuckpipeError
@@ -82,7 +82,7 @@ def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -
     stdout, doc = run_bench(tmp_path, "all")
     for fact in ("cpu_model", "cpus", "kernel", "python", "numpy", "pinning", "date_utc"):
         assert doc["machine"].get(fact), fact
-    assert doc["sections"] == ["ipc", "forward", "scale"]
+    assert doc["sections"] == ["ipc", "forward", "scale", "pps"]
 
     fwd = table(doc, "forward")
     assert_complete(fwd)
@@ -94,6 +94,18 @@ def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -
     # on one CPU) can miss a deadline, and that is a timing
     assert_markdown(stdout, fwd["title"], fwd["columns"])
     assert "other hardware" in stdout and "~546 µs" in stdout
+
+    # over a veth: the socket backend beside the dpdk backend (af_xdp where it attaches)
+    veth = table(doc, "forward_veth")
+    why = forward_veth.unavailable()
+    if why:
+        assert veth["rows"] == [] and veth["notes"] == [f"skipped: {why}"]
+    else:
+        assert_complete(veth)
+        names = [r["name"] for r in veth["rows"]]
+        assert names[:2] == ["socket", "dpdk_af_packet"] and set(names) <= set(forward_veth.ROWS)
+        assert len(names) == 3 or any("net_af_xdp could not" in n for n in veth["notes"])
+        assert_markdown(stdout, veth["title"], veth["columns"])
 
     ipct = table(doc, "ipc")
     assert_complete(ipct)
@@ -112,6 +124,26 @@ def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -
     assert {r["series"] for r in sc["rows"]} == {"ducks", "payload"}
     assert len(fits["rows"]) in (2, 3)  # the third only with two points free of NACKs
     assert f"wrote {tmp_path / 'results' / 'bench.json'}" in stdout
+
+    # pps: one row per frame size beside testpmd where root, DPDK and hugepages are here;
+    # else the table says why it was skipped. Rates are reported, never asserted.
+    pt = table(doc, "pps")
+    why = pps.unavailable()
+    if why:
+        assert pt["rows"] == [] and pt["notes"] == [f"skipped: {why}"]
+    else:
+        assert_complete(pt)
+        assert [r["name"] for r in pt["rows"]] == [n for n, _ in pps.FRAMES]
+        assert [r["frame_bytes"] for r in pt["rows"]] == [122, 1514]
+        for r in pt["rows"]:
+            assert r["duckpipe_mpps"] > 0 and r["testpmd_mpps"] > 0
+        assert_markdown(stdout, pt["title"], pt["columns"])
+
+
+def test_bench_pps_says_why_it_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pps, "unavailable", lambda: "DPDK needs root (test)")
+    (t,) = pps.run(Size("smoke"), quiet=True)
+    assert t.rows == [] and t.notes == ["skipped: DPDK needs root (test)"]
 
 
 @needs_c

@@ -1,8 +1,10 @@
-"""``duckpipe bench [ipc|forward|scale|all] [--quick|--smoke] [--out DIR]``.
+"""``duckpipe bench [ipc|forward|scale|pps|all] [--quick|--smoke] [--out DIR]``.
 
 Sections, one module each: :mod:`.ipc` (the handoff against IPC baselines),
 :mod:`.forward` (the reference system's path against duckpipe, same ducks),
-:mod:`.scale` (duckpipe's host overhead against ducks and payload). Markdown
+:mod:`.scale` (duckpipe's host overhead against ducks and payload), :mod:`.pps`
+(one worker's DPDK transmit rate against dpdk-testpmd; skipped without root,
+DPDK or hugepages). Markdown
 tables go to stdout, progress to stderr, ``bench.json`` (and PNG plots when
 matplotlib is installed: ``pip install 'duckpipe[bench]'``) into ``--out``.
 """
@@ -20,7 +22,7 @@ from .report import header_markdown, plot, table_markdown, write_json
 
 __all__ = ["SECTIONS", "add_parser", "run"]
 
-SECTIONS = ("ipc", "forward", "scale")
+SECTIONS = ("ipc", "forward", "scale", "pps")
 
 
 def _forward_plot(out: Path, t: Table) -> bool:
@@ -80,6 +82,10 @@ def run(sections: list[str], size: Size, out: Path, command: str, *, quiet: bool
                     plots.append("ipc.png")
                 else:
                     have_plots = False
+            elif name == "pps":
+                from . import pps
+
+                new = pps.run(size, quiet=quiet)
             else:
                 raise ValueError(name)
             seconds[name] = round(time.monotonic() - t0, 1)
@@ -105,7 +111,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    b = sub.add_parser("bench", help="benchmarks: the handoff, the forward path, scaling")
+    b = sub.add_parser("bench", help="benchmarks: the handoff, the forward path, scaling, DPDK pps")
     b.add_argument("section", nargs="?", default="all", choices=(*SECTIONS, "all"))
     g = b.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="small sizes, under 5 minutes on 2 cores")

@@ -3,7 +3,8 @@
 For every configuration (ducks x activation) one ``duckpipe-ducks --compute echo``
 process is started on CPU 1 and every row talks to it: the Python baselines, the
 C floor (sendmmsg) and the C GSO loop, then duckpipe through the C dataplane
-(socket backend, on CPU 0 with this process) once per wait mode.
+(socket backend, on CPU 0 with this process) once per wait mode. A second table
+(:mod:`.forward_veth`) puts the dpdk backend beside the socket backend over a veth pair.
 """
 
 from __future__ import annotations
@@ -125,15 +126,19 @@ def run_duckpipe(
     timeout: float = 2.0,
     settings: dict[str, object] | None = None,
     suffix: str = "",
+    topology: Topology | None = None,
+    backend_args: Sequence[str] = (),
 ) -> dict[str, baselines.Samples]:
-    """One C dataplane (socket backend, topology ``settings``) on these ducks; a client per
-    wait mode in turn. Rows are named ``duckpipe_<mode><suffix>``."""
+    """One C dataplane (socket backend on loopback with topology ``settings``, or the given
+    ``topology`` and EAL ``backend_args``) on these ducks; a client per wait mode in turn.
+    Rows are named ``duckpipe_<mode><suffix>``."""
     import duckpipe
 
     nbytes = rows * hidden * 4
     out: dict[str, baselines.Samples] = {}
     slot = max(1 << 16, 1 << (nbytes - 1).bit_length())
-    with DataplaneProcess(_topology(ducks, nbytes, **(settings or {}))) as dp:
+    topo = topology or _topology(ducks, nbytes, **(settings or {}))
+    with DataplaneProcess(topo, backend_args=backend_args) as dp:
         dproc = psutil.Process(dp.pid)
         mlp = duckpipe.SwiGluMlp.random(hidden, 4 * len(ducks), seed=1)
         x = np.random.default_rng(0).standard_normal((rows, hidden)).astype(np.float32)
@@ -256,4 +261,6 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         "lost: ducks whose partial was not complete in time, over all forwards (baselines: "
         "0.5 s, no NACKs; duckpipe: the dataplane's 1 s deadline).",
     ]
-    return [table, REFERENCE]
+    from . import forward_veth
+
+    return [table, forward_veth.run(size, quiet=quiet), REFERENCE]

@@ -1,0 +1,163 @@
+/* dp_pps.c: duckpipe-pps, the transmit side of `duckpipe bench pps` (issue 9 item 6).
+ *
+ * One NIC worker's transmit path, timed on its own: the dpdk backend opened through
+ * its ops table (dp_backend_dpdk.c, EAL included) for a NIC whose `interface` is a
+ * DPDK port (net_null0 in the bench), a struct dp_worker holding only its transmit
+ * scratch, and datagrams queued with dp_tx_one and handed over with dp_tx_flush, the
+ * calls the worker makes (dp_tx.c): the backend builds each Ethernet/IPv4/UDP frame
+ * to the NIC's broadcast address (ff:ff:ff:ff:ff:ff), copies the wire header and
+ * payload into an mbuf and rte_eth_tx_burst's bursts of 32. Not in the number: the
+ * dispatcher, the client rings, gathering replies (nothing answers on net_null).
+ *
+ *   duckpipe-pps [--cpu N] [--seconds S] [--mtu M] PAYLOAD... -- EAL options
+ *
+ * PAYLOAD is the UDP payload after the 80-byte wire header, in bytes, or "mtu" for
+ * the largest one datagram of the NIC's mtu holds. Each is sent for S seconds (after
+ * a 0.1 s warm-up); one line each on stdout:
+ *   pps PAYLOAD_BYTES FRAME_BYTES PACKETS NANOSECONDS TX_ERRORS
+ * (FRAME_BYTES: Ethernet header to the end of the UDP payload, no FCS).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <arpa/inet.h>
+
+#include "dp_backend.h"
+#include "dp_common.h"
+#include "dp_config.h"
+#include "dp_tx.h"
+#include "dp_wire.h"
+#include "dp_worker.h"
+
+#define BATCH 32u /* datagrams per dp_tx_flush: one rte_eth_tx_burst */
+#define ETH_IP_UDP (14u + 20u + 8u)
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: duckpipe-pps [--cpu N] [--seconds S] [--mtu M] PAYLOAD|mtu... "
+			"-- EAL options (--no-pci --vdev=net_null0 ...)\n");
+	exit(2);
+}
+
+/* Send payload-byte datagrams for ns nanoseconds; returns datagrams sent. */
+static uint64_t blast(struct dp_worker *wk, const struct sockaddr_in *dst,
+		      const struct dp_wire_header *h, const uint8_t *payload, uint32_t len,
+		      uint64_t ns, uint64_t *took)
+{
+	struct dp_counters *c = wk->be.counters;
+	uint64_t before = c->v[DP_C_tx_packets];
+	uint64_t start = now_ns(), now = start;
+	do {
+		for (uint32_t k = 0; k < 8; k++) {
+			for (uint32_t i = 0; i < BATCH; i++)
+				dp_tx_one(wk, dst, h, payload, len);
+			dp_tx_flush(wk);
+		}
+		now = now_ns();
+	} while (now - start < ns);
+	*took = now - start;
+	return c->v[DP_C_tx_packets] - before;
+}
+
+int main(int argc, char **argv)
+{
+	int cpu = -1;
+	double seconds = 1.0;
+	uint32_t mtu = 1500;
+	const char *sizes[16];
+	int nsizes = 0, i;
+	for (i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+		if (!strcmp(argv[i], "--cpu") && i + 1 < argc)
+			cpu = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
+			seconds = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--mtu") && i + 1 < argc)
+			mtu = (uint32_t)atoi(argv[++i]);
+		else if (argv[i][0] != '-' && nsizes < 16)
+			sizes[nsizes++] = argv[i];
+		else
+			usage();
+	}
+	if (i == argc || nsizes == 0 || seconds <= 0 || mtu < 576 || mtu > 9000)
+		usage();
+	dp_backend_args.argc = argc - i - 1;
+	dp_backend_args.argv = argv + i + 1;
+
+	static struct dp_config config;
+	config.max_inflight = 1;
+	config.max_forward_bytes = 1 << 16;
+	struct dp_nic_cfg *nic = &config.nics[0];
+	config.nnics = 1;
+	snprintf(nic->name, sizeof(nic->name), "pps");
+	snprintf(nic->backend, sizeof(nic->backend), "dpdk");
+	snprintf(nic->interface, sizeof(nic->interface), "net_null0");
+	nic->host.sin_family = AF_INET;
+	nic->host.sin_addr.s_addr = inet_addr("10.99.0.1");
+	nic->host.sin_port = htons(47000);
+	nic->broadcast.sin_family = AF_INET;
+	nic->broadcast.sin_addr.s_addr = inet_addr("10.99.0.255");
+	nic->broadcast.sin_port = htons(47001);
+	nic->use_broadcast = true;
+	nic->mtu = mtu;
+
+	static struct dp_counters counters;
+	struct dp_worker *wk = calloc(1, sizeof(*wk));
+	if (!wk) {
+		fprintf(stderr, "duckpipe-pps: out of memory\n");
+		return 1;
+	}
+	wk->be = (struct dp_backend){ .ops = &dp_backend_dpdk, .cfg = nic, .config = &config,
+				      .nic = 0, .counters = &counters };
+	if (wk->be.ops->open(&wk->be) < 0) {
+		fprintf(stderr, "duckpipe-pps: opening the dpdk backend: %s\n", dp_error());
+		return 1;
+	}
+	if (cpu >= 0) { /* the backend put the EAL's pinning back: pin here */
+		cpu_set_t set;
+		CPU_ZERO(&set);
+		CPU_SET(cpu, &set);
+		if (sched_setaffinity(0, sizeof(set), &set) != 0)
+			fprintf(stderr, "duckpipe-pps: sched_setaffinity(%d): %s\n", cpu,
+				strerror(errno));
+	}
+	uint32_t max_payload = mtu - 20u - 8u - DP_WIRE_HDR_LEN;
+	static uint8_t payload[9000];
+	for (uint32_t k = 0; k < sizeof(payload); k++)
+		payload[k] = (uint8_t)k;
+	struct dp_wire_header h;
+	dp_wire_init(&h, DP_WIRE_OP_FORWARD, 1, 1);
+	int rc = 0;
+	for (int s = 0; s < nsizes; s++) {
+		uint32_t len = !strcmp(sizes[s], "mtu") ? max_payload : (uint32_t)atoi(sizes[s]);
+		if (len > max_payload) {
+			fprintf(stderr, "duckpipe-pps: payload %u is more than mtu %u carries (%u)\n",
+				len, mtu, max_payload);
+			rc = 2;
+			break;
+		}
+		h.length = len;
+		uint64_t took, errors = counters.v[DP_C_tx_errors];
+		(void)blast(wk, &nic->broadcast, &h, payload, len, 100000000ull, &took);
+		uint64_t sent = blast(wk, &nic->broadcast, &h, payload, len,
+				      (uint64_t)(seconds * 1e9), &took);
+		printf("pps %u %u %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", len,
+		       ETH_IP_UDP + DP_WIRE_HDR_LEN + len, sent, took,
+		       counters.v[DP_C_tx_errors] - errors);
+		fflush(stdout);
+	}
+	wk->be.ops->close(&wk->be);
+	free(wk);
+	return rc;
+}

@@ -1,0 +1,208 @@
+"""The ``forward`` section's second table: duckpipe over a veth pair, socket backend beside DPDK.
+
+One veth pair per configuration; its far end in a network namespace of its own where
+``duckpipe-ducks --compute echo`` (pinned to CPU 1) listens on .10, .11, ... of
+10.78.<k>.0/24 with kernel sockets (``--no-gso``: a veth hands a GSO send to af_packet
+as one unsegmented super-frame). The rows, one after the other against the same ducks,
+``wait=block``:
+
+- ``socket``: the near end gets the host address (.1) and the dataplane's socket
+  backend sends through the kernel;
+- ``dpdk af_packet`` and ``dpdk af_xdp``: the address is removed again and the dpdk
+  backend drives the near end through net_af_packet / net_af_xdp (EAL ``-l 0``), the
+  host address existing only in the dataplane, which answers ARP for it. af_xdp is
+  left out, with the reason in the notes, where it cannot attach to the veth.
+
+Skipped, with the reason, without root, iproute2, a DPDK build or free hugepages.
+Everything made (namespace, veth, the EAL's runtime directory) is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .. import runtime
+from ..binaries import find_binary
+from ..errors import DuckpipeError
+from ..topology import Duck, Nic, Topology
+from . import baselines
+from .common import DUCKS_CPU, Progress, Size, Table, pin
+
+__all__ = ["COLUMNS", "ROWS", "configs", "run", "unavailable"]
+
+DUCK_PORT = 47200
+HOST_PORT = 47300
+HUGEPAGES = 96  # the EAL's own memory, the port's mbuf pool, the client's segment
+DPDK_RUN_DIR = Path("/var/run/dpdk")
+
+#: row name -> (label, pmd or None for the socket backend)
+ROWS = {
+    "socket": ("duckpipe, socket backend (kernel UDP on the veth)", None),
+    "dpdk_af_packet": ("duckpipe, dpdk backend, net_af_packet", "af_packet"),
+    "dpdk_af_xdp": ("duckpipe, dpdk backend, net_af_xdp", "af_xdp"),
+}
+
+COLUMNS = [
+    ("config", "config"),
+    ("row", "row"),
+    ("p50_us", "p50 µs"),
+    ("p99_us", "p99 µs"),
+    ("host_overhead_p50_us", "host overhead p50 µs"),
+    ("cpu_per_forward_us", "host CPU / fwd µs"),
+    ("ratio_to_socket", "p50 / socket p50"),
+    ("lost", "lost"),
+]
+
+
+def unavailable() -> str:
+    """Why the veth table cannot run here, or "" when it can."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "veths, namespaces and DPDK need root"
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` is not installed"
+    try:
+        dataplane = find_binary("duckpipe-dataplane")
+        find_binary("duckpipe-ducks")
+    except DuckpipeError as e:
+        return str(e)
+    have = subprocess.run([str(dataplane), "--backends"], capture_output=True, text=True)
+    if "dpdk" not in have.stdout.split():
+        return "the dataplane was built without DPDK (install libdpdk-dev and rebuild)"
+    if runtime.free_hugepages() < HUGEPAGES:
+        return f"{HUGEPAGES} free 2 MiB hugepages needed, {runtime.free_hugepages()} free"
+    return ""
+
+
+def configs(size: Size) -> list[tuple[int, int, int]]:
+    """(ducks, rows, hidden) per configuration."""
+    return size.pick([(4, 1, 1024), (8, 8, 7168)], [(4, 1, 1024)], [(2, 1, 256)])  # type: ignore[return-value]
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@contextmanager
+def _veth(n: int) -> Iterator[tuple[str, str, list[str]]]:
+    """A veth pair, its far end in a new namespace with n echo ducks: (near, subnet, ips)."""
+    tag = f"{os.getpid() % 10000}{random.randrange(100)}"
+    subnet = f"10.78.{random.randrange(1, 250)}"
+    ns, near, far = f"dpbench{tag}", f"dpb{tag}h"[:15], f"dpb{tag}d"[:15]
+    ips = [f"{subnet}.{10 + i}" for i in range(n)]
+    proc: subprocess.Popen[str] | None = None
+    try:
+        _ip("netns", "add", ns)
+        _ip("link", "add", near, "type", "veth", "peer", "name", far)
+        _ip("link", "set", far, "netns", ns)
+        v6 = Path(f"/proc/sys/net/ipv6/conf/{near}/disable_ipv6")
+        if v6.exists():
+            v6.write_text("1")
+        _ip("link", "set", near, "up")
+        _ip("-n", ns, "link", "set", far, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        for ip in ips:
+            _ip("-n", ns, "addr", "add", f"{ip}/24", "brd", f"{subnet}.255", "dev", far)
+        proc = subprocess.Popen(
+            [
+                "ip", "netns", "exec", ns, str(find_binary("duckpipe-ducks")),
+                "--ducks", str(n), "--bind", ",".join(ips), "--base-port", str(DUCK_PORT),
+                "--no-gso", "--compute", "echo",
+            ],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if f"duckpipe-ducks: {n} ducks" not in line:
+            raise DuckpipeError(f"the ducks in namespace {ns} did not start: {line!r}")
+        pin(proc.pid, DUCKS_CPU)
+        yield near, subnet, ips
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout:
+                proc.stdout.close()
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", near], capture_output=True)
+
+
+def run(size: Size, *, quiet: bool = False) -> Table:
+    from .forward import Config, run_duckpipe, summarise  # forward imports this module
+
+    table = Table(
+        key="forward_veth",
+        title="forward over a veth pair into a namespace: socket backend beside the dpdk backend",
+        columns=COLUMNS,
+    )
+    why = unavailable()
+    if why:
+        table.notes.append(f"skipped: {why}")
+        return table
+    cfgs = [Config(d, r, h) for d, r, h in configs(size)]
+    iters_small, iters_big = size.pick((200, 20), (100, 20), (5, 3))  # type: ignore[misc]
+    prog = Progress("forward veth", len(cfgs) * len(ROWS), quiet=quiet)
+    xdp_note = ""
+    for cfg in cfgs:
+        iters = iters_small if cfg.rows == 1 else iters_big
+        warmup = max(2, iters // 10)
+        rows: dict[str, dict[str, object]] = {}
+        with _veth(cfg.ducks) as (near, subnet, ips):
+            ducks = [Duck(id=i, ip=ip, port=DUCK_PORT + i) for i, ip in enumerate(ips)]
+            pairs = [(i, DUCK_PORT + i) for i in range(cfg.ducks)]
+            for name, (label, pmd) in ROWS.items():
+                prog.step(f"{cfg.label}: {label} x{iters}")
+                nic = Nic(name="v0", host_ip=f"{subnet}.1", host_port=HOST_PORT, ducks=ducks)
+                args: list[str] = []
+                prefix = f"duckpipe-bench{os.getpid()}"
+                if pmd is None:
+                    _ip("addr", "add", f"{subnet}.1/24", "dev", near)
+                else:
+                    _ip("addr", "flush", "dev", near)
+                    nic = Nic(name="v0", backend="dpdk", interface=f"net_{pmd}0",
+                              host_ip=f"{subnet}.1", host_port=HOST_PORT, ducks=ducks)  # fmt: skip
+                    args = ["--no-pci", "--in-memory", "--no-telemetry", "--file-prefix", prefix,
+                            "-l", "0", f"--vdev=net_{pmd}0,iface={near}"]  # fmt: skip
+                topo = Topology(nics=[nic], max_inflight=16, max_forward_bytes=256 << 10)
+                try:
+                    r: baselines.Samples = run_duckpipe(
+                        pairs, cfg.hidden, cfg.rows, ("block",), iters=iters, warmup=warmup,
+                        topology=topo, backend_args=args,
+                    )["duckpipe_block"]  # fmt: skip
+                except DuckpipeError as e:
+                    if pmd == "af_xdp" and "no such DPDK port" in str(e):
+                        xdp_note = f"net_af_xdp could not attach to the veth here: {e}"
+                        continue
+                    raise
+                finally:
+                    shutil.rmtree(DPDK_RUN_DIR / prefix, ignore_errors=True)
+                row = summarise(cfg, "duckpipe_block", r)
+                row["row"], row["name"] = label, name
+                rows[name] = row
+        base = rows["socket"]
+        for row in rows.values():
+            row["ratio_to_socket"] = row["p50_us"] / base["p50_us"]  # type: ignore[operator]
+            table.rows.append(row)
+    table.notes += [
+        "One veth pair per config, the ducks (duckpipe-ducks --compute echo, kernel sockets, "
+        f"--no-gso) in a namespace on CPU {DUCKS_CPU}; dataplane and client on CPU 0, "
+        "wait=block, the dataplane's default idle (back-off: a parked DPDK worker polls "
+        "every 100 µs).",
+        "socket: kernel UDP from the near end's address; dpdk: the same near end (address "
+        "removed) driven by net_af_packet / net_af_xdp with EAL -l 0; the dpdk backend copies "
+        "every datagram into an mbuf (zero copy is issue 9 item 3, not done).",
+        "A veth is not a NIC: both PMDs go through the kernel (AF_PACKET, AF_XDP in copy "
+        "mode on a veth), so this compares the paths on this machine, not DPDK on hardware.",
+    ]
+    if xdp_note:
+        table.notes.append(xdp_note)
+    return table
