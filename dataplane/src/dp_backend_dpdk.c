@@ -773,9 +773,14 @@ static int dpdk_open(struct dp_backend *b)
 	 * from them, and the client's memory is not registered with rte_extmem_register /
 	 * rte_dev_dma_map yet, so a PCI port copies. The extbuf's IOVA is its address with
 	 * IOVA as VA, else RTE_BAD_IOVA (which no virtual device reads). */
+	/* Only the virtual devices known to be done with an mbuf when rte_eth_tx_burst
+	 * returns (they copy it into the kernel): net_ring, say, would hold an extbuf
+	 * until its consumer dequeues it, and zc_reclaim would wait for that. */
 	const char *bus = info.device ? rte_bus_name(rte_dev_bus(info.device)) : NULL;
+	bool cpu_copy = info.driver_name && (strcmp(info.driver_name, "net_af_packet") == 0 ||
+					     strcmp(info.driver_name, "net_tap") == 0);
 	p->zero_copy = (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) && bus &&
-		       strcmp(bus, "vdev") == 0;
+		       strcmp(bus, "vdev") == 0 && cpu_copy;
 	p->iova_va = rte_eal_iova_mode() == RTE_IOVA_VA;
 	struct rte_eth_conf conf = {
 		.rxmode = { .mtu = cfg->mtu, .offloads = p->rx_cksum_offload ? rx_ck : 0 },
