@@ -16,8 +16,15 @@
  *   TX       each datagram is one mbuf: Ethernet + IPv4 + UDP headers built here,
  *            then the wire header and payload copied behind them. A GSO-grouped
  *            dp_tx is cut into gso_size datagrams exactly as the kernel would.
- *            (Zero copy, a header mbuf chained to an external buffer in the client's
- *            hugepages, is issue 9 item 3: not done; this copies.)
+ *   zero copy on a virtual device that sends mbuf chains (MULTI_SEGS: af_packet,
+ *            tap), a payload piece of ZC_MIN bytes or more behind the wire header
+ *            (an activation or weight chunk, in the client's slot) is not copied: it
+ *            is an external buffer (rte_pktmbuf_attach_extbuf) chained to the header
+ *            mbuf (tx_zero_copy; tx_copied where the port cannot chain: af_xdp).
+ *            tx_burst returns only once the port has freed every external buffer
+ *            (zc_reclaim), so a slot is never released while the port may read it.
+ *            Not yet: rte_extmem_register / rte_dev_dma_map of the client's memory,
+ *            so PCI ports (DMA) copy.
  *   ARP      the destination MAC of a duck comes from ARP: a request for every duck
  *            address at open (waiting up to ARP_WAIT_MS for the answers), again on a
  *            miss (at most every ARP_RETRY_MS per address); MACs are learned from ARP
@@ -46,7 +53,7 @@
  *
  * Not here yet (issue 9): one worker per port launched on its lcore with
  * rte_eal_remote_launch and fed through an rte_ring (the worker runs on duckpipe's
- * own runner threads), zero-copy transmit, the port's xstats in Stats (they are
+ * own runner threads), zero-copy transmit on PCI ports, the port's xstats in Stats (they are
  * logged at close), rte_flow.
  */
 #include <arpa/inet.h>
@@ -58,6 +65,8 @@
 #include <string.h>
 
 #include <rte_arp.h>
+#include <rte_bus.h>
+#include <rte_dev.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
@@ -84,6 +93,8 @@
 #define ARP_SLOTS 512           /* open-addressed table of the NIC's duck addresses */
 #define ARP_RETRY_MS 10         /* a request per address at most this often */
 #define ARP_WAIT_MS 200         /* at open: how long to wait for the ducks' replies */
+#define ZC_MIN 256              /* payload bytes from one iov piece worth an extbuf */
+#define ZC_WAIT_NS 1000000000ull /* a port holding extbufs this long after tx_burst: logged */
 #define STATS_MS 10             /* the port's drop counters read this often (rxq_overflows) */
 _Static_assert(DP_MAX_DUCKS < ARP_SLOTS, "every duck's address needs a slot, and one free");
 _Static_assert(alignof(struct dp_wire_header) <= sizeof(struct rte_udp_hdr),
@@ -109,6 +120,13 @@ struct dpdk_priv {
 	uint32_t max_datagram; /* UDP payload bytes a frame can carry at the NIC's mtu */
 	bool tx_cksum_offload; /* IPv4 + UDP checksums by the port */
 	bool rx_cksum_offload; /* the port flags bad IPv4 / UDP checksums */
+	/* zero-copy transmit: a payload piece goes out as an external buffer chained to
+	 * the header mbuf; zc_out counts the extbufs the port has not freed yet */
+	bool zero_copy;
+	bool iova_va; /* IOVA as VA: an address is its own IOVA */
+	uint32_t zc_out;
+	uint32_t zc_next; /* next free zc_info: all are free again once zc_out is 0 */
+	struct rte_mbuf_ext_shared_info zc_info[BURST];
 	uint16_t ip_id;
 	struct arp_entry arp[ARP_SLOTS];
 	/* mbufs handed up by the last rx_burst, freed on the next */
@@ -255,6 +273,43 @@ static void arp_build(struct dpdk_priv *p, struct rte_mbuf *m, uint16_t op,
 
 /* --- transmit ------------------------------------------------------------------- */
 
+/* An extbuf's free callback: the port is done reading that piece of client memory. */
+static void zc_free(void *addr, void *opaque)
+{
+	(void)addr;
+	struct dpdk_priv *p = opaque;
+	p->zc_out--;
+}
+
+/* Zero copy's release rule, kept synchronous: tx_burst does not return while the port
+ * still holds an external buffer, so a slot the worker sent from can be released (the
+ * forward finished, the done word published) at any time after. af_packet, tap and
+ * null copy or drop the frame inside rte_eth_tx_burst, so this costs nothing there; a
+ * port that frees on completion is asked with rte_eth_tx_done_cleanup (and later
+ * tx_burst calls with nothing to send) until every free callback has run. */
+static void zc_reclaim(struct dp_backend *b, struct dpdk_priv *p)
+{
+	(void)b;
+	uint64_t start = 0;
+	bool logged = false;
+	while (p->zc_out) {
+		(void)rte_eth_tx_done_cleanup(p->port, 0, 0);
+		if (!p->zc_out)
+			break;
+		(void)rte_eth_tx_burst(p->port, 0, NULL, 0);
+		uint64_t now = dp_now_ns();
+		if (!start)
+			start = now;
+		else if (!logged && now - start > ZC_WAIT_NS) {
+			DP_WARN("dpdk: port %u still holds %u external buffers after 1 s; waiting: "
+			       "their slots stay with the dataplane until the port frees them",
+			       p->port, p->zc_out);
+			logged = true;
+		}
+	}
+	p->zc_next = 0;
+}
+
 /* rte_eth_tx_burst what txq holds; retries while the port makes progress, then drops. */
 static void txq_flush(struct dp_backend *b, struct dpdk_priv *p)
 {
@@ -268,6 +323,7 @@ static void txq_flush(struct dp_backend *b, struct dpdk_priv *p)
 		rte_pktmbuf_free_bulk(p->txq + sent, p->ntxq - sent);
 		dp_count(b->counters, DP_C_tx_errors, p->ntxq - sent);
 	}
+	zc_reclaim(b, p);
 	/* what went out, approximately when some frames were dropped (ARP included) */
 	uint16_t datagrams = sent < p->txq_datagrams ? sent : p->txq_datagrams;
 	if (datagrams) {
@@ -329,16 +385,36 @@ static const struct rte_ether_addr *dst_mac(struct dp_backend *b, struct dpdk_pr
 	return NULL;
 }
 
+/* The UDP checksum of a chained frame (rte_ipv4_udptcp_cksum_mbuf, experimental in
+ * 22.11, written out with stable calls). */
+static uint16_t udp_cksum_chain(const struct rte_mbuf *m, const struct rte_ipv4_hdr *ip)
+{
+	uint16_t raw;
+	uint32_t len = rte_be_to_cpu_16(ip->total_length) - (uint32_t)sizeof(*ip);
+	if (rte_raw_cksum_mbuf(m, RTE_ETHER_HDR_LEN + (uint32_t)sizeof(*ip), len, &raw))
+		return 0; /* no checksum: allowed for UDP over IPv4 */
+	uint32_t sum = (uint32_t)raw + rte_ipv4_phdr_cksum(ip, 0);
+	sum = ((sum & 0xffff0000) >> 16) + (sum & 0xffff);
+	sum = ((sum & 0xffff0000) >> 16) + (sum & 0xffff);
+	uint16_t c = (uint16_t)~sum;
+	return c ? c : 0xffff;
+}
+
 /* One frame: Ethernet/IPv4/UDP headers to dst, then len payload bytes gathered from
- * iov starting at (*piece, *off), which advance past them. */
-static struct rte_mbuf *frame(struct dpdk_priv *p, const struct rte_ether_addr *mac,
-			      const struct sockaddr_in *dst, const struct iovec *iov,
-			      uint32_t iovcnt, uint32_t *piece, size_t *off, uint32_t len)
+ * iov starting at (*piece, *off), which advance past them. Pieces are copied behind
+ * the headers, except a last piece of ZC_MIN bytes or more behind a copied one (an
+ * activation chunk or weight bytes behind their wire header): on a port that chains
+ * mbufs it goes out in place, as an external buffer (tx_zero_copy), else copied
+ * (tx_copied). */
+static struct rte_mbuf *frame(struct dp_backend *b, struct dpdk_priv *p,
+			      const struct rte_ether_addr *mac, const struct sockaddr_in *dst,
+			      const struct iovec *iov, uint32_t iovcnt, uint32_t *piece,
+			      size_t *off, uint32_t len)
 {
 	struct rte_mbuf *m = rte_pktmbuf_alloc(p->pool);
 	if (!m)
 		return NULL;
-	uint8_t *at = (uint8_t *)rte_pktmbuf_append(m, (uint16_t)(HDRS_LEN + len));
+	uint8_t *at = (uint8_t *)rte_pktmbuf_append(m, (uint16_t)HDRS_LEN);
 	if (!at) {
 		rte_pktmbuf_free(m);
 		return NULL;
@@ -346,7 +422,7 @@ static struct rte_mbuf *frame(struct dpdk_priv *p, const struct rte_ether_addr *
 	struct rte_ether_hdr *eth = (struct rte_ether_hdr *)at;
 	struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
 	struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
-	uint8_t *payload = (uint8_t *)(udp + 1);
+	struct rte_mbuf *ext = NULL;
 	for (uint32_t copied = 0; copied < len;) {
 		while (*piece < iovcnt && *off == iov[*piece].iov_len) {
 			(*piece)++;
@@ -355,9 +431,41 @@ static struct rte_mbuf *frame(struct dpdk_priv *p, const struct rte_ether_addr *
 		size_t k = iov[*piece].iov_len - *off;
 		if (k > len - copied)
 			k = len - copied;
-		memcpy(payload + copied, (const uint8_t *)iov[*piece].iov_base + *off, k);
+		const uint8_t *from = (const uint8_t *)iov[*piece].iov_base + *off;
+		bool last = copied + k == len;
+		if (last && copied && k >= ZC_MIN) {
+			if (p->zero_copy && p->zc_next < BURST && (ext = rte_pktmbuf_alloc(p->pool))) {
+				struct rte_mbuf_ext_shared_info *sh = &p->zc_info[p->zc_next++];
+				sh->free_cb = zc_free;
+				sh->fcb_opaque = p;
+				rte_mbuf_ext_refcnt_set(sh, 1);
+				rte_pktmbuf_attach_extbuf(ext, (void *)(uintptr_t)from,
+							  p->iova_va ? (rte_iova_t)(uintptr_t)from : RTE_BAD_IOVA,
+							  (uint16_t)k, sh);
+				p->zc_out++;
+				ext->data_off = 0;
+				ext->data_len = (uint16_t)k;
+				ext->pkt_len = (uint32_t)k;
+				dp_count(b->counters, DP_C_tx_zero_copy, 1);
+				*off += k;
+				copied += (uint32_t)k;
+				break;
+			}
+			dp_count(b->counters, DP_C_tx_copied, 1);
+		}
+		uint8_t *to = (uint8_t *)rte_pktmbuf_append(m, (uint16_t)k);
+		if (!to) {
+			rte_pktmbuf_free(m);
+			return NULL;
+		}
+		memcpy(to, from, k);
 		copied += (uint32_t)k;
 		*off += k;
+	}
+	if (ext && rte_pktmbuf_chain(m, ext) != 0) {
+		rte_pktmbuf_free(ext);
+		rte_pktmbuf_free(m);
+		return NULL;
 	}
 	eth->dst_addr = *mac;
 	eth->src_addr = p->mac;
@@ -383,7 +491,7 @@ static struct rte_mbuf *frame(struct dpdk_priv *p, const struct rte_ether_addr *
 		udp->dgram_cksum = rte_ipv4_phdr_cksum(ip, m->ol_flags);
 	} else {
 		ip->hdr_checksum = rte_ipv4_cksum(ip);
-		udp->dgram_cksum = rte_ipv4_udptcp_cksum(ip, udp);
+		udp->dgram_cksum = ext ? udp_cksum_chain(m, ip) : rte_ipv4_udptcp_cksum(ip, udp);
 	}
 	return m;
 }
@@ -412,7 +520,7 @@ static uint32_t dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n
 		size_t off = 0;
 		for (size_t done = 0; made < datagrams; made++) {
 			uint32_t len = (uint32_t)(total - done < seg ? total - done : seg);
-			struct rte_mbuf *m = frame(p, mac, t->dst, t->iov, t->iovcnt, &piece, &off, len);
+			struct rte_mbuf *m = frame(b, p, mac, t->dst, t->iov, t->iovcnt, &piece, &off, len);
 			if (!m)
 				break; /* the pool is empty: the port still holds what we sent */
 			txq_push(b, p, m, len);
@@ -659,10 +767,26 @@ static int dpdk_open(struct dp_backend *b)
 	uint64_t rx_ck = RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_UDP_CKSUM;
 	p->tx_cksum_offload = (info.tx_offload_capa & tx_ck) == tx_ck;
 	p->rx_cksum_offload = (info.rx_offload_capa & rx_ck) == rx_ck;
+	/* Zero copy needs a port that sends mbuf chains (af_xdp does not: it sends the
+	 * wrong bytes) and, for now, a virtual device (af_packet, tap, ...), which reads
+	 * the bytes with the CPU through the mbuf's virtual address: a PCI NIC would DMA
+	 * from them, and the client's memory is not registered with rte_extmem_register /
+	 * rte_dev_dma_map yet, so a PCI port copies. The extbuf's IOVA is its address with
+	 * IOVA as VA, else RTE_BAD_IOVA (which no virtual device reads). */
+	/* Only the virtual devices known to be done with an mbuf when rte_eth_tx_burst
+	 * returns (they copy it into the kernel): net_ring, say, would hold an extbuf
+	 * until its consumer dequeues it, and zc_reclaim would wait for that. */
+	const char *bus = info.device ? rte_bus_name(rte_dev_bus(info.device)) : NULL;
+	bool cpu_copy = info.driver_name && (strcmp(info.driver_name, "net_af_packet") == 0 ||
+					     strcmp(info.driver_name, "net_tap") == 0);
+	p->zero_copy = (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) && bus &&
+		       strcmp(bus, "vdev") == 0 && cpu_copy;
+	p->iova_va = rte_eal_iova_mode() == RTE_IOVA_VA;
 	struct rte_eth_conf conf = {
 		.rxmode = { .mtu = cfg->mtu, .offloads = p->rx_cksum_offload ? rx_ck : 0 },
 		.txmode = { .mq_mode = RTE_ETH_MQ_TX_NONE,
-			    .offloads = p->tx_cksum_offload ? tx_ck : 0 },
+			    .offloads = (p->tx_cksum_offload ? tx_ck : 0) |
+					(p->zero_copy ? RTE_ETH_TX_OFFLOAD_MULTI_SEGS : 0) },
 	};
 	/* one mbuf holds a whole frame: headroom, Ethernet (and a VLAN tag, the CRC), mtu */
 	uint32_t room = RTE_PKTMBUF_HEADROOM + RTE_ETHER_HDR_LEN + 8 + cfg->mtu;
@@ -748,9 +872,11 @@ static int dpdk_open(struct dp_backend *b)
 		p->nheld = 0;
 	}
 	DP_INFO("nic %s: DPDK port %u (%s, driver %s), MAC " RTE_ETHER_ADDR_PRT_FMT
-		", %u mbufs of %u bytes, checksums %s, %u duck address(es) unresolved after %lu ms",
+		", %u mbufs of %u bytes, checksums %s, transmit %s, %u duck address(es) unresolved "
+		"after %lu ms",
 		cfg->name, p->port, cfg->interface, info.driver_name, RTE_ETHER_ADDR_BYTES(&p->mac),
-		nmbufs, room, p->tx_cksum_offload ? "offloaded" : "in software", unknown,
+		nmbufs, room, p->tx_cksum_offload ? "offloaded" : "in software",
+		p->zero_copy ? "zero-copy" : "copying", unknown,
 		(unsigned long)((now - start) / 1000000));
 	return 0;
 fail_pool:

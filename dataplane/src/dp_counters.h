@@ -27,6 +27,8 @@
 	X(tx_bytes)                                                                         \
 	X(tx_errors)                                                                        \
 	X(gso_sends)            /* sends the kernel cut into datagrams (UDP_SEGMENT) */     \
+	X(tx_zero_copy)         /* dpdk: payloads sent from client memory (extbuf chain) */ \
+	X(tx_copied)            /* dpdk: payloads copied: the port can't chain (af_xdp) */  \
 	X(rx_packets)                                                                       \
 	X(rx_bytes)                                                                         \
 	X(rx_malformed)         /* bad magic, version, op or length */                      \
