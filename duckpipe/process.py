@@ -41,6 +41,19 @@ def ping(control: str, timeout: float = 0.5) -> ctl.Stats | None:
     return reply if isinstance(reply, ctl.Stats) else None
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``; reaps it and closes its stdout pipe."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout:
+        proc.stdout.close()
+
+
 class DataplaneChild:
     """Base of the process wrappers: subclasses say what to run in ``command()``.
 

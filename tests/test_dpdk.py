@@ -34,6 +34,7 @@ from duckpipe import GeluMlp, runtime
 from duckpipe.binaries import find_binary
 from duckpipe.dataplane import DataplaneProcess
 from duckpipe.errors import DuckpipeError
+from duckpipe.process import stop_process
 from duckpipe.topology import Duck, Nic, Topology
 
 DUCK_PORT = 47100
@@ -181,14 +182,7 @@ def veth_ducks(
         yield net
     finally:
         for proc in net.ducks:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout:
-                proc.stdout.close()
+            stop_process(proc)
         for ns in net.spaces:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         for near in net.near_ends:  # gone with its peer's namespace; in case it is not

@@ -21,6 +21,7 @@ from duckpipe import GeluMlp
 from duckpipe.binaries import find_binary
 from duckpipe.dataplane import DataplaneProcess
 from duckpipe.errors import DuckpipeError
+from duckpipe.process import stop_process
 from duckpipe.topology import Duck, Nic, Topology
 
 DUCKS = 3
@@ -96,8 +97,7 @@ def bridged_ducks() -> Iterator[tuple[str, str, list[str]]]:
         yield subnet, bridge, spaces
     finally:
         for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+            stop_process(proc)
         for ns in spaces:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)

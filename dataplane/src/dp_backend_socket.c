@@ -32,7 +32,6 @@ struct sock_priv {
 	struct sockaddr_in rx_src[RX_BURST];
 	char rx_cmsg[RX_BURST][CMSG_SPACE(sizeof(uint32_t))];
 	uint8_t *rx_bufs;
-	size_t rx_stride;       /* one datagram's room: the mtu (64-byte aligned) */
 	struct mmsghdr tx_msgs[TX_BURST];
 	char tx_cmsg[TX_BURST][CMSG_SPACE(sizeof(uint16_t))];
 };
@@ -89,7 +88,6 @@ static int sock_open(struct dp_backend *b)
 	/* Probe GSO: a socket-wide UDP_SEGMENT of 0 is accepted where the kernel has it. */
 	b->gso = cfg->gso && set_int(p->fd, SOL_UDP, UDP_SEGMENT, 0, "UDP_SEGMENT") == 0;
 	b->max_gso_segments = GSO_MAX_SEGMENTS;
-	p->rx_stride = stride;
 	for (uint32_t i = 0; i < RX_BURST; i++) {
 		p->rx_iov[i].iov_base = p->rx_bufs + (size_t)i * stride;
 		p->rx_iov[i].iov_len = stride;

@@ -42,11 +42,6 @@ int dp_waker_add(struct dp_waker *wk, int fd)
 	return 0;
 }
 
-void dp_waker_del(struct dp_waker *wk, int fd)
-{
-	(void)epoll_ctl(wk->epfd, EPOLL_CTL_DEL, fd, NULL);
-}
-
 void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns)
 {
 	struct epoll_event ev[MAX_EVENTS];

@@ -32,7 +32,6 @@ int dp_waker_init(struct dp_waker *wk);
 void dp_waker_fini(struct dp_waker *wk);
 /* Wake the runner when fd is readable (level-triggered). 0, or -1 with dp_error. */
 int dp_waker_add(struct dp_waker *wk, int fd);
-void dp_waker_del(struct dp_waker *wk, int fd);
 /* The runner, about to park: from here on, producers kick. */
 static inline void dp_waker_arm(struct dp_waker *wk)
 {

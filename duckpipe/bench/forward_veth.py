@@ -30,6 +30,7 @@ from pathlib import Path
 from .. import runtime
 from ..binaries import find_binary
 from ..errors import DuckpipeError
+from ..process import stop_process
 from ..topology import Duck, Nic, Topology
 from . import baselines
 from .common import DUCKS_CPU, Progress, Size, Table, pin
@@ -124,14 +125,7 @@ def _veth(n: int) -> Iterator[tuple[str, str, list[str]]]:
         yield near, subnet, ips
     finally:
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout:
-                proc.stdout.close()
+            stop_process(proc)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         subprocess.run(["ip", "link", "del", near], capture_output=True)
 
