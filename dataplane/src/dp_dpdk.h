@@ -3,7 +3,8 @@
  *   dp_backend_dpdk.c  the ops table: open (port, mbuf pool, queues), close
  *   dp_dpdk_eal.c      rte_eal_init / rte_eal_cleanup, once per process
  *   dp_dpdk_arp.c      the ducks' MACs: ARP requests, replies, learning
- *   dp_dpdk_tx.c       frames from dp_tx messages, zero copy, tx bursts
+ *   dp_dpdk_tx.c       frames from dp_tx messages, tx bursts
+ *   dp_dpdk_zc.c       zero copy: client memory as external buffers, their release
  *   dp_dpdk_rx.c       rx bursts: Ethernet/IPv4/UDP parsed, payloads handed up
  *
  * A dpdk_priv belongs to one NIC worker: only that worker's thread touches it.
@@ -103,6 +104,10 @@ void dp_dpdk_txq_push(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf
 		      uint32_t udp_payload);
 void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p);
 uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n);
+
+/* dp_dpdk_zc.c */
+struct rte_mbuf *dp_dpdk_zc_attach(struct dpdk_priv *p, const uint8_t *from, uint16_t len);
+void dp_dpdk_zc_reclaim(struct dp_backend *b, struct dpdk_priv *p);
 
 /* dp_dpdk_rx.c */
 uint32_t dp_dpdk_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n);

@@ -1,4 +1,4 @@
-/* dp_dpdk_tx.c: frames from dp_tx messages, zero copy, tx bursts (dp_backend_dpdk.c says how). */
+/* dp_dpdk_tx.c: frames from dp_tx messages, tx bursts (dp_backend_dpdk.c says how). */
 #include <arpa/inet.h>
 #include <string.h>
 
@@ -6,43 +6,6 @@
 
 #include "dp_common.h"
 #include "dp_dpdk.h"
-
-/* An extbuf's free callback: the port is done reading that piece of client memory. */
-static void zc_free(void *addr, void *opaque)
-{
-	(void)addr;
-	struct dpdk_priv *p = opaque;
-	p->zc_out--;
-}
-
-/* Zero copy's release rule, kept synchronous: tx_burst does not return while the port
- * still holds an external buffer, so a slot the worker sent from can be released (the
- * forward finished, the done word published) at any time after. af_packet, tap and
- * null copy or drop the frame inside rte_eth_tx_burst, so this costs nothing there; a
- * port that frees on completion is asked with rte_eth_tx_done_cleanup (and later
- * tx_burst calls with nothing to send) until every free callback has run. */
-static void zc_reclaim(struct dp_backend *b, struct dpdk_priv *p)
-{
-	(void)b;
-	uint64_t start = 0;
-	bool logged = false;
-	while (p->zc_out) {
-		(void)rte_eth_tx_done_cleanup(p->port, 0, 0);
-		if (!p->zc_out)
-			break;
-		(void)rte_eth_tx_burst(p->port, 0, NULL, 0);
-		uint64_t now = dp_now_ns();
-		if (!start)
-			start = now;
-		else if (!logged && now - start > ZC_WAIT_NS) {
-			DP_WARN("dpdk: port %u still holds %u external buffers after 1 s; waiting: "
-			       "their slots stay with the dataplane until the port frees them",
-			       p->port, p->zc_out);
-			logged = true;
-		}
-	}
-	p->zc_next = 0;
-}
 
 /* rte_eth_tx_burst what txq holds; retries while the port makes progress, then drops. */
 void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p)
@@ -57,7 +20,7 @@ void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p)
 		rte_pktmbuf_free_bulk(p->txq + sent, p->ntxq - sent);
 		dp_count(b->counters, DP_C_tx_errors, p->ntxq - sent);
 	}
-	zc_reclaim(b, p);
+	dp_dpdk_zc_reclaim(b, p);
 	/* what went out, approximately when some frames were dropped (ARP included) */
 	uint16_t datagrams = sent < p->txq_datagrams ? sent : p->txq_datagrams;
 	if (datagrams) {
@@ -131,18 +94,7 @@ static struct rte_mbuf *frame(struct dp_backend *b, struct dpdk_priv *p,
 		const uint8_t *from = (const uint8_t *)iov[*piece].iov_base + *off;
 		bool last = copied + k == len;
 		if (last && copied && k >= ZC_MIN) {
-			if (p->zero_copy && p->zc_next < BURST && (ext = rte_pktmbuf_alloc(p->pool))) {
-				struct rte_mbuf_ext_shared_info *sh = &p->zc_info[p->zc_next++];
-				sh->free_cb = zc_free;
-				sh->fcb_opaque = p;
-				rte_mbuf_ext_refcnt_set(sh, 1);
-				rte_pktmbuf_attach_extbuf(ext, (void *)(uintptr_t)from,
-							  p->iova_va ? (rte_iova_t)(uintptr_t)from : RTE_BAD_IOVA,
-							  (uint16_t)k, sh);
-				p->zc_out++;
-				ext->data_off = 0;
-				ext->data_len = (uint16_t)k;
-				ext->pkt_len = (uint32_t)k;
+			if (p->zero_copy && (ext = dp_dpdk_zc_attach(p, from, (uint16_t)k))) {
 				dp_count(b->counters, DP_C_tx_zero_copy, 1);
 				*off += k;
 				copied += (uint32_t)k;
