@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ import duckpipe
 from duckpipe import GeluMlp, runtime
 from duckpipe.binaries import find_binary
 from duckpipe.dataplane import DataplaneProcess
-from duckpipe.errors import DuckpipeError
+from duckpipe.errors import DuckpipeError, WaitTimeout
 from duckpipe.process import stop_process
 from duckpipe.topology import Duck, Nic, Topology
 
@@ -277,6 +279,94 @@ def test_zero_copy_survives_clients_coming_and_going():
                 n = c.stats().counters
         assert n["tx_zero_copy"] >= 3 * 8 and n["tx_copied"] == 0, n
         assert n["timeouts"] == 0 and n["rx_malformed"] == 0, n
+
+
+def _registered(out: str) -> list[tuple[str, str]]:
+    """(address, page KiB) of each "dpdk: registered ..." line of the dataplane's log."""
+    return re.findall(r"dpdk: registered \d+ bytes at (0x[0-9a-f]+) .*?pages of (\d+) KiB", out)
+
+
+def _wait_counter(c: duckpipe.Client, name: str, value: int, timeout: float = 5.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        n = c.stats().counters
+        if n[name] >= value or time.monotonic() > deadline:
+            return n
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("backing", ["hugetlbfs", "devshm"])
+def test_client_segments_are_registered_with_dpdk_and_again_after_detach(backing):
+    # each client's segment is registered at attach (rte_extmem_register, with the page
+    # size that backs it: a PCI port may DMA from it) and unregistered at detach, once
+    # nothing of it is in flight; the next client's mapping often lands at the same
+    # address, which must register again (no leak, no EEXIST)
+    with veth_ducks([2]) as net, _dataplane(net) as dp:
+        mlp = GeluMlp.random(256, 32, seed=7)
+        for k in range(4):
+            with duckpipe.connect(dp.control, backing=backing) as c:
+                c.load_weights(1, mlp)
+                _check_forwards(c, mlp, 3, seed=k)
+        with duckpipe.connect(dp.control, backing=backing) as c:
+            n = _wait_counter(c, "extmem_unregistered", 4)
+            c.load_weights(1, mlp)
+            _check_forwards(c, mlp, 3, seed=9)
+        out = dp.output()
+    assert n["extmem_registered"] == 5 and n["extmem_unregistered"] == 4, n
+    assert n["extmem_registered_bytes"] > 0 and n["tx_copied"] == 0, n
+    regs = _registered(out)
+    assert len(regs) == 5, out
+    assert {kib for _, kib in regs} == {"2048" if backing == "hugetlbfs" else "4"}, regs
+    assert len({addr for addr, _ in regs}) < 5, regs  # a range registered again after detach
+    assert "rte_extmem_register(" not in out and "rte_extmem_unregister(" not in out, out
+
+
+def _forward_slowly(c: duckpipe.Client, mlp: GeluMlp, x: np.ndarray) -> float:
+    t0 = time.monotonic()
+    np.testing.assert_allclose(c.forward(1, x, timeout=10), mlp.reference(x), rtol=1e-4, atol=1e-5)
+    return time.monotonic() - t0
+
+
+def test_a_slot_goes_back_only_after_the_port_freed_its_buffers(monkeypatch):
+    # a test knob makes the port hold every external buffer 150 ms after tx_burst, as a
+    # NIC that frees on completion does: the ducks answer within milliseconds, yet no
+    # done word is published before the free callbacks ran, and results stay exact
+    hold = 0.15
+    monkeypatch.setenv("DUCKPIPE_DPDK_TX_HOLD_US", str(int(hold * 1e6)))
+    with veth_ducks([2]) as net, _dataplane(net) as dp, duckpipe.connect(dp.control) as c:
+        mlp = GeluMlp.random(512, 32, seed=8)
+        c.load_weights(1, mlp)
+        rng = np.random.default_rng(3)
+        took = [
+            _forward_slowly(c, mlp, rng.standard_normal((4, mlp.hidden)).astype(np.float32))
+            for _ in range(4)
+        ]
+        n = c.stats().counters
+        out = dp.output()
+    assert min(took) >= hold, took  # each done word waited for the port
+    assert n["tx_release_deferred"] >= 4 and n["forwards_ok"] == 4, n
+    assert n["tx_zero_copy"] >= 4 and n["timeouts"] == 0, n
+    assert "DUCKPIPE_DPDK_TX_HOLD_US" in out, out
+
+
+def test_a_port_that_never_frees_keeps_the_slot_and_is_logged(monkeypatch):
+    # the port holds the activation's buffers for good: the forward stays pending (its
+    # slot is never handed back early), the dataplane says so after a second, and shuts
+    # down cleanly. Tensors under 256 bytes go out copied, so the weights still load.
+    monkeypatch.setenv("DUCKPIPE_DPDK_TX_HOLD_US", "forever")
+    with veth_ducks([1]) as net, _dataplane(net) as dp, duckpipe.connect(dp.control) as c:
+        mlp = GeluMlp.random(8, 4, seed=9)
+        c.load_weights(1, mlp)
+        x = np.ones((16, 8), np.float32)  # 512 bytes: in place
+        slot = c.claim(x.shape, x.dtype)
+        slot.array[:] = x
+        fwd = c.submit(slot, 1)
+        with pytest.raises(WaitTimeout, match="still pending"):
+            fwd.result(timeout=1.5)
+        n = c.stats().counters
+        assert n["tx_release_deferred"] == 1 and n["tx_zero_copy"] >= 1, n
+        out = dp.output()
+    assert re.search(r"the port still holds \d+ buffer\(s\) of forward \d+'s slot", out), out
 
 
 def test_24_ducks_over_two_ports_on_dedicated_threads():

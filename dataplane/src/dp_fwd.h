@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "dp_abi.h"
+#include "dp_backend.h"
 #include "dp_counters.h"
 #include "dp_dataplane.h"
 #include "dp_reasm.h"
@@ -54,6 +55,11 @@ struct dp_nic_part {
 	uint64_t fetch_ns;   /* handling the partials' datagrams */
 	uint64_t first_ns;   /* first duck complete */
 	uint64_t last_ns;    /* last duck complete */
+	/* zero copy: what the port still holds of the client's slot (dp_backend.h); the part
+	 * ends (dp_fwd_part_done) only once owner.held is 0 (dp_release.c) */
+	struct dp_tx_owner owner;
+	uint64_t release_ns; /* when the part ended and began to wait for the port */
+	bool release_logged; /* waited more than a second: said so once */
 };
 
 struct dp_fwd {
