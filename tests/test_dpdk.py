@@ -295,28 +295,38 @@ def _wait_counter(c: duckpipe.Client, name: str, value: int, timeout: float = 5.
         time.sleep(0.02)
 
 
+@pytest.mark.parametrize("iova", ["pa", "va"])
 @pytest.mark.parametrize("backing", ["hugetlbfs", "devshm"])
-def test_client_segments_are_registered_with_dpdk_and_again_after_detach(backing):
+def test_client_segments_are_registered_with_dpdk_and_again_after_detach(backing, iova):
     # each client's segment is registered at attach (rte_extmem_register, with the page
-    # size that backs it: a PCI port may DMA from it) and unregistered at detach, once
-    # nothing of it is in flight; the next client's mapping often lands at the same
-    # address, which must register again (no leak, no EEXIST)
-    with veth_ducks([2]) as net, _dataplane(net) as dp:
-        mlp = GeluMlp.random(256, 32, seed=7)
-        for k in range(4):
-            with duckpipe.connect(dp.control, backing=backing) as c:
-                c.load_weights(1, mlp)
-                _check_forwards(c, mlp, 3, seed=k)
+    # size that backs it and each page's IOVA: a PCI port may DMA from it) and
+    # unregistered at detach, once nothing of it is in flight; the next client's mapping
+    # often lands at the same address, which must register again (no leak, no EEXIST)
+    with veth_ducks([2]) as net:
+        net.eal.append(f"--iova-mode={iova}")
+        if iova == "pa" and not Path("/proc/self/pagemap").exists():
+            pytest.skip("no /proc/self/pagemap: IOVA as PA needs physical addresses")
+        with _dataplane(net) as dp:
+            _register_again_and_again(dp, backing, iova)
+
+
+def _register_again_and_again(dp: DataplaneProcess, backing: str, iova: str) -> None:
+    mlp = GeluMlp.random(256, 32, seed=7)
+    for k in range(4):
         with duckpipe.connect(dp.control, backing=backing) as c:
-            n = _wait_counter(c, "extmem_unregistered", 4)
             c.load_weights(1, mlp)
-            _check_forwards(c, mlp, 3, seed=9)
-        out = dp.output()
+            _check_forwards(c, mlp, 3, seed=k)
+    with duckpipe.connect(dp.control, backing=backing) as c:
+        n = _wait_counter(c, "extmem_unregistered", 4)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 3, seed=9)
+    out = dp.output()
     assert n["extmem_registered"] == 5 and n["extmem_unregistered"] == 4, n
     assert n["extmem_registered_bytes"] > 0 and n["tx_copied"] == 0, n
     regs = _registered(out)
     assert len(regs) == 5, out
     assert {kib for _, kib in regs} == {"2048" if backing == "hugetlbfs" else "4"}, regs
+    assert f"IOVA as {iova.upper()};" in out, out  # PA: each page's address from pagemap
     assert len({addr for addr, _ in regs}) < 5, regs  # a range registered again after detach
     assert "rte_extmem_register(" not in out and "rte_extmem_unregister(" not in out, out
 
