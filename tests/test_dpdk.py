@@ -35,7 +35,7 @@ import duckpipe
 from duckpipe import GeluMlp, runtime
 from duckpipe.binaries import find_binary
 from duckpipe.dataplane import DataplaneProcess
-from duckpipe.errors import DuckpipeError, WaitTimeout
+from duckpipe.errors import DuckpipeError, ForwardTimeout, WaitTimeout
 from duckpipe.process import stop_process
 from duckpipe.topology import Duck, Nic, Topology
 
@@ -357,6 +357,33 @@ def test_a_slot_goes_back_only_after_the_port_freed_its_buffers(monkeypatch):
     assert n["tx_release_deferred"] >= 4 and n["forwards_ok"] == 4, n
     assert n["tx_zero_copy"] >= 4 and n["timeouts"] == 0, n
     assert "DUCKPIPE_DPDK_TX_HOLD_US" in out, out
+
+
+def test_a_forward_that_times_out_while_the_port_holds_its_slot_completes_after(monkeypatch):
+    # the ducks are gone and the port holds the activation 1.5 s: the forward's deadline
+    # (0.3 s) ends it as a timeout, but its completion (and the slot) waits for the port,
+    # which is logged after a second. Tensors under 256 bytes go out copied.
+    hold = 1.5
+    monkeypatch.setenv("DUCKPIPE_DPDK_TX_HOLD_US", str(int(hold * 1e6)))
+    with (
+        veth_ducks([1]) as net,
+        _dataplane(net) as dp,
+        duckpipe.connect(dp.control, forward_timeout=0.3) as c,
+    ):
+        mlp = GeluMlp.random(8, 4, seed=9)
+        c.load_weights(1, mlp)
+        for proc in net.ducks:
+            stop_process(proc)
+        x = np.ones((16, 8), np.float32)  # 512 bytes: in place
+        t0 = time.monotonic()
+        with pytest.raises(ForwardTimeout):
+            c.forward(1, x, timeout=10)
+        took = time.monotonic() - t0
+        n = c.stats().counters
+        out = dp.output()
+    assert took >= hold, took  # not at the deadline: after the port let go
+    assert n["timeouts"] == 1 and n["tx_release_deferred"] == 1, n
+    assert re.search(r"the port still holds \d+ buffer\(s\) of forward \d+'s slot", out), out
 
 
 def test_a_port_that_never_frees_keeps_the_slot_and_is_logged(monkeypatch):
