@@ -50,12 +50,13 @@ void dp_release_part(struct dp_worker *wk, struct dp_fwd *f, uint32_t status, ui
 	dp_count(&wk->counters, DP_C_tx_release_deferred, 1);
 }
 
-int dp_release_poll(struct dp_worker *wk, uint64_t now)
+int dp_release_poll(struct dp_worker *wk)
 {
 	if (!wk->nreleasing)
 		return 0;
 	if (wk->be.ops->tx_reclaim)
 		wk->be.ops->tx_reclaim(&wk->be);
+	uint64_t now = dp_now_ns();
 	int ended = 0;
 	for (uint32_t i = 0; i < wk->nreleasing;) {
 		struct dp_fwd *f = wk->releasing[i];

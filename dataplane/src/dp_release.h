@@ -16,7 +16,8 @@ struct dp_fwd;
  * go (dp_release_poll). f has left the worker's active list already. */
 void dp_release_part(struct dp_worker *wk, struct dp_fwd *f, uint32_t status, uint64_t now);
 /* The worker's loop, while parts wait: ask the port to free what it sent and end the
- * parts it no longer holds anything of. Returns how many ended. */
-int dp_release_poll(struct dp_worker *wk, uint64_t now);
+ * parts it no longer holds anything of. Returns how many ended; nothing to do (one
+ * load) when no part waits. */
+int dp_release_poll(struct dp_worker *wk);
 
 #endif /* DP_RELEASE_H */

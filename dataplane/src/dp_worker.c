@@ -250,7 +250,7 @@ int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now)
 	bool full;
 	work += receive(wk, n ? dp_now_ns() : now, &full);
 	work += timers(wk, dp_now_ns(), full);
-	work += dp_release_poll(wk, dp_now_ns()); /* parts waiting for the port to free */
+	work += dp_release_poll(wk); /* parts waiting for the port to free (dp_release.c) */
 	return work;
 }
 
