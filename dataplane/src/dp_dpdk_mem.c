@@ -22,12 +22,13 @@
  *            rte_dev_dma_unmap, then rte_extmem_unregister; the same range can be
  *            registered again (the next client's mapping often lands there).
  *
- * 4 KiB pages: registered too (a 1 GiB segment is 262,144 pages: a 2 MiB IOVA table
- * here and DPDK's memseg list). With IOVA as PA a chunk that crosses a 4 KiB page is
- * copied on a DMA-ing port (its pages need not be physically adjacent; dp_dpdk_zc.c);
- * with IOVA as VA, or on a virtual device, it goes in place. Caveat of shmem with IOVA
- * as PA: the kernel may in principle migrate (compact) a 4 KiB shmem page; hugepages
- * are the production setting, where pages never move.
+ * 4 KiB pages (a /dev/shm segment): registered too, with 4 KiB pages (a 1 GiB segment
+ * is 262,144 of them in DPDK's memseg list, about 5 ms per 128 MiB here). With IOVA as
+ * VA their IOVA is their address (VFIO pins them when it maps them) and they go in
+ * place everywhere. With IOVA as PA they get no IOVAs: nothing pins a shmem page to its
+ * physical address (swap, compaction may move it, where hugetlbfs pages stay put), so a
+ * port that DMAs copies from such a segment; the virtual devices, which read through
+ * the CPU, still send from it in place. Hugepages are the production setting.
  */
 /* rte_dev_dma_map / unmap are experimental in 22.11 (stable since 23.11): this file only */
 #define ALLOW_EXPERIMENTAL_API
@@ -75,7 +76,7 @@ void dp_dpdk_mem_del_port(uint16_t port)
 }
 
 /* Each page's physical address from /proc/self/pagemap into m->iova; false when the
- * kernel hides them (not CAP_SYS_ADMIN: the PFNs read as 0). */
+ * kernel hides them (not CAP_SYS_ADMIN: the PFNs read as 0) or a page is missing. */
 static bool physical_addresses(struct dp_mem *m)
 {
 	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
@@ -83,27 +84,13 @@ static bool physical_addresses(struct dp_mem *m)
 		return false;
 	uint64_t *iova = malloc((size_t)m->n_pages * sizeof(uint64_t));
 	bool ok = iova != NULL;
-	const size_t small = 4096;
-	for (uint32_t i = 0; ok && i < m->n_pages;) {
-		uint64_t e[512];
-		uint32_t k = 1;
-		uint64_t va = (uint64_t)(uintptr_t)m->va + (uint64_t)i * m->page_sz;
-		if (m->page_sz == small) /* adjacent entries: read them in bulk */
-			k = m->n_pages - i < 512 ? m->n_pages - i : 512;
-		ssize_t want = (ssize_t)(k * sizeof(uint64_t));
-		if (pread(fd, e, (size_t)want, (off_t)(va / small * sizeof(uint64_t))) != want) {
-			ok = false;
-			break;
-		}
-		for (uint32_t j = 0; j < k; j++) {
-			uint64_t pfn = e[j] & ((1ull << 55) - 1);
-			if (!(e[j] >> 63) || !pfn) { /* not present, or hidden from us */
-				ok = false;
-				break;
-			}
-			iova[i + j] = pfn * small;
-		}
-		i += k;
+	for (uint32_t i = 0; ok && i < m->n_pages; i++) {
+		uint64_t e, va = (uint64_t)(uintptr_t)m->va + (uint64_t)i * m->page_sz;
+		ok = pread(fd, &e, sizeof(e), (off_t)(va / 4096 * sizeof(e))) == (ssize_t)sizeof(e);
+		uint64_t pfn = e & ((1ull << 55) - 1);
+		ok = ok && (e >> 63) && pfn; /* present, and not hidden from us */
+		if (ok)
+			iova[i] = pfn * 4096;
 	}
 	close(fd);
 	if (!ok) {
@@ -150,7 +137,6 @@ static void dma_map(struct dp_mem *m)
 			DP_WARN("dpdk: rte_dev_dma_map of %zu bytes for port %u: %s (err=%d); that "
 				"port copies from this segment",
 				m->len, ports[d].port, rte_strerror(err), err);
-			m->dma_failed |= 1u << d;
 		}
 	}
 }
@@ -185,8 +171,8 @@ void dp_dpdk_mem_register(struct dp_mem *m)
 		iova = malloc((size_t)m->n_pages * sizeof(rte_iova_t));
 		for (uint32_t i = 0; iova && i < m->n_pages; i++)
 			iova[i] = (rte_iova_t)(uintptr_t)(m->va + (size_t)i * m->page_sz);
-	} else if (physical_addresses(m)) {
-		iova = m->iova;
+	} else if (m->page_sz > 4096 && physical_addresses(m)) {
+		iova = m->iova; /* hugepages never move; 4 KiB shmem pages may (below) */
 	}
 	if (rte_extmem_register(m->va, m->len, iova, iova ? m->n_pages : 0, m->page_sz) != 0) {
 		DP_WARN("dpdk: rte_extmem_register(%p, %zu bytes, %u pages of %zu): %s (err=%d); "
@@ -207,7 +193,8 @@ void dp_dpdk_mem_register(struct dp_mem *m)
 	DP_INFO("dpdk: registered %zu bytes at %p with DPDK (rte_extmem_register: %u pages of "
 		"%zu KiB, IOVA as %s%s; %lu us)",
 		m->len, (void *)m->va, m->n_pages, m->page_sz >> 10, m->iova_va ? "VA" : "PA",
-		iova ? "" : ", physical addresses unknown: DMA-ing ports copy",
+		iova ? "" : m->page_sz > 4096 ? ", physical addresses unknown: DMA-ing ports copy"
+					      : ", no IOVAs for 4 KiB pages: DMA-ing ports copy",
 		(unsigned long)((dp_now_ns() - t0) / 1000));
 }
 
@@ -224,13 +211,15 @@ void dp_dpdk_mem_unregister(struct dp_mem *m)
 	m->registered = false;
 }
 
-/* The IOVA of [from, from + len) in m for a port that DMAs, or RTE_BAD_IOVA when it has
- * none: not registered, no physical addresses, DMA mapping failed for the port, or (IOVA
- * as PA) the piece crosses a page, whose successor need not be physically adjacent. */
-rte_iova_t dp_dpdk_mem_iova(const struct dp_mem *m, uint32_t port_bit, const uint8_t *from,
+/* The IOVA of [from, from + len) in m, or RTE_BAD_IOVA when it has none: not registered,
+ * no IOVAs (no physical addresses, or 4 KiB pages with IOVA as PA), not DMA-mapped for
+ * the port that asks (dma_port_bit, dp_dpdk_mem_port_bit; 0 for a port that reads
+ * through the CPU), or (IOVA as PA) a piece that crosses a page: the next page need not
+ * be physically adjacent. */
+rte_iova_t dp_dpdk_mem_iova(const struct dp_mem *m, uint32_t dma_port_bit, const uint8_t *from,
 			    uint32_t len)
 {
-	if (!m->registered || (m->dma_failed & port_bit))
+	if (!m->registered || (dma_port_bit && !(m->dma_mapped & dma_port_bit)))
 		return RTE_BAD_IOVA;
 	if (m->iova_va)
 		return (rte_iova_t)(uintptr_t)from;

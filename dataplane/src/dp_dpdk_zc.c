@@ -59,6 +59,8 @@ void dp_dpdk_zc_start(struct dp_backend *b, struct dpdk_priv *p,
 {
 	dp_dpdk_mem_add_port(p->port, info->device);
 	p->zc_port_bit = dp_dpdk_mem_port_bit(p->port);
+	if (p->zc_dma && !p->zc_port_bit)
+		p->zero_copy = p->zc_dma = false; /* no slot for its DMA mappings: it copies */
 	const char *hold = getenv("DUCKPIPE_DPDK_TX_HOLD_US");
 	if (p->zero_copy && hold && hold[0]) {
 		p->zc_hold_ns = strcmp(hold, "forever") == 0 ? UINT64_MAX
@@ -143,7 +145,7 @@ struct rte_mbuf *dp_dpdk_zc_attach(struct dpdk_priv *p, struct dp_tx_owner *owne
 		return NULL;
 	rte_iova_t iova = RTE_BAD_IOVA; /* a CPU reader (af_packet, tap) never looks at it */
 	if (p->zc_dma || mem->registered) {
-		iova = dp_dpdk_mem_iova(mem, p->zc_port_bit, from, len);
+		iova = dp_dpdk_mem_iova(mem, p->zc_dma ? p->zc_port_bit : 0, from, len);
 		if (p->zc_dma && iova == RTE_BAD_IOVA)
 			return NULL;
 	}

@@ -17,9 +17,10 @@ struct dp_mem {
 	uint32_t n_pages;
 	bool registered;   /* the device layer knows it: a NIC that DMAs may send from it */
 	bool iova_va;      /* IOVA as VA: an address is its own IOVA */
-	uint64_t *iova;    /* else each page's IOVA (physical address), n_pages of them */
-	uint32_t dma_mapped; /* the backend's bookkeeping: ports it DMA-mapped it for */
-	uint32_t dma_failed; /* ... and ports whose mapping failed (they copy from it) */
+	uint64_t *iova;    /* else each page's IOVA (physical address), n_pages of them, or
+			    * NULL: none known (DMA-ing ports copy) */
+	uint32_t dma_mapped; /* the backend's bookkeeping: ports it DMA-mapped it for (the
+				* others copy from it) */
 };
 
 #endif /* DP_MEM_H */
