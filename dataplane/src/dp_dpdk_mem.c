@@ -14,8 +14,10 @@
  *            physical addresses (not root) the segment is registered without IOVAs and
  *            a DMA-ing port copies from it.
  *   DMA      rte_dev_dma_map(dev, va, iova, len) for every dpdk port's device, page by
- *            page with IOVA as PA; virtual devices say ENOTSUP (they read through the
- *            CPU), logged once, which is fine.
+ *            page with IOVA as PA (VFIO maps it in the IOMMU and pins it). The vdev bus
+ *            takes it as a no-op for drivers without a dma_map of their own (af_packet
+ *            and tap read through the CPU); a bus without dma_map says ENOTSUP, logged
+ *            once, which is fine; any other failure is logged and that port copies.
  *   release  at detach (dp_client_unmap), once the client has no forward in flight:
  *            every forward's completion waits until the port freed its external
  *            buffers (dp_release.c), so no mbuf points into the segment any more.
@@ -30,7 +32,7 @@
  * port that DMAs copies from such a segment; the virtual devices, which read through
  * the CPU, still send from it in place. Hugepages are the production setting.
  */
-/* rte_dev_dma_map / unmap are experimental in 22.11 (stable since 23.11): this file only */
+/* rte_dev_dma_map / unmap are experimental in DPDK 22.11: allowed in this file only */
 #define ALLOW_EXPERIMENTAL_API
 
 #include <errno.h>
@@ -85,7 +87,7 @@ static bool physical_addresses(struct dp_mem *m)
 	uint64_t *iova = malloc((size_t)m->n_pages * sizeof(uint64_t));
 	bool ok = iova != NULL;
 	for (uint32_t i = 0; ok && i < m->n_pages; i++) {
-		uint64_t e, va = (uint64_t)(uintptr_t)m->va + (uint64_t)i * m->page_sz;
+		uint64_t e = 0, va = (uint64_t)(uintptr_t)m->va + (uint64_t)i * m->page_sz;
 		ok = pread(fd, &e, sizeof(e), (off_t)(va / 4096 * sizeof(e))) == (ssize_t)sizeof(e);
 		uint64_t pfn = e & ((1ull << 55) - 1);
 		ok = ok && (e >> 63) && pfn; /* present, and not hidden from us */
@@ -101,7 +103,7 @@ static bool physical_addresses(struct dp_mem *m)
 	return true;
 }
 
-/* DMA-map m for every port's device that wants it (rte_dev_dma_map); vdevs say ENOTSUP. */
+/* DMA-map m for every port's device (rte_dev_dma_map); dma_mapped says which took it. */
 static void dma_map(struct dp_mem *m)
 {
 	for (uint32_t d = 0; d < nports; d++) {
@@ -129,8 +131,8 @@ static void dma_map(struct dp_mem *m)
 						m->iova[i], m->page_sz);
 		if (err == ENOTSUP) {
 			if (!said_enotsup)
-				DP_INFO("dpdk: port %u's device needs no DMA mapping (rte_dev_dma_map: "
-					"not supported: a virtual device reads through the CPU)",
+				DP_INFO("dpdk: port %u's bus maps no DMA (rte_dev_dma_map: not "
+					"supported); fine for a device that reads through the CPU",
 					ports[d].port);
 			said_enotsup = true;
 		} else {
