@@ -5,8 +5,9 @@
  *
  *   dispatcher  dp_fwd_alloc: from its pool, initialised for the descriptor; what
  *               needs no network it completes itself (dp_fwd_finish)
- *   worker xN   one part per NIC the forward's ducks are on (dp_fwd_part_done); the
- *               last NIC out finalises (dp_fwd_final_status, dp_fwd_finish)
+ *   worker xN   one part per NIC the forward's ducks are on (dp_fwd_part_done, once
+ *               the port let go of the slot: dp_release.h); the last NIC out
+ *               finalises (dp_fwd_final_status, dp_fwd_finish)
  *   control     dp_fwd_summarize: the ZeroMQ Completion's numbers; dp_fwd_release:
  *               back to the dispatcher through the free ring (dp_fwd_pool_refill)
  *
