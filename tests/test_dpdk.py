@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -429,6 +430,62 @@ def test_eal_options_it_refuses_fail_at_startup_naming_rte_eal_init():
         dp = DataplaneProcess(_topology(net), backend_args=[*net.eal, "--no-such-eal-option"])
         try:
             with pytest.raises(DuckpipeError, match=r"rte_eal_init: .*the EAL options come after"):
+                dp.start()
+        finally:
+            dp.stop()
+            dp.close()
+
+
+def test_stats_shows_the_ports_xstats_beside_the_backends_counters():
+    with (
+        veth_ducks([4]) as net,
+        _dataplane(net) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        mlp = GeluMlp.random(256, 96, seed=3)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 10)
+        stats = c.stats()
+        shown = subprocess.run(
+            [sys.executable, "-m", "duckpipe", "stats", "--control", dp.control],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    n = stats.counters
+    assert [(x.name, x.backend) for x in stats.nics] == [("p0", "dpdk")]
+    xs = stats.nics[0].xstats
+    # the port saw at least what the backend counted: its frames also carry ARP
+    assert n["tx_packets"] > 0 and xs["tx_good_packets"] >= n["tx_packets"], (xs, n)
+    assert xs["rx_good_packets"] >= n["rx_packets"] > 0, (xs, n)
+    assert xs["tx_good_bytes"] >= n["tx_bytes"], (xs, n)
+    assert all(v > 0 for v in xs.values()) and stats.nics[0].xstats_left_out == 0, xs
+    assert shown.returncode == 0, shown.stderr
+    assert "nic p0 (dpdk) port xstats:" in shown.stdout, shown.stdout
+    assert any(line.split()[:1] == ["tx_good_packets"] for line in shown.stdout.splitlines())
+
+
+@pytest.mark.parametrize("steering", ["auto", "off"])
+def test_a_port_without_rte_flow_runs_without_steering_unless_required(steering):
+    # af_packet has no rte_flow: "auto" says so once and serves, "off" never asks
+    with veth_ducks([2]) as net:
+        net.nics = [msgspec.structs.replace(n, flow_steering=steering) for n in net.nics]
+        with _dataplane(net) as dp, duckpipe.connect(dp.control) as c:
+            mlp = GeluMlp.random(128, 32, seed=4)
+            c.load_weights(1, mlp)
+            _check_forwards(c, mlp, 3)
+            out = dp.output()
+    said = "no rte_flow steering" in out and "rte_flow_validate" in out
+    assert said == (steering == "auto"), out
+    assert "rte_flow steers" not in out, out
+
+
+def test_required_flow_steering_on_a_port_without_rte_flow_fails_naming_the_call():
+    with veth_ducks([1]) as net:
+        net.nics = [msgspec.structs.replace(n, flow_steering="require") for n in net.nics]
+        dp = DataplaneProcess(_topology(net), backend_args=net.eal)
+        try:
+            with pytest.raises(
+                DuckpipeError, match=r"flow_steering = \"require\".*rte_flow_validate"
+            ):
                 dp.start()
         finally:
             dp.stop()
