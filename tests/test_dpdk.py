@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -490,3 +491,17 @@ def test_required_flow_steering_on_a_port_without_rte_flow_fails_naming_the_call
         finally:
             dp.stop()
             dp.close()
+
+
+def test_the_eal_loads_the_e810_ice_pmd_from_debians_driver_directory():
+    # The production NIC's driver (README: Intel E810): Debian's DPDK is linked shared,
+    # and rte_eal_init opens every PMD in its driver directory (pmds-23.0). There is no
+    # E810 here: this checks that the ice PMD is installed and loads into this dataplane.
+    with veth_ducks([1]) as net:
+        net.eal = [*net.eal, "--log-level=lib.eal:debug"]
+        with _dataplane(net) as dp:
+            out = dp.output()
+    assert re.search(r"open shared lib \S+/pmds-[\d.]+/librte_net_ice\.so", out), (
+        "librte_net_ice.so was not loaded: install Debian's librte-net-ice23 (in `dpdk`)\n"
+        + "\n".join(line for line in out.splitlines() if "shared lib" in line)[:2000]
+    )
