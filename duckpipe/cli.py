@@ -303,7 +303,9 @@ def _parser() -> argparse.ArgumentParser:
     cl.add_argument("--dry-run", action="store_true", help="only say what would go")
     cl.set_defaults(func=_shm_clean)
 
-    st = sub.add_parser("stats", help="print a running dataplane's counters")
+    st = sub.add_parser(
+        "stats", help="print a running dataplane's counters (and each DPDK port's non-zero xstats)"
+    )
     st.add_argument("--control")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_stats)

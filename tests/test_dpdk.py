@@ -22,6 +22,8 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,7 +38,8 @@ from duckpipe import GeluMlp, runtime
 from duckpipe.binaries import find_binary
 from duckpipe.dataplane import DataplaneProcess
 from duckpipe.errors import DuckpipeError
-from duckpipe.process import stop_process
+from duckpipe.process import control_request, stop_process
+from duckpipe.schema import control as ctl
 from duckpipe.topology import Duck, Nic, Topology
 
 DUCK_PORT = 47100
@@ -505,3 +508,30 @@ def test_the_eal_loads_the_e810_ice_pmd_from_debians_driver_directory():
         "librte_net_ice.so was not loaded: install Debian's librte-net-ice23 (in `dpdk`)\n"
         + "\n".join(line for line in out.splitlines() if "shared lib" in line)[:2000]
     )
+
+
+def test_stats_asked_all_through_shutdown_never_read_a_closed_port():
+    # the control agent reads the port's xstats while the worker owns the port; close
+    # waits for a read in flight and none starts after (dp_backend_xstats_dead), however
+    # main orders the agents' stop and the ports' close
+    with veth_ducks([2]) as net, _dataplane(net, threads="dedicated") as dp:
+        stop = threading.Event()
+        replies: list[ctl.Stats] = []
+
+        def ask() -> None:
+            while not stop.is_set():
+                r = control_request(dp.control, ctl.GetStats(req_id=1), 0.5)
+                if isinstance(r, ctl.Stats):
+                    replies.append(r)
+
+        askers = [threading.Thread(target=ask) for _ in range(2)]
+        for t in askers:
+            t.start()
+        time.sleep(0.5)
+        try:
+            assert dp.stop() == 0, dp.output()  # _dataplane checks the log at exit too
+        finally:
+            stop.set()
+            for t in askers:
+                t.join()
+    assert replies and all(r.nics[0].xstats.get("tx_good_packets", 0) > 0 for r in replies)
