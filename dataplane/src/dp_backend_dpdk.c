@@ -366,8 +366,11 @@ _Static_assert(sizeof(((struct dp_xstat *)0)->name) == RTE_ETH_XSTATS_NAME_SIZE,
 
 /* ops->xstats: on the control agent's thread, through dp_backend_xstats (which keeps it
  * out of close), while the worker bursts on the port. rte_eth_xstats_get from another
- * thread is what DPDK's telemetry does; with ice it reads the NIC's registers, as the
- * worker's rte_eth_stats_get for rxq_overflows does. */
+ * thread is what DPDK's telemetry does. It can overlap the worker's rte_eth_stats_get
+ * (rxq_overflows, every STATS_MS): ethdev promises nothing there; the PMDs here read
+ * per-queue counters (af_packet, tap) or NIC registers (ice, which keeps the first
+ * reading as an offset: only a Stats request in the port's first STATS_MS could see
+ * that set twice). A counter may be a reading stale, never the port disturbed. */
 static uint32_t dpdk_xstats(struct dp_backend *b, struct dp_xstat *out, uint32_t max,
 			    uint64_t *left_out)
 {
