@@ -367,10 +367,10 @@ _Static_assert(sizeof(((struct dp_xstat *)0)->name) == RTE_ETH_XSTATS_NAME_SIZE,
 /* ops->xstats: on the control agent's thread, through dp_backend_xstats (which keeps it
  * out of close), while the worker bursts on the port. rte_eth_xstats_get from another
  * thread is what DPDK's telemetry does. It can overlap the worker's rte_eth_stats_get
- * (rxq_overflows, every STATS_MS): ethdev promises nothing there; the PMDs here read
- * per-queue counters (af_packet, tap) or NIC registers (ice, which keeps the first
- * reading as an offset: only a Stats request in the port's first STATS_MS could see
- * that set twice). A counter may be a reading stale, never the port disturbed. */
+ * (rxq_overflows, every STATS_MS): ethdev promises nothing there. af_packet and tap
+ * read per-queue counters; ice reads NIC registers against offsets it keeps, which two
+ * threads may update at once (not checked on an E810): a counter could be off by a
+ * reading, the port itself is not disturbed. */
 static uint32_t dpdk_xstats(struct dp_backend *b, struct dp_xstat *out, uint32_t max,
 			    uint64_t *left_out)
 {
