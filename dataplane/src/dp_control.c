@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "dp_accept_guard.h"
 #include "dp_access.h"
 #include "dp_client.h"
 #include "dp_ctl_gen.h"
@@ -584,6 +585,7 @@ static void on_stats(struct dp_control *c, const struct dp_peer *p, const struct
 		sum[DP_C_parks] += dp_load_relaxed_u64(&w->wakers[k]->parks);
 		sum[DP_C_kicks] += dp_load_relaxed_u64(&w->wakers[k]->kicked);
 	}
+	sum[DP_C_connections_shed] = dp_accept_guard_shed(); /* libzmq's I/O thread */
 	struct dp_ctl_client_stats clients[DP_MAX_CLIENTS];
 	uint32_t n = 0;
 	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
