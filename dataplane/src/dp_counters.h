@@ -65,6 +65,7 @@
 	X(control_refused)      /* no credentials, or a role that may not ask that */       \
 	X(quota_refused)        /* LoadWeights or Attach past a client's or a pid's quota */\
 	X(connections_refused)  /* control connections past max_connections, closed */     \
+	X(connections_shed)     /* accepted and closed at once: no descriptor left (EMFILE) */\
 	X(layers_freed)                                                                     \
 	X(curve_refused)        /* tcp:// handshakes with a key not in curve_clients_file */\
 	X(clients_attached)                                                                 \

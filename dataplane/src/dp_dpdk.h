@@ -7,8 +7,10 @@
  *   dp_dpdk_zc.c       zero copy: client memory as external buffers, their release
  *   dp_dpdk_mem.c      client segments registered with DPDK (extmem, DMA mapping)
  *   dp_dpdk_rx.c       rx bursts: Ethernet/IPv4/UDP parsed, payloads handed up
+ *   dp_dpdk_flow.c     rte_flow rules steering duck replies and ARP to the RX queue
  *
- * A dpdk_priv belongs to one NIC worker: only that worker's thread touches it.
+ * A dpdk_priv belongs to one NIC worker: only that worker's thread touches it, but
+ * for the xstats fields at its end, which the control agent's thread uses (Stats).
  */
 #ifndef DP_DPDK_H
 #define DP_DPDK_H
@@ -17,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <rte_ethdev.h>
 #include <rte_ether.h>
 #include <rte_ip.h>
 #include <rte_mbuf.h>
@@ -88,6 +91,14 @@ struct dpdk_priv {
 	/* the port's drops before rx_burst saw the frames (RX ring full, no mbuf) */
 	uint64_t next_stats_ns;
 	uint64_t dropped_seen;
+	/* rte_flow rules made at open (dp_dpdk_flow.c), NULL where the port has none */
+	struct rte_flow *flow_replies;
+	struct rte_flow *flow_arp;
+	/* the port's xstats, for Stats: names read at open, values read by the control
+	 * agent's thread into xvals (its own; dp_backend_xstats keeps it out of close) */
+	uint32_t nxstats;
+	struct rte_eth_xstat_name *xnames;
+	struct rte_eth_xstat *xvals;
 };
 
 /* dp_dpdk_eal.c */
@@ -128,6 +139,10 @@ void dp_dpdk_mem_del_port(uint16_t port);
 uint32_t dp_dpdk_mem_port_bit(uint16_t port);
 rte_iova_t dp_dpdk_mem_iova(const struct dp_mem *m, uint32_t port_bit, const uint8_t *from,
 			    uint32_t len);
+
+/* dp_dpdk_flow.c: 0, or -1 with dp_error where flow_steering = "require" fails */
+int dp_dpdk_flow_open(struct dp_backend *b, struct dpdk_priv *p);
+void dp_dpdk_flow_close(struct dp_backend *b, struct dpdk_priv *p);
 
 /* dp_dpdk_rx.c */
 uint32_t dp_dpdk_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n);
