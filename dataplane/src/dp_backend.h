@@ -22,7 +22,8 @@
  * (NACK, PING, LAYER: the worker's own memory) have none and are always copied. */
 struct dp_tx_owner {
 	const struct dp_mem *mem; /* the memory the payloads lie in */
-	uint32_t held;            /* atomic: pieces the port still holds */
+	uint32_t held;            /* pieces the port still holds (relaxed atomic: the free
+				   * callbacks run on the sending worker's thread) */
 };
 
 /* One message to one destination: iov holds [header|payload]... pieces. With

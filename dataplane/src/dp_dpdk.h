@@ -72,7 +72,7 @@ struct dpdk_priv {
 	bool zero_copy;
 	bool zc_dma;       /* the port DMAs (PCI): only registered memory, with its IOVA */
 	uint32_t zc_port_bit; /* this port among dp_dpdk_mem.c's (DMA mappings) */
-	uint32_t zc_out;   /* atomic: the free callback may run on another thread */
+	uint32_t zc_out;   /* relaxed atomic, one writer at a time (dp_dpdk_zc.c) */
 	/* test knob: each extbuf held zc_hold_ns after tx_burst, as a NIC that frees on
 	 * completion would (DUCKPIPE_DPDK_TX_HOLD_US; 0: off) */
 	uint64_t zc_hold_ns;

@@ -30,8 +30,8 @@ static void end_part(struct dp_worker *wk, struct dp_fwd *f, uint32_t status)
 
 static uint32_t held(struct dp_worker *wk, struct dp_fwd *f)
 {
-	/* acquire: pairs with the free callback's release; the port's reads came before */
-	return __atomic_load_n(&f->part[wk->nic].owner.held, __ATOMIC_ACQUIRE);
+	/* the free callbacks ran on this thread, inside the backend's calls (dp_dpdk_zc.c) */
+	return __atomic_load_n(&f->part[wk->nic].owner.held, __ATOMIC_RELAXED);
 }
 
 void dp_release_part(struct dp_worker *wk, struct dp_fwd *f, uint32_t status, uint64_t now)
