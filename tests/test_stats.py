@@ -260,7 +260,7 @@ def test_exporter_agrees_with_what_the_client_observed(loaded):
     ]
     assert counts == sorted(counts) and counts[-1] == s.latency["wait"].total()
     assert _metric(text, "duckpipe_duck_replies_total", duck="0") >= N_FORWARDS
-    if s.nics:
+    if s.nics and "tx_packets" in s.nics[0].counters:  # the mock has no network counters
         assert (
             _metric(text, "duckpipe_nic_tx_packets_total", nic=s.nics[0].name)
             == (s.nics[0].counters["tx_packets"])
