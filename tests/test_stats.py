@@ -178,6 +178,44 @@ def test_reading_never_changes_a_counter(loaded):
     assert a.counters.get("control_messages") == b.counters.get("control_messages")
 
 
+def test_under_load_counters_only_grow_and_end_at_what_the_clients_saw(dataplane):
+    """Two clients forward concurrently while a reader snapshots in a loop: no counter
+    ever goes back, and when they are done the totals are theirs."""
+    import threading
+
+    before = stats.read_snapshot(control=dataplane.control)
+    per_client, results, errors = 60, [], []
+
+    def work(k: int) -> None:
+        try:
+            c, nbytes = _run_forwards(dataplane.control, per_client, layer=20 + k)
+            results.append((c.client_id, nbytes))
+            c.close()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    seen: list[stats.Snapshot] = []
+    while any(t.is_alive() for t in threads):
+        seen.append(stats.read_snapshot(control=dataplane.control))
+        time.sleep(0.005)
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(seen) > 3
+    for a, b in itertools.pairwise(seen):
+        for k, v in a.counters.items():
+            assert b.counters[k] >= v, (k, v, b.counters[k])
+        for name, h in a.latency.items():
+            assert all(y >= x for x, y in zip(h.counts, b.latency[name].counts, strict=True))
+    want = before.counters["forwards_ok"] + 2 * per_client
+    end = _settled(dataplane.control, {"forwards_ok": want})
+    assert end.counters["forwards_ok"] == want
+    assert end.latency["end_to_end"].minus(before.latency["end_to_end"]).total() == 2 * per_client
+
+
 # --- no dataplane, a dead one -------------------------------------------------------------
 
 
