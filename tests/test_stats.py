@@ -104,6 +104,37 @@ def test_every_histogram_has_the_same_log_spaced_bounds(dataplane):
     assert b[-1] == 2**63 - 1 and all(x < y for x, y in itertools.pairwise(b))
 
 
+def test_generated_header_compiles_and_matches_the_plan_the_readers_use(tmp_path):
+    import re
+    import shutil
+
+    from duckpipe.schema.codegen import ROOT
+    from duckpipe.schema.layout import layout_of
+
+    header = ROOT / "dataplane" / "include" / "dp_stats_abi.h"
+    defines = dict(re.findall(r"#define DP_(STATS_\w+) (\w+)", header.read_text()))
+    for key, value in S.segment_plan().items():
+        assert int(defines[f"STATS_{key.upper()}"], 0) == value, key
+    for cls in S.LAYOUTS:  # the numpy views readers use: the schema's offsets and sizes
+        lay = layout_of(cls)
+        dt = stats.DTYPES[cls.__name__]
+        assert dt.itemsize == lay.size
+        for f in lay.fields:
+            if not f.pad:
+                assert dt.fields[f.name][1] == f.offset, (cls.__name__, f.name)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = tmp_path / "t.c"
+    src.write_text('#include "dp_stats_abi.h"\nint main(void) { return 0; }\n')
+    r = subprocess.run(
+        [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", f"-I{header.parent}", str(src),
+         "-o", str(tmp_path / "t")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr  # its _Static_asserts pin every offset
+
+
 # --- agreement with what the client saw -------------------------------------------------
 
 
