@@ -175,6 +175,20 @@ def test_snapshot_agrees_with_the_forwards_the_client_completed(loaded):
         assert ducks[d].last_reply_ns > 0 and ducks[d].timeouts == 0
 
 
+def test_segment_counters_agree_with_getstats(loaded):
+    """The segment and the control query sum the same agents' counters."""
+    dp, c = loaded[0], loaded[1]
+    time.sleep(0.1)
+    over_zmq = c.stats().counters
+    time.sleep(0.1)  # the segment trails by one tick
+    seg = stats.read_snapshot(control=dp.control).counters
+    moving = TIMER_DRIVEN | {"control_messages", "completions_sent", "completion_flushes"}
+    assert set(over_zmq) == set(seg)
+    assert {k: v for k, v in seg.items() if k not in moving} == {
+        k: v for k, v in over_zmq.items() if k not in moving
+    }
+
+
 def test_json_document_round_trips(loaded):
     dp = loaded[0]
     s = stats.read_snapshot(control=dp.control)

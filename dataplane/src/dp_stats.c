@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dp_accept_guard.h"
 #include "dp_fwd.h"
 #include "dp_worker.h"
 
@@ -271,8 +272,9 @@ static void publish_counters(struct dp_stats_seg *s)
 	for (uint32_t a = 0; a < n; a++)
 		for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
 			set64(&s->agents[a].v[i], dp_load_relaxed_u64(&src[a]->v[i]));
-	/* parks and kicks are each runner thread's (dp_waker.h): shown under control, so the
-	 * sum over agents is what GetStats reports */
+	/* parks and kicks are each runner thread's (dp_waker.h), connections_shed libzmq's
+	 * I/O thread's (dp_accept_guard.c): shown under control, so the sum over agents is
+	 * what GetStats reports */
 	uint64_t parks = 0, kicks = 0;
 	for (uint32_t k = 0; k < w->nwakers; k++) {
 		parks += dp_load_relaxed_u64(&w->wakers[k]->parks);
@@ -280,6 +282,7 @@ static void publish_counters(struct dp_stats_seg *s)
 	}
 	set64(&s->agents[0].v[DP_C_parks], dp_load_relaxed_u64(&src[0]->v[DP_C_parks]) + parks);
 	set64(&s->agents[0].v[DP_C_kicks], dp_load_relaxed_u64(&src[0]->v[DP_C_kicks]) + kicks);
+	set64(&s->agents[0].v[DP_C_connections_shed], dp_accept_guard_shed());
 }
 
 /* The entry of client slot i, filled when another client took the slot (ids are never
