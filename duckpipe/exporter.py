@@ -20,6 +20,7 @@ with ``duckpipe_up 0``.
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -41,6 +42,12 @@ from .errors import DuckpipeError
 __all__ = ["SnapshotCollector", "registry", "render", "serve"]
 
 _DUCK_STATES = ("up", "late", "lost")
+_NOT_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _name(counter: str) -> str:
+    """A counter's name as a metric name (names come from the segment: never trusted)."""
+    return _NOT_NAME.sub("_", counter) or "_"
 
 
 def _buckets(h: st.Histogram) -> list[tuple[str, float]]:
@@ -110,13 +117,15 @@ class SnapshotCollector:
         yield g
 
         for name, v in s.counters.items():
-            c = CounterMetricFamily(f"duckpipe_{name}", f"dataplane counter {name} (all agents)")
+            c = CounterMetricFamily(
+                f"duckpipe_{_name(name)}", f"dataplane counter {name} (all agents)"
+            )
             c.add_metric([], v)
             yield c
         if s.nics:
             for name in s.nics[0].counters:
                 c = CounterMetricFamily(
-                    f"duckpipe_nic_{name}", f"NIC worker counter {name}", labels=["nic"]
+                    f"duckpipe_nic_{_name(name)}", f"NIC worker counter {name}", labels=["nic"]
                 )
                 for n in s.nics:
                     c.add_metric([n.name], n.counters.get(name, 0))

@@ -405,6 +405,32 @@ def test_a_killed_mock_leaves_a_stale_segment_that_is_reported_and_replaced(tmp_
         assert s2.dataplane.alive and s2.dataplane.pid == dp2.pid
 
 
+def test_a_garbled_segment_reads_without_crashing_the_reader(tmp_path):
+    """Whatever the regions hold, a reader clamps counts and indices and decodes names
+    leniently: a broken writer cannot take duckpipe-top or the exporter down."""
+    rng = np.random.default_rng(5)
+    size = S.segment_plan()["segment_size"]
+    for seed in range(5):
+        raw = bytearray(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+        v = stats.views(raw)
+        v["header"]["magic"] = S.STATS_MAGIC
+        v["header"]["version_major"] = S.STATS_VERSION_MAJOR
+        v["header"]["pid"] = 0
+        del v
+        path = tmp_path / f"stats{seed}"
+        path.write_bytes(bytes(raw))
+        snap = stats.read_snapshot(path, client_rings=False)
+        assert not snap.dataplane.alive
+        msgspec.json.encode(snap)  # and it serializes
+        from duckpipe import exporter
+
+        assert "duckpipe_up 0.0" in exporter.render(stats=path)  # the pid is gone: stale
+    short = tmp_path / "short"
+    short.write_bytes(b"\0" * 100)
+    with pytest.raises(stats.NoDataplane, match="not a stats segment of this version"):
+        stats.read_snapshot(short)
+
+
 def test_clean_exit_removes_the_segment(tmp_path):
     control = f"ipc://{tmp_path}/control"
     with MockDataplaneProcess(ducks=2, control=control):
