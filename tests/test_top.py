@@ -1,0 +1,323 @@
+"""duckpipe-top: rates and panes from hand-built snapshots, --once and --json against a
+running mock dataplane under load, no dataplane -> exit 1, and the live screen driven
+in a real terminal (tmux)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import duckpipe
+from duckpipe import topview as tv
+
+try:
+    from duckpipe import stats as S
+except ImportError:  # the stats segment's module is not merged yet
+    S = None
+
+REPO = Path(duckpipe.__file__).resolve().parent.parent
+BOUNDS = [1_000 * 2**i for i in range(20)] + [2**63 - 1]
+
+# ---------------------------------------------------------------- a snapshot factory
+
+
+if S is None:
+
+    class _Hist(msgspec.Struct, frozen=True, kw_only=True):
+        bounds_ns: list[int]
+        counts: list[int]
+
+    class _Info(msgspec.Struct, frozen=True, kw_only=True):
+        kind: str
+        pid: int
+        start_time_ns: int
+        heartbeat_ns: int
+        control: str
+        threads: str
+        stats_path: str
+
+    class _Client(msgspec.Struct, frozen=True, kw_only=True):
+        id: int
+        pid: int
+        name: str
+        segment: str
+        page_size: int
+        capacity: int
+        slot_count: int
+        head: int
+        tail: int
+        inflight: int
+        submits: int
+        completions: int
+        bytes_in: int
+        bytes_out: int
+        ring_full: int
+        errors: int
+
+    class _Nic(msgspec.Struct, frozen=True, kw_only=True):
+        name: str
+        backend: str
+        interface: str
+        core: int
+        counters: dict[str, int]
+        xstats: dict[str, int]
+
+    class _Duck(msgspec.Struct, frozen=True, kw_only=True):
+        id: int
+        address: str
+        nic: str
+        state: str
+        layers: int
+        last_reply_ns: int
+        reply: _Hist
+        timeouts: int
+        missing_chunks: int
+        nacks: int
+
+    class _Snap(msgspec.Struct, frozen=True, kw_only=True):
+        taken_ns: int
+        dataplane: _Info
+        counters: dict[str, int]
+        clients: list[_Client]
+        nics: list[_Nic]
+        ducks: list[_Duck]
+        latency: dict[str, _Hist]
+
+    Hist, Info, Client, Nic, Duck, Snap = _Hist, _Info, _Client, _Nic, _Duck, _Snap
+else:
+    Hist, Info, Client, Nic, Duck, Snap = (
+        S.Histogram,
+        S.DataplaneInfo,
+        S.ClientStats,
+        S.NicStats,
+        S.DuckStats,
+        S.Snapshot,
+    )
+
+
+def hist(*values_ns: int) -> object:
+    counts = [0] * len(BOUNDS)
+    for v in values_ns:
+        counts[next(i for i, b in enumerate(BOUNDS) if v <= b)] += 1
+    return Hist(bounds_ns=BOUNDS, counts=counts)
+
+
+def snap(
+    t_s: float,
+    *,
+    forwards: int = 0,
+    head: int = 0,
+    tail: int = 0,
+    submits: int = 0,
+    bytes_in: int = 0,
+    ring_full: int = 0,
+    tx_packets: int = 0,
+    tx_bytes: int = 0,
+    drops: int = 0,
+    timeouts: int = 0,
+    e2e: tuple[int, ...] = (),
+    reply: tuple[int, ...] = (),
+    heartbeat_age_s: float = 0.01,
+    pid: int = 4242,
+    page_size: int = 2 << 20,
+) -> object:
+    taken = int(1_000e9 + t_s * 1e9)
+    return Snap(
+        taken_ns=taken,
+        dataplane=Info(
+            kind="mock",
+            pid=pid,
+            start_time_ns=1_700_000_000_000_000_000,
+            heartbeat_ns=taken - int(heartbeat_age_s * 1e9),
+            control="ipc:///tmp/x/control",
+            threads="shared",
+            stats_path="/tmp/x/stats",
+        ),
+        counters={"forwards": forwards, "forwards_ok": forwards, "timeouts": timeouts},
+        clients=[
+            Client(
+                id=1,
+                pid=1111,
+                name="model",
+                segment="duckpipe-0-1111-1",
+                page_size=page_size,
+                capacity=64,
+                slot_count=64,
+                head=head,
+                tail=tail,
+                inflight=head - tail,
+                submits=submits,
+                completions=submits,
+                bytes_in=bytes_in,
+                bytes_out=bytes_in,
+                ring_full=ring_full,
+                errors=0,
+            )
+        ],
+        nics=[
+            Nic(
+                name="lo",
+                backend="socket",
+                interface="lo",
+                core=-1,
+                counters={
+                    "tx_packets": tx_packets,
+                    "tx_bytes": tx_bytes,
+                    "rx_packets": tx_packets,
+                    "rx_bytes": tx_bytes,
+                    "rxq_overflows": drops,
+                    "nacks_sent": 3,
+                    "retransmits": 2,
+                    "gso_sends": 7,
+                },
+                xstats={},
+            )
+        ],
+        ducks=[
+            Duck(
+                id=i,
+                address=f"127.0.0.1:{47100 + i}",
+                nic="lo",
+                state="up",
+                layers=2,
+                last_reply_ns=50_000,
+                reply=hist(*reply),
+                timeouts=timeouts if i == 1 else 0,
+                missing_chunks=0,
+                nacks=0,
+            )
+            for i in range(3)
+        ],
+        latency={k: hist(*e2e) for k in tv.LATENCY_KEYS},
+    )
+
+
+# ---------------------------------------------------------------- pure functions
+
+
+def test_rates_are_counter_differences_over_the_snapshots_time_apart():
+    a = snap(0, forwards=100, submits=100, bytes_in=0, tx_packets=10, tx_bytes=0)
+    b = snap(2, forwards=300, submits=500, bytes_in=10**9, tx_packets=2010, tx_bytes=5 * 10**8)
+    r = tv.derive_rates(b, a)
+    assert r.interval_s == 2.0
+    assert r.forwards_per_s == 100.0
+    c = r.clients[0]
+    assert c.submits_per_s == 200.0 and c.completions_per_s == 200.0
+    assert c.gbytes_per_s == pytest.approx(1.0)  # 1 GB in + 1 GB out over 2 s
+    n = r.nics[0]
+    assert n.tx_packets_per_s == 1000.0 and n.tx_gbits_per_s == pytest.approx(2.0)
+
+
+def test_one_snapshot_or_another_dataplane_gives_no_rates():
+    b = snap(2, forwards=300, e2e=(5_000,))
+    assert tv.derive_rates(b, None).forwards_per_s is None
+    other = snap(0, forwards=100, pid=999)
+    r = tv.derive_rates(b, other)
+    assert r.forwards_per_s is None and r.interval_s == 0
+    assert r.latency[0].count == 0 and r.latency[0].p99_all_ns == 8_000
+
+
+def test_counters_that_went_down_count_as_a_fresh_start_not_a_negative_rate():
+    r = tv.derive_rates(snap(1, forwards=5, submits=5), snap(0, forwards=50, submits=50))
+    assert r.forwards_per_s is None and r.clients[0].submits_per_s is None
+
+
+def test_latency_quantiles_come_from_the_interval_only():
+    old = snap(0, e2e=(1_000_000,) * 100)  # a slow past
+    new = snap(1, e2e=(1_000_000,) * 100 + (3_000,) * 99 + (100_000,))
+    lat = {p.phase: p for p in tv.derive_rates(new, old).latency}
+    e2e = lat["end_to_end"]
+    assert e2e.count == 100
+    assert e2e.p50_ns == 4_000 and e2e.p99_ns == 4_000 and e2e.p999_ns == 128_000
+    assert e2e.p99_all_ns == 1_024_000
+    assert list(lat) == list(tv.LATENCY_KEYS)
+
+
+def test_histogram_quantile_of_the_open_last_bucket_is_the_bound_below():
+    h = hist(2**62)
+    assert tv.hist_quantile(h.bounds_ns, h.counts, 0.5) == BOUNDS[-2]
+    assert tv.hist_quantile(BOUNDS, [0] * len(BOUNDS), 0.5) is None
+
+
+def test_a_ring_over_90_percent_full_is_marked():
+    v = tv.build_view(snap(1, head=60, tail=0), snap(0))
+    (row,) = v.tables["rings"].rows
+    assert row.attention and row.cells[6] == "94"
+    assert any("ring of model (pid 1111) 94% full" in a for a in v.alerts)
+    v = tv.build_view(snap(1, head=10, tail=0), snap(0))
+    assert not v.tables["rings"].rows[0].attention and not v.alerts
+
+
+def test_a_duck_with_new_timeouts_is_marked_and_old_ones_are_not():
+    v = tv.build_view(snap(1, timeouts=3), snap(0, timeouts=1))
+    rows = {r.cells[0]: r for r in v.tables["ducks"].rows}
+    assert rows["1"].attention and rows["1"].cells[8] == "3 +2"
+    assert not rows["0"].attention
+    assert "duck 1 (127.0.0.1:47101): 2 new timeout(s)" in v.alerts
+    v = tv.build_view(snap(2, timeouts=3), snap(1, timeouts=3))
+    assert not any(r.attention for r in v.tables["ducks"].rows) and not v.alerts
+
+
+def test_a_stale_heartbeat_says_since_when_the_dataplane_stopped_responding():
+    wall = time.mktime((2026, 12, 3, 7, 30, 10, 0, 0, -1)) * 1e9
+    v = tv.build_view(snap(1, heartbeat_age_s=5), snap(0), wall_ns=wall)
+    assert any("dataplane not responding since 07:30:05" in a for a in v.alerts)
+    assert not tv.build_view(snap(1, heartbeat_age_s=1.5), snap(0)).alerts
+
+
+def test_page_size_is_said_plainly():
+    rings = tv.build_view(snap(1), snap(0)).tables["rings"]
+    assert rings.rows[0].cells[11] == "2 MiB"
+    rings = tv.build_view(snap(1, page_size=4096), snap(0)).tables["rings"]
+    assert rings.rows[0].cells[11] == "4 KiB (fallback)"
+
+
+def test_new_nic_drops_are_marked():
+    v = tv.build_view(snap(1, drops=4), snap(0, drops=1))
+    assert v.tables["nics"].rows[0].attention and "NIC lo: 3 new drop(s)" in v.alerts
+
+
+def test_narrow_terminals_drop_the_least_needed_columns_first():
+    rings = tv.build_view(snap(1), snap(0)).tables["rings"]
+    wide = tv.render_table(rings, 200)[0][0]
+    narrow = tv.render_table(rings, 80)[0][0]
+    assert "segment" in wide and "segment" not in narrow
+    for name in ("pid", "client", "occ%", "sub/s", "GB/s"):
+        assert name in narrow
+    assert all(len(line) <= 80 for line, _ in tv.render_table(rings, 80))
+
+
+def test_sorting_puts_the_largest_first_and_keeps_threads_under_their_process():
+    procs = [
+        tv.ProcSample(
+            pid=pid,
+            role="client",
+            name=f"p{pid}",
+            cpu_percent=cpu,
+            rss=1 << 20,
+            threads=[tv.ThreadSample(tid=pid + 1, name="t", core=1, cpu_percent=cpu)],
+        )
+        for pid, cpu in ((10, 5.0), (20, 50.0), (30, 20.0))
+    ]
+    table = tv.build_view(snap(1), snap(0), procs).tables["processes"]
+    order = [r.cells[0] for r in table.sorted_rows(3)]
+    assert order == ["20", "21", "30", "31", "10", "11"]
+    assert [r.cells[0] for r in table.sorted_rows(3, reverse=True)][:2] == ["10", "11"]
+
+
+def test_once_text_has_every_pane():
+    text = tv.render_text(tv.build_view(snap(1, e2e=(5_000,)), snap(0)))
+    for i, title in enumerate(("rings", "NIC workers", "ducks", "latency", "processes"), 1):
+        assert f"[{i}] {title}" in text
+
+
+def test_thread_core_reads_field_39_of_the_thread_stat():
+    from duckpipe.top import _thread_core
+
+    core = _thread_core(os.getpid(), threading.get_native_id())
+    assert core is not None and 0 <= core < os.cpu_count()
