@@ -109,13 +109,28 @@ class ProcessSampler:
         self._last: float | None = None
 
     @staticmethod
-    def emulators() -> list[int]:
+    def emulators(snap: Any) -> list[int]:
+        """The duck emulators serving this dataplane's ducks: ``duckpipe-ducks`` processes
+        bound to one of the ducks' UDP addresses (others on the host are not its own)."""
+        ports = set()
+        for d in snap.ducks:
+            host, _, port = d.address.rpartition(":")
+            if host and port.isdigit():
+                ports.add(int(port))
+        if not ports:
+            return []
         pids = []
         for p in psutil.process_iter(["name", "cmdline"]):
             cmd = p.info.get("cmdline") or []
-            if p.info.get("name") == EMULATOR_NAME or (
+            if p.info.get("name") != EMULATOR_NAME and not (
                 cmd and os.path.basename(cmd[0]) == EMULATOR_NAME
             ):
+                continue
+            try:
+                conns = p.net_connections(kind="udp")
+            except (psutil.Error, OSError):
+                continue
+            if any(c.laddr and c.laddr.port in ports for c in conns):
                 pids.append(p.pid)
         return pids
 
@@ -124,9 +139,11 @@ class ProcessSampler:
         dt = now - self._last if self._last is not None else 0.0
         self._last = now
         wanted: dict[int, str] = {snap.dataplane.pid: "dataplane"}
+        names = {snap.dataplane.pid: f"{snap.dataplane.kind} dataplane"}
         for c in snap.clients:
             wanted.setdefault(c.pid, "client")
-        for pid in self.emulators():
+            names.setdefault(c.pid, c.name)
+        for pid in self.emulators(snap):
             wanted.setdefault(pid, "ducks")
         out = []
         times: dict[tuple[int, int], float] = {}
@@ -142,6 +159,8 @@ class ProcessSampler:
                 self._procs[pid] = proc
                 with proc.oneshot():
                     name = proc.name()
+                    if name.startswith("python") and pid in names:
+                        name = names[pid]  # "python" says less than the client's own name
                     rss = proc.memory_info().rss
                     threads = proc.threads()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -370,6 +389,10 @@ class Screen:
 
 def _live(args: argparse.Namespace) -> int:
     _reader(args)  # fail here, before curses, if duckpipe.stats is missing
+    # ncurses takes exported LINES/COLUMNS over the terminal's own size, at start and at
+    # every resize: with them set (as some shells and tmux panes do) a resize goes unseen
+    for var in ("LINES", "COLUMNS"):
+        os.environ.pop(var, None)
     return curses.wrapper(lambda scr: Screen(scr, args).run())
 
 

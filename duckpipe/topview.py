@@ -300,6 +300,10 @@ class Column:
     width: int
     align: str = ">"  # ">" right, "<" left
     priority: int = 0  # dropped first when the terminal is narrow: highest priority number
+    ascending: bool = False  # numbers sort largest first unless this (ids, pids)
+
+    def __post_init__(self) -> None:  # room for the name and the sort mark
+        object.__setattr__(self, "width", max(self.width, len(self.name) + 1))
 
 
 @dataclass
@@ -330,12 +334,14 @@ class Table:
             else:
                 groups.append([row])
 
+        up = self.columns[col].ascending if col < len(self.columns) else False
+
         def key(g: list[Row]) -> tuple:
             k = g[0].keys[col] if col < len(g[0].keys) else None
             if k is None:
                 return (1, 0)
             if isinstance(k, int | float):
-                return (0, -k)
+                return (0, k if up else -k)
             return (0, str(k))
 
         groups.sort(key=key, reverse=reverse)
@@ -451,7 +457,7 @@ def _clock(wall_ns: float) -> str:
 
 def _rings(new: Any, rates: Rates) -> Table:
     cols = [
-        Column("pid", 7),
+        Column("pid", 7, ascending=True),
         Column("client", 14, "<"),
         Column("cap", 5),
         Column("head", 9, priority=3),
@@ -463,8 +469,8 @@ def _rings(new: Any, rates: Rates) -> Table:
         Column("GB/s", 6),
         Column("full", 6, priority=1),
         Column("page", 16, "<", priority=2),
-        Column("id", 4, priority=4),
-        Column("segment", 30, "<", priority=5),
+        Column("id", 4, priority=4, ascending=True),
+        Column("segment", 40, "<", priority=5),
     ]
     rows = []
     for c, r in zip(new.clients, rates.clients, strict=True):
@@ -549,7 +555,7 @@ def _nics(new: Any, rates: Rates) -> Table:
 
 def _ducks(new: Any, rates: Rates) -> Table:
     cols = [
-        Column("id", 4),
+        Column("id", 4, ascending=True),
         Column("address", 21, "<"),
         Column("nic", 8, "<", priority=2),
         Column("state", 5, "<"),
@@ -590,7 +596,7 @@ def _ducks(new: Any, rates: Rates) -> Table:
 
 def _latency(new: Any, rates: Rates) -> Table:
     cols = [
-        Column("phase", 12, "<"),
+        Column("phase", 12, "<", ascending=True),  # sorts as listed: end to end first
         Column("count", 8),
         Column("p50", 9),
         Column("p99", 9),
@@ -599,9 +605,9 @@ def _latency(new: Any, rates: Rates) -> Table:
     ]
     rows = []
     names = {"end_to_end": "end to end", "reply_spread": "duck spread"}
-    for p in rates.latency:
+    for i, p in enumerate(rates.latency):
         vals: list[tuple[str, Any]] = [
-            (names.get(p.phase, p.phase), p.phase),
+            (names.get(p.phase, p.phase), i),
             (str(p.count), p.count),
             (fmt_ns(p.p50_ns), p.p50_ns),
             (fmt_ns(p.p99_ns), p.p99_ns),
@@ -621,9 +627,9 @@ def _latency(new: Any, rates: Rates) -> Table:
 
 def _processes(procs: Sequence[ProcSample]) -> Table:
     cols = [
-        Column("pid", 8),
+        Column("pid", 8, ascending=True),
         Column("role", 9, "<"),
-        Column("name", 16, "<"),
+        Column("name", 20, "<"),
         Column("cpu%", 6),
         Column("rss", 9),
         Column("thr", 4),
@@ -663,7 +669,7 @@ def _processes(procs: Sequence[ProcSample]) -> Table:
                 )
             )
     notes = ["cpu%: of one core over the interval; cores: the CPU each thread last ran on"]
-    return Table("processes", "processes", cols, rows, notes, sort=0)
+    return Table("processes", "processes", cols, rows, notes, sort=3)
 
 
 def build_view(

@@ -4,16 +4,23 @@ in a real terminal (tmux)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 
 import duckpipe
+from duckpipe import GeluMlp
 from duckpipe import topview as tv
+from duckpipe.mock.process import MockDataplaneProcess
 
 try:
     from duckpipe import stats as S
@@ -321,3 +328,213 @@ def test_thread_core_reads_field_39_of_the_thread_stat():
 
     core = _thread_core(os.getpid(), threading.get_native_id())
     assert core is not None and 0 <= core < os.cpu_count()
+
+
+# ---------------------------------------------------------------- against a running mock
+
+
+def _top(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "duckpipe.top", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+class _Load:
+    """A client doing forwards in a thread until stopped; counts what it saw complete."""
+
+    def __init__(self, control: str) -> None:
+        self.client = duckpipe.connect(control, name="top-load")
+        self.client.load_weights(1, GeluMlp.random(64, 96, seed=1), ducks=[0, 1, 2, 3])
+        self.done = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        x = np.ones((4, 64), np.float32)
+        while not self.stop.is_set():
+            self.client.forward(1, x, timeout=10)
+            self.done += 1
+            time.sleep(0.001)  # leave the shared cores some room
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(20)
+        self.client.close()
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    with MockDataplaneProcess(ducks=4) as dp:
+        load = _Load(dp.control)
+        try:
+            deadline = time.monotonic() + 20
+            while load.done < 20 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert load.done >= 20, "the load client made no progress"
+            yield dp, load
+        finally:
+            load.close()
+
+
+def test_once_renders_every_pane_against_a_running_mock_under_load(loaded):
+    dp, _ = loaded
+    r = _top("--once", "--control", dp.control)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for i, title in enumerate(("rings", "NIC workers", "ducks", "latency", "processes"), 1):
+        assert f"[{i}] {title}" in out
+    assert f"dataplane mock pid {dp.pid}" in out
+    ring = next(line for line in out.splitlines() if " top-load " in line)
+    assert ring.split()[0] == str(os.getpid())
+    assert "2 MiB" in ring or "4 KiB (fallback)" in ring
+    assert "end to end" in out and "mock:3" in out
+    assert f"{dp.pid} dataplane mock dataplane" in " ".join(out.split())
+    assert f"{os.getpid()} client top-load" in " ".join(out.split())
+
+
+def test_json_is_one_document_of_every_counter_and_the_derived_rates(loaded):
+    dp, load = loaded
+    before = load.done
+    r = _top("--json", "--control", dp.control)
+    after = load.done
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) == {"snapshot", "rates", "processes"}
+    snap_ = doc["snapshot"]
+    assert snap_["dataplane"]["pid"] == dp.pid and snap_["dataplane"]["kind"] == "mock"
+    (mine,) = [c for c in snap_["clients"] if c["pid"] == os.getpid()]
+    assert mine["name"] == "top-load"
+    # the snapshot was read between the two counts the client made (plus the 20 at start
+    # and up to one in flight)
+    assert before <= mine["completions"] <= after + 1
+    rates = doc["rates"]
+    assert 0.4 < rates["interval_s"] < 5
+    assert rates["forwards_per_s"] > 0 and rates["clients"][0]["completions_per_s"] > 0
+    assert {p["phase"] for p in rates["latency"]} >= set(tv.LATENCY_KEYS)
+    assert any(p["role"] == "dataplane" and p["pid"] == dp.pid for p in doc["processes"])
+
+
+def test_no_dataplane_says_so_on_stderr_and_exits_1(tmp_path):
+    for flags in (["--once"], ["--json"], ["--stats", str(tmp_path / "stats"), "--json"]):
+        r = _top(*flags, "--control", f"ipc://{tmp_path}/control")
+        assert r.returncode == 1, (flags, r.stderr)
+        assert r.stdout == "" and "no dataplane running" in r.stderr
+
+
+# ---------------------------------------------------------------- the live screen in tmux
+
+
+class Tmux:
+    """One duckpipe-top in a detached tmux session on a private server."""
+
+    def __init__(self, command: str, width: int = 120, height: int = 40) -> None:
+        self.sock = f"duckpipe-top-test-{os.getpid()}-{time.monotonic_ns()}"
+        self.tmux(
+            "new-session",
+            "-d",
+            "-s",
+            "top",
+            "-x",
+            str(width),
+            "-y",
+            str(height),
+            "-c",
+            str(REPO),
+            command,
+        )
+
+    def tmux(self, *args: str) -> str:
+        r = subprocess.run(
+            ["tmux", "-L", self.sock, *args], capture_output=True, text=True, timeout=10
+        )
+        assert r.returncode == 0, (args, r.stderr)
+        return r.stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "top")
+
+    def keys(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "top", *keys)
+
+    def wait_for(self, text: str, timeout: float = 15) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            screen = self.screen()
+            if text in screen:
+                return screen
+            if time.monotonic() > deadline:
+                size = self.tmux("display", "-p", "-t", "top", "#{window_width}x#{window_height}")
+                raise AssertionError(
+                    f"{text!r} not on screen after {timeout} s ({size.strip()}):\n{screen}"
+                )
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.sock, "kill-server"], capture_output=True, timeout=10)
+
+
+@pytest.fixture
+def tmux_top():
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (tools/setup installs it)")
+    sessions = []
+
+    def start(*args: str, width: int = 120, height: int = 40) -> Tmux:
+        cmd = " ".join([sys.executable, "-m", "duckpipe.top", *args])
+        t = Tmux(f"{cmd}; echo duckpipe-top exited $?; sleep 60", width, height)
+        sessions.append(t)
+        return t
+
+    yield start
+    for t in sessions:
+        t.close()
+
+
+def test_live_screen_switches_panes_survives_a_resize_and_quits(loaded, tmux_top):
+    dp, _ = loaded
+    t = tmux_top("--control", dp.control, "-u", "0.5")
+    t.wait_for("rings (one per attached client)")
+    t.wait_for("top-load")
+    t.keys("2")
+    t.wait_for("NIC workers")
+    t.keys("3")
+    screen = t.wait_for("mock:3")
+    assert "timeouts" in screen
+    t.keys("Tab")
+    screen = t.wait_for("latency per forward")
+    assert "end to end" in screen and "p99.9" in screen
+    t.keys("5")
+    t.wait_for("mock dataplane")
+    t.keys("s")  # cpu% (the default) -> rss
+    t.wait_for("sorted by rss")
+    t.keys("1")
+    t.tmux("resize-window", "-t", "top", "-x", "80", "-y", "24")
+    screen = t.wait_for("top-load")
+    lines = screen.splitlines()
+    assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
+    assert "segment" not in screen  # the least needed column went first
+    t.tmux("resize-window", "-t", "top", "-x", "200", "-y", "50")
+    t.wait_for("segment")
+    t.keys("q")
+    t.wait_for("duckpipe-top exited 0")
+
+
+def test_live_screen_shows_no_dataplane_and_picks_up_a_new_one(tmp_path, tmux_top):
+    control = f"ipc://{tmp_path}/control"
+    t = tmux_top("--control", control, "-u", "0.3")
+    t.wait_for("no dataplane")
+    with MockDataplaneProcess(ducks=2, control=control) as dp:
+        t.wait_for(f"dataplane mock pid {dp.pid}")
+        t.keys("3")
+        t.wait_for("mock:1")
+    t.wait_for("no dataplane")
+    with MockDataplaneProcess(ducks=3, control=control) as dp:
+        t.wait_for(f"dataplane mock pid {dp.pid}")
+        t.wait_for("mock:2")  # still on the ducks pane
+    t.keys("q")
+    t.wait_for("duckpipe-top exited 0")
