@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -538,3 +539,20 @@ def test_live_screen_shows_no_dataplane_and_picks_up_a_new_one(tmp_path, tmux_to
         t.wait_for("mock:2")  # still on the ducks pane
     t.keys("q")
     t.wait_for("duckpipe-top exited 0")
+
+
+def test_a_stopped_dataplane_is_reported_as_not_responding_and_a_dead_one_as_gone():
+    with MockDataplaneProcess(ducks=2) as dp:
+        os.kill(dp.pid, signal.SIGSTOP)
+        try:
+            time.sleep(2.5)  # past the 2 s a heartbeat may age
+            r = _top("--once", "--control", dp.control, "-u", "0.1")
+        finally:
+            os.kill(dp.pid, signal.SIGCONT)
+        assert r.returncode == 0, r.stderr
+        assert "! dataplane not responding since " in r.stdout
+        dp.proc.kill()  # no clean exit: the stats segment stays behind
+        dp.proc.wait(10)
+        r = _top("--json", "--control", dp.control)
+        assert r.returncode == 1 and r.stdout == ""
+        assert f"no dataplane running: pid {dp.pid}" in r.stderr and "has exited" in r.stderr
