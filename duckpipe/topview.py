@@ -405,15 +405,20 @@ def render_table(
 
 
 def fmt_ns(ns: int | None) -> str:
+    """At most 7 characters: "256 ns", "4.1 us", "524 us", "1.05 ms", "16.8 ms", "268 ms"."""
     if ns is None:
         return "-"
-    if ns < 10_000:
-        return f"{ns / 1000:.1f} us" if ns >= 1000 else f"{ns} ns"
-    if ns < 1_000_000:
-        return f"{ns / 1000:.0f} us"
-    if ns < 1_000_000_000:
-        return f"{ns / 1e6:.2f} ms"
-    return f"{ns / 1e9:.2f} s"
+    if ns < 1000:
+        return f"{ns} ns"
+    for div, unit in ((1e3, "us"), (1e6, "ms"), (1e9, "s")):
+        v = ns / div
+        if v < 1000 or unit == "s":
+            if unit == "us" and v < 10:
+                return f"{v:.1f} us"
+            if unit == "us":
+                return f"{v:.0f} us"
+            return f"{v:.2f} {unit}" if v < 10 else f"{v:.1f} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return "-"
 
 
 def fmt_rate(x: float | None) -> str:
