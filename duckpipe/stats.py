@@ -397,7 +397,7 @@ def _snapshot(m: mmap.mmap, path: Path, client_rings: bool) -> Snapshot:
         )
     client_list = []
     for c in clients:
-        if int(c["state"]) != S.ClientState.ATTACHED:
+        if int(c["state"]) != S.StatsClientState.ATTACHED:
             continue
         head, tail, source = int(c["head"]), int(c["tail"]), "dataplane"
         if client_rings:

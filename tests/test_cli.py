@@ -36,10 +36,14 @@ def test_example_runs_checked_forwards_against_a_fresh_dataplane(which):
 def test_stats_and_shutdown_talk_to_a_running_dataplane():
     dp = MockDataplaneProcess(ducks=3).start()
     try:
-        r = _duckpipe("stats", "--control", dp.control, "--json")
+        r = _duckpipe("stats", "--control", dp.control, "--json", "--control-query")
         assert r.returncode == 0, r.stderr
         stats = json.loads(r.stdout)
         assert stats["mode"] == "mock" and "forwards" in stats["counters"]
+        r = _duckpipe("stats", "--control", dp.control, "--json")  # the stats segment
+        assert r.returncode == 0, r.stderr
+        snap = json.loads(r.stdout)
+        assert snap["dataplane"]["kind"] == "mock" and "forwards" in snap["counters"]
         r = _duckpipe("shutdown", "--control", dp.control)
         assert r.returncode == 0 and "acknowledged" in r.stdout
         assert dp.proc.wait(10) == 0
@@ -50,6 +54,9 @@ def test_stats_and_shutdown_talk_to_a_running_dataplane():
 
 def test_stats_without_a_dataplane_fails_clearly(tmp_path):
     r = _duckpipe("stats", "--control", f"ipc://{tmp_path}/none")
+    assert r.returncode == 1 and "no dataplane running" in r.stderr
+    assert f"{tmp_path}/none.stats" in r.stderr  # where it looked
+    r = _duckpipe("stats", "--control", f"ipc://{tmp_path}/none", "--control-query")
     assert r.returncode == 1 and "no dataplane answered" in r.stderr
 
 

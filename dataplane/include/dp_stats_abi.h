@@ -63,9 +63,9 @@ enum dp_threads {
 };
 
 /* A client slot in the stats segment. */
-enum dp_client_state {
-    DP_CLIENT_STATE_FREE = 0,
-    DP_CLIENT_STATE_ATTACHED = 1,
+enum dp_stats_client_state {
+    DP_STATS_CLIENT_STATE_FREE = 0,
+    DP_STATS_CLIENT_STATE_ATTACHED = 1,
 };
 
 /* A duck as the dataplane last saw it.

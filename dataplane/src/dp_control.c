@@ -31,6 +31,7 @@
 #include "dp_layers.h"
 #include "dp_mp.h"
 #include "dp_reduce.h"
+#include "dp_stats.h"
 #include "dp_worker.h"
 
 #define HOUSEKEEPING_NS 50000000ull /* 50 ms */
@@ -78,6 +79,8 @@ struct dp_control {
 	uint8_t *outbox_buf;
 	size_t outbox_used;
 	uint64_t outbox_since; /* when the oldest waiting completion was packed */
+	struct dp_stats_seg *stats; /* the stats segment: this agent is its only writer */
+	uint64_t next_stats;
 };
 
 const char *const dp_counter_names[DP_NCOUNTERS] = {
@@ -172,6 +175,7 @@ static void send_completion(struct dp_control *c, struct dp_fwd *f)
 	struct dp_client *cl = f->client;
 	struct dp_fwd_summary s;
 	dp_fwd_summarize(w, f, &s);
+	dp_stats_completion(c->stats, f, &s, dp_now_ns());
 	PACK(c, completion, .forward_id = f->desc.forward_id, .slot = f->desc.slot,
 	     .generation = f->desc.generation, .epoch = f->desc.epoch, .status = f->status,
 	     .answered = s.answered, .answered_len = s.nanswered, .missing = s.missing,
@@ -865,6 +869,10 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 		nudge_dispatcher(c);
 		c->next_house = now + HOUSEKEEPING_NS;
 	}
+	if (now >= c->next_stats) { /* parked, it ticks with housekeeping instead */
+		dp_stats_tick(c->stats, now);
+		c->next_stats = now + DP_STATS_TICK_NS;
+	}
 	return work;
 }
 
@@ -1028,6 +1036,10 @@ struct dp_control *dp_control_new(struct dp_world *w)
 			     strerror(errno));
 		goto fail;
 	}
+	c->stats = dp_stats_open(w);
+	if (!c->stats)
+		goto fail;
+	DP_INFO("stats segment %s", dp_stats_file(c->stats));
 	return c;
 fail:
 	dp_access_close(&c->access);
@@ -1051,6 +1063,7 @@ void dp_control_free(struct dp_control *c)
 	if (!c)
 		return;
 	flush_outbox(c); /* the last completions still go out */
+	dp_stats_close(c->stats);
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
 		if (c->w->clients[i].base)
 			dp_client_unmap(&c->w->clients[i]); /* live clients own their segments */

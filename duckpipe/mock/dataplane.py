@@ -790,6 +790,7 @@ class MockDataplane:
                 self._forward(client, d, fields, pickup)
             elif op == Op.WEIGHT_CHUNK:
                 self._weight_chunk(client, d)
+                fields["_bytes_in"] = int(d.nbytes)
                 self._finish(client, fields, Status.OK)
             elif op == Op.WEIGHT_COMMIT:
                 self._commit(client, int(d.layer))
@@ -861,6 +862,7 @@ class MockDataplane:
         t_end = time.perf_counter_ns()
         fields["nbytes"] = nbytes
         fields["_submit_ns"] = int(d.submit_ns)
+        fields["_bytes_in"] = nbytes
         for duck, ns in zip(answered, compute, strict=True):
             self.stats.duck_reply(duck, ns)
         for duck in missing:
@@ -1008,17 +1010,21 @@ class MockDataplane:
             )
         client.completed += 1
         self._stats_completion(client, f)
-        f = {k: v for k, v in f.items() if k not in ("nbytes", "_submit_ns")}
+        f = {k: v for k, v in f.items() if k not in ("nbytes", "_submit_ns", "_bytes_in")}
         self._send(client.identity, ctl.Completion(current_epoch=self.epoch, **f))
 
     # --- the stats segment ----------------------------------------------------------
 
     def _stats_completion(self, client: _Client, f: dict) -> None:
-        """A completion's bytes, status and (forwards) phase times into the segment."""
-        nbytes = int(f.get("nbytes", 0))
+        """A completion's bytes, status and (forwards) phase times into the segment, as
+        the C dataplane counts them (dp_stats.c)."""
         ok = f["status"] == Status.OK
+        forward = "_submit_ns" in f
         self.stats.client_bytes(
-            client.id, nbytes, nbytes if ok and "_submit_ns" in f else 0, not ok
+            client.id,
+            f.get("_bytes_in", 0) if ok or forward else 0,
+            int(f.get("nbytes", 0)) if ok and forward else 0,
+            not ok,
         )
         submit = f.get("_submit_ns")
         if submit is None:

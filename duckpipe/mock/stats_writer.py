@@ -136,7 +136,7 @@ class StatsWriter:
         slot_count: int,
     ) -> None:
         c = self.v["clients"]
-        free = np.flatnonzero(c["state"] == S.ClientState.FREE)
+        free = np.flatnonzero(c["state"] == S.StatsClientState.FREE)
         if not len(free):
             return
         i = int(free[0])
@@ -159,12 +159,12 @@ class StatsWriter:
         c["generation"][i] = self._generation
         _put(c["name"], i, name)
         _put(c["segment"], i, segment)
-        c["state"][i] = S.ClientState.ATTACHED
+        c["state"][i] = S.StatsClientState.ATTACHED
 
     def client_gone(self, cid: int) -> None:
         i = self._slots.pop(cid, None)
         if i is not None:
-            self.v["clients"]["state"][i] = S.ClientState.FREE
+            self.v["clients"]["state"][i] = S.StatsClientState.FREE
 
     def client_update(
         self, cid: int, *, head: int, tail: int, inflight: int, submits: int, completions: int

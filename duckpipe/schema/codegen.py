@@ -223,7 +223,7 @@ def render_control_json() -> str:
 STATS_ENUMS: tuple[type[enum.IntEnum], ...] = (
     stats.WriterKind,
     stats.Threads,
-    stats.ClientState,
+    stats.StatsClientState,
     stats.DuckState,
 )
 

@@ -30,8 +30,8 @@ The segment::
                         | dp_stats_hist[STATS_NHISTS] latency  |
     segment_size        +--------------------------------------+
 
-Every histogram has STATS_BUCKETS log-spaced buckets (two per octave from 256 ns; the
-upper bounds are in the segment, the last is 2**63-1); counts are cumulative since
+Every histogram has STATS_BUCKETS log-spaced buckets (two per octave from 256 ns: 2**k
+and 1.5 * 2**k; the upper bounds are in the segment, the last is 2**63-1); counts are cumulative since
 the dataplane started, so a reader differences two snapshots.
 """
 
@@ -57,7 +57,7 @@ __all__ = [
     "STATS_NHISTS",
     "STATS_VERSION_MAJOR",
     "STATS_VERSION_MINOR",
-    "ClientState",
+    "StatsClientState",
     "DuckState",
     "StatsAgent",
     "StatsBounds",
@@ -88,8 +88,14 @@ STATS_NHISTS = len(HIST_NAMES)
 
 
 def bucket_bounds() -> list[int]:
-    """Upper bounds (ns) of the buckets: floor(2**(8 + i/2)), the last 2**63-1."""
-    out = [int(2 ** (STATS_FIRST_BOUND_LOG2 + i / 2)) for i in range(STATS_BUCKETS - 1)]
+    """Upper bounds (ns) of the buckets, two per octave in integers: 256, 384, 512, 768,
+    1024, ... (2**k, then 1.5 * 2**k), up to 2**35 (34 s); the last is 2**63-1."""
+    out = [
+        (1 << (STATS_FIRST_BOUND_LOG2 + i // 2))
+        if i % 2 == 0
+        else 3 << (STATS_FIRST_BOUND_LOG2 - 1 + i // 2)
+        for i in range(STATS_BUCKETS - 1)
+    ]
     return [*out, (1 << 63) - 1]
 
 
@@ -107,7 +113,7 @@ class Threads(enum.IntEnum):
     DEDICATED = 2  # a thread (or lcore) per agent
 
 
-class ClientState(enum.IntEnum):
+class StatsClientState(enum.IntEnum):
     """A client slot in the stats segment."""
 
     FREE = 0
