@@ -203,7 +203,8 @@ def _once(args: argparse.Namespace) -> int:
         time.sleep(args.interval if args.interval is not None else ONCE_INTERVAL)
         second = read()
     except missing as e:
-        print(f"duckpipe-top: {e}{_HINT}", file=sys.stderr)
+        hint = "" if "--stats" in str(e) else _HINT
+        print(f"duckpipe-top: {e}{hint}", file=sys.stderr)
         return 1
     procs = sampler.sample(second)
     old = first if same_dataplane(second, first) else None

@@ -417,7 +417,9 @@ def fmt_ns(ns: int | None) -> str:
                 return f"{v:.1f} us"
             if unit == "us":
                 return f"{v:.0f} us"
-            return f"{v:.2f} {unit}" if v < 10 else f"{v:.1f} {unit}" if v < 100 else f"{v:.0f} {unit}"
+            return (
+                f"{v:.2f} {unit}" if v < 10 else f"{v:.1f} {unit}" if v < 100 else f"{v:.0f} {unit}"
+            )
     return "-"
 
 
@@ -542,7 +544,7 @@ def _nics(new: Any, rates: Rates) -> Table:
         vals: list[tuple[str, Any]] = [
             (n.name, n.name),
             (n.backend, n.backend),
-            (n.interface, n.interface),
+            (n.interface or "-", n.interface),
             ("-" if n.core < 0 else str(n.core), n.core),
             (fmt_rate(r.tx_packets_per_s), r.tx_packets_per_s),
             (fmt_float(r.tx_gbits_per_s, 3), r.tx_gbits_per_s),

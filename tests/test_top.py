@@ -1,5 +1,5 @@
 """duckpipe-top: rates and panes from hand-built snapshots, --once and --json against a
-running mock dataplane under load, no dataplane -> exit 1, and the live screen driven
+running mock and C dataplane under load, no dataplane -> exit 1, and the live screen driven
 in a real terminal (tmux)."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import duckpipe
 from duckpipe import GeluMlp
 from duckpipe import topview as tv
 from duckpipe.mock.process import MockDataplaneProcess
+from duckpipe.testing import cluster_class_or_skip
 
 try:
     from duckpipe import stats as S
@@ -368,9 +369,23 @@ class _Load:
         self.client.close()
 
 
-@pytest.fixture(scope="module")
-def loaded():
-    with MockDataplaneProcess(ducks=4) as dp:
+class _Running:
+    """What the tests need of a running dataplane, mock or C."""
+
+    def __init__(self, kind: str, control: str, pid: int, duck3: str) -> None:
+        self.kind, self.control, self.pid, self.duck3 = kind, control, pid, duck3
+
+
+@pytest.fixture(scope="module", params=["mock", "real"])
+def loaded(request):
+    """A dataplane with 4 ducks and a client in this process doing forwards."""
+    if request.param == "mock":
+        owner = MockDataplaneProcess(ducks=4).start()
+        dp = _Running("mock", owner.control, owner.pid, "mock:3")
+    else:
+        owner = cluster_class_or_skip()(4, default_timeout_ms=2000).start()
+        dp = _Running("c", owner.control, owner.dataplane.pid, f"127.0.0.1:{owner.duck_base + 3}")
+    try:
         load = _Load(dp.control)
         try:
             deadline = time.monotonic() + 20
@@ -380,22 +395,26 @@ def loaded():
             yield dp, load
         finally:
             load.close()
+    finally:
+        owner.__exit__(None, None, None)
 
 
-def test_once_renders_every_pane_against_a_running_mock_under_load(loaded):
+def test_once_renders_every_pane_against_a_running_dataplane_under_load(loaded):
     dp, _ = loaded
     r = _top("--once", "--control", dp.control)
     assert r.returncode == 0, r.stderr
     out = r.stdout
     for i, title in enumerate(("rings", "NIC workers", "ducks", "latency", "processes"), 1):
         assert f"[{i}] {title}" in out
-    assert f"dataplane mock pid {dp.pid}" in out
+    assert f"dataplane {dp.kind} pid {dp.pid}" in out
     ring = next(line for line in out.splitlines() if " top-load " in line)
     assert ring.split()[0] == str(os.getpid())
     assert "2 MiB" in ring or "4 KiB (fallback)" in ring
-    assert "end to end" in out and "mock:3" in out
-    assert f"{dp.pid} dataplane mock dataplane" in " ".join(out.split())
-    assert f"{os.getpid()} client top-load" in " ".join(out.split())
+    assert "end to end" in out and dp.duck3 in out
+    words = " ".join(out.split())
+    assert f"{dp.pid} dataplane" in words and f"{os.getpid()} client top-load" in words
+    if dp.kind == "c":  # the emulator serving these ducks, found by its UDP port
+        assert " ducks duckpipe-ducks " in words
 
 
 def test_json_is_one_document_of_every_counter_and_the_derived_rates(loaded):
@@ -407,7 +426,7 @@ def test_json_is_one_document_of_every_counter_and_the_derived_rates(loaded):
     doc = json.loads(r.stdout)
     assert set(doc) == {"snapshot", "rates", "processes"}
     snap_ = doc["snapshot"]
-    assert snap_["dataplane"]["pid"] == dp.pid and snap_["dataplane"]["kind"] == "mock"
+    assert snap_["dataplane"]["pid"] == dp.pid and snap_["dataplane"]["kind"] == dp.kind
     (mine,) = [c for c in snap_["clients"] if c["pid"] == os.getpid()]
     assert mine["name"] == "top-load"
     # the snapshot was read between the two counts the client made (plus the 20 at start
@@ -504,13 +523,13 @@ def test_live_screen_switches_panes_survives_a_resize_and_quits(loaded, tmux_top
     t.keys("2")
     t.wait_for("NIC workers")
     t.keys("3")
-    screen = t.wait_for("mock:3")
+    screen = t.wait_for(dp.duck3)
     assert "timeouts" in screen
     t.keys("Tab")
     screen = t.wait_for("latency per forward")
     assert "end to end" in screen and "p99.9" in screen
     t.keys("5")
-    t.wait_for("mock dataplane")
+    t.wait_for("cpu%")
     t.keys("s")  # cpu% (the default) -> rss
     t.wait_for("sorted by rss")
     t.keys("1")
