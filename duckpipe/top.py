@@ -296,7 +296,7 @@ class Screen:
             label = f" {i + 1} {p} "
             self.put(y, x, label, curses.A_REVERSE if i == self.pane else 0)
             x += len(label) + 1
-        self.put(y, x, " Tab/1-5 pane  s sort  r reverse  q quit")
+        self.put(y, x, "s sort  r rev  q quit")
         y += 1
         if self.view is None:
             self.scr.refresh()

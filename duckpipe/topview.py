@@ -465,17 +465,17 @@ def _clock(wall_ns: float) -> str:
 def _rings(new: Any, rates: Rates) -> Table:
     cols = [
         Column("pid", 7, ascending=True),
-        Column("client", 14, "<"),
-        Column("cap", 5),
+        Column("client", 12, "<"),
+        Column("cap", 5, priority=1),
         Column("head", 9, priority=3),
         Column("tail", 9, priority=3),
         Column("infl", 5),
         Column("occ%", 5),
-        Column("sub/s", 7),
-        Column("cmp/s", 7),
+        Column("sub/s", 6),
+        Column("cmp/s", 6),
         Column("GB/s", 6),
-        Column("full", 6, priority=1),
-        Column("page", 16, "<", priority=2),
+        Column("full", 5),
+        Column("page", 16, "<"),
         Column("id", 4, priority=4, ascending=True),
         Column("segment", 40, "<", priority=5),
     ]
@@ -556,7 +556,7 @@ def _nics(new: Any, rates: Rates) -> Table:
             (fmt_count(cn.get("gso_sends", 0)), cn.get("gso_sends", 0)),
         ]
         rows.append(Row([v[0] for v in vals], [v[1] for v in vals], attention=r.drops_new > 0))
-    notes = ["core -: not pinned (shared thread); drops, nacks (sent), retx, gso: since start"]
+    notes = ["core -: not pinned; drops, nacks (sent), retx, gso: since start"]
     return Table("nics", "NIC workers", cols, rows, notes, sort=4)
 
 
@@ -622,10 +622,9 @@ def _latency(new: Any, rates: Rates) -> Table:
             (fmt_ns(p.p99_all_ns), p.p99_all_ns),
         ]
         rows.append(Row([v[0] for v in vals], [v[1] for v in vals]))
-    interval = f"{rates.interval_s:.1f} s" if rates.interval_s else "(one read: no interval)"
+    interval = f"{rates.interval_s:.1f} s" if rates.interval_s else "- (one read)"
     notes = [
-        f"count, p50, p99, p99.9: forwards completed in the last {interval}; "
-        "p99 all: since the dataplane started",
+        f"count, p50, p99, p99.9: forwards done in the last {interval}; p99 all: since start",
         "duck spread: first duck reply to last, per forward (bucket upper bounds)",
     ]
     t = Table("latency", "latency per forward", cols, rows, notes, sort=0)
@@ -675,7 +674,7 @@ def _processes(procs: Sequence[ProcSample]) -> Table:
                     child=True,
                 )
             )
-    notes = ["cpu%: of one core over the interval; cores: the CPU each thread last ran on"]
+    notes = ["cpu%: of one core, this interval; cores: where each thread last ran"]
     return Table("processes", "processes", cols, rows, notes, sort=3)
 
 
@@ -702,10 +701,10 @@ def build_view(
     header = [
         f"dataplane {dp.kind} pid {dp.pid}, up {_duration(up_s)}, threads {dp.threads}, "
         f"control {dp.control}" + (f"  [{source}]" if source else ""),
-        f"forwards {fwd} ({ok} ok), {fmt_rate(rates.forwards_per_s)}/s; "
+        f"forwards {fwd} ({ok} ok) {fmt_rate(rates.forwards_per_s)}/s, "
         f"end to end p50 {fmt_ns(e2e.p50_ns if e2e else None)} "
         f"p99 {fmt_ns(e2e.p99_ns if e2e else None)}; "
-        f"{len(new.clients)} client(s), {len(new.nics)} NIC(s), {len(new.ducks)} duck(s)",
+        f"clients {len(new.clients)}, NICs {len(new.nics)}, ducks {len(new.ducks)}",
     ]
     alerts = []
     age_ns = max(0, new.taken_ns - dp.heartbeat_ns)

@@ -296,7 +296,7 @@ def test_narrow_terminals_drop_the_least_needed_columns_first():
     wide = tv.render_table(rings, 200)[0][0]
     narrow = tv.render_table(rings, 80)[0][0]
     assert "segment" in wide and "segment" not in narrow
-    for name in ("pid", "client", "occ%", "sub/s", "GB/s"):
+    for name in ("pid", "client", "infl", "occ%", "sub/s", "cmp/s", "GB/s", "full", "page"):
         assert name in narrow
     assert all(len(line) <= 80 for line, _ in tv.render_table(rings, 80))
 
