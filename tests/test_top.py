@@ -575,3 +575,17 @@ def test_a_stopped_dataplane_is_reported_as_not_responding_and_a_dead_one_as_gon
         r = _top("--json", "--control", dp.control)
         assert r.returncode == 1 and r.stdout == ""
         assert f"no dataplane running: pid {dp.pid}" in r.stderr and "has exited" in r.stderr
+
+
+def test_reading_never_changes_a_counter():
+    with MockDataplaneProcess(ducks=2) as dp:
+        docs = []
+        for flags in (["--json"], ["--once"], ["--json"]):
+            r = _top(*flags, "--control", dp.control, "-u", "0.1")
+            assert r.returncode == 0, r.stderr
+            if flags == ["--json"]:
+                docs.append(json.loads(r.stdout)["snapshot"])
+        first, last = docs
+        assert first["counters"] == last["counters"]  # no control message, no attach
+        assert first["clients"] == last["clients"] == []
+        assert [d["replies"] for d in first["ducks"]] == [d["replies"] for d in last["ducks"]]
