@@ -74,7 +74,9 @@ def _reader(args: argparse.Namespace) -> Callable[[], Any]:
 def _no_dataplane_errors() -> tuple[type[BaseException], ...]:
     from .stats import NoDataplane
 
-    return (NoDataplane, DuckpipeError, FileNotFoundError, PermissionError)
+    # OSError, ValueError: a segment unmapped or cut short under the reader, as the
+    # dataplane exits; the live screen says so and keeps polling
+    return (NoDataplane, DuckpipeError, OSError, ValueError)
 
 
 def _thread_core(pid: int, tid: int) -> int | None:

@@ -432,6 +432,15 @@ def test_json_is_one_document_of_every_counter_and_the_derived_rates(loaded):
     # the snapshot was read between the two counts the client made (plus the 20 at start
     # and up to one in flight)
     assert before <= mine["completions"] <= after + 1
+    # bytes moved since: each forward's activation is 4 x 64 float32 in, its result as
+    # much out (the weights loaded before count too, so difference two documents; the
+    # writer updates a count and its bytes apart: one forward of slack per read)
+    r = _top("--json", "--control", dp.control, "-u", "0.1")
+    (later,) = [c for c in json.loads(r.stdout)["snapshot"]["clients"] if c["pid"] == os.getpid()]
+    d_sub, d_cmp = later["submits"] - mine["submits"], later["completions"] - mine["completions"]
+    assert d_sub > 0 and d_cmp > 0
+    assert abs(later["bytes_in"] - mine["bytes_in"] - 1024 * d_sub) <= 2 * 1024
+    assert abs(later["bytes_out"] - mine["bytes_out"] - 1024 * d_cmp) <= 2 * 1024
     rates = doc["rates"]
     assert 0.4 < rates["interval_s"] < 5
     assert rates["forwards_per_s"] > 0 and rates["clients"][0]["completions_per_s"] > 0
