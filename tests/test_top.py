@@ -419,9 +419,9 @@ def test_once_renders_every_pane_against_a_running_dataplane_under_load(loaded):
 
 def test_json_is_one_document_of_every_counter_and_the_derived_rates(loaded):
     dp, load = loaded
-    before = load.done
+    done = [load.done]
     r = _top("--json", "--control", dp.control)
-    after = load.done
+    done.append(load.done)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert set(doc) == {"snapshot", "rates", "processes"}
@@ -429,23 +429,26 @@ def test_json_is_one_document_of_every_counter_and_the_derived_rates(loaded):
     assert snap_["dataplane"]["pid"] == dp.pid and snap_["dataplane"]["kind"] == dp.kind
     (mine,) = [c for c in snap_["clients"] if c["pid"] == os.getpid()]
     assert mine["name"] == "top-load"
-    # the snapshot was read between the two counts the client made (plus the 20 at start
-    # and up to one in flight)
-    assert before <= mine["completions"] <= after + 1
-    # bytes moved since: each forward's activation is 4 x 64 float32 in, its result as
-    # much out (the weights loaded before count too, so difference two documents; the
-    # writer updates a count and its bytes apart: one forward of slack per read)
-    r = _top("--json", "--control", dp.control, "-u", "0.1")
-    (later,) = [c for c in json.loads(r.stdout)["snapshot"]["clients"] if c["pid"] == os.getpid()]
-    d_sub, d_cmp = later["submits"] - mine["submits"], later["completions"] - mine["completions"]
-    assert d_sub > 0 and d_cmp > 0
-    assert abs(later["bytes_in"] - mine["bytes_in"] - 1024 * d_sub) <= 2 * 1024
-    assert abs(later["bytes_out"] - mine["bytes_out"] - 1024 * d_cmp) <= 2 * 1024
     rates = doc["rates"]
     assert 0.4 < rates["interval_s"] < 5
     assert rates["forwards_per_s"] > 0 and rates["clients"][0]["completions_per_s"] > 0
     assert {p["phase"] for p in rates["latency"]} >= set(tv.LATENCY_KEYS)
     assert any(p["role"] == "dataplane" and p["pid"] == dp.pid for p in doc["processes"])
+
+    # What the client saw, against two documents (the weights loaded at the start count
+    # in the totals too): each forward is 4 x 64 float32 in and as much out. Slack: the C
+    # dataplane adds bytes at each completion but publishes the ring's counts on its
+    # ~10 ms stats tick, a few forwards at a few hundred a second.
+    done.append(load.done)
+    r = _top("--json", "--control", dp.control, "-u", "0.1")
+    done.append(load.done)
+    (later,) = [c for c in json.loads(r.stdout)["snapshot"]["clients"] if c["pid"] == os.getpid()]
+    d_sub, d_cmp = later["submits"] - mine["submits"], later["completions"] - mine["completions"]
+    slack = 2 + (done[3] - done[0]) // 20
+    assert done[2] - done[1] - slack <= d_cmp <= done[3] - done[0] + slack
+    assert abs(d_sub - d_cmp) <= slack
+    assert abs(later["bytes_in"] - mine["bytes_in"] - 1024 * d_sub) <= 1024 * slack
+    assert abs(later["bytes_out"] - mine["bytes_out"] - 1024 * d_cmp) <= 1024 * slack
 
 
 def test_no_dataplane_says_so_on_stderr_and_exits_1(tmp_path):
