@@ -283,15 +283,12 @@ def _client_ring(pid: int, segment: str) -> tuple[int, int] | None:
             finally:
                 del h
                 hdr.close()
-            if ring_off + _RING_HDR_SIZE > size:
+            if ring_off % 64 or ring_off + _RING_HDR_SIZE > size:  # the client wrote it
                 return None
-            page = mmap.ALLOCATIONGRANULARITY
-            base = ring_off - ring_off % page
-            m = mmap.mmap(
-                fd, ring_off - base + _RING_HDR_SIZE, mmap.MAP_SHARED, mmap.PROT_READ, offset=base
-            )
+            # from offset 0: a hugetlbfs memfd maps only at hugepage-aligned offsets
+            m = mmap.mmap(fd, ring_off + _RING_HDR_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
             try:
-                v = np.frombuffer(m, dtype="<u8", count=_RING_HDR_SIZE // 8, offset=ring_off - base)
+                v = np.frombuffer(m, dtype="<u8", count=_RING_HDR_SIZE // 8, offset=ring_off)
                 head, tail = int(v[0]), int(v[_TAIL_OFF // 8])
                 del v
             finally:

@@ -17,6 +17,7 @@ import pytest
 
 import duckpipe
 from duckpipe import GeluMlp, stats
+from duckpipe.errors import ForwardTimeout
 from duckpipe.mock.process import MockDataplaneProcess
 from duckpipe.schema import stats as S
 
@@ -103,6 +104,37 @@ def test_every_histogram_has_the_same_log_spaced_bounds(dataplane):
     assert b[-1] == 2**63 - 1 and all(x < y for x, y in itertools.pairwise(b))
 
 
+def test_generated_header_compiles_and_matches_the_plan_the_readers_use(tmp_path):
+    import re
+    import shutil
+
+    from duckpipe.schema.codegen import ROOT
+    from duckpipe.schema.layout import layout_of
+
+    header = ROOT / "dataplane" / "include" / "dp_stats_abi.h"
+    defines = dict(re.findall(r"#define DP_(STATS_\w+) (\w+)", header.read_text()))
+    for key, value in S.segment_plan().items():
+        assert int(defines[f"STATS_{key.upper()}"], 0) == value, key
+    for cls in S.LAYOUTS:  # the numpy views readers use: the schema's offsets and sizes
+        lay = layout_of(cls)
+        dt = stats.DTYPES[cls.__name__]
+        assert dt.itemsize == lay.size
+        for f in lay.fields:
+            if not f.pad:
+                assert dt.fields[f.name][1] == f.offset, (cls.__name__, f.name)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = tmp_path / "t.c"
+    src.write_text('#include "dp_stats_abi.h"\nint main(void) { return 0; }\n')
+    r = subprocess.run(
+        [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", f"-I{header.parent}", str(src),
+         "-o", str(tmp_path / "t")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr  # its _Static_asserts pin every offset
+
+
 # --- agreement with what the client saw -------------------------------------------------
 
 
@@ -176,6 +208,155 @@ def test_reading_never_changes_a_counter(loaded):
     assert strip(a) == strip(b)
     # and no reader sent the dataplane a message
     assert a.counters.get("control_messages") == b.counters.get("control_messages")
+
+
+def test_under_load_counters_only_grow_and_end_at_what_the_clients_saw(dataplane):
+    """Two clients forward concurrently while a reader snapshots in a loop: no counter
+    ever goes back, and when they are done the totals are theirs."""
+    import threading
+
+    before = stats.read_snapshot(control=dataplane.control)
+    per_client, results, errors = 60, [], []
+
+    def work(k: int) -> None:
+        try:
+            c, nbytes = _run_forwards(dataplane.control, per_client, layer=20 + k)
+            results.append((c.client_id, nbytes))
+            c.close()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    seen: list[stats.Snapshot] = []
+    while any(t.is_alive() for t in threads):
+        seen.append(stats.read_snapshot(control=dataplane.control))
+        time.sleep(0.005)
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(seen) > 3
+    for a, b in itertools.pairwise(seen):
+        for k, v in a.counters.items():
+            assert b.counters[k] >= v, (k, v, b.counters[k])
+        for name, h in a.latency.items():
+            assert all(y >= x for x, y in zip(h.counts, b.latency[name].counts, strict=True))
+    want = before.counters["forwards_ok"] + 2 * per_client
+    end = _settled(dataplane.control, {"forwards_ok": want})
+    assert end.counters["forwards_ok"] == want
+    assert end.latency["end_to_end"].minus(before.latency["end_to_end"]).total() == 2 * per_client
+
+
+# --- ducks that stop answering; NICs and threads ---------------------------------------------
+
+
+def test_a_dead_duck_of_the_mock_is_lost_with_its_timeouts(duckpipe_mock_factory):
+    dp = duckpipe_mock_factory(ducks=3, args=["--dead-duck", "2", "--timeout-ms", "100"])
+    with duckpipe.connect(dp.control) as c:
+        c.load_weights(1, GeluMlp.random(HIDDEN, FFN, seed=1), ducks=[0, 1, 2])
+        with pytest.raises(ForwardTimeout):
+            c.forward(1, np.ones((1, HIDDEN), np.float32), timeout=5)
+        time.sleep(0.05)
+        ducks = {d.id: d for d in stats.read_snapshot(control=dp.control).ducks}
+    assert ducks[2].state == "lost" and ducks[2].timeouts == 1 and ducks[2].missing_chunks == 1
+    assert ducks[2].replies == 0 and ducks[2].reply.total() == 0
+    assert ducks[0].state == "up" and ducks[0].replies == 1 and ducks[0].timeouts == 0
+
+
+def test_a_c_duck_that_stops_answering_is_late_with_its_timeout_and_missing_chunks(
+    duckpipe_cluster_factory,
+):
+    cl = duckpipe_cluster_factory(groups=[(3, []), (1, ["--stop-after", "2"])])
+    x = np.ones((1, 64), np.float32)
+    with duckpipe.connect(cl.control, forward_timeout=0.3) as c:
+        c.load_weights(1, GeluMlp.random(64, 64, seed=2))
+        for _ in range(2):
+            c.forward(1, x)
+        with pytest.raises(ForwardTimeout):
+            c.forward(1, x, timeout=5)
+        time.sleep(0.1)
+        s = stats.read_snapshot(control=cl.control)
+    ducks = {d.id: d for d in s.ducks}
+    assert ducks[3].state in ("late", "lost") and ducks[3].timeouts == 1, ducks[3]
+    assert ducks[3].missing_chunks >= 1 and ducks[3].replies == 2
+    assert all(ducks[d].state == "up" and ducks[d].replies == 3 for d in range(3))
+    assert all(d.layers == 1 and d.address.startswith("127.") for d in ducks.values())
+    assert s.counters["timeouts"] == 1
+
+
+def test_dedicated_threads_and_two_nics_each_publish_their_own_counters(duckpipe_null_factory):
+    dp = duckpipe_null_factory(4, nics=2, threads="dedicated")
+    with duckpipe.connect(dp.control) as c:
+        c.load_weights(1, GeluMlp.random(HIDDEN, FFN, seed=1))
+        for _ in range(10):
+            c.forward(1, np.ones((1, HIDDEN), np.float32))
+        s = _settled(dp.control, {"forwards_ok": 10})
+    assert s.dataplane.threads == "dedicated" and s.dataplane.kind == "c"
+    assert [(n.name, n.backend, n.core) for n in s.nics] == [
+        ("null0", "null", -1),
+        ("null1", "null", -1),
+    ]
+    for name in ("tx_packets", "rx_packets", "forwards_ok"):
+        assert sum(n.counters[name] for n in s.nics) <= s.counters[name]
+    assert sum(n.counters["tx_packets"] for n in s.nics) == s.counters["tx_packets"] > 0
+    assert all(n.counters["tx_packets"] > 0 for n in s.nics)  # each worker sent its share
+    assert {d.nic for d in s.ducks} == {"null0", "null1"}
+    assert s.latency["end_to_end"].total() == 10
+
+
+def test_a_killed_c_dataplane_leaves_a_stale_segment_the_next_one_replaces(
+    duckpipe_null_factory, tmp_path
+):
+    from duckpipe.dataplane import DataplaneProcess
+    from duckpipe.testing import null_topology
+
+    control = f"ipc://{tmp_path}/control"
+    dp = DataplaneProcess(null_topology(2), control=control).start()
+    first = stats.read_snapshot(control=control)
+    assert first.dataplane.alive and first.dataplane.kind == "c"
+    dp.kill()
+    stale = stats.read_snapshot(control=control)
+    assert not stale.dataplane.alive and stale.dataplane.pid == first.dataplane.pid
+    out = subprocess.run(
+        [sys.executable, "-m", "duckpipe", "stats", "--control", control],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1 and "not responding" in out.stderr and "gone" in out.stderr
+    dp.close()
+    dp2 = DataplaneProcess(null_topology(2), control=control)
+    with dp2:
+        s = stats.read_snapshot(control=control)
+        assert s.dataplane.alive and s.dataplane.pid == dp2.pid != first.dataplane.pid
+        assert stat.S_IMODE((tmp_path / "stats").stat().st_mode) == 0o600
+        assert "replacing the stats segment" in dp2.output()
+    assert not (tmp_path / "stats").exists()  # a clean exit removes it
+
+
+def test_the_sanitized_c_dataplane_publishes_the_segment_cleanly(tmp_path):
+    from duckpipe.dataplane import DataplaneProcess
+    from duckpipe.schema.codegen import ROOT
+    from duckpipe.testing import null_topology
+
+    binary = ROOT / "dataplane" / "build-san" / "duckpipe-dataplane"
+    if not binary.exists():
+        pytest.skip(f"no sanitizer build at {binary}: make -C dataplane SANITIZE=1")
+    dp = DataplaneProcess(null_topology(3), control=f"ipc://{tmp_path}/control", binary=binary)
+    dp.start()
+    try:
+        with duckpipe.connect(dp.control) as c:
+            c.load_weights(1, GeluMlp.random(HIDDEN, FFN, seed=1))
+            for _ in range(20):
+                c.forward(1, np.ones((1, HIDDEN), np.float32))
+            s = _settled(dp.control, {"forwards_ok": 20})
+            assert s.counters["forwards_ok"] == 20
+            assert s.clients[0].bytes_out == 20 * HIDDEN * 4
+        code = dp.stop()
+        out = dp.output()
+    finally:
+        dp.stop()
+        dp.close()
+    assert code == 0 and "Sanitizer" not in out and "runtime error" not in out, out[-3000:]
 
 
 # --- no dataplane, a dead one -------------------------------------------------------------
@@ -260,7 +441,7 @@ def test_exporter_agrees_with_what_the_client_observed(loaded):
     ]
     assert counts == sorted(counts) and counts[-1] == s.latency["wait"].total()
     assert _metric(text, "duckpipe_duck_replies_total", duck="0") >= N_FORWARDS
-    if s.nics:
+    if s.nics and "tx_packets" in s.nics[0].counters:  # the mock has no network counters
         assert (
             _metric(text, "duckpipe_nic_tx_packets_total", nic=s.nics[0].name)
             == (s.nics[0].counters["tx_packets"])

@@ -31,8 +31,8 @@ The segment::
     segment_size        +--------------------------------------+
 
 Every histogram has STATS_BUCKETS log-spaced buckets (two per octave from 256 ns: 2**k
-and 1.5 * 2**k; the upper bounds are in the segment, the last is 2**63-1); counts are cumulative since
-the dataplane started, so a reader differences two snapshots.
+and 1.5 * 2**k; the upper bounds are in the segment, the last is 2**63-1); counts are
+cumulative since the dataplane started, so a reader differences two snapshots.
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ __all__ = [
     "STATS_NHISTS",
     "STATS_VERSION_MAJOR",
     "STATS_VERSION_MINOR",
-    "StatsClientState",
     "DuckState",
     "StatsAgent",
     "StatsBounds",
     "StatsClient",
+    "StatsClientState",
     "StatsDuck",
     "StatsHeader",
     "StatsHist",
