@@ -407,6 +407,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="duckpipe-top",
         description="Live view of a duckpipe dataplane's rings, NIC workers, ducks, latency "
         "and processes, read from its stats segment (no lock, no message).",
+        epilog="keys: 1-5 or Tab/Shift-Tab switch panes, s cycles the sort column, r reverses "
+        "it, arrows and PgUp/PgDn scroll, q quits. Exit status: 0, or 1 with no dataplane.",
     )
     p.add_argument(
         "-u",

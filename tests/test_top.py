@@ -540,10 +540,16 @@ def test_live_screen_switches_panes_survives_a_resize_and_quits(loaded, tmux_top
     t.keys("Tab")
     screen = t.wait_for("latency per forward")
     assert "end to end" in screen and "p99.9" in screen
+    t.keys("BTab")
+    t.wait_for("  id* address")  # back to the ducks
+    t.keys("Tab")
+    t.wait_for("latency per forward")
     t.keys("5")
     t.wait_for("cpu%")
     t.keys("s")  # cpu% (the default) -> rss
     t.wait_for("sorted by rss")
+    t.keys("r")
+    t.wait_for("sorted by rss (reversed)")
     t.keys("1")
     t.tmux("resize-window", "-t", "top", "-x", "80", "-y", "24")
     screen = t.wait_for("top-load")
