@@ -11,9 +11,10 @@ changes a counter.
     duckpipe-top --json             every counter and derived rate as one JSON document
 
 Keys: 1-5 or Tab / Shift-Tab switch panes, s cycles the sort column, r reverses it,
-arrows / PgUp / PgDn scroll, q quits. One pane at a time fills the screen under a
-two-line summary and the alerts: at 80x24 a split would leave too few rows for 24 ducks;
-a wide terminal shows more columns instead (the least needed go first when narrow).
+arrows / PgUp / PgDn scroll, q quits. The chosen pane sits under a two-line summary and
+the alerts; below 40 rows it has the screen to itself (at 80x24 a split would leave too
+few rows for 24 ducks), from 40 rows the latency pane (or the rings, when latency is
+chosen) stays under it. A wide terminal shows more columns (the least needed go first).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = ["ProcessSampler", "main"]
 
 ONCE_INTERVAL = 0.5  # --once / --json: two reads this far apart, unless -u says otherwise
 EMULATOR_NAME = "duckpipe-ducks"
+TALL = 40  # rows from which the live screen shows a second pane under the chosen one
 
 
 # ---------------------------------------------------------------- reading
@@ -313,29 +315,52 @@ class Screen:
         table = self.view.tables[name]
         col = self.sort.get(name, table.sort)
         lines = render_table(table, w, col, self.reverse.get(name, False))
-        self.put(y, 0, table.title, curses.A_BOLD)
-        y += 1
-        self.put(y, 0, lines[0][0].ljust(w), curses.A_REVERSE)
-        y += 1
         body = lines[1:]
-        rows_room = max(0, h - y - 1 - len(table.notes))
-        self.scroll = max(0, min(self.scroll, len(body) - rows_room))
-        for text, attention in body[self.scroll : self.scroll + rows_room]:
-            self.put(y, 0, text, self.red if attention else 0)
-            y += 1
-        for n in table.notes:
-            if y < h - 1:
-                self.put(y, 0, n, curses.A_DIM)
-                y += 1
-        more = f"  rows {self.scroll + 1}-{self.scroll + rows_room} of {len(body)}"
+        room = h - y - 1  # the status line is the last
+        # A tall terminal (>= TALL rows) keeps a second pane under the chosen one: the
+        # latency (or, when latency is chosen, the rings), at most half the room.
+        below = None
+        if h >= TALL:
+            below = self.view.tables["rings" if name == "latency" else "latency"]
+            below_lines = render_table(below, w)
+            below_h = min(len(below_lines) + 1 + len(below.notes), room // 2)
+            room -= below_h + 1
+        y, shown = self._table(y, table, lines, room)
+        self.scroll = max(0, min(self.scroll, len(body) - shown))
+        if below is not None:
+            self._table(h - 1 - below_h, below, below_lines, below_h)
+        more = f"  rows {self.scroll + 1}-{self.scroll + shown} of {len(body)}"
         status = (
             f"sorted by {table.columns[col].name}"
             f"{' (reversed)' if self.reverse.get(name) else ''}; "
             f"refreshed {time.strftime('%H:%M:%S', time.localtime(self.refreshed))}, "
-            f"every {self.interval:g} s" + (more if len(body) > rows_room else "")
+            f"every {self.interval:g} s" + (more if len(body) > shown else "")
         )
         self.put(h - 1, 0, status, curses.A_DIM)
         self.scr.refresh()
+
+    def _table(self, y: int, table: Any, lines: list[tuple[str, bool]], room: int) -> tuple:
+        """Draw ``table`` (title, heading, rows from the scroll offset, then its notes
+        if they fit) in ``room`` rows from ``y``; returns the next row and the rows shown."""
+        w = self.scr.getmaxyx()[1]
+        if room < 3:
+            return y, 0
+        self.put(y, 0, table.title, curses.A_BOLD)
+        self.put(y + 1, 0, lines[0][0].ljust(w), curses.A_REVERSE)
+        y, room = y + 2, room - 2
+        body = lines[1:]
+        notes = table.notes if room >= len(body) + len(table.notes) else []
+        rows_room = room - len(notes)
+        first = self.scroll if table.pane == PANES[self.pane] else 0
+        first = max(0, min(first, len(body) - rows_room))
+        shown = body[first : first + rows_room]
+        for text, attention in shown:
+            self.put(y, 0, text, self.red if attention else 0)
+            y += 1
+        for n in notes:
+            self.put(y, 0, n, curses.A_DIM)
+            y += 1
+        return y, len(shown)
 
     def key(self, ch: int) -> bool:
         """Answer one key; False to quit."""

@@ -529,8 +529,9 @@ def tmux_top():
 
 def test_live_screen_switches_panes_survives_a_resize_and_quits(loaded, tmux_top):
     dp, _ = loaded
-    t = tmux_top("--control", dp.control, "-u", "0.5")
+    t = tmux_top("--control", dp.control, "-u", "0.5", height=30)  # one pane at a time
     t.wait_for("rings (one per attached client)")
+    assert "latency per forward" not in t.screen()
     t.wait_for("top-load")
     t.keys("2")
     t.wait_for("NIC workers")
@@ -557,7 +558,10 @@ def test_live_screen_switches_panes_survives_a_resize_and_quits(loaded, tmux_top
     assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
     assert "segment" not in screen  # the least needed column went first
     t.tmux("resize-window", "-t", "top", "-x", "200", "-y", "50")
-    t.wait_for("segment")
+    screen = t.wait_for("segment")
+    # tall: the latency pane under the chosen one
+    assert "rings (one per attached client)" in screen and "latency per forward" in screen
+    assert len(screen.splitlines()) <= 50
     t.keys("q")
     t.wait_for("duckpipe-top exited 0")
 
