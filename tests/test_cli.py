@@ -66,10 +66,11 @@ def test_mock_refuses_an_address_another_dataplane_serves(dataplane):
     assert ping(dataplane.control, 2) is not None
 
 
-def test_duckpipe_top_says_it_is_not_implemented_yet():
+def test_duckpipe_top_without_a_dataplane_says_so_and_exits_1(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-c", "import sys, duckpipe.top; sys.exit(duckpipe.top.main())"],
+        [sys.executable, "-m", "duckpipe.top", "--once", "--control", f"ipc://{tmp_path}/control"],
         capture_output=True,
         text=True,
+        timeout=60,
     )
-    assert r.returncode == 2 and "not yet implemented" in r.stderr
+    assert r.returncode == 1 and "no dataplane running" in r.stderr and r.stdout == ""
