@@ -8,6 +8,9 @@
  *            prepended); rte_eal_cleanup when the last dpdk NIC closes. The EAL pins
  *            the calling thread to its main lcore (-l): the thread's affinity is put
  *            back afterwards, so that duckpipe's runners keep the topology's `cores`.
+ *            With dedicated threads each dpdk NIC's worker runs on an EAL worker lcore
+ *            (rte_eal_remote_launch, dp_lcore.c) and is fed through an SP/SC rte_ring
+ *            (dp_inbox.c); with shared threads the one runner polls the ports.
  *   port     the NIC's `interface` names the DPDK port: a vdev (net_af_packet0, with
  *            --vdev=net_af_packet0,iface=IF among the EAL options) or a PCI address.
  *            One RX and one TX queue, an mbuf pool of its own (sized below), bursts
@@ -49,11 +52,9 @@
  *            backend's buffers stay valid until its next call).
  *   parking  a poll-mode port has no fd: wait_fd and rx_ready are NULL, so a parked
  *            worker polls every DP_BACKEND_POLL_NS. In production, run the dpdk
- *            backend with idle = "spin" and dedicated threads on their own cores.
+ *            backend with idle = "spin" and dedicated threads on their own lcores.
  *
- * Not here yet (issue 9): one worker per port launched on its lcore with
- * rte_eal_remote_launch and fed through an rte_ring (the worker runs on duckpipe's
- * own runner threads), zero-copy transmit on PCI ports, the port's xstats in Stats (they are
+ * Not here yet (issue 9): zero-copy transmit on PCI ports, the port's xstats in Stats (they are
  * logged at close), rte_flow.
  */
 #include <arpa/inet.h>

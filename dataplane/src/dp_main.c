@@ -26,6 +26,7 @@
 #include "dp_dataplane.h"
 #include "dp_dispatch.h"
 #include "dp_lcore.h"
+#include "dp_tsan.h"
 #include "dp_worker.h"
 
 #define MAX_AGENTS (2 + DP_MAX_NICS)
@@ -101,10 +102,14 @@ static void *run(void *arg)
 	return NULL;
 }
 
-/* A runner on an EAL worker lcore (rte_eal_remote_launch's lcore_function_t). */
+/* A runner on an EAL worker lcore (rte_eal_remote_launch's lcore_function_t). The
+ * EAL hands over through its lcore state in libdpdk, which ThreadSanitizer does not
+ * see: DP_TSAN_* draw those two edges (launch, and rte_eal_wait_lcore's return). */
 static int run_on_lcore(void *arg)
 {
+	DP_TSAN_ACQUIRE(arg);
 	run(arg);
+	DP_TSAN_RELEASE(arg);
 	return 0;
 }
 
@@ -400,6 +405,7 @@ int main(int argc, char **argv)
 	connect_rings(runners, nrunners);
 	for (uint32_t i = 1; i < nrunners; i++) {
 		if (runners[i].lcore >= 0) {
+			DP_TSAN_RELEASE(&runners[i]);
 			if (dp_lcore_launch((unsigned)runners[i].lcore, run_on_lcore, &runners[i]) < 0) {
 				fprintf(stderr, "duckpipe-dataplane: %s: %s\n", runners[i].name, dp_error());
 				return 1;
@@ -411,9 +417,10 @@ int main(int argc, char **argv)
 	}
 	run(&runners[0]);
 	for (uint32_t i = 1; i < nrunners; i++) {
-		if (runners[i].lcore >= 0)
+		if (runners[i].lcore >= 0) {
 			dp_lcore_wait((unsigned)runners[i].lcore); /* rte_eal_wait_lcore */
-		else
+			DP_TSAN_ACQUIRE(&runners[i]);
+		} else
 			pthread_join(threads[i], NULL);
 	}
 
