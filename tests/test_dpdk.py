@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -34,7 +38,8 @@ from duckpipe import GeluMlp, runtime
 from duckpipe.binaries import find_binary
 from duckpipe.dataplane import DataplaneProcess
 from duckpipe.errors import DuckpipeError
-from duckpipe.process import stop_process
+from duckpipe.process import control_request, stop_process
+from duckpipe.schema import control as ctl
 from duckpipe.topology import Duck, Nic, Topology
 
 DUCK_PORT = 47100
@@ -492,3 +497,104 @@ def test_eal_options_it_refuses_fail_at_startup_naming_rte_eal_init():
         finally:
             dp.stop()
             dp.close()
+
+
+def test_stats_shows_the_ports_xstats_beside_the_backends_counters():
+    with (
+        veth_ducks([4]) as net,
+        _dataplane(net) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        mlp = GeluMlp.random(256, 96, seed=3)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 10)
+        stats = c.stats()
+        shown = subprocess.run(
+            [sys.executable, "-m", "duckpipe", "stats", "--control", dp.control],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    n = stats.counters
+    assert [(x.name, x.backend) for x in stats.nics] == [("p0", "dpdk")]
+    xs = stats.nics[0].xstats
+    # the port saw at least what the backend counted: its frames also carry ARP
+    assert n["tx_packets"] > 0 and xs["tx_good_packets"] >= n["tx_packets"], (xs, n)
+    assert xs["rx_good_packets"] >= n["rx_packets"] > 0, (xs, n)
+    assert xs["tx_good_bytes"] >= n["tx_bytes"], (xs, n)
+    assert all(v > 0 for v in xs.values()) and stats.nics[0].xstats_left_out == 0, xs
+    assert shown.returncode == 0, shown.stderr
+    assert "nic p0 (dpdk) port xstats:" in shown.stdout, shown.stdout
+    assert any(line.split()[:1] == ["tx_good_packets"] for line in shown.stdout.splitlines())
+
+
+@pytest.mark.parametrize("steering", ["auto", "off"])
+def test_a_port_without_rte_flow_runs_without_steering_unless_required(steering):
+    # af_packet has no rte_flow: "auto" says so once and serves, "off" never asks
+    with veth_ducks([2]) as net:
+        net.nics = [msgspec.structs.replace(n, flow_steering=steering) for n in net.nics]
+        with _dataplane(net) as dp, duckpipe.connect(dp.control) as c:
+            mlp = GeluMlp.random(128, 32, seed=4)
+            c.load_weights(1, mlp)
+            _check_forwards(c, mlp, 3)
+            out = dp.output()
+    said = "no rte_flow steering" in out and "rte_flow_validate" in out
+    assert said == (steering == "auto"), out
+    assert "rte_flow steers" not in out, out
+
+
+def test_required_flow_steering_on_a_port_without_rte_flow_fails_naming_the_call():
+    with veth_ducks([1]) as net:
+        net.nics = [msgspec.structs.replace(n, flow_steering="require") for n in net.nics]
+        dp = DataplaneProcess(_topology(net), backend_args=net.eal)
+        try:
+            with pytest.raises(
+                DuckpipeError, match=r"flow_steering = \"require\".*rte_flow_validate"
+            ):
+                dp.start()
+        finally:
+            dp.stop()
+            dp.close()
+
+
+def test_the_eal_loads_the_e810_ice_pmd_from_debians_driver_directory():
+    # The production NIC's driver (README: Intel E810): Debian's DPDK is linked shared,
+    # and rte_eal_init opens every PMD in its driver directory (pmds-23.0). There is no
+    # E810 here: this checks that the ice PMD is installed and loads into this dataplane.
+    with veth_ducks([1]) as net:
+        net.eal = [*net.eal, "--log-level=lib.eal:debug"]
+        with _dataplane(net) as dp:
+            out = dp.output()
+    assert re.search(r"open shared lib \S+/pmds-[\d.]+/librte_net_ice\.so", out), (
+        "librte_net_ice.so was not loaded: install Debian's librte-net-ice23 (in `dpdk`)\n"
+        + "\n".join(line for line in out.splitlines() if "shared lib" in line)[:2000]
+    )
+
+
+def test_stats_asked_all_through_shutdown_never_read_a_closed_port():
+    # the control agent reads the port's xstats while the worker owns the port; close
+    # waits for a read in flight and none starts after (dp_backend_xstats_dead), however
+    # main orders the agents' stop and the ports' close
+    # (dedicated threads: the worker on an EAL worker lcore of its own)
+    with (
+        veth_ducks([2], lcores=("--lcores=0@0,1@1",)) as net,
+        _dataplane(net, threads="dedicated") as dp,
+    ):
+        stop = threading.Event()
+        replies: list[ctl.Stats] = []
+
+        def ask() -> None:
+            while not stop.is_set():
+                r = control_request(dp.control, ctl.GetStats(req_id=1), 0.5)
+                if isinstance(r, ctl.Stats):
+                    replies.append(r)
+
+        askers = [threading.Thread(target=ask) for _ in range(2)]
+        for t in askers:
+            t.start()
+        time.sleep(0.5)
+        try:
+            assert dp.stop() == 0, dp.output()  # _dataplane checks the log at exit too
+        finally:
+            stop.set()
+            for t in askers:
+                t.join()
+    assert replies and all(r.nics[0].xstats.get("tx_good_packets", 0) > 0 for r in replies)

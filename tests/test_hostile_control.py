@@ -281,6 +281,50 @@ def test_layers_are_freed_when_unloaded_and_when_their_owner_leaves(dp):
         c.load_weights(21, MLP, ducks=[0])
 
 
+OWNER = """
+import sys, time
+import duckpipe
+from duckpipe import GeluMlp
+c = duckpipe.connect(sys.argv[1], name="doomed")
+c.load_weights(int(sys.argv[2]), GeluMlp.random(16, 32, seed=3), ducks=[0])
+print("loaded", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_owners_layers_are_freed_and_its_layer_ids_reusable(dp):
+    """An owner that never detaches (SIGKILL) loses its layers when it is reclaimed."""
+    before = _stats(dp).counters
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, dp.control, "22"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "loaded"
+        with duckpipe.connect(dp.control) as other:
+            with pytest.raises(NotPermitted, match="layer 22 belongs to another client"):
+                other.load_weights(22, MLP, ducks=[1])
+            owner.kill()
+            owner.wait(10)
+            deadline = time.monotonic() + 10
+            after = _stats(dp).counters
+            # both: an earlier test's retired layer may be freed meanwhile
+            while (
+                after["clients_reclaimed"] < before["clients_reclaimed"] + 1
+                or after["layers_freed"] < before["layers_freed"] + 1
+            ) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                after = _stats(dp).counters
+            assert after["clients_reclaimed"] >= before["clients_reclaimed"] + 1
+            assert after["layers_freed"] >= before["layers_freed"] + 1
+            other.load_weights(22, MLP, ducks=[1])  # the id is free: no longer anyone's
+            np.testing.assert_allclose(
+                other.forward(22, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+            )
+    finally:
+        owner.kill()
+        owner.wait(10)
+
+
 # --- quotas and bounds ---------------------------------------------------------------------
 
 

@@ -42,6 +42,8 @@
 #define DP_PROTOCOL_VERSION 3
 #define DP_MAX_MESSAGE_BYTES 0x10000
 #define DP_MAX_NESTING 8
+#define DP_MAX_XSTATS 64
+#define DP_XSTAT_NAME_MAX 63
 
 /* What memory backs a segment. */
 enum dp_backing {

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "dp_abi.h"
 #include "dp_config.h"
 #include "dp_counters.h"
 
@@ -30,6 +31,12 @@ struct dp_rx {
 	struct sockaddr_in src;
 };
 
+/* One of a port's extended statistics (DPDK xstats), for Stats. */
+struct dp_xstat {
+	char name[DP_XSTAT_NAME_MAX + 1];
+	uint64_t value;
+};
+
 struct dp_backend;
 
 struct dp_backend_ops {
@@ -45,6 +52,12 @@ struct dp_backend_ops {
 	 * one with neither (poll-mode DPDK) is polled every DP_BACKEND_POLL_NS instead. */
 	int (*wait_fd)(struct dp_backend *b);
 	bool (*rx_ready)(struct dp_backend *b);
+	/* The port's own counters, for Stats (NULL: the backend has none, as socket and
+	 * null). Runs on the control agent's thread while the worker runs: call it only
+	 * through dp_backend_xstats, which keeps it out of close's way. Writes up to max
+	 * non-zero ones, returns how many, and counts in *left_out those that did not fit. */
+	uint32_t (*xstats)(struct dp_backend *b, struct dp_xstat *out, uint32_t max,
+			   uint64_t *left_out);
 };
 
 #define DP_BACKEND_POLL_NS 100000ull
@@ -58,6 +71,10 @@ struct dp_backend {
 	bool gso;           /* the backend can cut one send into datagrams */
 	uint32_t max_gso_segments;
 	void *priv;
+	/* ops->xstats against close (dp_backend_xstats_live/_dead): the control agent's
+	 * calls in flight, and whether the backend takes them (set by the backend) */
+	uint32_t xstats_readers;
+	uint32_t xstats_live;
 };
 
 extern const struct dp_backend_ops dp_backend_socket;
@@ -73,6 +90,16 @@ struct dp_backend_args {
 	char **argv;
 };
 extern struct dp_backend_args dp_backend_args;
+
+/* The port's xstats from any thread (the control agent's, for Stats): 0 and nothing
+ * written where the backend has none, or is not open, or is closing. */
+uint32_t dp_backend_xstats(struct dp_backend *b, struct dp_xstat *out, uint32_t max,
+			   uint64_t *left_out);
+/* A backend with ops->xstats calls _live at the end of open, once xstats may run, and
+ * _dead first thing in close: it returns when no xstats call is in flight, and none
+ * starts after. */
+void dp_backend_xstats_live(struct dp_backend *b);
+void dp_backend_xstats_dead(struct dp_backend *b);
 
 /* The backends this build has, space-separated ("socket null dpdk"). */
 const char *dp_backend_names(void);

@@ -525,6 +525,8 @@ class MockDataplane:
                         )
                         for c in self.clients.values()
                     ],
+                    # like the C dataplane's socket and null NICs: no port, no xstats
+                    nics=[ctl.NicStats(name="mock0", backend="mock")],
                 )
             case ctl.SetFaults():
                 _need_admin(peer, "SetFaults")

@@ -1,0 +1,128 @@
+/* dp_dpdk_rx.c: rx bursts: Ethernet/IPv4/UDP parsed, payloads handed up in place. */
+#include <arpa/inet.h>
+#include <string.h>
+
+#include <rte_ethdev.h>
+
+#include "dp_common.h"
+#include "dp_dpdk.h"
+
+/* An IPv4 frame: the UDP payload for us into *rx (returns 1), or counted and freed (0). */
+static int ipv4_input(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf *m,
+		      struct dp_rx *rx)
+{
+	enum dp_counter why = DP_C_rx_malformed;
+	uint32_t frame_len = rte_pktmbuf_data_len(m);
+	if (m->nb_segs != 1 || frame_len < HDRS_LEN)
+		goto drop; /* the pool's mbufs hold a whole frame at the NIC's mtu */
+	struct rte_ipv4_hdr *ip = rte_pktmbuf_mtod_offset(m, struct rte_ipv4_hdr *, RTE_ETHER_HDR_LEN);
+	uint32_t ihl = (uint32_t)(ip->version_ihl & RTE_IPV4_HDR_IHL_MASK) * RTE_IPV4_IHL_MULTIPLIER;
+	uint32_t ip_len = rte_be_to_cpu_16(ip->total_length);
+	if ((ip->version_ihl >> 4) != 4 || ihl < sizeof(*ip) || ip_len < ihl + sizeof(struct rte_udp_hdr) ||
+	    ip_len > frame_len - RTE_ETHER_HDR_LEN)
+		goto drop;
+	if (p->rx_cksum_offload &&
+	    (m->ol_flags & RTE_MBUF_F_RX_IP_CKSUM_MASK) == RTE_MBUF_F_RX_IP_CKSUM_BAD)
+		goto drop;
+	if (!(p->rx_cksum_offload &&
+	      (m->ol_flags & RTE_MBUF_F_RX_IP_CKSUM_MASK) == RTE_MBUF_F_RX_IP_CKSUM_GOOD) &&
+	    rte_raw_cksum(ip, ihl) != 0xffff)
+		goto drop;
+	/* a duck's frame tells its MAC, whatever it carries */
+	const struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, const struct rte_ether_hdr *);
+	dp_dpdk_arp_learn(b, p, ip->src_addr, &eth->src_addr);
+	why = DP_C_rx_not_ours;
+	if (ip->next_proto_id != IPPROTO_UDP || ip->dst_addr != p->host_ip)
+		goto drop;
+	if (rte_be_to_cpu_16(ip->fragment_offset) & (RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK)) {
+		why = DP_C_rx_fragments; /* duckpipe's datagrams fit the MTU: never reassembled */
+		goto drop;
+	}
+	struct rte_udp_hdr *udp = (struct rte_udp_hdr *)((uint8_t *)ip + ihl);
+	if (udp->dst_port != p->host_port)
+		goto drop;
+	why = DP_C_rx_malformed;
+	uint32_t udp_len = rte_be_to_cpu_16(udp->dgram_len);
+	if (udp_len < sizeof(*udp) || udp_len > ip_len - ihl)
+		goto drop;
+	if (p->rx_cksum_offload &&
+	    (m->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK) == RTE_MBUF_F_RX_L4_CKSUM_BAD)
+		goto drop;
+	memset(&rx->src, 0, sizeof(rx->src));
+	rx->src.sin_family = AF_INET;
+	rx->src.sin_addr.s_addr = ip->src_addr;
+	rx->src.sin_port = udp->src_port;
+	/* The payload lands 2 bytes past an 8-byte boundary (headroom 128, then 42 bytes of
+	 * headers), and the worker reads the wire header in place as a struct: move the
+	 * payload back over the UDP header, parsed by now (a copy of at most a frame, in
+	 * cache; a real NIC's RX buffers could be offset instead: not done). */
+	uint8_t *payload = (uint8_t *)(udp + 1);
+	uint32_t len = udp_len - (uint32_t)sizeof(*udp);
+	uintptr_t misaligned = (uintptr_t)payload & (alignof(struct dp_wire_header) - 1);
+	if (misaligned) {
+		memmove(payload - misaligned, payload, len);
+		payload -= misaligned;
+	}
+	rx->buf = payload;
+	rx->len = len;
+	return 1;
+drop:
+	dp_count(b->counters, why, 1);
+	rte_pktmbuf_free(m);
+	return 0;
+}
+
+/* Frames the port dropped before we saw them (its RX ring full, or no mbuf to put one
+ * in) into rxq_overflows, the socket backend's SO_RXQ_OVFL. Read from the worker's own
+ * thread, every STATS_MS. */
+static void port_drops(struct dp_backend *b, struct dpdk_priv *p)
+{
+	uint64_t now = dp_now_ns();
+	if (now < p->next_stats_ns)
+		return;
+	p->next_stats_ns = now + (uint64_t)STATS_MS * 1000000;
+	struct rte_eth_stats st;
+	if (rte_eth_stats_get(p->port, &st) != 0)
+		return;
+	uint64_t dropped = st.imissed + st.rx_nombuf;
+	if (dropped > p->dropped_seen)
+		dp_count(b->counters, DP_C_rxq_overflows, dropped - p->dropped_seen);
+	p->dropped_seen = dropped;
+}
+
+uint32_t dp_dpdk_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n)
+{
+	struct dpdk_priv *p = b->priv;
+	port_drops(b, p);
+	if (p->nheld) {
+		rte_pktmbuf_free_bulk(p->held, p->nheld);
+		p->nheld = 0;
+	}
+	struct rte_mbuf *pkts[BURST];
+	uint16_t got = rte_eth_rx_burst(p->port, 0, pkts, (uint16_t)(n < BURST ? n : BURST));
+	uint32_t out = 0;
+	for (uint16_t i = 0; i < got; i++) {
+		struct rte_mbuf *m = pkts[i];
+		if (rte_pktmbuf_data_len(m) < RTE_ETHER_HDR_LEN) {
+			dp_count(b->counters, DP_C_rx_malformed, 1);
+			rte_pktmbuf_free(m);
+			continue;
+		}
+		const struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, const struct rte_ether_hdr *);
+		uint16_t type = rte_be_to_cpu_16(eth->ether_type);
+		if (type == RTE_ETHER_TYPE_ARP) {
+			dp_dpdk_arp_input(b, p, m);
+		} else if (type == RTE_ETHER_TYPE_IPV4) {
+			if (ipv4_input(b, p, m, &rx[out])) {
+				p->held[p->nheld++] = m;
+				out++;
+			}
+		} else {
+			dp_count(b->counters, DP_C_rx_not_ours, 1); /* IPv6, VLANs, LLDP... */
+			rte_pktmbuf_free(m);
+		}
+	}
+	if (p->ntxq) /* ARP replies */
+		dp_dpdk_txq_flush(b, p);
+	return out;
+}
