@@ -420,8 +420,9 @@ int main(int argc, char **argv)
 		if (runners[i].lcore >= 0) {
 			dp_lcore_wait((unsigned)runners[i].lcore); /* rte_eal_wait_lcore */
 			DP_TSAN_ACQUIRE(&runners[i]);
-		} else
+		} else {
 			pthread_join(threads[i], NULL);
+		}
 	}
 
 	dp_control_free(control);
