@@ -133,9 +133,8 @@ static int check_lcores(void)
 	dp_lcore_describe_all(lcores, sizeof(lcores));
 	if (!world.cfg.dedicated_threads) {
 		DP_INFO("threads = \"shared\": the %u dpdk NIC worker(s) run on the one dataplane "
-			"thread with the other agents; the EAL's %u worker lcore(s) stay unused "
-			"(lcores: %s)",
-			ndpdk, have, lcores);
+			"thread with the other agents%s (EAL lcores: %s)",
+			ndpdk, have ? "; the EAL's worker lcores stay unused" : "", lcores);
 		return 0;
 	}
 	if (have < ndpdk) {
