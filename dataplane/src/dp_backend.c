@@ -1,4 +1,5 @@
 /* dp_backend.c: which backends this build has, and the options after "--". */
+#include <stdlib.h>
 #include <string.h>
 
 #include "dp_backend.h"
@@ -37,6 +38,24 @@ const struct dp_backend_ops *dp_backend_lookup(const char *name)
 #endif
 	dp_set_error("backend '%s' is not built in (have: %s)", name, dp_backend_names());
 	return NULL;
+}
+
+void dp_backend_mem_register(struct dp_mem *m, void *va, size_t len, size_t page_sz)
+{
+	*m = (struct dp_mem){ .va = va, .len = len, .page_sz = page_sz,
+			      .n_pages = (uint32_t)(len / page_sz) };
+#ifdef DP_HAVE_DPDK
+	dp_dpdk_mem_register(m);
+#endif
+}
+
+void dp_backend_mem_unregister(struct dp_mem *m)
+{
+#ifdef DP_HAVE_DPDK
+	dp_dpdk_mem_unregister(m);
+#endif
+	free(m->iova);
+	*m = (struct dp_mem){ 0 };
 }
 
 /* Dekker's handshake, seq_cst on both sides: a reader announces itself, then looks

@@ -20,15 +20,17 @@
  *   TX       each datagram is one mbuf: Ethernet + IPv4 + UDP headers built here,
  *            then the wire header and payload copied behind them. A GSO-grouped
  *            dp_tx is cut into gso_size datagrams exactly as the kernel would.
- *   zero copy on a virtual device that sends mbuf chains (MULTI_SEGS: af_packet,
- *            tap), a payload piece of ZC_MIN bytes or more behind the wire header
- *            (an activation or weight chunk, in the client's slot) is not copied: it
- *            is an external buffer (rte_pktmbuf_attach_extbuf) chained to the header
- *            mbuf (tx_zero_copy; tx_copied where the port cannot chain: af_xdp).
- *            tx_burst returns only once the port has freed every external buffer
- *            (zc_reclaim), so a slot is never released while the port may read it.
- *            Not yet: rte_extmem_register / rte_dev_dma_map of the client's memory,
- *            so PCI ports (DMA) copy.
+ *   zero copy on a port that sends mbuf chains (MULTI_SEGS) and is either a virtual
+ *            device reading through the CPU (af_packet, tap) or a PCI NIC, a payload
+ *            piece of ZC_MIN bytes or more behind the wire header (an activation or
+ *            weight chunk, in the client's slot) is not copied: it is an external
+ *            buffer (rte_pktmbuf_attach_extbuf) chained to the header mbuf
+ *            (tx_zero_copy; tx_copied where the port cannot chain: af_xdp). Client
+ *            segments are registered with rte_extmem_register (and rte_dev_dma_map)
+ *            at attach (dp_dpdk_mem.c): a PCI port sends in place only from
+ *            registered memory, at its IOVA. A forward's part on this NIC completes
+ *            only once the port freed its external buffers (dp_dpdk_zc.c,
+ *            dp_release.c), so a slot is never released while the port may read it.
  *   ARP      the destination MAC of a duck comes from ARP: a request for every duck
  *            address at open (waiting up to ARP_WAIT_MS for the answers), again on a
  *            miss (at most every ARP_RETRY_MS per address); MACs are learned from ARP
@@ -62,8 +64,6 @@
  *   rte_flow ingress rules steering the ducks' replies (IPv4 to host_ip, UDP to
  *            host_port) and ARP to the worker's RX queue, where the port has rte_flow
  *            (NIC flow_steering: auto, off, require; dp_dpdk_flow.c).
- *
- * Not here yet (issue 9): zero-copy transmit on PCI ports.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -159,21 +159,7 @@ static int dpdk_open(struct dp_backend *b)
 	uint64_t rx_ck = RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_UDP_CKSUM;
 	p->tx_cksum_offload = (info.tx_offload_capa & tx_ck) == tx_ck;
 	p->rx_cksum_offload = (info.rx_offload_capa & rx_ck) == rx_ck;
-	/* Zero copy needs a port that sends mbuf chains (af_xdp does not: it sends the
-	 * wrong bytes) and, for now, a virtual device (af_packet, tap, ...), which reads
-	 * the bytes with the CPU through the mbuf's virtual address: a PCI NIC would DMA
-	 * from them, and the client's memory is not registered with rte_extmem_register /
-	 * rte_dev_dma_map yet, so a PCI port copies. The extbuf's IOVA is its address with
-	 * IOVA as VA, else RTE_BAD_IOVA (which no virtual device reads). */
-	/* Only the virtual devices known to be done with an mbuf when rte_eth_tx_burst
-	 * returns (they copy it into the kernel): net_ring, say, would hold an extbuf
-	 * until its consumer dequeues it, and zc_reclaim would wait for that. */
-	const char *bus = info.device ? rte_bus_name(rte_dev_bus(info.device)) : NULL;
-	bool cpu_copy = info.driver_name && (strcmp(info.driver_name, "net_af_packet") == 0 ||
-					     strcmp(info.driver_name, "net_tap") == 0);
-	p->zero_copy = (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) && bus &&
-		       strcmp(bus, "vdev") == 0 && cpu_copy;
-	p->iova_va = rte_eal_iova_mode() == RTE_IOVA_VA;
+	dp_dpdk_zc_open(p, &info); /* zero copy: which ports, dp_dpdk_zc.c */
 	struct rte_eth_conf conf = {
 		.rxmode = { .mtu = cfg->mtu, .offloads = p->rx_cksum_offload ? rx_ck : 0 },
 		.txmode = { .mq_mode = RTE_ETH_MQ_TX_NONE,
@@ -238,6 +224,7 @@ static int dpdk_open(struct dp_backend *b)
 		if (b->config->ducks[i].nic == b->nic)
 			dp_dpdk_arp_add(p, b->config->ducks[i].addr.sin_addr.s_addr);
 	b->priv = p;
+	dp_dpdk_zc_start(b, p, &info);
 	/* the worker batches up to 64 datagrams per message, which are cut here */
 	b->gso = true;
 	b->max_gso_segments = 64;
@@ -328,6 +315,7 @@ static void dpdk_close(struct dp_backend *b)
 		rte_pktmbuf_free_bulk(p->held, p->nheld);
 	if (p->ntxq)
 		rte_pktmbuf_free_bulk(p->txq, p->ntxq);
+	dp_dpdk_zc_close(p);
 	int rc = rte_eth_dev_stop(p->port);
 	if (rc != 0)
 		DP_WARN("nic %s: rte_eth_dev_stop: err=%d, port=%u", b->cfg->name, rc, p->port);
@@ -405,5 +393,6 @@ const struct dp_backend_ops dp_backend_dpdk = {
 	.close = dpdk_close,
 	.tx_burst = dp_dpdk_tx_burst,
 	.rx_burst = dp_dpdk_rx_burst,
+	.tx_reclaim = dp_dpdk_tx_reclaim,
 	.xstats = dpdk_xstats,
 };

@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dp_backend.h"
 #include "dp_config_gen.h"
 #include "dp_seg_plan.h"
 
@@ -226,6 +227,14 @@ int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int
 		munmap(base, size);
 		goto refuse;
 	}
+	/* the page size the kernel backs it with, never the header's word for it: with IOVA
+	 * as PA, a 4 KiB-page segment registered as 2 MiB pages would have a NIC read
+	 * whatever memory follows each page's first 4 KiB */
+	size_t huge = (size_t)dp_seg_page_size(DP_BACKING_HUGETLBFS);
+	size_t page = (size_t)st.st_blksize == huge && (uintptr_t)base % huge == 0
+			      ? huge
+			      : (size_t)dp_seg_page_size(DP_BACKING_DEVSHM);
+	dp_backend_mem_register(&c->mem, base, size, page);
 	close(fd);
 	c->base = base;
 	c->size = size;
@@ -252,8 +261,11 @@ refuse:
 	return -1;
 }
 
+/* Only once no forward of c is in flight: each one's completion waited until the ports
+ * freed every buffer that pointed into the segment (dp_release.c). */
 void dp_client_unmap(struct dp_client *c)
 {
+	dp_backend_mem_unregister(&c->mem);
 	if (c->base)
 		munmap(c->base, c->size);
 	c->base = NULL;

@@ -5,6 +5,7 @@
  *   dp_dpdk_arp.c      the ducks' MACs: ARP requests, replies, learning
  *   dp_dpdk_tx.c       frames from dp_tx messages, tx bursts
  *   dp_dpdk_zc.c       zero copy: client memory as external buffers, their release
+ *   dp_dpdk_mem.c      client segments registered with DPDK (extmem, DMA mapping)
  *   dp_dpdk_rx.c       rx bursts: Ethernet/IPv4/UDP parsed, payloads handed up
  *   dp_dpdk_flow.c     rte_flow rules steering duck replies and ARP to the RX queue
  *
@@ -40,7 +41,7 @@
 #define ARP_RETRY_MS 10         /* a request per address at most this often */
 #define ARP_WAIT_MS 200         /* at open: how long to wait for the ducks' replies */
 #define ZC_MIN 256              /* payload bytes from one iov piece worth an extbuf */
-#define ZC_WAIT_NS 1000000000ull /* a port holding extbufs this long after tx_burst: logged */
+#define ZC_HOLD_MAX 8192        /* test knob DUCKPIPE_DPDK_TX_HOLD_US: extbufs held at once */
 #define STATS_MS 10             /* the port's drop counters read this often (rxq_overflows) */
 _Static_assert(DP_MAX_DUCKS < ARP_SLOTS, "every duck's address needs a slot, and one free");
 _Static_assert(alignof(struct dp_wire_header) <= sizeof(struct rte_udp_hdr),
@@ -66,13 +67,17 @@ struct dpdk_priv {
 	uint32_t max_datagram; /* UDP payload bytes a frame can carry at the NIC's mtu */
 	bool tx_cksum_offload; /* IPv4 + UDP checksums by the port */
 	bool rx_cksum_offload; /* the port flags bad IPv4 / UDP checksums */
-	/* zero-copy transmit: a payload piece goes out as an external buffer chained to
-	 * the header mbuf; zc_out counts the extbufs the port has not freed yet */
+	/* zero-copy transmit (dp_dpdk_zc.c): a payload piece goes out as an external buffer
+	 * chained to the header mbuf; zc_out counts the extbufs the port has not freed yet */
 	bool zero_copy;
-	bool iova_va; /* IOVA as VA: an address is its own IOVA */
-	uint32_t zc_out;
-	uint32_t zc_next; /* next free zc_info: all are free again once zc_out is 0 */
-	struct rte_mbuf_ext_shared_info zc_info[BURST];
+	bool zc_dma;       /* the port DMAs (PCI): only registered memory, with its IOVA */
+	uint32_t zc_port_bit; /* this port among dp_dpdk_mem.c's (DMA mappings) */
+	uint32_t zc_out;   /* relaxed atomic, one writer at a time (dp_dpdk_zc.c) */
+	/* test knob: each extbuf held zc_hold_ns after tx_burst, as a NIC that frees on
+	 * completion would (DUCKPIPE_DPDK_TX_HOLD_US; 0: off) */
+	uint64_t zc_hold_ns;
+	struct zc_hold { struct rte_mbuf *m; uint64_t ns; } *zc_hold;
+	uint32_t zc_hold_head, zc_hold_tail;
 	uint16_t ip_id;
 	struct arp_entry arp[ARP_SLOTS];
 	/* mbufs handed up by the last rx_burst, freed on the next */
@@ -117,8 +122,23 @@ void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p);
 uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n);
 
 /* dp_dpdk_zc.c */
-struct rte_mbuf *dp_dpdk_zc_attach(struct dpdk_priv *p, const uint8_t *from, uint16_t len);
+struct rte_eth_dev_info;
+struct rte_device;
+void dp_dpdk_zc_open(struct dpdk_priv *p, const struct rte_eth_dev_info *info);
+void dp_dpdk_zc_start(struct dp_backend *b, struct dpdk_priv *p,
+		      const struct rte_eth_dev_info *info);
+void dp_dpdk_zc_close(struct dpdk_priv *p);
+struct rte_mbuf *dp_dpdk_zc_attach(struct dpdk_priv *p, struct dp_tx_owner *owner,
+				   const uint8_t *from, uint16_t len);
 void dp_dpdk_zc_reclaim(struct dp_backend *b, struct dpdk_priv *p);
+void dp_dpdk_tx_reclaim(struct dp_backend *b);
+
+/* dp_dpdk_mem.c (and dp_backend.h: dp_dpdk_mem_register / unregister) */
+void dp_dpdk_mem_add_port(uint16_t port, struct rte_device *dev);
+void dp_dpdk_mem_del_port(uint16_t port);
+uint32_t dp_dpdk_mem_port_bit(uint16_t port);
+rte_iova_t dp_dpdk_mem_iova(const struct dp_mem *m, uint32_t port_bit, const uint8_t *from,
+			    uint32_t len);
 
 /* dp_dpdk_flow.c: 0, or -1 with dp_error where flow_steering = "require" fails */
 int dp_dpdk_flow_open(struct dp_backend *b, struct dpdk_priv *p);

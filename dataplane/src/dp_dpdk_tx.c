@@ -63,13 +63,13 @@ static uint16_t udp_cksum_chain(const struct rte_mbuf *m, const struct rte_ipv4_
 /* One frame: Ethernet/IPv4/UDP headers to dst, then len payload bytes gathered from
  * iov starting at (*piece, *off), which advance past them. Pieces are copied behind
  * the headers, except a last piece of ZC_MIN bytes or more behind a copied one (an
- * activation chunk or weight bytes behind their wire header): on a port that chains
- * mbufs it goes out in place, as an external buffer (tx_zero_copy), else copied
- * (tx_copied). */
+ * activation chunk or weight bytes behind their wire header, from owner's memory): on a
+ * port that chains mbufs it goes out in place, as an external buffer (tx_zero_copy,
+ * counted on owner until the port frees it: dp_dpdk_zc.c), else copied (tx_copied). */
 static struct rte_mbuf *frame(struct dp_backend *b, struct dpdk_priv *p,
 			      const struct rte_ether_addr *mac, const struct sockaddr_in *dst,
 			      const struct iovec *iov, uint32_t iovcnt, uint32_t *piece,
-			      size_t *off, uint32_t len)
+			      size_t *off, uint32_t len, struct dp_tx_owner *owner)
 {
 	struct rte_mbuf *m = rte_pktmbuf_alloc(p->pool);
 	if (!m)
@@ -93,8 +93,8 @@ static struct rte_mbuf *frame(struct dp_backend *b, struct dpdk_priv *p,
 			k = len - copied;
 		const uint8_t *from = (const uint8_t *)iov[*piece].iov_base + *off;
 		bool last = copied + k == len;
-		if (last && copied && k >= ZC_MIN) {
-			if (p->zero_copy && (ext = dp_dpdk_zc_attach(p, from, (uint16_t)k))) {
+		if (last && copied && k >= ZC_MIN && owner) {
+			if (p->zero_copy && (ext = dp_dpdk_zc_attach(p, owner, from, (uint16_t)k))) {
 				dp_count(b->counters, DP_C_tx_zero_copy, 1);
 				*off += k;
 				copied += (uint32_t)k;
@@ -169,7 +169,8 @@ uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
 		size_t off = 0;
 		for (size_t done = 0; made < datagrams; made++) {
 			uint32_t len = (uint32_t)(total - done < seg ? total - done : seg);
-			struct rte_mbuf *m = frame(b, p, mac, t->dst, t->iov, t->iovcnt, &piece, &off, len);
+			struct rte_mbuf *m = frame(b, p, mac, t->dst, t->iov, t->iovcnt, &piece, &off, len,
+						 t->owner);
 			if (!m)
 				break; /* the pool is empty: the port still holds what we sent */
 			dp_dpdk_txq_push(b, p, m, len);

@@ -201,6 +201,7 @@ class MockDataplane:
                 "control_refused",
                 "quota_refused",
                 "connections_refused",
+                "connections_shed",
                 "layers_freed",
                 "curve_refused",
                 "clients_attached",
