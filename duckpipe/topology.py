@@ -3,6 +3,7 @@
 ::
 
     threads = "shared"            # or "dedicated": one thread per agent, pinned to `cores`
+                                  # (a dpdk NIC's worker: an EAL worker lcore, from -l/--lcores)
     idle = "backoff"              # spin | yield | backoff (spin, yield, then park on wake-ups)
     idle_spin_us = 50             # backoff: spin this long after the last work before parking
     completion_flush_us = 500     # ZeroMQ completions leave together, at most this late

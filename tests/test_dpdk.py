@@ -102,13 +102,15 @@ def veth_ducks(
     duck_args: tuple[str, ...] = (),
     late: bool = False,
     pmd: str = "af_packet",
+    lcores: tuple[str, ...] = ("-l", "0"),
 ) -> Iterator[Net]:
     """One veth pair + namespace per entry of ``per_port`` with that many ducks in it.
 
     With ``broadcast`` each namespace has one duck bound to 0.0.0.0 (the subnet's
     broadcast reaches one port per address), and the NIC broadcasts. With ``late``
     the ducks and their addresses wait for ``net.start_ducks()``. ``pmd`` is the
-    DPDK driver on the near ends: af_packet or af_xdp.
+    DPDK driver on the near ends: af_packet or af_xdp. ``lcores``: the EAL's lcore
+    options (one main lcore by default; dedicated threads need a worker lcore per port).
     """
     _require_dpdk()
     tag = f"{os.getpid() % 10000}{random.randrange(100)}"
@@ -178,8 +180,7 @@ def veth_ducks(
             "--no-telemetry",
             "--file-prefix",
             net.prefix,
-            "-l",
-            "0",
+            *lcores,
             *net.eal,
         ]
         if not late:
@@ -439,10 +440,26 @@ def test_a_port_that_never_frees_keeps_the_slot_and_is_logged(monkeypatch):
     assert re.search(r"the port still holds \d+ buffer\(s\) of forward \d+'s slot", out), out
 
 
-def test_24_ducks_over_two_ports_on_dedicated_threads():
+def _thread_cpus(pid: int, name: str) -> set[int]:
+    """The CPUs the thread of ``pid`` called ``name`` may run on (its affinity)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if (task / "comm").read_text().strip() == name:
+            return os.sched_getaffinity(int(task.name))
+    raise AssertionError(f"no thread named {name} in process {pid}")
+
+
+# the EAL's lcores for two ports on this 2-CPU machine: main lcore 0 on CPU 0, lcore 1 on
+# CPU 1 and lcore 2 on CPU 0 (`-l 0-2` needs three CPUs: the EAL refuses lcores the
+# machine lacks); p0's worker goes to lcore 1, p1's to lcore 2
+TWO_WORKER_LCORES = ("--lcores=0@0,1@1,2@0",)
+
+
+def test_24_ducks_over_two_ports_on_dedicated_threads_each_worker_on_its_lcore():
+    # cores: control, dispatcher, nic-p0, nic-p1; the workers' entries are not applied
+    # (the EAL places them): p0's (0) contradicts its lcore's CPU 1 and is reported
     with (
-        veth_ducks([12, 12]) as net,
-        _dataplane(net, threads="dedicated") as dp,
+        veth_ducks([12, 12], lcores=TWO_WORKER_LCORES) as net,
+        _dataplane(net, threads="dedicated", cores=[0, 1, 0, 0]) as dp,
         duckpipe.connect(dp.control) as c,
     ):
         mlp = GeluMlp.random(128, 24 * 8, seed=2)
@@ -450,7 +467,49 @@ def test_24_ducks_over_two_ports_on_dedicated_threads():
         _check_forwards(c, mlp, 10)
         assert len(c.topology().ducks) == 24 and all(d.alive for d in c.topology().ducks)
         n = c.stats().counters
+        # the threads named after the NICs are the EAL's lcore threads, pinned by it
+        assert _thread_cpus(dp.pid, "nic-p0") == {1}
+        assert _thread_cpus(dp.pid, "nic-p1") == {0}
+        assert _thread_cpus(dp.pid, "dispatch") == {1}  # pinned by duckpipe, as before
+        out = dp.output()
     assert n["forwards_ok"] == 10 and n["timeouts"] == 0, n
+    assert "nic-p0: worker on EAL lcore 1 (CPU 1)" in out, out
+    assert "nic-p1: worker on EAL lcore 2 (CPU 0)" in out, out
+    assert "nic-p0: the topology's cores entry (0) is ignored" in out, out
+    assert "nic-p1: the topology's cores entry" not in out, out  # 0 is lcore 2's CPU
+    assert out.count("inbox rte_ring") == 2, out  # the dispatcher feeds each through one
+
+
+def test_dedicated_threads_with_too_few_worker_lcores_fail_at_startup_saying_what_to_pass():
+    with veth_ducks([1, 1], lcores=("--lcores=0@0,1@1",)) as net:
+        dp = DataplaneProcess(_topology(net, threads="dedicated"), backend_args=net.eal)
+        try:
+            with pytest.raises(DuckpipeError, match="give 1 worker lcore") as e:
+                dp.start()
+            msg = str(e.value)
+            assert "2 dpdk NIC(s) need 2" in msg and "-l 0-2" in msg, msg
+            ncpu = os.cpu_count() or 1
+            assert f"--lcores='0@0,1@{1 % ncpu},2@{2 % ncpu}'" in msg, msg
+            assert "0 (main, CPU 0), 1 (CPU 1)" in msg, msg  # the lcores the EAL has
+        finally:
+            dp.stop()
+            dp.close()
+
+
+def test_shared_threads_run_the_dpdk_workers_on_the_one_thread_and_leave_lcores_unused():
+    with (
+        veth_ducks([2], lcores=("--lcores=0@0,1@1",)) as net,
+        _dataplane(net) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        mlp = GeluMlp.random(128, 32, seed=3)
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 3)
+        out = dp.output()
+        names = {(t / "comm").read_text().strip() for t in Path(f"/proc/{dp.pid}/task").iterdir()}
+    assert "nic-p0" not in names, names  # no worker thread of its own
+    assert "the 1 dpdk NIC worker(s) run on the one dataplane thread" in out, out
+    assert "rte_eal_remote_launch" not in out, out
 
 
 def test_a_broadcast_goes_out_once_as_an_ethernet_broadcast():
@@ -670,7 +729,11 @@ def test_stats_asked_all_through_shutdown_never_read_a_closed_port():
     # the control agent reads the port's xstats while the worker owns the port; close
     # waits for a read in flight and none starts after (dp_backend_xstats_dead), however
     # main orders the agents' stop and the ports' close
-    with veth_ducks([2]) as net, _dataplane(net, threads="dedicated") as dp:
+    # (dedicated threads: the worker on an EAL worker lcore of its own)
+    with (
+        veth_ducks([2], lcores=("--lcores=0@0,1@1",)) as net,
+        _dataplane(net, threads="dedicated") as dp,
+    ):
         stop = threading.Event()
         replies: list[ctl.Stats] = []
 

@@ -9,6 +9,9 @@
  *            prepended); rte_eal_cleanup when the last dpdk NIC closes. The EAL pins
  *            the calling thread to its main lcore (-l): the thread's affinity is put
  *            back afterwards, so that duckpipe's runners keep the topology's `cores`.
+ *            With dedicated threads each dpdk NIC's worker runs on an EAL worker lcore
+ *            (rte_eal_remote_launch, dp_lcore.c) and is fed through an SP/SC rte_ring
+ *            (dp_inbox.c); with shared threads the one runner polls the ports.
  *   port     the NIC's `interface` names the DPDK port: a vdev (net_af_packet0, with
  *            --vdev=net_af_packet0,iface=IF among the EAL options) or a PCI address.
  *            One RX and one TX queue, an mbuf pool of its own (sized below), bursts
@@ -52,7 +55,7 @@
  *            backend's buffers stay valid until its next call).
  *   parking  a poll-mode port has no fd: wait_fd and rx_ready are NULL, so a parked
  *            worker polls every DP_BACKEND_POLL_NS. In production, run the dpdk
- *            backend with idle = "spin" and dedicated threads on their own cores.
+ *            backend with idle = "spin" and dedicated threads on their own lcores.
  *
  *   xstats   the port's extended statistics (its driver's counters) go into Stats,
  *            per NIC, the non-zero ones (`duckpipe stats`): names read at open, values
@@ -61,10 +64,6 @@
  *   rte_flow ingress rules steering the ducks' replies (IPv4 to host_ip, UDP to
  *            host_port) and ARP to the worker's RX queue, where the port has rte_flow
  *            (NIC flow_steering: auto, off, require; dp_dpdk_flow.c).
- *
- * Not here yet (issue 9): one worker per port launched on its lcore with
- * rte_eal_remote_launch and fed through an rte_ring (the worker runs on duckpipe's
- * own runner threads).
  */
 #include <arpa/inet.h>
 #include <errno.h>

@@ -5,7 +5,8 @@
  * client (the rest wait in that client's ring), checks each descriptor with
  * dp_desc_check() against the private copy of the client's layout and the
  * layer it names, and hands forwards and
- * weight chunks to the NIC workers through their SPSC rings. What it refuses,
+ * weight chunks to the NIC workers through their inboxes (dp_inbox.h: an SPSC ring, an
+ * rte_ring on a dpdk NIC), a burst per worker after each client's burst. What it refuses,
  * and what needs no network (b_down, commits), it completes itself. It is the
  * only allocator of forward contexts (its pool, dp_fwd.c); the control agent
  * returns them through the free ring once their ZeroMQ completion is out.
@@ -38,6 +39,10 @@ struct dp_dispatcher {
 	struct dp_fwd *commits[MAX_PENDING_COMMITS];
 	uint32_t ncommits;
 	struct dp_desc burst[DP_BURST];
+	/* contexts for each NIC worker from the client burst being dispatched: a descriptor
+	 * adds at most one per NIC, a client burst is at most DP_BURST descriptors */
+	struct dp_fwd *out[DP_MAX_NICS][DP_BURST];
+	uint32_t nout[DP_MAX_NICS];
 	struct dp_counters *counters;
 	struct dp_limits limits;
 	uint32_t next_client; /* round-robin: the pass starts after the last client served */
@@ -66,11 +71,25 @@ static void complete(struct dp_dispatcher *d, struct dp_fwd *f, uint32_t status,
 	dp_fwd_finish(d->w, f, status, &d->w->dispatch_done, d->counters);
 }
 
+/* The contexts queued for each worker go out as one burst per worker (one kick each). */
+static void flush(struct dp_dispatcher *d)
+{
+	for (uint32_t nic = 0; nic < d->w->cfg.nnics; nic++) {
+		uint32_t n = d->nout[nic];
+		if (!n)
+			continue;
+		d->nout[nic] = 0;
+		/* capacity is the context count: never full */
+		if (dp_inbox_push(&d->w->workers[nic]->in, (void **)d->out[nic], n) != n)
+			DP_ERROR("nic %u: dispatch ring full; this is a bug", nic);
+	}
+}
+
 static void hand_to(struct dp_dispatcher *d, struct dp_fwd *f, uint32_t nic)
 {
-	struct dp_worker *wk = d->w->workers[nic];
-	if (dp_spsc_push(&wk->in, (void **)&f, 1) != 1) /* capacity is the context count */
-		DP_ERROR("nic %u: dispatch ring full; this is a bug", nic);
+	if (d->nout[nic] == DP_BURST) /* not with bursts of DP_BURST; in case they grow */
+		flush(d);
+	d->out[nic][d->nout[nic]++] = f;
 }
 
 static void dispatch_forward(struct dp_dispatcher *d, struct dp_fwd *f, struct dp_layer *l,
@@ -317,6 +336,7 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 		uint64_t pickup = dp_now_ns(); /* the loop's clock may predate the submit */
 		for (int32_t j = 0; j < got; j++)
 			dispatch(d, c, &d->burst[j], pickup);
+		flush(d);
 		work += got;
 	}
 	d->nactive = nactive;

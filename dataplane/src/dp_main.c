@@ -5,7 +5,9 @@
  * FILE is the msgpack configuration `duckpipe dataplane` writes from the TOML
  * topology. The agents (control, dispatcher, one worker per NIC) either share
  * one thread (the default on small machines) or get a thread each, pinned to
- * the configured cores.
+ * the configured cores; with a thread each, the worker of a dpdk NIC runs on an EAL
+ * worker lcore instead (rte_eal_remote_launch: the n-th dpdk NIC on the n-th worker
+ * lcore of the EAL's -l / --lcores list, pinned by the EAL; dp_lcore.h).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -24,6 +26,8 @@
 #include "dp_control.h"
 #include "dp_dataplane.h"
 #include "dp_dispatch.h"
+#include "dp_lcore.h"
+#include "dp_tsan.h"
 #include "dp_worker.h"
 
 #define MAX_AGENTS (2 + DP_MAX_NICS)
@@ -54,6 +58,7 @@ struct runner {
 	struct dp_idle idle;
 	struct dp_waker waker;
 	int core;
+	int lcore; /* the EAL worker lcore it was launched on, or -1: a thread of its own */
 	const char *name;
 };
 
@@ -96,6 +101,77 @@ static void *run(void *arg)
 			park(r);
 	}
 	return NULL;
+}
+
+/* A runner on an EAL worker lcore (rte_eal_remote_launch's lcore_function_t). The
+ * EAL hands over through its lcore state in libdpdk, which ThreadSanitizer does not
+ * see: DP_TSAN_* draw those two edges (launch, and rte_eal_wait_lcore's return). */
+static int run_on_lcore(void *arg)
+{
+	DP_TSAN_ACQUIRE(arg);
+	run(arg);
+	DP_TSAN_RELEASE(arg);
+	return 0;
+}
+
+static bool nic_is_dpdk(uint32_t n)
+{
+	return !strcmp(world.cfg.nics[n].backend, "dpdk");
+}
+
+/* threads = "dedicated": a worker lcore for each dpdk NIC's runner, or say what to pass.
+ * Shared: say that the one thread runs the dpdk workers too. The EAL is up (the first
+ * dpdk NIC's open started it). */
+static int check_lcores(void)
+{
+	uint32_t ndpdk = 0;
+	for (uint32_t n = 0; n < world.cfg.nnics; n++)
+		ndpdk += nic_is_dpdk(n);
+	if (!ndpdk)
+		return 0;
+	unsigned have = dp_lcore_workers();
+	char lcores[256];
+	dp_lcore_describe_all(lcores, sizeof(lcores));
+	if (!world.cfg.dedicated_threads) {
+		DP_INFO("threads = \"shared\": the %u dpdk NIC worker(s) run on the one dataplane "
+			"thread with the other agents%s (EAL lcores: %s)",
+			ndpdk, have ? "; the EAL's worker lcores stay unused" : "", lcores);
+		return 0;
+	}
+	if (have < ndpdk) {
+		/* the EAL refuses -l past the CPUs it sees; --lcores maps lcores onto CPUs */
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+		char map[128] = "";
+		size_t used = 0;
+		for (uint32_t i = 0; i <= ndpdk && used < sizeof(map); i++) {
+			int k = snprintf(map + used, sizeof(map) - used, "%s%u@%ld", i ? "," : "", i,
+					 cpus > 0 ? (long)i % cpus : 0L);
+			used += k > 0 ? (size_t)k : 0;
+		}
+		dp_set_error("threads = \"dedicated\" runs each dpdk NIC's worker on an EAL worker "
+			     "lcore: the EAL's lcores (%s) give %u worker lcore(s) besides the main "
+			     "one; %u dpdk NIC(s) need %u: pass a main lcore and one per NIC after "
+			     "--, e.g. -l 0-%u (%u CPUs), or --lcores='%s' (lcore@CPU, on %ld CPUs)",
+			     lcores, have, ndpdk, ndpdk, ndpdk, ndpdk + 1, map, cpus);
+		return -1;
+	}
+	return 0;
+}
+
+/* The k-th dpdk NIC's runner goes to the k-th worker lcore, whose CPUs the EAL chose:
+ * the topology's `cores` entry for it, if any, is not applied. */
+static void place_on_lcore(struct runner *r, unsigned k)
+{
+	r->lcore = (int)dp_lcore_worker(k);
+	char cpus[64];
+	dp_lcore_cpus((unsigned)r->lcore, cpus, sizeof(cpus));
+	if (r->core >= 0 && !dp_lcore_is_only_cpu((unsigned)r->lcore, r->core))
+		DP_WARN("%s: the topology's cores entry (%d) is ignored: the worker runs on EAL "
+			"lcore %d, CPU %s, as the EAL's -l / --lcores place it",
+			r->name, r->core, r->lcore, cpus);
+	r->core = -1; /* the EAL pinned the lcore's thread */
+	DP_INFO("%s: worker on EAL lcore %d (CPU %s), launched by rte_eal_remote_launch", r->name,
+		r->lcore, cpus);
 }
 
 /* Each agent waits on its runner's waker; a ring fed from another runner kicks it. */
@@ -267,6 +343,10 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
+	if (check_lcores() < 0) {
+		fprintf(stderr, "duckpipe-dataplane: %s\n", dp_error());
+		return 1;
+	}
 	struct dp_dispatcher *dispatcher = dp_dispatch_new(&world);
 	struct dp_control *control = dp_control_new(&world);
 	if (!dispatcher || !control) {
@@ -307,12 +387,16 @@ int main(int argc, char **argv)
 	struct runner runners[MAX_AGENTS];
 	pthread_t threads[MAX_AGENTS];
 	uint32_t nrunners = world.cfg.dedicated_threads ? nagents : 1;
+	unsigned nlcores = 0;
 	for (uint32_t i = 0; i < nrunners; i++) {
 		runners[i] = (struct runner){ .agents = world.cfg.dedicated_threads ? &agents[i] : agents,
 					      .n = world.cfg.dedicated_threads ? 1 : nagents,
 					      .core = i < world.cfg.ncores ? world.cfg.cores[i] : -1,
+					      .lcore = -1,
 					      .name = world.cfg.dedicated_threads ? agents[i].name
 										  : "dataplane" };
+		if (world.cfg.dedicated_threads && i >= 2 && nic_is_dpdk(i - 2))
+			place_on_lcore(&runners[i], nlcores++);
 		dp_idle_init(&runners[i].idle, world.cfg.idle, world.cfg.idle_spin_us);
 		if (setup_runner(&runners[i]) < 0) {
 			fprintf(stderr, "duckpipe-dataplane: %s: %s\n", runners[i].name, dp_error());
@@ -320,14 +404,27 @@ int main(int argc, char **argv)
 		}
 	}
 	connect_rings(runners, nrunners);
-	for (uint32_t i = 1; i < nrunners; i++)
-		if (pthread_create(&threads[i], NULL, run, &runners[i])) {
+	for (uint32_t i = 1; i < nrunners; i++) {
+		if (runners[i].lcore >= 0) {
+			DP_TSAN_RELEASE(&runners[i]);
+			if (dp_lcore_launch((unsigned)runners[i].lcore, run_on_lcore, &runners[i]) < 0) {
+				fprintf(stderr, "duckpipe-dataplane: %s: %s\n", runners[i].name, dp_error());
+				return 1;
+			}
+		} else if (pthread_create(&threads[i], NULL, run, &runners[i])) {
 			fprintf(stderr, "duckpipe-dataplane: pthread_create %s failed\n", runners[i].name);
 			return 1;
 		}
+	}
 	run(&runners[0]);
-	for (uint32_t i = 1; i < nrunners; i++)
-		pthread_join(threads[i], NULL);
+	for (uint32_t i = 1; i < nrunners; i++) {
+		if (runners[i].lcore >= 0) {
+			dp_lcore_wait((unsigned)runners[i].lcore); /* rte_eal_wait_lcore */
+			DP_TSAN_ACQUIRE(&runners[i]);
+		} else {
+			pthread_join(threads[i], NULL);
+		}
+	}
 
 	dp_control_free(control);
 	dp_dispatch_free(dispatcher);

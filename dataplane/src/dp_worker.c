@@ -13,6 +13,7 @@
 #include "dp_worker.h"
 
 #include <arpa/inet.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -238,7 +239,7 @@ int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now)
 	struct dp_worker *wk = self;
 	struct dp_fwd *in[DP_BURST];
 	(void)w;
-	uint32_t n = dp_spsc_pop(&wk->in, (void **)in, DP_BURST);
+	uint32_t n = dp_inbox_pop(&wk->in, (void **)in, DP_BURST);
 	for (uint32_t i = 0; i < n; i++) {
 		if (in[i]->kind == DP_FWD_FORWARD)
 			dp_gather_accept(wk, in[i]);
@@ -266,7 +267,7 @@ int64_t dp_worker_park(struct dp_world *w, void *self, uint64_t now)
 {
 	struct dp_worker *wk = self;
 	const struct dp_backend_ops *ops = wk->be.ops;
-	if (!dp_spsc_empty(&wk->in) || (ops->rx_ready && ops->rx_ready(&wk->be)))
+	if (!dp_inbox_empty(&wk->in) || (ops->rx_ready && ops->rx_ready(&wk->be)))
 		return -1;
 	uint64_t next = wk->next_ping_ns;
 	if ((wk->nreleasing || (!ops->wait_fd && !ops->rx_ready)) && now + DP_BACKEND_POLL_NS < next)
@@ -332,23 +333,32 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 		dp_set_error("nic %s: out of memory for %zu forward contexts", cfg->name, nf);
 		return -1;
 	}
-	if (dp_spsc_init(&wk->in, (uint32_t)nf) < 0 || dp_spsc_init(&wk->done, (uint32_t)nf) < 0)
+	if (dp_spsc_init(&wk->done, (uint32_t)nf) < 0)
 		return -1;
 	if (wk->be.ops->open(&wk->be) < 0) {
 		dp_add_error_context("nic %s (%s backend)", cfg->name, wk->be.ops->name);
 		return -1;
 	}
-	DP_INFO("nic %s: %s backend, %u ducks, %u-byte chunks, GSO %s, %s", cfg->name,
+	/* a dpdk NIC's inbox is an rte_ring, made once its open brought the EAL up */
+	bool dpdk = strcmp(wk->be.ops->name, "dpdk") == 0;
+	char ring[32];
+	snprintf(ring, sizeof(ring), "dp_in_%u", nic);
+	if (dp_inbox_init(&wk->in, dpdk ? DP_INBOX_RTE_RING : DP_INBOX_SPSC, (uint32_t)nf, ring) <
+	    0) {
+		dp_add_error_context("nic %s: its inbox", cfg->name);
+		return -1;
+	}
+	DP_INFO("nic %s: %s backend, %u ducks, %u-byte chunks, GSO %s, %s, inbox %s", cfg->name,
 		wk->be.ops->name, wk->nducks, wk->payload, wk->be.gso ? "on" : "off",
-		cfg->use_broadcast ? "broadcast" : "unicast fan-out");
+		cfg->use_broadcast ? "broadcast" : "unicast fan-out", dp_inbox_kind_name(&wk->in));
 	return 0;
 }
 
 void dp_worker_fini(struct dp_worker *wk)
 {
+	dp_inbox_free(&wk->in); /* before the close: the last dpdk NIC's ends the EAL */
 	if (wk->be.ops && wk->be.priv)
 		wk->be.ops->close(&wk->be);
-	dp_spsc_free(&wk->in);
 	dp_spsc_free(&wk->done);
 	free(wk->owned);
 	free(wk->hdrs);

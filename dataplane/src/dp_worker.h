@@ -11,6 +11,7 @@
 #include "dp_backend.h"
 #include "dp_dataplane.h"
 #include "dp_fwd.h" /* what its rings carry */
+#include "dp_inbox.h"
 
 #define DP_WORKER_TX 1024
 #define DP_WORKER_IOV 4096
@@ -28,7 +29,7 @@ struct dp_worker {
 	uint32_t nic;
 	struct dp_world *w;
 	struct dp_backend be;
-	struct dp_spsc in;   /* dispatcher -> me: struct dp_fwd * */
+	struct dp_inbox in;  /* dispatcher -> me: struct dp_fwd * (an rte_ring on dpdk) */
 	struct dp_spsc done; /* me -> control: finished contexts */
 	struct dp_counters counters;
 	uint32_t payload;    /* bytes per datagram after the header */
