@@ -18,10 +18,6 @@
 #include <rte_ethdev.h>
 #include <rte_prefetch.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "dp_common.h"
 #include "dp_dpdk.h"
 
@@ -76,7 +72,7 @@ void dp_dpdk_txq_push(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf
 
 /* A one's-complement sum of 16-bit words (any width, any grouping: 2^16 = 1 mod 0xffff)
  * folded to 16 bits. */
-static inline uint16_t fold(uint64_t s)
+static __rte_always_inline uint16_t fold(uint64_t s)
 {
 	s = (s & 0xffffffffu) + (s >> 32);
 	s = (s & 0xffffu) + (s >> 16);
@@ -87,7 +83,7 @@ static inline uint16_t fold(uint64_t s)
 
 /* The tail of sum_copy: fewer than 16 bytes, native 16-bit words, an odd last byte as
  * the first byte of a zero-padded word (as rte_raw_cksum). */
-static inline uint64_t sum_tail(uint8_t *dst, const uint8_t *src, size_t n)
+static __rte_always_inline uint64_t sum_tail(uint8_t *dst, const uint8_t *src, size_t n)
 {
 	uint64_t s = 0;
 	if (dst)
@@ -105,82 +101,104 @@ static inline uint64_t sum_tail(uint8_t *dst, const uint8_t *src, size_t n)
 	return s;
 }
 
-/* The raw sum of n bytes at src (n < 64 KiB), copied to dst on the way when dst is not
- * NULL: the payload is read once for both. 32-bit lanes hold each 16-bit word's share,
- * and a lane takes at most 2 x 0xffff per 64 bytes: no overflow below 2 MiB. */
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) static uint64_t sum_copy_avx2(uint8_t *dst, const uint8_t *src,
-							      size_t n)
+/* The raw sum of n bytes at src (n < 64 KiB), copied to dst on the way when copy is
+ * set: the payload is read once for both. Vector lanes of 32 bits hold each 16-bit
+ * word's share.
+ * Written with GCC vector types: SSE2 inline for short pieces (wire headers), and for
+ * long ones (payloads) an out-of-line copy compiled for AVX2 where the CPU has it. */
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint32_t v4u __attribute__((vector_size(16)));
+
+/* 16 bytes: each 16-bit word into its 32-bit lane */
+static __rte_always_inline v4u sum16(uint8_t *dst, const uint8_t *src, bool copy)
 {
-	const __m256i lo = _mm256_set1_epi32(0xffff);
-	__m256i a0 = _mm256_setzero_si256(), a1 = a0;
-	for (; n >= 64; n -= 64, src += 64) {
-		__m256i x = _mm256_loadu_si256((const __m256i *)(const void *)src);
-		__m256i y = _mm256_loadu_si256((const __m256i *)(const void *)(src + 32));
-		if (dst) {
-			_mm256_storeu_si256((__m256i *)(void *)dst, x);
-			_mm256_storeu_si256((__m256i *)(void *)(dst + 32), y);
-			dst += 64;
+	v4u x;
+	memcpy(&x, src, 16);
+	if (copy)
+		memcpy(dst, &x, 16);
+	return (x & 0xffff) + (x >> 16);
+}
+
+/* Below 64 KiB the lanes cannot overflow: 32768 words of 0xffff are less than 2^31. */
+static __rte_always_inline uint64_t sum_copy_v(uint8_t *dst, const uint8_t *src, size_t n,
+					       bool copy, bool wide)
+{
+	v4u h = { 0 }, g = { 0 };
+	if (wide) { /* 32 bytes at a time: AVX2 registers where compiled for them */
+		v8u a = { 0 };
+		for (; n >= 64; n -= 64, src += 64) {
+			v8u x, y;
+			memcpy(&x, src, 32);
+			memcpy(&y, src + 32, 32);
+			if (copy) {
+				memcpy(dst, &x, 32);
+				memcpy(dst + 32, &y, 32);
+				dst += 64;
+			}
+			a += (x & 0xffff) + (x >> 16) + (y & 0xffff) + (y >> 16);
 		}
-		a0 = _mm256_add_epi32(a0, _mm256_and_si256(x, lo));
-		a1 = _mm256_add_epi32(a1, _mm256_srli_epi32(x, 16));
-		a0 = _mm256_add_epi32(a0, _mm256_and_si256(y, lo));
-		a1 = _mm256_add_epi32(a1, _mm256_srli_epi32(y, 16));
+		h = (v4u){ a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7] };
 	}
-	a0 = _mm256_add_epi32(a0, a1); /* each lane <= 4 x 0xffff per 64 bytes: still no overflow */
-	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(a0), _mm256_extracti128_si256(a0, 1));
-	for (; n >= 16; n -= 16, src += 16) {
-		__m128i x = _mm_loadu_si128((const __m128i *)(const void *)src);
-		if (dst) {
-			_mm_storeu_si128((__m128i *)(void *)dst, x);
-			dst += 16;
-		}
-		s = _mm_add_epi32(s, _mm_and_si128(x, _mm256_castsi256_si128(lo)));
-		s = _mm_add_epi32(s, _mm_srli_epi32(x, 16));
+	for (; n >= 32; n -= 32, src += 32, dst = copy ? dst + 32 : dst) {
+		h += sum16(dst, src, copy);
+		g += sum16(dst + 16, src + 16, copy);
 	}
-	uint32_t l[4];
-	_mm_storeu_si128((__m128i *)(void *)l, s);
-	return (uint64_t)l[0] + l[1] + l[2] + l[3] + sum_tail(dst, src, n);
+	if (n >= 16) {
+		h += sum16(dst, src, copy);
+		n -= 16;
+		src += 16;
+		dst = copy ? dst + 16 : dst;
+	}
+	h += g;
+	h += __builtin_shuffle(h, (v4u){ 2, 3, 0, 1 });
+	h += __builtin_shuffle(h, (v4u){ 1, 0, 3, 2 });
+	uint64_t s = h[0];
+	if (n) /* fewer than 16 bytes: 16-bit words, an odd last byte as the first of a
+		* zero-padded word (as rte_raw_cksum) */
+		s += sum_tail(copy ? dst : NULL, src, n);
+	return s;
+}
+
+#define SUM_COPY_LONG 256u /* bytes from which a piece is summed out of line */
+
+/* sum_copy_v out of line, copying when dst is not NULL: for AVX2, tuned so that GCC
+ * does not split unaligned 256-bit loads and stores as DPDK's -march=corei7 would. */
+#if defined(__x86_64__)
+__attribute__((target("avx2,tune=haswell"))) static uint64_t
+sum_copy_long_avx2(uint8_t *dst, const uint8_t *src, size_t n)
+{
+	return dst ? sum_copy_v(dst, src, n, true, true) : sum_copy_v(NULL, src, n, false, true);
 }
 #endif
 
-static uint64_t sum_copy_generic(uint8_t *dst, const uint8_t *src, size_t n)
+static uint64_t sum_copy_long_base(uint8_t *dst, const uint8_t *src, size_t n)
 {
-	uint64_t s0 = 0, s1 = 0;
-	for (; n >= 16; n -= 16, src += 16) {
-		uint64_t x, y;
-		memcpy(&x, src, 8);
-		memcpy(&y, src + 8, 8);
-		if (dst) {
-			memcpy(dst, src, 16);
-			dst += 16;
-		}
-		/* 16-bit words into 32-bit halves: 2 x 0xffff per half per 8 bytes */
-		s0 += (x & 0x0000ffff0000ffffull) + ((x >> 16) & 0x0000ffff0000ffffull);
-		s1 += (y & 0x0000ffff0000ffffull) + ((y >> 16) & 0x0000ffff0000ffffull);
-	}
-	/* 2^32 = 1 mod 0xffff: the halves add up in fold() */
-	return (s0 & 0xffffffffu) + (s0 >> 32) + (s1 & 0xffffffffu) + (s1 >> 32) +
-	       sum_tail(dst, src, n);
+	return dst ? sum_copy_v(dst, src, n, true, false) : sum_copy_v(NULL, src, n, false, false);
 }
 
-typedef uint64_t sum_copy_fn(uint8_t *dst, const uint8_t *src, size_t n);
-static sum_copy_fn *sum_copy_impl = sum_copy_generic;
+static uint64_t (*sum_copy_long)(uint8_t *, const uint8_t *, size_t) = sum_copy_long_base;
 
-/* at load time, before any worker thread */
 __attribute__((constructor)) static void sum_copy_pick(void)
 {
 #if defined(__x86_64__)
 	__builtin_cpu_init();
 	if (__builtin_cpu_supports("avx2"))
-		sum_copy_impl = sum_copy_avx2;
+		sum_copy_long = sum_copy_long_avx2;
 #endif
+}
+
+static __rte_always_inline uint64_t sum_copy(uint8_t *dst, const uint8_t *src, size_t n,
+					     bool copy)
+{
+	if (n >= SUM_COPY_LONG)
+		return sum_copy_long(copy ? dst : NULL, src, n);
+	return sum_copy_v(dst, src, n, copy, false);
 }
 
 /* --- headers ------------------------------------------------------------------------ */
 
 /* p->tmpl for mac / dst unless it is that already. */
-static inline void tmpl_set(struct dpdk_priv *p, const struct rte_ether_addr *mac,
+static __rte_always_inline void tmpl_set(struct dpdk_priv *p, const struct rte_ether_addr *mac,
 			    const struct sockaddr_in *dst)
 {
 	uint8_t *h = p->tmpl.hdrs;
@@ -211,7 +229,7 @@ static inline void tmpl_set(struct dpdk_priv *p, const struct rte_ether_addr *ma
 }
 
 /* The template's headers at at, for a UDP payload of len bytes whose raw sum is sum. */
-static inline void hdrs_write(struct dpdk_priv *p, struct rte_mbuf *m, uint8_t *at, uint32_t len,
+static __rte_always_inline void hdrs_write(struct dpdk_priv *p, struct rte_mbuf *m, uint8_t *at, uint32_t len,
 			      uint64_t sum)
 {
 	memcpy(at, p->tmpl.hdrs, HDRS_LEN);
@@ -246,7 +264,7 @@ struct build {
 	uint64_t zero_copy, copied;
 };
 
-static inline struct rte_mbuf *mbuf_get(struct dpdk_priv *p, struct build *bd)
+static __rte_always_inline struct rte_mbuf *mbuf_get(struct dpdk_priv *p, struct build *bd)
 {
 	if (bd->next == bd->n) {
 		uint32_t k = bd->want < 1 ? 1 : bd->want > BURST ? BURST : bd->want;
@@ -274,7 +292,7 @@ static inline struct rte_mbuf *mbuf_get(struct dpdk_priv *p, struct build *bd)
  * except a last piece of ZC_MIN bytes or more behind a copied one (an activation chunk
  * or weight bytes behind their wire header): on a port that chains mbufs it goes out in
  * place, as an external buffer (tx_zero_copy), else copied (tx_copied). */
-static struct rte_mbuf *frame(struct dpdk_priv *p, struct build *bd, const struct iovec *iov,
+static __rte_always_inline struct rte_mbuf *frame(struct dpdk_priv *p, struct build *bd, const struct iovec *iov,
 			      uint32_t iovcnt, uint32_t *piece, size_t *off, uint32_t len)
 {
 	struct rte_mbuf *m = mbuf_get(p, bd);
@@ -305,9 +323,9 @@ static struct rte_mbuf *frame(struct dpdk_priv *p, struct build *bd, const struc
 		}
 		uint64_t s;
 		if (ext)
-			s = cksum ? sum_copy_impl(NULL, from, k) : 0;
+			s = cksum ? sum_copy(NULL, from, k, false) : 0;
 		else if (cksum)
-			s = sum_copy_impl(to, from, k);
+			s = sum_copy(to, from, k, true);
 		else {
 			memcpy(to, from, k);
 			s = 0;
@@ -397,3 +415,4 @@ uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
 		dp_count(b->counters, DP_C_tx_copied, bd.copied);
 	return whole;
 }
+
