@@ -6,7 +6,9 @@
  * scratch, and datagrams queued with dp_tx_one and handed over with dp_tx_flush, the
  * calls the worker makes (dp_tx.c): the backend builds each Ethernet/IPv4/UDP frame
  * to the NIC's broadcast address (ff:ff:ff:ff:ff:ff), copies the wire header and
- * payload into an mbuf and rte_eth_tx_burst's bursts of 32. Not in the number: the
+ * payload into an mbuf and rte_eth_tx_burst's bursts of 32. The datagrams are the
+ * CHUNKS chunks of one activation, each with its own wire header, sent round and round:
+ * no frame is built from bytes the previous frame already brought into L1. Not in the number: the
  * dispatcher, the client rings, gathering replies (nothing answers on net_null).
  *
  *   duckpipe-pps [--cpu N] [--seconds S] [--mtu M] PAYLOAD... -- EAL options
@@ -34,7 +36,8 @@
 #include "dp_wire.h"
 #include "dp_worker.h"
 
-#define BATCH 32u /* datagrams per dp_tx_flush: one rte_eth_tx_burst */
+#define BATCH 32u   /* datagrams per dp_tx_flush: one rte_eth_tx_burst */
+#define CHUNKS 2048u /* datagrams of the activation sent over and over (MTU: 2.8 MB) */
 #define ETH_IP_UDP (14u + 20u + 8u)
 
 static uint64_t now_ns(void)
@@ -51,18 +54,21 @@ static void usage(void)
 	exit(2);
 }
 
-/* Send payload-byte datagrams for ns nanoseconds; returns datagrams sent. */
+/* Send the chunks of an activation (CHUNKS datagrams of len payload bytes, each with its
+ * own wire header, as dp_tx_activation sends a forward) over and over for ns
+ * nanoseconds; returns datagrams sent. */
 static uint64_t blast(struct dp_worker *wk, const struct sockaddr_in *dst,
-		      const struct dp_wire_header *h, const uint8_t *payload, uint32_t len,
+		      const struct dp_wire_header *hdrs, const uint8_t *act, uint32_t len,
 		      uint64_t ns, uint64_t *took)
 {
 	struct dp_counters *c = wk->be.counters;
 	uint64_t before = c->v[DP_C_tx_packets];
 	uint64_t start = now_ns(), now = start;
+	uint32_t chunk = 0;
 	do {
 		for (uint32_t k = 0; k < 8; k++) {
-			for (uint32_t i = 0; i < BATCH; i++)
-				dp_tx_one(wk, dst, h, payload, len);
+			for (uint32_t i = 0; i < BATCH; i++, chunk = (chunk + 1) % CHUNKS)
+				dp_tx_one(wk, dst, &hdrs[chunk], act + (size_t)chunk * len, len);
 			dp_tx_flush(wk);
 		}
 		now = now_ns();
@@ -132,12 +138,19 @@ int main(int argc, char **argv)
 			fprintf(stderr, "duckpipe-pps: sched_setaffinity(%d): %s\n", cpu,
 				strerror(errno));
 	}
-	uint32_t max_payload = mtu - 20u - 8u - DP_WIRE_HDR_LEN;
-	static uint8_t payload[9000];
-	for (uint32_t k = 0; k < sizeof(payload); k++)
-		payload[k] = (uint8_t)k;
-	struct dp_wire_header h;
-	dp_wire_init(&h, DP_WIRE_OP_FORWARD, 1, 1);
+	uint32_t max_payload = mtu - 20u - 8u - DP_WIRE_HDR_LEN; /* mtu >= 576: > 0 */
+	/* an activation and its chunks' wire headers: no frame reads bytes the previous
+	 * one did (the payload comes from L3 or beyond at MTU, as a client's would) */
+	uint8_t *act = malloc((size_t)CHUNKS * max_payload);
+	struct dp_wire_header *hdrs = calloc(CHUNKS, sizeof(*hdrs));
+	if (!act || !hdrs) {
+		fprintf(stderr, "duckpipe-pps: out of memory\n");
+		return 1;
+	}
+	for (size_t k = 0; k < (size_t)CHUNKS * max_payload; k++)
+		act[k] = (uint8_t)(k * 7);
+	for (uint32_t k = 0; k < CHUNKS; k++)
+		dp_wire_init(&hdrs[k], DP_WIRE_OP_FORWARD, 1, 1);
 	int rc = 0;
 	for (int s = 0; s < nsizes; s++) {
 		uint32_t len = !strcmp(sizes[s], "mtu") ? max_payload : (uint32_t)atoi(sizes[s]);
@@ -147,10 +160,16 @@ int main(int argc, char **argv)
 			rc = 2;
 			break;
 		}
-		h.length = len;
+		for (uint32_t k = 0; k < CHUNKS; k++) {
+			hdrs[k].chunk = k;
+			hdrs[k].chunks = CHUNKS;
+			hdrs[k].offset = (uint64_t)k * len;
+			hdrs[k].total = (uint64_t)CHUNKS * len;
+			hdrs[k].length = len;
+		}
 		uint64_t took, errors = counters.v[DP_C_tx_errors];
-		(void)blast(wk, &nic->broadcast, &h, payload, len, 100000000ull, &took);
-		uint64_t sent = blast(wk, &nic->broadcast, &h, payload, len,
+		(void)blast(wk, &nic->broadcast, hdrs, act, len, 100000000ull, &took);
+		uint64_t sent = blast(wk, &nic->broadcast, hdrs, act, len,
 				      (uint64_t)(seconds * 1e9), &took);
 		printf("pps %u %u %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", len,
 		       ETH_IP_UDP + DP_WIRE_HDR_LEN + len, sent, took,
@@ -158,6 +177,8 @@ int main(int argc, char **argv)
 		fflush(stdout);
 	}
 	wk->be.ops->close(&wk->be);
+	free(act);
+	free(hdrs);
 	free(wk);
 	return rc;
 }

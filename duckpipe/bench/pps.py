@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -46,6 +47,9 @@ COLUMNS = [
     ("duckpipe_mpps", "duckpipe worker Mpps"),
     ("testpmd_mpps", "testpmd io-fwd Mpps"),
     ("ratio", "ratio"),
+    ("ratio_min", "ratio min"),
+    ("ratio_max", "ratio max"),
+    ("runs", "runs"),
     ("target", "target"),
     ("duckpipe_gbps", "duckpipe Gbit/s"),
 ]
@@ -160,7 +164,8 @@ def run_testpmd(frame_bytes: int, seconds: float) -> float:
 
 
 def run(size: Size, *, quiet: bool = False) -> list[Table]:
-    seconds = float(size.pick(3.0, 1.0, 0.3))  # type: ignore[arg-type]
+    seconds = float(size.pick(2.0, 1.0, 0.3))  # type: ignore[arg-type]
+    runs = int(size.pick(5, 3, 1))  # type: ignore[call-overload]
     table = Table(
         key="pps",
         title="pps: one worker's DPDK transmit rate on net_null, beside dpdk-testpmd io-forward",
@@ -170,31 +175,46 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
     if why:
         table.notes.append(f"skipped: {why}")
         return [table]
-    prog = Progress("pps", 1 + len(FRAMES), quiet=quiet)
+    prog = Progress("pps", runs * (1 + len(FRAMES)), quiet=quiet)
+    # runs rounds, each duckpipe then testpmd at every frame size: a ratio compares two
+    # measurements taken seconds apart, under the same load
+    dps: list[dict[str, tuple[int, int, float]]] = []
+    tps: list[list[float]] = []
     try:
-        dp = run_duckpipe(seconds)
-        prog.step(f"duckpipe-pps, {len(FRAMES)} frame sizes, {seconds:g} s each")
-        tps = []
-        for _, arg in FRAMES:
-            tps.append(run_testpmd(dp[arg][1], seconds))
-            prog.step(f"testpmd io-forward, {dp[arg][1]}-byte frames")
+        for r in range(runs):
+            dp = run_duckpipe(seconds)
+            dps.append(dp)
+            prog.step(f"run {r + 1}/{runs}: duckpipe-pps, {len(FRAMES)} frame sizes")
+            tps.append([])
+            for _, arg in FRAMES:
+                tps[-1].append(run_testpmd(dp[arg][1], seconds))
+                prog.step(f"run {r + 1}/{runs}: testpmd io-forward, {dp[arg][1]}-byte frames")
     finally:
         _cleanup()
-    for (name, arg), tp in zip(FRAMES, tps, strict=True):
-        payload, frame, mpps = dp[arg]
+    for i, (name, arg) in enumerate(FRAMES):
+        payload, frame, _ = dps[0][arg]
+        mpps = [d[arg][2] for d in dps]
+        tp = [t[i] for t in tps]
+        ratios = [a / b for a, b in zip(mpps, tp, strict=True)]
         table.rows.append({
             "name": name,
             "frame_bytes": frame,
             "udp_payload_bytes": 80 + payload,
-            "duckpipe_mpps": mpps,
-            "testpmd_mpps": tp,
-            "ratio": mpps / tp,
+            "duckpipe_mpps": statistics.median(mpps),
+            "testpmd_mpps": statistics.median(tp),
+            "ratio": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "runs": runs,
             "target": TARGET,
-            "duckpipe_gbps": mpps * 1e6 * frame * 8 / 1e9,
+            "duckpipe_gbps": statistics.median(mpps) * 1e6 * frame * 8 / 1e9,
         })  # fmt: skip
     table.notes += [
-        f"both on CPU {CLIENT_CPU}, one after the other, {seconds:g} s each; net_null frees "
-        "what it is given and makes up what is received without touching packet data",
+        f"both on CPU {CLIENT_CPU}, one after the other, {seconds:g} s each (duckpipe after a "
+        f"0.1 s warm-up), {runs} round(s) of duckpipe then testpmd at each size; Mpps columns "
+        "are medians over the rounds, ratio the median of each round's ratio (min and max "
+        "beside it); net_null frees what it is given and makes up what is received without "
+        "touching packet data",
         "duckpipe: duckpipe-pps, the dpdk backend opened through its ops table and fed with the "
         "worker's dp_tx_one/dp_tx_flush: per frame an mbuf, Ethernet/IPv4/UDP headers, the "
         "80-byte wire header and payload copied, IPv4 and UDP checksums in software (net_null "
