@@ -362,6 +362,9 @@ uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
 		bd.want += tx[i].datagrams;
 	uint64_t no_mac = 0, errors = 0, gso = 0;
 	uint32_t whole = 0; /* messages all of whose datagrams were handed to the port */
+	const struct rte_ether_addr *last_mac = NULL;
+	uint32_t last_ip = 0;
+	uint16_t last_port = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct dp_tx *t = &tx[i];
 		size_t total = 0;
@@ -369,7 +372,17 @@ uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
 			total += t->iov[j].iov_len;
 		uint32_t seg = t->gso_size ? t->gso_size : (uint32_t)total;
 		uint32_t datagrams = !seg ? 1 : t->gso_size ? (uint32_t)((total + seg - 1) / seg) : 1;
-		const struct rte_ether_addr *mac = dp_dpdk_dst_mac(b, p, t->dst->sin_addr.s_addr);
+		/* the previous message's destination again (a forward's chunks): its MAC and
+		 * the template stand, as nothing learns MACs during a tx_burst */
+		const struct rte_ether_addr *mac = last_mac;
+		if (!mac || t->dst->sin_addr.s_addr != last_ip || t->dst->sin_port != last_port) {
+			mac = dp_dpdk_dst_mac(b, p, t->dst->sin_addr.s_addr);
+			if (mac)
+				tmpl_set(p, mac, t->dst);
+			last_mac = mac;
+			last_ip = t->dst->sin_addr.s_addr;
+			last_port = t->dst->sin_port;
+		}
 		if (!mac || seg > p->max_datagram) {
 			if (!mac)
 				no_mac += datagrams;
@@ -377,7 +390,6 @@ uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
 			bd.want = bd.want > t->datagrams ? bd.want - t->datagrams : 0;
 			continue;
 		}
-		tmpl_set(p, mac, t->dst);
 		if (t->gso_size && datagrams > 1)
 			gso++;
 		uint32_t piece = 0, made = 0;
