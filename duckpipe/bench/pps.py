@@ -1,13 +1,15 @@
 """``duckpipe bench pps``: one worker's DPDK transmit rate beside ``dpdk-testpmd`` (issue 9).
 
 Both on ``net_null`` (no NIC, no copy by the PMD) and on the same core
-(:data:`~duckpipe.bench.common.CLIENT_CPU`), one after the other in the same run:
+(:data:`~duckpipe.bench.common.CLIENT_CPU`), one after the other in the same run, in
+rounds (duckpipe, then testpmd at each frame size), reported as medians:
 
 - **duckpipe**: ``duckpipe-pps`` (dataplane/bench/dp_pps.c) opens the dpdk backend
   through its ops table and sends broadcast datagrams with the worker's own transmit
-  calls (``dp_tx_one`` / ``dp_tx_flush`` of dp_tx.c, the backend's ``tx_burst``):
-  Ethernet/IPv4/UDP built per frame, the wire header and payload copied into an mbuf,
-  checksums in software (net_null offers no offload), bursts of 32.
+  calls (``dp_tx_one`` / ``dp_tx_flush`` of dp_tx.c, the backend's ``tx_burst``): the
+  chunks of one activation, each behind its own wire header, copied into mbufs behind a
+  per-destination Ethernet/IPv4/UDP template, checksums in software (net_null offers no
+  offload), bursts of 32.
 - **testpmd**: ``dpdk-testpmd`` io-forward between ``net_null0`` and ``net_null1``, its
   forwarding lcore on the same CPU (the main lcore, which only waits, on the other);
   its frames per second are the TX packets of both ports over the forwarding time.
@@ -216,10 +218,13 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         "beside it); net_null frees what it is given and makes up what is received without "
         "touching packet data",
         "duckpipe: duckpipe-pps, the dpdk backend opened through its ops table and fed with the "
-        "worker's dp_tx_one/dp_tx_flush: per frame an mbuf, Ethernet/IPv4/UDP headers, the "
-        "80-byte wire header and payload copied, IPv4 and UDP checksums in software (net_null "
-        "offers no offload), broadcast to ff:ff:ff:ff:ff:ff, bursts of 32. Not included: the "
-        "dispatcher, client rings, replies",
+        "worker's dp_tx_one/dp_tx_flush: per frame an mbuf (allocated 32 at a time), the "
+        "destination's Ethernet/IPv4/UDP header template with lengths, id and checksums patched, "
+        "the 80-byte wire header and payload copied and summed in one pass, IPv4 and UDP "
+        "checksums in software (net_null offers no offload), broadcast to ff:ff:ff:ff:ff:ff, "
+        "bursts of 32. The datagrams are the 2048 chunks of one activation (2.8 MB at MTU), each "
+        "with its own wire header, sent round and round: no frame reuses bytes the previous one "
+        "brought into L1. Not included: the dispatcher, client rings, replies",
         "testpmd: io-forward net_null0 <-> net_null1 (TX packets of both ports per second), "
         "forwarding lcore on the same CPU; it moves mbufs without writing a byte",
         "the smallest duckpipe frame is 122 bytes (a 64-byte frame cannot hold the 80-byte wire "
