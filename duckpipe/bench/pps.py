@@ -6,8 +6,8 @@ rounds (duckpipe, then testpmd at each frame size), reported as medians:
 
 - **duckpipe**: ``duckpipe-pps`` (dataplane/bench/dp_pps.c) opens the dpdk backend
   through its ops table and sends broadcast datagrams with the worker's own transmit
-  calls (``dp_tx_one`` / ``dp_tx_flush`` of dp_tx.c, the backend's ``tx_burst``): the
-  chunks of one activation, each behind its own wire header, copied into mbufs behind a
+  calls (``dp_tx_activation`` / ``dp_tx_flush`` of dp_tx.c, the backend's ``tx_burst``):
+  the chunks of one activation, each behind its own wire header, copied into mbufs behind a
   per-destination Ethernet/IPv4/UDP template, checksums in software (net_null offers no
   offload), bursts of 32.
 - **testpmd**: ``dpdk-testpmd`` io-forward between ``net_null0`` and ``net_null1``, its
@@ -217,8 +217,9 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         "are medians over the rounds, ratio the median of each round's ratio (min and max "
         "beside it); net_null frees what it is given and makes up what is received without "
         "touching packet data",
-        "duckpipe: duckpipe-pps, the dpdk backend opened through its ops table and fed with the "
-        "worker's dp_tx_one/dp_tx_flush: per frame an mbuf (allocated 32 at a time), the "
+        "duckpipe: duckpipe-pps, the dpdk backend opened through its ops table and fed as the "
+        "worker sends a forward (dp_tx_activation: all chunks queued in GSO groups of 64, then "
+        "dp_tx_flush): per frame an mbuf (allocated 32 at a time), the "
         "destination's Ethernet/IPv4/UDP header template with lengths, id and checksums patched, "
         "the 80-byte wire header and payload copied and summed in one pass, IPv4 and UDP "
         "checksums in software (net_null offers no offload), broadcast to ff:ff:ff:ff:ff:ff, "
