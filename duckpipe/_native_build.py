@@ -60,7 +60,10 @@ uint64_t dp_wait_done(struct dp_slot_header *h, uint32_t generation, uint64_t sp
 int dp_seg_plan(uint32_t slot_count, uint32_t ring_capacity, uint64_t act_slot_size,
                 uint64_t res_slot_size, uint64_t page_size, struct dp_seg_plan *out);
 const char *dp_seg_plan_strerror(int rc);
+int dp_seg_check(const struct dp_seg_header *h, uint64_t file_size, uint32_t max_slots,
+                 uint64_t max_bytes, struct dp_seg_plan *out);
 int dp_mp_prescan(const char *buf, size_t len, uint32_t max_depth, char *why, size_t n);
+uint32_t dp_wire_payload_max(uint32_t mtu);
 """
 
 # Only the Python client spins or sleeps on a done word; the GIL is released for the call.
@@ -70,6 +73,7 @@ SOURCE = r"""
 #include "dp_ring.h"
 #include "dp_seg_plan.h"
 #include "dp_mp_scan.h" /* the mock dataplane's control pre-scan: the dataplane's own */
+#include "dp_wire.h"    /* dp_wire_payload_max: chunk sizes for tools and fake ducks */
 
 static uint64_t dp_mono_ns(void)
 {

@@ -122,6 +122,7 @@ def _shm_clean(args: argparse.Namespace) -> int:
 
 def _stats(args: argparse.Namespace) -> int:
     from .process import ping
+    from .schema.control import MAX_XSTATS
 
     control = args.control or runtime.default_control()
     stats = ping(control, 2.0)
@@ -141,6 +142,16 @@ def _stats(args: argparse.Namespace) -> int:
             f"  client {c.client_id} pid {c.pid} {c.name!r}: {c.submitted} submitted, "
             f"{c.completed} completed"
         )
+    # the DPDK port's own counters (the dataplane sends the non-zero ones); none for a
+    # socket or null NIC
+    for nic in stats.nics:
+        if not nic.xstats and not nic.xstats_left_out:
+            continue
+        print(f"  nic {nic.name} ({nic.backend}) port xstats:")
+        for k, v in nic.xstats.items():
+            print(f"    {k:<40} {v}")
+        if nic.xstats_left_out:
+            print(f"    (and {nic.xstats_left_out} more: a reply carries {MAX_XSTATS} at most)")
     return 0
 
 
@@ -292,7 +303,9 @@ def _parser() -> argparse.ArgumentParser:
     cl.add_argument("--dry-run", action="store_true", help="only say what would go")
     cl.set_defaults(func=_shm_clean)
 
-    st = sub.add_parser("stats", help="print a running dataplane's counters")
+    st = sub.add_parser(
+        "stats", help="print a running dataplane's counters (and each DPDK port's non-zero xstats)"
+    )
     st.add_argument("--control")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_stats)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from .binaries import find_binary
 from .errors import DuckpipeError
+from .schema.abi import EMULATOR_MAX_DUCKS
 
 __all__ = [
     "BINARY",
@@ -37,7 +38,7 @@ __all__ = [
 
 BINARY = "duckpipe-ducks"
 DEFAULT_BASE_PORT = 47100
-MAX_DUCKS = 32
+MAX_DUCKS = EMULATOR_MAX_DUCKS  # the C emulator's DP_EMULATOR_MAX_DUCKS (dp_abi.h)
 
 READY = re.compile(
     rb"^duckpipe-ducks: (\d+) ducks, ids (\d+)\.\.(\d+), on (\S+):(\d+)\.\.(\d+) \(pid (\d+)\)$"
@@ -194,7 +195,7 @@ class DucksProcess:
 # ----------------------------------------------------------------------------- CLI
 
 _OPTIONS: tuple[tuple[str, dict], ...] = (
-    ("--ducks", {"type": int, "help": "ducks to emulate (default 8, at most 32)"}),
+    ("--ducks", {"type": int, "help": f"ducks to emulate (default 8, at most {MAX_DUCKS})"}),
     ("--bind", {"help": "IP of every duck, or a comma list, one per duck (default 127.0.0.1)"}),
     (
         "--base-port",

@@ -447,48 +447,51 @@ def _validate_header(
     max_bytes: int | None = None,
 ) -> tuple[Backing, _Layout]:
     """Refuse any header this version would not have written: it must not aim our pointers.
-    ``raw`` is a private copy (pread), so the peer cannot change it while we look."""
+    ``raw`` is a private copy (pread), so the peer cannot change it while we look. The
+    check is dp_seg_check() of dataplane/include/dp_seg_plan.h, the dataplane's own."""
     if len(raw) < _HDR:
         raise SegmentError(f"{where} is {file_size} bytes, too small to be a segment")
     h = ffi.cast("struct dp_seg_header *", ffi.from_buffer(raw))
-    magic = int(h.magic)
-    if magic != SEG_MAGIC:
-        raise SegmentError(f"{where} has no duckpipe segment header (magic {magic:#x})")
-    major, minor = int(h.abi_major), int(h.abi_minor)
-    if major != ABI_MAJOR:
-        raise AbiMismatch(
-            f"{where} uses segment ABI {major}.{minor}, this duckpipe speaks {ABI_MAJOR}.x; "
-            "run client and dataplane from the same duckpipe version"
-        )
-    backing, size = int(h.backing), int(h.segment_size)
-    if backing not in (Backing.HUGETLBFS, Backing.DEVSHM) or size != file_size:
-        raise SegmentError(f"{where}: header says {size} bytes, file has {file_size}")
     slots, cap = int(h.slot_count), int(h.ring_capacity)
-    if (max_slots is not None and slots > max_slots) or (
-        max_bytes is not None and file_size > max_bytes
-    ):
+    out = ffi.new("struct dp_seg_plan *")
+    rc = lib.dp_seg_check(
+        h,
+        file_size,
+        (1 << 32) - 1 if max_slots is None else max_slots,
+        (1 << 64) - 1 if max_bytes is None else max_bytes,
+        out,
+    )
+    if rc == lib.DP_SEG_CHECK_NO_MAGIC:
+        raise SegmentError(f"{where} has no duckpipe segment header (magic {int(h.magic):#x})")
+    if rc == lib.DP_SEG_CHECK_ABI_MAJOR:
+        raise AbiMismatch(
+            f"{where} uses segment ABI {h.abi_major}.{h.abi_minor}, this duckpipe speaks "
+            f"{ABI_MAJOR}.x; run client and dataplane from the same duckpipe version"
+        )
+    if rc == lib.DP_SEG_CHECK_OVER_LIMITS:
         raise SegmentError(
             f"{where}: {slots} slots, {file_size} bytes: over this dataplane's limits "
             f"({max_slots} slots, {max_bytes} bytes)"
         )
-    page = runtime.HUGEPAGE_SIZE if backing == Backing.HUGETLBFS else SMALL_PAGE
-    try:
-        want = _plan(slots, cap, int(h.act_slot_size), int(h.res_slot_size), page)
-    except BadInput as e:
-        raise SegmentError(f"{where}: bad slot count {slots} or ring capacity {cap}: {e}") from None
-    got = _Plan(
-        int(h.ring_offset),
-        int(h.res_hdr_offset),
-        int(h.act_offset),
-        int(h.res_offset),
-        int(h.act_slot_size),
-        int(h.res_slot_size),
-        size,
+    if rc in (lib.DP_SEG_CHECK_STRUCT_SIZES, lib.DP_SEG_CHECK_LAYOUT, lib.DP_SEG_CHECK_BACKING):
+        why = ffi.string(lib.dp_seg_plan_strerror(rc)).decode()
+        raise SegmentError(
+            f"{where}: the header's layout is not one this version writes ({why}; "
+            f"backing {h.backing}, header says {h.segment_size} bytes, file has {file_size})"
+        )
+    if rc != 0:  # the plan's own refusal
+        why = ffi.string(lib.dp_seg_plan_strerror(rc)).decode()
+        raise SegmentError(f"{where}: {why} (slot count {slots}, ring capacity {cap})")
+    plan = _Plan(
+        out.ring_offset,
+        out.res_hdr_offset,
+        out.act_offset,
+        out.res_offset,
+        out.act_slot_size,
+        out.res_slot_size,
+        out.size,
     )
-    sizes = (int(h.header_size), int(h.desc_size))
-    if got != want or sizes != (_HDR, ffi.sizeof("struct dp_desc")):
-        raise SegmentError(f"{where}: the header's layout is not one this version writes")
-    return Backing(backing), _Layout(slots, cap, want)
+    return Backing(int(h.backing)), _Layout(slots, cap, plan)
 
 
 def _hugepages_unavailable(size: int) -> str | None:

@@ -26,6 +26,7 @@
     host_port = 47000
     broadcast = ""                # the subnet's broadcast address; empty: unicast fan-out
     mtu = 1500
+    flow_steering = "auto"        # dpdk: rte_flow rules for duck replies (auto|off|require)
 
     [[nics.ducks]]
     id = 0
@@ -76,6 +77,8 @@ class Nic(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True)
     busy_poll_us: Annotated[int, Meta(ge=0)] = 0
     rcvbuf: Annotated[int, Meta(ge=65536)] = 16 << 20
     ducks: list[Duck]
+    # dpdk: rte_flow steering of duck replies and ARP to the worker's queue (README)
+    flow_steering: Literal["auto", "off", "require"] = default("flow_steering", cfgschema.NicConfig)
 
 
 class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

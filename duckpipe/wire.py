@@ -17,8 +17,9 @@ HEADER_SIZE = ffi.sizeof("struct dp_wire_header")
 
 
 def payload_max(mtu: int = 1500) -> int:
-    """Payload bytes per datagram for an MTU (dp_wire_payload_max)."""
-    return (mtu - 28 - HEADER_SIZE) & ~3
+    """Payload bytes per datagram for an MTU: dp_wire_payload_max() of dataplane/include/
+    dp_wire.h, the rule the dataplane and the duck emulator chunk by (not a copy of it)."""
+    return int(lib.dp_wire_payload_max(mtu))
 
 
 def encode(op: int, payload: bytes = b"", **fields: int) -> bytes:

@@ -84,3 +84,18 @@ def test_topology_lists_every_duck(client, dataplane):
     topo = client.topology()
     assert [d.id for d in topo.ducks] == list(range(dataplane.ducks))
     assert all(d.nic == topo.nics[0].name for d in topo.ducks)
+
+
+def test_stats_lists_every_nic_and_a_socket_nic_has_no_port_xstats(client, dataplane):
+    topo = client.topology()
+    stats = control_request(dataplane.control, ctl.GetStats(req_id=9), 2.0)
+    assert isinstance(stats, ctl.Stats)
+    assert [(n.name, n.backend) for n in stats.nics] == [(n.name, n.backend) for n in topo.nics]
+    assert all(n.xstats == {} and n.xstats_left_out == 0 for n in stats.nics)
+
+
+def test_an_older_stats_reply_without_nics_still_decodes():
+    old = {"type": "Stats", "req_id": 1, "mode": "socket", "epoch": 0, "counters": {},
+           "clients": []}  # fmt: skip
+    stats = ctl.reply_decoder.decode(ctl.encoder.encode(old))
+    assert isinstance(stats, ctl.Stats) and stats.nics == []

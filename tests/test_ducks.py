@@ -22,7 +22,7 @@ from duckpipe.errors import DuckpipeError
 from duckpipe.models import GeluMlp, SwiGluMlp, dtype_code, duck_partial, shard_bounds, shard_sizes
 from duckpipe.schema.abi import MlpKind
 from duckpipe.schema.wire import CONSTANTS, WireFlag, WireOp
-from duckpipe.wire import decode, encode, layer_payload
+from duckpipe.wire import decode, encode, layer_payload, payload_max
 
 try:
     BINARY = find_binary("duckpipe-ducks")
@@ -33,7 +33,7 @@ except DuckpipeError:
     )
 
 HDR = ffi.sizeof("struct dp_wire_header")
-PAYLOAD = (1500 - 28 - HDR) & ~3  # dp_wire_payload_max(1500): the emulator's default MTU
+PAYLOAD = payload_max(1500)  # the emulator's default MTU
 ANY_DUCK = CONSTANTS["WIRE_ANY_DUCK"]
 LAYER_TENSOR = CONSTANTS["WIRE_LAYER_TENSOR"]
 RECV_TIMEOUT = 2.0  # an expected reply; every receive is bounded
@@ -505,7 +505,7 @@ def test_multi_datagram_partials_arrive_whole(make_ducks, args):
     host.forward([0], 1, 3, x)
     got, heads = host.partials([0], 1)[0]
     np.testing.assert_array_equal(got, x)
-    payload = (int(args[1]) - 28 - HDR) & ~3 if "--mtu" in args else PAYLOAD
+    payload = payload_max(int(args[1])) if "--mtu" in args else PAYLOAD
     assert len(heads) == -(-x.nbytes // payload) and heads[1].offset == payload
     host.close()
     assert ducks.stop() == 0

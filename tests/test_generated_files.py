@@ -105,6 +105,16 @@ def test_cffi_constants_and_enums_match_the_schema() -> None:
         assert compiled == {m.name: int(m.value) for m in cls}, cls.__name__
 
 
+@pytest.mark.parametrize("mtu", [576, 1500, 9000, 65535, 65536, 100_000])
+def test_python_chunks_by_the_dataplanes_payload_rule(mtu: int) -> None:
+    """duckpipe.wire.payload_max is dp_wire_payload_max (dp_wire.h) itself, not a copy: a
+    copy once left out the cap at the largest UDP datagram (65507 bytes)."""
+    from duckpipe.wire import HEADER_SIZE, payload_max
+
+    assert payload_max(mtu) == lib.dp_wire_payload_max(mtu)
+    assert payload_max(mtu) % 4 == 0 and payload_max(mtu) <= 65507 - HEADER_SIZE
+
+
 # --- the C header ----------------------------------------------------------------
 
 _C_PROGRAM = r"""

@@ -281,6 +281,50 @@ def test_layers_are_freed_when_unloaded_and_when_their_owner_leaves(dp):
         c.load_weights(21, MLP, ducks=[0])
 
 
+OWNER = """
+import sys, time
+import duckpipe
+from duckpipe import GeluMlp
+c = duckpipe.connect(sys.argv[1], name="doomed")
+c.load_weights(int(sys.argv[2]), GeluMlp.random(16, 32, seed=3), ducks=[0])
+print("loaded", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_owners_layers_are_freed_and_its_layer_ids_reusable(dp):
+    """An owner that never detaches (SIGKILL) loses its layers when it is reclaimed."""
+    before = _stats(dp).counters
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, dp.control, "22"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "loaded"
+        with duckpipe.connect(dp.control) as other:
+            with pytest.raises(NotPermitted, match="layer 22 belongs to another client"):
+                other.load_weights(22, MLP, ducks=[1])
+            owner.kill()
+            owner.wait(10)
+            deadline = time.monotonic() + 10
+            after = _stats(dp).counters
+            # both: an earlier test's retired layer may be freed meanwhile
+            while (
+                after["clients_reclaimed"] < before["clients_reclaimed"] + 1
+                or after["layers_freed"] < before["layers_freed"] + 1
+            ) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                after = _stats(dp).counters
+            assert after["clients_reclaimed"] >= before["clients_reclaimed"] + 1
+            assert after["layers_freed"] >= before["layers_freed"] + 1
+            other.load_weights(22, MLP, ducks=[1])  # the id is free: no longer anyone's
+            np.testing.assert_allclose(
+                other.forward(22, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+            )
+    finally:
+        owner.kill()
+        owner.wait(10)
+
+
 # --- quotas and bounds ---------------------------------------------------------------------
 
 
@@ -853,6 +897,47 @@ def test_a_connection_flood_cannot_exhaust_the_dataplanes_file_descriptors(tmp_p
         for s in socks:
             s.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_dataplane_out_of_descriptors_sheds_connections_instead_of_aborting(tmp_path):
+    """With no descriptor left, libzmq's accept4() fails with EMFILE, which libzmq 4.3.4
+    asserts on (ipc_listener.cpp): the dataplane aborted, whatever max_connections said.
+    Here the limit is a few descriptors above what the dataplane holds, so the flood hits
+    EMFILE for certain: the dataplane's accept4() sheds those connections (accepts and
+    closes them on its reserve descriptor, connections_shed) and lives; the client
+    attached before keeps working, and a new one connects once the flood is gone."""
+    import resource
+
+    with _dataplane("real", f"ipc://{tmp_path}/control", max_connections=MAX_CONNECTIONS) as d:
+        pid = _pid(d)
+        with duckpipe.connect(d.control, name="attached") as c:
+            c.load_weights(62, MLP, ducks=[0, 1])
+            c.forward(62, X, timeout=10)  # every descriptor a forward needs is open
+            held = len(os.listdir(f"/proc/{pid}/fd"))
+            soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+            # the soft limit only: raising a hard limit back needs CAP_SYS_RESOURCE
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (held + 4, hard))
+            socks = _raw_connections(d.control[len("ipc://") :], 64, seconds=5)
+            try:
+                deadline = time.monotonic() + 10
+                while c.stats().counters["connections_shed"] == 0:
+                    assert d.dataplane.proc.poll() is None, d.output()[-2000:]
+                    assert time.monotonic() < deadline, "no connection was shed"
+                    time.sleep(0.05)
+                assert d.dataplane.proc.poll() is None, d.output()[-2000:]
+                np.testing.assert_allclose(
+                    c.forward(62, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+                )
+            finally:
+                for s in socks:
+                    s.close()
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+        with duckpipe.connect(d.control, name="after", timeout=20) as after:
+            after.load_weights(63, MLP, ducks=[0])
+            np.testing.assert_allclose(
+                after.forward(63, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
+            )
+        assert d.dataplane.proc.poll() is None
 
 
 def test_replies_nobody_reads_cost_bounded_memory(tmp_path):

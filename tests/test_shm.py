@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from duckpipe._native import ffi
+from duckpipe._native import ffi, lib
 
 import duckpipe.shm as shm
 from duckpipe import runtime
@@ -273,6 +273,34 @@ def test_open_refuses_a_header_whose_layout_this_version_would_not_write(
     setattr(seg.header, field, value)
     with pytest.raises(SegmentError, match=r"layout|ring capacity"):
         Segment.open(seg.path)
+
+
+@pytest.mark.parametrize(
+    "field,value,code",
+    [
+        ("magic", 0, "NO_MAGIC"),
+        ("abi_major", ABI_MAJOR + 1, "ABI_MAJOR"),
+        ("header_size", 64, "STRUCT_SIZES"),
+        ("backing", 7, "BACKING"),
+        ("slot_count", 3, "BAD_SLOT_COUNT"),
+        ("res_offset", 4096, "LAYOUT"),
+        ("act_slot_size", (1 << 64) - 1, "OVERFLOW"),
+    ],
+)
+def test_open_fd_refuses_what_the_dataplanes_header_check_refuses(
+    segments, field: str, value: int, code: str
+) -> None:
+    """One check for a header another process wrote: Segment.open_fd (the mock dataplane's
+    attach) asks dp_seg_check() of dp_seg_plan.h, the function the C dataplane calls."""
+    seg = segments()
+    setattr(seg.header, field, value)
+    raw = os.pread(seg.fd, ffi.sizeof("struct dp_seg_header"), 0)
+    h = ffi.cast("struct dp_seg_header *", ffi.from_buffer(raw))
+    want = getattr(lib, f"DP_SEG_CHECK_{code}", None) or getattr(lib, f"DP_SEG_PLAN_{code}")
+    out = ffi.new("struct dp_seg_plan *")
+    assert lib.dp_seg_check(h, seg.size, 1 << 20, 1 << 40, out) == want
+    with pytest.raises(AbiMismatch if code == "ABI_MAJOR" else SegmentError):
+        Segment.open_fd(os.getpid(), seg.fd)
 
 
 def test_a_tag_too_long_for_the_header_is_refused_before_any_memfd_exists() -> None:

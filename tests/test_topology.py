@@ -65,6 +65,10 @@ def test_a_good_file_decodes_into_nics_and_ducks(tmp_path):
             ('threads = "shared"', 'threads = "many"'),
             r"Expected `str` matching|Invalid enum value 'many'",
         ),
+        (
+            ("mtu = 1500", 'mtu = 1500\nflow_steering = "maybe"'),
+            r"Invalid enum value 'maybe' - at `\$.nics\[0\].flow_steering`",
+        ),
     ],
 )
 def test_a_bad_file_names_the_key_the_value_and_why(tmp_path, edit, message):

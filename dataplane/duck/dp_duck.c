@@ -61,7 +61,7 @@
 
 #define PROG "duckpipe-ducks"
 
-#define DUCK_MAX_DUCKS 32u
+#define DUCK_MAX_DUCKS DP_EMULATOR_MAX_DUCKS /* the schema's, as duckpipe/ducks.py */
 #define DUCK_MAX_LAYERS 64u            /* layers held per duck */
 #define DUCK_INPUTS 8u                 /* activations being reassembled per duck */
 #define DUCK_OUTPUTS 16u               /* recent partials kept per duck for NACKs */
@@ -1121,9 +1121,12 @@ static void parse_args(int argc, char **argv)
 	char *end;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
-		case 'n':
-			opt_ducks = (uint32_t)parse_u64("ducks", optarg, 1, DUCK_MAX_DUCKS, "1..32");
+		case 'n': {
+			char want[16];
+			snprintf(want, sizeof(want), "1..%u", (unsigned)DUCK_MAX_DUCKS);
+			opt_ducks = (uint32_t)parse_u64("ducks", optarg, 1, DUCK_MAX_DUCKS, want);
 			break;
+		}
 		case 'b': opt_bind = optarg; break;
 		case 'p':
 			opt_base_port = (uint32_t)parse_u64("base-port", optarg, 1, 65535, "1..65535");

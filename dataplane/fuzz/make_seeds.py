@@ -123,6 +123,7 @@ def control_seeds() -> None:
             pid=4242,
             segment="/memfd:duckpipe-4242-0",
             name="model-a",
+            segment_fd=5,
         ),
         "detach": c.Detach(req_id=2),
         "heartbeat": c.Heartbeat(req_id=3),
@@ -144,9 +145,8 @@ def control_seeds() -> None:
         "get-stats": c.GetStats(req_id=9),
         "set-faults": c.SetFaults(req_id=10, delay_ms=1.5, dead_ducks=[2], crash_after=5),
         "shutdown": c.Shutdown(req_id=11),
+        "unload-layer": c.UnloadLayer(req_id=12, layer=3),
     }
-    if hasattr(c, "UnloadLayer"):  # added with the generated codec (issue 7)
-        msgs["unload-layer"] = c.UnloadLayer(req_id=12, layer=3)
     for name, msg in msgs.items():
         write("fuzz_control", name, c.encoder.encode(msg))
     # Issue 7 item 8: msgpack-c reserves room for a container's declared length before

@@ -30,6 +30,7 @@
 #define DP_ABI_MINOR 2
 #define DP_SEG_MAGIC 0x314745534b435544
 #define DP_MAX_DUCKS 256
+#define DP_EMULATOR_MAX_DUCKS 32
 #define DP_MAX_DIMS 4
 #define DP_MAX_CLIENTS 64
 #define DP_LAYER_TABLE 8192
@@ -42,6 +43,8 @@
 #define DP_PROTOCOL_VERSION 3
 #define DP_MAX_MESSAGE_BYTES 0x10000
 #define DP_MAX_NESTING 8
+#define DP_MAX_XSTATS 64
+#define DP_XSTAT_NAME_MAX 63
 
 /* What memory backs a segment. */
 enum dp_backing {

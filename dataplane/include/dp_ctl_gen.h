@@ -224,6 +224,17 @@ struct dp_ctl_client_stats {
 };
 void dp_ctl_pack_client_stats(struct msgpack_packer *pk, const struct dp_ctl_client_stats *m);
 
+/* NicStats (reply): pack with dp_ctl_pack_nic_stats. */
+struct dp_ctl_nic_stats {
+	const char *name; /* NULL packs as "" */
+	const char *backend; /* NULL packs as "" */
+	const char *const *xstats_keys;
+	const uint64_t *xstats_values;
+	uint32_t xstats_len;
+	uint64_t xstats_left_out;
+};
+void dp_ctl_pack_nic_stats(struct msgpack_packer *pk, const struct dp_ctl_nic_stats *m);
+
 /* Stats (reply): pack with dp_ctl_pack_stats. */
 struct dp_ctl_stats {
 	uint64_t req_id;
@@ -234,6 +245,8 @@ struct dp_ctl_stats {
 	uint32_t counters_len;
 	const struct dp_ctl_client_stats *clients;
 	uint32_t clients_len;
+	const struct dp_ctl_nic_stats *nics;
+	uint32_t nics_len;
 };
 void dp_ctl_pack_stats(struct msgpack_packer *pk, const struct dp_ctl_stats *m);
 

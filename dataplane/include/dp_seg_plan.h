@@ -15,7 +15,11 @@
  *   res_offset     = act_offset + slots * act_slot_size
  *   size           = align(res_offset + slots * res_slot_size, page_size)
  *
- * The struct and the enum below are parsed by cffi (duckpipe/_native_build.py
+ * dp_seg_check() is the one check of a header someone else wrote against that plan
+ * (the dataplane at attach, shm.py's Segment.open_fd/open for the mock dataplane and
+ * tools): a header is accepted only when it is exactly what dp_seg_plan() would write.
+ *
+ * The struct and the enums below are parsed by cffi (duckpipe/_native_build.py
  * takes the @cdef section): keep them plain.
  */
 #ifndef DP_SEG_PLAN_H
@@ -46,6 +50,16 @@ enum dp_seg_plan_error {
     DP_SEG_PLAN_ZERO_SLOT_SIZE = -4,
     DP_SEG_PLAN_BAD_PAGE_SIZE = -5,      /* not a power of two of at least 4 KiB */
     DP_SEG_PLAN_OVERFLOW = -6,           /* the segment would not fit 64 bits */
+};
+
+/* Why dp_seg_check() refused a header (or a negative enum dp_seg_plan_error). */
+enum dp_seg_check_error {
+    DP_SEG_CHECK_NO_MAGIC = -16,         /* not a duckpipe segment header */
+    DP_SEG_CHECK_ABI_MAJOR = -17,        /* another ABI major version */
+    DP_SEG_CHECK_STRUCT_SIZES = -18,     /* header_size or desc_size differs from this build's */
+    DP_SEG_CHECK_BACKING = -19,          /* neither hugetlbfs nor devshm */
+    DP_SEG_CHECK_OVER_LIMITS = -20,      /* more slots or bytes than the reader allows */
+    DP_SEG_CHECK_LAYOUT = -21,           /* offsets, sizes or file size not the plan's */
 };
 
 /* @cdef-end */
@@ -102,6 +116,42 @@ static inline int dp_seg_plan(uint32_t slot_count, uint32_t ring_capacity, uint6
 	return DP_SEG_PLAN_OK;
 }
 
+/* Page size of a backing, in bytes; 0 for an unknown backing. */
+static inline uint64_t dp_seg_page_size(uint32_t backing)
+{
+	return backing == DP_BACKING_HUGETLBFS ? 2ull << 20 : backing == DP_BACKING_DEVSHM ? 4096u : 0;
+}
+
+/* Check a private copy of a header (read with pread, never the mapping) for a file of
+ * file_size bytes: 0 and *out the plan it passed, or a negative enum dp_seg_check_error
+ * or dp_seg_plan_error (the plan's own refusal). */
+static inline int dp_seg_check(const struct dp_seg_header *h, uint64_t file_size,
+			       uint32_t max_slots, uint64_t max_bytes, struct dp_seg_plan *out)
+{
+	struct dp_seg_plan p;
+	if (h->magic != DP_SEG_MAGIC)
+		return DP_SEG_CHECK_NO_MAGIC;
+	if (h->abi_major != DP_ABI_MAJOR)
+		return DP_SEG_CHECK_ABI_MAJOR;
+	if (h->header_size != sizeof(struct dp_seg_header) || h->desc_size != sizeof(struct dp_desc))
+		return DP_SEG_CHECK_STRUCT_SIZES;
+	if (!dp_seg_page_size(h->backing))
+		return DP_SEG_CHECK_BACKING;
+	if (h->slot_count > max_slots || file_size > max_bytes)
+		return DP_SEG_CHECK_OVER_LIMITS;
+	int rc = dp_seg_plan(h->slot_count, h->ring_capacity, h->act_slot_size, h->res_slot_size,
+			     dp_seg_page_size(h->backing), &p);
+	if (rc < 0)
+		return rc;
+	if (h->ring_offset != p.ring_offset || h->res_hdr_offset != p.res_hdr_offset ||
+	    h->act_offset != p.act_offset || h->res_offset != p.res_offset ||
+	    h->act_slot_size != p.act_slot_size || h->res_slot_size != p.res_slot_size ||
+	    h->segment_size != p.size || p.size != file_size)
+		return DP_SEG_CHECK_LAYOUT;
+	*out = p;
+	return 0;
+}
+
 static inline const char *dp_seg_plan_strerror(int rc)
 {
 	switch (rc) {
@@ -119,6 +169,18 @@ static inline const char *dp_seg_plan_strerror(int rc)
 		return "page size must be a power of two of at least 4 KiB";
 	case DP_SEG_PLAN_OVERFLOW:
 		return "the segment's size overflows 64 bits";
+	case DP_SEG_CHECK_NO_MAGIC:
+		return "no duckpipe segment header";
+	case DP_SEG_CHECK_ABI_MAJOR:
+		return "another segment ABI major version";
+	case DP_SEG_CHECK_STRUCT_SIZES:
+		return "header or descriptor size differs from this build's";
+	case DP_SEG_CHECK_BACKING:
+		return "unknown backing";
+	case DP_SEG_CHECK_OVER_LIMITS:
+		return "over the reader's limits";
+	case DP_SEG_CHECK_LAYOUT:
+		return "the header's layout is not one this version writes";
 	}
 	return "unknown segment plan error";
 }

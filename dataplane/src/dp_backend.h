@@ -10,8 +10,21 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "dp_abi.h"
 #include "dp_config.h"
 #include "dp_counters.h"
+#include "dp_mem.h"
+
+/* Who a message belongs to: a forward's (or weight chunk's) part on one NIC. A backend
+ * that sends a payload piece in place (an external buffer the port frees later) counts
+ * it in held until the port lets go of it; the worker completes the part, and with it
+ * releases the client's slot, only once held is 0 (dp_release.h). Control datagrams
+ * (NACK, PING, LAYER: the worker's own memory) have none and are always copied. */
+struct dp_tx_owner {
+	const struct dp_mem *mem; /* the memory the payloads lie in */
+	uint32_t held;            /* pieces the port still holds (relaxed atomic: the free
+				   * callbacks run on the sending worker's thread) */
+};
 
 /* One message to one destination: iov holds [header|payload]... pieces. With
  * gso_size set, the backend sends them as datagrams of gso_size bytes (the last
@@ -22,12 +35,19 @@ struct dp_tx {
 	uint32_t iovcnt;
 	uint32_t gso_size;
 	uint32_t datagrams;
+	struct dp_tx_owner *owner; /* NULL: nothing may be sent in place */
 };
 
 struct dp_rx {
 	uint8_t *buf;
 	uint32_t len;
 	struct sockaddr_in src;
+};
+
+/* One of a port's extended statistics (DPDK xstats), for Stats. */
+struct dp_xstat {
+	char name[DP_XSTAT_NAME_MAX + 1];
+	uint64_t value;
 };
 
 struct dp_backend;
@@ -45,6 +65,16 @@ struct dp_backend_ops {
 	 * one with neither (poll-mode DPDK) is polled every DP_BACKEND_POLL_NS instead. */
 	int (*wait_fd)(struct dp_backend *b);
 	bool (*rx_ready)(struct dp_backend *b);
+	/* Zero copy: ask the port to free what it has sent (rte_eth_tx_done_cleanup), so that
+	 * held counts drop; the worker calls it while a part waits for its buffers. NULL for
+	 * backends that never hold a payload after tx_burst returns. */
+	void (*tx_reclaim)(struct dp_backend *b);
+	/* The port's own counters, for Stats (NULL: the backend has none, as socket and
+	 * null). Runs on the control agent's thread while the worker runs: call it only
+	 * through dp_backend_xstats, which keeps it out of close's way. Writes up to max
+	 * non-zero ones, returns how many, and counts in *left_out those that did not fit. */
+	uint32_t (*xstats)(struct dp_backend *b, struct dp_xstat *out, uint32_t max,
+			   uint64_t *left_out);
 };
 
 #define DP_BACKEND_POLL_NS 100000ull
@@ -58,6 +88,10 @@ struct dp_backend {
 	bool gso;           /* the backend can cut one send into datagrams */
 	uint32_t max_gso_segments;
 	void *priv;
+	/* ops->xstats against close (dp_backend_xstats_live/_dead): the control agent's
+	 * calls in flight, and whether the backend takes them (set by the backend) */
+	uint32_t xstats_readers;
+	uint32_t xstats_live;
 };
 
 extern const struct dp_backend_ops dp_backend_socket;
@@ -73,6 +107,28 @@ struct dp_backend_args {
 	char **argv;
 };
 extern struct dp_backend_args dp_backend_args;
+
+/* Register a client's segment [va, va + len) (page_sz pages) for zero-copy transmit
+ * with every backend that wants it (DPDK, once a dpdk NIC opened the EAL); fills m.
+ * Never fails the attach: m->registered says whether a DMA-ing port may send from it.
+ * Called by the control agent before the client turns ACTIVE, so before any worker
+ * can send from it. unregister: at detach, once nothing references the memory. */
+void dp_backend_mem_register(struct dp_mem *m, void *va, size_t len, size_t page_sz);
+void dp_backend_mem_unregister(struct dp_mem *m);
+#ifdef DP_HAVE_DPDK
+void dp_dpdk_mem_register(struct dp_mem *m); /* dp_dpdk_mem.c */
+void dp_dpdk_mem_unregister(struct dp_mem *m);
+#endif
+
+/* The port's xstats from any thread (the control agent's, for Stats): 0 and nothing
+ * written where the backend has none, or is not open, or is closing. */
+uint32_t dp_backend_xstats(struct dp_backend *b, struct dp_xstat *out, uint32_t max,
+			   uint64_t *left_out);
+/* A backend with ops->xstats calls _live at the end of open, once xstats may run, and
+ * _dead first thing in close: it returns when no xstats call is in flight, and none
+ * starts after. */
+void dp_backend_xstats_live(struct dp_backend *b);
+void dp_backend_xstats_dead(struct dp_backend *b);
 
 /* The backends this build has, space-separated ("socket null dpdk"). */
 const char *dp_backend_names(void);

@@ -17,15 +17,17 @@
  *   TX       each datagram is one mbuf: Ethernet + IPv4 + UDP headers built here,
  *            then the wire header and payload copied behind them. A GSO-grouped
  *            dp_tx is cut into gso_size datagrams exactly as the kernel would.
- *   zero copy on a virtual device that sends mbuf chains (MULTI_SEGS: af_packet,
- *            tap), a payload piece of ZC_MIN bytes or more behind the wire header
- *            (an activation or weight chunk, in the client's slot) is not copied: it
- *            is an external buffer (rte_pktmbuf_attach_extbuf) chained to the header
- *            mbuf (tx_zero_copy; tx_copied where the port cannot chain: af_xdp).
- *            tx_burst returns only once the port has freed every external buffer
- *            (zc_reclaim), so a slot is never released while the port may read it.
- *            Not yet: rte_extmem_register / rte_dev_dma_map of the client's memory,
- *            so PCI ports (DMA) copy.
+ *   zero copy on a port that sends mbuf chains (MULTI_SEGS) and is either a virtual
+ *            device reading through the CPU (af_packet, tap) or a PCI NIC, a payload
+ *            piece of ZC_MIN bytes or more behind the wire header (an activation or
+ *            weight chunk, in the client's slot) is not copied: it is an external
+ *            buffer (rte_pktmbuf_attach_extbuf) chained to the header mbuf
+ *            (tx_zero_copy; tx_copied where the port cannot chain: af_xdp). Client
+ *            segments are registered with rte_extmem_register (and rte_dev_dma_map)
+ *            at attach (dp_dpdk_mem.c): a PCI port sends in place only from
+ *            registered memory, at its IOVA. A forward's part on this NIC completes
+ *            only once the port freed its external buffers (dp_dpdk_zc.c,
+ *            dp_release.c), so a slot is never released while the port may read it.
  *   ARP      the destination MAC of a duck comes from ARP: a request for every duck
  *            address at open (waiting up to ARP_WAIT_MS for the answers), again on a
  *            miss (at most every ARP_RETRY_MS per address); MACs are learned from ARP
@@ -52,10 +54,17 @@
  *            worker polls every DP_BACKEND_POLL_NS. In production, run the dpdk
  *            backend with idle = "spin" and dedicated threads on their own cores.
  *
+ *   xstats   the port's extended statistics (its driver's counters) go into Stats,
+ *            per NIC, the non-zero ones (`duckpipe stats`): names read at open, values
+ *            by the control agent's thread on each GetStats (dpdk_xstats); close waits
+ *            for a read in flight (dp_backend_xstats_dead). Also logged at close.
+ *   rte_flow ingress rules steering the ducks' replies (IPv4 to host_ip, UDP to
+ *            host_port) and ARP to the worker's RX queue, where the port has rte_flow
+ *            (NIC flow_steering: auto, off, require; dp_dpdk_flow.c).
+ *
  * Not here yet (issue 9): one worker per port launched on its lcore with
  * rte_eal_remote_launch and fed through an rte_ring (the worker runs on duckpipe's
- * own runner threads), zero-copy transmit on PCI ports, the port's xstats in Stats (they are
- * logged at close), rte_flow.
+ * own runner threads).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -106,6 +115,8 @@ static uint32_t pool_size(const struct dp_backend *b, uint32_t elt)
 	return n < POOL_MIN ? POOL_MIN : (uint32_t)n;
 }
 
+static int xstats_open(struct dpdk_priv *p);
+
 static int dpdk_open(struct dp_backend *b)
 {
 	const struct dp_nic_cfg *cfg = b->cfg;
@@ -149,21 +160,7 @@ static int dpdk_open(struct dp_backend *b)
 	uint64_t rx_ck = RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_UDP_CKSUM;
 	p->tx_cksum_offload = (info.tx_offload_capa & tx_ck) == tx_ck;
 	p->rx_cksum_offload = (info.rx_offload_capa & rx_ck) == rx_ck;
-	/* Zero copy needs a port that sends mbuf chains (af_xdp does not: it sends the
-	 * wrong bytes) and, for now, a virtual device (af_packet, tap, ...), which reads
-	 * the bytes with the CPU through the mbuf's virtual address: a PCI NIC would DMA
-	 * from them, and the client's memory is not registered with rte_extmem_register /
-	 * rte_dev_dma_map yet, so a PCI port copies. The extbuf's IOVA is its address with
-	 * IOVA as VA, else RTE_BAD_IOVA (which no virtual device reads). */
-	/* Only the virtual devices known to be done with an mbuf when rte_eth_tx_burst
-	 * returns (they copy it into the kernel): net_ring, say, would hold an extbuf
-	 * until its consumer dequeues it, and zc_reclaim would wait for that. */
-	const char *bus = info.device ? rte_bus_name(rte_dev_bus(info.device)) : NULL;
-	bool cpu_copy = info.driver_name && (strcmp(info.driver_name, "net_af_packet") == 0 ||
-					     strcmp(info.driver_name, "net_tap") == 0);
-	p->zero_copy = (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) && bus &&
-		       strcmp(bus, "vdev") == 0 && cpu_copy;
-	p->iova_va = rte_eal_iova_mode() == RTE_IOVA_VA;
+	dp_dpdk_zc_open(p, &info); /* zero copy: which ports, dp_dpdk_zc.c */
 	struct rte_eth_conf conf = {
 		.rxmode = { .mtu = cfg->mtu, .offloads = p->rx_cksum_offload ? rx_ck : 0 },
 		.txmode = { .mq_mode = RTE_ETH_MQ_TX_NONE,
@@ -221,11 +218,14 @@ static int dpdk_open(struct dp_backend *b)
 	p->host_ip = cfg->host.sin_addr.s_addr;
 	p->host_port = cfg->host.sin_port;
 	p->bcast_ip = cfg->use_broadcast ? cfg->broadcast.sin_addr.s_addr : 0;
+	if (xstats_open(p) < 0 || dp_dpdk_flow_open(b, p) < 0)
+		goto fail_started;
 	p->max_datagram = cfg->mtu - (uint32_t)(sizeof(struct rte_ipv4_hdr) + sizeof(struct rte_udp_hdr));
 	for (uint32_t i = 0; i < b->config->nducks; i++)
 		if (b->config->ducks[i].nic == b->nic)
 			dp_dpdk_arp_add(p, b->config->ducks[i].addr.sin_addr.s_addr);
 	b->priv = p;
+	dp_dpdk_zc_start(b, p, &info);
 	/* the worker batches up to 64 datagrams per message, which are cut here */
 	b->gso = true;
 	b->max_gso_segments = 64;
@@ -260,7 +260,13 @@ static int dpdk_open(struct dp_backend *b)
 		nmbufs, room, p->tx_cksum_offload ? "offloaded" : "in software",
 		p->zero_copy ? "zero-copy" : "copying", unknown,
 		(unsigned long)((now - start) / 1000000));
+	dp_backend_xstats_live(b); /* Stats may read the port from now on */
 	return 0;
+fail_started:
+	free(p->xnames);
+	free(p->xvals);
+	if ((rc = rte_eth_dev_stop(p->port)) != 0)
+		DP_WARN("nic %s: rte_eth_dev_stop: err=%d, port=%u", cfg->name, rc, p->port);
 fail_pool:
 	rte_mempool_free(p->pool);
 fail_eal:
@@ -270,8 +276,8 @@ fail_eal:
 }
 
 /* The port's extended statistics (its driver's own counters), non-zero ones, in one log
- * line at close: where the frames went that the backend's counters cannot see. (Not
- * in `duckpipe stats` yet: that needs the control agent to ask each port.) */
+ * line at close: where the frames went that the backend's counters cannot see (while
+ * it runs, `duckpipe stats` shows them: dpdk_xstats). */
 static void log_xstats(const struct dp_backend *b, const struct dpdk_priv *p)
 {
 	int n = rte_eth_xstats_get(p->port, NULL, 0);
@@ -303,19 +309,82 @@ static void dpdk_close(struct dp_backend *b)
 	struct dpdk_priv *p = b->priv;
 	if (!p)
 		return;
+	dp_backend_xstats_dead(b); /* no Stats request reads the port past here */
 	log_xstats(b, p);
+	dp_dpdk_flow_close(b, p);
 	if (p->nheld)
 		rte_pktmbuf_free_bulk(p->held, p->nheld);
 	if (p->ntxq)
 		rte_pktmbuf_free_bulk(p->txq, p->ntxq);
+	dp_dpdk_zc_close(p);
 	int rc = rte_eth_dev_stop(p->port);
 	if (rc != 0)
 		DP_WARN("nic %s: rte_eth_dev_stop: err=%d, port=%u", b->cfg->name, rc, p->port);
 	rte_eth_dev_close(p->port);
 	rte_mempool_free(p->pool);
+	free(p->xnames);
+	free(p->xvals);
 	free(p);
 	b->priv = NULL;
 	dp_dpdk_eal_put();
+}
+
+/* The port's xstats names, once (they do not change while it runs), and room for their
+ * values, which dpdk_xstats reads on the control agent's thread. */
+static int xstats_open(struct dpdk_priv *p)
+{
+	int n = rte_eth_xstats_get_names(p->port, NULL, 0);
+	if (n <= 0)
+		return 0; /* a port without xstats: Stats shows none */
+	p->xnames = calloc((size_t)n, sizeof(*p->xnames));
+	p->xvals = calloc((size_t)n, sizeof(*p->xvals));
+	if (!p->xnames || !p->xvals) {
+		dp_set_error("out of memory for %d xstats, port=%u", n, p->port);
+		return -1;
+	}
+	int got = rte_eth_xstats_get_names(p->port, p->xnames, (unsigned)n);
+	if (got != n) {
+		dp_set_error("rte_eth_xstats_get_names: %d of %d, port=%u", got, n, p->port);
+		return -1;
+	}
+	p->nxstats = (uint32_t)n;
+	return 0;
+}
+
+_Static_assert(sizeof(((struct dp_xstat *)0)->name) == RTE_ETH_XSTATS_NAME_SIZE,
+	       "an xstat's name fits Stats whole (control.XSTAT_NAME_MAX)");
+
+/* ops->xstats: on the control agent's thread, through dp_backend_xstats (which keeps it
+ * out of close), while the worker bursts on the port. rte_eth_xstats_get from another
+ * thread is what DPDK's telemetry does. It can overlap the worker's rte_eth_stats_get
+ * (rxq_overflows, every STATS_MS): ethdev promises nothing there. af_packet and tap
+ * read per-queue counters; ice reads NIC registers against offsets it keeps, which two
+ * threads may update at once (not checked on an E810): a counter could be off by a
+ * reading, the port itself is not disturbed. */
+static uint32_t dpdk_xstats(struct dp_backend *b, struct dp_xstat *out, uint32_t max,
+			    uint64_t *left_out)
+{
+	struct dpdk_priv *p = b->priv;
+	if (!p->nxstats)
+		return 0;
+	int n = rte_eth_xstats_get(p->port, p->xvals, p->nxstats);
+	if (n <= 0 || (uint32_t)n > p->nxstats)
+		return 0;
+	uint32_t k = 0;
+	for (int i = 0; i < n; i++) {
+		const struct rte_eth_xstat *x = &p->xvals[i];
+		if (!x->value || x->id >= p->nxstats)
+			continue;
+		if (k == max) {
+			(*left_out)++;
+			continue;
+		}
+		memcpy(out[k].name, p->xnames[x->id].name, sizeof(out[k].name));
+		out[k].name[sizeof(out[k].name) - 1] = '\0';
+		out[k].value = x->value;
+		k++;
+	}
+	return k;
 }
 
 /* Poll mode: no wait_fd, no rx_ready (dp_backend.h): a parked worker polls. */
@@ -325,4 +394,6 @@ const struct dp_backend_ops dp_backend_dpdk = {
 	.close = dpdk_close,
 	.tx_burst = dp_dpdk_tx_burst,
 	.rx_burst = dp_dpdk_rx_burst,
+	.tx_reclaim = dp_dpdk_tx_reclaim,
+	.xstats = dpdk_xstats,
 };

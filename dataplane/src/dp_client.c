@@ -29,6 +29,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dp_backend.h"
+#include "dp_config_gen.h"
 #include "dp_seg_plan.h"
 
 #ifndef F_SEAL_FUTURE_WRITE
@@ -38,8 +40,6 @@
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
 #endif
 
-#define HUGEPAGE (2u << 20)
-#define SMALL_PAGE 4096u
 #define MEMFD_PREFIX "/memfd:duckpipe"
 
 /* dp_client_map's signature is the contract with the control agent; the limits and
@@ -49,7 +49,8 @@ static struct {
 	uint64_t max_segment_bytes;
 	const struct dp_client *all;
 	uint32_t n;
-} limits = { 1024, 1ull << 30, NULL, 0 };
+} limits = { DP_CFG_DEFAULT_CLIENT_MAX_SLOTS, DP_CFG_DEFAULT_CLIENT_MAX_SEGMENT_BYTES, NULL,
+	      0 };
 
 void dp_client_set_limits(const struct dp_config *cfg, const struct dp_client *all, uint32_t n)
 {
@@ -59,48 +60,37 @@ void dp_client_set_limits(const struct dp_config *cfg, const struct dp_client *a
 	limits.n = n;
 }
 
-/* The layout a header claims, checked against dp_seg_plan() and the file; 0 or -1. */
+/* The layout a header claims, checked by dp_seg_check() (the rule shm.py calls too)
+ * against the plan, the limits and the file; 0 or -1 with the reason in words. */
 int dp_client_check_header(const struct dp_seg_header *h, uint64_t file_size,
 			   struct dp_client_layout *out)
 {
-	if (h->magic != DP_SEG_MAGIC) {
-		dp_set_error("no duckpipe segment header");
-		return -1;
-	}
-	if (h->abi_major != DP_ABI_MAJOR) {
+	struct dp_seg_plan p;
+	int rc = dp_seg_check(h, file_size, limits.max_slots, limits.max_segment_bytes, &p);
+	switch (rc) {
+	case 0:
+		break;
+	case DP_SEG_CHECK_ABI_MAJOR:
 		dp_set_error("segment ABI %u.%u, this dataplane speaks %u.x", h->abi_major,
 			     h->abi_minor, DP_ABI_MAJOR);
 		return -1;
-	}
-	if (h->header_size != sizeof(struct dp_seg_header) || h->desc_size != sizeof(struct dp_desc)) {
-		dp_set_error("header or descriptor size differs from this build's");
-		return -1;
-	}
-	if (h->backing != DP_BACKING_HUGETLBFS && h->backing != DP_BACKING_DEVSHM) {
+	case DP_SEG_CHECK_BACKING:
 		dp_set_error("unknown backing %u", h->backing);
 		return -1;
-	}
-	if (h->slot_count > limits.max_slots || file_size > limits.max_segment_bytes) {
+	case DP_SEG_CHECK_OVER_LIMITS:
 		dp_set_error("%u slots, %lu bytes: over this dataplane's client_max_slots %u or "
 			     "client_max_segment_bytes %lu",
 			     h->slot_count, (unsigned long)file_size, limits.max_slots,
 			     (unsigned long)limits.max_segment_bytes);
 		return -1;
-	}
-	uint64_t page = h->backing == DP_BACKING_HUGETLBFS ? HUGEPAGE : SMALL_PAGE;
-	struct dp_seg_plan p;
-	int rc = dp_seg_plan(h->slot_count, h->ring_capacity, h->act_slot_size, h->res_slot_size,
-			     page, &p);
-	if (rc < 0) {
+	case DP_SEG_CHECK_NO_MAGIC:
+	case DP_SEG_CHECK_STRUCT_SIZES:
+	case DP_SEG_CHECK_LAYOUT:
+		dp_set_error("%s", dp_seg_plan_strerror(rc));
+		return -1;
+	default: /* the plan's own refusal */
 		dp_set_error("%s (slots %u, ring %u)", dp_seg_plan_strerror(rc), h->slot_count,
 			     h->ring_capacity);
-		return -1;
-	}
-	if (h->ring_offset != p.ring_offset || h->res_hdr_offset != p.res_hdr_offset ||
-	    h->act_offset != p.act_offset || h->res_offset != p.res_offset ||
-	    h->act_slot_size != p.act_slot_size || h->res_slot_size != p.res_slot_size ||
-	    h->segment_size != p.size || p.size != file_size) {
-		dp_set_error("the header's layout is not one this version writes");
 		return -1;
 	}
 	out->slot_count = h->slot_count;
@@ -237,6 +227,14 @@ int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int
 		munmap(base, size);
 		goto refuse;
 	}
+	/* the page size the kernel backs it with, never the header's word for it: with IOVA
+	 * as PA, a 4 KiB-page segment registered as 2 MiB pages would have a NIC read
+	 * whatever memory follows each page's first 4 KiB */
+	size_t huge = (size_t)dp_seg_page_size(DP_BACKING_HUGETLBFS);
+	size_t page = (size_t)st.st_blksize == huge && (uintptr_t)base % huge == 0
+			      ? huge
+			      : (size_t)dp_seg_page_size(DP_BACKING_DEVSHM);
+	dp_backend_mem_register(&c->mem, base, size, page);
 	close(fd);
 	c->base = base;
 	c->size = size;
@@ -263,8 +261,11 @@ refuse:
 	return -1;
 }
 
+/* Only once no forward of c is in flight: each one's completion waited until the ports
+ * freed every buffer that pointed into the segment (dp_release.c). */
 void dp_client_unmap(struct dp_client *c)
 {
+	dp_backend_mem_unregister(&c->mem);
 	if (c->base)
 		munmap(c->base, c->size);
 	c->base = NULL;

@@ -35,7 +35,7 @@ static int get_addr(const msgpack_object *map, const char *ipkey, const char *po
 static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t index)
 {
 	struct dp_nic_cfg *nic = &cfg->nics[index];
-	char bcast[64];
+	char bcast[64], flow[16];
 	if (o->type != MSGPACK_OBJECT_MAP) {
 		dp_set_error("must be a map");
 		return -1;
@@ -50,8 +50,19 @@ static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t ind
 	    dp_mp_u32(o, "mtu", &nic->mtu, DP_CFG_NIC_DEFAULT_MTU) < 0 ||
 	    dp_mp_bool(o, "gso", &nic->gso, DP_CFG_NIC_DEFAULT_GSO) < 0 ||
 	    dp_mp_u32(o, "busy_poll_us", &nic->busy_poll_us, DP_CFG_NIC_DEFAULT_BUSY_POLL_US) < 0 ||
-	    dp_mp_u32(o, "rcvbuf", &nic->rcvbuf, DP_CFG_NIC_DEFAULT_RCVBUF) < 0)
+	    dp_mp_u32(o, "rcvbuf", &nic->rcvbuf, DP_CFG_NIC_DEFAULT_RCVBUF) < 0 ||
+	    dp_mp_str(o, "flow_steering", flow, sizeof(flow), DP_CFG_NIC_DEFAULT_FLOW_STEERING) < 0)
 		return -1;
+	if (!strcmp(flow, "auto"))
+		nic->flow_steering = DP_FLOW_AUTO;
+	else if (!strcmp(flow, "off"))
+		nic->flow_steering = DP_FLOW_OFF;
+	else if (!strcmp(flow, "require"))
+		nic->flow_steering = DP_FLOW_REQUIRE;
+	else {
+		dp_set_error("flow_steering '%s' is not auto, off or require", flow);
+		return -1;
+	}
 	if (nic->mtu < 576 || nic->mtu > 65535) {
 		dp_set_error("mtu %u is outside [576, 65535]", nic->mtu);
 		return -1;

@@ -19,6 +19,12 @@ struct dp_duck_cfg {
 	struct sockaddr_in addr;
 };
 
+enum dp_flow_steering {
+	DP_FLOW_AUTO,    /* where the port takes the rules; else logged, and on without */
+	DP_FLOW_OFF,
+	DP_FLOW_REQUIRE, /* open fails without them */
+};
+
 struct dp_nic_cfg {
 	char name[DP_NAME_LEN];
 	char backend[DP_NAME_LEN];   /* "socket" (or "dpdk") */
@@ -30,6 +36,7 @@ struct dp_nic_cfg {
 	bool gso;
 	uint32_t busy_poll_us;
 	uint32_t rcvbuf;
+	enum dp_flow_steering flow_steering; /* dpdk: rte_flow rules (dp_dpdk_flow.c) */
 };
 
 struct dp_config {

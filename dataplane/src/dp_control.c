@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "dp_accept_guard.h"
 #include "dp_access.h"
 #include "dp_client.h"
 #include "dp_ctl_gen.h"
@@ -317,6 +318,10 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 	/* release: the dispatcher that sees ACTIVE sees the mapping */
 	dp_store_release_u32(&cl->state, DP_CLIENT_ACTIVE);
 	dp_count(c->counters, DP_C_clients_attached, 1);
+	if (cl->mem.registered) {
+		dp_count(c->counters, DP_C_extmem_registered, 1);
+		dp_count(c->counters, DP_C_extmem_registered_bytes, cl->mem.len);
+	}
 	DP_INFO("client %u (pid %u uid %u, %s) attached %s (%s)", cl->id, p->pid, p->uid, m->name,
 		m->segment, cl->path);
 	PACK(c, attached, .req_id = p->rid, .client_id = cl->id,
@@ -584,6 +589,7 @@ static void on_stats(struct dp_control *c, const struct dp_peer *p, const struct
 		sum[DP_C_parks] += dp_load_relaxed_u64(&w->wakers[k]->parks);
 		sum[DP_C_kicks] += dp_load_relaxed_u64(&w->wakers[k]->kicked);
 	}
+	sum[DP_C_connections_shed] = dp_accept_guard_shed(); /* libzmq's I/O thread */
 	struct dp_ctl_client_stats clients[DP_MAX_CLIENTS];
 	uint32_t n = 0;
 	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
@@ -602,10 +608,31 @@ static void on_stats(struct dp_control *c, const struct dp_peer *p, const struct
 			.completed = cl->completed,
 		};
 	}
+	/* each NIC's port counters (DPDK xstats; none for socket and null), read here on
+	 * the control thread as DPDK's telemetry does: dp_backend_xstats keeps the read
+	 * out of the port's close. Static: one control thread, and 36 KiB off its stack. */
+	static struct dp_xstat xs[DP_MAX_NICS][DP_MAX_XSTATS];
+	static const char *xkeys[DP_MAX_NICS][DP_MAX_XSTATS];
+	static uint64_t xvals[DP_MAX_NICS][DP_MAX_XSTATS];
+	struct dp_ctl_nic_stats nics[DP_MAX_NICS];
+	for (uint32_t k = 0; k < w->cfg.nnics; k++) {
+		uint64_t left_out = 0;
+		uint32_t nx = dp_backend_xstats(&w->workers[k]->be, xs[k], DP_MAX_XSTATS, &left_out);
+		for (uint32_t i = 0; i < nx; i++) {
+			xkeys[k][i] = xs[k][i].name;
+			xvals[k][i] = xs[k][i].value;
+		}
+		nics[k] = (struct dp_ctl_nic_stats){ .name = w->cfg.nics[k].name,
+						     .backend = w->cfg.nics[k].backend,
+						     .xstats_keys = xkeys[k],
+						     .xstats_values = xvals[k],
+						     .xstats_len = nx,
+						     .xstats_left_out = left_out };
+	}
 	PACK(c, stats, .req_id = p->rid, .mode = w->cfg.nics[0].backend,
 	     .epoch = dp_load_acquire_u64(&w->epoch), .counters_keys = dp_counter_names,
 	     .counters_values = sum, .counters_len = DP_NCOUNTERS, .clients = clients,
-	     .clients_len = n);
+	     .clients_len = n, .nics = nics, .nics_len = w->cfg.nnics);
 	send_to(c, p->id, p->idlen);
 }
 
@@ -799,6 +826,8 @@ static void housekeeping(struct dp_control *c, uint64_t now)
 		} else if (state == DP_CLIENT_QUIESCED &&
 			   __atomic_load_n(&cl->inflight, __ATOMIC_ACQUIRE) == 0) {
 			/* a memfd needs no unlink: its memory goes with the last mapping */
+			if (cl->mem.registered)
+				dp_count(c->counters, DP_C_extmem_unregistered, 1);
 			dp_client_unmap(cl);
 			dp_layers_unload_owner(c->w, cl->id, &c->retired); /* its layers go with it */
 			if (cl->dead)

@@ -29,6 +29,10 @@
 	X(gso_sends)            /* sends the kernel cut into datagrams (UDP_SEGMENT) */     \
 	X(tx_zero_copy)         /* dpdk: payloads sent from client memory (extbuf chain) */ \
 	X(tx_copied)            /* dpdk: payloads copied: the port can't chain (af_xdp) */  \
+	X(tx_release_deferred)  /* parts whose end waited for the port to free their slot */ \
+	X(extmem_registered)    /* dpdk: client segments registered (rte_extmem_register) */ \
+	X(extmem_registered_bytes)                                                          \
+	X(extmem_unregistered)  /* dpdk: ... and unregistered at detach */                  \
 	X(rx_packets)                                                                       \
 	X(rx_bytes)                                                                         \
 	X(rx_malformed)         /* bad magic, version, op or length */                      \
@@ -61,6 +65,7 @@
 	X(control_refused)      /* no credentials, or a role that may not ask that */       \
 	X(quota_refused)        /* LoadWeights or Attach past a client's or a pid's quota */\
 	X(connections_refused)  /* control connections past max_connections, closed */     \
+	X(connections_shed)     /* accepted and closed at once: no descriptor left (EMFILE) */\
 	X(layers_freed)                                                                     \
 	X(curve_refused)        /* tcp:// handshakes with a key not in curve_clients_file */\
 	X(clients_attached)                                                                 \

@@ -700,9 +700,26 @@ void dp_ctl_pack_client_stats(msgpack_packer *pk, const struct dp_ctl_client_sta
 	msgpack_pack_uint64(pk, m->completed);
 }
 
+void dp_ctl_pack_nic_stats(msgpack_packer *pk, const struct dp_ctl_nic_stats *m)
+{
+	msgpack_pack_map(pk, 4);
+	key(pk, "name", 4);
+	str(pk, m->name);
+	key(pk, "backend", 7);
+	str(pk, m->backend);
+	key(pk, "xstats", 6);
+	msgpack_pack_map(pk, m->xstats_len);
+	for (uint32_t i = 0; i < m->xstats_len; i++) {
+		str(pk, m->xstats_keys[i]);
+		msgpack_pack_uint64(pk, m->xstats_values[i]);
+	}
+	key(pk, "xstats_left_out", 15);
+	msgpack_pack_uint64(pk, m->xstats_left_out);
+}
+
 void dp_ctl_pack_stats(msgpack_packer *pk, const struct dp_ctl_stats *m)
 {
-	msgpack_pack_map(pk, 6);
+	msgpack_pack_map(pk, 7);
 	key(pk, "type", 4);
 	key(pk, "Stats", 5);
 	key(pk, "req_id", 6);
@@ -721,6 +738,10 @@ void dp_ctl_pack_stats(msgpack_packer *pk, const struct dp_ctl_stats *m)
 	msgpack_pack_array(pk, m->clients_len);
 	for (uint32_t i = 0; i < m->clients_len; i++)
 		dp_ctl_pack_client_stats(pk, &m->clients[i]);
+	key(pk, "nics", 4);
+	msgpack_pack_array(pk, m->nics_len);
+	for (uint32_t i = 0; i < m->nics_len; i++)
+		dp_ctl_pack_nic_stats(pk, &m->nics[i]);
 }
 
 void dp_ctl_pack_timings(msgpack_packer *pk, const struct dp_ctl_timings *m)

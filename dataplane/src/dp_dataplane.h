@@ -22,6 +22,7 @@
 
 #include "dp_abi.h"
 #include "dp_common.h"
+#include "dp_mem.h"
 #include "dp_config.h"
 #include "dp_counters.h"
 #include "dp_idle.h"
@@ -68,6 +69,7 @@ struct dp_client {
 	uint64_t st_dev, st_ino; /* the memfd itself: one file is attached once */
 	uint8_t *base;
 	size_t size;
+	struct dp_mem mem; /* the segment, registered for zero copy (dp_backend_mem_register) */
 	struct dp_client_layout layout;
 	/* Pointers below were computed at attach from the private plan. Through hdr the
 	 * dataplane only writes its own line and reads the client's heartbeat. */

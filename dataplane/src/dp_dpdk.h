@@ -5,9 +5,12 @@
  *   dp_dpdk_arp.c      the ducks' MACs: ARP requests, replies, learning
  *   dp_dpdk_tx.c       frames from dp_tx messages, tx bursts
  *   dp_dpdk_zc.c       zero copy: client memory as external buffers, their release
+ *   dp_dpdk_mem.c      client segments registered with DPDK (extmem, DMA mapping)
  *   dp_dpdk_rx.c       rx bursts: Ethernet/IPv4/UDP parsed, payloads handed up
+ *   dp_dpdk_flow.c     rte_flow rules steering duck replies and ARP to the RX queue
  *
- * A dpdk_priv belongs to one NIC worker: only that worker's thread touches it.
+ * A dpdk_priv belongs to one NIC worker: only that worker's thread touches it, but
+ * for the xstats fields at its end, which the control agent's thread uses (Stats).
  */
 #ifndef DP_DPDK_H
 #define DP_DPDK_H
@@ -16,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <rte_ethdev.h>
 #include <rte_ether.h>
 #include <rte_ip.h>
 #include <rte_mbuf.h>
@@ -37,7 +41,7 @@
 #define ARP_RETRY_MS 10         /* a request per address at most this often */
 #define ARP_WAIT_MS 200         /* at open: how long to wait for the ducks' replies */
 #define ZC_MIN 256              /* payload bytes from one iov piece worth an extbuf */
-#define ZC_WAIT_NS 1000000000ull /* a port holding extbufs this long after tx_burst: logged */
+#define ZC_HOLD_MAX 8192        /* test knob DUCKPIPE_DPDK_TX_HOLD_US: extbufs held at once */
 #define STATS_MS 10             /* the port's drop counters read this often (rxq_overflows) */
 _Static_assert(DP_MAX_DUCKS < ARP_SLOTS, "every duck's address needs a slot, and one free");
 _Static_assert(alignof(struct dp_wire_header) <= sizeof(struct rte_udp_hdr),
@@ -63,13 +67,17 @@ struct dpdk_priv {
 	uint32_t max_datagram; /* UDP payload bytes a frame can carry at the NIC's mtu */
 	bool tx_cksum_offload; /* IPv4 + UDP checksums by the port */
 	bool rx_cksum_offload; /* the port flags bad IPv4 / UDP checksums */
-	/* zero-copy transmit: a payload piece goes out as an external buffer chained to
-	 * the header mbuf; zc_out counts the extbufs the port has not freed yet */
+	/* zero-copy transmit (dp_dpdk_zc.c): a payload piece goes out as an external buffer
+	 * chained to the header mbuf; zc_out counts the extbufs the port has not freed yet */
 	bool zero_copy;
-	bool iova_va; /* IOVA as VA: an address is its own IOVA */
-	uint32_t zc_out;
-	uint32_t zc_next; /* next free zc_info: all are free again once zc_out is 0 */
-	struct rte_mbuf_ext_shared_info zc_info[BURST];
+	bool zc_dma;       /* the port DMAs (PCI): only registered memory, with its IOVA */
+	uint32_t zc_port_bit; /* this port among dp_dpdk_mem.c's (DMA mappings) */
+	uint32_t zc_out;   /* relaxed atomic, one writer at a time (dp_dpdk_zc.c) */
+	/* test knob: each extbuf held zc_hold_ns after tx_burst, as a NIC that frees on
+	 * completion would (DUCKPIPE_DPDK_TX_HOLD_US; 0: off) */
+	uint64_t zc_hold_ns;
+	struct zc_hold { struct rte_mbuf *m; uint64_t ns; } *zc_hold;
+	uint32_t zc_hold_head, zc_hold_tail;
 	uint16_t ip_id;
 	/* dp_dpdk_tx.c: the Ethernet/IPv4/UDP headers to the last destination sent to,
 	 * lengths, id and checksums zero, and their raw sums: a frame copies them and
@@ -93,6 +101,14 @@ struct dpdk_priv {
 	/* the port's drops before rx_burst saw the frames (RX ring full, no mbuf) */
 	uint64_t next_stats_ns;
 	uint64_t dropped_seen;
+	/* rte_flow rules made at open (dp_dpdk_flow.c), NULL where the port has none */
+	struct rte_flow *flow_replies;
+	struct rte_flow *flow_arp;
+	/* the port's xstats, for Stats: names read at open, values read by the control
+	 * agent's thread into xvals (its own; dp_backend_xstats keeps it out of close) */
+	uint32_t nxstats;
+	struct rte_eth_xstat_name *xnames;
+	struct rte_eth_xstat *xvals;
 };
 
 /* dp_dpdk_eal.c */
@@ -116,8 +132,27 @@ void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p);
 uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n);
 
 /* dp_dpdk_zc.c */
-struct rte_mbuf *dp_dpdk_zc_attach(struct dpdk_priv *p, const uint8_t *from, uint16_t len);
+struct rte_eth_dev_info;
+struct rte_device;
+void dp_dpdk_zc_open(struct dpdk_priv *p, const struct rte_eth_dev_info *info);
+void dp_dpdk_zc_start(struct dp_backend *b, struct dpdk_priv *p,
+		      const struct rte_eth_dev_info *info);
+void dp_dpdk_zc_close(struct dpdk_priv *p);
+struct rte_mbuf *dp_dpdk_zc_attach(struct dpdk_priv *p, struct dp_tx_owner *owner,
+				   const uint8_t *from, uint16_t len);
 void dp_dpdk_zc_reclaim(struct dp_backend *b, struct dpdk_priv *p);
+void dp_dpdk_tx_reclaim(struct dp_backend *b);
+
+/* dp_dpdk_mem.c (and dp_backend.h: dp_dpdk_mem_register / unregister) */
+void dp_dpdk_mem_add_port(uint16_t port, struct rte_device *dev);
+void dp_dpdk_mem_del_port(uint16_t port);
+uint32_t dp_dpdk_mem_port_bit(uint16_t port);
+rte_iova_t dp_dpdk_mem_iova(const struct dp_mem *m, uint32_t port_bit, const uint8_t *from,
+			    uint32_t len);
+
+/* dp_dpdk_flow.c: 0, or -1 with dp_error where flow_steering = "require" fails */
+int dp_dpdk_flow_open(struct dp_backend *b, struct dpdk_priv *p);
+void dp_dpdk_flow_close(struct dp_backend *b, struct dpdk_priv *p);
 
 /* dp_dpdk_rx.c */
 uint32_t dp_dpdk_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n);

@@ -303,11 +303,13 @@ static __rte_always_inline struct rte_mbuf *mbuf_get(struct dpdk_priv *p, struct
 /* One frame: the template's headers, then len payload bytes gathered from iov starting
  * at (*piece, *off), which advance past them. Pieces are copied behind the headers,
  * except a last piece of ZC_MIN bytes or more behind a copied one (an activation chunk
- * or weight bytes behind their wire header): on a port that chains mbufs it goes out in
- * place, as an external buffer (tx_zero_copy), else copied (tx_copied). */
+ * or weight bytes behind their wire header, from owner's memory): on a port that chains
+ * mbufs it goes out in place, as an external buffer (tx_zero_copy, counted on owner
+ * until the port frees it: dp_dpdk_zc.c), else copied (tx_copied). */
 static __rte_always_inline struct rte_mbuf *frame(struct dpdk_priv *p, struct build *bd,
 						  const struct iovec *iov, uint32_t iovcnt,
-						  uint32_t *piece, size_t *off, uint32_t len)
+						  uint32_t *piece, size_t *off, uint32_t len,
+						  struct dp_tx_owner *owner)
 {
 	struct rte_mbuf *m = mbuf_get(p, bd);
 	if (!m)
@@ -328,8 +330,8 @@ static __rte_always_inline struct rte_mbuf *frame(struct dpdk_priv *p, struct bu
 			k = len - copied;
 		const uint8_t *from = (const uint8_t *)iov[*piece].iov_base + *off;
 		bool last = copied + k == len;
-		if (last && copied && k >= ZC_MIN) {
-			if (p->zero_copy && (ext = dp_dpdk_zc_attach(p, from, (uint16_t)k))) {
+		if (last && copied && k >= ZC_MIN && owner) {
+			if (p->zero_copy && (ext = dp_dpdk_zc_attach(p, owner, from, (uint16_t)k))) {
 				bd->zero_copy++;
 			} else {
 				bd->copied++;
@@ -410,7 +412,7 @@ uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
 		size_t off = 0;
 		for (size_t done = 0; made < datagrams; made++) {
 			uint32_t len = (uint32_t)(total - done < seg ? total - done : seg);
-			struct rte_mbuf *m = frame(p, &bd, t->iov, t->iovcnt, &piece, &off, len);
+			struct rte_mbuf *m = frame(p, &bd, t->iov, t->iovcnt, &piece, &off, len, t->owner);
 			if (!m)
 				break; /* the pool is empty: the port still holds what we sent */
 			p->txq[p->ntxq++] = m;

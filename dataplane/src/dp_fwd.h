@@ -5,8 +5,9 @@
  *
  *   dispatcher  dp_fwd_alloc: from its pool, initialised for the descriptor; what
  *               needs no network it completes itself (dp_fwd_finish)
- *   worker xN   one part per NIC the forward's ducks are on (dp_fwd_part_done); the
- *               last NIC out finalises (dp_fwd_final_status, dp_fwd_finish)
+ *   worker xN   one part per NIC the forward's ducks are on (dp_fwd_part_done, once
+ *               the port let go of the slot: dp_release.h); the last NIC out
+ *               finalises (dp_fwd_final_status, dp_fwd_finish)
  *   control     dp_fwd_summarize: the ZeroMQ Completion's numbers; dp_fwd_release:
  *               back to the dispatcher through the free ring (dp_fwd_pool_refill)
  *
@@ -25,6 +26,7 @@
 #include <stdint.h>
 
 #include "dp_abi.h"
+#include "dp_backend.h"
 #include "dp_counters.h"
 #include "dp_dataplane.h"
 #include "dp_reasm.h"
@@ -54,6 +56,11 @@ struct dp_nic_part {
 	uint64_t fetch_ns;   /* handling the partials' datagrams */
 	uint64_t first_ns;   /* first duck complete */
 	uint64_t last_ns;    /* last duck complete */
+	/* zero copy: what the port still holds of the client's slot (dp_backend.h); the part
+	 * ends (dp_fwd_part_done) only once owner.held is 0 (dp_release.c) */
+	struct dp_tx_owner owner;
+	uint64_t release_ns; /* when the part ended and began to wait for the port */
+	bool release_logged; /* waited more than a second: said so once */
 };
 
 struct dp_fwd {

@@ -21,6 +21,7 @@
 #include "dp_fwd.h"
 #include "dp_partial.h"
 #include "dp_reduce.h"
+#include "dp_release.h"
 #include "dp_tx.h"
 #include "dp_wire.h"
 #include "dp_worker.h"
@@ -83,9 +84,9 @@ void dp_gather_finish(struct dp_worker *wk, struct dp_fwd *f, uint32_t status, u
 	uint64_t end = p->last_ns ? p->last_ns : now;
 	p->wait_ns = end > p->wait_start ? end - p->wait_start : 0;
 	dp_worker_active_remove(wk, f);
-	/* the last one out sees every other NIC's sums and statuses */
-	if (dp_fwd_part_done(f, wk->nic, status))
-		dp_worker_finalize(wk, f);
+	/* once the port let go of the slot; the last one out sees every other NIC's sums and
+	 * statuses */
+	dp_release_part(wk, f, status, now);
 }
 
 static void check_forward_done(struct dp_worker *wk, struct dp_fwd *f, uint64_t now)
@@ -142,6 +143,7 @@ void dp_gather_accept(struct dp_worker *wk, struct dp_fwd *f)
 	wk->owned[f->index] = f->wire_id;
 	wk->active[wk->nactive++] = f;
 	p->first_ns = p->last_ns = p->fetch_ns = 0;
+	p->owner.mem = &f->client->mem; /* chunks may go out in place from its slot */
 	uint64_t start = dp_now_ns();
 	const struct dp_nic_cfg *nic = &wk->w->cfg.nics[wk->nic];
 	if (nic->use_broadcast) {

@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "dp_accept_guard.h"
 #include "dp_client.h"
 #include "dp_control.h"
 #include "dp_dataplane.h"
@@ -249,6 +250,7 @@ int main(int argc, char **argv)
 	/* the dpdk backend's first open hands them to rte_eal_init */
 	dp_backend_args = (struct dp_backend_args){ .argc = world.backend_argc,
 						    .argv = world.backend_argv };
+	dp_accept_guard_init(); /* before anything can use up the descriptors */
 	if (raise_fd_limit(&world.cfg) < 0) {
 		fprintf(stderr, "duckpipe-dataplane: config %s: %s\n", config, dp_error());
 		return 1;

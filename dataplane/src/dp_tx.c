@@ -51,6 +51,13 @@ struct dp_wire_header *dp_tx_ctl_header(struct dp_worker *wk, uint8_t op, uint64
 void dp_tx_one(struct dp_worker *wk, const struct sockaddr_in *dst,
 	       const struct dp_wire_header *h, const void *payload, uint32_t len)
 {
+	dp_tx_owned(wk, dst, h, payload, len, NULL);
+}
+
+void dp_tx_owned(struct dp_worker *wk, const struct sockaddr_in *dst,
+		 const struct dp_wire_header *h, const void *payload, uint32_t len,
+		 struct dp_tx_owner *owner)
+{
 	if (wk->ntx + 1 > DP_WORKER_TX || wk->niov + 2 > DP_WORKER_IOV)
 		dp_tx_flush(wk);
 	struct iovec *iov = &wk->iov[wk->niov];
@@ -59,7 +66,7 @@ void dp_tx_one(struct dp_worker *wk, const struct sockaddr_in *dst,
 	iov[1].iov_base = (void *)payload;
 	iov[1].iov_len = len;
 	wk->tx[wk->ntx++] = (struct dp_tx){ .dst = dst, .iov = iov, .iovcnt = len ? 2 : 1,
-					   .gso_size = 0, .datagrams = 1 };
+					   .gso_size = 0, .datagrams = 1, .owner = owner };
 	wk->niov += 2;
 }
 
@@ -90,7 +97,8 @@ void dp_tx_activation(struct dp_worker *wk, struct dp_fwd *f, const struct socka
 			iov[2 * j + 1].iov_len = h->length;
 		}
 		wk->tx[wk->ntx++] = (struct dp_tx){ .dst = dst, .iov = iov, .iovcnt = 2 * k,
-						   .gso_size = k > 1 ? per : 0, .datagrams = k };
+						   .gso_size = k > 1 ? per : 0, .datagrams = k,
+						   .owner = &f->part[wk->nic].owner };
 		wk->niov += 2 * k;
 	}
 }

@@ -10,6 +10,7 @@ struct dp_worker;
 struct dp_fwd;
 struct dp_wire_header;
 struct sockaddr_in;
+struct dp_tx_owner;
 
 /* Send what is queued (the backend's tx_burst) and empty the scratch. */
 void dp_tx_flush(struct dp_worker *wk);
@@ -20,8 +21,13 @@ struct dp_wire_header *dp_tx_ctl_header(struct dp_worker *wk, uint8_t op, uint64
 /* Queue one datagram: header + len payload bytes. */
 void dp_tx_one(struct dp_worker *wk, const struct sockaddr_in *dst,
 	       const struct dp_wire_header *h, const void *payload, uint32_t len);
+/* The same, with a payload in a client's slot that owner (a context's part on this NIC)
+ * answers for: the backend may send it in place (zero copy, dp_backend.h). */
+void dp_tx_owned(struct dp_worker *wk, const struct sockaddr_in *dst,
+		 const struct dp_wire_header *h, const void *payload, uint32_t len,
+		 struct dp_tx_owner *owner);
 /* Queue chunks [first, first + n) of f's activation (its prepared headers) to dst, in
- * GSO sends where the backend can cut them. */
+ * GSO sends where the backend can cut them; owned by f's part on this NIC. */
 void dp_tx_activation(struct dp_worker *wk, struct dp_fwd *f, const struct sockaddr_in *dst,
 		      uint32_t first, uint32_t n);
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "dp_fwd.h"
+#include "dp_release.h"
 #include "dp_tx.h"
 #include "dp_wire.h"
 #include "dp_worker.h"
@@ -46,6 +47,7 @@ void dp_weight_accept(struct dp_worker *wk, struct dp_fwd *f)
 		h->total = dp_tensor_bytes(l, f->w_index, f->w_tensor);
 		h->length = dp_wire_chunk_len(f->desc.nbytes, wk->payload, c);
 	}
+	f->part[wk->nic].owner.mem = &f->client->mem; /* sent in place from its slot */
 	wk->owned[f->index] = f->wire_id;
 	wk->active[wk->nactive++] = f;
 }
@@ -108,11 +110,11 @@ uint32_t dp_weight_pump(struct dp_worker *wk, struct dp_fwd *f, uint64_t now, ui
 			f->w_sent++;
 		}
 		const struct dp_wire_header *h = &dp_worker_fwd_headers(wk, f)[c];
-		dp_tx_one(wk, dp_worker_duck_addr(wk, f->w_duck), h,
-			  f->client->act +
-				  (uint64_t)f->desc.slot * f->client->layout.act_slot_size +
-				  (h->offset - f->desc.offset),
-			  h->length);
+		dp_tx_owned(wk, dp_worker_duck_addr(wk, f->w_duck), h,
+			    f->client->act +
+				    (uint64_t)f->desc.slot * f->client->layout.act_slot_size +
+				    (h->offset - f->desc.offset),
+			    h->length, &f->part[wk->nic].owner);
 		sent[c] = now;
 		n++;
 	}
@@ -139,8 +141,7 @@ void dp_weight_finish(struct dp_worker *wk, struct dp_fwd *f, uint32_t status)
 	if (dp_fetch_add_u64(&l->outstanding, -1) == 1)
 		dp_waker_kick(wk->w->dispatch_waker);
 	dp_worker_active_remove(wk, f);
-	if (dp_fwd_part_done(f, wk->nic, status))
-		dp_worker_finalize(wk, f);
+	dp_release_part(wk, f, status, dp_now_ns()); /* once the port let go of the slot */
 }
 
 void dp_weight_on_ack(struct dp_worker *wk, struct dp_fwd *f, const struct dp_wire_header *h)

@@ -19,6 +19,7 @@
 #include "dp_fwd.h"
 #include "dp_gather.h"
 #include "dp_reduce.h"
+#include "dp_release.h"
 #include "dp_tx.h"
 #include "dp_weight.h"
 #include "dp_wire.h"
@@ -249,6 +250,7 @@ int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now)
 	bool full;
 	work += receive(wk, n ? dp_now_ns() : now, &full);
 	work += timers(wk, dp_now_ns(), full);
+	work += dp_release_poll(wk); /* parts waiting for the port to free (dp_release.c) */
 	return work;
 }
 
@@ -267,7 +269,7 @@ int64_t dp_worker_park(struct dp_world *w, void *self, uint64_t now)
 	if (!dp_spsc_empty(&wk->in) || (ops->rx_ready && ops->rx_ready(&wk->be)))
 		return -1;
 	uint64_t next = wk->next_ping_ns;
-	if (!ops->wait_fd && !ops->rx_ready && now + DP_BACKEND_POLL_NS < next)
+	if ((wk->nreleasing || (!ops->wait_fd && !ops->rx_ready)) && now + DP_BACKEND_POLL_NS < next)
 		next = now + DP_BACKEND_POLL_NS; /* nothing tells us a datagram came: poll */
 	/* a weight datagram is resent weight_rto after it went out: wake an eighth of it
 	 * late at most (the per-datagram times are not worth a scan; weights are background) */
@@ -324,8 +326,9 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 	wk->sent_ns = calloc(nf * wk->max_chunks, sizeof(uint64_t));
 	wk->scratch = calloc(nf * wk->scratch_floats, sizeof(float)); /* touched only when used */
 	wk->active = calloc(nf, sizeof(struct dp_fwd *));
+	wk->releasing = calloc(nf, sizeof(struct dp_fwd *));
 	if (!wk->owned || !wk->hdrs || !wk->next_nack || !wk->sent_ns || !wk->scratch ||
-	    !wk->active) {
+	    !wk->active || !wk->releasing) {
 		dp_set_error("nic %s: out of memory for %zu forward contexts", cfg->name, nf);
 		return -1;
 	}
@@ -353,4 +356,5 @@ void dp_worker_fini(struct dp_worker *wk)
 	free(wk->sent_ns);
 	free(wk->scratch);
 	free(wk->active);
+	free(wk->releasing);
 }

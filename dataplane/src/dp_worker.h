@@ -42,6 +42,8 @@ struct dp_worker {
 	uint32_t scratch_floats;
 	struct dp_fwd **active;
 	uint32_t nactive;
+	struct dp_fwd **releasing; /* parts over, waiting for the port to free (dp_release.h) */
+	uint32_t nreleasing;
 	/* ducks on this NIC */
 	uint32_t nducks;
 	uint16_t ducks[DP_MAX_DUCKS];

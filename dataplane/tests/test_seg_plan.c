@@ -82,6 +82,63 @@ static void test_largest_counts_that_fit_are_planned_exactly(void)
 	CHECK(p.size == p.act_offset + (1ull << 31) * 8192, "size %lu", (unsigned long)p.size);
 }
 
+/* A header as shm.py writes one for 4 slots of 5000 bytes on small pages. */
+static struct dp_seg_header good_header(struct dp_seg_plan *p)
+{
+	struct dp_seg_header h;
+	memset(&h, 0, sizeof(h));
+	dp_seg_plan(4, 4, 5000, 5000, SMALL, p);
+	h.magic = DP_SEG_MAGIC;
+	h.abi_major = DP_ABI_MAJOR;
+	h.backing = DP_BACKING_DEVSHM;
+	h.header_size = sizeof(h);
+	h.desc_size = sizeof(struct dp_desc);
+	h.segment_size = p->size;
+	h.ring_offset = p->ring_offset;
+	h.ring_capacity = 4;
+	h.res_hdr_offset = p->res_hdr_offset;
+	h.act_offset = p->act_offset;
+	h.res_offset = p->res_offset;
+	h.act_slot_size = p->act_slot_size;
+	h.res_slot_size = p->res_slot_size;
+	h.slot_count = 4;
+	return h;
+}
+
+static void test_check_accepts_exactly_the_planned_header(void)
+{
+	struct dp_seg_plan p, got;
+	struct dp_seg_header h = good_header(&p);
+	CHECK(dp_seg_check(&h, p.size, 4, p.size, &got) == 0, "refused");
+	CHECK(!memcmp(&p, &got, sizeof(p)), "the accepted plan differs");
+#define REFUSED(field, value, rc)                                                          \
+	do {                                                                               \
+		struct dp_seg_header bad = good_header(&p);                                \
+		bad.field = value;                                                         \
+		CHECK(dp_seg_check(&bad, p.size, 4, p.size, &got) == (rc), #field " = " #value); \
+	} while (0)
+	REFUSED(magic, 0, DP_SEG_CHECK_NO_MAGIC);
+	REFUSED(abi_major, DP_ABI_MAJOR + 1, DP_SEG_CHECK_ABI_MAJOR);
+	REFUSED(header_size, 64, DP_SEG_CHECK_STRUCT_SIZES);
+	REFUSED(desc_size, 64, DP_SEG_CHECK_STRUCT_SIZES);
+	REFUSED(backing, 3, DP_SEG_CHECK_BACKING);
+	REFUSED(backing, DP_BACKING_HUGETLBFS, DP_SEG_CHECK_LAYOUT); /* 2 MiB pages: other size */
+	REFUSED(slot_count, 8, DP_SEG_CHECK_OVER_LIMITS);
+	REFUSED(slot_count, 3, DP_SEG_PLAN_BAD_SLOT_COUNT);
+	REFUSED(ring_capacity, 2, DP_SEG_PLAN_CAPACITY_BELOW_SLOTS);
+	REFUSED(ring_capacity, 8, DP_SEG_CHECK_LAYOUT);
+	REFUSED(ring_offset, 1u << 30, DP_SEG_CHECK_LAYOUT);
+	REFUSED(res_offset, 4096, DP_SEG_CHECK_LAYOUT);
+	REFUSED(act_slot_size, 5000, DP_SEG_CHECK_LAYOUT); /* not rounded as the plan does */
+	REFUSED(segment_size, 1ull << 40, DP_SEG_CHECK_LAYOUT);
+	REFUSED(act_slot_size, UINT64_MAX, DP_SEG_PLAN_OVERFLOW);
+#undef REFUSED
+	CHECK(dp_seg_check(&h, p.size + 4096, 4, UINT64_MAX, &got) == DP_SEG_CHECK_LAYOUT,
+	      "a file longer than the plan");
+	CHECK(dp_seg_check(&h, p.size, 4, p.size - 1, &got) == DP_SEG_CHECK_OVER_LIMITS,
+	      "over max_bytes");
+}
+
 int main(void)
 {
 	test_lays_out_a_small_segment_with_page_aligned_slots();
@@ -90,5 +147,6 @@ int main(void)
 	test_refuses_zero_slot_sizes_and_odd_pages();
 	test_refuses_every_size_that_wraps_64_bits();
 	test_largest_counts_that_fit_are_planned_exactly();
+	test_check_accepts_exactly_the_planned_header();
 	return test_result("test_seg_plan");
 }

@@ -201,6 +201,7 @@ class MockDataplane:
                 "control_refused",
                 "quota_refused",
                 "connections_refused",
+                "connections_shed",
                 "layers_freed",
                 "curve_refused",
                 "clients_attached",
@@ -525,6 +526,8 @@ class MockDataplane:
                         )
                         for c in self.clients.values()
                     ],
+                    # like the C dataplane's socket and null NICs: no port, no xstats
+                    nics=[ctl.NicStats(name="mock0", backend="mock")],
                 )
             case ctl.SetFaults():
                 _need_admin(peer, "SetFaults")

@@ -44,6 +44,7 @@ __all__ = [
     "MAX_CLIENTS",
     "MAX_DIMS",
     "MAX_DUCKS",
+    "EMULATOR_MAX_DUCKS",
     "SEG_MAGIC",
     "SHARD_TENSORS",
     "TENSOR_NAMES",
@@ -66,6 +67,7 @@ ABI_MAJOR = 1
 ABI_MINOR = 2  # 1.1: segments are sealed memfds; detach_reason. 1.2: need_wakeup, waiters
 SEG_MAGIC = int.from_bytes(b"DUCKSEG1", "little")
 MAX_DUCKS = 256  # bits in a descriptor's target set
+EMULATOR_MAX_DUCKS = 32  # ducks one duckpipe-ducks process emulates
 MAX_DIMS = 4
 MAX_CLIENTS = 64  # client slots of one dataplane
 # Layer table entries (open addressing, a power of two): at least MAX_CLIENTS times the
@@ -300,6 +302,7 @@ CONSTANTS: dict[str, int] = {
     "ABI_MINOR": ABI_MINOR,
     "SEG_MAGIC": SEG_MAGIC,
     "MAX_DUCKS": MAX_DUCKS,
+    "EMULATOR_MAX_DUCKS": EMULATOR_MAX_DUCKS,
     "MAX_DIMS": MAX_DIMS,
     "MAX_CLIENTS": MAX_CLIENTS,
     "LAYER_TABLE": LAYER_TABLE,

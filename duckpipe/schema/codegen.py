@@ -79,6 +79,8 @@ def _constants() -> dict[str, int]:
         "PROTOCOL_VERSION": control.PROTOCOL_VERSION,
         "MAX_MESSAGE_BYTES": control.MAX_MESSAGE_BYTES,
         "MAX_NESTING": control.MAX_NESTING,
+        "MAX_XSTATS": control.MAX_XSTATS,
+        "XSTAT_NAME_MAX": control.XSTAT_NAME_MAX,
     }
 
 

@@ -40,6 +40,10 @@ class NicConfig(msgspec.Struct, kw_only=True, frozen=True):
     busy_poll_us: U32 = 0
     rcvbuf: U32 = 16 << 20
     ducks: list[DuckConfig]
+    # dpdk: rte_flow rules steering the ducks' replies (IPv4 to host_ip, UDP to host_port)
+    # and ARP to the worker's RX queue. auto: where the port validates them, else say so
+    # once and go on; require: refuse to start without them; off: none
+    flow_steering: Literal["auto", "off", "require"] = "auto"
 
 
 class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):

@@ -20,7 +20,9 @@ __all__ = [
     "HOST_TENSOR_DUCK",
     "MAX_MESSAGE_BYTES",
     "MAX_NESTING",
+    "MAX_XSTATS",
     "PROTOCOL_VERSION",
+    "XSTAT_NAME_MAX",
     "Ack",
     "AnyReply",
     "AnyRequest",
@@ -41,6 +43,7 @@ __all__ = [
     "Layers",
     "LoadWeights",
     "NicInfo",
+    "NicStats",
     "Request",
     "SetEpoch",
     "SetFaults",
@@ -64,6 +67,12 @@ HOST_TENSOR_DUCK = 0xFFFF
 MAX_MESSAGE_BYTES = 1 << 16
 #: Deepest nesting of maps and arrays a request may have (a request map holding a list is 2).
 MAX_NESTING = 8
+#: A port's extended statistics one Stats reply carries per NIC, at most (the non-zero ones,
+#: in the driver's order; NicStats.xstats_left_out counts the rest). 8 NICs x 64 names of
+#: 63 bytes and their values stay well inside MAX_MESSAGE_BYTES.
+MAX_XSTATS = 64
+#: Longest xstat name sent (DPDK's RTE_ETH_XSTATS_NAME_SIZE, 64, less the NUL).
+XSTAT_NAME_MAX = 63
 
 NonNeg = Annotated[int, Meta(ge=0)]  # a u64 on the C side
 U32 = Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)]
@@ -263,12 +272,27 @@ class ClientStats(msgspec.Struct, frozen=True, kw_only=True):
     completed: int
 
 
+XstatName = Annotated[str, Meta(max_length=XSTAT_NAME_MAX)]
+
+
+class NicStats(msgspec.Struct, frozen=True, kw_only=True):
+    """One NIC as Stats sees it. ``xstats``: the DPDK port's extended statistics (its
+    driver's own counters: rx_good_packets, tx_good_bytes, rx_missed_errors...), the
+    non-zero ones; empty for a backend without a port (socket, null, mock)."""
+
+    name: str
+    backend: str
+    xstats: Annotated[dict[XstatName, NonNeg], Meta(max_length=MAX_XSTATS)] = {}
+    xstats_left_out: NonNeg = 0  # non-zero xstats past MAX_XSTATS, not sent
+
+
 class Stats(Message, kw_only=True):
     req_id: NonNeg
     mode: str
     epoch: int
     counters: dict[str, int]
     clients: list[ClientStats]
+    nics: Annotated[list[NicStats], Meta(max_length=8)] = []  # in the topology's order
 
 
 class Timings(msgspec.Struct, frozen=True, kw_only=True):
