@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -120,7 +121,79 @@ def _shm_clean(args: argparse.Namespace) -> int:
     return 0
 
 
+def _us(ns: int | None) -> str:
+    return "-" if ns is None else f"{ns / 1000:.1f}"
+
+
 def _stats(args: argparse.Namespace) -> int:
+    """The stats segment (no lock, no message); --control-query asks over ZeroMQ."""
+    if args.control_query:
+        return _stats_query(args)
+    import msgspec
+
+    from . import stats as st
+
+    try:
+        path = Path(args.stats) if args.stats else st.find_stats(args.control)
+        snap = st.read_snapshot(path)
+    except st.NoDataplane as e:
+        print(e, file=sys.stderr)
+        return 1
+    info = snap.dataplane
+    stale = ""
+    if not info.alive:
+        gone = not st._pid_alive(info.pid)
+        stale = (
+            f"dataplane pid {info.pid} not responding since "
+            f"{st.heartbeat_age_ns(snap) / 1e9:.1f} s ago"
+            + (" (the process is gone: this segment is stale)" if gone else "")
+        )
+    if args.json:
+        print(msgspec.json.encode(snap).decode())
+    else:
+        age = st.heartbeat_age_ns(snap) / 1e6
+        print(
+            f"dataplane {info.kind} pid {info.pid}, {info.threads} threads, epoch {info.epoch}, "
+            f"control {info.control}, heartbeat {age:.0f} ms ago ({info.stats_path})"
+        )
+        for k, v in snap.counters.items():
+            print(f"  {k:<24} {v}")
+        for c in snap.clients:
+            page = "2 MiB pages" if c.page_size == 2 * 1024 * 1024 else f"{c.page_size} B pages"
+            print(
+                f"  client {c.id} pid {c.pid} {c.name!r} ({c.segment}, {page}): ring "
+                f"{c.head - c.tail}/{c.capacity}, {c.inflight} in flight, {c.submits} submitted, "
+                f"{c.completions} completed, {c.bytes_in} B in, {c.bytes_out} B out, "
+                f"{c.errors} errors"
+            )
+        for n in snap.nics:
+            core = "unpinned" if n.core < 0 else f"core {n.core}"
+            nz = ", ".join(
+                f"{k}={v}"
+                for k, v in n.counters.items()
+                if v and k.startswith(("tx_", "rx_", "nack", "retransmits", "gso"))
+            )
+            print(f"  nic {n.name} ({n.backend} {n.interface or '-'}, {core}): {nz}")
+        for d in snap.ducks:
+            print(
+                f"  duck {d.id} {d.address} nic {d.nic}: {d.state}, {d.layers} layer(s), "
+                f"last {_us(d.last_reply_ns or None)} us, p99 {_us(d.reply.quantile(0.99))} us, "
+                f"{d.timeouts} timeouts, {d.missing_chunks} missing chunks"
+            )
+        print("  latency (us, since start)        n      p50      p99    p99.9")
+        for name, h in snap.latency.items():
+            print(
+                f"    {name:<24} {h.total():>9} {_us(h.quantile(0.5)):>8} "
+                f"{_us(h.quantile(0.99)):>8} {_us(h.quantile(0.999)):>8}"
+            )
+    if stale:
+        print(stale, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _stats_query(args: argparse.Namespace) -> int:
+    """GetStats over ZeroMQ: the dataplane's own answer (with each DPDK port's xstats)."""
     from .process import ping
     from .schema.control import MAX_XSTATS
 
@@ -153,6 +226,12 @@ def _stats(args: argparse.Namespace) -> int:
         if nic.xstats_left_out:
             print(f"    (and {nic.xstats_left_out} more: a reply carries {MAX_XSTATS} at most)")
     return 0
+
+
+def _exporter(args: argparse.Namespace) -> int:
+    from .exporter import serve
+
+    return serve(args.port, args.address, stats=args.stats, control=args.control)
 
 
 def _shutdown(args: argparse.Namespace) -> int:
@@ -304,11 +383,34 @@ def _parser() -> argparse.ArgumentParser:
     cl.set_defaults(func=_shm_clean)
 
     st = sub.add_parser(
-        "stats", help="print a running dataplane's counters (and each DPDK port's non-zero xstats)"
+        "stats",
+        help="print a dataplane's counters and latency histograms from its stats segment",
+        description="Reads the dataplane's stats segment (next to its control socket) "
+        "without a lock or a message. --control-query asks the dataplane over ZeroMQ "
+        "(GetStats) instead, which also carries each DPDK port's non-zero xstats. Exits 1 "
+        "when no dataplane runs, or when the segment's dataplane stopped responding.",
     )
-    st.add_argument("--control")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--control", help="the dataplane's control endpoint (default: this user's)")
+    st.add_argument("--stats", metavar="PATH", help="the stats segment to read")
+    st.add_argument("--json", action="store_true", help="one JSON document (README: fields)")
+    st.add_argument(
+        "--control-query",
+        action="store_true",
+        help="ask the dataplane over ZeroMQ (GetStats; DPDK ports' xstats) instead",
+    )
     st.set_defaults(func=_stats)
+
+    ex = sub.add_parser(
+        "exporter",
+        help="serve the stats segment's counters and histograms to Prometheus",
+        description="Serves http://HOST:PORT/metrics in the Prometheus text format; every "
+        "scrape reads the stats segment once (no lock, no message to the dataplane).",
+    )
+    ex.add_argument("--port", type=int, default=9464)
+    ex.add_argument("--address", default="127.0.0.1", help="address to listen on")
+    ex.add_argument("--control", help="the dataplane's control endpoint (default: this user's)")
+    ex.add_argument("--stats", metavar="PATH", help="the stats segment to read")
+    ex.set_defaults(func=_exporter)
 
     sd = sub.add_parser("shutdown", help="ask a running dataplane to stop")
     sd.add_argument("--control")

@@ -36,10 +36,14 @@ def test_example_runs_checked_forwards_against_a_fresh_dataplane(which):
 def test_stats_and_shutdown_talk_to_a_running_dataplane():
     dp = MockDataplaneProcess(ducks=3).start()
     try:
-        r = _duckpipe("stats", "--control", dp.control, "--json")
+        r = _duckpipe("stats", "--control", dp.control, "--json", "--control-query")
         assert r.returncode == 0, r.stderr
         stats = json.loads(r.stdout)
         assert stats["mode"] == "mock" and "forwards" in stats["counters"]
+        r = _duckpipe("stats", "--control", dp.control, "--json")  # the stats segment
+        assert r.returncode == 0, r.stderr
+        snap = json.loads(r.stdout)
+        assert snap["dataplane"]["kind"] == "mock" and "forwards" in snap["counters"]
         r = _duckpipe("shutdown", "--control", dp.control)
         assert r.returncode == 0 and "acknowledged" in r.stdout
         assert dp.proc.wait(10) == 0
@@ -50,6 +54,9 @@ def test_stats_and_shutdown_talk_to_a_running_dataplane():
 
 def test_stats_without_a_dataplane_fails_clearly(tmp_path):
     r = _duckpipe("stats", "--control", f"ipc://{tmp_path}/none")
+    assert r.returncode == 1 and "no dataplane running" in r.stderr
+    assert f"{tmp_path}/none.stats" in r.stderr  # where it looked
+    r = _duckpipe("stats", "--control", f"ipc://{tmp_path}/none", "--control-query")
     assert r.returncode == 1 and "no dataplane answered" in r.stderr
 
 
@@ -59,10 +66,11 @@ def test_mock_refuses_an_address_another_dataplane_serves(dataplane):
     assert ping(dataplane.control, 2) is not None
 
 
-def test_duckpipe_top_says_it_is_not_implemented_yet():
+def test_duckpipe_top_without_a_dataplane_says_so_and_exits_1(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-c", "import sys, duckpipe.top; sys.exit(duckpipe.top.main())"],
+        [sys.executable, "-m", "duckpipe.top", "--once", "--control", f"ipc://{tmp_path}/control"],
         capture_output=True,
         text=True,
+        timeout=60,
     )
-    assert r.returncode == 2 and "not yet implemented" in r.stderr
+    assert r.returncode == 1 and "no dataplane running" in r.stderr and r.stdout == ""

@@ -606,7 +606,8 @@ def test_stats_shows_the_ports_xstats_beside_the_backends_counters():
         _check_forwards(c, mlp, 10)
         stats = c.stats()
         shown = subprocess.run(
-            [sys.executable, "-m", "duckpipe", "stats", "--control", dp.control],
+            [sys.executable, "-m", "duckpipe", "stats", "--control-query", "--control",
+             dp.control],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     n = stats.counters

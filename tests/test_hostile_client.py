@@ -268,6 +268,49 @@ def test_the_same_segment_cannot_be_attached_twice(watched):
         _check_forward(c, np.random.default_rng(8))  # the first attach is untouched
 
 
+def test_a_large_small_page_segment_is_faulted_in_while_others_are_served(dataplane, watched):
+    """Faulting in a 512 MiB segment of 4 KiB pages takes the kernel about 0.15 s (a GiB
+    0.3 s), unmapping it 0.1 s; in one call on the control agent's thread, every other
+    client's forwards waited that long (issue 7, finding 11). Now the dataplane faults it
+    in (and later unmaps it) 8 MiB per pass: a bystander's forwards go on completing
+    between the Attach and its reply, and the segment attaches, detaches and its slot is
+    taken again."""
+    if not hasattr(dataplane, "dataplane"):
+        pytest.skip("the C dataplane's scheduling: the mock faults a segment in at once")
+    by = Bystander(watched)
+    by.start()
+    seg = Segment.create(slot_count=2, act_slot_size=128 << 20, backing="devshm", tag="large")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(watched)
+    try:
+        deadline = time.monotonic() + 10
+        while by.done < 2 and by.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        attach = ctl.Attach(
+            req_id=1, abi_major=1, pid=os.getpid(), segment="large", segment_fd=seg.fd
+        )
+        before = by.done
+        sock.send(ctl.encoder.encode(attach))
+        assert sock.poll(30_000), "no reply to Attach"
+        during = by.done - before
+        reply = ctl.reply_decoder.decode(sock.recv())
+        assert isinstance(reply, ctl.Attached), reply
+        # one forward may have been in flight at the start: more finished meanwhile
+        assert during >= 3, f"only {during} bystander forwards completed during the attach"
+        sock.send(ctl.encoder.encode(ctl.Detach(req_id=2)))
+        assert sock.poll(10_000), "no reply to Detach"
+        assert isinstance(ctl.reply_decoder.decode(sock.recv()), ctl.Ack)
+    finally:
+        sock.close()
+        seg.close()
+        by.stop.set()
+        by.join(30)
+    assert by.error is None, f"the bystander failed: {by.error!r}"
+    with duckpipe.connect(watched, name="next") as c:  # the slot and memory came back
+        _check_forward(c, np.random.default_rng(9))
+
+
 def test_attach_refuses_what_is_not_a_whole_sealed_duckpipe_memfd(watched, tmp_path: Path):
     plain = tmp_path / "segment"
     plain.write_bytes(bytes(1 << 16))

@@ -220,21 +220,14 @@ int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int
 		munmap(base, size);
 		goto refuse;
 	}
-	/* fault every page in now, never on a forward (the size is capped above); a page punched
-	 * before the seal that cannot come back is an error here, not a SIGBUS later */
-	if (madvise(base, size, MADV_POPULATE_WRITE) < 0 && errno != EINVAL) {
-		dp_set_error("cannot fault in memfd %s: %s", name, strerror(errno));
-		munmap(base, size);
-		goto refuse;
-	}
 	/* the page size the kernel backs it with, never the header's word for it: with IOVA
 	 * as PA, a 4 KiB-page segment registered as 2 MiB pages would have a NIC read
 	 * whatever memory follows each page's first 4 KiB */
 	size_t huge = (size_t)dp_seg_page_size(DP_BACKING_HUGETLBFS);
-	size_t page = (size_t)st.st_blksize == huge && (uintptr_t)base % huge == 0
-			      ? huge
-			      : (size_t)dp_seg_page_size(DP_BACKING_DEVSHM);
-	dp_backend_mem_register(&c->mem, base, size, page);
+	c->mem.page_sz = (size_t)st.st_blksize == huge && (uintptr_t)base % huge == 0
+				 ? huge
+				 : (size_t)dp_seg_page_size(DP_BACKING_DEVSHM);
+	c->stepped = 0;
 	close(fd);
 	c->base = base;
 	c->size = size;
@@ -259,6 +252,41 @@ refuse:
 	close(fd);
 	dp_add_error_context("segment fd %d of pid %u", segment_fd, peer_pid);
 	return -1;
+}
+
+/* Every page is faulted in before the client turns ACTIVE, never on a forward (the size is
+ * capped by the limits); a page punched before the seal that cannot come back is an error
+ * here, not a SIGBUS later. In steps: on small pages a GiB takes 0.3 s, which in one call
+ * would stall every agent sharing the control agent's thread (README, "Threat model"). */
+int dp_client_populate(struct dp_client *c, size_t step)
+{
+	size_t left = c->size - c->stepped;
+	size_t n = left < step ? left : step;
+	if (n && madvise(c->base + c->stepped, n, MADV_POPULATE_WRITE) < 0 && errno != EINVAL) {
+		dp_set_error("cannot fault in memfd %s: %s", c->path, strerror(errno));
+		return -1;
+	}
+	c->stepped += n;
+	if (c->stepped < c->size)
+		return 0;
+	dp_backend_mem_register(&c->mem, c->base, c->size, c->mem.page_sz);
+	return 1;
+}
+
+int dp_client_unmap_step(struct dp_client *c, size_t step)
+{
+	if (c->base && c->stepped == 0)
+		dp_backend_mem_unregister(&c->mem);
+	size_t left = c->base ? c->size - c->stepped : 0;
+	size_t n = left < step ? left : step;
+	if (n)
+		munmap(c->base + c->stepped, n);
+	c->stepped += n;
+	if (n < left)
+		return 0;
+	c->base = NULL;
+	c->hdr = NULL;
+	return 1;
 }
 
 /* Only once no forward of c is in flight: each one's completion waited until the ports

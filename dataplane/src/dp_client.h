@@ -16,8 +16,16 @@ int dp_client_check_header(const struct dp_seg_header *h, uint64_t file_size,
 			   struct dp_client_layout *out);
 /* Open the peer's memfd segment_fd through /proc, check it (a sealed duckpipe memfd of
  * peer_uid, made by peer_pid, not attached yet) and its header, map it and keep a private
- * copy of its layout in c. 0 or -1 with dp_error(). */
+ * copy of its layout in c. 0 or -1 with dp_error(). Its pages are not faulted in yet:
+ * dp_client_populate does that, a step at a time. */
 int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int32_t segment_fd);
+/* Fault in up to `step` more bytes of a mapped segment (MADV_POPULATE_WRITE), and once all
+ * are in, register it for zero copy: 1 when done, 0 while more remain, -1 with dp_error()
+ * (the segment stays mapped: dp_client_unmap). */
+int dp_client_populate(struct dp_client *c, size_t step);
+/* Unmap up to `step` more bytes (the first call also unregisters it): 1 when all are
+ * unmapped, 0 while more remain. */
+int dp_client_unmap_step(struct dp_client *c, size_t step);
 void dp_client_unmap(struct dp_client *c);
 
 /* A process's start time (clock ticks since boot, /proc/<pid>/stat field 22), 0 when it

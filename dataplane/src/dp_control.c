@@ -32,9 +32,11 @@
 #include "dp_layers.h"
 #include "dp_mp.h"
 #include "dp_reduce.h"
+#include "dp_stats.h"
 #include "dp_worker.h"
 
 #define HOUSEKEEPING_NS 50000000ull /* 50 ms */
+#define ATTACH_STEP (8u << 20)      /* bytes faulted in or unmapped per pass (attach_steps) */
 #define MAX_MESSAGES_PER_LOOP 64
 /* a connection that has not finished its ZMTP greeting by then is closed (libzmq's
  * default is 30 s: raw connections held that long once exhausted the fd table) */
@@ -79,6 +81,8 @@ struct dp_control {
 	uint8_t *outbox_buf;
 	size_t outbox_used;
 	uint64_t outbox_since; /* when the oldest waiting completion was packed */
+	struct dp_stats_seg *stats; /* the stats segment: this agent is its only writer */
+	uint64_t next_stats;
 };
 
 const char *const dp_counter_names[DP_NCOUNTERS] = {
@@ -173,6 +177,7 @@ static void send_completion(struct dp_control *c, struct dp_fwd *f)
 	struct dp_client *cl = f->client;
 	struct dp_fwd_summary s;
 	dp_fwd_summarize(w, f, &s);
+	dp_stats_completion(c->stats, f, &s, dp_now_ns());
 	PACK(c, completion, .forward_id = f->desc.forward_id, .slot = f->desc.slot,
 	     .generation = f->desc.generation, .epoch = f->desc.epoch, .status = f->status,
 	     .answered = s.answered, .answered_len = s.nanswered, .missing = s.missing,
@@ -281,11 +286,22 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 		refuse(c, p, DP_ERROR_CODE_ALREADY_ATTACHED, "this socket is attached");
 		return;
 	}
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		const struct dp_client *o = &c->w->clients[i];
+		if (dp_load_acquire_u32(&o->state) == DP_CLIENT_ATTACHING &&
+		    o->identity_len == p->idlen &&
+		    !memcmp(o->identity, p->id, p->idlen)) {
+			refuse(c, p, DP_ERROR_CODE_ALREADY_ATTACHED, "this socket is attaching");
+			return;
+		}
+	}
 	/* one process cannot take every client slot */
 	uint32_t mine = 0;
-	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
-		mine += dp_load_acquire_u32(&c->w->clients[i].state) == DP_CLIENT_ACTIVE &&
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		uint32_t state = dp_load_acquire_u32(&c->w->clients[i].state);
+		mine += (state == DP_CLIENT_ACTIVE || state == DP_CLIENT_ATTACHING) &&
 			c->w->clients[i].pid == p->pid;
+	}
 	if (mine >= c->w->cfg.client_max_per_pid) {
 		dp_count(c->counters, DP_C_quota_refused, 1);
 		refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
@@ -312,6 +328,16 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 	memcpy(cl->identity, p->id, p->idlen);
 	cl->identity_len = p->idlen;
 	snprintf(cl->name, sizeof(cl->name), "%s", m->name);
+	cl->attach_rid = p->rid;
+	/* faulted in by attach_steps, a step per pass, and answered when done */
+	cl->state = DP_CLIENT_ATTACHING;
+	DP_DEBUG("client %u (pid %u uid %u, %s): attaching %s (%s), %zu bytes", cl->id, p->pid,
+		 p->uid, m->name, m->segment, cl->path, cl->size);
+}
+
+/* The segment is in: the client turns ACTIVE and hears Attached. */
+static void attach_done(struct dp_control *c, struct dp_client *cl)
+{
 	cl->hdr->dataplane_pid = (uint32_t)getpid();
 	cl->hdr->client_id = cl->id;
 	dp_store_relaxed_u64(&cl->hdr->dataplane_heartbeat_ns, dp_now_ns());
@@ -322,15 +348,50 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 		dp_count(c->counters, DP_C_extmem_registered, 1);
 		dp_count(c->counters, DP_C_extmem_registered_bytes, cl->mem.len);
 	}
-	DP_INFO("client %u (pid %u uid %u, %s) attached %s (%s)", cl->id, p->pid, p->uid, m->name,
-		m->segment, cl->path);
-	PACK(c, attached, .req_id = p->rid, .client_id = cl->id,
+	DP_INFO("client %u (pid %u uid %u, %s) attached %s, %zu MiB", cl->id, cl->pid, cl->uid,
+		cl->name, cl->path, cl->size >> 20);
+	PACK(c, attached, .req_id = cl->attach_rid, .client_id = cl->id,
 	     .epoch = dp_load_acquire_u64(&c->w->epoch), .session = c->w->session,
 	     .dataplane_pid = (uint64_t)getpid(), .mode = c->w->cfg.nics[0].backend,
 	     .ducks = c->w->cfg.nducks, .default_timeout_us = c->w->cfg.default_timeout_us,
 	     .max_forward_bytes = c->w->cfg.max_forward_bytes, .doorbell = c->w->doorbell);
-	send_to(c, p->id, p->idlen);
+	send_to(c, cl->identity, cl->identity_len);
 	dp_waker_kick(c->w->dispatch_waker); /* a parked dispatcher arms the new ring too */
+}
+
+/* Segments are faulted in at attach and unmapped after detach ATTACH_STEP bytes per
+ * pass, so that a large one on small pages (0.3 s per GiB to fault in, 0.2 s to unmap)
+ * never stalls the dispatcher and workers sharing this thread for longer than a step:
+ * about 2 ms on 4 KiB pages. Returns the work done. */
+static int attach_steps(struct dp_control *c)
+{
+	int work = 0;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		struct dp_client *cl = &c->w->clients[i];
+		uint32_t state = dp_load_acquire_u32(&cl->state); /* only this agent moves these two */
+		if (state == DP_CLIENT_ATTACHING) {
+			work++;
+			int rc = dp_client_populate(cl, ATTACH_STEP);
+			if (rc > 0) {
+				attach_done(c, cl);
+			} else if (rc < 0) {
+				struct dp_peer p = { .id = cl->identity, .idlen = cl->identity_len,
+						     .rid = cl->attach_rid, .pid = cl->pid, .uid = cl->uid };
+				refuse(c, &p, DP_ERROR_CODE_BAD_SEGMENT, "%s", dp_error());
+				dp_client_unmap(cl);
+				dp_store_release_u32(&cl->state, DP_CLIENT_FREE);
+			}
+		} else if (state == DP_CLIENT_UNMAPPING) {
+			work++;
+			if (dp_client_unmap_step(cl, ATTACH_STEP) > 0) {
+				dp_layers_unload_owner(c->w, cl->id, &c->retired); /* its layers go with it */
+				if (cl->dead)
+					dp_count(c->counters, DP_C_clients_reclaimed, 1);
+				dp_store_release_u32(&cl->state, DP_CLIENT_FREE);
+			}
+		}
+	}
+	return work;
 }
 
 static void on_detach(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
@@ -825,14 +886,12 @@ static void housekeeping(struct dp_control *c, uint64_t now)
 			}
 		} else if (state == DP_CLIENT_QUIESCED &&
 			   __atomic_load_n(&cl->inflight, __ATOMIC_ACQUIRE) == 0) {
-			/* a memfd needs no unlink: its memory goes with the last mapping */
+			/* a memfd needs no unlink: its memory goes with the last mapping, which
+			 * attach_steps takes away a step at a time */
 			if (cl->mem.registered)
 				dp_count(c->counters, DP_C_extmem_unregistered, 1);
-			dp_client_unmap(cl);
-			dp_layers_unload_owner(c->w, cl->id, &c->retired); /* its layers go with it */
-			if (cl->dead)
-				dp_count(c->counters, DP_C_clients_reclaimed, 1);
-			dp_store_release_u32(&cl->state, DP_CLIENT_FREE);
+			cl->stepped = 0;
+			dp_store_release_u32(&cl->state, DP_CLIENT_UNMAPPING);
 		}
 	}
 }
@@ -863,6 +922,7 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 	work += poll_monitor(c);
 	work += poll_control(c);
 	work += drain_completions(c);
+	work += attach_steps(c);
 	if (c->noutbox && dp_now_ns() >= outbox_due(c)) {
 		flush_outbox(c);
 		work++;
@@ -872,6 +932,10 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 		housekeeping_layers(c);
 		nudge_dispatcher(c);
 		c->next_house = now + HOUSEKEEPING_NS;
+	}
+	if (now >= c->next_stats) { /* parked, it ticks with housekeeping instead */
+		dp_stats_tick(c->stats, now);
+		c->next_stats = now + DP_STATS_TICK_NS;
 	}
 	return work;
 }
@@ -928,6 +992,11 @@ int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now)
 			return -1;
 	if (zmq_readable(c->router) || zmq_readable(c->monitor) || zmq_readable(c->access.zap))
 		return -1;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) { /* a segment half faulted in or unmapped */
+		uint32_t state = dp_load_acquire_u32(&w->clients[i].state);
+		if (state == DP_CLIENT_ATTACHING || state == DP_CLIENT_UNMAPPING)
+			return -1;
+	}
 	/* a connection flood: libzmq aborts the process on EMFILE, so while more connections
 	 * are open than clients attached (and a few tools), every accepted one past the limit
 	 * must be shut down as soon as it is seen, not after a wake-up: a parked control
@@ -1036,6 +1105,10 @@ struct dp_control *dp_control_new(struct dp_world *w)
 			     strerror(errno));
 		goto fail;
 	}
+	c->stats = dp_stats_open(w);
+	if (!c->stats)
+		goto fail;
+	DP_INFO("stats segment %s", dp_stats_file(c->stats));
 	return c;
 fail:
 	dp_access_close(&c->access);
@@ -1059,6 +1132,7 @@ void dp_control_free(struct dp_control *c)
 	if (!c)
 		return;
 	flush_outbox(c); /* the last completions still go out */
+	dp_stats_close(c->stats);
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
 		if (c->w->clients[i].base)
 			dp_client_unmap(&c->w->clients[i]); /* live clients own their segments */

@@ -41,9 +41,11 @@ struct dp_backend;
 
 enum dp_client_state {
 	DP_CLIENT_FREE = 0,
-	DP_CLIENT_ACTIVE,   /* control -> ACTIVE after mapping; the dispatcher polls it */
-	DP_CLIENT_CLOSING,  /* control: stop polling */
-	DP_CLIENT_QUIESCED, /* dispatcher: I stopped; control unmaps once inflight is 0 */
+	DP_CLIENT_ACTIVE,    /* control -> ACTIVE after mapping; the dispatcher polls it */
+	DP_CLIENT_CLOSING,   /* control: stop polling */
+	DP_CLIENT_QUIESCED,  /* dispatcher: I stopped; control unmaps once inflight is 0 */
+	DP_CLIENT_ATTACHING, /* control only: mapped, being faulted in a step at a time */
+	DP_CLIENT_UNMAPPING, /* control only: being unmapped a step at a time */
 };
 
 /* A segment's layout as checked at attach (dp_seg_plan), in the dataplane's own
@@ -69,6 +71,8 @@ struct dp_client {
 	uint64_t st_dev, st_ino; /* the memfd itself: one file is attached once */
 	uint8_t *base;
 	size_t size;
+	size_t stepped;     /* control: bytes faulted in (ATTACHING) or unmapped (UNMAPPING) */
+	uint64_t attach_rid; /* control: the Attach request answered once faulted in */
 	struct dp_mem mem; /* the segment, registered for zero copy (dp_backend_mem_register) */
 	struct dp_client_layout layout;
 	/* Pointers below were computed at attach from the private plan. Through hdr the

@@ -55,6 +55,7 @@ from ..schema.config import check_limits
 from ..schema.config import default as config_default
 from ..schema.control import ErrorCode
 from ..shm import Segment, clean_segments
+from .stats_writer import StatsWriter
 
 __all__ = ["MockConfig", "MockDataplane", "main_loop"]
 
@@ -62,6 +63,7 @@ log = logging.getLogger("duckpipe.mock")
 
 BURST = 32
 HOUSEKEEPING_S = 0.05
+STATS_TICK_S = 0.01  # the stats segment's heartbeat and counters
 
 
 @dataclasses.dataclass
@@ -250,6 +252,7 @@ class MockDataplane:
         self._zap: zmq.Socket | None = None
         self._curve_clients: set[bytes] = set()
         self.router = self._bind(cfg.control)
+        self.stats = StatsWriter(cfg.control, list(self.counters), cfg.ducks)
         self._idle = IdleStrategy(cfg.idle, park=lambda s: self.router.poll(max(1, int(s * 1000))))
 
     # --- setup ---------------------------------------------------------------
@@ -357,7 +360,7 @@ class MockDataplane:
         for info in clean_segments():
             log.warning("removed %s left by dead pid %d", info.path, info.creator_pid)
             self.counters["stale_segments_removed"] += 1
-        last_house = 0.0
+        last_house = last_stats = 0.0
         while self._running:
             work = self._serve_zap() + self._poll_control()
             for client in list(self.clients.values()):
@@ -365,6 +368,9 @@ class MockDataplane:
                     work += self._drain(client)
             work += self._run_deferred()
             now = time.monotonic()
+            if now - last_stats >= STATS_TICK_S:
+                last_stats = now
+                self._stats_tick()
             if now - last_house >= HOUSEKEEPING_S:
                 last_house = now
                 self._housekeeping()
@@ -375,6 +381,7 @@ class MockDataplane:
         self._running = False
 
     def _teardown(self) -> None:
+        self.stats.close()
         for client in self.clients.values():
             client.seg.close()  # the clients own their memfds
         self.clients.clear()
@@ -627,6 +634,15 @@ class MockDataplane:
         )
         self.clients[peer.identity] = client
         self.counters["clients_attached"] += 1
+        self.stats.client_attached(
+            cid,
+            peer.pid,
+            msg.name,
+            seg.name,
+            int(seg.header.page_size),
+            seg.ring_capacity,
+            seg.slot_count,
+        )
         return ctl.Attached(
             req_id=rid,
             client_id=cid,
@@ -742,6 +758,7 @@ class MockDataplane:
         """A client left the ring table: unmap its segment once every forward it submitted
         has completed (as the C dataplane does: each one still gets its completion)."""
         client.closing = True
+        self.stats.client_gone(client.id)
         if client.inflight == 0:
             client.seg.close()
 
@@ -774,6 +791,7 @@ class MockDataplane:
                 self._forward(client, d, fields, pickup)
             elif op == Op.WEIGHT_CHUNK:
                 self._weight_chunk(client, d)
+                fields["_bytes_in"] = int(d.nbytes)
                 self._finish(client, fields, Status.OK)
             elif op == Op.WEIGHT_COMMIT:
                 self._commit(client, int(d.layer))
@@ -844,8 +862,15 @@ class MockDataplane:
             np.copyto(client.seg.res_view(fields["slot"], shape, npdt), acc, casting="same_kind")
         t_end = time.perf_counter_ns()
         fields["nbytes"] = nbytes
+        fields["_submit_ns"] = int(d.submit_ns)
+        fields["_bytes_in"] = nbytes
+        for duck, ns in zip(answered, compute, strict=True):
+            self.stats.duck_reply(duck, ns)
+        for duck in missing:
+            self.stats.duck_missed(duck, 1)  # the mock counts one chunk per missed partial
         timings = ctl.Timings(
             prepare_ns=max(0, pickup - int(d.submit_ns)),
+            spread_ns=max(compute) - min(compute) if compute else 0,
             wait_ns=t_reduce - t_wait,
             reduce_ns=t_end - t_reduce,
             duck_compute_ns=compute,
@@ -985,8 +1010,51 @@ class MockDataplane:
                 f["status"],
             )
         client.completed += 1
-        f = {k: v for k, v in f.items() if k != "nbytes"}
+        self._stats_completion(client, f)
+        f = {k: v for k, v in f.items() if k not in ("nbytes", "_submit_ns", "_bytes_in")}
         self._send(client.identity, ctl.Completion(current_epoch=self.epoch, **f))
+
+    # --- the stats segment ----------------------------------------------------------
+
+    def _stats_completion(self, client: _Client, f: dict) -> None:
+        """A completion's bytes, status and (forwards) phase times into the segment, as
+        the C dataplane counts them (dp_stats.c)."""
+        ok = f["status"] == Status.OK
+        forward = "_submit_ns" in f
+        self.stats.client_bytes(
+            client.id,
+            f.get("_bytes_in", 0) if ok or forward else 0,
+            int(f.get("nbytes", 0)) if ok and forward else 0,
+            not ok,
+        )
+        submit = f.get("_submit_ns")
+        if submit is None:
+            return
+        t: ctl.Timings = f["timings"]
+        if submit:
+            self.stats.record("end_to_end", runtime.monotonic_ns() - submit)
+        for name in ("prepare", "send", "wait", "fetch", "reduce"):
+            self.stats.record(name, getattr(t, name + "_ns"))
+        if len(f["answered"]) > 1:
+            self.stats.record("reply_spread", t.spread_ns)
+
+    def _stats_tick(self) -> None:
+        self.stats.tick(self.counters, self.epoch)
+        for client in self.clients.values():
+            self.stats.client_update(
+                client.id,
+                head=int(lib.dp_load_acquire_u64(ffi.addressof(client.seg.ring, "head"))),
+                tail=int(client.indices[0]),
+                inflight=client.inflight,
+                submits=client.submitted,
+                completions=client.completed,
+            )
+        layers: dict[int, int] = {}
+        for la in self.layers.values():
+            if la.ready:
+                for duck in la.info.ducks:
+                    layers[duck] = layers.get(duck, 0) + 1
+        self.stats.duck_layers(layers)
 
     # --- housekeeping -------------------------------------------------------------
 

@@ -1,0 +1,446 @@
+/* dp_stats.c: the stats segment, written by the control agent (dp_stats.h says who
+ * writes what). Aeron's counters file is the model: a header with pid, start time and
+ * a heartbeat, then regions a reader maps read-only without telling anyone.
+ */
+#include "dp_stats.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dp_accept_guard.h"
+#include "dp_fwd.h"
+#include "dp_worker.h"
+
+#define DUCK_LOST_NS 3000000000ull /* nothing heard for this long (or 3 pings): lost */
+
+struct dp_stats_seg {
+	struct dp_world *w;
+	uint8_t *base;
+	char path[320];
+	struct dp_stats_header *hdr;
+	struct dp_stats_agent *agents;
+	struct dp_stats_client *clients;
+	struct dp_stats_nic *nics;
+	struct dp_stats_duck *ducks;
+	struct dp_stats_hist *hists;
+	/* the control agent's own memory */
+	uint8_t missed_last[DP_MAX_DUCKS]; /* by topology index: missed its latest forward */
+	uint32_t client_id[DP_MAX_CLIENTS]; /* whose entry each client slot holds now */
+	uint32_t generation;
+};
+
+_Static_assert(DP_NCOUNTERS <= DP_STATS_MAX_COUNTERS, "more counters than the segment has");
+_Static_assert(DP_MAX_NICS == DP_STATS_MAX_NICS, "DP_MAX_NICS != STATS_MAX_NICS");
+_Static_assert(DP_STATS_NHISTS == 7, "the histograms recorded below");
+
+enum { H_END_TO_END, H_PREPARE, H_SEND, H_WAIT, H_FETCH, H_REDUCE, H_REPLY_SPREAD };
+
+/* src (NUL-ended) into a char[len] field, truncated, NUL-ended */
+static void put(char *dst, size_t len, const char *src)
+{
+	size_t n = 0;
+	for (; src && n + 1 < len && src[n]; n++)
+		dst[n] = src[n];
+	dst[n] = 0;
+}
+
+static void set64(uint64_t *p, uint64_t v)
+{
+	dp_store_relaxed_u64(p, v);
+}
+
+static void add64(uint64_t *p, uint64_t n)
+{
+	dp_store_relaxed_u64(p, *p + n);
+}
+
+int dp_stats_path(const char *control, char *out, size_t len)
+{
+	int n;
+	if (!strncmp(control, "ipc://", 6)) {
+		const char *sock = control + 6;
+		const char *slash = strrchr(sock, '/');
+		const char *name = slash ? slash + 1 : sock;
+		int dirlen = slash ? (int)(slash - sock) : 0;
+		if (!strcmp(name, "control"))
+			n = snprintf(out, len, "%.*s%sstats", dirlen, sock, slash ? "/" : "");
+		else
+			n = snprintf(out, len, "%s.stats", sock);
+	} else { /* duckpipe.runtime.run_dir() */
+		char dir[256], safe[256];
+		const char *env = getenv("DUCKPIPE_RUN_DIR"), *xdg = getenv("XDG_RUNTIME_DIR");
+		if (env && *env)
+			snprintf(dir, sizeof(dir), "%s", env);
+		else if (xdg && *xdg)
+			snprintf(dir, sizeof(dir), "%s/duckpipe", xdg);
+		else
+			snprintf(dir, sizeof(dir), "/tmp/duckpipe-%u", (unsigned)geteuid());
+		mkdir(dir, 0700);
+		size_t i = 0;
+		for (; control[i] && i < sizeof(safe) - 1; i++) {
+			char ch = control[i];
+			bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+				  (ch >= '0' && ch <= '9') || ch == '.' || ch == '-';
+			safe[i] = ok ? ch : '_';
+		}
+		safe[i] = 0;
+		n = snprintf(out, len, "%s/stats-%s", dir, safe);
+	}
+	if (n < 0 || (size_t)n >= len) {
+		dp_set_error("the stats path of %s is too long", control);
+		return -1;
+	}
+	return 0;
+}
+
+/* A stats segment left at path: say whose, so the log keeps the evidence. */
+static void note_stale(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	struct dp_stats_header h;
+	if (pread(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) && h.magic == DP_STATS_MAGIC) {
+		bool alive = h.pid && kill((pid_t)h.pid, 0) == 0;
+		DP_WARN("replacing the stats segment %s of pid %u (%s)", path, h.pid,
+			alive ? "still alive, but not at this control endpoint" : "gone");
+	}
+	close(fd);
+}
+
+static int core_of(const struct dp_config *cfg, uint32_t agent)
+{
+	uint32_t i = cfg->dedicated_threads ? agent : 0;
+	return i < cfg->ncores ? cfg->cores[i] : -1;
+}
+
+struct dp_stats_seg *dp_stats_open(struct dp_world *w)
+{
+	struct dp_stats_seg *s = calloc(1, sizeof(*s));
+	if (!s) {
+		dp_set_error("out of memory");
+		return NULL;
+	}
+	s->w = w;
+	char tmp[340];
+	if (dp_stats_path(w->cfg.control, s->path, sizeof(s->path)) < 0)
+		goto fail;
+	snprintf(tmp, sizeof(tmp), "%s.%d.tmp", s->path, (int)getpid());
+	if (access(s->path, F_OK) == 0)
+		note_stale(s->path);
+	unlink(tmp);
+	int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		dp_set_error("cannot create the stats segment %s: %s", tmp, strerror(errno));
+		goto fail;
+	}
+	if (fchmod(fd, 0600) < 0 || ftruncate(fd, DP_STATS_SEGMENT_SIZE) < 0) {
+		dp_set_error("cannot size the stats segment %s: %s", tmp, strerror(errno));
+		close(fd);
+		unlink(tmp);
+		goto fail;
+	}
+	s->base = mmap(NULL, DP_STATS_SEGMENT_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (s->base == MAP_FAILED) {
+		s->base = NULL;
+		dp_set_error("cannot map the stats segment %s: %s", tmp, strerror(errno));
+		unlink(tmp);
+		goto fail;
+	}
+	s->hdr = (struct dp_stats_header *)s->base;
+	s->agents = (struct dp_stats_agent *)(s->base + DP_STATS_AGENTS_OFFSET);
+	s->clients = (struct dp_stats_client *)(s->base + DP_STATS_CLIENTS_OFFSET);
+	s->nics = (struct dp_stats_nic *)(s->base + DP_STATS_NICS_OFFSET);
+	s->ducks = (struct dp_stats_duck *)(s->base + DP_STATS_DUCKS_OFFSET);
+	s->hists = (struct dp_stats_hist *)(s->base + DP_STATS_HISTS_OFFSET);
+	struct dp_stats_name *names = (struct dp_stats_name *)(s->base + DP_STATS_NAMES_OFFSET);
+	for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
+		put(names[i].name, sizeof(names[i].name), dp_counter_names[i]);
+	const struct dp_config *cfg = &w->cfg;
+	put(s->agents[0].name, sizeof(s->agents[0].name), "control");
+	put(s->agents[1].name, sizeof(s->agents[1].name), "dispatcher");
+	for (uint32_t k = 0; k < cfg->nnics; k++) {
+		put(s->agents[2 + k].name, sizeof(s->agents[2 + k].name), cfg->nics[k].name);
+		struct dp_stats_nic *n = &s->nics[k];
+		n->agent = 2 + k;
+		int core = core_of(cfg, 2 + k);
+		n->core = core < 0 ? 0xffffffffu : (uint32_t)core;
+		put(n->name, sizeof(n->name), cfg->nics[k].name);
+		put(n->backend, sizeof(n->backend), cfg->nics[k].backend);
+		put(n->interface, sizeof(n->interface), cfg->nics[k].interface);
+	}
+	for (uint32_t t = 0; t < cfg->nducks && t < DP_MAX_DUCKS; t++) {
+		struct dp_stats_duck *d = &s->ducks[t];
+		char a[INET_ADDRSTRLEN] = "";
+		inet_ntop(AF_INET, &cfg->ducks[t].addr.sin_addr, a, sizeof(a));
+		d->id = cfg->ducks[t].id;
+		d->nic = cfg->ducks[t].nic;
+		d->state = DP_DUCK_STATE_UP;
+		snprintf(d->address, sizeof(d->address), "%s:%u", a,
+			 (unsigned)ntohs(cfg->ducks[t].addr.sin_port));
+	}
+	struct dp_stats_bounds *b = (struct dp_stats_bounds *)(s->base + DP_STATS_BOUNDS_OFFSET);
+	for (uint32_t i = 0; i < DP_STATS_BUCKETS; i++)
+		b->bounds_ns[i] = dp_stats_bound(i);
+	struct dp_stats_header *h = s->hdr;
+	struct timespec rt;
+	clock_gettime(CLOCK_REALTIME, &rt);
+	h->version_major = DP_STATS_VERSION_MAJOR;
+	h->version_minor = DP_STATS_VERSION_MINOR;
+	h->header_size = sizeof(*h);
+	h->segment_size = DP_STATS_SEGMENT_SIZE;
+	h->pid = (uint32_t)getpid();
+	h->writer_kind = DP_WRITER_KIND_C;
+	h->threads = cfg->dedicated_threads ? DP_THREADS_DEDICATED : DP_THREADS_SHARED;
+	h->start_ns = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec;
+	h->start_mono_ns = dp_now_ns();
+	h->names_offset = DP_STATS_NAMES_OFFSET;
+	h->agents_offset = DP_STATS_AGENTS_OFFSET;
+	h->clients_offset = DP_STATS_CLIENTS_OFFSET;
+	h->nics_offset = DP_STATS_NICS_OFFSET;
+	h->ducks_offset = DP_STATS_DUCKS_OFFSET;
+	h->bounds_offset = DP_STATS_BOUNDS_OFFSET;
+	h->hists_offset = DP_STATS_HISTS_OFFSET;
+	h->ncounters = DP_NCOUNTERS;
+	h->nagents = 2 + cfg->nnics;
+	h->nclients = DP_MAX_CLIENTS;
+	h->nnics = cfg->nnics;
+	h->nducks = DP_MAX_DUCKS;
+	h->buckets = DP_STATS_BUCKETS;
+	h->nhists = DP_STATS_NHISTS;
+	h->heartbeat_ns = h->start_mono_ns;
+	put(h->control, sizeof(h->control), cfg->control);
+	dp_store_release_u64(&h->magic, DP_STATS_MAGIC); /* last: readers check it first */
+	if (rename(tmp, s->path) < 0) {
+		dp_set_error("cannot publish the stats segment %s: %s", s->path, strerror(errno));
+		unlink(tmp);
+		goto fail;
+	}
+	dp_stats_tick(s, dp_now_ns());
+	return s;
+fail:
+	if (s->base)
+		munmap(s->base, DP_STATS_SEGMENT_SIZE);
+	free(s);
+	return NULL;
+}
+
+void dp_stats_close(struct dp_stats_seg *s)
+{
+	if (!s)
+		return;
+	/* only our own file: a dataplane started after us at this endpoint replaced it */
+	struct stat st;
+	int fd = open(s->path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		struct dp_stats_header h;
+		if (fstat(fd, &st) == 0 && pread(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) &&
+		    h.pid == (uint32_t)getpid())
+			unlink(s->path);
+		close(fd);
+	}
+	munmap(s->base, DP_STATS_SEGMENT_SIZE);
+	free(s);
+}
+
+const char *dp_stats_file(const struct dp_stats_seg *s)
+{
+	return s->path;
+}
+
+/* --- every tick ------------------------------------------------------------------------ */
+
+static void publish_counters(struct dp_stats_seg *s)
+{
+	struct dp_world *w = s->w;
+	const struct dp_counters *src[DP_STATS_MAX_AGENTS];
+	uint32_t n = 0;
+	src[n++] = &w->control_counters;
+	src[n++] = &w->dispatch_counters;
+	for (uint32_t k = 0; k < w->cfg.nnics; k++)
+		src[n++] = &w->workers[k]->counters;
+	for (uint32_t a = 0; a < n; a++)
+		for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
+			set64(&s->agents[a].v[i], dp_load_relaxed_u64(&src[a]->v[i]));
+	/* parks and kicks are each runner thread's (dp_waker.h), connections_shed libzmq's
+	 * I/O thread's (dp_accept_guard.c): shown under control, so the sum over agents is
+	 * what GetStats reports */
+	uint64_t parks = 0, kicks = 0;
+	for (uint32_t k = 0; k < w->nwakers; k++) {
+		parks += dp_load_relaxed_u64(&w->wakers[k]->parks);
+		kicks += dp_load_relaxed_u64(&w->wakers[k]->kicked);
+	}
+	set64(&s->agents[0].v[DP_C_parks], dp_load_relaxed_u64(&src[0]->v[DP_C_parks]) + parks);
+	set64(&s->agents[0].v[DP_C_kicks], dp_load_relaxed_u64(&src[0]->v[DP_C_kicks]) + kicks);
+	set64(&s->agents[0].v[DP_C_connections_shed], dp_accept_guard_shed());
+}
+
+/* The entry of client slot i, filled when another client took the slot (ids are never
+ * reused). */
+static struct dp_stats_client *client_entry(struct dp_stats_seg *s, const struct dp_client *cl)
+{
+	uint32_t i = (uint32_t)(cl - s->w->clients);
+	struct dp_stats_client *e = &s->clients[i];
+	if (s->client_id[i] == cl->id)
+		return e;
+	s->client_id[i] = cl->id;
+	dp_store_release_u32(&e->state, DP_STATS_CLIENT_STATE_FREE);
+	e->id = cl->id;
+	e->pid = cl->pid;
+	e->page_size = cl->hdr ? dp_load_acquire_u32(&cl->hdr->page_size) : 0;
+	e->capacity = cl->layout.ring_capacity;
+	e->slot_count = cl->layout.slot_count;
+	e->generation = ++s->generation;
+	set64(&e->head, 0);
+	set64(&e->tail, 0);
+	set64(&e->inflight, 0);
+	set64(&e->submits, 0);
+	set64(&e->completions, 0);
+	set64(&e->bytes_in, 0);
+	set64(&e->bytes_out, 0);
+	set64(&e->ring_full, 0);
+	set64(&e->errors, 0);
+	put(e->name, sizeof(e->name), cl->name);
+	put(e->segment, sizeof(e->segment), cl->path);
+	dp_store_release_u32(&e->state, DP_STATS_CLIENT_STATE_ATTACHED);
+	return e;
+}
+
+static void publish_clients(struct dp_stats_seg *s)
+{
+	struct dp_world *w = s->w;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		const struct dp_client *cl = &w->clients[i];
+		struct dp_stats_client *e = &s->clients[i];
+		if (dp_load_acquire_u32(&cl->state) != DP_CLIENT_ACTIVE) {
+			if (e->state != DP_STATS_CLIENT_STATE_FREE)
+				dp_store_release_u32(&e->state, DP_STATS_CLIENT_STATE_FREE);
+			continue;
+		}
+		e = client_entry(s, cl);
+		/* the ring's indices as the segment shows them: head is the client's, tail our
+		 * published copy; the control agent maps the segment while the slot is active */
+		set64(&e->head, dp_load_acquire_u64(&cl->ring->head));
+		set64(&e->tail, dp_load_acquire_u64(&cl->ring->tail));
+		set64(&e->inflight, __atomic_load_n(&cl->inflight, __ATOMIC_ACQUIRE));
+		set64(&e->submits, dp_load_relaxed_u64(&cl->submitted));
+		set64(&e->completions, cl->completed);
+	}
+}
+
+static void publish_ducks(struct dp_stats_seg *s, uint64_t now)
+{
+	struct dp_world *w = s->w;
+	uint32_t layers[DP_MAX_DUCKS] = { 0 };
+	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) { /* control owns the table */
+		const struct dp_layer *l = w->layers[i];
+		if (!l || l == DP_LAYER_GONE || !dp_load_acquire_u32(&l->ready))
+			continue;
+		for (uint32_t k = 0; k < l->nducks; k++) {
+			int16_t t = w->duck_index[l->ducks[k]];
+			if (t >= 0)
+				layers[t]++;
+		}
+	}
+	uint64_t lost = (uint64_t)w->cfg.ping_ms * 3000000ull;
+	lost = lost > DUCK_LOST_NS ? lost : DUCK_LOST_NS;
+	for (uint32_t t = 0; t < w->cfg.nducks && t < DP_MAX_DUCKS; t++) {
+		struct dp_stats_duck *d = &s->ducks[t];
+		uint64_t seen = dp_load_relaxed_u64(&w->duck_seen_ns[d->id]);
+		uint32_t state = DP_DUCK_STATE_UP;
+		if (seen ? (now > seen && now - seen > lost) : d->timeouts > 0)
+			state = DP_DUCK_STATE_LOST;
+		else if (s->missed_last[t])
+			state = DP_DUCK_STATE_LATE;
+		__atomic_store_n(&d->state, state, __ATOMIC_RELAXED);
+		__atomic_store_n(&d->layers, layers[t], __ATOMIC_RELAXED);
+	}
+}
+
+void dp_stats_tick(struct dp_stats_seg *s, uint64_t now)
+{
+	if (!s)
+		return;
+	publish_counters(s);
+	publish_clients(s);
+	publish_ducks(s, now);
+	set64(&s->hdr->epoch, dp_load_acquire_u64(&s->w->epoch));
+	set64(&s->hdr->heartbeat_ns, now);
+}
+
+/* --- every completion ---------------------------------------------------------------- */
+
+void dp_stats_completion(struct dp_stats_seg *s, const struct dp_fwd *f,
+			 const struct dp_fwd_summary *sum, uint64_t now)
+{
+	if (!s)
+		return;
+	struct dp_world *w = s->w;
+	const struct dp_client *cl = f->client;
+	bool ok = f->status == DP_STATUS_OK;
+	uint32_t ci = cl ? (uint32_t)(cl - w->clients) : 0;
+	/* a client that detached since keeps its numbers, and no entry is made for it */
+	if (cl && (s->client_id[ci] == cl->id || dp_load_acquire_u32(&cl->state) == DP_CLIENT_ACTIVE)) {
+		struct dp_stats_client *e = client_entry(s, cl);
+		if (f->kind == DP_FWD_FORWARD) {
+			add64(&e->bytes_in, f->bytes);
+			if (ok)
+				add64(&e->bytes_out, f->bytes);
+		} else if (f->kind == DP_FWD_WEIGHT && ok) {
+			add64(&e->bytes_in, f->desc.nbytes);
+		}
+		if (!ok)
+			add64(&e->errors, 1);
+	}
+	if (f->kind != DP_FWD_FORWARD)
+		return;
+	struct dp_stats_hist *h = s->hists;
+	uint64_t submit = f->desc.submit_ns;
+	if (submit && submit < now)
+		dp_stats_record(h[H_END_TO_END].counts, &h[H_END_TO_END].sum_ns, now - submit);
+	dp_stats_record(h[H_PREPARE].counts, &h[H_PREPARE].sum_ns, sum->prepare_ns);
+	dp_stats_record(h[H_SEND].counts, &h[H_SEND].sum_ns, sum->send_ns);
+	dp_stats_record(h[H_WAIT].counts, &h[H_WAIT].sum_ns, sum->wait_ns);
+	dp_stats_record(h[H_FETCH].counts, &h[H_FETCH].sum_ns, sum->fetch_ns);
+	dp_stats_record(h[H_REDUCE].counts, &h[H_REDUCE].sum_ns, sum->reduce_ns);
+	if (sum->nanswered > 1)
+		dp_stats_record(h[H_REPLY_SPREAD].counts, &h[H_REPLY_SPREAD].sum_ns,
+				sum->spread_ns);
+	for (uint32_t i = 0; i < sum->nanswered; i++) {
+		int16_t t = w->duck_index[sum->answered[i]];
+		if (t < 0)
+			continue;
+		const struct dp_duck_rx *rx = &f->rx[t];
+		struct dp_stats_duck *d = &s->ducks[t];
+		uint64_t r = rx->done_ns > f->pickup_ns ? rx->done_ns - f->pickup_ns : 0;
+		dp_stats_record(d->reply, &d->reply_sum_ns, r);
+		set64(&d->last_reply_ns, r);
+		add64(&d->replies, 1);
+		add64(&d->nacks, rx->nacks);
+		s->missed_last[t] = 0;
+	}
+	for (uint32_t i = 0; i < sum->nmissing; i++) {
+		int16_t t = w->duck_index[sum->missing[i]];
+		if (t < 0)
+			continue;
+		const struct dp_duck_rx *rx = &f->rx[t];
+		struct dp_stats_duck *d = &s->ducks[t];
+		if (f->status == DP_STATUS_TIMEOUT)
+			add64(&d->timeouts, 1);
+		/* chunks still missing; a duck that sent nothing counts one */
+		uint32_t want = rx->reasm.chunks, have = rx->reasm.have;
+		add64(&d->missing_chunks, want > have ? want - have : 1);
+		add64(&d->nacks, rx->nacks);
+		s->missed_last[t] = 1;
+	}
+}

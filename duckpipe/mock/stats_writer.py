@@ -1,0 +1,224 @@
+"""The mock dataplane's stats segment: the layout of duckpipe/schema/stats.py, from numpy.
+
+One writer (the mock's one thread). Every store is an aligned 64-bit (or narrower) store
+into a MAP_SHARED mapping, so a reader sees each value whole; the magic is stored last,
+and the file is created under a temporary name and renamed into place, so a reader never
+maps a half-built segment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import runtime
+from ..errors import DuckpipeError
+from ..schema import stats as S
+from ..stats import PLAN, STALE_NS, _pid_alive, stats_path_for, views
+
+__all__ = ["StatsWriter"]
+
+
+def _put(arr: np.ndarray, i: int | tuple[()], text: str) -> None:
+    arr[i] = text.encode()[: arr.dtype.itemsize - 1]
+
+
+def remove_stale(path: Path) -> bool:
+    """Remove the stats segment at ``path`` if its dataplane is gone; False if it lives."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    try:
+        if os.fstat(fd).st_size >= PLAN["segment_size"]:
+            m = mmap.mmap(fd, PLAN["segment_size"], mmap.MAP_SHARED, mmap.PROT_READ)
+            try:
+                h = views(m)["header"]
+                pid, beat = int(h["pid"]), int(h["heartbeat_ns"])
+                del h
+            finally:
+                m.close()
+            if (
+                _pid_alive(pid)
+                and pid != os.getpid()
+                and (runtime.monotonic_ns() - beat <= STALE_NS)
+            ):
+                return False
+    finally:
+        os.close(fd)
+    path.unlink(missing_ok=True)
+    return True
+
+
+class StatsWriter:
+    """Creates and writes the stats segment of a mock dataplane."""
+
+    def __init__(self, control: str, counter_names: list[str], nducks: int) -> None:
+        self.path = stats_path_for(control)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not remove_stale(self.path):
+            raise DuckpipeError(
+                f"{self.path} belongs to a live dataplane; stop it first or use another endpoint"
+            )
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, PLAN["segment_size"])
+            self._map = mmap.mmap(
+                fd, PLAN["segment_size"], mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+            )
+        finally:
+            os.close(fd)
+        self.v = views(self._map)
+        self.names = list(counter_names)[: S.STATS_MAX_COUNTERS]
+        self.bounds = np.array(S.bucket_bounds(), np.uint64)
+        v, h = self.v, self.v["header"]
+        for i, n in enumerate(self.names):
+            _put(v["names"]["name"], i, n)
+        _put(v["agents"]["name"], 0, "mock")
+        _put(v["nics"]["name"], 0, "mock")
+        _put(v["nics"]["backend"], 0, "mock")
+        v["nics"]["agent"][0] = 0
+        v["nics"]["core"][0] = 0xFFFFFFFF
+        for d in range(nducks):
+            v["ducks"]["id"][d] = d
+            v["ducks"]["state"][d] = S.DuckState.UP
+            _put(v["ducks"]["address"], d, f"mock:{d}")
+        v["bounds"]["bounds_ns"] = self.bounds
+        h["version_major"] = S.STATS_VERSION_MAJOR
+        h["version_minor"] = S.STATS_VERSION_MINOR
+        h["header_size"] = S.StatsHeader.__c_size__
+        h["segment_size"] = PLAN["segment_size"]
+        h["pid"] = os.getpid()
+        h["writer_kind"] = S.WriterKind.MOCK
+        h["threads"] = S.Threads.SHARED
+        h["start_ns"] = time.time_ns()
+        h["start_mono_ns"] = runtime.monotonic_ns()
+        for k, off in PLAN.items():
+            if k.endswith("_offset"):
+                h[k] = off
+        h["ncounters"] = len(self.names)
+        h["nagents"] = 1
+        h["nclients"] = len(v["clients"])
+        h["nnics"] = 1
+        h["nducks"] = len(v["ducks"])
+        h["buckets"] = S.STATS_BUCKETS
+        h["nhists"] = S.STATS_NHISTS
+        h["heartbeat_ns"] = runtime.monotonic_ns()
+        _put(self.v["header"]["control"], (), control)
+        h["magic"] = S.STATS_MAGIC  # last: a reader that sees it sees the rest
+        os.rename(tmp, self.path)
+        self._slots: dict[int, int] = {}  # client id -> slot
+        self._generation = 0
+
+    # --- the writer's hooks ----------------------------------------------------------
+
+    def tick(self, counters: dict[str, int], epoch: int) -> None:
+        """Heartbeat, epoch and the counters (the mock keeps them in a dict)."""
+        self.v["agents"]["v"][0, : len(self.names)] = [counters.get(n, 0) for n in self.names]
+        h = self.v["header"]
+        h["epoch"] = epoch
+        h["heartbeat_ns"] = runtime.monotonic_ns()
+
+    def client_attached(
+        self,
+        cid: int,
+        pid: int,
+        name: str,
+        segment: str,
+        page_size: int,
+        capacity: int,
+        slot_count: int,
+    ) -> None:
+        c = self.v["clients"]
+        free = np.flatnonzero(c["state"] == S.StatsClientState.FREE)
+        if not len(free):
+            return
+        i = int(free[0])
+        self._slots[cid] = i
+        self._generation += 1
+        for f in (
+            "head",
+            "tail",
+            "inflight",
+            "submits",
+            "completions",
+            "bytes_in",
+            "bytes_out",
+            "ring_full",
+            "errors",
+        ):
+            c[f][i] = 0
+        c["id"][i], c["pid"][i], c["page_size"][i] = cid, pid, page_size
+        c["capacity"][i], c["slot_count"][i] = capacity, slot_count
+        c["generation"][i] = self._generation
+        _put(c["name"], i, name)
+        _put(c["segment"], i, segment)
+        c["state"][i] = S.StatsClientState.ATTACHED
+
+    def client_gone(self, cid: int) -> None:
+        i = self._slots.pop(cid, None)
+        if i is not None:
+            self.v["clients"]["state"][i] = S.StatsClientState.FREE
+
+    def client_update(
+        self, cid: int, *, head: int, tail: int, inflight: int, submits: int, completions: int
+    ) -> None:
+        i = self._slots.get(cid)
+        if i is None:
+            return
+        c = self.v["clients"]
+        c["head"][i], c["tail"][i], c["inflight"][i] = head, tail, inflight
+        c["submits"][i], c["completions"][i] = submits, completions
+
+    def client_bytes(self, cid: int, bytes_in: int, bytes_out: int, error: bool) -> None:
+        i = self._slots.get(cid)
+        if i is None:
+            return
+        c = self.v["clients"]
+        c["bytes_in"][i] += bytes_in
+        c["bytes_out"][i] += bytes_out
+        if error:
+            c["errors"][i] += 1
+
+    def _bucket(self, ns: int) -> int:
+        return int(np.searchsorted(self.bounds, max(0, ns)))
+
+    def record(self, hist: str, ns: int) -> None:
+        k = S.HIST_NAMES.index(hist)
+        hs = self.v["hists"]
+        hs["counts"][k, self._bucket(ns)] += 1
+        hs["sum_ns"][k] += max(0, ns)
+
+    def duck_reply(self, duck: int, ns: int) -> None:
+        d = self.v["ducks"]
+        d["reply"][duck, self._bucket(ns)] += 1
+        d["reply_sum_ns"][duck] += max(0, ns)
+        d["last_reply_ns"][duck] = max(0, ns)
+        d["replies"][duck] += 1
+        d["state"][duck] = S.DuckState.UP
+
+    def duck_missed(self, duck: int, chunks: int) -> None:
+        d = self.v["ducks"]
+        d["timeouts"][duck] += 1
+        d["missing_chunks"][duck] += chunks
+        d["state"][duck] = S.DuckState.LATE if d["replies"][duck] else S.DuckState.LOST
+
+    def duck_layers(self, counts: dict[int, int]) -> None:
+        d = self.v["ducks"]
+        d["layers"][: len(d)] = 0
+        for duck, n in counts.items():
+            if 0 <= duck < len(d):
+                d["layers"][duck] = n
+
+    def close(self) -> None:
+        """Clean exit: the segment goes with the dataplane."""
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        del self.v
+        self._map.close()

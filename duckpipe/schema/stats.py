@@ -1,0 +1,392 @@
+"""The stats segment: a dataplane's counters and histograms, read without a lock or a message.
+
+Modelled on Aeron's counters file (AeronStat reads it): a versioned header with the
+writer's pid, start time and a heartbeat, then regions of single-writer counters,
+each on its own cache lines. The dataplane (C or mock) creates the file next to its
+control socket (``ipc://<dir>/control`` -> ``<dir>/stats``), mode 0600, and writes
+it through a shared mapping with relaxed 64-bit stores; readers (``duckpipe stats``,
+``duckpipe-top``, ``duckpipe exporter``) map it read-only. ``tools/gen_abi.py``
+writes ``dataplane/include/dp_stats_abi.h`` and ``schemas/stats.json`` from here.
+
+The segment::
+
+    offset 0            +--------------------------------------+
+                        | dp_stats_header     (5 cache lines)  |
+    names_offset        +--------------------------------------+
+                        | dp_stats_name[STATS_MAX_COUNTERS]    |
+    agents_offset       +--------------------------------------+
+                        | dp_stats_agent[STATS_MAX_AGENTS]     |
+                        |   one per agent: its own counters    |
+    clients_offset      +--------------------------------------+
+                        | dp_stats_client[MAX_CLIENTS]         |
+    nics_offset         +--------------------------------------+
+                        | dp_stats_nic[STATS_MAX_NICS]         |
+    ducks_offset        +--------------------------------------+
+                        | dp_stats_duck[MAX_DUCKS] (+ reply    |
+                        |   time histogram each)               |
+    bounds_offset       +--------------------------------------+
+                        | dp_stats_bounds: histogram buckets   |
+    hists_offset        +--------------------------------------+
+                        | dp_stats_hist[STATS_NHISTS] latency  |
+    segment_size        +--------------------------------------+
+
+Every histogram has STATS_BUCKETS log-spaced buckets (two per octave from 256 ns: 2**k
+and 1.5 * 2**k; the upper bounds are in the segment, the last is 2**63-1); counts are
+cumulative since the dataplane started, so a reader differences two snapshots.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+import msgspec
+
+from .abi import MAX_CLIENTS, MAX_DUCKS
+from .layout import U16, U32, U64, Array, Chars, Pad
+
+__all__ = [
+    "CONSTANTS",
+    "HIST_NAMES",
+    "LAYOUTS",
+    "STATS_BUCKETS",
+    "STATS_MAGIC",
+    "STATS_MAX_AGENTS",
+    "STATS_MAX_COUNTERS",
+    "STATS_MAX_NICS",
+    "STATS_NHISTS",
+    "STATS_VERSION_MAJOR",
+    "STATS_VERSION_MINOR",
+    "DuckState",
+    "StatsAgent",
+    "StatsBounds",
+    "StatsClient",
+    "StatsClientState",
+    "StatsDuck",
+    "StatsHeader",
+    "StatsHist",
+    "StatsName",
+    "StatsNic",
+    "Threads",
+    "WriterKind",
+    "bucket_bounds",
+    "segment_plan",
+]
+
+STATS_MAGIC = int.from_bytes(b"DUCKSTAT", "little")
+STATS_VERSION_MAJOR = 1
+STATS_VERSION_MINOR = 0
+STATS_MAX_COUNTERS = 128  # counter slots per agent (dp_counters.h has fewer)
+STATS_COUNTER_NAME = 48
+STATS_MAX_NICS = 8  # DP_MAX_NICS
+STATS_MAX_AGENTS = STATS_MAX_NICS + 2  # control, dispatcher, one worker per NIC
+STATS_BUCKETS = 56
+STATS_FIRST_BOUND_LOG2 = 8  # bucket 0 holds values <= 256 ns
+#: The latency histograms, in segment order.
+HIST_NAMES = ("end_to_end", "prepare", "send", "wait", "fetch", "reduce", "reply_spread")
+STATS_NHISTS = len(HIST_NAMES)
+
+
+def bucket_bounds() -> list[int]:
+    """Upper bounds (ns) of the buckets, two per octave in integers: 256, 384, 512, 768,
+    1024, ... (2**k, then 1.5 * 2**k), up to 2**35 (34 s); the last is 2**63-1."""
+    out = [
+        (1 << (STATS_FIRST_BOUND_LOG2 + i // 2))
+        if i % 2 == 0
+        else 3 << (STATS_FIRST_BOUND_LOG2 - 1 + i // 2)
+        for i in range(STATS_BUCKETS - 1)
+    ]
+    return [*out, (1 << 63) - 1]
+
+
+class WriterKind(enum.IntEnum):
+    """Which dataplane writes the segment."""
+
+    C = 1
+    MOCK = 2
+
+
+class Threads(enum.IntEnum):
+    """How the dataplane's agents run."""
+
+    SHARED = 1  # one thread runs every agent
+    DEDICATED = 2  # a thread (or lcore) per agent
+
+
+class StatsClientState(enum.IntEnum):
+    """A client slot in the stats segment."""
+
+    FREE = 0
+    ATTACHED = 1
+
+
+class DuckState(enum.IntEnum):
+    """A duck as the dataplane last saw it.
+
+    UP: it answered every forward it was sent lately (or none was sent yet).
+    LATE: it missed the latest forward it was targeted by (timed out, chunks missing).
+    LOST: nothing heard from it (reply or pong) for more than 3 s, or ever, while
+    forwards targeted it.
+    """
+
+    NONE = 0  # no duck in this slot
+    UP = 1
+    LATE = 2
+    LOST = 3
+
+
+class StatsHeader(msgspec.Struct, frozen=True):
+    """Stats segment header. Lines 0-1 and 3-4: written once by the dataplane before
+    it publishes ``magic`` (release). Line 2: the control agent (mock: its one thread)."""
+
+    __c_name__: ClassVar[str] = "dp_stats_header"
+    __c_size__: ClassVar[int] = 320
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "magic": "STATS_MAGIC, stored last with release: a reader that sees it sees the rest",
+        "pid": "the dataplane's pid; a reader that finds it gone reports a stale segment",
+        "writer_kind": "enum dp_writer_kind: the C dataplane or the mock",
+        "threads": "enum dp_threads",
+        "start_ns": "CLOCK_REALTIME when the dataplane started",
+        "start_mono_ns": "CLOCK_MONOTONIC when the dataplane started",
+        "ncounters": "counter slots in use per agent (names region entries)",
+        "nagents": "agents in use (control, dispatcher, one worker per NIC)",
+        "nclients": "client slots (MAX_CLIENTS)",
+        "nnics": "NICs in use",
+        "nducks": "duck slots (MAX_DUCKS); unused ones have state NONE",
+        "heartbeat_ns": "CLOCK_MONOTONIC, stored every ~10 ms by the control agent",
+        "epoch": "the dataplane's current epoch",
+        "control": "the control endpoint",
+    }
+
+    # line 0: identity (once)
+    magic: U64
+    version_major: U16
+    version_minor: U16
+    header_size: U32
+    segment_size: U64
+    pid: U32
+    writer_kind: U32
+    threads: U32
+    pad0: Pad(4)
+    start_ns: U64
+    start_mono_ns: U64
+    pad1: Pad(8)
+    # line 1: regions (once)
+    names_offset: U32
+    agents_offset: U32
+    clients_offset: U32
+    nics_offset: U32
+    ducks_offset: U32
+    bounds_offset: U32
+    hists_offset: U32
+    ncounters: U32
+    nagents: U32
+    nclients: U32
+    nnics: U32
+    nducks: U32
+    buckets: U32
+    nhists: U32
+    pad2: Pad(8)
+    # line 2: the control agent, while it lives
+    heartbeat_ns: U64
+    epoch: U64
+    pad3: Pad(48)
+    # lines 3-4: the control endpoint (once)
+    control: Chars(128)
+
+
+class StatsName(msgspec.Struct, frozen=True):
+    """One counter's name (dp_counters.h), by index; the same for every agent."""
+
+    __c_name__: ClassVar[str] = "dp_stats_name"
+    __c_size__: ClassVar[int] = STATS_COUNTER_NAME
+
+    name: Chars(STATS_COUNTER_NAME)
+
+
+class StatsAgent(msgspec.Struct, frozen=True):
+    """One agent's counters (its struct dp_counters), written by that agent's owner only."""
+
+    __c_name__: ClassVar[str] = "dp_stats_agent"
+    __c_size__: ClassVar[int] = 64 + 8 * STATS_MAX_COUNTERS
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "name": "control, dispatcher, or the NIC's name",
+        "v": "counter i is named by names[i]",
+    }
+
+    name: Chars(64)
+    v: Array("uint64_t", STATS_MAX_COUNTERS)
+
+
+class StatsHist(msgspec.Struct, frozen=True):
+    """A cumulative histogram: counts[i] values fell in (bounds[i-1], bounds[i]]."""
+
+    __c_name__: ClassVar[str] = "dp_stats_hist"
+    __c_size__: ClassVar[int] = 512
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "sum_ns": "exact sum of every recorded value",
+    }
+
+    counts: Array("uint64_t", STATS_BUCKETS)
+    sum_ns: U64
+    pad0: Pad(56)
+
+
+class StatsBounds(msgspec.Struct, frozen=True):
+    """Upper bound (ns) of each histogram bucket, the same for every histogram."""
+
+    __c_name__: ClassVar[str] = "dp_stats_bounds"
+    __c_size__: ClassVar[int] = 512
+
+    bounds_ns: Array("uint64_t", STATS_BUCKETS)
+    pad0: Pad(64)
+
+
+class StatsClient(msgspec.Struct, frozen=True):
+    """One client slot, written by the control agent (mock: its thread). ``generation``
+    changes whenever the slot is taken by another client."""
+
+    __c_name__: ClassVar[str] = "dp_stats_client"
+    __c_size__: ClassVar[int] = 512
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "state": "enum dp_client_state_stats: FREE or ATTACHED",
+        "page_size": "2 MiB (hugetlbfs) or 4096 (the /dev/shm fallback)",
+        "capacity": "ring capacity (descriptors)",
+        "head": "the dataplane's copy of the client's ring head",
+        "tail": "the dataplane's consumer index",
+        "bytes_in": "activation bytes read",
+        "bytes_out": "result bytes written",
+        "ring_full": "times the client found its ring full (0: not measured)",
+        "errors": "completions with a status other than OK",
+        "segment": "the memfd's name, as `duckpipe shm ls` shows it",
+    }
+
+    # line 0: identity
+    state: U32
+    id: U32
+    pid: U32
+    page_size: U32
+    capacity: U32
+    slot_count: U32
+    generation: U32
+    pad0: Pad(4)
+    head: U64
+    tail: U64
+    inflight: U64
+    pad1: Pad(8)
+    # line 1: counters
+    submits: U64
+    completions: U64
+    bytes_in: U64
+    bytes_out: U64
+    ring_full: U64
+    errors: U64
+    pad2: Pad(16)
+    # lines 2-3: name
+    name: Chars(128)
+    # lines 4-7: segment
+    segment: Chars(256)
+
+
+class StatsNic(msgspec.Struct, frozen=True):
+    """One NIC worker's identity; its counters are agent ``agent``."""
+
+    __c_name__: ClassVar[str] = "dp_stats_nic"
+    __c_size__: ClassVar[int] = 192
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "agent": "index of its counters in the agents region",
+        "core": "the core it is pinned to, 0xffffffff when unpinned",
+    }
+
+    agent: U32
+    core: U32
+    pad0: Pad(56)
+    name: Chars(32)
+    backend: Chars(32)
+    interface: Chars(64)
+
+
+class StatsDuck(msgspec.Struct, frozen=True):
+    """One duck, by topology index; written by the control agent (mock: its thread)."""
+
+    __c_name__: ClassVar[str] = "dp_stats_duck"
+    __c_size__: ClassVar[int] = 640
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "state": "enum dp_duck_state",
+        "nic": "index of its NIC in the nics region",
+        "layers": "layers loaded on it",
+        "last_reply_ns": "its latest reply time: forward picked up -> its partial complete",
+        "timeouts": "forwards that timed out without its partial",
+        "missing_chunks": "partial chunks still missing at those timeouts",
+        "nacks": "NACKs sent to it (0 where not counted per duck)",
+        "replies": "partials received complete",
+        "reply": "reply time histogram",
+    }
+
+    id: U32
+    state: U32
+    nic: U32
+    layers: U32
+    last_reply_ns: U64
+    timeouts: U64
+    missing_chunks: U64
+    nacks: U64
+    replies: U64
+    pad0: Pad(8)
+    address: Chars(64)
+    reply: Array("uint64_t", STATS_BUCKETS)
+    reply_sum_ns: U64
+    pad1: Pad(56)
+
+
+LAYOUTS = (
+    StatsHeader,
+    StatsName,
+    StatsAgent,
+    StatsHist,
+    StatsBounds,
+    StatsClient,
+    StatsNic,
+    StatsDuck,
+)
+
+CONSTANTS: dict[str, int] = {
+    "STATS_MAGIC": STATS_MAGIC,
+    "STATS_VERSION_MAJOR": STATS_VERSION_MAJOR,
+    "STATS_VERSION_MINOR": STATS_VERSION_MINOR,
+    "STATS_MAX_COUNTERS": STATS_MAX_COUNTERS,
+    "STATS_COUNTER_NAME": STATS_COUNTER_NAME,
+    "STATS_MAX_NICS": STATS_MAX_NICS,
+    "STATS_MAX_AGENTS": STATS_MAX_AGENTS,
+    "STATS_BUCKETS": STATS_BUCKETS,
+    "STATS_FIRST_BOUND_LOG2": STATS_FIRST_BOUND_LOG2,
+    "STATS_NHISTS": STATS_NHISTS,
+}
+
+
+def _sizes() -> dict[str, int]:
+    from .layout import layout_of
+
+    return {c.__name__: layout_of(c).size for c in LAYOUTS}
+
+
+def segment_plan() -> dict[str, int]:
+    """Offsets of every region and the segment's size (the C side computes the same)."""
+    s = _sizes()
+    off = s["StatsHeader"]
+    plan = {"names_offset": off}
+    off += STATS_MAX_COUNTERS * s["StatsName"]
+    plan["agents_offset"] = off
+    off += STATS_MAX_AGENTS * s["StatsAgent"]
+    plan["clients_offset"] = off
+    off += MAX_CLIENTS * s["StatsClient"]
+    plan["nics_offset"] = off
+    off += STATS_MAX_NICS * s["StatsNic"]
+    plan["ducks_offset"] = off
+    off += MAX_DUCKS * s["StatsDuck"]
+    plan["bounds_offset"] = off
+    off += s["StatsBounds"]
+    plan["hists_offset"] = off
+    off += STATS_NHISTS * s["StatsHist"]
+    plan["segment_size"] = (off + 4095) & ~4095
+    return plan
