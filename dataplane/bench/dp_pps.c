@@ -3,13 +3,17 @@
  * One NIC worker's transmit path, timed on its own: the dpdk backend opened through
  * its ops table (dp_backend_dpdk.c, EAL included) for a NIC whose `interface` is a
  * DPDK port (net_null0 in the bench), a struct dp_worker holding only its transmit
- * scratch, and datagrams queued with dp_tx_one and handed over with dp_tx_flush, the
- * calls the worker makes (dp_tx.c): the backend builds each Ethernet/IPv4/UDP frame
- * to the NIC's broadcast address (ff:ff:ff:ff:ff:ff), copies the wire header and
- * payload into an mbuf and rte_eth_tx_burst's bursts of 32. Not in the number: the
- * dispatcher, the client rings, gathering replies (nothing answers on net_null).
+ * scratch and one forward context's prepared headers, and a forward's activation sent
+ * with the calls the worker makes (dp_tx.c): dp_tx_activation queues its CHUNKS chunks
+ * (GSO groups of up to 64), dp_tx_flush hands them to the backend, which builds each
+ * Ethernet/IPv4/UDP frame to the NIC's broadcast address (ff:ff:ff:ff:ff:ff), copies
+ * the wire header and payload into an mbuf and rte_eth_tx_burst's bursts of 32. The
+ * activation is sent round and round: no frame is built from bytes the previous frame
+ * brought into L1. --one sends each chunk as a message of its own (dp_tx_one, the path
+ * of NACKs and PINGs), 32 per flush. Not in the number: the dispatcher, the client
+ * rings, gathering replies (nothing answers on net_null).
  *
- *   duckpipe-pps [--cpu N] [--seconds S] [--mtu M] PAYLOAD... -- EAL options
+ *   duckpipe-pps [--cpu N] [--seconds S] [--mtu M] [--one] PAYLOAD... -- EAL options
  *
  * PAYLOAD is the UDP payload after the 80-byte wire header, in bytes, or "mtu" for
  * the largest one datagram of the NIC's mtu holds. Each is sent for S seconds (after
@@ -30,11 +34,13 @@
 #include "dp_backend.h"
 #include "dp_common.h"
 #include "dp_config.h"
+#include "dp_fwd.h"
 #include "dp_tx.h"
 #include "dp_wire.h"
 #include "dp_worker.h"
 
-#define BATCH 32u /* datagrams per dp_tx_flush: one rte_eth_tx_burst */
+#define BATCH 32u   /* datagrams per dp_tx_flush: one rte_eth_tx_burst */
+#define CHUNKS 2048u /* datagrams of the activation sent over and over (MTU: 2.8 MB) */
 #define ETH_IP_UDP (14u + 20u + 8u)
 
 static uint64_t now_ns(void)
@@ -46,25 +52,35 @@ static uint64_t now_ns(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: duckpipe-pps [--cpu N] [--seconds S] [--mtu M] PAYLOAD|mtu... "
+	fprintf(stderr, "usage: duckpipe-pps [--cpu N] [--seconds S] [--mtu M] [--one] PAYLOAD|mtu... "
 			"-- EAL options (--no-pci --vdev=net_null0 ...)\n");
 	exit(2);
 }
 
-/* Send payload-byte datagrams for ns nanoseconds; returns datagrams sent. */
-static uint64_t blast(struct dp_worker *wk, const struct sockaddr_in *dst,
-		      const struct dp_wire_header *h, const uint8_t *payload, uint32_t len,
-		      uint64_t ns, uint64_t *took)
+/* Send the CHUNKS chunks of an activation (len payload bytes each, behind its own wire
+ * header) over and over for ns nanoseconds; returns datagrams sent. As the worker sends a
+ * forward: dp_tx_activation queues all its chunks (GSO groups of up to 64 datagrams),
+ * dp_tx_flush hands them to the backend, which sends them in tx bursts of 32. With one,
+ * each chunk is a message of its own (dp_tx_one, as NACKs and PINGs go), flushed every
+ * BATCH. */
+static uint64_t blast(struct dp_worker *wk, struct dp_fwd *f, const struct sockaddr_in *dst,
+		      bool one, uint64_t ns, uint64_t *took)
 {
 	struct dp_counters *c = wk->be.counters;
+	const struct dp_wire_header *hdrs = dp_worker_fwd_headers(wk, f);
 	uint64_t before = c->v[DP_C_tx_packets];
 	uint64_t start = now_ns(), now = start;
 	do {
-		for (uint32_t k = 0; k < 8; k++) {
-			for (uint32_t i = 0; i < BATCH; i++)
-				dp_tx_one(wk, dst, h, payload, len);
-			dp_tx_flush(wk);
+		if (one) {
+			for (uint32_t i = 0; i < CHUNKS; i++) {
+				dp_tx_one(wk, dst, &hdrs[i], f->act + hdrs[i].offset, wk->payload);
+				if ((i + 1) % BATCH == 0)
+					dp_tx_flush(wk);
+			}
+		} else {
+			dp_tx_activation(wk, f, dst, 0, CHUNKS);
 		}
+		dp_tx_flush(wk);
 		now = now_ns();
 	} while (now - start < ns);
 	*took = now - start;
@@ -77,6 +93,7 @@ int main(int argc, char **argv)
 	double seconds = 1.0;
 	uint32_t mtu = 1500;
 	const char *sizes[16];
+	bool one = false;
 	int nsizes = 0, i;
 	for (i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
 		if (!strcmp(argv[i], "--cpu") && i + 1 < argc)
@@ -85,6 +102,8 @@ int main(int argc, char **argv)
 			seconds = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--mtu") && i + 1 < argc)
 			mtu = (uint32_t)atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--one"))
+			one = true;
 		else if (argv[i][0] != '-' && nsizes < 16)
 			sizes[nsizes++] = argv[i];
 		else
@@ -132,12 +151,25 @@ int main(int argc, char **argv)
 			fprintf(stderr, "duckpipe-pps: sched_setaffinity(%d): %s\n", cpu,
 				strerror(errno));
 	}
-	uint32_t max_payload = mtu - 20u - 8u - DP_WIRE_HDR_LEN;
-	static uint8_t payload[9000];
-	for (uint32_t k = 0; k < sizeof(payload); k++)
-		payload[k] = (uint8_t)k;
-	struct dp_wire_header h;
-	dp_wire_init(&h, DP_WIRE_OP_FORWARD, 1, 1);
+	uint32_t max_payload = mtu - 20u - 8u - DP_WIRE_HDR_LEN; /* mtu >= 576: > 0 */
+	/* an activation and its chunks' wire headers: no frame reads bytes the previous
+	 * one did (the payload comes from L3 or beyond at MTU, as a client's would) */
+	uint8_t *act = malloc((size_t)CHUNKS * max_payload);
+	struct dp_wire_header *hdrs = calloc(CHUNKS, sizeof(*hdrs));
+	if (!act || !hdrs) {
+		fprintf(stderr, "duckpipe-pps: out of memory\n");
+		return 1;
+	}
+	for (size_t k = 0; k < (size_t)CHUNKS * max_payload; k++)
+		act[k] = (uint8_t)(k * 7);
+	for (uint32_t k = 0; k < CHUNKS; k++)
+		dp_wire_init(&hdrs[k], DP_WIRE_OP_FORWARD, 1, 1);
+	/* the worker's forward context 0, holding only what its transmit reads */
+	static struct dp_fwd f;
+	f.index = 0;
+	f.act = act;
+	wk->hdrs = hdrs;
+	wk->max_chunks = CHUNKS;
 	int rc = 0;
 	for (int s = 0; s < nsizes; s++) {
 		uint32_t len = !strcmp(sizes[s], "mtu") ? max_payload : (uint32_t)atoi(sizes[s]);
@@ -147,17 +179,26 @@ int main(int argc, char **argv)
 			rc = 2;
 			break;
 		}
-		h.length = len;
+		for (uint32_t k = 0; k < CHUNKS; k++) {
+			hdrs[k].chunk = k;
+			hdrs[k].chunks = CHUNKS;
+			hdrs[k].offset = (uint64_t)k * len;
+			hdrs[k].total = (uint64_t)CHUNKS * len;
+			hdrs[k].length = len;
+		}
+		wk->payload = len;
+		f.bytes = (uint64_t)CHUNKS * len;
 		uint64_t took, errors = counters.v[DP_C_tx_errors];
-		(void)blast(wk, &nic->broadcast, &h, payload, len, 100000000ull, &took);
-		uint64_t sent = blast(wk, &nic->broadcast, &h, payload, len,
-				      (uint64_t)(seconds * 1e9), &took);
+		(void)blast(wk, &f, &nic->broadcast, one, 100000000ull, &took);
+		uint64_t sent = blast(wk, &f, &nic->broadcast, one, (uint64_t)(seconds * 1e9), &took);
 		printf("pps %u %u %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", len,
 		       ETH_IP_UDP + DP_WIRE_HDR_LEN + len, sent, took,
 		       counters.v[DP_C_tx_errors] - errors);
 		fflush(stdout);
 	}
 	wk->be.ops->close(&wk->be);
+	free(act);
+	free(hdrs);
 	free(wk);
 	return rc;
 }

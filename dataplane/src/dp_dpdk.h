@@ -79,6 +79,16 @@ struct dpdk_priv {
 	struct zc_hold { struct rte_mbuf *m; uint64_t ns; } *zc_hold;
 	uint32_t zc_hold_head, zc_hold_tail;
 	uint16_t ip_id;
+	/* dp_dpdk_tx.c: the Ethernet/IPv4/UDP headers to the last destination sent to,
+	 * lengths, id and checksums zero, and their raw sums: a frame copies them and
+	 * patches lengths, id and checksums (rebuilt when the destination or its MAC changes) */
+	struct {
+		alignas(16) uint8_t hdrs[48]; /* HDRS_LEN used */
+		uint32_t ip_sum;   /* the IPv4 header */
+		uint32_t phdr_sum; /* UDP pseudo header without its length */
+		uint32_t udp_sum;  /* phdr_sum + the UDP ports */
+		bool valid;
+	} tmpl;
 	struct arp_entry arp[ARP_SLOTS];
 	/* mbufs handed up by the last rx_burst, freed on the next */
 	struct rte_mbuf *held[BURST];

@@ -1,13 +1,15 @@
 """``duckpipe bench pps``: one worker's DPDK transmit rate beside ``dpdk-testpmd`` (issue 9).
 
 Both on ``net_null`` (no NIC, no copy by the PMD) and on the same core
-(:data:`~duckpipe.bench.common.CLIENT_CPU`), one after the other in the same run:
+(:data:`~duckpipe.bench.common.CLIENT_CPU`), one after the other in the same run, in
+rounds (duckpipe, then testpmd at each frame size), reported as medians:
 
 - **duckpipe**: ``duckpipe-pps`` (dataplane/bench/dp_pps.c) opens the dpdk backend
   through its ops table and sends broadcast datagrams with the worker's own transmit
-  calls (``dp_tx_one`` / ``dp_tx_flush`` of dp_tx.c, the backend's ``tx_burst``):
-  Ethernet/IPv4/UDP built per frame, the wire header and payload copied into an mbuf,
-  checksums in software (net_null offers no offload), bursts of 32.
+  calls (``dp_tx_activation`` / ``dp_tx_flush`` of dp_tx.c, the backend's ``tx_burst``):
+  the chunks of one activation, each behind its own wire header, copied into mbufs behind a
+  per-destination Ethernet/IPv4/UDP template, checksums in software (net_null offers no
+  offload), bursts of 32.
 - **testpmd**: ``dpdk-testpmd`` io-forward between ``net_null0`` and ``net_null1``, its
   forwarding lcore on the same CPU (the main lcore, which only waits, on the other);
   its frames per second are the TX packets of both ports over the forwarding time.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -46,6 +49,9 @@ COLUMNS = [
     ("duckpipe_mpps", "duckpipe worker Mpps"),
     ("testpmd_mpps", "testpmd io-fwd Mpps"),
     ("ratio", "ratio"),
+    ("ratio_min", "ratio min"),
+    ("ratio_max", "ratio max"),
+    ("runs", "runs"),
     ("target", "target"),
     ("duckpipe_gbps", "duckpipe Gbit/s"),
 ]
@@ -160,7 +166,8 @@ def run_testpmd(frame_bytes: int, seconds: float) -> float:
 
 
 def run(size: Size, *, quiet: bool = False) -> list[Table]:
-    seconds = float(size.pick(3.0, 1.0, 0.3))  # type: ignore[arg-type]
+    seconds = float(size.pick(2.0, 1.0, 0.3))  # type: ignore[arg-type]
+    runs = int(size.pick(5, 3, 1))  # type: ignore[call-overload]
     table = Table(
         key="pps",
         title="pps: one worker's DPDK transmit rate on net_null, beside dpdk-testpmd io-forward",
@@ -170,36 +177,55 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
     if why:
         table.notes.append(f"skipped: {why}")
         return [table]
-    prog = Progress("pps", 1 + len(FRAMES), quiet=quiet)
+    prog = Progress("pps", runs * (1 + len(FRAMES)), quiet=quiet)
+    # runs rounds, each duckpipe then testpmd at every frame size: a ratio compares two
+    # measurements taken seconds apart, under the same load
+    dps: list[dict[str, tuple[int, int, float]]] = []
+    tps: list[list[float]] = []
     try:
-        dp = run_duckpipe(seconds)
-        prog.step(f"duckpipe-pps, {len(FRAMES)} frame sizes, {seconds:g} s each")
-        tps = []
-        for _, arg in FRAMES:
-            tps.append(run_testpmd(dp[arg][1], seconds))
-            prog.step(f"testpmd io-forward, {dp[arg][1]}-byte frames")
+        for r in range(runs):
+            dp = run_duckpipe(seconds)
+            dps.append(dp)
+            prog.step(f"run {r + 1}/{runs}: duckpipe-pps, {len(FRAMES)} frame sizes")
+            tps.append([])
+            for _, arg in FRAMES:
+                tps[-1].append(run_testpmd(dp[arg][1], seconds))
+                prog.step(f"run {r + 1}/{runs}: testpmd io-forward, {dp[arg][1]}-byte frames")
     finally:
         _cleanup()
-    for (name, arg), tp in zip(FRAMES, tps, strict=True):
-        payload, frame, mpps = dp[arg]
+    for i, (name, arg) in enumerate(FRAMES):
+        payload, frame, _ = dps[0][arg]
+        mpps = [d[arg][2] for d in dps]
+        tp = [t[i] for t in tps]
+        ratios = [a / b for a, b in zip(mpps, tp, strict=True)]
         table.rows.append({
             "name": name,
             "frame_bytes": frame,
             "udp_payload_bytes": 80 + payload,
-            "duckpipe_mpps": mpps,
-            "testpmd_mpps": tp,
-            "ratio": mpps / tp,
+            "duckpipe_mpps": statistics.median(mpps),
+            "testpmd_mpps": statistics.median(tp),
+            "ratio": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "runs": runs,
             "target": TARGET,
-            "duckpipe_gbps": mpps * 1e6 * frame * 8 / 1e9,
+            "duckpipe_gbps": statistics.median(mpps) * 1e6 * frame * 8 / 1e9,
         })  # fmt: skip
     table.notes += [
-        f"both on CPU {CLIENT_CPU}, one after the other, {seconds:g} s each; net_null frees "
-        "what it is given and makes up what is received without touching packet data",
-        "duckpipe: duckpipe-pps, the dpdk backend opened through its ops table and fed with the "
-        "worker's dp_tx_one/dp_tx_flush: per frame an mbuf, Ethernet/IPv4/UDP headers, the "
-        "80-byte wire header and payload copied, IPv4 and UDP checksums in software (net_null "
-        "offers no offload), broadcast to ff:ff:ff:ff:ff:ff, bursts of 32. Not included: the "
-        "dispatcher, client rings, replies",
+        f"both on CPU {CLIENT_CPU}, one after the other, {seconds:g} s each (duckpipe after a "
+        f"0.1 s warm-up), {runs} round(s) of duckpipe then testpmd at each size; Mpps columns "
+        "are medians over the rounds, ratio the median of each round's ratio (min and max "
+        "beside it); net_null frees what it is given and makes up what is received without "
+        "touching packet data",
+        "duckpipe: duckpipe-pps, the dpdk backend opened through its ops table and fed as the "
+        "worker sends a forward (dp_tx_activation: all chunks queued in GSO groups of 64, then "
+        "dp_tx_flush): per frame an mbuf (allocated 32 at a time), the "
+        "destination's Ethernet/IPv4/UDP header template with lengths, id and checksums patched, "
+        "the 80-byte wire header and payload copied and summed in one pass, IPv4 and UDP "
+        "checksums in software (net_null offers no offload), broadcast to ff:ff:ff:ff:ff:ff, "
+        "bursts of 32. The datagrams are the 2048 chunks of one activation (2.8 MB at MTU), each "
+        "with its own wire header, sent round and round: no frame reuses bytes the previous one "
+        "brought into L1. Not included: the dispatcher, client rings, replies",
         "testpmd: io-forward net_null0 <-> net_null1 (TX packets of both ports per second), "
         "forwarding lcore on the same CPU; it moves mbufs without writing a byte",
         "the smallest duckpipe frame is 122 bytes (a 64-byte frame cannot hold the 80-byte wire "
