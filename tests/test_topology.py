@@ -115,7 +115,9 @@ def test_three_terminals_ducks_then_dataplane_then_a_client(tmp_path):
     )
     try:
         assert "duckpipe-ducks: 2 ducks" in ducks.stdout.readline()
-        lines = [dp.stdout.readline() for _ in range(2)]  # the NIC's log line, then ready
+        lines: list[str] = []  # log lines (the NIC's, the stats segment's), then ready
+        while len(lines) < 10 and not any("ducks on" in line for line in lines):
+            lines.append(dp.stdout.readline())
         assert any("duckpipe-dataplane: 2 ducks on 1 NIC" in line for line in lines), lines
         deadline = time.monotonic() + 10
         while True:
