@@ -330,7 +330,7 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 	snprintf(cl->name, sizeof(cl->name), "%s", m->name);
 	cl->attach_rid = p->rid;
 	/* faulted in by attach_steps, a step per pass, and answered when done */
-	cl->state = DP_CLIENT_ATTACHING;
+	dp_store_release_u32(&cl->state, DP_CLIENT_ATTACHING);
 	DP_DEBUG("client %u (pid %u uid %u, %s): attaching %s (%s), %zu bytes", cl->id, p->pid,
 		 p->uid, m->name, m->segment, cl->path, cl->size);
 }
