@@ -76,7 +76,7 @@ _COMPLETED = SlotState.COMPLETED
 
 
 def connect(
-    control: str | None = None,
+    control: str | object | None = None,
     *,
     timeout: float = 5.0,
     slots: int = 64,
@@ -92,8 +92,9 @@ def connect(
 ) -> Client:
     """Attach to a running dataplane and return a ready ``Client``.
 
-    ``control`` defaults to ``$DUCKPIPE_CONTROL`` or the per-user run directory's
-    ``ipc://.../control``. ``slots`` (a power of two) slots of ``slot_size``
+    ``control`` is the dataplane's control address, or an object with a ``.control``
+    address (the pytest plugin's ``duckpipe_mock``, a ``Cluster``); it defaults to
+    ``$DUCKPIPE_CONTROL`` or the per-user run directory's ``ipc://.../control``. ``slots`` (a power of two) slots of ``slot_size``
     activation bytes (and ``result_slot_size`` result bytes, default the same)
     are created in one segment. ``wait`` picks how ``Forward.result`` waits for
     the result slot's done word: ``spin`` polls it (a core of your own), ``block``
@@ -106,7 +107,7 @@ def connect(
     ``dataplane_timeout`` seconds.
     """
     return Client(
-        control or runtime.default_control(),
+        _control_address(control),
         timeout=timeout,
         slots=slots,
         slot_size=slot_size,
@@ -118,6 +119,24 @@ def connect(
         forward_timeout=forward_timeout,
         dataplane_timeout=dataplane_timeout,
         name=name,
+    )
+
+
+def _control_address(control: object) -> str:
+    """``control`` as an address: a string, or anything with a ``.control`` string (the
+    pytest plugin's ``duckpipe_mock``, a ``MockDataplaneProcess``, ``Cluster``,
+    ``DataplaneProcess``); None: the default."""
+    if control is None:
+        return runtime.default_control()
+    if isinstance(control, str):
+        return control
+    address = getattr(control, "control", None)
+    if isinstance(address, str) and address:
+        return address
+    raise TypeError(
+        f"connect() takes a control address such as 'ipc:///run/user/1000/duckpipe/control', "
+        f"or an object with a .control address (duckpipe_mock, a Cluster), not "
+        f"{type(control).__name__}"
     )
 
 
