@@ -94,17 +94,17 @@ def connect(
 
     ``control`` is the dataplane's control address, or an object with a ``.control``
     address (the pytest plugin's ``duckpipe_mock``, a ``Cluster``); it defaults to
-    ``$DUCKPIPE_CONTROL`` or the per-user run directory's ``ipc://.../control``. ``slots`` (a power of two) slots of ``slot_size``
-    activation bytes (and ``result_slot_size`` result bytes, default the same)
-    are created in one segment. ``wait`` picks how ``Forward.result`` waits for
-    the result slot's done word: ``spin`` polls it (a core of your own), ``block``
-    sleeps on it at once (a futex the dataplane wakes), ``hybrid`` spins ``spin_us``
-    first, then sleeps (the README says which fits which machine). None of them needs
-    ZeroMQ: the completion's timings and duck lists arrive there, read in batches
-    and on demand (``Forward.timings``). ``forward_timeout`` is each forward's
-    deadline in the dataplane (None: the dataplane's default). The dataplane is
-    declared lost when its process exits or its heartbeat is older than
-    ``dataplane_timeout`` seconds.
+    ``$DUCKPIPE_CONTROL`` or the per-user run directory's ``ipc://.../control``.
+    ``slots`` (a power of two) slots of ``slot_size`` activation bytes (and
+    ``result_slot_size`` result bytes, default the same) are created in one segment.
+    ``wait`` picks how ``Forward.result`` waits for the result slot's done word:
+    ``spin`` polls it (a core of your own), ``block`` sleeps on it at once (a futex the
+    dataplane wakes), ``hybrid`` spins ``spin_us`` first, then sleeps (the README says
+    which fits which machine). None of them needs ZeroMQ: the completion's timings and
+    duck lists arrive there, read in batches and on demand (``Forward.timings``).
+    ``forward_timeout`` is each forward's deadline in the dataplane (None: the
+    dataplane's default). The dataplane is declared lost when its process exits or its
+    heartbeat is older than ``dataplane_timeout`` seconds.
     """
     return Client(
         _control_address(control),
