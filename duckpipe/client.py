@@ -38,6 +38,7 @@ from .errors import (
     DuckLost,
     ForwardFailed,
     ForwardTimeout,
+    LayerFailed,
     RingFull,
     StaleEpoch,
     UnknownLayer,
@@ -716,8 +717,23 @@ class Client:
                 f"layer {layer} is not loaded in the dataplane (loaded: {sorted(self._layers)}); "
                 "load it with Client.load_weights()"
             )
+        if info.failed:
+            why = (
+                f"ducks {list(info.missing)} did not acknowledge their weights"
+                if info.missing
+                else "its weights arrived incomplete"
+            )
+            raise LayerFailed(
+                f"layer {layer} failed to load: {why}; load it again with "
+                f"load_weights({layer}, ...) once the ducks answer (Client.topology() shows "
+                "which are alive)",
+                status=Status.BAD_REQUEST,
+                missing=tuple(info.missing),
+            )
         if not info.ready:
-            raise BadInput(f"layer {layer} is still loading")
+            raise BadInput(
+                f"layer {layer} is still loading (load_weights has not committed it yet)"
+            )
         return info
 
     # --- completions -------------------------------------------------------------
