@@ -149,8 +149,8 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
             for d in nic.ducks:
                 if ipaddress.IPv4Address(d.ip) not in subnet:
                     raise ValueError(
-                        f"duck {d.id}'s address {d.ip} is outside NIC {nic.name!r}'s subnet "
-                        f"{subnet} (host_ip {nic.host_ip}): the NIC cannot reach it. Fix the "
+                        f"duck {d.id}'s address {d.ip} is outside the subnet {subnet} of NIC "
+                        f"{nic.name!r} (host_ip {nic.host_ip}): the NIC cannot reach it. Fix the "
                         "duck's ip, or set the NIC's prefix (its subnet's prefix length)"
                     )
                 if d.id in seen:
