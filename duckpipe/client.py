@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import socket
 import threading
 import time
@@ -49,7 +50,7 @@ from .ring import SubmissionRing, new_desc
 from .schema import control as ctl
 from .schema.abi import MAX_DIMS, DetachReason, Op, Status
 from .shm import BackingChoice, Segment
-from .slots import Slot, SlotState, SlotTable
+from .slots import DEBUG_SLOTS_ENV, Slot, SlotGuard, SlotState, SlotTable
 
 if TYPE_CHECKING:
     import zmq
@@ -90,6 +91,7 @@ def connect(
     forward_timeout: float | None = None,
     dataplane_timeout: float = 5.0,
     name: str = "",
+    debug_slots: bool | None = None,
 ) -> Client:
     """Attach to a running dataplane and return a ready ``Client``.
 
@@ -106,7 +108,14 @@ def connect(
     ``forward_timeout`` is each forward's deadline in the dataplane (None: the
     dataplane's default). The dataplane is declared lost when its process exits or its
     heartbeat is older than ``dataplane_timeout`` seconds.
+
+    ``debug_slots`` (default: ``$DUCKPIPE_DEBUG_SLOTS`` is 1) write-protects every
+    activation slot this client holds free, so that a write through a stale handle
+    faults (SIGSEGV) on the line that made it; it needs small pages (``backing``
+    "auto" picks them) and costs two mprotect calls per forward.
     """
+    if debug_slots is None:
+        debug_slots = os.environ.get(DEBUG_SLOTS_ENV, "") not in ("", "0")
     return Client(
         _control_address(control),
         timeout=timeout,
@@ -120,6 +129,7 @@ def connect(
         forward_timeout=forward_timeout,
         dataplane_timeout=dataplane_timeout,
         name=name,
+        debug_slots=debug_slots,
     )
 
 
@@ -328,6 +338,7 @@ class Client:
         forward_timeout: float | None,
         dataplane_timeout: float,
         name: str,
+        debug_slots: bool = False,
     ) -> None:
         # Keep a Client under 30 instance attributes (29 now): CPython (3.11 here) stops
         # sharing an instance dict's keys at 30, and every self.x on the forward path
@@ -356,6 +367,13 @@ class Client:
         self._last_check = 0.0
         self.counters = {"stale_completions": 0, "completion_mismatch": 0, "bad_messages": 0}
 
+        if debug_slots:
+            if backing == "hugetlbfs":
+                raise BadInput(
+                    "debug_slots write-protects single slots, which 2 MiB hugepages cannot "
+                    "be cut into: use backing='auto' or 'devshm' with it"
+                )
+            backing = "devshm"
         self._channel = Channel(control, self.counters)
         try:
             self._segment = Segment.create(
@@ -370,7 +388,11 @@ class Client:
             raise
         seg = self._segment
         self._ring = SubmissionRing(seg)
-        self._slots = SlotTable(seg.slot_count)
+        guard = None
+        if debug_slots:
+            addrs = [seg.act_bytes(i).ctypes.data for i in range(seg.slot_count)]
+            guard = SlotGuard(addrs, seg.act_slot_size)
+        self._slots = SlotTable(seg.slot_count, guard)
         self._pushes = 0
         self._doorbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._stop = threading.Event()
@@ -496,7 +518,7 @@ class Client:
             raise BadInput(
                 f"{slot!r} is not claimed by this client (already submitted or released)"
             )
-        arr = slot.array
+        arr = slot._array  # claimed: checked above
         shape = arr.shape
         tpl = None
         if ducks is None:
