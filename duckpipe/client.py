@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import socket
 import threading
 import time
@@ -38,6 +39,7 @@ from .errors import (
     DuckLost,
     ForwardFailed,
     ForwardTimeout,
+    LayerFailed,
     RingFull,
     StaleEpoch,
     UnknownLayer,
@@ -48,7 +50,7 @@ from .ring import SubmissionRing, new_desc
 from .schema import control as ctl
 from .schema.abi import MAX_DIMS, DetachReason, Op, Status
 from .shm import BackingChoice, Segment
-from .slots import Slot, SlotState, SlotTable
+from .slots import DEBUG_SLOTS_ENV, Slot, SlotGuard, SlotState, SlotTable
 
 if TYPE_CHECKING:
     import zmq
@@ -76,7 +78,7 @@ _COMPLETED = SlotState.COMPLETED
 
 
 def connect(
-    control: str | None = None,
+    control: str | object | None = None,
     *,
     timeout: float = 5.0,
     slots: int = 64,
@@ -89,24 +91,33 @@ def connect(
     forward_timeout: float | None = None,
     dataplane_timeout: float = 5.0,
     name: str = "",
+    debug_slots: bool | None = None,
 ) -> Client:
     """Attach to a running dataplane and return a ready ``Client``.
 
-    ``control`` defaults to ``$DUCKPIPE_CONTROL`` or the per-user run directory's
-    ``ipc://.../control``. ``slots`` (a power of two) slots of ``slot_size``
-    activation bytes (and ``result_slot_size`` result bytes, default the same)
-    are created in one segment. ``wait`` picks how ``Forward.result`` waits for
-    the result slot's done word: ``spin`` polls it (a core of your own), ``block``
-    sleeps on it at once (a futex the dataplane wakes), ``hybrid`` spins ``spin_us``
-    first, then sleeps (the README says which fits which machine). None of them needs
-    ZeroMQ: the completion's timings and duck lists arrive there, read in batches
-    and on demand (``Forward.timings``). ``forward_timeout`` is each forward's
-    deadline in the dataplane (None: the dataplane's default). The dataplane is
-    declared lost when its process exits or its heartbeat is older than
-    ``dataplane_timeout`` seconds.
+    ``control`` is the dataplane's control address, or an object with a ``.control``
+    address (the pytest plugin's ``duckpipe_mock``, a ``Cluster``); it defaults to
+    ``$DUCKPIPE_CONTROL`` or the per-user run directory's ``ipc://.../control``.
+    ``slots`` (a power of two) slots of ``slot_size`` activation bytes (and
+    ``result_slot_size`` result bytes, default the same) are created in one segment.
+    ``wait`` picks how ``Forward.result`` waits for the result slot's done word:
+    ``spin`` polls it (a core of your own), ``block`` sleeps on it at once (a futex the
+    dataplane wakes), ``hybrid`` spins ``spin_us`` first, then sleeps (the README says
+    which fits which machine). None of them needs ZeroMQ: the completion's timings and
+    duck lists arrive there, read in batches and on demand (``Forward.timings``).
+    ``forward_timeout`` is each forward's deadline in the dataplane (None: the
+    dataplane's default). The dataplane is declared lost when its process exits or its
+    heartbeat is older than ``dataplane_timeout`` seconds.
+
+    ``debug_slots`` (default: ``$DUCKPIPE_DEBUG_SLOTS`` is 1) write-protects every
+    activation slot this client holds free, so that a write through a stale handle
+    faults (SIGSEGV) on the line that made it; it needs small pages (``backing``
+    "auto" picks them) and costs two mprotect calls per forward.
     """
+    if debug_slots is None:
+        debug_slots = os.environ.get(DEBUG_SLOTS_ENV, "") not in ("", "0")
     return Client(
-        control or runtime.default_control(),
+        _control_address(control),
         timeout=timeout,
         slots=slots,
         slot_size=slot_size,
@@ -118,6 +129,25 @@ def connect(
         forward_timeout=forward_timeout,
         dataplane_timeout=dataplane_timeout,
         name=name,
+        debug_slots=debug_slots,
+    )
+
+
+def _control_address(control: object) -> str:
+    """``control`` as an address: a string, or anything with a ``.control`` string (the
+    pytest plugin's ``duckpipe_mock``, a ``MockDataplaneProcess``, ``Cluster``,
+    ``DataplaneProcess``); None: the default."""
+    if control is None:
+        return runtime.default_control()
+    if isinstance(control, str):
+        return control
+    address = getattr(control, "control", None)
+    if isinstance(address, str) and address:
+        return address
+    raise TypeError(
+        f"connect() takes a control address such as 'ipc:///run/user/1000/duckpipe/control', "
+        f"or an object with a .control address (duckpipe_mock, a Cluster), not "
+        f"{type(control).__name__}"
     )
 
 
@@ -308,6 +338,7 @@ class Client:
         forward_timeout: float | None,
         dataplane_timeout: float,
         name: str,
+        debug_slots: bool = False,
     ) -> None:
         # Keep a Client under 30 instance attributes (29 now): CPython (3.11 here) stops
         # sharing an instance dict's keys at 30, and every self.x on the forward path
@@ -336,6 +367,13 @@ class Client:
         self._last_check = 0.0
         self.counters = {"stale_completions": 0, "completion_mismatch": 0, "bad_messages": 0}
 
+        if debug_slots:
+            if backing == "hugetlbfs":
+                raise BadInput(
+                    "debug_slots write-protects single slots, which 2 MiB hugepages cannot "
+                    "be cut into: use backing='auto' or 'devshm' with it"
+                )
+            backing = "devshm"
         self._channel = Channel(control, self.counters)
         try:
             self._segment = Segment.create(
@@ -350,7 +388,11 @@ class Client:
             raise
         seg = self._segment
         self._ring = SubmissionRing(seg)
-        self._slots = SlotTable(seg.slot_count)
+        guard = None
+        if debug_slots:
+            addrs = [seg.act_bytes(i).ctypes.data for i in range(seg.slot_count)]
+            guard = SlotGuard(addrs, seg.act_slot_size)
+        self._slots = SlotTable(seg.slot_count, guard)
         self._pushes = 0
         self._doorbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._stop = threading.Event()
@@ -476,7 +518,7 @@ class Client:
             raise BadInput(
                 f"{slot!r} is not claimed by this client (already submitted or released)"
             )
-        arr = slot.array
+        arr = slot._array  # claimed: checked above
         shape = arr.shape
         tpl = None
         if ducks is None:
@@ -697,8 +739,23 @@ class Client:
                 f"layer {layer} is not loaded in the dataplane (loaded: {sorted(self._layers)}); "
                 "load it with Client.load_weights()"
             )
+        if info.failed:
+            why = (
+                f"ducks {list(info.missing)} did not acknowledge their weights"
+                if info.missing
+                else "its weights arrived incomplete"
+            )
+            raise LayerFailed(
+                f"layer {layer} failed to load: {why}; load it again with "
+                f"load_weights({layer}, ...) once the ducks answer (Client.topology() shows "
+                "which are alive)",
+                status=Status.BAD_REQUEST,
+                missing=tuple(info.missing),
+            )
         if not info.ready:
-            raise BadInput(f"layer {layer} is still loading")
+            raise BadInput(
+                f"layer {layer} is still loading (load_weights has not committed it yet)"
+            )
         return info
 
     # --- completions -------------------------------------------------------------

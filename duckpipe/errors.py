@@ -16,8 +16,10 @@ __all__ = [
     "DataplaneUnavailable",
     "DuckLost",
     "DuckpipeError",
+    "DucksUnreachable",
     "ForwardFailed",
     "ForwardTimeout",
+    "LayerFailed",
     "NotPermitted",
     "QuotaExceeded",
     "RingFull",
@@ -91,6 +93,11 @@ class QuotaExceeded(DataplaneRefused):
     unload layers it no longer needs."""
 
 
+class DucksUnreachable(DataplaneRefused, ConnectionError):
+    """A weight load names ducks the dataplane knows are dead (silent for its last 3
+    pings): it was refused before anything was sent. Start them, or load onto others."""
+
+
 class AbiMismatch(DuckpipeError):
     """A segment or peer speaks another major version of the ABI."""
 
@@ -128,6 +135,12 @@ class DataplaneFault(ForwardFailed):
     """The dataplane refused or failed the forward (bad request or internal error)."""
 
 
+class LayerFailed(DataplaneFault):
+    """A layer's weight load failed: ``missing`` names the ducks that did not acknowledge
+    their weights. The layer stays unusable (forwards on it raise this too) until
+    ``load_weights`` of the same layer succeeds."""
+
+
 #: One table: the exception an Error reply with this code raises (DataplaneRefused otherwise).
 _REFUSALS: dict[ErrorCode, type[DuckpipeError]] = {
     ErrorCode.BAD_REQUEST: BadInput,
@@ -136,6 +149,7 @@ _REFUSALS: dict[ErrorCode, type[DuckpipeError]] = {
     ErrorCode.BAD_SEGMENT: SegmentError,
     ErrorCode.NOT_PERMITTED: NotPermitted,
     ErrorCode.QUOTA_EXCEEDED: QuotaExceeded,
+    ErrorCode.DUCKS_UNREACHABLE: DucksUnreachable,
 }
 
 

@@ -3,8 +3,11 @@
 Installed with duckpipe (entry point ``pytest11``)::
 
     def test_my_model(duckpipe_mock):
-        with duckpipe.connect(duckpipe_mock.control) as client:
+        with duckpipe.connect(duckpipe_mock) as client:   # or duckpipe_mock.control
             ...
+
+    def test_my_layer(duckpipe_client):                    # a connected client, closed after
+        ...
 
 ``duckpipe_mock`` is one mock dataplane with 8 ducks per test module;
 ``duckpipe_mock_factory(ducks=24, args=[...])`` starts private ones for a test
@@ -35,6 +38,7 @@ __all__ = [
     "MockDataplaneProcess",
     "assert_clean_exit",
     "cluster_class_or_skip",
+    "duckpipe_client",
     "duckpipe_cluster_factory",
     "duckpipe_mock",
     "duckpipe_mock_factory",
@@ -140,8 +144,22 @@ def wait_until_gone(name: str, timeout: float = 10.0) -> bool:
 
 @pytest.fixture(scope="module")
 def duckpipe_mock() -> Iterator[MockDataplaneProcess]:
+    """A mock dataplane with 8 ducks, shared by the test module.
+
+    Connect to it with ``duckpipe.connect(duckpipe_mock)`` (or its address,
+    ``duckpipe_mock.control``); or take a ready client from ``duckpipe_client``."""
     with MockDataplaneProcess(ducks=8) as dp:
         yield dp
+
+
+@pytest.fixture
+def duckpipe_client(duckpipe_mock: MockDataplaneProcess) -> Iterator:
+    """A ``duckpipe.Client`` connected to the module's ``duckpipe_mock`` (8 ducks),
+    closed after the test: its layers go with it."""
+    from .client import connect
+
+    with connect(duckpipe_mock, name="pytest") as client:
+        yield client
 
 
 @pytest.fixture
@@ -163,6 +181,9 @@ def duckpipe_cluster_factory() -> Iterator:
 
 @pytest.fixture
 def duckpipe_mock_factory() -> Iterator:
+    """``duckpipe_mock_factory(ducks=8, args=[...])``: a private mock dataplane for this
+    test (``args``: its command-line flags, e.g. ``["--dead-duck", "3"]``), stopped after
+    it. ``.control`` is its address; pass it (or the object) to ``duckpipe.connect``."""
     started: list[MockDataplaneProcess] = []
 
     def start(*, ducks: int = 8, args: Sequence[str] = ()) -> MockDataplaneProcess:

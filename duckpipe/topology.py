@@ -26,6 +26,8 @@
     host_ip = "127.0.0.1"         # the dataplane's address on this NIC
     host_port = 47000
     broadcast = ""                # the subnet's broadcast address; empty: unicast fan-out
+    prefix = 24                   # host_ip's subnet (/24); default: the one broadcast names,
+                                  # else 8 on loopback, else 24. Every duck must be inside it
     mtu = 1500
     flow_steering = "auto"        # dpdk: rte_flow rules for duck replies (auto|off|require)
 
@@ -73,6 +75,9 @@ class Nic(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True)
     host_ip: IPv4
     host_port: Port = DEFAULT_HOST_PORT
     broadcast: str = ""
+    # the subnet's prefix length: every duck's ip must lie in host_ip/prefix. None: the
+    # prefix whose broadcast address `broadcast` is, else 8 on loopback, else 24
+    prefix: Annotated[int, Meta(ge=0, le=32)] | None = None
     mtu: Annotated[int, Meta(ge=576, le=65535)] = 1500
     gso: bool = True
     busy_poll_us: Annotated[int, Meta(ge=0)] = 0
@@ -141,7 +146,14 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
                     ipaddress.IPv4Address(ip)
                 except ValueError:
                     raise ValueError(f"NIC {nic.name!r}: {ip!r} is not an IPv4 address") from None
+            subnet = _subnet(nic)
             for d in nic.ducks:
+                if ipaddress.IPv4Address(d.ip) not in subnet:
+                    raise ValueError(
+                        f"duck {d.id}'s address {d.ip} is outside the subnet {subnet} of NIC "
+                        f"{nic.name!r} (host_ip {nic.host_ip}): the NIC cannot reach it. Fix the "
+                        "duck's ip, or set the NIC's prefix (its subnet's prefix length)"
+                    )
                 if d.id in seen:
                     raise ValueError(f"duck id {d.id} appears twice")
                 seen.add(d.id)
@@ -168,8 +180,38 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
         return cfgschema.DataplaneConfig(**shared)
 
 
+def _subnet(nic: Nic) -> ipaddress.IPv4Network:
+    """The NIC's subnet: host_ip/prefix, the prefix given, or the one its broadcast address
+    implies, or 8 on loopback, or 24."""
+    host = ipaddress.IPv4Address(nic.host_ip)
+    prefix = nic.prefix
+    if prefix is None and nic.broadcast:
+        bcast = ipaddress.IPv4Address(nic.broadcast)
+        for p in range(32, -1, -1):
+            net = ipaddress.IPv4Network((host, p), strict=False)
+            if net.broadcast_address == bcast:
+                prefix = p
+                break
+            if net.broadcast_address > bcast:
+                break
+    if prefix is None:
+        prefix = 8 if host.is_loopback else 24
+    net = ipaddress.IPv4Network((host, prefix), strict=False)
+    if (
+        nic.broadcast
+        and nic.prefix is not None
+        and net.broadcast_address != ipaddress.IPv4Address(nic.broadcast)
+    ):
+        raise ValueError(
+            f"NIC {nic.name!r}: broadcast {nic.broadcast} is not the broadcast address of "
+            f"its subnet {net} ({net.broadcast_address})"
+        )
+    return net
+
+
 def _nic_config(nic: Nic) -> cfgschema.NicConfig:
     fields = msgspec.structs.asdict(nic)
+    del fields["prefix"]  # checked here; the dataplane does not need it
     fields["ducks"] = [cfgschema.DuckConfig(**msgspec.structs.asdict(d)) for d in nic.ducks]
     # one datagram to the subnet reaches every duck: they share a port (checked above)
     fields["broadcast_port"] = nic.ducks[0].port if nic.broadcast and nic.ducks else 0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import BadInput, DataplaneFault
+from .errors import BadInput, LayerFailed
 from .models import Mlp, dtype_code, shard_bounds, shard_sizes
 from .progress import Progress
 from .schema import control as ctl
@@ -66,7 +66,7 @@ def load_weights(
     pieces = _pieces(mlp, chosen, sizes)
     total = sum(a.nbytes for _, _, a in pieces)
     chunk = client._max_bytes
-    recs: list[_Inflight] = []
+    recs: list[tuple[int, _Inflight]] = []  # (duck, its chunk)
     with Progress(total, f"layer {layer} weights", enabled=progress) as bar:
         for duck, tensor, arr in pieces:
             raw = arr.reshape(-1).view(np.uint8)
@@ -75,23 +75,44 @@ def load_weights(
                 i = client._take_slot(timeout)
                 client._segment.act_bytes(i)[: part.size] = part
                 recs.append(
-                    client._push_weight(i, Op.WEIGHT_CHUNK, layer, duck, tensor, off, part.size)
+                    (
+                        duck,
+                        client._push_weight(
+                            i, Op.WEIGHT_CHUNK, layer, duck, tensor, off, part.size
+                        ),
+                    )
                 )
                 bar.advance(part.size)
                 client._pump(0)  # take completions already in; frees their slots
+            if _failed(recs):
+                break  # the layer is failed already: say so now, not after every chunk
         i = client._take_slot(timeout)
         commit = client._push_weight(i, Op.WEIGHT_COMMIT, layer, 0, 0, 0, 0)
         client._wait(commit, timeout, "block")
-        for rec in recs:
+        for _, rec in recs:
             if rec.status is None:
                 client._wait(rec, timeout, "block")
-    for rec in [*recs, commit]:
-        if rec.status != Status.OK:
-            raise DataplaneFault(
-                f"loading layer {layer} failed: {rec.message or Status(rec.status).name}",
-                status=rec.status or 0,
-            )
+    bad = _failed(recs)
+    if bad or commit.status != Status.OK:
+        client._layers.pop(layer, None)
+        for _, rec in bad:
+            client._await_zmq(rec, 1.0)  # it carries the reason
+        missing = sorted({d for d, _ in bad if d != ctl.HOST_TENSOR_DUCK})
+        first = bad[0][1] if bad else commit
+        why = first.message or Status(first.status).name
+        who = f"ducks {missing} did not acknowledge their weights ({why})" if missing else why
+        raise LayerFailed(
+            f"loading layer {layer} failed: {who}. The layer is marked failed; "
+            f"once the ducks answer (Client.topology() shows which are alive), call "
+            f"load_weights({layer}, ...) again",
+            status=first.status or 0,
+            missing=tuple(missing),
+        )
     return client._layer_info(layer)
+
+
+def _failed(recs: list[tuple[int, _Inflight]]) -> list[tuple[int, _Inflight]]:
+    return [(d, r) for d, r in recs if r.status is not None and r.status != Status.OK]
 
 
 def _pieces(mlp: Mlp, ducks: list[int], sizes: list[int]) -> list[tuple[int, int, np.ndarray]]:

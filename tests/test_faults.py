@@ -22,11 +22,12 @@ def _submit(client, layer, x, ducks=None):
 
 
 def test_a_duck_that_never_answers_times_out_naming_it_and_others_continue(duckpipe_mock_factory):
-    dp = duckpipe_mock_factory(ducks=4, args=["--dead-duck", "2"])
+    dp = duckpipe_mock_factory(ducks=4)
     mlp = GeluMlp.random(HIDDEN, 8, seed=1)
     with duckpipe.connect(dp.control, forward_timeout=0.3) as c:
         c.load_weights(1, mlp, ducks=[0, 1, 2, 3])
         c.load_weights(2, mlp, ducks=[0, 1])
+        set_faults(dp.control, dead_ducks=[2])  # once loaded: a load onto it is refused
         x = np.ones((1, HIDDEN), np.float32)
         t0 = time.monotonic()
         stuck = _submit(c, 1, x)

@@ -20,6 +20,7 @@ from duckpipe import GeluMlp, stats
 from duckpipe.errors import ForwardTimeout
 from duckpipe.mock.process import MockDataplaneProcess
 from duckpipe.schema import stats as S
+from duckpipe.testing import set_faults
 
 HIDDEN, FFN, ROWS = 32, 48, 2
 N_FORWARDS = 40
@@ -265,9 +266,10 @@ def test_under_load_counters_only_grow_and_end_at_what_the_clients_saw(dataplane
 
 
 def test_a_dead_duck_of_the_mock_is_lost_with_its_timeouts(duckpipe_mock_factory):
-    dp = duckpipe_mock_factory(ducks=3, args=["--dead-duck", "2", "--timeout-ms", "100"])
+    dp = duckpipe_mock_factory(ducks=3, args=["--timeout-ms", "100"])
     with duckpipe.connect(dp.control) as c:
         c.load_weights(1, GeluMlp.random(HIDDEN, FFN, seed=1), ducks=[0, 1, 2])
+        set_faults(dp.control, dead_ducks=[2])  # once loaded: a load onto it is refused
         with pytest.raises(ForwardTimeout):
             c.forward(1, np.ones((1, HIDDEN), np.float32), timeout=5)
         time.sleep(0.05)

@@ -174,3 +174,55 @@ def test_dedicated_threads_env_forces_the_mode_the_tsan_run_needs(monkeypatch, e
         assert msgspec.msgpack.decode(config)["dedicated_threads"] is threads
     finally:
         dp.close()
+
+
+SUBNET = """
+[[nics]]
+name = "ens1f0"
+host_ip = "10.0.1.1"
+{extra}
+
+[[nics.ducks]]
+id = 0
+ip = "10.0.1.10"
+port = 47100
+
+[[nics.ducks]]
+id = 7
+ip = "{duck7}"
+port = 47100
+"""
+
+
+@pytest.mark.parametrize(
+    "extra,duck7,subnet",
+    [
+        ("", "10.0.2.10", "10.0.1.0/24"),  # default: /24
+        ('broadcast = "10.0.1.255"', "10.0.2.10", "10.0.1.0/24"),  # the broadcast's subnet
+        ("prefix = 28", "10.0.1.20", "10.0.1.0/28"),
+    ],
+)
+def test_refuses_a_duck_outside_its_nics_subnet_naming_duck_address_and_subnet(
+    tmp_path, extra, duck7, subnet
+):
+    path = _write(tmp_path, SUBNET.format(extra=extra, duck7=duck7))
+    with pytest.raises(BadInput) as e:
+        load(path)
+    msg = str(e.value)
+    assert f"duck 7's address {duck7} is outside the subnet {subnet} of NIC 'ens1f0'" in msg, msg
+
+
+@pytest.mark.parametrize(
+    "extra",
+    ["prefix = 16", 'broadcast = "10.0.255.255"', 'broadcast = "10.0.255.255"\nprefix = 16'],
+)
+def test_a_duck_inside_a_wider_subnet_is_accepted(tmp_path, extra):
+    topo = load(_write(tmp_path, SUBNET.format(extra=extra, duck7="10.0.2.10")))
+    assert [d.id for d in topo.ducks] == [0, 7]
+    assert "prefix" not in msgspec.msgpack.decode(topo.to_config("ipc:///x"))["nics"][0]
+
+
+def test_refuses_a_broadcast_that_is_not_the_prefixs(tmp_path):
+    extra = 'broadcast = "10.0.1.255"\nprefix = 16'
+    with pytest.raises(BadInput, match=r"broadcast 10.0.1.255 is not the broadcast address"):
+        load(_write(tmp_path, SUBNET.format(extra=extra, duck7="10.0.1.11")))

@@ -195,6 +195,9 @@ struct dp_ctl_layer_info {
 	uint32_t shard_sizes_len;
 	bool has_b_down;
 	bool ready;
+	bool failed;
+	const uint32_t *missing;
+	uint32_t missing_len;
 };
 void dp_ctl_pack_layer_info(struct msgpack_packer *pk, const struct dp_ctl_layer_info *m);
 

@@ -58,6 +58,9 @@ struct outbox_entry {
 	size_t off, len; /* in the outbox buffer */
 };
 
+/* Failed layers whose missing ducks one Layers reply lists (the rest: failed, no list). */
+#define FAILED_LAYERS_LISTED 64
+
 struct dp_control {
 	struct dp_world *w;
 	void *zctx;
@@ -75,6 +78,8 @@ struct dp_control {
 	struct dp_layer *retired;       /* unpublished layers, freed once nobody can hold them */
 	struct dp_ctl_layer_info *layer_infos; /* Layers reply: one per table slot */
 	uint32_t (*layer_ducks)[256];
+	uint32_t (*layer_missing)[256]; /* Layers reply: the missing ducks of failed layers */
+	uint64_t started_ns;            /* a duck silent since then for 3 pings is unreachable */
 	/* the outbox: completions packed as they come, sent together (flush_outbox) */
 	struct outbox_entry outbox[OUTBOX_MAX];
 	uint32_t noutbox;
@@ -459,7 +464,7 @@ static bool layer_visible(const struct dp_layer *l, const struct dp_peer *p,
 
 static void on_layers(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
-	uint32_t n = 0;
+	uint32_t n = 0, nfailed = 0;
 	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
 	(void)r;
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
@@ -468,6 +473,17 @@ static void on_layers(struct dp_control *c, const struct dp_peer *p, const struc
 			continue;
 		for (uint32_t k = 0; k < l->nducks; k++)
 			c->layer_ducks[n][k] = l->ducks[k];
+		/* acquire: failed_ducks was written before failed */
+		bool failed = dp_load_acquire_u32(&l->failed);
+		uint32_t nmissing = 0, *missing = NULL;
+		if (failed && nfailed < FAILED_LAYERS_LISTED) {
+			missing = c->layer_missing[nfailed++];
+			for (uint32_t k = 0; k < l->nducks; k++) {
+				uint32_t d = l->ducks[k];
+				if (__atomic_load_n(&l->failed_ducks[d >> 6], __ATOMIC_RELAXED) >> (d & 63) & 1)
+					missing[nmissing++] = d;
+			}
+		}
 		c->layer_infos[n] = (struct dp_ctl_layer_info){
 			.layer = l->id,
 			.kind = l->kind,
@@ -480,11 +496,51 @@ static void on_layers(struct dp_control *c, const struct dp_peer *p, const struc
 			.shard_sizes_len = l->nducks,
 			.has_b_down = l->has_b_down,
 			.ready = dp_load_acquire_u32(&l->ready),
+			.failed = failed,
+			.missing = missing,
+			.missing_len = nmissing,
 		};
 		n++;
 	}
 	PACK(c, layers, .req_id = p->rid, .layers = c->layer_infos, .layers_len = n);
 	send_to(c, p->id, p->idlen);
+}
+
+/* Refuse a load onto ducks the dataplane knows are unreachable (silent for the last 3
+ * pings; since start for one never heard from), before a byte is sent: else the load
+ * waits weight_timeout_ms and fails anyway. 1 when it refused. */
+static int refuse_unreachable(struct dp_control *c, const struct dp_peer *p,
+			      const struct dp_ctl_load_weights *m)
+{
+	struct dp_world *w = c->w;
+	uint64_t now = dp_now_ns(), window = 3ull * w->cfg.ping_ms * 1000000ull;
+	char list[96];
+	size_t used = 0;
+	uint32_t dead = 0;
+	for (uint32_t i = 0; i < m->ducks_len; i++) {
+		uint32_t d = m->ducks[i];
+		if (d >= DP_MAX_DUCKS || w->duck_index[d] < 0)
+			continue; /* not in the topology: refused below, with its own message */
+		uint64_t seen = dp_load_relaxed_u64(&w->duck_seen_ns[d]);
+		uint64_t since = seen > c->started_ns ? seen : c->started_ns;
+		if (now < since || now - since < window)
+			continue;
+		if (used < sizeof(list) - 12) {
+			int k = snprintf(list + used, sizeof(list) - used, "%s%u", dead ? ", " : "", d);
+			used += k > 0 ? (size_t)k : 0;
+		} else if (used < sizeof(list) - 6) {
+			int k = snprintf(list + used, sizeof(list) - used, ", ...");
+			used += k > 0 ? (size_t)k : 0;
+		}
+		dead++;
+	}
+	if (!dead)
+		return 0;
+	refuse(c, p, DP_ERROR_CODE_DUCKS_UNREACHABLE,
+	       "ducks [%s] did not answer the dataplane's last 3 pings: nothing was sent; start "
+	       "them, or load the layer onto ducks that answer (ducks=[...])",
+	       list);
+	return 1;
 }
 
 static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
@@ -518,6 +574,8 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 		       "LoadWeights needs one shard size per duck, summing to ffn");
 		return;
 	}
+	if (refuse_unreachable(c, p, m))
+		return;
 	int old = dp_layer_slot(w, m->layer);
 	const struct dp_layer *prev = old >= 0 ? w->layers[old] : NULL;
 	if (prev && prev->owner != me->id) {
@@ -1035,10 +1093,13 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	c->counters = &w->control_counters;
 	c->layer_infos = calloc(DP_LAYER_TABLE, sizeof(*c->layer_infos));
 	c->layer_ducks = calloc(DP_LAYER_TABLE, sizeof(*c->layer_ducks));
+	c->layer_missing = calloc(FAILED_LAYERS_LISTED, sizeof(*c->layer_missing));
 	c->outbox_buf = malloc(OUTBOX_BYTES);
-	if (!c->layer_infos || !c->layer_ducks || !c->outbox_buf) {
+	c->started_ns = dp_now_ns();
+	if (!c->layer_infos || !c->layer_ducks || !c->layer_missing || !c->outbox_buf) {
 		free(c->layer_infos);
 		free(c->layer_ducks);
+	free(c->layer_missing);
 		free(c->outbox_buf);
 		free(c);
 		dp_set_error("out of memory");
@@ -1122,6 +1183,7 @@ fail:
 	msgpack_sbuffer_destroy(&c->sbuf);
 	free(c->layer_infos);
 	free(c->layer_ducks);
+	free(c->layer_missing);
 	free(c->outbox_buf);
 	free(c);
 	return NULL;
@@ -1151,6 +1213,7 @@ void dp_control_free(struct dp_control *c)
 	msgpack_sbuffer_destroy(&c->sbuf);
 	free(c->layer_infos);
 	free(c->layer_ducks);
+	free(c->layer_missing);
 	free(c->outbox_buf);
 	free(c);
 }

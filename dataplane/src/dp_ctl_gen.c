@@ -628,7 +628,7 @@ void dp_ctl_pack_topology(msgpack_packer *pk, const struct dp_ctl_topology *m)
 
 void dp_ctl_pack_layer_info(msgpack_packer *pk, const struct dp_ctl_layer_info *m)
 {
-	msgpack_pack_map(pk, 9);
+	msgpack_pack_map(pk, 11);
 	key(pk, "layer", 5);
 	msgpack_pack_uint64(pk, m->layer);
 	key(pk, "kind", 4);
@@ -657,6 +657,15 @@ void dp_ctl_pack_layer_info(msgpack_packer *pk, const struct dp_ctl_layer_info *
 		msgpack_pack_true(pk);
 	else
 		msgpack_pack_false(pk);
+	key(pk, "failed", 6);
+	if (m->failed)
+		msgpack_pack_true(pk);
+	else
+		msgpack_pack_false(pk);
+	key(pk, "missing", 7);
+	msgpack_pack_array(pk, m->missing_len);
+	for (uint32_t i = 0; i < m->missing_len; i++)
+		msgpack_pack_uint32(pk, m->missing[i]);
 }
 
 void dp_ctl_pack_layers(msgpack_packer *pk, const struct dp_ctl_layers *m)

@@ -116,7 +116,8 @@ struct dp_layer {
 	uint32_t shard[DP_MAX_DUCKS]; /* FFN columns of ducks[i] */
 	int16_t index[DP_MAX_DUCKS];  /* duck id -> i, or -1 */
 	uint32_t ready;          /* control/dispatcher -> 1 at commit (release) */
-	uint32_t failed;         /* a chunk failed: the commit must fail */
+	uint32_t failed;         /* a chunk failed, or the commit did: the load failed (release) */
+	uint64_t failed_ducks[DP_MAX_DUCKS / 64]; /* ducks that did not acknowledge (atomic or) */
 	uint64_t outstanding;    /* chunks dispatched and not yet completed (atomic) */
 	uint64_t acked[DP_MAX_DUCKS][3]; /* bytes acknowledged per duck and tensor (atomic adds) */
 	uint8_t announced[DP_MAX_DUCKS];  /* LAYER acknowledged by the duck: its NIC's worker only */

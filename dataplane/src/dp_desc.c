@@ -29,6 +29,9 @@ static int check_forward(const struct dp_client_layout *c, const struct dp_layer
 			 const struct dp_desc *d, const struct dp_limits *lim,
 			 struct dp_desc_plan *out, char *why, size_t whylen)
 {
+	if (l && dp_load_acquire_u32(&l->failed))
+		return refuse(why, whylen, "layer %u failed to load (Layers: failed, missing); "
+			      "load it again", d->layer);
 	if (!l || !dp_load_acquire_u32(&l->ready))
 		return refuse(why, whylen, "layer %u is not loaded", d->layer);
 	if (d->dtype != l->dtype)

@@ -169,7 +169,8 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 	if (__atomic_load_n(&l->outstanding, __ATOMIC_ACQUIRE) != 0)
 		return 0;
 	if (dp_load_acquire_u32(&l->failed)) {
-		complete(d, f, DP_STATUS_BAD_REQUEST, "layer %u: a weight chunk failed; load it again",
+		complete(d, f, DP_STATUS_BAD_REQUEST,
+			 "layer %u failed: ducks did not acknowledge their weights; load it again",
 			 l->id);
 		return 1;
 	}
@@ -178,6 +179,8 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 			uint64_t want = dp_tensor_bytes(l, i, t);
 			uint64_t got = __atomic_load_n(&l->acked[i][t], __ATOMIC_ACQUIRE);
 			if (got != want) {
+				/* failed, not loading for ever: Layers says so until a reload */
+				dp_store_release_u32(&l->failed, 1);
 				complete(d, f, DP_STATUS_BAD_REQUEST,
 					 "layer %u incomplete: duck %u tensor %u got %lu of %lu bytes",
 					 l->id, l->ducks[i], t, got, want);
@@ -187,6 +190,7 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 	if (l->has_b_down) {
 		uint64_t want = (uint64_t)l->hidden * dp_dtype_size(l->dtype);
 		if (l->b_down_got != want) {
+			dp_store_release_u32(&l->failed, 1);
 			complete(d, f, DP_STATUS_BAD_REQUEST, "layer %u incomplete: b_down got %lu of %lu",
 				 l->id, l->b_down_got, want);
 			return 1;

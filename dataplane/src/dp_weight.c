@@ -130,6 +130,9 @@ void dp_weight_finish(struct dp_worker *wk, struct dp_fwd *f, uint32_t status)
 		dp_count(&wk->counters, DP_C_weight_chunks, 1);
 		dp_count(&wk->counters, DP_C_weight_bytes, f->desc.nbytes);
 	} else {
+		/* the duck first, then failed (release): who sees failed sees the duck */
+		__atomic_fetch_or(&l->failed_ducks[f->w_duck >> 6], 1ull << (f->w_duck & 63),
+				  __ATOMIC_RELAXED);
 		dp_store_release_u32(&l->failed, 1);
 		snprintf(f->message, sizeof(f->message),
 			 "duck %u did not acknowledge layer %u tensor %u within %u ms", f->w_duck,

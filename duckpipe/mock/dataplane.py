@@ -138,6 +138,8 @@ class _Layer:
     tensors: dict[int, list[np.ndarray]] = dataclasses.field(default_factory=dict)  # ready shards
     b_down: np.ndarray | None = None
     ready: bool = False
+    failed: bool = False  # a chunk or the commit failed: unusable until reloaded
+    missing: set[int] = dataclasses.field(default_factory=set)  # ducks that did not ack
 
     def public(self) -> ctl.LayerInfo:
         i = self.info
@@ -151,6 +153,8 @@ class _Layer:
             shard_sizes=list(i.shard_sizes),
             has_b_down=i.has_b_down,
             ready=self.ready,
+            failed=self.failed,
+            missing=[d for d in i.ducks if d in self.missing],
         )
 
 
@@ -675,6 +679,13 @@ class MockDataplane:
             raise DuckpipeError("shard_sizes must give one size per duck and sum to ffn")
         if len(set(msg.ducks)) != len(msg.ducks) or any(d >= self.cfg.ducks for d in msg.ducks):
             raise DuckpipeError(f"ducks {msg.ducks} must be distinct ids below {self.cfg.ducks}")
+        dead = [d for d in msg.ducks if d in self.faults.dead_ducks]
+        if dead:  # the dataplane knows they are dead: nothing is sent (as dp_control.c)
+            raise _Refused(
+                ErrorCode.DUCKS_UNREACHABLE,
+                f"ducks {dead} did not answer the dataplane's last 3 pings: nothing was sent; "
+                "start them, or load the layer onto ducks that answer (ducks=[...])",
+            )
         prev = self.layers.get(msg.layer)
         if prev is not None and prev.owner != me.id:
             raise _Refused(ErrorCode.NOT_PERMITTED, f"layer {msg.layer} belongs to another client")
@@ -790,9 +801,12 @@ class MockDataplane:
             if op == Op.FORWARD:
                 self._forward(client, d, fields, pickup)
             elif op == Op.WEIGHT_CHUNK:
-                self._weight_chunk(client, d)
-                fields["_bytes_in"] = int(d.nbytes)
-                self._finish(client, fields, Status.OK)
+                unacked = self._weight_chunk(client, d)
+                if unacked:  # a dead duck: the C dataplane's worker gives up at the deadline
+                    self._finish(client, fields, Status.DATAPLANE_ERROR, message=unacked)
+                else:
+                    fields["_bytes_in"] = int(d.nbytes)
+                    self._finish(client, fields, Status.OK)
             elif op == Op.WEIGHT_COMMIT:
                 self._commit(client, int(d.layer))
                 self._finish(client, fields, Status.OK)
@@ -811,6 +825,10 @@ class MockDataplane:
 
     def _forward(self, client: _Client, d, fields: dict, pickup: int) -> None:
         layer = self._usable_layer(client, int(d.layer))
+        if layer is not None and layer.failed:
+            raise DuckpipeError(
+                f"layer {int(d.layer)} failed to load (Layers: failed, missing); load it again"
+            )
         if layer is None or not layer.ready:
             raise DuckpipeError(f"layer {int(d.layer)} is not loaded")
         info = layer.info
@@ -893,7 +911,8 @@ class MockDataplane:
             self.counters["forwards_ok"] += 1
             self._finish(client, fields, Status.OK, answered, [], timings)
 
-    def _weight_chunk(self, client: _Client, d) -> None:
+    def _weight_chunk(self, client: _Client, d) -> str:
+        """Take a chunk in; the reason it failed ("" when it did not)."""
         layer = self._usable_layer(client, int(d.layer), write=True)
         if layer is None or layer.ready:
             raise DuckpipeError(
@@ -913,21 +932,34 @@ class MockDataplane:
                 f"layer {int(d.layer)} duck {key[0]} tensor {key[1]}: chunk at byte {off}, but "
                 f"the next byte due is {layer.received[key]} (send each tensor once, in order)"
             )
+        layer.received[key] += n  # the C dataplane counts it due once dispatched, too
+        if key[0] in self.faults.dead_ducks:
+            layer.failed = True
+            layer.missing.add(key[0])
+            return (
+                f"duck {key[0]} did not acknowledge layer {int(d.layer)} tensor {key[1]} "
+                f"within {config_default('weight_timeout_ms')} ms"
+            )
         buf[off : off + n] = client.seg.act_bytes(int(d.slot))[:n]
-        layer.received[key] += n
         self.counters["weight_chunks"] += 1
         self.counters["weight_bytes"] += n
+        return ""
 
     def _commit(self, client: _Client, layer_id: int) -> None:
         layer = self._usable_layer(client, layer_id, write=True)
         if layer is None:
             raise DuckpipeError(f"layer {layer_id} is not being loaded")
+        if layer.failed:
+            raise DuckpipeError(
+                f"layer {layer_id} failed: ducks did not acknowledge their weights; load it again"
+            )
         short = [
             (k, layer.received[k], b.size)
             for k, b in layer.raw.items()
             if layer.received[k] != b.size
         ]
         if short:
+            layer.failed = True  # failed, not loading for ever: Layers says so until a reload
             (duck, t), got, want = short[0]
             raise DuckpipeError(
                 f"layer {layer_id} incomplete: duck {duck} tensor {t} got {got} of {want} bytes"

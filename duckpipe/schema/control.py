@@ -98,6 +98,7 @@ class ErrorCode(enum.IntEnum):
     NOT_ATTACHED = 12  # the request needs an attached client
     DATAPLANE_ERROR = 13  # the dataplane failed (out of memory...)
     NO_CREDENTIALS = 14  # the peer's uid/gid/pid could not be read
+    DUCKS_UNREACHABLE = 15  # LoadWeights names ducks silent for 3 pings: nothing was sent
 
 
 class Message(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -251,6 +252,10 @@ class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
     shard_sizes: list[U32]
     has_b_down: bool
     ready: bool
+    # the load failed (a chunk was not acknowledged, or the commit found it incomplete):
+    # the layer stays unusable until a new LoadWeights of the same id replaces it
+    failed: bool = False
+    missing: list[DuckId] = []  # the ducks that did not acknowledge their weights
 
 
 class Layers(Message, kw_only=True):
