@@ -276,6 +276,13 @@ def _too_many(ducks: int, base_port: int, first_id: int) -> str:
     return "\n".join(lines)
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when ``duckpipe ducks`` dies (even by SIGKILL)."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _run(args: argparse.Namespace) -> int:
     """Run the emulator as a child: its stdout passes through, its stderr is read here so
     that the counters it prints when it stops come out as a table."""
@@ -291,7 +298,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"duckpipe: {e}", file=sys.stderr)
         return 1
     try:
-        proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, errors="replace")
+        proc = subprocess.Popen(
+            argv, stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=_die_with_parent
+        )
     except OSError as e:
         print(f"duckpipe: cannot run {argv[0]}: {e}", file=sys.stderr)
         return 1

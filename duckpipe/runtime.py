@@ -47,8 +47,15 @@ def run_dir() -> Path:
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "duckpipe"
     else:
         path = Path("/tmp") / f"duckpipe-{os.geteuid()}"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.lstat()
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.lstat()
+    except OSError as e:
+        raise DuckpipeError(
+            f"cannot use the run directory {path}: {e.strerror} (you are uid {os.geteuid()}); "
+            "set DUCKPIPE_RUN_DIR to a directory of your own, or DUCKPIPE_CONTROL to the "
+            "dataplane's endpoint"
+        ) from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise DuckpipeError(
             f"run directory {path} is not a directory owned by uid {os.geteuid()}; "

@@ -218,7 +218,7 @@ def find_stats(control: str | None = None) -> Path:
     if not path.exists():
         raise NoDataplane(
             f"no dataplane running (looked for {path}, the stats segment of {control}); "
-            "start one with `duckpipe dataplane` (or `duckpipe mock`), or pass --stats PATH"
+            "start one with `duckpipe dataplane` (or `duckpipe mock-dataplane`), or pass --stats PATH"
         )
     return path
 
