@@ -10,8 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from duckpipe.cluster import free_udp_ports
 from duckpipe.testing import cluster_class_or_skip
 
