@@ -209,6 +209,13 @@ def _stats(args: argparse.Namespace) -> int:
     except st.NoDataplane as e:
         print(e, file=sys.stderr)
         return 1
+    except PermissionError as e:  # another user's run directory
+        print(
+            f"duckpipe stats: cannot read {e.filename}: permission denied (you are uid "
+            f"{os.geteuid()}); pass --control or --stats for a dataplane of your own",
+            file=sys.stderr,
+        )
+        return 1
     info = snap.dataplane
     stale = ""
     if not info.alive:
