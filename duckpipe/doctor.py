@@ -72,9 +72,9 @@ def _hugetlbfs() -> Check:
         return Check("hugetlbfs mount", "ok", f"{mount} (writable, 2 MiB pages)")
     return Check(
         "hugetlbfs mount",
-        "ok",
-        "none writable: not needed (segments are MFD_HUGETLB memfds); DPDK without "
-        "--in-memory wants one",
+        "warn",
+        "none writable: segments do not need one (MFD_HUGETLB memfds); DPDK without "
+        "--in-memory does",
         "sudo mkdir -p /dev/hugepages && sudo mount -t hugetlbfs -o pagesize=2M none "
         "/dev/hugepages",
     )

@@ -88,3 +88,13 @@ def test_the_three_terminals_run_as_written(tmp_path):
     assert "duckpipe-ducks counters:" in ducks_out, ducks_out
     assert not re.search(r"(\w+=\d+ ){5}", ducks_out), ducks_out
     assert re.search(r"forwards_computed +[1-9][\d,]*", ducks_out), ducks_out
+
+
+def test_tools_setup_ends_env_and_demo_by_saying_the_commands_live_in_the_venv():
+    script = (README.parent / "tools" / "setup").read_text()
+    jobs = script[script.index('case "$job" in\n    env)') :]
+    env_job = jobs[: jobs.index("test)")]
+    demo_job = jobs[jobs.index("demo)") :]
+    for job in (env_job, demo_job):
+        assert "source .venv/bin/activate" in job and ".venv/bin/duckpipe" in job, job
+    assert "exec .venv/bin/duckpipe demo" not in demo_job  # the message comes after it
