@@ -102,10 +102,16 @@ def load_weights(
                 count_acks()
         i = client._take_slot(timeout)
         commit = client._push_weight(i, Op.WEIGHT_COMMIT, layer, 0, 0, 0, 0)
-        while unacked:  # the bar follows the acknowledgements still to come
+        # the bar follows the acknowledgements still to come; a commit that completes
+        # first (a failed load) ends the wait for them
+        while unacked and commit.status is None:
             client._wait(unacked[0][0], timeout, "block")
             count_acks()
         client._wait(commit, timeout, "block")
+        for rec, _ in unacked:
+            if rec.status is None:
+                client._wait(rec, timeout, "block")
+        count_acks()
     for rec in [*recs, commit]:
         if rec.status != Status.OK:
             raise DataplaneFault(
