@@ -148,7 +148,21 @@ def _check_endpoint(control: str) -> None:
     # A missing ipc socket file would otherwise show as an attach timeout, seconds later.
     if control.startswith("ipc://"):
         path = Path(control[len("ipc://") :])
-        if not path.exists():
+        try:
+            exists = path.exists()
+        except PermissionError:
+            parent = path.parent
+            try:
+                owner = f"uid {parent.stat().st_uid}, mode {parent.stat().st_mode & 0o777:o}"
+            except OSError:
+                owner = "an unreadable directory"
+            raise DataplaneUnavailable(
+                f"cannot look for the dataplane's socket {path}: permission denied on its "
+                f"directory {parent} ({owner}; you are uid {os.geteuid()}). A dataplane "
+                "serves the user who runs it: start your own (`duckpipe dataplane`), or "
+                "point DUCKPIPE_CONTROL / DUCKPIPE_RUN_DIR at a directory you can read"
+            ) from None
+        if not exists:
             raise DataplaneUnavailable(
                 f"no dataplane at {control} (no socket at {path}); is it running? Start one with "
                 "`duckpipe mock-dataplane` or `duckpipe dataplane`, or set DUCKPIPE_CONTROL"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import runtime
-from .errors import DuckpipeError
+from .errors import DataplaneUnavailable, DuckpipeError
 from .schema.config import default as config_default
 
 __all__ = ["main"]
@@ -54,13 +55,82 @@ def _mock_dataplane(args: argparse.Namespace) -> int:
     return main_loop(cfg)
 
 
+def _loopback_topology(args: argparse.Namespace):
+    """``duckpipe dataplane`` without --config: --ducks on 127.0.0.1 at this user's ports."""
+    from .cluster import free_udp_ports
+    from .topology import loopback
+
+    host, duck, why = runtime.default_ports()
+    if args.host_port is not None:
+        host, why = args.host_port, "from --host-port"
+    if args.duck_port is not None:
+        duck = args.duck_port
+        why = "from --duck-port" if args.host_port is None else "from --host-port/--duck-port"
+    note = ""
+    if not args.check and args.backend == "socket" and not runtime.udp_port_free(host):
+        # only the dataplane binds it (the ducks answer whatever port asked): take another
+        busy, host = host, free_udp_ports(1)
+        note = f"; port {busy} is in use, so host port {host} instead"
+    topo = loopback(args.ducks, backend=args.backend, host_port=host, duck_port=duck)
+    print(
+        f"duckpipe dataplane: loopback topology: host 127.0.0.1:{host}, {args.ducks} ducks at "
+        f"127.0.0.1:{duck}..{duck + args.ducks - 1} ({why}{note})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return topo
+
+
+def _check_topology(topo, control: str) -> list[str]:
+    """What would stop this topology from starting, short of binding (``--check``)."""
+    import subprocess
+
+    from .binaries import find_binary
+
+    problems = []
+    topo.to_config(control)  # encodes with the C dataplane's schema
+    addrs: dict[tuple[str, int], str] = {}
+    for nic in topo.nics:
+        for d in nic.ducks:
+            if not nic.broadcast and (d.ip, d.port) in addrs:
+                problems.append(f"duck {d.id} and {addrs[d.ip, d.port]} share {d.ip}:{d.port}")
+            addrs[d.ip, d.port] = f"duck {d.id}"
+    try:
+        binary = find_binary("duckpipe-dataplane")
+    except DuckpipeError as e:
+        return [*problems, str(e)]
+    r = subprocess.run([str(binary), "--backends"], capture_output=True, text=True, timeout=10)
+    have = set(r.stdout.split())
+    for nic in topo.nics:
+        if r.returncode == 0 and have and nic.backend not in have:
+            problems.append(
+                f"NIC {nic.name!r} uses the {nic.backend} backend, which {binary} was built "
+                f"without (it has: {', '.join(sorted(have))})"
+            )
+    return problems
+
+
 def _dataplane(args: argparse.Namespace) -> int:
     from .dataplane import run_foreground
-    from .topology import load, loopback
+    from .topology import load
 
-    topo = load(args.config) if args.config else loopback(args.ducks, backend=args.backend)
+    topo = load(args.config) if args.config else _loopback_topology(args)
+    control = args.control or topo.control or runtime.default_control()
+    if args.check:
+        problems = _check_topology(topo, control)
+        what = args.config or "the loopback topology"
+        for p in problems:
+            print(f"duckpipe dataplane: {what}: {p}", file=sys.stderr)
+        if problems:
+            print(f"duckpipe dataplane: {what}: check failed", file=sys.stderr)
+            return 1
+        print(
+            f"{what} is valid: {len(topo.nics)} NIC(s), {len(topo.ducks)} ducks, "
+            f"{topo.threads} threads, control {control} (nothing started)"
+        )
+        return 0
     extra = args.backend_args[1:] if args.backend_args[:1] == ["--"] else args.backend_args
-    return run_foreground(topo, args.control, args.verbose, extra)
+    return run_foreground(topo, control, args.verbose, extra)
 
 
 def _shm_ls(args: argparse.Namespace) -> int:
@@ -138,6 +208,13 @@ def _stats(args: argparse.Namespace) -> int:
         snap = st.read_snapshot(path)
     except st.NoDataplane as e:
         print(e, file=sys.stderr)
+        return 1
+    except PermissionError as e:  # another user's run directory
+        print(
+            f"duckpipe stats: cannot read {e.filename}: permission denied (you are uid "
+            f"{os.geteuid()}); pass --control or --stats for a dataplane of your own",
+            file=sys.stderr,
+        )
         return 1
     info = snap.dataplane
     stale = ""
@@ -248,7 +325,7 @@ def _shutdown(args: argparse.Namespace) -> int:
 
 
 def _example(args: argparse.Namespace) -> int:
-    """Start a mock dataplane, load two MLP kinds, run forwards, check them against numpy."""
+    """Load two MLP kinds into a dataplane, run forwards, check them against numpy."""
     import duckpipe
 
     from .mock.process import MockDataplaneProcess
@@ -294,15 +371,13 @@ def _example(args: argparse.Namespace) -> int:
                     f"{np.percentile(waits, 50) / 1e3:.0f} us)"
                 )
 
-    if args.control:
-        run(args.control)
-    elif args.mock:
+    if args.mock:
         with MockDataplaneProcess(ducks=args.ducks) as dp:
             print(
                 f"started a mock dataplane (pid {dp.pid}) with {args.ducks} ducks at {dp.control}"
             )
             run(dp.control)
-    else:
+    elif args.standalone:
         from .cluster import Cluster
 
         with Cluster(args.ducks) as cl:
@@ -311,18 +386,32 @@ def _example(args: argparse.Namespace) -> int:
                 f"{cl.dataplane.pid}, socket backend) on loopback at {cl.control}"
             )
             run(cl.control)
+    else:  # like stats, shutdown and connect(): the dataplane already running
+        control = args.control or runtime.default_control()
+        try:
+            run(control)
+        except DataplaneUnavailable as e:
+            raise DataplaneUnavailable(
+                f"{e}; or run `duckpipe example --standalone`, which starts its own"
+            ) from None
     return 0
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="duckpipe", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    p.add_argument("--version", action="version", version=f"duckpipe {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     m = sub.add_parser("mock-dataplane", help="run the shm-only mock dataplane (no network)")
     m.add_argument("--control", help="ZeroMQ endpoint (default: $DUCKPIPE_CONTROL or the run dir)")
     m.add_argument("--ducks", type=int, default=8, help="emulated ducks (default 8)")
-    m.add_argument("--idle", choices=("spin", "yield", "backoff"), default="backoff")
+    m.add_argument(
+        "--idle",
+        choices=("spin", "yield", "backoff"),
+        default="backoff",
+        help="how the loop waits for work (default backoff)",
+    )
     m.add_argument("--timeout-ms", type=float, default=1000.0, help="default forward deadline")
     m.add_argument(
         "--client-timeout",
@@ -357,6 +446,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--control", help="ZeroMQ endpoint (default: $DUCKPIPE_CONTROL or the run dir)")
     d.add_argument(
+        "--host-port",
+        type=int,
+        help="without --config: the dataplane's UDP port (default: this user's, README)",
+    )
+    d.add_argument(
+        "--duck-port",
+        type=int,
+        help="without --config: duck i listens on P + i (default: this user's, README)",
+    )
+    d.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the topology and the build, start nothing, exit 0 or 1 (like nginx -t)",
+    )
+    d.add_argument(
         "backend_args",
         nargs=argparse.REMAINDER,
         help="after --: options for the backend (EAL options for dpdk)",
@@ -374,7 +478,7 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("shm", help="list or reclaim shared-memory segments")
     ssub = s.add_subparsers(dest="shm_command", required=True, metavar="ACTION")
     ls = ssub.add_parser("ls", help="list this user's segments")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="one JSON list, nothing else")
     ls.set_defaults(func=_shm_ls)
     cl = ssub.add_parser(
         "clean", help="remove segment files of dead processes (memfd segments need none)"
@@ -406,27 +510,90 @@ def _parser() -> argparse.ArgumentParser:
         description="Serves http://HOST:PORT/metrics in the Prometheus text format; every "
         "scrape reads the stats segment once (no lock, no message to the dataplane).",
     )
-    ex.add_argument("--port", type=int, default=9464)
+    ex.add_argument("--port", type=int, default=9464, help="TCP port to listen on (default 9464)")
     ex.add_argument("--address", default="127.0.0.1", help="address to listen on")
     ex.add_argument("--control", help="the dataplane's control endpoint (default: this user's)")
     ex.add_argument("--stats", metavar="PATH", help="the stats segment to read")
     ex.set_defaults(func=_exporter)
 
     sd = sub.add_parser("shutdown", help="ask a running dataplane to stop")
-    sd.add_argument("--control")
+    sd.add_argument("--control", help="the dataplane's control endpoint (default: this user's)")
     sd.set_defaults(func=_shutdown)
 
-    ex = sub.add_parser("example", help="start ducks and a dataplane, run checked forwards")
-    ex.add_argument("--control", help="use this running dataplane instead of starting one")
-    ex.add_argument("--mock", action="store_true", help="start the mock, not the C dataplane")
-    ex.add_argument("--ducks", type=int, default=8)
-    ex.add_argument("--forwards", type=int, default=200)
-    ex.add_argument("--rows", type=int, default=1)
+    ex = sub.add_parser(
+        "example",
+        help="run checked forwards against the running dataplane (or --standalone)",
+        description="Loads a random GELU and a SwiGLU layer, runs forwards and compares each "
+        "result with numpy. Like stats, shutdown and duckpipe.connect(), it talks to the "
+        "dataplane at --control (default: $DUCKPIPE_CONTROL or this user's run directory); "
+        "--standalone starts its own ducks and C dataplane, --mock its own mock.",
+    )
+    ex.add_argument("--control", help="the dataplane's control endpoint (default: this user's)")
+    ex.add_argument(
+        "--standalone",
+        action="store_true",
+        help="start its own emulated ducks and C dataplane on free loopback ports",
+    )
+    ex.add_argument(
+        "--mock", action="store_true", help="start its own mock dataplane (implies --standalone)"
+    )
+    ex.add_argument(
+        "--ducks", type=int, default=8, help="--standalone/--mock: ducks to start (default 8)"
+    )
+    ex.add_argument("--forwards", type=int, default=200, help="forwards per layer (default 200)")
+    ex.add_argument("--rows", type=int, default=1, help="rows per forward (default 1)")
     ex.set_defaults(func=_example)
+
+    dr = sub.add_parser(
+        "doctor",
+        help="check this host: hugepages, ports, DPDK, kernel features; say how to fix",
+        description="Reports what duckpipe's backends use on this host, each with the command "
+        "that fixes it when it is missing. Exits 1 if something duckpipe needs is missing.",
+    )
+    dr.add_argument("--json", action="store_true", help="one JSON document, nothing else")
+    dr.set_defaults(func=_doctor)
+
+    _accept_global_flags_after_commands(p)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import run
+
+    return run(json_output=args.json)
+
+
+def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every subcommand's parser, recursively (``shm ls`` too)."""
+    out = []
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in dict.fromkeys(action.choices.values()):  # aliases map to one parser
+                out += [sp, *_subparsers(sp)]
+    return out
+
+
+def _accept_global_flags_after_commands(p: argparse.ArgumentParser) -> None:
+    """``duckpipe dataplane -v`` as well as ``duckpipe -v dataplane``: each subcommand takes
+    -v too; SUPPRESS keeps the top level's value when the subcommand does not see it."""
+    for sp in _subparsers(p):
+        if "-v" not in sp._option_string_actions:
+            sp.add_argument(
+                "-v",
+                "--verbose",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="log debug messages (also accepted before the command)",
+            )
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
@@ -439,3 +606,25 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``duckpipe`` command. A reader that goes away (``duckpipe ... | head``) ends it
+    quietly with 141 (128 + SIGPIPE, what a shell reports for a C tool), no traceback;
+    whatever it started is stopped on the way out like on any other error."""
+    try:
+        try:
+            rc = _main(argv)
+        except SystemExit as e:  # argparse: --help, --version, usage errors
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+        sys.stdout.flush()  # here, not at exit, where a broken pipe would only be reported
+        return rc
+    except BrokenPipeError:
+        # stdout's buffer still holds what the reader will never take: point fd 1 at
+        # /dev/null so that the interpreter's last flush has somewhere to go
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,12 +19,39 @@ from .topology import Topology, loopback
 __all__ = ["DataplaneProcess", "write_config"]
 
 
+_CONFIG_NAME = re.compile(r"^dataplane-[0-9a-f]{8}-(\d+)-\w+\.msgpack$")
+
+
 def write_config(topology: Topology, control: str, directory: Path) -> Path:
-    """Write the msgpack configuration the C process reads; returns its path."""
-    path = directory / "dataplane.msgpack"
-    path.write_bytes(topology.to_config(control))
-    path.chmod(0o600)
-    return path
+    """Write the msgpack configuration the C process reads; returns its path.
+
+    Every launch gets its own file, ``dataplane-<hash of control>-<pid>-<random>.msgpack``
+    (mode 0600, made with mkstemp): launches side by side never read each other's, and a
+    failed launch never overwrites a running dataplane's. Files of launches whose process
+    is gone are removed here."""
+    _remove_stale_configs(directory)
+    tag = hashlib.blake2s(control.encode(), digest_size=4).hexdigest()
+    fd, name = tempfile.mkstemp(
+        prefix=f"dataplane-{tag}-{os.getpid()}-", suffix=".msgpack", dir=directory
+    )
+    with os.fdopen(fd, "wb") as f:
+        f.write(topology.to_config(control))
+    return Path(name)
+
+
+def _remove_stale_configs(directory: Path) -> None:
+    """Config files whose launching process (the dataplane itself, after exec) is gone."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        m = _CONFIG_NAME.match(name)
+        if m and not runtime.process_alive(int(m.group(1))):
+            try:
+                os.unlink(directory / name)
+            except OSError:
+                pass
 
 
 class DataplaneProcess(DataplaneChild):

@@ -22,9 +22,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+from . import runtime
 from .binaries import find_binary
 from .errors import DuckpipeError
 from .schema.abi import EMULATOR_MAX_DUCKS
+from .schema.abi import MAX_DUCKS as DATAPLANE_MAX_DUCKS
 
 __all__ = [
     "BINARY",
@@ -33,6 +35,7 @@ __all__ = [
     "DucksProcess",
     "add_parser",
     "command_line",
+    "format_counters",
     "parse_counters",
 ]
 
@@ -53,6 +56,25 @@ def parse_counters(text: str) -> dict[str, int]:
         if pairs and all(COUNTER.fullmatch(p) for p in pairs):
             return {k: int(v) for k, v in (p.split("=", 1) for p in pairs)}
     return {}
+
+
+def format_counters(counters: dict[str, int], width: int = 80) -> str:
+    """The emulator's counters as an aligned table, filled down columns to ``width``."""
+    if not counters:
+        return ""
+    names = max(len(k) for k in counters)
+    values = max(len(f"{v:,}") for v in counters.values())
+    cell = names + 2 + values
+    cols = max(1, (width + 4) // (cell + 4))
+    rows = -(-len(counters) // cols)
+    items = list(counters.items())
+    lines = []
+    for r in range(rows):
+        cells = [
+            f"{k:<{names}}  {v:>{values},}" for k, v in items[r::rows]
+        ]  # column c holds items c*rows .. c*rows + rows - 1
+        lines.append("    ".join(cells).rstrip())
+    return "\n".join(lines)
 
 
 class DucksProcess:
@@ -199,7 +221,11 @@ _OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--bind", {"help": "IP of every duck, or a comma list, one per duck (default 127.0.0.1)"}),
     (
         "--base-port",
-        {"type": int, "help": f"duck i listens on P + i (default {DEFAULT_BASE_PORT})"},
+        {
+            "type": int,
+            "help": f"duck i listens on P + i (default: this user's, {DEFAULT_BASE_PORT} for "
+            "root; README, ports)",
+        },
     ),
     ("--first-id", {"type": int, "help": "duck i has id K + i (default 0)"}),
     ("--mtu", {"type": int, "help": "MTU that sizes the partials' datagrams (default 1500)"}),
@@ -224,18 +250,76 @@ def command_line(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def _too_many(ducks: int, base_port: int, first_id: int) -> str:
+    """How to emulate more ducks than one process does: several, side by side."""
+    n = -(-ducks // MAX_DUCKS)
+    lines = [
+        f"duckpipe ducks: one emulator runs at most {MAX_DUCKS} ducks, not {ducks}; run {n} "
+        f"emulators side by side, each with its own --first-id and --base-port:"
+    ]
+    shown = list(range(n)) if n <= 4 else [0, 1, 2, n - 1]
+    for k in shown:
+        if k == n - 1 and n > 4:
+            lines.append(f"  ... ({n - 4} more, the same way)")
+        count = min(MAX_DUCKS, ducks - k * MAX_DUCKS)
+        lines.append(
+            f"  duckpipe ducks --ducks {count} --first-id {first_id + k * MAX_DUCKS} "
+            f"--base-port {base_port + k * MAX_DUCKS} &"
+        )
+    if ducks <= DATAPLANE_MAX_DUCKS:
+        lines.append(f"then one dataplane for all of them: duckpipe dataplane --ducks {ducks}")
+    else:
+        lines.append(
+            f"(one dataplane serves at most {DATAPLANE_MAX_DUCKS} ducks: more take another "
+            "dataplane, with its own --control and ports)"
+        )
+    return "\n".join(lines)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when ``duckpipe ducks`` dies (even by SIGKILL)."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _run(args: argparse.Namespace) -> int:
+    """Run the emulator as a child: its stdout passes through, its stderr is read here so
+    that the counters it prints when it stops come out as a table."""
+    if args.base_port is None:
+        args.base_port = runtime.default_ports()[1]
+    ducks = 8 if args.ducks is None else args.ducks
+    if ducks > MAX_DUCKS:
+        print(_too_many(ducks, args.base_port, args.first_id or 0), file=sys.stderr)
+        return 2
     try:
         argv = command_line(args)
     except DuckpipeError as e:
         print(f"duckpipe: {e}", file=sys.stderr)
         return 1
     try:
-        os.execv(argv[0], argv)  # signals and the exit code are the emulator's own
+        proc = subprocess.Popen(
+            argv, stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=_die_with_parent
+        )
     except OSError as e:
         print(f"duckpipe: cannot run {argv[0]}: {e}", file=sys.stderr)
         return 1
-    return 0  # not reached
+
+    def forward(signum: int, _frame: object) -> None:
+        # Ctrl-C reaches the whole process group already; kill(1) reaches only us
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # until it exits
+        counters = parse_counters(line)
+        if counters:
+            print(f"{BINARY} counters:\n{format_counters(counters)}", file=sys.stderr)
+        else:
+            sys.stderr.write(line)
+    return proc.wait()
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -243,7 +327,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p = subparsers.add_parser(
         "ducks",
         help="run the duck emulator (duckpipe-ducks) in the foreground",
-        description="Emulate ducks on UDP sockets. Ctrl-C prints the counters and exits.",
+        description=f"Emulate up to {MAX_DUCKS} ducks on UDP sockets; for more, run more "
+        "emulators with their own --first-id and --base-port. Ctrl-C prints the counters "
+        "as a table and exits.",
     )
     for flag, kw in _OPTIONS:
         p.add_argument(flag, **kw)

@@ -126,7 +126,7 @@ class GeluMlp:
     b_down: np.ndarray | None = None  # [hidden], added once after the reduce
 
     def __post_init__(self) -> None:
-        h, f = self.w_up.shape
+        h, f = _infer_dims(self)
         _check_shapes(self, _shard_shapes(self.kind, h, f))
         if self.b_down is not None:
             _check_shapes(self, {"b_down": (h,)})
@@ -185,7 +185,7 @@ class SwiGluMlp:
     b_down: None = None  # SwiGLU MLPs here carry no bias
 
     def __post_init__(self) -> None:
-        h, f = self.w_gate.shape
+        h, f = _infer_dims(self)
         _check_shapes(self, _shard_shapes(self.kind, h, f))
 
     @property
@@ -232,6 +232,32 @@ def _shard_shapes(kind: MlpKind, hidden: int, ffn: int) -> dict[str, tuple[int, 
     return {name: tensor_shape(kind, t, hidden, ffn) for t, name in enumerate(TENSOR_NAMES[kind])}
 
 
+def _infer_dims(mlp: GeluMlp | SwiGluMlp) -> tuple[int, int]:
+    """(hidden, ffn) as most of the layer's tensors say, so that the one tensor that
+    disagrees (a transposed w_up, say) is the one blamed, not its neighbour."""
+    names = TENSOR_NAMES[mlp.kind]
+    arrays = {n: getattr(mlp, n) for n in (*names, "b_down")}
+    first = arrays[names[0]]
+    if not isinstance(first, np.ndarray) or first.ndim != 2:
+        return (0, 0)  # _check_shapes names it
+    candidates = []
+    for n in names:
+        a = arrays[n]
+        if isinstance(a, np.ndarray) and a.ndim == 2:
+            candidates += [a.shape, a.shape[::-1]]
+
+    def agreeing(h: int, f: int) -> int:
+        want = _shard_shapes(mlp.kind, h, f)
+        if arrays["b_down"] is not None:
+            want["b_down"] = (h,)
+        return sum(
+            isinstance(arrays[n], np.ndarray) and arrays[n].shape == s for n, s in want.items()
+        )
+
+    # ties go to the first tensor's own reading (the order it was always read in)
+    return max(candidates, key=lambda hf: agreeing(*hf))
+
+
 def _check_shapes(mlp: object, want: dict[str, tuple[int, ...]]) -> None:
     dtype = None
     for name, shape in want.items():
@@ -239,7 +265,10 @@ def _check_shapes(mlp: object, want: dict[str, tuple[int, ...]]) -> None:
         if not isinstance(arr, np.ndarray):
             raise BadInput(f"{type(mlp).__name__}.{name} must be a numpy array")
         if arr.shape != shape:
-            raise BadInput(f"{type(mlp).__name__}.{name} has shape {arr.shape}, expected {shape}")
+            hint = " (transposed?)" if arr.shape == shape[::-1] and len(shape) == 2 else ""
+            raise BadInput(
+                f"{type(mlp).__name__}.{name} has shape {arr.shape}, expected {shape}{hint}"
+            )
         dtype_code(arr.dtype)
         if dtype is not None and arr.dtype != dtype:
             raise BadInput(f"{type(mlp).__name__}: all tensors must share one dtype")

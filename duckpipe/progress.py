@@ -1,4 +1,4 @@
-"""A progress bar for long transfers, drawn on stderr only when it is a terminal."""
+"""A progress bar for long transfers on stderr: ``\\r`` frames on a terminal only."""
 
 from __future__ import annotations
 
@@ -8,15 +8,24 @@ from typing import TextIO
 
 __all__ = ["Progress"]
 
+#: Seconds between plain lines when the stream is not a terminal (a log file, a pipe).
+LINE_INTERVAL_S = 2.0
+
 
 class Progress:
-    """``with Progress(total, "weights") as bar: bar.advance(n)``; silent when not a tty."""
+    """``with Progress(total, "weights") as bar: bar.advance(n)``.
+
+    ``enabled=None``: drawn only when the stream is a terminal. ``enabled=True`` on a
+    stream that is not a terminal: a plain line every ``LINE_INTERVAL_S`` seconds and
+    one at the end, never a ``\\r`` frame (a log file keeps readable lines).
+    """
 
     def __init__(
         self, total: int, label: str, *, enabled: bool | None = None, stream: TextIO | None = None
     ) -> None:
         self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.tty = self.stream.isatty()
+        self.enabled = self.tty if enabled is None else enabled
         self.total = max(total, 1)
         self.label = label
         self.done = 0
@@ -26,27 +35,44 @@ class Progress:
     def advance(self, n: int) -> None:
         self.done += n
         now = time.monotonic()
-        if self.enabled and (now - self._last_draw > 0.1 or self.done >= self.total):
+        if not self.enabled:
+            return
+        if self.tty:
+            draw = self.done >= self.total or now - self._last_draw > 0.1
+        else:  # a plain line once the transfer has taken a while, then one per interval
+            draw = now - max(self._last_draw, self._start) >= LINE_INTERVAL_S
+        if draw:
             self._last_draw = now
             self._draw(now)
 
-    def _draw(self, now: float) -> None:
+    def _text(self, now: float) -> str:
         frac = min(self.done / self.total, 1.0)
         width = 30
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
         rate = self.done / max(now - self._start, 1e-9) / 1e6
-        self.stream.write(
-            f"\r{self.label} [{bar}] {frac * 100:5.1f}% "
+        return (
+            f"{self.label} [{bar}] {frac * 100:5.1f}% "
             f"{self.done / 1e6:8.1f}/{self.total / 1e6:.1f} MB {rate:7.1f} MB/s"
         )
+
+    def _draw(self, now: float) -> None:
+        if self.tty:
+            self.stream.write("\r" + self._text(now))
+        else:
+            self.stream.write(self._text(now) + "\n")
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self.tty:
             if self._last_draw == 0.0 or self.done < self.total:
-                self._draw(time.monotonic())
+                self._draw(now)
             self.stream.write("\n")
             self.stream.flush()
+        else:
+            self._draw(now)  # the final state, once
 
     def __enter__(self) -> Progress:
         return self

@@ -13,7 +13,9 @@ from .errors import DuckpipeError
 
 __all__ = [
     "HUGEPAGE_SIZE",
+    "PORT_BASE",
     "default_control",
+    "default_ports",
     "find_hugetlbfs",
     "free_hugepages",
     "monotonic_ns",
@@ -21,6 +23,7 @@ __all__ = [
     "process_start_ticks",
     "run_dir",
     "segment_prefix",
+    "udp_port_free",
 ]
 
 HUGEPAGE_SIZE = 2 << 20
@@ -44,8 +47,15 @@ def run_dir() -> Path:
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "duckpipe"
     else:
         path = Path("/tmp") / f"duckpipe-{os.geteuid()}"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.lstat()
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.lstat()
+    except OSError as e:
+        raise DuckpipeError(
+            f"cannot use the run directory {path}: {e.strerror} (you are uid {os.geteuid()}); "
+            "set DUCKPIPE_RUN_DIR to a directory of your own, or DUCKPIPE_CONTROL to the "
+            "dataplane's endpoint"
+        ) from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise DuckpipeError(
             f"run directory {path} is not a directory owned by uid {os.geteuid()}; "
@@ -59,6 +69,51 @@ def run_dir() -> Path:
 def default_control() -> str:
     """``$DUCKPIPE_CONTROL``, else ``ipc://<run dir>/control``."""
     return os.environ.get("DUCKPIPE_CONTROL") or f"ipc://{run_dir()}/control"
+
+
+PORT_BASE = 47000  #: root's default dataplane port; ducks from PORT_BASE + 100
+PORT_STRIDE = 512  #: each user's block of ports: host port, then up to 412 ducks
+PORT_USERS = 32  #: blocks 47000 .. 47000 + 31 * 512 (62872); uids share them modulo 32
+
+
+def default_ports() -> tuple[int, int, str]:
+    """``(dataplane host port, first duck port, why)`` of a loopback cluster.
+
+    ``$DUCKPIPE_PORT_BASE`` (a job's own block), else per user: ``47000 + 512 * (uid %
+    32)``, so that two users' (or a user's and root's) clusters do not take each other's
+    ports. The ducks listen from base + 100. ``why`` says where the numbers came from.
+    """
+    env = os.environ.get("DUCKPIPE_PORT_BASE")
+    if env:
+        try:
+            base = int(env)
+        except ValueError:
+            base = -1
+        if not 1024 <= base <= 65535 - PORT_STRIDE:
+            raise DuckpipeError(
+                f"DUCKPIPE_PORT_BASE={env!r} must be a port in 1024..{65535 - PORT_STRIDE}"
+            )
+        return base, base + 100, "from $DUCKPIPE_PORT_BASE"
+    uid = os.geteuid()
+    base = PORT_BASE + PORT_STRIDE * (uid % PORT_USERS)
+    return (
+        base,
+        base + 100,
+        f"this user's default: {PORT_BASE} + {PORT_STRIDE} x (uid {uid} mod {PORT_USERS}); "
+        "$DUCKPIPE_PORT_BASE changes it",
+    )
+
+
+def udp_port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True if nobody holds UDP ``host:port`` right now."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def find_hugetlbfs() -> Path | None:

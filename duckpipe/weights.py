@@ -9,7 +9,7 @@ thus travel through shared memory like activations, never over ZeroMQ.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,11 +32,16 @@ def load_weights(
     mlp: Mlp,
     *,
     ducks: Sequence[int] | None,
-    progress: bool | None,
+    progress: bool | Callable[[int, int], None] | None,
     timeout: float,
     shared: bool,
 ) -> ctl.LayerInfo:
-    """Load ``mlp`` as ``layer`` through ``client``; see ``Client.load_weights``."""
+    """Load ``mlp`` as ``layer`` through ``client``; see ``Client.load_weights``.
+
+    Progress counts the bytes the ducks have acknowledged (a chunk's completion comes
+    back once every duck it went to has acked it), not the bytes copied into the
+    segment. ``progress`` may be a callable ``(acked_bytes, total_bytes)``, called as
+    acknowledgements arrive, instead of the bar."""
     client._check_usable()
     if not isinstance(layer, int) or not 0 <= layer <= 0xFFFF_FFFF:
         raise BadInput(f"layer must be an integer in [0, 2**32), not {layer!r}")
@@ -67,7 +72,22 @@ def load_weights(
     total = sum(a.nbytes for _, _, a in pieces)
     chunk = client._max_bytes
     recs: list[tuple[int, _Inflight]] = []  # (duck, its chunk)
-    with Progress(total, f"layer {layer} weights", enabled=progress) as bar:
+    report = progress if callable(progress) else None
+    unacked: list[tuple[_Inflight, int]] = []  # chunks whose completion is not in yet
+    acked = 0
+
+    def count_acks() -> None:
+        nonlocal unacked, acked
+        n = sum(size for rec, size in unacked if rec.status is not None)
+        if n:
+            unacked = [(rec, size) for rec, size in unacked if rec.status is None]
+            acked += n
+            bar.advance(n)
+            if report is not None:
+                report(acked, total)
+
+    enabled = False if report is not None else progress
+    with Progress(total, f"layer {layer} weights", enabled=enabled) as bar:
         for duck, tensor, arr in pieces:
             raw = arr.reshape(-1).view(np.uint8)
             for off in range(0, raw.size, chunk):
@@ -82,16 +102,23 @@ def load_weights(
                         ),
                     )
                 )
-                bar.advance(part.size)
+                unacked.append((recs[-1][1], part.size))
                 client._pump(0)  # take completions already in; frees their slots
+                count_acks()
             if _failed(recs):
                 break  # the layer is failed already: say so now, not after every chunk
         i = client._take_slot(timeout)
         commit = client._push_weight(i, Op.WEIGHT_COMMIT, layer, 0, 0, 0, 0)
+        # the bar follows the acknowledgements still to come; a commit that completes
+        # first (a failed load) ends the wait for them
+        while unacked and commit.status is None:
+            client._wait(unacked[0][0], timeout, "block")
+            count_acks()
         client._wait(commit, timeout, "block")
-        for _, rec in recs:
+        for rec, _ in unacked:
             if rec.status is None:
                 client._wait(rec, timeout, "block")
+        count_acks()
     bad = _failed(recs)
     if bad or commit.status != Status.OK:
         client._layers.pop(layer, None)

@@ -146,3 +146,54 @@ def test_ctrl_c_stops_everything_it_started():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def text_run():
+    return _demo("--mock", "--repeat", "2")
+
+
+def test_the_ffns_are_named_as_the_models(text_run):
+    r = text_run
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    assert "ffn 0..5" in out
+    assert "layer 100" not in out  # the dataplane's layer ids stay out of sight
+
+
+def test_the_timing_header_lines_up_with_its_values_and_says_what_it_covers(text_run):
+    lines = text_run.stdout.splitlines()
+    title = next(i for i, line in enumerate(lines) if line.startswith("per MLP call"))
+    assert "over 12 calls" in lines[title] and "2 encode(s)" in lines[title]
+    header, first = lines[title + 1], lines[title + 2]
+    for col in ("p50 (us)", "p99 (us)"):
+        end = header.index(col) + len(col)
+        # the value under the column ends where its heading ends
+        assert first[end - 1] != " " and (len(first) == end or first[end] == " "), (header, first)
+
+
+def test_a_pass_line_against_the_stated_tolerance(text_run):
+    last = text_run.stdout.strip().splitlines()[-1]
+    assert last.startswith("PASS: ") and "tolerance 1e-04" in last
+
+
+def test_fail_below_the_tolerance_exits_1():
+    r = _demo("--mock", "--repeat", "1", "--tolerance", "0")
+    assert r.returncode == 1
+    assert r.stdout.strip().splitlines()[-1].startswith("FAIL: ")
+    r = _demo("--mock", "--repeat", "1", "--tolerance", "0", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["pass"] is False and doc["tolerance"] == 0
+
+
+def test_the_weights_bar_writes_no_frames_into_a_log(text_run):
+    assert "\r" not in text_run.stderr and "\r" not in text_run.stdout
+
+
+def test_a_missing_sentences_file_is_reported_before_anything_starts(tmp_path):
+    t0 = time.monotonic()
+    # with nothing at --control, anything started first would fail there instead
+    r = _demo("--control", f"ipc://{tmp_path}/none", "--sentences", str(tmp_path / "no.txt"))
+    assert r.returncode == 1 and "cannot read --sentences" in r.stderr, r.stderr
+    assert "no dataplane" not in r.stderr and "started" not in r.stdout
+    assert time.monotonic() - t0 < 30

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -17,7 +18,13 @@ import pytest
 from duckpipe._native import ffi
 
 from duckpipe.binaries import find_binary
-from duckpipe.ducks import DucksProcess, add_parser, command_line, parse_counters
+from duckpipe.ducks import (
+    DucksProcess,
+    add_parser,
+    command_line,
+    format_counters,
+    parse_counters,
+)
 from duckpipe.errors import DuckpipeError
 from duckpipe.models import GeluMlp, SwiGluMlp, dtype_code, duck_partial, shard_bounds, shard_sizes
 from duckpipe.schema.abi import MlpKind
@@ -669,8 +676,44 @@ def test_cli_subcommand_execs_the_emulator():
         assert line.startswith("duckpipe-ducks: 1 ducks, ids 0..0, on 127.0.0.1:")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=5)
-        assert proc.returncode == 0 and "rx=0" in err
+        assert proc.returncode == 0 and "duckpipe-ducks counters:" in err
+        assert re.search(r"^rx +0 ", err, re.M), err  # a table, not name=value pairs
+        assert "rx=0" not in err
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_counters_print_as_an_aligned_table():
+    counters = {f"counter_{i}": i * 1000 for i in range(40)}
+    table = format_counters(counters, width=80)
+    lines = table.splitlines()
+    assert 10 <= len(lines) <= 20  # several columns, not one line of 40 and not 40 lines
+    assert all(len(line) <= 80 for line in lines)
+    assert "=" not in table
+    # columns line up: every cell of a column starts at the same offset
+    starts = {line.index("counter_", 1) for line in lines if line.count("counter_") > 1}
+    assert len(starts) == 1, table
+
+
+def test_more_ducks_than_one_emulator_runs_says_how_to_run_several():
+    r = subprocess.run(
+        [sys.executable, "-m", "duckpipe", "ducks", "--ducks", "500", "--base-port", "40000"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert "at most 32 ducks" in r.stderr
+    assert "duckpipe ducks --ducks 32 --first-id 32 --base-port 40032" in r.stderr
+    assert "--ducks 20 --first-id 480 --base-port 40480" in r.stderr  # the last one
+    assert "at most 256 ducks" in r.stderr  # 500 is more than one dataplane serves
+    r = subprocess.run(
+        [sys.executable, "-m", "duckpipe", "ducks", "--ducks", "40", "--base-port", "40000"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "--ducks 8 --first-id 32 --base-port 40032" in r.stderr
+    assert "duckpipe dataplane --ducks 40" in r.stderr

@@ -51,3 +51,18 @@ def test_partials_of_all_shards_sum_to_the_reference(cls, n):
     if mlp.b_down is not None:
         total = total + mlp.b_down
     np.testing.assert_allclose(total, mlp.reference(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_transposed_w_up_is_blamed_on_w_up_not_its_bias():
+    g = GeluMlp.random(16, 64)
+    with pytest.raises(BadInput, match=r"GeluMlp\.w_up has shape \(64, 16\), expected \(16, 64\)"):
+        GeluMlp(w_up=g.w_up.T.copy(), b_up=g.b_up, w_down=g.w_down, b_down=g.b_down)
+    with pytest.raises(BadInput, match=r"GeluMlp\.w_down .*transposed"):
+        GeluMlp(w_up=g.w_up, b_up=g.b_up, w_down=g.w_down.T.copy(), b_down=g.b_down)
+    with pytest.raises(BadInput, match=r"GeluMlp\.b_up has shape \(63,\)"):
+        GeluMlp(w_up=g.w_up, b_up=g.b_up[:63], w_down=g.w_down, b_down=g.b_down)
+    s = SwiGluMlp.random(16, 64)
+    with pytest.raises(BadInput, match=r"SwiGluMlp\.w_up has shape \(64, 16\)"):
+        SwiGluMlp(w_gate=s.w_gate, w_up=s.w_up.T.copy(), w_down=s.w_down)
+    with pytest.raises(BadInput, match=r"SwiGluMlp\.w_gate has shape \(64, 16\)"):
+        SwiGluMlp(w_gate=s.w_gate.T.copy(), w_up=s.w_up, w_down=s.w_down)

@@ -112,7 +112,13 @@ def _main(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="benchmarks: the handoff, the forward path, scaling, DPDK pps")
-    b.add_argument("section", nargs="?", default="all", choices=(*SECTIONS, "all"))
+    b.add_argument(
+        "section",
+        nargs="?",
+        default="all",
+        choices=(*SECTIONS, "all"),
+        help="which benchmark (default all)",
+    )
     g = b.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="small sizes, under 5 minutes on 2 cores")
     g.add_argument("--smoke", action="store_true", help="tiniest sizes, seconds (CI, tests)")

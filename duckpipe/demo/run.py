@@ -24,6 +24,7 @@ import numpy as np
 
 from ..client import Client, connect
 from ..errors import BadInput, DuckpipeError
+from ..progress import Progress
 
 __all__ = ["add_parser", "run"]
 
@@ -31,6 +32,10 @@ MODELS = ("minilm", "qwen3-0.6b-shape")
 MINILM_LAYER_BASE = 1000  # layer ids the demo loads; far from what a user's tests use
 QWEN_LAYER_BASE = 2000
 PHASES = ("prepare_ns", "send_ns", "wait_ns", "fetch_ns", "reduce_ns")
+#: The largest |difference| from the host-only numpy forward that passes: MiniLM's
+#: unit-length embeddings (absolute), the qwen shape's outputs (relative to the largest).
+#: float32 sums in another order differ by ~1e-7 and ~5e-6; a lost or wrong shard by > 1e-2.
+TOLERANCE = {"minilm": 1e-4, "qwen3-0.6b-shape": 1e-4}
 
 
 @dataclass
@@ -65,21 +70,57 @@ class _Timer:
         }
 
 
+def _add_context(e: DuckpipeError, what: str) -> None:
+    """Prefix the message with the model's name for the layer: the user's words."""
+    e.args = (f"{what}: {e.args[0] if e.args else e}", *e.args[1:])
+
+
 def _offload(client: Client, base: int, timer: _Timer) -> Callable[[int, np.ndarray], np.ndarray]:
-    """An ``ffn(i, h)`` callback that runs layer ``base + i`` on the ducks."""
+    """An ``ffn(i, h)`` callback that runs the model's FFN ``i`` (the dataplane's layer
+    ``base + i``) on the ducks."""
 
     def ffn(i: int, h: np.ndarray) -> np.ndarray:
         h = np.ascontiguousarray(h, dtype=np.float32)
         t0 = time.perf_counter_ns()
-        with client.claim(h.shape, h.dtype) as slot:
-            slot.array[:] = h
-            fwd = client.submit(slot, base + i)
-        with fwd:
-            y = fwd.result(timeout=30).copy()
-            timer.add(time.perf_counter_ns() - t0, fwd.timings)
+        try:
+            with client.claim(h.shape, h.dtype) as slot:
+                slot.array[:] = h
+                fwd = client.submit(slot, base + i)
+            with fwd:
+                y = fwd.result(timeout=30).copy()
+                timer.add(time.perf_counter_ns() - t0, fwd.timings)
+        except DuckpipeError as e:
+            _add_context(e, f"ffn {i} (dataplane layer {base + i})")
+            raise
         return y
 
     return ffn
+
+
+def _load_ffns(client: Client, mlps: list, base: int, args: argparse.Namespace) -> None:
+    """Load the model's FFNs as layers base.., one progress bar over all of them that
+    follows the ducks' acknowledgements (lines, not frames, when stderr is no terminal)."""
+    total = sum(
+        a.nbytes
+        for m in mlps
+        for a in (*(getattr(m, t) for t in m.TENSORS), m.b_down)
+        if a is not None
+    )
+    label = f"weights, ffn 0..{len(mlps) - 1}, acked by the ducks"
+    with Progress(total, label, enabled=not args.json) as bar:
+        for i, mlp in enumerate(mlps):
+            seen = 0
+
+            def acked(n: int, _total: int) -> None:
+                nonlocal seen
+                bar.advance(n - seen)
+                seen = n
+
+            try:
+                client.load_weights(base + i, mlp, progress=acked)
+            except DuckpipeError as e:
+                _add_context(e, f"loading ffn {i} (dataplane layer {base + i})")
+                raise
 
 
 @contextlib.contextmanager
@@ -111,33 +152,41 @@ def _dataplane(args: argparse.Namespace, say: Callable[[str], None]) -> Iterator
         yield cl.control
 
 
+def _sentences(args: argparse.Namespace) -> list[str] | None:
+    """--sentences FILE's lines, read before anything starts; None: the built-in ones."""
+    if not args.sentences:
+        return None
+    path = Path(args.sentences)
+    try:
+        sentences = [s.strip() for s in path.read_text().splitlines() if s.strip()]
+    except OSError as e:
+        raise BadInput(f"cannot read --sentences {path}: {e.strerror}") from e
+    if not sentences:
+        raise BadInput(f"{path} has no sentences (one per line)")
+    return sentences
+
+
 def _minilm(client: Client, args: argparse.Namespace, say) -> dict:
     from .minilm import SENTENCES, MiniLM, cosine_matrix
 
-    sentences = SENTENCES
-    if args.sentences:
-        path = Path(args.sentences)
-        try:
-            sentences = [s.strip() for s in path.read_text().splitlines() if s.strip()]
-        except OSError as e:
-            raise BadInput(f"cannot read {path}: {e.strerror}") from e
-        if not sentences:
-            raise BadInput(f"{path} has no sentences (one per line)")
+    sentences = args.sentence_lines or SENTENCES
     model = MiniLM.load()
-    for i in range(model.layers):
-        client.load_weights(MINILM_LAYER_BASE + i, model.ffn_weights(i), progress=not args.json)
+    _load_ffns(client, [model.ffn_weights(i) for i in range(model.layers)], MINILM_LAYER_BASE, args)
     timer = _Timer()
     ffn = _offload(client, MINILM_LAYER_BASE, timer)
     emb = model.encode(sentences, ffn)
     for _ in range(args.repeat - 1):  # more samples for the timing table
         model.encode(sentences, ffn)
     host = model.encode(sentences)
+    diff = float(np.abs(emb - host).max())
     return {
         "model": "all-MiniLM-L6-v2",
         "sentences": sentences,
         "embeddings": emb,
         "cosine": cosine_matrix(emb),
-        "max_abs_diff": float(np.abs(emb - host).max()),
+        "max_abs_diff": diff,
+        "checked": ("largest |difference|", diff),
+        "runs": f"{args.repeat} encode(s) of {len(sentences)} sentences x {model.layers} FFNs",
         "timer": timer,
     }
 
@@ -147,27 +196,38 @@ def _qwen(client: Client, args: argparse.Namespace, say) -> dict:
 
     say(f"making {args.layers} seeded random SwiGLU layers (1024 -> 3072)")
     model = QwenShape(layers=args.layers, seed=0)
-    for i, mlp in enumerate(model.mlps):
-        client.load_weights(QWEN_LAYER_BASE + i, mlp, progress=not args.json)
+    _load_ffns(client, list(model.mlps), QWEN_LAYER_BASE, args)
     timer = _Timer()
     tokens = list(range(args.tokens))
     out = model.decode(tokens, _offload(client, QWEN_LAYER_BASE, timer))
     host = model.decode(tokens)
+    rel = float(np.abs(out - host).max() / max(np.abs(host).max(), 1e-30))
     return {
         "model": f"qwen3-0.6b-shape ({args.layers} layers)",
         "tokens": tokens,
         "outputs": out,
         "max_abs_diff": float(np.abs(out - host).max()),
-        "max_rel_diff": float(np.abs(out - host).max() / max(np.abs(host).max(), 1e-30)),
+        "max_rel_diff": rel,
+        "checked": ("largest relative difference", rel),
+        "runs": f"{args.tokens} token(s) decoded one at a time x {args.layers} FFNs",
         "timer": timer,
     }
 
 
-def _print_report(result: dict, args: argparse.Namespace) -> None:
-    print(
-        f"\nmodel: {result['model']}, {args.ducks} ducks, {len(result['timer'].e2e_ns)} "
-        "offloaded MLP calls"
+def _verdict(result: dict, args: argparse.Namespace) -> tuple[bool, str]:
+    """PASS/FAIL: the check against the host-only numpy forward, with its tolerance."""
+    what, value = result["checked"]
+    ok = bool(value <= args.tolerance)
+    line = (
+        f"{'PASS' if ok else 'FAIL'}: {what} from the host-only numpy forward {value:.2e} "
+        f"{'<=' if ok else '>'} tolerance {args.tolerance:.0e}"
     )
+    return ok, line
+
+
+def _print_report(result: dict, args: argparse.Namespace) -> None:
+    n = len(result["timer"].e2e_ns)
+    print(f"\nmodel: {result['model']}, {args.ducks} ducks, {n} offloaded MLP calls")
     if "cosine" in result:
         sents = result["sentences"]
         cos = result["cosine"]
@@ -181,12 +241,16 @@ def _print_report(result: dict, args: argparse.Namespace) -> None:
                 + " ".join(f"{cos[i, j]:5.2f}" for j in range(min(len(sents), 12)))
             )
     print(f"\nlargest |difference| from the host-only numpy forward: {result['max_abs_diff']:.2e}")
-    print("\nper MLP call      p50 (us)   p99 (us)")
+    print(f"\nper MLP call: p50 and p99 over {n} calls ({result['runs']})")
+    print(f"  {'phase':<22} {'p50 (us)':>10} {'p99 (us)':>10}")
     for name, row in result["timer"].table().items():
-        print(f"  {name:<22} {row['p50_us']:8.1f} {row['p99_us']:10.1f}")
+        print(f"  {name:<22} {row['p50_us']:10.1f} {row['p99_us']:10.1f}")
+    print()
+    print(_verdict(result, args)[1])
 
 
 def _json_report(result: dict, args: argparse.Namespace, mode: str) -> str:
+    ok, _ = _verdict(result, args)
     doc = {
         "model": result["model"],
         "dataplane": mode,
@@ -194,6 +258,10 @@ def _json_report(result: dict, args: argparse.Namespace, mode: str) -> str:
         "max_abs_diff": result["max_abs_diff"],
         "timings_us": result["timer"].table(),
         "mlp_calls": len(result["timer"].e2e_ns),
+        "timed_over": result["runs"],
+        "checked": result["checked"][0],
+        "tolerance": args.tolerance,
+        "pass": ok,
     }
     if "cosine" in result:
         doc["sentences"] = result["sentences"]
@@ -209,6 +277,10 @@ def _json_report(result: dict, args: argparse.Namespace, mode: str) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.ducks is None:
         args.ducks = 24 if args.model == "qwen3-0.6b-shape" else 8
+    if args.tolerance is None:
+        args.tolerance = TOLERANCE[args.model]
+    # what can be wrong with the arguments is found before anything starts
+    args.sentence_lines = _sentences(args) if args.model == "minilm" else None
     say = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     with _dataplane(args, say) as control, connect(control, name="demo") as client:
         if client.backing != "hugetlbfs":
@@ -219,12 +291,23 @@ def run(args: argparse.Namespace) -> int:
         print(_json_report(result, args, mode))
     else:
         _print_report(result, args)
-    return 0
+    return 0 if _verdict(result, args)[0] else 1
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="run a real model with its MLPs on ducks (the main job)")
-    p.add_argument("--model", choices=MODELS, default="minilm")
+    p = sub.add_parser(
+        "demo",
+        help="run a real model with its MLPs on ducks (the main job)",
+        description="Runs a model with every FFN computed by the ducks, checks the result "
+        "against the host-only numpy forward and prints PASS or FAIL (exit 1) against "
+        "--tolerance, with the per-phase times of the offloaded calls.",
+    )
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        default="minilm",
+        help="all-MiniLM-L6-v2 (default), or Qwen3-0.6B's MLP shapes with random weights",
+    )
     p.add_argument("--ducks", type=int, help="ducks to start (default 8; 24 for the qwen shape)")
     p.add_argument("--mock", action="store_true", help="use the mock dataplane, not the C one")
     p.add_argument(
@@ -233,11 +316,22 @@ def add_parser(sub) -> None:
         default=min(2, os.cpu_count() or 1),
         help="duck emulator processes (one thread each; default: up to 2 cores)",
     )
-    p.add_argument("--backend", choices=("socket", "dpdk"), default="socket")
+    p.add_argument(
+        "--backend",
+        choices=("socket", "dpdk"),
+        default="socket",
+        help="the C dataplane's backend (dpdk: start it yourself and pass --control)",
+    )
     p.add_argument("--control", help="use this running dataplane instead of starting one")
     p.add_argument("--sentences", help="embed the lines of this file instead of the built-in ones")
     p.add_argument("--repeat", type=int, default=20, help="encode the sentences this many times")
     p.add_argument("--layers", type=int, default=28, help="qwen shape: layers (default 28)")
     p.add_argument("--tokens", type=int, default=16, help="qwen shape: tokens to decode")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        help="largest difference from the host-only forward that passes (default 1e-4: "
+        "absolute for minilm, relative for the qwen shape)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout, nothing else")
     p.set_defaults(func=run)
