@@ -302,15 +302,17 @@ void dp_client_unmap(struct dp_client *c)
 
 /* State (field 3) and starttime (field 22, clock ticks since boot) of a process, from
  * /proc/<pid>/stat. false when it cannot be read (gone, or no /proc). */
-static bool proc_stat(uint32_t pid, char *state, uint64_t *start_ticks)
+/* 1: read; 0: no such process (or not a process's stat); -1: cannot tell (no descriptor
+ * left, no memory): the caller must not take that for a death. */
+static int proc_stat(uint32_t pid, char *state, uint64_t *start_ticks)
 {
 	char path[64], buf[1024];
 	if (pid == 0)
-		return false;
+		return 0;
 	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
 	FILE *f = fopen(path, "r");
 	if (!f)
-		return false;
+		return errno == ENOENT || errno == ESRCH ? 0 : -1;
 	size_t len = fread(buf, 1, sizeof(buf) - 1, f);
 	fclose(f);
 	buf[len] = '\0';
@@ -320,16 +322,16 @@ static bool proc_stat(uint32_t pid, char *state, uint64_t *start_ticks)
 	if (!p || sscanf(p + 2, "%c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s "
 				"%*s %*s %*s %llu",
 			 state, &ticks) != 2)
-		return false;
+		return 0;
 	*start_ticks = ticks;
-	return true;
+	return 1;
 }
 
 uint64_t dp_process_start_ticks(uint32_t pid)
 {
 	char state;
 	uint64_t ticks;
-	return proc_stat(pid, &state, &ticks) ? ticks : 0;
+	return proc_stat(pid, &state, &ticks) > 0 ? ticks : 0;
 }
 
 bool dp_process_alive(uint32_t pid, uint64_t start_ticks)
@@ -338,7 +340,10 @@ bool dp_process_alive(uint32_t pid, uint64_t start_ticks)
 		return false;
 	char state;
 	uint64_t ticks;
-	if (!proc_stat(pid, &state, &ticks))
+	int rc = proc_stat(pid, &state, &ticks);
+	if (rc < 0) /* out of descriptors, say (a connection flood): the pid exists; look again later */
+		return true;
+	if (rc == 0)
 		return false;
 	if (state == 'Z' || state == 'X')
 		return false;
