@@ -1,4 +1,6 @@
-"""cffi build script (out-of-line API mode): compiles duckpipe._native.
+"""cffi build script (out-of-line API mode): the ffi of duckpipe._native.
+
+meson.build runs it with --emit to write the module's C source and compiles that.
 
 The struct and enum declarations are the @cdef section of the generated
 dataplane/include/dp_abi.h, so the cffi module, the dataplane and the duck
@@ -158,4 +160,12 @@ ffibuilder.set_source(
 )
 
 if __name__ == "__main__":
-    ffibuilder.compile(verbose=True)
+    # meson.build: `python _native_build.py --emit OUT.c` writes the module's C source
+    # (cffi's API mode), which meson compiles as an extension module. Without
+    # arguments: cffi compiles it in place (setuptools' compiler; a quick check).
+    import sys
+
+    if sys.argv[1:2] == ["--emit"] and len(sys.argv) == 3:
+        ffibuilder.emit_c_code(sys.argv[2])
+    else:
+        ffibuilder.compile(verbose=True)
