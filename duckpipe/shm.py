@@ -68,6 +68,19 @@ class _Plan:
     size: int
 
 
+def _plan_of(out) -> _Plan:
+    """A filled ``struct dp_seg_plan`` as a _Plan."""
+    return _Plan(
+        out.ring_offset,
+        out.res_hdr_offset,
+        out.act_offset,
+        out.res_offset,
+        out.act_slot_size,
+        out.res_slot_size,
+        out.size,
+    )
+
+
 def _plan(slot_count: int, ring_capacity: int, act_slot: int, res_slot: int, page: int) -> _Plan:
     """The segment layout, from dp_seg_plan() in dataplane/include/dp_seg_plan.h: the same
     function the dataplane checks a header with, so the two can never disagree."""
@@ -89,15 +102,7 @@ def _plan(slot_count: int, ring_capacity: int, act_slot: int, res_slot: int, pag
             f"{ring_capacity}, {page}-byte pages",
         )
         raise BadInput(f"{why}, {detail}")
-    return _Plan(
-        out.ring_offset,
-        out.res_hdr_offset,
-        out.act_offset,
-        out.res_offset,
-        out.act_slot_size,
-        out.res_slot_size,
-        out.size,
-    )
+    return _plan_of(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -482,15 +487,7 @@ def _validate_header(
     if rc != 0:  # the plan's own refusal
         why = ffi.string(lib.dp_seg_plan_strerror(rc)).decode()
         raise SegmentError(f"{where}: {why} (slot count {slots}, ring capacity {cap})")
-    plan = _Plan(
-        out.ring_offset,
-        out.res_hdr_offset,
-        out.act_offset,
-        out.res_offset,
-        out.act_slot_size,
-        out.res_slot_size,
-        out.size,
-    )
+    plan = _plan_of(out)
     return Backing(int(h.backing)), _Layout(slots, cap, plan)
 
 
