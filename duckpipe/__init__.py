@@ -10,9 +10,9 @@ with duckpipe.connect() as client:
 """
 
 from . import errors
-from .client import Client, Forward, Slot, WaitStrategy, connect
+from .client.api import Client, Forward, Slot, WaitStrategy, connect
+from .client.models import GeluMlp, SwiGluMlp
 from .errors import DuckpipeError
-from .models import GeluMlp, SwiGluMlp
 from .schema.abi import DType, MlpKind, Status
 
 __version__ = "0.1.0"

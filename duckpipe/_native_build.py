@@ -3,7 +3,7 @@
 meson.build runs it with --emit to write the module's C source and compiles that.
 
 The struct and enum declarations are the @cdef section of the generated
-dataplane/include/dp_abi.h, so the cffi module, the dataplane and the duck
+dataplane/include/gen/dp_abi.h, so the cffi module, the dataplane and the duck
 emulator compile against one header; cffi checks every field offset at build.
 """
 
@@ -17,8 +17,9 @@ CDEF_END = "/* @cdef-end */"
 
 
 def cdef_section(header: str) -> str:
-    """The @cdef section of one header in dataplane/include/."""
-    text = (INCLUDE / header).read_text()
+    """The @cdef section of one header in dataplane/include/ (or its generated gen/)."""
+    path = INCLUDE / header
+    text = (path if path.exists() else INCLUDE / "gen" / header).read_text()
     return text.split(CDEF_BEGIN, 1)[1].split(CDEF_END, 1)[0]
 
 
@@ -64,7 +65,7 @@ int dp_seg_plan(uint32_t slot_count, uint32_t ring_capacity, uint64_t act_slot_s
 const char *dp_seg_plan_strerror(int rc);
 int dp_seg_check(const struct dp_seg_header *h, uint64_t file_size, uint32_t max_slots,
                  uint64_t max_bytes, struct dp_seg_plan *out);
-int dp_mp_prescan(const char *buf, size_t len, uint32_t max_depth, char *why, size_t n);
+int dp_msgpack_prescan(const char *buf, size_t len, uint32_t max_depth, char *why, size_t n);
 uint32_t dp_wire_payload_max(uint32_t mtu);
 """
 
@@ -74,7 +75,7 @@ SOURCE = r"""
 #include "dp_abi.h"
 #include "dp_ring.h"
 #include "dp_seg_plan.h"
-#include "dp_mp_scan.h" /* the mock dataplane's control pre-scan: the dataplane's own */
+#include "dp_msgpack_scan.h" /* the mock dataplane's control pre-scan: the dataplane's own */
 #include "dp_wire.h"    /* dp_wire_payload_max: chunk sizes for tools and fake ducks */
 
 static uint64_t dp_mono_ns(void)
@@ -155,7 +156,7 @@ ffibuilder.cdef(abi_cdef() + cdef_section("dp_seg_plan.h") + FUNCTIONS)
 ffibuilder.set_source(
     "duckpipe._native",
     SOURCE,
-    include_dirs=[str(INCLUDE)],
+    include_dirs=[str(INCLUDE), str(INCLUDE / "gen")],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
 )
 

@@ -57,8 +57,8 @@ def _mock_dataplane(args: argparse.Namespace) -> int:
 
 def _loopback_topology(args: argparse.Namespace):
     """``duckpipe dataplane`` without --config: --ducks on 127.0.0.1 at this user's ports."""
-    from .cluster import free_udp_ports
-    from .topology import loopback
+    from .launch.cluster import free_udp_ports
+    from .launch.topology import loopback
 
     host, duck, why = runtime.default_ports()
     if args.host_port is not None:
@@ -85,7 +85,7 @@ def _check_topology(topo, control: str) -> list[str]:
     """What would stop this topology from starting, short of binding (``--check``)."""
     import subprocess
 
-    from .binaries import find_binary
+    from .launch.binaries import find_binary
 
     problems = []
     topo.to_config(control)  # encodes with the C dataplane's schema
@@ -111,8 +111,8 @@ def _check_topology(topo, control: str) -> list[str]:
 
 
 def _dataplane(args: argparse.Namespace) -> int:
-    from .dataplane import run_foreground
-    from .topology import load
+    from .launch.dataplane import run_foreground
+    from .launch.topology import load
 
     topo = load(args.config) if args.config else _loopback_topology(args)
     control = args.control or topo.control or runtime.default_control()
@@ -134,7 +134,7 @@ def _dataplane(args: argparse.Namespace) -> int:
 
 
 def _shm_ls(args: argparse.Namespace) -> int:
-    from .shm import list_segments
+    from .client.shm import list_segments
 
     segs = list_segments()
     if args.json:
@@ -177,7 +177,7 @@ def _shm_ls(args: argparse.Namespace) -> int:
 
 
 def _shm_clean(args: argparse.Namespace) -> int:
-    from .shm import clean_segments
+    from .client.shm import clean_segments
 
     removed = clean_segments(dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
@@ -201,7 +201,7 @@ def _stats(args: argparse.Namespace) -> int:
         return _stats_query(args)
     import msgspec
 
-    from . import stats as st
+    from .observe import stats_reader as st
 
     try:
         path = Path(args.stats) if args.stats else st.find_stats(args.control)
@@ -271,7 +271,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _stats_query(args: argparse.Namespace) -> int:
     """GetStats over ZeroMQ: the dataplane's own answer (with each DPDK port's xstats)."""
-    from .process import ping
+    from .launch.process import ping
     from .schema.control import MAX_XSTATS
 
     control = args.control or runtime.default_control()
@@ -306,13 +306,13 @@ def _stats_query(args: argparse.Namespace) -> int:
 
 
 def _exporter(args: argparse.Namespace) -> int:
-    from .exporter import serve
+    from .observe.exporter import serve
 
     return serve(args.port, args.address, stats=args.stats, control=args.control)
 
 
 def _shutdown(args: argparse.Namespace) -> int:
-    from .process import control_request
+    from .launch.process import control_request
     from .schema import control as ctl
 
     control = args.control or runtime.default_control()
@@ -378,7 +378,7 @@ def _example(args: argparse.Namespace) -> int:
             )
             run(dp.control)
     elif args.standalone:
-        from .cluster import Cluster
+        from .launch.cluster import Cluster
 
         with Cluster(args.ducks) as cl:
             print(
@@ -469,7 +469,7 @@ def _parser() -> argparse.ArgumentParser:
 
     from .bench import add_parser as add_bench_parser
     from .demo.run import add_parser as add_demo_parser
-    from .ducks import add_parser as add_ducks_parser
+    from .launch.ducks import add_parser as add_ducks_parser
 
     add_ducks_parser(sub)
     add_demo_parser(sub)

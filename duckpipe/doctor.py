@@ -120,7 +120,7 @@ def _dpdk() -> list[Check]:
     else:
         out.append(Check("DPDK PMDs", "warn", "no net PMDs found", fix))
     try:
-        from .binaries import find_binary
+        from .launch.binaries import find_binary
 
         binary = find_binary("duckpipe-dataplane")
         r = subprocess.run([str(binary), "--backends"], capture_output=True, text=True, timeout=10)

@@ -31,8 +31,8 @@ import numpy as np
 from duckpipe._native import lib
 
 import duckpipe
-from duckpipe.dataplane import DataplaneProcess
-from duckpipe.ring import SubmissionRing, new_desc
+from duckpipe.client.ring import SubmissionRing, new_desc
+from duckpipe.launch.dataplane import DataplaneProcess
 from duckpipe.schema.abi import Status
 from duckpipe.testing import null_topology
 

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import duckpipe
-from duckpipe.cluster import Cluster
+from duckpipe.launch.cluster import Cluster
 
 
 def main() -> int:

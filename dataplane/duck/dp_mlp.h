@@ -1,6 +1,6 @@
 /* dp_mlp.h: one duck's share of an MLP layer, computed in float32.
  *
- * Tensor parallelism over the FFN dimension (duckpipe/models.py): a duck holds
+ * Tensor parallelism over the FFN dimension (duckpipe/client/models.py): a duck holds
  * `ffn` columns of the first matrix (and of the first bias) and the same rows of
  * the second, and computes a full [rows x hidden] partial that the host sums.
  *

@@ -2,7 +2,7 @@
 
     .venv/bin/python dataplane/fuzz/make_seeds.py
 
-Datagrams come from duckpipe.wire's encoder, control messages from the msgspec
+Datagrams come from duckpipe.testing.datagrams's encoder, control messages from the msgspec
 schema (duckpipe/schema/control.py) and its encoder: what a real duck and a real
 client send, so the fuzzers start from inside the parsers rather than at their
 first check. Rerun after a wire or control schema change and commit the result.

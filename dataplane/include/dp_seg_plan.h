@@ -1,6 +1,6 @@
 /* dp_seg_plan.h: the one rule that places every region of a segment.
  *
- * The creating client (duckpipe/shm.py, through cffi), the dataplane
+ * The creating client (duckpipe/client/shm.py, through cffi), the dataplane
  * (dp_client.c, at attach) and anyone else who maps a segment compute the
  * layout here and nowhere else; a header whose offsets differ from the plan is
  * refused. Every step is overflow-checked: a header is input from another

@@ -1,6 +1,6 @@
 /* test_client.c: dp_client_map() attaches a sealed duckpipe memfd once, keeps a private
  * layout the client cannot move, and refuses everything else. The segments are made
- * here, in this process, as duckpipe/shm.py makes them. Exit 0 pass, 1 fail, 77 skip. */
+ * here, in this process, as duckpipe/client/shm.py makes them. Exit 0 pass, 1 fail, 77 skip. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>

@@ -10,7 +10,7 @@
 
 #include "dp_access.h"
 #include "dp_ctl_gen.h"
-#include "dp_mp.h"
+#include "dp_msgpack.h"
 #include "test_check.h"
 
 static char why[256];
@@ -18,7 +18,7 @@ static char why[256];
 static int prescan(const void *buf, size_t len)
 {
 	why[0] = '\0';
-	return dp_mp_prescan(buf, len, DP_MAX_NESTING, why, sizeof(why));
+	return dp_msgpack_prescan(buf, len, DP_MAX_NESTING, why, sizeof(why));
 }
 
 static int decode(const void *buf, size_t len, struct dp_ctl_request *r)
@@ -38,8 +38,8 @@ static void begin(struct packed *p, const char *type, uint32_t extra)
 	msgpack_sbuffer_init(&p->sb);
 	msgpack_packer_init(&p->pk, &p->sb, msgpack_sbuffer_write);
 	msgpack_pack_map(&p->pk, 2 + extra);
-	dp_mp_kv_str(&p->pk, "type", type);
-	dp_mp_kv_u64(&p->pk, "req_id", 7);
+	dp_msgpack_kv_str(&p->pk, "type", type);
+	dp_msgpack_kv_u64(&p->pk, "req_id", 7);
 }
 
 static void test_prescan_refuses_lies(void)
@@ -73,22 +73,22 @@ static void test_prescan_refuses_lies(void)
 	/* an honest message of every kind of object passes */
 	struct packed p;
 	begin(&p, "X", 6);
-	dp_mp_key(&p.pk, "f");
+	dp_msgpack_key(&p.pk, "f");
 	msgpack_pack_double(&p.pk, 1.5);
-	dp_mp_key(&p.pk, "neg");
+	dp_msgpack_key(&p.pk, "neg");
 	msgpack_pack_int64(&p.pk, -70000);
-	dp_mp_key(&p.pk, "bin");
+	dp_msgpack_key(&p.pk, "bin");
 	msgpack_pack_bin(&p.pk, 300);
 	static char zeros[300];
 	msgpack_pack_bin_body(&p.pk, zeros, sizeof(zeros));
-	dp_mp_key(&p.pk, "arr");
+	dp_msgpack_key(&p.pk, "arr");
 	msgpack_pack_array(&p.pk, 70000);
 	for (int i = 0; i < 70000; i++)
 		msgpack_pack_nil(&p.pk);
-	dp_mp_key(&p.pk, "ext");
+	dp_msgpack_key(&p.pk, "ext");
 	msgpack_pack_ext(&p.pk, 4, 1);
 	msgpack_pack_ext_body(&p.pk, "abcd", 4);
-	dp_mp_key(&p.pk, "b");
+	dp_msgpack_key(&p.pk, "b");
 	msgpack_pack_true(&p.pk);
 	CHECK(prescan(p.sb.data, p.sb.size) == 0, "an honest message: %s", why);
 	msgpack_sbuffer_destroy(&p.sb);
@@ -99,7 +99,7 @@ static void test_decode_bombs_without_allocating(void)
 	/* {"type": "LoadWeights", "req_id": 1, "ducks": array32(2^32-1)} in ~50 bytes */
 	struct packed p;
 	begin(&p, "LoadWeights", 1);
-	dp_mp_key(&p.pk, "ducks");
+	dp_msgpack_key(&p.pk, "ducks");
 	msgpack_sbuffer_write(&p.sb, "\xdd\xff\xff\xff\xff\x00\x00", 7);
 	struct rlimit as = { 1ull << 30, 1ull << 30 };
 	struct rlimit old;
@@ -118,12 +118,12 @@ static void test_decode_checks_fields(void)
 	struct packed p;
 
 	begin(&p, "LoadWeights", 6);
-	dp_mp_kv_u64(&p.pk, "layer", 3);
-	dp_mp_kv_u64(&p.pk, "kind", 1);
-	dp_mp_kv_u64(&p.pk, "dtype", 1);
-	dp_mp_kv_u64(&p.pk, "hidden", 8);
-	dp_mp_kv_u64(&p.pk, "ffn", 16);
-	dp_mp_key(&p.pk, "ducks");
+	dp_msgpack_kv_u64(&p.pk, "layer", 3);
+	dp_msgpack_kv_u64(&p.pk, "kind", 1);
+	dp_msgpack_kv_u64(&p.pk, "dtype", 1);
+	dp_msgpack_kv_u64(&p.pk, "hidden", 8);
+	dp_msgpack_kv_u64(&p.pk, "ffn", 16);
+	dp_msgpack_key(&p.pk, "ducks");
 	msgpack_pack_array(&p.pk, 2);
 	msgpack_pack_uint32(&p.pk, 0);
 	msgpack_pack_uint32(&p.pk, 5);
@@ -134,15 +134,15 @@ static void test_decode_checks_fields(void)
 	msgpack_sbuffer_destroy(&p.sb);
 
 	begin(&p, "LoadWeights", 7);
-	dp_mp_kv_u64(&p.pk, "layer", 3);
-	dp_mp_kv_u64(&p.pk, "kind", 2);
-	dp_mp_kv_u64(&p.pk, "dtype", 1);
-	dp_mp_kv_u64(&p.pk, "hidden", 8);
-	dp_mp_kv_u64(&p.pk, "ffn", 16);
-	dp_mp_key(&p.pk, "ducks");
+	dp_msgpack_kv_u64(&p.pk, "layer", 3);
+	dp_msgpack_kv_u64(&p.pk, "kind", 2);
+	dp_msgpack_kv_u64(&p.pk, "dtype", 1);
+	dp_msgpack_kv_u64(&p.pk, "hidden", 8);
+	dp_msgpack_kv_u64(&p.pk, "ffn", 16);
+	dp_msgpack_key(&p.pk, "ducks");
 	msgpack_pack_array(&p.pk, 1);
 	msgpack_pack_uint32(&p.pk, 5);
-	dp_mp_key(&p.pk, "shard_sizes");
+	dp_msgpack_key(&p.pk, "shard_sizes");
 	msgpack_pack_array(&p.pk, 1);
 	msgpack_pack_uint32(&p.pk, 16);
 	CHECK(decode(p.sb.data, p.sb.size, &r) == 0, "%s", why);
@@ -153,14 +153,14 @@ static void test_decode_checks_fields(void)
 	msgpack_sbuffer_destroy(&p.sb);
 
 	begin(&p, "LoadWeights", 1);
-	dp_mp_kv_u64(&p.pk, "hidden", 1ull << 32);
+	dp_msgpack_kv_u64(&p.pk, "hidden", 1ull << 32);
 	CHECK(decode(p.sb.data, p.sb.size, &r) == DP_ERROR_CODE_BAD_REQUEST &&
 		      strstr(why, "LoadWeights.hidden"),
 	      "%s", why);
 	msgpack_sbuffer_destroy(&p.sb);
 
 	begin(&p, "LoadWeights", 1);
-	dp_mp_key(&p.pk, "ducks");
+	dp_msgpack_key(&p.pk, "ducks");
 	msgpack_pack_array(&p.pk, 257);
 	for (int i = 0; i < 257; i++)
 		msgpack_pack_uint32(&p.pk, 1);
@@ -170,25 +170,25 @@ static void test_decode_checks_fields(void)
 	msgpack_sbuffer_destroy(&p.sb);
 
 	begin(&p, "Attach", 3);
-	dp_mp_kv_u64(&p.pk, "abi_major", 1);
-	dp_mp_kv_u64(&p.pk, "pid", 1);
+	dp_msgpack_kv_u64(&p.pk, "abi_major", 1);
+	dp_msgpack_kv_u64(&p.pk, "pid", 1);
 	char longpath[300];
 	memset(longpath, 'a', sizeof(longpath) - 1);
 	longpath[sizeof(longpath) - 1] = '\0';
-	dp_mp_kv_str(&p.pk, "segment", longpath);
+	dp_msgpack_kv_str(&p.pk, "segment", longpath);
 	CHECK(decode(p.sb.data, p.sb.size, &r) == DP_ERROR_CODE_BAD_REQUEST &&
 		      strstr(why, "Attach.segment must be a string of 0 to 255"),
 	      "%s", why);
 	msgpack_sbuffer_destroy(&p.sb);
 
 	begin(&p, "SetEpoch", 1);
-	dp_mp_key(&p.pk, "epoch");
+	dp_msgpack_key(&p.pk, "epoch");
 	msgpack_pack_nil(&p.pk);
 	CHECK(decode(p.sb.data, p.sb.size, &r) == 0 && !r.u.set_epoch.has_epoch, "%s", why);
 	msgpack_sbuffer_destroy(&p.sb);
 
 	begin(&p, "SetEpoch", 1);
-	dp_mp_kv_str(&p.pk, "epoch", "9");
+	dp_msgpack_kv_str(&p.pk, "epoch", "9");
 	CHECK(decode(p.sb.data, p.sb.size, &r) == DP_ERROR_CODE_BAD_REQUEST &&
 		      strstr(why, "SetEpoch.epoch must be an integer"),
 	      "%s", why);

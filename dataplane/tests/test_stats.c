@@ -31,7 +31,7 @@ int main(void)
 	dp_stats_record(counts, &sum, 1000);
 	dp_stats_record(counts, &sum, 1000);
 	C(counts[dp_stats_bucket(1000)] == 2 && sum == 2000);
-	/* the path readers compute (duckpipe/stats.py stats_path_for) */
+	/* the path readers compute (duckpipe/observe/stats_reader.py stats_path_for) */
 	char p[320];
 	C(dp_stats_path("ipc:///run/x/control", p, sizeof(p)) == 0 && !strcmp(p, "/run/x/stats"));
 	C(dp_stats_path("ipc:///run/x/dp1", p, sizeof(p)) == 0 && !strcmp(p, "/run/x/dp1.stats"));

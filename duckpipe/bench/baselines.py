@@ -1,7 +1,7 @@
 """The reference system's path, as rows of ``duckpipe bench forward``.
 
 Each baseline sends one activation (real duckpipe FORWARD datagrams: headers made
-by :func:`duckpipe.wire.encode` once per duck and chunk, the forward id patched in
+by :func:`duckpipe.testing.datagrams.encode` once per duck and chunk, the forward id patched in
 per request) to every duck by unicast, and receives every duck's PARTIAL chunks.
 No NACKs and no reduce: a forward whose partials are not all in within the
 timeout is counted as lost. Before timing, each announces a layer (op LAYER) to
@@ -27,10 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import wire
-from ..binaries import find_binary
 from ..errors import DuckpipeError
+from ..launch.binaries import find_binary
 from ..schema.wire import WireOp
+from ..testing import datagrams as wire
 from .common import cpu_seconds
 
 __all__ = ["PYTHON_BASELINES", "Sample", "Samples", "run_floor", "run_python"]

@@ -16,16 +16,16 @@ from collections.abc import Sequence
 import numpy as np
 import psutil
 
-from ..cluster import free_udp_ports
-from ..dataplane import DataplaneProcess
-from ..ducks import DucksProcess
-from ..topology import Duck, Nic, Topology
+from ..launch.cluster import free_udp_ports
+from ..launch.dataplane import DataplaneProcess
+from ..launch.ducks import DucksProcess
+from ..launch.topology import Duck, Nic, Topology
 from . import baselines
 from .common import DUCKS_CPU, Progress, Size, Table, cpu_seconds, percentiles_us, pin
 
 __all__ = ["WAIT_MODES", "Config", "configs", "run", "run_duckpipe"]
 
-#: duckpipe.connect(wait=...) modes measured (duckpipe/client.py)
+#: duckpipe.connect(wait=...) modes measured (duckpipe/client/api.py)
 WAIT_MODES = ("spin", "hybrid", "block")
 FLOOR = "c_mmsg"
 #: dataplane counters reported per forward (duckpipe rows; JSON, and scale's table)

@@ -28,10 +28,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import runtime
-from ..binaries import find_binary
 from ..errors import DuckpipeError
-from ..process import stop_process
-from ..topology import Duck, Nic, Topology
+from ..launch.binaries import find_binary
+from ..launch.process import stop_process
+from ..launch.topology import Duck, Nic, Topology
 from . import baselines
 from .common import DUCKS_CPU, Progress, Size, Table, pin
 

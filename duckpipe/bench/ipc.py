@@ -359,7 +359,7 @@ def duckpipe_null_rows(
     ``n_stream`` such forwards back to back (streaming). One duck, a SwiGLU layer."""
     import duckpipe
 
-    from ..dataplane import DataplaneProcess
+    from ..launch.dataplane import DataplaneProcess
     from ..testing import null_topology
 
     hidden = min(size // 4, 1024)

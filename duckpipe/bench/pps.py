@@ -29,8 +29,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..binaries import find_binary
 from ..errors import DuckpipeError
+from ..launch.binaries import find_binary
 from .common import CLIENT_CPU, DUCKS_CPU, Progress, Size, Table
 
 __all__ = ["COLUMNS", "TARGET", "run", "unavailable"]

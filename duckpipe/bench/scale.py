@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cluster import free_udp_ports
-from ..ducks import DucksProcess
+from ..launch.cluster import free_udp_ports
+from ..launch.ducks import DucksProcess
 from .common import DUCKS_CPU, Progress, Size, Table, percentiles_us, pin
 from .forward import run_duckpipe
 from .report import plot

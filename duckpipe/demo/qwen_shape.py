@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..models import SwiGluMlp
+from ..client.models import SwiGluMlp
 
 __all__ = ["HIDDEN", "INTERMEDIATE", "LAYERS", "QwenShape"]
 

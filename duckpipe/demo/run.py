@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..client import Client, connect
+from ..client.api import Client, connect
 from ..errors import BadInput, DuckpipeError
 from ..progress import Progress
 
@@ -142,7 +142,7 @@ def _dataplane(args: argparse.Namespace, say: Callable[[str], None]) -> Iterator
             "topology: README, DPDK backend); start it with `duckpipe dataplane --config "
             "TOPOLOGY -- EAL OPTIONS` and pass --control, or use --backend socket, or --mock"
         )
-    from ..cluster import Cluster
+    from ..launch.cluster import Cluster
 
     with Cluster(args.ducks, emulators=args.emulators) as cl:
         say(

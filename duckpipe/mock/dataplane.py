@@ -35,10 +35,10 @@ from zmq.utils import z85
 
 from .. import runtime
 from .._native import ffi, lib
+from ..client.models import duck_partial, numpy_dtype
+from ..client.ring import new_descs
+from ..client.shm import Segment, clean_segments
 from ..errors import DuckpipeError
-from ..idle import IdleStrategy
-from ..models import duck_partial, numpy_dtype
-from ..ring import new_descs
 from ..schema import control as ctl
 from ..schema.abi import (
     ABI_MAJOR,
@@ -54,7 +54,7 @@ from ..schema.abi import (
 from ..schema.config import check_limits
 from ..schema.config import default as config_default
 from ..schema.control import ErrorCode
-from ..shm import Segment, clean_segments
+from .idle import IdleStrategy
 from .stats_writer import StatsWriter
 
 __all__ = ["MockConfig", "MockDataplane", "main_loop"]
@@ -76,7 +76,7 @@ class MockConfig:
     delay_ms: float = 0.0
     dead_ducks: frozenset[int] = frozenset()
     crash_after: int | None = None
-    # per-client limits, as the C dataplane's config (duckpipe/topology.py)
+    # per-client limits, as the C dataplane's config (duckpipe/launch/topology.py)
     client_max_inflight: int = config_default("client_max_inflight")
     max_inflight: int = config_default("max_inflight")
     client_max_slots: int = config_default("client_max_slots")
@@ -414,7 +414,7 @@ class MockDataplane:
             if peer is None:
                 continue
             lie = _prescan(raw.bytes, ctl.MAX_NESTING)
-            if lie is not None:  # as the C dataplane's dp_mp_prescan refuses it
+            if lie is not None:  # as the C dataplane's dp_msgpack_prescan refuses it
                 self.counters["bad_control_messages"] += 1
                 self._send(identity, ctl.Error(req_id=0, code=ErrorCode.BAD_MESSAGE, message=lie))
                 continue
@@ -1114,9 +1114,9 @@ class MockDataplane:
 
 def _prescan(buf: bytes, max_depth: int) -> str | None:
     """None when buf is one msgpack object whose declared lengths fit and whose nesting is
-    at most max_depth, else why: the dataplane's own dp_mp_prescan (dp_mp_scan.h)."""
+    at most max_depth, else why: the dataplane's own dp_msgpack_prescan (dp_msgpack_scan.h)."""
     why = ffi.new("char[256]")
-    if lib.dp_mp_prescan(buf, len(buf), max_depth, why, 256) == 0:
+    if lib.dp_msgpack_prescan(buf, len(buf), max_depth, why, 256) == 0:
         return None
     return ffi.string(why).decode(errors="replace")
 

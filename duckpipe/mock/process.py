@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from ..process import DataplaneChild, control_request, ping
+from ..launch.process import DataplaneChild, control_request, ping
 
 __all__ = ["MockDataplaneProcess", "control_request", "ping"]
 

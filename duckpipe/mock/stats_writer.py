@@ -18,8 +18,8 @@ import numpy as np
 
 from .. import runtime
 from ..errors import DuckpipeError
+from ..observe.stats_reader import PLAN, STALE_NS, _pid_alive, stats_path_for, views
 from ..schema import stats as S
-from ..stats import PLAN, STALE_NS, _pid_alive, stats_path_for, views
 
 __all__ = ["StatsWriter"]
 

@@ -133,7 +133,7 @@ SHARD_TENSORS = 3  # tensors per duck's shard, indices 0..2; 3 is b_down, kept b
 
 #: The tensors of a duck's shard by kind and index (a WEIGHT_CHUNK's ``tensor``), as
 #: [rows, columns]. The dataplane (dp_tensor_elems in dp_abi.h), the duck emulator,
-#: the mock and duckpipe.models all size tensors from this one table.
+#: the mock and duckpipe.client.models all size tensors from this one table.
 TENSOR_SHAPES: dict[MlpKind, tuple[tuple[TensorDim, TensorDim], ...]] = {
     MlpKind.GELU: (
         (TensorDim.HIDDEN, TensorDim.FFN),  # w_up

@@ -4,7 +4,7 @@ For every request message: a C struct, a decoder from a msgpack-c object that
 checks each field's type and range against the Struct's ``Meta`` (every string
 and list must declare a ``max_length``: the C struct holds it inline), and one
 dispatch table (type name -> decoder). ``dp_ctl_decode`` runs the bounded
-pre-scan (``dp_mp_prescan``) over the raw bytes before msgpack-c sees them,
+pre-scan (``dp_msgpack_prescan``) over the raw bytes before msgpack-c sees them,
 because msgpack-c reserves memory from declared lengths.
 
 For every reply (and the Structs nested in them): a C struct whose strings and lists
@@ -261,7 +261,7 @@ C_PRELUDE = """\
 #include <string.h>
 
 #include "dp_ctl_rt.h"
-#include "dp_mp.h"
+#include "dp_msgpack.h"
 """
 
 
@@ -323,7 +323,7 @@ def render_ctl_c() -> str:
         '\t\treturn fail(why, n, "message of %zu bytes (at most %d)", len, DP_MAX_MESSAGE_BYTES),',
         "\t\t       DP_ERROR_CODE_BAD_MESSAGE;",
         "\t/* msgpack-c reserves memory from declared lengths: refuse lies before it reads */",
-        "\tif (dp_mp_prescan(buf, len, DP_MAX_NESTING, why, n) < 0)",
+        "\tif (dp_msgpack_prescan(buf, len, DP_MAX_NESTING, why, n) < 0)",
         "\t\treturn DP_ERROR_CODE_BAD_MESSAGE;",
         "\tmsgpack_unpacked msg;",
         "\tmsgpack_unpacked_init(&msg);",
@@ -335,10 +335,10 @@ def render_ctl_c() -> str:
         '\t\tfail(why, n, "not a msgpack map");',
         "\t\tgoto out;",
         "\t}",
-        '\trid = dp_mp_get(&msg.data, "req_id");',
+        '\trid = dp_msgpack_get(&msg.data, "req_id");',
         "\tif (rid && rid->type == MSGPACK_OBJECT_POSITIVE_INTEGER)",
         "\t\tout->req_id = rid->via.u64;",
-        '\ttype = dp_mp_get(&msg.data, "type");',
+        '\ttype = dp_msgpack_get(&msg.data, "type");',
         "\tif (!type || type->type != MSGPACK_OBJECT_STR) {",
         "\t\tfail(why, n, \"no 'type' naming the message\");",
         "\t\tgoto out;",
@@ -387,7 +387,7 @@ def render_config_h() -> str:
         " Do not edit.",
         " *",
         " * The default of every config field; dp_config.c reads each field by its schema name",
-        " * (tests/test_generated_files.py checks it names them all). */",
+        " * (tests/tools/test_generated_files.py checks it names them all). */",
         "#ifndef DP_CONFIG_GEN_H",
         "#define DP_CONFIG_GEN_H",
         "",

@@ -1,0 +1,352 @@
+/* dp_client.c: client segments as the dataplane sees them.
+ *
+ * A segment is a sealed memfd the client made (duckpipe/client/shm.py). At attach the
+ * dataplane opens it through /proc/<pid>/fd/<fd>, refuses anything that is not
+ * a duckpipe memfd of that user that can neither shrink nor grow, reads the
+ * header with pread (before mapping a byte), checks it against dp_seg_plan()
+ * and its limits, maps it, seals it against hole punching and pre-faults it,
+ * and keeps its own copy of the layout: after that nothing is read from the
+ * header but the client's heartbeat. Nothing is ever unlinked: the memory goes
+ * when the last mapping and descriptor do.
+ *
+ * Seals: the client adds F_SEAL_SHRINK | F_SEAL_GROW (a segment that cannot
+ * shrink cannot SIGBUS us). Those do not stop fallocate(PUNCH_HOLE), and a
+ * punched hugepage is allocated again on the next touch, which faults when the
+ * pool is empty; so once mapped, the dataplane adds F_SEAL_FUTURE_WRITE (no hole
+ * punching, no new writable mapping; the two existing ones stay writable) and
+ * F_SEAL_SEAL, then faults every page in with MADV_POPULATE_WRITE, which fails
+ * instead of raising SIGBUS if a page went missing before the seal.
+ */
+#include "dp_client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dp_backend.h"
+#include "dp_config_gen.h"
+#include "dp_seg_plan.h"
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+#define MEMFD_PREFIX "/memfd:duckpipe"
+
+/* dp_client_map's signature is the contract with the control agent; the limits and
+ * the other clients (to refuse a second attach of one file) are set once here. */
+static struct {
+	uint32_t max_slots;
+	uint64_t max_segment_bytes;
+	const struct dp_client *all;
+	uint32_t n;
+} limits = { DP_CFG_DEFAULT_CLIENT_MAX_SLOTS, DP_CFG_DEFAULT_CLIENT_MAX_SEGMENT_BYTES, NULL,
+	      0 };
+
+void dp_client_set_limits(const struct dp_config *cfg, const struct dp_client *all, uint32_t n)
+{
+	limits.max_slots = cfg->client_max_slots;
+	limits.max_segment_bytes = cfg->client_max_segment_bytes;
+	limits.all = all;
+	limits.n = n;
+}
+
+/* The layout a header claims, checked by dp_seg_check() (the rule shm.py calls too)
+ * against the plan, the limits and the file; 0 or -1 with the reason in words. */
+int dp_client_check_header(const struct dp_seg_header *h, uint64_t file_size,
+			   struct dp_client_layout *out)
+{
+	struct dp_seg_plan p;
+	int rc = dp_seg_check(h, file_size, limits.max_slots, limits.max_segment_bytes, &p);
+	switch (rc) {
+	case 0:
+		break;
+	case DP_SEG_CHECK_ABI_MAJOR:
+		dp_set_error("segment ABI %u.%u, this dataplane speaks %u.x", h->abi_major,
+			     h->abi_minor, DP_ABI_MAJOR);
+		return -1;
+	case DP_SEG_CHECK_BACKING:
+		dp_set_error("unknown backing %u", h->backing);
+		return -1;
+	case DP_SEG_CHECK_OVER_LIMITS:
+		dp_set_error("%u slots, %lu bytes: over this dataplane's client_max_slots %u or "
+			     "client_max_segment_bytes %lu",
+			     h->slot_count, (unsigned long)file_size, limits.max_slots,
+			     (unsigned long)limits.max_segment_bytes);
+		return -1;
+	case DP_SEG_CHECK_NO_MAGIC:
+	case DP_SEG_CHECK_STRUCT_SIZES:
+	case DP_SEG_CHECK_LAYOUT:
+		dp_set_error("%s", dp_seg_plan_strerror(rc));
+		return -1;
+	default: /* the plan's own refusal */
+		dp_set_error("%s (slots %u, ring %u)", dp_seg_plan_strerror(rc), h->slot_count,
+			     h->ring_capacity);
+		return -1;
+	}
+	out->slot_count = h->slot_count;
+	out->ring_capacity = h->ring_capacity;
+	out->act_slot_size = p.act_slot_size;
+	out->res_slot_size = p.res_slot_size;
+	return 0;
+}
+
+/* fd is a memfd a peer of this uid made for duckpipe, sealed against resizing; 0 or -1. */
+static int check_memfd(int fd, uint32_t uid, struct stat *st, char *name, size_t namelen)
+{
+	char link[64], target[256];
+	if (fstat(fd, st) < 0 || !S_ISREG(st->st_mode)) {
+		dp_set_error("not a regular file");
+		return -1;
+	}
+	if (st->st_uid != uid) {
+		dp_set_error("owned by uid %u, not the client's %u", st->st_uid, uid);
+		return -1;
+	}
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(link, target, sizeof(target) - 1);
+	if (n < 0 || strncmp(target, MEMFD_PREFIX, strlen(MEMFD_PREFIX)) != 0) {
+		dp_set_error("not a duckpipe memfd");
+		return -1;
+	}
+	target[n] = '\0';
+	char *deleted = strstr(target, " (deleted)");
+	if (deleted)
+		*deleted = '\0';
+	snprintf(name, namelen, "%.200s", target + strlen("/memfd:"));
+	for (uint32_t i = 0; i < limits.n; i++) {
+		const struct dp_client *o = &limits.all[i];
+		if (dp_load_acquire_u32(&o->state) != DP_CLIENT_FREE && o->base &&
+		    o->st_dev == (uint64_t)st->st_dev && o->st_ino == (uint64_t)st->st_ino) {
+			dp_set_error("memfd %s is already attached (client %u)", name, o->id);
+			return -1;
+		}
+	}
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+		dp_set_error("memfd %s is not sealed against shrinking and growing", name);
+		return -1;
+	}
+	if (seals & (F_SEAL_SEAL | F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) {
+		dp_set_error("memfd %s is sealed against writes or further seals (0x%x): it is "
+			     "attached elsewhere, or its maker sealed it too far",
+			     name, (unsigned)seals);
+		return -1;
+	}
+	return 0;
+}
+
+int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int32_t segment_fd)
+{
+	char path[64], name[256];
+	snprintf(path, sizeof(path), "/proc/%u/fd/%d", peer_pid, segment_fd);
+	if (segment_fd < 0 || peer_pid == 0) {
+		dp_set_error("no segment descriptor (pid %u, fd %d): this client predates memfd "
+			     "segments; upgrade it",
+			     peer_pid, segment_fd);
+		return -1;
+	}
+	/* the kernel's start time of the peer, never the header's start_ns (the client writes
+	 * that one: a date in the future would hide a reused pid from dp_process_alive) */
+	uint64_t start_ticks = dp_process_start_ticks(peer_pid);
+	if (!start_ticks) {
+		dp_set_error("cannot read /proc/%u/stat: is the client alive?", peer_pid);
+		return -1;
+	}
+	/* O_PATH first: opening a device or FIFO the peer named could have side effects, so
+	 * nothing but a regular file is opened for real (through our own O_PATH handle: the
+	 * same inode, whatever the peer does meanwhile). O_NOFOLLOW would refuse every /proc
+	 * fd link; what it names is checked below. */
+	int fd = -1, pfd = open(path, O_PATH | O_CLOEXEC);
+	struct stat st;
+	if (pfd < 0) {
+		dp_set_error("cannot open %s: %s; is the client alive?", path, strerror(errno));
+		return -1;
+	}
+	if (fstat(pfd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		close(pfd);
+		dp_set_error("%s is not a regular file", path);
+		return -1;
+	}
+	char self[64];
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", pfd);
+	fd = open(self, O_RDWR | O_CLOEXEC | O_NOCTTY);
+	close(pfd);
+	if (fd < 0) {
+		dp_set_error("cannot open %s: %s", path, strerror(errno));
+		return -1;
+	}
+	struct dp_seg_header h;
+	struct dp_client_layout lay;
+	if (check_memfd(fd, peer_uid, &st, name, sizeof(name)) < 0)
+		goto refuse;
+	/* pread, not mmap: a bad header costs nothing, and a huge file is never faulted in */
+	if (st.st_size < (off_t)sizeof(h) || pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h)) {
+		dp_set_error("%ld bytes, too small to be a segment", (long)st.st_size);
+		goto refuse;
+	}
+	if (dp_client_check_header(&h, (uint64_t)st.st_size, &lay) < 0)
+		goto refuse;
+	if (h.creator_pid != peer_pid) {
+		dp_set_error("made by pid %u, not by the client (pid %u)", h.creator_pid, peer_pid);
+		goto refuse;
+	}
+	size_t size = (size_t)st.st_size; /* sealed: it stays this size */
+	void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (base == MAP_FAILED) {
+		dp_set_error("mmap of %ld bytes: %s", (long)st.st_size, strerror(errno));
+		goto refuse;
+	}
+	/* no hole can be punched from now on (see the top of this file) */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0) {
+		dp_set_error("cannot seal memfd %s against hole punching: %s", name, strerror(errno));
+		munmap(base, size);
+		goto refuse;
+	}
+	/* every page must exist already: its maker pre-faults it, and a sparse segment would
+	 * have the dataplane allocate (and be charged for) the client's memory */
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size) {
+		dp_set_error("memfd %s holds %lu of its %lu bytes: its maker must pre-fault it", name,
+			     (unsigned long)st.st_blocks * 512, (unsigned long)st.st_size);
+		munmap(base, size);
+		goto refuse;
+	}
+	/* the page size the kernel backs it with, never the header's word for it: with IOVA
+	 * as PA, a 4 KiB-page segment registered as 2 MiB pages would have a NIC read
+	 * whatever memory follows each page's first 4 KiB */
+	size_t huge = (size_t)dp_seg_page_size(DP_BACKING_HUGETLBFS);
+	c->mem.page_sz = (size_t)st.st_blksize == huge && (uintptr_t)base % huge == 0
+				 ? huge
+				 : (size_t)dp_seg_page_size(DP_BACKING_DEVSHM);
+	c->stepped = 0;
+	close(fd);
+	c->base = base;
+	c->size = size;
+	c->layout = lay;
+	c->st_dev = (uint64_t)st.st_dev;
+	c->st_ino = (uint64_t)st.st_ino;
+	c->hdr = base;
+	/* every pointer from the checked plan in h (our copy), none from the mapping */
+	c->ring = (struct dp_ring_header *)(c->base + h.ring_offset);
+	c->descs = (struct dp_desc *)(c->base + h.ring_offset + sizeof(struct dp_ring_header));
+	c->slots = (struct dp_slot_header *)(c->base + h.res_hdr_offset);
+	c->act = c->base + h.act_offset;
+	c->res = c->base + h.res_offset;
+	/* the consumer index is ours from now on; shm's tail is a copy for the producer */
+	c->ring_tail = dp_load_acquire_u64(&c->ring->tail);
+	c->ring_head_seen = c->ring_tail;
+	c->pid = peer_pid;
+	c->start_ticks = start_ticks;
+	snprintf(c->path, sizeof(c->path), "%.200s", name);
+	return 0;
+refuse:
+	close(fd);
+	dp_add_error_context("segment fd %d of pid %u", segment_fd, peer_pid);
+	return -1;
+}
+
+/* Every page is faulted in before the client turns ACTIVE, never on a forward (the size is
+ * capped by the limits); a page punched before the seal that cannot come back is an error
+ * here, not a SIGBUS later. In steps: on small pages a GiB takes 0.3 s, which in one call
+ * would stall every agent sharing the control agent's thread (README, "Threat model"). */
+int dp_client_populate(struct dp_client *c, size_t step)
+{
+	size_t left = c->size - c->stepped;
+	size_t n = left < step ? left : step;
+	if (n && madvise(c->base + c->stepped, n, MADV_POPULATE_WRITE) < 0 && errno != EINVAL) {
+		dp_set_error("cannot fault in memfd %s: %s", c->path, strerror(errno));
+		return -1;
+	}
+	c->stepped += n;
+	if (c->stepped < c->size)
+		return 0;
+	dp_backend_mem_register(&c->mem, c->base, c->size, c->mem.page_sz);
+	return 1;
+}
+
+int dp_client_unmap_step(struct dp_client *c, size_t step)
+{
+	if (c->base && c->stepped == 0)
+		dp_backend_mem_unregister(&c->mem);
+	size_t left = c->base ? c->size - c->stepped : 0;
+	size_t n = left < step ? left : step;
+	if (n)
+		munmap(c->base + c->stepped, n);
+	c->stepped += n;
+	if (n < left)
+		return 0;
+	c->base = NULL;
+	c->hdr = NULL;
+	return 1;
+}
+
+/* Only once no forward of c is in flight: each one's completion waited until the ports
+ * freed every buffer that pointed into the segment (dp_release.c). */
+void dp_client_unmap(struct dp_client *c)
+{
+	dp_backend_mem_unregister(&c->mem);
+	if (c->base)
+		munmap(c->base, c->size);
+	c->base = NULL;
+	c->hdr = NULL;
+}
+
+/* State (field 3) and starttime (field 22, clock ticks since boot) of a process, from
+ * /proc/<pid>/stat. false when it cannot be read (gone, or no /proc). */
+/* 1: read; 0: no such process (or not a process's stat); -1: cannot tell (no descriptor
+ * left, no memory): the caller must not take that for a death. */
+static int proc_stat(uint32_t pid, char *state, uint64_t *start_ticks)
+{
+	char path[64], buf[1024];
+	if (pid == 0)
+		return 0;
+	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return errno == ENOENT || errno == ESRCH ? 0 : -1;
+	size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[len] = '\0';
+	char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+	unsigned long long ticks = 0;
+	/* fields after the name: 3 state ... 22 starttime */
+	if (!p || sscanf(p + 2, "%c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s "
+				"%*s %*s %*s %llu",
+			 state, &ticks) != 2)
+		return 0;
+	*start_ticks = ticks;
+	return 1;
+}
+
+uint64_t dp_process_start_ticks(uint32_t pid)
+{
+	char state;
+	uint64_t ticks;
+	return proc_stat(pid, &state, &ticks) > 0 ? ticks : 0;
+}
+
+bool dp_process_alive(uint32_t pid, uint64_t start_ticks)
+{
+	if (pid == 0 || (kill((pid_t)pid, 0) < 0 && errno == ESRCH))
+		return false;
+	char state;
+	uint64_t ticks;
+	int rc = proc_stat(pid, &state, &ticks);
+	if (rc < 0) /* out of descriptors, say (a connection flood): the pid exists; look again later */
+		return true;
+	if (rc == 0)
+		return false;
+	if (state == 'Z' || state == 'X')
+		return false;
+	/* the kernel's start time, read at attach: a newer process took the pid */
+	return ticks == start_ticks;
+}

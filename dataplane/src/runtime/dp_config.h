@@ -1,0 +1,85 @@
+/* dp_config.h: the dataplane's configuration, read from a msgpack file that
+ * `duckpipe dataplane` writes from the TOML topology (duckpipe/launch/topology.py). */
+#ifndef DP_CONFIG_H
+#define DP_CONFIG_H
+
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dp_idle.h"
+
+#define DP_MAX_NICS 8
+#define DP_MAX_CORES 16
+#define DP_NAME_LEN 32
+
+struct dp_duck_cfg {
+	uint16_t id;
+	uint16_t nic;         /* index into nics */
+	struct sockaddr_in addr;
+};
+
+enum dp_flow_steering {
+	DP_FLOW_AUTO,    /* where the port takes the rules; else logged, and on without */
+	DP_FLOW_OFF,
+	DP_FLOW_REQUIRE, /* open fails without them */
+};
+
+struct dp_nic_cfg {
+	char name[DP_NAME_LEN];
+	char backend[DP_NAME_LEN];   /* "socket" (or "dpdk") */
+	char interface[DP_NAME_LEN]; /* SO_BINDTODEVICE when set */
+	struct sockaddr_in host;     /* the dataplane's own address on this NIC */
+	struct sockaddr_in broadcast;
+	bool use_broadcast;          /* else unicast fan-out, each duck in turn */
+	uint32_t mtu;
+	bool gso;
+	uint32_t busy_poll_us;
+	uint32_t rcvbuf;
+	enum dp_flow_steering flow_steering; /* dpdk: rte_flow rules (dp_dpdk_flow.c) */
+};
+
+struct dp_config {
+	char control[256];
+	bool dedicated_threads;      /* else every agent shares one thread */
+	int cores[DP_MAX_CORES];     /* control, dispatcher, worker 0..: pin when >= 0 */
+	uint32_t ncores;
+	enum dp_idle_kind idle;
+	uint32_t idle_spin_us;       /* backoff: spin, then yield as long, then park */
+	uint32_t completion_flush_us; /* ZeroMQ completions wait this long to leave together */
+	uint32_t default_timeout_us;
+	uint32_t nack_us;            /* a duck's NACK timeout until its reply time is measured */
+	uint32_t nack_min_us;        /* the measured NACK timeout's floor */
+	uint32_t nack_max_us;        /* and its ceiling, backoff included */
+	uint32_t weight_rto_us;      /* weight datagram retransmit timeout */
+	uint32_t weight_timeout_ms;  /* a weight chunk not acked by then fails */
+	uint32_t client_timeout_ms;  /* client heartbeat age that counts as dead */
+	uint32_t max_inflight;       /* forward contexts, a power of two */
+	uint32_t max_forward_bytes;  /* largest activation (and result) of one forward */
+	uint32_t ping_ms;
+	/* per-client quotas and bounds */
+	uint32_t client_max_inflight;      /* forwards in flight per client */
+	uint32_t client_max_slots;         /* slots of one segment */
+	uint64_t client_max_segment_bytes;
+	uint32_t max_timeout_us;           /* longest deadline a client may ask for */
+	uint32_t client_max_layers;
+	uint64_t client_max_weight_bytes;  /* shards + b_down of all one client's layers */
+	uint32_t max_hidden;
+	uint32_t max_ffn;
+	uint32_t client_max_per_pid;       /* clients one process may attach */
+	uint32_t max_connections;          /* control connections at once (dp_control.c) */
+	/* who may talk to the control socket */
+	char control_group[32];            /* members are clients; "" = the dataplane's user only */
+	char curve_secret_key_file[256];   /* tcp:// control needs CURVE keys */
+	char curve_public_key_file[256];
+	char curve_clients_file[256];
+	uint32_t nnics;
+	struct dp_nic_cfg nics[DP_MAX_NICS];
+	uint32_t nducks;
+	struct dp_duck_cfg ducks[256];
+};
+
+/* 0 on success; -1 with dp_error() naming the key that is wrong. */
+int dp_config_load(const char *path, struct dp_config *cfg);
+
+#endif /* DP_CONFIG_H */

@@ -1,0 +1,10 @@
+"""The client side: attach to a dataplane, claim slots, submit forwards, load weights.
+
+``api`` is the public face (Client, Forward, Slot, connect); ``session`` the package-internal
+seam they share (segment, ring, slot table, in flight, channel); ``shm``, ``ring``, ``slots``,
+``channel`` and ``weights`` its parts; ``models`` the MLP kinds and their numpy reference.
+"""
+
+from .api import Client, Forward, Slot, WaitStrategy, connect
+
+__all__ = ["Client", "Forward", "Slot", "WaitStrategy", "connect"]

@@ -1,0 +1,196 @@
+"""The slot table: which of a client's slots are free, and each one's generation.
+
+A slot goes free -> claimed (the client writes the activation) -> submitted (the
+dataplane may read it and write the result) -> completed (the client reads the
+result) -> free. Each claim bumps the slot's generation, so that a completion
+meant for an earlier use of the slot is recognised and dropped.
+
+``Slot`` is the public handle to a claimed slot; the table itself is the
+client's private bookkeeping.
+
+A handle outlives its claim, and slots are reused last-in-first-out: a write through
+an old handle would land in the next forward's activation. ``Slot.array`` therefore
+raises once the slot was submitted or released, and ``submit`` checks the handle's
+generation. An array taken from a handle earlier cannot be stopped that way; the debug
+mode can: ``connect(debug_slots=True)`` or ``DUCKPIPE_DEBUG_SLOTS=1`` write-protects
+(mprotect) the client's mapping of every activation slot it holds free, so a stale
+write faults (SIGSEGV) on the line that made it (``python -X faulthandler`` prints
+that line). Only activation slots, only in this process: the dataplane's own mapping,
+and the result slots it writes, are untouched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import mmap
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import BadInput, RingFull
+
+if TYPE_CHECKING:
+    from .api import Client
+
+__all__ = ["DEBUG_SLOTS_ENV", "Slot", "SlotGuard", "SlotState", "SlotTable"]
+
+#: Set to 1 to write-protect released activation slots in every client (debug mode).
+DEBUG_SLOTS_ENV = "DUCKPIPE_DEBUG_SLOTS"
+
+
+class SlotState(enum.IntEnum):
+    FREE = 0
+    CLAIMED = 1  # the client writes the activation
+    SUBMITTED = 2  # the dataplane may read the activation and write the result
+    COMPLETED = 3  # the client reads the result
+
+
+_CLAIMED = SlotState.CLAIMED  # states are these members: `is` compares them cheapest
+
+
+class SlotTable:
+    """The state and generation of every slot, and the free ones in reuse order."""
+
+    __slots__ = ("free", "generation", "guard", "state")
+
+    def __init__(self, count: int, guard: SlotGuard | None = None) -> None:
+        self.generation = [0] * count
+        self.state = [SlotState.FREE] * count
+        self.free = list(range(count - 1, -1, -1))  # LIFO: slot 0 first, hottest reused
+        self.guard = guard  # debug mode: free slots are write-protected
+        if guard is not None:
+            for i in self.free:
+                guard.protect(i)
+
+    def take(self, timeout: float, wait: Callable[[float], None]) -> int:
+        """Claim a free slot and return its index.
+
+        While none is free, ``wait(seconds_left)`` is called to take in the
+        completions that free one; ``RingFull`` after ``timeout`` seconds.
+        """
+        if not self.free:
+            deadline = time.monotonic() + timeout
+            while not self.free:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RingFull(
+                        f"all {len(self.state)} slots stayed in use for {timeout:g} s: "
+                        "release finished forwards (Forward.release() or drop them), "
+                        "or connect with more slots"
+                    )
+                wait(left)
+        i = self.free.pop()
+        if self.guard is not None:
+            self.guard.unprotect(i)
+        # 32 bits, the done word's high half; never 0, which a done word not yet written holds
+        self.generation[i] = (self.generation[i] + 1) & 0xFFFF_FFFF or 1
+        self.state[i] = SlotState.CLAIMED
+        return i
+
+    def is_claimed(self, i: int, generation: int) -> bool:
+        """Whether slot ``i`` is claimed, by the use ``generation`` names."""
+        return self.state[i] == SlotState.CLAIMED and self.generation[i] == generation
+
+    def release(self, i: int) -> None:
+        self.state[i] = SlotState.FREE
+        self.free.append(i)
+        if self.guard is not None:
+            self.guard.protect(i)
+
+
+class SlotGuard:
+    """Write-protects activation slots in this process's mapping (the debug mode).
+
+    Slots are whole 4 KiB pages (the segment plan aligns them), so each one can be made
+    read-only on its own; a hugepage mapping cannot (2 MiB granules): the debug mode
+    needs small pages."""
+
+    __slots__ = ("_addrs", "_mprotect", "_size")
+
+    def __init__(self, slot_addrs: list[int], slot_size: int) -> None:
+        page = mmap.PAGESIZE
+        if slot_size % page or any(a % page for a in slot_addrs):
+            raise BadInput("debug_slots needs page-aligned activation slots (small pages)")
+        self._addrs = slot_addrs
+        self._size = slot_size
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._mprotect = libc.mprotect
+        self._mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        self._mprotect.restype = ctypes.c_int
+
+    def _set(self, i: int, prot: int) -> None:
+        if self._mprotect(self._addrs[i], self._size, prot) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mprotect of activation slot {i}: {os.strerror(err)}")
+
+    def protect(self, i: int) -> None:
+        self._set(i, mmap.PROT_READ)
+
+    def unprotect(self, i: int) -> None:
+        self._set(i, mmap.PROT_READ | mmap.PROT_WRITE)
+
+    def unprotect_all(self) -> None:
+        """Before the mapping goes: nothing is left read-only behind it."""
+        for i in range(len(self._addrs)):
+            self.unprotect(i)
+
+
+class Slot:
+    """A claimed slot. Write the activation into ``array`` (a view of shared memory).
+
+    ``array`` is there while the slot is claimed: once it was submitted or released,
+    the memory is the dataplane's or the next claim's, and ``array`` raises
+    ``BadInput``. As a context manager it is released when the block raises, or when
+    it ends without the slot having been submitted.
+    """
+
+    __slots__ = ("_array", "_client", "_table", "generation", "index")
+
+    def __init__(self, client: Client, index: int, generation: int, array: np.ndarray) -> None:
+        self._client = client
+        self._table = client._slots
+        self.index = index
+        self.generation = generation
+        self._array = array
+
+    @property
+    def array(self) -> np.ndarray:
+        """The activation, a numpy view of the slot: write it before ``submit``."""
+        t = self._table
+        i = self.index
+        if t.state[i] is not _CLAIMED or t.generation[i] != self.generation:
+            raise BadInput(self._stale())
+        return self._array
+
+    def _stale(self) -> str:
+        t = self._table
+        i = self.index
+        if t.generation[i] != self.generation:
+            what = f"released, and claimed again (generation {t.generation[i]})"
+        elif t.state[i] == SlotState.FREE:
+            what = "released"
+        else:
+            what = "submitted: the dataplane reads it"
+        return (
+            f"slot {i} (generation {self.generation}) was {what}; this handle is stale: "
+            "claim a new slot (Client.claim) for the next activation"
+        )
+
+    def release(self) -> None:
+        """Give the slot back without submitting it."""
+        self._client._release_claim(self)
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self._client._slot_is_claimed(self):
+            self.release()
+
+    def __repr__(self) -> str:
+        a = self._array
+        return f"<Slot {self.index} gen {self.generation} {a.dtype}{list(a.shape)}>"

@@ -1,0 +1,256 @@
+"""``duckpipe exporter``: the stats segment in the Prometheus text format.
+
+A custom collector reads one :class:`duckpipe.observe.stats_reader.Snapshot` per scrape (no lock, no
+message to the dataplane) and turns it into metric families:
+
+- ``duckpipe_up`` (1 while the dataplane's heartbeat is fresh and its pid lives),
+  ``duckpipe_dataplane_info``, ``duckpipe_heartbeat_age_seconds``, ``duckpipe_epoch``;
+- every dataplane counter (dp_counters.h) as ``duckpipe_<name>_total`` summed over the
+  agents, and per NIC worker as ``duckpipe_nic_<name>_total{nic}``;
+- per client ``duckpipe_client_*{client,name,pid}``, per duck ``duckpipe_duck_*{duck,
+  address,nic}``;
+- histograms ``duckpipe_latency_seconds{phase}`` (end_to_end, prepare, send, wait, fetch,
+  reduce), ``duckpipe_reply_spread_seconds`` and ``duckpipe_duck_reply_seconds{duck}``:
+  the segment's cumulative buckets as they are (``le`` = each bucket's upper bound in
+  seconds, the last +Inf). ``_sum`` is exact: the segment keeps each histogram's sum.
+
+The dataplane may come and go: a scrape with no segment (or a stale one) still answers,
+with ``duckpipe_up 0``.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import generate_latest, start_http_server
+
+from ..errors import DuckpipeError
+from . import stats_reader as st
+
+__all__ = ["SnapshotCollector", "registry", "render", "serve"]
+
+_DUCK_STATES = ("up", "late", "lost")
+_NOT_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _name(counter: str) -> str:
+    """A counter's name as a metric name (names come from the segment: never trusted)."""
+    return _NOT_NAME.sub("_", counter) or "_"
+
+
+def _buckets(h: st.Histogram) -> list[tuple[str, float]]:
+    out, acc = [], 0
+    for i, (bound, n) in enumerate(zip(h.bounds_ns, h.counts, strict=True)):
+        acc += n
+        le = "+Inf" if i == len(h.bounds_ns) - 1 else repr(bound / 1e9)
+        out.append((le, float(acc)))
+    return out
+
+
+class SnapshotCollector:
+    """Reads the stats segment at every ``collect`` (a scrape)."""
+
+    def __init__(self, stats: str | Path | None = None, control: str | None = None) -> None:
+        self._path = Path(stats) if stats else None
+        self._control = control
+
+    def path(self) -> Path:
+        if self._path is not None:
+            return self._path
+        try:
+            return st.find_stats(self._control)
+        except st.NoDataplane:
+            from ..runtime import default_control
+
+            return st.stats_path_for(self._control or default_control())
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "duckpipe_up", "1 while the dataplane's heartbeat is fresh and its process lives"
+        )
+        try:
+            snap = st.read_snapshot(self.path())
+        except (st.NoDataplane, DuckpipeError, OSError):
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1 if snap.dataplane.alive else 0)
+        yield up
+        yield from self._families(snap)
+
+    def _families(self, s: st.Snapshot) -> Iterator[Metric]:
+        d = s.dataplane
+        info = InfoMetricFamily("duckpipe_dataplane", "the dataplane writing the stats segment")
+        info.add_metric(
+            [],
+            {
+                "kind": d.kind,
+                "pid": str(d.pid),
+                "threads": d.threads,
+                "control": d.control,
+                "stats_path": d.stats_path,
+            },
+        )
+        yield info
+        g = GaugeMetricFamily(
+            "duckpipe_heartbeat_age_seconds", "time since the dataplane's last heartbeat"
+        )
+        g.add_metric([], st.heartbeat_age_ns(s) / 1e9)
+        yield g
+        g = GaugeMetricFamily("duckpipe_start_time_seconds", "dataplane start, Unix time")
+        g.add_metric([], d.start_time_ns / 1e9)
+        yield g
+        g = GaugeMetricFamily("duckpipe_epoch", "the dataplane's current epoch")
+        g.add_metric([], d.epoch)
+        yield g
+
+        for name, v in s.counters.items():
+            c = CounterMetricFamily(
+                f"duckpipe_{_name(name)}", f"dataplane counter {name} (all agents)"
+            )
+            c.add_metric([], v)
+            yield c
+        if s.nics:
+            for name in s.nics[0].counters:
+                c = CounterMetricFamily(
+                    f"duckpipe_nic_{_name(name)}", f"NIC worker counter {name}", labels=["nic"]
+                )
+                for n in s.nics:
+                    c.add_metric([n.name], n.counters.get(name, 0))
+                yield c
+            g = GaugeMetricFamily(
+                "duckpipe_nic_info",
+                "a NIC worker (value: its core, -1 unpinned)",
+                labels=["nic", "backend", "interface"],
+            )
+            for n in s.nics:
+                g.add_metric([n.name, n.backend, n.interface], n.core)
+            yield g
+
+        labels = ["client", "name", "pid"]
+        for field, help_ in (
+            ("submits", "descriptors taken from the client's ring"),
+            ("completions", "completions sent to the client"),
+            ("bytes_in", "activation and weight bytes read from its slots"),
+            ("bytes_out", "result bytes written to its slots"),
+            ("ring_full", "times the client found its ring full"),
+            ("errors", "completions with a status other than OK"),
+        ):
+            c = CounterMetricFamily(f"duckpipe_client_{field}", help_, labels=labels)
+            for cl in s.clients:
+                c.add_metric([str(cl.id), cl.name, str(cl.pid)], getattr(cl, field))
+            yield c
+        for field, help_ in (
+            ("inflight", "descriptors taken and not completed"),
+            ("capacity", "ring capacity"),
+            ("ring_used", "descriptors in the ring (head - tail)"),
+            ("page_size_bytes", "page size of the client's segment"),
+        ):
+            g = GaugeMetricFamily(f"duckpipe_client_{field}", help_, labels=labels)
+            for cl in s.clients:
+                v = {"ring_used": cl.head - cl.tail, "page_size_bytes": cl.page_size}.get(
+                    field, getattr(cl, field, 0)
+                )
+                g.add_metric([str(cl.id), cl.name, str(cl.pid)], v)
+            yield g
+
+        dl = ["duck", "address", "nic"]
+        for field, help_ in (
+            ("timeouts", "forwards that timed out without its partial"),
+            ("missing_chunks", "partial chunks missing at those timeouts"),
+            ("nacks", "NACKs sent to it"),
+            ("replies", "partials received complete"),
+        ):
+            c = CounterMetricFamily(f"duckpipe_duck_{field}", help_, labels=dl)
+            for du in s.ducks:
+                c.add_metric([str(du.id), du.address, du.nic], getattr(du, field))
+            yield c
+        g = GaugeMetricFamily("duckpipe_duck_layers", "layers loaded on the duck", labels=dl)
+        for du in s.ducks:
+            g.add_metric([str(du.id), du.address, du.nic], du.layers)
+        yield g
+        g = GaugeMetricFamily(
+            "duckpipe_duck_last_reply_seconds", "the duck's latest reply time", labels=dl
+        )
+        for du in s.ducks:
+            g.add_metric([str(du.id), du.address, du.nic], du.last_reply_ns / 1e9)
+        yield g
+        g = GaugeMetricFamily(
+            "duckpipe_duck_state", "1 for the duck's state (up, late, lost)", labels=[*dl, "state"]
+        )
+        for du in s.ducks:
+            for state in _DUCK_STATES:
+                g.add_metric([str(du.id), du.address, du.nic, state], int(du.state == state))
+        yield g
+        h = HistogramMetricFamily(
+            "duckpipe_duck_reply_seconds",
+            "per duck: forward picked up -> its partial complete",
+            labels=["duck"],
+        )
+        for du in s.ducks:
+            h.add_metric([str(du.id)], _buckets(du.reply), du.reply.sum_ns / 1e9)
+        yield h
+
+        h = HistogramMetricFamily(
+            "duckpipe_latency_seconds",
+            "forwards: end to end (client submit -> completion sent) and each phase",
+            labels=["phase"],
+        )
+        for phase, hist in s.latency.items():
+            if phase != "reply_spread":
+                h.add_metric([phase], _buckets(hist), hist.sum_ns / 1e9)
+        yield h
+        spread = s.latency.get("reply_spread")
+        if spread is not None:
+            h = HistogramMetricFamily(
+                "duckpipe_reply_spread_seconds", "first duck's partial complete -> last duck's"
+            )
+            h.add_metric([], _buckets(spread), spread.sum_ns / 1e9)
+            yield h
+
+
+def registry(stats: str | Path | None = None, control: str | None = None) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SnapshotCollector(stats, control))  # type: ignore[arg-type]
+    return reg
+
+
+def render(stats: str | Path | None = None, control: str | None = None) -> str:
+    """One scrape's text (what /metrics answers)."""
+    return generate_latest(registry(stats, control)).decode()
+
+
+def serve(
+    port: int, address: str = "127.0.0.1", *, stats: str | None = None, control: str | None = None
+) -> int:
+    """Serve /metrics until SIGINT or SIGTERM."""
+    collector = SnapshotCollector(stats, control)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)  # type: ignore[arg-type]
+    try:
+        server, _thread = start_http_server(port, address, registry=reg)
+    except OSError as e:
+        raise DuckpipeError(f"cannot listen on {address}:{port}: {e}; choose --port") from None
+    print(
+        f"duckpipe exporter: http://{address}:{server.server_port}/metrics "
+        f"(stats segment {collector.path()})",
+        flush=True,
+    )
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    server.shutdown()
+    return 0

@@ -1,0 +1,461 @@
+"""Read a dataplane's stats segment: no lock, no message, read-only mappings.
+
+The segment (``duckpipe/schema/stats.py``) sits next to the control socket
+(``ipc://<dir>/control`` -> ``<dir>/stats``). :func:`read_snapshot` maps it read-only
+and copies every counter out into a :class:`Snapshot`; it reads each client's ring
+head and tail from the client's own segment (``/proc/<pid>/fd``, read-only) when it
+can, else the dataplane's copy. ``msgspec.json.encode(snapshot)`` is the ``--json``
+document of ``duckpipe stats`` and ``duckpipe-top``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from .. import runtime
+from ..errors import DuckpipeError
+from ..schema import abi
+from ..schema import stats as S
+from ..schema.layout import Layout, layout_of
+
+__all__ = [
+    "ClientStats",
+    "DataplaneInfo",
+    "DuckStats",
+    "Histogram",
+    "NicStats",
+    "NoDataplane",
+    "Snapshot",
+    "StaleDataplane",
+    "find_stats",
+    "heartbeat_age_ns",
+    "numpy_dtype",
+    "read_snapshot",
+    "stats_path_for",
+]
+
+#: a heartbeat older than this, or a pid that is gone, makes the segment stale
+STALE_NS = 2_000_000_000
+
+
+class NoDataplane(DuckpipeError):
+    """No stats segment where the dataplane would publish one."""
+
+
+class StaleDataplane(NoDataplane):
+    """A stats segment whose dataplane is gone (not raised by read_snapshot; see ``alive``)."""
+
+
+class Histogram(msgspec.Struct, frozen=True, kw_only=True):
+    """Cumulative since the dataplane started; difference two snapshots with ``minus``."""
+
+    bounds_ns: list[int]
+    counts: list[int]
+    sum_ns: int = 0  # exact sum of the recorded values (0 where the writer has none)
+
+    def minus(self, older: Histogram) -> Histogram:
+        return Histogram(
+            bounds_ns=self.bounds_ns,
+            counts=[max(0, a - b) for a, b in zip(self.counts, older.counts, strict=True)],
+            sum_ns=max(0, self.sum_ns - older.sum_ns),
+        )
+
+    def total(self) -> int:
+        return sum(self.counts)
+
+    def quantile(self, q: float) -> int | None:
+        """The upper bound of the bucket holding quantile ``q`` (ns); None when empty.
+        The last bucket reports its lower bound (there is no finite upper one)."""
+        n = self.total()
+        if n == 0:
+            return None
+        rank = max(1, int(np.ceil(q * n)))
+        seen = 0
+        for i, c in enumerate(self.counts):
+            seen += c
+            if seen >= rank:
+                if i == len(self.bounds_ns) - 1:
+                    return self.bounds_ns[i - 1] if i else 0
+                return self.bounds_ns[i]
+        return self.bounds_ns[-2]
+
+
+class DataplaneInfo(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str  # "c" or "mock"
+    pid: int
+    start_time_ns: int  # CLOCK_REALTIME
+    heartbeat_ns: int  # CLOCK_MONOTONIC
+    control: str
+    threads: str  # "shared" | "dedicated"
+    stats_path: str
+    alive: bool = True  # False: pid gone or heartbeat older than 2 s (a stale segment)
+    epoch: int = 0
+
+
+class ClientStats(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    pid: int
+    name: str
+    segment: str
+    page_size: int
+    capacity: int
+    slot_count: int
+    head: int
+    tail: int
+    inflight: int
+    submits: int
+    completions: int
+    bytes_in: int
+    bytes_out: int
+    ring_full: int
+    errors: int
+    ring_source: str = "dataplane"  # "client": head/tail read from the client's segment
+
+
+class NicStats(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    backend: str
+    interface: str
+    core: int  # -1 when unpinned
+    counters: dict[str, int]
+    xstats: dict[str, int]
+
+
+class DuckStats(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    address: str
+    nic: str
+    state: str  # "up" | "late" | "lost": schema.stats.DuckState
+    layers: int
+    last_reply_ns: int
+    reply: Histogram
+    timeouts: int
+    missing_chunks: int
+    nacks: int
+    replies: int = 0
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    taken_ns: int  # CLOCK_MONOTONIC
+    dataplane: DataplaneInfo
+    counters: dict[str, int]
+    clients: list[ClientStats]
+    nics: list[NicStats]
+    ducks: list[DuckStats]
+    latency: dict[str, Histogram]
+
+
+# --- layout --------------------------------------------------------------------------
+
+
+def numpy_dtype(lay: Layout) -> np.dtype:
+    """A structured dtype with every non-pad field of ``lay`` at its offset."""
+    names, formats, offsets = [], [], []
+    for f in lay.fields:
+        if f.pad:
+            continue
+        if f.ctype == "char":
+            fmt: object = f"S{f.count}"
+        else:
+            base = {"uint8_t": "<u1", "uint16_t": "<u2", "uint32_t": "<u4", "uint64_t": "<u8"}[
+                f.ctype
+            ]
+            fmt = (base, (f.count,)) if f.count else base
+        names.append(f.name)
+        formats.append(fmt)
+        offsets.append(f.offset)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": lay.size})
+
+
+DTYPES = {c.__name__: numpy_dtype(layout_of(c)) for c in S.LAYOUTS}
+PLAN = S.segment_plan()
+
+
+def views(buf) -> dict[str, np.ndarray]:
+    """Structured numpy views of every region of a stats segment buffer (no copy)."""
+    d = DTYPES
+    return {
+        "header": np.ndarray((), d["StatsHeader"], buf, 0),
+        "names": np.ndarray((S.STATS_MAX_COUNTERS,), d["StatsName"], buf, PLAN["names_offset"]),
+        "agents": np.ndarray((S.STATS_MAX_AGENTS,), d["StatsAgent"], buf, PLAN["agents_offset"]),
+        "clients": np.ndarray((abi.MAX_CLIENTS,), d["StatsClient"], buf, PLAN["clients_offset"]),
+        "nics": np.ndarray((S.STATS_MAX_NICS,), d["StatsNic"], buf, PLAN["nics_offset"]),
+        "ducks": np.ndarray((abi.MAX_DUCKS,), d["StatsDuck"], buf, PLAN["ducks_offset"]),
+        "bounds": np.ndarray((), d["StatsBounds"], buf, PLAN["bounds_offset"]),
+        "hists": np.ndarray((S.STATS_NHISTS,), d["StatsHist"], buf, PLAN["hists_offset"]),
+    }
+
+
+# --- finding it ----------------------------------------------------------------------
+
+
+def stats_path_for(control: str) -> Path:
+    """Where the dataplane at ``control`` publishes its stats segment.
+
+    ``ipc://<dir>/control`` -> ``<dir>/stats``; ``ipc://<dir>/<name>`` -> ``<dir>/<name>.stats``;
+    any other endpoint -> ``<run dir>/stats-<endpoint with / and : as _>``.
+    """
+    if control.startswith("ipc://"):
+        sock = Path(control[len("ipc://") :])
+        if sock.name == "control":
+            return sock.with_name("stats")
+        return sock.with_name(sock.name + ".stats")
+    safe = "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in control)
+    return runtime.run_dir() / f"stats-{safe}"
+
+
+def find_stats(control: str | None = None) -> Path:
+    """The stats segment of the dataplane at ``control`` (default endpoint); raises
+    NoDataplane when there is none."""
+    control = control or runtime.default_control()
+    path = stats_path_for(control)
+    if not path.exists():
+        raise NoDataplane(
+            f"no dataplane running (looked for {path}, the stats segment of {control}); "
+            "start one with `duckpipe dataplane` (or `duckpipe mock-dataplane`), "
+            "or pass --stats PATH"
+        )
+    return path
+
+
+def heartbeat_age_ns(s: Snapshot) -> int:
+    return max(0, s.taken_ns - s.dataplane.heartbeat_ns)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _str(b: bytes) -> str:
+    return bytes(b).split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _hist(bounds: list[int], counts, sum_ns: int) -> Histogram:
+    return Histogram(bounds_ns=bounds, counts=[int(x) for x in counts], sum_ns=int(sum_ns))
+
+
+_RING_OFF = layout_of(abi.SegHeader).field("ring_offset").offset
+_RING_HDR_SIZE = layout_of(abi.RingHeader).size
+_TAIL_OFF = layout_of(abi.RingHeader).field("tail").offset
+
+
+def _client_ring(pid: int, segment: str) -> tuple[int, int] | None:
+    """head, tail from the client's own segment, mapped read-only through /proc/<pid>/fd;
+    None when it cannot be found or opened (another user, the process gone)."""
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        entries = list(fd_dir.iterdir())
+    except OSError:
+        return None
+    want = f"/memfd:{segment}"
+    for e in entries:
+        try:
+            target = os.readlink(e)
+        except OSError:
+            continue
+        if not (target == want or target.startswith(want + " ") or target == segment):
+            continue
+        try:
+            fd = os.open(e, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            hdr = mmap.mmap(fd, min(size, 4096), mmap.MAP_SHARED, mmap.PROT_READ)
+            try:
+                h = np.ndarray((), numpy_dtype(layout_of(abi.SegHeader)), hdr, 0)
+                if int(h["magic"]) != abi.SEG_MAGIC:
+                    return None
+                ring_off = int(h["ring_offset"])
+            finally:
+                del h
+                hdr.close()
+            if ring_off % 64 or ring_off + _RING_HDR_SIZE > size:  # the client wrote it
+                return None
+            # from offset 0: a hugetlbfs memfd maps only at hugepage-aligned offsets
+            m = mmap.mmap(fd, ring_off + _RING_HDR_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+            try:
+                v = np.frombuffer(m, dtype="<u8", count=_RING_HDR_SIZE // 8, offset=ring_off)
+                head, tail = int(v[0]), int(v[_TAIL_OFF // 8])
+                del v
+            finally:
+                m.close()
+            return head, tail
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+    return None
+
+
+_KIND = {S.WriterKind.C: "c", S.WriterKind.MOCK: "mock"}
+_THREADS = {S.Threads.SHARED: "shared", S.Threads.DEDICATED: "dedicated"}
+_DUCK_STATE = {S.DuckState.UP: "up", S.DuckState.LATE: "late", S.DuckState.LOST: "lost"}
+
+
+def read_snapshot(
+    path: Path | None = None, control: str | None = None, client_rings: bool = True
+) -> Snapshot:
+    """One snapshot of the segment at ``path`` (else the one of ``control``): maps it
+    read-only, copies every counter out, unmaps. No lock, no message. A segment whose
+    dataplane is gone still reads; ``dataplane.alive`` is then False."""
+    path = Path(path) if path is not None else find_stats(control)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise NoDataplane(f"no dataplane running (looked for {path})") from None
+    except PermissionError:
+        raise NoDataplane(
+            f"cannot read {path}: the stats segment is readable by the dataplane's user only"
+        ) from None
+    try:
+        size = os.fstat(fd).st_size
+        if size < PLAN["segment_size"]:
+            raise NoDataplane(
+                f"{path} is {size} bytes, not a stats segment of this version "
+                f"({PLAN['segment_size']}); the dataplane may still be starting"
+            )
+        m = mmap.mmap(fd, PLAN["segment_size"], mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    try:
+        return _snapshot(m, path, client_rings)
+    finally:
+        m.close()
+
+
+def _snapshot(m: mmap.mmap, path: Path, client_rings: bool) -> Snapshot:
+    v = views(m)
+    try:
+        hdr = v["header"].copy()  # magic is published last: check it before the rest
+        if int(hdr["magic"]) != S.STATS_MAGIC:
+            raise NoDataplane(f"{path} is not a stats segment (or the dataplane is starting)")
+        if int(hdr["version_major"]) != S.STATS_VERSION_MAJOR:
+            raise DuckpipeError(
+                f"{path}: stats segment version {int(hdr['version_major'])}, this duckpipe "
+                f"reads {S.STATS_VERSION_MAJOR}; use the duckpipe that matches the dataplane"
+            )
+        ncounters = min(int(hdr["ncounters"]), S.STATS_MAX_COUNTERS)
+        nagents = min(int(hdr["nagents"]), S.STATS_MAX_AGENTS)
+        nnics = min(int(hdr["nnics"]), S.STATS_MAX_NICS)
+        names = [_str(n) for n in v["names"]["name"][:ncounters]]
+        agents = v["agents"][:nagents].copy()
+        clients = v["clients"].copy()
+        nics = v["nics"][:nnics].copy()
+        ducks = v["ducks"].copy()
+        bounds = [int(x) for x in v["bounds"]["bounds_ns"]]
+        hists = v["hists"].copy()
+    finally:
+        del v
+    taken = time.monotonic_ns()
+    pid = int(hdr["pid"])
+    heartbeat = int(hdr["heartbeat_ns"])
+    alive = _pid_alive(pid) and taken - heartbeat <= STALE_NS
+    info = DataplaneInfo(
+        kind=_KIND.get(int(hdr["writer_kind"]), "unknown"),
+        pid=pid,
+        start_time_ns=int(hdr["start_ns"]),
+        heartbeat_ns=heartbeat,
+        control=_str(hdr["control"]),
+        threads=_THREADS.get(int(hdr["threads"]), "shared"),
+        stats_path=str(path),
+        alive=alive,
+        epoch=int(hdr["epoch"]),
+    )
+    totals = agents["v"][:, :ncounters].sum(axis=0, dtype=np.uint64) if nagents else []
+    counters = {n: int(x) for n, x in zip(names, totals, strict=False)}
+    nic_list = []
+    for n in nics:
+        a = int(n["agent"])
+        row = agents["v"][a] if a < nagents else np.zeros(S.STATS_MAX_COUNTERS, np.uint64)
+        core = int(n["core"])
+        nic_list.append(
+            NicStats(
+                name=_str(n["name"]),
+                backend=_str(n["backend"]),
+                interface=_str(n["interface"]),
+                core=-1 if core == 0xFFFFFFFF else core,
+                counters={name: int(x) for name, x in zip(names, row[:ncounters], strict=False)},
+                xstats={},
+            )
+        )
+    client_list = []
+    for c in clients:
+        if int(c["state"]) != S.StatsClientState.ATTACHED:
+            continue
+        head, tail, source = int(c["head"]), int(c["tail"]), "dataplane"
+        if client_rings:
+            ring = _client_ring(int(c["pid"]), _str(c["segment"]))
+            if ring is not None:
+                head, tail = ring
+                source = "client"
+        client_list.append(
+            ClientStats(
+                id=int(c["id"]),
+                pid=int(c["pid"]),
+                name=_str(c["name"]),
+                segment=_str(c["segment"]),
+                page_size=int(c["page_size"]),
+                capacity=int(c["capacity"]),
+                slot_count=int(c["slot_count"]),
+                head=head,
+                tail=tail,
+                inflight=int(c["inflight"]),
+                submits=int(c["submits"]),
+                completions=int(c["completions"]),
+                bytes_in=int(c["bytes_in"]),
+                bytes_out=int(c["bytes_out"]),
+                ring_full=int(c["ring_full"]),
+                errors=int(c["errors"]),
+                ring_source=source,
+            )
+        )
+    nic_names = [n.name for n in nic_list]
+    duck_list = []
+    for d in ducks:
+        state = int(d["state"])
+        if state == S.DuckState.NONE:
+            continue
+        k = int(d["nic"])
+        duck_list.append(
+            DuckStats(
+                id=int(d["id"]),
+                address=_str(d["address"]),
+                nic=nic_names[k] if k < len(nic_names) else "",
+                state=_DUCK_STATE.get(state, "up"),
+                layers=int(d["layers"]),
+                last_reply_ns=int(d["last_reply_ns"]),
+                reply=_hist(bounds, d["reply"], int(d["reply_sum_ns"])),
+                timeouts=int(d["timeouts"]),
+                missing_chunks=int(d["missing_chunks"]),
+                nacks=int(d["nacks"]),
+                replies=int(d["replies"]),
+            )
+        )
+    latency = {
+        name: _hist(bounds, hists[i]["counts"], int(hists[i]["sum_ns"]))
+        for i, name in enumerate(S.HIST_NAMES)
+    }
+    return Snapshot(
+        taken_ns=taken,
+        dataplane=info,
+        counters=counters,
+        clients=client_list,
+        nics=nic_list,
+        ducks=duck_list,
+        latency=latency,
+    )

@@ -1,0 +1,169 @@
+"""``duckpipe bench`` at its tiniest sizes (``--smoke``): every row and column is there,
+every number is finite, the markdown renders. Timings are never asserted."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from duckpipe.bench import forward, forward_veth, ipc, pps
+from duckpipe.bench.common import Size
+from duckpipe.errors import DuckpipeError
+from duckpipe.launch.binaries import find_binary
+
+try:
+    for _name in ("duckpipe-dataplane", "duckpipe-ducks", "duckpipe-floor"):
+        find_binary(_name)
+    MISSING = ""
+except DuckpipeError as e:
+    MISSING = str(e)
+
+needs_c = pytest.mark.skipif(bool(MISSING), reason=f"the C programs are not built: {MISSING}")
+
+TEXT_KEYS = {"config", "row", "name", "transport", "size", "series", "fit", "stream_delivered"}
+
+
+def run_bench(tmp_path: Path, *args: str, hide_matplotlib: bool = False) -> tuple[str, dict]:
+    out = tmp_path / "results"
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; " if hide_matplotlib else ""
+    ) + "from duckpipe.cli import main; raise SystemExit(main(sys.argv[1:]))"
+    if not hide_matplotlib:
+        code = "import sys; " + code
+    p = subprocess.run(
+        [sys.executable, "-c", code, "bench", *args, "--smoke", "--quiet", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+        check=False,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout, json.loads((out / "bench.json").read_text())
+
+
+def table(doc: dict, key: str) -> dict:
+    (t,) = [t for t in doc["tables"] if t["key"] == key]
+    return t
+
+
+def assert_complete(t: dict) -> None:
+    """Every row has every column, and every numeric cell is a finite number."""
+    assert t["rows"], f"table {t['key']} is empty"
+    for row in t["rows"]:
+        for col in t["columns"]:
+            k = col["key"]
+            assert k in row, f"{t['key']}: row {row.get('name', row)} has no {k}"
+            v = row[k]
+            if k in TEXT_KEYS:
+                assert isinstance(v, str) and v
+            else:
+                assert isinstance(v, int | float) and not isinstance(v, bool), (t["key"], k, v)
+                assert math.isfinite(v), (t["key"], k, v)
+
+
+def assert_markdown(stdout: str, title: str, columns: list[dict]) -> None:
+    assert f"### {title}" in stdout
+    header = "| " + " | ".join(c["heading"] for c in columns) + " |"
+    lines = stdout.splitlines()
+    i = lines.index(header)
+    assert lines[i + 1].startswith("|---")
+    assert lines[i + 2].startswith("| ") and lines[i + 2].count("|") == len(columns) + 1
+
+
+@needs_c
+def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -> None:
+    stdout, doc = run_bench(tmp_path, "all")
+    for fact in ("cpu_model", "cpus", "kernel", "python", "numpy", "pinning", "date_utc"):
+        assert doc["machine"].get(fact), fact
+    assert doc["sections"] == ["ipc", "forward", "scale", "pps"]
+
+    fwd = table(doc, "forward")
+    assert_complete(fwd)
+    cfgs, _, _ = forward.configs(Size("smoke"))
+    names = set(forward.ROW_LABELS)
+    got = {(r["config"], r["name"]) for r in fwd["rows"]}
+    assert got == {(c.label, n) for c in cfgs for n in names}
+    # `lost` is reported, not asserted: on a loaded machine wait=spin (client and dataplane
+    # on one CPU) can miss a deadline, and that is a timing
+    assert_markdown(stdout, fwd["title"], fwd["columns"])
+    assert "other hardware" in stdout and "~546 µs" in stdout
+
+    # over a veth: the socket backend beside the dpdk backend (af_xdp where it attaches)
+    veth = table(doc, "forward_veth")
+    why = forward_veth.unavailable()
+    if why:
+        assert veth["rows"] == [] and veth["notes"] == [f"skipped: {why}"]
+    else:
+        assert_complete(veth)
+        names = [r["name"] for r in veth["rows"]]
+        assert names[:2] == ["socket", "dpdk_af_packet"] and set(names) <= set(forward_veth.ROWS)
+        assert len(names) == 3 or any("net_af_xdp could not" in n for n in veth["notes"])
+        assert_markdown(stdout, veth["title"], veth["columns"])
+
+    ipct = table(doc, "ipc")
+    assert_complete(ipct)
+    transports = {r["name"] for r in ipct["rows"]}
+    assert {"numpy_copy", "pipe", "queue", "zmq_copy", "zmq_nocopy", "shm_ring"} <= transports
+    assert {r["bytes"] for r in ipct["rows"]} == set(ipc.SIZES)
+    # duckpipe's handoff: one row per way of waiting and size
+    null = {(r["name"], r["bytes"]) for r in ipct["rows"] if r["name"].startswith("duckpipe")}
+    modes = [p[1] for p in ipc.NULL_PROFILES]
+    assert null == {(f"duckpipe_null_{m}", n) for m in modes for n in ipc.SIZES}
+    assert_markdown(stdout, ipct["title"], ipct["columns"])
+
+    sc, fits = table(doc, "scale"), table(doc, "scale_fit")
+    assert_complete(sc)
+    assert_complete(fits)
+    assert {r["series"] for r in sc["rows"]} == {"ducks", "payload"}
+    assert len(fits["rows"]) in (2, 3)  # the third only with two points free of NACKs
+    assert f"wrote {tmp_path / 'results' / 'bench.json'}" in stdout
+
+    # pps: one row per frame size beside testpmd where root, DPDK and hugepages are here;
+    # else the table says why it was skipped. Rates are reported, never asserted.
+    pt = table(doc, "pps")
+    why = pps.unavailable()
+    if why:
+        assert pt["rows"] == [] and pt["notes"] == [f"skipped: {why}"]
+    else:
+        assert_complete(pt)
+        assert [r["name"] for r in pt["rows"]] == [n for n, _ in pps.FRAMES]
+        assert [r["frame_bytes"] for r in pt["rows"]] == [122, 1514]
+        for r in pt["rows"]:
+            assert r["duckpipe_mpps"] > 0 and r["testpmd_mpps"] > 0
+        assert_markdown(stdout, pt["title"], pt["columns"])
+
+
+def test_bench_pps_says_why_it_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pps, "unavailable", lambda: "DPDK needs root (test)")
+    (t,) = pps.run(Size("smoke"), quiet=True)
+    assert t.rows == [] and t.notes == ["skipped: DPDK needs root (test)"]
+
+
+@needs_c
+def test_bench_forward_without_matplotlib_says_so_and_writes_no_plot(tmp_path: Path) -> None:
+    stdout, doc = run_bench(tmp_path, "forward", hide_matplotlib=True)
+    assert doc["sections"] == ["forward"]
+    assert doc["plots"] == []
+    assert "no plots: matplotlib is not installed" in stdout
+    assert not list((tmp_path / "results").glob("*.png"))
+
+
+@needs_c
+def test_bench_scale_writes_plots_when_matplotlib_is_installed(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
+    _, doc = run_bench(tmp_path, "scale")
+    assert sorted(doc["plots"]) == ["scale_ducks.png", "scale_payload.png"]
+    for name in doc["plots"]:
+        assert (tmp_path / "results" / name).stat().st_size > 0
+
+
+def test_size_picks_by_name() -> None:
+    assert Size("quick").pick(1, 2, 3) == 2
+    assert Size("smoke").pick(1, 2, 3) == 3

@@ -1,0 +1,353 @@
+"""The command line: the example job, stats, shutdown, a busy address, duckpipe-top."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import msgspec
+import psutil
+import pytest
+
+from duckpipe.errors import DuckpipeError
+from duckpipe.mock.process import MockDataplaneProcess, ping
+from duckpipe.testing import cluster_class_or_skip
+
+
+def _duckpipe(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "duckpipe", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize("which", ["mock", "real"])
+def test_example_runs_checked_forwards_against_a_fresh_dataplane(which):
+    if which == "real":
+        cluster_class_or_skip()
+    flags = ["--mock"] if which == "mock" else ["--standalone"]
+    r = _duckpipe("example", "--forwards", "5", "--ducks", "4", *flags)
+    assert r.returncode == 0, r.stderr
+    assert ("started a mock dataplane" if which == "mock" else "the C dataplane") in r.stdout
+    lines = [line for line in r.stdout.splitlines() if "max |y - numpy|" in line]
+    assert len(lines) == 2
+    for line in lines:
+        err = float(line.split("max |y - numpy| = ")[1].split(",")[0])
+        assert err < 1e-3
+
+
+def test_stats_and_shutdown_talk_to_a_running_dataplane():
+    dp = MockDataplaneProcess(ducks=3).start()
+    try:
+        r = _duckpipe("stats", "--control", dp.control, "--json", "--control-query")
+        assert r.returncode == 0, r.stderr
+        stats = json.loads(r.stdout)
+        assert stats["mode"] == "mock" and "forwards" in stats["counters"]
+        r = _duckpipe("stats", "--control", dp.control, "--json")  # the stats segment
+        assert r.returncode == 0, r.stderr
+        snap = json.loads(r.stdout)
+        assert snap["dataplane"]["kind"] == "mock" and "forwards" in snap["counters"]
+        r = _duckpipe("shutdown", "--control", dp.control)
+        assert r.returncode == 0 and "acknowledged" in r.stdout
+        assert dp.proc.wait(10) == 0
+        assert ping(dp.control, 0.3) is None
+    finally:
+        dp.__exit__(None, None, None)
+
+
+def test_stats_without_a_dataplane_fails_clearly(tmp_path):
+    r = _duckpipe("stats", "--control", f"ipc://{tmp_path}/none")
+    assert r.returncode == 1 and "no dataplane running" in r.stderr
+    assert f"{tmp_path}/none.stats" in r.stderr  # where it looked
+    r = _duckpipe("stats", "--control", f"ipc://{tmp_path}/none", "--control-query")
+    assert r.returncode == 1 and "no dataplane answered" in r.stderr
+
+
+def test_mock_refuses_an_address_another_dataplane_serves(dataplane):
+    r = _duckpipe("mock-dataplane", "--control", dataplane.control, timeout=30)
+    assert r.returncode == 1 and "already running" in r.stderr
+    assert ping(dataplane.control, 2) is not None
+
+
+def test_duckpipe_top_without_a_dataplane_says_so_and_exits_1(tmp_path):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "duckpipe.observe.top",
+            "--once",
+            "--control",
+            f"ipc://{tmp_path}/control",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1 and "no dataplane running" in r.stderr and r.stdout == ""
+
+
+# ---------------------------------------------------------------- conventions (issue 11, 7)
+
+
+def test_version_prints_the_package_version():
+    import duckpipe
+
+    r = _duckpipe("--version", timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == f"duckpipe {duckpipe.__version__}"
+
+
+def test_verbose_is_accepted_after_the_subcommand_too():
+    from duckpipe.cli import _parser
+
+    p = _parser()
+    assert p.parse_args(["-v", "stats"]).verbose is True
+    assert p.parse_args(["stats", "-v"]).verbose is True
+    assert p.parse_args(["dataplane", "-v", "--check"]).verbose is True
+    assert p.parse_args(["shm", "ls", "--verbose"]).verbose is True
+    assert p.parse_args(["stats"]).verbose is False
+
+
+def test_every_option_of_every_command_has_help():
+    from duckpipe.cli import _parser, _subparsers
+
+    p = _parser()
+    missing = [
+        f"{sp.prog} {'/'.join(a.option_strings) or a.dest}"
+        for sp in [p, *_subparsers(p)]
+        for a in sp._actions
+        if not isinstance(a, argparse._SubParsersAction) and not (a.help or "").strip()
+    ]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("args", [["--help"], ["shm", "ls"], ["doctor"], ["stats", "--help"]])
+def test_a_reader_that_goes_away_ends_it_quietly(args):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "duckpipe", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()  # `| head -0`: the reader is gone before the first line
+    err = proc.stderr.read()
+    proc.wait(60)
+    assert "BrokenPipeError" not in err and "Traceback" not in err, err
+    assert proc.returncode in (0, 141), (proc.returncode, err)
+
+
+def test_dataplane_check_validates_a_topology_and_starts_nothing(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text(
+        '[[nics]]\nname = "lo"\nhost_ip = "127.0.0.1"\n'
+        '[[nics.ducks]]\nid = 0\nip = "127.0.0.1"\nport = 47999\n'
+    )
+    control = f"ipc://{tmp_path}/control"
+    r = _duckpipe("dataplane", "--config", str(good), "--control", control, "--check")
+    assert r.returncode == 0, r.stderr
+    assert "valid" in r.stdout and "1 ducks" in r.stdout and "nothing started" in r.stdout
+    assert not (tmp_path / "control").exists() and ping(control, 0.3) is None
+    bad = tmp_path / "bad.toml"
+    bad.write_text(good.read_text().replace('"127.0.0.1"\n[', '"127.0.0.1"\nmtu = 9\n[', 1))
+    r = _duckpipe("dataplane", "--config", str(bad), "--check")
+    assert r.returncode == 1 and "mtu" in r.stderr and ">= 576" in r.stderr
+    twice = tmp_path / "twice.toml"
+    twice.write_text(good.read_text() + '[[nics.ducks]]\nid = 1\nip = "127.0.0.1"\nport = 47999\n')
+    r = _duckpipe("dataplane", "--config", str(twice), "--check")
+    assert r.returncode == 1 and "share 127.0.0.1:47999" in r.stderr
+
+
+def test_doctor_reports_each_feature_with_a_fix_when_missing():
+    r = _duckpipe("doctor", "--json", timeout=60)
+    assert r.returncode in (0, 1), r.stderr
+    found = {c["name"]: c for c in json.loads(r.stdout)}
+    for name in (
+        "hugepages (2 MiB)",
+        "hugetlbfs mount",
+        "default ports",
+        "DPDK library",
+        "DPDK PMDs",
+        "UDP GSO (UDP_SEGMENT)",
+        "SO_RXQ_OVFL",
+        "MADV_POPULATE_WRITE",
+        "memfd seals",
+        "epoll_pwait2",
+        "AF_XDP",
+    ):
+        assert name in found, (name, list(found))
+    for c in found.values():
+        assert c["status"] in ("ok", "warn", "fail")
+        assert c["status"] == "ok" or c["fix"], c
+    assert "reserved" in found["hugepages (2 MiB)"]["detail"]
+    r = _duckpipe("doctor", timeout=60)
+    assert "memfd seals" in r.stdout and "AF_XDP" in r.stdout
+
+
+# ---------------------------------------------------------------- the venv (issue 11, 1)
+
+
+def test_example_uses_the_default_control_endpoint(tmp_path):
+    env = dict(os.environ, DUCKPIPE_RUN_DIR=str(tmp_path))
+    env.pop("DUCKPIPE_CONTROL", None)
+    cmd = [sys.executable, "-m", "duckpipe", "example", "--forwards", "3"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stdout == ""  # started nothing of its own
+    assert f"ipc://{tmp_path}/control" in r.stderr and "--standalone" in r.stderr
+    with MockDataplaneProcess(ducks=2, control=f"ipc://{tmp_path}/control"):
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "attached to a mock dataplane with 2 ducks" in r.stdout
+    assert "started" not in r.stdout
+
+
+# ------------------------------------------------------- concurrent launches (issue 11, 6)
+
+
+DATAPLANE = [sys.executable, "-m", "duckpipe", "dataplane"]
+
+
+def test_six_simultaneous_launches_each_start_with_their_own_config(tmp_path):
+    cluster_class_or_skip()
+    env = dict(os.environ, DUCKPIPE_RUN_DIR=str(tmp_path))
+    controls = [f"ipc://{tmp_path}/c{k}" for k in range(6)]
+    procs = [
+        subprocess.Popen(
+            [*DATAPLANE, "--backend", "null", "--ducks", "2", "--control", c],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in controls
+    ]
+    try:
+        for c, p in zip(controls, procs, strict=True):
+            deadline = time.monotonic() + 30
+            while ping(c, 0.3) is None:
+                assert p.poll() is None, p.stderr.read()
+                assert time.monotonic() < deadline, f"nothing answers at {c}"
+        configs = []
+        for c, p in zip(controls, procs, strict=True):
+            argv = psutil.Process(p.pid).cmdline()  # exec'd: the dataplane itself
+            path = argv[argv.index("--config") + 1]
+            configs.append(path)
+            cfg = msgspec.msgpack.decode(open(path, "rb").read())
+            assert cfg["control"] == c, (path, cfg["control"], c)
+        assert len(set(configs)) == 6, configs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(20)
+
+
+def test_a_failed_launch_leaves_the_running_dataplanes_config_alone(tmp_path):
+    cluster_class_or_skip()
+    env = dict(os.environ, DUCKPIPE_RUN_DIR=str(tmp_path))
+    control = f"ipc://{tmp_path}/control"
+    cmd = [sys.executable, "-m", "duckpipe", "dataplane", "--backend", "null", "--ducks", "2"]
+    first = subprocess.Popen([*cmd, "--control", control], env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while ping(control, 0.3) is None:
+            assert first.poll() is None and time.monotonic() < deadline
+        argv = psutil.Process(first.pid).cmdline()
+        path = argv[argv.index("--config") + 1]
+        before = open(path, "rb").read()
+        r = subprocess.run([*cmd, "--ducks", "3", "--control", control], env=env,
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert r.returncode != 0  # the address is taken
+        assert open(path, "rb").read() == before
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(20)
+
+
+def test_default_ports_differ_between_users_and_follow_the_environment(monkeypatch):
+    from duckpipe import runtime
+
+    monkeypatch.delenv("DUCKPIPE_PORT_BASE", raising=False)
+    seen = set()
+    for uid in (0, 1000, 1001, 1002):
+        monkeypatch.setattr(os, "geteuid", lambda uid=uid: uid)
+        host, duck, why = runtime.default_ports()
+        assert duck == host + 100 and f"uid {uid}" in why
+        seen.add(host)
+    assert len(seen) == 4
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert runtime.default_ports()[:2] == (47000, 47100)  # root: the documented ones
+    monkeypatch.setenv("DUCKPIPE_PORT_BASE", "52000")
+    assert runtime.default_ports()[:2] == (52000, 52100)
+    monkeypatch.setenv("DUCKPIPE_PORT_BASE", "80")
+    with pytest.raises(DuckpipeError, match="DUCKPIPE_PORT_BASE"):
+        runtime.default_ports()
+
+
+def test_dataplane_says_which_ports_and_takes_a_free_host_port_when_its_own_is_busy(tmp_path):
+    busy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    busy.bind(("127.0.0.1", 0))
+    base = busy.getsockname()[1]
+    try:
+        env = dict(os.environ, DUCKPIPE_RUN_DIR=str(tmp_path), DUCKPIPE_PORT_BASE=str(base))
+        r = subprocess.run(
+            [sys.executable, "-m", "duckpipe", "dataplane", "--ducks", "2", "--check"],
+            env=env, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert f"127.0.0.1:{base}," in r.stderr and f"{base + 100}..{base + 101}" in r.stderr
+        assert "DUCKPIPE_PORT_BASE" in r.stderr
+        from duckpipe.cli import _loopback_topology, _parser
+
+        monkey_env = os.environ.copy()
+        os.environ["DUCKPIPE_PORT_BASE"] = str(base)
+        try:
+            topo = _loopback_topology(_parser().parse_args(["dataplane", "--ducks", "2"]))
+        finally:
+            os.environ.clear()
+            os.environ.update(monkey_env)
+        assert topo.nics[0].host_port != base  # busy: another, said in the log
+        assert topo.nics[0].ducks[0].port == base + 100
+    finally:
+        busy.close()
+
+
+# ------------------------------------------------------------------- errors (issue 11, 9)
+
+
+def test_stats_without_a_dataplane_answers_fast_with_a_hint(tmp_path):
+    t0 = time.monotonic()
+    r = _duckpipe("stats", "--control", f"ipc://{tmp_path}/none")
+    assert time.monotonic() - t0 < 2.0  # no wait for an answer: the segment is not there
+    assert r.returncode == 1 and "`duckpipe dataplane`" in r.stderr
+    assert "`duckpipe mock-dataplane`" in r.stderr  # a command that exists
+
+
+def test_connect_says_what_to_do_when_the_run_directory_is_unreadable(tmp_path):
+    import shutil
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o000)
+    code = (
+        "import duckpipe, sys\n"
+        "try:\n    duckpipe.connect()\n"
+        "except duckpipe.DuckpipeError as e:\n    print(type(e).__name__, e); sys.exit(3)\n"
+    )
+    env = dict(os.environ, DUCKPIPE_CONTROL=f"ipc://{locked}/control")
+    cmd = [sys.executable, "-c", code]
+    if os.geteuid() == 0:  # root reads any directory: drop the capabilities that let it
+        if not shutil.which("setpriv"):
+            pytest.skip("root, and no setpriv (util-linux) to drop CAP_DAC_OVERRIDE")
+        cmd = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *cmd]
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        locked.chmod(0o700)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "PermissionError" not in r.stdout + r.stderr
+    assert "permission denied" in r.stdout and str(locked) in r.stdout
+    assert "DUCKPIPE_CONTROL" in r.stdout  # what to set

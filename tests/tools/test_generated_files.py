@@ -1,0 +1,298 @@
+"""Generated files and the compiled ABI agree with the schemas in duckpipe/schema/."""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import re
+import shutil
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from typing import Annotated, ClassVar
+
+import msgspec
+import pytest
+from duckpipe._native import ffi, lib
+
+from duckpipe.schema import abi, codegen, control, layout_of, wire
+from duckpipe.schema.codegen import ROOT, render_all
+from duckpipe.schema.layout import U8, U32, U64, Pad
+
+INCLUDE = ROOT / "dataplane" / "include"
+GEN = INCLUDE / "gen"  # written by tools/gen_abi.py
+ALL_LAYOUTS = (*abi.LAYOUTS, *wire.LAYOUTS)
+ENUMS = codegen.ENUMS  # every enum the header carries, WireFlag included
+
+
+def _c_enum_prefix(cls: type[enum.IntEnum]) -> str:
+    return "DP_" + re.sub(r"(?<=[a-z])(?=[A-Z])", "_", cls.__name__).upper() + "_"
+
+
+# --- committed files ----------------------------------------------------------------
+
+
+def test_committed_generated_files_match_what_the_schemas_render() -> None:
+    stale: list[str] = []
+    diffs: list[str] = []
+    for rel, text in render_all().items():
+        path = ROOT / rel
+        committed = path.read_text() if path.exists() else ""
+        if committed != text:
+            stale.append(str(rel))
+            diff = difflib.unified_diff(
+                committed.splitlines(),
+                text.splitlines(),
+                f"committed/{rel}",
+                f"rendered/{rel}",
+                lineterm="",
+                n=1,
+            )
+            diffs.append("\n".join(list(diff)[:30]))
+    assert not stale, (
+        f"stale generated files: {', '.join(stale)}; run `python tools/gen_abi.py`\n"
+        + "\n".join(diffs)
+    )
+
+
+def test_gen_abi_check_exits_zero_when_files_are_fresh() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gen_abi.py"), "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, f"gen_abi.py --check said:\n{proc.stdout}{proc.stderr}"
+
+
+def test_render_all_covers_the_header_and_every_schema_json() -> None:
+    rendered = set(render_all())
+    committed = {Path("dataplane/include/gen/dp_abi.h")} | {
+        p.relative_to(ROOT) for p in (ROOT / "schemas").glob("*.json")
+    }
+    assert committed <= rendered, f"committed but never rendered: {committed - rendered}"
+
+
+# --- the compiled cffi module -----------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", ALL_LAYOUTS, ids=lambda c: c.__c_name__)
+def test_cffi_struct_size_and_offsets_match_the_schema(cls: type[msgspec.Struct]) -> None:
+    lay = layout_of(cls)
+    ctype = f"struct {lay.c_name}"
+    assert ffi.sizeof(ctype) == lay.size
+    offsets = {f.name: ffi.offsetof(ctype, f.name) for f in lay.fields}
+    assert offsets == {f.name: f.offset for f in lay.fields}
+    c_fields = dict(ffi.typeof(ctype).fields)
+    assert list(c_fields) == [f.name for f in lay.fields]
+    assert {n: ffi.sizeof(cf.type) for n, cf in c_fields.items()} == {
+        f.name: f.size for f in lay.fields
+    }
+
+
+def test_cffi_constants_and_enums_match_the_schema() -> None:
+    expected = {
+        **abi.CONSTANTS,
+        **wire.CONSTANTS,
+        "HOST_TENSOR_DUCK": control.HOST_TENSOR_DUCK,
+        "PROTOCOL_VERSION": control.PROTOCOL_VERSION,
+    }
+    assert {name: getattr(lib, f"DP_{name}") for name in expected} == expected
+    for cls in ENUMS:
+        prefix = _c_enum_prefix(cls)
+        compiled = {n[len(prefix) :]: getattr(lib, n) for n in dir(lib) if n.startswith(prefix)}
+        assert compiled == {m.name: int(m.value) for m in cls}, cls.__name__
+
+
+@pytest.mark.parametrize("mtu", [576, 1500, 9000, 65535, 65536, 100_000])
+def test_python_chunks_by_the_dataplanes_payload_rule(mtu: int) -> None:
+    """duckpipe.testing.datagrams.payload_max is dp_wire_payload_max (dp_wire.h) itself, not
+    a copy: a copy once left out the cap at the largest UDP datagram (65507 bytes)."""
+    from duckpipe.testing.datagrams import HEADER_SIZE, payload_max
+
+    assert payload_max(mtu) == lib.dp_wire_payload_max(mtu)
+    assert payload_max(mtu) % 4 == 0 and payload_max(mtu) <= 65507 - HEADER_SIZE
+
+
+# --- the C header ----------------------------------------------------------------
+
+_C_PROGRAM = r"""
+#include "dp_abi.h"
+#include "dp_ring.h"
+
+/* Checked against the schema independently of the header's own asserts. */
+@SCHEMA_ASSERTS@
+
+static struct {
+	struct dp_ring_header hdr;
+	struct dp_desc descs[4];
+} ring;
+static struct dp_desc in, out;
+
+int main(void)
+{
+	for (uint64_t id = 1; id <= 10; id++) {
+		in.forward_id = id;
+		in.ducks[3] = ~id;
+		if (dp_ring_push(&ring.hdr, ring.descs, 4, &in) != 0)
+			return 1;
+		if (dp_ring_pop(&ring.hdr, ring.descs, 4, &out) != 0)
+			return 1;
+		if (out.forward_id != id || out.ducks[3] != ~id)
+			return 1;
+	}
+	if (dp_ring_pop(&ring.hdr, ring.descs, 4, &out) != -1)
+		return 1;
+	return ring.hdr.head == 10 && ring.hdr.tail == 10 ? 0 : 1;
+}
+"""
+
+
+def _schema_asserts() -> str:
+    lines = []
+    for cls in ALL_LAYOUTS:
+        lay = layout_of(cls)
+        lines.append(f'_Static_assert(sizeof(struct {lay.c_name}) == {lay.size}, "size");')
+        lines += [
+            f"_Static_assert(offsetof(struct {lay.c_name}, {f.name}) == {f.offset}, "
+            f'"{lay.c_name}.{f.name}");'
+            for f in lay.fields
+        ]
+    return "\n".join(lines)
+
+
+def test_abi_and_ring_headers_compile_as_strict_c11_and_ring_works(tmp_path: Path) -> None:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc not found on PATH: cannot compile dataplane/include/*.h")
+    src = tmp_path / "abi_check.c"
+    src.write_text(_C_PROGRAM.replace("@SCHEMA_ASSERTS@", _schema_asserts()))
+    exe = tmp_path / "abi_check"
+    cmd = [
+        gcc,
+        "-std=c11",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-I",
+        str(INCLUDE),
+        "-I",
+        str(GEN),
+        str(src),
+    ]
+    build = subprocess.run(
+        [*cmd, "-o", str(exe)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert build.returncode == 0, f"{' '.join(cmd)} failed:\n{build.stderr}"
+    run = subprocess.run([str(exe)], capture_output=True, timeout=30, check=False)
+    assert run.returncode == 0, "dp_ring.h push/pop round trip failed in C"
+
+
+# --- layout_of refuses layouts C would pad ---------------------------------------
+
+
+class _ImplicitPadding(msgspec.Struct):
+    __c_name__: ClassVar[str] = "dp_test_implicit"
+
+    flag: U8
+    value: U64
+
+
+class _TailPadding(msgspec.Struct):
+    __c_name__: ClassVar[str] = "dp_test_tail"
+
+    value: U64
+    flag: U8
+
+
+class _WrongSize(msgspec.Struct):
+    __c_name__: ClassVar[str] = "dp_test_wrong_size"
+    __c_size__: ClassVar[int] = 24
+
+    value: U64
+    count: U32
+    pad0: Pad(4)
+
+
+class _Padded(msgspec.Struct):
+    __c_name__: ClassVar[str] = "dp_test_padded"
+    __c_size__: ClassVar[int] = 16
+
+    flag: U8
+    pad0: Pad(7)
+    value: U64
+
+
+def test_layout_rejects_implicit_padding_between_fields() -> None:
+    with pytest.raises(TypeError, match=r"_ImplicitPadding\.value: offset 1 is not 8-byte"):
+        layout_of(_ImplicitPadding)
+
+
+def test_layout_rejects_implicit_tail_padding() -> None:
+    with pytest.raises(TypeError, match=r"_TailPadding: size 9 leaves tail padding"):
+        layout_of(_TailPadding)
+
+
+def test_layout_rejects_a_wrong_declared_c_size() -> None:
+    with pytest.raises(TypeError, match=r"_WrongSize: size is 16, declared 24"):
+        layout_of(_WrongSize)
+
+
+def test_layout_accepts_explicit_padding_and_places_fields() -> None:
+    lay = layout_of(_Padded)
+    assert lay.c_name == "dp_test_padded"
+    assert lay.size == 16
+    assert [(f.name, f.offset, f.size, f.pad) for f in lay.fields] == [
+        ("flag", 0, 1, False),
+        ("pad0", 1, 7, True),
+        ("value", 8, 8, False),
+    ]
+
+
+# --- the generated control codec ------------------------------------------------------
+
+
+def test_control_codec_needs_a_length_limit_on_every_string_and_list() -> None:
+    from duckpipe.schema import ctlgen
+
+    class Unbounded(control.Request, kw_only=True):
+        names: list[Annotated[int, msgspec.Meta(ge=0)]]
+
+    with pytest.raises(TypeError, match=r"Unbounded\.names: give it Meta\(max_length"):
+        ctlgen._fields(Unbounded)
+
+
+def test_every_message_has_a_generated_struct_and_decoder_or_encoder() -> None:
+    from duckpipe.schema import ctlgen
+
+    h = (GEN / "dp_ctl_gen.h").read_text()
+    c = (GEN / "dp_ctl_gen.c").read_text()
+    for cls in ctlgen.request_types():
+        snake = ctlgen._snake(cls.__name__)
+        assert f"struct dp_ctl_{snake} {{" in h
+        assert f'[DP_CTL_{snake.upper()}] = "{cls.__name__}"' in c
+        assert f"decode_{snake}(" in c
+    for cls in ctlgen.reply_types():  # and every reply an encoder the dataplane uses
+        snake = ctlgen._snake(cls.__name__)
+        assert f"void dp_ctl_pack_{snake}(msgpack_packer *pk" in c
+    used = "".join(p.read_text() for p in (ROOT / "dataplane/src/control").glob("*.c"))
+    for cls in typing.get_args(control.AnyReply):
+        assert f"PACK(c, {ctlgen._snake(cls.__name__)}," in used, cls.__name__
+
+
+def test_the_c_config_reader_reads_every_config_field_by_its_schema_name() -> None:
+    from duckpipe.schema import config
+
+    text = (ROOT / "dataplane" / "src" / "runtime" / "dp_config.c").read_text()
+    for cls in (config.DataplaneConfig, config.NicConfig, config.DuckConfig):
+        missing = [f.name for f in msgspec.structs.fields(cls) if f'"{f.name}"' not in text]
+        assert not missing, f"dp_config.c never reads {cls.__name__}: {missing}"
+        defaults = [
+            f.name
+            for f in msgspec.structs.fields(cls)
+            if f.default is not msgspec.NODEFAULT and isinstance(f.default, bool | int | str)
+        ]
+        for name in defaults:  # a hand-typed default would drift from the Struct's
+            assert re.search(rf'"{name}",[^;]*DP_CFG_(NIC_)?DEFAULT_{name.upper()}\b', text), name

@@ -1,0 +1,78 @@
+"""The pytest plugin (duckpipe.testing) as a user meets it: fixtures with docstrings,
+the fixture object accepted by connect(), a ready client, and the README's example."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import duckpipe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    # the subprocess imports this checkout's duckpipe, whichever one is installed
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def test_pytest_fixtures_shows_a_docstring_for_every_duckpipe_fixture(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--fixtures", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    section = out.split("fixtures defined from duckpipe.testing", 1)[1].split("\n---", 1)[0]
+    names = re.findall(r"^(duckpipe_\w+)", section, re.M)
+    assert {"duckpipe_mock", "duckpipe_client", "duckpipe_mock_factory"} <= set(names), section
+    assert "no docstring available" not in section, section
+
+
+def test_connect_accepts_the_fixture_object(duckpipe_mock):
+    with duckpipe.connect(duckpipe_mock) as client:
+        assert client.control == duckpipe_mock.control
+        assert len(client.topology().ducks) == 8
+
+
+def test_connect_says_what_to_pass_for_anything_else():
+    with pytest.raises(TypeError, match=r"\.control address"):
+        duckpipe.connect(42)  # type: ignore[arg-type]
+
+
+def test_duckpipe_client_is_connected_and_computes(duckpipe_client):
+    mlp = duckpipe.GeluMlp.random(32, 64)
+    duckpipe_client.load_weights(7, mlp)
+    x = np.ones((2, 32), np.float32)
+    np.testing.assert_allclose(
+        duckpipe_client.forward(7, x), mlp.reference(x), rtol=1e-4, atol=1e-4
+    )
+
+
+def _readme_example() -> str:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    found = [b for b in blocks if b.startswith("# test_my_model.py")]
+    assert len(found) == 1, "the README's testing section lost its example test"
+    return found[0]
+
+
+def test_readme_example_test_runs_as_written(tmp_path):
+    (tmp_path / "test_my_model.py").write_text(_readme_example())
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_model.py"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout + r.stderr
