@@ -774,7 +774,8 @@ def _victim(control: str) -> str:
     out = subprocess.run(
         [sys.executable, "-c", VICTIM, control], capture_output=True, text=True, timeout=120
     )
-    return (out.stdout + out.stderr).strip()
+    # stderr may carry warnings (4 KiB pages when hugepages run short): the verdict is stdout
+    return out.stdout.strip() if out.returncode == 0 else (out.stdout + out.stderr).strip()
 
 
 def test_one_process_attaches_at_most_client_max_per_pid_clients(caps):
