@@ -197,6 +197,8 @@ class Gate:
             kept = _top(group_scores, self.topk_groups)
             dropped = np.ones((tokens, self.groups), dtype=bool)
             np.put_along_axis(dropped, kept, False, axis=1)
+            # DeepSeek-V3 masks in place, and without a bias its scores and original scores
+            # are one tensor; no weight is read from a dropped group, so a copy is the same
             chooser = np.where(dropped[:, :, None], -np.inf, by_group).reshape(tokens, n)
         indices = _top(chooser, self.topk)
         weights = np.take_along_axis(scores, indices, axis=1)
