@@ -13,6 +13,7 @@ from . import errors
 from .client.api import Client, Forward, Slot, WaitStrategy, connect
 from .client.models import GeluMlp, SwiGluMlp
 from .errors import DuckpipeError
+from .moe import MoeMlp
 from .schema.abi import DType, MlpKind, Status
 
 __version__ = "0.1.0"
@@ -24,6 +25,7 @@ __all__ = [
     "Forward",
     "GeluMlp",
     "MlpKind",
+    "MoeMlp",
     "Slot",
     "Status",
     "SwiGluMlp",

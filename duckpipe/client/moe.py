@@ -1,0 +1,365 @@
+"""Mixture of experts on the host: the gate, the routing check, and a numpy reference.
+
+A routed layer is a list of experts (SwiGLU MLPs of one shape and dtype) plus an
+optional shared expert that every token passes through. The model computes the
+gate on the host and hands duckpipe each token's routing: ``indices[t, k]`` names
+the experts, ``weights[t, k]`` scales their outputs, and
+
+    y[t] = sum_k weights[t, k] * experts[indices[t, k]](x[t]) + shared(x[t])
+
+:class:`Gate` follows DeepSeek-V3's inference ``Gate`` (inference/model.py) rule
+for rule; the reference cluster runs it with 256 experts in 8 groups, 4 groups
+kept, 8 experts per token, sigmoid scores with a selection bias, route scale 2.5.
+:func:`check_routing` is the one check a routing passes before it is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import BadInput
+from .models import SwiGluMlp, dtype_code
+
+__all__ = ["SCORES", "Gate", "MoeMlp", "check_routing"]
+
+#: The gate's scoring functions, as DeepSeek-V3's ``score_func`` names them.
+SCORES = ("softmax", "sigmoid")
+
+
+def check_routing(x: np.ndarray, indices: np.ndarray, weights: np.ndarray, n_experts: int) -> None:
+    """Raise :class:`BadInput` unless ``indices``/``weights`` route the rows of ``x``
+    to ``n_experts`` experts: ``x`` is ``[tokens, hidden]``; ``indices`` (integers)
+    and ``weights`` (floats) are both ``[tokens, topk]``; every index names an
+    expert, no token names one expert twice, and every weight is finite."""
+    if not isinstance(x, np.ndarray) or x.ndim != 2:
+        got = x.shape if isinstance(x, np.ndarray) else type(x).__name__
+        raise BadInput(
+            f"x must be a [tokens, hidden] numpy array, got {got}; reshape it to (-1, hidden)"
+        )
+    tokens = x.shape[0]
+    if not isinstance(n_experts, int | np.integer) or n_experts < 1:
+        raise BadInput(f"n_experts must be a positive integer, got {n_experts!r}")
+    if not isinstance(indices, np.ndarray) or not np.issubdtype(indices.dtype, np.integer):
+        what = indices.dtype if isinstance(indices, np.ndarray) else type(indices).__name__
+        raise BadInput(
+            f"routing indices must be a numpy array of integers, got {what}; "
+            "pass the expert ids the gate returned (int32 or int64)"
+        )
+    if not isinstance(weights, np.ndarray) or not np.issubdtype(weights.dtype, np.floating):
+        what = weights.dtype if isinstance(weights, np.ndarray) else type(weights).__name__
+        raise BadInput(
+            f"routing weights must be a numpy array of floats, got {what}; "
+            "pass the weights the gate returned (float32)"
+        )
+    if indices.ndim != 2 or indices.shape[0] != tokens or indices.shape[1] < 1:
+        raise BadInput(
+            f"routing indices have shape {indices.shape} but x has {tokens} tokens: "
+            f"pass one row of expert ids per row of x, shape ({tokens}, topk) with topk >= 1"
+        )
+    if weights.shape != indices.shape:
+        raise BadInput(
+            f"routing weights have shape {weights.shape} but indices have {indices.shape}: "
+            "pass one weight per expert id"
+        )
+    outside = (indices < 0) | (indices >= n_experts)
+    if outside.any():
+        t, k = (int(i) for i in np.argwhere(outside)[0])
+        raise BadInput(
+            f"routing names expert {int(indices[t, k])} (token {t}, slot {k}) but the layer "
+            f"has {n_experts} experts, 0..{n_experts - 1}: route with the gate of this layer"
+        )
+    ordered = np.sort(indices, axis=1)
+    repeated = ordered[:, 1:] == ordered[:, :-1]
+    if repeated.any():
+        t, k = (int(i) for i in np.argwhere(repeated)[0])
+        raise BadInput(
+            f"token {t} is routed to expert {int(ordered[t, k])} more than once: a token's "
+            "experts must be distinct (a top-k gives them so); merge the weights into one slot"
+        )
+    bad = ~np.isfinite(weights)
+    if bad.any():
+        t, k = (int(i) for i in np.argwhere(bad)[0])
+        raise BadInput(
+            f"routing weight of token {t}, slot {k} is {float(weights[t, k])}: weights must be "
+            "finite; look for NaN or inf in the activations or the gate's parameters"
+        )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Gate:
+    """DeepSeek-V3's router: ``gate(x)`` gives ``(weights, indices)``, both ``[tokens, topk]``.
+
+    - scores: ``softmax`` or ``sigmoid`` of ``x @ weight.T``;
+    - ``bias`` (``[n_experts]``) is added to the scores to choose experts, never to weigh them;
+    - with ``groups > 1`` the experts are cut into ``groups`` equal runs; a group's score is
+      the sum of its two best (biased) scores when there is a bias, else its best score;
+      only the ``topk_groups`` best groups may be chosen from;
+    - the ``topk`` best remaining experts are chosen, best first;
+    - their weights are their unbiased scores, normalised to sum 1 for ``sigmoid``, times
+      ``route_scale``.
+
+    Scores are computed in float64 from float32 logits and returned as float32 weights
+    and int32 indices. Equal scores are chosen lowest expert id first (torch.topk leaves
+    the order of ties unspecified).
+    """
+
+    weight: np.ndarray  # [n_experts, hidden]
+    bias: np.ndarray | None = None  # [n_experts]
+    _: dataclasses.KW_ONLY
+    score: str = "softmax"
+    groups: int = 1
+    topk_groups: int = 1
+    topk: int
+    route_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        w = self.weight
+        if not isinstance(w, np.ndarray) or w.ndim != 2 or min(w.shape) < 1:
+            got = w.shape if isinstance(w, np.ndarray) else type(w).__name__
+            raise BadInput(f"Gate.weight must be a [n_experts, hidden] numpy array, got {got}")
+        if not np.issubdtype(w.dtype, np.floating):
+            raise BadInput(f"Gate.weight must hold floats, got {w.dtype}")
+        n = w.shape[0]
+        if self.bias is not None:
+            b = self.bias
+            if not isinstance(b, np.ndarray) or b.shape != (n,):
+                got = b.shape if isinstance(b, np.ndarray) else type(b).__name__
+                raise BadInput(f"Gate.bias must have shape ({n},), one per expert, got {got}")
+            if not np.issubdtype(b.dtype, np.floating):
+                raise BadInput(f"Gate.bias must hold floats, got {b.dtype}")
+        if self.score not in SCORES:
+            raise BadInput(f"Gate.score must be one of {SCORES}, got {self.score!r}")
+        for name in ("groups", "topk_groups", "topk"):
+            v = getattr(self, name)
+            if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 1:
+                raise BadInput(f"Gate.{name} must be a positive integer, got {v!r}")
+        if n % self.groups:
+            raise BadInput(
+                f"Gate.groups={self.groups} does not divide the {n} experts into equal groups"
+            )
+        if self.topk_groups > self.groups:
+            raise BadInput(f"Gate.topk_groups={self.topk_groups} exceeds Gate.groups={self.groups}")
+        per_group = n // self.groups
+        if self.groups > 1 and self.bias is not None and per_group < 2:
+            raise BadInput(
+                f"with a bias a group scores its two best experts, but groups={self.groups} "
+                f"leaves {per_group} expert per group; use fewer groups"
+            )
+        reachable = self.topk_groups * per_group
+        if self.topk > reachable:
+            raise BadInput(
+                f"Gate.topk={self.topk} exceeds the {reachable} experts of the "
+                f"{self.topk_groups} kept group(s) of {per_group}; lower topk or keep more groups"
+            )
+        scale = self.route_scale
+        if (
+            isinstance(scale, bool)
+            or not isinstance(scale, int | float | np.integer | np.floating)
+            or not (math.isfinite(scale) and scale > 0)
+        ):
+            raise BadInput(f"Gate.route_scale must be a positive finite number, got {scale!r}")
+
+    @property
+    def n_experts(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def hidden(self) -> int:
+        return int(self.weight.shape[1])
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != self.hidden:
+            got = x.shape if isinstance(x, np.ndarray) else type(x).__name__
+            raise BadInput(
+                f"the gate takes x of shape (tokens, {self.hidden}), got {got}; "
+                f"reshape it to (-1, {self.hidden})"
+            )
+        tokens, n = x.shape[0], self.n_experts
+        logits = x.astype(np.float32, copy=False) @ self.weight.astype(np.float32, copy=False).T
+        logits = logits.astype(np.float64)
+        if self.score == "softmax":
+            e = np.exp(logits - logits.max(axis=1, keepdims=True))
+            scores = e / e.sum(axis=1, keepdims=True)
+        else:
+            with np.errstate(over="ignore"):  # exp(-logit) -> inf gives the right 0
+                scores = 1.0 / (1.0 + np.exp(-logits))
+        chooser = scores if self.bias is None else scores + self.bias.astype(np.float64)
+        if self.groups > 1:
+            by_group = chooser.reshape(tokens, self.groups, n // self.groups)
+            if self.bias is None:
+                group_scores = by_group.max(axis=2)
+            else:
+                group_scores = np.sort(by_group, axis=2)[:, :, -2:].sum(axis=2)
+            kept = _top(group_scores, self.topk_groups)
+            dropped = np.ones((tokens, self.groups), dtype=bool)
+            np.put_along_axis(dropped, kept, False, axis=1)
+            # DeepSeek-V3 masks in place, and without a bias its scores and original scores
+            # are one tensor; no weight is read from a dropped group, so a copy is the same
+            chooser = np.where(dropped[:, :, None], -np.inf, by_group).reshape(tokens, n)
+        indices = _top(chooser, self.topk)
+        weights = np.take_along_axis(scores, indices, axis=1)
+        if self.score == "sigmoid":
+            weights = weights / weights.sum(axis=1, keepdims=True)
+        weights = weights * self.route_scale
+        return weights.astype(np.float32), indices.astype(np.int32)
+
+    @classmethod
+    def random(
+        cls,
+        n_experts: int,
+        hidden: int,
+        *,
+        topk: int,
+        score: str = "softmax",
+        groups: int = 1,
+        topk_groups: int = 1,
+        route_scale: float = 1.0,
+        bias: bool = False,
+        dtype=np.float32,
+        seed: int = 0,
+    ) -> Gate:
+        """A gate with random parameters. ``x @ weight.T`` has unit variance for unit
+        inputs; the bias is a tenth of that, enough to change which experts win."""
+        rng = np.random.default_rng(seed)
+        return cls(
+            (rng.standard_normal((n_experts, hidden)) / math.sqrt(hidden)).astype(dtype),
+            (rng.standard_normal(n_experts) * 0.1).astype(np.float32) if bias else None,
+            score=score,
+            groups=groups,
+            topk_groups=topk_groups,
+            topk=topk,
+            route_scale=route_scale,
+        )
+
+    @classmethod
+    def deepseek_v3(cls, hidden: int = 7168, *, seed: int = 0) -> Gate:
+        """A random gate of DeepSeek-V3's shape (configs/config_671B.json): 256 experts,
+        8 groups, 4 kept, 8 per token, sigmoid with a bias, route scale 2.5."""
+        return cls.random(
+            256,
+            hidden,
+            topk=8,
+            score="sigmoid",
+            groups=8,
+            topk_groups=4,
+            route_scale=2.5,
+            bias=True,
+            seed=seed,
+        )
+
+
+def _top(values: np.ndarray, k: int) -> np.ndarray:
+    """Per row, the column indices of the ``k`` largest values, largest first; equal
+    values lowest column first (a stable sort of the negated values)."""
+    return np.argsort(-values, axis=1, kind="stable")[:, :k]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MoeMlp:
+    """A routed layer: ``experts`` (SwiGLU MLPs of one shape and dtype, as DeepSeek-V3's)
+    and an optional ``shared`` expert every token passes through. The shared expert
+    has the experts' hidden size and dtype; its FFN width may differ (DeepSeek-V3's is
+    ``n_shared_experts * moe_inter_dim``)."""
+
+    experts: Sequence[SwiGluMlp]
+    shared: SwiGluMlp | None = None
+
+    def __post_init__(self) -> None:
+        experts = self.experts
+        if isinstance(experts, SwiGluMlp) or not isinstance(experts, Sequence):
+            raise BadInput(
+                f"MoeMlp.experts must be a sequence of SwiGluMlp, got {type(experts).__name__}; "
+                "wrap a single expert in a list"
+            )
+        experts = tuple(experts)
+        object.__setattr__(self, "experts", experts)  # frozen: nobody swaps an expert later
+        if not experts:
+            raise BadInput("MoeMlp needs at least one expert")
+        for i, e in enumerate(experts):
+            if not isinstance(e, SwiGluMlp):
+                raise BadInput(
+                    f"MoeMlp expert {i} is a {type(e).__name__}; every expert must be a "
+                    "SwiGluMlp (DeepSeek-V3's experts are SwiGLU)"
+                )
+        first = experts[0]
+        for i, e in enumerate(experts[1:], start=1):
+            if (e.hidden, e.ffn) != (first.hidden, first.ffn):
+                raise BadInput(
+                    f"MoeMlp expert {i} has hidden {e.hidden}, ffn {e.ffn} but expert 0 has "
+                    f"hidden {first.hidden}, ffn {first.ffn}: all experts must share one shape"
+                )
+            if e.dtype != first.dtype:
+                raise BadInput(
+                    f"MoeMlp expert {i} holds {e.dtype} but expert 0 holds {first.dtype}: "
+                    "all experts must share one dtype; convert them before building the layer"
+                )
+        s = self.shared
+        if s is not None:
+            if not isinstance(s, SwiGluMlp):
+                raise BadInput(
+                    f"MoeMlp.shared is a {type(s).__name__}; the shared expert must be a SwiGluMlp"
+                )
+            if s.hidden != first.hidden:
+                raise BadInput(
+                    f"MoeMlp.shared has hidden {s.hidden} but the experts have {first.hidden}"
+                )
+            if s.dtype != first.dtype:
+                raise BadInput(
+                    f"MoeMlp.shared holds {s.dtype} but the experts hold {first.dtype}: "
+                    "the layer has one dtype"
+                )
+
+    @property
+    def n_experts(self) -> int:
+        return len(self.experts)
+
+    @property
+    def hidden(self) -> int:
+        return self.experts[0].hidden
+
+    @property
+    def ffn(self) -> int:
+        """One routed expert's FFN width."""
+        return self.experts[0].ffn
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.experts[0].dtype
+
+    def reference(self, x: np.ndarray, indices: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """The whole layer on the host, float32 accumulation, in x's dtype."""
+        check_routing(x, indices, weights, self.n_experts)
+        if x.shape[1] != self.hidden:
+            raise BadInput(f"x has hidden {x.shape[1]} but the layer's experts have {self.hidden}")
+        dtype_code(x.dtype)
+        xf = x.astype(np.float32)
+        wf = weights.astype(np.float32)
+        out = np.zeros_like(xf)
+        for e in np.unique(indices):
+            # each token names an expert at most once (check_routing), so rows are distinct
+            rows, slots = np.nonzero(indices == e)
+            out[rows] += self.experts[e].reference(xf[rows]) * wf[rows, slots, None]
+        if self.shared is not None:
+            out += self.shared.reference(xf)
+        return out.astype(x.dtype)
+
+    @classmethod
+    def random(
+        cls,
+        n_experts: int,
+        hidden: int,
+        intermediate: int,
+        *,
+        shared: bool = True,
+        dtype=np.float32,
+        seed: int = 0,
+    ) -> MoeMlp:
+        """``n_experts`` random SwiGLU experts ``[hidden -> intermediate -> hidden]`` and,
+        with ``shared``, a shared expert of the same shape; every one has its own seed."""
+        seeds = np.random.default_rng(seed).integers(2**63, size=n_experts + 1)
+        mlps = [SwiGluMlp.random(hidden, intermediate, dtype, int(s)) for s in seeds]
+        return cls(experts=mlps[:n_experts], shared=mlps[n_experts] if shared else None)
