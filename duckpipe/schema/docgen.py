@@ -3,10 +3,9 @@
 ``codegen.render_all`` hands this module the four JSON documents (``schemas/abi.json``,
 ``wire.json``, ``control.json``, ``stats.json``, as rendered from ``duckpipe/schema/``)
 and commits what it returns as ``docs/protocols.md``; ``tools/gen_abi.py --check`` and
-``tests/test_generated_files.py`` find it stale like any other generated file. Nothing
-here knows a message or a field by name: every table comes from the JSON, so a schema
-change reaches the page on the next ``python tools/gen_abi.py``. Only the introduction
-is written by hand, below.
+``tests/test_generated_files.py`` find it stale like any other generated file. Every
+table comes from the JSON, so a schema change reaches the page on the next
+``python tools/gen_abi.py``; only ``INTRO`` and ``WIRE_NOTES`` are written by hand.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["INTRO", "render_protocols", "slug"]
+__all__ = ["INTRO", "WIRE_NOTES", "render_protocols", "slug"]
 
 JSON = Mapping[str, Any]
 
@@ -51,6 +50,19 @@ Every number below is little-endian. Offsets and sizes are bytes; a `count` afte
 type (`uint8_t[16]`) is an array. Padding fields are listed so that every offset is
 visible; nobody reads them. How the pieces are used, step by step:
 [architecture.md](architecture.md) ("Life of a forward").
+"""
+
+
+#: Before the wire protocol's tables: what the ops are for, in one place.
+WIRE_NOTES = """\
+In short: `FORWARD` chunks carry the activation, `PARTIAL` chunks a duck's partial
+sum; a `NACK` lists missing chunk indices (host to duck: partial chunks to resend,
+empty means all; duck to host with flag `INPUT`: activation chunks it lacks; with flag
+`NO_LAYER`: the duck holds no such layer). `LAYER` announces a shard's shape, `WEIGHT`
+carries its bytes, `WEIGHT_ACK` acknowledges each; `PING`/`PONG` tell liveness. The
+dataplane drops and counts (the `rx_*` counters) datagrams that are malformed, from an
+address not in the topology (or claiming another duck's id), from another session, or
+from a stale epoch.
 """
 
 
@@ -251,7 +263,7 @@ def _abi(abi: JSON) -> list[str]:
 
 def _wire(wire: JSON) -> list[str]:
     out = ["", "## Wire protocol", ""]
-    out += [_rst(wire["description"]), ""]
+    out += [_rst(wire["description"]), "", WIRE_NOTES.rstrip("\n"), ""]
     out += [
         f"Wire version {wire['version']}, {wire['byte_order']}-endian (`schemas/wire.json`).",
         "",
