@@ -442,18 +442,21 @@ def _parser() -> argparse.ArgumentParser:
         "--backend",
         choices=["socket", "null"],
         default="socket",
-        help="without --config: null answers for the ducks itself (no network; README)",
+        help="without --config: null answers for the ducks itself (no network: "
+        "docs/architecture.md)",
     )
     d.add_argument("--control", help="ZeroMQ endpoint (default: $DUCKPIPE_CONTROL or the run dir)")
     d.add_argument(
         "--host-port",
         type=int,
-        help="without --config: the dataplane's UDP port (default: this user's, README)",
+        help="without --config: the dataplane's UDP port (default: this user's; "
+        "docs/walkthrough.md)",
     )
     d.add_argument(
         "--duck-port",
         type=int,
-        help="without --config: duck i listens on P + i (default: this user's, README)",
+        help="without --config: duck i listens on P + i (default: this user's; "
+        "docs/walkthrough.md)",
     )
     d.add_argument(
         "--check",
@@ -496,7 +499,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     st.add_argument("--control", help="the dataplane's control endpoint (default: this user's)")
     st.add_argument("--stats", metavar="PATH", help="the stats segment to read")
-    st.add_argument("--json", action="store_true", help="one JSON document (README: fields)")
+    st.add_argument(
+        "--json", action="store_true", help="one JSON document (fields: docs/walkthrough.md)"
+    )
     st.add_argument(
         "--control-query",
         action="store_true",

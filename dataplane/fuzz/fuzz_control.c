@@ -2,7 +2,7 @@
  *
  * The input is the payload frame (the control agent reads at most 64 KiB of it).
  * decode_one() is everything the control agent does with those bytes before it acts
- * on them: the generated codec's dp_ctl_decode (include/dp_ctl_gen.h, src/dp_ctl_gen.c).
+ * on them: the generated codec's dp_ctl_decode (include/gen/dp_ctl_gen.h and .c).
  * Run with an allocation cap (fuzz_control.options: -malloc_limit_mb): a decoder that
  * believes a declared length and reserves memory for it fails here as
  * "out-of-memory (malloc(...))", however much memory the machine has.

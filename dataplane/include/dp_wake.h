@@ -31,7 +31,7 @@
 #include "dp_barrier.h"
 
 /* unistd.h declares syscall(2) only under _DEFAULT_SOURCE; this header is also built as
- * strict C11 (tests/test_generated_files.py), so it says the prototype itself */
+ * strict C11 (tests/tools/test_generated_files.py), so it says the prototype itself */
 long syscall(long number, ...);
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,

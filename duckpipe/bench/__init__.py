@@ -1,4 +1,4 @@
-"""``duckpipe bench [ipc|forward|scale|pps|all] [--quick|--smoke] [--out DIR]``.
+"""``duckpipe bench [ipc|forward|scale|pps|all] [--quick|--smoke] [--out DIR] [--doc PAGE]``.
 
 Sections, one module each: :mod:`.ipc` (the handoff against IPC baselines),
 :mod:`.forward` (the reference system's path against duckpipe, same ducks),
@@ -6,7 +6,9 @@ Sections, one module each: :mod:`.ipc` (the handoff against IPC baselines),
 (one worker's DPDK transmit rate against dpdk-testpmd; skipped without root,
 DPDK or hugepages). Markdown
 tables go to stdout, progress to stderr, ``bench.json`` (and PNG plots when
-matplotlib is installed: ``pip install 'duckpipe[bench]'``) into ``--out``.
+matplotlib is installed: ``pip install 'duckpipe[bench]'``) into ``--out``. With
+``--doc`` (``docs/benchmarks.md``) each section that ran replaces its own block of that
+page, with the date and the machine (:func:`.report.update_doc`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ import time
 from pathlib import Path
 
 from .common import Size, Table, machine_facts, pin_self
-from .report import header_markdown, plot, table_markdown, write_json
+from .report import (
+    DocError,
+    doc_sections,
+    header_markdown,
+    plot,
+    section_markdown,
+    table_markdown,
+    update_doc,
+    write_json,
+)
 
 __all__ = ["SECTIONS", "add_parser", "run"]
 
@@ -46,13 +57,28 @@ def _ipc_plot(out: Path, t: Table) -> bool:
                 "round trip p50 (µs)", logx=True, logy=True)  # fmt: skip
 
 
-def run(sections: list[str], size: Size, out: Path, command: str, *, quiet: bool = False) -> int:
+def run(
+    sections: list[str],
+    size: Size,
+    out: Path,
+    command: str,
+    *,
+    quiet: bool = False,
+    doc: Path | None = None,
+) -> int:
+    if doc is not None and doc.exists():
+        try:  # before a run of minutes, not after it
+            doc_sections(doc.read_text())
+        except DocError as e:
+            print(f"duckpipe bench: --doc {doc}: {e}; fix its markers first", file=sys.stderr)
+            return 2
     out.mkdir(parents=True, exist_ok=True)
     before, pinning = pin_self()
     facts = machine_facts(pinning)
     facts["size"] = size.name
     print(header_markdown(facts, command))
     tables: list[Table] = []
+    by_section: dict[str, list[Table]] = {}
     extra: dict[str, object] = {"sections": sections, "seconds": {}, "plots": []}
     plots: list[str] = extra["plots"]  # type: ignore[assignment]
     seconds: dict[str, float] = extra["seconds"]  # type: ignore[assignment]
@@ -92,6 +118,7 @@ def run(sections: list[str], size: Size, out: Path, command: str, *, quiet: bool
             for t in new:
                 print(table_markdown(t))
             tables += new
+            by_section[name] = new
             sys.stdout.flush()
     finally:
         if before is not None:
@@ -100,6 +127,15 @@ def run(sections: list[str], size: Size, out: Path, command: str, *, quiet: bool
         print("(no plots: matplotlib is not installed; pip install 'duckpipe[bench]')")
     write_json(out / "bench.json", facts, command, tables, extra)
     print(f"wrote {out / 'bench.json'}" + (f" and {', '.join(plots)}" if plots else ""))
+    if doc is not None:
+        update_doc(
+            doc,
+            {
+                name: section_markdown(name, facts, command, seconds.get(name), new)
+                for name, new in by_section.items()
+            },
+        )
+        print(f"wrote the {', '.join(by_section)} section(s) of {doc}")
     return 0
 
 
@@ -107,7 +143,8 @@ def _main(args: argparse.Namespace) -> int:
     sections = list(SECTIONS) if args.section == "all" else [args.section]
     size = Size("smoke" if args.smoke else "quick" if args.quick else "full")
     command = "duckpipe bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "duckpipe bench"
-    return run(sections, size, Path(args.out), command.strip(), quiet=args.quiet)
+    doc = Path(args.doc) if args.doc else None
+    return run(sections, size, Path(args.out), command.strip(), quiet=args.quiet, doc=doc)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -123,5 +160,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--quick", action="store_true", help="small sizes, under 5 minutes on 2 cores")
     g.add_argument("--smoke", action="store_true", help="tiniest sizes, seconds (CI, tests)")
     b.add_argument("--out", default="bench-results", help="results folder (default bench-results)")
+    b.add_argument(
+        "--doc",
+        metavar="PAGE",
+        help="also write each section's tables, date and machine into this markdown page "
+        "(docs/benchmarks.md), replacing that section's earlier block",
+    )
     b.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     b.set_defaults(func=_main)

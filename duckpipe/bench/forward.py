@@ -39,7 +39,7 @@ ROW_LABELS = {
     "duckpipe_block_parked": "duckpipe, socket backend, wait=block, dataplane idle_spin_us=0",
 }
 #: the extra row's dataplane parks as soon as it is idle: the setting for a client that
-#: shares its core with the dataplane (README: which mode fits which machine)
+#: shares its core with the dataplane (docs/api.md: which mode fits which machine)
 PARKED = {"idle_spin_us": 0}
 
 COLUMNS = [

@@ -332,7 +332,7 @@ def _measure_iceoryx2(size: int, n_rt: int, warm: int, n_stream: int) -> dict[st
 
 
 #: duckpipe's handoff, once per way of waiting: the client's wait mode with the dataplane
-#: idle strategy and pinning it is meant for (README: which mode fits which machine).
+#: idle strategy and pinning it is meant for (docs/api.md: which mode fits which machine).
 #: (name, wait, topology settings, the dataplane thread's CPU or None: the client's)
 NULL_PROFILES: tuple[tuple[str, str, dict[str, object], int | None], ...] = (
     ("spin", "spin", {"idle": "spin"}, DUCKS_CPU),

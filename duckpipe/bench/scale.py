@@ -57,7 +57,7 @@ def _measure(ducks: int, rows: int, iters: int) -> dict[str, object]:
 def run(size: Size, out: Path, *, quiet: bool = False) -> tuple[list[Table], list[str]]:
     duck_pts: list[int] = size.pick([1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16], [1, 2])  # type: ignore[assignment]
     kib: list[int] = size.pick([4 << k for k in range(11)], [4, 16, 64, 256, 1024], [4, 16])  # type: ignore[assignment]
-    payload_ducks = 1  # 4 ducks x 4 MiB timed out every forward here (see the README)
+    payload_ducks = 1  # 4 ducks x 4 MiB timed out every forward here (docs/benchmarks.md)
     iters_small: int = size.pick(300, 100, 5)  # type: ignore[assignment]
     prog = Progress("scale", len(duck_pts) + len(kib), quiet=quiet)
     cols = [

@@ -139,7 +139,7 @@ def _dataplane(args: argparse.Namespace, say: Callable[[str], None]) -> Iterator
     if args.backend == "dpdk":
         raise DuckpipeError(
             "the demo cannot start the dpdk backend itself (it needs DPDK ports and a "
-            "topology: README, DPDK backend); start it with `duckpipe dataplane --config "
+            "topology: docs/dpdk.md); start it with `duckpipe dataplane --config "
             "TOPOLOGY -- EAL OPTIONS` and pass --control, or use --backend socket, or --mock"
         )
     from ..launch.cluster import Cluster

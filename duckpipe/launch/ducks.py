@@ -224,7 +224,7 @@ _OPTIONS: tuple[tuple[str, dict], ...] = (
         {
             "type": int,
             "help": f"duck i listens on P + i (default: this user's, {DEFAULT_BASE_PORT} for "
-            "root; README, ports)",
+            "root; docs/walkthrough.md, ports)",
         },
     ),
     ("--first-id", {"type": int, "help": "duck i has id K + i (default 0)"}),

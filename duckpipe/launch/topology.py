@@ -21,7 +21,7 @@
     [[nics]]
     name = "lo"
     backend = "socket"            # kernel UDP; "null": no network, the ducks answer at once
-                                  # (README: the null backend); "dpdk": README, DPDK backend
+                                  # (docs/architecture.md); "dpdk": docs/dpdk.md
     interface = ""                # SO_BINDTODEVICE when set; dpdk: the port (net_af_packet0)
     host_ip = "127.0.0.1"         # the dataplane's address on this NIC
     host_port = 47000
@@ -83,7 +83,7 @@ class Nic(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True)
     busy_poll_us: Annotated[int, Meta(ge=0)] = 0
     rcvbuf: Annotated[int, Meta(ge=65536)] = 16 << 20
     ducks: list[Duck]
-    # dpdk: rte_flow steering of duck replies and ARP to the worker's queue (README)
+    # dpdk: rte_flow steering of duck replies and ARP to the worker's queue (docs/dpdk.md)
     flow_steering: Literal["auto", "off", "require"] = default("flow_steering", cfgschema.NicConfig)
 
 
@@ -165,7 +165,7 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
         return [d for nic in self.nics for d in nic.ducks]
 
     def to_config(self, control: str) -> bytes:
-        """The msgpack configuration duckpipe-dataplane reads (dataplane/src/dp_config.c)."""
+        """The msgpack configuration duckpipe-dataplane reads (src/runtime/dp_config.c)."""
         return msgspec.msgpack.encode(self.dataplane_config(control))
 
     def dataplane_config(self, control: str) -> cfgschema.DataplaneConfig:

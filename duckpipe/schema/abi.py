@@ -2,7 +2,7 @@
 
 This module is the one source of truth for everything the client, the mock
 dataplane, the C dataplane and the duck emulator share through memory.
-``tools/gen_abi.py`` writes ``dataplane/include/dp_abi.h`` and
+``tools/gen_abi.py`` writes ``dataplane/include/gen/dp_abi.h`` and
 ``schemas/abi.json`` from it.
 
 A segment, created by one client and mapped by the dataplane::

@@ -1,4 +1,5 @@
-"""Render the generated files (C ABI header, JSON descriptions) from the schemas.
+"""Render the generated files (C ABI header, JSON descriptions, docs/protocols.md) from
+the schemas.
 
 ``tools/gen_abi.py`` writes them; ``tests/tools/test_generated_files.py`` fails when a
 committed copy differs from what this renders.
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from . import abi, control, stats, wire
+from . import abi, control, docgen, stats, wire
 from .ctlgen import render_config_h, render_ctl_c, render_ctl_h
 from .layout import Layout, layout_of
 
@@ -166,7 +167,7 @@ def _enum_json(cls: type[enum.IntEnum]) -> dict[str, int]:
 def render_abi_json() -> str:
     return _json(
         {
-            "description": (abi.__doc__ or "").strip().splitlines()[0],
+            "description": (abi.__doc__ or "").strip(),
             "version": {"major": abi.ABI_MAJOR, "minor": abi.ABI_MINOR},
             "constants": abi.CONSTANTS,
             "enums": {
@@ -269,7 +270,7 @@ def render_stats_header() -> str:
 def render_stats_json() -> str:
     return _json(
         {
-            "description": (stats.__doc__ or "").strip().splitlines()[0],
+            "description": (stats.__doc__ or "").strip(),
             "version": {"major": stats.STATS_VERSION_MAJOR, "minor": stats.STATS_VERSION_MINOR},
             "constants": stats.CONSTANTS,
             "plan": stats.segment_plan(),
@@ -278,6 +279,16 @@ def render_stats_json() -> str:
             "enums": {c.__name__: _enum_json(c) for c in STATS_ENUMS},
             "structs": {c.__name__: layout_of(c).to_json() for c in stats.LAYOUTS},
         }
+    )
+
+
+def render_protocols_md() -> str:
+    """docs/protocols.md, from the JSON documents rendered above (schemas/*.json)."""
+    return docgen.render_protocols(
+        json.loads(render_abi_json()),
+        json.loads(render_wire_json()),
+        json.loads(render_control_json()),
+        json.loads(render_stats_json()),
     )
 
 
@@ -293,4 +304,5 @@ def render_all() -> dict[Path, str]:
         Path("schemas/wire.json"): render_wire_json(),
         Path("schemas/control.json"): render_control_json(),
         Path("schemas/stats.json"): render_stats_json(),
+        Path("docs/protocols.md"): render_protocols_md(),
     }

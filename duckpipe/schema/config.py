@@ -1,5 +1,5 @@
 """The dataplane's configuration: what ``duckpipe dataplane`` writes (msgpack) for
-duckpipe-dataplane to read (dataplane/src/dp_config.c).
+duckpipe-dataplane to read (dataplane/src/runtime/dp_config.c).
 
 Every default lives here, once: topology.py takes its TOML defaults from these
 Structs, and the C reader takes its own from the generated dp_config_gen.h.

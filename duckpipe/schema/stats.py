@@ -6,7 +6,7 @@ each on its own cache lines. The dataplane (C or mock) creates the file next to 
 control socket (``ipc://<dir>/control`` -> ``<dir>/stats``), mode 0600, and writes
 it through a shared mapping with relaxed 64-bit stores; readers (``duckpipe stats``,
 ``duckpipe-top``, ``duckpipe exporter``) map it read-only. ``tools/gen_abi.py``
-writes ``dataplane/include/dp_stats_abi.h`` and ``schemas/stats.json`` from here.
+writes ``dataplane/include/gen/dp_stats_abi.h`` and ``schemas/stats.json`` from here.
 
 The segment::
 

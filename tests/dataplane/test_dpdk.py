@@ -712,7 +712,7 @@ def test_required_flow_steering_on_a_port_without_rte_flow_fails_naming_the_call
 
 
 def test_the_eal_loads_the_e810_ice_pmd_from_debians_driver_directory():
-    # The production NIC's driver (README: Intel E810): Debian's DPDK is linked shared,
+    # The production NIC's driver (docs/dpdk.md: Intel E810): Debian's DPDK is linked shared,
     # and rte_eal_init opens every PMD in its driver directory (pmds-23.0). There is no
     # E810 here: this checks that the ice PMD is installed and loads into this dataplane.
     with veth_ducks([1]) as net:

@@ -1,4 +1,6 @@
-"""The README's "three terminals" walk-through, run as written, in the venv it names."""
+"""The README's commands as written: the two set-up commands (tools/setup jobs, the
+second the one CI runs), the "three terminals" walk-through in the venv it names, and the
+API example against a mock dataplane."""
 
 from __future__ import annotations
 
@@ -16,12 +18,48 @@ from duckpipe.testing import cluster_class_or_skip
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def _three_terminals() -> list[str]:
-    """The commands of the walk-through's code block, comments and blank lines dropped."""
+def _block(heading: str, lang: str = "sh") -> str:
+    """The first code block of that language under a heading of the README."""
     text = README.read_text()
-    section = text[text.index("## By hand: three terminals") :]
-    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    section = text[text.index(heading) :]
+    return re.search(rf"```{lang}\n(.*?)```", section, re.S).group(1)
+
+
+def _commands(heading: str) -> list[str]:
+    """The commands of a shell block, comments and blank lines dropped."""
+    block = _block(heading)
     return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def _three_terminals() -> list[str]:
+    return _commands("## By hand: three terminals")
+
+
+def test_the_two_commands_are_tools_setup_jobs_and_ci_runs_the_test_job():
+    commands = _commands("## Two commands (fresh Debian 12, as root)")
+    assert commands == ["tools/setup demo", "tools/setup test"], commands
+    script = (README.parent / "tools" / "setup").read_text()
+    jobs = re.search(r'case "\$job" in ([\w|]+)\)', script).group(1).split("|")
+    assert {"demo", "test"} <= set(jobs), jobs
+    assert (README.parent / "tools" / "setup").stat().st_mode & 0o111, (
+        "tools/setup is not executable"
+    )
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert re.search(r"^tools/setup test\b", ci, re.M), ci
+
+
+def test_the_readme_api_example_runs_against_a_mock(duckpipe_mock):
+    code = _block("## Using it", "python")
+    assert "duckpipe.connect()" in code and "mlp.reference(x)" in code
+    env = dict(os.environ, DUCKPIPE_CONTROL=duckpipe_mock.control)
+    # the example's process imports this checkout's duckpipe, whichever one is installed
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(README.parent), env.get("PYTHONPATH")]))
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    # print(fwd.status, fwd.timings.wait_ns, fwd.answered, fwd.missing): OK (1), every duck
+    assert re.fullmatch(r"1 \d+ \(0, 1, 2, 3, 4, 5, 6, 7\) \(\)\n", r.stdout), r.stdout
 
 
 def test_the_readme_says_to_activate_the_venv_first():

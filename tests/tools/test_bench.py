@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from duckpipe.bench import forward, forward_veth, ipc, pps
-from duckpipe.bench.common import Size
+from duckpipe.bench import SECTIONS, forward, forward_veth, ipc, pps
+from duckpipe.bench.common import Size, Table
+from duckpipe.bench.report import DocError, doc_sections, section_markdown, update_doc
 from duckpipe.errors import DuckpipeError
 from duckpipe.launch.binaries import find_binary
 
@@ -26,6 +27,7 @@ except DuckpipeError as e:
 
 needs_c = pytest.mark.skipif(bool(MISSING), reason=f"the C programs are not built: {MISSING}")
 
+ROOT = Path(__file__).resolve().parents[2]
 TEXT_KEYS = {"config", "row", "name", "transport", "size", "series", "fit", "stream_delivered"}
 
 
@@ -79,7 +81,9 @@ def assert_markdown(stdout: str, title: str, columns: list[dict]) -> None:
 
 @needs_c
 def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -> None:
-    stdout, doc = run_bench(tmp_path, "all")
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\nkept as it is\n")
+    stdout, doc = run_bench(tmp_path, "all", "--doc", str(page))
     for fact in ("cpu_model", "cpus", "kernel", "python", "numpy", "pinning", "date_utc"):
         assert doc["machine"].get(fact), fact
     assert doc["sections"] == ["ipc", "forward", "scale", "pps"]
@@ -139,6 +143,22 @@ def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -
             assert r["duckpipe_mpps"] > 0 and r["testpmd_mpps"] > 0
         assert_markdown(stdout, pt["title"], pt["columns"])
 
+    # --doc: a block per section, in order, after the text that was there, each headed by
+    # the date, the command and the machine, holding every table the run printed
+    text = page.read_text()
+    assert text.startswith("# Benchmarks\n\nkept as it is\n")
+    blocks = doc_sections(text)
+    assert list(blocks) == list(SECTIONS)
+    facts = doc["machine"]
+    for name, (start, end) in blocks.items():
+        block = text[start:end]
+        assert f"Measured {facts['date_utc']} by `duckpipe bench all" in block, name
+        assert f"on {facts['cpu_model']}, {facts['cpus']} CPUs, kernel {facts['kernel']}" in block
+        assert "(smoke size, " in block
+    for t in doc["tables"]:
+        assert f"### {t['title']}" in text, t["key"]
+    assert f"wrote the ipc, forward, scale, pps section(s) of {page}" in stdout
+
 
 def test_bench_pps_says_why_it_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pps, "unavailable", lambda: "DPDK needs root (test)")
@@ -167,3 +187,79 @@ def test_bench_scale_writes_plots_when_matplotlib_is_installed(tmp_path: Path) -
 def test_size_picks_by_name() -> None:
     assert Size("quick").pick(1, 2, 3) == 2
     assert Size("smoke").pick(1, 2, 3) == 3
+
+
+# --- the page: --doc docs/benchmarks.md ---------------------------------------------------
+
+FACTS = {"date_utc": "2026-01-02 03:04 UTC", "cpu_model": "Test CPU", "cpus": 2,
+         "kernel": "6.1", "python": "3.11", "numpy": "2.0", "pinning": "none",
+         "loadavg": [0.5, 0.4, 0.3], "git_commit": "abc1234", "size": "quick"}  # fmt: skip
+
+
+def _block(name: str, value: int) -> str:
+    t = Table(key=name, title=f"{name} table", columns=[("k", "k"), ("v", "v")])
+    t.rows.append({"k": "row", "v": value})
+    return section_markdown(name, FACTS, f"duckpipe bench {name}", 12.3, [t])
+
+
+def test_a_section_block_says_when_what_and_where() -> None:
+    block = _block("scale", 7)
+    assert block.startswith("<!-- duckpipe bench: scale begin -->\n## scale\n")
+    assert block.endswith("<!-- duckpipe bench: scale end -->")
+    assert (
+        "Measured 2026-01-02 03:04 UTC by `duckpipe bench scale` (quick size, 12 s) on Test "
+        "CPU, 2 CPUs, kernel 6.1; Python 3.11, numpy 2.0; pinning: none; load average at the "
+        "start 0.5, 0.4, 0.3; commit abc1234."
+    ) in block
+    assert "### scale table\n\n| k | v |\n|---|---|\n| row | 7 |" in block
+
+
+def test_update_doc_starts_a_page_then_replaces_only_the_sections_that_ran(tmp_path) -> None:
+    page = tmp_path / "docs" / "benchmarks.md"
+    update_doc(page, {"ipc": _block("ipc", 1), "scale": _block("scale", 2)})
+    first = page.read_text()
+    assert first.startswith("# Benchmarks\n") and list(doc_sections(first)) == ["ipc", "scale"]
+    page.write_text("intro by hand\n\n" + first + "\nnotes by hand\n")
+    update_doc(page, {"scale": _block("scale", 3), "pps": _block("pps", 4)})
+    text = page.read_text()
+    assert text.startswith("intro by hand\n") and "notes by hand" in text
+    assert list(doc_sections(text)) == ["ipc", "scale", "pps"]
+    assert "| row | 1 |" in text and "| row | 3 |" in text and "| row | 4 |" in text
+    assert "| row | 2 |" not in text
+    assert text.index("notes by hand") < text.index("pps begin")  # a new section: at the end
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("<!-- duckpipe bench: ipc begin -->\n", "no end marker"),
+        ("<!-- duckpipe bench: ipc end -->\n", "without its begin marker"),
+        (
+            "<!-- duckpipe bench: ipc begin -->\n<!-- duckpipe bench: pps begin -->\n",
+            "no end marker before 'pps' begins",
+        ),
+        ((_block("ipc", 1) + "\n") * 2, "appears twice"),
+    ],
+)
+def test_doc_sections_refuses_markers_that_do_not_pair(text: str, why: str) -> None:
+    with pytest.raises(DocError, match=why):
+        doc_sections(text)
+
+
+def test_bench_refuses_a_broken_page_before_it_measures_anything(tmp_path: Path) -> None:
+    page = tmp_path / "broken.md"
+    page.write_text("<!-- duckpipe bench: ipc begin -->\n")
+    p = subprocess.run(
+        [sys.executable, "-m", "duckpipe", "bench", "ipc", "--smoke", "--quiet",
+         "--out", str(tmp_path / "out"), "--doc", str(page)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "section 'ipc' has no end marker; fix its markers first" in p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_committed_benchmarks_page_has_a_block_per_section() -> None:
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert list(doc_sections(text)) == list(SECTIONS)
+    assert "duckpipe bench all --doc docs/benchmarks.md" in text

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 from duckpipe._native import ffi, lib
 
-from duckpipe.schema import abi, codegen, control, layout_of, wire
+from duckpipe.schema import abi, codegen, control, layout_of, stats, wire
 from duckpipe.schema.codegen import ROOT, render_all
 from duckpipe.schema.layout import U8, U32, U64, Pad
 
@@ -67,12 +67,38 @@ def test_gen_abi_check_exits_zero_when_files_are_fresh() -> None:
     assert proc.returncode == 0, f"gen_abi.py --check said:\n{proc.stdout}{proc.stderr}"
 
 
-def test_render_all_covers_the_header_and_every_schema_json() -> None:
+def test_render_all_covers_the_header_every_schema_json_and_the_protocols_doc() -> None:
     rendered = set(render_all())
-    committed = {Path("dataplane/include/gen/dp_abi.h")} | {
+    committed = {Path("dataplane/include/gen/dp_abi.h"), Path("docs/protocols.md")} | {
         p.relative_to(ROOT) for p in (ROOT / "schemas").glob("*.json")
     }
     assert committed <= rendered, f"committed but never rendered: {committed - rendered}"
+
+
+def test_the_protocols_doc_shows_every_message_code_op_and_struct_field() -> None:
+    """docs/protocols.md, as rendered, against the schema modules themselves (not the JSON
+    the page is made from): nothing the contracts define is left off the page."""
+    text = render_all()[Path("docs/protocols.md")]
+    messages = [*typing.get_args(control.AnyRequest), *typing.get_args(control.AnyReply)]
+    assert len(messages) > 15
+    for cls in messages:
+        assert f"\n#### {cls.__name__}\n" in text, cls.__name__
+        for f in msgspec.structs.fields(cls):
+            assert f"| `{f.name}` |" in text, (cls.__name__, f.name)
+    for code in control.ErrorCode:
+        assert f"| {int(code)} | `{code.name}` |" in text, code
+    for cls in (*ENUMS, *codegen.STATS_ENUMS):
+        if cls is control.ErrorCode:  # its own table, above
+            continue
+        for m in cls:
+            assert f"`{m.name}` = {int(m.value)}" in text, (cls.__name__, m.name)
+    for cls in (*ALL_LAYOUTS, *stats.LAYOUTS):
+        lay = layout_of(cls)
+        assert f"#### `{lay.c_name}` ({lay.size} bytes)" in text, lay.c_name
+        for f in lay.fields:
+            assert f"| {f.offset} | `{f.name}` |" in text, (lay.c_name, f.name)
+    for name in stats.HIST_NAMES:
+        assert f"`{name}`" in text, name
 
 
 # --- the compiled cffi module -----------------------------------------------------
