@@ -2,9 +2,9 @@
  *
  * One NIC worker's transmit path, timed on its own: the dpdk backend opened through
  * its ops table (dp_backend_dpdk.c, EAL included) for a NIC whose `interface` is a
- * DPDK port (net_null0 in the bench), a struct dp_worker holding only its transmit
- * scratch and one forward context's prepared headers, and a forward's activation sent
- * with the calls the worker makes (dp_tx.c): dp_tx_activation queues its CHUNKS chunks
+ * DPDK port (net_null0 in the bench), the worker's transmit batch (struct dp_tx_batch)
+ * over it, and a forward's activation (its prepared headers and bytes) sent with the
+ * calls the worker makes (dp_tx.c): dp_tx_activation queues its CHUNKS chunks
  * (GSO groups of up to 64), dp_tx_flush hands them to the backend, which builds each
  * Ethernet/IPv4/UDP frame to the NIC's broadcast address (ff:ff:ff:ff:ff:ff), copies
  * the wire header and payload into an mbuf and rte_eth_tx_burst's bursts of 32. The
@@ -34,10 +34,8 @@
 #include "dp_backend.h"
 #include "dp_common.h"
 #include "dp_config.h"
-#include "dp_fwd.h"
 #include "dp_tx.h"
 #include "dp_wire.h"
-#include "dp_worker.h"
 
 #define BATCH 32u   /* datagrams per dp_tx_flush: one rte_eth_tx_burst */
 #define CHUNKS 2048u /* datagrams of the activation sent over and over (MTU: 2.8 MB) */
@@ -63,24 +61,24 @@ static void usage(void)
  * dp_tx_flush hands them to the backend, which sends them in tx bursts of 32. With one,
  * each chunk is a message of its own (dp_tx_one, as NACKs and PINGs go), flushed every
  * BATCH. */
-static uint64_t blast(struct dp_worker *wk, struct dp_fwd *f, const struct sockaddr_in *dst,
+static uint64_t blast(struct dp_tx_batch *tx, const struct dp_wire_header *hdrs,
+		      const uint8_t *act, struct dp_tx_owner *owner, const struct sockaddr_in *dst,
 		      bool one, uint64_t ns, uint64_t *took)
 {
-	struct dp_counters *c = wk->be.counters;
-	const struct dp_wire_header *hdrs = dp_worker_fwd_headers(wk, f);
+	struct dp_counters *c = tx->be->counters;
 	uint64_t before = c->v[DP_C_tx_packets];
 	uint64_t start = now_ns(), now = start;
 	do {
 		if (one) {
 			for (uint32_t i = 0; i < CHUNKS; i++) {
-				dp_tx_one(wk, dst, &hdrs[i], f->act + hdrs[i].offset, wk->payload);
+				dp_tx_one(tx, dst, &hdrs[i], act + hdrs[i].offset, tx->payload);
 				if ((i + 1) % BATCH == 0)
-					dp_tx_flush(wk);
+					dp_tx_flush(tx);
 			}
 		} else {
-			dp_tx_activation(wk, f, dst, 0, CHUNKS);
+			dp_tx_activation(tx, dst, hdrs, act, owner, 0, CHUNKS);
 		}
-		dp_tx_flush(wk);
+		dp_tx_flush(tx);
 		now = now_ns();
 	} while (now - start < ns);
 	*took = now - start;
@@ -132,14 +130,16 @@ int main(int argc, char **argv)
 	nic->mtu = mtu;
 
 	static struct dp_counters counters;
-	struct dp_worker *wk = calloc(1, sizeof(*wk));
-	if (!wk) {
+	static struct dp_backend be;
+	struct dp_tx_batch *tx = calloc(1, sizeof(*tx));
+	if (!tx) {
 		fprintf(stderr, "duckpipe-pps: out of memory\n");
 		return 1;
 	}
-	wk->be = (struct dp_backend){ .ops = &dp_backend_dpdk, .cfg = nic, .config = &config,
-				      .nic = 0, .counters = &counters };
-	if (wk->be.ops->open(&wk->be) < 0) {
+	be = (struct dp_backend){ .ops = &dp_backend_dpdk, .cfg = nic, .config = &config,
+				  .nic = 0, .counters = &counters };
+	tx->be = &be;
+	if (be.ops->open(&be) < 0) {
 		fprintf(stderr, "duckpipe-pps: opening the dpdk backend: %s\n", dp_error());
 		return 1;
 	}
@@ -164,12 +164,9 @@ int main(int argc, char **argv)
 		act[k] = (uint8_t)(k * 7);
 	for (uint32_t k = 0; k < CHUNKS; k++)
 		dp_wire_init(&hdrs[k], DP_WIRE_OP_FORWARD, 1, 1);
-	/* the worker's forward context 0, holding only what its transmit reads */
-	static struct dp_fwd f;
-	f.index = 0;
-	f.act = act;
-	wk->hdrs = hdrs;
-	wk->max_chunks = CHUNKS;
+	/* the owner a forward's part on the NIC would be; it names no memory, so the port
+	 * copies every payload (dp_dpdk_zc_attach) */
+	static struct dp_tx_owner owner;
 	int rc = 0;
 	for (int s = 0; s < nsizes; s++) {
 		uint32_t len = !strcmp(sizes[s], "mtu") ? max_payload : (uint32_t)atoi(sizes[s]);
@@ -186,19 +183,19 @@ int main(int argc, char **argv)
 			hdrs[k].total = (uint64_t)CHUNKS * len;
 			hdrs[k].length = len;
 		}
-		wk->payload = len;
-		f.bytes = (uint64_t)CHUNKS * len;
+		tx->payload = len;
 		uint64_t took, errors = counters.v[DP_C_tx_errors];
-		(void)blast(wk, &f, &nic->broadcast, one, 100000000ull, &took);
-		uint64_t sent = blast(wk, &f, &nic->broadcast, one, (uint64_t)(seconds * 1e9), &took);
+		(void)blast(tx, hdrs, act, &owner, &nic->broadcast, one, 100000000ull, &took);
+		uint64_t sent = blast(tx, hdrs, act, &owner, &nic->broadcast, one,
+				      (uint64_t)(seconds * 1e9), &took);
 		printf("pps %u %u %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", len,
 		       ETH_IP_UDP + DP_WIRE_HDR_LEN + len, sent, took,
 		       counters.v[DP_C_tx_errors] - errors);
 		fflush(stdout);
 	}
-	wk->be.ops->close(&wk->be);
+	be.ops->close(&be);
 	free(act);
 	free(hdrs);
-	free(wk);
+	free(tx);
 	return rc;
 }

@@ -10,9 +10,10 @@
  * what the sum relies on: a duck whose reassembly completes has added every element
  * of the message exactly once.
  *
- * The receive filters are static in dp_worker.c and dp_gather_on_nack needs the whole
- * worker; the copies here follow them line for line (marked "worker:"), and
- * dp_partial_admit is the shared header.
+ * The receive filters are static in dp_worker.c and dp_gather_on_nack needs a worker's
+ * view (struct dp_gather_view: its transmit batch, an open backend); the copies here
+ * follow them line for line (marked "worker:"), and dp_partial_admit is the shared
+ * header.
  *
  * Input: an 8-byte scenario, then datagrams, each a one-byte frame tag and the
  * datagram: tag 0, its size is what its header's `length` says (so that a mutated
@@ -212,7 +213,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		pos += len;
 	}
 
-	/* worker: dp_worker_finalize, when every duck answered: the store reads the whole sum */
+	/* worker: dp_fwd_complete, when every duck answered: the store reads the whole sum */
 	int all = 1;
 	for (uint32_t d = 0; d < f.nducks; d++)
 		all &= f.ducks[d].state == 1;

@@ -1166,7 +1166,10 @@ struct dp_control *dp_control_new(struct dp_world *w)
 			     strerror(errno));
 		goto fail;
 	}
-	c->stats = dp_stats_open(w);
+	const struct dp_counters *nic_counters[DP_MAX_NICS];
+	for (uint32_t k = 0; k < w->cfg.nnics; k++)
+		nic_counters[k] = &w->workers[k]->counters;
+	c->stats = dp_stats_open(w, nic_counters);
 	if (!c->stats)
 		goto fail;
 	DP_INFO("stats segment %s", dp_stats_file(c->stats));

@@ -18,12 +18,12 @@
 
 #include "dp_accept_guard.h"
 #include "dp_fwd.h"
-#include "dp_worker.h"
 
 #define DUCK_LOST_NS 3000000000ull /* nothing heard for this long (or 3 pings): lost */
 
 struct dp_stats_seg {
 	struct dp_world *w;
+	const struct dp_counters *nic_counters[DP_MAX_NICS]; /* each NIC worker's, by NIC */
 	uint8_t *base;
 	char path[320];
 	struct dp_stats_header *hdr;
@@ -123,7 +123,8 @@ static int core_of(const struct dp_config *cfg, uint32_t agent)
 	return i < cfg->ncores ? cfg->cores[i] : -1;
 }
 
-struct dp_stats_seg *dp_stats_open(struct dp_world *w)
+struct dp_stats_seg *dp_stats_open(struct dp_world *w,
+				   const struct dp_counters *const *nic_counters)
 {
 	struct dp_stats_seg *s = calloc(1, sizeof(*s));
 	if (!s) {
@@ -131,6 +132,8 @@ struct dp_stats_seg *dp_stats_open(struct dp_world *w)
 		return NULL;
 	}
 	s->w = w;
+	for (uint32_t k = 0; k < w->cfg.nnics; k++)
+		s->nic_counters[k] = nic_counters[k];
 	char tmp[340];
 	if (dp_stats_path(w->cfg.control, s->path, sizeof(s->path)) < 0)
 		goto fail;
@@ -268,7 +271,7 @@ static void publish_counters(struct dp_stats_seg *s)
 	src[n++] = &w->control_counters;
 	src[n++] = &w->dispatch_counters;
 	for (uint32_t k = 0; k < w->cfg.nnics; k++)
-		src[n++] = &w->workers[k]->counters;
+		src[n++] = s->nic_counters[k];
 	for (uint32_t a = 0; a < n; a++)
 		for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
 			set64(&s->agents[a].v[i], dp_load_relaxed_u64(&src[a]->v[i]));

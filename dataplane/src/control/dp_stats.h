@@ -60,8 +60,10 @@ static inline void dp_stats_record(uint64_t *counts, uint64_t *sum, uint64_t ns)
 }
 
 /* Create the segment (replacing a stale one) and fill what never changes; NULL with
- * dp_error() when it cannot. Called by the control agent at its start. */
-struct dp_stats_seg *dp_stats_open(struct dp_world *w);
+ * dp_error() when it cannot. Called by the control agent at its start. nic_counters:
+ * each NIC worker's counters, by NIC (cfg.nnics of them), which every tick publishes. */
+struct dp_stats_seg *dp_stats_open(struct dp_world *w,
+				   const struct dp_counters *const *nic_counters);
 /* Remove the file and unmap (clean exit). */
 void dp_stats_close(struct dp_stats_seg *s);
 /* Control agent, every DP_STATS_TICK_NS: heartbeat, counters, clients, ducks. */

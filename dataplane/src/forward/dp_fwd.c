@@ -1,12 +1,12 @@
 /* dp_fwd.c: a forward context's whole life (the cycle: dp_fwd.h).
  *
- * The dispatcher's pool of free contexts and their initialisation for a
- * descriptor; the end of each NIC's part and the finalisation by the last NIC
- * to finish; publishing into the client's slot header; the Completion's
- * roll-up of what the NICs and ducks measured; the return to the pool through
- * the free ring. Whichever agent runs a function here owns the context at that
- * moment: a context is on one agent at a time, but for the NIC workers that
- * share a forward, and they touch only their own part until the last one out.
+ * The dispatcher's pool of free contexts and their initialisation for a descriptor;
+ * the end of each NIC's part and the completion by the last NIC to finish (the NICs'
+ * sums added, bias, stored into the result slot); publishing into the client's slot
+ * header; the Completion's roll-up of what the NICs and ducks measured; the return to
+ * the pool through the free ring. Whichever agent runs a function here owns the
+ * context at that moment: a context is on one agent at a time, but for the NIC workers
+ * that share a forward, and they touch only their own part until the last one out.
  */
 #include "dp_fwd.h"
 
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp_reduce.h"
 #include "dp_ring.h"
 #include "dp_tsan.h"
 
@@ -99,8 +100,9 @@ static uint32_t status_rank(uint32_t s)
 	return s == DP_STATUS_OK ? 0 : s == DP_STATUS_TIMEOUT ? 1 : 2;
 }
 
-/* The worst of the NICs' statuses; counters are the finishing worker's. */
-uint32_t dp_fwd_final_status(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters)
+/* The last NIC out: the worst of the NICs' statuses, and the message that goes with it;
+ * counters are the finishing worker's. */
+static uint32_t final_status(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters)
 {
 	uint32_t status = DP_STATUS_OK;
 	for (uint32_t n = 0; n < DP_MAX_NICS; n++)
@@ -126,6 +128,32 @@ void dp_fwd_finish(struct dp_world *w, struct dp_fwd *f, uint32_t status, struct
 	f->status = status;
 	dp_fwd_publish(w, f, counters);
 	dp_spsc_push(done, (void **)&f, 1);
+}
+
+void dp_fwd_complete(struct dp_world *w, struct dp_fwd *f, struct dp_spsc *done,
+		     struct dp_counters *counters)
+{
+	struct dp_layer *l = f->layer;
+	uint32_t status = final_status(w, f, counters);
+	if (f->kind == DP_FWD_FORWARD && status == DP_STATUS_OK) {
+		uint64_t t0 = dp_now_ns();
+		uint64_t n = f->bytes / dp_dtype_size(l->dtype);
+		/* the first NIC: it summed in place when it could (dp_gather_accept) */
+		int primary = __builtin_ctz(f->nic_mask);
+		float *acc = f->acc[primary];
+		for (uint32_t k = (uint32_t)primary + 1; k < DP_MAX_NICS; k++)
+			if (f->nic_mask & (1u << k))
+				dp_accumulate_f32(acc, f->acc[k], n);
+		dp_reduce_store(f->res, acc, l->has_b_down ? l->b_down : NULL, f->rows, l->hidden,
+				l->dtype);
+		f->reduce_ns = dp_now_ns() - t0;
+		dp_count(counters, DP_C_forwards_ok, 1);
+	} else if (status == DP_STATUS_TIMEOUT) {
+		dp_count(counters, DP_C_timeouts, 1);
+	} else if (status == DP_STATUS_DUCK_LOST) {
+		dp_count(counters, DP_C_duck_lost, 1);
+	}
+	dp_fwd_finish(w, f, status, done, counters);
 }
 
 void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *answered,

@@ -7,7 +7,8 @@
  *               needs no network it completes itself (dp_fwd_finish)
  *   worker xN   one part per NIC the forward's ducks are on (dp_fwd_part_done, once
  *               the port let go of the slot: dp_release.h); the last NIC out
- *               finalises (dp_fwd_final_status, dp_fwd_finish)
+ *               completes it (dp_fwd_complete: the NICs' sums added, bias, store,
+ *               dp_fwd_finish)
  *   control     dp_fwd_summarize: the ZeroMQ Completion's numbers; dp_fwd_release:
  *               back to the dispatcher through the free ring (dp_fwd_pool_refill)
  *
@@ -121,8 +122,13 @@ void dp_fwd_release(struct dp_world *w, struct dp_fwd *f);
 
 /* A NIC worker ended its part of f with this status; true for the last NIC to finish. */
 bool dp_fwd_part_done(struct dp_fwd *f, uint32_t nic, uint32_t status);
-/* The last NIC out: f's status from its NICs' parts, and the message that goes with it. */
-uint32_t dp_fwd_final_status(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters);
+/* The last NIC out (dp_fwd_part_done said true): f's status from its NICs' parts (the
+ * worst, or stale epoch), and for a forward that went well the NICs' float32 sums added
+ * into the first NIC's, the bias, the result stored into the slot in its dtype (timed:
+ * reduce_ns); counted (forwards_ok, timeouts, duck_lost) in the worker's counters, then
+ * dp_fwd_finish onto its done ring. */
+void dp_fwd_complete(struct dp_world *w, struct dp_fwd *f, struct dp_spsc *done,
+		     struct dp_counters *counters);
 /* f is done: publish it into the client's slot and queue it on done for the control agent. */
 void dp_fwd_finish(struct dp_world *w, struct dp_fwd *f, uint32_t status, struct dp_spsc *done,
 		   struct dp_counters *counters);

@@ -1,30 +1,64 @@
 /* dp_gather.h: a forward on one NIC (dp_gather.c): send its activation, gather and
- * sum its ducks' partials, NACK those that stall, end the NIC's part. The worker
- * hands over the context, the datagrams it has checked and the timers. */
+ * sum its ducks' partials, NACK those that stall. A leaf, as Aeron's loss detector is:
+ * the worker hands over the context, the datagrams it has checked and the timers,
+ * through a narrow view of itself (struct dp_gather_view), and each call returns what
+ * happened; when the NIC's part is over it says with which status, and the worker ends
+ * the part (dp_worker.c). */
 #ifndef DP_GATHER_H
 #define DP_GATHER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
-struct dp_worker;
+struct dp_counters;
 struct dp_fwd;
+struct dp_reasm;
+struct dp_tx_batch;
 struct dp_wire_header;
+struct dp_world;
 
-/* Take f in: its headers, its sum, its ducks' state; send the activation; arm the
- * NACK timer (wk->next_nack). */
-void dp_gather_accept(struct dp_worker *wk, struct dp_fwd *f);
-/* A PARTIAL from duck, one of f's targets: add it in; the last chunk of the last duck
- * ends the NIC's part. */
-void dp_gather_on_partial(struct dp_worker *wk, struct dp_fwd *f, const struct dp_wire_header *h,
-			  uint32_t duck, uint64_t now);
-/* A NACK from duck about f (a forward or a weight chunk): resend the activation
- * chunks it lists, or, flagged NO_LAYER, the duck lost the layer. */
-void dp_gather_on_nack(struct dp_worker *wk, struct dp_fwd *f, const struct dp_wire_header *h,
-		       uint32_t duck, uint64_t now);
+/* A duck's NACK timeout, RFC 6298's estimator over its reply times (ns). */
+struct dp_rto {
+	uint64_t srtt;
+	uint64_t rttvar;
+	uint64_t rto;     /* cfg.nack_us until the first sample */
+	bool sampled;
+};
+
+/* What gather sees of its NIC worker, which owns it (and everything it points at) and
+ * passes it to every call. */
+struct dp_gather_view {
+	const struct dp_world *w;     /* the config, the duck table, the session */
+	uint32_t nic;
+	uint32_t payload;             /* bytes per datagram after the header */
+	uint32_t nducks;              /* the ducks on this NIC */
+	const uint16_t *ducks;
+	struct dp_rto *rto;           /* NACK timeouts, by duck id (this NIC's ducks) */
+	struct dp_counters *counters; /* the worker's */
+	struct dp_tx_batch *tx;       /* the worker's transmit batch (dp_tx.h) */
+	struct dp_wire_header *hdrs;  /* [contexts][max_chunks]: each one's FORWARD headers */
+	uint32_t max_chunks;
+	float *scratch;               /* [contexts][scratch_floats]: sums not made in place */
+	uint32_t scratch_floats;
+	struct dp_reasm *nack_seen;   /* chunks already resent for the NACK being answered */
+};
+
+/* Take f in: its headers, its sum, its ducks' state; send the activation. Returns when
+ * the first NACK may be due (a lower bound: the worker's timer). */
+uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f);
+/* A PARTIAL from duck, one of f's targets: add it in. Returns DP_STATUS_PENDING, or,
+ * when the last of f's ducks on this NIC is done, the part's status (OK, DUCK_LOST). */
+uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
+			      const struct dp_wire_header *h, uint32_t duck, uint64_t now);
+/* A NACK from duck about f (a forward or a weight chunk): resend the activation chunks
+ * it lists, or, flagged NO_LAYER, the duck lost the layer. Returns DP_STATUS_PENDING,
+ * or the part's status when that ended f's part on this NIC (as dp_gather_on_partial). */
+uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
+			   const struct dp_wire_header *h, uint32_t duck, uint64_t now);
 /* The NACK timer: NACK the ducks of f whose partial made no progress for their RTO;
  * returns when the next one is due (UINT64_MAX: none is waited for). */
-uint64_t dp_gather_send_nacks(struct dp_worker *wk, struct dp_fwd *f, uint64_t now);
-/* End this NIC's part of f with status (DP_STATUS_TIMEOUT at the deadline). */
-void dp_gather_finish(struct dp_worker *wk, struct dp_fwd *f, uint32_t status, uint64_t now);
+uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now);
+/* f's deadline passed: its wait on this NIC ends now. Returns DP_STATUS_TIMEOUT. */
+uint32_t dp_gather_timeout(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now);
 
 #endif /* DP_GATHER_H */

@@ -6,9 +6,24 @@
  * session, for a context in flight here, of that context's epoch) to the module it
  * is for, then runs the timers: a forward's deadline and NACKs, weight datagrams
  * within a budget that keeps them behind forwards, PINGs. Every send goes through
- * the transmit batch (dp_tx.c). The worker that completes the last NIC's part
- * writes the result slot and publishes the completion (dp_worker_finalize; the
- * context's status, slot header and hand-over to the control agent: dp_fwd.c).
+ * the transmit batch (dp_tx.c). A module's call returns DP_STATUS_PENDING, or the
+ * status its context's part on this NIC ended with; the worker then ends the part
+ * (end_part, the one place: off the active list, and done once the port let go of the
+ * slot), and the worker that ends the last NIC's part completes the forward: sums,
+ * result slot, completion (dp_fwd_complete, dp_fwd.c).
+ *
+ * Who calls whom (an arrow is a call; none points back at the worker):
+ *
+ *   dp_worker.c --+--> dp_gather.c --+
+ *                 +--> dp_weight.c --+--> dp_tx.c -----> backend ops (dp_backend.h)
+ *                 +------------------+    (PINGs)            ^
+ *                 +--> dp_release.c -------------------------+ (tx_reclaim)
+ *                 +--> dp_fwd.c (dp_fwd_part_done; dp_fwd_complete: the last NIC out)
+ *
+ * dp_gather.c and dp_weight.c see the worker only through views it owns and passes
+ * (struct dp_gather_view, struct dp_weight_view) and read contexts through dp_fwd.h;
+ * the transmit batch (struct dp_tx_batch) and the release list (struct
+ * dp_release_list) are their own structs, embedded in struct dp_worker.
  */
 #include "dp_worker.h"
 
@@ -19,7 +34,6 @@
 
 #include "dp_fwd.h"
 #include "dp_gather.h"
-#include "dp_reduce.h"
 #include "dp_release.h"
 #include "dp_tx.h"
 #include "dp_weight.h"
@@ -41,7 +55,25 @@ static bool duck_on_nic(struct dp_worker *wk, uint32_t duck)
 	return i >= 0 && wk->w->cfg.ducks[i].nic == wk->nic;
 }
 
-void dp_worker_active_remove(struct dp_worker *wk, struct dp_fwd *f)
+/* f is this worker's from here until its part ends: datagrams for it pass the filters. */
+static void active_add(struct dp_worker *wk, struct dp_fwd *f)
+{
+	wk->owned[f->index] = f->wire_id;
+	wk->active[wk->nactive++] = f;
+}
+
+/* --- the end of a part: here and nowhere else ----------------------------------------- */
+
+/* The port let go of f's slot: the part is done, and the last NIC out completes f. */
+static void part_done(struct dp_worker *wk, struct dp_fwd *f, uint32_t status)
+{
+	if (dp_fwd_part_done(f, wk->nic, status))
+		dp_fwd_complete(wk->w, f, &wk->done, &wk->counters);
+}
+
+/* A module said f's part on this NIC is over with status: off the active list (its late
+ * datagrams are dropped from now), and done now or once the port let go of the slot. */
+static void end_part(struct dp_worker *wk, struct dp_fwd *f, uint32_t status, uint64_t now)
 {
 	for (uint32_t i = 0; i < wk->nactive; i++)
 		if (wk->active[i] == f) {
@@ -49,32 +81,19 @@ void dp_worker_active_remove(struct dp_worker *wk, struct dp_fwd *f)
 			break;
 		}
 	wk->owned[f->index] = 0;
+	/* the last one out sees every other NIC's sums and statuses (dp_fwd_part_done) */
+	if (dp_release_part(&wk->release, f, status, now))
+		part_done(wk, f, status);
 }
 
-/* The last NIC out: sum the NICs' partial sums into the result slot and publish. */
-void dp_worker_finalize(struct dp_worker *wk, struct dp_fwd *f)
+/* Parts the port let go of since they ended (dp_release.h): done now. */
+static int release_poll(struct dp_worker *wk)
 {
-	struct dp_layer *l = f->layer;
-	uint32_t status = dp_fwd_final_status(wk->w, f, &wk->counters);
-	if (f->kind == DP_FWD_FORWARD && status == DP_STATUS_OK) {
-		uint64_t t0 = dp_now_ns();
-		uint64_t n = f->bytes / dp_dtype_size(l->dtype);
-		/* the first NIC: it summed in place when it could (dp_gather_accept) */
-		int primary = __builtin_ctz(f->nic_mask);
-		float *acc = f->acc[primary];
-		for (uint32_t k = (uint32_t)primary + 1; k < DP_MAX_NICS; k++)
-			if (f->nic_mask & (1u << k))
-				dp_accumulate_f32(acc, f->acc[k], n);
-		dp_reduce_store(f->res, acc, l->has_b_down ? l->b_down : NULL, f->rows, l->hidden,
-				l->dtype);
-		f->reduce_ns = dp_now_ns() - t0;
-		dp_count(&wk->counters, DP_C_forwards_ok, 1);
-	} else if (status == DP_STATUS_TIMEOUT) {
-		dp_count(&wk->counters, DP_C_timeouts, 1);
-	} else if (status == DP_STATUS_DUCK_LOST) {
-		dp_count(&wk->counters, DP_C_duck_lost, 1);
-	}
-	dp_fwd_finish(wk->w, f, status, &wk->done, &wk->counters);
+	uint32_t let_go = dp_release_poll(&wk->release);
+	struct dp_fwd **parts = &wk->release.parts[wk->release.n];
+	for (uint32_t k = let_go; k-- > 0;) /* in the order the poll found them */
+		part_done(wk, parts[k], parts[k]->part[wk->nic].status);
+	return (int)let_go;
 }
 
 /* --- receive ----------------------------------------------------------------------- */
@@ -83,7 +102,7 @@ static int sender_duck(struct dp_worker *wk, const struct dp_rx *rx, uint16_t cl
 {
 	if (claimed >= DP_MAX_DUCKS || !duck_on_nic(wk, claimed))
 		return -1;
-	const struct sockaddr_in *a = dp_worker_duck_addr(wk, claimed);
+	const struct sockaddr_in *a = dp_duck_addr(wk->w, claimed);
 	if (a->sin_addr.s_addr != rx->src.sin_addr.s_addr || a->sin_port != rx->src.sin_port)
 		return -1;
 	return claimed;
@@ -145,6 +164,7 @@ static int receive(struct dp_worker *wk, uint64_t now, bool *full)
 			continue;
 		}
 		useful++;
+		uint32_t status = DP_STATUS_PENDING;
 		switch (h->op) {
 		case DP_WIRE_OP_PARTIAL:
 			if (f->kind != DP_FWD_FORWARD || !dp_targets_has(f->targets, (uint32_t)duck)) {
@@ -152,17 +172,19 @@ static int receive(struct dp_worker *wk, uint64_t now, bool *full)
 				break;
 			}
 			touched[ntouched++] = f->wire_id;
-			dp_gather_on_partial(wk, f, h, (uint32_t)duck, now);
+			status = dp_gather_on_partial(&wk->gather, f, h, (uint32_t)duck, now);
 			break;
 		case DP_WIRE_OP_NACK:
-			dp_gather_on_nack(wk, f, h, (uint32_t)duck, now);
+			status = dp_gather_on_nack(&wk->gather, f, h, (uint32_t)duck, now);
 			break;
 		case DP_WIRE_OP_WEIGHT_ACK:
-			dp_weight_on_ack(wk, f, h);
+			status = dp_weight_on_ack(&wk->weight, f, h);
 			break;
 		default:
 			dp_count(&wk->counters, DP_C_rx_malformed, 1);
 		}
+		if (status != DP_STATUS_PENDING)
+			end_part(wk, f, status, now);
 	}
 	/* fetch time: this burst's handling, shared among the partials in it */
 	if (ntouched) {
@@ -174,7 +196,7 @@ static int receive(struct dp_worker *wk, uint64_t now, bool *full)
 				wk->w->fwds[id & 0xFFFF].part[wk->nic].fetch_ns += share;
 		}
 	}
-	dp_tx_flush(wk);
+	dp_tx_flush(&wk->tx);
 	return useful;
 }
 
@@ -200,17 +222,17 @@ static int timers(struct dp_worker *wk, uint64_t now, bool backlog)
 		uint32_t before = wk->nactive;
 		if (f->kind == DP_FWD_FORWARD) {
 			if (now >= f->deadline_ns) {
-				dp_gather_finish(wk, f, DP_STATUS_TIMEOUT, now);
+				end_part(wk, f, dp_gather_timeout(&wk->gather, f, now), now);
 				work++;
 			} else if (!backlog && now >= wk->next_nack[f->index]) {
-				wk->next_nack[f->index] = dp_gather_send_nacks(wk, f, now);
+				wk->next_nack[f->index] = dp_gather_send_nacks(&wk->gather, f, now);
 				work++;
 			}
 		} else if (now >= f->deadline_ns) {
-			dp_weight_finish(wk, f, DP_STATUS_DATAPLANE_ERROR);
+			end_part(wk, f, dp_weight_timeout(&wk->weight, f), now);
 			work++;
 		} else if (budget) {
-			uint32_t sent = dp_weight_pump(wk, f, now, budget, &room);
+			uint32_t sent = dp_weight_pump(&wk->weight, f, now, budget, &room);
 			budget -= sent < budget ? sent : budget;
 			work += (int)sent;
 		}
@@ -220,15 +242,15 @@ static int timers(struct dp_worker *wk, uint64_t now, bool backlog)
 	if (now >= wk->next_ping_ns) {
 		for (uint32_t i = 0; i < wk->nducks; i++) {
 			struct dp_wire_header *h =
-				dp_tx_ctl_header(wk, DP_WIRE_OP_PING,
+				dp_tx_ctl_header(&wk->tx, DP_WIRE_OP_PING,
 						 dp_load_acquire_u64(&wk->w->epoch), NULL);
 			h->duck = wk->ducks[i];
-			dp_tx_one(wk, dp_worker_duck_addr(wk, wk->ducks[i]), h, NULL, 0);
+			dp_tx_one(&wk->tx, dp_duck_addr(wk->w, wk->ducks[i]), h, NULL, 0);
 		}
 		dp_count(&wk->counters, DP_C_pings, wk->nducks);
 		wk->next_ping_ns = now + (uint64_t)wk->w->cfg.ping_ms * 1000000;
 	}
-	dp_tx_flush(wk);
+	dp_tx_flush(&wk->tx);
 	return work;
 }
 
@@ -241,17 +263,18 @@ int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now)
 	(void)w;
 	uint32_t n = dp_inbox_pop(&wk->in, (void **)in, DP_BURST);
 	for (uint32_t i = 0; i < n; i++) {
+		active_add(wk, in[i]);
 		if (in[i]->kind == DP_FWD_FORWARD)
-			dp_gather_accept(wk, in[i]);
+			wk->next_nack[in[i]->index] = dp_gather_accept(&wk->gather, in[i]);
 		else
-			dp_weight_accept(wk, in[i]);
+			dp_weight_accept(&wk->weight, in[i]);
 	}
 	int work = (int)n;
 	/* fresh clocks: sends above may have taken longer than the loop's `now` knows */
 	bool full;
 	work += receive(wk, n ? dp_now_ns() : now, &full);
 	work += timers(wk, dp_now_ns(), full);
-	work += dp_release_poll(wk); /* parts waiting for the port to free (dp_release.c) */
+	work += release_poll(wk); /* parts waiting for the port to free (dp_release.c) */
 	return work;
 }
 
@@ -270,7 +293,7 @@ int64_t dp_worker_park(struct dp_world *w, void *self, uint64_t now)
 	if (!dp_inbox_empty(&wk->in) || (ops->rx_ready && ops->rx_ready(&wk->be)))
 		return -1;
 	uint64_t next = wk->next_ping_ns;
-	if ((wk->nreleasing || (!ops->wait_fd && !ops->rx_ready)) && now + DP_BACKEND_POLL_NS < next)
+	if ((wk->release.n || (!ops->wait_fd && !ops->rx_ready)) && now + DP_BACKEND_POLL_NS < next)
 		next = now + DP_BACKEND_POLL_NS; /* nothing tells us a datagram came: poll */
 	/* a weight datagram is resent weight_rto after it went out: wake an eighth of it
 	 * late at most (the per-datagram times are not worth a scan; weights are background) */
@@ -327,12 +350,39 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 	wk->sent_ns = calloc(nf * wk->max_chunks, sizeof(uint64_t));
 	wk->scratch = calloc(nf * wk->scratch_floats, sizeof(float)); /* touched only when used */
 	wk->active = calloc(nf, sizeof(struct dp_fwd *));
-	wk->releasing = calloc(nf, sizeof(struct dp_fwd *));
+	wk->release.parts = calloc(nf, sizeof(struct dp_fwd *));
 	if (!wk->owned || !wk->hdrs || !wk->next_nack || !wk->sent_ns || !wk->scratch ||
-	    !wk->active || !wk->releasing) {
+	    !wk->active || !wk->release.parts) {
 		dp_set_error("nic %s: out of memory for %zu forward contexts", cfg->name, nf);
 		return -1;
 	}
+	wk->release.be = &wk->be;
+	wk->release.nic = nic;
+	wk->release.counters = &wk->counters;
+	wk->tx.be = &wk->be;
+	wk->tx.session = w->session;
+	wk->tx.payload = wk->payload;
+	wk->gather = (struct dp_gather_view){ .w = w,
+					      .nic = nic,
+					      .payload = wk->payload,
+					      .nducks = wk->nducks,
+					      .ducks = wk->ducks,
+					      .rto = wk->rto,
+					      .counters = &wk->counters,
+					      .tx = &wk->tx,
+					      .hdrs = wk->hdrs,
+					      .max_chunks = wk->max_chunks,
+					      .scratch = wk->scratch,
+					      .scratch_floats = wk->scratch_floats,
+					      .nack_seen = &wk->nack_seen };
+	wk->weight = (struct dp_weight_view){ .w = w,
+					      .nic = nic,
+					      .payload = wk->payload,
+					      .counters = &wk->counters,
+					      .tx = &wk->tx,
+					      .hdrs = wk->hdrs,
+					      .sent_ns = wk->sent_ns,
+					      .max_chunks = wk->max_chunks };
 	if (dp_spsc_init(&wk->done, (uint32_t)nf) < 0)
 		return -1;
 	if (wk->be.ops->open(&wk->be) < 0) {
@@ -366,5 +416,5 @@ void dp_worker_fini(struct dp_worker *wk)
 	free(wk->sent_ns);
 	free(wk->scratch);
 	free(wk->active);
-	free(wk->releasing);
+	free(wk->release.parts);
 }

@@ -1,8 +1,16 @@
 /* dp_worker.h: one NIC worker: sends activations, gathers partials, NACKs, reduces,
- * and loads weights into its ducks. The agent is dp_worker.c; the work is done by
- * dp_tx.c (transmit batch), dp_gather.c (a forward's activation out, partials in)
- * and dp_weight.c (reliable weight transfer), which take struct dp_worker, the
- * worker's state, as their first argument. */
+ * and loads weights into its ducks.
+ *
+ * Who calls whom: the agent (dp_worker.c) calls its modules, which are leaves: dp_gather.c
+ * (a forward's activation out, partials in) and dp_weight.c (reliable weight transfer)
+ * see the worker only through the narrow views it owns and passes (struct
+ * dp_gather_view, struct dp_weight_view), and send through its transmit batch (dp_tx.c,
+ * struct dp_tx_batch); dp_release.c holds the parts waiting for the port (struct
+ * dp_release_list). None of them includes this header: each call returns what happened
+ * (a part over, with its status) and the worker ends parts in one place, the last NIC
+ * out completing the forward (dp_fwd_complete, dp_fwd.c). Outside, main starts it, the
+ * dispatcher fills its inbox, the control agent drains its done ring and reads its
+ * counters and backend. */
 #ifndef DP_WORKER_H
 #define DP_WORKER_H
 
@@ -11,19 +19,11 @@
 #include "dp_backend.h"
 #include "dp_dataplane.h"
 #include "dp_fwd.h" /* what its rings carry */
+#include "dp_gather.h"
 #include "dp_inbox.h"
-
-#define DP_WORKER_TX 1024
-#define DP_WORKER_IOV 4096
-#define DP_WORKER_CTL_PAYLOAD 256 /* a NACK lists up to 64 chunks; the next NACK the rest */
-
-/* A duck's NACK timeout, RFC 6298's estimator over its reply times (ns). */
-struct dp_rto {
-	uint64_t srtt;
-	uint64_t rttvar;
-	uint64_t rto;     /* cfg.nack_us until the first sample */
-	bool sampled;
-};
+#include "dp_release.h"
+#include "dp_tx.h"
+#include "dp_weight.h"
 
 struct dp_worker {
 	uint32_t nic;
@@ -43,39 +43,18 @@ struct dp_worker {
 	uint32_t scratch_floats;
 	struct dp_fwd **active;
 	uint32_t nactive;
-	struct dp_fwd **releasing; /* parts over, waiting for the port to free (dp_release.h) */
-	uint32_t nreleasing;
+	struct dp_release_list release; /* parts over, waiting for the port to free */
 	/* ducks on this NIC */
 	uint32_t nducks;
 	uint16_t ducks[DP_MAX_DUCKS];
 	struct dp_rto rto[DP_MAX_DUCKS]; /* by duck id, for the ducks on this NIC */
 	uint64_t next_ping_ns;
 	struct dp_reasm nack_seen; /* chunks already resent for the NACK being answered */
-	/* tx scratch */
-	struct dp_tx tx[DP_WORKER_TX];
-	struct iovec iov[DP_WORKER_IOV];
-	uint32_t ntx, niov;
-	struct dp_wire_header ctl[DP_WORKER_TX]; /* headers of NACK, PING and LAYER datagrams */
-	uint8_t ctl_payload[DP_WORKER_TX][DP_WORKER_CTL_PAYLOAD];
-	uint32_t nctl;
+	/* what the modules see of the above (set at init, never changed) */
+	struct dp_gather_view gather;
+	struct dp_weight_view weight;
+	struct dp_tx_batch tx;
 };
-
-/* For the modules: a duck's address, f's prepared FORWARD or WEIGHT headers (one per
- * chunk), f leaving this worker, and the last NIC out summing the NICs' partial sums
- * into the result slot and publishing (dp_fwd_finish). */
-static inline const struct sockaddr_in *dp_worker_duck_addr(struct dp_worker *wk, uint32_t duck)
-{
-	return &wk->w->cfg.ducks[wk->w->duck_index[duck]].addr;
-}
-
-static inline struct dp_wire_header *dp_worker_fwd_headers(struct dp_worker *wk,
-							   const struct dp_fwd *f)
-{
-	return &wk->hdrs[(size_t)f->index * wk->max_chunks];
-}
-
-void dp_worker_active_remove(struct dp_worker *wk, struct dp_fwd *f);
-void dp_worker_finalize(struct dp_worker *wk, struct dp_fwd *f);
 
 int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic);
 void dp_worker_fini(struct dp_worker *wk);

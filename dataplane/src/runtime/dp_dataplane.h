@@ -204,6 +204,12 @@ static inline void dp_world_stop(struct dp_world *w)
 		dp_waker_stop(w->wakers[i]);
 }
 
+/* The address of duck `id`, one of the topology's (duck_index[id] >= 0). */
+static inline const struct sockaddr_in *dp_duck_addr(const struct dp_world *w, uint32_t id)
+{
+	return &w->cfg.ducks[w->duck_index[id]].addr;
+}
+
 /* A table slot whose layer was removed: lookups probe on past it, inserts reuse it. */
 extern struct dp_layer dp_layer_tombstone;
 #define DP_LAYER_GONE (&dp_layer_tombstone)
