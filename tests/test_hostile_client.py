@@ -34,7 +34,7 @@ from duckpipe.errors import BadInput, ClientDetached
 from duckpipe.ring import new_desc
 from duckpipe.runtime import monotonic_ns, segment_prefix
 from duckpipe.schema import control as ctl
-from duckpipe.schema.abi import DetachReason, DType, Op, Status
+from duckpipe.schema.abi import B_DOWN_TENSOR, DetachReason, DType, Op, Status
 from duckpipe.schema.config import default as config_default
 from duckpipe.schema.control import ErrorCode
 from duckpipe.shm import Segment
@@ -352,7 +352,14 @@ MALFORMED: list[tuple[str, dict[str, object]]] = [
     # weight chunks (issue 7 item 3): a wrapping offset, and duck ids past every table
     (
         "b_down_offset_wraps",
-        dict(op=Op.WEIGHT_CHUNK, layer=LOADING, duck=0xFFFF, tensor=3, offset=U64 - 63, nbytes=128),
+        dict(
+            op=Op.WEIGHT_CHUNK,
+            layer=LOADING,
+            duck=ctl.HOST_TENSOR_DUCK,
+            tensor=B_DOWN_TENSOR,
+            offset=U64 - 63,
+            nbytes=128,
+        ),
     ),
     (
         "shard_offset_wraps",
