@@ -67,6 +67,10 @@ int dp_seg_check(const struct dp_seg_header *h, uint64_t file_size, uint32_t max
                  uint64_t max_bytes, struct dp_seg_plan *out);
 int dp_msgpack_prescan(const char *buf, size_t len, uint32_t max_depth, char *why, size_t n);
 uint32_t dp_wire_payload_max(uint32_t mtu);
+int dp_desc_check(const struct dp_client_layout *c, const struct dp_desc_layer *layer,
+                  const struct dp_desc *d, const struct dp_limits *lim, struct dp_desc_plan *out,
+                  char *why, size_t whylen);
+uint64_t dp_client_quota(uint64_t contexts, uint32_t nactive, uint64_t client_max_inflight);
 """
 
 # Only the Python client spins or sleeps on a done word; the GIL is released for the call.
@@ -77,6 +81,9 @@ SOURCE = r"""
 #include "dp_seg_plan.h"
 #include "dp_msgpack_scan.h" /* the mock dataplane's control pre-scan: the dataplane's own */
 #include "dp_wire.h"    /* dp_wire_payload_max: chunk sizes for tools and fake ducks */
+/* the mock dataplane's descriptor check and fair share: the dataplane's own */
+#include "dp_desc_check.h"
+#include "dp_fair_share.h"
 
 static uint64_t dp_mono_ns(void)
 {
@@ -152,7 +159,9 @@ static uint64_t dp_wait_done(struct dp_slot_header *h, uint32_t generation, uint
 """
 
 ffibuilder = FFI()
-ffibuilder.cdef(abi_cdef() + cdef_section("dp_seg_plan.h") + FUNCTIONS)
+ffibuilder.cdef(
+    abi_cdef() + cdef_section("dp_seg_plan.h") + cdef_section("dp_desc_check.h") + FUNCTIONS
+)
 ffibuilder.set_source(
     "duckpipe._native",
     SOURCE,

@@ -22,6 +22,7 @@ __all__ = ["main"]
 MOCK_CONFIG_FIELDS = (
     "client_max_inflight",
     "max_inflight",
+    "max_forward_bytes",
     "client_max_slots",
     "client_max_segment_bytes",
     "max_timeout_us",

@@ -601,10 +601,10 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 	struct dp_wire_layer w;
 	memcpy(&w, payload, sizeof(w));
 	struct duck_layer *l = layer_find(d, h->layer);
-	uint64_t len[3] = { 0 }, floats = 0;
+	uint64_t len[DP_SHARD_TENSORS] = { 0 }, floats = 0;
 	int ok = (w.kind == DP_MLP_KIND_GELU || w.kind == DP_MLP_KIND_SWIGLU) &&
 		 dp_dtype_size(w.dtype) && w.hidden && w.ffn;
-	for (unsigned t = 0; ok && t < 3; t++) {
+	for (unsigned t = 0; ok && t < DP_SHARD_TENSORS; t++) {
 		len[t] = dp_mlp_tensor_len(w.kind, w.hidden, w.ffn, t);
 		floats += (len[t] + DUCK_TENSOR_ALIGN - 1) & ~(uint64_t)(DUCK_TENSOR_ALIGN - 1);
 	}
@@ -632,7 +632,7 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 	l->shard.ffn = w.ffn;
 	l->block = block;
 	l->floats = floats;
-	for (unsigned t = 0; t < 3; t++) {
+	for (unsigned t = 0; t < DP_SHARD_TENSORS; t++) {
 		l->shard.t[t] = block;
 		block += (len[t] + DUCK_TENSOR_ALIGN - 1) & ~(uint64_t)(DUCK_TENSOR_ALIGN - 1);
 	}
@@ -658,9 +658,9 @@ static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 		return;
 	}
 	uint32_t isz = dp_dtype_size(h->dtype);
-	uint64_t n = h->tensor < 3 ? dp_mlp_tensor_len(l->shard.kind, l->shard.hidden,
-						      l->shard.ffn, h->tensor)
-				   : 0;
+	uint64_t n = h->tensor < DP_SHARD_TENSORS
+			     ? dp_mlp_tensor_len(l->shard.kind, l->shard.hidden, l->shard.ffn, h->tensor)
+			     : 0;
 	if (!isz || !n || h->total != n * isz || h->offset % isz || h->length % isz) {
 		stats.dropped_invalid++;
 		return;

@@ -18,16 +18,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dp_abi.h"
+
 /* Rows of x processed per pass over the weights; the scratch holds this many. */
 #define DP_MLP_ROW_BLOCK 16u
 
 struct dp_mlp_shard {
 	uint8_t kind; /* enum dp_mlp_kind */
 	uint32_t hidden, ffn;
-	float *t[3];
+	float *t[DP_SHARD_TENSORS];
 };
 
-/* Elements of tensor t (0..2) of a shard of this kind and shape; 0 if there is no such tensor. */
+/* Elements of tensor t (0..DP_SHARD_TENSORS-1) of a shard of this kind and shape; 0 if there is no such tensor. */
 uint64_t dp_mlp_tensor_len(uint8_t kind, uint32_t hidden, uint32_t ffn, unsigned t);
 
 /* Floats of scratch dp_mlp_forward needs for a shard of `ffn` columns (any rows). */

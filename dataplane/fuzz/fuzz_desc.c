@@ -2,15 +2,17 @@
  * then does with its answer.
  *
  * A client writes its 128-byte descriptors into shared memory; the dispatcher copies
- * one out of the ring and asks dp_desc_check (src/dp_desc.c) whether it may act on
- * it. This harness gives that function a descriptor, a layer and a layout made from
- * the input, and when it says yes, checks the plan with arithmetic of its own
- * (128-bit, so nothing wraps) and touches exactly the bytes the dispatcher would:
- * the activation and result slot of a forward, the b_down bytes of a host chunk,
- * each in a buffer allocated to its exact size so that ASan sees one byte too many.
+ * one out of the ring and asks dp_desc_check (include/dp_desc_check.h) whether it may
+ * act on it, reading the layer through dp_desc_layer_of (src/dp_desc.c). This harness
+ * gives it a descriptor, a layer and a layout made from the input (decode()), and when
+ * it says yes, checks the plan with arithmetic of its own (128-bit, so nothing wraps)
+ * and touches exactly the bytes the dispatcher would: the activation and result slot of
+ * a forward, the b_down bytes of a host chunk, each in a buffer allocated to its exact
+ * size so that ASan sees one byte too many.
  *
- * Built only when src/dp_desc.c exists (helper shm's validator; see the Makefile);
- * check() is the one call to adjust if its signature changes.
+ * check() is the one call to adjust if the signature changes. desc_verdicts.c includes
+ * this file to print each corpus input's verdict, which tests/test_desc_verdicts.py
+ * holds the mock dataplane's own path to.
  *
  * Input: struct dp_desc (128 bytes), then (each read as 0 once the input runs out)
  *   u8 flags: bit 0 float16 layer, bit 1 SwiGLU, bit 2 has b_down, bit 3 committed
@@ -46,11 +48,21 @@ static uint64_t take(struct reader *r, unsigned bytes)
 	return v;
 }
 
-static int check(const struct dp_client_layout *c, const struct dp_layer *l,
-		 const struct dp_desc *d, const struct dp_limits *lim, struct dp_desc_plan *out)
+/* What one input decodes to: the dispatcher's private copies, and the layer it names. */
+struct fuzz_desc_input {
+	struct dp_desc d;
+	struct dp_client_layout c;
+	struct dp_limits lim;
+	const struct dp_layer *l; /* NULL: no such layer; else static, until the next decode */
+};
+
+/* As the dispatcher calls it (dp_dispatch.c: dispatch). */
+static int check(const struct fuzz_desc_input *in, struct dp_desc_plan *out, char *why,
+		 size_t whylen)
 {
-	char why[160];
-	return dp_desc_check(c, l, d, lim, out, why, sizeof(why));
+	struct dp_desc_layer view;
+	return dp_desc_check(&in->c, dp_desc_layer_of(in->l, &view), &in->d, &in->lim, out, why,
+			     whylen);
 }
 
 #define EXPECT(cond)                                                                               \
@@ -104,7 +116,7 @@ static void weight_ok(const struct dp_client_layout *c, const struct dp_layer *l
 	u128 end = (u128)d->offset + d->nbytes;
 	u128 item = dp_dtype_size(l->dtype);
 	if (d->duck == DP_HOST_TENSOR_DUCK) {
-		EXPECT(l->has_b_down && d->tensor == 3 && p->duck_index == -1);
+		EXPECT(l->has_b_down && d->tensor == DP_B_DOWN_TENSOR && p->duck_index == -1);
 		/* the dispatcher gathers b_down into a buffer of hidden values */
 		uint64_t size = (uint64_t)(l->hidden * item);
 		uint8_t *b_down = malloc(size);
@@ -115,7 +127,7 @@ static void weight_ok(const struct dp_client_layout *c, const struct dp_layer *l
 	} else {
 		EXPECT(d->duck < DP_MAX_DUCKS && l->index[d->duck] >= 0);
 		int32_t i = l->index[d->duck];
-		EXPECT(p->duck_index == i && d->tensor <= 2);
+		EXPECT(p->duck_index == i && d->tensor < DP_SHARD_TENSORS);
 		u128 f = l->shard[i];
 		u128 size = l->kind == DP_MLP_KIND_GELU && d->tensor == 1 ? f * item
 									  : (u128)l->hidden * f * item;
@@ -126,20 +138,19 @@ static void weight_ok(const struct dp_client_layout *c, const struct dp_layer *l
 	      (uint64_t)d->slot * c->act_slot_size, d->nbytes);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* 0 with *in filled from the input (the format at the top), or -1 when it is shorter
+ * than a descriptor. */
+static int decode(const uint8_t *data, size_t size, struct fuzz_desc_input *in)
 {
-	struct dp_desc d;
-	if (size < sizeof(d))
-		return 0;
-	memcpy(&d, data, sizeof(d));
-	struct reader r = { data + sizeof(d), size - sizeof(d) };
+	if (size < sizeof(in->d))
+		return -1;
+	memcpy(&in->d, data, sizeof(in->d));
+	struct reader r = { data + sizeof(in->d), size - sizeof(in->d) };
 
 	static struct dp_layer layer; /* big (acked[][]): not on the stack */
 	memset(&layer, 0, sizeof(layer));
 	uint8_t flags = (uint8_t)take(&r, 1);
-	layer.id = d.layer;
+	layer.id = in->d.layer;
 	layer.dtype = flags & 1 ? DP_DTYPE_F16 : DP_DTYPE_F32;
 	layer.kind = flags & 2 ? DP_MLP_KIND_SWIGLU : DP_MLP_KIND_GELU;
 	layer.has_b_down = flags & 4;
@@ -158,33 +169,46 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		layer.ffn += shard;
 		layer.nducks++;
 	}
-	struct dp_client_layout c = { 0 };
-	c.slot_count = 1 + (uint32_t)take(&r, 1) % 16;
-	c.ring_capacity = 64;
-	c.act_slot_size = take(&r, 2) % 4097;
-	c.res_slot_size = take(&r, 2) % 4097;
-	struct dp_limits lim = { 0 };
-	lim.max_forward_bytes = take(&r, 4);
-	lim.default_timeout_us = (uint32_t)take(&r, 4);
-	lim.max_timeout_us = (uint32_t)take(&r, 4);
-	const struct dp_layer *l = flags & 16 ? NULL : &layer;
+	memset(&in->c, 0, sizeof(in->c));
+	in->c.slot_count = 1 + (uint32_t)take(&r, 1) % 16;
+	in->c.ring_capacity = 64;
+	in->c.act_slot_size = take(&r, 2) % 4097;
+	in->c.res_slot_size = take(&r, 2) % 4097;
+	memset(&in->lim, 0, sizeof(in->lim));
+	in->lim.max_forward_bytes = take(&r, 4);
+	in->lim.default_timeout_us = (uint32_t)take(&r, 4);
+	in->lim.max_timeout_us = (uint32_t)take(&r, 4);
+	in->l = flags & 16 ? NULL : &layer;
+	return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct fuzz_desc_input in;
+	if (decode(data, size, &in) < 0)
+		return 0;
+	const struct dp_client_layout *c = &in.c;
+	const struct dp_desc *d = &in.d;
 
 	struct dp_desc_plan plan;
+	char why[DP_DESC_WHY_LEN];
 	memset(&plan, 0xa5, sizeof(plan));
-	if (check(&c, l, &d, &lim, &plan) != 0)
+	if (check(&in, &plan, why, sizeof(why)) != 0)
 		return 0;
-	EXPECT(d.slot < c.slot_count);
-	size_t act_size = (size_t)c.slot_count * c.act_slot_size;
-	size_t res_size = (size_t)c.slot_count * c.res_slot_size;
+	EXPECT(d->slot < c->slot_count);
+	size_t act_size = (size_t)c->slot_count * c->act_slot_size;
+	size_t res_size = (size_t)c->slot_count * c->res_slot_size;
 	uint8_t *act = malloc(act_size ? act_size : 1);
 	uint8_t *res = malloc(res_size ? res_size : 1);
 	EXPECT(act && res);
-	switch (d.op) {
+	switch (d->op) {
 	case DP_OP_FORWARD:
-		forward_ok(&c, l, &d, &lim, &plan, act, res);
+		forward_ok(c, in.l, d, &in.lim, &plan, act, res);
 		break;
 	case DP_OP_WEIGHT_CHUNK:
-		weight_ok(&c, l, &d, &lim, &plan, act);
+		weight_ok(c, in.l, d, &in.lim, &plan, act);
 		break;
 	case DP_OP_WEIGHT_COMMIT:
 		break;

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from duckpipe._native import lib
 
-from duckpipe import wire
+from duckpipe.testing import datagrams as wire
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus"
@@ -168,12 +168,19 @@ def control_seeds() -> None:
 
 
 def desc_params(
-    flags: int, hidden: int, ducks: list[tuple[int, int]], slots: int, act: int, res: int
+    flags: int,
+    hidden: int,
+    ducks: list[tuple[int, int]],
+    slots: int,
+    act: int,
+    res: int,
+    max_forward_bytes: int = 4096,
 ) -> bytes:
     """fuzz_desc's layer, layout and limits after the descriptor (see the harness)."""
     out = struct.pack("<BHB", flags, hidden - 1, len(ducks) - 1)
     out += b"".join(struct.pack("<BH", i, s - 1) for i, s in ducks)
-    return out + struct.pack("<BHHIII", slots - 1, act, res, 4096, 2_000_000, 10_000_000)
+    limits = (max_forward_bytes, 2_000_000, 10_000_000)
+    return out + struct.pack("<BHHIII", slots - 1, act, res, *limits)
 
 
 def desc(**fields) -> bytes:
@@ -192,10 +199,13 @@ def desc(**fields) -> bytes:
 
 def desc_seeds() -> None:
     h = "fuzz_desc"
-    f16, gelu_b_down, ready = 1, 4, 8
+    f16, swiglu, gelu_b_down, ready, no_layer = 1, 2, 4, 8, 16
     ducks = [(0, 32), (1, 32), (5, 16)]
     committed = desc_params(f16 | ready, 64, ducks, 8, 4096, 4096)
     loading = desc_params(f16 | gelu_b_down, 64, ducks, 8, 4096, 4096)
+    # slots of 4096 bytes, but max_forward_bytes 512: the limit, not the slot, refuses
+    small_limit = desc_params(f16 | ready, 64, ducks, 8, 4096, 4096, max_forward_bytes=512)
+    loading_small_limit = desc_params(f16, 64, ducks, 8, 4096, 4096, max_forward_bytes=512)
     common = dict(forward_id=17, submit_ns=1, epoch=1, layer=3, slot=5, generation=2)
     fwd = desc(
         op=lib.DP_OP_FORWARD,
@@ -243,6 +253,47 @@ def desc_seeds() -> None:
     write(h, "weight-b-down", w + loading)
     w = desc(op=lib.DP_OP_WEIGHT_COMMIT, **common)
     write(h, "weight-commit", w + loading)
+    # issue 15: the mock once completed an empty chunk OK and knew no max_forward_bytes
+    w = desc(op=lib.DP_OP_WEIGHT_CHUNK, nbytes=0, offset=0, duck=1, tensor=0, **common)
+    write(h, "weight-chunk-empty", w + loading)
+    fwd = desc(
+        op=lib.DP_OP_FORWARD,
+        dtype=lib.DP_DTYPE_F16,
+        ndim=2,
+        shape=[8, 64],
+        nbytes=8 * 64 * 2,
+        **common,
+    )
+    write(h, "forward-over-max-forward-bytes", fwd + small_limit)
+    w = desc(op=lib.DP_OP_WEIGHT_CHUNK, nbytes=1024, offset=0, duck=1, tensor=0, **common)
+    write(h, "weight-chunk-over-max-forward-bytes", w + loading_small_limit)
+    # refusals on the way to the plan: no such layer, a duck outside it, a loading layer
+    fwd = desc(
+        op=lib.DP_OP_FORWARD,
+        dtype=lib.DP_DTYPE_F16,
+        ndim=2,
+        shape=[1, 64],
+        nbytes=64 * 2,
+        **common,
+    )
+    write(h, "forward-no-such-layer", fwd + desc_params(no_layer, 64, ducks, 8, 4096, 4096))
+    write(h, "forward-on-a-loading-layer", fwd + loading)
+    fwd = desc(
+        op=lib.DP_OP_FORWARD,
+        dtype=lib.DP_DTYPE_F16,
+        ndim=2,
+        shape=[1, 64],
+        nbytes=64 * 2,
+        ducks=[1 << 2],
+        **common,
+    )
+    write(h, "forward-duck-without-a-shard", fwd + committed)
+    # SwiGLU's second tensor is [hidden x ffn] (GELU's is [ffn]): its last bytes
+    swiglu_loading = desc_params(f16 | swiglu, 64, ducks, 8, 4096, 4096)
+    w = desc(
+        op=lib.DP_OP_WEIGHT_CHUNK, nbytes=64, offset=64 * 16 * 2 - 64, duck=5, tensor=1, **common
+    )
+    write(h, "weight-chunk-swiglu-up-tail", w + swiglu_loading)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "dp_abi.h"
+#include "dp_abi.h" /* dp_dtype_size: the schema's DTYPE_SIZES */
 #include "dp_f16.h"
-
-static inline uint32_t dp_dtype_size(uint8_t dtype)
-{
-	return dtype == DP_DTYPE_F16 ? 2 : dtype == DP_DTYPE_F32 ? 4 : 0;
-}
 
 /* acc[first .. first + n) += n values of `dtype` read from src (unaligned is fine). */
 static inline void dp_accumulate(float *acc, uint64_t first, const void *src, uint32_t n,

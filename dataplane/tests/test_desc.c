@@ -65,10 +65,13 @@ static struct dp_desc chunk(uint16_t duck, uint16_t tensor, uint64_t offset, uin
 	return d;
 }
 
+/* As the dispatcher calls it: the layer read through dp_desc_layer_of. */
 static int check(const struct dp_layer *l, const struct dp_desc *d, struct dp_desc_plan *p,
 		 char *why)
 {
-	return dp_desc_check(&layout, l, d, &limits, p, why, 160);
+	struct dp_desc_layer view;
+	return dp_desc_check(&layout, dp_desc_layer_of(l, &view), d, &limits, p, why,
+			     DP_DESC_WHY_LEN);
 }
 
 static void test_a_client_forward_passes_with_its_plan(void)
@@ -76,7 +79,7 @@ static void test_a_client_forward_passes_with_its_plan(void)
 	struct dp_layer *l = layer(1);
 	struct dp_desc d = forward(3);
 	struct dp_desc_plan p;
-	char why[160] = "";
+	char why[DP_DESC_WHY_LEN] = "";
 	CHECK(check(l, &d, &p, why) == 0, "%s", why);
 	CHECK(p.rows == 3 && p.bytes == 3 * HIDDEN * 4, "rows %u bytes %lu", p.rows,
 	      (unsigned long)p.bytes);
@@ -90,7 +93,7 @@ static void test_a_wrapping_shape_product_is_refused(void)
 {
 	struct dp_layer *l = layer(1);
 	struct dp_desc_plan p;
-	char why[160];
+	char why[DP_DESC_WHY_LEN];
 	/* 1073807362 * 536838145 * 32 = 2^64 + 64: wraps to 64 elements, 256 bytes */
 	struct dp_desc d = forward(1);
 	d.ndim = 3;
@@ -118,7 +121,7 @@ static void test_slots_timeouts_and_targets_outside_the_limits_are_refused(void)
 {
 	struct dp_layer *l = layer(1);
 	struct dp_desc_plan p;
-	char why[160];
+	char why[DP_DESC_WHY_LEN];
 	struct dp_desc d = forward(1);
 	d.slot = layout.slot_count;
 	CHECK(check(l, &d, &p, why) < 0 && strstr(why, "slot"), "slot: %s", why);
@@ -147,13 +150,13 @@ static void test_weight_chunks_that_wrap_or_name_no_duck_are_refused(void)
 {
 	struct dp_layer *l = layer(0);
 	struct dp_desc_plan p;
-	char why[160];
+	char why[DP_DESC_WHY_LEN];
 	struct dp_desc d = chunk(3, 0, 0, 128);
 	CHECK(check(l, &d, &p, why) == 0 && p.duck_index == 0, "good chunk: %s", why);
-	d = chunk(DP_HOST_TENSOR_DUCK, 3, 0, HIDDEN * 4);
+	d = chunk(DP_HOST_TENSOR_DUCK, DP_B_DOWN_TENSOR, 0, HIDDEN * 4);
 	CHECK(check(l, &d, &p, why) == 0 && p.duck_index == -1, "good b_down: %s", why);
 	/* issue 7 item 3: duck 65535, offset 2^64 - 64 */
-	d = chunk(DP_HOST_TENSOR_DUCK, 3, UINT64_MAX - 63, 128);
+	d = chunk(DP_HOST_TENSOR_DUCK, DP_B_DOWN_TENSOR, UINT64_MAX - 63, 128);
 	CHECK(check(l, &d, &p, why) < 0, "wrapping b_down offset passed");
 	d = chunk(3, 0, UINT64_MAX - 63, 128);
 	CHECK(check(l, &d, &p, why) < 0, "wrapping shard offset passed");
@@ -165,8 +168,8 @@ static void test_weight_chunks_that_wrap_or_name_no_duck_are_refused(void)
 	}
 	d = chunk(4, 0, 0, 128); /* in range, not in the layer */
 	CHECK(check(l, &d, &p, why) < 0, "a duck without a shard passed");
-	d = chunk(3, 3, 0, 128);
-	CHECK(check(l, &d, &p, why) < 0, "tensor 3 of a duck passed");
+	d = chunk(3, DP_B_DOWN_TENSOR, 0, 128);
+	CHECK(check(l, &d, &p, why) < 0, "b_down's tensor index from a duck passed");
 	d = chunk(3, 0, 0, 0);
 	CHECK(check(l, &d, &p, why) < 0, "an empty chunk passed");
 	d = chunk(3, 0, 0, layout.act_slot_size + 1);

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import BadInput, LayerFailed
 from ..progress import Progress
 from ..schema import control as ctl
-from ..schema.abi import Op, Status
+from ..schema.abi import B_DOWN_TENSOR, Op, Status
 from .models import Mlp, dtype_code, shard_bounds, shard_sizes
 
 if TYPE_CHECKING:
@@ -144,10 +144,11 @@ def _failed(recs: list[tuple[int, _Inflight]]) -> list[tuple[int, _Inflight]]:
 
 def _pieces(mlp: Mlp, ducks: list[int], sizes: list[int]) -> list[tuple[int, int, np.ndarray]]:
     """(duck, tensor index, array) for every tensor to send: each duck's shard, then
-    b_down (tensor 3), which the dataplane keeps and adds once, after the reduce."""
+    b_down (tensor B_DOWN_TENSOR), which the dataplane keeps and adds once, after the
+    reduce."""
     pieces: list[tuple[int, int, np.ndarray]] = []
     for duck, (lo, hi) in zip(ducks, shard_bounds(sizes), strict=True):
         pieces += [(duck, t, arr) for t, arr in enumerate(mlp.shard(lo, hi))]
     if mlp.b_down is not None:
-        pieces.append((ctl.HOST_TENSOR_DUCK, 3, np.ascontiguousarray(mlp.b_down)))
+        pieces.append((ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR, np.ascontiguousarray(mlp.b_down)))
     return pieces

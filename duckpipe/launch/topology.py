@@ -50,7 +50,7 @@ from msgspec import Meta
 
 from ..errors import BadInput
 from ..schema import config as cfgschema
-from ..schema.abi import MAX_DUCKS
+from ..schema.abi import MAX_DUCKS, MAX_NICS
 from ..schema.config import default
 
 __all__ = ["DEFAULT_DUCK_PORT", "DEFAULT_HOST_PORT", "Duck", "Nic", "Topology", "load", "loopback"]
@@ -118,7 +118,7 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
     curve_secret_key_file: str = default("curve_secret_key_file")
     curve_public_key_file: str = default("curve_public_key_file")
     curve_clients_file: str = default("curve_clients_file")
-    nics: Annotated[list[Nic], Meta(min_length=1, max_length=8)]
+    nics: Annotated[list[Nic], Meta(min_length=1, max_length=MAX_NICS)]
 
     def __post_init__(self) -> None:
         if self.max_inflight & (self.max_inflight - 1):

@@ -8,6 +8,11 @@ C dataplane does. Timings are real measurements of what the mock did: the
 ducks' compute is sequential here, so ``wait_ns`` is their sum and
 ``send_ns``/``fetch_ns`` are zero (there is no network).
 
+Policy is the C dataplane's own, through cffi, not a copy: each descriptor passes
+dp_desc_check (dataplane/include/dp_desc_check.h), each client's share of the forwards
+in flight is dp_client_quota (dp_fair_share.h), and the counters are the schema's
+(COUNTER_NAMES in duckpipe/schema/stats.py). What is the mock's own is the numpy compute.
+
 Fault knobs (``SetFaults`` or command-line flags): delay every completion,
 ducks that never answer (their forwards complete TIMEOUT at the deadline,
 naming them), and a crash (SIGKILL of itself) on the forward after N.
@@ -20,7 +25,6 @@ import grp
 import heapq
 import itertools
 import logging
-import math
 import os
 import secrets
 import signal
@@ -42,11 +46,10 @@ from ..errors import DuckpipeError
 from ..schema import control as ctl
 from ..schema.abi import (
     ABI_MAJOR,
-    MAX_DIMS,
+    B_DOWN_TENSOR,
     MAX_DUCKS,
     SHARD_TENSORS,
     DetachReason,
-    DType,
     Op,
     Status,
     tensor_shape,
@@ -54,10 +57,11 @@ from ..schema.abi import (
 from ..schema.config import check_limits
 from ..schema.config import default as config_default
 from ..schema.control import ErrorCode
+from ..schema.stats import COUNTER_NAMES
 from .idle import IdleStrategy
 from .stats_writer import StatsWriter
 
-__all__ = ["MockConfig", "MockDataplane", "main_loop"]
+__all__ = ["DescriptorCheck", "MockConfig", "MockDataplane", "main_loop"]
 
 log = logging.getLogger("duckpipe.mock")
 
@@ -79,6 +83,7 @@ class MockConfig:
     # per-client limits, as the C dataplane's config (duckpipe/launch/topology.py)
     client_max_inflight: int = config_default("client_max_inflight")
     max_inflight: int = config_default("max_inflight")
+    max_forward_bytes: int = config_default("max_forward_bytes")
     client_max_slots: int = config_default("client_max_slots")
     client_max_segment_bytes: int = config_default("client_max_segment_bytes")
     max_timeout_us: int = config_default("max_timeout_us")
@@ -140,6 +145,37 @@ class _Layer:
     ready: bool = False
     failed: bool = False  # a chunk or the commit failed: unusable until reloaded
     missing: set[int] = dataclasses.field(default_factory=set)  # ducks that did not ack
+    # what dp_desc_check reads of the layer (struct dp_desc_layer), and the tables it
+    # points into (kept alive with it)
+    _view: object = dataclasses.field(init=False, repr=False)
+    _tables: tuple = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        i = self.info
+        index = ffi.new("int16_t[]", [-1] * MAX_DUCKS)
+        for k, duck in enumerate(i.ducks):
+            index[duck] = k
+        shard = ffi.new("uint32_t[]", list(i.shard_sizes))
+        self._tables = (index, shard)
+        self._view = ffi.new(
+            "struct dp_desc_layer *",
+            {
+                "id": i.layer,
+                "hidden": i.hidden,
+                "kind": i.kind,
+                "dtype": i.dtype,
+                "has_b_down": i.has_b_down,
+                "index": index,
+                "shard": shard,
+            },
+        )
+
+    def desc_view(self):  # -> struct dp_desc_layer *
+        """The layer as dp_desc_check reads it, its ready and failed flags as they are now."""
+        v = self._view
+        v.ready = self.ready
+        v.failed = self.failed
+        return v
 
     def public(self) -> ctl.LayerInfo:
         i = self.info
@@ -158,6 +194,36 @@ class _Layer:
         )
 
 
+class DescriptorCheck:
+    """dp_desc_check (dataplane/include/dp_desc_check.h), the C dataplane's own descriptor
+    check, under one dataplane's limits: the mock lets through what the C dataplane lets
+    through, and refuses the rest with its words."""
+
+    def __init__(
+        self, *, max_forward_bytes: int, default_timeout_us: int, max_timeout_us: int
+    ) -> None:
+        self.limits = ffi.new(
+            "struct dp_limits *",
+            {
+                "max_forward_bytes": max_forward_bytes,
+                "default_timeout_us": default_timeout_us,
+                "max_timeout_us": max_timeout_us,
+            },
+        )
+        self._plan = ffi.new("struct dp_desc_plan *")
+        self._why = ffi.new("char[]", lib.DP_DESC_WHY_LEN)
+
+    def __call__(self, layout, layer: _Layer | None, d):  # -> struct dp_desc_plan *
+        """The plan (struct dp_desc_plan *, until the next call) of descriptor ``d`` (a
+        struct dp_desc *) from a client of ``layout`` (struct dp_client_layout *) on
+        ``layer`` (None: no such layer, or not this client's to use); DuckpipeError with
+        the dataplane's reason when it is refused."""
+        view = ffi.NULL if layer is None else layer.desc_view()
+        if lib.dp_desc_check(layout, view, d, self.limits, self._plan, self._why, len(self._why)):
+            raise DuckpipeError(ffi.string(self._why).decode(errors="replace"))
+        return self._plan
+
+
 def _tensor_shapes(kind: int, hidden: int, f: int) -> list[tuple[int, ...]]:
     return [tensor_shape(kind, t, hidden, f) for t in range(SHARD_TENSORS)]
 
@@ -174,6 +240,9 @@ class _Client:
     # only published for the producer, so a client cannot make us replay or skip entries
     indices: object = dataclasses.field(default_factory=lambda: ffi.new("uint64_t[2]"))
     uid: int = -1
+    # its layout, copied out of the header once at attach (struct dp_client_layout):
+    # what dp_desc_check holds descriptors to
+    layout: object = None
     submitted: int = 0
     completed: int = 0
     inflight: int = 0  # deferred completions not sent yet
@@ -199,35 +268,14 @@ class MockDataplane:
         self.session = secrets.randbits(63)
         self.clients: dict[bytes, _Client] = {}
         self.layers: dict[int, _Layer] = {}
-        self.counters: dict[str, int] = {
-            k: 0
-            for k in (
-                "control_messages",
-                "bad_control_messages",
-                "control_refused",
-                "quota_refused",
-                "connections_refused",
-                "connections_shed",
-                "layers_freed",
-                "curve_refused",
-                "clients_attached",
-                "clients_detached",
-                "clients_reclaimed",
-                "clients_evicted",
-                "client_quota_waits",
-                "stale_segments_removed",
-                "descriptors",
-                "forwards",
-                "forwards_ok",
-                "timeouts",
-                "stale_epoch",
-                "bad_requests",
-                "dataplane_errors",
-                "weight_chunks",
-                "weight_bytes",
-                "layers_loaded",
-            )
-        }
+        # every counter of the schema, as the C dataplane keeps them: a name not in it
+        # raises KeyError at its first +=
+        self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
+        self._check = DescriptorCheck(
+            max_forward_bytes=cfg.max_forward_bytes,
+            default_timeout_us=int(cfg.default_timeout_ms * 1000),
+            max_timeout_us=cfg.max_timeout_us,
+        )
         self.faults = ctl.SetFaults(
             req_id=0,
             delay_ms=cfg.delay_ms,
@@ -256,7 +304,7 @@ class MockDataplane:
         self._zap: zmq.Socket | None = None
         self._curve_clients: set[bytes] = set()
         self.router = self._bind(cfg.control)
-        self.stats = StatsWriter(cfg.control, list(self.counters), cfg.ducks)
+        self.stats = StatsWriter(cfg.control, cfg.ducks)
         self._idle = IdleStrategy(cfg.idle, park=lambda s: self.router.poll(max(1, int(s * 1000))))
 
     # --- setup ---------------------------------------------------------------
@@ -363,13 +411,17 @@ class MockDataplane:
     def serve(self) -> None:
         for info in clean_segments():
             log.warning("removed %s left by dead pid %d", info.path, info.creator_pid)
-            self.counters["stale_segments_removed"] += 1
         last_house = last_stats = 0.0
         while self._running:
             work = self._serve_zap() + self._poll_control()
+            # each client's quota this pass: the C dispatcher's fair share of its forward
+            # contexts (max_inflight) among the clients it polls
+            quota = lib.dp_client_quota(
+                self.cfg.max_inflight, len(self.clients), self.cfg.client_max_inflight
+            )
             for client in list(self.clients.values()):
                 if client.identity in self.clients:  # not evicted by an earlier one
-                    work += self._drain(client)
+                    work += self._drain(client, quota)
             work += self._run_deferred()
             now = time.monotonic()
             if now - last_stats >= STATS_TICK_S:
@@ -632,7 +684,18 @@ class MockDataplane:
         seg.header.dataplane_pid = os.getpid()
         seg.header.client_id = cid
         seg.header.dataplane_heartbeat_ns = runtime.monotonic_ns()
-        client = _Client(cid, peer.identity, peer.pid, msg.name, seg, start_ticks, uid=peer.uid)
+        layout = ffi.new(
+            "struct dp_client_layout *",
+            {
+                "slot_count": seg.slot_count,
+                "ring_capacity": seg.ring_capacity,
+                "act_slot_size": seg.act_slot_size,
+                "res_slot_size": seg.res_slot_size,
+            },
+        )
+        client = _Client(
+            cid, peer.identity, peer.pid, msg.name, seg, start_ticks, uid=peer.uid, layout=layout
+        )
         client.indices[0] = client.indices[1] = lib.dp_load_acquire_u64(
             ffi.addressof(seg.ring, "tail")
         )
@@ -655,7 +718,8 @@ class MockDataplane:
             dataplane_pid=os.getpid(),
             mode="mock",
             ducks=self.cfg.ducks,
-            default_timeout_us=int(self.cfg.default_timeout_ms * 1000),
+            default_timeout_us=int(self._check.limits.default_timeout_us),
+            max_forward_bytes=self.cfg.max_forward_bytes,
         )
 
     def _load_weights(
@@ -712,8 +776,8 @@ class MockDataplane:
                 raw[duck, t] = np.zeros(int(np.prod(shape)) * item, np.uint8)
                 received[duck, t] = 0
         if msg.has_b_down:
-            raw[ctl.HOST_TENSOR_DUCK, 3] = np.zeros(msg.hidden * item, np.uint8)
-            received[ctl.HOST_TENSOR_DUCK, 3] = 0
+            raw[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR] = np.zeros(msg.hidden * item, np.uint8)
+            received[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR] = 0
         self.layers[msg.layer] = _Layer(msg, me.id, weight_bytes, raw, received)
         return ctl.Ack(req_id=msg.req_id)
 
@@ -736,11 +800,8 @@ class MockDataplane:
 
     # --- the data path -------------------------------------------------------------
 
-    def _drain(self, client: _Client) -> int:
-        # a fair share of the C dataplane's forward contexts, one share kept for a client
-        # yet to come (dp_dispatch.c)
-        share = max(1, self.cfg.max_inflight // (len(self.clients) + 1))
-        room = min(BURST, min(self.cfg.client_max_inflight, share) - client.inflight)
+    def _drain(self, client: _Client, quota: int) -> int:
+        room = min(BURST, quota - client.inflight)
         seg = client.seg
         if room <= 0:
             if lib.dp_load_acquire_u64(ffi.addressof(seg.ring, "head")) != client.indices[0]:
@@ -754,7 +815,7 @@ class MockDataplane:
             self._evict(client, DetachReason.RING_BROKEN)
             return 0
         for k in range(n):
-            self._execute(client, self._descs[k])
+            self._execute(client, self._descs + k)
         return n
 
     def _evict(self, client: _Client, reason: DetachReason) -> None:
@@ -774,6 +835,7 @@ class MockDataplane:
             client.seg.close()
 
     def _execute(self, client: _Client, d) -> None:
+        """Act on descriptor d (a struct dp_desc *, our own copy) as dp_dispatch.c does."""
         pickup = runtime.monotonic_ns()
         client.submitted += 1
         self.counters["descriptors"] += 1
@@ -784,34 +846,34 @@ class MockDataplane:
             "epoch": int(d.epoch),
             "nbytes": 0,
         }
-        if fields["slot"] >= client.seg.slot_count:
-            self._refuse(client, fields, f"slot {fields['slot']} is out of range")
-            return
-        if fields["epoch"] != self.epoch:
-            self.counters["stale_epoch"] += 1
-            self._finish(
-                client,
-                fields,
-                Status.STALE_EPOCH,
-                message=f"epoch {fields['epoch']} is stale; now {self.epoch}",
-            )
-            return
         op = int(d.op)
         try:
+            # a stale epoch's completion is published in its slot: only a slot that exists
+            # (one that does not is the check's to refuse, as the dispatcher does)
+            if fields["epoch"] != self.epoch and fields["slot"] < client.layout.slot_count:
+                self.counters["stale_epoch"] += 1
+                self._finish(
+                    client,
+                    fields,
+                    Status.STALE_EPOCH,
+                    message=f"epoch {fields['epoch']} is stale; now {self.epoch}",
+                )
+                return
+            # weights only their owner writes; forwards may use a shared layer
+            layer = self._usable_layer(client, int(d.layer), write=op != Op.FORWARD)
+            plan = self._check(client.layout, layer, d)
             if op == Op.FORWARD:
-                self._forward(client, d, fields, pickup)
+                self._forward(client, d, layer, plan, fields, pickup)
             elif op == Op.WEIGHT_CHUNK:
-                unacked = self._weight_chunk(client, d)
+                unacked = self._weight_chunk(client, d, layer, plan)
                 if unacked:  # a dead duck: the C dataplane's worker gives up at the deadline
                     self._finish(client, fields, Status.DATAPLANE_ERROR, message=unacked)
                 else:
-                    fields["_bytes_in"] = int(d.nbytes)
+                    fields["_bytes_in"] = int(plan.bytes)
                     self._finish(client, fields, Status.OK)
-            elif op == Op.WEIGHT_COMMIT:
-                self._commit(client, int(d.layer))
+            else:  # Op.WEIGHT_COMMIT: the check lets no other op through
+                self._commit(layer, int(d.layer))
                 self._finish(client, fields, Status.OK)
-            else:
-                raise DuckpipeError(f"unknown op {op}")
         except DuckpipeError as e:
             self._refuse(client, fields, str(e))
         except Exception as e:  # a bug here must cost one forward, never the dataplane
@@ -823,38 +885,14 @@ class MockDataplane:
         self.counters["bad_requests"] += 1
         self._finish(client, fields, Status.BAD_REQUEST, message=message)
 
-    def _forward(self, client: _Client, d, fields: dict, pickup: int) -> None:
-        layer = self._usable_layer(client, int(d.layer))
-        if layer is not None and layer.failed:
-            raise DuckpipeError(
-                f"layer {int(d.layer)} failed to load (Layers: failed, missing); load it again"
-            )
-        if layer is None or not layer.ready:
-            raise DuckpipeError(f"layer {int(d.layer)} is not loaded")
+    def _forward(self, client: _Client, d, layer: _Layer, plan, fields: dict, pickup: int) -> None:
+        """Compute a forward that passed the check: the plan says its bytes, ducks, deadline."""
         info = layer.info
-        ndim, dtype = int(d.ndim), int(d.dtype)
-        if dtype not in (DType.F32, DType.F16) or dtype != info.dtype:
-            raise DuckpipeError(f"dtype {dtype} does not match layer {info.layer} ({info.dtype})")
-        if not 1 <= ndim <= MAX_DIMS:
-            raise DuckpipeError(f"ndim {ndim} is out of range")
-        shape = tuple(int(d.shape[k]) for k in range(ndim))
-        npdt = numpy_dtype(dtype)
-        nbytes = math.prod(shape) * npdt.itemsize  # Python ints: no product wraps
-        if 0 in shape or shape[-1] != info.hidden or nbytes != int(d.nbytes):
-            raise DuckpipeError(
-                f"shape {shape} does not fit layer {info.layer} (hidden {info.hidden})"
-            )
-        if nbytes > client.seg.act_slot_size or nbytes > client.seg.res_slot_size:
-            raise DuckpipeError(f"{nbytes} bytes do not fit the slots")
-        if int(d.timeout_us) > self.cfg.max_timeout_us:
-            raise DuckpipeError(
-                f"timeout {int(d.timeout_us)} us is over this dataplane's max_timeout_us "
-                f"{self.cfg.max_timeout_us}"
-            )
-        targets = _bitmap_ducks(d.ducks) or list(info.ducks)
-        stray = sorted(set(targets) - set(info.ducks))
-        if stray:
-            raise DuckpipeError(f"ducks {stray} hold no shard of layer {info.layer}")
+        shape = tuple(int(d.shape[k]) for k in range(int(d.ndim)))
+        npdt = numpy_dtype(info.dtype)
+        nbytes = int(plan.bytes)
+        targets = _bitmap_ducks(plan.targets)
+        timeout_us = int(plan.timeout_us)
 
         faults = self.faults
         self.counters["forwards"] += 1
@@ -893,7 +931,6 @@ class MockDataplane:
             reduce_ns=t_end - t_reduce,
             duck_compute_ns=compute,
         )
-        timeout_us = int(d.timeout_us) or int(self.cfg.default_timeout_ms * 1000)
         if missing:
             self.counters["timeouts"] += 1
             due = pickup / 1e9 + timeout_us / 1e6  # a real dataplane gives up at the deadline
@@ -911,22 +948,11 @@ class MockDataplane:
             self.counters["forwards_ok"] += 1
             self._finish(client, fields, Status.OK, answered, [], timings)
 
-    def _weight_chunk(self, client: _Client, d) -> str:
-        """Take a chunk in; the reason it failed ("" when it did not)."""
-        layer = self._usable_layer(client, int(d.layer), write=True)
-        if layer is None or layer.ready:
-            raise DuckpipeError(
-                f"layer {int(d.layer)} is not being loaded (send LoadWeights first)"
-            )
+    def _weight_chunk(self, client: _Client, d, layer: _Layer, plan) -> str:
+        """Take in a chunk that passed the check; the reason it failed ("" when it did not)."""
         key = (int(d.duck), int(d.tensor))
-        buf = layer.raw.get(key)
-        if buf is None:
-            raise DuckpipeError(
-                f"duck {key[0]} tensor {key[1]} is not in layer {int(d.layer)}'s plan"
-            )
-        off, n = int(d.offset), int(d.nbytes)
-        if n > client.seg.act_slot_size or off + n > buf.size:
-            raise DuckpipeError(f"chunk [{off}, {off + n}) overflows tensor of {buf.size} bytes")
+        buf = layer.raw[key]  # the check found this duck's tensor (or b_down) in the layer
+        off, n = int(d.offset), int(plan.bytes)
         if off != layer.received[key]:  # once, in order: the commit's count then proves it all
             raise DuckpipeError(
                 f"layer {int(d.layer)} duck {key[0]} tensor {key[1]}: chunk at byte {off}, but "
@@ -945,8 +971,7 @@ class MockDataplane:
         self.counters["weight_bytes"] += n
         return ""
 
-    def _commit(self, client: _Client, layer_id: int) -> None:
-        layer = self._usable_layer(client, layer_id, write=True)
+    def _commit(self, layer: _Layer | None, layer_id: int) -> None:
         if layer is None:
             raise DuckpipeError(f"layer {layer_id} is not being loaded")
         if layer.failed:
@@ -974,7 +999,9 @@ class MockDataplane:
                 for t, s in enumerate(shapes)
             ]
         if info.has_b_down:
-            layer.b_down = layer.raw[ctl.HOST_TENSOR_DUCK, 3].view(npdt).astype(np.float32)
+            layer.b_down = (
+                layer.raw[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR].view(npdt).astype(np.float32)
+            )
         layer.raw.clear()
         layer.ready = True
         self.counters["layers_loaded"] += 1

@@ -58,7 +58,7 @@ def remove_stale(path: Path) -> bool:
 class StatsWriter:
     """Creates and writes the stats segment of a mock dataplane."""
 
-    def __init__(self, control: str, counter_names: list[str], nducks: int) -> None:
+    def __init__(self, control: str, nducks: int) -> None:
         self.path = stats_path_for(control)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not remove_stale(self.path):
@@ -75,7 +75,7 @@ class StatsWriter:
         finally:
             os.close(fd)
         self.v = views(self._map)
-        self.names = list(counter_names)[: S.STATS_MAX_COUNTERS]
+        self.names = S.COUNTER_NAMES  # the C dataplane's, in its order
         self.bounds = np.array(S.bucket_bounds(), np.uint64)
         v, h = self.v, self.v["header"]
         for i, n in enumerate(self.names):
@@ -119,8 +119,8 @@ class StatsWriter:
     # --- the writer's hooks ----------------------------------------------------------
 
     def tick(self, counters: dict[str, int], epoch: int) -> None:
-        """Heartbeat, epoch and the counters (the mock keeps them in a dict)."""
-        self.v["agents"]["v"][0, : len(self.names)] = [counters.get(n, 0) for n in self.names]
+        """Heartbeat, epoch and the counters (the mock keeps them in a dict, by name)."""
+        self.v["agents"]["v"][0, : len(self.names)] = [counters[n] for n in self.names]
         h = self.v["header"]
         h["epoch"] = epoch
         h["heartbeat_ns"] = runtime.monotonic_ns()

@@ -5,8 +5,8 @@ message to the dataplane) and turns it into metric families:
 
 - ``duckpipe_up`` (1 while the dataplane's heartbeat is fresh and its pid lives),
   ``duckpipe_dataplane_info``, ``duckpipe_heartbeat_age_seconds``, ``duckpipe_epoch``;
-- every dataplane counter (dp_counters.h) as ``duckpipe_<name>_total`` summed over the
-  agents, and per NIC worker as ``duckpipe_nic_<name>_total{nic}``;
+- every dataplane counter (COUNTERS in schema/stats.py) as ``duckpipe_<name>_total``
+  summed over the agents, and per NIC worker as ``duckpipe_nic_<name>_total{nic}``;
 - per client ``duckpipe_client_*{client,name,pid}``, per duck ``duckpipe_duck_*{duck,
   address,nic}``;
 - histograms ``duckpipe_latency_seconds{phase}`` (end_to_end, prepare, send, wait, fetch,

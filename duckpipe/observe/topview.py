@@ -22,6 +22,8 @@ from typing import Any
 
 import msgspec
 
+from ..schema.stats import DROP_COUNTERS, HIST_NAMES
+
 __all__ = [
     "ATTENTION_OCCUPANCY",
     "DROP_COUNTERS",
@@ -57,19 +59,11 @@ PANE_TITLES = {
     "latency": "latency",
     "processes": "processes",
 }
-LATENCY_KEYS = ("end_to_end", "prepare", "send", "wait", "fetch", "reduce", "reply_spread")
+LATENCY_KEYS = HIST_NAMES  # the stats segment's histograms, in its order
 ATTENTION_OCCUPANCY = 0.90  # a ring fuller than this is marked
 HEARTBEAT_STALE_NS = 2_000_000_000  # the dataplane writes it every ~10 ms
-# A NIC's "drops": datagrams that arrived and were thrown away, or could not be sent.
-DROP_COUNTERS = (
-    "rxq_overflows",
-    "rx_malformed",
-    "rx_unknown_sender",
-    "rx_bad_session",
-    "rx_stale_epoch",
-    "tx_errors",
-    "tx_no_mac",
-)
+# A NIC's "drops" (datagrams that arrived and were thrown away, or could not be sent):
+# DROP_COUNTERS, the counters the schema marks so (duckpipe/schema/stats.py).
 _LAST_BUCKET = 2**63 - 1
 
 

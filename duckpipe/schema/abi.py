@@ -38,13 +38,16 @@ from .layout import U8, U16, U32, U64, Array, Chars, Pad
 __all__ = [
     "ABI_MAJOR",
     "ABI_MINOR",
+    "B_DOWN_TENSOR",
     "CONSTANTS",
+    "DTYPE_SIZES",
     "EMULATOR_MAX_DUCKS",
     "LAYER_TABLE",
     "LAYOUTS",
     "MAX_CLIENTS",
     "MAX_DIMS",
     "MAX_DUCKS",
+    "MAX_NICS",
     "SEG_MAGIC",
     "SHARD_TENSORS",
     "TENSOR_NAMES",
@@ -70,6 +73,7 @@ MAX_DUCKS = 256  # bits in a descriptor's target set
 EMULATOR_MAX_DUCKS = 32  # ducks one duckpipe-ducks process emulates
 MAX_DIMS = 4
 MAX_CLIENTS = 64  # client slots of one dataplane
+MAX_NICS = 8  # NICs (and NIC workers) of one dataplane
 # Layer table entries (open addressing, a power of two): at least MAX_CLIENTS times the
 # config's client_max_layers, which the dataplane checks at start, so that clients at
 # their quota can never fill it for the others.
@@ -103,6 +107,10 @@ class DType(enum.IntEnum):
     F16 = 2
 
 
+#: Bytes of one element of each dtype (dp_dtype_size in dp_abi.h).
+DTYPE_SIZES: dict[DType, int] = {DType.F32: 4, DType.F16: 2}
+
+
 class Status(enum.IntEnum):
     """Completion status, in the slot header's done word and the ZeroMQ completion."""
 
@@ -129,7 +137,10 @@ class TensorDim(enum.IntEnum):
     FFN = 2  # the FFN columns of this duck's shard
 
 
-SHARD_TENSORS = 3  # tensors per duck's shard, indices 0..2; 3 is b_down, kept by the host
+SHARD_TENSORS = 3  # tensors per duck's shard, indices 0..SHARD_TENSORS-1
+#: The tensor index of b_down, which the host keeps (chunks name duck HOST_TENSOR_DUCK) and
+#: adds once, after the reduce: the index after the shard's tensors.
+B_DOWN_TENSOR = SHARD_TENSORS
 
 #: The tensors of a duck's shard by kind and index (a WEIGHT_CHUNK's ``tensor``), as
 #: [rows, columns]. The dataplane (dp_tensor_elems in dp_abi.h), the duck emulator,
@@ -305,6 +316,8 @@ CONSTANTS: dict[str, int] = {
     "EMULATOR_MAX_DUCKS": EMULATOR_MAX_DUCKS,
     "MAX_DIMS": MAX_DIMS,
     "MAX_CLIENTS": MAX_CLIENTS,
+    "MAX_NICS": MAX_NICS,
     "LAYER_TABLE": LAYER_TABLE,
     "SHARD_TENSORS": SHARD_TENSORS,
+    "B_DOWN_TENSOR": B_DOWN_TENSOR,
 }

@@ -120,6 +120,23 @@ def _c_tensor_elems() -> list[str]:
     ]
 
 
+def _c_dtype_size() -> list[str]:
+    """dp_dtype_size(): abi.DTYPE_SIZES as C."""
+    prefix = "DP_" + _snake(abi.DType.__name__).upper() + "_"
+    cases = [f"\tcase {prefix}{d.name}:\n\t\treturn {n};" for d, n in abi.DTYPE_SIZES.items()]
+    return [
+        "/* Bytes of one element of a dtype (enum dp_dtype); 0 for an unknown one. From",
+        " * DTYPE_SIZES in abi.py. */",
+        "static inline uint32_t dp_dtype_size(uint8_t dtype)",
+        "{",
+        "\tswitch (dtype) {",
+        *cases,
+        "\t}",
+        "\treturn 0;",
+        "}",
+    ]
+
+
 def render_header() -> str:
     layouts = [layout_of(c) for c in (*abi.LAYOUTS, *wire.LAYOUTS)]
     diagram = (abi.__doc__ or "").split("::", 1)[1].split("\n\n")[1]
@@ -150,6 +167,7 @@ def render_header() -> str:
         parts += [_c_struct(lay), ""]
     parts += [CDEF_END, ""]
     parts += [*_c_tensor_elems(), ""]
+    parts += [*_c_dtype_size(), ""]
     for lay in layouts:
         parts += _c_asserts(lay)
     parts += ["", "#endif /* DP_ABI_H */", ""]
@@ -229,6 +247,19 @@ STATS_ENUMS: tuple[type[enum.IntEnum], ...] = (
 )
 
 
+def _c_counter_list() -> list[str]:
+    """DP_COUNTER_LIST: stats.COUNTERS as an X macro (dp_counters.h makes the enum of it)."""
+    items = [f"    X({c.name})" + (f" /* {c.doc} */" if c.doc else "") for c in stats.COUNTERS]
+    width = max(len(line) for line in items) + 1
+    return [
+        "/* Every agent's counters, in order, with what each counts: COUNTERS in stats.py.",
+        " * dp_counters.h makes enum dp_counter and dp_counter_names of it. */",
+        f"{'#define DP_COUNTER_LIST(X)':<{width}}\\",
+        *(f"{line:<{width}}\\" for line in items[:-1]),
+        items[-1],
+    ]
+
+
 def render_stats_header() -> str:
     """dp_stats_abi.h: the stats segment's structs, constants and region plan."""
     layouts = [layout_of(c) for c in stats.LAYOUTS]
@@ -261,6 +292,7 @@ def render_stats_header() -> str:
     for lay in layouts:
         parts += [_c_struct(lay), ""]
     parts += [CDEF_END, ""]
+    parts += [*_c_counter_list(), ""]
     for lay in layouts:
         parts += _c_asserts(lay)
     parts += ["", "#endif /* DP_STATS_ABI_H */", ""]
@@ -275,6 +307,7 @@ def render_stats_json() -> str:
             "constants": stats.CONSTANTS,
             "plan": stats.segment_plan(),
             "histograms": list(stats.HIST_NAMES),
+            "counters": [{"name": c.name, "doc": c.doc} for c in stats.COUNTERS],
             "bucket_bounds_ns": stats.bucket_bounds(),
             "enums": {c.__name__: _enum_json(c) for c in STATS_ENUMS},
             "structs": {c.__name__: layout_of(c).to_json() for c in stats.LAYOUTS},

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from .abi import LAYER_TABLE, MAX_CLIENTS, MAX_DUCKS
+from .abi import LAYER_TABLE, MAX_CLIENTS, MAX_DUCKS, MAX_NICS
 
 __all__ = ["DataplaneConfig", "DuckConfig", "NicConfig", "check_limits", "default"]
 
@@ -85,7 +85,7 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     curve_secret_key_file: FilePath = ""  # tcp:// needs these: z85 keys, one per file
     curve_public_key_file: FilePath = ""
     curve_clients_file: FilePath = ""  # z85 public keys admitted, one per line
-    nics: Annotated[list[NicConfig], Meta(min_length=1, max_length=8)]
+    nics: Annotated[list[NicConfig], Meta(min_length=1, max_length=MAX_NICS)]
 
 
 def default(name: str, cls: type[msgspec.Struct] = DataplaneConfig) -> object:

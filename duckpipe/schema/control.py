@@ -14,7 +14,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from .abi import MAX_DUCKS
+from .abi import MAX_DUCKS, MAX_NICS
 
 __all__ = [
     "HOST_TENSOR_DUCK",
@@ -297,7 +297,7 @@ class Stats(Message, kw_only=True):
     epoch: int
     counters: dict[str, int]
     clients: list[ClientStats]
-    nics: Annotated[list[NicStats], Meta(max_length=8)] = []  # in the topology's order
+    nics: Annotated[list[NicStats], Meta(max_length=MAX_NICS)] = []  # in the topology's order
 
 
 class Timings(msgspec.Struct, frozen=True, kw_only=True):

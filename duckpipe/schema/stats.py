@@ -38,15 +38,18 @@ cumulative since the dataplane started, so a reader differences two snapshots.
 from __future__ import annotations
 
 import enum
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import msgspec
 
-from .abi import MAX_CLIENTS, MAX_DUCKS
+from .abi import MAX_CLIENTS, MAX_DUCKS, MAX_NICS
 from .layout import U16, U32, U64, Array, Chars, Pad
 
 __all__ = [
     "CONSTANTS",
+    "COUNTERS",
+    "COUNTER_NAMES",
+    "DROP_COUNTERS",
     "HIST_NAMES",
     "LAYOUTS",
     "STATS_BUCKETS",
@@ -57,6 +60,7 @@ __all__ = [
     "STATS_NHISTS",
     "STATS_VERSION_MAJOR",
     "STATS_VERSION_MINOR",
+    "Counter",
     "DuckState",
     "StatsAgent",
     "StatsBounds",
@@ -76,15 +80,102 @@ __all__ = [
 STATS_MAGIC = int.from_bytes(b"DUCKSTAT", "little")
 STATS_VERSION_MAJOR = 1
 STATS_VERSION_MINOR = 0
-STATS_MAX_COUNTERS = 128  # counter slots per agent (dp_counters.h has fewer)
+STATS_MAX_COUNTERS = 128  # counter slots per agent (COUNTERS has fewer)
 STATS_COUNTER_NAME = 48
-STATS_MAX_NICS = 8  # DP_MAX_NICS
+STATS_MAX_NICS = MAX_NICS
 STATS_MAX_AGENTS = STATS_MAX_NICS + 2  # control, dispatcher, one worker per NIC
 STATS_BUCKETS = 56
 STATS_FIRST_BOUND_LOG2 = 8  # bucket 0 holds values <= 256 ns
 #: The latency histograms, in segment order.
 HIST_NAMES = ("end_to_end", "prepare", "send", "wait", "fetch", "reduce", "reply_spread")
 STATS_NHISTS = len(HIST_NAMES)
+
+
+class Counter(NamedTuple):
+    """One counter every agent keeps (most stay 0 in most agents)."""
+
+    name: str
+    doc: str = ""
+    #: a datagram that arrived and was thrown away, or one that could not be sent: what
+    #: duckpipe-top sums into a NIC's "drops"
+    drop: bool = False
+
+
+#: Every event a person would ask about, in the order of each agent's counters (the C
+#: dataplane's enum dp_counter: DP_COUNTER_LIST in dp_stats_abi.h is generated from this).
+#: The mock counts the ones it has events for; readers find a counter by its name, which
+#: the stats segment carries.
+COUNTERS: tuple[Counter, ...] = (
+    Counter("descriptors", "descriptors taken from client rings"),
+    Counter("forwards", "forwards started"),
+    Counter("forwards_ok"),
+    Counter("timeouts", "forwards that hit their deadline"),
+    Counter("duck_lost", "forwards failed by a duck without the layer"),
+    Counter("stale_epoch", "descriptors from an old epoch"),
+    Counter("bad_requests", "descriptors refused"),
+    Counter("dataplane_errors"),
+    Counter("weight_chunks", "WEIGHT_CHUNK descriptors completed"),
+    Counter("weight_bytes"),
+    Counter("layers_loaded"),
+    Counter("tx_packets"),
+    Counter("tx_bytes"),
+    Counter("tx_errors", drop=True),
+    Counter("gso_sends", "sends the kernel cut into datagrams (UDP_SEGMENT)"),
+    Counter("tx_zero_copy", "dpdk: payloads sent from client memory (extbuf chain)"),
+    Counter("tx_copied", "dpdk: payloads copied: the port can't chain (af_xdp)"),
+    Counter("tx_release_deferred", "parts whose end waited for the port to free their slot"),
+    Counter("extmem_registered", "dpdk: client segments registered (rte_extmem_register)"),
+    Counter("extmem_registered_bytes"),
+    Counter("extmem_unregistered", "dpdk: ... and unregistered at detach"),
+    Counter("rx_packets"),
+    Counter("rx_bytes"),
+    Counter("rx_malformed", "bad magic, version, op or length", drop=True),
+    Counter("rx_unknown_sender", "source address not a duck of this NIC", drop=True),
+    Counter("rx_bad_session", drop=True),
+    Counter("rx_stale_epoch", drop=True),
+    Counter("rx_late", "for a forward no longer in flight"),
+    Counter("rx_duplicates", "chunks already received"),
+    Counter("rxq_overflows", "datagrams the kernel dropped: socket buffer full", drop=True),
+    Counter("rx_not_ours", "dpdk: frames for another address, port or protocol"),
+    Counter("rx_fragments", "dpdk: IPv4 fragments (never reassembled)"),
+    Counter("tx_no_mac", "dpdk: datagrams dropped, the duck's MAC not known yet", drop=True),
+    Counter("arp_requests", "dpdk: ARP requests sent for duck addresses"),
+    Counter("arp_replies", "dpdk: ARP requests for the host address answered"),
+    Counter("arp_learned", "dpdk: duck MACs learned or changed"),
+    Counter("nacks_sent"),
+    Counter("nacks_received"),
+    Counter("retransmits", "activation chunks resent on a duck's NACK"),
+    Counter("nack_resends_suppressed", "chunks a NACK asked for again within nack_us"),
+    Counter("rto_samples", "duck reply times taken into its NACK timeout (RTO)"),
+    Counter("nacks_avoided", "ducks that answered un-NACKed after more than nack_us"),
+    Counter("rto_backoffs", "NACK timeouts that doubled a duck's RTO"),
+    Counter("weight_datagrams"),
+    Counter("weight_retransmits"),
+    Counter("pings"),
+    Counter("pongs"),
+    Counter("no_layer_replies", "a duck said it holds no such layer"),
+    Counter("control_messages"),
+    Counter("bad_control_messages"),
+    Counter("control_refused", "no credentials, or a role that may not ask that"),
+    Counter("quota_refused", "LoadWeights or Attach past a client's or a pid's quota"),
+    Counter("connections_refused", "control connections past max_connections, closed"),
+    Counter("connections_shed", "accepted and closed at once: no descriptor left (EMFILE)"),
+    Counter("layers_freed"),
+    Counter("curve_refused", "tcp:// handshakes with a key not in curve_clients_file"),
+    Counter("clients_attached"),
+    Counter("clients_detached"),
+    Counter("clients_reclaimed", "dead clients whose segments were unmapped"),
+    Counter("clients_evicted", "clients detached for breaking their ring"),
+    Counter("client_quota_waits", "passes a client at client_max_inflight was skipped"),
+    Counter("parks", "times a runner thread slept (dp_waker.h)"),
+    Counter("kicks", "of those, woken by another thread's push"),
+    Counter("doorbells", "doorbell datagrams from clients that found us parked"),
+    Counter("futex_wakes", "completions that woke a client sleeping on its slot"),
+    Counter("completions_sent"),
+    Counter("completion_flushes", "bursts the outbox sent them in (completion_flush_us)"),
+)
+COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
+DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)
 
 
 def bucket_bounds() -> list[int]:
@@ -196,7 +287,7 @@ class StatsHeader(msgspec.Struct, frozen=True):
 
 
 class StatsName(msgspec.Struct, frozen=True):
-    """One counter's name (dp_counters.h), by index; the same for every agent."""
+    """One counter's name (COUNTERS), by index; the same for every agent."""
 
     __c_name__: ClassVar[str] = "dp_stats_name"
     __c_size__: ClassVar[int] = STATS_COUNTER_NAME

@@ -6,8 +6,6 @@ this only packs and unpacks it through cffi.
 
 from __future__ import annotations
 
-import struct
-
 from .._native import ffi, lib
 from ..errors import BadInput
 
@@ -50,5 +48,8 @@ def decode(data: bytes):
 
 
 def layer_payload(kind: int, dtype: int, hidden: int, ffn: int) -> bytes:
-    """The payload of a LAYER datagram (struct dp_wire_layer)."""
-    return struct.pack("<BBxxIIxxxx", kind, dtype, hidden, ffn)
+    """The payload of a LAYER datagram: a struct dp_wire_layer, padding zeroed."""
+    w = ffi.new(
+        "struct dp_wire_layer *", {"kind": kind, "dtype": dtype, "hidden": hidden, "ffn": ffn}
+    )
+    return bytes(ffi.buffer(w))

@@ -106,6 +106,23 @@ def test_every_histogram_has_the_same_log_spaced_bounds(dataplane):
     assert b[-1] == 2**63 - 1 and all(x < y for x, y in itertools.pairwise(b))
 
 
+def test_counter_names_are_c_identifiers_that_fit_the_segment():
+    # each becomes an enum dp_counter member (DP_COUNTER_LIST) and a name slot
+    names = S.COUNTER_NAMES
+    assert len(set(names)) == len(names) <= S.STATS_MAX_COUNTERS
+    assert all(n.isidentifier() and len(n) < S.STATS_COUNTER_NAME for n in names)
+    assert S.DROP_COUNTERS and set(S.DROP_COUNTERS) <= set(names)
+
+
+def test_every_counter_of_the_schema_is_kept_in_its_order(dataplane):
+    # one list, COUNTERS in duckpipe/schema/stats.py: generated into the C dataplane
+    # (DP_COUNTER_LIST), and the mock's, which once kept a shorter copy of its own
+    names = list(S.COUNTER_NAMES)
+    assert list(stats.read_snapshot(control=dataplane.control).counters) == names
+    with duckpipe.connect(dataplane.control, name="counters") as c:
+        assert list(c.stats().counters) == names
+
+
 def test_generated_header_compiles_and_matches_the_plan_the_readers_use(tmp_path):
     import re
     import shutil

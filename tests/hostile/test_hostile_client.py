@@ -32,10 +32,11 @@ import duckpipe
 from duckpipe import GeluMlp
 from duckpipe.client.ring import new_desc
 from duckpipe.client.shm import Segment
-from duckpipe.errors import ClientDetached
+from duckpipe.errors import BadInput, ClientDetached
 from duckpipe.runtime import monotonic_ns, segment_prefix
 from duckpipe.schema import control as ctl
-from duckpipe.schema.abi import DetachReason, DType, Op, Status
+from duckpipe.schema.abi import B_DOWN_TENSOR, DetachReason, DType, Op, Status
+from duckpipe.schema.config import default as config_default
 from duckpipe.schema.control import ErrorCode
 
 HIDDEN = 32
@@ -351,7 +352,14 @@ MALFORMED: list[tuple[str, dict[str, object]]] = [
     # weight chunks (issue 7 item 3): a wrapping offset, and duck ids past every table
     (
         "b_down_offset_wraps",
-        dict(op=Op.WEIGHT_CHUNK, layer=LOADING, duck=0xFFFF, tensor=3, offset=U64 - 63, nbytes=128),
+        dict(
+            op=Op.WEIGHT_CHUNK,
+            layer=LOADING,
+            duck=ctl.HOST_TENSOR_DUCK,
+            tensor=B_DOWN_TENSOR,
+            offset=U64 - 63,
+            nbytes=128,
+        ),
     ),
     (
         "shard_offset_wraps",
@@ -419,21 +427,26 @@ def _fill(fields: dict[str, object]) -> Callable[[object], None]:
     return fill
 
 
+def _announce_loading(c: duckpipe.Client) -> None:
+    """LoadWeights of LOADING, never committed: weight chunks can aim at it."""
+    c._request(
+        lambda rid: ctl.LoadWeights(
+            req_id=rid,
+            layer=LOADING,
+            kind=1,
+            dtype=1,
+            hidden=HIDDEN,
+            ffn=64,
+            ducks=[0],
+            shard_sizes=[64],
+            has_b_down=True,
+        )
+    )
+
+
 def test_every_malformed_descriptor_is_refused_and_counted(watched):
     with hostile(watched) as c:
-        c._request(
-            lambda rid: ctl.LoadWeights(
-                req_id=rid,
-                layer=LOADING,
-                kind=1,
-                dtype=1,
-                hidden=HIDDEN,
-                ffn=64,
-                ducks=[0],
-                shard_sizes=[64],
-                has_b_down=True,
-            )
-        )
+        _announce_loading(c)
         before = _counters(c)
         for name, fields in MALFORMED:
             done = _zmq_completion(c, _push_raw(c, _fill(fields)))
@@ -444,7 +457,53 @@ def test_every_malformed_descriptor_is_refused_and_counted(watched):
         _check_forward(c, np.random.default_rng(9))  # the hostile client itself still works
 
 
+def test_an_empty_weight_chunk_is_refused_in_the_dataplanes_words(watched):
+    # the mock once completed it OK; both now ask dp_desc_check (dp_desc_check.h)
+    with hostile(watched) as c:
+        _announce_loading(c)
+        empty = dict(op=Op.WEIGHT_CHUNK, layer=LOADING, duck=0, tensor=0, offset=0, nbytes=0)
+        done = _zmq_completion(c, _push_raw(c, _fill(empty)))
+    assert (done.status, done.message) == (Status.BAD_REQUEST, "weight chunk of 0 bytes"), done
+
+
+def test_max_forward_bytes_caps_forwards_and_weight_chunks_that_fit_the_slots(watched):
+    # the mock once knew no max_forward_bytes: both dataplanes here run with its default
+    limit = config_default("max_forward_bytes")
+    rows = limit // (HIDDEN * 4)  # a forward of exactly the limit
+    rng = np.random.default_rng(15)
+    with duckpipe.connect(watched, name="big-slots", slots=2, slot_size=2 * limit) as c:
+        # the client learned the limit at attach: it claims no more, whatever its slots
+        with pytest.raises(BadInput, match=f"does not fit a slot of {limit} bytes"):
+            c.claim((rows + 1, HIDDEN), np.float32)
+        x = rng.standard_normal((rows, HIDDEN)).astype(np.float32)
+        np.testing.assert_allclose(
+            c.forward(LAYER, x, timeout=60), MLP.reference(x), rtol=2e-4, atol=2e-5
+        )
+        # what a client that ignores it writes: refused by the dataplane
+        _announce_loading(c)
+        over = (rows + 1) * HIDDEN * 4
+        forward = dict(
+            op=Op.FORWARD, layer=LAYER, dtype=DType.F32, shape=[rows + 1, HIDDEN], nbytes=over
+        )
+        fwd = _zmq_completion(c, _push_raw(c, _fill(forward)))
+        chunk = dict(op=Op.WEIGHT_CHUNK, layer=LOADING, duck=0, tensor=0, nbytes=limit + 4)
+        big = _zmq_completion(c, _push_raw(c, _fill(chunk)))
+    assert fwd.status == Status.BAD_REQUEST, fwd
+    assert fwd.message == f"{over} bytes exceed the slots or max_forward_bytes {limit}", fwd
+    assert (big.status, big.message) == (Status.BAD_REQUEST, f"weight chunk of {limit + 4} bytes")
+
+
 # --- quotas and fairness ---------------------------------------------------------------------
+
+
+def test_a_clients_quota_is_its_fair_share_of_the_forward_contexts():
+    # dp_client_quota (dp_fair_share.h): the C dispatcher's and the mock's one rule
+    assert lib.dp_client_quota(64, 0, 64) == 64  # nobody polled yet
+    assert lib.dp_client_quota(64, 1, 64) == 32  # one client, and a share kept for the next
+    assert lib.dp_client_quota(64, 3, 64) == 16
+    assert lib.dp_client_quota(64, 3, 8) == 8  # client_max_inflight caps the share
+    assert lib.dp_client_quota(4, 63, 64) == 1  # never none
+    assert lib.dp_client_quota(2**64 - 1, 2**32 - 1, 2**64 - 1) == (2**64 - 1) // 2**32
 
 
 @pytest.mark.parametrize("kind", ["mock", "real"])

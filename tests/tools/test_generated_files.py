@@ -142,6 +142,18 @@ def test_python_chunks_by_the_dataplanes_payload_rule(mtu: int) -> None:
     assert payload_max(mtu) % 4 == 0 and payload_max(mtu) <= 65507 - HEADER_SIZE
 
 
+def test_a_layer_payload_is_the_wire_layer_struct() -> None:
+    """datagrams.layer_payload fills struct dp_wire_layer (it was a struct.pack copy)."""
+    from duckpipe.testing.datagrams import layer_payload
+
+    raw = layer_payload(2, 1, 7168, 2048)
+    assert len(raw) == ffi.sizeof("struct dp_wire_layer")
+    w = ffi.new("struct dp_wire_layer *")
+    ffi.memmove(w, raw, len(raw))
+    assert (w.kind, w.dtype, w.hidden, w.ffn) == (2, 1, 7168, 2048)
+    assert not any(w.pad0) and not any(w.pad1)
+
+
 # --- the C header ----------------------------------------------------------------
 
 _C_PROGRAM = r"""

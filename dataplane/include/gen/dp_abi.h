@@ -33,8 +33,10 @@
 #define DP_EMULATOR_MAX_DUCKS 32
 #define DP_MAX_DIMS 4
 #define DP_MAX_CLIENTS 64
+#define DP_MAX_NICS 8
 #define DP_LAYER_TABLE 8192
 #define DP_SHARD_TENSORS 3
+#define DP_B_DOWN_TENSOR 3
 #define DP_WIRE_MAGIC 0x4b435544
 #define DP_WIRE_VERSION 1
 #define DP_WIRE_ANY_DUCK 65535
@@ -280,6 +282,19 @@ static inline uint64_t dp_tensor_elems(uint8_t kind, uint32_t hidden, uint32_t f
 		n *= d == DP_TENSOR_DIM_HIDDEN ? hidden : d == DP_TENSOR_DIM_FFN ? ffn : 1;
 	}
 	return n;
+}
+
+/* Bytes of one element of a dtype (enum dp_dtype); 0 for an unknown one. From
+ * DTYPE_SIZES in abi.py. */
+static inline uint32_t dp_dtype_size(uint8_t dtype)
+{
+	switch (dtype) {
+	case DP_DTYPE_F32:
+		return 4;
+	case DP_DTYPE_F16:
+		return 2;
+	}
+	return 0;
 }
 
 _Static_assert(sizeof(struct dp_seg_header) == 384, "dp_seg_header size");

@@ -1,38 +1,19 @@
-/* dp_desc.h: the check every submission descriptor passes before the dataplane acts on it.
+/* dp_desc.h: the dataplane's side of the descriptor check.
  *
- * A descriptor is input from another process, like a datagram. dp_desc_check()
- * is a pure function of the dataplane's private copy of the client's layout,
- * the layer the descriptor names, the descriptor (already copied out of the
- * ring, so it cannot change under us) and the configured limits: a fuzz
- * harness calls it exactly as the dispatcher does.
+ * The check itself, dp_desc_check(), is the one in dp_desc_check.h that the mock
+ * dataplane calls too. What is the dataplane's own is how it reads a layer for it:
+ * dp_desc_layer_of() takes the view the check reads out of a struct dp_layer that
+ * other threads publish. The dispatcher and the fuzz harness call
+ *   dp_desc_check(&c->layout, dp_desc_layer_of(l, &view), desc, &limits, &plan, why, n)
  */
 #ifndef DP_DESC_H
 #define DP_DESC_H
 
-#include <stddef.h>
-#include <stdint.h>
-
 #include "dp_dataplane.h"
+#include "dp_desc_check.h"
 
-struct dp_limits {
-	uint64_t max_forward_bytes;  /* largest activation, result or weight chunk */
-	uint32_t default_timeout_us; /* a descriptor's timeout_us 0 means this */
-	uint32_t max_timeout_us;     /* larger timeouts are refused */
-};
-
-/* What a descriptor that passed asks for, computed once with checked arithmetic. */
-struct dp_desc_plan {
-	uint64_t bytes;                       /* FORWARD: activation (= result) bytes; WEIGHT_CHUNK: chunk */
-	uint64_t timeout_us;                  /* FORWARD: the deadline after pickup */
-	uint32_t rows;                        /* FORWARD: activation rows (tokens) */
-	int32_t duck_index;                   /* WEIGHT_CHUNK: desc->duck's index in the layer; -1: b_down */
-	uint64_t targets[DP_MAX_DUCKS / 64];  /* FORWARD: the ducks to ask, each holding a shard */
-};
-
-/* 0 with *out filled, or -1 with the reason in why (the descriptor completes BAD_REQUEST).
- * layer: the layer desc->layer names, or NULL when there is none. */
-int dp_desc_check(const struct dp_client_layout *c, const struct dp_layer *layer,
-		  const struct dp_desc *d, const struct dp_limits *lim, struct dp_desc_plan *out,
-		  char *why, size_t whylen);
+/* *view filled from l (its ready and failed flags read once, with acquire) and view
+ * returned, or NULL when l is NULL (no such layer, or not this client's to use). */
+const struct dp_desc_layer *dp_desc_layer_of(const struct dp_layer *l, struct dp_desc_layer *view);
 
 #endif /* DP_DESC_H */

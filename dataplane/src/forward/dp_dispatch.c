@@ -25,6 +25,7 @@
 
 #include "dp_desc.h"
 #include "dp_f16.h"
+#include "dp_fair_share.h"
 #include "dp_fwd.h"
 #include "dp_reduce.h"
 #include "dp_ring.h"
@@ -175,7 +176,7 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 		return 1;
 	}
 	for (uint32_t i = 0; i < l->nducks; i++)
-		for (uint32_t t = 0; t < 3; t++) {
+		for (uint32_t t = 0; t < DP_SHARD_TENSORS; t++) {
 			uint64_t want = dp_tensor_bytes(l, i, t);
 			uint64_t got = __atomic_load_n(&l->acked[i][t], __ATOMIC_ACQUIRE);
 			if (got != want) {
@@ -232,9 +233,10 @@ static void dispatch(struct dp_dispatcher *d, struct dp_client *c, const struct 
 	/* the layer, if this client may use it (its own, or shared to forward on), with a
 	 * reference the control agent drops when the completion is sent */
 	struct dp_layer *l = f->layer = dp_layer_take(d->w, desc->layer, c, desc->op != DP_OP_FORWARD);
+	struct dp_desc_layer view;
 	struct dp_desc_plan plan;
-	if (dp_desc_check(&c->layout, l, desc, &d->limits, &plan, f->message, sizeof(f->message)) <
-	    0) {
+	if (dp_desc_check(&c->layout, dp_desc_layer_of(l, &view), desc, &d->limits, &plan, f->message,
+			  sizeof(f->message)) < 0) {
 		complete(d, f, DP_STATUS_BAD_REQUEST, NULL);
 		return;
 	}
@@ -280,6 +282,13 @@ static int32_t take(struct dp_dispatcher *d, struct dp_client *c, uint32_t room)
 	return n;
 }
 
+/* The quota each client has in a pass, and that parking checks against: its fair share
+ * of the forward contexts among the clients the last pass polled. */
+static uint64_t client_quota(const struct dp_dispatcher *d)
+{
+	return dp_client_quota(d->w->nfwds, d->nactive, d->w->cfg.client_max_inflight);
+}
+
 int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 {
 	struct dp_dispatcher *d = self;
@@ -298,15 +307,7 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 	 * rather than letting one client take a whole burst while others wait */
 	uint32_t credit = DP_BURST / (d->nactive ? d->nactive : 1);
 	uint32_t nactive = 0, start = d->next_client;
-	/* nobody holds more than a fair share of the forward contexts, with one share kept
-	 * for a client yet to come: a client whose contexts wait on slow or silent ducks (a
-	 * weight chunk holds one up to weight_timeout_ms) cannot leave another none */
-	uint64_t share = w->nfwds / (d->nactive + 1);
-	uint64_t quota = w->cfg.client_max_inflight;
-	if (share < 1)
-		share = 1;
-	if (quota > share)
-		quota = share;
+	uint64_t quota = client_quota(d); /* a fair share of the contexts (dp_fair_share.h) */
 	for (uint32_t k = 0; k < DP_MAX_CLIENTS; k++) {
 		uint32_t i = (start + k) % DP_MAX_CLIENTS;
 		struct dp_client *c = &w->clients[i];
@@ -353,15 +354,6 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 
 /* --- parking ------------------------------------------------------------------------- */
 
-/* The quota dp_dispatch_do_work gives each client in a pass (its fair share). */
-static uint64_t client_quota(const struct dp_dispatcher *d)
-{
-	uint64_t share = d->w->nfwds / (d->nactive + 1);
-	uint64_t quota = d->w->cfg.client_max_inflight;
-	if (share < 1)
-		share = 1;
-	return quota < share ? quota : share;
-}
 
 static void set_need_wakeup(struct dp_dispatcher *d, uint32_t v)
 {

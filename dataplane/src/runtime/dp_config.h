@@ -7,9 +7,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "dp_abi.h" /* DP_MAX_NICS: the schema's MAX_NICS */
 #include "dp_idle.h"
 
-#define DP_MAX_NICS 8
 #define DP_MAX_CORES 16
 #define DP_NAME_LEN 32
 

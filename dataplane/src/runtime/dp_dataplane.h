@@ -25,6 +25,7 @@
 #include "dp_mem.h"
 #include "dp_config.h"
 #include "dp_counters.h"
+#include "dp_desc_check.h" /* struct dp_client_layout, dp_shard_tensor_bytes, dp_targets_has */
 #include "dp_idle.h"
 #include "dp_spsc.h"
 
@@ -46,15 +47,6 @@ enum dp_client_state {
 	DP_CLIENT_QUIESCED,  /* dispatcher: I stopped; control unmaps once inflight is 0 */
 	DP_CLIENT_ATTACHING, /* control only: mapped, being faulted in a step at a time */
 	DP_CLIENT_UNMAPPING, /* control only: being unmapped a step at a time */
-};
-
-/* A segment's layout as checked at attach (dp_seg_plan), in the dataplane's own
- * memory: the client can rewrite its header, never these. */
-struct dp_client_layout {
-	uint32_t slot_count;
-	uint32_t ring_capacity;
-	uint64_t act_slot_size;
-	uint64_t res_slot_size;
 };
 
 struct dp_client {
@@ -119,34 +111,26 @@ struct dp_layer {
 	uint32_t failed;         /* a chunk failed, or the commit did: the load failed (release) */
 	uint64_t failed_ducks[DP_MAX_DUCKS / 64]; /* ducks that did not acknowledge (atomic or) */
 	uint64_t outstanding;    /* chunks dispatched and not yet completed (atomic) */
-	uint64_t acked[DP_MAX_DUCKS][3]; /* bytes acknowledged per duck and tensor (atomic adds) */
+	/* bytes acknowledged per duck and tensor (atomic adds) */
+	uint64_t acked[DP_MAX_DUCKS][DP_SHARD_TENSORS];
 	uint8_t announced[DP_MAX_DUCKS];  /* LAYER acknowledged by the duck: its NIC's worker only */
 	uint8_t *b_down_raw;     /* dispatcher: bytes of b_down as they arrive */
 	uint64_t b_down_got;     /* dispatcher: b_down bytes so far (they arrive in order) */
-	uint64_t next_offset[DP_MAX_DUCKS][3]; /* dispatcher: each tensor's next byte due */
+	/* dispatcher: each tensor's next byte due */
+	uint64_t next_offset[DP_MAX_DUCKS][DP_SHARD_TENSORS];
 	float *b_down;           /* float32, set at commit */
 };
 
-/* Bytes of shard tensor t of ducks[i] (dp_tensor_elems: the schema's TENSOR_SHAPES);
- * UINT64_MAX when that does not fit 64 bits (no chunk can then end inside it, and the
- * commit never sees it complete). */
+/* Bytes of shard tensor t of ducks[i]: dp_shard_tensor_bytes (dp_desc_check.h), the
+ * sizes the descriptor check holds weight chunks to. */
 static inline uint64_t dp_tensor_bytes(const struct dp_layer *l, uint32_t i, uint32_t t)
 {
-	uint64_t n, item = l->dtype == DP_DTYPE_F16 ? 2 : 4;
-	if (__builtin_mul_overflow(dp_tensor_elems(l->kind, l->hidden, l->shard[i], t), item, &n))
-		return UINT64_MAX;
-	return n;
+	return dp_shard_tensor_bytes(l->kind, l->dtype, l->hidden, l->shard[i], t);
 }
 
 /* --- forward contexts ---------------------------------------------------------------- */
 
 /* The contexts themselves, struct dp_fwd, and their cycle: dp_fwd.h. */
-
-/* A duck id bitmap (a forward's targets, a descriptor's ducks): is duck in it? */
-static inline bool dp_targets_has(const uint64_t *t, uint32_t duck)
-{
-	return (t[duck >> 6] >> (duck & 63)) & 1;
-}
 
 /* --- agents ----------------------------------------------------------------------------- */
 

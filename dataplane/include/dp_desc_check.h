@@ -1,0 +1,221 @@
+/* dp_desc_check.h: the one check every submission descriptor passes before anyone acts on it.
+ *
+ * A descriptor is input from another process, like a datagram. dp_desc_check() is a
+ * pure function of a private copy of the client's layout, what it reads of the layer
+ * the descriptor names (struct dp_desc_layer), the descriptor (already copied out of the
+ * ring, so it cannot change under us) and the configured limits. The C dataplane
+ * (dp_dispatch.c, through dp_desc_layer_of() in dp_desc.c), its fuzz harness and the
+ * mock dataplane (duckpipe/mock/dataplane.py, through cffi) all call this one; the mock
+ * only computes what it lets through.
+ *
+ * Every product and sum of client-chosen numbers is overflow-checked: a wrapped
+ * shape product once passed the nbytes check with 2.8e9 rows, and a wrapped
+ * weight-chunk offset once wrote before a heap buffer. A duck id is checked
+ * against DP_MAX_DUCKS before it indexes anything.
+ *
+ * The structs below are parsed by cffi (duckpipe/_native_build.py takes the @cdef
+ * section): keep them plain, with literal sizes.
+ */
+#ifndef DP_DESC_CHECK_H
+#define DP_DESC_CHECK_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dp_abi.h"
+
+/* @cdef-begin: cffi parses from here */
+
+/* Room for a refusal's reason: the completion's message (the dataplane's DP_MSG_LEN). */
+#define DP_DESC_WHY_LEN 160
+
+/* A segment's layout as checked at attach (dp_seg_plan), in the reader's own memory:
+ * the client can rewrite its header, never these. */
+struct dp_client_layout {
+    uint32_t slot_count;
+    uint32_t ring_capacity;
+    uint64_t act_slot_size;
+    uint64_t res_slot_size;
+};
+
+struct dp_limits {
+    uint64_t max_forward_bytes;  /* largest activation, result or weight chunk */
+    uint32_t default_timeout_us; /* a descriptor's timeout_us 0 means this */
+    uint32_t max_timeout_us;     /* larger timeouts are refused */
+};
+
+/* What the check reads of the layer a descriptor names, read once (ready and failed
+ * with acquire loads by the dataplane, which publishes them from other threads). */
+struct dp_desc_layer {
+    uint32_t id;
+    uint32_t hidden;
+    uint8_t kind;          /* enum dp_mlp_kind */
+    uint8_t dtype;         /* enum dp_dtype */
+    bool has_b_down;
+    bool ready;            /* committed: forwards may use it, weight chunks may not */
+    bool failed;           /* a chunk or the commit failed: unusable until loaded again */
+    const int16_t *index;  /* DP_MAX_DUCKS entries: duck id -> its shard's index, or -1 */
+    const uint32_t *shard; /* FFN columns of the shard at each index */
+};
+
+/* What a descriptor that passed asks for, computed once with checked arithmetic. */
+struct dp_desc_plan {
+    uint64_t bytes;        /* FORWARD: activation (= result) bytes; WEIGHT_CHUNK: chunk */
+    uint64_t timeout_us;   /* FORWARD: the deadline after pickup */
+    uint32_t rows;         /* FORWARD: activation rows (tokens) */
+    int32_t duck_index;    /* WEIGHT_CHUNK: desc->duck's shard index; -1: b_down */
+    uint64_t targets[4];   /* FORWARD: the ducks to ask (DP_MAX_DUCKS bits), each with a shard */
+};
+
+/* @cdef-end */
+
+_Static_assert(sizeof(((struct dp_desc_plan *)0)->targets) * 8 == DP_MAX_DUCKS,
+	       "dp_desc_plan.targets: a bit per duck");
+
+/* A duck id bitmap (a forward's targets, a descriptor's ducks): is duck in it? */
+static inline bool dp_targets_has(const uint64_t *t, uint32_t duck)
+{
+	return (t[duck >> 6] >> (duck & 63)) & 1;
+}
+
+/* Bytes of shard tensor t of a duck holding ffn columns (dp_tensor_elems: the schema's
+ * TENSOR_SHAPES); UINT64_MAX when that does not fit 64 bits (no chunk can then end
+ * inside it, and a commit never sees it complete). */
+static inline uint64_t dp_shard_tensor_bytes(uint8_t kind, uint8_t dtype, uint32_t hidden,
+					     uint32_t ffn, uint32_t t)
+{
+	uint64_t n;
+	if (__builtin_mul_overflow(dp_tensor_elems(kind, hidden, ffn, t), dp_dtype_size(dtype), &n))
+		return UINT64_MAX;
+	return n;
+}
+
+static inline int dp_desc_refuse(char *why, size_t whylen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static inline int dp_desc_refuse(char *why, size_t whylen, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	if (why && whylen)
+		vsnprintf(why, whylen, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+static inline int dp_desc_check_forward(const struct dp_client_layout *c,
+					const struct dp_desc_layer *l, const struct dp_desc *d,
+					const struct dp_limits *lim, struct dp_desc_plan *out,
+					char *why, size_t whylen)
+{
+	if (l && l->failed)
+		return dp_desc_refuse(why, whylen, "layer %u failed to load (Layers: failed, missing); "
+				      "load it again", d->layer);
+	if (!l || !l->ready)
+		return dp_desc_refuse(why, whylen, "layer %u is not loaded", d->layer);
+	if (d->dtype != l->dtype)
+		return dp_desc_refuse(why, whylen, "dtype %u does not match layer %u's (%u)", d->dtype,
+				      l->id, l->dtype);
+	if (d->ndim < 1 || d->ndim > DP_MAX_DIMS || d->shape[d->ndim - 1] != l->hidden)
+		return dp_desc_refuse(why, whylen, "shape does not end in layer %u's hidden %u", l->id,
+				      l->hidden);
+	uint64_t elems = 1, bytes;
+	for (uint32_t k = 0; k < d->ndim; k++)
+		if (d->shape[k] == 0 || __builtin_mul_overflow(elems, d->shape[k], &elems))
+			return dp_desc_refuse(why, whylen, "shape dimension %u (%u) is zero or overflows",
+					      k, d->shape[k]);
+	if (__builtin_mul_overflow(elems, dp_dtype_size(d->dtype), &bytes) || bytes != d->nbytes)
+		return dp_desc_refuse(why, whylen, "%lu bytes do not match the shape",
+				      (unsigned long)d->nbytes);
+	if (bytes > c->act_slot_size || bytes > c->res_slot_size || bytes > lim->max_forward_bytes)
+		return dp_desc_refuse(why, whylen, "%lu bytes exceed the slots or max_forward_bytes %lu",
+				      (unsigned long)bytes, (unsigned long)lim->max_forward_bytes);
+	if (d->timeout_us > lim->max_timeout_us)
+		return dp_desc_refuse(why, whylen,
+				      "timeout %u us is over this dataplane's max_timeout_us %u",
+				      d->timeout_us, lim->max_timeout_us);
+	bool any = d->ducks[0] | d->ducks[1] | d->ducks[2] | d->ducks[3];
+	uint32_t n = 0;
+	memset(out->targets, 0, sizeof(out->targets));
+	for (uint32_t k = 0; k < DP_MAX_DUCKS; k++) {
+		bool wanted = any ? dp_targets_has(d->ducks, k) : l->index[k] >= 0;
+		if (!wanted)
+			continue;
+		if (l->index[k] < 0)
+			return dp_desc_refuse(why, whylen, "duck %u holds no shard of layer %u", k,
+					      l->id);
+		out->targets[k >> 6] |= 1ull << (k & 63);
+		n++;
+	}
+	if (n == 0)
+		return dp_desc_refuse(why, whylen, "layer %u has no ducks to ask", l->id);
+	out->bytes = bytes;
+	out->rows = (uint32_t)(elems / l->hidden); /* exact: the last dimension is hidden */
+	out->timeout_us = d->timeout_us ? d->timeout_us : lim->default_timeout_us;
+	out->duck_index = -1;
+	return 0;
+}
+
+static inline int dp_desc_check_weight(const struct dp_client_layout *c,
+				       const struct dp_desc_layer *l, const struct dp_desc *d,
+				       const struct dp_limits *lim, struct dp_desc_plan *out,
+				       char *why, size_t whylen)
+{
+	uint64_t end, size;
+	if (!l || l->ready)
+		return dp_desc_refuse(why, whylen,
+				      "layer %u is not being loaded (send LoadWeights first)", d->layer);
+	if (d->nbytes == 0 || d->nbytes > c->act_slot_size || d->nbytes > lim->max_forward_bytes)
+		return dp_desc_refuse(why, whylen, "weight chunk of %lu bytes", (unsigned long)d->nbytes);
+	if (__builtin_add_overflow(d->offset, d->nbytes, &end))
+		return dp_desc_refuse(why, whylen, "weight chunk [%lu, +%lu) overflows",
+				      (unsigned long)d->offset, (unsigned long)d->nbytes);
+	if (d->duck == DP_HOST_TENSOR_DUCK) {
+		/* b_down stays in the dataplane: it is added once, after the reduce */
+		size = (uint64_t)l->hidden * dp_dtype_size(l->dtype);
+		if (!l->has_b_down || d->tensor != DP_B_DOWN_TENSOR || end > size)
+			return dp_desc_refuse(why, whylen, "bad b_down chunk for layer %u", l->id);
+		out->duck_index = -1;
+	} else {
+		int16_t i = d->duck < DP_MAX_DUCKS ? l->index[d->duck] : -1;
+		if (i < 0 || d->tensor >= DP_SHARD_TENSORS ||
+		    end > dp_shard_tensor_bytes(l->kind, l->dtype, l->hidden, l->shard[i], d->tensor))
+			return dp_desc_refuse(why, whylen,
+					      "duck %u tensor %u [%lu, +%lu) is not in layer %u",
+					      d->duck, d->tensor, (unsigned long)d->offset,
+					      (unsigned long)d->nbytes, l->id);
+		out->duck_index = i;
+	}
+	out->bytes = d->nbytes;
+	out->rows = 0;
+	out->timeout_us = 0;
+	memset(out->targets, 0, sizeof(out->targets));
+	return 0;
+}
+
+/* 0 with *out filled, or -1 with the reason in why (the descriptor completes BAD_REQUEST).
+ * layer: what the check reads of the layer desc->layer names (the client's own, or a
+ * shared one to forward on), or NULL when there is none. */
+static inline int dp_desc_check(const struct dp_client_layout *c, const struct dp_desc_layer *layer,
+				const struct dp_desc *d, const struct dp_limits *lim,
+				struct dp_desc_plan *out, char *why, size_t whylen)
+{
+	if (d->slot >= c->slot_count)
+		return dp_desc_refuse(why, whylen, "slot %u is out of range", d->slot);
+	switch (d->op) {
+	case DP_OP_FORWARD:
+		return dp_desc_check_forward(c, layer, d, lim, out, why, whylen);
+	case DP_OP_WEIGHT_CHUNK:
+		return dp_desc_check_weight(c, layer, d, lim, out, why, whylen);
+	case DP_OP_WEIGHT_COMMIT:
+		memset(out, 0, sizeof(*out));
+		out->duck_index = -1;
+		return 0; /* the commit itself checks the layer, once every chunk is in */
+	}
+	return dp_desc_refuse(why, whylen, "unknown op %u", d->op);
+}
+
+#endif /* DP_DESC_CHECK_H */
