@@ -35,7 +35,7 @@ from ..schema.abi import MAX_DIMS, Op, Status
 from . import weights
 from .models import Mlp, dtype_code, numpy_dtype
 from .ring import new_desc
-from .session import Inflight, Session, WaitStrategy
+from .session import Inflight, ResultBase, Session, WaitStrategy
 from .shm import BackingChoice
 from .slots import DEBUG_SLOTS_ENV, Slot, SlotState
 
@@ -125,8 +125,8 @@ def _control_address(control: object) -> str:
 class Forward:
     """A submitted forward. ``result()`` waits for it; ``release()`` frees its slot.
 
-    The slot is also freed when the Forward is garbage collected; the array
-    ``result()`` returns is valid until then.
+    The slot is also freed once the Forward is garbage collected and no array that
+    ``result()`` returned (nor a view of one) is left: the arrays keep it alive.
     """
 
     __slots__ = ("__weakref__", "_rec", "_session")
@@ -178,7 +178,9 @@ class Forward:
     ) -> np.ndarray:
         """Wait for the completion and return the result, a view into the result slot.
 
-        The view is valid until this Forward is released or dropped. Raises
+        The view is valid until ``release()`` (or the end of a ``with`` block) frees
+        the slot; a Forward that is just dropped frees it only once the view, and every
+        view of it, is gone too (they keep the Forward alive). Raises
         ``WaitTimeout`` when ``timeout`` seconds pass first (the forward stays
         pending), ``DataplaneLost`` if the dataplane dies, and a
         ``ForwardFailed`` subclass when the forward completed with an error.
@@ -193,8 +195,11 @@ class Forward:
             raise _failure(rec)
         if rec.released:
             raise BadInput(f"forward {rec.forward_id} was released; its result slot is reused")
-        # what Segment.res_view makes, in one call: claim checked that it fits the slot
-        return np.ndarray(rec.shape, rec.dtype, session.segment.res_bytes(rec.slot))
+        # what Segment.res_view makes, in one call (claim checked that it fits the slot),
+        # on a base that holds this Forward: the slot is not reused under the array
+        base = session.result_bases[rec.slot].view(ResultBase)
+        base.owner = self
+        return np.ndarray(rec.shape, rec.dtype, base)
 
     def release(self) -> None:
         """Free the slot now (or as soon as the forward completes)."""

@@ -49,7 +49,7 @@ from .ring import SubmissionRing, new_desc
 from .shm import BackingChoice, Segment
 from .slots import Slot, SlotGuard, SlotState, SlotTable
 
-__all__ = ["Inflight", "Session", "WaitStrategy"]
+__all__ = ["Inflight", "ResultBase", "Session", "WaitStrategy"]
 
 log = logging.getLogger("duckpipe.client")
 
@@ -127,6 +127,20 @@ class Inflight:
         )
 
 
+class ResultBase(np.ndarray):
+    """A byte view of one result slot that holds whoever owns the slot's current use.
+
+    ``Forward.result`` builds the array it returns on a fresh one of these holding the
+    Forward: the slot is then freed only once the Forward and every view of its result
+    are gone. A subclass, because numpy, when it sets a new array's base, walks down
+    past each view whose own base has the new array's type: a view of the plain slot
+    array would be passed over and dropped at once. A view of a ResultBase is kept, so
+    the session keeps one per slot (``result_bases``, holding nothing) to view from.
+    """
+
+    __slots__ = ("owner",)
+
+
 class Session:
     """One client's segment, submission ring, slot table, forwards in flight and control
     channel, and what may be done with them. Built and attached by ``Client``."""
@@ -148,6 +162,7 @@ class Session:
         "max_bytes",
         "next_forward",
         "pushes",
+        "result_bases",
         "ring",
         "segment",
         "slots",
@@ -213,6 +228,7 @@ class Session:
             addrs = [seg.act_bytes(i).ctypes.data for i in range(seg.slot_count)]
             guard = SlotGuard(addrs, seg.act_slot_size)
         self.slots = SlotTable(seg.slot_count, guard)
+        self.result_bases = [seg.res_bytes(i).view(ResultBase) for i in range(seg.slot_count)]
         self.doorbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         stop = threading.Event()
         beat = threading.Thread(
@@ -220,7 +236,7 @@ class Session:
         )
         beat.start()
         self.finalizer = weakref.finalize(
-            self, _cleanup, self.channel, seg, stop, beat, self.doorbell
+            self, _cleanup, self.channel, seg, stop, beat, self.doorbell, self.result_bases
         )
 
     def attach(self, name: str, timeout: float) -> ctl.Attached:
@@ -551,9 +567,11 @@ def _cleanup(
     stop: threading.Event,
     beat: threading.Thread,
     doorbell: socket.socket,
+    result_bases: list[ResultBase],
 ) -> None:
     stop.set()
     beat.join(timeout=2.0)
     channel.close()
     doorbell.close()
+    result_bases.clear()  # they view the mapping: seg.close() can unmap it once they go
     seg.close()  # closes the memfd: its memory goes once the dataplane unmaps it too
