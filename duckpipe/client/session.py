@@ -13,8 +13,7 @@ contract. Like a ``Client``, a session is not thread-safe.
 
 A session holds no reference to its ``Client``, ``Slot`` or ``Forward`` objects: they
 hold it. The segment and the channel are closed when ``close()`` is called or when
-the last of them is dropped (a finaliser, not ``__del__``: the segment must go even
-when the session is caught in a reference cycle).
+the last of them is dropped (``weakref.finalize``, which also runs at interpreter exit).
 """
 
 from __future__ import annotations
@@ -244,6 +243,7 @@ class Session:
         try:
             att = self.channel.attach(self.segment, name, timeout, self.take_completion)
         except BaseException:
+            self.closed = True
             self.finalizer()
             raise
         self.epoch = att.epoch

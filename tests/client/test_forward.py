@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -148,6 +150,19 @@ def test_a_result_outlives_its_dropped_forward(dataplane):
         np.testing.assert_allclose(row, want[0, 4:], **TOL1)
         del row  # the last view: the slot is free at once (no gc.collect())
         assert _every_slot_is_free(c, x.shape)
+
+
+def test_a_dropped_client_closes_its_segment_once_its_last_handle_goes(dataplane):
+    """Slots and Forwards hold the client's session, and nothing holds them back: the
+    segment is closed when the last of them goes, at once (no gc.collect())."""
+    c = duckpipe.connect(dataplane.control, slots=2, slot_size=4096)
+    path = c.segment
+    link = os.readlink(path)  # the memfd's name: a reused fd number reads otherwise
+    slot = c.claim((1, 16))
+    del c
+    assert os.readlink(path) == link  # the slot keeps it
+    del slot
+    assert not path.exists() or os.readlink(path) != link
 
 
 def test_two_clients_share_layers_and_get_their_own_results(dataplane):
