@@ -81,7 +81,7 @@ def _stand_in(c: duckpipe.Client, dp_pid: int):
     """Stop the dataplane; return what answers a forward in its place."""
     os.kill(dp_pid, signal.SIGSTOP)
     time.sleep(0.05)
-    seg = c._segment
+    seg = c._session.segment
     seg.header.need_wakeup = 0  # it will not wake: no doorbell to ring
     ring, d, headers = SubmissionRing(seg), new_desc(), seg.slot_headers
 
@@ -113,7 +113,7 @@ def _run(c: duckpipe.Client, x: np.ndarray, n: int, answer) -> np.ndarray:
         fwd.release()
         t6 = clock()
         if stand_in:
-            c._inflight.clear()  # what the ZeroMQ completions do
+            c._session.inflight.clear()  # what the ZeroMQ completions do
         else:
             t4 = t3  # the wait for the dataplane is part of result
         times[k] = (t1 - t0, t2 - t1, t3 - t2, t5 - t4, t6 - t5, t6 - t0 - (t4 - t3))

@@ -6,7 +6,7 @@ result) -> free. Each claim bumps the slot's generation, so that a completion
 meant for an earlier use of the slot is recognised and dropped.
 
 ``Slot`` is the public handle to a claimed slot; the table itself is the
-client's private bookkeeping.
+session's bookkeeping (``session.Session.slots``).
 
 A handle outlives its claim, and slots are reused last-in-first-out: a write through
 an old handle would land in the next forward's activation. ``Slot.array`` therefore
@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import BadInput, RingFull
 
 if TYPE_CHECKING:
-    from .api import Client
+    from .session import Session
 
 __all__ = ["DEBUG_SLOTS_ENV", "Slot", "SlotGuard", "SlotState", "SlotTable"]
 
@@ -95,6 +95,14 @@ class SlotTable:
         """Whether slot ``i`` is claimed, by the use ``generation`` names."""
         return self.state[i] == SlotState.CLAIMED and self.generation[i] == generation
 
+    def claimed_array(self, slot: Slot) -> np.ndarray | None:
+        """``slot``'s activation array while the handle is a live claim in this table (the
+        slot claimed, by the use the handle names); None for a stale or foreign handle."""
+        i = slot.index
+        if slot._table is not self or self.state[i] is not _CLAIMED:
+            return None
+        return slot._array if self.generation[i] == slot.generation else None
+
     def release(self, i: int) -> None:
         self.state[i] = SlotState.FREE
         self.free.append(i)
@@ -148,11 +156,11 @@ class Slot:
     it ends without the slot having been submitted.
     """
 
-    __slots__ = ("_array", "_client", "_table", "generation", "index")
+    __slots__ = ("_array", "_session", "_table", "generation", "index")
 
-    def __init__(self, client: Client, index: int, generation: int, array: np.ndarray) -> None:
-        self._client = client
-        self._table = client._slots
+    def __init__(self, session: Session, index: int, generation: int, array: np.ndarray) -> None:
+        self._session = session
+        self._table = session.slots
         self.index = index
         self.generation = generation
         self._array = array
@@ -182,14 +190,15 @@ class Slot:
 
     def release(self) -> None:
         """Give the slot back without submitting it."""
-        self._client._release_claim(self)
+        self._session.release_claim(self)
 
     def __enter__(self) -> Slot:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if self._client._slot_is_claimed(self):
-            self.release()
+        session = self._session
+        if session.holds(self):
+            session.release_claim(self)
 
     def __repr__(self) -> str:
         a = self._array

@@ -21,13 +21,13 @@ from ..schema.abi import B_DOWN_TENSOR, Op, Status
 from .models import Mlp, dtype_code, shard_bounds, shard_sizes
 
 if TYPE_CHECKING:
-    from .api import Client, _Inflight
+    from .session import Inflight, Session
 
 __all__ = ["load_weights"]
 
 
 def load_weights(
-    client: Client,
+    session: Session,
     layer: int,
     mlp: Mlp,
     *,
@@ -36,24 +36,26 @@ def load_weights(
     timeout: float,
     shared: bool,
 ) -> ctl.LayerInfo:
-    """Load ``mlp`` as ``layer`` through ``client``; see ``Client.load_weights``.
+    """Load ``mlp`` as ``layer`` through ``session``; see ``Client.load_weights``.
 
     Progress counts the bytes the ducks have acknowledged (a chunk's completion comes
     back once every duck it went to has acked it), not the bytes copied into the
     segment. ``progress`` may be a callable ``(acked_bytes, total_bytes)``, called as
     acknowledgements arrive, instead of the bar."""
-    client._check_usable()
+    session.check_usable()
     if not isinstance(layer, int) or not 0 <= layer <= 0xFFFF_FFFF:
         raise BadInput(f"layer must be an integer in [0, 2**32), not {layer!r}")
     kind = mlp.kind
     dt = mlp.dtype
     code = dtype_code(dt)
-    all_ducks = [d.id for d in client.topology().ducks]
+    topology = session.request(lambda rid: ctl.GetTopology(req_id=rid))
+    assert isinstance(topology, ctl.Topology)
+    all_ducks = [d.id for d in topology.ducks]
     chosen = list(all_ducks if ducks is None else ducks)
     if len(set(chosen)) != len(chosen) or not set(chosen) <= set(all_ducks):
         raise BadInput(f"ducks {chosen} must be distinct ids among {all_ducks}")
     sizes = shard_sizes(mlp.ffn, len(chosen))
-    client._request(
+    session.request(
         lambda rid: ctl.LoadWeights(
             req_id=rid,
             layer=layer,
@@ -67,13 +69,13 @@ def load_weights(
             shared=shared,
         )
     )
-    client._layers.pop(layer, None)  # the cached LayerInfo, if any, is the old layer's
+    session.layers.pop(layer, None)  # the remembered LayerInfo, if any, is the old layer's
     pieces = _pieces(mlp, chosen, sizes)
     total = sum(a.nbytes for _, _, a in pieces)
-    chunk = client._max_bytes
-    recs: list[tuple[int, _Inflight]] = []  # (duck, its chunk)
+    chunk = session.max_bytes
+    recs: list[tuple[int, Inflight]] = []  # (duck, its chunk)
     report = progress if callable(progress) else None
-    unacked: list[tuple[_Inflight, int]] = []  # chunks whose completion is not in yet
+    unacked: list[tuple[Inflight, int]] = []  # chunks whose completion is not in yet
     acked = 0
 
     def count_acks() -> None:
@@ -92,38 +94,32 @@ def load_weights(
             raw = arr.reshape(-1).view(np.uint8)
             for off in range(0, raw.size, chunk):
                 part = raw[off : off + chunk]
-                i = client._take_slot(timeout)
-                client._segment.act_bytes(i)[: part.size] = part
-                recs.append(
-                    (
-                        duck,
-                        client._push_weight(
-                            i, Op.WEIGHT_CHUNK, layer, duck, tensor, off, part.size
-                        ),
-                    )
-                )
-                unacked.append((recs[-1][1], part.size))
-                client._pump(0)  # take completions already in; frees their slots
+                i = session.take_slot(timeout)
+                session.segment.act_bytes(i)[: part.size] = part
+                rec = session.push_weight(i, Op.WEIGHT_CHUNK, layer, duck, tensor, off, part.size)
+                recs.append((duck, rec))
+                unacked.append((rec, part.size))
+                session.pump(0)  # take completions already in; frees their slots
                 count_acks()
             if _failed(recs):
                 break  # the layer is failed already: say so now, not after every chunk
-        i = client._take_slot(timeout)
-        commit = client._push_weight(i, Op.WEIGHT_COMMIT, layer, 0, 0, 0, 0)
+        i = session.take_slot(timeout)
+        commit = session.push_weight(i, Op.WEIGHT_COMMIT, layer, 0, 0, 0, 0)
         # the bar follows the acknowledgements still to come; a commit that completes
         # first (a failed load) ends the wait for them
         while unacked and commit.status is None:
-            client._wait(unacked[0][0], timeout, "block")
+            session.wait_done(unacked[0][0], timeout, "block")
             count_acks()
-        client._wait(commit, timeout, "block")
+        session.wait_done(commit, timeout, "block")
         for rec, _ in unacked:
             if rec.status is None:
-                client._wait(rec, timeout, "block")
+                session.wait_done(rec, timeout, "block")
         count_acks()
     bad = _failed(recs)
     if bad or commit.status != Status.OK:
-        client._layers.pop(layer, None)
+        session.layers.pop(layer, None)
         for _, rec in bad:
-            client._await_zmq(rec, 1.0)  # it carries the reason
+            session.await_zmq(rec, 1.0)  # it carries the reason
         missing = sorted({d for d, _ in bad if d != ctl.HOST_TENSOR_DUCK})
         first = bad[0][1] if bad else commit
         why = first.message or Status(first.status).name
@@ -135,10 +131,10 @@ def load_weights(
             status=first.status or 0,
             missing=tuple(missing),
         )
-    return client._layer_info(layer)
+    return session.layer_info(layer)
 
 
-def _failed(recs: list[tuple[int, _Inflight]]) -> list[tuple[int, _Inflight]]:
+def _failed(recs: list[tuple[int, Inflight]]) -> list[tuple[int, Inflight]]:
     return [(d, r) for d, r in recs if r.status is not None and r.status != Status.OK]
 
 

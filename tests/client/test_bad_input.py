@@ -64,11 +64,11 @@ def test_claim_rejects_activation_larger_than_a_slot(loaded):
 
 def test_claim_rejects_a_shape_whose_size_overflows_64_bits(loaded):
     # np.prod wrapped (2**32)**2 to 0 bytes; the claim then took a slot and failed to view it
-    free_before = len(loaded._free)
+    free_before = len(loaded._session.slots.free)
     for _ in range(2):
         with pytest.raises(BadInput, match="does not fit a slot"):
             loaded.claim((2**32, 2**32), np.float32)
-    assert len(loaded._free) == free_before
+    assert len(loaded._session.slots.free) == free_before
 
 
 def test_claim_checks_a_shape_every_time_not_only_the_first(loaded):
@@ -130,11 +130,11 @@ def test_a_slot_cannot_be_submitted_twice_or_after_release(loaded):
 
 
 def test_slot_context_manager_releases_on_error(loaded):
-    free_before = len(loaded._free)
+    free_before = len(loaded._session.slots.free)
     with pytest.raises(RuntimeError), loaded.claim((1, HIDDEN), np.float32):
-        assert len(loaded._free) == free_before - 1
+        assert len(loaded._session.slots.free) == free_before - 1
         raise RuntimeError("model code failed")
-    assert len(loaded._free) == free_before
+    assert len(loaded._session.slots.free) == free_before
 
 
 def test_released_forward_refuses_to_hand_out_its_reused_slot(loaded):

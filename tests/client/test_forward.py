@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import gc
+import os
 
 import numpy as np
 import pytest
 
 import duckpipe
 from duckpipe import GeluMlp, Status, SwiGluMlp
+from duckpipe.errors import RingFull
 
 TOL = {np.float32: dict(rtol=1e-4, atol=1e-5), np.float16: dict(rtol=2e-2, atol=2e-2)}
+TOL1 = TOL[np.float32]
 
 
 def _layer_id(kind: str, degree: int, dtype) -> int:
@@ -100,18 +102,67 @@ def test_all_slots_in_flight_at_once_complete_in_any_order(dataplane):
             f.release()
 
 
+def _every_slot_is_free(c: duckpipe.Client, shape: tuple[int, ...]) -> bool:
+    """Whether all of the client's slots can be claimed at once (then given back). The
+    short timeout takes in completions already sent, but cannot wait out a slot that a
+    live Forward or result holds."""
+    held: list[duckpipe.Slot] = []
+    try:
+        for _ in range(c.slot_count):
+            held.append(c.claim(shape, np.float32, timeout=0.2))
+        return True
+    except RingFull:
+        return False
+    finally:
+        for slot in held:
+            slot.release()
+
+
 def test_dropping_a_forward_frees_its_slot(dataplane):
     mlp = GeluMlp.random(16, 16, seed=7)
     with duckpipe.connect(dataplane.control, slots=2, slot_size=4096) as c:
         c.load_weights(5, mlp, ducks=[0])
         x = np.ones((1, 16), np.float32)
-        for _ in range(10):  # more forwards than slots: each dropped Forward returns its slot
-            with c.claim(x.shape, x.dtype) as slot:
-                slot.array[:] = x
-                fwd = c.submit(slot, 5)
-            fwd.result(timeout=10)
-            del fwd
-            gc.collect()
+        fwd = c.submit(_filled(c, x), 5)
+        fwd.result(timeout=10)  # the array is dropped at once
+        assert not _every_slot_is_free(c, x.shape)  # the Forward holds its slot
+        del fwd  # no gc.collect(): no reference cycle may keep a Forward
+        assert _every_slot_is_free(c, x.shape)
+
+
+def test_a_result_outlives_its_dropped_forward(dataplane):
+    """The array result() returns keeps its Forward (and so its slot) while any view
+    of it lives: slots are reused last-in-first-out, so a freed slot would be the very
+    next forward's, and the kept array would read that forward's result."""
+    mlp = GeluMlp.random(16, 16, seed=11)
+    with duckpipe.connect(dataplane.control, slots=2, slot_size=4096) as c:
+        c.load_weights(5, mlp, ducks=[0])
+        x = np.full((1, 16), 0.5, np.float32)
+        y = c.submit(_filled(c, x), 5).result(timeout=10)  # the Forward is dropped here
+        want = mlp.reference(x)
+        for k in range(4):  # each would take y's slot, were it free
+            xk = np.full((1, 16), -1.0 - k, np.float32)
+            np.testing.assert_allclose(c.forward(5, xk, timeout=10), mlp.reference(xk), **TOL1)
+        np.testing.assert_allclose(y, want, **TOL1)
+        row = y[0, 4:]  # a view of the view keeps it too
+        del y
+        assert not _every_slot_is_free(c, x.shape)
+        np.testing.assert_allclose(row, want[0, 4:], **TOL1)
+        del row  # the last view: the slot is free at once (no gc.collect())
+        assert _every_slot_is_free(c, x.shape)
+
+
+def test_a_dropped_client_closes_its_segment_once_its_last_handle_goes(dataplane):
+    """Slots and Forwards hold the client's session, and nothing holds them back: the
+    segment is closed when the last of them goes, at once (no gc.collect())."""
+    c = duckpipe.connect(dataplane.control, slots=2, slot_size=4096)
+    path = c.segment
+    link = os.readlink(path)  # the memfd's name: a reused fd number reads otherwise
+    slot = c.claim((1, 16))
+    del c
+    assert os.readlink(path) == link  # the slot keeps it
+    del slot
+    assert not path.exists() or os.readlink(path) != link
 
 
 def test_two_clients_share_layers_and_get_their_own_results(dataplane):

@@ -167,7 +167,7 @@ def test_snapshot_agrees_with_the_forwards_the_client_completed(loaded):
     cl = mine[0]
     assert cl.pid == os.getpid() and cl.name == "stats-test"
     assert cl.segment == c.segment_name
-    assert cl.capacity == c._segment.ring_capacity and cl.slot_count == c.slot_count
+    assert cl.capacity == c._session.segment.ring_capacity and cl.slot_count == c.slot_count
     assert cl.page_size in (4096, 2 * 1024 * 1024)
     deadline = time.monotonic() + 5
     while cl.completions < cl.submits or cl.completions == 0:  # completions lag a tick

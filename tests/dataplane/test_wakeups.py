@@ -38,13 +38,13 @@ def _run(control: str, wait: str, n: int, ducks: int) -> dict[str, int]:
     with duckpipe.connect(control, wait=wait, slots=8, slot_size=4096) as c:
         c.load_weights(1, mlp, progress=False)
         before = c.stats().counters
-        rang = c._ring.doorbells
+        rang = c._session.ring.doorbells
         for _ in range(n):
             x = _x(rng, 2)
             got = c.forward(1, x, timeout=10)
             np.testing.assert_array_equal(got, null_backend_result(x, ducks, mlp.b_down))
         after = c.stats().counters
-        rang = c._ring.doorbells - rang
+        rang = c._session.ring.doorbells - rang
     delta = {k: after[k] - before.get(k, 0) for k in after}
     delta["client_doorbells"] = rang
     return delta
@@ -173,7 +173,7 @@ def test_a_stray_doorbell_costs_one_look_not_a_spin(duckpipe_null_factory, threa
     # cost the flooder)
     dp = duckpipe_null_factory(2, threads=threads, idle_spin_us=50)
     with duckpipe.connect(dp.control) as c:
-        doorbell = c._doorbell.getpeername()
+        doorbell = c._session.doorbell.getpeername()
         first = c.stats().counters
         cpu = _cpu_s(dp.pid)
         _ring_for(doorbell, 2.0, 0.0003)
@@ -336,7 +336,7 @@ def test_the_futex_wakes_a_client_on_either_backing(duckpipe_cluster_factory, ba
             pytest.skip(str(e))
         raise
     with c:
-        assert c._segment.backing.name.lower() == backing
+        assert c._session.segment.backing.name.lower() == backing
         c.load_weights(1, mlp, progress=False)
         before = c.stats().counters["futex_wakes"]
         t = time.monotonic()

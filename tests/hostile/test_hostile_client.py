@@ -124,14 +124,14 @@ def _push_raw(c: duckpipe.Client, fill: Callable[[object], None]) -> int:
     """Push a descriptor the client API would never write; returns its forward id. The
     client's own bookkeeping never hears of it (its slot may not even exist)."""
     d = new_desc()
-    fid = c._next_forward
-    c._next_forward += 1
+    fid = c._session.next_forward
+    c._session.next_forward += 1
     d.forward_id = fid
     d.epoch = c.epoch
     d.submit_ns = monotonic_ns()
     d.generation = RAW_GENERATION
     fill(d)
-    assert c._ring.push(d), "the hostile client's ring is full"
+    assert c._session.ring.push(d), "the hostile client's ring is full"
     return fid
 
 
@@ -140,27 +140,27 @@ def _zmq_completion(c: duckpipe.Client, fid: int, timeout: float = 10.0) -> ctl.
     deadline = time.monotonic() + timeout
     while True:
         assert time.monotonic() < deadline, f"descriptor {fid} never completed"
-        if not c._sock.poll(50):
+        if not c._session.channel.sock.poll(50):
             continue
-        msg = ctl.reply_decoder.decode(c._sock.recv())
+        msg = ctl.reply_decoder.decode(c._session.channel.sock.recv())
         if isinstance(msg, ctl.Completion):
             if msg.forward_id == fid:
                 return msg
-            c._on_completion(msg)
+            c._session.take_completion(msg)
         else:
-            c._replies[msg.req_id] = msg
+            c._session.channel.replies[msg.req_id] = msg
 
 
 def _wait_detached(c: duckpipe.Client, timeout: float = 10.0) -> int:
     deadline = time.monotonic() + timeout
-    while not c._segment.detach_reason:
+    while not c._session.segment.detach_reason:
         assert time.monotonic() < deadline, "the dataplane never detached the client"
         time.sleep(0.01)
-    return c._segment.detach_reason
+    return c._session.segment.detach_reason
 
 
 def _set_head(c: duckpipe.Client, head: int) -> None:
-    lib.dp_store_release_u64(ffi.addressof(c._segment.ring, "head"), head)
+    lib.dp_store_release_u64(ffi.addressof(c._session.segment.ring, "head"), head)
 
 
 # --- the header -----------------------------------------------------------------------
@@ -169,7 +169,7 @@ def _set_head(c: duckpipe.Client, head: int) -> None:
 def test_rewriting_the_header_after_attach_moves_nothing_the_dataplane_writes(watched):
     with hostile(watched) as c:
         before = _counters(c)
-        h = c._segment.header
+        h = c._session.segment.header
         h.slot_count = 1 << 20
         h.act_slot_size = h.res_slot_size = 1 << 40
         h.ring_capacity = 1 << 30
@@ -207,12 +207,11 @@ def test_a_client_that_breaks_its_ring_is_detached_alone(watched, how):
         before = _counters(obs)
     with hostile(watched) as c:
         _check_forward(c, np.random.default_rng(6))  # the ring has moved: tail == head == 1
-        ring = c._segment.ring
+        ring = c._session.segment.ring
         head = int(ring.head)
         assert head == int(ring.tail) >= 1
-        _set_head(
-            c, head + c._segment.ring_capacity + 1 if how == "jump_past_capacity" else head - 1
-        )
+        capacity = c._session.segment.ring_capacity
+        _set_head(c, head + capacity + 1 if how == "jump_past_capacity" else head - 1)
         assert _wait_detached(c) == DetachReason.RING_BROKEN
         with pytest.raises(ClientDetached, match="RING_BROKEN"):
             c.claim((1, HIDDEN))
@@ -229,7 +228,7 @@ def test_a_client_that_breaks_its_ring_is_detached_alone(watched, how):
 
 def test_a_segment_can_be_neither_truncated_nor_punched_under_the_dataplane(watched):
     with hostile(watched) as c:
-        seg = c._segment
+        seg = c._session.segment
         page = int(seg.header.page_size)  # hugetlb memfds refuse other sizes with EINVAL
         for size in (0, seg.size - page, seg.size + page):
             with pytest.raises(PermissionError):
@@ -263,7 +262,7 @@ def _attach(control: str, **fields: object) -> ctl.AnyReply:
 
 def test_the_same_segment_cannot_be_attached_twice(watched):
     with hostile(watched) as c:
-        reply = _attach(watched, segment_fd=c._segment.fd)
+        reply = _attach(watched, segment_fd=c._session.segment.fd)
         assert isinstance(reply, ctl.Error) and reply.code == ErrorCode.BAD_SEGMENT
         assert "already attached" in reply.message
         _check_forward(c, np.random.default_rng(8))  # the first attach is untouched
@@ -429,7 +428,7 @@ def _fill(fields: dict[str, object]) -> Callable[[object], None]:
 
 def _announce_loading(c: duckpipe.Client) -> None:
     """LoadWeights of LOADING, never committed: weight chunks can aim at it."""
-    c._request(
+    c._session.request(
         lambda rid: ctl.LoadWeights(
             req_id=rid,
             layer=LOADING,
@@ -554,7 +553,8 @@ def test_a_weight_chunk_sent_twice_does_not_stand_in_for_one_never_sent(watched)
     mlp = GeluMlp.random(32, 64, seed=123, b_down=False)
     layer, size = 501, 256
     with hostile(watched) as c:
-        c._request(
+        session = c._session
+        session.request(
             lambda rid: ctl.LoadWeights(
                 req_id=rid, layer=layer, kind=int(mlp.kind), dtype=int(DType.F32), hidden=32,
                 ffn=64, ducks=[0], shard_sizes=[64], has_b_down=False,
@@ -563,13 +563,13 @@ def test_a_weight_chunk_sent_twice_does_not_stand_in_for_one_never_sent(watched)
         recs = []
         for tensor in range(len(mlp.shard(0, 64))):
             for _ in range(2):  # the first chunk of each tensor, twice
-                i = c._take_slot(5)
-                c._segment.act_bytes(i)[:size] = 0
-                recs.append(c._push_weight(i, Op.WEIGHT_CHUNK, layer, 0, tensor, 0, size))
-                c._pump(0)
-        commit = c._push_weight(c._take_slot(5), Op.WEIGHT_COMMIT, layer, 0, 0, 0, 0)
+                i = session.take_slot(5)
+                session.segment.act_bytes(i)[:size] = 0
+                recs.append(session.push_weight(i, Op.WEIGHT_CHUNK, layer, 0, tensor, 0, size))
+                session.pump(0)
+        commit = session.push_weight(session.take_slot(5), Op.WEIGHT_COMMIT, layer, 0, 0, 0, 0)
         for r in [*recs, commit]:
-            c._await_zmq(r, 20)  # the status is in the slot; the refusal's message rides ZeroMQ
+            session.await_zmq(r, 20)  # status in the slot; the refusal's message rides ZeroMQ
         assert [r.status for r in recs[0::2]] == [Status.OK] * (len(recs) // 2)
         for r in recs[1::2]:
             assert r.status == Status.BAD_REQUEST and "next byte due is 256" in r.message, r
@@ -592,7 +592,7 @@ def test_a_client_whose_contexts_wait_on_a_silent_duck_leaves_others_their_share
     ):
         modest.load_weights(LAYER, mlp)
         big_hidden, big_ffn = 65536, 2100  # within every dataplane bound; over a duck's memory
-        h._request(
+        h._session.request(
             lambda rid: ctl.LoadWeights(
                 req_id=rid, layer=902, kind=int(mlp.kind), dtype=int(DType.F32),
                 hidden=big_hidden, ffn=big_ffn, ducks=[0], shard_sizes=[big_ffn],
@@ -600,11 +600,11 @@ def test_a_client_whose_contexts_wait_on_a_silent_duck_leaves_others_their_share
             )
         )  # fmt: skip
         sent = 0
-        while h._free:  # 128 chunks, in order: more than the dataplane has contexts
-            i = h._take_slot(1)
-            h._push_weight(i, Op.WEIGHT_CHUNK, 902, 0, 0, sent * 4096, 4096)
+        while h._session.slots.free:  # 128 chunks, in order: more than the dataplane has contexts
+            i = h._session.take_slot(1)
+            h._session.push_weight(i, Op.WEIGHT_CHUNK, 902, 0, 0, sent * 4096, 4096)
             sent += 1
-        h._pump(0.2)
+        h._session.pump(0.2)
         for _ in range(10):  # each well inside the 6 s a held context would cost it
             y = rng.standard_normal((2, HIDDEN)).astype(np.float32)
             out = modest.forward(LAYER, y, timeout=3)

@@ -199,8 +199,9 @@ def test_another_process_cannot_attach_a_segment_it_did_not_create(dp):
     with duckpipe.connect(dp.control, name="victim") as victim:
         victim.load_weights(1, MLP, ducks=[0, 1])
         before = victim.forward(1, X, timeout=10).copy()
+        victim_fd = victim._session.segment.fd
         out = subprocess.run(
-            [sys.executable, "-c", ATTACKER, dp.control, str(os.getpid()), str(victim._segment.fd)],
+            [sys.executable, "-c", ATTACKER, dp.control, str(os.getpid()), str(victim_fd)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -245,13 +246,15 @@ def test_a_shared_layer_serves_every_client(dp):
 def test_only_its_owner_writes_a_shared_layers_weights(dp):
     with duckpipe.connect(dp.control) as a, duckpipe.connect(dp.control) as b:
         _load_plan(a, layer=12, shared=True)  # announced; its chunks are a's to send
+        b_session = b._session
         recs = []
         for op in (Op.WEIGHT_CHUNK, Op.WEIGHT_COMMIT):
-            i = b._take_slot(5)
-            b._segment.act_bytes(i)[:64] = 7
-            recs.append(b._push_weight(i, op, 12, 0, 0, 0, 64 if op == Op.WEIGHT_CHUNK else 0))
+            i = b_session.take_slot(5)
+            b_session.segment.act_bytes(i)[:64] = 7
+            n = 64 if op == Op.WEIGHT_CHUNK else 0
+            recs.append(b_session.push_weight(i, op, 12, 0, 0, 0, n))
         for rec in recs:
-            b._await_zmq(rec, 10)  # the refusal's message rides ZeroMQ
+            b_session.await_zmq(rec, 10)  # the refusal's message rides ZeroMQ
             assert rec.status == Status.BAD_REQUEST and "not being loaded" in rec.message, (
                 rec.status,
                 rec.message,
@@ -351,7 +354,7 @@ def test_weight_bytes_quota(dp):
 def _load_plan(client, **fields) -> None:
     plan = dict(layer=60, kind=1, dtype=1, hidden=16, ffn=32, ducks=[0], shard_sizes=[32])
     plan.update(fields)
-    client._request(lambda rid: ctl.LoadWeights(req_id=rid, **plan))
+    client._session.request(lambda rid: ctl.LoadWeights(req_id=rid, **plan))
 
 
 def test_huge_hidden_or_ffn_is_refused_before_anything_is_allocated(dp):
@@ -728,7 +731,7 @@ def test_liveness_uses_the_kernels_start_time_not_the_segment_header(dp, monkeyp
     monkeypatch.setattr(duckpipe.client.shm, "time", _ForgedClock())
     with duckpipe.connect(dp.control, name="forged-start") as c:
         monkeypatch.undo()
-        assert c._segment.header.start_ns == 10**9
+        assert c._session.segment.header.start_ns == 10**9
         c.load_weights(50, MLP, ducks=[0])
         time.sleep(0.5)  # ten housekeeping rounds of the dataplane
         np.testing.assert_allclose(
@@ -807,7 +810,7 @@ def test_clients_at_their_layer_quota_leave_room_in_the_layer_table(caps):
             c = stack.enter_context(duckpipe.connect(caps.control, name=f"greedy{k}", slots=1))
             for i in range(1 << 16):  # until its quota says no (the table must not first)
                 try:
-                    c._request(
+                    c._session.request(
                         lambda rid, lid=100_000 * (k + 1) + i: ctl.LoadWeights(
                             req_id=rid, layer=lid, **fields
                         )

@@ -14,7 +14,6 @@ import threading
 import time
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import pytest
 
@@ -22,91 +21,18 @@ import duckpipe
 from duckpipe import GeluMlp
 from duckpipe.mock.process import MockDataplaneProcess
 from duckpipe.observe import topview as tv
+from duckpipe.observe.stats_reader import ClientStats as Client
+from duckpipe.observe.stats_reader import DataplaneInfo as Info
+from duckpipe.observe.stats_reader import DuckStats as Duck
+from duckpipe.observe.stats_reader import Histogram as Hist
+from duckpipe.observe.stats_reader import NicStats as Nic
+from duckpipe.observe.stats_reader import Snapshot as Snap
 from duckpipe.testing import cluster_class_or_skip
-
-try:
-    from duckpipe.observe import stats_reader as S
-except ImportError:  # the stats segment's module is not merged yet
-    S = None
 
 REPO = Path(duckpipe.__file__).resolve().parent.parent
 BOUNDS = [1_000 * 2**i for i in range(20)] + [2**63 - 1]
 
 # ---------------------------------------------------------------- a snapshot factory
-
-
-if S is None:
-
-    class _Hist(msgspec.Struct, frozen=True, kw_only=True):
-        bounds_ns: list[int]
-        counts: list[int]
-
-    class _Info(msgspec.Struct, frozen=True, kw_only=True):
-        kind: str
-        pid: int
-        start_time_ns: int
-        heartbeat_ns: int
-        control: str
-        threads: str
-        stats_path: str
-
-    class _Client(msgspec.Struct, frozen=True, kw_only=True):
-        id: int
-        pid: int
-        name: str
-        segment: str
-        page_size: int
-        capacity: int
-        slot_count: int
-        head: int
-        tail: int
-        inflight: int
-        submits: int
-        completions: int
-        bytes_in: int
-        bytes_out: int
-        ring_full: int
-        errors: int
-
-    class _Nic(msgspec.Struct, frozen=True, kw_only=True):
-        name: str
-        backend: str
-        interface: str
-        core: int
-        counters: dict[str, int]
-        xstats: dict[str, int]
-
-    class _Duck(msgspec.Struct, frozen=True, kw_only=True):
-        id: int
-        address: str
-        nic: str
-        state: str
-        layers: int
-        last_reply_ns: int
-        reply: _Hist
-        timeouts: int
-        missing_chunks: int
-        nacks: int
-
-    class _Snap(msgspec.Struct, frozen=True, kw_only=True):
-        taken_ns: int
-        dataplane: _Info
-        counters: dict[str, int]
-        clients: list[_Client]
-        nics: list[_Nic]
-        ducks: list[_Duck]
-        latency: dict[str, _Hist]
-
-    Hist, Info, Client, Nic, Duck, Snap = _Hist, _Info, _Client, _Nic, _Duck, _Snap
-else:
-    Hist, Info, Client, Nic, Duck, Snap = (
-        S.Histogram,
-        S.DataplaneInfo,
-        S.ClientStats,
-        S.NicStats,
-        S.DuckStats,
-        S.Snapshot,
-    )
 
 
 def hist(*values_ns: int) -> object:

@@ -1,0 +1,577 @@
+"""The session: one client's connection to its dataplane, the seam its parts meet at.
+
+A ``Session`` owns what a client is made of: the shared-memory segment, its
+submission ring, the slot table, the table of forwards in flight and the control
+channel (with the doorbell and the heartbeat that go with them). It says in named
+methods what the others may do with them: take and release a slot, publish a
+descriptor, wait for a slot's done word, send a control request, take completions.
+``Client`` (the public API), ``Forward``, ``Slot`` and the weight loader all go
+through it, never through each other's private members.
+
+Package-internal: nothing here is public API, and a ``Client``'s docstrings are the
+contract. Like a ``Client``, a session is not thread-safe.
+
+A session holds no reference to its ``Client``, ``Slot`` or ``Forward`` objects: they
+hold it. The segment and the channel are closed when ``close()`` is called or when
+the last of them is dropped (``weakref.finalize``, which also runs at interpreter exit).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+
+from .. import runtime
+from .._native import ffi, lib
+from ..errors import (
+    BadInput,
+    ClientClosed,
+    ClientDetached,
+    DataplaneLost,
+    DataplaneUnavailable,
+    LayerFailed,
+    RingFull,
+    UnknownLayer,
+    WaitTimeout,
+)
+from ..schema import control as ctl
+from ..schema.abi import DetachReason, Op, Status
+from .channel import BLOCK_SLICE_S, Channel
+from .ring import SubmissionRing, new_desc
+from .shm import BackingChoice, Segment
+from .slots import Slot, SlotGuard, SlotState, SlotTable
+
+__all__ = ["Inflight", "ResultBase", "Session", "WaitStrategy"]
+
+log = logging.getLogger("duckpipe.client")
+
+WaitStrategy = Literal["spin", "block", "hybrid"]
+
+_HEARTBEAT_S = 0.2
+_LIVENESS_CHECK_S = 0.05
+# a sleeping waiter looks at ZeroMQ and the dataplane's heartbeat this often
+_SLEEP_SLICE_NS = 50_000_000
+_SPIN_SLICE_NS = 10_000_000
+# ZeroMQ completions (timings, duck lists) are read in batches: result() does not need them
+_PUMP_EVERY = 32
+_SUBMITTED = SlotState.SUBMITTED
+_COMPLETED = SlotState.COMPLETED
+
+
+class Inflight:
+    """The session's record of one submitted descriptor, until its completions are in.
+
+    A plain class with ``__slots__``, not a dataclass: one is made per forward."""
+
+    __slots__ = (
+        "answered",
+        "dtype",
+        "epoch",
+        "forward_id",
+        "generation",
+        "internal",
+        "message",
+        "missing",
+        "n_answered",
+        "n_missing",
+        "op",
+        "released",
+        "shape",
+        "slot",
+        "status",
+        "timings",
+        "zmq_done",
+    )
+
+    def __init__(
+        self,
+        forward_id: int,
+        slot: int,
+        generation: int,
+        epoch: int,
+        op: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        internal: bool = False,  # weight chunks: the slot frees itself on completion
+    ) -> None:
+        self.forward_id = forward_id
+        self.slot = slot
+        self.generation = generation
+        self.epoch = epoch
+        self.op = op
+        self.shape = shape
+        self.dtype = dtype
+        self.internal = internal
+        self.status: int | None = None
+        self.answered: tuple[int, ...] = ()
+        self.missing: tuple[int, ...] = ()
+        self.n_answered = 0
+        self.n_missing = 0
+        self.timings: ctl.Timings | None = None
+        self.message = ""
+        self.zmq_done = False
+        self.released = False
+
+    def __repr__(self) -> str:
+        return (
+            f"Inflight(forward_id={self.forward_id}, slot={self.slot}, "
+            f"generation={self.generation}, status={self.status}, released={self.released})"
+        )
+
+
+class ResultBase(np.ndarray):
+    """A byte view of one result slot that holds whoever owns the slot's current use.
+
+    ``Forward.result`` builds the array it returns on a fresh one of these holding the
+    Forward: the slot is then freed only once the Forward and every view of its result
+    are gone. A subclass, because numpy, when it sets a new array's base, walks down
+    past each view whose own base has the new array's type: a view of the plain slot
+    array would be passed over and dropped at once. A view of a ResultBase is kept, so
+    the session keeps one per slot (``result_bases``, holding nothing) to view from.
+    """
+
+    __slots__ = ("owner",)
+
+
+class Session:
+    """One client's segment, submission ring, slot table, forwards in flight and control
+    channel, and what may be done with them. Built and attached by ``Client``."""
+
+    __slots__ = (
+        "__weakref__",
+        "_dataplane_timeout_ns",
+        "_last_check",
+        "channel",
+        "closed",
+        "counters",
+        "doorbell",
+        "dp_pid",
+        "epoch",
+        "finalizer",
+        "inflight",
+        "layers",
+        "lost",
+        "max_bytes",
+        "next_forward",
+        "pushes",
+        "result_bases",
+        "ring",
+        "segment",
+        "slots",
+        "spin_ns",
+        "timeout_us",
+        "wait",
+    )
+
+    def __init__(
+        self,
+        control: str,
+        *,
+        slots: int,
+        slot_size: int,
+        result_slot_size: int | None,
+        backing: BackingChoice,
+        wait: WaitStrategy,
+        spin_us: float,
+        forward_timeout: float | None,
+        dataplane_timeout: float,
+        tag: str,
+        debug_slots: bool,
+    ) -> None:
+        self.wait: WaitStrategy = wait  # Forward.result's default; Client.wait sets it
+        self.spin_ns = int(spin_us * 1000)
+        self.timeout_us = 0 if forward_timeout is None else max(1, int(forward_timeout * 1e6))
+        self._dataplane_timeout_ns = int(dataplane_timeout * 1e9)
+        self.closed = False
+        self.lost: str | None = None  # why the dataplane is lost, once it is
+        self.next_forward = 1
+        self.pushes = 0
+        self.epoch = 0
+        self.dp_pid = 0
+        self._last_check = 0.0
+        self.inflight: dict[int, Inflight] = {}
+        # what the dataplane said it holds, by layer: refresh_layers() fills it
+        self.layers: dict[int, ctl.LayerInfo] = {}
+        self.counters = {"stale_completions": 0, "completion_mismatch": 0, "bad_messages": 0}
+
+        if debug_slots:
+            if backing == "hugetlbfs":
+                raise BadInput(
+                    "debug_slots write-protects single slots, which 2 MiB hugepages cannot "
+                    "be cut into: use backing='auto' or 'devshm' with it"
+                )
+            backing = "devshm"
+        self.channel = Channel(control, self.counters)
+        try:
+            self.segment = seg = Segment.create(
+                slot_count=slots,
+                act_slot_size=slot_size,
+                res_slot_size=result_slot_size,
+                backing=backing,
+                tag=tag,
+            )
+        except Exception:
+            self.channel.close()
+            raise
+        self.max_bytes = seg.act_slot_size  # until attach() hears the dataplane's cap
+        self.ring = SubmissionRing(seg)
+        guard = None
+        if debug_slots:
+            addrs = [seg.act_bytes(i).ctypes.data for i in range(seg.slot_count)]
+            guard = SlotGuard(addrs, seg.act_slot_size)
+        self.slots = SlotTable(seg.slot_count, guard)
+        self.result_bases = [seg.res_bytes(i).view(ResultBase) for i in range(seg.slot_count)]
+        self.doorbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        stop = threading.Event()
+        beat = threading.Thread(
+            target=_heartbeat_loop, args=(seg, stop), name="duckpipe-heartbeat", daemon=True
+        )
+        beat.start()
+        self.finalizer = weakref.finalize(
+            self, _cleanup, self.channel, seg, stop, beat, self.doorbell, self.result_bases
+        )
+
+    def attach(self, name: str, timeout: float) -> ctl.Attached:
+        """Hand the segment to the dataplane; closes the session if that fails."""
+        try:
+            att = self.channel.attach(self.segment, name, timeout, self.take_completion)
+        except BaseException:
+            self.closed = True
+            self.finalizer()
+            raise
+        self.epoch = att.epoch
+        self.dp_pid = att.dataplane_pid
+        seg = self.segment
+        self.max_bytes = min(seg.act_slot_size, att.max_forward_bytes or seg.act_slot_size)
+        if att.doorbell:
+            self._use_doorbell(att.doorbell)
+        return att
+
+    def _use_doorbell(self, address: str) -> None:
+        """Connect to the dataplane's doorbell (an abstract AF_UNIX name, '@...')."""
+        name = "\0" + address[1:] if address.startswith("@") else address
+        try:
+            self.doorbell.connect(name)
+        except OSError as e:
+            self.close()
+            raise DataplaneUnavailable(
+                f"cannot reach the dataplane's doorbell {address}: {e.strerror}; is the "
+                "dataplane in another network namespace?"
+            ) from None
+        self.doorbell.setblocking(False)
+        self.ring.use_doorbell(self.doorbell.fileno())
+
+    def close(self) -> None:
+        """Detach from the dataplane (when it is still there) and close everything."""
+        if self.closed:
+            return
+        if self.lost is None:
+            try:
+                self.request(lambda rid: ctl.Detach(req_id=rid), 1.0)
+            except Exception as e:  # closing must not fail because the peer is gone
+                log.debug("detach failed: %s", e)
+        self.closed = True
+        self.finalizer()
+
+    # --- slots ------------------------------------------------------------------
+
+    def take_slot(self, timeout: float) -> int:
+        """Claim a free slot, waiting up to ``timeout`` s for completions to free one."""
+        return self.slots.take(timeout, self.wait_for_slot)
+
+    def wait_for_slot(self, left: float) -> None:
+        """What ``SlotTable.take`` does while no slot is free: take completions in."""
+        self.pump(min(left, BLOCK_SLICE_S))  # completions free slots
+        self.check_alive()
+
+    def holds(self, slot: Slot) -> bool:
+        """Whether ``slot`` is a live claim on this session (the same use of the slot)."""
+        return not self.closed and self.slots.claimed_array(slot) is not None
+
+    def release_claim(self, slot: Slot) -> None:
+        """Give back a claimed slot that was not submitted."""
+        if not self.holds(slot):
+            raise BadInput(f"{slot!r} is not claimed by this client")
+        self.slots.release(slot.index)
+
+    def release_forward(self, rec: Inflight) -> None:
+        """The forward's owner is done with its slot: free it now, or once it completes."""
+        if rec.released or self.closed:
+            return
+        rec.released = True
+        if rec.status is not None:
+            self.slots.release(rec.slot)
+        # else: freed by _completed, once the dataplane is done with the slot
+
+    # --- submission ------------------------------------------------------------
+
+    def push(
+        self,
+        tpl,
+        op: int,
+        slot: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        internal: bool = False,
+    ) -> Inflight:
+        """Publish a copy of the descriptor ``tpl`` (every field set but the forward id,
+        slot, generation, epoch and submit time, which this fills in) for ``slot``."""
+        fid = self.next_forward
+        self.next_forward = fid + 1
+        slots = self.slots
+        gen = slots.generation[slot]
+        epoch = self.epoch
+        if not self.ring.submit_template(tpl, fid, slot, gen, epoch):
+            raise RingFull("the submission ring is full")  # cannot happen: capacity >= slots
+        slots.state[slot] = _SUBMITTED
+        rec = Inflight(fid, slot, gen, epoch, op, shape, dtype, internal)
+        self.inflight[fid] = rec
+        self.pushes += 1
+        if self.pushes % _PUMP_EVERY == 0:
+            self.pump(0)  # the ZeroMQ completions of earlier forwards, in one batch
+        return rec
+
+    def push_weight(
+        self, slot: int, op: Op, layer: int, duck: int, tensor: int, offset: int, n: int
+    ) -> Inflight:
+        """Publish a weight chunk (or commit) whose bytes are in activation slot ``slot``;
+        its slot frees itself on completion."""
+        d = new_desc()  # zeroed; push copies it
+        d.op, d.layer, d.duck, d.tensor, d.offset, d.nbytes = op, layer, duck, tensor, offset, n
+        d.timeout_us = self.timeout_us
+        rec = self.push(d, int(op), slot, (n,), np.dtype(np.uint8), internal=True)
+        rec.released = True  # nobody reads a weight chunk's result
+        return rec
+
+    # --- layers ----------------------------------------------------------------
+
+    def refresh_layers(self) -> list[ctl.LayerInfo]:
+        """Ask the dataplane which layers it holds; remember the answer in ``layers``."""
+        reply = self.request(lambda rid: ctl.GetLayers(req_id=rid))
+        assert isinstance(reply, ctl.Layers)
+        self.layers = {li.layer: li for li in reply.layers}
+        return list(reply.layers)
+
+    def layer_info(self, layer: int) -> ctl.LayerInfo:
+        """``layer``'s LayerInfo, asking the dataplane unless a ready one is remembered;
+        raises when the layer is unknown, failed or still loading."""
+        info = self.layers.get(layer)
+        if info is None or not info.ready:
+            self.refresh_layers()
+            info = self.layers.get(layer)
+        if info is None:
+            raise UnknownLayer(
+                f"layer {layer} is not loaded in the dataplane (loaded: {sorted(self.layers)}); "
+                "load it with Client.load_weights()"
+            )
+        if info.failed:
+            why = (
+                f"ducks {list(info.missing)} did not acknowledge their weights"
+                if info.missing
+                else "its weights arrived incomplete"
+            )
+            raise LayerFailed(
+                f"layer {layer} failed to load: {why}; load it again with "
+                f"load_weights({layer}, ...) once the ducks answer (Client.topology() shows "
+                "which are alive)",
+                status=Status.BAD_REQUEST,
+                missing=tuple(info.missing),
+            )
+        if not info.ready:
+            raise BadInput(
+                f"layer {layer} is still loading (load_weights has not committed it yet)"
+            )
+        return info
+
+    # --- completions -------------------------------------------------------------
+
+    def poll_once(self, rec: Inflight) -> None:
+        """Look once, without waiting, whether ``rec`` completed."""
+        word = lib.dp_load_acquire_u64(ffi.addressof(self.segment.slot_headers[rec.slot], "done"))
+        if (word >> 32) == rec.generation and word & 0xFFFF_FFFF:
+            self._completed_shm(rec, word)
+        else:
+            self.pump(0)
+
+    def wait_done(self, rec: Inflight, timeout: float | None, wait: WaitStrategy) -> None:
+        """Wait on the slot's done word: ``spin`` polls it, ``block`` sleeps on its futex
+        at once, ``hybrid`` spins ``spin_us`` first. Each slice ends with a look at
+        ZeroMQ (a descriptor refused for a bad slot completes there only) and at the
+        dataplane's heartbeat, so a dead dataplane is an error, never a hang."""
+        if self.closed:
+            raise ClientClosed("the client is closed; connect again")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        hdr = self.segment.slot_headers + rec.slot
+        gen = rec.generation
+        spin = self.spin_ns if wait == "hybrid" else 0
+        while rec.status is None:
+            if wait == "spin":
+                spin_ns, sleep_ns = _SPIN_SLICE_NS, 0
+            else:
+                spin_ns, sleep_ns, spin = spin, _SLEEP_SLICE_NS, 0
+            if deadline is not None:
+                left = int((deadline - time.monotonic()) * 1e9)
+                spin_ns, sleep_ns = max(0, min(spin_ns, left)), max(0, min(sleep_ns, left))
+            word = lib.dp_wait_done(hdr, gen, spin_ns, sleep_ns)
+            if (word >> 32) == gen and word & 0xFFFF_FFFF:
+                self._completed_shm(rec, word)
+                return
+            self.pump(0)
+            if rec.status is None:
+                self.check_alive()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeout(
+                        f"forward {rec.forward_id} did not complete within {timeout:g} s; it "
+                        "is still pending: call result() again, or raise the timeout"
+                    )
+
+    def await_zmq(self, rec: Inflight, timeout: float = 5.0) -> None:
+        """Wait for ``rec``'s ZeroMQ completion, which carries timings and duck ids; it
+        follows the shared-memory one."""
+        if rec.zmq_done or self.closed:
+            return
+        if rec.status is None:
+            self.wait_done(rec, timeout, "block")
+        deadline = time.monotonic() + timeout
+        while not rec.zmq_done and time.monotonic() < deadline:
+            self.pump(BLOCK_SLICE_S)
+            if not rec.zmq_done:
+                self.check_alive()
+
+    def _completed_shm(self, rec: Inflight, word: int) -> None:
+        hdr = self.segment.slot_headers[rec.slot]
+        rec.n_answered, rec.n_missing = hdr.answered, hdr.missing  # ints already (cffi)
+        self._completed(rec, word & 0xFFFF_FFFF)
+
+    def _completed(self, rec: Inflight, status: int) -> None:
+        """Either completion path lands here; the second one must agree with the first."""
+        if rec.status is None:
+            rec.status = status
+            self.slots.state[rec.slot] = _COMPLETED
+            if rec.released:
+                self.slots.release(rec.slot)
+        elif rec.status != status:
+            self.counters["completion_mismatch"] += 1
+            log.error("forward %d: shm says %s, ZeroMQ says %s", rec.forward_id, rec.status, status)
+        if rec.zmq_done:
+            self.inflight.pop(rec.forward_id, None)
+
+    def take_completion(self, msg: ctl.Completion) -> None:
+        """Apply one ZeroMQ completion; one that names no forward in flight (by forward
+        id, slot, generation and epoch) is counted and dropped."""
+        rec = self.inflight.get(msg.forward_id)
+        if rec is None or (rec.slot, rec.generation, rec.epoch) != (
+            msg.slot,
+            msg.generation,
+            msg.epoch,
+        ):
+            self.counters["stale_completions"] += 1
+            return
+        rec.zmq_done = True
+        rec.answered, rec.missing = tuple(msg.answered), tuple(msg.missing)
+        rec.timings, rec.message = msg.timings, msg.message
+        if msg.current_epoch:
+            self.epoch = msg.current_epoch
+        self._completed(rec, msg.status)
+
+    # --- control channel --------------------------------------------------------
+
+    def pump(self, timeout_s: float) -> int:
+        """Take whatever the dataplane sent, waiting up to ``timeout_s`` for the first."""
+        return self.channel.pump(timeout_s, self.take_completion)
+
+    def request(self, make: Callable[[int], ctl.AnyRequest], timeout: float = 5.0) -> ctl.AnyReply:
+        """Send the request ``make(req_id)`` builds and return its reply (an Error raises)."""
+        self.check_usable()
+        return self.channel.request(make, timeout, self.take_completion, self.check_alive)
+
+    # --- liveness --------------------------------------------------------------
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise ClientClosed("the client is closed; connect again")
+
+    def check_usable(self) -> None:
+        """Raise unless new work may be submitted: open, dataplane alive, not detached."""
+        # every claim and submit runs this: check_open and check_detached, inlined
+        if self.closed:
+            raise ClientClosed("the client is closed; connect again")
+        if self.lost is not None:
+            raise DataplaneLost(self.lost)
+        hdr = self.segment.header  # None once the segment is closed
+        if hdr is not None and hdr.detach_reason:
+            self.check_detached()
+
+    def check_detached(self) -> None:
+        """Raise ClientDetached once the dataplane has dropped this client on its own."""
+        reason = self.segment.detach_reason if not self.segment.closed else 0
+        if reason:
+            try:
+                why = DetachReason(reason).name
+            except ValueError:
+                why = f"reason {reason}"
+            raise ClientDetached(
+                f"the dataplane detached this client ({why}): its submission ring was "
+                "written out of order, so nothing more is taken from it and pending forwards "
+                "will not complete; close this client and connect again"
+            )
+
+    def check_alive(self) -> None:
+        """Raise DataplaneLost when the dataplane process is gone or stopped heartbeating."""
+        if self.lost is not None:
+            raise DataplaneLost(self.lost)
+        if self.closed:
+            raise ClientClosed("the client is closed; connect again")
+        self.check_detached()
+        now = time.monotonic()
+        if now - self._last_check < _LIVENESS_CHECK_S or not self.dp_pid:
+            return
+        self._last_check = now
+        why = None
+        if not runtime.process_alive(self.dp_pid):
+            why = "exited"
+        else:
+            hb = int(self.segment.header.dataplane_heartbeat_ns)
+            age = runtime.monotonic_ns() - hb
+            if hb and age > self._dataplane_timeout_ns:
+                why = f"stopped heartbeating {age / 1e9:.1f} s ago"
+        if why:
+            pending = sum(1 for r in self.inflight.values() if r.status is None)
+            self.lost = (
+                f"the dataplane (pid {self.dp_pid}) {why}; {pending} pending forwards are lost. "
+                "Restart the dataplane and connect again"
+            )
+            raise DataplaneLost(self.lost)
+
+    def __repr__(self) -> str:
+        return f"<Session {self.segment!r} {len(self.inflight)} in flight>"
+
+
+def _heartbeat_loop(seg: Segment, stop: threading.Event) -> None:
+    while not stop.wait(_HEARTBEAT_S):
+        if seg.closed:
+            return
+        seg.heartbeat_client()
+
+
+def _cleanup(
+    channel: Channel,
+    seg: Segment,
+    stop: threading.Event,
+    beat: threading.Thread,
+    doorbell: socket.socket,
+    result_bases: list[ResultBase],
+) -> None:
+    stop.set()
+    beat.join(timeout=2.0)
+    channel.close()
+    doorbell.close()
+    result_bases.clear()  # they view the mapping: seg.close() can unmap it once they go
+    seg.close()  # closes the memfd: its memory goes once the dataplane unmaps it too
