@@ -9,10 +9,19 @@
 #ifndef DP_DESC_H
 #define DP_DESC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dp_dataplane.h"
+#include "dp_abi.h"
+#include "dp_client.h" /* struct dp_client_layout */
+#include "dp_layers.h"
+
+/* A duck id bitmap (a descriptor's ducks, a forward's targets): is duck in it? */
+static inline bool dp_targets_has(const uint64_t *t, uint32_t duck)
+{
+	return (t[duck >> 6] >> (duck & 63)) & 1;
+}
 
 struct dp_limits {
 	uint64_t max_forward_bytes;  /* largest activation, result or weight chunk */
