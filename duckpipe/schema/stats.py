@@ -249,7 +249,7 @@ class StatsClient(msgspec.Struct, frozen=True):
     __c_name__: ClassVar[str] = "dp_stats_client"
     __c_size__: ClassVar[int] = 512
     __field_docs__: ClassVar[dict[str, str]] = {
-        "state": "enum dp_client_state_stats: FREE or ATTACHED",
+        "state": "enum dp_stats_client_state: FREE or ATTACHED",
         "page_size": "2 MiB (hugetlbfs) or 4096 (the /dev/shm fallback)",
         "capacity": "ring capacity (descriptors)",
         "head": "the dataplane's copy of the client's ring head",

@@ -156,7 +156,7 @@ struct dp_stats_bounds {
  *     changes whenever the slot is taken by another client.
  */
 struct dp_stats_client {
-    uint32_t state;                     /*    0: enum dp_client_state_stats: FREE or ATTACHED */
+    uint32_t state;                     /*    0: enum dp_stats_client_state: FREE or ATTACHED */
     uint32_t id;                        /*    4 */
     uint32_t pid;                       /*    8 */
     uint32_t page_size;                 /*   12: 2 MiB (hugetlbfs) or 4096 (the /dev/shm fallback) */
