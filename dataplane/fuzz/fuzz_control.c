@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	if (size > 1 << 16) /* dp_control.c poll_control: a bigger frame is dropped unread */
+	if (size > 1 << 16) /* dp_control_poll_requests: a bigger frame is dropped unread */
 		return 0;
 	/* in a buffer of its own size, so that reading one byte past the frame is caught */
 	char *buf = malloc(size ? size : 1);

@@ -26,8 +26,8 @@
 #include <string.h>
 
 #include "dp_abi.h"
-#include "dp_dataplane.h"
 #include "dp_desc.h"
+#include "dp_layers.h"
 #include "dp_reduce.h"
 
 typedef unsigned __int128 u128;

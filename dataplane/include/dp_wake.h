@@ -64,7 +64,7 @@ static inline int dp_futex_wake(uint32_t *word)
  * EAGAIN: the doorbell's queue is full, so the dataplane is being woken anyway). */
 static inline int dp_doorbell_ring(const struct dp_seg_header *h, int doorbell_fd)
 {
-	/* seq_cst: head's store before need_wakeup's load; pairs with dp_doorbell_arm */
+	/* seq_cst: head's store before need_wakeup's load; pairs with dp_dispatch_park's fence */
 	dp_fence_seq_cst();
 	if (!__atomic_load_n(&h->need_wakeup, __ATOMIC_RELAXED))
 		return 0;

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "dp_barrier.h"
 #include "dp_client.h"
 #include "dp_seg_plan.h"
 #include "test_check.h"

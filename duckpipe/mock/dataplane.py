@@ -744,7 +744,7 @@ class MockDataplane:
         if len(set(msg.ducks)) != len(msg.ducks) or any(d >= self.cfg.ducks for d in msg.ducks):
             raise DuckpipeError(f"ducks {msg.ducks} must be distinct ids below {self.cfg.ducks}")
         dead = [d for d in msg.ducks if d in self.faults.dead_ducks]
-        if dead:  # the dataplane knows they are dead: nothing is sent (as dp_control.c)
+        if dead:  # the dataplane knows they are dead: nothing is sent (as dp_control_requests.c)
             raise _Refused(
                 ErrorCode.DUCKS_UNREACHABLE,
                 f"ducks {dead} did not answer the dataplane's last 3 pings: nothing was sent; "

@@ -21,7 +21,7 @@
  * measured without a network, and a test double for clients. No allocation after
  * open: activation chunks wait in a byte ring, replies in a job ring (each job
  * answered by one duck or by all of the NIC's); when either is full the datagram
- * is dropped and counted as a tx_error, as a full socket buffer would be, and
+ * is dropped and counted in tx_errors, as a full socket buffer would be, and
  * NACKs recover it.
  */
 #include <stdlib.h>

@@ -301,9 +301,9 @@ void dp_client_unmap(struct dp_client *c)
 }
 
 /* State (field 3) and starttime (field 22, clock ticks since boot) of a process, from
- * /proc/<pid>/stat. false when it cannot be read (gone, or no /proc). */
-/* 1: read; 0: no such process (or not a process's stat); -1: cannot tell (no descriptor
- * left, no memory): the caller must not take that for a death. */
+ * /proc/<pid>/stat. 1: read; 0: no such process (the kernel said so: ENOENT or ESRCH);
+ * -1: cannot tell (no descriptor left, no memory, a read that failed, a line that does
+ * not parse): the caller must not take that for a death. */
 static int proc_stat(uint32_t pid, char *state, uint64_t *start_ticks)
 {
 	char path[64], buf[1024];
@@ -314,15 +314,22 @@ static int proc_stat(uint32_t pid, char *state, uint64_t *start_ticks)
 	if (!f)
 		return errno == ENOENT || errno == ESRCH ? 0 : -1;
 	size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+	int read_errno = ferror(f) ? errno : 0;
 	fclose(f);
+	if (read_errno) /* ESRCH: the process was reaped since the open */
+		return read_errno == ESRCH || read_errno == ENOENT ? 0 : -1;
 	buf[len] = '\0';
-	char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+	/* the command name may hold spaces and parentheses; a space follows the last ')'
+	 * (else p + 2 would be past what was read) */
+	char *p = strrchr(buf, ')');
 	unsigned long long ticks = 0;
+	if (!p || p[1] != ' ')
+		return -1;
 	/* fields after the name: 3 state ... 22 starttime */
-	if (!p || sscanf(p + 2, "%c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s "
-				"%*s %*s %*s %llu",
-			 state, &ticks) != 2)
-		return 0;
+	if (sscanf(p + 2, "%c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s "
+			  "%*s %*s %llu",
+		   state, &ticks) != 2)
+		return -1;
 	*start_ticks = ticks;
 	return 1;
 }

@@ -4,9 +4,62 @@
 #define DP_CLIENT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
-#include "dp_dataplane.h"
+#include "dp_abi.h"
+#include "dp_common.h"
+#include "dp_config.h"
+#include "dp_desc_check.h" /* struct dp_client_layout: the descriptor check reads it too */
+#include "dp_mem.h"
+
+enum dp_client_state {
+	DP_CLIENT_FREE = 0,
+	DP_CLIENT_ACTIVE,    /* control -> ACTIVE after mapping; the dispatcher polls it */
+	DP_CLIENT_CLOSING,   /* control: stop polling */
+	DP_CLIENT_QUIESCED,  /* dispatcher: I stopped; control unmaps once inflight is 0 */
+	DP_CLIENT_ATTACHING, /* control only: mapped, being faulted in a step at a time */
+	DP_CLIENT_UNMAPPING, /* control only: being unmapped a step at a time */
+};
+
+
+/* One attached client, a slot of struct dp_world's table (dp_world.h). Who writes each
+ * field is said beside it: the control agent maps, steps and reclaims, the dispatcher
+ * consumes the ring. */
+struct dp_client {
+	uint32_t state; /* enum dp_client_state, release/acquire */
+	uint32_t id;
+	uint32_t pid;
+	uint32_t uid;   /* the peer's, from the control socket */
+	bool dead;      /* its process died (counted as reclaimed) rather than detached */
+	uint64_t start_ticks; /* the process's start, from /proc/<pid>/stat at attach */
+	uint8_t identity[256];
+	size_t identity_len;
+	char name[64];
+	char path[256]; /* the memfd's name, for people */
+	uint64_t st_dev, st_ino; /* the memfd itself: one file is attached once */
+	uint8_t *base;
+	size_t size;
+	size_t stepped;     /* control: bytes faulted in (ATTACHING) or unmapped (UNMAPPING) */
+	uint64_t attach_rid; /* control: the Attach request answered once faulted in */
+	struct dp_mem mem; /* the segment, registered for zero copy (dp_backend_mem_register) */
+	struct dp_client_layout layout;
+	/* Pointers below were computed at attach from the private plan. Through hdr the
+	 * dataplane only writes its own line and reads the client's heartbeat. */
+	struct dp_seg_header *hdr;
+	struct dp_ring_header *ring;
+	struct dp_desc *descs;
+	struct dp_slot_header *slots;
+	uint8_t *act;
+	uint8_t *res;
+	uint64_t ring_tail;      /* dispatcher: the consumer index; shm's tail is only a copy */
+	uint64_t ring_head_seen; /* dispatcher: head never moves back */
+	uint32_t nlayers;        /* control: layers it owns */
+	uint64_t weight_bytes;   /* control: their weight_bytes */
+	uint64_t inflight dp_cache_aligned;  /* dispatcher adds, control subtracts */
+	uint64_t submitted dp_cache_aligned; /* dispatcher */
+	uint64_t completed dp_cache_aligned; /* control */
+};
 
 /* Limits for dp_client_map and the client table it checks for duplicates; once, at start. */
 void dp_client_set_limits(const struct dp_config *cfg, const struct dp_client *all, uint32_t n);

@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include "dp_dataplane.h"
+#include "dp_world.h"
 
 struct dp_control;
 

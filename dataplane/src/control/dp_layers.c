@@ -12,6 +12,8 @@
 
 #include <stdlib.h>
 
+#include "dp_ctl_gen.h"
+
 struct dp_layer dp_layer_tombstone;
 
 void dp_layer_free(struct dp_layer *l)

@@ -1,12 +1,109 @@
-/* dp_layers.h: owning, unpublishing and freeing layers (the control agent's side). */
+/* dp_layers.h: the layer table's entries (struct dp_layer), how the dispatcher and the
+ * workers look them up and hold them, and how the control agent owns, unpublishes and
+ * frees them (dp_layers.c). */
 #ifndef DP_LAYERS_H
 #define DP_LAYERS_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "dp_ctl_gen.h"
-#include "dp_dataplane.h"
+#include "dp_abi.h"
+#include "dp_barrier.h"
+#include "dp_client.h"
+#include "dp_world.h"
+
+struct dp_ctl_load_weights; /* dp_ctl_gen.h */
+
+/* DP_LAYER_TABLE (8192, open addressing, a power of two) comes from the schema (dp_abi.h):
+ * the config check DP_MAX_CLIENTS * client_max_layers <= DP_LAYER_TABLE (dp_config.c)
+ * keeps clients at their quota from filling the table for the others. */
+_Static_assert((DP_LAYER_TABLE & (DP_LAYER_TABLE - 1)) == 0, "DP_LAYER_TABLE: a power of two");
+
+/* A layer belongs to the client that loaded it (shared ones: loaded by the admin, usable
+ * by all). The control agent publishes it in the table and later unpublishes it (unload,
+ * reload, owner gone); it frees it only once no forward holds a reference (refs) and the
+ * dispatcher finished a pass since (dispatch_passes): a pointer it read then is gone. */
+struct dp_layer {
+	uint32_t id;
+	uint32_t owner;          /* client id of the loader */
+	bool shared;             /* every client may use it */
+	uint64_t weight_bytes;   /* counted against the owner's client_max_weight_bytes */
+	uint64_t refs;           /* forwards and weight chunks holding it (dispatcher +, control -) */
+	uint64_t retired_pass;   /* control: dispatch_passes when it was unpublished */
+	struct dp_layer *next_retired; /* control's list of unpublished layers */
+	uint8_t kind;
+	uint8_t dtype;
+	bool has_b_down;
+	uint32_t hidden;
+	uint32_t ffn;
+	uint32_t nducks;
+	uint16_t ducks[DP_MAX_DUCKS];
+	uint32_t shard[DP_MAX_DUCKS]; /* FFN columns of ducks[i] */
+	int16_t index[DP_MAX_DUCKS];  /* duck id -> i, or -1 */
+	uint32_t ready;          /* control/dispatcher -> 1 at commit (release) */
+	uint32_t failed;         /* a chunk failed, or the commit did: the load failed (release) */
+	uint64_t failed_ducks[DP_MAX_DUCKS / 64]; /* ducks that did not acknowledge (atomic or) */
+	uint64_t outstanding;    /* chunks dispatched and not yet completed (atomic) */
+	/* bytes acknowledged per duck and tensor (atomic adds) */
+	uint64_t acked[DP_MAX_DUCKS][DP_SHARD_TENSORS];
+	uint8_t announced[DP_MAX_DUCKS];  /* LAYER acknowledged by the duck: its NIC's worker only */
+	uint8_t *b_down_raw;     /* dispatcher: bytes of b_down as they arrive */
+	uint64_t b_down_got;     /* dispatcher: b_down bytes so far (they arrive in order) */
+	/* dispatcher: each tensor's next byte due */
+	uint64_t next_offset[DP_MAX_DUCKS][DP_SHARD_TENSORS];
+	float *b_down;           /* float32, set at commit */
+};
+
+/* Bytes of shard tensor t of ducks[i]: dp_shard_tensor_bytes (dp_desc_check.h), the
+ * sizes the descriptor check holds weight chunks to. */
+static inline uint64_t dp_tensor_bytes(const struct dp_layer *l, uint32_t i, uint32_t t)
+{
+	return dp_shard_tensor_bytes(l->kind, l->dtype, l->hidden, l->shard[i], t);
+}
+
+/* A table slot whose layer was removed: lookups probe on past it, inserts reuse it. */
+extern struct dp_layer dp_layer_tombstone;
+#define DP_LAYER_GONE (&dp_layer_tombstone)
+
+static inline uint32_t dp_layer_hash(uint32_t id, uint32_t i)
+{
+	return (id * 2654435761u + i) & (DP_LAYER_TABLE - 1);
+}
+
+/* The layer with this id, or NULL (acquire: the control agent publishes). */
+static inline struct dp_layer *dp_layer_find(struct dp_world *w, uint32_t id)
+{
+	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
+		struct dp_layer *l =
+			dp_load_acquire_ptr((void *const *)&w->layers[dp_layer_hash(id, i)]);
+		if (!l)
+			return NULL;
+		if (l != DP_LAYER_GONE && l->id == id)
+			return l;
+	}
+	return NULL;
+}
+
+/* Dispatcher: the layer `id` if client c may use it (its own, or a shared one to forward
+ * on; weights only its owner writes), with a reference the control agent drops when the
+ * completion is sent (dp_layer_put). */
+static inline struct dp_layer *dp_layer_take(struct dp_world *w, uint32_t id,
+					     const struct dp_client *c, bool write)
+{
+	struct dp_layer *l = dp_layer_find(w, id);
+	if (!l || (l->owner != c->id && (write || !l->shared)))
+		return NULL;
+	__atomic_fetch_add(&l->refs, 1, __ATOMIC_RELAXED); /* published by the pass's end */
+	return l;
+}
+
+static inline void dp_layer_put(struct dp_layer *l)
+{
+	/* release: everything done with the layer happens before its free */
+	__atomic_fetch_sub(&l->refs, 1, __ATOMIC_RELEASE);
+}
+
+/* --- the control agent's side ------------------------------------------------------ */
 
 void dp_layer_free(struct dp_layer *l);
 

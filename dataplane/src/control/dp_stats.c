@@ -17,7 +17,9 @@
 #include <unistd.h>
 
 #include "dp_accept_guard.h"
+#include "dp_client.h"
 #include "dp_fwd.h"
+#include "dp_layers.h"
 
 #define DUCK_LOST_NS 3000000000ull /* nothing heard for this long (or 3 pings): lost */
 

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dp_dataplane.h"
+#include "dp_world.h"
 #include "dp_stats_abi.h"
 
 #define DP_STATS_TICK_NS 10000000ull /* 10 ms: heartbeat, counters, clients, ducks */

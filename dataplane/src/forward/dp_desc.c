@@ -5,6 +5,7 @@
  * descriptor. The shard tables are pointed at, not copied.
  */
 #include "dp_desc.h"
+#include "dp_fwd.h" /* DP_MSG_LEN */
 
 _Static_assert(DP_MSG_LEN == DP_DESC_WHY_LEN,
 	       "a refusal's reason fills a completion's message, the mock's as the dataplane's");

@@ -9,8 +9,14 @@
 #ifndef DP_DESC_H
 #define DP_DESC_H
 
-#include "dp_dataplane.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dp_abi.h"
+#include "dp_client.h" /* struct dp_client_layout */
 #include "dp_desc_check.h"
+#include "dp_layers.h"
 
 /* *view filled from l (its ready and failed flags read once, with acquire) and view
  * returned, or NULL when l is NULL (no such layer, or not this client's to use). */

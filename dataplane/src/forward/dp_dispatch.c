@@ -388,7 +388,7 @@ int64_t dp_dispatch_park(struct dp_world *w, void *self, uint64_t now)
 			return -1;
 	}
 	/* a layer commit waits for its chunks: the worker that completes the last one kicks
-	 * us (finish_weight); one whose chunks are all done is ours to complete now */
+	 * us (dp_weight_finish); one whose chunks are all done is ours to complete now */
 	for (uint32_t i = 0; i < d->ncommits; i++) {
 		const struct dp_layer *l = d->commits[i]->layer;
 		if (!l || __atomic_load_n(&l->outstanding, __ATOMIC_ACQUIRE) == 0)

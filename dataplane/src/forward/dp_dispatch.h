@@ -4,7 +4,8 @@
 
 #include <stdint.h>
 
-#include "dp_dataplane.h"
+#include "dp_agent.h"
+#include "dp_world.h"
 
 struct dp_dispatcher;
 

@@ -15,7 +15,7 @@
  * dp_fwd_finish publishes the result into the client's slot header (dp_fwd_publish,
  * through dp_slot_publish, dp_ring.h: the one function that writes a slot header) and
  * queues the context on the finishing agent's completion ring. The rings are the
- * SPSC rings of struct dp_world and of the workers (dp_dataplane.h, dp_spsc.h); this
+ * SPSC rings of struct dp_world and of the workers (dp_world.h, dp_spsc.h); this
  * module says what crosses them and when. Each agent keeps its own work: the
  * dispatcher decides what a descriptor asks for, the workers send, gather and reduce,
  * the control agent encodes and sends the Completion.
@@ -28,10 +28,15 @@
 
 #include "dp_abi.h"
 #include "dp_backend.h"
+#include "dp_client.h"
 #include "dp_counters.h"
-#include "dp_dataplane.h"
+#include "dp_desc.h" /* dp_targets_has: a forward's targets */
+#include "dp_layers.h"
 #include "dp_reasm.h"
 #include "dp_spsc.h"
+#include "dp_world.h"
+
+#define DP_MSG_LEN 160 /* a context's message: why it failed, sent in its Completion */
 
 /* --- the context --------------------------------------------------------------------- */
 

@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "dp_backend.h"
-#include "dp_dataplane.h"
+#include "dp_world.h"
 #include "dp_fwd.h" /* what its rings carry */
 #include "dp_gather.h"
 #include "dp_inbox.h"

@@ -67,7 +67,7 @@ struct dp_config {
 	uint32_t max_hidden;
 	uint32_t max_ffn;
 	uint32_t client_max_per_pid;       /* clients one process may attach */
-	uint32_t max_connections;          /* control connections at once (dp_control.c) */
+	uint32_t max_connections;          /* control connections at once (dp_control_connections.c) */
 	/* who may talk to the control socket */
 	char control_group[32];            /* members are clients; "" = the dataplane's user only */
 	char curve_secret_key_file[256];   /* tcp:// control needs CURVE keys */

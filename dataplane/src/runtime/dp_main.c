@@ -22,13 +22,15 @@
 #include <unistd.h>
 
 #include "dp_accept_guard.h"
+#include "dp_agent.h"
 #include "dp_client.h"
 #include "dp_control.h"
-#include "dp_dataplane.h"
 #include "dp_dispatch.h"
+#include "dp_fwd.h"
 #include "dp_lcore.h"
 #include "dp_tsan.h"
 #include "dp_worker.h"
+#include "dp_world.h"
 
 #define MAX_AGENTS (2 + DP_MAX_NICS)
 
