@@ -108,25 +108,27 @@ def pytest_configure(config: pytest.Config) -> None:
         script.chmod(0o755)
     os.environ["DUCKPIPE_BIN_DIR"] = str(wrappers)
     os.environ[STARTS_LOG] = str(log)
-    config.stash[_wrappers_key] = wrappers
+    # the log to check, from this run's option: a pytest started by a test inherits the
+    # environment, not the option
+    config.stash[_starts_log_key] = log
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    wrappers = config.stash.get(_wrappers_key, None)
-    if wrappers is not None:
-        shutil.rmtree(wrappers, ignore_errors=True)
+    log = config.stash.get(_starts_log_key, None)
+    if log is not None:
+        shutil.rmtree(log.parent, ignore_errors=True)
 
 
-_wrappers_key = pytest.StashKey[Path]()
+_starts_log_key = pytest.StashKey[Path]()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     result = yield
-    log = os.environ.get(STARTS_LOG)
-    if log and item.get_closest_marker("dataplane") is None:
+    log = item.config.stash.get(_starts_log_key, None)
+    if log is not None and item.get_closest_marker("dataplane") is None:
         # PYTEST_CURRENT_TEST is "<nodeid> (<phase>)"
-        lines = Path(log).read_text().splitlines()
+        lines = log.read_text().splitlines()
         started = [line for line in lines if line.startswith(item.nodeid + " ")]
         if started:
             pytest.fail(
