@@ -97,6 +97,10 @@ def _ports() -> Check:
     return Check("default ports", "ok", f"{detail}: free on 127.0.0.1")
 
 
+# meson finds libdpdk when it sets a build up: a new install or a fresh setup picks it up
+_REBUILD = "pip install . again, or tools/setup env in a checkout"
+
+
 def _dpdk() -> list[Check]:
     out = []
     libs = glob.glob("/usr/lib/*/librte_eal.so*") + glob.glob("/usr/local/lib*/**/librte_eal.so*")
@@ -105,7 +109,7 @@ def _dpdk() -> list[Check]:
     if pc:
         r = subprocess.run([pc, "--modversion", "libdpdk"], capture_output=True, text=True)
         version = r.stdout.strip() if r.returncode == 0 else None
-    fix = "sudo apt-get install dpdk dpdk-dev libdpdk-dev && make -C dataplane"
+    fix = "sudo apt-get install dpdk dpdk-dev libdpdk-dev, then rebuild: " + _REBUILD
     if libs:
         out.append(
             Check("DPDK library", "ok", f"{libs[0]}" + (f" (libdpdk {version})" if version else ""))
@@ -133,11 +137,11 @@ def _dpdk() -> list[Check]:
                     "dataplane backends",
                     "warn",
                     f"{' '.join(have) or '?'}: built without DPDK ({binary})",
-                    "install libdpdk-dev, then make -C dataplane clean all",
+                    "install libdpdk-dev, then rebuild: " + _REBUILD,
                 )
             )
     except Exception as e:
-        out.append(Check("dataplane backends", "fail", str(e), "make -C dataplane"))
+        out.append(Check("dataplane backends", "fail", str(e), "build it: " + _REBUILD))
     return out
 
 

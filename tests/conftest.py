@@ -1,18 +1,41 @@
-"""Shared fixtures. ``dataplane`` is parametrized so that the same client tests run
-against both implementations: the shm-only mock and the C dataplane with emulated
-ducks on loopback."""
+"""Shared fixtures, and the markers that say what a test needs (tests/README.md).
+
+``dataplane`` is parametrized so that the same client tests run against both
+implementations: the shm-only mock and the C dataplane with emulated ducks on loopback.
+
+A test is marked ``dataplane`` (it starts the C programs; the sanitizer passes of
+tools/setup select ``-m dataplane``) when any of its parameters is ``"real"`` (the suite's
+name for the C dataplane, as in the ``dataplane`` fixture), when it uses one of
+``C_PROGRAM_FIXTURES`` (directly or through another fixture), or when it says so itself
+(``@pytest.mark.dataplane``, or a module's ``pytestmark``). ``--check-dataplane-mark``
+checks that at run time: every start of duckpipe-dataplane or duckpipe-ducks goes through
+a wrapper that names the running test, and a test that started one without the mark fails.
+"""
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import duckpipe
+from duckpipe.errors import DuckpipeError
+from duckpipe.launch.binaries import find_binary
 from duckpipe.mock.process import MockDataplaneProcess
 from duckpipe.testing import assert_clean_exit, cluster_class_or_skip
 
 DUCKS = 24
+
+# the duckpipe pytest plugin's fixtures that start the C dataplane (duckpipe.testing)
+C_PROGRAM_FIXTURES = {"duckpipe_cluster_factory", "duckpipe_null_factory"}
+# what --check-dataplane-mark watches: the programs the sanitizer passes rebuild
+C_PROGRAMS = ("duckpipe-dataplane", "duckpipe-ducks")
+STARTS_LOG = "DUCKPIPE_TEST_STARTS_LOG"
 
 
 @pytest.fixture(scope="module", params=["mock", "real"])
@@ -33,3 +56,86 @@ def dataplane(request) -> Iterator:
 def client(dataplane) -> Iterator[duckpipe.Client]:
     with duckpipe.connect(dataplane.control, name="pytest") as c:
         yield c
+
+
+def starts_c_programs(item: pytest.Item) -> bool:
+    """Whether ``item`` starts the C dataplane or the duck emulator, from how it is built."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and any(
+        isinstance(value, str) and value == "real" for value in callspec.params.values()
+    ):
+        return True
+    return not C_PROGRAM_FIXTURES.isdisjoint(item.fixturenames)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if starts_c_programs(item) and item.get_closest_marker("dataplane") is None:
+            item.add_marker(pytest.mark.dataplane)
+
+
+# --- --check-dataplane-mark -------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--check-dataplane-mark",
+        action="store_true",
+        help="fail a test that starts duckpipe-dataplane or duckpipe-ducks without the "
+        "dataplane mark (the programs run through wrappers that name the test)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # before collection: some modules look their programs up at import
+    if not config.getoption("--check-dataplane-mark"):
+        return
+    wrappers = Path(tempfile.mkdtemp(prefix="duckpipe-mark-check-"))
+    log = wrappers / "starts.log"
+    log.touch()
+    for name in C_PROGRAMS:
+        try:
+            real = find_binary(name)
+        except DuckpipeError:
+            continue  # not built: the tests that need it skip
+        script = wrappers / name
+        # the test's id is in the environment of everything it starts (pytest sets it)
+        script.write_text(
+            "#!/bin/sh\n"
+            f'printf "%s\\n" "${{PYTEST_CURRENT_TEST:-?}}" >> "${STARTS_LOG}"\n'
+            f'exec {shlex.quote(str(real))} "$@"\n'
+        )
+        script.chmod(0o755)
+    os.environ["DUCKPIPE_BIN_DIR"] = str(wrappers)
+    os.environ[STARTS_LOG] = str(log)
+    # the log to check, from this run's option: a pytest started by a test inherits the
+    # environment, not the option
+    config.stash[_starts_log_key] = log
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    log = config.stash.get(_starts_log_key, None)
+    if log is not None:
+        shutil.rmtree(log.parent, ignore_errors=True)
+
+
+_starts_log_key = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    result = yield
+    log = item.config.stash.get(_starts_log_key, None)
+    if log is not None and item.get_closest_marker("dataplane") is None:
+        # PYTEST_CURRENT_TEST is "<nodeid> (<phase>)"
+        lines = log.read_text().splitlines()
+        started = [line for line in lines if line.startswith(item.nodeid + " ")]
+        if started:
+            pytest.fail(
+                f"{item.nodeid} started the C programs ({len(started)} times, first in "
+                f"{started[0].rsplit(' ', 1)[-1]}) but is not marked dataplane, so the "
+                "sanitizer passes leave it out: use a dataplane fixture or add "
+                "@pytest.mark.dataplane (tests/README.md)",
+                pytrace=False,
+            )
+    return result

@@ -2,7 +2,8 @@
 
 ``pip install .`` (meson-python, meson.build) installs them inside the package, in
 ``duckpipe/bin/``; an editable install serves that directory from its build tree (rebuilt
-on import). ``make -C dataplane`` builds them in ``dataplane/build/`` of a checkout.
+on import). A checkout's C-only meson build dir ``dataplane/build/`` (tools/setup) holds them
+at its top.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def packaged_binary(name: str) -> Path | None:
 
 def find_binary(name: str, *, search_path: bool = True) -> Path:
     """``$DUCKPIPE_BIN_DIR/name``, else the package's own (``duckpipe/bin/name``), else
-    ``dataplane/build/name`` of a checkout (``make -C dataplane``), else PATH."""
+    ``dataplane/build/name`` of a checkout (its C-only meson build), else PATH."""
     env = os.environ.get("DUCKPIPE_BIN_DIR")
     if env and _executable(Path(env) / name):
         return Path(env) / name
@@ -49,7 +50,8 @@ def find_binary(name: str, *, search_path: bool = True) -> Path:
         return Path(found)
     raise DuckpipeError(
         f"{name} is not built; `pip install .` builds it into the package (meson-python), "
-        "`make -C dataplane` into dataplane/build (tools/setup does both), "
+        "`meson setup dataplane/build -Dpython_module=false && meson compile -C dataplane/build` "
+        "into dataplane/build (tools/setup does both), "
         "or point DUCKPIPE_BIN_DIR at a directory holding it"
     )
 

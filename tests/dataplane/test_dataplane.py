@@ -16,6 +16,8 @@ from duckpipe import GeluMlp, Status, SwiGluMlp
 from duckpipe.errors import DataplaneLost, DuckLost, ForwardTimeout, StaleEpoch
 from duckpipe.testing import killed_client_segment, mapped_by, wait_until_gone
 
+pytestmark = pytest.mark.dataplane
+
 
 @pytest.fixture
 def cluster_factory(duckpipe_cluster_factory):
@@ -219,6 +221,35 @@ def test_socket_backend_refuses_backend_options(tmp_path):
         timeout=10,
     )
     assert r.returncode == 2 and "socket backend takes no options" in r.stderr
+
+
+def test_a_build_without_dpdk_refuses_the_dpdk_backend_clearly(tmp_path):
+    # here, not in test_dpdk.py: it needs neither root nor DPDK, only a build without it
+    from duckpipe.errors import DuckpipeError
+    from duckpipe.launch.binaries import find_binary
+    from duckpipe.launch.dataplane import DataplaneProcess
+    from duckpipe.launch.topology import Duck, Nic, Topology
+
+    try:
+        binary = find_binary("duckpipe-dataplane")
+    except DuckpipeError as e:
+        pytest.skip(str(e))
+    have = subprocess.run([str(binary), "--backends"], capture_output=True, text=True)
+    if "dpdk" in have.stdout.split():
+        pytest.skip("this dataplane has DPDK (the refusal is for builds without it)")
+    topo = Topology(
+        nics=[
+            Nic(name="p0", backend="dpdk", interface="net_af_packet0", host_ip="10.77.0.1",
+                ducks=[Duck(id=0, ip="10.77.0.10", port=47100)])
+        ]
+    )  # fmt: skip
+    dp = DataplaneProcess(topo)
+    try:
+        with pytest.raises(DuckpipeError, match="built without DPDK: install libdpdk-dev"):
+            dp.start()
+    finally:
+        dp.stop()
+        dp.close()
 
 
 def test_a_forward_in_flight_when_the_epoch_moves_is_not_committed(cluster_factory):

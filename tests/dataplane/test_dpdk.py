@@ -42,6 +42,8 @@ from duckpipe.launch.process import control_request, stop_process
 from duckpipe.launch.topology import Duck, Nic, Topology
 from duckpipe.schema import control as ctl
 
+pytestmark = [pytest.mark.dataplane, pytest.mark.dpdk, pytest.mark.root]
+
 DUCK_PORT = 47100
 HOST_PORT = 47000
 HUGEPAGES = 96  # 192 MiB: the EAL's own, an mbuf pool per port, and the clients' segments
@@ -566,29 +568,6 @@ def test_a_port_the_eal_does_not_have_fails_at_startup_naming_the_call():
         finally:
             dp.stop()
             dp.close()
-
-
-def test_a_build_without_dpdk_refuses_the_backend_clearly(tmp_path):
-    try:
-        binary = find_binary("duckpipe-dataplane")
-    except DuckpipeError as e:
-        pytest.skip(str(e))
-    have = subprocess.run([str(binary), "--backends"], capture_output=True, text=True)
-    if "dpdk" in have.stdout.split():
-        pytest.skip("this dataplane has DPDK (the refusal is for builds without it)")
-    topo = Topology(
-        nics=[
-            Nic(name="p0", backend="dpdk", interface="net_af_packet0", host_ip="10.77.0.1",
-                ducks=[Duck(id=0, ip="10.77.0.10", port=DUCK_PORT)])
-        ]
-    )  # fmt: skip
-    dp = DataplaneProcess(topo)
-    try:
-        with pytest.raises(DuckpipeError, match="built without DPDK: install libdpdk-dev"):
-            dp.start()
-    finally:
-        dp.stop()
-        dp.close()
 
 
 def test_ducks_that_come_up_after_the_dataplane_are_resolved_on_demand():

@@ -38,13 +38,13 @@ from duckpipe.schema.abi import MlpKind
 from duckpipe.schema.wire import CONSTANTS, WireFlag, WireOp
 from duckpipe.testing.datagrams import decode, encode, layer_payload, payload_max
 
+# the duck emulator (duckpipe-ducks) in nearly every test; its parsing helpers ride along
+pytestmark = pytest.mark.dataplane
+
 try:
     BINARY = find_binary("duckpipe-ducks")
-except DuckpipeError:
-    pytest.skip(
-        "duckpipe-ducks is not built: run `make -C dataplane build/duckpipe-ducks`",
-        allow_module_level=True,
-    )
+except DuckpipeError as e:
+    pytest.skip(str(e), allow_module_level=True)  # says how to build it
 
 HDR = ffi.sizeof("struct dp_wire_header")
 PAYLOAD = payload_max(1500)  # the emulator's default MTU

@@ -24,6 +24,8 @@ from duckpipe.launch.dataplane import DataplaneProcess
 from duckpipe.launch.process import stop_process
 from duckpipe.launch.topology import Duck, Nic, Topology
 
+pytestmark = [pytest.mark.dataplane, pytest.mark.root]
+
 DUCKS = 3
 DUCK_PORT = 47100
 

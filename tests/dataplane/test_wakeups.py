@@ -24,6 +24,8 @@ import duckpipe.launch.process
 from duckpipe import GeluMlp
 from duckpipe.testing import null_backend_result
 
+pytestmark = pytest.mark.dataplane
+
 HIDDEN, FFN = 64, 32
 
 

@@ -112,6 +112,7 @@ def test_the_dpdk_backend_is_refused_clearly():
     assert "--control" in r.stderr  # how to use one started by hand
 
 
+@pytest.mark.dataplane
 def test_ctrl_c_stops_everything_it_started():
     cluster_class_or_skip()
     proc = subprocess.Popen(

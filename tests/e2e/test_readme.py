@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from duckpipe.launch.cluster import free_udp_ports
 from duckpipe.testing import cluster_class_or_skip
 
@@ -68,6 +70,7 @@ def test_the_readme_says_to_activate_the_venv_first():
     assert "source .venv/bin/activate" in section
 
 
+@pytest.mark.dataplane
 def test_the_three_terminals_run_as_written(tmp_path):
     cluster_class_or_skip()
     commands = _three_terminals()

@@ -860,6 +860,7 @@ def _raw_connections(path: str, n: int, seconds: float = 20.0) -> list[socket.so
     return socks
 
 
+@pytest.mark.dataplane
 def test_a_connection_flood_cannot_exhaust_the_dataplanes_file_descriptors(tmp_path):
     """libzmq 4.3 aborts the process when accept() fails with EMFILE: raw connections that
     never greet once killed the dataplane (1k of them under a 1024 fd limit). Past
@@ -903,6 +904,7 @@ def test_a_connection_flood_cannot_exhaust_the_dataplanes_file_descriptors(tmp_p
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.mark.dataplane
 def test_a_dataplane_out_of_descriptors_sheds_connections_instead_of_aborting(tmp_path):
     """With no descriptor left, libzmq's accept4() fails with EMFILE, which libzmq 4.3.4
     asserts on (ipc_listener.cpp): the dataplane aborted, whatever max_connections said.
@@ -944,6 +946,7 @@ def test_a_dataplane_out_of_descriptors_sheds_connections_instead_of_aborting(tm
         assert d.dataplane.proc.poll() is None
 
 
+@pytest.mark.dataplane
 def test_replies_nobody_reads_cost_bounded_memory(tmp_path):
     """Each control peer's unread replies once queued up to libzmq's default SNDHWM (1000)
     each (500 peers x 1000 GetStats took the dataplane from 7 to 388 MiB); now at most
@@ -990,6 +993,7 @@ def test_replies_nobody_reads_cost_bounded_memory(tmp_path):
         assert d.dataplane.proc.poll() is None
 
 
+@pytest.mark.dataplane
 def test_max_connections_past_the_fd_limit_is_refused_at_start(tmp_path):
     child = _start_raw("real", f"ipc://{tmp_path}/control", {"max_connections": 2**31})
     try:

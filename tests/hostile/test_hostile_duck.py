@@ -30,6 +30,8 @@ from duckpipe.schema.wire import WireFlag, WireOp
 from duckpipe.testing import cluster_class_or_skip
 from duckpipe.testing.datagrams import decode, encode, payload_max
 
+pytestmark = pytest.mark.dataplane
+
 PAYLOAD = payload_max(1500)
 
 

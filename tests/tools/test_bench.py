@@ -25,7 +25,15 @@ try:
 except DuckpipeError as e:
     MISSING = str(e)
 
-needs_c = pytest.mark.skipif(bool(MISSING), reason=f"the C programs are not built: {MISSING}")
+_skip_without_c = pytest.mark.skipif(
+    bool(MISSING), reason=f"the C programs are not built: {MISSING}"
+)
+
+
+def needs_c(test):
+    """A test that runs `duckpipe bench` sections which start the C programs."""
+    return pytest.mark.dataplane(_skip_without_c(test))
+
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT_KEYS = {"config", "row", "name", "transport", "size", "series", "fit", "stream_delivered"}

@@ -125,7 +125,15 @@ def test_every_option_of_every_command_has_help():
     assert not missing, missing
 
 
-@pytest.mark.parametrize("args", [["--help"], ["shm", "ls"], ["doctor"], ["stats", "--help"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["shm", "ls"],
+        pytest.param(["doctor"], marks=pytest.mark.dataplane),  # duckpipe-dataplane --backends
+        ["stats", "--help"],
+    ],
+)
 def test_a_reader_that_goes_away_ends_it_quietly(args):
     proc = subprocess.Popen(
         [sys.executable, "-m", "duckpipe", *args],
@@ -140,6 +148,7 @@ def test_a_reader_that_goes_away_ends_it_quietly(args):
     assert proc.returncode in (0, 141), (proc.returncode, err)
 
 
+@pytest.mark.dataplane
 def test_dataplane_check_validates_a_topology_and_starts_nothing(tmp_path):
     good = tmp_path / "good.toml"
     good.write_text(
@@ -161,6 +170,7 @@ def test_dataplane_check_validates_a_topology_and_starts_nothing(tmp_path):
     assert r.returncode == 1 and "share 127.0.0.1:47999" in r.stderr
 
 
+@pytest.mark.dataplane  # runs duckpipe-dataplane --backends
 def test_doctor_reports_each_feature_with_a_fix_when_missing():
     r = _duckpipe("doctor", "--json", timeout=60)
     assert r.returncode in (0, 1), r.stderr
@@ -210,6 +220,7 @@ def test_example_uses_the_default_control_endpoint(tmp_path):
 DATAPLANE = [sys.executable, "-m", "duckpipe", "dataplane"]
 
 
+@pytest.mark.dataplane
 def test_six_simultaneous_launches_each_start_with_their_own_config(tmp_path):
     cluster_class_or_skip()
     env = dict(os.environ, DUCKPIPE_RUN_DIR=str(tmp_path))
@@ -246,6 +257,7 @@ def test_six_simultaneous_launches_each_start_with_their_own_config(tmp_path):
             p.wait(20)
 
 
+@pytest.mark.dataplane
 def test_a_failed_launch_leaves_the_running_dataplanes_config_alone(tmp_path):
     cluster_class_or_skip()
     env = dict(os.environ, DUCKPIPE_RUN_DIR=str(tmp_path))
@@ -288,6 +300,7 @@ def test_default_ports_differ_between_users_and_follow_the_environment(monkeypat
         runtime.default_ports()
 
 
+@pytest.mark.dataplane
 def test_dataplane_says_which_ports_and_takes_a_free_host_port_when_its_own_is_busy(tmp_path):
     busy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     busy.bind(("127.0.0.1", 0))

@@ -91,6 +91,7 @@ def test_loopback_puts_n_ducks_on_consecutive_ports():
         loopback(0)
 
 
+@pytest.mark.dataplane
 def test_three_terminals_ducks_then_dataplane_then_a_client(tmp_path):
     pytest.importorskip("duckpipe.launch.cluster")
     from duckpipe.launch.cluster import free_udp_ports
