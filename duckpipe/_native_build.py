@@ -67,6 +67,21 @@ int dp_seg_check(const struct dp_seg_header *h, uint64_t file_size, uint32_t max
                  uint64_t max_bytes, struct dp_seg_plan *out);
 int dp_msgpack_prescan(const char *buf, size_t len, uint32_t max_depth, char *why, size_t n);
 uint32_t dp_wire_payload_max(uint32_t mtu);
+int dp_routing_size(uint64_t tokens, uint64_t topk, uint64_t *out);
+int dp_routing_check(const void *table, uint64_t len, uint32_t tokens, uint32_t n_experts,
+                     char *why, size_t n);
+int dp_routing_placement_check(const struct dp_routing_placement *pl, char *why, size_t n);
+int dp_routing_split(const void *table, uint64_t len, const struct dp_routing_placement *pl,
+                     const uint64_t *ducks, void *out, uint64_t out_len, uint64_t *out_size,
+                     uint64_t *targets, char *why, size_t n);
+int dp_routing_wire_check(const void *table, uint64_t len, uint32_t rows, uint32_t n_experts,
+                          char *why, size_t n);
+int dp_routing_wire_section(const void *table, uint64_t len, uint16_t duck,
+                            struct dp_routing_section *out);
+int dp_routing_wire_unicast(const void *table, uint64_t len, uint16_t duck, void *out,
+                            uint64_t out_len, uint16_t *row_map, uint32_t row_cap,
+                            uint64_t *out_size, char *why, size_t n);
+const char *dp_routing_strerror(int rc);
 """
 
 # Only the Python client spins or sleeps on a done word; the GIL is released for the call.
@@ -77,6 +92,7 @@ SOURCE = r"""
 #include "dp_seg_plan.h"
 #include "dp_msgpack_scan.h" /* the mock dataplane's control pre-scan: the dataplane's own */
 #include "dp_wire.h"    /* dp_wire_payload_max: chunk sizes for tools and fake ducks */
+#include "dp_routing.h" /* MoE routing tables: the client's pack, the mock's check */
 
 static uint64_t dp_mono_ns(void)
 {
@@ -152,7 +168,13 @@ static uint64_t dp_wait_done(struct dp_slot_header *h, uint32_t generation, uint
 """
 
 ffibuilder = FFI()
-ffibuilder.cdef(abi_cdef() + cdef_section("dp_seg_plan.h") + FUNCTIONS)
+ffibuilder.cdef(
+    abi_cdef()
+    + cdef_section("dp_seg_plan.h")
+    + cdef_section("dp_routing_abi.h")
+    + cdef_section("dp_routing.h")
+    + FUNCTIONS
+)
 ffibuilder.set_source(
     "duckpipe._native",
     SOURCE,
