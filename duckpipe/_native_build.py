@@ -71,6 +71,21 @@ int dp_desc_check(const struct dp_client_layout *c, const struct dp_desc_layer *
                   const struct dp_desc *d, const struct dp_limits *lim, struct dp_desc_plan *out,
                   char *why, size_t whylen);
 uint64_t dp_client_quota(uint64_t contexts, uint32_t nactive, uint64_t client_max_inflight);
+int dp_routing_size(uint64_t tokens, uint64_t topk, uint64_t *out);
+int dp_routing_check(const void *table, uint64_t len, uint32_t tokens, uint32_t n_experts,
+                     char *why, size_t n);
+int dp_routing_placement_check(const struct dp_routing_placement *pl, char *why, size_t n);
+int dp_routing_split(const void *table, uint64_t len, const struct dp_routing_placement *pl,
+                     const uint64_t *ducks, void *out, uint64_t out_len, uint64_t *out_size,
+                     uint64_t *targets, char *why, size_t n);
+int dp_routing_wire_check(const void *table, uint64_t len, uint32_t rows, uint32_t n_experts,
+                          char *why, size_t n);
+int dp_routing_wire_section(const void *table, uint64_t len, uint16_t duck,
+                            struct dp_routing_section *out);
+int dp_routing_wire_unicast(const void *table, uint64_t len, uint16_t duck, void *out,
+                            uint64_t out_len, uint16_t *row_map, uint32_t row_cap,
+                            uint64_t *out_size, char *why, size_t n);
+const char *dp_routing_strerror(int rc);
 """
 
 # Only the Python client spins or sleeps on a done word; the GIL is released for the call.
@@ -84,6 +99,7 @@ SOURCE = r"""
 /* the mock dataplane's descriptor check and fair share: the dataplane's own */
 #include "dp_desc_check.h"
 #include "dp_fair_share.h"
+#include "dp_routing.h" /* MoE routing tables: the client's pack, the mock's check */
 
 static uint64_t dp_mono_ns(void)
 {
@@ -160,7 +176,12 @@ static uint64_t dp_wait_done(struct dp_slot_header *h, uint32_t generation, uint
 
 ffibuilder = FFI()
 ffibuilder.cdef(
-    abi_cdef() + cdef_section("dp_seg_plan.h") + cdef_section("dp_desc_check.h") + FUNCTIONS
+    abi_cdef()
+    + cdef_section("dp_seg_plan.h")
+    + cdef_section("dp_desc_check.h")
+    + cdef_section("dp_routing_abi.h")
+    + cdef_section("dp_routing.h")
+    + FUNCTIONS
 )
 ffibuilder.set_source(
     "duckpipe._native",

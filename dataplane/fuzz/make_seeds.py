@@ -32,6 +32,86 @@ def write(harness: str, name: str, data: bytes, prefix: str = "seed") -> None:
     (d / f"{prefix}-{name}").write_bytes(data)
 
 
+# --- fuzz_routing -----------------------------------------------------------------------
+
+
+def routing_params(
+    n_experts: int, rows: int, replicas: int = 1, stride: int = 0, nic: int = 0, broken=False
+) -> bytes:
+    """fuzz_routing's layer, forward, placement and NIC before the table (see the harness)."""
+    shape = (replicas - 1) | (0x80 if broken else 0)
+    return struct.pack("<HHBBBx", n_experts - 1, rows, shape, stride, nic)
+
+
+def routing_seeds() -> None:
+    """Tables packed by duckpipe.client.routing from real gates (seed-*), the hostile
+    variants the C test refuses (hostile-*), and wire tables split from them (wire-*)."""
+    import numpy as np
+
+    from duckpipe.client import routing
+    from duckpipe.moe import Gate
+    from duckpipe.schema.routing import ROUTING_MAGIC
+
+    h = "fuzz_routing"
+    rng = np.random.default_rng(7)
+    # DeepSeek-V3's gate: 256 experts, 8 of 8 groups kept 4, sigmoid with bias
+    w, i = Gate.deepseek_v3(hidden=64)(rng.standard_normal((8, 64)).astype(np.float32))
+    ds = routing.pack(i, w, 256).tobytes()
+    write(h, "deepseek-v3-8-tokens", routing_params(256, 8) + ds)
+    # replicas (up to 3 per expert), and the odd ducks as one NIC's (v = 0x19)
+    write(h, "deepseek-v3-replicas-one-nic", routing_params(256, 8, 3, 5, 0x19) + ds)
+    small = Gate.random(8, 16, topk=2, seed=3)
+    w, i = small(rng.standard_normal((4, 16)).astype(np.float32))
+    write(
+        h, "softmax-8-experts", routing_params(8, 4, 2, 1, 0x02) + routing.pack(i, w, 8).tobytes()
+    )
+    one = routing.pack(np.zeros((1, 1), np.int32), np.ones((1, 1), np.float32), 1).tobytes()
+    write(h, "one-token-one-expert", routing_params(1, 1) + one)
+    wide = Gate.random(64, 16, topk=16, seed=4)
+    w, i = wide(rng.standard_normal((3, 16)).astype(np.float32))
+    write(h, "topk-16", routing_params(64, 3, 8, 9) + routing.pack(i, w, 64).tobytes())
+
+    # hostile variants of the DeepSeek-V3 table: each one is refused
+    def entry(t: int, k: int) -> int:
+        return 16 + 8 * (t * 8 + k)
+
+    def patched(offset: int, fmt: str, value) -> bytes:
+        b = bytearray(ds)
+        struct.pack_into(fmt, b, offset, value)
+        return bytes(b)
+
+    prm = routing_params(256, 8)
+    dup_expert = struct.unpack_from("<I", ds, entry(2, 0))[0]
+    write(h, "duplicate-expert", prm + patched(entry(2, 5), "<I", dup_expert), "hostile")
+    write(h, "expert-past-the-layer", prm + patched(entry(7, 7), "<I", 256), "hostile")
+    write(h, "nan-weight", prm + patched(entry(3, 1) + 4, "<I", 0x7FC00000), "hostile")
+    write(h, "inf-weight", prm + patched(entry(0, 0) + 4, "<I", 0x7F800000), "hostile")
+    write(h, "truncated", prm + ds[:-1], "hostile")
+    # 2^32-1 tokens by 2^16-1 experts: 2^51 bytes, if anything multiplied it unchecked
+    huge = struct.pack("<IBBHII", ROUTING_MAGIC, 1, 0, 0xFFFF, 0xFFFFFFFF, 256)
+    write(h, "counts-overflow", routing_params(256, 0xFFFF) + huge + ds[16:], "hostile")
+    write(h, "placement-without-duck", routing_params(256, 8, broken=True) + ds, "hostile")
+
+    # wire tables: DeepSeek-V3's on 32 ducks of 8 experts, and one duck's unicast
+    place = routing.placement([[e // 8] for e in range(256)])
+    wire_table, targets = routing.split(ds, place)
+    write(h, "wire-deepseek-v3-32-ducks", prm + wire_table.tobytes())
+    duck = min(targets)
+    uni, row_map = routing.unicast(wire_table, duck)
+    write(h, "wire-unicast", routing_params(256, len(row_map)) + uni.tobytes())
+    # the first two entries of the first section that has two, swapped
+    by_duck = routing.sections(wire_table, 8, 256)
+    before = 0
+    for d in sorted(by_duck):
+        if len(by_duck[d].row) >= 2:
+            break
+        before += len(by_duck[d].row)
+    at = 16 + 8 * (len(by_duck) + before)
+    swapped = bytearray(wire_table.tobytes())
+    swapped[at : at + 16] = swapped[at + 8 : at + 16] + swapped[at : at + 8]
+    write(h, "wire-out-of-order", prm + bytes(swapped), "hostile")
+
+
 # --- fuzz_wire_reasm ------------------------------------------------------------------
 
 
@@ -297,6 +377,7 @@ def desc_seeds() -> None:
 
 
 if __name__ == "__main__":
+    routing_seeds()
     wire_seeds()
     control_seeds()
     desc_seeds()

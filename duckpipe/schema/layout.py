@@ -17,6 +17,7 @@ from msgspec import Meta
 
 __all__ = [
     "CACHE_LINE",
+    "F32",
     "U8",
     "U16",
     "U32",
@@ -31,7 +32,7 @@ __all__ = [
 
 CACHE_LINE = 64
 
-_CTYPE_SIZES = {"uint8_t": 1, "uint16_t": 2, "uint32_t": 4, "uint64_t": 8, "char": 1}
+_CTYPE_SIZES = {"uint8_t": 1, "uint16_t": 2, "uint32_t": 4, "uint64_t": 8, "char": 1, "float": 4}
 
 
 def _uint(ctype: str, bits: int) -> Any:
@@ -42,6 +43,8 @@ U8 = _uint("uint8_t", 8)
 U16 = _uint("uint16_t", 16)
 U32 = _uint("uint32_t", 32)
 U64 = _uint("uint64_t", 64)
+#: IEEE 754 binary32, little-endian (routing weights)
+F32 = Annotated[float, Meta(extra={"ctype": "float"})]
 
 
 def Array(ctype: str, count: int) -> Any:

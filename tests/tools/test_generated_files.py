@@ -16,14 +16,15 @@ import msgspec
 import pytest
 from duckpipe._native import ffi, lib
 
-from duckpipe.schema import abi, codegen, control, layout_of, stats, wire
+from duckpipe.schema import abi, codegen, control, layout_of, routing, stats, wire
 from duckpipe.schema.codegen import ROOT, render_all
 from duckpipe.schema.layout import U8, U32, U64, Pad
 
 INCLUDE = ROOT / "dataplane" / "include"
 GEN = INCLUDE / "gen"  # written by tools/gen_abi.py
-ALL_LAYOUTS = (*abi.LAYOUTS, *wire.LAYOUTS)
-ENUMS = codegen.ENUMS  # every enum the header carries, WireFlag included
+ALL_LAYOUTS = (*abi.LAYOUTS, *wire.LAYOUTS, *routing.LAYOUTS)
+# every enum the headers carry, WireFlag and the routing errors included
+ENUMS = (*codegen.ENUMS, *routing.ENUMS)
 
 
 def _c_enum_prefix(cls: type[enum.IntEnum]) -> str:
@@ -69,7 +70,7 @@ def test_gen_abi_check_exits_zero_when_files_are_fresh() -> None:
 
 def test_render_all_covers_the_header_every_schema_json_and_the_protocols_doc() -> None:
     rendered = set(render_all())
-    committed = {Path("dataplane/include/gen/dp_abi.h"), Path("docs/protocols.md")} | {
+    committed = {p.relative_to(ROOT) for p in GEN.glob("*_abi.h")} | {Path("docs/protocols.md")} | {
         p.relative_to(ROOT) for p in (ROOT / "schemas").glob("*.json")
     }
     assert committed <= rendered, f"committed but never rendered: {committed - rendered}"
@@ -101,6 +102,18 @@ def test_the_protocols_doc_shows_every_message_code_op_and_struct_field() -> Non
         assert f"`{name}`" in text, name
 
 
+def test_the_routing_header_draws_its_layouts_and_u16_fields_hold_the_maximums() -> None:
+    header = (GEN / "dp_routing_abi.h").read_text()
+    for line in ("| dp_routing_header (16 B)", "| dp_routing_wire_entry[E] (8 B each)"):
+        assert line in header
+    entry = layout_of(routing.RoutingWireEntry)
+    # a wire row, expert and duck are u16: the maximums must fit them
+    assert entry.field("row").size == entry.field("expert").size == 2
+    assert routing.MAX_TOKENS <= 1 << 16 and routing.MAX_EXPERTS <= 1 << 16
+    assert abi.MAX_DUCKS <= 1 << 16 and routing.MAX_TOPK <= 0xFFFF
+    assert layout_of(routing.Placement).field("replicas").count == routing.MAX_EXPERTS
+
+
 # --- the compiled cffi module -----------------------------------------------------
 
 
@@ -122,6 +135,7 @@ def test_cffi_constants_and_enums_match_the_schema() -> None:
     expected = {
         **abi.CONSTANTS,
         **wire.CONSTANTS,
+        **routing.CONSTANTS,
         "HOST_TENSOR_DUCK": control.HOST_TENSOR_DUCK,
         "PROTOCOL_VERSION": control.PROTOCOL_VERSION,
     }
@@ -159,6 +173,7 @@ def test_a_layer_payload_is_the_wire_layer_struct() -> None:
 _C_PROGRAM = r"""
 #include "dp_abi.h"
 #include "dp_ring.h"
+#include "dp_routing.h"
 
 /* Checked against the schema independently of the header's own asserts. */
 @SCHEMA_ASSERTS@

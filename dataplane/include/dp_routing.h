@@ -1,0 +1,603 @@
+/* dp_routing.h: the one check of a routing table, and the split into per-duck sections.
+ *
+ * The layouts are drawn at the top of gen/dp_routing_abi.h (duckpipe/schema/routing.py).
+ * A host table is written by a client into shared memory; a wire table arrives at a duck
+ * in a datagram: both are input from someone else, like a descriptor. Header-only, so
+ * that the dataplane, the duck emulator, the cffi module (the client's pack, the mock
+ * dataplane) and fuzz/fuzz_routing.c run this code and no copy of it.
+ *
+ * Rules every function here keeps, whatever the bytes:
+ *   - every length is checked against the bytes given before anything past it is read;
+ *     fields are read with memcpy (no alignment is assumed of the buffer);
+ *   - counts are bounded by the schema's maximums before they are multiplied, and the
+ *     sizes are computed with __builtin_*_overflow all the same;
+ *   - an id indexes nothing before it is checked (experts against n_experts, ducks
+ *     against DP_MAX_DUCKS, replicas against DP_MAX_REPLICAS);
+ *   - outputs go to caller-provided buffers of a given size, never past it;
+ *   - refusals return a negative enum dp_routing_error and say where in `why`.
+ * The check functions decide whether a table is valid; the others (split, section,
+ * unicast) are only memory-safe on tables the checks refused, and promise a valid
+ * output only for tables they accepted.
+ *
+ * dp_routing_check          host table: header against the forward and the layer, every
+ *                           expert < n_experts, no expert twice for a token, finite weights
+ * dp_routing_placement_check  expert -> ducks (1..MAX_REPLICAS distinct ducks each)
+ * dp_routing_split          host table + placement (+ the NIC's ducks) -> wire table
+ * dp_routing_wire_check     wire table: directory, sections, entries
+ * dp_routing_wire_section   where one duck's section is
+ * dp_routing_wire_unicast   one duck's section alone, rows renumbered, with their map
+ */
+#ifndef DP_ROUTING_H
+#define DP_ROUTING_H
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dp_abi.h"
+#include "dp_routing_abi.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "routing tables are little-endian; dp_routing.h reads them in place"
+#endif
+
+/* @cdef-begin: cffi parses from here */
+
+/* Where one duck's entries are in a wire table (dp_routing_wire_section). */
+struct dp_routing_section {
+    uint64_t offset;     /* bytes from the table's start to its first dp_routing_wire_entry */
+    uint32_t n_entries;
+    uint32_t n_rows;     /* distinct rows: its reply's rows */
+};
+
+/* @cdef-end */
+
+#define DP_ROUTING_HEADER_SIZE ((uint64_t)sizeof(struct dp_routing_header))
+#define DP_ROUTING_ENTRY_SIZE ((uint64_t)sizeof(struct dp_routing_entry))
+#define DP_ROUTING_WIRE_HEADER_SIZE ((uint64_t)sizeof(struct dp_routing_wire_header))
+#define DP_ROUTING_WIRE_DUCK_SIZE ((uint64_t)sizeof(struct dp_routing_wire_duck))
+#define DP_ROUTING_WIRE_ENTRY_SIZE ((uint64_t)sizeof(struct dp_routing_wire_entry))
+#define DP_ROUTING_F32_EXP 0x7f800000u
+
+static inline int dp_routing_refuse(int rc, char *why, size_t n, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static inline int dp_routing_refuse(int rc, char *why, size_t n, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	if (why && n)
+		vsnprintf(why, n, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+/* A float32 given by its bits is finite when its exponent is not all ones (inf, NaN).
+ * Bits, not a float compare: -ffast-math would fold isfinite() to true. */
+static inline int dp_routing_finite(uint32_t bits)
+{
+	return (bits & DP_ROUTING_F32_EXP) != DP_ROUTING_F32_EXP;
+}
+
+static inline int dp_routing_has_duck(const uint64_t *ducks, uint32_t d)
+{
+	return !ducks || (ducks[d >> 6] >> (d & 63) & 1);
+}
+
+/* Bytes of a host table of `tokens` tokens by `topk`: 0 and *out, or -1 when they
+ * overflow 64 bits (they cannot within the maximums; the check is for callers past them). */
+static inline int dp_routing_size(uint64_t tokens, uint64_t topk, uint64_t *out)
+{
+	uint64_t n;
+	if (__builtin_mul_overflow(tokens, topk, &n) ||
+	    __builtin_mul_overflow(n, DP_ROUTING_ENTRY_SIZE, &n) ||
+	    __builtin_add_overflow(n, DP_ROUTING_HEADER_SIZE, &n))
+		return -1;
+	*out = n;
+	return 0;
+}
+
+/* Bytes of a wire table of n_ducks sections holding `entries` entries; 0 or -1 as above. */
+static inline int dp_routing_wire_size(uint64_t n_ducks, uint64_t entries, uint64_t *out)
+{
+	uint64_t n;
+	if (__builtin_add_overflow(n_ducks, entries, &n) ||
+	    __builtin_mul_overflow(n, DP_ROUTING_WIRE_ENTRY_SIZE, &n) ||
+	    __builtin_add_overflow(n, DP_ROUTING_WIRE_HEADER_SIZE, &n))
+		return -1;
+	*out = n;
+	return 0;
+}
+
+static inline int dp_routing_check_n_experts(uint32_t n_experts, char *why, size_t n)
+{
+	if (n_experts < 1 || n_experts > DP_MAX_EXPERTS)
+		return dp_routing_refuse(DP_ROUTING_ERROR_N_EXPERTS, why, n,
+					 "the layer's %u experts are outside 1..%u", n_experts,
+					 DP_MAX_EXPERTS);
+	return 0;
+}
+
+/* Check a host table of len bytes (a private copy: it is read once, in order) for a
+ * forward of `tokens` rows on a layer of n_experts routed experts. 0, or a negative enum
+ * dp_routing_error with why. Bytes past the table's size are not read. */
+static inline int dp_routing_check(const void *table, uint64_t len, uint32_t tokens,
+				   uint32_t n_experts, char *why, size_t n)
+{
+	const uint8_t *p = table;
+	struct dp_routing_header h;
+	uint64_t size;
+	int rc = dp_routing_check_n_experts(n_experts, why, n);
+	if (rc < 0)
+		return rc;
+	if (len < DP_ROUTING_HEADER_SIZE)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
+					 "%llu bytes are fewer than the routing header's %llu",
+					 (unsigned long long)len,
+					 (unsigned long long)DP_ROUTING_HEADER_SIZE);
+	memcpy(&h, p, sizeof(h));
+	if (h.magic != DP_ROUTING_MAGIC)
+		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_MAGIC, why, n,
+					 "magic 0x%08x is not a host routing table's (0x%08x)",
+					 h.magic, DP_ROUTING_MAGIC);
+	if (h.version != DP_ROUTING_VERSION)
+		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_VERSION, why, n,
+					 "routing table version %u, this build reads %u", h.version,
+					 DP_ROUTING_VERSION);
+	if (h.flags)
+		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_FLAGS, why, n,
+					 "routing flags 0x%02x: none are defined", h.flags);
+	if (h.n_experts != n_experts)
+		return dp_routing_refuse(DP_ROUTING_ERROR_N_EXPERTS, why, n,
+					 "the table routes over %u experts, the layer has %u",
+					 h.n_experts, n_experts);
+	if (h.tokens < 1 || h.tokens > DP_MAX_TOKENS || h.tokens != tokens)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TOKENS, why, n,
+					 "the table has %u tokens, the forward %u rows (1..%u)",
+					 h.tokens, tokens, DP_MAX_TOKENS);
+	if (h.topk < 1 || h.topk > DP_MAX_TOPK || h.topk > n_experts)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TOPK, why, n,
+					 "topk %u is outside 1..%u (and the layer's %u experts)",
+					 h.topk, DP_MAX_TOPK, n_experts);
+	if (dp_routing_size(h.tokens, h.topk, &size) < 0 || size > len)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
+					 "%u tokens by %u need %llu bytes, the table has %llu",
+					 h.tokens, h.topk, (unsigned long long)size,
+					 (unsigned long long)len);
+	/* one bit per expert, set for the current token's choices and cleared after it */
+	uint64_t seen[DP_MAX_EXPERTS / 64] = { 0 };
+	const uint8_t *e0 = p + DP_ROUTING_HEADER_SIZE;
+	for (uint32_t t = 0; t < h.tokens; t++) {
+		const uint8_t *row = e0 + (uint64_t)t * h.topk * DP_ROUTING_ENTRY_SIZE;
+		uint32_t k;
+		for (k = 0; k < h.topk; k++) {
+			uint32_t expert, bits;
+			memcpy(&expert, row + k * DP_ROUTING_ENTRY_SIZE, 4);
+			memcpy(&bits, row + k * DP_ROUTING_ENTRY_SIZE + 4, 4);
+			if (expert >= n_experts) {
+				rc = dp_routing_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
+						       "token %u, choice %u names expert %u; the "
+						       "layer has %u (0..%u)",
+						       t, k, expert, n_experts, n_experts - 1);
+				break;
+			}
+			if (seen[expert >> 6] >> (expert & 63) & 1) {
+				rc = dp_routing_refuse(DP_ROUTING_ERROR_DUPLICATE, why, n,
+						       "token %u names expert %u twice (again at "
+						       "choice %u)",
+						       t, expert, k);
+				break;
+			}
+			seen[expert >> 6] |= 1ull << (expert & 63);
+			if (!dp_routing_finite(bits)) {
+				rc = dp_routing_refuse(DP_ROUTING_ERROR_WEIGHT, why, n,
+						       "token %u, choice %u (expert %u) has weight "
+						       "bits 0x%08x: NaN or infinite",
+						       t, k, expert, bits);
+				break;
+			}
+		}
+		if (rc < 0)
+			return rc;
+		for (uint32_t j = 0; j < k; j++) { /* every one was < n_experts */
+			uint32_t expert;
+			memcpy(&expert, row + j * DP_ROUTING_ENTRY_SIZE, 4);
+			seen[expert >> 6] &= ~(1ull << (expert & 63));
+		}
+	}
+	return 0;
+}
+
+/* Check a placement (the dataplane's own copy, made from a layer's load): 1..MAX_EXPERTS
+ * experts, each on 1..MAX_REPLICAS distinct ducks below DP_MAX_DUCKS. */
+static inline int dp_routing_placement_check(const struct dp_routing_placement *pl, char *why,
+					     size_t n)
+{
+	if (pl->n_experts < 1 || pl->n_experts > DP_MAX_EXPERTS)
+		return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
+					 "the placement's %u experts are outside 1..%u",
+					 pl->n_experts, DP_MAX_EXPERTS);
+	for (uint32_t e = 0; e < pl->n_experts; e++) {
+		uint32_t r = pl->replicas[e];
+		const uint16_t *ducks = &pl->ducks[e * DP_MAX_REPLICAS];
+		if (r < 1 || r > DP_MAX_REPLICAS)
+			return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
+						 "expert %u is on %u ducks; give it 1..%u", e, r,
+						 DP_MAX_REPLICAS);
+		for (uint32_t i = 0; i < r; i++) {
+			if (ducks[i] >= DP_MAX_DUCKS)
+				return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
+							 "expert %u is placed on duck %u; ducks "
+							 "are 0..%u",
+							 e, ducks[i], DP_MAX_DUCKS - 1);
+			for (uint32_t j = 0; j < i; j++)
+				if (ducks[j] == ducks[i])
+					return dp_routing_refuse(
+						DP_ROUTING_ERROR_PLACEMENT, why, n,
+						"expert %u is placed on duck %u twice", e, ducks[i]);
+		}
+	}
+	return 0;
+}
+
+/* The duck of token t's route to expert e (replica t % replicas[e]), or -1 when the
+ * placement cannot say (an expert past it, no replicas, a duck past DP_MAX_DUCKS). */
+static inline int32_t dp_routing_duck_of(const struct dp_routing_placement *pl, uint32_t t,
+					 uint32_t e)
+{
+	if (e >= pl->n_experts || e >= DP_MAX_EXPERTS)
+		return -1;
+	uint32_t r = pl->replicas[e];
+	if (r < 1 || r > DP_MAX_REPLICAS)
+		return -1;
+	uint16_t d = pl->ducks[e * DP_MAX_REPLICAS + (r == 1 ? 0 : t % r)]; /* most: no divide */
+	return d < DP_MAX_DUCKS ? d : -1;
+}
+
+/* Split a host table (len bytes, accepted by dp_routing_check) by a placement (accepted
+ * by dp_routing_placement_check, same n_experts) into the wire table of the ducks in
+ * `ducks` (a DP_MAX_DUCKS-bit set: one NIC's; NULL: every duck), written to out (out_len
+ * bytes): 0 and *out_size its bytes, 0 when no duck of the set is routed (send nothing),
+ * or a negative enum dp_routing_error with why (out may then be partly written). With
+ * `targets` (DP_MAX_DUCKS bits) non-NULL, it is set to the ducks that got a section.
+ * Sections ascend by duck, entries by (row, expert); the rows are the tokens. */
+static inline int dp_routing_split(const void *table, uint64_t len,
+				   const struct dp_routing_placement *pl, const uint64_t *ducks,
+				   void *out, uint64_t out_len, uint64_t *out_size, uint64_t *targets,
+				   char *why, size_t n)
+{
+	const uint8_t *p = table;
+	struct dp_routing_header h;
+	uint64_t size;
+	uint32_t count[DP_MAX_DUCKS] = { 0 }, rows[DP_MAX_DUCKS] = { 0 };
+	uint32_t next[DP_MAX_DUCKS]; /* pass 1: last token counted; pass 2: next entry */
+	*out_size = 0;
+	if (targets)
+		memset(targets, 0, DP_MAX_DUCKS / 8);
+	/* a checked table passes these; they keep an unchecked one from reading past len */
+	if (len < DP_ROUTING_HEADER_SIZE)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n, "no routing header");
+	memcpy(&h, p, sizeof(h));
+	if (h.topk > DP_MAX_TOPK || h.tokens > DP_MAX_TOKENS ||
+	    dp_routing_size(h.tokens, h.topk, &size) < 0 || size > len)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
+					 "the routing table was not checked");
+	if (h.n_experts != pl->n_experts)
+		return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
+					 "the table routes over %u experts, the placement places %u",
+					 h.n_experts, pl->n_experts);
+	const uint8_t *e0 = p + DP_ROUTING_HEADER_SIZE;
+	uint32_t n_ducks = 0, entries = 0;
+	memset(next, 0xff, sizeof(next));
+	for (uint32_t t = 0; t < h.tokens; t++)
+		for (uint32_t k = 0; k < h.topk; k++) {
+			uint32_t expert;
+			memcpy(&expert, e0 + ((uint64_t)t * h.topk + k) * DP_ROUTING_ENTRY_SIZE, 4);
+			int32_t d = dp_routing_duck_of(pl, t, expert);
+			if (d < 0)
+				return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
+							 "the placement has no duck for expert %u",
+							 expert);
+			if (!dp_routing_has_duck(ducks, (uint32_t)d))
+				continue;
+			n_ducks += count[d]++ == 0;
+			entries++;
+			if (next[d] != t) {
+				next[d] = t;
+				rows[d]++;
+			}
+		}
+	if (n_ducks == 0)
+		return 0;
+	if (dp_routing_wire_size(n_ducks, entries, &size) < 0 || size > out_len)
+		return dp_routing_refuse(DP_ROUTING_ERROR_NO_ROOM, why, n,
+					 "the wire table needs %llu bytes, %llu are given",
+					 (unsigned long long)size, (unsigned long long)out_len);
+	uint8_t *o = out;
+	struct dp_routing_wire_header wh = {
+		.magic = DP_ROUTING_WIRE_MAGIC,
+		.version = DP_ROUTING_VERSION,
+		.flags = 0,
+		.n_ducks = (uint16_t)n_ducks,
+		.rows = h.tokens,
+		.entries = entries,
+	};
+	memcpy(o, &wh, sizeof(wh));
+	uint8_t *dir = o + DP_ROUTING_WIRE_HEADER_SIZE;
+	uint8_t *w0 = dir + (uint64_t)n_ducks * DP_ROUTING_WIRE_DUCK_SIZE;
+	uint32_t first = 0;
+	for (uint32_t d = 0, i = 0; d < DP_MAX_DUCKS; d++) {
+		if (!count[d])
+			continue;
+		struct dp_routing_wire_duck wd = { (uint16_t)d, (uint16_t)rows[d], count[d] };
+		memcpy(dir + (uint64_t)i++ * DP_ROUTING_WIRE_DUCK_SIZE, &wd, sizeof(wd));
+		next[d] = first;
+		first += count[d];
+		if (targets)
+			targets[d >> 6] |= 1ull << (d & 63);
+	}
+	for (uint32_t t = 0; t < h.tokens; t++) {
+		/* this token's choices by expert: each duck's entries then ascend by (row, expert) */
+		struct dp_routing_entry c[DP_MAX_TOPK];
+		memcpy(c, e0 + (uint64_t)t * h.topk * DP_ROUTING_ENTRY_SIZE,
+		       h.topk * DP_ROUTING_ENTRY_SIZE);
+		for (uint32_t k = 1; k < h.topk; k++)
+			for (uint32_t j = k; j > 0 && c[j - 1].expert > c[j].expert; j--) {
+				struct dp_routing_entry tmp = c[j];
+				c[j] = c[j - 1];
+				c[j - 1] = tmp;
+			}
+		for (uint32_t k = 0; k < h.topk; k++) {
+			int32_t d = dp_routing_duck_of(pl, t, c[k].expert); /* >= 0: pass 1 */
+			if (!dp_routing_has_duck(ducks, (uint32_t)d))
+				continue;
+			struct dp_routing_wire_entry we = { (uint16_t)t, (uint16_t)c[k].expert, 0 };
+			memcpy(&we.weight, &c[k].weight, 4); /* bits as they are */
+			memcpy(w0 + (uint64_t)next[d]++ * DP_ROUTING_WIRE_ENTRY_SIZE, &we, sizeof(we));
+		}
+	}
+	*out_size = size;
+	return 0;
+}
+
+/* Check a wire table of len bytes that came with an activation of `rows` rows, for a
+ * layer of n_experts routed experts: 0, or a negative enum dp_routing_error with why. */
+static inline int dp_routing_wire_check(const void *table, uint64_t len, uint32_t rows,
+					uint32_t n_experts, char *why, size_t n)
+{
+	const uint8_t *p = table;
+	struct dp_routing_wire_header h;
+	uint64_t size;
+	int rc = dp_routing_check_n_experts(n_experts, why, n);
+	if (rc < 0)
+		return rc;
+	if (len < DP_ROUTING_WIRE_HEADER_SIZE)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
+					 "%llu bytes are fewer than the wire routing header's %llu",
+					 (unsigned long long)len,
+					 (unsigned long long)DP_ROUTING_WIRE_HEADER_SIZE);
+	memcpy(&h, p, sizeof(h));
+	if (h.magic != DP_ROUTING_WIRE_MAGIC)
+		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_MAGIC, why, n,
+					 "magic 0x%08x is not a wire routing table's (0x%08x)",
+					 h.magic, DP_ROUTING_WIRE_MAGIC);
+	if (h.version != DP_ROUTING_VERSION)
+		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_VERSION, why, n,
+					 "routing table version %u, this build reads %u", h.version,
+					 DP_ROUTING_VERSION);
+	if (h.flags)
+		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_FLAGS, why, n,
+					 "routing flags 0x%02x: none are defined", h.flags);
+	if (h.rows < 1 || h.rows > DP_MAX_TOKENS || h.rows != rows)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TOKENS, why, n,
+					 "the table has %u rows, the activation %u (1..%u)", h.rows,
+					 rows, DP_MAX_TOKENS);
+	if (h.n_ducks < 1 || h.n_ducks > DP_MAX_DUCKS)
+		return dp_routing_refuse(DP_ROUTING_ERROR_DUCKS, why, n,
+					 "%u duck sections, not 1..%u", h.n_ducks, DP_MAX_DUCKS);
+	if (h.entries < h.n_ducks || h.entries > h.rows * DP_MAX_TOPK)
+		return dp_routing_refuse(DP_ROUTING_ERROR_ENTRIES, why, n,
+					 "%u entries for %u ducks and %u rows (at most %u per row)",
+					 h.entries, h.n_ducks, h.rows, DP_MAX_TOPK);
+	if (dp_routing_wire_size(h.n_ducks, h.entries, &size) < 0 || size > len)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
+					 "%u ducks and %u entries need %llu bytes, the table has %llu",
+					 h.n_ducks, h.entries, (unsigned long long)size,
+					 (unsigned long long)len);
+	const uint8_t *dir = p + DP_ROUTING_WIRE_HEADER_SIZE;
+	const uint8_t *w0 = dir + (uint64_t)h.n_ducks * DP_ROUTING_WIRE_DUCK_SIZE;
+	uint64_t sum = 0;
+	int32_t prev_duck = -1;
+	for (uint32_t i = 0; i < h.n_ducks; i++) {
+		struct dp_routing_wire_duck wd;
+		memcpy(&wd, dir + (uint64_t)i * DP_ROUTING_WIRE_DUCK_SIZE, sizeof(wd));
+		if (wd.duck >= DP_MAX_DUCKS || (int32_t)wd.duck <= prev_duck)
+			return dp_routing_refuse(DP_ROUTING_ERROR_DUCKS, why, n,
+						 "section %u is duck %u: ducks must ascend, below %u",
+						 i, wd.duck, DP_MAX_DUCKS);
+		prev_duck = wd.duck;
+		if (wd.n_entries < 1 || wd.n_entries > h.entries - sum)
+			return dp_routing_refuse(DP_ROUTING_ERROR_ENTRIES, why, n,
+						 "duck %u's %u entries: zero, or past the table's %u",
+						 wd.duck, wd.n_entries, h.entries);
+		/* sections are consecutive: this one is [sum, sum + n_entries) */
+		uint32_t distinct = 0;
+		int32_t prev_row = -1, prev_expert = -1;
+		for (uint32_t j = 0; j < wd.n_entries; j++) {
+			struct dp_routing_wire_entry we;
+			uint32_t bits;
+			memcpy(&we, w0 + (sum + j) * DP_ROUTING_WIRE_ENTRY_SIZE, sizeof(we));
+			memcpy(&bits, &we.weight, 4);
+			if (we.row >= h.rows)
+				return dp_routing_refuse(DP_ROUTING_ERROR_ROWS, why, n,
+							 "duck %u, entry %u: row %u of %u", wd.duck,
+							 j, we.row, h.rows);
+			if (we.expert >= n_experts)
+				return dp_routing_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
+							 "duck %u, entry %u names expert %u; the "
+							 "layer has %u",
+							 wd.duck, j, we.expert, n_experts);
+			if ((int32_t)we.row < prev_row ||
+			    ((int32_t)we.row == prev_row && (int32_t)we.expert <= prev_expert))
+				return dp_routing_refuse(DP_ROUTING_ERROR_ORDER, why, n,
+							 "duck %u, entry %u (row %u, expert %u) does "
+							 "not follow (row %d, expert %d)",
+							 wd.duck, j, we.row, we.expert, prev_row,
+							 prev_expert);
+			if (!dp_routing_finite(bits))
+				return dp_routing_refuse(DP_ROUTING_ERROR_WEIGHT, why, n,
+							 "duck %u, entry %u has weight bits 0x%08x: "
+							 "NaN or infinite",
+							 wd.duck, j, bits);
+			distinct += (int32_t)we.row != prev_row;
+			prev_row = we.row;
+			prev_expert = we.expert;
+		}
+		if (distinct != wd.n_rows)
+			return dp_routing_refuse(DP_ROUTING_ERROR_ROWS, why, n,
+						 "duck %u says %u rows, its entries name %u", wd.duck,
+						 wd.n_rows, distinct);
+		sum += wd.n_entries;
+	}
+	if (sum != h.entries)
+		return dp_routing_refuse(DP_ROUTING_ERROR_ENTRIES, why, n,
+					 "the sections hold %llu entries, the header says %u",
+					 (unsigned long long)sum, h.entries);
+	return 0;
+}
+
+/* Find duck's section in a wire table of len bytes (accepted by dp_routing_wire_check):
+ * 0 and *out, or DP_ROUTING_ERROR_NO_SUCH_DUCK (or _TRUNCATED for a table that would
+ * send the search past len). */
+static inline int dp_routing_wire_section(const void *table, uint64_t len, uint16_t duck,
+					  struct dp_routing_section *out)
+{
+	const uint8_t *p = table;
+	struct dp_routing_wire_header h;
+	if (len < DP_ROUTING_WIRE_HEADER_SIZE)
+		return DP_ROUTING_ERROR_TRUNCATED;
+	memcpy(&h, p, sizeof(h));
+	uint64_t base = DP_ROUTING_WIRE_HEADER_SIZE + (uint64_t)h.n_ducks * DP_ROUTING_WIRE_DUCK_SIZE;
+	if (base > len)
+		return DP_ROUTING_ERROR_TRUNCATED;
+	uint64_t first = 0;
+	for (uint32_t i = 0; i < h.n_ducks; i++) {
+		struct dp_routing_wire_duck wd;
+		memcpy(&wd, p + DP_ROUTING_WIRE_HEADER_SIZE + (uint64_t)i * DP_ROUTING_WIRE_DUCK_SIZE,
+		       sizeof(wd));
+		if (wd.duck == duck) {
+			uint64_t off = base + first * DP_ROUTING_WIRE_ENTRY_SIZE;
+			if (off > len || (len - off) / DP_ROUTING_WIRE_ENTRY_SIZE < wd.n_entries)
+				return DP_ROUTING_ERROR_TRUNCATED;
+			out->offset = off;
+			out->n_entries = wd.n_entries;
+			out->n_rows = wd.n_rows;
+			return 0;
+		}
+		first += wd.n_entries; /* at most 2^16 sections of 2^32: no wrap */
+	}
+	return DP_ROUTING_ERROR_NO_SUCH_DUCK;
+}
+
+/* Duck's section of a wire table of len bytes (accepted by dp_routing_wire_check) as a
+ * table of its own, for a unicast that carries only its rows: written to out (out_len
+ * bytes), rows renumbered 0..n_rows-1 in order; row_map[i] (row_cap entries) gets the
+ * row that new row i was. 0 and *out_size, or a negative enum dp_routing_error. */
+static inline int dp_routing_wire_unicast(const void *table, uint64_t len, uint16_t duck,
+					  void *out, uint64_t out_len, uint16_t *row_map,
+					  uint32_t row_cap, uint64_t *out_size, char *why, size_t n)
+{
+	const uint8_t *p = table;
+	struct dp_routing_section s;
+	uint64_t size;
+	*out_size = 0;
+	int rc = dp_routing_wire_section(table, len, duck, &s);
+	if (rc < 0)
+		return dp_routing_refuse(rc, why, n, "duck %u has no section in this table", duck);
+	if (s.n_rows < 1 || s.n_rows > row_cap)
+		return dp_routing_refuse(DP_ROUTING_ERROR_NO_ROOM, why, n,
+					 "duck %u has %u rows, the row map %u", duck, s.n_rows,
+					 row_cap);
+	if (dp_routing_wire_size(1, s.n_entries, &size) < 0 || size > out_len)
+		return dp_routing_refuse(DP_ROUTING_ERROR_NO_ROOM, why, n,
+					 "the unicast table needs %llu bytes, %llu are given",
+					 (unsigned long long)size, (unsigned long long)out_len);
+	uint8_t *o = out;
+	struct dp_routing_wire_header wh = {
+		.magic = DP_ROUTING_WIRE_MAGIC,
+		.version = DP_ROUTING_VERSION,
+		.flags = 0,
+		.n_ducks = 1,
+		.rows = s.n_rows,
+		.entries = s.n_entries,
+	};
+	struct dp_routing_wire_duck wd = { duck, (uint16_t)s.n_rows, s.n_entries };
+	memcpy(o, &wh, sizeof(wh));
+	memcpy(o + DP_ROUTING_WIRE_HEADER_SIZE, &wd, sizeof(wd));
+	uint8_t *w0 = o + DP_ROUTING_WIRE_HEADER_SIZE + DP_ROUTING_WIRE_DUCK_SIZE;
+	uint32_t new_row = 0;
+	int32_t prev = -1;
+	for (uint32_t j = 0; j < s.n_entries; j++) {
+		struct dp_routing_wire_entry we;
+		memcpy(&we, p + s.offset + (uint64_t)j * DP_ROUTING_WIRE_ENTRY_SIZE, sizeof(we));
+		if ((int32_t)we.row != prev) {
+			if (prev >= 0)
+				new_row++;
+			if (new_row >= s.n_rows) /* more rows than it says: not checked */
+				return dp_routing_refuse(DP_ROUTING_ERROR_ROWS, why, n,
+							 "duck %u names more rows than its %u",
+							 duck, s.n_rows);
+			row_map[new_row] = we.row;
+			prev = we.row;
+		}
+		we.row = (uint16_t)new_row;
+		memcpy(w0 + (uint64_t)j * DP_ROUTING_WIRE_ENTRY_SIZE, &we, sizeof(we));
+	}
+	*out_size = size;
+	return 0;
+}
+
+static inline const char *dp_routing_strerror(int rc)
+{
+	switch (rc) {
+	case DP_ROUTING_ERROR_OK:
+		return "ok";
+	case DP_ROUTING_ERROR_TRUNCATED:
+		return "the table is shorter than its header or the sizes it declares";
+	case DP_ROUTING_ERROR_BAD_MAGIC:
+		return "not a routing table of this kind";
+	case DP_ROUTING_ERROR_BAD_VERSION:
+		return "another routing table version";
+	case DP_ROUTING_ERROR_BAD_FLAGS:
+		return "routing flags this version does not define";
+	case DP_ROUTING_ERROR_TOKENS:
+		return "token count zero, over the maximum, or not the forward's rows";
+	case DP_ROUTING_ERROR_TOPK:
+		return "topk zero, over the maximum, or over the layer's experts";
+	case DP_ROUTING_ERROR_N_EXPERTS:
+		return "expert count zero, over the maximum, or not the layer's";
+	case DP_ROUTING_ERROR_EXPERT:
+		return "an expert id past the layer's experts";
+	case DP_ROUTING_ERROR_DUPLICATE:
+		return "a token names one expert twice";
+	case DP_ROUTING_ERROR_WEIGHT:
+		return "a weight is NaN or infinite";
+	case DP_ROUTING_ERROR_DUCKS:
+		return "duck sections missing, past the maximum, or not ascending";
+	case DP_ROUTING_ERROR_ENTRIES:
+		return "section entry counts zero or not adding up";
+	case DP_ROUTING_ERROR_ORDER:
+		return "a section's entries do not ascend by row, then expert";
+	case DP_ROUTING_ERROR_ROWS:
+		return "a row past the activation's, or a section's row count wrong";
+	case DP_ROUTING_ERROR_PLACEMENT:
+		return "an expert with no duck, too many, a duck twice or past the maximum";
+	case DP_ROUTING_ERROR_NO_ROOM:
+		return "the output buffer is too small";
+	case DP_ROUTING_ERROR_NO_SUCH_DUCK:
+		return "the duck has no section in the table";
+	}
+	return "unknown routing error";
+}
+
+#endif /* DP_ROUTING_H */

@@ -1,0 +1,481 @@
+/* test_routing.c: dp_routing.h accepts the tables a client and the dataplane write,
+ * refuses every hostile variant with the right code, and splits a host table into the
+ * per-duck wire sections a hand count expects. Exit 0 pass, 1 fail. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp_routing.h"
+#include "test_check.h"
+
+#define EXPERTS 8u
+#define TOKENS 4u
+#define TOPK 2u
+
+/* A host table in a heap buffer of exactly its size, so that ASan (make SANITIZE=1)
+ * sees a read one byte past it. */
+struct host {
+	uint8_t *buf;
+	uint64_t len;
+};
+
+static struct host host_table(uint32_t tokens, uint32_t topk, uint32_t n_experts,
+			      const uint32_t *experts, const float *weights)
+{
+	struct host t;
+	CHECK(dp_routing_size(tokens, topk, &t.len) == 0, "size");
+	t.buf = malloc(t.len);
+	struct dp_routing_header h = { DP_ROUTING_MAGIC, DP_ROUTING_VERSION, 0, (uint16_t)topk,
+				       tokens, n_experts };
+	memcpy(t.buf, &h, sizeof(h));
+	for (uint32_t i = 0; i < tokens * topk; i++) {
+		struct dp_routing_entry e = { experts[i], weights[i] };
+		memcpy(t.buf + 16 + 8 * (uint64_t)i, &e, sizeof(e));
+	}
+	return t;
+}
+
+/* token t -> experts: 0 {1, 5}, 1 {5, 2}, 2 {7, 0}, 3 {2, 1} */
+static const uint32_t EXP[TOKENS * TOPK] = { 1, 5, 5, 2, 7, 0, 2, 1 };
+static const float W[TOKENS * TOPK] = { 0.5f, 0.25f, 1.0f, 2.0f, -0.5f, 0.125f, 3.0f, 0.0f };
+
+static struct host good(void)
+{
+	return host_table(TOKENS, TOPK, EXPERTS, EXP, W);
+}
+
+static int check(const struct host *t)
+{
+	char why[200];
+	return dp_routing_check(t->buf, t->len, TOKENS, EXPERTS, why, sizeof(why));
+}
+
+static void set_u32(struct host *t, uint64_t off, uint32_t v)
+{
+	memcpy(t->buf + off, &v, 4);
+}
+
+static void test_accepts_the_table_a_client_packs(void)
+{
+	struct host t = good();
+	char why[200] = "";
+	CHECK(dp_routing_check(t.buf, t.len, TOKENS, EXPERTS, why, sizeof(why)) == 0, "%s", why);
+	CHECK(t.len == 16 + 8 * TOKENS * TOPK, "len %lu", (unsigned long)t.len);
+	free(t.buf);
+}
+
+static void test_refuses_a_header_that_disagrees_with_the_forward_or_layer(void)
+{
+	char why[200];
+	struct host t = good();
+	CHECK(dp_routing_check(t.buf, t.len, TOKENS + 1, EXPERTS, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_TOKENS,
+	      "tokens");
+	CHECK(dp_routing_check(t.buf, t.len, TOKENS, EXPERTS + 1, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_N_EXPERTS,
+	      "n_experts");
+	CHECK(strstr(why, "routes over 8 experts, the layer has 9"), "why: %s", why);
+	CHECK(dp_routing_check(t.buf, t.len, TOKENS, 0, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_N_EXPERTS,
+	      "layer of 0 experts");
+	CHECK(dp_routing_check(t.buf, t.len, TOKENS, DP_MAX_EXPERTS + 1, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_N_EXPERTS,
+	      "layer past MAX_EXPERTS");
+	t.buf[0] ^= 1;
+	CHECK(check(&t) == DP_ROUTING_ERROR_BAD_MAGIC, "magic");
+	t.buf[0] ^= 1;
+	t.buf[4] = 2;
+	CHECK(check(&t) == DP_ROUTING_ERROR_BAD_VERSION, "version");
+	t.buf[4] = DP_ROUTING_VERSION;
+	t.buf[5] = 0x80;
+	CHECK(check(&t) == DP_ROUTING_ERROR_BAD_FLAGS, "flags");
+	t.buf[5] = 0;
+	t.buf[6] = 0;
+	CHECK(check(&t) == DP_ROUTING_ERROR_TOPK, "topk 0");
+	t.buf[6] = 9; /* more than the layer's 8 experts */
+	CHECK(check(&t) == DP_ROUTING_ERROR_TOPK, "topk 9");
+	t.buf[6] = TOPK;
+	CHECK(check(&t) == 0, "restored");
+	free(t.buf);
+}
+
+static void test_refuses_truncated_tables_and_reads_nothing_past_len(void)
+{
+	struct host t = good();
+	for (uint64_t len = 0; len < t.len; len++) {
+		/* the first len bytes at the end of a buffer of len: ASan catches a read past */
+		uint8_t *cut = malloc(len ? len : 1);
+		memcpy(cut, t.buf, len);
+		char why[200];
+		int rc = dp_routing_check(cut, len, TOKENS, EXPERTS, why, sizeof(why));
+		CHECK(rc == DP_ROUTING_ERROR_TRUNCATED, "len %lu: %d", (unsigned long)len, rc);
+		free(cut);
+	}
+	free(t.buf);
+}
+
+static void test_refuses_counts_whose_size_would_overflow(void)
+{
+	/* 2^32-1 tokens by 2^16-1: 2^51 bytes; refused on the maximums, never multiplied */
+	uint8_t buf[16];
+	struct dp_routing_header h = { DP_ROUTING_MAGIC, DP_ROUTING_VERSION, 0, 0xffff,
+				       0xffffffffu, EXPERTS };
+	memcpy(buf, &h, sizeof(h));
+	char why[200];
+	CHECK(dp_routing_check(buf, sizeof(buf), 0xffffffffu, EXPERTS, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_TOKENS,
+	      "tokens 2^32-1");
+	h.tokens = DP_MAX_TOKENS;
+	memcpy(buf, &h, sizeof(h));
+	CHECK(dp_routing_check(buf, sizeof(buf), DP_MAX_TOKENS, EXPERTS, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_TOPK,
+	      "topk 2^16-1");
+	/* at the maximums: needs 512 KiB, has 16 bytes */
+	h.topk = DP_MAX_TOPK;
+	memcpy(buf, &h, sizeof(h));
+	CHECK(dp_routing_check(buf, sizeof(buf), DP_MAX_TOKENS, DP_MAX_EXPERTS, why,
+			       sizeof(why)) == DP_ROUTING_ERROR_N_EXPERTS,
+	      "n_experts mismatch first");
+	h.n_experts = DP_MAX_EXPERTS;
+	memcpy(buf, &h, sizeof(h));
+	CHECK(dp_routing_check(buf, sizeof(buf), DP_MAX_TOKENS, DP_MAX_EXPERTS, why,
+			       sizeof(why)) == DP_ROUTING_ERROR_TRUNCATED,
+	      "at the maximums");
+	CHECK(strstr(why, "need 524304 bytes, the table has 16"), "why: %s", why);
+	uint64_t size;
+	CHECK(dp_routing_size(1ull << 62, 4, &size) < 0, "size wraps");
+	CHECK(dp_routing_size(UINT64_MAX / 8, 1, &size) < 0, "header add wraps");
+	CHECK(dp_routing_wire_size(UINT64_MAX, 1, &size) < 0, "wire size wraps");
+}
+
+static void test_refuses_an_expert_past_the_layer(void)
+{
+	struct host t = good();
+	set_u32(&t, 16 + 8 * 5, EXPERTS); /* token 2, choice 1 */
+	char why[200];
+	CHECK(dp_routing_check(t.buf, t.len, TOKENS, EXPERTS, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_EXPERT,
+	      "expert 8");
+	CHECK(strstr(why, "token 2, choice 1 names expert 8"), "why: %s", why);
+	set_u32(&t, 16 + 8 * 5, 0xffffffffu);
+	CHECK(check(&t) == DP_ROUTING_ERROR_EXPERT, "expert 2^32-1");
+	free(t.buf);
+}
+
+static void test_refuses_a_token_that_names_an_expert_twice(void)
+{
+	struct host t = good();
+	set_u32(&t, 16 + 8 * 7, 2); /* token 3: {2, 2} */
+	char why[200];
+	CHECK(dp_routing_check(t.buf, t.len, TOKENS, EXPERTS, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_DUPLICATE,
+	      "duplicate");
+	CHECK(strstr(why, "token 3 names expert 2 twice"), "why: %s", why);
+	free(t.buf);
+	/* the same expert in different tokens is fine: the bitmap is cleared per token */
+	static const uint32_t same[4] = { 3, 4, 3, 4 };
+	static const float w[4] = { 1, 1, 1, 1 };
+	t = host_table(2, 2, EXPERTS, same, w);
+	CHECK(dp_routing_check(t.buf, t.len, 2, EXPERTS, why, sizeof(why)) == 0, "%s", why);
+	free(t.buf);
+}
+
+static void test_refuses_nan_and_infinite_weights(void)
+{
+	const float bad[] = { NAN, -NAN, INFINITY, -INFINITY };
+	for (unsigned i = 0; i < 4; i++) {
+		struct host t = good();
+		memcpy(t.buf + 16 + 8 * 6 + 4, &bad[i], 4); /* token 3, choice 0 */
+		char why[200];
+		CHECK(dp_routing_check(t.buf, t.len, TOKENS, EXPERTS, why, sizeof(why)) ==
+			      DP_ROUTING_ERROR_WEIGHT,
+		      "weight %u", i);
+		CHECK(strstr(why, "token 3, choice 0 (expert 2)"), "why: %s", why);
+		free(t.buf);
+	}
+	/* the largest finite float and a subnormal are weights */
+	struct host t = good();
+	float big = 3.4028235e38f, tiny = 1e-45f;
+	memcpy(t.buf + 16 + 4, &big, 4);
+	memcpy(t.buf + 16 + 12, &tiny, 4);
+	CHECK(check(&t) == 0, "finite extremes");
+	free(t.buf);
+}
+
+static void test_why_may_be_null(void)
+{
+	struct host t = good();
+	t.buf[0] = 0;
+	CHECK(dp_routing_check(t.buf, t.len, TOKENS, EXPERTS, NULL, 0) ==
+		      DP_ROUTING_ERROR_BAD_MAGIC,
+	      "NULL why");
+	free(t.buf);
+}
+
+/* --- placement and split ------------------------------------------------------------ */
+
+/* experts 0..7 on ducks: e -> duck e / 2 + 10 (ducks 10..13), expert 5 also on duck 70 */
+static struct dp_routing_placement *placement(void)
+{
+	struct dp_routing_placement *p = calloc(1, sizeof(*p));
+	p->n_experts = EXPERTS;
+	for (uint32_t e = 0; e < EXPERTS; e++) {
+		p->replicas[e] = 1;
+		p->ducks[e * DP_MAX_REPLICAS] = (uint16_t)(e / 2 + 10);
+	}
+	p->replicas[5] = 2;
+	p->ducks[5 * DP_MAX_REPLICAS + 1] = 70;
+	return p;
+}
+
+static void test_placement_check_refuses_what_split_cannot_follow(void)
+{
+	struct dp_routing_placement *p = placement();
+	char why[200] = "";
+	CHECK(dp_routing_placement_check(p, why, sizeof(why)) == 0, "%s", why);
+	p->replicas[3] = 0;
+	CHECK(dp_routing_placement_check(p, why, sizeof(why)) == DP_ROUTING_ERROR_PLACEMENT, "0");
+	CHECK(strstr(why, "expert 3 is on 0 ducks"), "why: %s", why);
+	p->replicas[3] = DP_MAX_REPLICAS + 1;
+	CHECK(dp_routing_placement_check(p, why, sizeof(why)) == DP_ROUTING_ERROR_PLACEMENT, "9");
+	p->replicas[3] = 1;
+	p->ducks[3 * DP_MAX_REPLICAS] = DP_MAX_DUCKS;
+	CHECK(dp_routing_placement_check(p, why, sizeof(why)) == DP_ROUTING_ERROR_PLACEMENT,
+	      "duck 256");
+	p->ducks[3 * DP_MAX_REPLICAS] = 11;
+	p->ducks[5 * DP_MAX_REPLICAS + 1] = 12;
+	CHECK(dp_routing_placement_check(p, why, sizeof(why)) == DP_ROUTING_ERROR_PLACEMENT,
+	      "twice");
+	CHECK(strstr(why, "expert 5 is placed on duck 12 twice"), "why: %s", why);
+	p->ducks[5 * DP_MAX_REPLICAS + 1] = 70;
+	p->n_experts = 0;
+	CHECK(dp_routing_placement_check(p, why, sizeof(why)) == DP_ROUTING_ERROR_PLACEMENT,
+	      "no experts");
+	p->n_experts = DP_MAX_EXPERTS + 1;
+	CHECK(dp_routing_placement_check(p, why, sizeof(why)) == DP_ROUTING_ERROR_PLACEMENT,
+	      "too many experts");
+	free(p);
+}
+
+static struct dp_routing_wire_entry wire_entry(const uint8_t *w, uint64_t i)
+{
+	struct dp_routing_wire_entry e;
+	memcpy(&e, w + 16 + i * 8, sizeof(e));
+	return e;
+}
+
+static void test_split_gives_each_duck_its_rows_in_order(void)
+{
+	struct host t = good();
+	struct dp_routing_placement *p = placement();
+	uint8_t out[512];
+	uint64_t size, targets[4];
+	char why[200] = "";
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, out, sizeof(out), &size, targets, why,
+			       sizeof(why)) == 0,
+	      "%s", why);
+	/* by hand: token 0 {1->10, 5->12 (replica 0)}, 1 {5->70 (replica 1), 2->11},
+	 * 2 {7->13, 0->10}, 3 {2->11, 1->10} */
+	struct dp_routing_wire_header h;
+	memcpy(&h, out, sizeof(h));
+	CHECK(h.magic == DP_ROUTING_WIRE_MAGIC && h.n_ducks == 5 && h.rows == TOKENS &&
+		      h.entries == TOKENS * TOPK,
+	      "header %u ducks %u entries", h.n_ducks, h.entries);
+	CHECK(size == 16 + 8 * 5 + 8 * 8, "size %lu", (unsigned long)size);
+	static const struct dp_routing_wire_duck dir[5] = {
+		{ 10, 3, 3 }, { 11, 2, 2 }, { 12, 1, 1 }, { 13, 1, 1 }, { 70, 1, 1 }
+	};
+	CHECK(!memcmp(out + 16, dir, sizeof(dir)), "directory");
+	/* entries after the directory (16 + 40 bytes = 7 entries of 8 in) */
+	static const uint16_t want[8][2] = { { 0, 1 }, { 2, 0 }, { 3, 1 }, { 1, 2 },
+					     { 3, 2 }, { 0, 5 }, { 2, 7 }, { 1, 5 } };
+	static const float want_w[8] = { 0.5f, 0.125f, 0.0f, 2.0f, 3.0f, 0.25f, -0.5f, 1.0f };
+	for (unsigned i = 0; i < 8; i++) {
+		struct dp_routing_wire_entry e = wire_entry(out, 5 + i);
+		CHECK(e.row == want[i][0] && e.expert == want[i][1] && e.weight == want_w[i],
+		      "entry %u: row %u expert %u weight %g", i, e.row, e.expert, e.weight);
+	}
+	CHECK(targets[0] == (1ull << 10 | 1ull << 11 | 1ull << 12 | 1ull << 13) &&
+		      targets[1] == 1ull << 6 && !targets[2] && !targets[3],
+	      "targets");
+	CHECK(dp_routing_wire_check(out, size, TOKENS, EXPERTS, why, sizeof(why)) == 0, "%s", why);
+	free(p);
+	free(t.buf);
+}
+
+static void test_split_keeps_one_nics_ducks_and_says_when_none_is_routed(void)
+{
+	struct host t = good();
+	struct dp_routing_placement *p = placement();
+	uint8_t out[512];
+	uint64_t size, targets[4];
+	uint64_t nic[4] = { 1ull << 11, 1ull << 6, 0, 0 }; /* ducks 11 and 70 */
+	char why[200] = "";
+	CHECK(dp_routing_split(t.buf, t.len, p, nic, out, sizeof(out), &size, targets, why,
+			       sizeof(why)) == 0,
+	      "%s", why);
+	struct dp_routing_wire_header h;
+	memcpy(&h, out, sizeof(h));
+	CHECK(h.n_ducks == 2 && h.entries == 3 && size == 16 + 16 + 24, "%u ducks %u entries",
+	      h.n_ducks, h.entries);
+	CHECK(targets[0] == 1ull << 11 && targets[1] == 1ull << 6, "targets");
+	CHECK(dp_routing_wire_check(out, size, TOKENS, EXPERTS, why, sizeof(why)) == 0, "%s", why);
+	uint64_t none[4] = { 1, 0, 0, 0 }; /* duck 0 holds nothing */
+	memset(out, 0x77, sizeof(out));
+	CHECK(dp_routing_split(t.buf, t.len, p, none, out, sizeof(out), &size, targets, why,
+			       sizeof(why)) == 0 &&
+		      size == 0 && !targets[0] && !targets[1] && out[0] == 0x77,
+	      "no duck routed: size %lu", (unsigned long)size);
+	free(p);
+	free(t.buf);
+}
+
+static void test_split_refuses_a_small_buffer_and_a_foreign_placement(void)
+{
+	struct host t = good();
+	struct dp_routing_placement *p = placement();
+	uint8_t out[512];
+	uint64_t size;
+	char why[200];
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, out, 16 + 40 + 63, &size, NULL, why,
+			       sizeof(why)) == DP_ROUTING_ERROR_NO_ROOM,
+	      "one byte short");
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, out, 16 + 40 + 64, &size, NULL, why,
+			       sizeof(why)) == 0,
+	      "exact room");
+	p->n_experts = EXPERTS - 1;
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, out, sizeof(out), &size, NULL, why,
+			       sizeof(why)) == DP_ROUTING_ERROR_PLACEMENT,
+	      "7-expert placement");
+	p->n_experts = EXPERTS;
+	p->replicas[7] = 0; /* unchecked: split must not divide by it */
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, out, sizeof(out), &size, NULL, why,
+			       sizeof(why)) == DP_ROUTING_ERROR_PLACEMENT,
+	      "no replicas");
+	CHECK(strstr(why, "no duck for expert 7"), "why: %s", why);
+	free(p);
+	free(t.buf);
+}
+
+/* --- wire tables ----------------------------------------------------------------------- */
+
+static uint64_t split_all(uint8_t *out, uint64_t cap)
+{
+	struct host t = good();
+	struct dp_routing_placement *p = placement();
+	uint64_t size = 0;
+	dp_routing_split(t.buf, t.len, p, NULL, out, cap, &size, NULL, NULL, 0);
+	free(p);
+	free(t.buf);
+	return size;
+}
+
+static int wire_check(const uint8_t *w, uint64_t len)
+{
+	char why[200];
+	return dp_routing_wire_check(w, len, TOKENS, EXPERTS, why, sizeof(why));
+}
+
+static void test_wire_check_refuses_every_broken_directory_and_section(void)
+{
+	uint8_t good_w[512], w[512];
+	uint64_t size = split_all(good_w, sizeof(good_w));
+	CHECK(size == 120 && wire_check(good_w, size) == 0, "split");
+	struct {
+		uint64_t off;
+		uint16_t value;
+		int rc;
+		const char *what;
+	} cases[] = {
+		{ 2, 0x5452, DP_ROUTING_ERROR_BAD_MAGIC, "a host table's magic, DPRT" },
+		{ 4, 0x0002, DP_ROUTING_ERROR_BAD_VERSION, "version 2" },
+		{ 4, 0x0101, DP_ROUTING_ERROR_BAD_FLAGS, "flags" },
+		{ 6, 0, DP_ROUTING_ERROR_DUCKS, "no ducks" },
+		{ 6, 257, DP_ROUTING_ERROR_DUCKS, "257 ducks" },
+		{ 8, 3, DP_ROUTING_ERROR_TOKENS, "rows not the activation's" },
+		{ 12, 4, DP_ROUTING_ERROR_ENTRIES, "entries below ducks" },
+		{ 12, 9, DP_ROUTING_ERROR_TRUNCATED, "one entry more than the bytes" },
+		{ 16, 11, DP_ROUTING_ERROR_DUCKS, "ducks 11, 11" },
+		{ 16 + 32, 256, DP_ROUTING_ERROR_DUCKS, "duck 256" },
+		{ 16 + 2, 2, DP_ROUTING_ERROR_ROWS, "duck 10 says 2 rows of 3" },
+		{ 16 + 4, 0, DP_ROUTING_ERROR_ENTRIES, "a section of 0" },
+		{ 16 + 4, 9, DP_ROUTING_ERROR_ENTRIES, "a section past the table" },
+		{ 16 + 4, 2, DP_ROUTING_ERROR_ROWS, "duck 10's section cut short" },
+		{ 56 + 16, 1, DP_ROUTING_ERROR_ORDER, "duck 10's rows 0, 2, 1" },
+		{ 56 + 8, 0, DP_ROUTING_ERROR_ORDER, "duck 10's row 0: expert 1, then 0" },
+		{ 56, 4, DP_ROUTING_ERROR_ROWS, "row 4 of 4" },
+		{ 56 + 2, 8, DP_ROUTING_ERROR_EXPERT, "expert 8" },
+		{ 56 + 6, 0x7fc0, DP_ROUTING_ERROR_WEIGHT, "NaN" },
+		{ 56 + 6, 0xff80, DP_ROUTING_ERROR_WEIGHT, "-inf" },
+	};
+	for (unsigned i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		memcpy(w, good_w, size);
+		memcpy(w + cases[i].off, &cases[i].value, 2);
+		int rc = wire_check(w, size);
+		CHECK(rc == cases[i].rc, "%s: %d, want %d", cases[i].what, rc, cases[i].rc);
+	}
+	/* the sections add up to fewer entries than the header says (and the bytes hold) */
+	memcpy(w, good_w, size);
+	uint32_t entries = 9;
+	memcpy(w + 12, &entries, 4);
+	CHECK(wire_check(w, size + 8) == DP_ROUTING_ERROR_ENTRIES, "sum");
+	for (uint64_t len = 0; len < size; len++) {
+		uint8_t *cut = malloc(len ? len : 1);
+		memcpy(cut, good_w, len);
+		CHECK(wire_check(cut, len) == DP_ROUTING_ERROR_TRUNCATED, "len %lu",
+		      (unsigned long)len);
+		free(cut);
+	}
+}
+
+static void test_a_duck_finds_its_section_and_a_unicast_renumbers_rows(void)
+{
+	uint8_t w[512], u[512];
+	uint64_t size = split_all(w, sizeof(w)), usize;
+	struct dp_routing_section s;
+	CHECK(dp_routing_wire_section(w, size, 11, &s) == 0, "duck 11");
+	CHECK(s.offset == 56 + 3 * 8 && s.n_entries == 2 && s.n_rows == 2, "section");
+	CHECK(dp_routing_wire_section(w, size, 12, &s) == 0 && s.n_entries == 1, "duck 12");
+	CHECK(dp_routing_wire_section(w, size, 9, &s) == DP_ROUTING_ERROR_NO_SUCH_DUCK, "duck 9");
+	CHECK(dp_routing_wire_section(w, 40, 70, &s) == DP_ROUTING_ERROR_TRUNCATED, "cut");
+	uint16_t map[4] = { 0xffff, 0xffff, 0xffff, 0xffff };
+	char why[200] = "";
+	/* duck 10: rows 0, 2, 3 (experts 1, 0, 1) -> rows 0, 1, 2 */
+	CHECK(dp_routing_wire_unicast(w, size, 10, u, sizeof(u), map, 4, &usize, why,
+				      sizeof(why)) == 0,
+	      "%s", why);
+	CHECK(usize == 16 + 8 + 3 * 8, "usize %lu", (unsigned long)usize);
+	CHECK(map[0] == 0 && map[1] == 2 && map[2] == 3 && map[3] == 0xffff, "map %u %u %u",
+	      map[0], map[1], map[2]);
+	struct dp_routing_wire_entry e = wire_entry(u, 1 + 1);
+	CHECK(e.row == 1 && e.expert == 0 && e.weight == 0.125f, "renumbered entry");
+	CHECK(dp_routing_wire_check(u, usize, 3, EXPERTS, why, sizeof(why)) == 0, "%s", why);
+	CHECK(dp_routing_wire_unicast(w, size, 10, u, sizeof(u), map, 2, &usize, why,
+				      sizeof(why)) == DP_ROUTING_ERROR_NO_ROOM,
+	      "map of 2 for 3 rows");
+	CHECK(dp_routing_wire_unicast(w, size, 10, u, 47, map, 4, &usize, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_NO_ROOM,
+	      "out one byte short");
+	CHECK(dp_routing_wire_unicast(w, size, 9, u, sizeof(u), map, 4, &usize, why,
+				      sizeof(why)) == DP_ROUTING_ERROR_NO_SUCH_DUCK,
+	      "duck 9");
+}
+
+int main(void)
+{
+	test_accepts_the_table_a_client_packs();
+	test_refuses_a_header_that_disagrees_with_the_forward_or_layer();
+	test_refuses_truncated_tables_and_reads_nothing_past_len();
+	test_refuses_counts_whose_size_would_overflow();
+	test_refuses_an_expert_past_the_layer();
+	test_refuses_a_token_that_names_an_expert_twice();
+	test_refuses_nan_and_infinite_weights();
+	test_why_may_be_null();
+	test_placement_check_refuses_what_split_cannot_follow();
+	test_split_gives_each_duck_its_rows_in_order();
+	test_split_keeps_one_nics_ducks_and_says_when_none_is_routed();
+	test_split_refuses_a_small_buffer_and_a_foreign_placement();
+	test_wire_check_refuses_every_broken_directory_and_section();
+	test_a_duck_finds_its_section_and_a_unicast_renumbers_rows();
+	return test_result("test_routing");
+}
