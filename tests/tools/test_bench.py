@@ -86,6 +86,7 @@ def assert_markdown(stdout: str, title: str, columns: list[dict]) -> None:
 
 
 @needs_c
+@pytest.mark.slow  # 16-18 s: every section
 def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -> None:
     stdout, doc = run_bench(tmp_path, "all")
     for fact in ("cpu_model", "cpus", "kernel", "python", "numpy", "pinning", "date_utc"):
