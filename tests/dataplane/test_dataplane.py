@@ -265,6 +265,7 @@ def test_a_forward_in_flight_when_the_epoch_moves_is_not_committed(cluster_facto
         assert a.forward(1, np.ones((1, 16), np.float32), timeout=5).shape == (1, 16)
 
 
+@pytest.mark.slow  # 44 s: a thousand messages
 def test_random_control_messages_never_hurt_the_dataplane(cluster_factory):
     """A thousand msgpack maps with real message names and random fields."""
     import msgspec

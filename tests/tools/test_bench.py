@@ -88,6 +88,7 @@ def assert_markdown(stdout: str, title: str, columns: list[dict]) -> None:
 
 
 @needs_c
+@pytest.mark.slow  # 16-18 s: every section
 def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -> None:
     page = tmp_path / "benchmarks.md"
     page.write_text("# Benchmarks\n\nkept as it is\n")

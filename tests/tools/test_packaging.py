@@ -53,6 +53,7 @@ def _run(argv: list[str], *, timeout: float, **kw) -> subprocess.CompletedProces
     return r
 
 
+@pytest.mark.slow  # 27-37 s: builds a wheel
 def test_wheel_installs_into_a_fresh_venv_with_its_programs(tmp_path):
     if (
         shutil.which("pkg-config") is None
