@@ -322,6 +322,10 @@ def render_protocols_md() -> str:
         json.loads(render_wire_json()),
         json.loads(render_control_json()),
         json.loads(render_stats_json()),
+        json.loads(render_routing_json()),
+    )
+
+
 def render_routing_header() -> str:
     """dp_routing_abi.h: the routing tables' structs, constants and error codes, with the
     whole of routing.py's docstring (the layouts drawn) on top; dp_routing.h checks them."""

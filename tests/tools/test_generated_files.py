@@ -70,9 +70,11 @@ def test_gen_abi_check_exits_zero_when_files_are_fresh() -> None:
 
 def test_render_all_covers_the_header_every_schema_json_and_the_protocols_doc() -> None:
     rendered = set(render_all())
-    committed = {p.relative_to(ROOT) for p in GEN.glob("*_abi.h")} | {Path("docs/protocols.md")} | {
-        p.relative_to(ROOT) for p in (ROOT / "schemas").glob("*.json")
-    }
+    committed = (
+        {p.relative_to(ROOT) for p in GEN.glob("*_abi.h")}
+        | {Path("docs/protocols.md")}
+        | {p.relative_to(ROOT) for p in (ROOT / "schemas").glob("*.json")}
+    )
     assert committed <= rendered, f"committed but never rendered: {committed - rendered}"
 
 
