@@ -22,6 +22,7 @@ import pytest
 import duckpipe
 import duckpipe.launch.process
 from duckpipe import GeluMlp
+from duckpipe.launch.binaries import find_binary
 from duckpipe.testing import null_backend_result
 
 pytestmark = pytest.mark.dataplane
@@ -167,6 +168,13 @@ def _ring_for(doorbell: str, seconds: float, gap_s: float) -> int:
     return sent
 
 
+def _sanitized(name: str) -> bool:
+    """Is this program an ASan or TSan build (DUCKPIPE_BIN_DIR pointing at one)? Their
+    CPU costs are not the program's: every memory access is instrumented."""
+    data = find_binary(name).read_bytes()
+    return b"__tsan_init" in data or b"__asan_init" in data
+
+
 @pytest.mark.parametrize("threads", ["shared", "dedicated"])
 def test_a_stray_doorbell_costs_one_look_not_a_spin(duckpipe_null_factory, threads):
     # abstract sockets have no permissions: any local process can ring the doorbell. A
@@ -184,8 +192,9 @@ def test_a_stray_doorbell_costs_one_look_not_a_spin(duckpipe_null_factory, threa
     parks = n["parks"] - first["parks"]
     assert n["doorbells"] - first["doorbells"] > 1000, n
     assert parks > 1000, parks
-    # measured: ~100 us a park before, ~10 us after
-    assert cpu / parks < 40e-6, (cpu, parks)
+    # measured: ~100 us a park before, ~10 us after; under TSan a look alone cost ~50 us
+    if not _sanitized("duckpipe-dataplane"):
+        assert cpu / parks < 40e-6, (cpu, parks)
 
 
 @pytest.mark.parametrize("threads", ["shared", "dedicated"])
