@@ -9,8 +9,8 @@
  * the activation and result slot of a forward, the b_down bytes of a host chunk,
  * each in a buffer allocated to its exact size so that ASan sees one byte too many.
  *
- * Built only when src/dp_desc.c exists (helper shm's validator; see the Makefile);
- * check() is the one call to adjust if its signature changes.
+ * Links src/forward/dp_desc.c (fuzz/meson.build); check() is the one call to adjust if its
+ * signature changes.
  *
  * Input: struct dp_desc (128 bytes), then (each read as 0 once the input runs out)
  *   u8 flags: bit 0 float16 layer, bit 1 SwiGLU, bit 2 has b_down, bit 3 committed
