@@ -10,9 +10,9 @@
  * a forward, the b_down bytes of a host chunk, each in a buffer allocated to its exact
  * size so that ASan sees one byte too many.
  *
- * check() is the one call to adjust if the signature changes. desc_verdicts.c includes
- * this file to print each corpus input's verdict, which tests/test_desc_verdicts.py
- * holds the mock dataplane's own path to.
+ * Links src/forward/dp_desc.c (fuzz/meson.build); check() is the one call to adjust if its
+ * signature changes. desc_verdicts.c includes this file to print each corpus input's
+ * verdict, which tests/hostile/test_desc_verdicts.py holds the mock dataplane's own path to.
  *
  * Input: struct dp_desc (128 bytes), then (each read as 0 once the input runs out)
  *   u8 flags: bit 0 float16 layer, bit 1 SwiGLU, bit 2 has b_down, bit 3 committed
