@@ -55,6 +55,7 @@ __all__ = [
     "Backing",
     "DType",
     "Desc",
+    "DescFlag",
     "DetachReason",
     "MlpKind",
     "Op",
@@ -67,7 +68,7 @@ __all__ = [
 ]
 
 ABI_MAJOR = 1
-ABI_MINOR = 2  # 1.1: segments are sealed memfds; detach_reason. 1.2: need_wakeup, waiters
+ABI_MINOR = 3  # 1.1: sealed memfds; detach_reason. 1.2: need_wakeup, waiters. 1.3: MoE (DescFlag)
 SEG_MAGIC = int.from_bytes(b"DUCKSEG1", "little")
 MAX_DUCKS = 256  # bits in a descriptor's target set
 EMULATOR_MAX_DUCKS = 32  # ducks one duckpipe-ducks process emulates
@@ -127,6 +128,23 @@ class Status(enum.IntEnum):
 class MlpKind(enum.IntEnum):
     GELU = 1  # BERT: gelu(x @ w_up + b_up) @ w_down (+ b_down once, after the reduce)
     SWIGLU = 2  # Qwen: (silu(x @ w_gate) * (x @ w_up)) @ w_down
+    #: a mixture-of-experts layer: each duck's shard is a SwiGLU "bank" whose FFN columns
+    #: are its routed experts' (ascending by expert id, expert_ffn columns each), then its
+    #: columns of the shared expert, if the layer has one (LoadWeights, docs/protocols.md)
+    MOE = 3
+
+
+class DescFlag(enum.IntFlag):
+    """Bits of a descriptor's ``flags``."""
+
+    #: FORWARD on a MOE layer: a host routing table (schema/routing.py) follows the
+    #: activation in the activation slot, at align(nbytes, 64)
+    ROUTED = 1
+    #: ROUTED: send the activation once per NIC with the whole table (target set), or
+    #: only each routed duck's rows to it; neither bit: the dataplane chooses per forward
+    #: by the bytes each would put on the wire (both bits: refused)
+    MOE_BROADCAST = 2
+    MOE_UNICAST = 4
 
 
 class TensorDim(enum.IntEnum):
@@ -156,10 +174,16 @@ TENSOR_SHAPES: dict[MlpKind, tuple[tuple[TensorDim, TensorDim], ...]] = {
         (TensorDim.HIDDEN, TensorDim.FFN),  # w_up
         (TensorDim.FFN, TensorDim.HIDDEN),  # w_down
     ),
+    MlpKind.MOE: (  # the duck's bank: SwiGLU tensors over all its columns
+        (TensorDim.HIDDEN, TensorDim.FFN),  # w_gate
+        (TensorDim.HIDDEN, TensorDim.FFN),  # w_up
+        (TensorDim.FFN, TensorDim.HIDDEN),  # w_down
+    ),
 }
 TENSOR_NAMES: dict[MlpKind, tuple[str, ...]] = {
     MlpKind.GELU: ("w_up", "b_up", "w_down"),
     MlpKind.SWIGLU: ("w_gate", "w_up", "w_down"),
+    MlpKind.MOE: ("w_gate", "w_up", "w_down"),
 }
 
 
@@ -258,7 +282,9 @@ class Desc(msgspec.Struct, frozen=True):
         "shape": "FORWARD: activation shape, ndim entries used",
         "duck": "WEIGHT_CHUNK: the duck whose shard this is",
         "tensor": "WEIGHT_CHUNK: index of the tensor in the layer's kind",
-        "ducks": "target set bitmap; all zero means every duck holding the layer",
+        "flags": "enum dp_desc_flag bits (ROUTED: a MoE forward)",
+        "ducks": "target set bitmap; all zero means every duck holding the layer "
+        "(ROUTED: must be all zero; the routing says which ducks)",
     }
 
     forward_id: U64

@@ -31,6 +31,7 @@ ENUMS: tuple[type[enum.IntEnum], ...] = (
     abi.DType,
     abi.Status,
     abi.MlpKind,
+    abi.DescFlag,
     abi.TensorDim,
     wire.WireOp,
     wire.WireFlag,
@@ -197,6 +198,7 @@ def render_abi_json() -> str:
                     abi.DType,
                     abi.Status,
                     abi.MlpKind,
+                    abi.DescFlag,
                     abi.TensorDim,
                 )
             },

@@ -15,6 +15,7 @@ import msgspec
 from msgspec import Meta
 
 from .abi import MAX_DUCKS, MAX_NICS
+from .routing import MAX_EXPERTS, MAX_REPLICAS
 
 __all__ = [
     "HOST_TENSOR_DUCK",
@@ -148,11 +149,19 @@ class LoadWeights(Request, kw_only=True):
 
     ``shard_sizes[i]`` is how many FFN columns duck ``ducks[i]`` holds.
     Tensor indices: GELU 0 w_up [hidden, f], 1 b_up [f], 2 w_down [f, hidden],
-    3 b_down [hidden] (duck HOST_TENSOR_DUCK); SWIGLU 0 w_gate, 1 w_up, 2 w_down.
+    3 b_down [hidden] (duck HOST_TENSOR_DUCK); SWIGLU and MOE 0 w_gate, 1 w_up, 2 w_down.
+
+    MOE (a mixture of experts): routed expert ``e`` lives on the ducks
+    ``expert_ducks[sum(expert_replicas[:e]) :][: expert_replicas[e]]``, each one of
+    ``ducks``; a duck's shard is its bank: the ``expert_ffn`` columns of each of its
+    experts, ascending by expert id, then its columns of the shared expert, so that
+    ``shard_sizes[i] - experts_on(ducks[i]) * expert_ffn`` is its shared columns: that
+    difference is 0 for every duck (no shared expert) or at least 1 for every duck.
+    ``ffn`` is the sum of ``shard_sizes``, as for the dense kinds.
     """
 
     layer: U32
-    kind: Annotated[int, Meta(ge=1, le=2)]
+    kind: Annotated[int, Meta(ge=1, le=3)]
     dtype: Annotated[int, Meta(ge=1, le=2)]
     hidden: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)]  # and <= the config's max_hidden
     ffn: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)]  # and <= the config's max_ffn
@@ -162,6 +171,12 @@ class LoadWeights(Request, kw_only=True):
     ]
     has_b_down: bool = False
     shared: bool = False  # usable by every client; admin only
+    # MOE only (empty or 0 for the dense kinds)
+    expert_ffn: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)] = 0
+    expert_replicas: Annotated[
+        list[Annotated[int, Meta(ge=1, le=MAX_REPLICAS)]], Meta(max_length=MAX_EXPERTS)
+    ] = []
+    expert_ducks: Annotated[list[DuckId], Meta(max_length=MAX_EXPERTS * MAX_REPLICAS)] = []
 
 
 class UnloadLayer(Request, kw_only=True):

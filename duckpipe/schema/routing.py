@@ -80,6 +80,7 @@ __all__ = [
     "RoutingHeader",
     "RoutingWireDuck",
     "RoutingWireEntry",
+    "RoutingWireFlag",
     "RoutingWireHeader",
 ]
 
@@ -114,6 +115,15 @@ class RoutingError(enum.IntEnum):
     PLACEMENT = -15  # an expert with no duck or too many, a duck twice or past MAX_DUCKS
     NO_ROOM = -16  # the caller's output buffer is too small
     NO_SUCH_DUCK = -17  # the duck has no section in this table
+
+
+class RoutingWireFlag(enum.IntFlag):
+    """Bits of a wire table's ``flags``."""
+
+    #: the layer has a shared expert: every duck of the layer the activation reaches
+    #: computes its shared-expert columns for every row, adds its section's experts,
+    #: and replies every row (a duck without a section replies the shared part alone)
+    SHARED = 1
 
 
 class RoutingHeader(msgspec.Struct, frozen=True):
@@ -160,8 +170,8 @@ class RoutingWireHeader(msgspec.Struct, frozen=True):
     __field_docs__: ClassVar[dict[str, str]] = {
         "magic": "ROUTING_WIRE_MAGIC",
         "version": "ROUTING_VERSION",
-        "flags": "none defined: must be 0",
-        "n_ducks": "sections (directory entries), 1..MAX_DUCKS",
+        "flags": "enum dp_routing_wire_flag bits",
+        "n_ducks": "sections (directory entries), 0..MAX_DUCKS (0 only with SHARED)",
         "rows": "rows of the activation sent with the table, 1..MAX_TOKENS",
         "entries": "entries of every section together, n_ducks..rows*MAX_TOPK",
     }
@@ -197,7 +207,8 @@ class RoutingWireEntry(msgspec.Struct, frozen=True):
     __c_size__: ClassVar[int] = 8
     __field_docs__: ClassVar[dict[str, str]] = {
         "row": "row of the activation sent with the table",
-        "expert": "global expert id, 0..n_experts-1",
+        "expert": "the expert's slot in the receiving duck's bank, 0..its experts-1 "
+        "(dp_routing_split with bank slots; the global id without)",
         "weight": "finite",
     }
 
@@ -231,7 +242,7 @@ LAYOUTS = (
     RoutingWireEntry,
     Placement,
 )
-ENUMS = (RoutingError,)
+ENUMS = (RoutingError, RoutingWireFlag)
 
 CONSTANTS: dict[str, int] = {
     "ROUTING_MAGIC": ROUTING_MAGIC,

@@ -79,7 +79,7 @@ __all__ = [
 
 STATS_MAGIC = int.from_bytes(b"DUCKSTAT", "little")
 STATS_VERSION_MAJOR = 1
-STATS_VERSION_MINOR = 0
+STATS_VERSION_MINOR = 1  # 1.1: per-duck MoE rows, MoE counters
 STATS_MAX_COUNTERS = 128  # counter slots per agent (COUNTERS has fewer)
 STATS_COUNTER_NAME = 48
 STATS_MAX_NICS = MAX_NICS
@@ -173,6 +173,11 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("futex_wakes", "completions that woke a client sleeping on its slot"),
     Counter("completions_sent"),
     Counter("completion_flushes", "bursts the outbox sent them in (completion_flush_us)"),
+    Counter("moe_forwards", "forwards on a mixture-of-experts layer (ROUTED)"),
+    Counter("moe_broadcasts", "MoE NIC parts sent once to the NIC with the whole table"),
+    Counter("moe_unicasts", "MoE NIC parts sent as each routed duck's rows alone"),
+    Counter("moe_bytes", "MoE: activation and table bytes put on the wire (first sends)"),
+    Counter("rx_unrouted", "MoE partials refused: rows the duck was not routed", drop=True),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)
@@ -412,6 +417,8 @@ class StatsDuck(msgspec.Struct, frozen=True):
         "nacks": "NACKs sent to it (0 where not counted per duck)",
         "replies": "partials received complete",
         "reply": "reply time histogram",
+        "moe_tokens": "MoE: tokens (reply rows) it computed, over every routed forward",
+        "moe_expert_rows": "MoE: (token, expert) pairs it computed",
     }
 
     id: U32
@@ -427,7 +434,9 @@ class StatsDuck(msgspec.Struct, frozen=True):
     address: Chars(64)
     reply: Array("uint64_t", STATS_BUCKETS)
     reply_sum_ns: U64
-    pad1: Pad(56)
+    moe_tokens: U64
+    moe_expert_rows: U64
+    pad1: Pad(40)
 
 
 LAYOUTS = (

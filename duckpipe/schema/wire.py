@@ -47,6 +47,9 @@ class WireFlag(enum.IntEnum):
 
     INPUT = 1  # NACK from a duck: the missing chunks are of the host's activation
     NO_LAYER = 2  # NACK from a duck: it holds no such layer (it lost its weights)
+    #: FORWARD of a MOE layer: the message is a wire routing table (schema/routing.py)
+    #: then ``rows`` activation rows; PARTIAL of one: one row per row the duck computed
+    ROUTED = 4
 
 
 class WireHeader(msgspec.Struct, frozen=True):
@@ -97,15 +100,19 @@ class WireLayer(msgspec.Struct, frozen=True):
     __c_size__: ClassVar[int] = 16
     __field_docs__: ClassVar[dict[str, str]] = {
         "kind": "enum dp_mlp_kind",
-        "ffn": "FFN columns in this duck's shard",
+        "experts": "MOE: routed experts in this duck's bank (its wire entries' "
+        "expert is 0..experts-1)",
+        "ffn": "FFN columns in this duck's shard (MOE: its bank, experts * expert_ffn "
+        "+ its shared-expert columns)",
+        "expert_ffn": "MOE: columns of each routed expert (0 for other kinds)",
     }
 
     kind: U8
     dtype: U8
-    pad0: Pad(2)
+    experts: U16
     hidden: U32
     ffn: U32
-    pad1: Pad(4)
+    expert_ffn: U32
 
 
 LAYOUTS = (WireHeader, WireLayer)

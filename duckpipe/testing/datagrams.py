@@ -47,9 +47,20 @@ def decode(data: bytes):
     return h, data[HEADER_SIZE:]
 
 
-def layer_payload(kind: int, dtype: int, hidden: int, ffn: int) -> bytes:
-    """The payload of a LAYER datagram: a struct dp_wire_layer, padding zeroed."""
+def layer_payload(
+    kind: int, dtype: int, hidden: int, ffn: int, *, experts: int = 0, expert_ffn: int = 0
+) -> bytes:
+    """The payload of a LAYER datagram: a struct dp_wire_layer (MOE: with the duck's
+    bank, ``experts`` routed experts of ``expert_ffn`` columns each)."""
     w = ffi.new(
-        "struct dp_wire_layer *", {"kind": kind, "dtype": dtype, "hidden": hidden, "ffn": ffn}
+        "struct dp_wire_layer *",
+        {
+            "kind": kind,
+            "dtype": dtype,
+            "hidden": hidden,
+            "ffn": ffn,
+            "experts": experts,
+            "expert_ffn": expert_ffn,
+        },
     )
     return bytes(ffi.buffer(w))

@@ -167,7 +167,10 @@ def test_a_layer_payload_is_the_wire_layer_struct() -> None:
     w = ffi.new("struct dp_wire_layer *")
     ffi.memmove(w, raw, len(raw))
     assert (w.kind, w.dtype, w.hidden, w.ffn) == (2, 1, 7168, 2048)
-    assert not any(w.pad0) and not any(w.pad1)
+    assert (w.experts, w.expert_ffn) == (0, 0)  # MOE only
+    moe = ffi.new("struct dp_wire_layer *")
+    ffi.memmove(moe, layer_payload(3, 2, 7168, 8 * 128 + 4, experts=8, expert_ffn=128), 16)
+    assert (moe.kind, moe.experts, moe.ffn, moe.expert_ffn) == (3, 8, 1028, 128)
 
 
 # --- the C header ----------------------------------------------------------------

@@ -27,7 +27,7 @@
 /* @cdef-begin: cffi parses from here */
 
 #define DP_ABI_MAJOR 1
-#define DP_ABI_MINOR 2
+#define DP_ABI_MINOR 3
 #define DP_SEG_MAGIC 0x314745534b435544
 #define DP_MAX_DUCKS 256
 #define DP_EMULATOR_MAX_DUCKS 32
@@ -89,6 +89,14 @@ enum dp_status {
 enum dp_mlp_kind {
     DP_MLP_KIND_GELU = 1,
     DP_MLP_KIND_SWIGLU = 2,
+    DP_MLP_KIND_MOE = 3,
+};
+
+/* Bits of a descriptor's ``flags``. */
+enum dp_desc_flag {
+    DP_DESC_FLAG_ROUTED = 1,
+    DP_DESC_FLAG_MOE_BROADCAST = 2,
+    DP_DESC_FLAG_MOE_UNICAST = 4,
 };
 
 /* One dimension of a shard tensor, in ``TENSOR_SHAPES``. */
@@ -114,6 +122,7 @@ enum dp_wire_op {
 enum dp_wire_flag {
     DP_WIRE_FLAG_INPUT = 1,
     DP_WIRE_FLAG_NO_LAYER = 2,
+    DP_WIRE_FLAG_ROUTED = 4,
 };
 
 /* Why the dataplane refused a control request (Error.code). */
@@ -197,7 +206,7 @@ struct dp_desc {
     uint32_t slot;                      /*   40 */
     uint32_t generation;                /*   44 */
     uint32_t layer;                     /*   48 */
-    uint32_t flags;                     /*   52 */
+    uint32_t flags;                     /*   52: enum dp_desc_flag bits (ROUTED: a MoE forward) */
     uint32_t timeout_us;                /*   56: deadline after pickup; 0 means the dataplane's default */
     uint16_t op;                        /*   60: enum dp_op */
     uint8_t dtype;                      /*   62: enum dp_dtype */
@@ -206,7 +215,7 @@ struct dp_desc {
     uint16_t duck;                      /*   80: WEIGHT_CHUNK: the duck whose shard this is */
     uint16_t tensor;                    /*   82: WEIGHT_CHUNK: index of the tensor in the layer's kind */
     uint32_t reserved;                  /*   84 */
-    uint64_t ducks[4];                  /*   88: target set bitmap; all zero means every duck holding the layer */
+    uint64_t ducks[4];                  /*   88: target set bitmap; all zero means every duck holding the layer (ROUTED: must be all zero; the routing says which ducks) */
     uint8_t pad0[8];                    /*  120 */
 };  /* 128 bytes */
 
@@ -256,10 +265,10 @@ struct dp_wire_header {
 struct dp_wire_layer {
     uint8_t kind;                       /*    0: enum dp_mlp_kind */
     uint8_t dtype;                      /*    1 */
-    uint8_t pad0[2];                    /*    2 */
+    uint16_t experts;                   /*    2: MOE: routed experts in this duck's bank (its wire entries' expert is 0..experts-1) */
     uint32_t hidden;                    /*    4 */
-    uint32_t ffn;                       /*    8: FFN columns in this duck's shard */
-    uint8_t pad1[4];                    /*   12 */
+    uint32_t ffn;                       /*    8: FFN columns in this duck's shard (MOE: its bank, experts * expert_ffn + its shared-expert columns) */
+    uint32_t expert_ffn;                /*   12: MOE: columns of each routed expert (0 for other kinds) */
 };  /* 16 bytes */
 
 /* @cdef-end */
@@ -269,12 +278,13 @@ struct dp_wire_layer {
  * product of two 32-bit sizes cannot wrap. */
 static inline uint64_t dp_tensor_elems(uint8_t kind, uint32_t hidden, uint32_t ffn, uint32_t t)
 {
-	static const uint8_t dims[3][DP_SHARD_TENSORS][2] = {
+	static const uint8_t dims[4][DP_SHARD_TENSORS][2] = {
 		{ { 0, 0 }, { 0, 0 }, { 0, 0 } },
 		{ { 1, 2 }, { 2, 0 }, { 2, 1 } },
 		{ { 1, 2 }, { 1, 2 }, { 2, 1 } },
+		{ { 1, 2 }, { 1, 2 }, { 2, 1 } },
 	};
-	if (kind == 0 || kind >= 3 || t >= DP_SHARD_TENSORS)
+	if (kind == 0 || kind >= 4 || t >= DP_SHARD_TENSORS)
 		return 0;
 	uint64_t n = 1;
 	for (int k = 0; k < 2; k++) {
@@ -385,9 +395,9 @@ _Static_assert(offsetof(struct dp_wire_header, compute_ns) == 72, "dp_wire_heade
 _Static_assert(sizeof(struct dp_wire_layer) == 16, "dp_wire_layer size");
 _Static_assert(offsetof(struct dp_wire_layer, kind) == 0, "dp_wire_layer.kind");
 _Static_assert(offsetof(struct dp_wire_layer, dtype) == 1, "dp_wire_layer.dtype");
-_Static_assert(offsetof(struct dp_wire_layer, pad0) == 2, "dp_wire_layer.pad0");
+_Static_assert(offsetof(struct dp_wire_layer, experts) == 2, "dp_wire_layer.experts");
 _Static_assert(offsetof(struct dp_wire_layer, hidden) == 4, "dp_wire_layer.hidden");
 _Static_assert(offsetof(struct dp_wire_layer, ffn) == 8, "dp_wire_layer.ffn");
-_Static_assert(offsetof(struct dp_wire_layer, pad1) == 12, "dp_wire_layer.pad1");
+_Static_assert(offsetof(struct dp_wire_layer, expert_ffn) == 12, "dp_wire_layer.expert_ffn");
 
 #endif /* DP_ABI_H */

@@ -168,6 +168,9 @@ static int decode_load_weights(const msgpack_object *m, struct dp_ctl_load_weigh
 	memset(out, 0, sizeof(*out));
 	out->has_b_down = false;
 	out->shared = false;
+	out->expert_ffn = 0u;
+	out->expert_replicas_len = 0;
+	out->expert_ducks_len = 0;
 	for (uint32_t i = 0; i < m->via.map.size; i++) {
 		const msgpack_object *key = &m->via.map.ptr[i].key;
 		const msgpack_object *val = &m->via.map.ptr[i].val;
@@ -188,7 +191,7 @@ static int decode_load_weights(const msgpack_object *m, struct dp_ctl_load_weigh
 		} else if (key_is(key, "kind", 4)) {
 			seen |= 1ull << 2;
 			uint64_t v = 0;
-			if (get_uint(val, 1u, 2u, &v, "LoadWeights.kind", why, n) < 0)
+			if (get_uint(val, 1u, 3u, &v, "LoadWeights.kind", why, n) < 0)
 				return -1;
 			out->kind = (uint32_t)v;
 		} else if (key_is(key, "dtype", 5)) {
@@ -241,6 +244,34 @@ static int decode_load_weights(const msgpack_object *m, struct dp_ctl_load_weigh
 			if (val->type != MSGPACK_OBJECT_BOOLEAN)
 				return fail(why, n, "%s must be true or false", "LoadWeights.shared");
 			out->shared = val->via.boolean;
+		} else if (key_is(key, "expert_ffn", 10)) {
+			seen |= 1ull << 10;
+			uint64_t v = 0;
+			if (get_uint(val, 0u, 4294967295u, &v, "LoadWeights.expert_ffn", why, n) < 0)
+				return -1;
+			out->expert_ffn = (uint32_t)v;
+		} else if (key_is(key, "expert_replicas", 15)) {
+			seen |= 1ull << 11;
+			if (get_list(val, 0u, 1024u, "LoadWeights.expert_replicas", why, n) < 0)
+				return -1;
+			out->expert_replicas_len = val->via.array.size;
+			for (uint32_t k = 0; k < out->expert_replicas_len; k++) {
+				uint64_t v = 0;
+				if (get_uint(&val->via.array.ptr[k], 1u, 8u, &v, "LoadWeights.expert_replicas", why, n) < 0)
+					return -1;
+				out->expert_replicas[k] = (uint32_t)v;
+			}
+		} else if (key_is(key, "expert_ducks", 12)) {
+			seen |= 1ull << 12;
+			if (get_list(val, 0u, 8192u, "LoadWeights.expert_ducks", why, n) < 0)
+				return -1;
+			out->expert_ducks_len = val->via.array.size;
+			for (uint32_t k = 0; k < out->expert_ducks_len; k++) {
+				uint64_t v = 0;
+				if (get_uint(&val->via.array.ptr[k], 0u, 255u, &v, "LoadWeights.expert_ducks", why, n) < 0)
+					return -1;
+				out->expert_ducks[k] = (uint32_t)v;
+			}
 		}
 	}
 	if (!(seen & (1ull << 0)))

@@ -71,6 +71,11 @@ struct dp_ctl_load_weights {
 	uint32_t shard_sizes[256];
 	bool has_b_down;
 	bool shared;
+	uint32_t expert_ffn;
+	uint32_t expert_replicas_len;
+	uint32_t expert_replicas[1024];
+	uint32_t expert_ducks_len;
+	uint32_t expert_ducks[8192];
 };
 
 /* UnloadLayer: Free a layer: its owner or the admin. Forwards in flight on it finish first. */

@@ -95,6 +95,11 @@ enum dp_routing_error {
     DP_ROUTING_ERROR_NO_SUCH_DUCK = -17,
 };
 
+/* Bits of a wire table's ``flags``. */
+enum dp_routing_wire_flag {
+    DP_ROUTING_WIRE_FLAG_SHARED = 1,
+};
+
 /*
  * Host routing table header, at byte 0 of the table; entries follow at byte 16.
  */
@@ -121,8 +126,8 @@ struct dp_routing_entry {
 struct dp_routing_wire_header {
     uint32_t magic;                     /*    0: ROUTING_WIRE_MAGIC */
     uint8_t version;                    /*    4: ROUTING_VERSION */
-    uint8_t flags;                      /*    5: none defined: must be 0 */
-    uint16_t n_ducks;                   /*    6: sections (directory entries), 1..MAX_DUCKS */
+    uint8_t flags;                      /*    5: enum dp_routing_wire_flag bits */
+    uint16_t n_ducks;                   /*    6: sections (directory entries), 0..MAX_DUCKS (0 only with SHARED) */
     uint32_t rows;                      /*    8: rows of the activation sent with the table, 1..MAX_TOKENS */
     uint32_t entries;                   /*   12: entries of every section together, n_ducks..rows*MAX_TOPK */
 };  /* 16 bytes */
@@ -141,7 +146,7 @@ struct dp_routing_wire_duck {
  */
 struct dp_routing_wire_entry {
     uint16_t row;                       /*    0: row of the activation sent with the table */
-    uint16_t expert;                    /*    2: global expert id, 0..n_experts-1 */
+    uint16_t expert;                    /*    2: the expert's slot in the receiving duck's bank, 0..its experts-1 (dp_routing_split with bank slots; the global id without) */
     float weight;                       /*    4: finite */
 };  /* 8 bytes */
 

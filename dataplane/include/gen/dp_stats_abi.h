@@ -33,7 +33,7 @@
 
 #define DP_STATS_MAGIC 0x544154534b435544
 #define DP_STATS_VERSION_MAJOR 1
-#define DP_STATS_VERSION_MINOR 0
+#define DP_STATS_VERSION_MINOR 1
 #define DP_STATS_MAX_COUNTERS 128
 #define DP_STATS_COUNTER_NAME 48
 #define DP_STATS_MAX_NICS 8
@@ -208,7 +208,9 @@ struct dp_stats_duck {
     char address[64];                   /*   64 */
     uint64_t reply[56];                 /*  128: reply time histogram */
     uint64_t reply_sum_ns;              /*  576 */
-    uint8_t pad1[56];                   /*  584 */
+    uint64_t moe_tokens;                /*  584: MoE: tokens (reply rows) it computed, over every routed forward */
+    uint64_t moe_expert_rows;           /*  592: MoE: (token, expert) pairs it computed */
+    uint8_t pad1[40];                   /*  600 */
 };  /* 640 bytes */
 
 /* @cdef-end */
@@ -282,7 +284,12 @@ struct dp_stats_duck {
     X(doorbells) /* doorbell datagrams from clients that found us parked */             \
     X(futex_wakes) /* completions that woke a client sleeping on its slot */            \
     X(completions_sent)                                                                 \
-    X(completion_flushes) /* bursts the outbox sent them in (completion_flush_us) */
+    X(completion_flushes) /* bursts the outbox sent them in (completion_flush_us) */    \
+    X(moe_forwards) /* forwards on a mixture-of-experts layer (ROUTED) */               \
+    X(moe_broadcasts) /* MoE NIC parts sent once to the NIC with the whole table */     \
+    X(moe_unicasts) /* MoE NIC parts sent as each routed duck's rows alone */           \
+    X(moe_bytes) /* MoE: activation and table bytes put on the wire (first sends) */    \
+    X(rx_unrouted) /* MoE partials refused: rows the duck was not routed */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");
@@ -371,6 +378,8 @@ _Static_assert(offsetof(struct dp_stats_duck, pad0) == 56, "dp_stats_duck.pad0")
 _Static_assert(offsetof(struct dp_stats_duck, address) == 64, "dp_stats_duck.address");
 _Static_assert(offsetof(struct dp_stats_duck, reply) == 128, "dp_stats_duck.reply");
 _Static_assert(offsetof(struct dp_stats_duck, reply_sum_ns) == 576, "dp_stats_duck.reply_sum_ns");
-_Static_assert(offsetof(struct dp_stats_duck, pad1) == 584, "dp_stats_duck.pad1");
+_Static_assert(offsetof(struct dp_stats_duck, moe_tokens) == 584, "dp_stats_duck.moe_tokens");
+_Static_assert(offsetof(struct dp_stats_duck, moe_expert_rows) == 592, "dp_stats_duck.moe_expert_rows");
+_Static_assert(offsetof(struct dp_stats_duck, pad1) == 600, "dp_stats_duck.pad1");
 
 #endif /* DP_STATS_ABI_H */
