@@ -75,9 +75,12 @@ int dp_routing_size(uint64_t tokens, uint64_t topk, uint64_t *out);
 int dp_routing_check(const void *table, uint64_t len, uint32_t tokens, uint32_t n_experts,
                      char *why, size_t n);
 int dp_routing_placement_check(const struct dp_routing_placement *pl, char *why, size_t n);
+void dp_routing_bank_slots(const struct dp_routing_placement *pl, uint16_t *slots,
+                           uint16_t *per_duck);
 int dp_routing_split(const void *table, uint64_t len, const struct dp_routing_placement *pl,
-                     const uint64_t *ducks, void *out, uint64_t out_len, uint64_t *out_size,
-                     uint64_t *targets, char *why, size_t n);
+                     const uint16_t *slots, uint8_t flags, const uint64_t *ducks, void *out,
+                     uint64_t out_len, uint64_t *out_size, uint64_t *targets, char *why,
+                     size_t n);
 int dp_routing_wire_check(const void *table, uint64_t len, uint32_t rows, uint32_t n_experts,
                           char *why, size_t n);
 int dp_routing_wire_section(const void *table, uint64_t len, uint16_t duck,

@@ -69,10 +69,11 @@ static void host_ok(const uint8_t *t, uint64_t len, uint32_t rows, uint32_t n_ex
 static uint64_t wire_ok(const uint8_t *w, uint64_t len, uint32_t rows, uint32_t n_experts)
 {
 	EXPECT(len >= 16 && u32_at(w) == DP_ROUTING_WIRE_MAGIC && w[4] == DP_ROUTING_VERSION &&
-	       w[5] == 0);
+	       (w[5] == 0 || w[5] == DP_ROUTING_WIRE_FLAG_SHARED));
 	uint32_t n_ducks = u16_at(w + 6), entries = u32_at(w + 12);
 	EXPECT(u32_at(w + 8) == rows && rows >= 1 && rows <= DP_MAX_TOKENS);
-	EXPECT(n_ducks >= 1 && n_ducks <= DP_MAX_DUCKS);
+	/* no section at all only with SHARED (every duck computes the shared expert) */
+	EXPECT((n_ducks >= 1 || w[5] == DP_ROUTING_WIRE_FLAG_SHARED) && n_ducks <= DP_MAX_DUCKS);
 	uint64_t size = 16 + 8 * ((uint64_t)n_ducks + entries);
 	EXPECT(size <= len);
 	const uint8_t *e = w + 16 + 8 * (uint64_t)n_ducks;
@@ -162,7 +163,7 @@ static void split_ok(const uint8_t *t, uint64_t len, const struct dp_routing_pla
 	uint64_t size = 1, targets[DP_MAX_DUCKS / 64];
 	EXPECT(out);
 	char why[200];
-	int rc = dp_routing_split(t, len, p, nic, out, cap, &size, targets, why, sizeof(why));
+	int rc = dp_routing_split(t, len, p, NULL, 0, nic, out, cap, &size, targets, why, sizeof(why));
 	EXPECT(rc != 0 || size <= cap);
 	if (!checked || !placed) {
 		free(out);
@@ -204,6 +205,29 @@ static void split_ok(const uint8_t *t, uint64_t len, const struct dp_routing_pla
 		}
 	}
 	each_section(out, size, 1, n_experts);
+	/* the same split as the dataplane sends it: experts as bank slots, flag SHARED; the
+	 * same sections, each entry its expert's slot on that duck, below the duck's count */
+	static uint16_t slots[DP_MAX_EXPERTS * DP_MAX_REPLICAS];
+	uint16_t per_duck[DP_MAX_DUCKS];
+	uint8_t *banked = malloc(cap);
+	uint64_t banked_size = 0;
+	EXPECT(banked);
+	dp_routing_bank_slots(p, slots, per_duck);
+	EXPECT(dp_routing_split(t, len, p, slots, DP_ROUTING_WIRE_FLAG_SHARED, nic, banked, cap,
+				&banked_size, NULL, why, sizeof(why)) == 0);
+	EXPECT(banked_size == size && banked[5] == DP_ROUTING_WIRE_FLAG_SHARED);
+	EXPECT(!memcmp(banked + 6, out + 6, 16 + 8 * (uint64_t)n_ducks - 6));
+	at = 0;
+	for (uint32_t i = 0; i < n_ducks; i++) {
+		uint32_t d = u16_at(out + 16 + 8 * (uint64_t)i), n = u32_at(out + 16 + 8 * i + 4);
+		for (uint32_t j = 0; j < n; j++, at++) {
+			uint32_t row = u16_at(e0 + at * 8), ex = u16_at(e0 + at * 8 + 2);
+			uint32_t slot = u16_at(banked + (e0 - out) + at * 8 + 2);
+			EXPECT(slot == slots[ex * DP_MAX_REPLICAS + row % p->replicas[ex]]);
+			EXPECT(slot < per_duck[d]);
+		}
+	}
+	free(banked);
 	free(out);
 }
 

@@ -254,17 +254,40 @@ static inline int32_t dp_routing_duck_of(const struct dp_routing_placement *pl, 
 	return d < DP_MAX_DUCKS ? d : -1;
 }
 
+/* The bank slot of each placed expert: slots[e * DP_MAX_REPLICAS + r] is the index of
+ * expert e among the experts of its r-th duck, ascending by expert id (a duck's bank holds
+ * its experts in that order, docs/protocols.md); with per_duck non-NULL (DP_MAX_DUCKS
+ * entries) also each duck's count of experts. For a placement accepted by
+ * dp_routing_placement_check; on any other, entries it cannot place are left as they are. */
+static inline void dp_routing_bank_slots(const struct dp_routing_placement *pl, uint16_t *slots,
+					 uint16_t *per_duck)
+{
+	uint16_t count[DP_MAX_DUCKS] = { 0 };
+	for (uint32_t e = 0; e < pl->n_experts && e < DP_MAX_EXPERTS; e++)
+		for (uint32_t r = 0; r < pl->replicas[e] && r < DP_MAX_REPLICAS; r++) {
+			uint16_t d = pl->ducks[e * DP_MAX_REPLICAS + r];
+			if (d < DP_MAX_DUCKS)
+				slots[e * DP_MAX_REPLICAS + r] = count[d]++;
+		}
+	if (per_duck)
+		memcpy(per_duck, count, sizeof(count));
+}
+
 /* Split a host table (len bytes, accepted by dp_routing_check) by a placement (accepted
  * by dp_routing_placement_check, same n_experts) into the wire table of the ducks in
  * `ducks` (a DP_MAX_DUCKS-bit set: one NIC's; NULL: every duck), written to out (out_len
  * bytes): 0 and *out_size its bytes, 0 when no duck of the set is routed (send nothing),
  * or a negative enum dp_routing_error with why (out may then be partly written). With
  * `targets` (DP_MAX_DUCKS bits) non-NULL, it is set to the ducks that got a section.
- * Sections ascend by duck, entries by (row, expert); the rows are the tokens. */
+ * Sections ascend by duck, entries by (row, expert); the rows are the tokens. An entry's
+ * expert is the global id, or with `slots` (dp_routing_bank_slots) the expert's slot in
+ * that duck's bank (slots ascend with ids on a duck: the order holds). `flags` (enum
+ * dp_routing_wire_flag) go into the header; with SHARED a table is written even when no
+ * duck of the set is routed (a header alone: the ducks still compute the shared expert). */
 static inline int dp_routing_split(const void *table, uint64_t len,
-				   const struct dp_routing_placement *pl, const uint64_t *ducks,
-				   void *out, uint64_t out_len, uint64_t *out_size, uint64_t *targets,
-				   char *why, size_t n)
+				   const struct dp_routing_placement *pl, const uint16_t *slots,
+				   uint8_t flags, const uint64_t *ducks, void *out, uint64_t out_len,
+				   uint64_t *out_size, uint64_t *targets, char *why, size_t n)
 {
 	const uint8_t *p = table;
 	struct dp_routing_header h;
@@ -307,7 +330,7 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 				rows[d]++;
 			}
 		}
-	if (n_ducks == 0)
+	if (n_ducks == 0 && !(flags & DP_ROUTING_WIRE_FLAG_SHARED))
 		return 0;
 	if (dp_routing_wire_size(n_ducks, entries, &size) < 0 || size > out_len)
 		return dp_routing_refuse(DP_ROUTING_ERROR_NO_ROOM, why, n,
@@ -317,7 +340,7 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 	struct dp_routing_wire_header wh = {
 		.magic = DP_ROUTING_WIRE_MAGIC,
 		.version = DP_ROUTING_VERSION,
-		.flags = 0,
+		.flags = flags,
 		.n_ducks = (uint16_t)n_ducks,
 		.rows = h.tokens,
 		.entries = entries,
@@ -351,7 +374,11 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 			int32_t d = dp_routing_duck_of(pl, t, c[k].expert); /* >= 0: pass 1 */
 			if (!dp_routing_has_duck(ducks, (uint32_t)d))
 				continue;
-			struct dp_routing_wire_entry we = { (uint16_t)t, (uint16_t)c[k].expert, 0 };
+			uint32_t r = pl->replicas[c[k].expert];
+			uint16_t id = slots ? slots[c[k].expert * DP_MAX_REPLICAS +
+						    (r == 1 ? 0 : t % r)]
+					    : (uint16_t)c[k].expert;
+			struct dp_routing_wire_entry we = { (uint16_t)t, id, 0 };
 			memcpy(&we.weight, &c[k].weight, 4); /* bits as they are */
 			memcpy(w0 + (uint64_t)next[d]++ * DP_ROUTING_WIRE_ENTRY_SIZE, &we, sizeof(we));
 		}
@@ -385,16 +412,19 @@ static inline int dp_routing_wire_check(const void *table, uint64_t len, uint32_
 		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_VERSION, why, n,
 					 "routing table version %u, this build reads %u", h.version,
 					 DP_ROUTING_VERSION);
-	if (h.flags)
+	if (h.flags & ~DP_ROUTING_WIRE_FLAG_SHARED)
 		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_FLAGS, why, n,
-					 "routing flags 0x%02x: none are defined", h.flags);
+					 "wire routing flags 0x%02x: only SHARED (0x%02x) is defined",
+					 h.flags, DP_ROUTING_WIRE_FLAG_SHARED);
 	if (h.rows < 1 || h.rows > DP_MAX_TOKENS || h.rows != rows)
 		return dp_routing_refuse(DP_ROUTING_ERROR_TOKENS, why, n,
 					 "the table has %u rows, the activation %u (1..%u)", h.rows,
 					 rows, DP_MAX_TOKENS);
-	if (h.n_ducks < 1 || h.n_ducks > DP_MAX_DUCKS)
+	/* no section at all only where the shared expert gives every duck work */
+	if (h.n_ducks < !(h.flags & DP_ROUTING_WIRE_FLAG_SHARED) || h.n_ducks > DP_MAX_DUCKS)
 		return dp_routing_refuse(DP_ROUTING_ERROR_DUCKS, why, n,
-					 "%u duck sections, not 1..%u", h.n_ducks, DP_MAX_DUCKS);
+					 "%u duck sections, not %u..%u", h.n_ducks,
+					 !(h.flags & DP_ROUTING_WIRE_FLAG_SHARED), DP_MAX_DUCKS);
 	if (h.entries < h.n_ducks || h.entries > h.rows * DP_MAX_TOPK)
 		return dp_routing_refuse(DP_ROUTING_ERROR_ENTRIES, why, n,
 					 "%u entries for %u ducks and %u rows (at most %u per row)",
@@ -511,9 +541,11 @@ static inline int dp_routing_wire_unicast(const void *table, uint64_t len, uint1
 	struct dp_routing_section s;
 	uint64_t size;
 	*out_size = 0;
+	struct dp_routing_wire_header h;
 	int rc = dp_routing_wire_section(table, len, duck, &s);
 	if (rc < 0)
 		return dp_routing_refuse(rc, why, n, "duck %u has no section in this table", duck);
+	memcpy(&h, p, sizeof(h)); /* wire_section read it: len holds a header */
 	if (s.n_rows < 1 || s.n_rows > row_cap)
 		return dp_routing_refuse(DP_ROUTING_ERROR_NO_ROOM, why, n,
 					 "duck %u has %u rows, the row map %u", duck, s.n_rows,
@@ -526,7 +558,7 @@ static inline int dp_routing_wire_unicast(const void *table, uint64_t len, uint1
 	struct dp_routing_wire_header wh = {
 		.magic = DP_ROUTING_WIRE_MAGIC,
 		.version = DP_ROUTING_VERSION,
-		.flags = 0,
+		.flags = h.flags,
 		.n_ducks = 1,
 		.rows = s.n_rows,
 		.entries = s.n_entries,

@@ -271,7 +271,7 @@ static void test_split_gives_each_duck_its_rows_in_order(void)
 	uint8_t out[512];
 	uint64_t size, targets[4];
 	char why[200] = "";
-	CHECK(dp_routing_split(t.buf, t.len, p, NULL, out, sizeof(out), &size, targets, why,
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, 0, NULL, out, sizeof(out), &size, targets, why,
 			       sizeof(why)) == 0,
 	      "%s", why);
 	/* by hand: token 0 {1->10, 5->12 (replica 0)}, 1 {5->70 (replica 1), 2->11},
@@ -311,7 +311,7 @@ static void test_split_keeps_one_nics_ducks_and_says_when_none_is_routed(void)
 	uint64_t size, targets[4];
 	uint64_t nic[4] = { 1ull << 11, 1ull << 6, 0, 0 }; /* ducks 11 and 70 */
 	char why[200] = "";
-	CHECK(dp_routing_split(t.buf, t.len, p, nic, out, sizeof(out), &size, targets, why,
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, 0, nic, out, sizeof(out), &size, targets, why,
 			       sizeof(why)) == 0,
 	      "%s", why);
 	struct dp_routing_wire_header h;
@@ -322,7 +322,7 @@ static void test_split_keeps_one_nics_ducks_and_says_when_none_is_routed(void)
 	CHECK(dp_routing_wire_check(out, size, TOKENS, EXPERTS, why, sizeof(why)) == 0, "%s", why);
 	uint64_t none[4] = { 1, 0, 0, 0 }; /* duck 0 holds nothing */
 	memset(out, 0x77, sizeof(out));
-	CHECK(dp_routing_split(t.buf, t.len, p, none, out, sizeof(out), &size, targets, why,
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, 0, none, out, sizeof(out), &size, targets, why,
 			       sizeof(why)) == 0 &&
 		      size == 0 && !targets[0] && !targets[1] && out[0] == 0x77,
 	      "no duck routed: size %lu", (unsigned long)size);
@@ -337,22 +337,80 @@ static void test_split_refuses_a_small_buffer_and_a_foreign_placement(void)
 	uint8_t out[512];
 	uint64_t size;
 	char why[200];
-	CHECK(dp_routing_split(t.buf, t.len, p, NULL, out, 16 + 40 + 63, &size, NULL, why,
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, 0, NULL, out, 16 + 40 + 63, &size, NULL, why,
 			       sizeof(why)) == DP_ROUTING_ERROR_NO_ROOM,
 	      "one byte short");
-	CHECK(dp_routing_split(t.buf, t.len, p, NULL, out, 16 + 40 + 64, &size, NULL, why,
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, 0, NULL, out, 16 + 40 + 64, &size, NULL, why,
 			       sizeof(why)) == 0,
 	      "exact room");
 	p->n_experts = EXPERTS - 1;
-	CHECK(dp_routing_split(t.buf, t.len, p, NULL, out, sizeof(out), &size, NULL, why,
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, 0, NULL, out, sizeof(out), &size, NULL, why,
 			       sizeof(why)) == DP_ROUTING_ERROR_PLACEMENT,
 	      "7-expert placement");
 	p->n_experts = EXPERTS;
 	p->replicas[7] = 0; /* unchecked: split must not divide by it */
-	CHECK(dp_routing_split(t.buf, t.len, p, NULL, out, sizeof(out), &size, NULL, why,
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, 0, NULL, out, sizeof(out), &size, NULL, why,
 			       sizeof(why)) == DP_ROUTING_ERROR_PLACEMENT,
 	      "no replicas");
 	CHECK(strstr(why, "no duck for expert 7"), "why: %s", why);
+	free(p);
+	free(t.buf);
+}
+
+static void test_split_names_bank_slots_and_a_shared_table_may_have_no_section(void)
+{
+	struct host t = good();
+	struct dp_routing_placement *p = placement();
+	uint16_t slots[DP_MAX_EXPERTS * DP_MAX_REPLICAS], per_duck[DP_MAX_DUCKS];
+	uint8_t out[512];
+	uint64_t size, targets[4];
+	char why[200] = "";
+	memset(slots, 0xff, sizeof(slots));
+	dp_routing_bank_slots(p, slots, per_duck);
+	/* ducks 10..13 hold two experts each (slots 0, 1 by id); duck 70 holds expert 5 alone */
+	CHECK(per_duck[10] == 2 && per_duck[13] == 2 && per_duck[70] == 1 && per_duck[0] == 0,
+	      "per duck %u %u %u", per_duck[10], per_duck[13], per_duck[70]);
+	CHECK(slots[0] == 0 && slots[1 * DP_MAX_REPLICAS] == 1 && slots[4 * DP_MAX_REPLICAS] == 0 &&
+		      slots[5 * DP_MAX_REPLICAS] == 1 && slots[5 * DP_MAX_REPLICAS + 1] == 0,
+	      "slots");
+	CHECK(dp_routing_split(t.buf, t.len, p, slots, 0, NULL, out, sizeof(out), &size, targets,
+			       why, sizeof(why)) == 0,
+	      "%s", why);
+	/* the by-hand split above, experts as slots: duck 11's experts 2 -> 0; 12's 5 -> 1;
+	 * 13's 7 -> 1; 70's 5 -> 0 */
+	static const uint16_t want[8][2] = { { 0, 1 }, { 2, 0 }, { 3, 1 }, { 1, 0 },
+					     { 3, 0 }, { 0, 1 }, { 2, 1 }, { 1, 0 } };
+	for (unsigned i = 0; i < 8; i++) {
+		struct dp_routing_wire_entry e = wire_entry(out, 5 + i);
+		CHECK(e.row == want[i][0] && e.expert == want[i][1], "entry %u: row %u slot %u", i,
+		      e.row, e.expert);
+	}
+	/* a duck checks its table against its own bank: 2 experts here */
+	CHECK(dp_routing_wire_check(out, size, TOKENS, 2, why, sizeof(why)) == 0, "%s", why);
+	CHECK(dp_routing_wire_check(out, size, TOKENS, 1, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_EXPERT,
+	      "slot 1 in a bank of 1");
+	/* SHARED: the header says so, and a NIC none of whose ducks is routed still gets a
+	 * table (its ducks compute the shared expert for every row) */
+	uint64_t none[4] = { 1, 0, 0, 0 };
+	CHECK(dp_routing_split(t.buf, t.len, p, slots, DP_ROUTING_WIRE_FLAG_SHARED, none, out,
+			       sizeof(out), &size, targets, why, sizeof(why)) == 0 &&
+		      size == 16 && !targets[0] && !targets[1],
+	      "shared, none routed: size %lu", (unsigned long)size);
+	struct dp_routing_wire_header h;
+	memcpy(&h, out, sizeof(h));
+	CHECK(h.flags == DP_ROUTING_WIRE_FLAG_SHARED && h.n_ducks == 0 && h.entries == 0 &&
+		      h.rows == TOKENS,
+	      "shared header");
+	CHECK(dp_routing_wire_check(out, size, TOKENS, 2, why, sizeof(why)) == 0, "%s", why);
+	struct dp_routing_section sec;
+	CHECK(dp_routing_wire_section(out, size, 10, &sec) == DP_ROUTING_ERROR_NO_SUCH_DUCK,
+	      "no section");
+	h.flags = 0; /* no section is only allowed where the shared expert gives work */
+	memcpy(out, &h, sizeof(h));
+	CHECK(dp_routing_wire_check(out, size, TOKENS, 2, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_DUCKS,
+	      "no section, no SHARED");
 	free(p);
 	free(t.buf);
 }
@@ -364,7 +422,7 @@ static uint64_t split_all(uint8_t *out, uint64_t cap)
 	struct host t = good();
 	struct dp_routing_placement *p = placement();
 	uint64_t size = 0;
-	dp_routing_split(t.buf, t.len, p, NULL, out, cap, &size, NULL, NULL, 0);
+	dp_routing_split(t.buf, t.len, p, NULL, 0, NULL, out, cap, &size, NULL, NULL, 0);
 	free(p);
 	free(t.buf);
 	return size;
@@ -389,7 +447,8 @@ static void test_wire_check_refuses_every_broken_directory_and_section(void)
 	} cases[] = {
 		{ 2, 0x5452, DP_ROUTING_ERROR_BAD_MAGIC, "a host table's magic, DPRT" },
 		{ 4, 0x0002, DP_ROUTING_ERROR_BAD_VERSION, "version 2" },
-		{ 4, 0x0101, DP_ROUTING_ERROR_BAD_FLAGS, "flags" },
+		{ 4, 0x0201, DP_ROUTING_ERROR_BAD_FLAGS, "flags 2 (only SHARED, 1, is defined)" },
+		{ 4, 0x0301, DP_ROUTING_ERROR_BAD_FLAGS, "flags 3" },
 		{ 6, 0, DP_ROUTING_ERROR_DUCKS, "no ducks" },
 		{ 6, 257, DP_ROUTING_ERROR_DUCKS, "257 ducks" },
 		{ 8, 3, DP_ROUTING_ERROR_TOKENS, "rows not the activation's" },
@@ -475,6 +534,7 @@ int main(void)
 	test_split_gives_each_duck_its_rows_in_order();
 	test_split_keeps_one_nics_ducks_and_says_when_none_is_routed();
 	test_split_refuses_a_small_buffer_and_a_foreign_placement();
+	test_split_names_bank_slots_and_a_shared_table_may_have_no_section();
 	test_wire_check_refuses_every_broken_directory_and_section();
 	test_a_duck_finds_its_section_and_a_unicast_renumbers_rows();
 	return test_result("test_routing");

@@ -35,6 +35,7 @@ __all__ = [
     "WIRE_HEADER_DTYPE",
     "RoutingRefused",
     "Section",
+    "bank_slots",
     "check",
     "check_wire",
     "pack",
@@ -247,13 +248,28 @@ def _duck_set(ducks: Iterable[int] | None) -> Any:
     return bits
 
 
+def bank_slots(place: Any) -> tuple[Any, np.ndarray]:
+    """Each placed expert's slot in its duck's bank (dp_routing_bank_slots: index
+    ``e * MAX_REPLICAS + r``), for :func:`split`, and each duck's count of experts."""
+    slots = ffi.new(f"uint16_t[{MAX_EXPERTS * MAX_REPLICAS}]")
+    per_duck = ffi.new(f"uint16_t[{MAX_DUCKS}]")
+    lib.dp_routing_bank_slots(place, slots, per_duck)
+    return slots, np.frombuffer(ffi.buffer(per_duck), dtype=np.uint16).copy()
+
+
 def split(
-    table: Any, place: Any, ducks: Iterable[int] | None = None
+    table: Any,
+    place: Any,
+    ducks: Iterable[int] | None = None,
+    *,
+    slots: Any = None,
+    shared: bool = False,
 ) -> tuple[np.ndarray, frozenset[int]]:
     """The wire table of a checked host table by a :func:`placement` for the ducks in
     ``ducks`` (one NIC's; None: every duck), by dp_routing_split, and the ducks that got a
     section. An empty table and set when none of ``ducks`` is routed (that NIC sends
-    nothing)."""
+    nothing), unless ``shared`` (the layer has a shared expert: a table that may have no
+    section, flag SHARED). With ``slots`` (:func:`bank_slots`) entries name bank slots."""
     buf = _bytes_of(table)
     entries = 0
     if buf.size >= HEADER_DTYPE.itemsize:  # dp_routing_split refuses more than the maximums
@@ -268,6 +284,8 @@ def split(
         ffi.from_buffer(buf),
         buf.size,
         place,
+        ffi.NULL if slots is None else slots,
+        schema.RoutingWireFlag.SHARED if shared else 0,
         _duck_set(ducks),
         ffi.from_buffer(out),
         cap,
