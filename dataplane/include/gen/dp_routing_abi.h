@@ -50,7 +50,11 @@
  *     (D n_ducks, E entries.) ``row`` indexes the rows of the activation that travels
  *     with the table: every token when it is broadcast with a target set (ducks without
  *     a section skip it), only one duck's rows when it is unicast to that duck
- *     (dp_routing_wire_unicast renumbers them 0..n_rows-1).
+ *     (dp_routing_wire_unicast renumbers them 0..n_rows-1). ``expert`` is the expert's
+ *     slot in the receiving duck's bank (dp_routing_bank_slots: a duck's experts ascending
+ *     by id), so a duck checks entries against its own expert count. With flag SHARED the
+ *     layer has a shared expert: every duck of the layer the message reaches computes it
+ *     for every row and replies every row, and a table may have no section at all.
  *
  * The placement (``dp_routing_placement``): expert ``e`` lives on ducks
  * ``ducks[e * MAX_REPLICAS + r]`` for ``r < replicas[e]``; token ``t`` reaches expert ``e``
