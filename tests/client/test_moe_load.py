@@ -47,7 +47,8 @@ def test_banks_hold_each_ducks_experts_ascending_then_its_shared_columns():
     )
     banks: dict[int, list[np.ndarray]] = {}
     for duck, t, arr in weights._banks(moe, plan):
-        banks.setdefault(duck, []).append(arr)
+        assert t == len(banks.setdefault(duck, []))  # tensors 0..2 of each duck, in order
+        banks[duck].append(arr)
     assert moe.shared is not None
     lo = 0
     for duck, width in zip(plan.ducks, plan.bank_sizes, strict=True):
