@@ -4,11 +4,12 @@ routing is BadInput before anything is sent; the dataplane refuses malformed rou
 descriptors; a routed duck that does not answer fails the forwards that need it only.
 
 Tolerances. The dataplane and the reference both compute in float32 from the same
-weights and differ only in the order of the sums (per duck, then across ducks), a few
-float32 ulps: 1e-5 relative and absolute is ten times what was measured (4e-7 absolute on
-outputs of magnitude ~2). In float16 both round that float32 result to float16 once, so
-they differ by at most one float16 ulp: 2**-10 relative (the ulp of a value just above
-a power of two), 2**-14 absolute for values near zero.
+weights and differ only in the order of the sums (per duck, then across ducks): measured
+at most 1.7e-6 absolute on outputs up to 5.4 (16 experts of 32 columns, hidden 64, 1 to
+32 tokens); 1e-5 absolute and relative leaves a margin of six. In float16 both round
+their float32 result to float16 once: one float16 ulp (2**-10 relative) plus that same
+float32 difference, which near zero spans several ulps of a small output (measured: 2
+ulps at 2.4e-4), hence 1e-5 absolute again.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from duckpipe.testing import set_faults
 HIDDEN, N_EXPERTS, EFFN, TOPK = 64, 16, 32, 4
 TOL = {
     np.dtype(np.float32): dict(rtol=1e-5, atol=1e-5),
-    np.dtype(np.float16): dict(rtol=2**-10, atol=2**-14),
+    np.dtype(np.float16): dict(rtol=2**-10, atol=1e-5),
 }
 
 # placements of 16 experts on the 24-duck dataplane of the ``dataplane`` fixture
