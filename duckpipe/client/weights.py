@@ -280,12 +280,13 @@ def load_weights(
             has_b_down=mlp.b_down is not None,
             shared=shared,
         )
-        pieces = _pieces(mlp, chosen, sizes)
-        total = sum(a.nbytes for _, _, a in pieces)
     # the layer's MoE facts, if any, are the old layer's from here on
     session.moe.pop(layer, None)
     session.request(lambda rid: msgspec.structs.replace(request, req_id=rid))
     session.layers.pop(layer, None)  # the remembered LayerInfo, if any, is the old layer's
+    if plan is None:  # the shards are cut once the dataplane took the plan
+        pieces = _pieces(mlp, chosen, sizes)
+        total = sum(a.nbytes for _, _, a in pieces)
     chunk = session.max_bytes
     recs: list[tuple[int, Inflight]] = []  # (duck, its chunk)
     report = progress if callable(progress) else None
