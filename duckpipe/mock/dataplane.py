@@ -12,6 +12,8 @@ Policy is the C dataplane's own, through cffi, not a copy: each descriptor passe
 dp_desc_check (dataplane/include/dp_desc_check.h), each client's share of the forwards
 in flight is dp_client_quota (dp_fair_share.h), and the counters are the schema's
 (COUNTER_NAMES in duckpipe/schema/stats.py). What is the mock's own is the numpy compute.
+Mixture-of-experts layers (their load checks, routed descriptors, the routing table
+checked by dp_routing_check, each duck's bank compute) are in ``moe.py`` next door.
 
 Fault knobs (``SetFaults`` or command-line flags): delay every completion,
 ducks that never answer (their forwards complete TIMEOUT at the deadline,
