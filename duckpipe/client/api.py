@@ -31,9 +31,11 @@ from ..errors import (
     StaleEpoch,
 )
 from ..schema import control as ctl
-from ..schema.abi import MAX_DIMS, Op, Status
+from ..schema.abi import MAX_DIMS, MAX_DUCKS, DescFlag, MlpKind, Op, Status
+from . import routing as routing_table
 from . import weights
 from .models import Mlp, dtype_code, numpy_dtype
+from .moe import MoeMlp, check_routing
 from .ring import new_desc
 from .session import Inflight, ResultBase, Session, WaitStrategy
 from .shm import BackingChoice
@@ -46,6 +48,16 @@ __all__ = ["Client", "Forward", "Slot", "SlotState", "WaitStrategy", "connect"]
 _CACHE_MAX = 256
 _OK = int(Status.OK)
 _FORWARD = int(Op.FORWARD)
+_MOE = int(MlpKind.MOE)
+#: moe_send= -> the descriptor's flags of a routed forward
+MOE_SEND_FLAGS: dict[str, int] = {
+    "auto": int(DescFlag.ROUTED),
+    "broadcast": int(DescFlag.ROUTED | DescFlag.MOE_BROADCAST),
+    "unicast": int(DescFlag.ROUTED | DescFlag.MOE_UNICAST),
+}
+#: the host routing table sits in the activation slot at the activation's bytes
+#: rounded up to this (schema/routing.py)
+ROUTING_ALIGN = 64
 
 
 def connect(
@@ -219,6 +231,9 @@ class Forward:
 def _failure(rec: Inflight) -> ForwardFailed:
     missing = rec.missing
     detail = f": {rec.message}" if rec.message else ""
+    if rec.moe is not None and missing:
+        # a routed forward: which experts went missing with them, from the placement
+        detail += f" (layer {rec.moe.layer}: {rec.moe.describe(missing)})"
     st = Status(rec.status)
     if st == Status.TIMEOUT:
         return ForwardTimeout(
@@ -396,11 +411,28 @@ class Client:
             pass  # an unhashable shape (a list, an array): checked again next time
         return shape_t, dt
 
-    def submit(self, slot: Slot, layer: int, *, ducks: Iterable[int] | None = None) -> Forward:
+    def submit(
+        self,
+        slot: Slot,
+        layer: int,
+        *,
+        ducks: Iterable[int] | None = None,
+        routing: tuple[np.ndarray, np.ndarray] | None = None,
+        moe_send: str = "auto",
+    ) -> Forward:
         """Hand a filled slot to the dataplane to run ``layer`` on it.
 
         ``ducks`` restricts the forward to a subset of the ducks holding the
         layer (their partials are summed); default: all of them.
+
+        A mixture-of-experts layer needs ``routing=(indices, weights)``, the gate's
+        ``[tokens, topk]`` expert ids and weights for the slot's ``[tokens, hidden]``
+        rows; they are checked (``duckpipe.moe.check_routing``, then the dataplane's own
+        rule) and packed into the slot behind the activation, so the slot needs room for
+        both. ``moe_send`` is how the dataplane sends the rows: ``"auto"`` (whichever
+        puts fewer bytes on the wire), ``"broadcast"`` (all rows and the whole table once
+        per NIC) or ``"unicast"`` (each routed duck only its rows). A dense layer
+        refuses ``routing``.
         """
         session = self._session
         session.check_usable()
@@ -411,6 +443,8 @@ class Client:
                 f"{slot!r} is not claimed by this client (already submitted or released)"
             )
         shape = arr.shape
+        if routing is not None or moe_send != "auto":
+            return self._submit_routed(slot, arr, layer, ducks, routing, moe_send)
         tpl = None
         if ducks is None:
             # A descriptor prepared by an earlier submit of this layer, shape and dtype,
@@ -426,12 +460,103 @@ class Client:
             tpl = self._forward_template(layer, arr, ducks)
         return Forward(session, session.push(tpl, _FORWARD, slot.index, shape, arr.dtype))
 
-    def _forward_template(self, layer: int, arr: np.ndarray, ducks: Iterable[int] | None):
+    def _submit_routed(
+        self,
+        slot: Slot,
+        arr: np.ndarray,
+        layer: int,
+        ducks: Iterable[int] | None,
+        routing: tuple[np.ndarray, np.ndarray] | None,
+        moe_send: str,
+    ) -> Forward:
+        """Check the routing, pack it into the slot behind the activation and submit a
+        ROUTED forward; every refusal is a BadInput before anything is published."""
+        session = self._session
+        flags = MOE_SEND_FLAGS.get(moe_send) if isinstance(moe_send, str) else None
+        if flags is None:
+            raise BadInput(f"moe_send must be 'auto', 'broadcast' or 'unicast', not {moe_send!r}")
+        if routing is None:
+            raise BadInput(
+                f"moe_send={moe_send!r} says how to send a routed forward; pass its "
+                "routing=(indices, weights) too"
+            )
+        if ducks is not None:
+            raise BadInput(
+                "a routed forward goes to the ducks its routing names: pass routing= or "
+                "ducks=, not both"
+            )
+        if not isinstance(routing, tuple | list) or len(routing) != 2:
+            raise BadInput(
+                "routing must be a pair (indices, weights), the gate's [tokens, topk] expert "
+                f"ids and weights, not {type(routing).__name__}"
+            )
+        indices, weights_ = routing
+        info = session.layer_info(layer)
+        if info.kind != _MOE:
+            raise BadInput(
+                f"layer {layer} is dense: routing is only for mixture-of-experts layers; "
+                "call submit without routing="
+            )
+        moe = session.moe.get(layer)
+        if moe is None:
+            raise BadInput(
+                f"layer {layer} is a mixture of experts this client did not load, so it does "
+                "not know its experts to check a routing against; forward on it from the "
+                "client that loaded it"
+            )
+        key = (layer, arr.shape, arr.dtype, flags)
+        try:
+            cached, tpl = self._templates[key]
+        except (KeyError, TypeError):
+            tpl = None
+        else:
+            if session.layers.get(layer) is not cached:
+                tpl = None
+        if tpl is None:
+            tpl = self._forward_template(layer, arr, None, flags)
+        check_routing(arr, indices, weights_, moe.n_experts)
+        tokens, topk = indices.shape
+        nbytes = arr.nbytes
+        at = -(-nbytes // ROUTING_ALIGN) * ROUTING_ALIGN
+        size = routing_table.table_size(tokens, topk)
+        slot_size = session.segment.act_slot_size
+        if at + size > slot_size:
+            raise BadInput(
+                f"a routed forward of {tokens} tokens by {topk} experts needs {at + size} bytes "
+                f"of slot ({nbytes} of activation, then its routing table of {size} at byte "
+                f"{at}), and this client's slots have {slot_size}: connect(slot_size=...) with "
+                f"at least {at + size}"
+            )
+        # the dataplane stages the activation with the largest wire table it could make
+        staged = 16 + 8 * (MAX_DUCKS + tokens * topk) + nbytes
+        cap = session.max_forward_bytes
+        if cap and staged > cap:
+            raise BadInput(
+                f"a routed forward of {tokens} tokens by {topk} experts needs {staged} bytes of "
+                f"the dataplane's staging ({nbytes} of activation and the routing), over its "
+                f"max_forward_bytes {cap}: send fewer tokens per forward"
+            )
+        routing_table.pack(
+            indices, weights_, moe.n_experts, session.segment.act_bytes(slot.index)[at : at + size]
+        )
+        rec = session.push(tpl, _FORWARD, slot.index, arr.shape, arr.dtype)
+        rec.moe = moe
+        return Forward(session, rec)
+
+    def _forward_template(
+        self, layer: int, arr: np.ndarray, ducks: Iterable[int] | None, flags: int = 0
+    ):
         """Check ``arr`` against ``layer`` and prepare the FORWARD descriptor submitting
         it; every field but the per-forward ones (``Session.push``). Kept in
-        ``_templates`` when the forward goes to every duck of the layer."""
+        ``_templates`` when the forward goes to every duck of the layer. ``flags``: a
+        routed forward's (DescFlag), whose routing ``_submit_routed`` checks."""
         session = self._session
         info = session.layer_info(layer)
+        if info.kind == _MOE and not flags:
+            raise BadInput(
+                f"layer {layer} is a mixture of experts: the forward needs its routing, "
+                "routing=(indices, weights) from the layer's gate"
+            )
         if arr.dtype != numpy_dtype(info.dtype):
             raise BadInput(
                 f"layer {layer} holds {numpy_dtype(info.dtype)} weights; "
@@ -460,12 +585,14 @@ class Client:
         for k, n in enumerate(arr.shape):
             d.shape[k] = n
         d.nbytes = arr.nbytes
+        d.flags = flags
         d.timeout_us = session.timeout_us
         if ducks is None:
             templates = self._templates
             if len(templates) >= _CACHE_MAX:
                 templates.clear()
-            templates[layer, arr.shape, arr.dtype] = (info, d)
+            key = (layer, arr.shape, arr.dtype, flags) if flags else (layer, arr.shape, arr.dtype)
+            templates[key] = (info, d)
         return d
 
     def forward(
@@ -475,12 +602,16 @@ class Client:
         *,
         ducks: Iterable[int] | None = None,
         timeout: float | None = None,
+        routing: tuple[np.ndarray, np.ndarray] | None = None,
+        moe_send: str = "auto",
     ) -> np.ndarray:
-        """Claim, copy ``x`` in once, submit, wait; returns a copy of the result."""
+        """Claim, copy ``x`` in once, submit, wait; returns a copy of the result.
+
+        ``routing`` and ``moe_send``: a mixture-of-experts layer's, as in ``submit``."""
         x = np.asarray(x)
         with self.claim(x.shape, x.dtype) as slot:
             np.copyto(slot.array, x)
-            fwd = self.submit(slot, layer, ducks=ducks)
+            fwd = self.submit(slot, layer, ducks=ducks, routing=routing, moe_send=moe_send)
         with fwd:
             return fwd.result(timeout).copy()
 
@@ -490,18 +621,27 @@ class Client:
         session.check_usable()
         session.request(lambda rid: ctl.UnloadLayer(req_id=rid, layer=layer))
         session.layers.pop(layer, None)
+        session.moe.pop(layer, None)
 
     def load_weights(
         self,
         layer: int,
-        mlp: Mlp,
+        mlp: Mlp | MoeMlp,
         *,
         ducks: Sequence[int] | None = None,
+        placement: Sequence[int | Sequence[int]] | None = None,
         progress: bool | None = None,
         timeout: float = 60.0,
         shared: bool = False,
     ) -> ctl.LayerInfo:
         """Shard ``mlp`` over ``ducks`` (default: every duck) and load it as ``layer``.
+
+        A ``MoeMlp`` (mixture of experts) is placed by ``placement``: one item per
+        expert, a duck id or a sequence of duck ids (its replicas, 1..8 distinct ducks);
+        default: contiguous blocks, expert ``e`` on ``ducks[e * len(ducks) // n_experts]``.
+        Without ``ducks`` the layer lives on the ducks the placement names (every duck
+        for the default one). Its shared expert, if any, is cut over all of the layer's
+        ducks by columns, like a dense layer. Forwards on it then need ``routing=``.
 
         The layer is this client's: other clients cannot use or replace it, and it is
         freed when this client closes or dies. ``shared=True`` lets every client use it;
@@ -519,6 +659,7 @@ class Client:
             progress=progress,
             timeout=timeout,
             shared=shared,
+            placement=placement,
         )
 
     def close(self) -> None:

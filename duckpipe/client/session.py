@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -47,6 +47,9 @@ from .channel import BLOCK_SLICE_S, Channel
 from .ring import SubmissionRing, new_desc
 from .shm import BackingChoice, Segment
 from .slots import Slot, SlotGuard, SlotState, SlotTable
+
+if TYPE_CHECKING:
+    from .weights import MoeLayer
 
 __all__ = ["Inflight", "ResultBase", "Session", "WaitStrategy"]
 
@@ -79,6 +82,7 @@ class Inflight:
         "internal",
         "message",
         "missing",
+        "moe",
         "n_answered",
         "n_missing",
         "op",
@@ -118,6 +122,8 @@ class Inflight:
         self.message = ""
         self.zmq_done = False
         self.released = False
+        # a routed forward: its layer's MoE facts, to name a lost duck's experts
+        self.moe: MoeLayer | None = None
 
     def __repr__(self) -> str:
         return (
@@ -159,6 +165,8 @@ class Session:
         "layers",
         "lost",
         "max_bytes",
+        "max_forward_bytes",
+        "moe",
         "next_forward",
         "pushes",
         "result_bases",
@@ -199,6 +207,9 @@ class Session:
         self.inflight: dict[int, Inflight] = {}
         # what the dataplane said it holds, by layer: refresh_layers() fills it
         self.layers: dict[int, ctl.LayerInfo] = {}
+        # the mixture-of-experts layers this session loaded: their placement and sizes
+        # (the dataplane's LayerInfo does not carry them); weights.load_weights fills it
+        self.moe: dict[int, MoeLayer] = {}
         self.counters = {"stale_completions": 0, "completion_mismatch": 0, "bad_messages": 0}
 
         if debug_slots:
@@ -221,6 +232,7 @@ class Session:
             self.channel.close()
             raise
         self.max_bytes = seg.act_slot_size  # until attach() hears the dataplane's cap
+        self.max_forward_bytes = 0  # the dataplane's cap as it said it (0: none said)
         self.ring = SubmissionRing(seg)
         guard = None
         if debug_slots:
@@ -250,6 +262,7 @@ class Session:
         self.dp_pid = att.dataplane_pid
         seg = self.segment
         self.max_bytes = min(seg.act_slot_size, att.max_forward_bytes or seg.act_slot_size)
+        self.max_forward_bytes = att.max_forward_bytes
         if att.doorbell:
             self._use_doorbell(att.doorbell)
         return att

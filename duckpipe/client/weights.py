@@ -5,36 +5,222 @@ which rows), then every shard tensor is cut into slot-sized chunks, each one a
 ``WEIGHT_CHUNK`` descriptor on the client's submission ring, and a final
 ``WEIGHT_COMMIT`` makes the layer usable once every chunk has landed. Weights
 thus travel through shared memory like activations, never over ZeroMQ.
+
+A mixture of experts (``MoeMlp``) goes the same way as kind MOE: each duck's shard
+is its *bank*, SwiGLU tensors whose columns are its routed experts' (ascending by
+expert id, ``expert_ffn`` each), then its columns of the shared expert, which is cut
+over every duck of the layer like a dense shard. ``LoadWeights`` also carries the
+placement (``expert_replicas``, ``expert_ducks``), and the client keeps it
+(:class:`MoeLayer`) to check routings and to say which experts a lost duck held.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
 from ..errors import BadInput, LayerFailed
 from ..progress import Progress
 from ..schema import control as ctl
-from ..schema.abi import B_DOWN_TENSOR, Op, Status
+from ..schema.abi import B_DOWN_TENSOR, MlpKind, Op, Status
+from ..schema.routing import MAX_EXPERTS, MAX_REPLICAS
+from . import routing
 from .models import Mlp, dtype_code, shard_bounds, shard_sizes
+from .moe import MoeMlp
 
 if TYPE_CHECKING:
     from .session import Inflight, Session
 
-__all__ = ["load_weights"]
+__all__ = ["MoeLayer", "default_placement", "load_weights", "moe_layer"]
+
+#: what a placement item may be: one duck id, or the ducks of its replicas
+PlacementItem = int | Sequence[int]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MoeLayer:
+    """What the client knows of a mixture-of-experts layer it loaded: enough to check
+    a routing before it is sent and to name the experts of a duck that did not answer."""
+
+    layer: int
+    n_experts: int
+    hidden: int
+    dtype: np.dtype
+    expert_ffn: int
+    shared_ffn: int  # 0: no shared expert
+    ducks: tuple[int, ...]  # the layer's ducks, in LoadWeights order
+    placement: tuple[tuple[int, ...], ...]  # placement[e]: the ducks of expert e's replicas
+    bank_sizes: tuple[int, ...]  # columns of each duck's bank, in ``ducks`` order
+
+    def experts_on(self, duck: int) -> list[int]:
+        """The experts ``duck`` holds, ascending: its bank slots 0, 1, ..."""
+        return [e for e, held in enumerate(self.placement) if duck in held]
+
+    def describe(self, ducks: Iterable[int]) -> str:
+        """Each duck with the experts it holds, as "duck 5 (experts 40 41)", for errors."""
+        parts = []
+        for d in ducks:
+            held = self.experts_on(d)
+            if not held:
+                what = "the shared expert only" if self.shared_ffn else "no experts"
+            else:
+                shown = " ".join(str(e) for e in held[:16])
+                what = f"experts {shown}{' ...' if len(held) > 16 else ''}"
+            parts.append(f"duck {d} ({what})")
+        return ", ".join(parts)
+
+
+def default_placement(n_experts: int, ducks: Sequence[int]) -> list[list[int]]:
+    """Experts spread evenly over ``ducks`` in contiguous blocks, one replica each:
+    expert ``e`` on ``ducks[e * len(ducks) // n_experts]`` (DeepSeek-V3's 256 experts on
+    32 ducks: 8 each, 0-7 on the first)."""
+    n = len(ducks)
+    return [[ducks[e * n // n_experts]] for e in range(n_experts)]
+
+
+def _placement_of(
+    placement: Sequence[PlacementItem] | None,
+    n_experts: int,
+    ducks: Sequence[int] | None,
+    all_ducks: Sequence[int],
+) -> tuple[list[int], list[list[int]]]:
+    """(the layer's ducks, each expert's ducks) from what the caller gave, checked; every
+    problem a BadInput naming the expert. Without ``ducks`` the layer lives on the
+    ducks the placement names (every duck of the topology for the default placement)."""
+    if placement is None:
+        chosen = list(all_ducks if ducks is None else ducks)
+        _check_ducks(chosen, all_ducks)
+        return chosen, default_placement(n_experts, chosen)
+    if isinstance(placement, str | bytes) or not isinstance(placement, Sequence | np.ndarray):
+        raise BadInput(
+            f"placement must be a sequence of {n_experts} items (one per expert), each a duck "
+            f"id or a sequence of duck ids (replicas), not {type(placement).__name__}"
+        )
+    if len(placement) != n_experts:
+        raise BadInput(
+            f"placement places {len(placement)} experts but the layer has {n_experts}: give "
+            "one item per expert, a duck id or a sequence of duck ids (replicas)"
+        )
+    ducks_of: list[list[int]] = []
+    for e, item in enumerate(placement):
+        held = [item] if isinstance(item, int | np.integer) else item
+        if isinstance(held, str | bytes) or not isinstance(held, Sequence | np.ndarray):
+            raise BadInput(
+                f"placement of expert {e} is {item!r}: give a duck id or a sequence of duck ids"
+            )
+        if any(isinstance(d, bool) or not isinstance(d, int | np.integer) for d in held):
+            raise BadInput(f"placement of expert {e} is {item!r}: duck ids are integers")
+        held = [int(d) for d in held]
+        if not 1 <= len(held) <= MAX_REPLICAS:
+            raise BadInput(
+                f"expert {e} is placed on {len(held)} ducks; give it 1..{MAX_REPLICAS} replicas"
+            )
+        if len(set(held)) != len(held):
+            raise BadInput(
+                f"expert {e} is placed on ducks {held}: its replicas must be distinct ducks"
+            )
+        unknown = [d for d in held if d not in all_ducks]
+        if unknown:
+            raise BadInput(
+                f"expert {e} is placed on ducks {unknown}, which the dataplane does not have "
+                f"(its ducks: {list(all_ducks)})"
+            )
+        if ducks is not None:
+            outside = [d for d in held if d not in ducks]
+            if outside:
+                raise BadInput(
+                    f"expert {e} is placed on ducks {outside}, which are not among the layer's "
+                    f"ducks {list(ducks)}: add them to ducks= or place the expert elsewhere"
+                )
+        ducks_of.append(held)
+    if ducks is None:
+        chosen = sorted({d for held in ducks_of for d in held})
+    else:
+        chosen = list(ducks)
+        _check_ducks(chosen, all_ducks)
+    return chosen, ducks_of
+
+
+def _check_ducks(chosen: list[int], all_ducks: Sequence[int]) -> None:
+    if not chosen or len(set(chosen)) != len(chosen) or not set(chosen) <= set(all_ducks):
+        raise BadInput(f"ducks {chosen} must be distinct ids among {list(all_ducks)}")
+
+
+def moe_layer(
+    layer: int,
+    moe: MoeMlp,
+    all_ducks: Sequence[int],
+    *,
+    ducks: Sequence[int] | None = None,
+    placement: Sequence[PlacementItem] | None = None,
+) -> MoeLayer:
+    """The plan of loading ``moe`` as ``layer`` on the dataplane's ``all_ducks``: where
+    each expert goes and how wide each duck's bank is. BadInput for what the dataplane
+    would refuse, before anything is sent."""
+    n_experts = moe.n_experts
+    if n_experts > MAX_EXPERTS:
+        raise BadInput(f"a MoE layer has 1..{MAX_EXPERTS} experts, this one {n_experts}")
+    chosen, ducks_of = _placement_of(placement, n_experts, ducks, all_ducks)
+    routing.placement(ducks_of)  # the dataplane's own rule (dp_routing_placement_check)
+    shared_ffn = moe.shared.ffn if moe.shared is not None else 0
+    if shared_ffn and shared_ffn < len(chosen):
+        raise BadInput(
+            f"the shared expert has {shared_ffn} columns but the layer has {len(chosen)} ducks: "
+            "every duck needs at least one of its columns; load the layer on fewer ducks"
+        )
+    shared_sizes = shard_sizes(shared_ffn, len(chosen)) if shared_ffn else [0] * len(chosen)
+    local = {d: sum(d in held for held in ducks_of) for d in chosen}
+    idle = [d for d in chosen if not local[d]]
+    if idle and not shared_ffn:
+        raise BadInput(
+            f"ducks {idle} would hold no expert and the layer has no shared expert: load it "
+            "on fewer ducks (ducks=) or place experts on them (placement=)"
+        )
+    return MoeLayer(
+        layer=layer,
+        n_experts=n_experts,
+        hidden=moe.hidden,
+        dtype=np.dtype(moe.dtype),
+        expert_ffn=moe.ffn,
+        shared_ffn=shared_ffn,
+        ducks=tuple(chosen),
+        placement=tuple(tuple(held) for held in ducks_of),
+        bank_sizes=tuple(local[d] * moe.ffn + s for d, s in zip(chosen, shared_sizes, strict=True)),
+    )
+
+
+def _banks(moe: MoeMlp, plan: MoeLayer) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(duck, tensor, array) of every duck's bank: its experts' columns ascending by
+    expert id, then its shard of the shared expert. Built one duck at a time, so that
+    only one bank is copied out of the model at once."""
+    e_ffn = plan.expert_ffn
+    lo = 0
+    for duck, width in zip(plan.ducks, plan.bank_sizes, strict=True):
+        experts = [moe.experts[e] for e in plan.experts_on(duck)]
+        cols = width - len(experts) * e_ffn  # its shared-expert columns (0: none)
+        cut = [(p, 0, p.ffn) for p in experts] + ([(moe.shared, lo, lo + cols)] if cols else [])
+        lo += cols
+        w_gate = np.concatenate([p.w_gate[:, a:b] for p, a, b in cut], axis=1)
+        w_up = np.concatenate([p.w_up[:, a:b] for p, a, b in cut], axis=1)
+        w_down = np.concatenate([p.w_down[a:b, :] for p, a, b in cut], axis=0)
+        for t, arr in enumerate((w_gate, w_up, w_down)):
+            yield duck, t, np.ascontiguousarray(arr)
 
 
 def load_weights(
     session: Session,
     layer: int,
-    mlp: Mlp,
+    mlp: Mlp | MoeMlp,
     *,
     ducks: Sequence[int] | None,
     progress: bool | Callable[[int, int], None] | None,
     timeout: float,
     shared: bool,
+    placement: Sequence[PlacementItem] | None = None,
 ) -> ctl.LayerInfo:
     """Load ``mlp`` as ``layer`` through ``session``; see ``Client.load_weights``.
 
@@ -45,21 +231,47 @@ def load_weights(
     session.check_usable()
     if not isinstance(layer, int) or not 0 <= layer <= 0xFFFF_FFFF:
         raise BadInput(f"layer must be an integer in [0, 2**32), not {layer!r}")
-    kind = mlp.kind
+    is_moe = isinstance(mlp, MoeMlp)
+    if placement is not None and not is_moe:
+        raise BadInput(
+            f"placement= places the experts of a MoeMlp; a {type(mlp).__name__} is sharded "
+            "over ducks= instead"
+        )
     dt = mlp.dtype
     code = dtype_code(dt)
     topology = session.request(lambda rid: ctl.GetTopology(req_id=rid))
     assert isinstance(topology, ctl.Topology)
     all_ducks = [d.id for d in topology.ducks]
-    chosen = list(all_ducks if ducks is None else ducks)
-    if len(set(chosen)) != len(chosen) or not set(chosen) <= set(all_ducks):
-        raise BadInput(f"ducks {chosen} must be distinct ids among {all_ducks}")
-    sizes = shard_sizes(mlp.ffn, len(chosen))
-    session.request(
-        lambda rid: ctl.LoadWeights(
-            req_id=rid,
+    plan: MoeLayer | None = None
+    pieces: Iterable[tuple[int, int, np.ndarray]]
+    if isinstance(mlp, MoeMlp):
+        plan = moe_layer(layer, mlp, all_ducks, ducks=ducks, placement=placement)
+        chosen, sizes = list(plan.ducks), list(plan.bank_sizes)
+        request = ctl.LoadWeights(
+            req_id=0,
             layer=layer,
-            kind=int(kind),
+            kind=int(MlpKind.MOE),
+            dtype=int(code),
+            hidden=mlp.hidden,
+            ffn=sum(sizes),
+            ducks=chosen,
+            shard_sizes=sizes,
+            shared=shared,
+            expert_ffn=plan.expert_ffn,
+            expert_replicas=[len(held) for held in plan.placement],
+            expert_ducks=[d for held in plan.placement for d in held],
+        )
+        item = np.dtype(dt).itemsize
+        total = sum(3 * mlp.hidden * f * item for f in sizes)  # w_gate, w_up, w_down
+        pieces = _banks(mlp, plan)
+    else:
+        chosen = list(all_ducks if ducks is None else ducks)
+        _check_ducks(chosen, all_ducks)
+        sizes = shard_sizes(mlp.ffn, len(chosen))
+        request = ctl.LoadWeights(
+            req_id=0,
+            layer=layer,
+            kind=int(mlp.kind),
             dtype=int(code),
             hidden=mlp.hidden,
             ffn=mlp.ffn,
@@ -68,10 +280,13 @@ def load_weights(
             has_b_down=mlp.b_down is not None,
             shared=shared,
         )
-    )
+    # the layer's MoE facts, if any, are the old layer's from here on
+    session.moe.pop(layer, None)
+    session.request(lambda rid: msgspec.structs.replace(request, req_id=rid))
     session.layers.pop(layer, None)  # the remembered LayerInfo, if any, is the old layer's
-    pieces = _pieces(mlp, chosen, sizes)
-    total = sum(a.nbytes for _, _, a in pieces)
+    if plan is None:  # the shards are cut once the dataplane took the plan
+        pieces = _pieces(mlp, chosen, sizes)
+        total = sum(a.nbytes for _, _, a in pieces)
     chunk = session.max_bytes
     recs: list[tuple[int, Inflight]] = []  # (duck, its chunk)
     report = progress if callable(progress) else None
@@ -131,7 +346,10 @@ def load_weights(
             status=first.status or 0,
             missing=tuple(missing),
         )
-    return session.layer_info(layer)
+    info = session.layer_info(layer)
+    if plan is not None:
+        session.moe[layer] = plan
+    return info
 
 
 def _failed(recs: list[tuple[int, Inflight]]) -> list[tuple[int, Inflight]]:

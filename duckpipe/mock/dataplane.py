@@ -12,6 +12,8 @@ Policy is the C dataplane's own, through cffi, not a copy: each descriptor passe
 dp_desc_check (dataplane/include/dp_desc_check.h), each client's share of the forwards
 in flight is dp_client_quota (dp_fair_share.h), and the counters are the schema's
 (COUNTER_NAMES in duckpipe/schema/stats.py). What is the mock's own is the numpy compute.
+Mixture-of-experts layers (their load checks, routed descriptors, the routing table
+checked by dp_routing_check, each duck's bank compute) are in ``moe.py`` next door.
 
 Fault knobs (``SetFaults`` or command-line flags): delay every completion,
 ducks that never answer (their forwards complete TIMEOUT at the deadline,
@@ -58,6 +60,7 @@ from ..schema.config import check_limits
 from ..schema.config import default as config_default
 from ..schema.control import ErrorCode
 from ..schema.stats import COUNTER_NAMES
+from . import moe
 from .idle import IdleStrategy
 from .stats_writer import StatsWriter
 
@@ -145,6 +148,7 @@ class _Layer:
     ready: bool = False
     failed: bool = False  # a chunk or the commit failed: unusable until reloaded
     missing: set[int] = dataclasses.field(default_factory=set)  # ducks that did not ack
+    moe: moe.MoePlan | None = None  # a mixture of experts: placement and bank slots
     # what dp_desc_check reads of the layer (struct dp_desc_layer), and the tables it
     # points into (kept alive with it)
     _view: object = dataclasses.field(init=False, repr=False)
@@ -743,6 +747,7 @@ class MockDataplane:
             raise DuckpipeError("shard_sizes must give one size per duck and sum to ffn")
         if len(set(msg.ducks)) != len(msg.ducks) or any(d >= self.cfg.ducks for d in msg.ducks):
             raise DuckpipeError(f"ducks {msg.ducks} must be distinct ids below {self.cfg.ducks}")
+        moe_plan = moe.plan_of(msg)  # refuses a bad placement or bank plan with the reason
         dead = [d for d in msg.ducks if d in self.faults.dead_ducks]
         if dead:  # the dataplane knows they are dead: nothing is sent (as dp_control_requests.c)
             raise _Refused(
@@ -778,7 +783,7 @@ class MockDataplane:
         if msg.has_b_down:
             raw[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR] = np.zeros(msg.hidden * item, np.uint8)
             received[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR] = 0
-        self.layers[msg.layer] = _Layer(msg, me.id, weight_bytes, raw, received)
+        self.layers[msg.layer] = _Layer(msg, me.id, weight_bytes, raw, received, moe=moe_plan)
         return ctl.Ack(req_id=msg.req_id)
 
     def _usable_layer(self, client: _Client, layer_id: int, write: bool = False) -> _Layer | None:
@@ -863,6 +868,8 @@ class MockDataplane:
             layer = self._usable_layer(client, int(d.layer), write=op != Op.FORWARD)
             plan = self._check(client.layout, layer, d)
             if op == Op.FORWARD:
+                assert layer is not None  # the check refuses a forward on no layer
+                moe.check_desc(d, layer.info.kind, int(d.layer))
                 self._forward(client, d, layer, plan, fields, pickup)
             elif op == Op.WEIGHT_CHUNK:
                 unacked = self._weight_chunk(client, d, layer, plan)
@@ -893,6 +900,10 @@ class MockDataplane:
         nbytes = int(plan.bytes)
         targets = _bitmap_ducks(plan.targets)
         timeout_us = int(plan.timeout_us)
+        routed = None
+        if layer.moe is not None:  # check_desc let through only a ROUTED forward
+            routed = self._routed(client, d, layer.moe, nbytes, shape)  # or refused here
+            targets = routed.targets
 
         faults = self.faults
         self.counters["forwards"] += 1
@@ -908,7 +919,10 @@ class MockDataplane:
         t_wait = time.perf_counter_ns()
         for duck in answered:
             t0 = time.perf_counter_ns()
-            partial = duck_partial(info.kind, x, layer.tensors[duck])
+            if routed is None:
+                partial = duck_partial(info.kind, x, layer.tensors[duck])
+            else:
+                partial = moe.duck_partial(layer.moe, routed, duck, layer.tensors[duck], x)
             compute.append(time.perf_counter_ns() - t0)
             acc += partial
         t_reduce = time.perf_counter_ns()
@@ -922,6 +936,8 @@ class MockDataplane:
         fields["_bytes_in"] = nbytes
         for duck, ns in zip(answered, compute, strict=True):
             self.stats.duck_reply(duck, ns)
+            if routed is not None:
+                self.stats.duck_moe(duck, *moe.duck_rows(layer.moe, routed, duck))
         for duck in missing:
             self.stats.duck_missed(duck, 1)  # the mock counts one chunk per missed partial
         timings = ctl.Timings(
@@ -934,19 +950,26 @@ class MockDataplane:
         if missing:
             self.counters["timeouts"] += 1
             due = pickup / 1e9 + timeout_us / 1e6  # a real dataplane gives up at the deadline
-            self._finish(
-                client,
-                fields,
-                Status.TIMEOUT,
-                answered,
-                missing,
-                timings,
-                f"no reply from ducks {missing} within {timeout_us / 1000:g} ms",
-                due=due,
-            )
+            why = f"no reply from ducks {missing} within {timeout_us / 1000:g} ms"
+            if layer.moe is not None:  # as the C dataplane: each duck with its experts
+                why += ": " + "; ".join(f"{layer.moe.describe(m)} did not answer" for m in missing)
+            self._finish(client, fields, Status.TIMEOUT, answered, missing, timings, why, due=due)
         else:
             self.counters["forwards_ok"] += 1
             self._finish(client, fields, Status.OK, answered, [], timings)
+
+    def _routed(self, client: _Client, d, plan: moe.MoePlan, nbytes: int, shape) -> moe.Routed:
+        """A ROUTED forward's routing out of its slot, checked, and its NIC part's send
+        mode counted (DuckpipeError: refused, as the C dispatcher refuses it)."""
+        slot = client.seg.act_bytes(int(d.slot))
+        routed = moe.read_routing(slot, nbytes, shape[0], plan, self.cfg.max_forward_bytes)
+        self.counters["moe_forwards"] += 1
+        mode, sent = moe.send_mode(
+            int(d.flags), plan, routed, nbytes, nbytes // shape[0], self.cfg.max_forward_bytes
+        )
+        self.counters["moe_broadcasts" if mode == "broadcast" else "moe_unicasts"] += 1
+        self.counters["moe_bytes"] += sent
+        return routed
 
     def _weight_chunk(self, client: _Client, d, layer: _Layer, plan) -> str:
         """Take in a chunk that passed the check; the reason it failed ("" when it did not)."""

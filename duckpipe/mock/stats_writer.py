@@ -203,6 +203,12 @@ class StatsWriter:
         d["replies"][duck] += 1
         d["state"][duck] = S.DuckState.UP
 
+    def duck_moe(self, duck: int, tokens: int, expert_rows: int) -> None:
+        """A routed forward's rows (tokens) and (token, expert) pairs the duck computed."""
+        d = self.v["ducks"]
+        d["moe_tokens"][duck] += tokens
+        d["moe_expert_rows"][duck] += expert_rows
+
     def duck_missed(self, duck: int, chunks: int) -> None:
         d = self.v["ducks"]
         d["timeouts"][duck] += 1

@@ -1,0 +1,290 @@
+"""The mock dataplane's mixture-of-experts layers: load checks, routed descriptors, compute.
+
+What the C dataplane does with a MOE layer (docs/protocols.md, LoadWeights; the MoE
+design), done in numpy on the banks the client sent, so that a wrong bank (an expert's
+columns in the wrong place) gives a wrong result here as it would on real ducks:
+
+- ``plan_of``: the LoadWeights refusals (placement against the layer's ducks, bank
+  widths, shared columns on every duck or none, no bias), the placement checked by the
+  C rule (dp_routing_placement_check through cffi) and kept with each duck's bank slots;
+- ``check_desc`` and ``read_routing``: a descriptor's ROUTED flag against the layer's
+  kind, its mode bits and target set, then the host routing table copied out of the
+  slot once (its header first, topk bounded by MAX_TOPK) and checked, the copy and
+  never the slot, with dp_routing_check; the staging bound of max_forward_bytes;
+- ``route`` and ``duck_rows``: each (token, expert) pair's duck by dp_routing_duck_of's
+  rule (replica ``t % replicas[e]``), and what one duck computes from its bank:
+  ``y[t] += w * expert_slot(x[t])`` for its entries, plus its shared-expert columns for
+  every row when the layer has a shared expert, in float32;
+- ``send_mode``: broadcast or unicast by the design's byte rule, for a NIC without a
+  broadcast address (the mock has one NIC and no network, like loopback): a broadcast
+  costs one copy of table and activation per target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..client import routing
+from ..client.models import silu
+from ..errors import BadInput, DuckpipeError
+from ..schema import control as ctl
+from ..schema.abi import MAX_DUCKS, DescFlag, MlpKind
+from ..schema.routing import MAX_TOKENS, MAX_TOPK
+
+__all__ = ["MoePlan", "Routed", "check_desc", "duck_rows", "plan_of", "read_routing", "send_mode"]
+
+ROUTED = int(DescFlag.ROUTED)
+MODE_BITS = int(DescFlag.MOE_BROADCAST | DescFlag.MOE_UNICAST)
+ALIGN = 64  # the table's offset in the slot: the activation's bytes rounded up to this
+_HEADER = routing.HEADER_DTYPE.itemsize
+_WIRE_HEADER = 16  # dp_routing_wire_header
+_WIRE_ITEM = 8  # a directory entry or a wire entry
+
+
+@dataclasses.dataclass(eq=False)
+class MoePlan:
+    """A MOE layer as the dataplane keeps it: placement, bank slots, shared columns."""
+
+    layer: int
+    n_experts: int
+    expert_ffn: int
+    has_shared: bool
+    ducks: tuple[int, ...]
+    ducks_of: tuple[tuple[int, ...], ...]  # expert e -> its replicas' ducks
+    bank_slot: dict[tuple[int, int], int]  # (expert, duck) -> the expert's slot in the bank
+    n_local: dict[int, int]  # duck -> routed experts in its bank
+    placement: object  # struct dp_routing_placement *, checked (kept alive here)
+
+    def experts_on(self, duck: int) -> list[int]:
+        return [e for e, held in enumerate(self.ducks_of) if duck in held]
+
+    def describe(self, duck: int) -> str:
+        """'duck 5 (experts 40 41)', as the C dataplane names a duck that did not answer."""
+        held = self.experts_on(duck)
+        if not held:
+            return f"duck {duck} (shared expert)"
+        shown = " ".join(str(e) for e in held[:16])
+        return f"duck {duck} (experts {shown}{' ...' if len(held) > 16 else ''})"
+
+
+def plan_of(msg: ctl.LoadWeights) -> MoePlan | None:
+    """The MoE plan of a LoadWeights (None for a dense kind), or DuckpipeError with the
+    reason it is refused."""
+    moe_fields = msg.expert_ffn or msg.expert_replicas or msg.expert_ducks
+    if msg.kind != MlpKind.MOE:
+        if moe_fields:
+            raise DuckpipeError(
+                f"layer {msg.layer} is dense (kind {msg.kind}): expert_ffn, expert_replicas "
+                "and expert_ducks are only for mixture-of-experts layers (kind 3)"
+            )
+        return None
+    layer = msg.layer
+    if msg.has_b_down:
+        raise DuckpipeError(f"layer {layer} is a mixture of experts: it has no b_down")
+    if msg.expert_ffn < 1:
+        raise DuckpipeError(f"layer {layer} is a mixture of experts: expert_ffn must be >= 1")
+    replicas = list(msg.expert_replicas)
+    if not replicas:
+        raise DuckpipeError(f"layer {layer} is a mixture of experts with no experts")
+    if sum(replicas) != len(msg.expert_ducks):
+        raise DuckpipeError(
+            f"layer {layer}: expert_replicas place {sum(replicas)} replicas but expert_ducks "
+            f"lists {len(msg.expert_ducks)} ducks"
+        )
+    ducks_of: list[tuple[int, ...]] = []
+    at = 0
+    for e, n in enumerate(replicas):
+        held = tuple(msg.expert_ducks[at : at + n])
+        at += n
+        stray = [d for d in held if d not in msg.ducks]
+        if stray:
+            raise DuckpipeError(
+                f"layer {layer}: expert {e} is placed on ducks {stray}, which are not among "
+                f"the layer's ducks {list(msg.ducks)}"
+            )
+        ducks_of.append(held)
+    try:
+        placement = routing.placement(ducks_of)  # dp_routing_placement_check
+    except BadInput as e:
+        raise DuckpipeError(f"layer {layer}: {e}") from None
+    n_local = {d: 0 for d in msg.ducks}
+    bank_slot: dict[tuple[int, int], int] = {}
+    for e, held in enumerate(ducks_of):  # ascending ids: each duck's slots 0, 1, ...
+        for d in held:
+            bank_slot[e, d] = n_local[d]
+            n_local[d] += 1
+    shared_cols = {}
+    for d, width in zip(msg.ducks, msg.shard_sizes, strict=True):
+        need = n_local[d] * msg.expert_ffn
+        if width < need:
+            raise DuckpipeError(
+                f"layer {layer}: duck {d} holds {n_local[d]} experts of {msg.expert_ffn} "
+                f"columns ({need}) but its bank has {width} columns"
+            )
+        shared_cols[d] = width - need
+    with_shared = [d for d in msg.ducks if shared_cols[d]]
+    if with_shared and len(with_shared) != len(msg.ducks):
+        without = [d for d in msg.ducks if not shared_cols[d]]
+        raise DuckpipeError(
+            f"layer {layer}: ducks {with_shared} hold shared-expert columns and ducks {without} "
+            "none; the shared expert is cut over every duck of the layer, or there is none"
+        )
+    # a duck with no expert and no shared expert cannot get here: its shard_sizes entry
+    # is >= 1 (the schema), so it holds shared columns, and then every duck does
+    return MoePlan(
+        layer=layer,
+        n_experts=len(replicas),
+        expert_ffn=msg.expert_ffn,
+        has_shared=bool(with_shared),
+        ducks=tuple(msg.ducks),
+        ducks_of=tuple(ducks_of),
+        bank_slot=bank_slot,
+        n_local=n_local,
+        placement=placement,
+    )
+
+
+def check_desc(d, kind: int, layer: int) -> None:  # d: struct dp_desc *
+    """dp_desc_check's MoE rules: ROUTED exactly on MOE layers, at most one mode bit, no
+    target set, [tokens, hidden] with tokens <= MAX_TOKENS. DuckpipeError when refused."""
+    flags = int(d.flags)
+    routed = bool(flags & ROUTED)
+    if routed and kind != MlpKind.MOE:
+        raise DuckpipeError(
+            f"layer {layer} is dense: routing is only for mixture-of-experts layers"
+        )
+    if kind != MlpKind.MOE:
+        return
+    if not routed:
+        raise DuckpipeError(f"layer {layer} is a mixture of experts: the forward needs its routing")
+    if flags & MODE_BITS == MODE_BITS:
+        raise DuckpipeError("MOE_BROADCAST and MOE_UNICAST together: choose one, or neither")
+    if any(int(d.ducks[w]) for w in range(MAX_DUCKS // 64)):
+        raise DuckpipeError(
+            "a routed forward's target set must be empty: its routing says which ducks"
+        )
+    if int(d.ndim) != 2:
+        raise DuckpipeError(f"a routed forward's activation is [tokens, hidden], not {d.ndim}-D")
+    if int(d.shape[0]) > MAX_TOKENS:
+        raise DuckpipeError(
+            f"a routed forward carries at most {MAX_TOKENS} tokens, not {d.shape[0]}"
+        )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Routed:
+    """A routed forward's checked routing: indices, weights [tokens, topk], the duck of
+    each (token, choice), and the ducks to ask."""
+
+    indices: np.ndarray  # int32
+    weights: np.ndarray  # float32
+    duck: np.ndarray  # int32, dp_routing_duck_of of each pair
+    targets: list[int]  # ascending
+
+
+def read_routing(
+    slot: np.ndarray, nbytes: int, tokens: int, plan: MoePlan, max_forward_bytes: int
+) -> Routed:
+    """The routing of a forward whose activation of ``nbytes`` is in ``slot`` (the
+    activation slot's bytes, which the client may still be writing): header copied once,
+    topk bounded, the whole table copied once, the copy checked (dp_routing_check)."""
+    at = -(-nbytes // ALIGN) * ALIGN
+    if at + _HEADER > slot.size:
+        raise DuckpipeError(
+            f"the routing table's header at byte {at} does not fit the slot of {slot.size} bytes"
+        )
+    header = slot[at : at + _HEADER].copy().view(routing.HEADER_DTYPE)
+    topk = min(int(header["topk"][0]), MAX_TOPK)
+    size = routing.table_size(tokens, topk)
+    if at + size > slot.size:
+        raise DuckpipeError(
+            f"the routing table of {tokens} tokens by {topk} ({size} bytes at byte {at}) does "
+            f"not fit the slot of {slot.size} bytes"
+        )
+    staged = _WIRE_HEADER + _WIRE_ITEM * (MAX_DUCKS + tokens * topk) + nbytes
+    if staged > max_forward_bytes:
+        raise DuckpipeError(
+            f"a routed forward of {nbytes} activation bytes and {tokens * topk} routes needs "
+            f"{staged} bytes of staging, over max_forward_bytes {max_forward_bytes}"
+        )
+    copy = slot[at : at + size].copy()
+    try:
+        routing.check(copy, tokens, plan.n_experts)
+    except BadInput as e:
+        raise DuckpipeError(str(e)) from None
+    topk = int(copy[:_HEADER].view(routing.HEADER_DTYPE)["topk"][0])
+    entries = copy[_HEADER:].view(routing.ENTRY_DTYPE).reshape(tokens, topk)
+    indices = entries["expert"].astype(np.int32)
+    weights = entries["weight"].copy()
+    duck = np.empty_like(indices)
+    rows = np.arange(tokens)
+    for e in np.unique(indices):
+        held = plan.ducks_of[e]
+        t, k = np.nonzero(indices == e)
+        duck[t, k] = np.asarray(held, np.int32)[rows[t] % len(held)]
+    targets = set(np.unique(duck).tolist())
+    if plan.has_shared:
+        targets.update(plan.ducks)
+    return Routed(indices, weights, duck, sorted(targets))
+
+
+def duck_rows(plan: MoePlan, routed: Routed, duck: int) -> tuple[int, int]:
+    """(n_rows, n_entries) of ``duck``'s section: its distinct routed tokens, and pairs."""
+    mine = routed.duck == duck
+    return int(np.count_nonzero(mine.any(axis=1))), int(np.count_nonzero(mine))
+
+
+def duck_partial(
+    plan: MoePlan, routed: Routed, duck: int, bank: list[np.ndarray], x: np.ndarray
+) -> np.ndarray:
+    """What ``duck`` adds to the result, float32 [tokens, hidden], from its bank (float32
+    w_gate, w_up, w_down): its entries' weighted experts, and its shared columns."""
+    w_gate, w_up, w_down = bank
+    e_ffn = plan.expert_ffn
+    xf = x.astype(np.float32, copy=False)
+    out = np.zeros(xf.shape, np.float32)
+    mine = routed.duck == duck
+    for e in np.unique(routed.indices[mine]):
+        t, k = np.nonzero(mine & (routed.indices == e))
+        s = plan.bank_slot[int(e), duck]
+        cols = slice(s * e_ffn, (s + 1) * e_ffn)
+        xr = xf[t]
+        h = silu(xr @ w_gate[:, cols]) * (xr @ w_up[:, cols])
+        out[t] += routed.weights[t, k, None] * (h @ w_down[cols, :])
+    if plan.has_shared:
+        cols = slice(plan.n_local[duck] * e_ffn, w_gate.shape[1])
+        out += (silu(xf @ w_gate[:, cols]) * (xf @ w_up[:, cols])) @ w_down[cols, :]
+    return out
+
+
+def send_mode(
+    flags: int, plan: MoePlan, routed: Routed, nbytes: int, row_bytes: int, staging: int
+) -> tuple[str, int]:
+    """('broadcast' | 'unicast', bytes of the first sends) of the forward's one NIC part,
+    by the design's rule for a NIC without a broadcast address: a broadcast sends the
+    wire table and every row to each target; a unicast sends each routed duck its own
+    section (renumbered) and rows. Auto takes the unicast when it is smaller, fits the
+    staging area and the layer has no shared expert; a mode bit forces one."""
+    tokens = routed.indices.shape[0]
+    sections = [(d, *duck_rows(plan, routed, d)) for d in routed.targets]
+    routed_ducks = [(d, r, n) for d, r, n in sections if n]
+    entries = sum(n for _, _, n in routed_ducks)
+    wire = _WIRE_HEADER + _WIRE_ITEM * (len(routed_ducks) + entries)
+    broadcast = (wire + nbytes) * len(routed.targets)
+    if plan.has_shared:  # every duck needs every row: a unicast carries them all
+        unicast = sum(
+            _WIRE_HEADER + _WIRE_ITEM * (1 + n) + tokens * row_bytes for _, _, n in sections
+        )
+    else:
+        unicast = sum(
+            _WIRE_HEADER + _WIRE_ITEM * (1 + n) + r * row_bytes for _, r, n in routed_ducks
+        )
+    if flags & DescFlag.MOE_BROADCAST:
+        return "broadcast", broadcast
+    if flags & DescFlag.MOE_UNICAST:
+        return "unicast", unicast
+    if not plan.has_shared and unicast < broadcast and unicast <= staging:
+        return "unicast", unicast
+    return "broadcast", broadcast

@@ -1,0 +1,413 @@
+"""Routed forwards on a mixture-of-experts layer match MoeMlp.reference, over placements,
+batch sizes, dtypes, with and without a shared expert and in every send mode; bad
+routing is BadInput before anything is sent; the dataplane refuses malformed routed
+descriptors; a routed duck that does not answer fails the forwards that need it only.
+
+Tolerances. The dataplane and the reference both compute in float32 from the same
+weights and differ only in the order of the sums (per duck, then across ducks): measured
+at most 1.7e-6 absolute on outputs up to 5.4 (16 experts of 32 columns, hidden 64, 1 to
+32 tokens); 1e-5 absolute and relative leaves a margin of six. In float16 both round
+their float32 result to float16 once: one float16 ulp (2**-10 relative) plus that same
+float32 difference, which near zero spans several ulps of a small output (measured: 2
+ulps at 2.4e-4), hence 1e-5 absolute again.
+"""
+
+from __future__ import annotations
+
+import mmap
+import time
+
+import numpy as np
+import pytest
+
+import duckpipe
+from duckpipe import Status
+from duckpipe.client.api import Forward
+from duckpipe.client.ring import new_desc
+from duckpipe.client.routing import pack
+from duckpipe.errors import BadInput, DataplaneFault, ForwardTimeout
+from duckpipe.moe import Gate, MoeMlp
+from duckpipe.observe.stats_reader import stats_path_for, views
+from duckpipe.schema.abi import DescFlag, Op
+from duckpipe.testing import set_faults
+
+HIDDEN, N_EXPERTS, EFFN, TOPK = 64, 16, 32, 4
+TOL = {
+    np.dtype(np.float32): dict(rtol=1e-5, atol=1e-5),
+    np.dtype(np.float16): dict(rtol=2**-10, atol=1e-5),
+}
+
+# placements of 16 experts on the 24-duck dataplane of the ``dataplane`` fixture
+PLACEMENTS = {
+    "default": None,
+    "hand": [(e * 5) % 24 for e in range(N_EXPERTS)],  # scattered, one duck each
+    "replicas": [[e % 8, 8 + (e * 3) % 8, 16 + e % 4][: 1 + e % 3] for e in range(N_EXPERTS)],
+}
+
+
+def _moe(shared: bool, dtype, seed: int) -> MoeMlp:
+    return MoeMlp.random(N_EXPERTS, HIDDEN, EFFN, shared=shared, dtype=dtype, seed=seed)
+
+
+def _ducks(placement, shared: bool) -> list[int] | None:
+    """The default placement on 24 ducks leaves 8 without an expert: without a shared
+    expert they would hold nothing, so that layer lives on 8 ducks (2 experts each)."""
+    return list(range(8)) if placement is None and not shared else None
+
+
+def _check(y: np.ndarray, want: np.ndarray) -> None:
+    assert y.dtype == want.dtype and y.shape == want.shape
+    np.testing.assert_allclose(
+        y.astype(np.float32), want.astype(np.float32), **TOL[np.dtype(want.dtype)]
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "routed-only"])
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+def test_routed_forward_matches_the_numpy_reference(client, placement, shared, dtype):
+    seed = list(PLACEMENTS).index(placement) * 4 + shared * 2 + (dtype == np.float16)
+    moe = _moe(shared, dtype, seed)
+    layer = 500 + seed
+    place = PLACEMENTS[placement]
+    client.load_weights(layer, moe, ducks=_ducks(place, shared), placement=place)
+    gate = Gate.random(N_EXPERTS, HIDDEN, topk=TOPK, score="sigmoid", seed=seed)
+    rng = np.random.default_rng(seed)
+    for tokens in (1, 8, 32):
+        x = rng.standard_normal((tokens, HIDDEN)).astype(dtype)
+        w, i = gate(x)
+        _check(client.forward(layer, x, routing=(i, w), timeout=30), moe.reference(x, i, w))
+
+
+def test_every_send_mode_gives_the_same_result_and_is_counted(client):
+    moe = _moe(shared=False, dtype=np.float32, seed=1)
+    client.load_weights(520, moe, ducks=list(range(16)), placement=list(range(16)))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((32, HIDDEN)).astype(np.float32)
+    i = np.stack([rng.permutation(N_EXPERTS)[:2] for _ in range(32)]).astype(np.int32)
+    w = rng.random((32, 2)).astype(np.float32)
+    want = moe.reference(x, i, w)
+    for mode, counter in (("broadcast", "moe_broadcasts"), ("unicast", "moe_unicasts")):
+        before = client.stats().counters
+        _check(client.forward(520, x, routing=(i, w), moe_send=mode, timeout=30), want)
+        after = client.stats().counters
+        assert after["moe_forwards"] - before["moe_forwards"] == 1
+        assert after[counter] - before[counter] == 1, mode
+        assert after["moe_bytes"] > before["moe_bytes"]
+    # auto, 32 tokens by 2 of 16 ducks: each duck's own rows (~4 of 32) cost far fewer bytes
+    # than every row to each of the 16 targets (no broadcast address on one host)
+    before = client.stats().counters
+    _check(client.forward(520, x, routing=(i, w), timeout=30), want)
+    after = client.stats().counters
+    assert after["moe_unicasts"] - before["moe_unicasts"] == 1
+    assert after["moe_broadcasts"] == before["moe_broadcasts"]
+
+
+def test_auto_broadcasts_when_the_layer_has_a_shared_expert(client):
+    # every duck computes the shared expert for every row: sending each its own rows alone
+    # cannot save anything
+    moe = _moe(shared=True, dtype=np.float32, seed=2)
+    client.load_weights(521, moe, ducks=list(range(8)))
+    x = np.random.default_rng(2).standard_normal((8, HIDDEN)).astype(np.float32)
+    i = np.zeros((8, 1), np.int32)
+    w = np.ones((8, 1), np.float32)
+    before = client.stats().counters
+    _check(client.forward(521, x, routing=(i, w), timeout=30), moe.reference(x, i, w))
+    after = client.stats().counters
+    assert after["moe_broadcasts"] - before["moe_broadcasts"] == 1
+    assert after["moe_unicasts"] == before["moe_unicasts"]
+
+
+def test_experts_no_token_chose_cost_nothing_and_their_ducks_are_not_asked(client):
+    moe = _moe(shared=False, dtype=np.float32, seed=3)
+    client.load_weights(522, moe, ducks=list(range(8)))  # experts 2d, 2d+1 on duck d
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, HIDDEN)).astype(np.float32)
+    chosen = np.array([0, 5, 6, 11])  # ducks 0, 2, 3, 5
+    i = np.stack([rng.permutation(chosen)[:2] for _ in range(8)]).astype(np.int64)
+    w = rng.standard_normal((8, 2)).astype(np.float32)  # any finite weight, negative too
+    with client.claim(x.shape, x.dtype) as slot:
+        slot.array[:] = x
+        fwd = client.submit(slot, 522, routing=(i, w))
+    with fwd:
+        _check(fwd.result(timeout=30), moe.reference(x, i, w))
+        assert set(fwd.answered) == set(np.unique(i) // 2) and fwd.missing == ()
+
+
+def _duck_stats(control: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every duck's moe_tokens and moe_expert_rows, from the stats segment."""
+    with open(stats_path_for(control), "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    try:
+        d = views(m)["ducks"]
+        out = d["moe_tokens"].copy(), d["moe_expert_rows"].copy()
+        del d
+    finally:
+        m.close()
+    return out
+
+
+def test_each_duck_counts_the_tokens_and_expert_rows_it_computed(client, dataplane):
+    moe = _moe(shared=False, dtype=np.float32, seed=4)
+    # experts 0-3 on duck 20, 4-7 on 21 and 22 (replicas), the rest on 23
+    place = [20] * 4 + [[21, 22]] * 4 + [23] * 8
+    client.load_weights(523, moe, placement=place)
+    x = np.random.default_rng(4).standard_normal((6, HIDDEN)).astype(np.float32)
+    # token t's experts; a replicated expert goes to replica t % 2 (21 even, 22 odd)
+    i = np.array([[0, 1], [4, 8], [5, 6], [2, 9], [7, 3], [10, 11]], np.int32)
+    w = np.full((6, 2), 0.5, np.float32)
+    tokens0, rows0 = _duck_stats(dataplane.control)
+    _check(client.forward(523, x, routing=(i, w), timeout=30), moe.reference(x, i, w))
+    tokens, rows = _duck_stats(dataplane.control)
+    # (token, expert) by duck: 20: (0,0) (0,1) (3,2) (4,3); 21: (2,5) (2,6) (4,7);
+    # 22: (1,4); 23: (1,8) (3,9) (5,10) (5,11)
+    want_tokens = {20: 3, 21: 2, 22: 1, 23: 3}
+    want_rows = {20: 4, 21: 3, 22: 1, 23: 4}
+    assert {d: int(tokens[d] - tokens0[d]) for d in range(20, 24)} == want_tokens
+    assert {d: int(rows[d] - rows0[d]) for d in range(20, 24)} == want_rows
+    assert not (tokens[:20] - tokens0[:20]).any()
+
+
+# --- bad routing: BadInput before anything is sent ------------------------------------
+
+
+@pytest.fixture
+def moe_layer(client):
+    """Layer 530: 16 experts (no shared) on ducks 0-7, and a dense layer 531."""
+    moe = _moe(shared=False, dtype=np.float32, seed=5)
+    client.load_weights(530, moe, ducks=list(range(8)))
+    client.load_weights(531, duckpipe.SwiGluMlp.random(HIDDEN, 32, seed=5), ducks=[0, 1])
+    return moe
+
+
+def _routing(tokens: int, topk: int = 2, seed: int = 6):
+    rng = np.random.default_rng(seed)
+    i = np.stack([rng.permutation(N_EXPERTS)[:topk] for _ in range(tokens)]).astype(np.int32)
+    return i, rng.random((tokens, topk)).astype(np.float32)
+
+
+def _nan_weight():
+    i, w = _routing(4)
+    w[2, 1] = np.nan
+    return i, w
+
+
+def _out_of_range():
+    i, w = _routing(4)
+    i[1, 0] = N_EXPERTS
+    return i, w
+
+
+@pytest.mark.parametrize(
+    "layer, routing, kw, match",
+    [
+        (531, _routing(4), {}, "layer 531 is dense: routing is only for mixture-of-experts"),
+        (530, None, {}, "layer 530 is a mixture of experts: the forward needs its routing"),
+        (530, _out_of_range(), {}, "routing names expert 16 .* 0..15"),
+        (530, _routing(3), {}, r"routing indices have shape \(3, 2\) but x has 4 tokens"),
+        (530, _nan_weight(), {}, "routing weight of token 2, slot 1 is nan"),
+        (530, (_routing(4)[0],), {}, "routing must be a pair"),
+        (530, _routing(4), {"moe_send": "multicast"}, "moe_send must be 'auto'"),
+        (530, None, {"moe_send": "unicast"}, "pass its routing"),
+        (530, _routing(4), {"ducks": [0]}, "pass routing= or ducks=, not both"),
+    ],
+    ids=[
+        "dense-with-routing",
+        "moe-without-routing",
+        "expert-out-of-range",
+        "wrong-shape",
+        "nan-weight",
+        "not-a-pair",
+        "bad-moe-send",
+        "mode-without-routing",
+        "routing-and-ducks",
+    ],
+)
+def test_bad_routing_is_bad_input_before_anything_is_sent(
+    client, moe_layer, layer, routing, kw, match
+):
+    x = np.ones((4, HIDDEN), np.float32)
+    before = client.stats().counters["descriptors"]
+    with pytest.raises(BadInput, match=match):
+        client.forward(layer, x, routing=routing, **kw)
+    assert client.stats().counters["descriptors"] == before
+    # the slot went back: the next forward claims and completes
+    i, w = _routing(4)
+    _check(client.forward(530, x, routing=(i, w), timeout=30), moe_layer.reference(x, i, w))
+
+
+def test_a_slot_too_small_for_activation_and_routing_says_what_to_connect_with(
+    dataplane, client, moe_layer
+):
+    # 15 tokens of 64 float32: 3840 bytes fit a 4096-byte slot; the routing table behind
+    # them at byte 3840 (16 + 8 * 15 * 4 = 496 bytes) does not
+    i, w = _routing(15, topk=4)
+    x = np.ones((15, HIDDEN), np.float32)
+    with duckpipe.connect(dataplane.control, slot_size=4096) as small:
+        small.load_weights(533, moe_layer, ducks=list(range(8)))
+        before = small.stats().counters["descriptors"]
+        with pytest.raises(BadInput, match=r"needs 4336 bytes .* connect\(slot_size=...\)"):
+            small.forward(533, x, routing=(i, w))
+        assert small.stats().counters["descriptors"] == before
+        # 14 tokens: 3584 + 464 bytes fit
+        _check(
+            small.forward(533, x[:14], routing=(i[:14], w[:14]), timeout=30),
+            moe_layer.reference(x[:14], i[:14], w[:14]),
+        )
+
+
+def test_a_routed_forward_in_float16_takes_float32_or_float64_weights(client):
+    moe = _moe(shared=True, dtype=np.float16, seed=7)
+    client.load_weights(532, moe, ducks=list(range(4)))
+    x = np.random.default_rng(7).standard_normal((8, HIDDEN)).astype(np.float16)
+    i, w = _routing(8, seed=7)
+    want = moe.reference(x, i, w)
+    _check(client.forward(532, x, routing=(i.astype(np.int64), w.astype(np.float64))), want)
+
+
+# --- the dataplane's own checks of a routed descriptor ---------------------------------
+
+
+def _raw_forward(client, layer: int, x: np.ndarray, table: np.ndarray | None, *, flags: int,
+                 ducks: tuple[int, ...] = ()) -> Forward:  # fmt: skip
+    """Submit ``x`` with ``table`` behind it as the descriptor says, past every client
+    check: what a hostile or buggy client can put in its ring."""
+    session = client._session
+    slot = client.claim(x.shape, x.dtype)
+    slot.array[:] = x
+    if table is not None:
+        at = -(-x.nbytes // 64) * 64
+        session.segment.act_bytes(slot.index)[at : at + table.size] = table
+    d = new_desc()
+    d.op, d.layer, d.dtype, d.ndim = Op.FORWARD, layer, 1, x.ndim
+    for k, n in enumerate(x.shape):
+        d.shape[k] = n
+    d.nbytes, d.flags = x.nbytes, flags
+    for duck in ducks:
+        d.ducks[duck >> 6] |= 1 << (duck & 63)
+    return Forward(session, session.push(d, int(Op.FORWARD), slot.index, x.shape, x.dtype))
+
+
+def _refused(fwd: Forward, match: str) -> None:
+    with fwd, pytest.raises(DataplaneFault, match=match):
+        fwd.result(timeout=30)
+    assert fwd.status == Status.BAD_REQUEST
+
+
+ROUTED = int(DescFlag.ROUTED)
+
+
+def _table(i=None, w=None, n_experts: int = N_EXPERTS) -> np.ndarray:
+    if i is None:
+        i, w = _routing(4)
+    return pack(i, w, n_experts).copy()
+
+
+def test_the_dataplane_refuses_routing_on_a_dense_layer(client, moe_layer):
+    fwd = _raw_forward(client, 531, np.ones((4, HIDDEN), np.float32), _table(), flags=ROUTED)
+    _refused(fwd, "layer 531 is dense: routing is only for mixture-of-experts layers")
+
+
+def test_the_dataplane_refuses_an_unrouted_forward_on_a_moe_layer(client, moe_layer):
+    fwd = _raw_forward(client, 530, np.ones((4, HIDDEN), np.float32), None, flags=0)
+    _refused(fwd, "layer 530 is a mixture of experts: the forward needs its routing")
+
+
+def test_the_dataplane_refuses_both_mode_bits(client, moe_layer):
+    flags = ROUTED | DescFlag.MOE_BROADCAST | DescFlag.MOE_UNICAST
+    fwd = _raw_forward(client, 530, np.ones((4, HIDDEN), np.float32), _table(), flags=flags)
+    _refused(fwd, "MOE_BROADCAST and MOE_UNICAST")
+
+
+def test_the_dataplane_refuses_a_routed_forward_with_a_target_set(client, moe_layer):
+    x = np.ones((4, HIDDEN), np.float32)
+    fwd = _raw_forward(client, 530, x, _table(), flags=ROUTED, ducks=(0,))
+    _refused(fwd, "target set")
+
+
+@pytest.mark.parametrize("damage", ["magic", "expert", "topk", "n_experts", "weight"])
+def test_the_dataplane_refuses_a_damaged_routing_table_with_the_c_rule(client, moe_layer, damage):
+    table = _table()
+    if damage == "magic":
+        table[0] ^= 0xFF
+    elif damage == "expert":
+        table[16:20] = np.frombuffer(np.uint32(N_EXPERTS).tobytes(), np.uint8)
+    elif damage == "topk":
+        table[6:8] = np.frombuffer(np.uint16(200).tobytes(), np.uint8)  # over MAX_TOPK
+    elif damage == "n_experts":
+        table = _table(n_experts=N_EXPERTS + 1)
+    else:
+        table[20:24] = np.frombuffer(np.float32(np.inf).tobytes(), np.uint8)
+    fwd = _raw_forward(client, 530, np.ones((4, HIDDEN), np.float32), table, flags=ROUTED)
+    _refused(fwd, "routing table refused")
+    # the client's forwards go on
+    i, w = _routing(4)
+    x = np.ones((4, HIDDEN), np.float32)
+    _check(client.forward(530, x, routing=(i, w), timeout=30), moe_layer.reference(x, i, w))
+
+
+def test_the_dataplane_refuses_a_routed_forward_over_max_forward_bytes(duckpipe_mock_factory):
+    # 16 + 8 * (256 + 8 * 2) + 8 * 256 = 4240 bytes staged, over a cap of 4096
+    dp = duckpipe_mock_factory(ducks=8, args=["--max-forward-bytes", "4096"])
+    with duckpipe.connect(dp.control, slot_size=8192) as c:
+        c.load_weights(1, _moe(shared=False, dtype=np.float32, seed=8))
+        i, w = _routing(8)
+        x = np.ones((8, HIDDEN), np.float32)
+        with pytest.raises(BadInput, match="needs 4240 bytes of the dataplane's staging"):
+            c.forward(1, x, routing=(i, w))
+        table = pack(i, w, N_EXPERTS).copy()
+        _refused(_raw_forward(c, 1, x, table, flags=ROUTED), "needs 4240 bytes of staging")
+
+
+# --- a routed duck that does not answer -------------------------------------------------
+
+
+class _Mock:
+    """Four mock ducks; 'killing' ducks is the mock's dead_ducks fault."""
+
+    def __init__(self, factory) -> None:
+        self.dp = factory(ducks=4)
+        self.control = self.dp.control
+
+    def kill(self) -> None:
+        set_faults(self.control, dead_ducks=[2, 3])
+
+
+class _Real:
+    """Four emulated ducks in two emulators (ducks 0-1, 2-3) and the C dataplane."""
+
+    def __init__(self, factory) -> None:
+        self.cluster = factory(4, groups=[(2, []), (2, [])], ping_ms=100)
+        self.control = self.cluster.control
+
+    def kill(self) -> None:
+        self.cluster.emulators[1].stop()
+
+
+@pytest.fixture(params=["mock", "real"])
+def ducks4(request):
+    if request.param == "mock":
+        return _Mock(request.getfixturevalue("duckpipe_mock_factory"))
+    return _Real(request.getfixturevalue("duckpipe_cluster_factory"))
+
+
+def test_a_dead_routed_duck_fails_only_the_forwards_routed_to_it(ducks4):
+    moe = _moe(shared=False, dtype=np.float32, seed=9)
+    with duckpipe.connect(ducks4.control, forward_timeout=0.5) as c:
+        c.load_weights(7, moe)  # experts 4d..4d+3 on duck d
+        ducks4.kill()
+        x = np.random.default_rng(9).standard_normal((4, HIDDEN)).astype(np.float32)
+        i = np.array([[0, 4], [1, 5], [2, 6], [7, 3]], np.int32)  # ducks 0 and 1 only
+        w = np.full((4, 2), 0.5, np.float32)
+        _check(c.forward(7, x, routing=(i, w), timeout=30), moe.reference(x, i, w))
+        i[2, 1] = 9  # one pair on duck 2
+        t0 = time.monotonic()
+        with pytest.raises(ForwardTimeout) as e:
+            c.forward(7, x, routing=(i, w), timeout=30)
+        assert time.monotonic() - t0 < 10
+        assert e.value.missing == (2,)
+        # the dataplane names the duck and its experts, the client adds them from its placement
+        assert "duck 2 (experts 8 9 10 11)" in str(e.value)
+        assert "layer 7: duck 2 (experts 8 9 10 11)" in str(e.value)
+        i[2, 1] = 6  # routed away from it again: fine
+        _check(c.forward(7, x, routing=(i, w), timeout=30), moe.reference(x, i, w))
