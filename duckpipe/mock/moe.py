@@ -231,9 +231,11 @@ def read_routing(
 
 
 def duck_rows(plan: MoePlan, routed: Routed, duck: int) -> tuple[int, int]:
-    """(n_rows, n_entries) of ``duck``'s section: its distinct routed tokens, and pairs."""
+    """(n_rows, n_entries) of ``duck``'s reply: the rows it computed (every row with a
+    shared expert, else its distinct routed tokens), and its (token, expert) pairs."""
     mine = routed.duck == duck
-    return int(np.count_nonzero(mine.any(axis=1))), int(np.count_nonzero(mine))
+    rows = mine.shape[0] if plan.has_shared else int(np.count_nonzero(mine.any(axis=1)))
+    return rows, int(np.count_nonzero(mine))
 
 
 def duck_partial(
