@@ -64,6 +64,17 @@ def test_the_readme_api_example_runs_against_a_mock(duckpipe_mock):
     assert re.fullmatch(r"1 \d+ \(0, 1, 2, 3, 4, 5, 6, 7\) \(\)\n", r.stdout), r.stdout
 
 
+def test_the_readme_moe_example_runs_against_a_mock(duckpipe_mock):
+    code = _block("### Mixture of experts", "python")
+    assert "routing=(indices, weights)" in code and "moe.reference(" in code
+    env = dict(os.environ, DUCKPIPE_CONTROL=duckpipe_mock.control)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(README.parent), env.get("PYTHONPATH")]))
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_the_readme_says_to_activate_the_venv_first():
     text = README.read_text()
     section = text[text.index("## By hand: three terminals") :][:600]
