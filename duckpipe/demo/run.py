@@ -265,8 +265,8 @@ def _moe_batch(client: Client, control: str, shape, placement: list[int], tokens
         return y
 
     try:
-        for k in range(MOE_WARMUP):
-            call(-1 - k, None)
+        for k in range(MOE_WARMUP):  # batches of their own, after the timed ones
+            call(calls + k, None)
         timer = _Timer()
         bytes0 = client.stats().counters.get("moe_bytes")
         rows0 = _duck_moe_rows(control)
