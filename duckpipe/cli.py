@@ -234,8 +234,10 @@ def _stats(args: argparse.Namespace) -> int:
             f"dataplane {info.kind} pid {info.pid}, {info.threads} threads, epoch {info.epoch}, "
             f"control {info.control}, heartbeat {age:.0f} ms ago ({info.stats_path})"
         )
+        moe = st.moe_active(snap.counters, snap.ducks)
         for k, v in snap.counters.items():
-            print(f"  {k:<24} {v}")
+            if moe or k not in st.MOE_COUNTERS:  # a dense run: no MoE lines of zeros
+                print(f"  {k:<24} {v}")
         for c in snap.clients:
             page = "2 MiB pages" if c.page_size == 2 * 1024 * 1024 else f"{c.page_size} B pages"
             print(
@@ -249,7 +251,7 @@ def _stats(args: argparse.Namespace) -> int:
             nz = ", ".join(
                 f"{k}={v}"
                 for k, v in n.counters.items()
-                if v and k.startswith(("tx_", "rx_", "nack", "retransmits", "gso"))
+                if v and k.startswith(("tx_", "rx_", "nack", "retransmits", "gso", "moe_"))
             )
             print(f"  nic {n.name} ({n.backend} {n.interface or '-'}, {core}): {nz}")
         for d in snap.ducks:
@@ -257,6 +259,11 @@ def _stats(args: argparse.Namespace) -> int:
                 f"  duck {d.id} {d.address} nic {d.nic}: {d.state}, {d.layers} layer(s), "
                 f"last {_us(d.last_reply_ns or None)} us, p99 {_us(d.reply.quantile(0.99))} us, "
                 f"{d.timeouts} timeouts, {d.missing_chunks} missing chunks"
+                + (
+                    f", MoE {d.moe_tokens} tokens, {d.moe_expert_rows} (token, expert) rows"
+                    if moe
+                    else ""
+                )
             )
         print("  latency (us, since start)        n      p50      p99    p99.9")
         for name, h in snap.latency.items():
@@ -285,9 +292,13 @@ def _stats_query(args: argparse.Namespace) -> int:
 
         print(msgspec.json.encode(stats).decode())
         return 0
+    from .observe.stats_reader import MOE_COUNTERS, moe_active
+
     print(f"dataplane {stats.mode}, epoch {stats.epoch}, {len(stats.clients)} client(s)")
+    moe = moe_active(stats.counters)
     for k, v in stats.counters.items():
-        print(f"  {k:<24} {v}")
+        if moe or k not in MOE_COUNTERS:  # a dense run: no MoE lines of zeros
+            print(f"  {k:<24} {v}")
     for c in stats.clients:
         print(
             f"  client {c.client_id} pid {c.pid} {c.name!r}: {c.submitted} submitted, "

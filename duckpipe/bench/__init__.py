@@ -1,10 +1,11 @@
-"""``duckpipe bench [ipc|forward|scale|pps|all] [--quick|--smoke] [--out DIR] [--doc PAGE]``.
+"""``duckpipe bench [ipc|forward|scale|pps|moe|all] [--quick|--smoke] [--out DIR] [--doc PAGE]``.
 
 Sections, one module each: :mod:`.ipc` (the handoff against IPC baselines),
 :mod:`.forward` (the reference system's path against duckpipe, same ducks),
 :mod:`.scale` (duckpipe's host overhead against ducks and payload), :mod:`.pps`
 (one worker's DPDK transmit rate against dpdk-testpmd; skipped without root,
-DPDK or hugepages). Markdown
+DPDK or hugepages), :mod:`.moe` (a mixture-of-experts layer broadcast, unicast and
+as a dense baseline). Markdown
 tables go to stdout, progress to stderr, ``bench.json`` (and PNG plots when
 matplotlib is installed: ``pip install 'duckpipe[bench]'``) into ``--out``. With
 ``--doc`` (``docs/benchmarks.md``) each section that ran replaces its own block of that
@@ -33,7 +34,7 @@ from .report import (
 
 __all__ = ["SECTIONS", "add_parser", "run"]
 
-SECTIONS = ("ipc", "forward", "scale", "pps")
+SECTIONS = ("ipc", "forward", "scale", "pps", "moe")
 
 
 def _forward_plot(out: Path, t: Table) -> bool:
@@ -112,6 +113,10 @@ def run(
                 from . import pps
 
                 new = pps.run(size, quiet=quiet)
+            elif name == "moe":
+                from . import moe
+
+                new = moe.run(size, quiet=quiet)
             else:
                 raise ValueError(name)
             seconds[name] = round(time.monotonic() - t0, 1)
@@ -148,7 +153,10 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    b = sub.add_parser("bench", help="benchmarks: the handoff, the forward path, scaling, DPDK pps")
+    b = sub.add_parser(
+        "bench",
+        help="benchmarks: the handoff, the forward path, scaling, DPDK pps, mixture of experts",
+    )
     b.add_argument(
         "section",
         nargs="?",

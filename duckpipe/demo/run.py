@@ -28,14 +28,16 @@ from ..progress import Progress
 
 __all__ = ["add_parser", "run"]
 
-MODELS = ("minilm", "qwen3-0.6b-shape")
+MODELS = ("minilm", "qwen3-0.6b-shape", "deepseek-v3-moe-shape")
 MINILM_LAYER_BASE = 1000  # layer ids the demo loads; far from what a user's tests use
 QWEN_LAYER_BASE = 2000
+MOE_LAYER = 3000
+MOE_WARMUP = 2  # untimed calls per batch size (first touches of the ducks' banks)
 PHASES = ("prepare_ns", "send_ns", "wait_ns", "fetch_ns", "reduce_ns")
 #: The largest |difference| from the host-only numpy forward that passes: MiniLM's
 #: unit-length embeddings (absolute), the qwen shape's outputs (relative to the largest).
 #: float32 sums in another order differ by ~1e-7 and ~5e-6; a lost or wrong shard by > 1e-2.
-TOLERANCE = {"minilm": 1e-4, "qwen3-0.6b-shape": 1e-4}
+TOLERANCE = {"minilm": 1e-4, "qwen3-0.6b-shape": 1e-4}  # the MoE shape's: moe_shape.TOLERANCE
 
 
 @dataclass
@@ -214,6 +216,146 @@ def _qwen(client: Client, args: argparse.Namespace, say) -> dict:
     }
 
 
+def _load_moe(client: Client, shape, placement: list[int], args: argparse.Namespace) -> None:
+    """Load the MoE layer, one progress bar that follows the ducks' acknowledgements."""
+    with Progress(shape.weight_bytes, "MoE layer weights, acked by the ducks",
+                  enabled=not args.json) as bar:  # fmt: skip
+        seen = 0
+
+        def acked(n: int, _total: int) -> None:
+            nonlocal seen
+            bar.advance(n - seen)
+            seen = n
+
+        try:
+            client.load_weights(MOE_LAYER, shape.moe, placement=placement, progress=acked)
+        except DuckpipeError as e:
+            _add_context(e, f"loading the MoE layer (dataplane layer {MOE_LAYER})")
+            raise
+
+
+def _duck_moe_rows(control: str) -> tuple[int, int] | None:
+    """Sum over the ducks of (moe_tokens, moe_expert_rows) from the dataplane's stats
+    segment; None where there is none beside the control socket (a remote dataplane)."""
+    from ..observe import stats_reader as st
+
+    try:
+        snap = st.read_snapshot(control=control, client_rings=False)
+    except (DuckpipeError, OSError):
+        return None
+    return sum(d.moe_tokens for d in snap.ducks), sum(d.moe_expert_rows for d in snap.ducks)
+
+
+def _moe_batch(client: Client, control: str, shape, placement: list[int], tokens: int,
+               calls: int):  # fmt: skip
+    """Time ``calls`` MoE calls of ``tokens`` tokens, then check each one against
+    ``MoeMlp.reference`` (after the timed loop: numpy's threads would take the cores)."""
+    from .moe_shape import BatchReport, relative_error, routed_ducks
+
+    def call(k: int, timer: _Timer | None) -> np.ndarray:
+        x, indices, weights = shape.batch(tokens, k)
+        t0 = time.perf_counter_ns()
+        with client.claim(x.shape, x.dtype) as slot:
+            slot.array[:] = x
+            fwd = client.submit(slot, MOE_LAYER, routing=(indices, weights))
+        with fwd:
+            y = fwd.result(timeout=60).copy()
+            if timer is not None:
+                timer.add(time.perf_counter_ns() - t0, fwd.timings)
+        return y
+
+    try:
+        for k in range(MOE_WARMUP):  # batches of their own, after the timed ones
+            call(calls + k, None)
+        timer = _Timer()
+        bytes0 = client.stats().counters.get("moe_bytes")
+        rows0 = _duck_moe_rows(control)
+        ys = [call(k, timer) for k in range(calls)]
+        bytes1 = client.stats().counters.get("moe_bytes")
+        rows1 = _duck_moe_rows(control)
+    except DuckpipeError as e:
+        _add_context(e, f"MoE layer (dataplane layer {MOE_LAYER}), {tokens} token(s) per call")
+        raise
+    n = tokens * calls
+    per_token, per_call, worst = [], [], 0.0
+    for k, y in enumerate(ys):
+        x, indices, weights = shape.batch(tokens, k)
+        per_token += list(routed_ducks(indices, placement))
+        per_call.append(len(set(np.asarray(placement)[indices].ravel().tolist())))
+        worst = max(worst, relative_error(y, shape.moe.reference(x, indices, weights)))
+    t = timer.table()
+    measured = rows1 is not None and rows0 is not None and rows1[0] > rows0[0]
+    return BatchReport(
+        tokens=tokens,
+        calls=calls,
+        routed_ducks_per_token=float(np.mean(per_token)),
+        measured_ducks_per_token=(rows1[0] - rows0[0]) / n if measured else None,  # type: ignore[index]
+        expert_rows_per_token=(rows1[1] - rows0[1]) / n if measured else None,  # type: ignore[index]
+        ducks_per_call=float(np.mean(per_call)),
+        wire_bytes_per_token=(bytes1 - bytes0) / n if bytes0 is not None and bytes1 else None,
+        p50_us=t["end to end"]["p50_us"],
+        p99_us=t["end to end"]["p99_us"],
+        host_overhead_p50_us=t["host overhead"]["p50_us"],
+        host_overhead_p99_us=t["host overhead"]["p99_us"],
+        duck_compute_p50_us=t["duck compute (slowest)"]["p50_us"],
+        max_rel_error=worst,
+    )
+
+
+def _moe(client: Client, control: str, args: argparse.Namespace, say) -> dict:
+    from .moe_shape import BATCHES, MoeShape, default_placement
+
+    t0 = time.monotonic()
+    shape = MoeShape(hidden=args.hidden)
+    say(
+        f"made the seeded layer (256 experts + 1 shared, hidden {args.hidden}, float16, "
+        f"{shape.weight_bytes / 1e9:.2f} GB) in {time.monotonic() - t0:.0f} s"
+    )
+    ducks = sorted(d.id for d in client.topology().ducks)
+    # the client's default placement, spelled out: the report counts ducks by it
+    placement = default_placement(shape.moe.n_experts, ducks)
+    _load_moe(client, shape, placement, args)
+    reports = []
+    for tokens in BATCHES:
+        say(f"{args.calls} MoE calls of {tokens} token(s) (+{MOE_WARMUP} untimed)")
+        reports.append(_moe_batch(client, control, shape, placement, tokens, args.calls))
+    return {"model": "deepseek-v3-moe-shape", "reports": reports, "shape": shape,
+            "ducks": len(ducks)}  # fmt: skip
+
+
+def _moe_output(result: dict, args: argparse.Namespace, mode: str) -> tuple[bool, str]:
+    """(PASS?, what to print): the text report, or with --json one JSON document."""
+    import dataclasses
+
+    from .moe_shape import REFERENCE_DECODE_TOKENS_PER_S, format_report, passed
+
+    reports = result["reports"]
+    ok = passed(reports, args.tolerance)
+    if args.json:
+        doc = {
+            "model": result["model"],
+            "dataplane": mode,
+            "ducks": result["ducks"],
+            "hidden": args.hidden,
+            "batches": [
+                {**dataclasses.asdict(r), "tokens_per_s": r.tokens_per_s()} for r in reports
+            ],
+            "checked": "largest relative difference from MoeMlp.reference",
+            "tolerance": args.tolerance,
+            "reference_cluster_decode_tokens_per_s": REFERENCE_DECODE_TOKENS_PER_S,
+            "pass": ok,
+        }
+        return ok, json.dumps(doc)
+    text = format_report(
+        reports,
+        ducks=result["ducks"],
+        hidden=args.hidden,
+        layer_bytes=result["shape"].weight_bytes,
+        tolerance=args.tolerance,
+    )
+    return ok, text
+
+
 def _verdict(result: dict, args: argparse.Namespace) -> tuple[bool, str]:
     """PASS/FAIL: the check against the host-only numpy forward, with its tolerance."""
     what, value = result["checked"]
@@ -275,18 +417,30 @@ def _json_report(result: dict, args: argparse.Namespace, mode: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    moe = args.model == "deepseek-v3-moe-shape"
     if args.ducks is None:
-        args.ducks = 24 if args.model == "qwen3-0.6b-shape" else 8
+        args.ducks = {"qwen3-0.6b-shape": 24, "deepseek-v3-moe-shape": 32}.get(args.model, 8)
     if args.tolerance is None:
-        args.tolerance = TOLERANCE[args.model]
+        from .moe_shape import TOLERANCE as MOE_TOLERANCE
+
+        args.tolerance = MOE_TOLERANCE if moe else TOLERANCE[args.model]
+    if moe and (args.hidden < 1 or args.calls < 1):
+        raise BadInput(f"--hidden and --calls must be >= 1, got {args.hidden} and {args.calls}")
     # what can be wrong with the arguments is found before anything starts
     args.sentence_lines = _sentences(args) if args.model == "minilm" else None
     say = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     with _dataplane(args, say) as control, connect(control, name="demo") as client:
         if client.backing != "hugetlbfs":
             say("note: segments are on /dev/shm; `tools/setup env` as root reserves hugepages")
-        result = (_qwen if args.model == "qwen3-0.6b-shape" else _minilm)(client, args, say)
+        if moe:
+            result = _moe(client, control, args, say)
+        else:
+            result = (_qwen if args.model == "qwen3-0.6b-shape" else _minilm)(client, args, say)
         mode = client.mode
+    if moe:
+        ok, text = _moe_output(result, args, mode)
+        print(text)
+        return 0 if ok else 1
     if args.json:
         print(_json_report(result, args, mode))
     else:
@@ -306,9 +460,14 @@ def add_parser(sub) -> None:
         "--model",
         choices=MODELS,
         default="minilm",
-        help="all-MiniLM-L6-v2 (default), or Qwen3-0.6B's MLP shapes with random weights",
+        help="all-MiniLM-L6-v2 (default), Qwen3-0.6B's MLP shapes with random weights, or "
+        "one DeepSeek-V3 mixture-of-experts layer (256 experts on the ducks, random weights)",
     )
-    p.add_argument("--ducks", type=int, help="ducks to start (default 8; 24 for the qwen shape)")
+    p.add_argument(
+        "--ducks",
+        type=int,
+        help="ducks to start (default 8; 24 for the qwen shape, 32 for the MoE shape)",
+    )
     p.add_argument("--mock", action="store_true", help="use the mock dataplane, not the C one")
     p.add_argument(
         "--emulators",
@@ -328,10 +487,20 @@ def add_parser(sub) -> None:
     p.add_argument("--layers", type=int, default=28, help="qwen shape: layers (default 28)")
     p.add_argument("--tokens", type=int, default=16, help="qwen shape: tokens to decode")
     p.add_argument(
+        "--hidden",
+        type=int,
+        default=7168,
+        help="MoE shape: hidden size (default DeepSeek-V3's 7168; smaller for a quick run)",
+    )
+    p.add_argument(
+        "--calls", type=int, default=20, help="MoE shape: timed calls per batch size (1, 8, 32)"
+    )
+    p.add_argument(
         "--tolerance",
         type=float,
         help="largest difference from the host-only forward that passes (default 1e-4: "
-        "absolute for minilm, relative for the qwen shape)",
+        "absolute for minilm, relative for the qwen shape; 5e-3 relative for the float16 "
+        "MoE shape)",
     )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout, nothing else")
     p.set_defaults(func=run)

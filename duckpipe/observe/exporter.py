@@ -8,7 +8,9 @@ message to the dataplane) and turns it into metric families:
 - every dataplane counter (COUNTERS in schema/stats.py) as ``duckpipe_<name>_total``
   summed over the agents, and per NIC worker as ``duckpipe_nic_<name>_total{nic}``;
 - per client ``duckpipe_client_*{client,name,pid}``, per duck ``duckpipe_duck_*{duck,
-  address,nic}``;
+  address,nic}`` (``duckpipe_duck_moe_tokens_total`` and ``_moe_expert_rows_total``: the
+  tokens and (token, expert) pairs it computed for mixture-of-experts layers; exported
+  always, 0 for a dense model, so that a dashboard's series do not come and go);
 - histograms ``duckpipe_latency_seconds{phase}`` (end_to_end, prepare, send, wait, fetch,
   reduce), ``duckpipe_reply_spread_seconds`` and ``duckpipe_duck_reply_seconds{duck}``:
   the segment's cumulative buckets as they are (``le`` = each bucket's upper bound in
@@ -172,6 +174,8 @@ class SnapshotCollector:
             ("missing_chunks", "partial chunks missing at those timeouts"),
             ("nacks", "NACKs sent to it"),
             ("replies", "partials received complete"),
+            ("moe_tokens", "MoE: tokens (reply rows) it computed, over every routed forward"),
+            ("moe_expert_rows", "MoE: (token, expert) pairs it computed"),
         ):
             c = CounterMetricFamily(f"duckpipe_duck_{field}", help_, labels=dl)
             for du in s.ducks:

@@ -25,6 +25,7 @@ from ..schema import stats as S
 from ..schema.layout import Layout, layout_of
 
 __all__ = [
+    "MOE_COUNTERS",
     "ClientStats",
     "DataplaneInfo",
     "DuckStats",
@@ -35,6 +36,7 @@ __all__ = [
     "StaleDataplane",
     "find_stats",
     "heartbeat_age_ns",
+    "moe_active",
     "numpy_dtype",
     "read_snapshot",
     "stats_path_for",
@@ -42,6 +44,10 @@ __all__ = [
 
 #: a heartbeat older than this, or a pid that is gone, makes the segment stale
 STALE_NS = 2_000_000_000
+#: The mixture-of-experts counters (issue 16). A dense model never moves them, so the
+#: human views (``duckpipe stats``, duckpipe-top) show them only once one is nonzero
+#: (:func:`moe_active`); ``--json`` and the exporter carry them always.
+MOE_COUNTERS = ("moe_forwards", "moe_broadcasts", "moe_unicasts", "moe_bytes", "rx_unrouted")
 
 
 class NoDataplane(DuckpipeError):
@@ -139,6 +145,8 @@ class DuckStats(msgspec.Struct, frozen=True, kw_only=True):
     missing_chunks: int
     nacks: int
     replies: int = 0
+    moe_tokens: int = 0  # MoE: tokens (reply rows) it computed, every routed forward
+    moe_expert_rows: int = 0  # MoE: (token, expert) pairs it computed
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -226,6 +234,14 @@ def find_stats(control: str | None = None) -> Path:
 
 def heartbeat_age_ns(s: Snapshot) -> int:
     return max(0, s.taken_ns - s.dataplane.heartbeat_ns)
+
+
+def moe_active(counters: dict[str, int], ducks: list[DuckStats] | tuple = ()) -> bool:
+    """True once this dataplane ran a mixture-of-experts forward: a MoE counter or a
+    duck's MoE rows are nonzero. The views show the MoE figures only then."""
+    return any(counters.get(k, 0) for k in MOE_COUNTERS) or any(
+        d.moe_tokens or d.moe_expert_rows for d in ducks
+    )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -444,6 +460,8 @@ def _snapshot(m: mmap.mmap, path: Path, client_rings: bool) -> Snapshot:
                 missing_chunks=int(d["missing_chunks"]),
                 nacks=int(d["nacks"]),
                 replies=int(d["replies"]),
+                moe_tokens=int(d["moe_tokens"]),
+                moe_expert_rows=int(d["moe_expert_rows"]),
             )
         )
     latency = {

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from ..schema.stats import DROP_COUNTERS, HIST_NAMES
+from .stats_reader import moe_active
 
 __all__ = [
     "ATTENTION_OCCUPANCY",
@@ -138,6 +139,8 @@ class DuckRates(msgspec.Struct, frozen=True, kw_only=True):
     p99_ns: int | None  # over the interval
     timeouts_new: int
     missing_chunks_new: int
+    moe_tokens_per_s: float | None = None  # MoE: tokens (reply rows) it computed
+    moe_expert_rows_per_s: float | None = None  # MoE: (token, expert) pairs it computed
 
 
 class PhaseLatency(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,6 +163,7 @@ class Rates(msgspec.Struct, frozen=True, kw_only=True):
     nics: list[NicRates]
     ducks: list[DuckRates]
     latency: list[PhaseLatency]
+    moe: bool = False  # a mixture-of-experts forward ran: the views add the MoE figures
 
 
 def derive_rates(new: Any, old: Any | None) -> Rates:
@@ -237,6 +241,10 @@ def derive_rates(new: Any, old: Any | None) -> Rates:
                 p99_ns=hist_quantile(d.reply.bounds_ns, counts, 0.99),
                 timeouts_new=max(0, d.timeouts - o.timeouts) if o else 0,
                 missing_chunks_new=max(0, d.missing_chunks - o.missing_chunks) if o else 0,
+                moe_tokens_per_s=_rate(d.moe_tokens, o.moe_tokens if o else None, dt),
+                moe_expert_rows_per_s=_rate(
+                    d.moe_expert_rows, o.moe_expert_rows if o else None, dt
+                ),
             )
         )
 
@@ -268,6 +276,7 @@ def derive_rates(new: Any, old: Any | None) -> Rates:
         nics=nics,
         ducks=ducks,
         latency=latency,
+        moe=moe_active(new.counters, new.ducks),
     )
 
 
@@ -536,6 +545,8 @@ def _nics(new: Any, rates: Rates) -> Table:
         Column("retx", 6, priority=1),
         Column("gso", 8, priority=3),
     ]
+    if rates.moe:
+        cols += [Column("moe bcast", 9, priority=2), Column("moe ucast", 9, priority=2)]
     rows = []
     for n, r in zip(new.nics, rates.nics, strict=True):
         cn = n.counters
@@ -554,8 +565,18 @@ def _nics(new: Any, rates: Rates) -> Table:
             (fmt_count(cn.get("retransmits", 0)), cn.get("retransmits", 0)),
             (fmt_count(cn.get("gso_sends", 0)), cn.get("gso_sends", 0)),
         ]
+        if rates.moe:
+            vals += [
+                (fmt_count(cn.get("moe_broadcasts", 0)), cn.get("moe_broadcasts", 0)),
+                (fmt_count(cn.get("moe_unicasts", 0)), cn.get("moe_unicasts", 0)),
+            ]
         rows.append(Row([v[0] for v in vals], [v[1] for v in vals], attention=r.drops_new > 0))
     notes = ["core -: not pinned; drops, nacks (sent), retx, gso: since start"]
+    if rates.moe:
+        notes.append(
+            "moe bcast, moe ucast: MoE forwards' parts sent once with the whole routing "
+            "table, or as each routed duck's rows alone; since start"
+        )
     return Table("nics", "NIC workers", cols, rows, notes, sort=4)
 
 
@@ -573,6 +594,8 @@ def _ducks(new: Any, rates: Rates) -> Table:
         Column("missing", 7),
         Column("nacks", 6, priority=1),
     ]
+    if rates.moe:  # a dense run has no use for these: they come with the first MoE forward
+        cols += [Column("moe tok/s", 9, priority=2), Column("moe exp/s", 9, priority=2)]
     rows = []
     for d, r in zip(new.ducks, rates.ducks, strict=True):
         last = d.last_reply_ns or None
@@ -589,6 +612,11 @@ def _ducks(new: Any, rates: Rates) -> Table:
             (str(d.missing_chunks), d.missing_chunks),
             (str(d.nacks), d.nacks),
         ]
+        if rates.moe:
+            vals += [
+                (fmt_rate(r.moe_tokens_per_s), r.moe_tokens_per_s),
+                (fmt_rate(r.moe_expert_rows_per_s), r.moe_expert_rows_per_s),
+            ]
         rows.append(
             Row(
                 [v[0] for v in vals],
@@ -597,6 +625,11 @@ def _ducks(new: Any, rates: Rates) -> Table:
             )
         )
     notes = ["last: the latest reply's time after send; p99, replies: this interval"]
+    if rates.moe:
+        notes.append(
+            "moe tok/s: tokens the duck computed (its reply rows); moe exp/s: (token, "
+            "expert) pairs; both per second, this interval"
+        )
     return Table("ducks", "ducks", cols, rows, notes, sort=0)
 
 
@@ -705,6 +738,8 @@ def build_view(
         f"p99 {fmt_ns(e2e.p99_ns if e2e else None)}; "
         f"clients {len(new.clients)}, NICs {len(new.nics)}, ducks {len(new.ducks)}",
     ]
+    if rates.moe:
+        header.append(_moe_line(new, rates))
     alerts = []
     age_ns = max(0, new.taken_ns - dp.heartbeat_ns)
     if age_ns > HEARTBEAT_STALE_NS:
@@ -733,6 +768,18 @@ def build_view(
         "processes": _processes(procs),
     }
     return View(header, alerts, tables)
+
+
+def _moe_line(new: Any, rates: Rates) -> str:
+    """The MoE counters, totals and rates: "MoE forwards 120 (40/s), NIC parts 100
+    broadcast 20 unicast, wire 1.2 MiB (410k B/s), unrouted partials 0"."""
+    c, per_s = new.counters, rates.counters_per_s
+    return (
+        f"MoE forwards {c.get('moe_forwards', 0)} ({fmt_rate(per_s.get('moe_forwards'))}/s), "
+        f"NIC parts {c.get('moe_broadcasts', 0)} broadcast {c.get('moe_unicasts', 0)} unicast, "
+        f"wire {fmt_bytes(c.get('moe_bytes', 0))} ({fmt_rate(per_s.get('moe_bytes'))} B/s), "
+        f"unrouted partials {c.get('rx_unrouted', 0)}"
+    )
 
 
 def _duration(s: float) -> str:

@@ -36,10 +36,13 @@ def needs_c(test):
 
 
 ROOT = Path(__file__).resolve().parents[2]
-TEXT_KEYS = {"config", "row", "name", "transport", "size", "series", "fit", "stream_delivered"}
+TEXT_KEYS = {"config", "row", "name", "transport", "size", "series", "fit", "stream_delivered",
+             "mode"}  # fmt: skip
 
 
-def run_bench(tmp_path: Path, *args: str, hide_matplotlib: bool = False) -> tuple[str, dict]:
+def run_bench(
+    tmp_path: Path, *args: str, hide_matplotlib: bool = False, size: str = "--smoke"
+) -> tuple[str, dict]:
     out = tmp_path / "results"
     code = (
         "import sys; sys.modules['matplotlib'] = None; " if hide_matplotlib else ""
@@ -47,7 +50,7 @@ def run_bench(tmp_path: Path, *args: str, hide_matplotlib: bool = False) -> tupl
     if not hide_matplotlib:
         code = "import sys; " + code
     p = subprocess.run(
-        [sys.executable, "-c", code, "bench", *args, "--smoke", "--quiet", "--out", str(out)],
+        [sys.executable, "-c", code, "bench", *args, size, "--quiet", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -95,7 +98,7 @@ def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -
     stdout, doc = run_bench(tmp_path, "all", "--doc", str(page))
     for fact in ("cpu_model", "cpus", "kernel", "python", "numpy", "pinning", "date_utc"):
         assert doc["machine"].get(fact), fact
-    assert doc["sections"] == ["ipc", "forward", "scale", "pps"]
+    assert doc["sections"] == ["ipc", "forward", "scale", "pps", "moe"]
 
     fwd = table(doc, "forward")
     assert_complete(fwd)
@@ -166,7 +169,10 @@ def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -
         assert "(smoke size, " in block
     for t in doc["tables"]:
         assert f"### {t['title']}" in text, t["key"]
-    assert f"wrote the ipc, forward, scale, pps section(s) of {page}" in stdout
+    assert f"wrote the ipc, forward, scale, pps, moe section(s) of {page}" in stdout
+    moe = table(doc, "moe")  # its rows: tests/tools/test_bench_moe.py
+    assert [r["mode"] for r in moe["rows"]] == ["broadcast", "unicast", "dense"]
+    assert_markdown(stdout, moe["title"], moe["columns"])
 
 
 def test_bench_pps_says_why_it_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,203 @@
+"""One mixture-of-experts layer shaped like DeepSeek-V3's, with seeded random weights.
+
+DeepSeek-V3's routed layer (configs/config_671B.json): hidden 7168, 256 routed experts
+and one shared expert, SwiGLU, 8 experts per token chosen by DeepSeek-V3's gate (8
+groups, 4 kept, sigmoid scores with a selection bias, route scale 2.5:
+``duckpipe.moe.Gate.deepseek_v3``). The experts are narrowed from intermediate 2048 to
+128 (the shared expert too) so that the layer fits this host's memory and the emulated
+ducks' compute: 257 experts x 3 x 7168 x 128 float16 are 1.4 GB, which the emulator
+holds as float32. What the narrowing keeps is what duckpipe moves: the activation rows,
+the routing table and the partials are as wide as DeepSeek-V3's.
+
+Pure parts only (the layer, the batches, the figures, the report's text): the demo's
+runner (:mod:`duckpipe.demo.run`) starts the cluster, loads and times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..client.models import SwiGluMlp
+from ..client.moe import Gate, MoeMlp
+
+__all__ = [
+    "BATCHES",
+    "EXPERT_FFN",
+    "HIDDEN",
+    "N_EXPERTS",
+    "REFERENCE_DECODE_TOKENS_PER_S",
+    "TOLERANCE",
+    "BatchReport",
+    "MoeShape",
+    "default_placement",
+    "format_report",
+    "passed",
+    "relative_error",
+    "routed_ducks",
+]
+
+HIDDEN = 7168
+N_EXPERTS = 256
+TOPK = 8
+EXPERT_FFN = 128  # DeepSeek-V3's moe_inter_dim is 2048: narrowed (the module's docstring)
+SHARED_FFN = 128
+BATCHES = (1, 8, 32)  # tokens per MoE call: decode of one sequence, of 8, of 32
+#: DESIGN.md's reference cluster: the whole DeepSeek-V3 model decoding on 32 real ducks
+REFERENCE_DECODE_TOKENS_PER_S = 16.17
+#: The largest |ducks - host reference| / largest |host reference| that passes. The ducks
+#: and the reference both compute in float32 from the same float16 inputs and round the
+#: sum to float16 once (relative step 2**-11, 4.9e-4); a lost or misrouted expert moves
+#: the output by more than 1e-2 of its largest value.
+TOLERANCE = 5e-3
+
+
+def _swiglu(rng: np.random.Generator, hidden: int, ffn: int, dtype: np.dtype) -> SwiGluMlp:
+    """A random SwiGLU expert; drawn as float32 (half the time of float64 for 1.4 GB)."""
+    s1, s2 = 1 / math.sqrt(hidden), 1 / math.sqrt(ffn)
+    return SwiGluMlp(
+        w_gate=(rng.standard_normal((hidden, ffn), np.float32) * s1).astype(dtype),
+        w_up=(rng.standard_normal((hidden, ffn), np.float32) * s1).astype(dtype),
+        w_down=(rng.standard_normal((ffn, hidden), np.float32) * s2).astype(dtype),
+    )
+
+
+class MoeShape:
+    """``MoeShape(hidden=7168, seed=0)``: the gate and the layer (float16), seeded."""
+
+    def __init__(self, *, hidden: int = HIDDEN, seed: int = 0, dtype=np.float16) -> None:
+        self.hidden = hidden
+        self.dtype = np.dtype(dtype)
+        self.seed = seed
+        self.gate = Gate.deepseek_v3(hidden, seed=seed)
+        rng = np.random.default_rng([seed, 1])
+        experts = [_swiglu(rng, hidden, EXPERT_FFN, self.dtype) for _ in range(N_EXPERTS)]
+        self.moe = MoeMlp(experts, shared=_swiglu(rng, hidden, SHARED_FFN, self.dtype))
+
+    @property
+    def weight_bytes(self) -> int:
+        mlps = (*self.moe.experts, self.moe.shared)
+        return sum(getattr(m, t).nbytes for m in mlps if m is not None for t in m.TENSORS)
+
+    def batch(self, tokens: int, call: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Call ``call``'s activation ``x`` ([tokens, hidden], the layer's dtype) and its
+        routing by the gate on the host: ``(x, indices, weights)``."""
+        rng = np.random.default_rng([self.seed, 2, tokens, call])
+        x = rng.standard_normal((tokens, self.hidden), np.float32).astype(self.dtype)
+        weights, indices = self.gate(x)
+        return x, indices, weights
+
+
+def default_placement(n_experts: int, ducks: Sequence[int]) -> list[int]:
+    """The client's default placement: contiguous blocks, expert ``e`` on
+    ``ducks[e * len(ducks) // n_experts]`` (256 experts on 32 ducks: 8 each)."""
+    return [ducks[e * len(ducks) // n_experts] for e in range(n_experts)]
+
+
+def routed_ducks(indices: np.ndarray, placement: Sequence[int]) -> np.ndarray:
+    """Per token, how many distinct ducks its experts live on (one replica each)."""
+    where = np.asarray(placement)[indices]
+    return np.array([len(np.unique(row)) for row in where])
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max |want|, in float64."""
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    return float(np.abs(g - w).max() / max(float(np.abs(w).max()), 1e-30))
+
+
+@dataclass
+class BatchReport:
+    """What the demo measured at one batch size (times in µs)."""
+
+    tokens: int
+    calls: int
+    routed_ducks_per_token: float  # mean distinct routed ducks, from the gate and placement
+    measured_ducks_per_token: float | None  # the same from the ducks' moe_tokens (stats)
+    expert_rows_per_token: float | None  # the ducks' moe_expert_rows / tokens: topk
+    ducks_per_call: float  # mean distinct routed ducks a whole call reaches
+    wire_bytes_per_token: float | None  # moe_bytes counter delta / tokens
+    p50_us: float
+    p99_us: float
+    host_overhead_p50_us: float
+    host_overhead_p99_us: float
+    duck_compute_p50_us: float  # the slowest duck's own compute, per call
+    max_rel_error: float
+
+    def tokens_per_s(self) -> float:
+        """This one layer's throughput at p50: tokens / p50."""
+        return self.tokens / (self.p50_us / 1e6) if self.p50_us > 0 else float("nan")
+
+
+def _opt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def passed(reports: Sequence[BatchReport], tolerance: float) -> bool:
+    return bool(reports) and all(r.max_rel_error <= tolerance for r in reports)
+
+
+def format_report(
+    reports: Sequence[BatchReport],
+    *,
+    ducks: int,
+    hidden: int,
+    layer_bytes: int,
+    tolerance: float = TOLERANCE,
+) -> str:
+    """The demo's text: one column per batch size, the notes, the reference cluster's
+    figure, and the PASS/FAIL line last."""
+    per_duck = f"{N_EXPERTS / ducks:g}" if ducks else "-"
+    head = (
+        f"\nmodel: deepseek-v3-moe-shape: one MoE layer, hidden {hidden}, {N_EXPERTS} routed "
+        f"experts (intermediate {EXPERT_FFN}) + 1 shared (intermediate {SHARED_FFN}, split by "
+        f"columns over every duck), top-{TOPK} of 8 groups (4 kept), sigmoid + bias, route "
+        f"scale 2.5, float16, {layer_bytes / 1e9:.2f} GB; {ducks} ducks, {per_duck} experts "
+        "each (the default placement)"
+    )
+    rows: list[tuple[str, list[str]]] = [
+        ("MoE calls timed", [str(r.calls) for r in reports]),
+        ("routed ducks / token", [f"{r.routed_ducks_per_token:.2f}" for r in reports]),
+        ("  (ducks' moe_tokens)", [_opt(r.measured_ducks_per_token, ".2f") for r in reports]),
+        ("(token, expert) / token", [_opt(r.expert_rows_per_token, ".2f") for r in reports]),
+        ("routed ducks / call", [f"{r.ducks_per_call:.1f}" for r in reports]),
+        ("wire bytes / token", [_opt(r.wire_bytes_per_token, ",.0f") for r in reports]),
+        ("p50 per call (us)", [f"{r.p50_us:.0f}" for r in reports]),
+        ("p99 per call (us)", [f"{r.p99_us:.0f}" for r in reports]),
+        ("host overhead p50 (us)", [f"{r.host_overhead_p50_us:.0f}" for r in reports]),
+        ("host overhead p99 (us)", [f"{r.host_overhead_p99_us:.0f}" for r in reports]),
+        ("slowest duck p50 (us)", [f"{r.duck_compute_p50_us:.0f}" for r in reports]),
+        ("tokens/s, this layer", [f"{r.tokens_per_s():.0f}" for r in reports]),
+        ("max rel. difference", [f"{r.max_rel_error:.1e}" for r in reports]),
+        ("check", ["PASS" if r.max_rel_error <= tolerance else "FAIL" for r in reports]),
+    ]
+    width = 26
+    heading = f"  {'tokens per call':<{width}}" + "".join(f"{r.tokens:>12}" for r in reports)
+    out = [head, "", heading]
+    out += [f"  {name:<{width}}" + "".join(f"{c:>12}" for c in cells) for name, cells in rows]
+    out += [
+        "",
+        f"  the shared expert touches all {ducks} ducks on every call: 'routed ducks' "
+        "counts the routed experts' ducks only",
+        "  wire bytes: the dataplane's moe_bytes counter (activation rows and routing tables "
+        "put on the wire, first sends) over the call's tokens",
+        "  host overhead: end to end minus the wait for the ducks' partials (as in the other "
+        "demos); slowest duck compute: the largest compute time a duck reported",
+        f"  check: largest |ducks - MoeMlp.reference| / largest |reference| <= {tolerance:.0e}",
+        "",
+        f"reference cluster (DESIGN.md; other hardware: real ducks, the whole model with its "
+        f"attention and every layer, not this run): DeepSeek-V3 decodes at "
+        f"{REFERENCE_DECODE_TOKENS_PER_S} tokens/s, {1e3 / REFERENCE_DECODE_TOKENS_PER_S:.1f} ms "
+        "per token for every layer together",
+        "",
+    ]
+    ok = passed(reports, tolerance)
+    worst = max((r.max_rel_error for r in reports), default=float("nan"))
+    out.append(
+        f"{'PASS' if ok else 'FAIL'}: largest relative difference from MoeMlp.reference "
+        f"{worst:.2e} {'<=' if ok else '>'} tolerance {tolerance:.0e}"
+    )
+    return "\n".join(out) + "\n"

@@ -1,0 +1,115 @@
+"""``duckpipe bench moe``: its table from made-up samples (the ratios, the columns, the
+markdown), the dense baseline's banks, the sizes, and the quick run itself against the C
+dataplane (every row and column there, every number finite; timings never asserted)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# tests/tools is on sys.path (pytest's default "prepend" import mode): its helpers
+from test_bench import assert_complete, assert_markdown, needs_c, run_bench, table
+
+from duckpipe.bench import SECTIONS
+from duckpipe.bench import moe as bm
+from duckpipe.bench.common import Size
+from duckpipe.bench.report import table_markdown
+from duckpipe.client.models import shard_bounds, shard_sizes
+from duckpipe.demo.moe_shape import default_placement
+from duckpipe.moe import MoeMlp
+
+
+def test_moe_is_a_section_and_quick_measures_one_batch_size():
+    assert "moe" in SECTIONS
+    full, quick, smoke = (bm.config(Size(n)) for n in ("full", "quick", "smoke"))
+    assert full.tokens == (1, 8, 32) and full.ducks == 32
+    assert len(quick.tokens) == 1 and len(smoke.tokens) == 1
+    for c in (full, quick, smoke):
+        assert bm.N_EXPERTS % c.ducks == 0  # equal banks: the dense shards are the banks
+
+
+def _samples(e2e_us: float, compute_us: list[float], tx: int, moe: int) -> bm.Samples:
+    return bm.Samples(
+        e2e_ns=[int(e2e_us * 1e3)] * 10,
+        compute_ns=[[int(c * 1e3) for c in compute_us]] * 10,
+        counters={"tx_bytes": tx * 10, "moe_bytes": moe * 10, "moe_unicasts": 20},
+        max_rel_diff=1e-4,
+    )
+
+
+def test_rows_and_ratios_to_the_dense_baseline_from_made_up_samples():
+    cfg = bm.config(Size("smoke"))
+    rows = [
+        bm.summarise(cfg, 8, "broadcast", _samples(400, [50, 70], tx=5000, moe=4500)),
+        bm.summarise(cfg, 8, "unicast", _samples(300, [50, 70], tx=2500, moe=2000)),
+        bm.summarise(cfg, 8, "dense", _samples(800, [100, 100, 100, 100], tx=10000, moe=0)),
+    ]
+    bm.ratios(rows)
+    by = {r["mode"]: r for r in rows}
+    assert by["unicast"]["p50_us"] == 300 and by["unicast"]["tx_bytes_per_call"] == 2500
+    assert by["unicast"]["moe_bytes_per_call"] == 2000
+    assert by["unicast"]["moe_unicasts_per_call"] == 2
+    assert by["broadcast"]["duck_compute_sum_p50_us"] == 120
+    assert by["broadcast"]["duck_compute_max_p50_us"] == 70
+    assert by["broadcast"]["ducks_per_call"] == 2 and by["dense"]["ducks_per_call"] == 4
+    assert by["broadcast"]["p50_vs_dense"] == 0.5 and by["unicast"]["bytes_vs_dense"] == 0.25
+    assert by["unicast"]["compute_vs_dense"] == 0.3 and by["dense"]["p50_vs_dense"] == 1.0
+    text = table_markdown(bm.Table(key="moe", title="moe t", columns=bm.COLUMNS, rows=rows))
+    assert_markdown(text, "moe t", [{"heading": h} for _, h in bm.COLUMNS])
+    line = next(ln for ln in text.splitlines() if "| unicast |" in ln)
+    cells = "| 300 | 300 | 2,500 | 2,000 | 120 | 70.0 | 2.00 | 0.38 | 0.25 | 0.30 | 1.00e-04 |"
+    assert line.endswith(cells)
+
+
+def test_a_batch_without_its_dense_row_gets_no_ratio():
+    cfg = bm.config(Size("smoke"))
+    rows = [bm.summarise(cfg, 1, "unicast", _samples(300, [5], tx=1, moe=1))]
+    bm.ratios(rows)
+    assert math.isnan(rows[0]["p50_vs_dense"])  # type: ignore[arg-type]
+
+
+def test_the_dense_baseline_holds_each_ducks_bank_in_the_moe_loads_order():
+    ducks = [0, 1, 2, 3]
+    moe = MoeMlp.random(16, 8, 2, shared=False, seed=5)
+    placement = default_placement(16, ducks)
+    dense = bm._banks_as_dense(moe, placement, ducks)
+    bounds = shard_bounds(shard_sizes(dense.ffn, len(ducks)))
+    for d, (lo, hi) in zip(ducks, bounds, strict=True):
+        mine = [moe.experts[e] for e in range(16) if placement[e] == d]  # ascending ids
+        np.testing.assert_array_equal(dense.w_gate[:, lo:hi], np.hstack([m.w_gate for m in mine]))
+        np.testing.assert_array_equal(dense.w_down[lo:hi], np.vstack([m.w_down for m in mine]))
+    # every duck computes every token: the sum of all experts at weight 1
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    every = sum(e.reference(x) for e in moe.experts)
+    np.testing.assert_allclose(dense.reference(x), every, rtol=1e-4, atol=1e-5)
+
+
+@needs_c
+@pytest.mark.slow  # the quick size: one batch of 8 tokens, three modes, under ~20 s
+def test_bench_moe_quick_has_every_mode_column_and_a_checked_result(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    stdout, doc = run_bench(tmp_path, "moe", size="--quick")
+    took = time.monotonic() - t0
+    assert doc["sections"] == ["moe"]
+    t = table(doc, "moe")
+    assert_complete(t)
+    assert_markdown(stdout, t["title"], t["columns"])
+    assert [r["mode"] for r in t["rows"]] == list(bm.MODES)
+    by = {r["mode"]: r for r in t["rows"]}
+    cfg = bm.config(Size("quick"))
+    assert {r["tokens"] for r in t["rows"]} == set(cfg.tokens)
+    for r in t["rows"]:
+        assert r["calls"] == cfg.iters and r["max_rel_diff"] <= 5e-3, r
+        assert r["tx_bytes_per_call"] > 0
+    assert by["dense"]["moe_bytes_per_call"] == 0 and by["dense"]["ducks_per_call"] == cfg.ducks
+    assert by["broadcast"]["moe_bytes_per_call"] > 0 and by["unicast"]["moe_bytes_per_call"] > 0
+    assert by["broadcast"]["moe_broadcasts_per_call"] >= 1
+    assert by["unicast"]["moe_unicasts_per_call"] >= 1
+    # the routed modes compute each token on its experts' ducks only
+    assert by["broadcast"]["ducks_per_call"] <= cfg.ducks
+    assert by["dense"]["p50_vs_dense"] == 1.0
+    print(f"bench moe --quick took {took:.1f} s")
