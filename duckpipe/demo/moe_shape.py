@@ -116,7 +116,9 @@ class BatchReport:
     tokens: int
     calls: int
     routed_ducks_per_token: float  # mean distinct routed ducks, from the gate and placement
-    measured_ducks_per_token: float | None  # the same from the ducks' moe_tokens (stats)
+    #: ducks that computed each token, from their moe_tokens (stats): with the shared
+    #: expert every duck computes every token (its columns of the shared expert)
+    measured_ducks_per_token: float | None
     expert_rows_per_token: float | None  # the ducks' moe_expert_rows / tokens: topk
     ducks_per_call: float  # mean distinct routed ducks a whole call reaches
     wire_bytes_per_token: float | None  # moe_bytes counter delta / tokens
@@ -161,7 +163,7 @@ def format_report(
     rows: list[tuple[str, list[str]]] = [
         ("MoE calls timed", [str(r.calls) for r in reports]),
         ("routed ducks / token", [f"{r.routed_ducks_per_token:.2f}" for r in reports]),
-        ("  (ducks' moe_tokens)", [_opt(r.measured_ducks_per_token, ".2f") for r in reports]),
+        ("ducks computing / token", [_opt(r.measured_ducks_per_token, ".2f") for r in reports]),
         ("(token, expert) / token", [_opt(r.expert_rows_per_token, ".2f") for r in reports]),
         ("routed ducks / call", [f"{r.ducks_per_call:.1f}" for r in reports]),
         ("wire bytes / token", [_opt(r.wire_bytes_per_token, ",.0f") for r in reports]),

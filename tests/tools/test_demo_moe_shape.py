@@ -90,7 +90,7 @@ def test_one_batch_over_the_tolerance_fails_the_run_and_missing_stats_show_a_das
     text = ms.format_report(reports, ducks=8, hidden=512, layer_bytes=1)
     row = {ln[:28].strip(): ln[28:].split() for ln in text.splitlines() if ln.startswith("  ")}
     assert row["check"] == ["PASS", "FAIL", "PASS"]
-    assert row["wire bytes / token"][1] == "-" and row["(ducks' moe_tokens)"][1] == "-"
+    assert row["wire bytes / token"][1] == "-" and row["ducks computing / token"][1] == "-"
     assert text.splitlines()[-1].startswith("FAIL: largest relative difference")
     assert "8 ducks, 32 experts each" in text
     assert not ms.passed([], 1.0)
