@@ -8,6 +8,9 @@
  *          partial = gelu_erf(x . w_up + b_up) . w_down
  *   SWIGLU t0 w_gate [hidden x ffn]  t1 w_up [hidden x ffn]  t2 w_down [ffn x hidden]
  *          partial = (silu(x . w_gate) * (x . w_up)) . w_down
+ *   MOE    SWIGLU's tensors; the ffn columns are the duck's bank: its routed experts'
+ *          columns, expert_ffn each, then its shared-expert columns. A routed forward
+ *          runs dp_mlp_swiglu_rows once per expert on the rows routed to it.
  *
  * All matrices row-major float32. The caller owns every buffer: a forward
  * allocates nothing.
@@ -40,6 +43,27 @@ size_t dp_mlp_scratch_floats(uint32_t ffn);
  * unknown kind (out untouched). */
 int dp_mlp_forward(const struct dp_mlp_shard *s, const float *x, uint32_t rows, float *out,
 		   float *scratch);
+
+/* Rows of x per pass over one expert's weights in dp_mlp_swiglu_rows: a decode batch of
+ * 32 tokens routed to one expert reads its columns once. */
+#define DP_MLP_GATHER_ROWS 32u
+
+/* Floats of scratch dp_mlp_swiglu_rows needs for `cols` columns of a shard of `hidden`. */
+size_t dp_mlp_rows_scratch_floats(uint32_t hidden, uint32_t cols);
+
+/* A mixture of experts' step (a MOE bank is SwiGLU tensors whose columns are its experts,
+ * then its shared-expert columns): for i < n,
+ *
+ *   y[y_rows[i]] += weight[i] * (silu(x_i . w_gate[:, C]) * (x_i . w_up[:, C])) . w_down[C, :]
+ *
+ * where x_i = x[x_rows[i]] and C = columns [col0, col0 + cols) of a SWIGLU or MOE shard.
+ * x_rows NULL: x_i = x[i]; y_rows NULL: row i of y; weight NULL: 1. Rows are taken
+ * DP_MLP_GATHER_ROWS at a time, so n rows of one expert read its weights ceil(n / 32)
+ * times. scratch holds dp_mlp_rows_scratch_floats(s->hidden, cols) floats; y must not
+ * overlap x or scratch. 0, or -1 for another kind or columns past the shard (y untouched). */
+int dp_mlp_swiglu_rows(const struct dp_mlp_shard *s, uint32_t col0, uint32_t cols,
+		       const float *x, const uint32_t *x_rows, const float *weight, uint32_t n,
+		       float *y, const uint32_t *y_rows, float *scratch);
 
 /* out[i] = x[i] * k: the emulator's cheap, checkable "echo" compute. */
 void dp_mlp_scale(float *out, const float *x, size_t n, float k);

@@ -120,8 +120,116 @@ static void test_kernels(void)
 	CHECK(eo[0] == 3 && eo[1] == -6 && eo[2] == 1.5f && eo[3] == 0 && eo[4] == 9, "scale");
 }
 
+/* dp_mlp_swiglu_rows on columns [col0, col0 + cols) of a MOE bank of ffn columns: rows of
+ * x gathered through x_rows (every third row, backwards), weighted, added into rows of y
+ * that already hold values (y_rows reverse them again), against the definition in double. */
+static void check_rows(uint32_t hidden, uint32_t ffn, uint32_t col0, uint32_t cols, uint32_t n)
+{
+	struct dp_mlp_shard s = { .kind = DP_MLP_KIND_MOE, .hidden = hidden, .ffn = ffn };
+	for (unsigned t = 0; t < 3; t++) {
+		uint64_t len = dp_mlp_tensor_len(DP_MLP_KIND_MOE, hidden, ffn, t);
+		s.t[t] = malloc(len * sizeof(float));
+		for (uint64_t i = 0; i < len; i++)
+			s.t[t][i] = frand() * 2.0f / sqrtf((float)(t == 2 ? cols : hidden));
+	}
+	uint32_t x_count = 3 * n + 1;
+	float *x = malloc((size_t)x_count * hidden * sizeof(float));
+	float *y = malloc((size_t)n * hidden * sizeof(float));
+	double *ref = malloc((size_t)n * hidden * sizeof(double));
+	float *scratch = malloc(dp_mlp_rows_scratch_floats(hidden, cols) * sizeof(float));
+	uint32_t *x_rows = malloc(n * sizeof(uint32_t)), *y_rows = malloc(n * sizeof(uint32_t));
+	float *weight = malloc(n * sizeof(float));
+	for (size_t i = 0; i < (size_t)x_count * hidden; i++)
+		x[i] = frand() * 2.0f;
+	for (uint32_t i = 0; i < n; i++) {
+		x_rows[i] = 3 * (n - 1 - i) + 1;
+		y_rows[i] = n - 1 - i;
+		weight[i] = 0.25f + (float)i / (float)n;
+	}
+	for (size_t i = 0; i < (size_t)n * hidden; i++) {
+		y[i] = frand();
+		ref[i] = y[i];
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		const float *xi = x + (size_t)x_rows[i] * hidden;
+		double *yi = ref + (size_t)y_rows[i] * hidden;
+		for (uint32_t j = col0; j < col0 + cols; j++) {
+			double a = 0.0, b = 0.0;
+			for (uint32_t k = 0; k < hidden; k++) {
+				a += (double)xi[k] * s.t[0][(size_t)k * ffn + j];
+				b += (double)xi[k] * s.t[1][(size_t)k * ffn + j];
+			}
+			double h = ref_silu(a) * b * weight[i];
+			for (uint32_t c = 0; c < hidden; c++)
+				yi[c] += h * s.t[2][(size_t)j * hidden + c];
+		}
+	}
+	CHECK(dp_mlp_swiglu_rows(&s, col0, cols, x, x_rows, weight, n, y, y_rows, scratch) == 0,
+	      "rows refused");
+	double scale = 0.0;
+	for (size_t i = 0; i < (size_t)n * hidden; i++)
+		scale = fmax(scale, fabs(ref[i]));
+	int bad = 0;
+	for (size_t i = 0; i < (size_t)n * hidden && bad < 3; i++) {
+		double err = fabs((double)y[i] - ref[i]);
+		if (!(err <= 1e-4 * fmax(fabs(ref[i]), scale))) {
+			bad++;
+			CHECK(0, "rows hidden %u ffn %u cols [%u, %u) n %u: y[%zu] = %.7g, reference %.7g",
+			      hidden, ffn, col0, col0 + cols, n, i, y[i], ref[i]);
+		}
+	}
+	for (unsigned t = 0; t < 3; t++)
+		free(s.t[t]);
+	free(x);
+	free(y);
+	free(ref);
+	free(scratch);
+	free(x_rows);
+	free(y_rows);
+	free(weight);
+}
+
+static void test_rows(void)
+{
+	/* hidden, bank ffn, col0, cols, rows: streaming (< 12) and blocked row counts, a second
+	 * gather block (33 = 32 + 1), expert widths with column tails, the bank's last columns */
+	static const uint32_t shapes[][5] = { { 48, 64, 16, 16, 3 },  { 37, 57, 19, 19, 5 },
+					      { 64, 96, 0, 32, 13 },  { 40, 50, 41, 9, 33 },
+					      { 16, 16, 0, 16, 1 },   { 24, 80, 40, 40, 70 } };
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		check_rows(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);
+
+	/* identity rows, weight 1: the dense SwiGLU partial added onto y */
+	struct dp_mlp_shard s = { .kind = DP_MLP_KIND_SWIGLU, .hidden = 8, .ffn = 4 };
+	float w[3][32], x[16], y[16] = { 0 }, want[16], scratch[2 * 32 * (8 + 4)];
+	for (unsigned t = 0; t < 3; t++) {
+		for (unsigned i = 0; i < 32; i++)
+			w[t][i] = frand();
+		s.t[t] = w[t];
+	}
+	for (unsigned i = 0; i < 16; i++)
+		x[i] = frand();
+	float dense_scratch[2 * DP_MLP_ROW_BLOCK * 4];
+	dp_mlp_forward(&s, x, 2, want, dense_scratch);
+	CHECK(dp_mlp_swiglu_rows(&s, 0, 4, x, NULL, NULL, 2, y, NULL, scratch) == 0, "identity");
+	for (unsigned i = 0; i < 16; i++)
+		CHECK(fabsf(y[i] - want[i]) <= 1e-5f * (1.0f + fabsf(want[i])), "identity y[%u] %g %g",
+		      i, y[i], want[i]);
+
+	/* refusals leave y alone */
+	CHECK(dp_mlp_swiglu_rows(&s, 2, 3, x, NULL, NULL, 2, y, NULL, scratch) == -1, "past ffn");
+	CHECK(dp_mlp_swiglu_rows(&s, 5, 0, x, NULL, NULL, 2, y, NULL, scratch) == -1, "col0 > ffn");
+	s.kind = DP_MLP_KIND_GELU;
+	CHECK(dp_mlp_swiglu_rows(&s, 0, 4, x, NULL, NULL, 2, y, NULL, scratch) == -1, "gelu");
+	for (unsigned i = 0; i < 16; i++)
+		CHECK(fabsf(y[i] - want[i]) <= 1e-5f * (1.0f + fabsf(want[i])), "refusal wrote y");
+	s.kind = DP_MLP_KIND_MOE;
+	CHECK(dp_mlp_forward(&s, x, 2, want, dense_scratch) == -1, "dense forward of a MOE bank");
+}
+
 int main(void)
 {
 	test_kernels();
+	test_rows();
 	return test_result("test_mlp");
 }
