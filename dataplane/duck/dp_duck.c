@@ -98,9 +98,7 @@ struct duck_layer {
 	uint32_t id;
 	uint8_t used;
 	uint8_t dtype;             /* of activations and partials */
-	uint16_t experts;          /* MOE: routed experts in the bank (slots 0..experts-1) */
-	uint32_t expert_ffn;       /* MOE: columns of each; the rest of ffn is the shared expert's */
-	struct dp_mlp_shard shard; /* kind, hidden, ffn, t[0..2] */
+	struct dp_mlp_shard shard; /* kind, hidden, ffn, MOE experts and expert_ffn, t[0..2] */
 	float *block;              /* the one allocation holding t[0..2] */
 	uint64_t floats;
 };
@@ -192,6 +190,10 @@ static size_t g_msg_cap;     /* bytes of one activation or partial */
 static int g_gso;            /* 1 while GSO is to be tried */
 static int g_gso_proven;     /* a GSO send has worked: later errors are not "unsupported" */
 static uint64_t g_rng;
+
+/* One WEIGHT payload in float32 on its way into a MOE bank: at most DUCK_RX_BUF / 2
+ * elements (float16's count). */
+static float g_weight32[DUCK_RX_BUF / 2];
 
 /* A routed forward's entries grouped by expert slot (moe_forward), and where each
  * slot's group starts: one pass of the kernel per expert. */
@@ -678,8 +680,8 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 		floats += (len[t] + DUCK_TENSOR_ALIGN - 1) & ~(uint64_t)(DUCK_TENSOR_ALIGN - 1);
 	}
 	if (ok && l && l->shard.kind == w.kind && l->dtype == w.dtype &&
-	    l->shard.hidden == w.hidden && l->shard.ffn == w.ffn && l->experts == w.experts &&
-	    l->expert_ffn == w.expert_ffn)
+	    l->shard.hidden == w.hidden && l->shard.ffn == w.ffn &&
+	    l->shard.experts == w.experts && l->shard.expert_ffn == w.expert_ffn)
 		goto ack; /* the same announcement again (our ack was lost): keep the weights */
 	ok = ok && floats <= DUCK_MAX_FLOATS &&
 	     d->floats - (l ? l->floats : 0) + floats <= DUCK_MAX_FLOATS;
@@ -700,8 +702,8 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 	l->shard.kind = w.kind;
 	l->shard.hidden = w.hidden;
 	l->shard.ffn = w.ffn;
-	l->experts = w.experts;
-	l->expert_ffn = w.expert_ffn;
+	l->shard.experts = w.experts;
+	l->shard.expert_ffn = w.expert_ffn;
 	l->block = block;
 	l->floats = floats;
 	for (unsigned t = 0; t < DP_SHARD_TENSORS; t++) {
@@ -737,7 +739,9 @@ static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 		stats.dropped_invalid++;
 		return;
 	}
-	float *dst = l->shard.t[h->tensor] + h->offset / isz;
+	/* a MOE bank keeps its blocks apart (dp_mlp.h): float32 first, then into place */
+	const int bank = l->shard.kind == DP_MLP_KIND_MOE;
+	float *dst = bank ? g_weight32 : l->shard.t[h->tensor] + h->offset / isz;
 	if (h->dtype == DP_DTYPE_F32) {
 		memcpy(dst, payload, h->length);
 	} else {
@@ -747,6 +751,8 @@ static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 			dst[i] = dp_f16_to_f32(v);
 		}
 	}
+	if (bank)
+		dp_mlp_bank_store(&l->shard, h->tensor, h->offset / isz, dst, h->length / isz);
 	stats.weight_bytes += h->length;
 
 	struct dp_wire_header r;
@@ -842,7 +848,7 @@ static void widen_rows(const uint8_t *x16, uint32_t r0, uint32_t n, uint32_t hid
 }
 
 /* --compute echo on a routed forward: every expert, and the shared one, is x * (id + 1);
- * the arguments are dp_mlp_swiglu_rows's. */
+ * the arguments are dp_mlp_expert_rows's. */
 static void moe_echo(const struct duck *d, const float *x, const uint32_t *x_rows,
 		     const float *weight, uint32_t n, float *y, const uint32_t *y_rows, uint32_t hid)
 {
@@ -920,7 +926,7 @@ static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct du
 		return;
 	}
 	const uint8_t *entries = in->buf + sec.offset;
-	const uint32_t n = rc == 0 ? sec.n_entries : 0, slots = l->experts;
+	const uint32_t n = rc == 0 ? sec.n_entries : 0, slots = l->shard.experts;
 	const uint32_t out_rows = shared ? in->rows : sec.n_rows;
 	const uint8_t *x_in = in->buf + size; /* size is a multiple of 8: floats are aligned */
 
@@ -970,24 +976,23 @@ static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct du
 		memcpy(&g_moe_weight[at], &we.weight, sizeof(float));
 	}
 	memset(y, 0, (size_t)out_rows * hid * sizeof(float));
-	const uint32_t bank_routed = slots * l->expert_ffn, shared_cols = l->shard.ffn - bank_routed;
+	struct dp_mlp_expert ex;
 	for (uint32_t e = 0; e < slots; e++) {
 		uint32_t lo = e ? g_moe_start[e - 1] : 0, cnt = g_moe_start[e] - lo;
 		if (!cnt)
 			continue;
 		if (opt_echo)
 			moe_echo(d, x, g_moe_xrow + lo, g_moe_weight + lo, cnt, y, g_moe_yrow + lo, hid);
-		else
-			dp_mlp_swiglu_rows(&l->shard, e * l->expert_ffn, l->expert_ffn, x,
-					   g_moe_xrow + lo, g_moe_weight + lo, cnt, y,
+		else if (dp_mlp_bank_block(&l->shard, e, &ex) == 0) /* e < slots: always */
+			dp_mlp_expert_rows(&ex, x, g_moe_xrow + lo, g_moe_weight + lo, cnt, y,
 					   g_moe_yrow + lo, g_scratch);
 	}
-	if (shared && shared_cols) {
+	/* the shared block: every row, weight 1 (no columns: nothing to add) */
+	if (shared && dp_mlp_bank_block(&l->shard, slots, &ex) == 0 && ex.cols) {
 		if (opt_echo)
 			moe_echo(d, x, NULL, NULL, in->rows, y, NULL, hid);
 		else
-			dp_mlp_swiglu_rows(&l->shard, bank_routed, shared_cols, x, NULL, NULL,
-					   in->rows, y, NULL, g_scratch);
+			dp_mlp_expert_rows(&ex, x, NULL, NULL, in->rows, y, NULL, g_scratch);
 	}
 	if (in->dtype == DP_DTYPE_F16)
 		dp_reduce_store(o->buf, y, NULL, out_rows, hid, DP_DTYPE_F16);

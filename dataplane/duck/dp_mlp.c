@@ -295,22 +295,58 @@ static void add_row(float *restrict y, const float *restrict x, uint32_t n)
 		y[j] += x[j];
 }
 
-int dp_mlp_swiglu_rows(const struct dp_mlp_shard *s, uint32_t col0, uint32_t cols,
-		       const float *x, const uint32_t *x_rows, const float *weight, uint32_t n,
-		       float *y, const uint32_t *y_rows, float *scratch)
+int dp_mlp_bank_block(const struct dp_mlp_shard *s, uint32_t b, struct dp_mlp_expert *e)
 {
-	const uint32_t hid = s->hidden, ffn = s->ffn;
-	if ((s->kind != DP_MLP_KIND_SWIGLU && s->kind != DP_MLP_KIND_MOE) || col0 > ffn ||
-	    cols > ffn - col0)
+	const uint64_t hid = s->hidden, routed = (uint64_t)s->experts * s->expert_ffn;
+	if (s->kind != DP_MLP_KIND_MOE || b > s->experts || routed > s->ffn)
 		return -1;
+	uint64_t col0 = (uint64_t)b * s->expert_ffn; /* blocks before b: all expert_ffn wide */
+	e->cols = b < s->experts ? s->expert_ffn : (uint32_t)(s->ffn - routed);
+	e->hidden = s->hidden;
+	e->ldb = e->cols;
+	e->w_gate = s->t[0] + col0 * hid;
+	e->w_up = s->t[1] + col0 * hid;
+	e->w_down = s->t[2] + col0 * hid;
+	return 0;
+}
+
+void dp_mlp_bank_store(const struct dp_mlp_shard *s, unsigned t, uint64_t first,
+		       const float *src, uint64_t n)
+{
+	if (t == 2) { /* [ffn x hidden]: blocks of rows, in order already */
+		memcpy(s->t[2] + first, src, n * sizeof(float));
+		return;
+	}
+	const uint64_t ffn = s->ffn, hid = s->hidden, e = s->expert_ffn;
+	const uint64_t routed = (uint64_t)s->experts * e;
+	uint64_t k = first / ffn, j = first % ffn; /* row and column of the wire's matrix */
+	while (n) {
+		/* the rest of column j's block on row k: contiguous in the bank */
+		uint64_t block0 = j < routed ? j - j % e : routed;
+		uint64_t width = j < routed ? e : ffn - routed;
+		uint64_t run = block0 + width - j < n ? block0 + width - j : n;
+		memcpy(s->t[t] + block0 * hid + k * width + (j - block0), src, run * sizeof(float));
+		src += run;
+		n -= run;
+		j += run;
+		if (j == ffn) {
+			j = 0;
+			k++;
+		}
+	}
+}
+
+void dp_mlp_expert_rows(const struct dp_mlp_expert *e, const float *x, const uint32_t *x_rows,
+			const float *weight, uint32_t n, float *y, const uint32_t *y_rows,
+			float *scratch)
+{
+	const uint32_t hid = e->hidden, cols = e->cols;
 	if (!cols)
-		return 0;
-	float *xb = scratch;                                /* gathered rows of x */
-	float *g = xb + (size_t)DP_MLP_GATHER_ROWS * hid;   /* gate, then the weighted h */
-	float *u = g + (size_t)DP_MLP_GATHER_ROWS * cols;   /* up */
-	float *ob = u + (size_t)DP_MLP_GATHER_ROWS * cols;  /* h . w_down, before it is added */
-	const float *w_gate = s->t[0] + col0, *w_up = s->t[1] + col0;
-	const float *w_down = s->t[2] + (size_t)col0 * hid; /* rows col0.. : contiguous */
+		return;
+	float *xb = scratch;                               /* gathered rows of x */
+	float *g = xb + (size_t)DP_MLP_GATHER_ROWS * hid;  /* gate, then the weighted h */
+	float *u = g + (size_t)DP_MLP_GATHER_ROWS * cols;  /* up */
+	float *ob = u + (size_t)DP_MLP_GATHER_ROWS * cols; /* h . w_down, before it is added */
 	for (uint32_t r0 = 0; r0 < n; r0 += DP_MLP_GATHER_ROWS) {
 		uint32_t rb = n - r0 < DP_MLP_GATHER_ROWS ? n - r0 : DP_MLP_GATHER_ROWS;
 		const float *a = x + (size_t)r0 * hid;
@@ -320,8 +356,8 @@ int dp_mlp_swiglu_rows(const struct dp_mlp_shard *s, uint32_t col0, uint32_t col
 				       hid * sizeof(float));
 			a = xb;
 		}
-		gemm_ld(a, hid, rb, w_gate, ffn, hid, cols, NULL, g, cols);
-		gemm_ld(a, hid, rb, w_up, ffn, hid, cols, NULL, u, cols);
+		gemm_ld(a, hid, rb, e->w_gate, e->ldb, hid, cols, NULL, g, cols);
+		gemm_ld(a, hid, rb, e->w_up, e->ldb, hid, cols, NULL, u, cols);
 		/* weight * (h . w_down) = (weight * h) . w_down: scale the narrow side */
 		for (uint32_t i = 0; i < rb; i++) {
 			float w = weight ? weight[r0 + i] : 1.0f;
@@ -329,13 +365,12 @@ int dp_mlp_swiglu_rows(const struct dp_mlp_shard *s, uint32_t col0, uint32_t col
 			for (uint32_t j = 0; j < cols; j++)
 				gi[j] = dp_mlp_silu(gi[j]) * ui[j] * w;
 		}
-		gemm(g, cols, rb, w_down, cols, hid, NULL, ob, hid);
+		gemm(g, cols, rb, e->w_down, cols, hid, NULL, ob, hid);
 		for (uint32_t i = 0; i < rb; i++) {
 			uint32_t row = y_rows ? y_rows[r0 + i] : r0 + i;
 			add_row(y + (size_t)row * hid, ob + (size_t)i * hid, hid);
 		}
 	}
-	return 0;
 }
 
 void dp_mlp_scale(float *restrict out, const float *restrict x, size_t n, float k)

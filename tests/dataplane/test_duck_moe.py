@@ -562,7 +562,7 @@ def test_deepseek_sized_bank_compute_time():
             idx = np.tile(np.arange(experts, dtype=np.int32), (tokens, 1))
             w = np.full((tokens, experts), 1.0 / experts, np.float32)
             times = []
-            for _ in range(3):
+            for _ in range(5):
                 fwd = new_id()
                 message = lay.wire(idx, w).tobytes() + x.tobytes()
                 host.forward([0], fwd, layer, message, tokens, x.dtype)
