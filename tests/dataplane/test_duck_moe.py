@@ -26,6 +26,7 @@ from duckpipe.launch.binaries import find_binary
 from duckpipe.launch.ducks import DucksProcess
 from duckpipe.moe import MoeMlp
 from duckpipe.schema.abi import MlpKind
+from duckpipe.schema.routing import MAX_TOKENS, MAX_TOPK
 from duckpipe.schema.wire import CONSTANTS, WireFlag, WireOp
 from duckpipe.testing.datagrams import decode, encode, layer_payload, payload_max
 
@@ -521,6 +522,29 @@ def test_a_bank_too_narrow_for_its_experts_is_refused(ducks3):
     c = stopped_counters(proc)
     assert c["moe_bad_banks"] == 3 and c["layers_rejected"] == 3 and c["layers"] == 2, c
     assert "3 experts of 16 columns need 48 columns, the bank has 47" in proc.output()
+
+
+def test_the_largest_table_and_its_rows_fit_one_message(ducks3):
+    """MAX_TOKENS tokens routed to MAX_TOPK experts of one duck: a 512 KiB table in front
+    of the activation, under the dataplane's default max_forward_bytes (1 MiB), every
+    entry computed."""
+    proc, host = ducks3
+    tokens, topk, hidden = MAX_TOKENS, MAX_TOPK, 32
+    moe = MoeMlp.random(topk, hidden, 8, shared=False, dtype=np.float16, seed=25)
+    lay = Layer(moe, [1], [[1]] * topk)
+    layer, fwd = new_id(), new_id()
+    lay.load(host, layer)
+    x = np.random.default_rng(26).standard_normal((tokens, hidden)).astype(np.float16)
+    idx = np.stack([np.random.default_rng(t).permutation(topk) for t in range(tokens)])
+    w = np.random.default_rng(27).uniform(0, 0.2, (tokens, topk)).astype(np.float32)
+    message = lay.wire(idx, w).tobytes() + x.tobytes()
+    assert len(message) == 16 + 8 * (1 + tokens * topk) + x.nbytes <= 1 << 20
+    host.forward([1], fwd, layer, message, tokens, x.dtype)
+    got, heads = host.partials([1], fwd, x.dtype, hidden)[1]
+    assert heads[0].rows == tokens
+    assert_close(got, moe.reference(x, idx, w).astype(np.float32), 4e-3)
+    c = stopped_counters(proc)
+    assert c["moe_expert_rows"] == tokens * topk, c
 
 
 def test_echo_mode_weighs_x_times_id_plus_one():
