@@ -465,6 +465,38 @@ def test_hostile_tables_are_dropped_and_the_duck_keeps_serving(ducks3):
     assert "names slot 3, the bank holds 3 experts" in log
 
 
+def test_randomly_spoiled_tables_never_stop_the_duck(ducks3):
+    """300 copies of a good routed message, a few bytes of each table changed at random:
+    whatever the duck makes of them (most are refused; some still read as tables), it
+    answers the good one after them and exits cleanly."""
+    proc, host = ducks3
+    moe = MoeMlp.random(5, 16, 8, shared=True, seed=28)
+    lay = Layer(moe, [0, 1], [[0], [0], [1], [1], [0, 1]])
+    layer = new_id()
+    lay.load(host, layer)
+    x = np.random.default_rng(29).standard_normal((6, 16)).astype(np.float32)
+    idx, w = routing_of(6, 5, 2, seed=30)
+    wire = lay.wire(idx, w)
+    rng = np.random.default_rng(31)
+    for _ in range(300):
+        table = wire.copy()
+        at = rng.integers(0, table.size, rng.integers(1, 4))
+        table[at] = rng.integers(0, 256, at.size)
+        host.forward([0, 1], new_id(), layer, table.tobytes() + x.tobytes(), 6, x.dtype)
+    while True:  # drain whatever was answered
+        try:
+            host.recv(QUIET)
+        except TimeoutError:
+            break
+    fwd = new_id()
+    host.forward([0, 1], fwd, layer, wire.tobytes() + x.tobytes(), 6, x.dtype)
+    parts = host.partials([0, 1], fwd, x.dtype, 16)
+    for d in (0, 1):
+        assert_close(parts[d][0], lay.expected(d, x, idx, w)[1], 1e-4)
+    c = stopped_counters(proc)
+    assert c["moe_bad_tables"] > 0, c
+
+
 def test_activation_of_the_wrong_size_gets_no_layer(ducks3):
     _, host = ducks3
     moe = MoeMlp.random(1, 32, 16, shared=False, seed=19)
