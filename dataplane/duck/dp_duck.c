@@ -9,6 +9,9 @@
  *                  WEIGHT   bytes of one tensor           -> WEIGHT_ACK, or NACK|NO_LAYER
  *                  FORWARD  one chunk of an activation    -> PARTIAL chunks once complete,
  *                                                            or NACK|NO_LAYER
+ *                  FORWARD|ROUTED  a chunk of a wire      -> PARTIAL|ROUTED of the rows it
+ *                           routing table + activation       was routed (MOE layers), or
+ *                                                            nothing when it has no part
  *                  NACK     chunks of a partial, again    -> PARTIAL chunks, or NACK|INPUT
  *                  PING                                   -> PONG
  *
@@ -25,6 +28,12 @@
  * finite only while it holds something. Nothing is allocated per packet: input,
  * output and scratch buffers are reserved at start (MAP_NORESERVE, so only what
  * is touched costs memory), tensors when a layer is created.
+ *
+ * A MOE layer's shard is the duck's bank (dp_mlp.h): its routed experts' columns, then
+ * its shared-expert columns. A routed forward's message is a wire routing table
+ * (dp_routing.h, checked with dp_routing_wire_check) and then the activation; the duck
+ * computes its section's entries one expert at a time on the rows routed to it
+ * (moe_forward()) and replies one row per row of its section (every row with SHARED).
  *
  * Fault knobs: --drop, --delay-us, --stop-after, --restart-after (see usage()).
  * SIGINT/SIGTERM: print the counters to stderr as one line of key=value and exit 0.
@@ -54,6 +63,7 @@
 #include "dp_mlp.h"
 #include "dp_reasm.h"
 #include "dp_reduce.h"
+#include "dp_routing.h"
 #include "dp_udp.h"
 #include "dp_wire.h"
 
@@ -79,6 +89,8 @@
 #define DUCK_EVENTS 64
 #define DUCK_SIGNAL_TOKEN UINT32_MAX   /* epoll data of the signalfd */
 #define DUCK_TENSOR_ALIGN 16u          /* floats: each tensor starts on a cache line */
+#define DUCK_MOE_ENTRIES (DP_MAX_TOKENS * DP_MAX_TOPK) /* wire entries of one table, at most */
+#define DUCK_MAX_SLOTS 65536u          /* routed experts in a bank: dp_wire_layer.experts is u16 */
 
 /* ------------------------------------------------------------ per-duck state */
 
@@ -86,7 +98,7 @@ struct duck_layer {
 	uint32_t id;
 	uint8_t used;
 	uint8_t dtype;             /* of activations and partials */
-	struct dp_mlp_shard shard; /* kind, hidden, ffn, t[0..2] */
+	struct dp_mlp_shard shard; /* kind, hidden, ffn, MOE experts and expert_ffn, t[0..2] */
 	float *block;              /* the one allocation holding t[0..2] */
 	uint64_t floats;
 };
@@ -97,6 +109,7 @@ struct duck_input { /* an activation being reassembled */
 	uint64_t total, bytes;
 	uint32_t layer, rows;
 	uint8_t dtype;
+	uint8_t flags; /* the datagrams' DP_WIRE_FLAG_ROUTED: a routing table leads the message */
 	struct dp_reasm reasm;
 	uint8_t *buf; /* g_msg_cap bytes */
 };
@@ -107,6 +120,7 @@ struct duck_output { /* a partial already sent, kept for NACKs */
 	uint64_t total, compute_ns;
 	uint32_t layer, rows, chunks;
 	uint8_t dtype;
+	uint8_t flags; /* DP_WIRE_FLAG_ROUTED for the partial of a routed forward */
 	uint8_t *buf;
 };
 
@@ -138,7 +152,8 @@ struct duck {
 	X(no_layer_replies) X(weight_bytes) X(weight_acks) X(layers) X(layers_rejected)    \
 	X(inputs_evicted) X(outputs_evicted) X(stopped_ignored) X(restarts) X(pongs)       \
 	X(gso_sends) X(gso_fallbacks) X(delayed) X(delay_overflow) X(delay_stale)          \
-	X(tx_errors) X(rx_errors)
+	X(tx_errors) X(rx_errors) X(moe_forwards) X(moe_expert_rows) X(moe_skipped)         \
+	X(moe_bad_tables) X(moe_bad_banks) X(moe_routed_dense) X(moe_unrouted)
 
 static struct {
 #define X(name) uint64_t name;
@@ -160,6 +175,7 @@ static uint64_t opt_stop_after = UINT64_MAX; /* never */
 static uint64_t opt_restart_after;           /* 0: never */
 static uint64_t opt_seed = 1;
 static int opt_no_gso;
+static int opt_verbose;
 
 static struct in_addr g_ips[DUCK_MAX_DUCKS];
 static struct duck *g_ducks;
@@ -174,6 +190,16 @@ static size_t g_msg_cap;     /* bytes of one activation or partial */
 static int g_gso;            /* 1 while GSO is to be tried */
 static int g_gso_proven;     /* a GSO send has worked: later errors are not "unsupported" */
 static uint64_t g_rng;
+
+/* One WEIGHT payload in float32 on its way into a MOE bank: at most DUCK_RX_BUF / 2
+ * elements (float16's count). */
+static float g_weight32[DUCK_RX_BUF / 2];
+
+/* A routed forward's entries grouped by expert slot (moe_forward), and where each
+ * slot's group starts: one pass of the kernel per expert. */
+static uint32_t g_moe_xrow[DUCK_MOE_ENTRIES], g_moe_yrow[DUCK_MOE_ENTRIES];
+static float g_moe_weight[DUCK_MOE_ENTRIES];
+static uint32_t g_moe_start[DUCK_MAX_SLOTS + 1];
 
 /* Float32 views of float16 activations and partials, and the kernels' scratch. */
 static float *g_x32, *g_y32;
@@ -226,6 +252,16 @@ static struct delayed *delayq;
 static uint32_t delayq_head, delayq_tail; /* free-running, masked on access */
 
 /* --------------------------------------------------------------------- utils */
+
+/* --verbose: why a datagram was dropped. Off by default: a hostile sender must not be
+ * able to fill the log, and the counters say how many. */
+#define DUCK_DEBUG(...)                                   \
+	do {                                              \
+		if (opt_verbose) {                        \
+			fprintf(stderr, PROG ": " __VA_ARGS__); \
+			fputc('\n', stderr);              \
+		}                                         \
+	} while (0)
 
 static uint64_t now_ns(void)
 {
@@ -425,6 +461,7 @@ static void partial_send_now(struct duck *d, const struct sockaddr_in *dst,
 		h->total = o->total;
 		h->length = len;
 		h->rows = o->rows;
+		h->flags = o->flags;
 		h->compute_ns = o->compute_ns;
 		part_iov[2 * nb] = (struct iovec){ .iov_base = h, .iov_len = DP_WIRE_HDR_LEN };
 		part_iov[2 * nb + 1] = (struct iovec){ .iov_base = o->buf + h->offset, .iov_len = len };
@@ -580,10 +617,16 @@ static void layers_forget(struct duck *d)
 			layer_free(d, &d->layers[i]);
 }
 
-/* The kernels' scratch must fit the widest shard; it grows only here. */
-static int scratch_fit(uint32_t ffn)
+/* The kernels' scratch must fit the widest shard (MOE: its widest expert, or its shared
+ * columns, by hidden); it grows only here. */
+static int scratch_fit(const struct dp_wire_layer *w)
 {
-	size_t need = dp_mlp_scratch_floats(ffn);
+	size_t need = dp_mlp_scratch_floats(w->ffn);
+	if (w->kind == DP_MLP_KIND_MOE) {
+		uint32_t shared = w->ffn - (uint32_t)w->experts * w->expert_ffn; /* checked */
+		uint32_t widest = w->experts && w->expert_ffn > shared ? w->expert_ffn : shared;
+		need = dp_mlp_rows_scratch_floats(w->hidden, widest);
+	}
 	if (need <= g_scratch_floats)
 		return 0;
 	float *p = aligned_alloc(64, (need * sizeof(float) + 63) & ~(size_t)63);
@@ -595,6 +638,33 @@ static int scratch_fit(uint32_t ffn)
 	return 0;
 }
 
+/* A MOE bank: experts * expert_ffn routed columns, the rest of ffn shared ones; dense
+ * kinds carry neither field. 1 if the announcement is coherent, else 0, counted and said. */
+static int layer_bank_ok(const struct duck *d, uint32_t layer, const struct dp_wire_layer *w)
+{
+	uint64_t routed = (uint64_t)w->experts * w->expert_ffn;
+	if (w->kind != DP_MLP_KIND_MOE) {
+		if (!w->experts && !w->expert_ffn)
+			return 1;
+		fprintf(stderr,
+			PROG ": duck %u refuses layer %u: a dense layer (kind %u) with %u experts of "
+			     "%u columns\n",
+			d->id, layer, w->kind, w->experts, w->expert_ffn);
+	} else if (w->experts && !w->expert_ffn) {
+		fprintf(stderr, PROG ": duck %u refuses layer %u: %u experts of 0 columns\n", d->id,
+			layer, w->experts);
+	} else if (routed > w->ffn) {
+		fprintf(stderr,
+			PROG ": duck %u refuses layer %u: %u experts of %u columns need %" PRIu64
+			     " columns, the bank has %u\n",
+			d->id, layer, w->experts, w->expert_ffn, routed, w->ffn);
+	} else {
+		return 1;
+	}
+	stats.moe_bad_banks++;
+	return 0;
+}
+
 static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 			 const struct dp_wire_header *h, const uint8_t *payload)
 {
@@ -602,14 +672,16 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 	memcpy(&w, payload, sizeof(w));
 	struct duck_layer *l = layer_find(d, h->layer);
 	uint64_t len[DP_SHARD_TENSORS] = { 0 }, floats = 0;
-	int ok = (w.kind == DP_MLP_KIND_GELU || w.kind == DP_MLP_KIND_SWIGLU) &&
-		 dp_dtype_size(w.dtype) && w.hidden && w.ffn;
+	int ok = (w.kind == DP_MLP_KIND_GELU || w.kind == DP_MLP_KIND_SWIGLU ||
+		  w.kind == DP_MLP_KIND_MOE) &&
+		 dp_dtype_size(w.dtype) && w.hidden && w.ffn && layer_bank_ok(d, h->layer, &w);
 	for (unsigned t = 0; ok && t < DP_SHARD_TENSORS; t++) {
 		len[t] = dp_mlp_tensor_len(w.kind, w.hidden, w.ffn, t);
 		floats += (len[t] + DUCK_TENSOR_ALIGN - 1) & ~(uint64_t)(DUCK_TENSOR_ALIGN - 1);
 	}
 	if (ok && l && l->shard.kind == w.kind && l->dtype == w.dtype &&
-	    l->shard.hidden == w.hidden && l->shard.ffn == w.ffn)
+	    l->shard.hidden == w.hidden && l->shard.ffn == w.ffn &&
+	    l->shard.experts == w.experts && l->shard.expert_ffn == w.expert_ffn)
 		goto ack; /* the same announcement again (our ack was lost): keep the weights */
 	ok = ok && floats <= DUCK_MAX_FLOATS &&
 	     d->floats - (l ? l->floats : 0) + floats <= DUCK_MAX_FLOATS;
@@ -618,7 +690,7 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 			if (!d->layers[i].used)
 				l = &d->layers[i];
 	float *block = NULL;
-	if (!ok || !l || scratch_fit(w.ffn) < 0 || !(block = calloc(floats, sizeof(float)))) {
+	if (!ok || !l || scratch_fit(&w) < 0 || !(block = calloc(floats, sizeof(float)))) {
 		stats.layers_rejected++;
 		return; /* no ack: the host's loader reports it */
 	}
@@ -630,6 +702,8 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 	l->shard.kind = w.kind;
 	l->shard.hidden = w.hidden;
 	l->shard.ffn = w.ffn;
+	l->shard.experts = w.experts;
+	l->shard.expert_ffn = w.expert_ffn;
 	l->block = block;
 	l->floats = floats;
 	for (unsigned t = 0; t < DP_SHARD_TENSORS; t++) {
@@ -665,7 +739,9 @@ static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 		stats.dropped_invalid++;
 		return;
 	}
-	float *dst = l->shard.t[h->tensor] + h->offset / isz;
+	/* a MOE bank keeps its blocks apart (dp_mlp.h): float32 first, then into place */
+	const int bank = l->shard.kind == DP_MLP_KIND_MOE;
+	float *dst = bank ? g_weight32 : l->shard.t[h->tensor] + h->offset / isz;
 	if (h->dtype == DP_DTYPE_F32) {
 		memcpy(dst, payload, h->length);
 	} else {
@@ -675,6 +751,8 @@ static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 			dst[i] = dp_f16_to_f32(v);
 		}
 	}
+	if (bank)
+		dp_mlp_bank_store(&l->shard, h->tensor, h->offset / isz, dst, h->length / isz);
 	stats.weight_bytes += h->length;
 
 	struct dp_wire_header r;
@@ -742,6 +820,192 @@ static struct duck_output *output_alloc(struct duck *d)
 
 /* -------------------------------------------------------------------- compute */
 
+/* The partial in o (its buf, rows, total, dtype, flags and compute_ns set) for input
+ * `in`: cache it for NACKs, send it, and count the forward. */
+static void forward_reply(struct duck *d, const struct sockaddr_in *src, struct duck_input *in,
+			  struct duck_output *o)
+{
+	o->session = in->session;
+	o->forward_id = in->forward_id;
+	o->layer = in->layer;
+	o->chunks = dp_wire_chunk_count(o->total, g_payload);
+	in->seq = 0;
+	d->computed++;
+	stats.forwards_computed++;
+	reply_partial(d, src, o, NULL, 0);
+	if (opt_restart_after && d->computed == opt_restart_after) {
+		layers_forget(d);
+		stats.restarts++;
+	}
+}
+
+/* g_x32 rows [r0, r0 + n) = the float16 rows of x16 there. */
+static void widen_rows(const uint8_t *x16, uint32_t r0, uint32_t n, uint32_t hid)
+{
+	const uint16_t *src = (const uint16_t *)(const void *)x16;
+	for (size_t i = (size_t)r0 * hid; i < (size_t)(r0 + n) * hid; i++)
+		g_x32[i] = dp_f16_to_f32(src[i]);
+}
+
+/* --compute echo on a routed forward: every expert, and the shared one, is x * (id + 1);
+ * the arguments are dp_mlp_expert_rows's. */
+static void moe_echo(const struct duck *d, const float *x, const uint32_t *x_rows,
+		     const float *weight, uint32_t n, float *y, const uint32_t *y_rows, uint32_t hid)
+{
+	const float k = (float)d->id + 1.0f;
+	for (uint32_t i = 0; i < n; i++) {
+		const float *xi = x + (size_t)(x_rows ? x_rows[i] : i) * hid;
+		float *yi = y + (size_t)(y_rows ? y_rows[i] : i) * hid;
+		float w = (weight ? weight[i] : 1.0f) * k;
+		for (uint32_t c = 0; c < hid; c++)
+			yi[c] += w * xi[c];
+	}
+}
+
+static void moe_bad_table(const struct duck *d, const struct duck_input *in, const char *why)
+{
+	stats.moe_bad_tables++;
+	DUCK_DEBUG("duck %u drops routed forward %" PRIu64 " of layer %u: %s", d->id,
+		   in->forward_id, in->layer, why);
+}
+
+/* A routed forward on MOE layer l: the message is a wire routing table W, then the
+ * activation's rows. Check W (all of it: a table this duck cannot read whole is not one
+ * to trust), find this duck's section, and compute
+ *
+ *   y[reply row of r] = sum over its entries (r, slot, w) of w * expert_slot(x[r])
+ *                       (+ the shared expert's columns of x[r], for every row, with SHARED)
+ *
+ * in float32, one kernel pass per expert over the rows routed to it (DeepSeek's decode:
+ * 32 tokens, a duck's 8 experts each see a few of them, every expert's weights read
+ * once). Reply rows: every row with SHARED, else the section's distinct rows ascending. */
+static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct duck_input *in,
+			const struct duck_layer *l, const struct dp_wire_header *h)
+{
+	char why[192];
+	struct dp_routing_wire_header wh;
+	struct dp_routing_section sec = { 0 };
+	uint64_t size;
+	const uint32_t hid = l->shard.hidden, isz = dp_dtype_size(in->dtype);
+	in->seq = 0; /* consumed whatever happens; buf stays readable until the next input */
+	if (in->total < sizeof(wh)) {
+		moe_bad_table(d, in, "the message is shorter than a wire routing header");
+		return;
+	}
+	memcpy(&wh, in->buf, sizeof(wh));
+	if (dp_routing_wire_size(wh.n_ducks, wh.entries, &size) < 0 || size > in->total) {
+		snprintf(why, sizeof(why), "a table of %u ducks and %u entries does not fit %" PRIu64
+			 " bytes", wh.n_ducks, wh.entries, in->total);
+		moe_bad_table(d, in, why);
+		return;
+	}
+	/* Other ducks' sections name slots of their own banks, which may hold more experts
+	 * than this one (uneven placements): the table is checked against the widest bank
+	 * there can be, and this duck's own slots against its bank below. */
+	if (dp_routing_wire_check(in->buf, size, in->rows, DP_MAX_EXPERTS, why, sizeof(why)) < 0) {
+		moe_bad_table(d, in, why);
+		return;
+	}
+	if (in->total - size != (uint64_t)in->rows * hid * isz) {
+		/* a shape the layer does not have, as a dense forward's: the host's shard is
+		 * not this one (a stale layer), and NO_LAYER makes it load it again */
+		DUCK_DEBUG("duck %u: routed forward %" PRIu64 " carries %" PRIu64 " activation "
+			   "bytes, %u rows of layer %u take %" PRIu64, d->id, in->forward_id,
+			   in->total - size, in->rows, in->layer, (uint64_t)in->rows * hid * isz);
+		reply_no_layer(d, src, h);
+		return;
+	}
+	const int shared = wh.flags & DP_ROUTING_WIRE_FLAG_SHARED;
+	int rc = dp_routing_wire_section(in->buf, size, d->id, &sec);
+	if (rc == DP_ROUTING_ERROR_NO_SUCH_DUCK && !shared) {
+		stats.moe_skipped++; /* another duck's tokens: no compute, no reply */
+		return;
+	}
+	if (rc < 0 && rc != DP_ROUTING_ERROR_NO_SUCH_DUCK) {
+		moe_bad_table(d, in, dp_routing_strerror(rc));
+		return;
+	}
+	const uint8_t *entries = in->buf + sec.offset;
+	const uint32_t n = rc == 0 ? sec.n_entries : 0, slots = l->shard.experts;
+	const uint32_t out_rows = shared ? in->rows : sec.n_rows;
+	const uint8_t *x_in = in->buf + size; /* size is a multiple of 8: floats are aligned */
+
+	/* Group the entries by slot (a counting sort: rows stay ascending in each group),
+	 * each with the row it reads and the reply row it adds to. */
+	memset(g_moe_start, 0, (slots + 1) * sizeof(g_moe_start[0]));
+	for (uint32_t j = 0; j < n; j++) {
+		struct dp_routing_wire_entry we;
+		memcpy(&we, entries + (uint64_t)j * DP_ROUTING_WIRE_ENTRY_SIZE, sizeof(we));
+		if (we.expert >= slots) {
+			snprintf(why, sizeof(why), "entry %u names slot %u, the bank holds %u experts",
+				 j, we.expert, slots);
+			moe_bad_table(d, in, why);
+			return;
+		}
+		g_moe_start[we.expert + 1]++;
+	}
+	for (uint32_t e = 0; e < slots; e++)
+		g_moe_start[e + 1] += g_moe_start[e];
+
+	struct duck_output *o = output_alloc(d);
+	uint64_t t0 = now_ns();
+	const float *x = (const float *)(const void *)x_in;
+	float *y = in->dtype == DP_DTYPE_F32 ? (float *)(void *)o->buf : g_y32;
+	/* float16: the rows read, in float32 at their own places (with SHARED all of them) */
+	const int widen = in->dtype == DP_DTYPE_F16;
+	if (widen) {
+		x = g_x32;
+		if (shared)
+			widen_rows(x_in, 0, in->rows, hid);
+	}
+	int32_t prev = -1;
+	uint32_t reply_row = 0;
+	for (uint32_t j = 0; j < n; j++) {
+		struct dp_routing_wire_entry we;
+		memcpy(&we, entries + (uint64_t)j * DP_ROUTING_WIRE_ENTRY_SIZE, sizeof(we));
+		if ((int32_t)we.row != prev) { /* the next of the section's distinct rows */
+			if (prev >= 0)
+				reply_row++;
+			if (widen && !shared)
+				widen_rows(x_in, we.row, 1, hid);
+			prev = we.row;
+		}
+		uint32_t at = g_moe_start[we.expert]++; /* after this loop: each group's end */
+		g_moe_xrow[at] = we.row;
+		g_moe_yrow[at] = shared ? we.row : reply_row;
+		memcpy(&g_moe_weight[at], &we.weight, sizeof(float));
+	}
+	memset(y, 0, (size_t)out_rows * hid * sizeof(float));
+	struct dp_mlp_expert ex;
+	for (uint32_t e = 0; e < slots; e++) {
+		uint32_t lo = e ? g_moe_start[e - 1] : 0, cnt = g_moe_start[e] - lo;
+		if (!cnt)
+			continue;
+		if (opt_echo)
+			moe_echo(d, x, g_moe_xrow + lo, g_moe_weight + lo, cnt, y, g_moe_yrow + lo, hid);
+		else if (dp_mlp_bank_block(&l->shard, e, &ex) == 0) /* e < slots: always */
+			dp_mlp_expert_rows(&ex, x, g_moe_xrow + lo, g_moe_weight + lo, cnt, y,
+					   g_moe_yrow + lo, g_scratch);
+	}
+	/* the shared block: every row, weight 1 (no columns: nothing to add) */
+	if (shared && dp_mlp_bank_block(&l->shard, slots, &ex) == 0 && ex.cols) {
+		if (opt_echo)
+			moe_echo(d, x, NULL, NULL, in->rows, y, NULL, hid);
+		else
+			dp_mlp_expert_rows(&ex, x, NULL, NULL, in->rows, y, NULL, g_scratch);
+	}
+	if (in->dtype == DP_DTYPE_F16)
+		dp_reduce_store(o->buf, y, NULL, out_rows, hid, DP_DTYPE_F16);
+	o->compute_ns = now_ns() - t0;
+	o->rows = out_rows;
+	o->dtype = in->dtype;
+	o->flags = DP_WIRE_FLAG_ROUTED;
+	o->total = (uint64_t)out_rows * hid * isz;
+	stats.moe_forwards++;
+	stats.moe_expert_rows += n;
+	forward_reply(d, src, in, o);
+}
+
 /* Input `in` is complete: compute, cache and send the partial (or NACK|NO_LAYER). */
 static void forward_complete(struct duck *d, const struct sockaddr_in *src,
 			     struct duck_input *in, const struct dp_wire_header *h)
@@ -751,6 +1015,23 @@ static void forward_complete(struct duck *d, const struct sockaddr_in *src,
 	if (in->bytes != in->total) { /* chunks that overlap or leave holes */
 		stats.dropped_invalid++;
 		in->seq = 0;
+		return;
+	}
+	const int routed = in->flags & DP_WIRE_FLAG_ROUTED;
+	if (l && (l->shard.kind == DP_MLP_KIND_MOE) != !!routed) {
+		if (routed)
+			stats.moe_routed_dense++;
+		else
+			stats.moe_unrouted++;
+		DUCK_DEBUG("duck %u drops forward %" PRIu64 ": layer %u is %s, the forward %s",
+			   d->id, in->forward_id, in->layer,
+			   routed ? "dense" : "a mixture of experts",
+			   routed ? "carries routing" : "carries no routing");
+		in->seq = 0;
+		return;
+	}
+	if (l && l->dtype == in->dtype && routed) {
+		moe_forward(d, src, in, l, h);
 		return;
 	}
 	if (!l || l->dtype != in->dtype ||
@@ -778,21 +1059,11 @@ static void forward_complete(struct duck *d, const struct sockaddr_in *src,
 	if (in->dtype == DP_DTYPE_F16)
 		dp_reduce_store(o->buf, y, NULL, in->rows, l->shard.hidden, DP_DTYPE_F16);
 	o->compute_ns = now_ns() - t0;
-	o->session = in->session;
-	o->forward_id = in->forward_id;
-	o->layer = in->layer;
 	o->rows = in->rows;
 	o->dtype = in->dtype;
+	o->flags = 0;
 	o->total = in->total;
-	o->chunks = dp_wire_chunk_count(o->total, g_payload);
-	in->seq = 0;
-	d->computed++;
-	stats.forwards_computed++;
-	reply_partial(d, src, o, NULL, 0);
-	if (opt_restart_after && d->computed == opt_restart_after) {
-		layers_forget(d);
-		stats.restarts++;
-	}
+	forward_reply(d, src, in, o);
 }
 
 static void handle_forward(struct duck *d, const struct sockaddr_in *src,
@@ -822,9 +1093,11 @@ static void handle_forward(struct duck *d, const struct sockaddr_in *src,
 		in->layer = h->layer;
 		in->rows = h->rows;
 		in->dtype = h->dtype;
+		in->flags = h->flags & DP_WIRE_FLAG_ROUTED;
 		dp_reasm_reset(&in->reasm, h->chunks);
 	} else if (in->total != h->total || in->reasm.chunks != h->chunks ||
-		   in->layer != h->layer || in->rows != h->rows || in->dtype != h->dtype) {
+		   in->layer != h->layer || in->rows != h->rows || in->dtype != h->dtype ||
+		   in->flags != (h->flags & DP_WIRE_FLAG_ROUTED)) {
 		stats.dropped_invalid++;
 		return;
 	}
@@ -1055,6 +1328,7 @@ static void usage(FILE *f)
 		"  --restart-after N   fault: forget all layers after N computed forwards\n"
 		"  --seed S            seed of --drop (default 1)\n"
 		"  --no-gso            send partials with sendmmsg, not UDP GSO\n"
+		"  -v, --verbose       say why each dropped routed forward was dropped\n"
 		"SIGINT/SIGTERM print the counters to stderr and exit 0.\n",
 		DUCK_MAX_DUCKS, DUCK_MAX_DUCKS);
 }
@@ -1114,12 +1388,13 @@ static void parse_args(int argc, char **argv)
 		{ "restart-after", required_argument, NULL, 'r' },
 		{ "seed", required_argument, NULL, 'S' },
 		{ "no-gso", no_argument, NULL, 'G' },
+		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
 	char *end;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "hv", opts, NULL)) != -1) {
 		switch (c) {
 		case 'n': {
 			char want[16];
@@ -1164,6 +1439,7 @@ static void parse_args(int argc, char **argv)
 			opt_seed = parse_u64("seed", optarg, 0, UINT64_MAX, "an unsigned integer");
 			break;
 		case 'G': opt_no_gso = 1; break;
+		case 'v': opt_verbose = 1; break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
 		}

@@ -180,7 +180,7 @@ axpy1(float *restrict c0, float a0, const float *restrict bk, uint32_t n)
 /* Streaming order: B front to back, once per four rows of C. */
 DP_MLP_CLONES
 static void gemm_stream(const float *restrict a, size_t lda, uint32_t rows,
-			const float *restrict b, uint32_t k_len, uint32_t n,
+			const float *restrict b, size_t ldb, uint32_t k_len, uint32_t n,
 			const float *restrict bias, float *restrict c, size_t ldc)
 {
 	for (uint32_t r = 0; r < rows; r++) {
@@ -195,46 +195,56 @@ static void gemm_stream(const float *restrict a, size_t lda, uint32_t rows,
 		const float *a0 = a + r * lda;
 		for (uint32_t k = 0; k < k_len; k++)
 			axpy4(c0, c0 + ldc, c0 + 2 * ldc, c0 + 3 * ldc, a0[k], a0[lda + k],
-			      a0[2 * lda + k], a0[3 * lda + k], b + (size_t)k * n, n);
+			      a0[2 * lda + k], a0[3 * lda + k], b + (size_t)k * ldb, n);
 	}
 	for (; r < rows; r++)
 		for (uint32_t k = 0; k < k_len; k++)
-			axpy1(c + r * ldc, a[r * lda + k], b + (size_t)k * n, n);
+			axpy1(c + r * ldc, a[r * lda + k], b + (size_t)k * ldb, n);
 }
 
 /* Register-blocked order: C[rows x n] (rows ldc apart) = bias + A . B. */
 DP_MLP_CLONES
 static void gemm_blocked(const float *restrict a, size_t lda, uint32_t rows, const float *restrict b,
-		 uint32_t k_len, uint32_t n, const float *restrict bias, float *restrict c, size_t ldc)
+			 size_t ldb, uint32_t k_len, uint32_t n, const float *restrict bias,
+			 float *restrict c, size_t ldc)
 {
 	uint32_t n_vec = n - n % DP_MLP_NR;
 	uint32_t r = 0;
 	for (; r + DP_MLP_MR <= rows; r += DP_MLP_MR)
 		for (uint32_t j = 0; j < n_vec; j += DP_MLP_NR)
-			kernel_4x16(a + r * lda, lda, b + j, n, k_len, bias ? bias + j : NULL,
+			kernel_4x16(a + r * lda, lda, b + j, ldb, k_len, bias ? bias + j : NULL,
 				    c + r * ldc + j, ldc);
 	for (; r < rows; r++)
 		for (uint32_t j = 0; j < n_vec; j += DP_MLP_NR)
-			kernel_1x16(a + r * lda, b + j, n, k_len, bias ? bias + j : NULL,
+			kernel_1x16(a + r * lda, b + j, ldb, k_len, bias ? bias + j : NULL,
 				    c + r * ldc + j);
 	/* The last n % 16 columns, scalar: shards are rarely that narrow. */
 	for (r = 0; r < rows; r++)
 		for (uint32_t j = n_vec; j < n; j++) {
 			float acc = bias ? bias[j] : 0.0f;
 			for (uint32_t k = 0; k < k_len; k++)
-				acc += a[r * lda + k] * b[(size_t)k * n + j];
+				acc += a[r * lda + k] * b[(size_t)k * ldb + j];
 			c[r * ldc + j] = acc;
 		}
 }
 
-/* C[rows x n] (rows ldc apart) = bias + A[rows x k] (rows lda apart) . B[k x n]. */
+/* C[rows x n] (rows ldc apart) = bias + A[rows x k] (rows lda apart) . B[k x n] (rows ldb
+ * apart: n columns of a wider matrix, as an expert's columns of a MoE bank). */
+static void gemm_ld(const float *restrict a, size_t lda, uint32_t rows, const float *restrict b,
+		    size_t ldb, uint32_t k_len, uint32_t n, const float *restrict bias,
+		    float *restrict c, size_t ldc)
+{
+	if (rows < DP_MLP_STREAM_ROWS)
+		gemm_stream(a, lda, rows, b, ldb, k_len, n, bias, c, ldc);
+	else
+		gemm_blocked(a, lda, rows, b, ldb, k_len, n, bias, c, ldc);
+}
+
+/* The same with B[k x n] whole (rows n apart). */
 static void gemm(const float *restrict a, size_t lda, uint32_t rows, const float *restrict b,
 		 uint32_t k_len, uint32_t n, const float *restrict bias, float *restrict c, size_t ldc)
 {
-	if (rows < DP_MLP_STREAM_ROWS)
-		gemm_stream(a, lda, rows, b, k_len, n, bias, c, ldc);
-	else
-		gemm_blocked(a, lda, rows, b, k_len, n, bias, c, ldc);
+	gemm_ld(a, lda, rows, b, n, k_len, n, bias, c, ldc);
 }
 
 int dp_mlp_forward(const struct dp_mlp_shard *s, const float *x, uint32_t rows, float *out,
@@ -262,6 +272,105 @@ int dp_mlp_forward(const struct dp_mlp_shard *s, const float *x, uint32_t rows, 
 		gemm(h, ffn, rb, s->t[2], ffn, hid, NULL, out + (size_t)r0 * hid, hid);
 	}
 	return 0;
+}
+
+size_t dp_mlp_rows_scratch_floats(uint32_t hidden, uint32_t cols)
+{
+	return (size_t)DP_MLP_GATHER_ROWS * (2 * (size_t)hidden + 2 * (size_t)cols);
+}
+
+/* y[0..n) += x[0..n) */
+DP_MLP_CLONES
+static void add_row(float *restrict y, const float *restrict x, uint32_t n)
+{
+	uint32_t n_vec = n - n % DP_MLP_VEC, j = 0;
+	for (; j < n_vec; j += DP_MLP_VEC) {
+		dp_v8f a, b;
+		V8_LOAD(a, y + j);
+		V8_LOAD(b, x + j);
+		a += b;
+		V8_STORE(y + j, a);
+	}
+	for (; j < n; j++)
+		y[j] += x[j];
+}
+
+int dp_mlp_bank_block(const struct dp_mlp_shard *s, uint32_t b, struct dp_mlp_expert *e)
+{
+	const uint64_t hid = s->hidden, routed = (uint64_t)s->experts * s->expert_ffn;
+	if (s->kind != DP_MLP_KIND_MOE || b > s->experts || routed > s->ffn)
+		return -1;
+	uint64_t col0 = (uint64_t)b * s->expert_ffn; /* blocks before b: all expert_ffn wide */
+	e->cols = b < s->experts ? s->expert_ffn : (uint32_t)(s->ffn - routed);
+	e->hidden = s->hidden;
+	e->ldb = e->cols;
+	e->w_gate = s->t[0] + col0 * hid;
+	e->w_up = s->t[1] + col0 * hid;
+	e->w_down = s->t[2] + col0 * hid;
+	return 0;
+}
+
+void dp_mlp_bank_store(const struct dp_mlp_shard *s, unsigned t, uint64_t first,
+		       const float *src, uint64_t n)
+{
+	if (t == 2) { /* [ffn x hidden]: blocks of rows, in order already */
+		memcpy(s->t[2] + first, src, n * sizeof(float));
+		return;
+	}
+	const uint64_t ffn = s->ffn, hid = s->hidden, e = s->expert_ffn;
+	const uint64_t routed = (uint64_t)s->experts * e;
+	uint64_t k = first / ffn, j = first % ffn; /* row and column of the wire's matrix */
+	while (n) {
+		/* the rest of column j's block on row k: contiguous in the bank */
+		uint64_t block0 = j < routed ? j - j % e : routed;
+		uint64_t width = j < routed ? e : ffn - routed;
+		uint64_t run = block0 + width - j < n ? block0 + width - j : n;
+		memcpy(s->t[t] + block0 * hid + k * width + (j - block0), src, run * sizeof(float));
+		src += run;
+		n -= run;
+		j += run;
+		if (j == ffn) {
+			j = 0;
+			k++;
+		}
+	}
+}
+
+void dp_mlp_expert_rows(const struct dp_mlp_expert *e, const float *x, const uint32_t *x_rows,
+			const float *weight, uint32_t n, float *y, const uint32_t *y_rows,
+			float *scratch)
+{
+	const uint32_t hid = e->hidden, cols = e->cols;
+	if (!cols)
+		return;
+	float *xb = scratch;                               /* gathered rows of x */
+	float *g = xb + (size_t)DP_MLP_GATHER_ROWS * hid;  /* gate, then the weighted h */
+	float *u = g + (size_t)DP_MLP_GATHER_ROWS * cols;  /* up */
+	float *ob = u + (size_t)DP_MLP_GATHER_ROWS * cols; /* h . w_down, before it is added */
+	for (uint32_t r0 = 0; r0 < n; r0 += DP_MLP_GATHER_ROWS) {
+		uint32_t rb = n - r0 < DP_MLP_GATHER_ROWS ? n - r0 : DP_MLP_GATHER_ROWS;
+		const float *a = x + (size_t)r0 * hid;
+		if (x_rows) {
+			for (uint32_t i = 0; i < rb; i++)
+				memcpy(xb + (size_t)i * hid, x + (size_t)x_rows[r0 + i] * hid,
+				       hid * sizeof(float));
+			a = xb;
+		}
+		gemm_ld(a, hid, rb, e->w_gate, e->ldb, hid, cols, NULL, g, cols);
+		gemm_ld(a, hid, rb, e->w_up, e->ldb, hid, cols, NULL, u, cols);
+		/* weight * (h . w_down) = (weight * h) . w_down: scale the narrow side */
+		for (uint32_t i = 0; i < rb; i++) {
+			float w = weight ? weight[r0 + i] : 1.0f;
+			float *gi = g + (size_t)i * cols, *ui = u + (size_t)i * cols;
+			for (uint32_t j = 0; j < cols; j++)
+				gi[j] = dp_mlp_silu(gi[j]) * ui[j] * w;
+		}
+		gemm(g, cols, rb, e->w_down, cols, hid, NULL, ob, hid);
+		for (uint32_t i = 0; i < rb; i++) {
+			uint32_t row = y_rows ? y_rows[r0 + i] : r0 + i;
+			add_row(y + (size_t)row * hid, ob + (size_t)i * hid, hid);
+		}
+	}
 }
 
 void dp_mlp_scale(float *restrict out, const float *restrict x, size_t n, float k)

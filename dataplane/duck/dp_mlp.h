@@ -8,9 +8,21 @@
  *          partial = gelu_erf(x . w_up + b_up) . w_down
  *   SWIGLU t0 w_gate [hidden x ffn]  t1 w_up [hidden x ffn]  t2 w_down [ffn x hidden]
  *          partial = (silu(x . w_gate) * (x . w_up)) . w_down
+ *   MOE    SWIGLU's tensors; the ffn columns are the duck's bank: its routed experts'
+ *          columns, expert_ffn each (slots 0..experts-1), then its shared-expert
+ *          columns (block `experts`). A routed forward runs dp_mlp_expert_rows once per
+ *          expert on the rows routed to it.
  *
  * All matrices row-major float32. The caller owns every buffer: a forward
  * allocates nothing.
+ *
+ * A MOE bank is held block by block: t0 and t1 are each block's [hidden x width]
+ * matrix, one after the other, rather than one [hidden x ffn] matrix whose blocks are
+ * column ranges. An expert's 128 columns of a 1024-column bank would put each of its
+ * rows 4 KiB apart, one TLB entry per row read: 32 tokens through 8 experts of hidden
+ * 7168 took 100-150 ms that way and 55 ms packed (a C bench, 2 shared cores). t2's rows
+ * of one block are contiguous either way. dp_mlp_bank_store puts the wire's
+ * [hidden x ffn] order there.
  */
 #ifndef DP_MLP_H
 #define DP_MLP_H
@@ -26,7 +38,16 @@
 struct dp_mlp_shard {
 	uint8_t kind; /* enum dp_mlp_kind */
 	uint32_t hidden, ffn;
+	uint32_t experts, expert_ffn; /* MOE: the bank's routed experts, columns of each */
 	float *t[DP_SHARD_TENSORS];
+};
+
+/* One SwiGLU block: w_gate, w_up [hidden x cols] (rows ldb floats apart), w_down
+ * [cols x hidden]. */
+struct dp_mlp_expert {
+	const float *w_gate, *w_up, *w_down;
+	uint32_t hidden, cols;
+	size_t ldb;
 };
 
 /* Elements of tensor t (0..DP_SHARD_TENSORS-1) of a shard of this kind and shape; 0 if there is no such tensor. */
@@ -40,6 +61,36 @@ size_t dp_mlp_scratch_floats(uint32_t ffn);
  * unknown kind (out untouched). */
 int dp_mlp_forward(const struct dp_mlp_shard *s, const float *x, uint32_t rows, float *out,
 		   float *scratch);
+
+/* Rows of x per pass over one expert's weights in dp_mlp_expert_rows: a decode batch of
+ * 32 tokens routed to one expert reads its weights once. */
+#define DP_MLP_GATHER_ROWS 32u
+
+/* Floats of scratch dp_mlp_expert_rows needs for a block of `cols` columns. */
+size_t dp_mlp_rows_scratch_floats(uint32_t hidden, uint32_t cols);
+
+/* Block b of a MOE shard (slot b < experts, or b == experts: the shared columns, cols 0
+ * when there are none) as an expert; -1 for another kind or b past the bank. The bank
+ * must be coherent: experts * expert_ffn <= ffn. */
+int dp_mlp_bank_block(const struct dp_mlp_shard *s, uint32_t b, struct dp_mlp_expert *e);
+
+/* Elements [first, first + n) of tensor t of a MOE shard in the wire's order (t0, t1
+ * [hidden x ffn] row-major, t2 [ffn x hidden]) = src, stored where the bank keeps them.
+ * The caller checked first + n against dp_mlp_tensor_len. */
+void dp_mlp_bank_store(const struct dp_mlp_shard *s, unsigned t, uint64_t first,
+		       const float *src, uint64_t n);
+
+/* A mixture of experts' step: for i < n,
+ *
+ *   y[y_rows[i]] += weight[i] * (silu(x_i . w_gate) * (x_i . w_up)) . w_down
+ *
+ * of expert e, where x_i = x[x_rows[i]]; x_rows NULL: x_i = x[i]; y_rows NULL: row i of
+ * y; weight NULL: 1. Rows are taken DP_MLP_GATHER_ROWS at a time, so n rows read the
+ * expert's weights ceil(n / 32) times. scratch holds dp_mlp_rows_scratch_floats(hidden,
+ * cols) floats; y must not overlap x or scratch. */
+void dp_mlp_expert_rows(const struct dp_mlp_expert *e, const float *x, const uint32_t *x_rows,
+			const float *weight, uint32_t n, float *y, const uint32_t *y_rows,
+			float *scratch);
 
 /* out[i] = x[i] * k: the emulator's cheap, checkable "echo" compute. */
 void dp_mlp_scale(float *out, const float *x, size_t n, float k);

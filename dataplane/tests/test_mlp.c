@@ -120,8 +120,134 @@ static void test_kernels(void)
 	CHECK(eo[0] == 3 && eo[1] == -6 && eo[2] == 1.5f && eo[3] == 0 && eo[4] == 9, "scale");
 }
 
+/* Block b of a MOE bank of `experts` of expert_ffn columns and `shared` more: stored from
+ * the wire's order in uneven pieces by dp_mlp_bank_store, then dp_mlp_expert_rows on rows
+ * of x gathered through x_rows (every third row, backwards), weighted, added into rows of
+ * y that already hold values (y_rows reverse them again), against the definition in
+ * double on the wire's [hidden x ffn] matrices. With `strided` the block is read in place
+ * from those matrices instead (rows ffn apart): gemm's row stride. */
+static void check_rows(uint32_t hidden, uint32_t experts, uint32_t expert_ffn, uint32_t shared,
+		       uint32_t b, uint32_t n, int strided)
+{
+	const uint32_t ffn = experts * expert_ffn + shared;
+	struct dp_mlp_shard s = { .kind = DP_MLP_KIND_MOE, .hidden = hidden, .ffn = ffn,
+				  .experts = experts, .expert_ffn = expert_ffn };
+	float *wire[3];
+	for (unsigned t = 0; t < 3; t++) {
+		uint64_t len = dp_mlp_tensor_len(DP_MLP_KIND_MOE, hidden, ffn, t);
+		wire[t] = malloc(len * sizeof(float));
+		s.t[t] = malloc(len * sizeof(float));
+		for (uint64_t i = 0; i < len; i++)
+			wire[t][i] = frand() * 2.0f / sqrtf((float)(t == 2 ? ffn : hidden));
+		for (uint64_t at = 0, piece = 1; at < len; at += piece, piece = piece * 3 + 1) {
+			if (piece > len - at)
+				piece = len - at;
+			dp_mlp_bank_store(&s, t, at, wire[t] + at, piece);
+		}
+	}
+	struct dp_mlp_expert e;
+	CHECK(dp_mlp_bank_block(&s, b, &e) == 0, "block %u refused", b);
+	uint32_t col0 = b * expert_ffn, cols = e.cols;
+	CHECK(cols == (b < experts ? expert_ffn : shared), "block %u has %u columns", b, cols);
+	if (strided)
+		e = (struct dp_mlp_expert){ .w_gate = wire[0] + col0, .w_up = wire[1] + col0,
+					    .w_down = wire[2] + (size_t)col0 * hidden,
+					    .hidden = hidden, .cols = cols, .ldb = ffn };
+	uint32_t x_count = 3 * n + 1;
+	float *x = malloc((size_t)x_count * hidden * sizeof(float));
+	float *y = malloc((size_t)n * hidden * sizeof(float));
+	double *ref = malloc((size_t)n * hidden * sizeof(double));
+	float *scratch = malloc(dp_mlp_rows_scratch_floats(hidden, cols) * sizeof(float));
+	uint32_t *x_rows = malloc(n * sizeof(uint32_t)), *y_rows = malloc(n * sizeof(uint32_t));
+	float *weight = malloc(n * sizeof(float));
+	for (size_t i = 0; i < (size_t)x_count * hidden; i++)
+		x[i] = frand() * 2.0f;
+	for (uint32_t i = 0; i < n; i++) {
+		x_rows[i] = 3 * (n - 1 - i) + 1;
+		y_rows[i] = n - 1 - i;
+		weight[i] = 0.25f + (float)i / (float)n;
+	}
+	for (size_t i = 0; i < (size_t)n * hidden; i++) {
+		y[i] = frand();
+		ref[i] = y[i];
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		const float *xi = x + (size_t)x_rows[i] * hidden;
+		double *yi = ref + (size_t)y_rows[i] * hidden;
+		for (uint32_t j = col0; j < col0 + cols; j++) {
+			double a = 0.0, c = 0.0;
+			for (uint32_t k = 0; k < hidden; k++) {
+				a += (double)xi[k] * wire[0][(size_t)k * ffn + j];
+				c += (double)xi[k] * wire[1][(size_t)k * ffn + j];
+			}
+			double h = ref_silu(a) * c * weight[i];
+			for (uint32_t o = 0; o < hidden; o++)
+				yi[o] += h * wire[2][(size_t)j * hidden + o];
+		}
+	}
+	dp_mlp_expert_rows(&e, x, x_rows, weight, n, y, y_rows, scratch);
+	double scale = 0.0;
+	for (size_t i = 0; i < (size_t)n * hidden; i++)
+		scale = fmax(scale, fabs(ref[i]));
+	int bad = 0;
+	for (size_t i = 0; i < (size_t)n * hidden && bad < 3; i++) {
+		double err = fabs((double)y[i] - ref[i]);
+		if (!(err <= 1e-4 * fmax(fabs(ref[i]), scale))) {
+			bad++;
+			CHECK(0, "rows hidden %u bank %u x %u + %u block %u n %u%s: y[%zu] = %.7g, "
+			      "reference %.7g", hidden, experts, expert_ffn, shared, b, n,
+			      strided ? " strided" : "", i, y[i], ref[i]);
+		}
+	}
+	for (unsigned t = 0; t < 3; t++) {
+		free(s.t[t]);
+		free(wire[t]);
+	}
+	free(x);
+	free(y);
+	free(ref);
+	free(scratch);
+	free(x_rows);
+	free(y_rows);
+	free(weight);
+}
+
+static void test_rows(void)
+{
+	/* hidden, experts, expert_ffn, shared columns, block, rows, strided: streaming (< 12)
+	 * and blocked row counts, a second gather block (33 = 32 + 1), widths with column
+	 * tails, first, middle and last experts, the shared block, a bank of shared columns
+	 * alone, and the same blocks read in place with a row stride */
+	static const uint32_t cases[][7] = {
+		{ 48, 3, 16, 16, 1, 3, 0 },  { 37, 3, 19, 0, 2, 5, 0 },  { 64, 2, 32, 32, 0, 13, 0 },
+		{ 40, 5, 9, 7, 5, 33, 0 },   { 16, 1, 16, 0, 0, 1, 0 },  { 24, 0, 8, 40, 0, 70, 0 },
+		{ 37, 3, 19, 5, 1, 13, 1 },  { 40, 5, 9, 7, 5, 4, 1 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		check_rows(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4],
+			   cases[i][5], (int)cases[i][6]);
+
+	float t[3][64] = { { 0 } };
+	struct dp_mlp_shard s = { .kind = DP_MLP_KIND_MOE, .hidden = 4, .ffn = 8, .experts = 2,
+				  .expert_ffn = 3, .t = { t[0], t[1], t[2] } };
+	struct dp_mlp_expert e;
+	CHECK(dp_mlp_bank_block(&s, 2, &e) == 0 && e.cols == 2 && e.w_gate == t[0] + 24,
+	      "the shared block");
+	CHECK(dp_mlp_bank_block(&s, 3, &e) == -1, "a block past the bank");
+	s.expert_ffn = 5;
+	CHECK(dp_mlp_bank_block(&s, 0, &e) == -1, "experts wider than the bank");
+	s.kind = DP_MLP_KIND_SWIGLU;
+	s.expert_ffn = 3;
+	CHECK(dp_mlp_bank_block(&s, 0, &e) == -1, "a dense shard has no blocks");
+	s.kind = DP_MLP_KIND_MOE;
+	float x[4] = { 1, 2, 3, 4 }, out[4] = { 7, 7, 7, 7 }, dense_scratch[2 * DP_MLP_ROW_BLOCK * 8];
+	CHECK(dp_mlp_forward(&s, x, 1, out, dense_scratch) == -1 && out[0] == 7,
+	      "dense forward of a MOE bank");
+}
+
 int main(void)
 {
 	test_kernels();
+	test_rows();
 	return test_result("test_mlp");
 }

@@ -247,6 +247,8 @@ def command_line(args: argparse.Namespace) -> list[str]:
             argv += [flag, str(value)]
     if getattr(args, "no_gso", False):
         argv.append("--no-gso")
+    if getattr(args, "verbose", False):
+        argv.append("--verbose")
     return argv
 
 
@@ -334,5 +336,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     for flag, kw in _OPTIONS:
         p.add_argument(flag, **kw)
     p.add_argument("--no-gso", action="store_true", help="send partials with sendmmsg, not GSO")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="say why dropped routed forwards were dropped"
+    )
     p.set_defaults(func=_run)
     return p

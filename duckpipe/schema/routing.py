@@ -49,7 +49,8 @@ sum of its experts for that row, so the host adds the rows in place::
     a section skip it), only one duck's rows when it is unicast to that duck
     (dp_routing_wire_unicast renumbers them 0..n_rows-1). ``expert`` is the expert's
     slot in the receiving duck's bank (dp_routing_bank_slots: a duck's experts ascending
-    by id), so a duck checks entries against its own expert count. With flag SHARED the
+    by id). Other ducks' banks differ in size, so a duck checks the whole table with
+    n_experts = MAX_EXPERTS and then its own section's slots against its bank. With flag SHARED the
     layer has a shared expert: every duck of the layer the message reaches computes it
     for every row and replies every row, and a table may have no section at all.
 

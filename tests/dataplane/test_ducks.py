@@ -662,8 +662,16 @@ def test_parse_counters_takes_the_key_value_line():
 def test_cli_subcommand_passes_options_through():
     parser = argparse.ArgumentParser(prog="duckpipe")
     add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["ducks", "--ducks", "3", "--drop", "0.5", "--no-gso"])
-    assert command_line(args) == [str(BINARY), "--ducks", "3", "--drop", "0.5", "--no-gso"]
+    args = parser.parse_args(["ducks", "--ducks", "3", "--drop", "0.5", "--no-gso", "-v"])
+    assert command_line(args) == [
+        str(BINARY),
+        "--ducks",
+        "3",
+        "--drop",
+        "0.5",
+        "--no-gso",
+        "--verbose",
+    ]
 
 
 def test_cli_subcommand_execs_the_emulator():
