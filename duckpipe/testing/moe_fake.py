@@ -154,9 +154,9 @@ class FakeMoeDuck(threading.Thread):
                 self.sock.sendto(sent[c], host)
 
     def _on_forward(self, h, payload: bytes, host, common) -> None:
-        got = self.inputs[h.forward_id]
         if h.forward_id in self.replies or self.silent:
             return
+        got = self.inputs[h.forward_id]
         if self.ask_input_once and h.chunk == 0 and not self.nacks_sent:
             self.nacks_sent += 1  # dropped: asked for once the rest is in
             return

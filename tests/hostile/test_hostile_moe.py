@@ -5,6 +5,7 @@ before its honest reply to every routed forward it sends whole replies with a ro
 many, a row too few, the right rows but a wrong total, no ROUTED flag, and, from duck
 2's own socket, a reply in the name of duck 2, which that forward did not route to. The
 C dataplane must refuse and count every one (rx_unrouted), never add one into a result,
+nor answer duck 2's NACK for an input it was never sent,
 and still complete the forward with the honest reply; a duck that only lies makes the
 forward time out cleanly, naming it and its experts.
 """
@@ -19,7 +20,7 @@ from duckpipe import MoeMlp
 from duckpipe.launch.cluster import free_udp_ports
 from duckpipe.launch.dataplane import DataplaneProcess
 from duckpipe.launch.topology import Duck, Nic, Topology
-from duckpipe.schema.abi import Status
+from duckpipe.schema.abi import DescFlag, Status
 from duckpipe.schema.wire import WireFlag, WireOp
 from duckpipe.testing import cluster_class_or_skip
 from duckpipe.testing.datagrams import encode
@@ -71,6 +72,10 @@ class RowLiar(FakeMoeDuck):
         for d in self._message(h, dict(common, duck=2), n, n * row, WireFlag.ROUTED):
             self.accomplice.sock.sendto(d, host)
             lies.append(d)
+        # and it asks for an input it was never sent: it must get none
+        self.accomplice.sock.sendto(
+            encode(WireOp.NACK, flags=WireFlag.INPUT, **dict(common, duck=2)), host
+        )
         self.lies += len(lies)
         if self.honest:
             super()._reply(h, host, common, rows, y)
@@ -115,6 +120,14 @@ def test_unrouted_rows_are_refused_counted_and_never_summed(liar_cluster):
     with duckpipe.connect(dp.control, slot_size=1 << 17) as c:
         s = c._session
         assert load_moe(s, 30, moe, DUCKS, PLACEMENT) == Status.OK
+        # duck 2 is a target once: its state in the (reused) context is then this forward's
+        x = rng.standard_normal((2, HIDDEN)).astype(np.float32)
+        idx = np.array([[4, 1], [5, 2]], np.uint32)
+        w = np.ones((2, 2), np.float32)
+        warm = routed_forward(s, 30, x, idx, w, 6, flags=int(DescFlag.MOE_UNICAST))
+        assert warm.status == Status.OK and sorted(warm.answered) == DUCKS, warm.message
+        duck2_seen = len(ducks[2].seen)
+        liar.lies = 0  # the warm-up's were refused too; count from here
         before = c.stats().counters
         forwards = 6
         for i in range(forwards):
@@ -147,3 +160,5 @@ def test_unrouted_rows_are_refused_counted_and_never_summed(liar_cluster):
     assert after["forwards_ok"] - before["forwards_ok"] == forwards
     assert after["timeouts"] == before["timeouts"]
     assert not any(d.refused for d in ducks), [d.refused for d in ducks]
+    # no FORWARD reached duck 2 after the warm-up, however often it asked
+    assert not ducks[2].inputs and len(ducks[2].seen) == duck2_seen

@@ -315,7 +315,10 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 	struct dp_tx_owner *owner = &f->part[v->nic].owner;
 	const uint8_t *msg = f->act;
 	if (f->desc.flags & DP_DESC_FLAG_ROUTED) {
-		/* the duck's own message, from the staging area (never in place) */
+		/* the duck's own message, from the staging area (never in place); a duck the
+		 * forward does not route to has none (its dp_duck_rx is another forward's) */
+		if (!dp_targets_has(f->targets, duck))
+			return DP_STATUS_PENDING;
 		chunks = rx->moe_chunks;
 		hdrs += rx->moe_chunk0;
 		msg = rx->moe_msg;
