@@ -87,7 +87,9 @@ class FakeMoeDuck(threading.Thread):
         self.duck_id = duck_id
         self.payload = payload_max(mtu)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)  # capped by rmem_max
         self.sock.bind(("127.0.0.1", port))
+        self.chunks: dict[int, int] = {}  # chunks of each forward's message, once one came
         self.sock.settimeout(0.1)
         self.stop = threading.Event()
         self.silent = silent
@@ -147,6 +149,23 @@ class FakeMoeDuck(threading.Thread):
     def _on_nack(self, h, payload: bytes, host) -> None:
         sent = self.replies.get(h.forward_id)
         if sent is None:
+            # still reassembling (a chunk was lost: a socket buffer overflowed): ask for
+            # the input chunks it lacks, as a real duck does
+            got = self.inputs.get(h.forward_id)
+            n = self.chunks.get(h.forward_id)
+            if got is not None and n is not None and not self.silent:
+                lacking = [c for c in range(n) if c not in got][:64]
+                nack = encode(
+                    WireOp.NACK,
+                    struct.pack(f"<{len(lacking)}I", *lacking),
+                    flags=WireFlag.INPUT,
+                    session=h.session,
+                    epoch=h.epoch,
+                    forward_id=h.forward_id,
+                    duck=self.duck_id,
+                    layer=h.layer,
+                )
+                self.sock.sendto(nack, host)
             return
         listed = struct.unpack(f"<{len(payload) // 4}I", payload) if payload else ()
         for c in listed or range(len(sent)):
@@ -157,6 +176,7 @@ class FakeMoeDuck(threading.Thread):
         if h.forward_id in self.replies or self.silent:
             return
         got = self.inputs[h.forward_id]
+        self.chunks[h.forward_id] = h.chunks
         if self.ask_input_once and h.chunk == 0 and not self.nacks_sent:
             self.nacks_sent += 1  # dropped: asked for once the rest is in
             return
