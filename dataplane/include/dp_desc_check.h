@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "dp_abi.h"
+#include "dp_routing.h"
 
 /* @cdef-begin: cffi parses from here */
 
@@ -106,6 +107,40 @@ static inline int dp_desc_refuse(char *why, size_t whylen, const char *fmt, ...)
 	return -1;
 }
 
+/* A forward's flags against its layer: ROUTED exactly on mixture-of-experts layers, at
+ * most one forced mode, and with ROUTED no target set (the routing says which ducks) and
+ * at most DP_MAX_TOKENS rows. `any`: the descriptor names ducks. */
+static inline int dp_desc_check_routed(const struct dp_desc_layer *l, const struct dp_desc *d,
+				       bool any, uint32_t rows, char *why, size_t whylen)
+{
+	const uint32_t known = DP_DESC_FLAG_ROUTED | DP_DESC_FLAG_MOE_BROADCAST |
+			       DP_DESC_FLAG_MOE_UNICAST;
+	const uint32_t modes = DP_DESC_FLAG_MOE_BROADCAST | DP_DESC_FLAG_MOE_UNICAST;
+	bool routed = d->flags & DP_DESC_FLAG_ROUTED;
+	if (d->flags & ~known)
+		return dp_desc_refuse(why, whylen, "descriptor flags 0x%x: only ROUTED, MOE_BROADCAST "
+				      "and MOE_UNICAST (0x%x) are defined", d->flags, known);
+	if (routed && l->kind != DP_MLP_KIND_MOE)
+		return dp_desc_refuse(why, whylen, "layer %u is dense: routing is only for "
+				      "mixture-of-experts layers", l->id);
+	if (!routed && l->kind == DP_MLP_KIND_MOE)
+		return dp_desc_refuse(why, whylen, "layer %u is a mixture of experts: the forward "
+				      "needs its routing", l->id);
+	if (!routed && (d->flags & modes))
+		return dp_desc_refuse(why, whylen, "MOE_BROADCAST and MOE_UNICAST are for routed "
+				      "forwards only");
+	if ((d->flags & modes) == modes)
+		return dp_desc_refuse(why, whylen, "MOE_BROADCAST and MOE_UNICAST together: force "
+				      "one mode, or neither for the dataplane's choice");
+	if (routed && any)
+		return dp_desc_refuse(why, whylen, "a routed forward names no ducks: its routing "
+				      "says which ducks get which rows");
+	if (routed && rows > DP_MAX_TOKENS)
+		return dp_desc_refuse(why, whylen, "a routed forward has at most %u rows, not %u",
+				      DP_MAX_TOKENS, rows);
+	return 0;
+}
+
 static inline int dp_desc_check_forward(const struct dp_client_layout *c,
 					const struct dp_desc_layer *l, const struct dp_desc *d,
 					const struct dp_limits *lim, struct dp_desc_plan *out,
@@ -138,6 +173,9 @@ static inline int dp_desc_check_forward(const struct dp_client_layout *c,
 				      "timeout %u us is over this dataplane's max_timeout_us %u",
 				      d->timeout_us, lim->max_timeout_us);
 	bool any = d->ducks[0] | d->ducks[1] | d->ducks[2] | d->ducks[3];
+	uint32_t rows = (uint32_t)(elems / l->hidden); /* exact: the last dimension is hidden */
+	if (dp_desc_check_routed(l, d, any, rows, why, whylen) < 0)
+		return -1;
 	uint32_t n = 0;
 	memset(out->targets, 0, sizeof(out->targets));
 	for (uint32_t k = 0; k < DP_MAX_DUCKS; k++) {
@@ -153,7 +191,7 @@ static inline int dp_desc_check_forward(const struct dp_client_layout *c,
 	if (n == 0)
 		return dp_desc_refuse(why, whylen, "layer %u has no ducks to ask", l->id);
 	out->bytes = bytes;
-	out->rows = (uint32_t)(elems / l->hidden); /* exact: the last dimension is hidden */
+	out->rows = rows;
 	out->timeout_us = d->timeout_us ? d->timeout_us : lim->default_timeout_us;
 	out->duck_index = -1;
 	return 0;
@@ -216,6 +254,65 @@ static inline int dp_desc_check(const struct dp_client_layout *c, const struct d
 		return 0; /* the commit itself checks the layer, once every chunk is in */
 	}
 	return dp_desc_refuse(why, whylen, "unknown op %u", d->op);
+}
+
+/* A routed forward's host table sits in its activation slot at this offset (the
+ * activation's bytes rounded up to 64: schema/routing.py). */
+static inline uint64_t dp_desc_routing_offset(uint64_t nbytes)
+{
+	return (nbytes + 63) & ~(uint64_t)63; /* nbytes <= max_forward_bytes: no wrap */
+}
+
+/* Bytes a routed forward of plan->rows rows by `topk` may cost the dataplane: the worst
+ * wire table (every duck a section, every (token, choice) an entry) and the activation,
+ * which go out as one message and are staged in max_forward_bytes. */
+static inline uint64_t dp_desc_routed_bytes(const struct dp_desc_plan *plan, uint32_t topk)
+{
+	return DP_ROUTING_WIRE_HEADER_SIZE +
+	       8 * ((uint64_t)DP_MAX_DUCKS + (uint64_t)plan->rows * topk) + plan->bytes;
+}
+
+/* The host routing table of a routed forward that passed dp_desc_check, copied out of
+ * its activation slot (slot: act_slot_size bytes the client may rewrite at any time)
+ * into copy (copy_cap bytes, the caller's own) and checked there against the forward's
+ * rows and the layer's n_experts. The slot is read twice only: the header (for topk),
+ * then the table whole into the copy; everything after reads the copy, whose topk may
+ * differ from the first read only to be refused (the size it was copied at no longer
+ * holds). 0 and *table_bytes, or -1 and why (the forward completes BAD_REQUEST). */
+static inline int dp_desc_routing_copy(const struct dp_client_layout *c, const struct dp_limits *lim,
+				       const struct dp_desc_plan *plan, const uint8_t *slot,
+				       uint32_t n_experts, void *copy, uint64_t copy_cap,
+				       uint64_t *table_bytes, char *why, size_t whylen)
+{
+	struct dp_routing_header h;
+	uint64_t at = dp_desc_routing_offset(plan->bytes), size;
+	if (at > c->act_slot_size || c->act_slot_size - at < DP_ROUTING_HEADER_SIZE)
+		return dp_desc_refuse(why, whylen, "no room for the routing table after the "
+				      "activation's %llu bytes in a %llu-byte slot: connect(slot_size=) "
+				      "larger", (unsigned long long)plan->bytes,
+				      (unsigned long long)c->act_slot_size);
+	memcpy(&h, slot + at, sizeof(h));
+	uint32_t topk = h.topk > DP_MAX_TOPK ? DP_MAX_TOPK : h.topk; /* the check refuses more */
+	if (topk == 0)
+		topk = 1;
+	if (dp_routing_size(plan->rows, topk, &size) < 0 || size > c->act_slot_size - at)
+		return dp_desc_refuse(why, whylen, "the routing table (%llu bytes at byte %llu) does "
+				      "not fit the %llu-byte slot: connect(slot_size=%llu) or more",
+				      (unsigned long long)size, (unsigned long long)at,
+				      (unsigned long long)c->act_slot_size,
+				      (unsigned long long)(at + size));
+	uint64_t need = dp_desc_routed_bytes(plan, topk);
+	if (need > lim->max_forward_bytes || size > copy_cap)
+		return dp_desc_refuse(why, whylen, "a routed forward of %u rows by top-%u needs %llu "
+				      "bytes (table and activation); max_forward_bytes is %llu",
+				      plan->rows, topk, (unsigned long long)need,
+				      (unsigned long long)lim->max_forward_bytes);
+	memcpy(copy, slot + at, size);
+	char rwhy[DP_DESC_WHY_LEN - 16];
+	if (dp_routing_check(copy, size, plan->rows, n_experts, rwhy, sizeof(rwhy)) < 0)
+		return dp_desc_refuse(why, whylen, "routing: %s", rwhy);
+	*table_bytes = size;
+	return 0;
 }
 
 #endif /* DP_DESC_CHECK_H */

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 import duckpipe
-from duckpipe import GeluMlp, SwiGluMlp
+from duckpipe import GeluMlp, MoeMlp, SwiGluMlp
+from duckpipe.schema.abi import Status
 from duckpipe.testing import null_backend_result
+from duckpipe.testing.moe_fake import load_moe, routed_forward
 
 
 @pytest.fixture
@@ -166,3 +168,20 @@ def test_a_one_mib_forward_is_answered_exactly(null_factory):
         np.testing.assert_array_equal(c.forward(1, x), null_backend_result(x, 2, mlp.b_down))
         n = c.stats().counters
     _assert_sane(n, 1)
+
+
+def test_a_routed_forward_is_refused_saying_the_null_backend_computes_nothing(null_factory):
+    # a null duck echoes its input: no MoE reply could be right, so the dispatcher refuses
+    # routed forwards on a null NIC outright instead of letting them time out
+    dp = null_factory(ducks=2)
+    moe = MoeMlp.random(4, 64, 8, shared=False, seed=2)
+    rng = np.random.default_rng(3)
+    with duckpipe.connect(dp.control, slot_size=1 << 16) as c:
+        assert load_moe(c._session, 5, moe, [0, 1], [[0], [0], [1], [1]]) == Status.OK
+        x = rng.standard_normal((3, 64)).astype(np.float32)
+        idx = np.array([[0, 3]] * 3, np.uint32)
+        got = routed_forward(c._session, 5, x, idx, np.ones((3, 2), np.float32), 4)
+        n = c.stats().counters
+    assert got.status == Status.BAD_REQUEST
+    assert "null-backend NIC, which computes nothing" in got.message, got.message
+    assert n["bad_requests"] == 1 and n["moe_forwards"] == 0 and n["forwards"] == 0

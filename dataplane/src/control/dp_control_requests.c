@@ -382,6 +382,12 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 	l->ffn = m->ffn;
 	l->nducks = m->ducks_len;
 	l->has_b_down = m->has_b_down;
+	char why[DP_DESC_WHY_LEN];
+	if (dp_layer_moe_build(l, m, why, sizeof(why)) < 0) {
+		dp_layer_free(l);
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST, "%s", why);
+		return;
+	}
 	if (m->has_b_down) {
 		l->b_down_raw = calloc(m->hidden, 4);
 		l->b_down = calloc(m->hidden, sizeof(float));

@@ -20,6 +20,7 @@ void dp_layer_free(struct dp_layer *l)
 {
 	free(l->b_down_raw);
 	free(l->b_down);
+	free(l->moe);
 	free(l);
 }
 

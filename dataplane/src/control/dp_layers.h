@@ -10,6 +10,7 @@
 #include "dp_abi.h"
 #include "dp_barrier.h"
 #include "dp_client.h"
+#include "dp_routing.h"
 #include "dp_world.h"
 
 struct dp_ctl_load_weights; /* dp_ctl_gen.h */
@@ -18,6 +19,20 @@ struct dp_ctl_load_weights; /* dp_ctl_gen.h */
  * the config check DP_MAX_CLIENTS * client_max_layers <= DP_LAYER_TABLE (dp_config.c)
  * keeps clients at their quota from filling the table for the others. */
 _Static_assert((DP_LAYER_TABLE & (DP_LAYER_TABLE - 1)) == 0, "DP_LAYER_TABLE: a power of two");
+
+/* What a mixture-of-experts layer (kind MOE) adds to a layer: where its routed experts
+ * are, and where each sits in its ducks' banks. Built once at LoadWeights from the
+ * request (dp_layer_moe_build), checked there, never changed after: the dispatcher (its
+ * targets) and the workers (the wire tables, dp_moe.c) only read it. About 34 KiB, so it
+ * hangs off the layer instead of growing every dense one. */
+struct dp_layer_moe {
+	struct dp_routing_placement pl; /* checked with dp_routing_placement_check */
+	/* slots[e * DP_MAX_REPLICAS + r]: expert e's index in the bank of its r-th duck */
+	uint16_t slots[DP_MAX_EXPERTS * DP_MAX_REPLICAS];
+	uint16_t experts_on[DP_MAX_DUCKS]; /* routed experts in each duck's bank, by duck id */
+	uint32_t expert_ffn;               /* columns of each routed expert */
+	bool has_shared;                   /* every duck holds >= 1 shared-expert column */
+};
 
 /* A layer belongs to the client that loaded it (shared ones: loaded by the admin, usable
  * by all). The control agent publishes it in the table and later unpublishes it (unload,
@@ -52,6 +67,7 @@ struct dp_layer {
 	/* dispatcher: each tensor's next byte due */
 	uint64_t next_offset[DP_MAX_DUCKS][DP_SHARD_TENSORS];
 	float *b_down;           /* float32, set at commit */
+	struct dp_layer_moe *moe; /* kind MOE only, else NULL */
 };
 
 /* Bytes of shard tensor t of ducks[i]: dp_shard_tensor_bytes (dp_desc_check.h), the
@@ -120,6 +136,12 @@ void dp_layers_unload_owner(struct dp_world *w, uint32_t owner, struct dp_layer 
 /* Free the retired layers no forward holds and no dispatcher pass can still see (all of
  * them when every agent has stopped); how many were freed. */
 uint32_t dp_layers_free_retired(struct dp_world *w, struct dp_layer **retired, bool all);
+
+/* Kind MOE: check the request's placement and banks (the refusals of LoadWeights for a
+ * mixture of experts) and hang l->moe off l, whose ducks, index and shards are filled
+ * already; dense kinds: refuse any MoE field. 0, or -1 with why (an Error reply). */
+int dp_layer_moe_build(struct dp_layer *l, const struct dp_ctl_load_weights *m, char *why,
+		       size_t n);
 
 /* Bytes a layer plan stands for: every duck's shards and b_down (raw and float);
  * UINT64_MAX when that does not fit (a config may raise max_hidden and max_ffn to 2^32). */

@@ -432,6 +432,10 @@ void dp_stats_completion(struct dp_stats_seg *s, const struct dp_fwd *f,
 		set64(&d->last_reply_ns, r);
 		add64(&d->replies, 1);
 		add64(&d->nacks, rx->nacks);
+		if (f->desc.flags & DP_DESC_FLAG_ROUTED) { /* what it computed for this forward */
+			add64(&d->moe_tokens, rx->moe_rows);
+			add64(&d->moe_expert_rows, rx->moe_entries);
+		}
 		s->missed_last[t] = 0;
 	}
 	for (uint32_t i = 0; i < sum->nmissing; i++) {

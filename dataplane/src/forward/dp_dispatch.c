@@ -50,6 +50,7 @@ struct dp_dispatcher {
 	uint32_t nactive;     /* clients polled in the last pass: each one's share of a burst */
 	int doorbell;         /* AF_UNIX datagrams: clients that found need_wakeup set */
 	bool armed;           /* need_wakeup is set in the clients' headers */
+	uint32_t null_nics;   /* NICs on the null backend: no routed forwards there */
 };
 
 /* Complete here, now: publish the slot and queue the ZeroMQ completion. */
@@ -93,12 +94,62 @@ static void hand_to(struct dp_dispatcher *d, struct dp_fwd *f, uint32_t nic)
 	d->out[nic][d->nout[nic]++] = f;
 }
 
+/* A routed (MoE) forward: its host table copied out of the slot and checked, once
+ * (dp_desc_routing_copy); its targets narrowed from every duck of the layer to the ducks
+ * some (token, expert) routes to, and with a shared expert every duck of the layer
+ * (each computes its shared columns for every row). 0, or -1 with f completed. */
+static int route_forward(struct dp_dispatcher *d, struct dp_fwd *f, const struct dp_layer *l,
+			 const struct dp_desc_plan *p)
+{
+	struct dp_client *c = f->client;
+	const struct dp_layer_moe *moe = l->moe;
+	const uint8_t *slot = c->act + (uint64_t)f->desc.slot * c->layout.act_slot_size;
+	if (dp_desc_routing_copy(&c->layout, &d->limits, p, slot, moe->pl.n_experts, f->route,
+				 d->pool.route_cap, &f->route_bytes, f->message,
+				 sizeof(f->message)) < 0) {
+		complete(d, f, DP_STATUS_BAD_REQUEST, NULL);
+		return -1;
+	}
+	if (moe->has_shared) {
+		memcpy(f->targets, p->targets, sizeof(f->targets)); /* every duck of the layer */
+	} else {
+		struct dp_routing_header h;
+		memcpy(&h, f->route, sizeof(h)); /* the checked copy */
+		const uint8_t *e0 = f->route + DP_ROUTING_HEADER_SIZE;
+		memset(f->targets, 0, sizeof(f->targets));
+		for (uint32_t t = 0; t < h.tokens; t++)
+			for (uint32_t k = 0; k < h.topk; k++) {
+				uint32_t e;
+				memcpy(&e, e0 + ((uint64_t)t * h.topk + k) * DP_ROUTING_ENTRY_SIZE, 4);
+				/* >= 0: e < n_experts (checked) and the placement was checked */
+				uint32_t duck = (uint32_t)dp_routing_duck_of(&moe->pl, t, e);
+				f->targets[duck >> 6] |= 1ull << (duck & 63);
+			}
+	}
+	for (uint32_t k = 0; k < DP_MAX_DUCKS; k++)
+		if (dp_targets_has(f->targets, k) &&
+		    d->null_nics >> d->w->cfg.ducks[d->w->duck_index[k]].nic & 1) {
+			complete(d, f, DP_STATUS_BAD_REQUEST,
+				 "layer %u: duck %u is on a null-backend NIC, which computes nothing: "
+				 "routed (MoE) forwards need ducks that compute their experts",
+				 l->id, k);
+			return -1;
+		}
+	dp_count(d->counters, DP_C_moe_forwards, 1);
+	return 0;
+}
+
 static void dispatch_forward(struct dp_dispatcher *d, struct dp_fwd *f, struct dp_layer *l,
 			     const struct dp_desc_plan *p, uint64_t now)
 {
 	struct dp_world *w = d->w;
 	struct dp_client *c = f->client;
-	memcpy(f->targets, p->targets, sizeof(f->targets));
+	if (f->desc.flags & DP_DESC_FLAG_ROUTED) {
+		if (route_forward(d, f, l, p) < 0)
+			return;
+	} else {
+		memcpy(f->targets, p->targets, sizeof(f->targets));
+	}
 	for (uint32_t k = 0; k < DP_MAX_DUCKS; k++)
 		if (dp_targets_has(f->targets, k)) /* a layer's ducks are in the topology */
 			f->nic_mask |= 1u << w->cfg.ducks[w->duck_index[k]].nic;
@@ -462,6 +513,9 @@ struct dp_dispatcher *dp_dispatch_new(struct dp_world *w)
 		return NULL;
 	}
 	d->counters = &w->dispatch_counters;
+	for (uint32_t n = 0; n < w->cfg.nnics; n++)
+		if (strcmp(w->cfg.nics[n].backend, "null") == 0)
+			d->null_nics |= 1u << n;
 	d->limits = (struct dp_limits){ .max_forward_bytes = w->cfg.max_forward_bytes,
 					.default_timeout_us = w->cfg.default_timeout_us,
 					.max_timeout_us = w->cfg.max_timeout_us };

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp_moe.h"
 #include "dp_reduce.h"
 #include "dp_ring.h"
 #include "dp_tsan.h"
@@ -27,13 +28,32 @@ int dp_fwd_pool_init(struct dp_fwd_pool *p, struct dp_world *w)
 	p->free = calloc(w->nfwds, sizeof(struct dp_fwd *));
 	if (!p->free)
 		return -1;
-	for (uint32_t i = w->nfwds; i-- > 0;)
+	/* A routed forward's host table is copied here once and checked (dp_desc_routing_copy);
+	 * it is at most 16 + 8 * MAX_TOKENS * MAX_TOPK bytes (512 KiB) and, by the bound that
+	 * check holds it to, under max_forward_bytes: 64 contexts x 512 KiB = 32 MiB of address
+	 * space, touched only by routed forwards */
+	uint64_t most = DP_ROUTING_HEADER_SIZE +
+			DP_ROUTING_ENTRY_SIZE * (uint64_t)DP_MAX_TOKENS * DP_MAX_TOPK;
+	p->route_cap = w->cfg.max_forward_bytes < most ? w->cfg.max_forward_bytes : most;
+	p->routes = calloc(w->nfwds, p->route_cap);
+	if (!p->routes) {
+		free(p->free);
+		p->free = NULL;
+		return -1;
+	}
+	for (uint32_t i = w->nfwds; i-- > 0;) {
 		p->free[p->nfree++] = &w->fwds[i];
+		w->fwds[i].route = p->routes + (uint64_t)i * p->route_cap;
+	}
 	return 0;
 }
 
 void dp_fwd_pool_fini(struct dp_fwd_pool *p)
 {
+	for (uint32_t i = 0; p->routes && i < p->w->nfwds; i++)
+		p->w->fwds[i].route = NULL;
+	free(p->routes);
+	p->routes = NULL;
 	free(p->free);
 	p->free = NULL;
 	p->nfree = 0;
@@ -64,6 +84,7 @@ struct dp_fwd *dp_fwd_alloc(struct dp_fwd_pool *p, struct dp_client *c,
 	f->reduce_ns = 0;
 	f->bytes = 0;
 	f->nic_mask = 0;
+	f->route_bytes = 0;
 	memset(f->targets, 0, sizeof(f->targets));
 	memset(f->part, 0, sizeof(f->part));
 	dp_fetch_add_u64(&c->inflight, 1);
@@ -116,6 +137,10 @@ static uint32_t final_status(struct dp_world *w, struct dp_fwd *f, struct dp_cou
 		snprintf(f->message, sizeof(f->message), "the epoch moved to %lu while in flight",
 			 (unsigned long)dp_load_acquire_u64(&w->epoch));
 	}
+	/* routed: name the ducks that did not answer and the experts they hold */
+	if (status == DP_STATUS_TIMEOUT && f->kind == DP_FWD_FORWARD &&
+	    f->desc.flags & DP_DESC_FLAG_ROUTED && !f->message[0])
+		dp_moe_missing_message(w, f);
 	if (!f->message[0] && status == DP_STATUS_TIMEOUT)
 		snprintf(f->message, sizeof(f->message), "no complete partial within the deadline");
 	return status;

@@ -51,6 +51,13 @@ struct dp_duck_rx {
 	uint64_t progress_ns; /* last datagram from this duck for the forward (0: none yet) */
 	uint32_t nacks;       /* NACKs sent to it for this forward (Karn: then no RTT sample) */
 	uint8_t state; /* 0 waiting, 1 answered, 2 holds no such layer */
+	/* routed (MoE) forwards, set by its NIC's worker at the send (dp_moe.c) */
+	uint32_t moe_rows;      /* rows its reply must have */
+	uint32_t moe_entries;   /* (row, expert) pairs it was routed */
+	const uint16_t *moe_map; /* reply row i -> result row moe_map[i]; NULL: i itself */
+	const uint8_t *moe_msg; /* its message (staged): NACK INPUT resends from it */
+	uint32_t moe_chunk0;    /* its message's first FORWARD header of the context's */
+	uint32_t moe_chunks;    /* its message's chunks */
 };
 
 /* One NIC's share of a forward; written by that NIC's worker only. */
@@ -67,6 +74,7 @@ struct dp_nic_part {
 	struct dp_tx_owner owner;
 	uint64_t release_ns; /* when the part ended and began to wait for the port */
 	bool release_logged; /* waited more than a second: said so once */
+	bool moe_unicast;    /* routed: each duck got its rows alone (else the broadcast) */
 };
 
 struct dp_fwd {
@@ -93,6 +101,10 @@ struct dp_fwd {
 	uint32_t nics_pending;     /* atomic: the worker that takes it to 0 finishes */
 	struct dp_nic_part part[DP_MAX_NICS];
 	struct dp_duck_rx *rx;     /* [nducks in topology], by topology index */
+	/* routed (MoE) forwards: the host routing table, the dispatcher's checked copy
+	 * (dp_desc_routing_copy); the workers split it, nobody writes it after */
+	uint8_t *route;            /* route_cap bytes, the context's own (dp_fwd_pool_init) */
+	uint64_t route_bytes;
 	/* weight chunks */
 	uint16_t w_duck;
 	uint16_t w_tensor;
@@ -109,6 +121,8 @@ struct dp_fwd_pool {
 	struct dp_world *w;
 	struct dp_fwd **free;
 	uint32_t nfree;
+	uint8_t *routes;    /* every context's routing table copy, route_cap bytes each */
+	uint64_t route_cap;
 };
 
 /* Every context of w free; -1 when out of memory. */

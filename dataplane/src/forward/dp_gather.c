@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "dp_fwd.h"
+#include "dp_moe.h"
 #include "dp_partial.h"
 #include "dp_reduce.h"
 #include "dp_tx.h"
@@ -118,7 +119,8 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 	uint32_t chunks = dp_wire_chunk_count(f->bytes, v->payload);
 	struct dp_wire_header *hdrs = &v->hdrs[(size_t)f->index * v->max_chunks];
 	struct dp_nic_part *p = &f->part[v->nic];
-	for (uint32_t c = 0; c < chunks; c++) {
+	bool routed = f->desc.flags & DP_DESC_FLAG_ROUTED;
+	for (uint32_t c = 0; c < chunks && !routed; c++) { /* routed: dp_moe_send writes them */
 		struct dp_wire_header *h = &hdrs[c];
 		dp_wire_init(h, DP_WIRE_OP_FORWARD, v->w->session, f->desc.epoch);
 		h->dtype = l->dtype;
@@ -147,12 +149,17 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 			rx->state = 0;
 			rx->compute_ns = rx->done_ns = rx->resent_ns = rx->progress_ns = 0;
 			rx->nacks = 0;
+			rx->moe_rows = rx->moe_entries = rx->moe_chunk0 = rx->moe_chunks = 0;
+			rx->moe_map = NULL;
+			rx->moe_msg = NULL;
 		}
 	p->first_ns = p->last_ns = p->fetch_ns = 0;
 	p->owner.mem = &f->client->mem; /* chunks may go out in place from its slot */
 	uint64_t start = dp_now_ns();
 	const struct dp_nic_cfg *nic = &v->w->cfg.nics[v->nic];
-	if (nic->use_broadcast) {
+	if (routed) {
+		dp_moe_send(v, f, hdrs); /* a failure is logged; the part then times out */
+	} else if (nic->use_broadcast) {
 		dp_tx_activation(v->tx, &nic->broadcast, hdrs, f->act, &p->owner, 0, chunks);
 	} else {
 		for (uint32_t i = 0; i < v->nducks; i++)
@@ -219,7 +226,18 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 		dp_count(v->counters, DP_C_rx_duplicates, 1);
 		return DP_STATUS_PENDING;
 	}
-	enum dp_partial_verdict verdict = dp_partial_admit(h, f->bytes, l->dtype, &rx->reasm,
+	/* routed: the reply holds the rows this duck was routed, no more and no fewer */
+	bool routed = f->desc.flags & DP_DESC_FLAG_ROUTED;
+	uint64_t total = routed ? (uint64_t)rx->moe_rows * l->hidden * item : f->bytes;
+	if (routed && (!(h->flags & DP_WIRE_FLAG_ROUTED) || h->rows != rx->moe_rows ||
+		       h->total != total)) {
+		DP_DEBUG("duck %u: routed partial of %u rows, %lu bytes refused: it was routed %u "
+			 "rows (%lu bytes)",
+			 duck, h->rows, (unsigned long)h->total, rx->moe_rows, (unsigned long)total);
+		dp_count(v->counters, DP_C_rx_unrouted, 1);
+		return DP_STATUS_PENDING;
+	}
+	enum dp_partial_verdict verdict = dp_partial_admit(h, total, l->dtype, &rx->reasm,
 							   &rx->chunk_bytes);
 	if (verdict != DP_PARTIAL_ADD) {
 		DP_DEBUG("duck %u: partial chunk %u/%u at %lu+%u of %lu refused (%s, expected %u/%u)",
@@ -232,8 +250,12 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 			 1);
 		return DP_STATUS_PENDING;
 	}
-	dp_accumulate(f->acc[v->nic], h->offset / item, dp_wire_payload(h), h->length / item,
-		      l->dtype);
+	if (routed)
+		dp_moe_accumulate(f->acc[v->nic], l->hidden, rx->moe_map, h->offset / item,
+				  dp_wire_payload(h), h->length / item, l->dtype);
+	else
+		dp_accumulate(f->acc[v->nic], h->offset / item, dp_wire_payload(h),
+			      h->length / item, l->dtype);
 	/* NACK only once this duck's stream stalls for its RTO: next_nack stays a lower bound */
 	rx->progress_ns = now;
 	if (h->compute_ns > rx->compute_ns)
@@ -264,9 +286,11 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 		if (f->kind == DP_FWD_FORWARD) {
 			struct dp_duck_rx *rx = duck_rx(v, f, duck);
 			if (rx->state == 0) {
+				char who[DP_MSG_LEN / 2];
 				rx->state = 2;
+				dp_moe_describe(f->layer, duck, who, sizeof(who)); /* dense: "duck 5" */
 				snprintf(f->message, sizeof(f->message),
-					 "duck %u holds no layer %u (restarted?); load it again", duck,
+					 "%s holds no layer %u (restarted?); load it again", who,
 					 f->layer->id);
 				return check_forward_done(v, f, now);
 			}
@@ -287,6 +311,21 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 	const uint32_t *list = dp_wire_payload(h);
 	uint32_t n = h->length / sizeof(uint32_t);
 	struct dp_duck_rx *rx = duck_rx(v, f, duck);
+	const struct dp_wire_header *hdrs = &v->hdrs[(size_t)f->index * v->max_chunks];
+	struct dp_tx_owner *owner = &f->part[v->nic].owner;
+	const uint8_t *msg = f->act;
+	if (f->desc.flags & DP_DESC_FLAG_ROUTED) {
+		/* the duck's own message, from the staging area (never in place); a duck the
+		 * forward does not route to has none (its dp_duck_rx is another forward's) */
+		if (!dp_targets_has(f->targets, duck))
+			return DP_STATUS_PENDING;
+		chunks = rx->moe_chunks;
+		hdrs += rx->moe_chunk0;
+		msg = rx->moe_msg;
+		owner = NULL;
+		if (!msg)
+			return DP_STATUS_PENDING; /* nothing was sent to it */
+	}
 	uint64_t interval = (uint64_t)v->w->cfg.nack_us * 1000;
 	rx->progress_ns = now; /* it is alive and waits for input: one RTO from now */
 	if (rx->resent_ns && now < rx->resent_ns + interval) {
@@ -294,11 +333,9 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 		return DP_STATUS_PENDING;
 	}
 	rx->resent_ns = now;
-	const struct dp_wire_header *hdrs = &v->hdrs[(size_t)f->index * v->max_chunks];
-	struct dp_tx_owner *owner = &f->part[v->nic].owner;
 	const struct sockaddr_in *dst = dp_duck_addr(v->w, duck);
 	if (n == 0) {
-		dp_tx_activation(v->tx, dst, hdrs, f->act, owner, 0, chunks);
+		dp_tx_activation(v->tx, dst, hdrs, msg, owner, 0, chunks);
 		dp_count(v->counters, DP_C_retransmits, chunks);
 		return DP_STATUS_PENDING;
 	}
@@ -308,7 +345,7 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 		memcpy(&c, &list[i], sizeof(c));
 		int fresh = dp_reasm_mark(v->nack_seen, c); /* -1: no such chunk */
 		if (fresh > 0) {
-			dp_tx_activation(v->tx, dst, hdrs, f->act, owner, c, 1);
+			dp_tx_activation(v->tx, dst, hdrs, msg, owner, c, 1);
 			dp_count(v->counters, DP_C_retransmits, 1);
 		} else if (fresh == 0) {
 			dp_count(v->counters, DP_C_nack_resends_suppressed, 1);

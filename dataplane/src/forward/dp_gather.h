@@ -41,6 +41,14 @@ struct dp_gather_view {
 	float *scratch;               /* [contexts][scratch_floats]: sums not made in place */
 	uint32_t scratch_floats;
 	struct dp_reasm *nack_seen;   /* chunks already resent for the NACK being answered */
+	/* routed (MoE) forwards (dp_moe.c) */
+	const uint64_t *nic_ducks;    /* this NIC's ducks, a DP_MAX_DUCKS-bit set */
+	uint8_t *moe_wire;            /* the wire table of the forward being sent */
+	uint64_t moe_wire_cap;
+	uint8_t *moe_stage;           /* [contexts][moe_stage_bytes]: the messages sent */
+	uint64_t moe_stage_bytes;
+	uint16_t *moe_maps;           /* [contexts][moe_map_cap]: the ducks' reply row maps */
+	uint32_t moe_map_cap;
 };
 
 /* Take f in: its headers, its sum, its ducks' state; send the activation. Returns when

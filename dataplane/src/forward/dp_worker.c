@@ -168,7 +168,10 @@ static int receive(struct dp_worker *wk, uint64_t now, bool *full)
 		switch (h->op) {
 		case DP_WIRE_OP_PARTIAL:
 			if (f->kind != DP_FWD_FORWARD || !dp_targets_has(f->targets, (uint32_t)duck)) {
-				dp_count(&wk->counters, DP_C_rx_late, 1);
+				/* a routed forward's non-target: rows it was never routed */
+				bool routed = f->kind == DP_FWD_FORWARD &&
+					      f->desc.flags & DP_DESC_FLAG_ROUTED;
+				dp_count(&wk->counters, routed ? DP_C_rx_unrouted : DP_C_rx_late, 1);
 				break;
 			}
 			touched[ntouched++] = f->wire_id;
@@ -331,6 +334,7 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 		if (w->cfg.ducks[i].nic == nic) {
 			uint16_t id = w->cfg.ducks[i].id;
 			wk->ducks[wk->nducks++] = id;
+			wk->nic_ducks[id >> 6] |= 1ull << (id & 63);
 			uint32_t init = w->cfg.nack_us > w->cfg.nack_min_us ? w->cfg.nack_us
 									    : w->cfg.nack_min_us;
 			wk->rto[id] = (struct dp_rto){ .rto = (uint64_t)init * 1000 };
@@ -351,8 +355,19 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 	wk->scratch = calloc(nf * wk->scratch_floats, sizeof(float)); /* touched only when used */
 	wk->active = calloc(nf, sizeof(struct dp_fwd *));
 	wk->release.parts = calloc(nf, sizeof(struct dp_fwd *));
+	/* Routed (MoE) forwards stage what they send (dp_moe.c): per context the wire table
+	 * and rows, at most max_forward_bytes (the dispatcher's bound), and the ducks' row
+	 * maps, one u16 per (token, expert) at most, so max_forward_bytes / 8 of them; plus
+	 * one wire table being built. With the defaults (64 contexts, 1 MiB) that is 80 MiB
+	 * of address space per worker, touched only by the routed forwards that use it. */
+	uint64_t wire_cap = DP_ROUTING_WIRE_HEADER_SIZE + DP_ROUTING_WIRE_DUCK_SIZE * DP_MAX_DUCKS +
+			    DP_ROUTING_WIRE_ENTRY_SIZE * (uint64_t)DP_MAX_TOKENS * DP_MAX_TOPK;
+	uint32_t map_cap = w->cfg.max_forward_bytes / 8;
+	wk->moe_wire = calloc(1, wire_cap);
+	wk->moe_stage = calloc(nf, w->cfg.max_forward_bytes);
+	wk->moe_maps = calloc(nf * map_cap, sizeof(uint16_t));
 	if (!wk->owned || !wk->hdrs || !wk->next_nack || !wk->sent_ns || !wk->scratch ||
-	    !wk->active || !wk->release.parts) {
+	    !wk->active || !wk->release.parts || !wk->moe_wire || !wk->moe_stage || !wk->moe_maps) {
 		dp_set_error("nic %s: out of memory for %zu forward contexts", cfg->name, nf);
 		return -1;
 	}
@@ -374,7 +389,14 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 					      .max_chunks = wk->max_chunks,
 					      .scratch = wk->scratch,
 					      .scratch_floats = wk->scratch_floats,
-					      .nack_seen = &wk->nack_seen };
+					      .nack_seen = &wk->nack_seen,
+					      .nic_ducks = wk->nic_ducks,
+					      .moe_wire = wk->moe_wire,
+					      .moe_wire_cap = wire_cap,
+					      .moe_stage = wk->moe_stage,
+					      .moe_stage_bytes = w->cfg.max_forward_bytes,
+					      .moe_maps = wk->moe_maps,
+					      .moe_map_cap = map_cap };
 	wk->weight = (struct dp_weight_view){ .w = w,
 					      .nic = nic,
 					      .payload = wk->payload,
@@ -417,4 +439,7 @@ void dp_worker_fini(struct dp_worker *wk)
 	free(wk->scratch);
 	free(wk->active);
 	free(wk->release.parts);
+	free(wk->moe_wire);
+	free(wk->moe_stage);
+	free(wk->moe_maps);
 }

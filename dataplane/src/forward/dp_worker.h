@@ -50,6 +50,11 @@ struct dp_worker {
 	struct dp_rto rto[DP_MAX_DUCKS]; /* by duck id, for the ducks on this NIC */
 	uint64_t next_ping_ns;
 	struct dp_reasm nack_seen; /* chunks already resent for the NACK being answered */
+	/* routed (MoE) forwards (dp_moe.c) */
+	uint64_t nic_ducks[DP_MAX_DUCKS / 64]; /* the ducks above, as a set */
+	uint8_t *moe_wire;   /* the wire table of the forward being sent */
+	uint8_t *moe_stage;  /* [nfwds][max_forward_bytes]: each context's messages */
+	uint16_t *moe_maps;  /* [nfwds][max_forward_bytes / 8]: its ducks' reply row maps */
 	/* what the modules see of the above (set at init, never changed) */
 	struct dp_gather_view gather;
 	struct dp_weight_view weight;

@@ -1,0 +1,324 @@
+/* dp_moe.c: a routed (mixture-of-experts) forward on one NIC (dp_moe.h).
+ *
+ * Per forward and NIC the worker:
+ *   1. splits the dispatcher's checked host table (f->route) by the layer's placement
+ *      into the NIC's wire table W, restricted to the NIC's ducks, each entry's expert
+ *      written as its slot in that duck's bank (dp_routing_split), flag SHARED when the
+ *      layer has a shared expert;
+ *   2. works out what each targeted duck must answer: its section's distinct rows,
+ *      ascending (or every row, with SHARED), and where each reply row goes in the
+ *      result (its row map);
+ *   3. chooses broadcast (W then every row, once for the NIC) or unicast (per routed
+ *      duck a one-section table, rows renumbered, then its rows alone) by bytes on the
+ *      wire (dp_moe_choose), unless the descriptor forces one;
+ *   4. stages the message(s) in the context's staging area (a copy: the wire table has
+ *      to precede the rows, and a unicast gathers rows out of order) and sends them in
+ *      chunks like any activation, FORWARD flagged ROUTED with rows and total of the
+ *      message it belongs to; a NACK INPUT resends from that duck's own message.
+ * Replies are then checked against what each duck was routed (dp_gather.c) and added
+ * row by row through its row map (dp_moe_accumulate).
+ */
+#include "dp_moe.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "dp_fwd.h"
+#include "dp_gather.h"
+#include "dp_reduce.h"
+#include "dp_tx.h"
+#include "dp_wire.h"
+
+/* --- the pure parts -------------------------------------------------------------------- */
+
+enum dp_moe_mode dp_moe_choose(uint32_t flags, bool shared, uint64_t bytes_broadcast,
+			       uint64_t bytes_unicast, bool unicast_fits)
+{
+	if (flags & DP_DESC_FLAG_MOE_BROADCAST)
+		return DP_MOE_MODE_BROADCAST;
+	if (flags & DP_DESC_FLAG_MOE_UNICAST)
+		return unicast_fits ? DP_MOE_MODE_UNICAST : DP_MOE_MODE_BROADCAST;
+	if (shared || !unicast_fits || bytes_unicast >= bytes_broadcast)
+		return DP_MOE_MODE_BROADCAST;
+	return DP_MOE_MODE_UNICAST;
+}
+
+uint32_t dp_moe_row_map(const void *wire, const struct dp_routing_section *s, uint16_t *map)
+{
+	const uint8_t *p = (const uint8_t *)wire + s->offset;
+	uint32_t n = 0;
+	int32_t prev = -1;
+	for (uint32_t j = 0; j < s->n_entries; j++) {
+		uint16_t row;
+		memcpy(&row, p + (uint64_t)j * DP_ROUTING_WIRE_ENTRY_SIZE, sizeof(row));
+		if ((int32_t)row == prev)
+			continue;
+		if (n == s->n_rows) /* more rows than it says: a table the check refused */
+			break;
+		map[n++] = row;
+		prev = row;
+	}
+	return n;
+}
+
+void dp_moe_accumulate(float *acc, uint32_t hidden, const uint16_t *map, uint64_t first,
+		       const void *src, uint32_t n, uint8_t dtype)
+{
+	const uint8_t *p = src;
+	uint32_t item = dp_dtype_size(dtype);
+	uint64_t row = first / hidden;
+	uint32_t col = (uint32_t)(first % hidden);
+	while (n) {
+		uint32_t seg = hidden - col < n ? hidden - col : n; /* the rest of this row */
+		uint64_t to = map ? map[row] : row;
+		dp_accumulate(acc + to * hidden, col, p, seg, dtype);
+		p += (size_t)seg * item;
+		n -= seg;
+		row++;
+		col = 0;
+	}
+}
+
+/* --- failures -------------------------------------------------------------------------- */
+
+int dp_moe_describe(const struct dp_layer *l, uint32_t duck, char *buf, size_t n)
+{
+	const struct dp_layer_moe *moe = l->moe;
+	if (!moe || duck >= DP_MAX_DUCKS)
+		return snprintf(buf, n, "duck %u", duck);
+	if (!moe->experts_on[duck])
+		return snprintf(buf, n, "duck %u (shared expert only)", duck);
+	int used = snprintf(buf, n, "duck %u (experts", duck);
+	for (uint32_t e = 0; e < moe->pl.n_experts && used >= 0 && (size_t)used < n; e++)
+		for (uint32_t r = 0; r < moe->pl.replicas[e]; r++) {
+			if (moe->pl.ducks[e * DP_MAX_REPLICAS + r] != duck)
+				continue;
+			/* room for this id and the closing " ...)" */
+			if ((size_t)used + 12 >= n) {
+				used += snprintf(buf + used, n - (size_t)used, " ...");
+				goto close;
+			}
+			used += snprintf(buf + used, n - (size_t)used, " %u", e);
+		}
+close:
+	if (used >= 0 && (size_t)used < n)
+		used += snprintf(buf + used, n - (size_t)used, ")");
+	return used;
+}
+
+void dp_moe_missing_message(const struct dp_world *w, struct dp_fwd *f)
+{
+	size_t n = sizeof(f->message), used = 0;
+	uint32_t listed = 0;
+	for (uint32_t d = 0; d < DP_MAX_DUCKS && used + 24 < n; d++) {
+		if (!dp_targets_has(f->targets, d) || f->rx[w->duck_index[d]].state == 1)
+			continue;
+		int k = snprintf(f->message + used, n - used, "%s", listed ? "; " : "");
+		used += k > 0 ? (size_t)k : 0;
+		k = dp_moe_describe(f->layer, d, f->message + used, n - used);
+		used += k > 0 ? (size_t)k : 0;
+		listed++;
+	}
+	if (used < n)
+		snprintf(f->message + used, n - used, " did not answer");
+}
+
+/* --- the send -------------------------------------------------------------------------- */
+
+/* One duck's table for a forced unicast on a layer with a shared expert: its section of
+ * W (if it has one) alone, rows not renumbered, since it computes the shared expert for
+ * every row and gets them all. Bytes written. */
+static uint64_t shared_unicast_table(const uint8_t *wire, uint16_t duck, bool has_section,
+				     const struct dp_routing_section *s, uint8_t *out)
+{
+	struct dp_routing_wire_header h;
+	memcpy(&h, wire, sizeof(h));
+	h.n_ducks = has_section;
+	h.entries = has_section ? s->n_entries : 0;
+	memcpy(out, &h, sizeof(h));
+	if (!has_section)
+		return DP_ROUTING_WIRE_HEADER_SIZE;
+	struct dp_routing_wire_duck wd = { duck, (uint16_t)s->n_rows, s->n_entries };
+	memcpy(out + DP_ROUTING_WIRE_HEADER_SIZE, &wd, sizeof(wd));
+	memcpy(out + DP_ROUTING_WIRE_HEADER_SIZE + DP_ROUTING_WIRE_DUCK_SIZE, wire + s->offset,
+	       (uint64_t)s->n_entries * DP_ROUTING_WIRE_ENTRY_SIZE);
+	return DP_ROUTING_WIRE_HEADER_SIZE + DP_ROUTING_WIRE_DUCK_SIZE +
+	       (uint64_t)s->n_entries * DP_ROUTING_WIRE_ENTRY_SIZE;
+}
+
+/* FORWARD headers for one message of `total` bytes and `rows` rows, to duck (or any). */
+static uint32_t message_headers(const struct dp_gather_view *v, const struct dp_fwd *f,
+				struct dp_wire_header *hdrs, uint64_t total, uint32_t rows,
+				uint16_t duck)
+{
+	uint32_t chunks = dp_wire_chunk_count(total, v->payload);
+	for (uint32_t c = 0; c < chunks; c++) {
+		struct dp_wire_header *h = &hdrs[c];
+		dp_wire_init(h, DP_WIRE_OP_FORWARD, v->w->session, f->desc.epoch);
+		h->flags = DP_WIRE_FLAG_ROUTED;
+		h->dtype = f->layer->dtype;
+		h->forward_id = f->wire_id;
+		h->layer = f->layer->id;
+		h->duck = duck;
+		h->chunk = c;
+		h->chunks = chunks;
+		h->offset = (uint64_t)c * v->payload;
+		h->total = total;
+		h->length = dp_wire_chunk_len(total, v->payload, c);
+		h->rows = rows;
+	}
+	return chunks;
+}
+
+/* What one targeted duck of this NIC is routed in W: its section, if it has one. */
+struct routed_duck {
+	uint16_t duck;
+	bool has_section;
+	struct dp_routing_section s;
+};
+
+static void send_broadcast(const struct dp_gather_view *v, struct dp_fwd *f,
+			   struct dp_wire_header *hdrs, const struct routed_duck *rd, uint32_t nrd,
+			   uint64_t wsize, uint64_t bytes_broadcast)
+{
+	const struct dp_layer *l = f->layer;
+	uint8_t *msg = v->moe_stage + (uint64_t)f->index * v->moe_stage_bytes;
+	uint16_t *maps = v->moe_maps + (uint64_t)f->index * v->moe_map_cap;
+	bool shared = l->moe->has_shared;
+	memcpy(msg, v->moe_wire, wsize);
+	memcpy(msg + wsize, f->act, f->bytes);
+	uint32_t chunks = message_headers(v, f, hdrs, wsize + f->bytes, f->rows, DP_WIRE_ANY_DUCK);
+	uint32_t used = 0;
+	for (uint32_t i = 0; i < nrd; i++) {
+		struct dp_duck_rx *rx = &f->rx[v->w->duck_index[rd[i].duck]];
+		rx->moe_entries = rd[i].has_section ? rd[i].s.n_entries : 0;
+		if (shared) {
+			rx->moe_rows = f->rows; /* the shared expert: every row, in order */
+			rx->moe_map = NULL;
+		} else {
+			rx->moe_map = maps + used;
+			rx->moe_rows = dp_moe_row_map(msg, &rd[i].s, maps + used);
+			used += rx->moe_rows;
+		}
+		rx->moe_msg = msg;
+		rx->moe_chunk0 = 0;
+		rx->moe_chunks = chunks;
+	}
+	const struct dp_nic_cfg *nic = &v->w->cfg.nics[v->nic];
+	/* owner NULL: the staging area is ours, the port may not send it in place */
+	if (nic->use_broadcast)
+		dp_tx_activation(v->tx, &nic->broadcast, hdrs, msg, NULL, 0, chunks);
+	else
+		for (uint32_t i = 0; i < nrd; i++)
+			dp_tx_activation(v->tx, dp_duck_addr(v->w, rd[i].duck), hdrs, msg, NULL, 0,
+					 chunks);
+	f->part[v->nic].moe_unicast = false;
+	dp_count(v->counters, DP_C_moe_broadcasts, 1);
+	dp_count(v->counters, DP_C_moe_bytes, bytes_broadcast);
+}
+
+static void send_unicast(const struct dp_gather_view *v, struct dp_fwd *f,
+			 struct dp_wire_header *hdrs, const struct routed_duck *rd, uint32_t nrd,
+			 uint64_t wsize)
+{
+	const struct dp_layer *l = f->layer;
+	uint8_t *stage = v->moe_stage + (uint64_t)f->index * v->moe_stage_bytes;
+	uint16_t *maps = v->moe_maps + (uint64_t)f->index * v->moe_map_cap;
+	uint64_t row_bytes = (uint64_t)l->hidden * dp_dtype_size(l->dtype), at = 0, sent = 0;
+	uint32_t c0 = 0, used = 0;
+	for (uint32_t i = 0; i < nrd; i++) {
+		struct dp_duck_rx *rx = &f->rx[v->w->duck_index[rd[i].duck]];
+		uint8_t *msg = stage + at;
+		uint64_t tsize;
+		if (l->moe->has_shared) {
+			tsize = shared_unicast_table(v->moe_wire, rd[i].duck, rd[i].has_section,
+						     &rd[i].s, msg);
+			memcpy(msg + tsize, f->act, f->bytes);
+			rx->moe_rows = f->rows;
+			rx->moe_map = NULL;
+		} else {
+			char why[96];
+			/* room checked by the caller: the sizes it added up are these */
+			if (dp_routing_wire_unicast(v->moe_wire, wsize, rd[i].duck, msg,
+						    v->moe_stage_bytes - at, maps + used,
+						    v->moe_map_cap - used, &tsize, why, sizeof(why)) < 0) {
+				DP_ERROR("forward %lu duck %u: unicast table: %s; this is a bug",
+					 (unsigned long)f->wire_id, rd[i].duck, why);
+				continue; /* it gets nothing and the forward times out naming it */
+			}
+			rx->moe_map = maps + used;
+			rx->moe_rows = rd[i].s.n_rows;
+			used += rx->moe_rows;
+			for (uint32_t r = 0; r < rx->moe_rows; r++) /* its rows, gathered in order */
+				memcpy(msg + tsize + r * row_bytes, f->act + rx->moe_map[r] * row_bytes,
+				       row_bytes);
+		}
+		uint64_t total = tsize + rx->moe_rows * row_bytes;
+		uint32_t chunks = message_headers(v, f, hdrs + c0, total, rx->moe_rows, rd[i].duck);
+		rx->moe_entries = rd[i].has_section ? rd[i].s.n_entries : 0;
+		rx->moe_msg = msg;
+		rx->moe_chunk0 = c0;
+		rx->moe_chunks = chunks;
+		dp_tx_activation(v->tx, dp_duck_addr(v->w, rd[i].duck), hdrs + c0, msg, NULL, 0,
+				 chunks);
+		at += total;
+		c0 += chunks;
+		sent += total;
+	}
+	f->part[v->nic].moe_unicast = true;
+	dp_count(v->counters, DP_C_moe_unicasts, 1);
+	dp_count(v->counters, DP_C_moe_bytes, sent);
+}
+
+int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_wire_header *hdrs)
+{
+	const struct dp_layer *l = f->layer;
+	const struct dp_layer_moe *moe = l->moe;
+	uint64_t wsize, nic_routed[DP_MAX_DUCKS / 64];
+	char why[96];
+	uint8_t flags = moe->has_shared ? DP_ROUTING_WIRE_FLAG_SHARED : 0;
+	if (dp_routing_split(f->route, f->route_bytes, &moe->pl, moe->slots, flags, v->nic_ducks,
+			     v->moe_wire, v->moe_wire_cap, &wsize, nic_routed, why,
+			     sizeof(why)) < 0 ||
+	    wsize == 0) {
+		DP_ERROR("forward %lu: split for nic %u: %s; this is a bug", (unsigned long)f->wire_id,
+			 v->nic, wsize == 0 ? "no duck of the NIC is routed" : why);
+		snprintf(f->message, sizeof(f->message), "nic %u: the routing split failed: %s",
+			 v->nic, why);
+		return -1;
+	}
+	/* this NIC's targets (the dispatcher's, by the same placement): their sections and
+	 * what each mode would put on the wire */
+	struct routed_duck rd[DP_MAX_DUCKS];
+	uint32_t nrd = 0, chunks_unicast = 0;
+	uint64_t row_bytes = (uint64_t)l->hidden * dp_dtype_size(l->dtype), bytes_unicast = 0;
+	for (uint32_t i = 0; i < v->nducks; i++) {
+		uint16_t d = v->ducks[i];
+		if (!dp_targets_has(f->targets, d))
+			continue;
+		struct routed_duck *r = &rd[nrd++];
+		r->duck = d;
+		r->has_section = dp_routing_wire_section(v->moe_wire, wsize, d, &r->s) == 0;
+		uint64_t msg;
+		if (moe->has_shared)
+			msg = DP_ROUTING_WIRE_HEADER_SIZE +
+			      (r->has_section ? DP_ROUTING_WIRE_DUCK_SIZE +
+							DP_ROUTING_WIRE_ENTRY_SIZE * r->s.n_entries
+					      : 0) +
+			      f->bytes;
+		else
+			msg = DP_ROUTING_WIRE_HEADER_SIZE + DP_ROUTING_WIRE_DUCK_SIZE +
+			      DP_ROUTING_WIRE_ENTRY_SIZE * r->s.n_entries + r->s.n_rows * row_bytes;
+		bytes_unicast += msg;
+		chunks_unicast += dp_wire_chunk_count(msg, v->payload);
+	}
+	bool use_broadcast = v->w->cfg.nics[v->nic].use_broadcast;
+	uint64_t bytes_broadcast = (wsize + f->bytes) * (use_broadcast ? 1 : nrd);
+	bool fits = bytes_unicast <= v->moe_stage_bytes && chunks_unicast <= v->max_chunks;
+	if (dp_moe_choose(f->desc.flags, moe->has_shared, bytes_broadcast, bytes_unicast, fits) ==
+	    DP_MOE_MODE_UNICAST)
+		send_unicast(v, f, hdrs, rd, nrd, wsize);
+	else
+		send_broadcast(v, f, hdrs, rd, nrd, wsize, bytes_broadcast);
+	return 0;
+}

@@ -1,0 +1,66 @@
+/* dp_moe.h: a routed (mixture-of-experts) forward on one NIC (dp_moe.c).
+ *
+ * The NIC worker's gather (dp_gather.c) hands a routed forward here to be sent, and
+ * asks here what each duck's reply must look like and where its rows go. A leaf like
+ * dp_gather.c: it sees the worker only through struct dp_gather_view. The pure parts
+ * (the mode rule, a duck's row map, the row-mapped sum) take no view, so that the unit
+ * tests (dataplane/tests/test_moe.c) run them alone.
+ */
+#ifndef DP_MOE_H
+#define DP_MOE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dp_routing.h"
+
+struct dp_fwd;
+struct dp_gather_view;
+struct dp_layer;
+struct dp_wire_header;
+struct dp_world;
+
+enum dp_moe_mode {
+	DP_MOE_MODE_BROADCAST = 0, /* the NIC's wire table and every row, once per NIC */
+	DP_MOE_MODE_UNICAST = 1,   /* each routed duck its own table and its rows alone */
+};
+
+/* The mode of one NIC part of a routed forward: the descriptor's forced mode (flags:
+ * enum dp_desc_flag bits), else unicast only when it puts fewer bytes on the wire than
+ * the broadcast, fits the staging area (unicast_fits), and the layer has no shared
+ * expert (which needs every row on every duck). A forced unicast that does not fit is
+ * sent as the broadcast: the staging area holds one message per context, no more. */
+enum dp_moe_mode dp_moe_choose(uint32_t flags, bool shared, uint64_t bytes_broadcast,
+			       uint64_t bytes_unicast, bool unicast_fits);
+
+/* Duck's reply row map out of its section s of a wire table (accepted by
+ * dp_routing_wire_check): map[i] = the i-th distinct row of its entries, ascending (the
+ * order its reply's rows come in). map has room for s->n_rows; returns how many it wrote
+ * (s->n_rows for a checked table, never more). */
+uint32_t dp_moe_row_map(const void *wire, const struct dp_routing_section *s, uint16_t *map);
+
+/* acc (result rows x hidden float32) += n values of dtype at src, which are elements
+ * [first, first + n) of a reply of rows x hidden: reply row i goes to result row map[i]
+ * (map NULL: row i). A chunk may start and end anywhere in a row. */
+void dp_moe_accumulate(float *acc, uint32_t hidden, const uint16_t *map, uint64_t first,
+		       const void *src, uint32_t n, uint8_t dtype);
+
+/* "duck 5 (experts 40 41 ...)": the duck and the routed experts its bank holds, cut with
+ * "..." to fit n bytes; for a layer that is not MOE, "duck 5". Returns snprintf's. */
+int dp_moe_describe(const struct dp_layer *l, uint32_t duck, char *buf, size_t n);
+
+/* A routed forward that timed out: its message names the ducks that did not answer
+ * and their experts, as many as fit. */
+void dp_moe_missing_message(const struct dp_world *w, struct dp_fwd *f);
+
+/* The worker's routed send of f on this NIC: the NIC's wire table split out of f's
+ * host table with the layer's bank slots, the mode chosen, the message(s) staged in
+ * the context's staging area, f's FORWARD headers written (hdrs: the context's), each
+ * targeted duck's expected reply set in its dp_duck_rx (rows, row map, its message for
+ * resends), and the message(s) queued on the transmit batch. 0, or -1 when the split
+ * failed (a bug: the table and placement were checked), said in the log and f->message;
+ * nothing was then sent and the part waits for its deadline. */
+int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_wire_header *hdrs);
+
+#endif /* DP_MOE_H */

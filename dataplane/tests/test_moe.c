@@ -1,0 +1,425 @@
+/* test_moe.c: the dataplane's side of a routed (MoE) forward, piece by piece: a MOE
+ * layer's load (placement, bank slots, the refusals), the descriptor's routed rules and
+ * the routing table's copy out of the slot, the mode rule, a duck's reply row map, the
+ * row-mapped sum (chunks cut anywhere in a row, float32 and float16), and the message
+ * naming a duck's experts. Exit 0 pass, 1 fail. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp_ctl_gen.h"
+#include "dp_desc.h"
+#include "dp_f16.h"
+#include "dp_layers.h"
+#include "dp_moe.h"
+#include "test_check.h"
+
+#define HIDDEN 8u
+#define EFFN 4u
+
+/* --- a MOE layer's load ---------------------------------------------------------------- */
+
+/* Ducks 2, 4, 6; experts 0..5: e -> duck 2 (0, 1), 4 (2, 3), 6 (4, 5); expert 5 also on
+ * duck 2 (a second replica). Banks: duck 2 holds 0 1 5, duck 4 holds 2 3, duck 6 4 5. */
+static struct dp_ctl_load_weights *moe_request(uint32_t shared_cols)
+{
+	static const uint32_t ducks[3] = { 2, 4, 6 };
+	static const uint32_t experts_on[3] = { 3, 2, 2 };
+	static const uint32_t replicas[6] = { 1, 1, 1, 1, 1, 2 };
+	static const uint32_t placed[7] = { 2, 2, 4, 4, 6, 6, 2 };
+	struct dp_ctl_load_weights *m = calloc(1, sizeof(*m));
+	m->layer = 9;
+	m->kind = DP_MLP_KIND_MOE;
+	m->dtype = DP_DTYPE_F32;
+	m->hidden = HIDDEN;
+	m->ducks_len = m->shard_sizes_len = 3;
+	for (uint32_t i = 0; i < 3; i++) {
+		m->ducks[i] = ducks[i];
+		m->shard_sizes[i] = experts_on[i] * EFFN + shared_cols;
+		m->ffn += m->shard_sizes[i];
+	}
+	m->expert_ffn = EFFN;
+	m->expert_replicas_len = 6;
+	memcpy(m->expert_replicas, replicas, sizeof(replicas));
+	m->expert_ducks_len = 7;
+	memcpy(m->expert_ducks, placed, sizeof(placed));
+	return m;
+}
+
+/* The layer as on_load_weights has filled it before dp_layer_moe_build. */
+static struct dp_layer *layer_of(const struct dp_ctl_load_weights *m)
+{
+	struct dp_layer *l = calloc(1, sizeof(*l));
+	memset(l->index, 0xff, sizeof(l->index));
+	for (uint32_t i = 0; i < m->ducks_len; i++) {
+		l->ducks[i] = (uint16_t)m->ducks[i];
+		l->shard[i] = m->shard_sizes[i];
+		l->index[m->ducks[i]] = (int16_t)i;
+	}
+	l->id = m->layer;
+	l->kind = (uint8_t)m->kind;
+	l->dtype = (uint8_t)m->dtype;
+	l->hidden = m->hidden;
+	l->ffn = m->ffn;
+	l->nducks = m->ducks_len;
+	l->has_b_down = m->has_b_down;
+	l->ready = 1;
+	return l;
+}
+
+static int build(const struct dp_ctl_load_weights *m, char *why, struct dp_layer **out)
+{
+	struct dp_layer *l = layer_of(m);
+	int rc = dp_layer_moe_build(l, m, why, DP_DESC_WHY_LEN);
+	if (out)
+		*out = l;
+	else
+		dp_layer_free(l);
+	return rc;
+}
+
+static void test_a_moe_load_keeps_its_placement_and_banks(void)
+{
+	struct dp_ctl_load_weights *m = moe_request(0);
+	struct dp_layer *l;
+	char why[DP_DESC_WHY_LEN] = "";
+	CHECK(build(m, why, &l) == 0, "a good MOE load refused: %s", why);
+	const struct dp_layer_moe *moe = l->moe;
+	CHECK(moe && moe->pl.n_experts == 6 && moe->expert_ffn == EFFN && !moe->has_shared,
+	      "layer's MoE");
+	CHECK(moe->experts_on[2] == 3 && moe->experts_on[4] == 2 && moe->experts_on[6] == 2,
+	      "experts per duck %u %u %u", moe->experts_on[2], moe->experts_on[4],
+	      moe->experts_on[6]);
+	/* expert 5: slot 1 on duck 6 (after 4), slot 2 on duck 2 (after 0 and 1) */
+	CHECK(moe->pl.ducks[5 * DP_MAX_REPLICAS] == 6 && moe->pl.ducks[5 * DP_MAX_REPLICAS + 1] == 2,
+	      "expert 5's ducks");
+	CHECK(moe->slots[5 * DP_MAX_REPLICAS] == 1 && moe->slots[5 * DP_MAX_REPLICAS + 1] == 2,
+	      "expert 5's slots %u %u", moe->slots[5 * DP_MAX_REPLICAS],
+	      moe->slots[5 * DP_MAX_REPLICAS + 1]);
+	CHECK(moe->slots[3 * DP_MAX_REPLICAS] == 1, "expert 3 is duck 4's slot 1");
+	dp_layer_free(l);
+	m->shard_sizes[0] += 2; /* a shared expert: every duck 2 columns */
+	m->shard_sizes[1] += 2;
+	m->shard_sizes[2] += 2;
+	CHECK(build(m, why, &l) == 0 && l->moe->has_shared, "shared: %s", why);
+	dp_layer_free(l);
+	free(m);
+}
+
+static void test_a_bad_moe_load_is_refused_saying_why(void)
+{
+	char why[DP_DESC_WHY_LEN];
+	struct dp_ctl_load_weights *m = moe_request(0);
+	m->expert_ducks_len = 6;
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "expert_ducks lists 6"), "lengths: %s", why);
+	free(m);
+	m = moe_request(0);
+	m->expert_ducks[3] = 7; /* not a duck of the layer */
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "expert 3 is placed on duck 7"), "%s", why);
+	free(m);
+	m = moe_request(0);
+	m->expert_ducks[6] = 6; /* expert 5 on duck 6 twice */
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "twice"), "replica twice: %s", why);
+	free(m);
+	m = moe_request(0);
+	m->shard_sizes[1] = 2 * EFFN - 1;
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "duck 4's bank has 7 columns"), "%s", why);
+	free(m);
+	m = moe_request(0);
+	m->shard_sizes[2] += 3; /* shared columns on duck 6 only */
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "every duck or none"), "%s", why);
+	free(m);
+	m = moe_request(0);
+	m->expert_ducks[4] = m->expert_ducks[5] = 2; /* experts 4, 5: duck 6 holds none */
+	m->expert_ducks[6] = 4;
+	m->shard_sizes[0] = 4 * EFFN; /* duck 2: 0 1 4 5; duck 4: 2 3 5; duck 6: nothing */
+	m->shard_sizes[1] = 3 * EFFN;
+	m->shard_sizes[2] = 0;
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "duck 6 holds no expert"), "%s", why);
+	free(m);
+	m = moe_request(0);
+	m->has_b_down = true;
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "no b_down"), "%s", why);
+	free(m);
+	m = moe_request(0);
+	m->expert_ffn = 0;
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "expert_ffn"), "%s", why);
+	free(m);
+	m = moe_request(0);
+	m->kind = DP_MLP_KIND_SWIGLU; /* dense, with MoE fields */
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "is dense"), "%s", why);
+	m->expert_ffn = 0;
+	m->expert_replicas_len = m->expert_ducks_len = 0;
+	struct dp_layer *l;
+	CHECK(build(m, why, &l) == 0 && !l->moe, "a dense load: %s", why);
+	dp_layer_free(l);
+	free(m);
+}
+
+/* --- the descriptor and the table ------------------------------------------------------- */
+
+static const struct dp_client_layout layout = {
+	.slot_count = 2, .ring_capacity = 8, .act_slot_size = 4096, .res_slot_size = 4096
+};
+static const struct dp_limits limits = {
+	.max_forward_bytes = 1 << 16, .default_timeout_us = 1000000, .max_timeout_us = 10000000
+};
+
+static struct dp_desc routed(uint32_t rows, uint32_t flags)
+{
+	struct dp_desc d;
+	memset(&d, 0, sizeof(d));
+	d.op = DP_OP_FORWARD;
+	d.layer = 9;
+	d.dtype = DP_DTYPE_F32;
+	d.ndim = 2;
+	d.shape[0] = rows;
+	d.shape[1] = HIDDEN;
+	d.nbytes = (uint64_t)rows * HIDDEN * 4;
+	d.flags = flags;
+	return d;
+}
+
+static int check_desc(const struct dp_layer *l, const struct dp_desc *d, struct dp_desc_plan *p,
+		      char *why)
+{
+	struct dp_desc_layer view;
+	return dp_desc_check(&layout, dp_desc_layer_of(l, &view), d, &limits, p, why,
+			     DP_DESC_WHY_LEN);
+}
+
+static void test_routed_descriptor_rules(void)
+{
+	struct dp_ctl_load_weights *m = moe_request(0);
+	struct dp_layer *l;
+	char why[DP_DESC_WHY_LEN] = "";
+	struct dp_desc_plan p;
+	CHECK(build(m, why, &l) == 0, "%s", why);
+	struct dp_desc d = routed(3, DP_DESC_FLAG_ROUTED);
+	CHECK(check_desc(l, &d, &p, why) == 0 && p.rows == 3, "a routed forward: %s", why);
+	d = routed(3, DP_DESC_FLAG_ROUTED | DP_DESC_FLAG_MOE_UNICAST);
+	CHECK(check_desc(l, &d, &p, why) == 0, "forced unicast: %s", why);
+	d = routed(3, 0);
+	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "needs its routing"), "%s", why);
+	d = routed(3, DP_DESC_FLAG_ROUTED | DP_DESC_FLAG_MOE_UNICAST | DP_DESC_FLAG_MOE_BROADCAST);
+	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "together"), "%s", why);
+	d = routed(3, DP_DESC_FLAG_ROUTED);
+	d.ducks[0] = 1u << 2;
+	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "names no ducks"), "%s", why);
+	d = routed(3, DP_DESC_FLAG_ROUTED | 64);
+	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "flags 0x41"), "%s", why);
+	d = routed(DP_MAX_TOKENS + 1, DP_DESC_FLAG_ROUTED);
+	d.ndim = 3; /* 4097 rows in few bytes: 4097 x 1 x hidden */
+	d.shape[0] = DP_MAX_TOKENS + 1;
+	d.shape[1] = 1;
+	d.shape[2] = HIDDEN;
+	CHECK(check_desc(l, &d, &p, why) < 0, "4097 rows passed");
+	l->kind = DP_MLP_KIND_SWIGLU;
+	d = routed(3, DP_DESC_FLAG_ROUTED);
+	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "is dense"), "%s", why);
+	d = routed(3, DP_DESC_FLAG_MOE_BROADCAST);
+	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "routed forwards only"), "%s", why);
+	d = routed(3, 0);
+	CHECK(check_desc(l, &d, &p, why) == 0, "a dense forward: %s", why);
+	dp_layer_free(l);
+	free(m);
+}
+
+/* A host table for tokens x topk written into a slot at its offset. */
+static void put_table(uint8_t *slot, uint64_t nbytes, uint32_t tokens, uint16_t topk,
+		      const uint32_t *experts, const float *weights)
+{
+	uint8_t *t = slot + dp_desc_routing_offset(nbytes);
+	struct dp_routing_header h = { DP_ROUTING_MAGIC, DP_ROUTING_VERSION, 0, topk, tokens, 6 };
+	memcpy(t, &h, sizeof(h));
+	for (uint32_t i = 0; i < tokens * topk; i++) {
+		struct dp_routing_entry e = { experts[i], weights[i] };
+		memcpy(t + 16 + 8 * (uint64_t)i, &e, sizeof(e));
+	}
+}
+
+static void test_the_table_is_copied_once_and_checked(void)
+{
+	static const uint32_t EXP[6] = { 0, 5, 3, 2, 4, 1 };
+	static const float WT[6] = { 0.5f, 0.5f, 1, 2, -1, 0.25f };
+	uint8_t *slot = calloc(1, layout.act_slot_size);
+	uint8_t copy[4096];
+	uint64_t size = 0;
+	char why[DP_DESC_WHY_LEN] = "";
+	struct dp_desc_plan p = { .bytes = 3 * HIDDEN * 4, .rows = 3 };
+	put_table(slot, p.bytes, 3, 2, EXP, WT);
+	CHECK(dp_desc_routing_copy(&layout, &limits, &p, slot, 6, copy, sizeof(copy), &size, why,
+				   sizeof(why)) == 0 &&
+		      size == 16 + 6 * 8,
+	      "a good table: %s", why);
+	CHECK(memcmp(copy, slot + dp_desc_routing_offset(p.bytes), size) == 0, "copied");
+	/* the same table checked against a 4-expert layer: expert 5 is past it */
+	CHECK(dp_desc_routing_copy(&layout, &limits, &p, slot, 4, copy, sizeof(copy), &size, why,
+				   sizeof(why)) < 0 &&
+		      strstr(why, "routing:"),
+	      "n_experts: %s", why);
+	/* an activation that leaves no room for the table: the message says connect(slot_size=) */
+	struct dp_desc_plan big = { .bytes = layout.act_slot_size - 32, .rows = 1 };
+	CHECK(dp_desc_routing_copy(&layout, &limits, &big, slot, 6, copy, sizeof(copy), &size, why,
+				   sizeof(why)) < 0 &&
+		      strstr(why, "slot_size"),
+	      "no room: %s", why);
+	/* topk 16 declared: 3 x 16 entries run past the 4 KiB slot? no: 400 B; but past what
+	 * max_forward_bytes allows with a smaller limit */
+	struct dp_limits tight = limits;
+	tight.max_forward_bytes = 16 + 8 * (DP_MAX_DUCKS + 6) + p.bytes - 1;
+	CHECK(dp_desc_routing_copy(&layout, &tight, &p, slot, 6, copy, sizeof(copy), &size, why,
+				   sizeof(why)) < 0 &&
+		      strstr(why, "max_forward_bytes"),
+	      "bound: %s", why);
+	tight.max_forward_bytes++;
+	CHECK(dp_desc_routing_copy(&layout, &tight, &p, slot, 6, copy, sizeof(copy), &size, why,
+				   sizeof(why)) == 0,
+	      "at the bound: %s", why);
+	/* a duplicate expert for token 1 */
+	uint32_t dup[6] = { 0, 5, 3, 3, 4, 1 };
+	put_table(slot, p.bytes, 3, 2, dup, WT);
+	CHECK(dp_desc_routing_copy(&layout, &limits, &p, slot, 6, copy, sizeof(copy), &size, why,
+				   sizeof(why)) < 0 &&
+		      strstr(why, "twice"),
+	      "duplicate: %s", why);
+	free(slot);
+}
+
+/* --- the mode, the row maps, the sum ------------------------------------------------------ */
+
+static void test_the_mode_rule(void)
+{
+	CHECK(dp_moe_choose(0, false, 1000, 999, true) == DP_MOE_MODE_UNICAST, "fewer bytes");
+	CHECK(dp_moe_choose(0, false, 1000, 1000, true) == DP_MOE_MODE_BROADCAST, "a tie");
+	CHECK(dp_moe_choose(0, false, 1000, 10, false) == DP_MOE_MODE_BROADCAST, "no room");
+	CHECK(dp_moe_choose(0, true, 1000, 10, true) == DP_MOE_MODE_BROADCAST, "shared");
+	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, true, 10, 1000, true) == DP_MOE_MODE_UNICAST,
+	      "forced unicast");
+	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, false, 10, 1000, false) ==
+		      DP_MOE_MODE_BROADCAST,
+	      "forced unicast without room");
+	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_BROADCAST, false, 1000, 10, true) ==
+		      DP_MOE_MODE_BROADCAST,
+	      "forced broadcast");
+}
+
+static void test_row_maps_from_a_split(void)
+{
+	struct dp_ctl_load_weights *m = moe_request(0);
+	struct dp_layer *l;
+	char why[DP_DESC_WHY_LEN] = "";
+	CHECK(build(m, why, &l) == 0, "%s", why);
+	/* tokens 0..3, top-2: 0 {0, 5}, 1 {3, 2}, 2 {4, 1}, 3 {5, 0}
+	 * expert 5 has replicas (6, 2): token t uses ducks[t % 2]: t0 -> 6, t3 -> 2 */
+	static const uint32_t EXP[8] = { 0, 5, 3, 2, 4, 1, 5, 0 };
+	static const float WT[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+	uint8_t host[16 + 64];
+	struct dp_routing_header h = { DP_ROUTING_MAGIC, DP_ROUTING_VERSION, 0, 2, 4, 6 };
+	memcpy(host, &h, 16);
+	for (uint32_t i = 0; i < 8; i++) {
+		struct dp_routing_entry e = { EXP[i], WT[i] };
+		memcpy(host + 16 + 8 * i, &e, 8);
+	}
+	uint8_t wire[512];
+	uint64_t wsize, targets[4], nic[4] = { (1u << 2) | (1u << 4) | (1u << 6) }; /* as a worker */
+	CHECK(dp_routing_split(host, sizeof(host), &l->moe->pl, l->moe->slots, 0, nic, wire,
+			       sizeof(wire), &wsize, targets, why, sizeof(why)) == 0,
+	      "split: %s", why);
+	CHECK(dp_routing_wire_check(wire, wsize, 4, 3, why, sizeof(why)) == 0, "wire: %s", why);
+	struct dp_routing_section s;
+	uint16_t map[8];
+	/* duck 2: rows 0 (e0), 2 (e1), 3 (e0, e5) -> rows 0 2 3 */
+	CHECK(dp_routing_wire_section(wire, wsize, 2, &s) == 0, "duck 2's section");
+	CHECK(dp_moe_row_map(wire, &s, map) == 3 && map[0] == 0 && map[1] == 2 && map[2] == 3,
+	      "duck 2's map %u %u %u", map[0], map[1], map[2]);
+	/* duck 4: row 1 (e3, e2) */
+	CHECK(dp_routing_wire_section(wire, wsize, 4, &s) == 0, "duck 4's section");
+	CHECK(dp_moe_row_map(wire, &s, map) == 1 && map[0] == 1 && s.n_entries == 2, "duck 4's map");
+	/* duck 6: rows 0 (e5), 2 (e4) */
+	CHECK(dp_routing_wire_section(wire, wsize, 6, &s) == 0, "duck 6's section");
+	CHECK(dp_moe_row_map(wire, &s, map) == 2 && map[0] == 0 && map[1] == 2, "duck 6's map");
+	dp_layer_free(l);
+	free(m);
+}
+
+static void sum_in_chunks(float *acc, const uint16_t *map, const uint8_t *reply, uint32_t rows,
+			  uint8_t dtype, uint32_t chunk_items)
+{
+	uint32_t item = dp_dtype_size(dtype), n = rows * HIDDEN;
+	for (uint32_t first = 0; first < n; first += chunk_items) {
+		uint32_t k = n - first < chunk_items ? n - first : chunk_items;
+		dp_moe_accumulate(acc, HIDDEN, map, first, reply + (size_t)first * item, k, dtype);
+	}
+}
+
+static void test_the_row_mapped_sum(void)
+{
+	enum { ROWS = 5, REPLY = 3 };
+	static const uint16_t map[REPLY] = { 4, 0, 2 };
+	float reply[REPLY * HIDDEN], want[ROWS * HIDDEN];
+	uint16_t reply16[REPLY * HIDDEN];
+	for (uint32_t i = 0; i < REPLY * HIDDEN; i++) {
+		reply[i] = (float)(int)(frand() * 64) / 8; /* exact in float16 */
+		reply16[i] = dp_f32_to_f16(reply[i]);
+	}
+	/* chunks of 1, 3, 5, 8, 13 values: boundaries inside rows, on rows, across rows */
+	static const uint32_t sizes[] = { 1, 3, 5, 8, 13, REPLY * HIDDEN };
+	for (uint32_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		float acc[ROWS * HIDDEN], acc16[ROWS * HIDDEN];
+		for (uint32_t i = 0; i < ROWS * HIDDEN; i++)
+			acc[i] = acc16[i] = want[i] = (float)i;
+		for (uint32_t r = 0; r < REPLY; r++)
+			for (uint32_t c = 0; c < HIDDEN; c++)
+				want[map[r] * HIDDEN + c] += reply[r * HIDDEN + c];
+		sum_in_chunks(acc, map, (const uint8_t *)reply, REPLY, DP_DTYPE_F32, sizes[k]);
+		sum_in_chunks(acc16, map, (const uint8_t *)reply16, REPLY, DP_DTYPE_F16, sizes[k]);
+		CHECK(memcmp(acc, want, sizeof(acc)) == 0, "float32, chunks of %u", sizes[k]);
+		CHECK(memcmp(acc16, want, sizeof(acc16)) == 0, "float16, chunks of %u", sizes[k]);
+	}
+	/* identity (the shared expert's replies: every row) */
+	float acc[REPLY * HIDDEN] = { 0 };
+	sum_in_chunks(acc, NULL, (const uint8_t *)reply, REPLY, DP_DTYPE_F32, 7);
+	CHECK(memcmp(acc, reply, sizeof(acc)) == 0, "identity map");
+}
+
+static void test_a_missing_duck_is_named_with_its_experts(void)
+{
+	struct dp_ctl_load_weights *m = moe_request(0);
+	struct dp_layer *l;
+	char why[DP_DESC_WHY_LEN] = "", buf[DP_DESC_WHY_LEN];
+	CHECK(build(m, why, &l) == 0, "%s", why);
+	dp_moe_describe(l, 2, buf, sizeof(buf));
+	CHECK(strcmp(buf, "duck 2 (experts 0 1 5)") == 0, "got '%s'", buf);
+	dp_moe_describe(l, 6, buf, 20); /* cut: ends with ...) inside the room */
+	CHECK(strlen(buf) < 20, "cut to '%s'", buf);
+	dp_layer_free(l);
+	free(m);
+	/* 300 experts on one duck: the list is cut with "..." */
+	m = moe_request(0);
+	m->ducks_len = m->shard_sizes_len = 1;
+	m->expert_replicas_len = m->expert_ducks_len = 300;
+	for (uint32_t e = 0; e < 300; e++) {
+		m->expert_replicas[e] = 1;
+		m->expert_ducks[e] = 2;
+	}
+	m->shard_sizes[0] = 300 * EFFN;
+	CHECK(build(m, why, &l) == 0, "%s", why);
+	dp_moe_describe(l, 2, buf, sizeof(buf));
+	CHECK(strlen(buf) < sizeof(buf) && strstr(buf, " ...)") && strstr(buf, "experts 0 1 2"),
+	      "got '%s'", buf);
+	dp_layer_free(l);
+	free(m);
+}
+
+int main(void)
+{
+	test_a_moe_load_keeps_its_placement_and_banks();
+	test_a_bad_moe_load_is_refused_saying_why();
+	test_routed_descriptor_rules();
+	test_the_table_is_copied_once_and_checked();
+	test_the_mode_rule();
+	test_row_maps_from_a_split();
+	test_the_row_mapped_sum();
+	test_a_missing_duck_is_named_with_its_experts();
+	return test_result("test_moe");
+}

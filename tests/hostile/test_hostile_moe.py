@@ -1,0 +1,164 @@
+"""A MoE duck that answers rows it was not routed.
+
+Three fake MoE ducks (duckpipe.testing.moe_fake: numpy banks, raw UDP); duck 1 lies:
+before its honest reply to every routed forward it sends whole replies with a row too
+many, a row too few, the right rows but a wrong total, no ROUTED flag, and, from duck
+2's own socket, a reply in the name of duck 2, which that forward did not route to. The
+C dataplane must refuse and count every one (rx_unrouted), never add one into a result,
+nor answer duck 2's NACK for an input it was never sent,
+and still complete the forward with the honest reply; a duck that only lies makes the
+forward time out cleanly, naming it and its experts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import duckpipe
+from duckpipe import MoeMlp
+from duckpipe.launch.cluster import free_udp_ports
+from duckpipe.launch.dataplane import DataplaneProcess
+from duckpipe.launch.topology import Duck, Nic, Topology
+from duckpipe.schema.abi import DescFlag, Status
+from duckpipe.schema.wire import WireFlag, WireOp
+from duckpipe.testing import cluster_class_or_skip
+from duckpipe.testing.datagrams import encode
+from duckpipe.testing.moe_fake import FakeMoeDuck, load_moe, routed_forward
+
+pytestmark = pytest.mark.dataplane
+
+HIDDEN = 128
+PLACEMENT = [[0], [0], [1], [1], [2], [2]]
+DUCKS = [0, 1, 2]
+
+
+class RowLiar(FakeMoeDuck):
+    """Duck 1: lies about its rows first, then (unless ``honest`` is off) tells the truth."""
+
+    def __init__(self, port: int, accomplice: FakeMoeDuck) -> None:
+        super().__init__(1, port)
+        self.accomplice = accomplice
+        self.honest = True
+        self.lies = 0  # datagrams sent that the dataplane must refuse
+
+    def _message(self, h, common, rows: int, total: int, flags: int) -> list[bytes]:
+        raw = np.full(total // 4, 1e6, np.float32).tobytes()  # never to be summed
+        chunks = max(1, -(-total // self.payload))
+        fields = dict(common, dtype=h.dtype, rows=rows, chunks=chunks, total=total, flags=flags)
+        return [
+            encode(
+                WireOp.PARTIAL,
+                raw[c * self.payload : (c + 1) * self.payload],
+                **fields,
+                chunk=c,
+                offset=c * self.payload,
+            )
+            for c in range(chunks)
+        ]
+
+    def _reply(self, h, host, common, rows: np.ndarray, y: np.ndarray) -> None:
+        n, row = len(rows), HIDDEN * 4
+        lies = [
+            *self._message(h, common, n + 1, (n + 1) * row, WireFlag.ROUTED),
+            *self._message(h, common, n, n * row + 4, WireFlag.ROUTED),
+            *self._message(h, common, n, n * row, 0),
+        ]
+        if n > 1:
+            lies += self._message(h, common, n - 1, (n - 1) * row, WireFlag.ROUTED)
+        for d in lies:
+            self.sock.sendto(d, host)
+        # duck 2, from its own address: this forward routes nothing to it
+        for d in self._message(h, dict(common, duck=2), n, n * row, WireFlag.ROUTED):
+            self.accomplice.sock.sendto(d, host)
+            lies.append(d)
+        # and it asks for an input it was never sent: it must get none
+        self.accomplice.sock.sendto(
+            encode(WireOp.NACK, flags=WireFlag.INPUT, **dict(common, duck=2)), host
+        )
+        self.lies += len(lies)
+        if self.honest:
+            super()._reply(h, host, common, rows, y)
+
+
+@pytest.fixture
+def liar_cluster():
+    cluster_class_or_skip()
+    base = free_udp_ports(4)
+    duck2 = FakeMoeDuck(2, base + 3)
+    ducks = [FakeMoeDuck(0, base + 1), RowLiar(base + 2, duck2), duck2]
+    for d in ducks:
+        d.start()
+    topo = Topology(
+        default_timeout_ms=3000,
+        nics=[
+            Nic(
+                name="lo",
+                host_ip="127.0.0.1",
+                host_port=base,
+                ducks=[Duck(id=d, ip="127.0.0.1", port=base + 1 + d) for d in DUCKS],
+            )
+        ],
+    )
+    dp = DataplaneProcess(topo).start()
+    try:
+        yield dp, ducks
+    finally:
+        code = dp.stop()
+        out = dp.output()
+        dp.close()
+        for d in ducks:
+            d.close()
+        assert code == 0 and "runtime error" not in out and "Sanitizer" not in out, out[-3000:]
+
+
+def test_unrouted_rows_are_refused_counted_and_never_summed(liar_cluster):
+    dp, ducks = liar_cluster
+    liar = ducks[1]
+    moe = MoeMlp.random(6, HIDDEN, 8, shared=False, seed=21)
+    rng = np.random.default_rng(22)
+    with duckpipe.connect(dp.control, slot_size=1 << 17) as c:
+        s = c._session
+        assert load_moe(s, 30, moe, DUCKS, PLACEMENT) == Status.OK
+        # duck 2 is a target once: its state in the (reused) context is then this forward's
+        x = rng.standard_normal((2, HIDDEN)).astype(np.float32)
+        idx = np.array([[4, 1], [5, 2]], np.uint32)
+        w = np.ones((2, 2), np.float32)
+        warm = routed_forward(s, 30, x, idx, w, 6, flags=int(DescFlag.MOE_UNICAST))
+        assert warm.status == Status.OK and sorted(warm.answered) == DUCKS, warm.message
+        duck2_seen = len(ducks[2].seen)
+        liar.lies = 0  # the warm-up's were refused too; count from here
+        before = c.stats().counters
+        forwards = 6
+        for i in range(forwards):
+            tokens = 2 + i
+            x = rng.standard_normal((tokens, HIDDEN)).astype(np.float32)
+            # ducks 0 and 1 only: duck 2 is never a target
+            idx = np.array([[0, 2 + i % 2]] * tokens, np.uint32)
+            w = rng.random((tokens, 2)).astype(np.float32)
+            got = routed_forward(s, 30, x, idx, w, 6, flags=0)
+            assert got.status == Status.OK, got.message
+            np.testing.assert_allclose(got.y, moe.reference(x, idx, w), rtol=2e-4, atol=2e-5)
+            assert sorted(got.answered) == [0, 1]
+        after = c.stats().counters
+        lies = liar.lies
+        # a liar alone: refused, then the deadline, naming it with its experts
+        liar.honest = False
+        x = rng.standard_normal((3, HIDDEN)).astype(np.float32)
+        idx = np.array([[0, 2]] * 3, np.uint32)
+        lost = routed_forward(s, 30, x, idx, np.ones((3, 2), np.float32), 6, timeout_us=300_000)
+        assert lost.status == Status.TIMEOUT
+        assert lost.missing == [1] and lost.message == "duck 1 (experts 2 3) did not answer"
+        liar.honest = True
+        # and the dataplane serves on
+        got = routed_forward(s, 30, x, idx, np.ones((3, 2), np.float32), 6)
+        assert got.status == Status.OK, got.message
+    assert lies >= forwards * 5
+    # every lie arrived before the truth that completed its forward (one socket queue,
+    # in the order sent): each one refused and counted
+    assert after["rx_unrouted"] - before["rx_unrouted"] == lies
+    assert after["forwards_ok"] - before["forwards_ok"] == forwards
+    assert after["timeouts"] == before["timeouts"]
+    assert not any(d.refused for d in ducks), [d.refused for d in ducks]
+    # no FORWARD reached duck 2 after the warm-up, however often it asked
+    assert not ducks[2].inputs and len(ducks[2].seen) == duck2_seen
