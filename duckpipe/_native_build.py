@@ -70,6 +70,10 @@ uint32_t dp_wire_payload_max(uint32_t mtu);
 int dp_desc_check(const struct dp_client_layout *c, const struct dp_desc_layer *layer,
                   const struct dp_desc *d, const struct dp_limits *lim, struct dp_desc_plan *out,
                   char *why, size_t whylen);
+int dp_desc_routing_copy(const struct dp_client_layout *c, const struct dp_limits *lim,
+                         const struct dp_desc_plan *plan, const uint8_t *slot,
+                         uint32_t n_experts, void *copy, uint64_t copy_cap,
+                         uint64_t *table_bytes, char *why, size_t whylen);
 uint64_t dp_client_quota(uint64_t contexts, uint32_t nactive, uint64_t client_max_inflight);
 int dp_routing_size(uint64_t tokens, uint64_t topk, uint64_t *out);
 int dp_routing_check(const void *table, uint64_t len, uint32_t tokens, uint32_t n_experts,

@@ -133,8 +133,8 @@ static inline int dp_desc_check_routed(const struct dp_desc_layer *l, const stru
 		return dp_desc_refuse(why, whylen, "MOE_BROADCAST and MOE_UNICAST together: force "
 				      "one mode, or neither for the dataplane's choice");
 	if (routed && any)
-		return dp_desc_refuse(why, whylen, "a routed forward names no ducks: its routing "
-				      "says which ducks get which rows");
+		return dp_desc_refuse(why, whylen, "a routed forward takes no target set (ducks=): its "
+				      "routing says which ducks get which rows");
 	if (routed && rows > DP_MAX_TOKENS)
 		return dp_desc_refuse(why, whylen, "a routed forward has at most %u rows, not %u",
 				      DP_MAX_TOKENS, rows);

@@ -869,7 +869,6 @@ class MockDataplane:
             plan = self._check(client.layout, layer, d)
             if op == Op.FORWARD:
                 assert layer is not None  # the check refuses a forward on no layer
-                moe.check_desc(d, layer.info.kind, int(d.layer))
                 self._forward(client, d, layer, plan, fields, pickup)
             elif op == Op.WEIGHT_CHUNK:
                 unacked = self._weight_chunk(client, d, layer, plan)
@@ -901,8 +900,8 @@ class MockDataplane:
         targets = _bitmap_ducks(plan.targets)
         timeout_us = int(plan.timeout_us)
         routed = None
-        if layer.moe is not None:  # check_desc let through only a ROUTED forward
-            routed = self._routed(client, d, layer.moe, nbytes, shape)  # or refused here
+        if layer.moe is not None:  # dp_desc_check let through only a ROUTED forward
+            routed = self._routed(client, d, layer.moe, plan, shape)  # or refused here
             targets = routed.targets
 
         faults = self.faults
@@ -958,11 +957,14 @@ class MockDataplane:
             self.counters["forwards_ok"] += 1
             self._finish(client, fields, Status.OK, answered, [], timings)
 
-    def _routed(self, client: _Client, d, plan: moe.MoePlan, nbytes: int, shape) -> moe.Routed:
-        """A ROUTED forward's routing out of its slot, checked, and its NIC part's send
-        mode counted (DuckpipeError: refused, as the C dispatcher refuses it)."""
+    def _routed(self, client: _Client, d, plan: moe.MoePlan, desc_plan, shape) -> moe.Routed:
+        """A ROUTED forward's routing out of its slot, copied once and checked by the C
+        dispatcher's own dp_desc_routing_copy, and its NIC part's send mode counted
+        (DuckpipeError: refused, in the C dispatcher's words)."""
         slot = client.seg.act_bytes(int(d.slot))
-        routed = moe.read_routing(slot, nbytes, shape[0], plan, self.cfg.max_forward_bytes)
+        nbytes = int(desc_plan.bytes)
+        table = moe.copy_routing(client.layout, self._check.limits, desc_plan, slot, plan)
+        routed = moe.read_routing(table, shape[0], plan)
         self.counters["moe_forwards"] += 1
         mode, sent = moe.send_mode(
             int(d.flags), plan, routed, nbytes, nbytes // shape[0], self.cfg.max_forward_bytes

@@ -26,14 +26,15 @@ import dataclasses
 
 import numpy as np
 
+from .._native import ffi, lib
 from ..client import routing
 from ..client.models import silu
 from ..errors import BadInput, DuckpipeError
 from ..schema import control as ctl
-from ..schema.abi import MAX_DUCKS, DescFlag, MlpKind
-from ..schema.routing import MAX_TOKENS, MAX_TOPK
+from ..schema.abi import DescFlag, MlpKind
+from ..schema.routing import MAX_EXPERTS, MAX_TOPK
 
-__all__ = ["MoePlan", "Routed", "check_desc", "duck_rows", "plan_of", "read_routing", "send_mode"]
+__all__ = ["MoePlan", "Routed", "copy_routing", "duck_rows", "plan_of", "read_routing", "send_mode"]
 
 ROUTED = int(DescFlag.ROUTED)
 MODE_BITS = int(DescFlag.MOE_BROADCAST | DescFlag.MOE_UNICAST)
@@ -72,43 +73,47 @@ class MoePlan:
 def plan_of(msg: ctl.LoadWeights) -> MoePlan | None:
     """The MoE plan of a LoadWeights (None for a dense kind), or DuckpipeError with the
     reason it is refused."""
+    # dp_layer_moe.c's checks, in its order and words
     moe_fields = msg.expert_ffn or msg.expert_replicas or msg.expert_ducks
     if msg.kind != MlpKind.MOE:
         if moe_fields:
             raise DuckpipeError(
                 f"layer {msg.layer} is dense (kind {msg.kind}): expert_ffn, expert_replicas "
-                "and expert_ducks are only for mixture-of-experts layers (kind 3)"
+                f"and expert_ducks are for MOE layers (kind {int(MlpKind.MOE)}) only"
             )
         return None
     layer = msg.layer
-    if msg.has_b_down:
-        raise DuckpipeError(f"layer {layer} is a mixture of experts: it has no b_down")
     if msg.expert_ffn < 1:
-        raise DuckpipeError(f"layer {layer} is a mixture of experts: expert_ffn must be >= 1")
+        raise DuckpipeError(f"MOE layer {layer} needs expert_ffn >= 1")
     replicas = list(msg.expert_replicas)
     if not replicas:
-        raise DuckpipeError(f"layer {layer} is a mixture of experts with no experts")
+        raise DuckpipeError(
+            f"MOE layer {layer} needs expert_replicas: one entry per routed expert "
+            f"(1..{MAX_EXPERTS})"
+        )
+    if msg.has_b_down:
+        raise DuckpipeError(f"MOE layer {layer}: a mixture of experts has no b_down")
     if sum(replicas) != len(msg.expert_ducks):
         raise DuckpipeError(
-            f"layer {layer}: expert_replicas place {sum(replicas)} replicas but expert_ducks "
-            f"lists {len(msg.expert_ducks)} ducks"
+            f"MOE layer {layer}: expert_replicas add up to {sum(replicas)} ducks, "
+            f"expert_ducks lists {len(msg.expert_ducks)}"
         )
     ducks_of: list[tuple[int, ...]] = []
     at = 0
     for e, n in enumerate(replicas):
         held = tuple(msg.expert_ducks[at : at + n])
         at += n
-        stray = [d for d in held if d not in msg.ducks]
-        if stray:
-            raise DuckpipeError(
-                f"layer {layer}: expert {e} is placed on ducks {stray}, which are not among "
-                f"the layer's ducks {list(msg.ducks)}"
-            )
+        for d in held:
+            if d not in msg.ducks:
+                raise DuckpipeError(
+                    f"MOE layer {layer}: expert {e} is placed on duck {d}, which is not one "
+                    "of the layer's ducks"
+                )
         ducks_of.append(held)
     try:
         placement = routing.placement(ducks_of)  # dp_routing_placement_check
     except BadInput as e:
-        raise DuckpipeError(f"layer {layer}: {e}") from None
+        raise DuckpipeError(f"MOE layer {layer}: {e.args[0].split(': ', 1)[-1]}") from None
     n_local = {d: 0 for d in msg.ducks}
     bank_slot: dict[tuple[int, int], int] = {}
     for e, held in enumerate(ducks_of):  # ascending ids: each duck's slots 0, 1, ...
@@ -120,16 +125,16 @@ def plan_of(msg: ctl.LoadWeights) -> MoePlan | None:
         need = n_local[d] * msg.expert_ffn
         if width < need:
             raise DuckpipeError(
-                f"layer {layer}: duck {d} holds {n_local[d]} experts of {msg.expert_ffn} "
-                f"columns ({need}) but its bank has {width} columns"
+                f"MOE layer {layer}: duck {d}'s bank has {width} columns, fewer than its "
+                f"{n_local[d]} experts x expert_ffn {msg.expert_ffn}"
             )
         shared_cols[d] = width - need
     with_shared = [d for d in msg.ducks if shared_cols[d]]
     if with_shared and len(with_shared) != len(msg.ducks):
-        without = [d for d in msg.ducks if not shared_cols[d]]
+        first = next(d for d in msg.ducks if not shared_cols[d])
         raise DuckpipeError(
-            f"layer {layer}: ducks {with_shared} hold shared-expert columns and ducks {without} "
-            "none; the shared expert is cut over every duck of the layer, or there is none"
+            f"MOE layer {layer}: {len(with_shared)} of {len(msg.ducks)} ducks hold "
+            f"shared-expert columns but duck {first} holds none: every duck or none"
         )
     # a duck with no expert and no shared expert cannot get here: its shard_sizes entry
     # is >= 1 (the schema), so it holds shared columns, and then every duck does
@@ -146,33 +151,6 @@ def plan_of(msg: ctl.LoadWeights) -> MoePlan | None:
     )
 
 
-def check_desc(d, kind: int, layer: int) -> None:  # d: struct dp_desc *
-    """dp_desc_check's MoE rules: ROUTED exactly on MOE layers, at most one mode bit, no
-    target set, [tokens, hidden] with tokens <= MAX_TOKENS. DuckpipeError when refused."""
-    flags = int(d.flags)
-    routed = bool(flags & ROUTED)
-    if routed and kind != MlpKind.MOE:
-        raise DuckpipeError(
-            f"layer {layer} is dense: routing is only for mixture-of-experts layers"
-        )
-    if kind != MlpKind.MOE:
-        return
-    if not routed:
-        raise DuckpipeError(f"layer {layer} is a mixture of experts: the forward needs its routing")
-    if flags & MODE_BITS == MODE_BITS:
-        raise DuckpipeError("MOE_BROADCAST and MOE_UNICAST together: choose one, or neither")
-    if any(int(d.ducks[w]) for w in range(MAX_DUCKS // 64)):
-        raise DuckpipeError(
-            "a routed forward's target set must be empty: its routing says which ducks"
-        )
-    if int(d.ndim) != 2:
-        raise DuckpipeError(f"a routed forward's activation is [tokens, hidden], not {d.ndim}-D")
-    if int(d.shape[0]) > MAX_TOKENS:
-        raise DuckpipeError(
-            f"a routed forward carries at most {MAX_TOKENS} tokens, not {d.shape[0]}"
-        )
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class Routed:
     """A routed forward's checked routing: indices, weights [tokens, topk], the duck of
@@ -184,36 +162,25 @@ class Routed:
     targets: list[int]  # ascending
 
 
-def read_routing(
-    slot: np.ndarray, nbytes: int, tokens: int, plan: MoePlan, max_forward_bytes: int
-) -> Routed:
-    """The routing of a forward whose activation of ``nbytes`` is in ``slot`` (the
-    activation slot's bytes, which the client may still be writing): header copied once,
-    topk bounded, the whole table copied once, the copy checked (dp_routing_check)."""
-    at = -(-nbytes // ALIGN) * ALIGN
-    if at + _HEADER > slot.size:
-        raise DuckpipeError(
-            f"the routing table's header at byte {at} does not fit the slot of {slot.size} bytes"
-        )
-    header = slot[at : at + _HEADER].copy().view(routing.HEADER_DTYPE)
-    topk = min(int(header["topk"][0]), MAX_TOPK)
-    size = routing.table_size(tokens, topk)
-    if at + size > slot.size:
-        raise DuckpipeError(
-            f"the routing table of {tokens} tokens by {topk} ({size} bytes at byte {at}) does "
-            f"not fit the slot of {slot.size} bytes"
-        )
-    staged = _WIRE_HEADER + _WIRE_ITEM * (MAX_DUCKS + tokens * topk) + nbytes
-    if staged > max_forward_bytes:
-        raise DuckpipeError(
-            f"a routed forward of {nbytes} activation bytes and {tokens * topk} routes needs "
-            f"{staged} bytes of staging, over max_forward_bytes {max_forward_bytes}"
-        )
-    copy = slot[at : at + size].copy()
-    try:
-        routing.check(copy, tokens, plan.n_experts)
-    except BadInput as e:
-        raise DuckpipeError(str(e)) from None
+def copy_routing(layout, limits, desc_plan, slot: np.ndarray, plan: MoePlan) -> np.ndarray:
+    """The host routing table of a forward that passed dp_desc_check, out of its activation
+    slot (bytes the client may still be writing), by the C dispatcher's own
+    dp_desc_routing_copy: copied once, bounded, checked on the copy. DuckpipeError with
+    its words when refused."""
+    cap = routing.table_size(int(desc_plan.rows), MAX_TOPK)
+    copy = np.empty(cap, dtype=np.uint8)
+    size = ffi.new("uint64_t *")
+    why = ffi.new("char[]", lib.DP_DESC_WHY_LEN)
+    if lib.dp_desc_routing_copy(
+        layout, limits, desc_plan, ffi.from_buffer(slot), plan.n_experts,
+        ffi.from_buffer(copy), cap, size, why, len(why),
+    ):  # fmt: skip
+        raise DuckpipeError(ffi.string(why).decode(errors="replace"))
+    return copy[: size[0]]
+
+
+def read_routing(copy: np.ndarray, tokens: int, plan: MoePlan) -> Routed:
+    """A checked table's routing: indices, weights, each (token, choice)'s duck, targets."""
     topk = int(copy[:_HEADER].view(routing.HEADER_DTYPE)["topk"][0])
     entries = copy[_HEADER:].view(routing.ENTRY_DTYPE).reshape(tokens, topk)
     indices = entries["expert"].astype(np.int32)

@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import msgspec
 
-from .layout import U8, U16, U32, U64, Pad
+from .layout import U8, U16, U32, U64
 
 __all__ = ["CONSTANTS", "LAYOUTS", "WIRE_MAGIC", "WIRE_VERSION", "WireHeader", "WireOp"]
 

@@ -174,19 +174,25 @@ def test_the_dataplane_takes_a_well_formed_moe_load(client):
 @pytest.mark.parametrize(
     "over, match",
     [
-        (dict(expert_replicas=[1, 1, 1, 2]), "place 5 replicas but expert_ducks lists 4"),
-        (dict(expert_ducks=[0, 0, 1, 2]), r"expert 3 is placed on ducks \[2\], which are not"),
+        (
+            dict(expert_replicas=[1, 1, 1, 2]),
+            "expert_replicas add up to 5 ducks, expert_ducks lists 4",
+        ),
+        (
+            dict(expert_ducks=[0, 0, 1, 2]),
+            "expert 3 is placed on duck 2, which is not one of the layer's ducks",
+        ),
         (
             dict(expert_replicas=[1, 1, 1, 2], expert_ducks=[0, 0, 1, 1, 1]),
-            "placement refused",
+            "MOE layer 43: expert 3 is placed on duck 1 twice",
         ),
         (
             dict(shard_sizes=[2 * EFFN - 1, 2 * EFFN + 4], ffn=4 * EFFN + 3),
-            "duck 0 holds 2 experts .* but its bank has",
+            r"duck 0's bank has 31 columns, fewer than its 2 experts x expert_ffn 16",
         ),
         (
             dict(shard_sizes=[2 * EFFN, 2 * EFFN + 4], ffn=4 * EFFN + 4),
-            r"ducks \[1\] hold shared-expert columns and ducks \[0\] none",
+            "1 of 2 ducks hold shared-expert columns but duck 0 holds none: every duck or none",
         ),
         (
             dict(
@@ -194,13 +200,13 @@ def test_the_dataplane_takes_a_well_formed_moe_load(client):
                 shard_sizes=[2 * EFFN, 2 * EFFN, 1],
                 ffn=4 * EFFN + 1,
             ),
-            r"ducks \[0, 1\] none",
+            "1 of 3 ducks hold shared-expert columns but duck 0 holds none",
         ),
         (dict(has_b_down=True), "no b_down"),
-        (dict(expert_ffn=0), "expert_ffn must be >= 1"),
+        (dict(expert_ffn=0), r"MOE layer 43 needs expert_ffn >= 1"),
         (
             dict(kind=int(MlpKind.SWIGLU), ffn=64, shard_sizes=[32, 32]),
-            "dense .* expert_ffn, expert_replicas and expert_ducks are only for",
+            r"layer 43 is dense \(kind 2\): expert_ffn, expert_replicas and expert_ducks are for",
         ),
     ],
     ids=[
