@@ -49,6 +49,7 @@ struct dp_worker {
 	uint16_t ducks[DP_MAX_DUCKS];
 	struct dp_rto rto[DP_MAX_DUCKS]; /* by duck id, for the ducks on this NIC */
 	uint64_t next_ping_ns;
+	uint32_t pump_next;  /* where the next loop's weight pumping starts (round-robin) */
 	struct dp_reasm nack_seen; /* chunks already resent for the NACK being answered */
 	/* routed (MoE) forwards (dp_moe.c) */
 	uint64_t nic_ducks[DP_MAX_DUCKS / 64]; /* the ducks above, as a set */
