@@ -204,7 +204,7 @@ static void test_routed_descriptor_rules(void)
 	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "together"), "%s", why);
 	d = routed(3, DP_DESC_FLAG_ROUTED);
 	d.ducks[0] = 1u << 2;
-	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "names no ducks"), "%s", why);
+	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "takes no target set"), "%s", why);
 	d = routed(3, DP_DESC_FLAG_ROUTED | 64);
 	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "flags 0x41"), "%s", why);
 	d = routed(DP_MAX_TOKENS + 1, DP_DESC_FLAG_ROUTED);
@@ -388,9 +388,9 @@ static void test_a_missing_duck_is_named_with_its_experts(void)
 	struct dp_layer *l;
 	char why[DP_DESC_WHY_LEN] = "", buf[DP_DESC_WHY_LEN];
 	CHECK(build(m, why, &l) == 0, "%s", why);
-	dp_moe_describe(l, 2, buf, sizeof(buf));
+	dp_layer_describe_duck(l, 2, buf, sizeof(buf));
 	CHECK(strcmp(buf, "duck 2 (experts 0 1 5)") == 0, "got '%s'", buf);
-	dp_moe_describe(l, 6, buf, 20); /* cut: ends with ...) inside the room */
+	dp_layer_describe_duck(l, 6, buf, 20); /* cut: ends with ...) inside the room */
 	CHECK(strlen(buf) < 20, "cut to '%s'", buf);
 	dp_layer_free(l);
 	free(m);
@@ -404,7 +404,7 @@ static void test_a_missing_duck_is_named_with_its_experts(void)
 	}
 	m->shard_sizes[0] = 300 * EFFN;
 	CHECK(build(m, why, &l) == 0, "%s", why);
-	dp_moe_describe(l, 2, buf, sizeof(buf));
+	dp_layer_describe_duck(l, 2, buf, sizeof(buf));
 	CHECK(strlen(buf) < sizeof(buf) && strstr(buf, " ...)") && strstr(buf, "experts 0 1 2"),
 	      "got '%s'", buf);
 	dp_layer_free(l);

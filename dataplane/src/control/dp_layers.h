@@ -143,6 +143,11 @@ uint32_t dp_layers_free_retired(struct dp_world *w, struct dp_layer **retired, b
 int dp_layer_moe_build(struct dp_layer *l, const struct dp_ctl_load_weights *m, char *why,
 		       size_t n);
 
+/* "duck 5 (experts 40 41 ...)": the duck and the routed experts its bank holds in l, cut
+ * with "..." to fit n bytes; "duck 5 (shared expert only)"; for a dense layer "duck 5".
+ * Returns snprintf's. (What a failed forward's message says of a duck.) */
+int dp_layer_describe_duck(const struct dp_layer *l, uint32_t duck, char *buf, size_t n);
+
 /* Bytes a layer plan stands for: every duck's shards and b_down (raw and float);
  * UINT64_MAX when that does not fit (a config may raise max_hidden and max_ffn to 2^32). */
 uint64_t dp_layer_plan_bytes(const struct dp_ctl_load_weights *m);

@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dp_moe.h"
 #include "dp_reduce.h"
 #include "dp_ring.h"
 #include "dp_tsan.h"
@@ -121,6 +120,25 @@ static uint32_t status_rank(uint32_t s)
 	return s == DP_STATUS_OK ? 0 : s == DP_STATUS_TIMEOUT ? 1 : 2;
 }
 
+/* A routed forward that timed out: its message names the ducks that did not answer and
+ * their experts, as many as fit. */
+static void routed_missing_message(const struct dp_world *w, struct dp_fwd *f)
+{
+	size_t n = sizeof(f->message), used = 0;
+	uint32_t listed = 0;
+	for (uint32_t d = 0; d < DP_MAX_DUCKS && used + 24 < n; d++) {
+		if (!dp_targets_has(f->targets, d) || f->rx[w->duck_index[d]].state == 1)
+			continue;
+		int k = snprintf(f->message + used, n - used, "%s", listed ? "; " : "");
+		used += k > 0 ? (size_t)k : 0;
+		k = dp_layer_describe_duck(f->layer, d, f->message + used, n - used);
+		used += k > 0 ? (size_t)k : 0;
+		listed++;
+	}
+	if (used < n)
+		snprintf(f->message + used, n - used, " did not answer");
+}
+
 /* The last NIC out: the worst of the NICs' statuses, and the message that goes with it;
  * counters are the finishing worker's. */
 static uint32_t final_status(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters)
@@ -140,7 +158,7 @@ static uint32_t final_status(struct dp_world *w, struct dp_fwd *f, struct dp_cou
 	/* routed: name the ducks that did not answer and the experts they hold */
 	if (status == DP_STATUS_TIMEOUT && f->kind == DP_FWD_FORWARD &&
 	    f->desc.flags & DP_DESC_FLAG_ROUTED && !f->message[0])
-		dp_moe_missing_message(w, f);
+		routed_missing_message(w, f);
 	if (!f->message[0] && status == DP_STATUS_TIMEOUT)
 		snprintf(f->message, sizeof(f->message), "no complete partial within the deadline");
 	return status;

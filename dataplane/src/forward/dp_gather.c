@@ -288,7 +288,7 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 			if (rx->state == 0) {
 				char who[DP_MSG_LEN / 2];
 				rx->state = 2;
-				dp_moe_describe(f->layer, duck, who, sizeof(who)); /* dense: "duck 5" */
+				dp_layer_describe_duck(f->layer, duck, who, sizeof(who)); /* dense: "duck 5" */
 				snprintf(f->message, sizeof(f->message),
 					 "%s holds no layer %u (restarted?); load it again", who,
 					 f->layer->id);

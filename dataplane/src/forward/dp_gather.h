@@ -10,46 +10,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "dp_gather_view.h"
+
 struct dp_counters;
 struct dp_fwd;
 struct dp_reasm;
 struct dp_tx_batch;
 struct dp_wire_header;
 struct dp_world;
-
-/* A duck's NACK timeout, RFC 6298's estimator over its reply times (ns). */
-struct dp_rto {
-	uint64_t srtt;
-	uint64_t rttvar;
-	uint64_t rto;     /* cfg.nack_us until the first sample */
-	bool sampled;
-};
-
-/* What gather sees of its NIC worker, which owns it (and everything it points at) and
- * passes it to every call. */
-struct dp_gather_view {
-	const struct dp_world *w;     /* the config, the duck table, the session */
-	uint32_t nic;
-	uint32_t payload;             /* bytes per datagram after the header */
-	uint32_t nducks;              /* the ducks on this NIC */
-	const uint16_t *ducks;
-	struct dp_rto *rto;           /* NACK timeouts, by duck id (this NIC's ducks) */
-	struct dp_counters *counters; /* the worker's */
-	struct dp_tx_batch *tx;       /* the worker's transmit batch (dp_tx.h) */
-	struct dp_wire_header *hdrs;  /* [contexts][max_chunks]: each one's FORWARD headers */
-	uint32_t max_chunks;
-	float *scratch;               /* [contexts][scratch_floats]: sums not made in place */
-	uint32_t scratch_floats;
-	struct dp_reasm *nack_seen;   /* chunks already resent for the NACK being answered */
-	/* routed (MoE) forwards (dp_moe.c) */
-	const uint64_t *nic_ducks;    /* this NIC's ducks, a DP_MAX_DUCKS-bit set */
-	uint8_t *moe_wire;            /* the wire table of the forward being sent */
-	uint64_t moe_wire_cap;
-	uint8_t *moe_stage;           /* [contexts][moe_stage_bytes]: the messages sent */
-	uint64_t moe_stage_bytes;
-	uint16_t *moe_maps;           /* [contexts][moe_map_cap]: the ducks' reply row maps */
-	uint32_t moe_map_cap;
-};
 
 /* Take f in: its headers, its sum, its ducks' state; send the activation. Returns when
  * the first NACK may be due (a lower bound: the worker's timer). */

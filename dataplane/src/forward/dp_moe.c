@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "dp_fwd.h"
-#include "dp_gather.h"
+#include "dp_gather_view.h"
 #include "dp_reduce.h"
 #include "dp_tx.h"
 #include "dp_wire.h"
@@ -77,50 +77,6 @@ void dp_moe_accumulate(float *acc, uint32_t hidden, const uint16_t *map, uint64_
 		row++;
 		col = 0;
 	}
-}
-
-/* --- failures -------------------------------------------------------------------------- */
-
-int dp_moe_describe(const struct dp_layer *l, uint32_t duck, char *buf, size_t n)
-{
-	const struct dp_layer_moe *moe = l->moe;
-	if (!moe || duck >= DP_MAX_DUCKS)
-		return snprintf(buf, n, "duck %u", duck);
-	if (!moe->experts_on[duck])
-		return snprintf(buf, n, "duck %u (shared expert only)", duck);
-	int used = snprintf(buf, n, "duck %u (experts", duck);
-	for (uint32_t e = 0; e < moe->pl.n_experts && used >= 0 && (size_t)used < n; e++)
-		for (uint32_t r = 0; r < moe->pl.replicas[e]; r++) {
-			if (moe->pl.ducks[e * DP_MAX_REPLICAS + r] != duck)
-				continue;
-			/* room for this id and the closing " ...)" */
-			if ((size_t)used + 12 >= n) {
-				used += snprintf(buf + used, n - (size_t)used, " ...");
-				goto close;
-			}
-			used += snprintf(buf + used, n - (size_t)used, " %u", e);
-		}
-close:
-	if (used >= 0 && (size_t)used < n)
-		used += snprintf(buf + used, n - (size_t)used, ")");
-	return used;
-}
-
-void dp_moe_missing_message(const struct dp_world *w, struct dp_fwd *f)
-{
-	size_t n = sizeof(f->message), used = 0;
-	uint32_t listed = 0;
-	for (uint32_t d = 0; d < DP_MAX_DUCKS && used + 24 < n; d++) {
-		if (!dp_targets_has(f->targets, d) || f->rx[w->duck_index[d]].state == 1)
-			continue;
-		int k = snprintf(f->message + used, n - used, "%s", listed ? "; " : "");
-		used += k > 0 ? (size_t)k : 0;
-		k = dp_moe_describe(f->layer, d, f->message + used, n - used);
-		used += k > 0 ? (size_t)k : 0;
-		listed++;
-	}
-	if (used < n)
-		snprintf(f->message + used, n - used, " did not answer");
 }
 
 /* --- the send -------------------------------------------------------------------------- */

@@ -46,14 +46,6 @@ uint32_t dp_moe_row_map(const void *wire, const struct dp_routing_section *s, ui
 void dp_moe_accumulate(float *acc, uint32_t hidden, const uint16_t *map, uint64_t first,
 		       const void *src, uint32_t n, uint8_t dtype);
 
-/* "duck 5 (experts 40 41 ...)": the duck and the routed experts its bank holds, cut with
- * "..." to fit n bytes; for a layer that is not MOE, "duck 5". Returns snprintf's. */
-int dp_moe_describe(const struct dp_layer *l, uint32_t duck, char *buf, size_t n);
-
-/* A routed forward that timed out: its message names the ducks that did not answer
- * and their experts, as many as fit. */
-void dp_moe_missing_message(const struct dp_world *w, struct dp_fwd *f);
-
 /* The worker's routed send of f on this NIC: the NIC's wire table split out of f's
  * host table with the layer's bank slots, the mode chosen, the message(s) staged in
  * the context's staging area, f's FORWARD headers written (hdrs: the context's), each
