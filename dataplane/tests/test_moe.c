@@ -204,7 +204,7 @@ static void test_routed_descriptor_rules(void)
 	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "together"), "%s", why);
 	d = routed(3, DP_DESC_FLAG_ROUTED);
 	d.ducks[0] = 1u << 2;
-	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "names no ducks"), "%s", why);
+	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "takes no target set"), "%s", why);
 	d = routed(3, DP_DESC_FLAG_ROUTED | 64);
 	CHECK(check_desc(l, &d, &p, why) < 0 && strstr(why, "flags 0x41"), "%s", why);
 	d = routed(DP_MAX_TOKENS + 1, DP_DESC_FLAG_ROUTED);
