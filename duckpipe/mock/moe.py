@@ -235,16 +235,19 @@ def send_mode(
     by the design's rule for a NIC without a broadcast address: a broadcast sends the
     wire table and every row to each target; a unicast sends each routed duck its own
     section (renumbered) and rows. Auto takes the unicast when it is smaller, fits the
-    staging area and the layer has no shared expert; a mode bit forces one."""
+    staging area and the layer has no shared expert; a mode bit forces one, except a
+    unicast that does not fit the staging area, which goes as the broadcast (dp_moe_choose)."""
     tokens = routed.indices.shape[0]
     sections = [(d, *duck_rows(plan, routed, d)) for d in routed.targets]
     routed_ducks = [(d, r, n) for d, r, n in sections if n]
     entries = sum(n for _, _, n in routed_ducks)
     wire = _WIRE_HEADER + _WIRE_ITEM * (len(routed_ducks) + entries)
     broadcast = (wire + nbytes) * len(routed.targets)
-    if plan.has_shared:  # every duck needs every row: a unicast carries them all
+    if plan.has_shared:  # every duck needs every row: a unicast carries them all, and
+        # a duck without a section gets a bare header (dp_moe.c shared_unicast_table)
         unicast = sum(
-            _WIRE_HEADER + _WIRE_ITEM * (1 + n) + tokens * row_bytes for _, _, n in sections
+            _WIRE_HEADER + (_WIRE_ITEM * (1 + n) if n else 0) + tokens * row_bytes
+            for _, _, n in sections
         )
     else:
         unicast = sum(
@@ -252,8 +255,8 @@ def send_mode(
         )
     if flags & DescFlag.MOE_BROADCAST:
         return "broadcast", broadcast
-    if flags & DescFlag.MOE_UNICAST:
-        return "unicast", unicast
+    if flags & DescFlag.MOE_UNICAST and unicast <= staging:
+        return "unicast", unicast  # forced, unless it does not fit: then the broadcast
     if not plan.has_shared and unicast < broadcast and unicast <= staging:
         return "unicast", unicast
     return "broadcast", broadcast

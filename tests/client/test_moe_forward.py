@@ -420,3 +420,44 @@ def test_a_dead_routed_duck_fails_only_the_forwards_routed_to_it(ducks4):
         assert "layer 7: duck 2 (experts 8 9 10 11)" in str(e.value)
         i[2, 1] = 6  # routed away from it again: fine
         _check(c.forward(7, x, routing=(i, w), timeout=30), moe.reference(x, i, w))
+
+
+def test_a_forced_unicast_that_does_not_fit_the_staging_area_is_broadcast(client):
+    # 64 tokens of 8 KiB, each routed to 4 ducks: their rows alone would be 2 MiB, twice
+    # the staging area (max_forward_bytes, 1 MiB); the dataplane sends the broadcast
+    # (512 KiB to each of the 4 targets) and counts it as one
+    moe = MoeMlp.random(4, 2048, 8, shared=False, seed=40)
+    client.load_weights(540, moe, ducks=[0, 1, 2, 3], placement=[0, 1, 2, 3])
+    x = np.random.default_rng(40).standard_normal((64, 2048)).astype(np.float32)
+    i = np.tile(np.arange(4, dtype=np.int32), (64, 1))
+    w = np.full((64, 4), 0.25, np.float32)
+    before = client.stats().counters
+    _check(
+        client.forward(540, x, routing=(i, w), moe_send="unicast", timeout=30),
+        moe.reference(x, i, w),
+    )
+    after = client.stats().counters
+    assert after["moe_broadcasts"] - before["moe_broadcasts"] == 1
+    assert after["moe_unicasts"] == before["moe_unicasts"]
+    wire = 16 + 8 * (4 + 64 * 4)  # four sections of 64 entries
+    assert after["moe_bytes"] - before["moe_bytes"] == 4 * (wire + x.nbytes)
+
+
+def test_a_forced_unicast_with_a_shared_expert_counts_the_bytes_it_sends(client):
+    # every duck gets every row for the shared expert; duck 0 also its section (expert 0
+    # for each token), ducks 1..3 a bare table header: 16 bytes, no directory entry
+    moe = MoeMlp.random(4, HIDDEN, EFFN, shared=True, seed=41)
+    client.load_weights(541, moe, ducks=[0, 1, 2, 3], placement=[0, 1, 2, 3])
+    x = np.random.default_rng(41).standard_normal((5, HIDDEN)).astype(np.float32)
+    i = np.zeros((5, 1), np.int32)
+    w = np.ones((5, 1), np.float32)
+    before = client.stats().counters
+    _check(
+        client.forward(541, x, routing=(i, w), moe_send="unicast", timeout=30),
+        moe.reference(x, i, w),
+    )
+    after = client.stats().counters
+    assert after["moe_unicasts"] - before["moe_unicasts"] == 1
+    assert after["moe_bytes"] - before["moe_bytes"] == (16 + 8 + 8 * 5 + x.nbytes) + 3 * (
+        16 + x.nbytes
+    )

@@ -162,3 +162,67 @@ def test_unrouted_rows_are_refused_counted_and_never_summed(liar_cluster):
     assert not any(d.refused for d in ducks), [d.refused for d in ducks]
     # no FORWARD reached duck 2 after the warm-up, however often it asked
     assert not ducks[2].inputs and len(ducks[2].seen) == duck2_seen
+
+
+class NoLayerAccomplice(FakeMoeDuck):
+    """Duck 0: answers honestly, and on every routed forward makes duck 2 (whom the
+    forward does not route to) say NACK|NO_LAYER about it, from duck 2's own address, as
+    a restarted duck would on a NIC that broadcasts routed forwards to every duck."""
+
+    def __init__(self, port: int, accomplice: FakeMoeDuck) -> None:
+        super().__init__(0, port)
+        self.accomplice = accomplice
+
+    def _reply(self, h, host, common, rows: np.ndarray, y: np.ndarray) -> None:
+        nack = encode(WireOp.NACK, flags=WireFlag.NO_LAYER, **dict(common, duck=2))
+        self.accomplice.sock.sendto(nack, host)
+        super()._reply(h, host, common, rows, y)
+
+
+@pytest.fixture
+def no_layer_cluster():
+    cluster_class_or_skip()
+    base = free_udp_ports(4)
+    duck2 = FakeMoeDuck(2, base + 3)
+    ducks = [NoLayerAccomplice(base + 1, duck2), FakeMoeDuck(1, base + 2, silent=True), duck2]
+    for d in ducks:
+        d.start()
+    topo = Topology(
+        default_timeout_ms=3000,
+        nics=[
+            Nic(
+                name="lo",
+                host_ip="127.0.0.1",
+                host_port=base,
+                ducks=[Duck(id=d, ip="127.0.0.1", port=base + 1 + d) for d in DUCKS],
+            )
+        ],
+    )
+    dp = DataplaneProcess(topo).start()
+    try:
+        yield dp, ducks
+    finally:
+        code = dp.stop()
+        out = dp.output()
+        dp.close()
+        for d in ducks:
+            d.close()
+        assert code == 0 and "runtime error" not in out and "Sanitizer" not in out, out[-3000:]
+
+
+def test_no_layer_from_a_duck_not_routed_does_not_rename_the_missing_duck(no_layer_cluster):
+    """A routed forward to ducks 0 and 1 where duck 1 is silent: duck 2, which the forward
+    does not route to, says NO_LAYER about it. The forward times out naming duck 1 and its
+    experts, not duck 2 (whose state in the context is another forward's)."""
+    dp, ducks = no_layer_cluster
+    moe = MoeMlp.random(6, HIDDEN, 8, shared=False, seed=23)
+    with duckpipe.connect(dp.control, slot_size=1 << 17) as c:
+        s = c._session
+        assert load_moe(s, 31, moe, DUCKS, PLACEMENT) == Status.OK
+        x = np.ones((3, HIDDEN), np.float32)
+        idx = np.array([[0, 2]] * 3, np.uint32)
+        lost = routed_forward(s, 31, x, idx, np.ones((3, 2), np.float32), 6, timeout_us=300_000)
+        assert lost.status == Status.TIMEOUT, lost.message
+        assert lost.missing == [1], lost.missing
+        assert lost.message == "duck 1 (experts 2 3) did not answer", lost.message
+    assert not ducks[2].inputs  # duck 2 was never sent the forward

@@ -283,9 +283,12 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 	dp_count(v->counters, DP_C_nacks_received, 1);
 	if (h->flags & DP_WIRE_FLAG_NO_LAYER) {
 		dp_count(v->counters, DP_C_no_layer_replies, 1);
+		/* a duck the forward does not ask (a broadcast reached it, or it lies) has no
+		 * say in it: its dp_duck_rx is another forward's, and its words must not
+		 * replace the message naming the ducks that were asked and did not answer */
 		if (f->kind == DP_FWD_FORWARD) {
 			struct dp_duck_rx *rx = duck_rx(v, f, duck);
-			if (rx->state == 0) {
+			if (dp_targets_has(f->targets, duck) && rx->state == 0) {
 				char who[DP_MSG_LEN / 2];
 				rx->state = 2;
 				dp_layer_describe_duck(f->layer, duck, who, sizeof(who)); /* dense: "duck 5" */
