@@ -231,14 +231,14 @@ int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_wire
 	const struct dp_layer *l = f->layer;
 	const struct dp_layer_moe *moe = l->moe;
 	uint64_t wsize, nic_routed[DP_MAX_DUCKS / 64];
-	char why[96];
+	char why[96] = "no duck of the NIC is routed"; /* the split says why when it refuses */
 	uint8_t flags = moe->has_shared ? DP_ROUTING_WIRE_FLAG_SHARED : 0;
 	if (dp_routing_split(f->route, f->route_bytes, &moe->pl, moe->slots, flags, v->nic_ducks,
 			     v->moe_wire, v->moe_wire_cap, &wsize, nic_routed, why,
 			     sizeof(why)) < 0 ||
 	    wsize == 0) {
 		DP_ERROR("forward %lu: split for nic %u: %s; this is a bug", (unsigned long)f->wire_id,
-			 v->nic, wsize == 0 ? "no duck of the NIC is routed" : why);
+			 v->nic, why);
 		snprintf(f->message, sizeof(f->message), "nic %u: the routing split failed: %s",
 			 v->nic, why);
 		return -1;
