@@ -59,7 +59,6 @@
 #include <sys/socket.h>
 
 #include "dp_abi.h"
-#include "dp_f16.h"
 #include "dp_mlp.h"
 #include "dp_reasm.h"
 #include "dp_reduce.h"
@@ -742,15 +741,10 @@ static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 	/* a MOE bank keeps its blocks apart (dp_mlp.h): float32 first, then into place */
 	const int bank = l->shard.kind == DP_MLP_KIND_MOE;
 	float *dst = bank ? g_weight32 : l->shard.t[h->tensor] + h->offset / isz;
-	if (h->dtype == DP_DTYPE_F32) {
+	if (h->dtype == DP_DTYPE_F32)
 		memcpy(dst, payload, h->length);
-	} else {
-		for (uint32_t i = 0; i < h->length / 2; i++) {
-			uint16_t v;
-			memcpy(&v, payload + 2 * (size_t)i, 2);
-			dst[i] = dp_f16_to_f32(v);
-		}
-	}
+	else
+		dp_mlp_f16_to_f32(dst, payload, h->length / 2);
 	if (bank)
 		dp_mlp_bank_store(&l->shard, h->tensor, h->offset / isz, dst, h->length / isz);
 	stats.weight_bytes += h->length;
@@ -842,9 +836,8 @@ static void forward_reply(struct duck *d, const struct sockaddr_in *src, struct 
 /* g_x32 rows [r0, r0 + n) = the float16 rows of x16 there. */
 static void widen_rows(const uint8_t *x16, uint32_t r0, uint32_t n, uint32_t hid)
 {
-	const uint16_t *src = (const uint16_t *)(const void *)x16;
-	for (size_t i = (size_t)r0 * hid; i < (size_t)(r0 + n) * hid; i++)
-		g_x32[i] = dp_f16_to_f32(src[i]);
+	size_t first = (size_t)r0 * hid;
+	dp_mlp_f16_to_f32(g_x32 + first, x16 + 2 * first, (size_t)n * hid);
 }
 
 /* --compute echo on a routed forward: every expert, and the shared one, is x * (id + 1);
@@ -1046,9 +1039,7 @@ static void forward_complete(struct duck *d, const struct sockaddr_in *src,
 	const float *x = (const float *)(void *)in->buf;
 	float *y = (float *)(void *)o->buf;
 	if (in->dtype == DP_DTYPE_F16) {
-		const uint16_t *x16 = (const uint16_t *)(void *)in->buf;
-		for (size_t i = 0; i < n; i++)
-			g_x32[i] = dp_f16_to_f32(x16[i]);
+		dp_mlp_f16_to_f32(g_x32, in->buf, n);
 		x = g_x32;
 		y = g_y32;
 	}

@@ -22,7 +22,13 @@
 #include <string.h>
 
 #include "dp_abi.h"
+#include "dp_f16.h"
 #include "dp_mlp.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DP_MLP_F16C 1
+#endif
 
 /* Not under ThreadSanitizer: the clones' ifunc resolver runs while the loader relocates,
  * before the TSan runtime is up, and its instrumented entry crashes the program there. */
@@ -44,6 +50,39 @@ typedef float dp_v8f __attribute__((vector_size(DP_MLP_VEC * sizeof(float))));
 #define V8_LOAD(dst, p) memcpy(&(dst), (p), sizeof(dp_v8f))
 #define V8_STORE(p, src) memcpy((p), &(src), sizeof(dp_v8f))
 #define V8_SPLAT(a) ((dp_v8f){ (a), (a), (a), (a), (a), (a), (a), (a) })
+
+#ifdef DP_MLP_F16C
+/* Chosen at run time rather than cloned: the intrinsics need the target in the
+ * function's own attribute. VCVTPH2PS is exact, as the scalar conversion. */
+__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *dst, const uint8_t *src,
+								 size_t n)
+{
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const void *)(src + 2 * i))));
+	for (; i < n; i++) {
+		uint16_t v;
+		memcpy(&v, src + 2 * i, 2);
+		dst[i] = dp_f16_to_f32(v);
+	}
+}
+#endif
+
+void dp_mlp_f16_to_f32(float *dst, const void *src, size_t n)
+{
+	const uint8_t *p = src;
+#ifdef DP_MLP_F16C
+	if (__builtin_cpu_supports("f16c")) {
+		f16_to_f32_f16c(dst, p, n);
+		return;
+	}
+#endif
+	for (size_t i = 0; i < n; i++) {
+		uint16_t v;
+		memcpy(&v, p + 2 * i, 2);
+		dst[i] = dp_f16_to_f32(v);
+	}
+}
 
 uint64_t dp_mlp_tensor_len(uint8_t kind, uint32_t hidden, uint32_t ffn, unsigned t)
 {

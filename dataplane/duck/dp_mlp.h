@@ -50,6 +50,11 @@ struct dp_mlp_expert {
 	size_t ldb;
 };
 
+/* dst[0..n) = the float16 values at src (n of them, any alignment), exactly as
+ * dp_f16_to_f32 gives them; with F16C eight at a time (a float16 load's weights went
+ * through libgcc's __extendhfsf2 one by one: a third of the emulator's CPU). */
+void dp_mlp_f16_to_f32(float *dst, const void *src, size_t n);
+
 /* Elements of tensor t (0..DP_SHARD_TENSORS-1) of a shard of this kind and shape; 0 if there is no such tensor. */
 uint64_t dp_mlp_tensor_len(uint8_t kind, uint32_t hidden, uint32_t ffn, unsigned t);
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "dp_abi.h"
+#include "dp_f16.h"
 #include "dp_mlp.h"
 #include "test_check.h"
 
@@ -245,9 +246,42 @@ static void test_rows(void)
 	      "dense forward of a MOE bank");
 }
 
+/* Every float16 value, bit for bit as the scalar conversion gives it, from every
+ * alignment and with every tail length the eight-wide path leaves. */
+static void test_f16_to_f32(void)
+{
+	enum { N = 65536 };
+	static uint8_t raw[2 * N + 1];
+	static float got[N];
+	for (int shift = 0; shift < 2; shift++) {
+		for (uint32_t i = 0; i < N; i++) {
+			uint16_t v = (uint16_t)i;
+			memcpy(raw + shift + 2 * i, &v, 2);
+		}
+		for (size_t n = N - 9; n <= N; n++) {
+			memset(got, 0xA5, sizeof(got));
+			dp_mlp_f16_to_f32(got, raw + shift, n);
+			size_t bad = 0, first = 0;
+			for (size_t i = 0; i < N; i++) {
+				uint32_t want, have;
+				float ref = dp_f16_to_f32((uint16_t)i);
+				memcpy(&want, &ref, 4);
+				memcpy(&have, &got[i], 4);
+				if (i >= n)
+					want = 0xA5A5A5A5u; /* past n: untouched */
+				if (want != have && !bad++)
+					first = i;
+			}
+			CHECK(!bad, "f16_to_f32 (shift %d, n %zu): %zu wrong, the first at 0x%04zx",
+			      shift, n, bad, first);
+		}
+	}
+}
+
 int main(void)
 {
 	test_kernels();
 	test_rows();
+	test_f16_to_f32();
 	return test_result("test_mlp");
 }

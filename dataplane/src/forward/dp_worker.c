@@ -238,20 +238,27 @@ static int timers(struct dp_worker *wk, uint64_t now, bool backlog)
 		if (wk->nactive == before)
 			i++; /* else the last entry moved into i */
 	}
-	/* Weight chunks share the budget round-robin, from where the last loop stopped: an
-	 * ending part moves the newest entry into its place, so a fixed start would let the
-	 * newest chunks take the budget loop after loop while older ones wait past their
-	 * deadline (a 700 MB load onto 8 ducks did: chunks never sent in 10 s). */
-	for (uint32_t k = 0, n = wk->nactive; k < n && budget; k++) {
+	/* Weight chunks share the budget and the window round-robin: each loop starts after
+	 * the last chunk that sent anything in the one before. An ending part moves the
+	 * newest entry into its place, so a fixed start would let the newest chunks take
+	 * the budget loop after loop while older ones wait past their deadline (a 700 MB
+	 * load onto 8 ducks did: chunks never sent in 10 s). Moving on only when the budget
+	 * ran out was not enough: acks free the window a receive burst (32) at a time, less
+	 * than the budget, so the chunk at the start took every freed place until it was
+	 * all sent, and a replacement moved into its place took them next. */
+	uint32_t n = wk->nactive, served = n;
+	for (uint32_t k = 0; k < n && budget; k++) {
 		struct dp_fwd *f = wk->active[(wk->pump_next + k) % n];
 		if (f->kind == DP_FWD_FORWARD)
 			continue;
 		uint32_t sent = dp_weight_pump(&wk->weight, f, now, budget, &room);
 		budget -= sent < budget ? sent : budget;
 		work += (int)sent;
-		if (!budget)
-			wk->pump_next = (wk->pump_next + k + 1) % n; /* the next one starts there */
+		if (sent)
+			served = k;
 	}
+	if (served < n)
+		wk->pump_next = (wk->pump_next + served + 1) % n; /* the next loop starts there */
 	if (now >= wk->next_ping_ns) {
 		for (uint32_t i = 0; i < wk->nducks; i++) {
 			struct dp_wire_header *h =
