@@ -26,6 +26,7 @@
 #include "dp_mlp.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define DP_MLP_F16C 1
 #endif
@@ -68,11 +69,25 @@ __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *dst, cons
 }
 #endif
 
+#ifdef DP_MLP_F16C
+/* F16C (CPUID leaf 1, ECX bit 29) and AVX (bit 28), asked once: clang 16's
+ * __builtin_cpu_supports knows no "f16c", so CPUID directly. */
+static int has_f16c(void)
+{
+	static int known = -1;
+	if (known < 0) {
+		unsigned a, b, c, d;
+		known = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1) && (c >> 28 & 1);
+	}
+	return known;
+}
+#endif
+
 void dp_mlp_f16_to_f32(float *dst, const void *src, size_t n)
 {
 	const uint8_t *p = src;
 #ifdef DP_MLP_F16C
-	if (__builtin_cpu_supports("f16c")) {
+	if (has_f16c()) {
 		f16_to_f32_f16c(dst, p, n);
 		return;
 	}
