@@ -163,7 +163,12 @@ def test_each_duck_counts_the_tokens_and_expert_rows_it_computed(client, datapla
     i = np.array([[0, 1], [4, 8], [5, 6], [2, 9], [7, 3], [10, 11]], np.int32)
     w = np.full((6, 2), 0.5, np.float32)
     tokens0, rows0 = _duck_stats(dataplane.control)
-    _check(client.forward(523, x, routing=(i, w), timeout=30), moe.reference(x, i, w))
+    with client.claim(x.shape, x.dtype) as slot:
+        slot.array[:] = x
+        fwd = client.submit(slot, 523, routing=(i, w))
+    with fwd:
+        _check(fwd.result(timeout=30), moe.reference(x, i, w))
+        fwd.timings  # noqa: B018  the ZeroMQ completion: sent after the stats are written
     tokens, rows = _duck_stats(dataplane.control)
     # (token, expert) by duck: 20: (0,0) (0,1) (3,2) (4,3); 21: (2,5) (2,6) (4,7);
     # 22: (1,4); 23: (1,8) (3,9) (5,10) (5,11)
