@@ -242,7 +242,7 @@ def _stats(args: argparse.Namespace) -> int:
             page = "2 MiB pages" if c.page_size == 2 * 1024 * 1024 else f"{c.page_size} B pages"
             print(
                 f"  client {c.id} pid {c.pid} {c.name!r} ({c.segment}, {page}): ring "
-                f"{c.head - c.tail}/{c.capacity}, {c.inflight} in flight, {c.submits} submitted, "
+                f"{c.pending}/{c.capacity}, {c.inflight} in flight, {c.submits} submitted, "
                 f"{c.completions} completed, {c.bytes_in} B in, {c.bytes_out} B out, "
                 f"{c.errors} errors"
             )

@@ -18,7 +18,14 @@ import numpy as np
 
 from .. import runtime
 from ..errors import DuckpipeError
-from ..observe.stats_reader import PLAN, STALE_NS, _pid_alive, stats_path_for, views
+from ..observe.stats_reader import (
+    PLAN,
+    STALE_NS,
+    _pid_alive,
+    ring_pending,
+    stats_path_for,
+    views,
+)
 from ..schema import stats as S
 
 __all__ = ["StatsWriter"]
@@ -143,6 +150,7 @@ class StatsWriter:
         self._slots[cid] = i
         self._generation += 1
         for f in (
+            "pending",
             "head",
             "tail",
             "inflight",
@@ -174,6 +182,7 @@ class StatsWriter:
             return
         c = self.v["clients"]
         c["head"][i], c["tail"][i], c["inflight"][i] = head, tail, inflight
+        c["pending"][i] = ring_pending(head, tail, int(c["capacity"][i]))
         c["submits"][i], c["completions"][i] = submits, completions
 
     def client_bytes(self, cid: int, bytes_in: int, bytes_out: int, error: bool) -> None:

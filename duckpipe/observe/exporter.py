@@ -157,12 +157,12 @@ class SnapshotCollector:
         for field, help_ in (
             ("inflight", "descriptors taken and not completed"),
             ("capacity", "ring capacity"),
-            ("ring_used", "descriptors in the ring (head - tail)"),
+            ("ring_used", "descriptors waiting in the ring, as the dataplane counts them"),
             ("page_size_bytes", "page size of the client's segment"),
         ):
             g = GaugeMetricFamily(f"duckpipe_client_{field}", help_, labels=labels)
             for cl in s.clients:
-                v = {"ring_used": cl.head - cl.tail, "page_size_bytes": cl.page_size}.get(
+                v = {"ring_used": cl.pending, "page_size_bytes": cl.page_size}.get(
                     field, getattr(cl, field, 0)
                 )
                 g.add_metric([str(cl.id), cl.name, str(cl.pid)], v)

@@ -194,7 +194,7 @@ def derive_rates(new: Any, old: Any | None) -> Rates:
         clients.append(
             ClientRates(
                 id=c.id,
-                occupancy=(c.head - c.tail) / c.capacity if c.capacity else 0.0,
+                occupancy=c.pending / c.capacity if c.capacity else 0.0,
                 submits_per_s=_rate(c.submits, o.submits if o else None, dt),
                 completions_per_s=_rate(c.completions, o.completions if o else None, dt),
                 gbytes_per_s=gb,

@@ -290,6 +290,15 @@ static void publish_counters(struct dp_stats_seg *s)
 	set64(&s->agents[0].v[DP_C_connections_shed], dp_accept_guard_shed());
 }
 
+/* Descriptors waiting in a ring, head - tail bounded to [0, capacity]: a head behind the
+ * tail counts 0, one too far ahead counts capacity (the dispatcher evicts that client). */
+static uint32_t ring_pending(uint64_t head, uint64_t tail, uint32_t capacity)
+{
+	if (head < tail)
+		return 0;
+	return head - tail > capacity ? capacity : (uint32_t)(head - tail);
+}
+
 /* The entry of client slot i, filled when another client took the slot (ids are never
  * reused). */
 static struct dp_stats_client *client_entry(struct dp_stats_seg *s, const struct dp_client *cl)
@@ -306,6 +315,7 @@ static struct dp_stats_client *client_entry(struct dp_stats_seg *s, const struct
 	e->capacity = cl->layout.ring_capacity;
 	e->slot_count = cl->layout.slot_count;
 	e->generation = ++s->generation;
+	e->pending = 0;
 	set64(&e->head, 0);
 	set64(&e->tail, 0);
 	set64(&e->inflight, 0);
@@ -335,8 +345,14 @@ static void publish_clients(struct dp_stats_seg *s)
 		e = client_entry(s, cl);
 		/* the ring's indices as the segment shows them: head is the client's, tail our
 		 * published copy; the control agent maps the segment while the slot is active */
-		set64(&e->head, dp_load_acquire_u64(&cl->ring->head));
-		set64(&e->tail, dp_load_acquire_u64(&cl->ring->tail));
+		uint64_t head = dp_load_acquire_u64(&cl->ring->head);
+		uint64_t tail = dp_load_acquire_u64(&cl->ring->tail);
+		set64(&e->head, head);
+		set64(&e->tail, tail);
+		/* the tools' only view of the ring (they never map a client's segment): bounded
+		 * here, since the client may write any head */
+		__atomic_store_n(&e->pending, ring_pending(head, tail, e->capacity),
+				 __ATOMIC_RELAXED);
 		set64(&e->inflight, __atomic_load_n(&cl->inflight, __ATOMIC_ACQUIRE));
 		set64(&e->submits, dp_load_relaxed_u64(&cl->submitted));
 		set64(&e->completions, cl->completed);
