@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -283,14 +284,19 @@ def read_snapshot(path: Path | None = None, control: str | None = None) -> Snaps
     dataplane is gone still reads; ``dataplane.alive`` is then False."""
     path = Path(path) if path is not None else find_stats(control)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # never blocking (a FIFO planted there waits for a writer), never a symlink
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
         raise NoDataplane(f"no dataplane running (looked for {path})") from None
     except PermissionError:
         raise NoDataplane(
             f"cannot read {path}: the stats segment is readable by the dataplane's user only"
         ) from None
+    except OSError as e:
+        raise NoDataplane(f"cannot read {path}: {e.strerror} (not a stats segment)") from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NoDataplane(f"{path} is not a regular file, so not a stats segment")
         size = os.fstat(fd).st_size
         if size < PLAN["segment_size"]:
             raise NoDataplane(
