@@ -14,6 +14,7 @@ import numpy as np
 
 from . import runtime
 from .errors import DataplaneUnavailable, DuckpipeError
+from .observe.printable import PrintableFormatter, printable
 from .schema.config import default as config_default
 
 __all__ = ["main"]
@@ -171,8 +172,8 @@ def _shm_ls(args: argparse.Namespace) -> int:
     for s in segs:
         alive = "yes" if s.creator_alive else ("?" if not s.readable else "DEAD")
         print(
-            f"{s.name:<52} {s.kind:<6} {s.backing:<10} {s.size / 2**20:9.1f}M "
-            f"{s.creator_pid:>8} {alive:<6} {s.age_s:7.0f}s  {s.path}"
+            f"{printable(s.name):<52} {s.kind:<6} {s.backing:<10} {s.size / 2**20:9.1f}M "
+            f"{s.creator_pid:>8} {alive:<6} {s.age_s:7.0f}s  {printable(str(s.path))}"
         )
     return 0
 
@@ -232,7 +233,8 @@ def _stats(args: argparse.Namespace) -> int:
         age = st.heartbeat_age_ns(snap) / 1e6
         print(
             f"dataplane {info.kind} pid {info.pid}, {info.threads} threads, epoch {info.epoch}, "
-            f"control {info.control}, heartbeat {age:.0f} ms ago ({info.stats_path})"
+            f"control {printable(info.control)}, heartbeat {age:.0f} ms ago "
+            f"({printable(info.stats_path)})"
         )
         moe = st.moe_active(snap.counters, snap.ducks)
         for k, v in snap.counters.items():
@@ -241,8 +243,8 @@ def _stats(args: argparse.Namespace) -> int:
         for c in snap.clients:
             page = "2 MiB pages" if c.page_size == 2 * 1024 * 1024 else f"{c.page_size} B pages"
             print(
-                f"  client {c.id} pid {c.pid} {c.name!r} ({c.segment}, {page}): ring "
-                f"{c.head - c.tail}/{c.capacity}, {c.inflight} in flight, {c.submits} submitted, "
+                f"  client {c.id} pid {c.pid} {c.name!r} ({printable(c.segment)}, {page}): ring "
+                f"{c.pending}/{c.capacity}, {c.inflight} in flight, {c.submits} submitted, "
                 f"{c.completions} completed, {c.bytes_in} B in, {c.bytes_out} B out, "
                 f"{c.errors} errors"
             )
@@ -253,10 +255,12 @@ def _stats(args: argparse.Namespace) -> int:
                 for k, v in n.counters.items()
                 if v and k.startswith(("tx_", "rx_", "nack", "retransmits", "gso", "moe_"))
             )
-            print(f"  nic {n.name} ({n.backend} {n.interface or '-'}, {core}): {nz}")
+            nic = printable(f"{n.name} ({n.backend} {n.interface or '-'}, {core})")
+            print(f"  nic {nic}: {nz}")
         for d in snap.ducks:
             print(
-                f"  duck {d.id} {d.address} nic {d.nic}: {d.state}, {d.layers} layer(s), "
+                f"  duck {d.id} {printable(d.address)} nic {printable(d.nic)}: {d.state}, "
+                f"{d.layers} layer(s), "
                 f"last {_us(d.last_reply_ns or None)} us, p99 {_us(d.reply.quantile(0.99))} us, "
                 f"{d.timeouts} timeouts, {d.missing_chunks} missing chunks"
                 + (
@@ -309,9 +313,9 @@ def _stats_query(args: argparse.Namespace) -> int:
     for nic in stats.nics:
         if not nic.xstats and not nic.xstats_left_out:
             continue
-        print(f"  nic {nic.name} ({nic.backend}) port xstats:")
+        print(printable(f"  nic {nic.name} ({nic.backend}) port xstats:"))
         for k, v in nic.xstats.items():
-            print(f"    {k:<40} {v}")
+            print(f"    {printable(k):<40} {v}")
         if nic.xstats_left_out:
             print(f"    (and {nic.xstats_left_out} more: a reply carries {MAX_XSTATS} at most)")
     return 0
@@ -610,12 +614,17 @@ def _accept_global_flags_after_commands(p: argparse.ArgumentParser) -> None:
             )
 
 
+def configure_logging(verbose: bool) -> None:
+    """Log lines to stderr, every one escaped (PrintableFormatter): a client's name or a
+    path in a message stays text on the terminal, and cannot start a line of its own."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler])
+
+
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.verbose)
     try:
         return args.func(args)
     except DuckpipeError as e:

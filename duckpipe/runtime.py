@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
@@ -14,11 +15,13 @@ from .errors import DuckpipeError
 __all__ = [
     "HUGEPAGE_SIZE",
     "PORT_BASE",
+    "check_private_dir",
     "default_control",
     "default_ports",
     "find_hugetlbfs",
     "free_hugepages",
     "monotonic_ns",
+    "open_own_file",
     "process_alive",
     "process_start_ticks",
     "run_dir",
@@ -61,9 +64,57 @@ def run_dir() -> Path:
             f"run directory {path} is not a directory owned by uid {os.geteuid()}; "
             "remove it or set DUCKPIPE_RUN_DIR"
         )
+    check_private_dir(path)
     if stat.S_IMODE(st.st_mode) != 0o700:
         path.chmod(0o700)
     return path
+
+
+def check_private_dir(path: Path) -> None:
+    """Refuse a directory for the control socket and the stats segment that is not ours or
+    that others can write to: there another user could plant the file first (a FIFO hangs
+    an open, a symlink aims writes at their choice). The C dataplane's check_dir
+    (dp_stats.c) says the same."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise DuckpipeError(f"cannot use the directory {path}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise DuckpipeError(f"{path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise DuckpipeError(
+            f"the directory {path} belongs to uid {st.st_uid}, not to this process's uid "
+            f"{os.geteuid()}: put the control socket in a directory of your own (mode 0700)"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise DuckpipeError(
+            f"the directory {path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): "
+            "another user could plant the stats segment or the socket there first; put the "
+            "control socket in a directory only you can write (mode 0700)"
+        )
+
+
+def open_own_file(path: Path) -> int | None:
+    """A read-only descriptor of the regular file of ours at ``path``; None when there is
+    none. Opened without following a symlink and without blocking (a FIFO's open waits
+    for a writer that may never come); anything else there raises DuckpipeError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        link = " (a symlink: remove it)" if e.errno == errno.ELOOP else ""
+        raise DuckpipeError(f"cannot open {path}: {e.strerror}{link}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        what = (
+            "not a regular file (a FIFO, a socket, a device?)"
+            if not stat.S_ISREG(st.st_mode)
+            else f"owned by uid {st.st_uid}, not {os.geteuid()}"
+        )
+        raise DuckpipeError(f"{path} is {what}: remove it")
+    return fd
 
 
 def default_control() -> str:

@@ -63,6 +63,19 @@ static inline int get_str(const msgpack_object *o, uint32_t min, uint32_t max, c
 	return 0;
 }
 
+/* control.PRINTABLE_ASCII: a client-chosen string (a name) reaches the admin's terminal
+ * through duckpipe-top, duckpipe stats and the logs, so it holds 0x20-0x7e only. */
+static inline int check_printable(const char *s, const char *field, char *why, size_t n)
+{
+	for (size_t i = 0; s[i]; i++) {
+		unsigned char ch = (unsigned char)s[i];
+		if (ch < 0x20 || ch > 0x7e)
+			return fail(why, n, "%s must be printable ASCII (0x20-0x7e): byte %zu is 0x%02x",
+				    field, i, ch);
+	}
+	return 0;
+}
+
 static inline int get_list(const msgpack_object *o, uint32_t min, uint32_t max, const char *field,
 			char *why, size_t n)
 {

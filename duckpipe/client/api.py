@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -275,6 +276,12 @@ class Client:
         # control channel are the session's, which Slot and Forward hold too.
         if wait not in ("spin", "block", "hybrid"):
             raise BadInput(f"wait must be 'spin', 'block' or 'hybrid', not {wait!r}")
+        # the dataplane refuses it too (ctl.Name): said here first, before a segment is made
+        if len(name.encode()) > 63 or not re.search(ctl.PRINTABLE_ASCII, name):
+            raise BadInput(
+                f"name {name!r}: a client's name is at most 63 characters of printable ASCII "
+                "(0x20-0x7e), since duckpipe-top, `duckpipe stats` and the logs show it"
+            )
         self.control = control
         self._claim_timeout = claim_timeout
         # claim: (shape, dtype) as given -> (normalised shape, np.dtype), once checked.

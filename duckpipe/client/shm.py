@@ -321,6 +321,14 @@ class Segment:
             if not link.startswith(MEMFD_LINK + "duckpipe"):
                 raise SegmentError(f"{path} is not a duckpipe memfd ({link})")
             name = link[len(MEMFD_LINK) :].removesuffix(" (deleted)")
+            # the client chose it, and the stats segment and the tools show it (dp_client.c)
+            raw_name = os.fsencode(name)
+            bad = next((i for i, b in enumerate(raw_name) if not 0x20 <= b <= 0x7E), None)
+            if bad is not None:
+                raise SegmentError(
+                    f"the memfd's name must be printable ASCII (0x20-0x7e): byte {bad} is "
+                    f"0x{raw_name[bad]:02x}"
+                )
             seals = fcntl.fcntl(ours, fcntl.F_GET_SEALS)
             if seals & SEALS != SEALS:
                 raise SegmentError(f"memfd {name} is not sealed against shrinking and growing")

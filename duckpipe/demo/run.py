@@ -240,7 +240,7 @@ def _duck_moe_rows(control: str) -> tuple[int, int] | None:
     from ..observe import stats_reader as st
 
     try:
-        snap = st.read_snapshot(control=control, client_rings=False)
+        snap = st.read_snapshot(control=control)
     except (DuckpipeError, OSError):
         return None
     return sum(d.moe_tokens for d in snap.ducks), sum(d.moe_expert_rows for d in snap.ducks)

@@ -480,7 +480,10 @@ class MockDataplane:
                 self.counters["bad_control_messages"] += 1
                 code = _decode_error_code(e)
                 self._send(
-                    identity, ctl.Error(req_id=_req_id(raw.bytes), code=code, message=str(e))
+                    identity,
+                    ctl.Error(
+                        req_id=_req_id(raw.bytes), code=code, message=_decode_error(e, raw.bytes)
+                    ),
                 )
                 continue
             try:
@@ -1187,6 +1190,27 @@ def _decode_error_code(e: msgspec.DecodeError) -> ErrorCode:
     ):
         return ErrorCode.BAD_MESSAGE
     return ErrorCode.BAD_REQUEST
+
+
+def _decode_error(e: msgspec.DecodeError, raw: bytes) -> str:
+    """msgspec's message, but for a string outside ctl.PRINTABLE_ASCII the C decoder's
+    words (check_printable in dp_ctl_rt.h): the field, the first bad byte, what is allowed."""
+    text = str(e)
+    if f"matching regex {ctl.PRINTABLE_ASCII!r}" not in text or " - at `$." not in text:
+        return text
+    field = text.rsplit(" - at `$.", 1)[1].rstrip("`")
+    try:
+        obj = msgspec.msgpack.decode(raw)
+        value = obj[field].encode()
+    except Exception:
+        return text
+    i = next((k for k, b in enumerate(value) if not 0x20 <= b <= 0x7E), None)
+    if i is None:
+        return text
+    return (
+        f"{obj.get('type')}.{field} must be printable ASCII (0x20-0x7e): "
+        f"byte {i} is 0x{value[i]:02x}"
+    )
 
 
 def _req_id(raw: bytes) -> int:

@@ -18,7 +18,14 @@ import numpy as np
 
 from .. import runtime
 from ..errors import DuckpipeError
-from ..observe.stats_reader import PLAN, STALE_NS, _pid_alive, stats_path_for, views
+from ..observe.stats_reader import (
+    PLAN,
+    STALE_NS,
+    _pid_alive,
+    ring_pending,
+    stats_path_for,
+    views,
+)
 from ..schema import stats as S
 
 __all__ = ["StatsWriter"]
@@ -29,10 +36,11 @@ def _put(arr: np.ndarray, i: int | tuple[()], text: str) -> None:
 
 
 def remove_stale(path: Path) -> bool:
-    """Remove the stats segment at ``path`` if its dataplane is gone; False if it lives."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    """Remove the stats segment at ``path`` if its dataplane is gone; False if it lives.
+    Anything but a regular file of ours there raises DuckpipeError (a planted FIFO, a
+    symlink): never opened blocking, never followed."""
+    fd = runtime.open_own_file(path)
+    if fd is None:
         return True
     try:
         if os.fstat(fd).st_size >= PLAN["segment_size"]:
@@ -61,12 +69,13 @@ class StatsWriter:
     def __init__(self, control: str, nducks: int) -> None:
         self.path = stats_path_for(control)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        runtime.check_private_dir(self.path.parent)
         if not remove_stale(self.path):
             raise DuckpipeError(
                 f"{self.path} belongs to a live dataplane; stop it first or use another endpoint"
             )
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, PLAN["segment_size"])
             self._map = mmap.mmap(
@@ -143,6 +152,7 @@ class StatsWriter:
         self._slots[cid] = i
         self._generation += 1
         for f in (
+            "pending",
             "head",
             "tail",
             "inflight",
@@ -174,6 +184,7 @@ class StatsWriter:
             return
         c = self.v["clients"]
         c["head"][i], c["tail"][i], c["inflight"][i] = head, tail, inflight
+        c["pending"][i] = ring_pending(head, tail, int(c["capacity"][i]))
         c["submits"][i], c["completions"][i] = submits, completions
 
     def client_bytes(self, cid: int, bytes_in: int, bytes_out: int, error: bool) -> None:

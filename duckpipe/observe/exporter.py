@@ -40,6 +40,7 @@ from prometheus_client.exposition import generate_latest, start_http_server
 
 from ..errors import DuckpipeError
 from . import stats_reader as st
+from .printable import printable
 
 __all__ = ["SnapshotCollector", "registry", "render", "serve"]
 
@@ -101,8 +102,8 @@ class SnapshotCollector:
                 "kind": d.kind,
                 "pid": str(d.pid),
                 "threads": d.threads,
-                "control": d.control,
-                "stats_path": d.stats_path,
+                "control": printable(d.control),
+                "stats_path": printable(d.stats_path),
             },
         )
         yield info
@@ -152,20 +153,20 @@ class SnapshotCollector:
         ):
             c = CounterMetricFamily(f"duckpipe_client_{field}", help_, labels=labels)
             for cl in s.clients:
-                c.add_metric([str(cl.id), cl.name, str(cl.pid)], getattr(cl, field))
+                c.add_metric([str(cl.id), printable(cl.name), str(cl.pid)], getattr(cl, field))
             yield c
         for field, help_ in (
             ("inflight", "descriptors taken and not completed"),
             ("capacity", "ring capacity"),
-            ("ring_used", "descriptors in the ring (head - tail)"),
+            ("ring_used", "descriptors waiting in the ring, as the dataplane counts them"),
             ("page_size_bytes", "page size of the client's segment"),
         ):
             g = GaugeMetricFamily(f"duckpipe_client_{field}", help_, labels=labels)
             for cl in s.clients:
-                v = {"ring_used": cl.head - cl.tail, "page_size_bytes": cl.page_size}.get(
+                v = {"ring_used": cl.pending, "page_size_bytes": cl.page_size}.get(
                     field, getattr(cl, field, 0)
                 )
-                g.add_metric([str(cl.id), cl.name, str(cl.pid)], v)
+                g.add_metric([str(cl.id), printable(cl.name), str(cl.pid)], v)
             yield g
 
         dl = ["duck", "address", "nic"]

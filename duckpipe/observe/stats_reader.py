@@ -2,16 +2,18 @@
 
 The segment (``duckpipe/schema/stats.py``) sits next to the control socket
 (``ipc://<dir>/control`` -> ``<dir>/stats``). :func:`read_snapshot` maps it read-only
-and copies every counter out into a :class:`Snapshot`; it reads each client's ring
-head and tail from the client's own segment (``/proc/<pid>/fd``, read-only) when it
-can, else the dataplane's copy. ``msgspec.json.encode(snapshot)`` is the ``--json``
-document of ``duckpipe stats`` and ``duckpipe-top``.
+and copies every counter out into a :class:`Snapshot`. It reads nothing else: a client's
+ring is seen as the dataplane publishes it (``pending``, bounded by the dataplane), never
+by mapping the client's own segment, whose memory the client may swap or shrink under a
+reader (issue 17). ``msgspec.json.encode(snapshot)`` is the ``--json`` document of
+``duckpipe stats`` and ``duckpipe-top``.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -39,6 +41,7 @@ __all__ = [
     "moe_active",
     "numpy_dtype",
     "read_snapshot",
+    "ring_pending",
     "stats_path_for",
 ]
 
@@ -112,8 +115,9 @@ class ClientStats(msgspec.Struct, frozen=True, kw_only=True):
     page_size: int
     capacity: int
     slot_count: int
-    head: int
-    tail: int
+    head: int  # the client's ring head as the dataplane last read it (client-written)
+    tail: int  # the dataplane's consumer index
+    pending: int  # descriptors waiting, as the dataplane counts them: in [0, capacity]
     inflight: int
     submits: int
     completions: int
@@ -121,7 +125,6 @@ class ClientStats(msgspec.Struct, frozen=True, kw_only=True):
     bytes_out: int
     ring_full: int
     errors: int
-    ring_source: str = "dataplane"  # "client": head/tail read from the client's segment
 
 
 class NicStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -244,6 +247,12 @@ def moe_active(counters: dict[str, int], ducks: list[DuckStats] | tuple = ()) ->
     )
 
 
+def ring_pending(head: int, tail: int, capacity: int) -> int:
+    """Descriptors waiting in a ring, ``head - tail`` bounded to [0, capacity] as the C
+    dataplane publishes it (``ring_pending`` in dp_stats.c): the client writes head."""
+    return 0 if head < tail else min(head - tail, capacity)
+
+
 def _pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
@@ -264,81 +273,30 @@ def _hist(bounds: list[int], counts, sum_ns: int) -> Histogram:
     return Histogram(bounds_ns=bounds, counts=[int(x) for x in counts], sum_ns=int(sum_ns))
 
 
-_RING_OFF = layout_of(abi.SegHeader).field("ring_offset").offset
-_RING_HDR_SIZE = layout_of(abi.RingHeader).size
-_TAIL_OFF = layout_of(abi.RingHeader).field("tail").offset
-
-
-def _client_ring(pid: int, segment: str) -> tuple[int, int] | None:
-    """head, tail from the client's own segment, mapped read-only through /proc/<pid>/fd;
-    None when it cannot be found or opened (another user, the process gone)."""
-    fd_dir = Path(f"/proc/{pid}/fd")
-    try:
-        entries = list(fd_dir.iterdir())
-    except OSError:
-        return None
-    want = f"/memfd:{segment}"
-    for e in entries:
-        try:
-            target = os.readlink(e)
-        except OSError:
-            continue
-        if not (target == want or target.startswith(want + " ") or target == segment):
-            continue
-        try:
-            fd = os.open(e, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            size = os.fstat(fd).st_size
-            hdr = mmap.mmap(fd, min(size, 4096), mmap.MAP_SHARED, mmap.PROT_READ)
-            try:
-                h = np.ndarray((), numpy_dtype(layout_of(abi.SegHeader)), hdr, 0)
-                if int(h["magic"]) != abi.SEG_MAGIC:
-                    return None
-                ring_off = int(h["ring_offset"])
-            finally:
-                del h
-                hdr.close()
-            if ring_off % 64 or ring_off + _RING_HDR_SIZE > size:  # the client wrote it
-                return None
-            # from offset 0: a hugetlbfs memfd maps only at hugepage-aligned offsets
-            m = mmap.mmap(fd, ring_off + _RING_HDR_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
-            try:
-                v = np.frombuffer(m, dtype="<u8", count=_RING_HDR_SIZE // 8, offset=ring_off)
-                head, tail = int(v[0]), int(v[_TAIL_OFF // 8])
-                del v
-            finally:
-                m.close()
-            return head, tail
-        except (OSError, ValueError):
-            return None
-        finally:
-            os.close(fd)
-    return None
-
-
 _KIND = {S.WriterKind.C: "c", S.WriterKind.MOCK: "mock"}
 _THREADS = {S.Threads.SHARED: "shared", S.Threads.DEDICATED: "dedicated"}
 _DUCK_STATE = {S.DuckState.UP: "up", S.DuckState.LATE: "late", S.DuckState.LOST: "lost"}
 
 
-def read_snapshot(
-    path: Path | None = None, control: str | None = None, client_rings: bool = True
-) -> Snapshot:
+def read_snapshot(path: Path | None = None, control: str | None = None) -> Snapshot:
     """One snapshot of the segment at ``path`` (else the one of ``control``): maps it
     read-only, copies every counter out, unmaps. No lock, no message. A segment whose
     dataplane is gone still reads; ``dataplane.alive`` is then False."""
     path = Path(path) if path is not None else find_stats(control)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # never blocking (a FIFO planted there waits for a writer), never a symlink
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
         raise NoDataplane(f"no dataplane running (looked for {path})") from None
     except PermissionError:
         raise NoDataplane(
             f"cannot read {path}: the stats segment is readable by the dataplane's user only"
         ) from None
+    except OSError as e:
+        raise NoDataplane(f"cannot read {path}: {e.strerror} (not a stats segment)") from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NoDataplane(f"{path} is not a regular file, so not a stats segment")
         size = os.fstat(fd).st_size
         if size < PLAN["segment_size"]:
             raise NoDataplane(
@@ -349,12 +307,12 @@ def read_snapshot(
     finally:
         os.close(fd)
     try:
-        return _snapshot(m, path, client_rings)
+        return _snapshot(m, path)
     finally:
         m.close()
 
 
-def _snapshot(m: mmap.mmap, path: Path, client_rings: bool) -> Snapshot:
+def _snapshot(m: mmap.mmap, path: Path) -> Snapshot:
     v = views(m)
     try:
         hdr = v["header"].copy()  # magic is published last: check it before the rest
@@ -365,6 +323,7 @@ def _snapshot(m: mmap.mmap, path: Path, client_rings: bool) -> Snapshot:
                 f"{path}: stats segment version {int(hdr['version_major'])}, this duckpipe "
                 f"reads {S.STATS_VERSION_MAJOR}; use the duckpipe that matches the dataplane"
             )
+        minor = int(hdr["version_minor"])
         ncounters = min(int(hdr["ncounters"]), S.STATS_MAX_COUNTERS)
         nagents = min(int(hdr["nagents"]), S.STATS_MAX_AGENTS)
         nnics = min(int(hdr["nnics"]), S.STATS_MAX_NICS)
@@ -413,12 +372,7 @@ def _snapshot(m: mmap.mmap, path: Path, client_rings: bool) -> Snapshot:
     for c in clients:
         if int(c["state"]) != S.StatsClientState.ATTACHED:
             continue
-        head, tail, source = int(c["head"]), int(c["tail"]), "dataplane"
-        if client_rings:
-            ring = _client_ring(int(c["pid"]), _str(c["segment"]))
-            if ring is not None:
-                head, tail = ring
-                source = "client"
+        capacity = int(c["capacity"])
         client_list.append(
             ClientStats(
                 id=int(c["id"]),
@@ -426,10 +380,15 @@ def _snapshot(m: mmap.mmap, path: Path, client_rings: bool) -> Snapshot:
                 name=_str(c["name"]),
                 segment=_str(c["segment"]),
                 page_size=int(c["page_size"]),
-                capacity=int(c["capacity"]),
+                capacity=capacity,
                 slot_count=int(c["slot_count"]),
-                head=head,
-                tail=tail,
+                head=int(c["head"]),
+                tail=int(c["tail"]),
+                pending=(
+                    min(int(c["pending"]), capacity)
+                    if minor >= 2  # before 1.2 the writer published no pending
+                    else ring_pending(int(c["head"]), int(c["tail"]), capacity)
+                ),
                 inflight=int(c["inflight"]),
                 submits=int(c["submits"]),
                 completions=int(c["completions"]),
@@ -437,7 +396,6 @@ def _snapshot(m: mmap.mmap, path: Path, client_rings: bool) -> Snapshot:
                 bytes_out=int(c["bytes_out"]),
                 ring_full=int(c["ring_full"]),
                 errors=int(c["errors"]),
-                ring_source=source,
             )
         )
     nic_names = [n.name for n in nic_list]

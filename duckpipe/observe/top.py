@@ -33,6 +33,7 @@ import msgspec
 import psutil
 
 from ..errors import DuckpipeError
+from .printable import printable
 from .topview import (
     PANES,
     ProcSample,
@@ -276,6 +277,7 @@ class Screen:
         h, w = self.scr.getmaxyx()
         if y >= h or x >= w:
             return
+        text = printable(text)  # everything drawn passes here: names are shown, not obeyed
         try:
             self.scr.addnstr(y, x, text, w - x - (1 if y == h - 1 else 0), attr)
         except curses.error:

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from ..schema.stats import DROP_COUNTERS, HIST_NAMES
+from .printable import printable
 from .stats_reader import moe_active
 
 __all__ = [
@@ -194,7 +195,7 @@ def derive_rates(new: Any, old: Any | None) -> Rates:
         clients.append(
             ClientRates(
                 id=c.id,
-                occupancy=(c.head - c.tail) / c.capacity if c.capacity else 0.0,
+                occupancy=c.pending / c.capacity if c.capacity else 0.0,
                 submits_per_s=_rate(c.submits, o.submits if o else None, dt),
                 completions_per_s=_rate(c.completions, o.completions if o else None, dt),
                 gbytes_per_s=gb,
@@ -382,6 +383,7 @@ def fit_columns(columns: Sequence[Column], width: int) -> list[int]:
 
 
 def _cell(text: str, col: Column) -> str:
+    text = printable(text)  # a client's, a process's or a thread's name: shown, not obeyed
     if len(text) > col.width:
         text = text[: col.width - 1] + "~"
     return f"{text:{col.align}{col.width}}"
@@ -792,13 +794,13 @@ def _duration(s: float) -> str:
 
 
 def render_text(view: View, width: int = 120) -> str:
-    """Every pane as plain text (``--once``)."""
-    out = list(view.header)
+    """Every pane as plain text (``--once``); nothing in it a terminal would act on."""
+    out = [printable(h) for h in view.header]
     if view.alerts:
-        out += [f"! {a}" for a in view.alerts]
+        out += [f"! {printable(a)}" for a in view.alerts]
     for i, pane in enumerate(PANES, 1):
         t = view.tables[pane]
-        out += ["", f"[{i}] {t.title}"]
-        out += [line for line, _ in render_table(t, width)]
-        out += [f"  {n}" for n in t.notes]
+        out += ["", f"[{i}] {printable(t.title)}"]
+        out += [line for line, _ in render_table(t, width)]  # cells escaped in _cell
+        out += [f"  {printable(n)}" for n in t.notes]
     return "\n".join(out) + "\n"

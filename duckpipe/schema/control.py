@@ -22,6 +22,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MAX_NESTING",
     "MAX_XSTATS",
+    "PRINTABLE_ASCII",
     "PROTOCOL_VERSION",
     "XSTAT_NAME_MAX",
     "Ack",
@@ -78,8 +79,13 @@ XSTAT_NAME_MAX = 63
 NonNeg = Annotated[int, Meta(ge=0)]  # a u64 on the C side
 U32 = Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)]
 DuckId = Annotated[int, Meta(ge=0, lt=MAX_DUCKS)]
-Name = Annotated[str, Meta(max_length=63)]
-Path = Annotated[str, Meta(max_length=255)]
+#: What a client-chosen string may hold: printable ASCII, 0x20-0x7e. A client's name and
+#: segment name reach the admin's terminal (duckpipe-top, ``duckpipe stats``, the logs):
+#: no escape sequence, control character or Unicode trick gets in (issue 17). Both
+#: dataplanes refuse anything else at decode with BAD_REQUEST (ctlgen: check_printable).
+PRINTABLE_ASCII = r"\A[ -~]*\Z"  # \A, \Z: "$" would let a final newline through
+Name = Annotated[str, Meta(max_length=63, pattern=PRINTABLE_ASCII)]
+Path = Annotated[str, Meta(max_length=255, pattern=PRINTABLE_ASCII)]
 
 
 class ErrorCode(enum.IntEnum):

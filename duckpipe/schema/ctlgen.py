@@ -2,7 +2,8 @@
 
 For every request message: a C struct, a decoder from a msgpack-c object that
 checks each field's type and range against the Struct's ``Meta`` (every string
-and list must declare a ``max_length``: the C struct holds it inline), and one
+and list must declare a ``max_length``: the C struct holds it inline; a string's one
+known ``pattern``, ``control.PRINTABLE_ASCII``, becomes ``check_printable``), and one
 dispatch table (type name -> decoder). ``dp_ctl_decode`` runs the bounded
 pre-scan (``dp_msgpack_prescan``) over the raw bytes before msgpack-c sees them,
 because msgpack-c reserves memory from declared lengths.
@@ -84,6 +85,11 @@ class _Field:
         where = f"{msg}.{f.name}"
         if isinstance(t, mi.StrType | mi.ListType) and t.max_length is None:
             raise TypeError(f"{where}: give it Meta(max_length=...); the C struct holds it inline")
+        if isinstance(t, mi.StrType) and t.pattern not in (None, control.PRINTABLE_ASCII):
+            raise TypeError(
+                f"{where}: the C decoder knows one pattern, control.PRINTABLE_ASCII, "
+                f"not {t.pattern!r}"
+            )
 
     def decl(self) -> list[str]:
         t, n = self.t, self.name
@@ -155,6 +161,11 @@ class _Field:
                 f"{where}, why, n) < 0)",
                 "\t\t\t\treturn -1;",
             ]
+            if t.pattern == control.PRINTABLE_ASCII:
+                body += [
+                    f"\t\t\tif (check_printable(out->{n}, {where}, why, n) < 0)",
+                    "\t\t\t\treturn -1;",
+                ]
         else:
             lo, hi = _int_bounds(t.item_type)
             body += [

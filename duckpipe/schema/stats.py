@@ -79,7 +79,7 @@ __all__ = [
 
 STATS_MAGIC = int.from_bytes(b"DUCKSTAT", "little")
 STATS_VERSION_MAJOR = 1
-STATS_VERSION_MINOR = 1  # 1.1: per-duck MoE rows, MoE counters
+STATS_VERSION_MINOR = 2  # 1.1: per-duck MoE rows, MoE counters; 1.2: clients' pending
 STATS_MAX_COUNTERS = 128  # counter slots per agent (COUNTERS has fewer)
 STATS_COUNTER_NAME = 48
 STATS_MAX_NICS = MAX_NICS
@@ -340,7 +340,13 @@ class StatsBounds(msgspec.Struct, frozen=True):
 
 class StatsClient(msgspec.Struct, frozen=True):
     """One client slot, written by the control agent (mock: its thread). ``generation``
-    changes whenever the slot is taken by another client."""
+    changes whenever the slot is taken by another client.
+
+    This is the only view of a client's ring the tools have: they never map a client's
+    segment (its memory is the client's to swap or shrink under a reader, issue 17). The
+    client writes ``head``, so ``pending`` is bounded by the dataplane: a head behind the
+    tail counts 0, one more than ``capacity`` ahead counts ``capacity`` (the dispatcher
+    evicts such a client at its next pass)."""
 
     __c_name__: ClassVar[str] = "dp_stats_client"
     __c_size__: ClassVar[int] = 512
@@ -348,8 +354,9 @@ class StatsClient(msgspec.Struct, frozen=True):
         "state": "enum dp_stats_client_state: FREE or ATTACHED",
         "page_size": "2 MiB (hugetlbfs) or 4096 (the /dev/shm fallback)",
         "capacity": "ring capacity (descriptors)",
-        "head": "the dataplane's copy of the client's ring head",
+        "head": "the client's ring head as the dataplane last read it (the client writes it)",
         "tail": "the dataplane's consumer index",
+        "pending": "descriptors waiting as the dataplane counts them: head - tail in [0, capacity]",
         "bytes_in": "activation bytes read",
         "bytes_out": "result bytes written",
         "ring_full": "times the client found its ring full (0: not measured)",
@@ -365,7 +372,7 @@ class StatsClient(msgspec.Struct, frozen=True):
     capacity: U32
     slot_count: U32
     generation: U32
-    pad0: Pad(4)
+    pending: U32
     head: U64
     tail: U64
     inflight: U64

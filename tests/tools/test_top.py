@@ -85,6 +85,7 @@ def snap(
                 slot_count=64,
                 head=head,
                 tail=tail,
+                pending=head - tail,
                 inflight=head - tail,
                 submits=submits,
                 completions=submits,

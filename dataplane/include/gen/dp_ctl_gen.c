@@ -49,9 +49,13 @@ static int decode_attach(const msgpack_object *m, struct dp_ctl_attach *out, cha
 			seen |= 1ull << 4;
 			if (get_str(val, 0u, 255u, out->segment, "Attach.segment", why, n) < 0)
 				return -1;
+			if (check_printable(out->segment, "Attach.segment", why, n) < 0)
+				return -1;
 		} else if (key_is(key, "name", 4)) {
 			seen |= 1ull << 5;
 			if (get_str(val, 0u, 63u, out->name, "Attach.name", why, n) < 0)
+				return -1;
+			if (check_printable(out->name, "Attach.name", why, n) < 0)
 				return -1;
 		} else if (key_is(key, "segment_fd", 10)) {
 			seen |= 1ull << 6;

@@ -33,7 +33,7 @@
 
 #define DP_STATS_MAGIC 0x544154534b435544
 #define DP_STATS_VERSION_MAJOR 1
-#define DP_STATS_VERSION_MINOR 1
+#define DP_STATS_VERSION_MINOR 2
 #define DP_STATS_MAX_COUNTERS 128
 #define DP_STATS_COUNTER_NAME 48
 #define DP_STATS_MAX_NICS 8
@@ -154,6 +154,12 @@ struct dp_stats_bounds {
 /*
  * One client slot, written by the control agent (mock: its thread). ``generation``
  *     changes whenever the slot is taken by another client.
+ *
+ *     This is the only view of a client's ring the tools have: they never map a client's
+ *     segment (its memory is the client's to swap or shrink under a reader, issue 17). The
+ *     client writes ``head``, so ``pending`` is bounded by the dataplane: a head behind the
+ *     tail counts 0, one more than ``capacity`` ahead counts ``capacity`` (the dispatcher
+ *     evicts such a client at its next pass).
  */
 struct dp_stats_client {
     uint32_t state;                     /*    0: enum dp_stats_client_state: FREE or ATTACHED */
@@ -163,8 +169,8 @@ struct dp_stats_client {
     uint32_t capacity;                  /*   16: ring capacity (descriptors) */
     uint32_t slot_count;                /*   20 */
     uint32_t generation;                /*   24 */
-    uint8_t pad0[4];                    /*   28 */
-    uint64_t head;                      /*   32: the dataplane's copy of the client's ring head */
+    uint32_t pending;                   /*   28: descriptors waiting as the dataplane counts them: head - tail in [0, capacity] */
+    uint64_t head;                      /*   32: the client's ring head as the dataplane last read it (the client writes it) */
     uint64_t tail;                      /*   40: the dataplane's consumer index */
     uint64_t inflight;                  /*   48 */
     uint8_t pad1[8];                    /*   56 */
@@ -343,7 +349,7 @@ _Static_assert(offsetof(struct dp_stats_client, page_size) == 12, "dp_stats_clie
 _Static_assert(offsetof(struct dp_stats_client, capacity) == 16, "dp_stats_client.capacity");
 _Static_assert(offsetof(struct dp_stats_client, slot_count) == 20, "dp_stats_client.slot_count");
 _Static_assert(offsetof(struct dp_stats_client, generation) == 24, "dp_stats_client.generation");
-_Static_assert(offsetof(struct dp_stats_client, pad0) == 28, "dp_stats_client.pad0");
+_Static_assert(offsetof(struct dp_stats_client, pending) == 28, "dp_stats_client.pending");
 _Static_assert(offsetof(struct dp_stats_client, head) == 32, "dp_stats_client.head");
 _Static_assert(offsetof(struct dp_stats_client, tail) == 40, "dp_stats_client.tail");
 _Static_assert(offsetof(struct dp_stats_client, inflight) == 48, "dp_stats_client.inflight");

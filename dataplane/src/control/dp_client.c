@@ -123,6 +123,17 @@ static int check_memfd(int fd, uint32_t uid, struct stat *st, char *name, size_t
 	if (deleted)
 		*deleted = '\0';
 	snprintf(name, namelen, "%.200s", target + strlen("/memfd:"));
+	/* the client chose the name, and the stats segment, duckpipe-top and the logs show it:
+	 * printable ASCII only, as for Attach.name (check_printable in dp_ctl_rt.h) */
+	for (size_t i = 0; name[i]; i++) {
+		unsigned char ch = (unsigned char)name[i];
+		if (ch < 0x20 || ch > 0x7e) {
+			dp_set_error("the memfd's name must be printable ASCII (0x20-0x7e): byte %zu "
+				     "is 0x%02x",
+				     i, ch);
+			return -1;
+		}
+	}
 	for (uint32_t i = 0; i < limits.n; i++) {
 		const struct dp_client *o = &limits.all[i];
 		if (dp_load_acquire_u32(&o->state) != DP_CLIENT_FREE && o->base &&

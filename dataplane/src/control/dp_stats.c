@@ -86,6 +86,8 @@ int dp_stats_path(const char *control, char *out, size_t len)
 			snprintf(dir, sizeof(dir), "%s/duckpipe", xdg);
 		else
 			snprintf(dir, sizeof(dir), "/tmp/duckpipe-%u", (unsigned)geteuid());
+		/* 0700 when we make it; one that was there is checked by dp_stats_open
+		 * (check_dir): ours, and nobody else may write to it */
 		mkdir(dir, 0700);
 		size_t i = 0;
 		for (; control[i] && i < sizeof(safe) - 1; i++) {
@@ -104,12 +106,64 @@ int dp_stats_path(const char *control, char *out, size_t len)
 	return 0;
 }
 
-/* A stats segment left at path: say whose, so the log keeps the evidence. */
-static void note_stale(const char *path)
+/* The directory of path (the stats segment's; for ipc:// the control socket's too) must
+ * be ours and closed to others: where another user can write, they could plant the file
+ * first (a FIFO hangs an open, a symlink aims our writes at their choice). 0 or -1. */
+static int check_dir(const char *path)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return;
+	char dir[320];
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		snprintf(dir, sizeof(dir), ".");
+	else
+		snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+	struct stat st;
+	if (stat(dir, &st) < 0) {
+		dp_set_error("cannot use the directory %s: %s", dir, strerror(errno));
+		return -1;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		dp_set_error("%s is not a directory", dir);
+		return -1;
+	}
+	if (st.st_uid != geteuid()) {
+		dp_set_error("the directory %s belongs to uid %u, not to this dataplane's uid %u: "
+			     "put the control socket in a directory of your own (mode 0700)",
+			     dir, (unsigned)st.st_uid, (unsigned)geteuid());
+		return -1;
+	}
+	if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+		dp_set_error("the directory %s is writable by others (mode %04o): another user "
+			     "could plant the stats segment or the socket there first; put the "
+			     "control socket in a directory only you can write (mode 0700)",
+			     dir, (unsigned)(st.st_mode & 07777));
+		return -1;
+	}
+	return 0;
+}
+
+/* What is at path before we publish there: nothing, or a regular file of ours (a stats
+ * segment left behind: say whose, so the log keeps the evidence). Opened without
+ * following a symlink and without blocking, since a FIFO's open waits for a writer that
+ * may never come. 0 or -1. */
+static int check_stale(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return 0;
+		dp_set_error("cannot open %s, where the stats segment goes: %s%s", path,
+			     strerror(errno), errno == ELOOP ? " (a symlink: remove it)" : "");
+		return -1;
+	}
+	struct stat st = { 0 };
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+		dp_set_error("%s, where the stats segment goes, is %s: remove it", path,
+			     !S_ISREG(st.st_mode) ? "not a regular file (a FIFO, a socket, a device?)"
+						  : "owned by another user");
+		close(fd);
+		return -1;
+	}
 	struct dp_stats_header h;
 	if (pread(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) && h.magic == DP_STATS_MAGIC) {
 		bool alive = h.pid && kill((pid_t)h.pid, 0) == 0;
@@ -117,6 +171,7 @@ static void note_stale(const char *path)
 			alive ? "still alive, but not at this control endpoint" : "gone");
 	}
 	close(fd);
+	return 0;
 }
 
 static int core_of(const struct dp_config *cfg, uint32_t agent)
@@ -140,10 +195,10 @@ struct dp_stats_seg *dp_stats_open(struct dp_world *w,
 	if (dp_stats_path(w->cfg.control, s->path, sizeof(s->path)) < 0)
 		goto fail;
 	snprintf(tmp, sizeof(tmp), "%s.%d.tmp", s->path, (int)getpid());
-	if (access(s->path, F_OK) == 0)
-		note_stale(s->path);
+	if (check_dir(s->path) < 0 || check_stale(s->path) < 0)
+		goto fail;
 	unlink(tmp);
-	int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0) {
 		dp_set_error("cannot create the stats segment %s: %s", tmp, strerror(errno));
 		goto fail;
@@ -246,10 +301,11 @@ void dp_stats_close(struct dp_stats_seg *s)
 		return;
 	/* only our own file: a dataplane started after us at this endpoint replaced it */
 	struct stat st;
-	int fd = open(s->path, O_RDONLY | O_CLOEXEC);
+	int fd = open(s->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
 	if (fd >= 0) {
 		struct dp_stats_header h;
-		if (fstat(fd, &st) == 0 && pread(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) &&
+		if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+		    pread(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) &&
 		    h.pid == (uint32_t)getpid())
 			unlink(s->path);
 		close(fd);
@@ -290,6 +346,15 @@ static void publish_counters(struct dp_stats_seg *s)
 	set64(&s->agents[0].v[DP_C_connections_shed], dp_accept_guard_shed());
 }
 
+/* Descriptors waiting in a ring, head - tail bounded to [0, capacity]: a head behind the
+ * tail counts 0, one too far ahead counts capacity (the dispatcher evicts that client). */
+static uint32_t ring_pending(uint64_t head, uint64_t tail, uint32_t capacity)
+{
+	if (head < tail)
+		return 0;
+	return head - tail > capacity ? capacity : (uint32_t)(head - tail);
+}
+
 /* The entry of client slot i, filled when another client took the slot (ids are never
  * reused). */
 static struct dp_stats_client *client_entry(struct dp_stats_seg *s, const struct dp_client *cl)
@@ -306,6 +371,7 @@ static struct dp_stats_client *client_entry(struct dp_stats_seg *s, const struct
 	e->capacity = cl->layout.ring_capacity;
 	e->slot_count = cl->layout.slot_count;
 	e->generation = ++s->generation;
+	e->pending = 0;
 	set64(&e->head, 0);
 	set64(&e->tail, 0);
 	set64(&e->inflight, 0);
@@ -335,8 +401,14 @@ static void publish_clients(struct dp_stats_seg *s)
 		e = client_entry(s, cl);
 		/* the ring's indices as the segment shows them: head is the client's, tail our
 		 * published copy; the control agent maps the segment while the slot is active */
-		set64(&e->head, dp_load_acquire_u64(&cl->ring->head));
-		set64(&e->tail, dp_load_acquire_u64(&cl->ring->tail));
+		uint64_t head = dp_load_acquire_u64(&cl->ring->head);
+		uint64_t tail = dp_load_acquire_u64(&cl->ring->tail);
+		set64(&e->head, head);
+		set64(&e->tail, tail);
+		/* the tools' only view of the ring (they never map a client's segment): bounded
+		 * here, since the client may write any head */
+		__atomic_store_n(&e->pending, ring_pending(head, tail, e->capacity),
+				 __ATOMIC_RELAXED);
 		set64(&e->inflight, __atomic_load_n(&cl->inflight, __ATOMIC_ACQUIRE));
 		set64(&e->submits, dp_load_relaxed_u64(&cl->submitted));
 		set64(&e->completions, cl->completed);

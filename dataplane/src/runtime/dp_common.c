@@ -15,17 +15,37 @@ void dp_set_thread_name(const char *name)
 	pthread_setname_np(pthread_self(), thread_name);
 }
 
+const char *dp_printable(const char *in, char *out, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t o = 0;
+	for (size_t i = 0; in[i] && o + 5 < len; i++) {
+		unsigned char ch = (unsigned char)in[i];
+		if (ch >= 0x20 && ch <= 0x7e) {
+			out[o++] = (char)ch;
+			continue;
+		}
+		out[o++] = '\\';
+		out[o++] = 'x';
+		out[o++] = hex[ch >> 4];
+		out[o++] = hex[ch & 15];
+	}
+	out[o] = '\0';
+	return out;
+}
+
 void dp_log(enum dp_log_level level, const char *fmt, ...)
 {
 	static const char *const names[] = { "debug", "info", "warn", "error" };
-	char line[1024];
+	char line[1024], shown[4 * sizeof(line)];
 	va_list ap;
 	if ((int)level < dp_log_min)
 		return;
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "duckpipe-dataplane[%s] %s: %s\n", thread_name, names[level], line);
+	dp_printable(line, shown, sizeof(shown));
+	fprintf(stderr, "duckpipe-dataplane[%s] %s: %s\n", thread_name, names[level], shown);
 }
 
 void dp_set_error(const char *fmt, ...)

@@ -34,6 +34,12 @@ void dp_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void dp_add_error_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *dp_error(void);
 
+/* in into out (len bytes, at least 4x in's length to hold it all) with every byte outside
+ * printable ASCII written as \xNN; returns out. Every log line passes through it: a
+ * client's string in a line (a name, a memfd's name, a path) stays text on the terminal
+ * tailing the log, and cannot start a line of its own (issue 17). */
+const char *dp_printable(const char *in, char *out, size_t len);
+
 /* Name the calling thread in logs (and in top/ps). */
 void dp_set_thread_name(const char *name);
 

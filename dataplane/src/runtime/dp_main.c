@@ -381,8 +381,10 @@ int main(int argc, char **argv)
 						       .park = dp_worker_park,
 						       .self = &workers[n] };
 	}
+	char shown_control[4 * sizeof(world.cfg.control)];
 	printf("duckpipe-dataplane: %u ducks on %u NIC(s), control %s, %s threads (pid %d)\n",
-	       world.cfg.nducks, world.cfg.nnics, world.cfg.control,
+	       world.cfg.nducks, world.cfg.nnics,
+	       dp_printable(world.cfg.control, shown_control, sizeof(shown_control)),
 	       world.cfg.dedicated_threads ? "dedicated" : "shared", getpid());
 	fflush(stdout);
 
