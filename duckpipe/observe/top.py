@@ -462,6 +462,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--width", type=int, default=0, help="--once: line width (default: the terminal's, or 160)"
     )
+    from .. import __version__
+
+    p.add_argument("--version", action="version", version=f"duckpipe-top (duckpipe {__version__})")
     return p
 
 
