@@ -83,13 +83,15 @@ def _loopback_topology(args: argparse.Namespace):
 
 
 def _check_topology(topo, control: str) -> list[str]:
-    """What would stop this topology from starting, short of binding (``--check``)."""
+    """What would stop this topology from starting, short of binding (``--check``): its
+    own rules, then what this host has (interfaces, CPUs, addresses: launch/hostcheck.py)."""
     import subprocess
 
     from .launch.binaries import find_binary
+    from .launch.hostcheck import host_problems
 
-    problems = []
     topo.to_config(control)  # encodes with the C dataplane's schema
+    problems = host_problems(topo)
     addrs: dict[tuple[str, int], str] = {}
     for nic in topo.nics:
         for d in nic.ducks:

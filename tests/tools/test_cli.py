@@ -170,6 +170,45 @@ def test_dataplane_check_validates_a_topology_and_starts_nothing(tmp_path):
     assert r.returncode == 1 and "share 127.0.0.1:47999" in r.stderr
 
 
+@pytest.mark.dataplane  # --check runs duckpipe-dataplane --backends
+def test_dataplane_check_refuses_an_interface_or_cores_this_host_does_not_have(tmp_path):
+    from duckpipe.launch.hostcheck import cpu_list, online_cpus
+
+    online = online_cpus()
+    absent = next(c for c in range(99, 4096) if c not in online)  # 99 on a 2-CPU host
+    nic = '[[nics]]\nname = "lo"\nhost_ip = "127.0.0.1"\n'
+    duck = '[[nics.ducks]]\nid = 0\nip = "127.0.0.1"\nport = 47999\n'
+    here = tmp_path / "here.toml"  # what this host has: lo, CPU 0
+    here.write_text(f"cores = [{min(online)}]\n" + nic + 'interface = "lo"\n' + duck)
+    r = _duckpipe("dataplane", "--config", str(here), "--check")
+    assert r.returncode == 0 and "valid" in r.stdout, r.stderr
+    elsewhere = tmp_path / "elsewhere.toml"
+    elsewhere.write_text(
+        f"cores = [{min(online)}, {absent}]\n" + nic + 'interface = "eth99"\n' + duck
+    )
+    r = _duckpipe("dataplane", "--config", str(elsewhere), "--check")
+    assert r.returncode == 1 and "valid" not in r.stdout, r.stdout
+    assert "interface 'eth99' does not exist on this host (it has: " in r.stderr, r.stderr
+    assert "lo" in r.stderr.split("it has: ", 1)[1]  # and says which it has
+    assert (
+        f"cores: CPU {absent} does not exist on this host (it has CPUs {cpu_list(online)})"
+        in r.stderr
+    ), r.stderr
+    assert f"CPU {min(online)} " not in r.stderr  # the CPU it has is not blamed
+    stranger = tmp_path / "stranger.toml"
+    stranger.write_text(nic.replace("127.0.0.1", "192.0.2.77") + duck.replace(
+        "127.0.0.1", "192.0.2.78"))  # fmt: skip
+    r = _duckpipe("dataplane", "--config", str(stranger), "--check")
+    assert r.returncode == 1 and "host_ip 192.0.2.77 is not an address of this host" in r.stderr
+
+
+def test_cpu_list_reads_like_the_kernels():
+    from duckpipe.launch.hostcheck import cpu_list
+
+    assert cpu_list({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
+    assert cpu_list({3}) == "3"
+
+
 @pytest.mark.dataplane  # runs duckpipe-dataplane --backends
 def test_doctor_reports_each_feature_with_a_fix_when_missing():
     r = _duckpipe("doctor", "--json", timeout=60)
