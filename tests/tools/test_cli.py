@@ -526,3 +526,31 @@ def test_find_binary_on_path_passes_over_the_console_scripts_of_the_same_name(
     assert binaries._on_path("duckpipe-ducks") == programs / "duckpipe-ducks"
     monkeypatch.setenv("PATH", str(scripts))
     assert binaries._on_path("duckpipe-ducks") is None
+
+
+# ------------------------------------------------------------ small ones (issue 17, 16)
+
+
+@pytest.mark.dataplane
+def test_the_launchs_config_file_leaves_the_run_directory_with_the_dataplane(tmp_path):
+    cluster_class_or_skip()
+    env = dict(os.environ, DUCKPIPE_RUN_DIR=str(tmp_path))
+    control = f"ipc://{tmp_path}/control"
+    proc = subprocess.Popen(
+        [*DATAPLANE, "--backend", "null", "--ducks", "1", "--control", control],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(control, proc)
+        argv = psutil.Process(proc.pid).cmdline()  # exec'd: the dataplane itself
+        config = argv[argv.index("--config") + 1]
+        assert os.path.dirname(config) == str(tmp_path) and os.path.exists(config)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    assert proc.returncode == 0, proc.stderr.read()
+    assert not os.path.exists(config)
+    assert not list(tmp_path.glob("dataplane-*.msgpack"))
