@@ -190,7 +190,11 @@ def _shm_clean(args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for s in removed:
         print(f"{verb} {s.path} (creator pid {s.creator_pid}, {s.size / 2**20:.1f} MiB)")
-    print(f"{verb} {len(removed)} segment file(s) of dead processes (duckpipe before 1.1)")
+    # "1.1" is the segment ABI's version (duckpipe.schema.abi), not the package's
+    print(
+        f"{verb} {len(removed)} segment file(s) of dead processes (the hugetlbfs or "
+        "/dev/shm files of segment ABI 1.0; since ABI 1.1 segments are memfds)"
+    )
     print(
         "memfd segments need no cleaning: nothing names them in a file system, and their "
         "memory goes with the last process that maps them"
