@@ -473,10 +473,17 @@ def _validate_header(
             f"{where} uses segment ABI {h.abi_major}.{h.abi_minor}, this duckpipe speaks "
             f"{ABI_MAJOR}.x; run client and dataplane from the same duckpipe version"
         )
-    if rc == lib.DP_SEG_CHECK_OVER_LIMITS:
+    if rc == lib.DP_SEG_CHECK_OVER_LIMITS:  # which limit, and both ways past it (dp_client.c)
+        if max_slots is not None and slots > max_slots:
+            raise SegmentError(
+                f"{where}: {slots} slots: over this dataplane's client_max_slots {max_slots}; "
+                "connect with fewer (slots=), or raise client_max_slots in its topology"
+            )
         raise SegmentError(
-            f"{where}: {slots} slots, {file_size} bytes: over this dataplane's limits "
-            f"({max_slots} slots, {max_bytes} bytes)"
+            f"{where}: {slots} slots take {file_size / 2**20:.1f} MiB: over this dataplane's "
+            f"client_max_segment_bytes {max_bytes} ({(max_bytes or 0) / 2**20:.1f} MiB); "
+            "connect with fewer or smaller slots (slots=, slot_size=), or raise "
+            "client_max_segment_bytes in its topology"
         )
     if rc in (lib.DP_SEG_CHECK_STRUCT_SIZES, lib.DP_SEG_CHECK_LAYOUT, lib.DP_SEG_CHECK_BACKING):
         why = ffi.string(lib.dp_seg_plan_strerror(rc)).decode()

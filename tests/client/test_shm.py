@@ -347,9 +347,9 @@ def test_open_fd_refuses_a_segment_another_pid_made(segments) -> None:
 
 def test_open_fd_refuses_segments_over_the_limits(segments) -> None:
     seg = segments(slot_count=8)
-    with pytest.raises(SegmentError, match="over this dataplane's limits"):
+    with pytest.raises(SegmentError, match="over this dataplane's client_max_slots 4;"):
         Segment.open_fd(os.getpid(), seg.fd, max_slots=4)
-    with pytest.raises(SegmentError, match="over this dataplane's limits"):
+    with pytest.raises(SegmentError, match="over this dataplane's client_max_segment_bytes"):
         Segment.open_fd(os.getpid(), seg.fd, max_bytes=seg.size - 1)
 
 
