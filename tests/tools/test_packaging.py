@@ -129,6 +129,19 @@ def test_wheel_installs_into_a_fresh_venv_with_its_programs(tmp_path):
     assert dataplane == package / "bin" / "duckpipe-dataplane"
     assert ducks == package / "bin" / "duckpipe-ducks"
 
+    # `duckpipe bench` run from the wheel records the commit the wheel was built from
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    r = _run([str(py), "-c", "from duckpipe.bench.common import machine_facts\n"
+              "print(machine_facts('none')['git_commit'])"],
+             timeout=60, env=env, cwd=tmp_path)  # fmt: skip
+    if head.returncode == 0:
+        assert r.stdout.strip() == (
+            f"{head.stdout.strip()} (the commit the installed package was built from)"
+        )
+    else:  # a tree from an sdist: it says so, never a blank
+        assert r.stdout.startswith("not a git checkout")
+
 
 # ------------------------------------------ editable installs (issue 17, 15)
 
