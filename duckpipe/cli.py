@@ -17,7 +17,7 @@ from .errors import DataplaneUnavailable, DuckpipeError
 from .observe.printable import PrintableFormatter, printable
 from .schema.config import default as config_default
 
-__all__ = ["main"]
+__all__ = ["main", "program_main"]
 
 #: Settings the mock shares with the C dataplane's config (duckpipe/schema/config.py).
 MOCK_CONFIG_FIELDS = (
@@ -84,13 +84,15 @@ def _loopback_topology(args: argparse.Namespace):
 
 
 def _check_topology(topo, control: str) -> list[str]:
-    """What would stop this topology from starting, short of binding (``--check``)."""
+    """What would stop this topology from starting, short of binding (``--check``): its
+    own rules, then what this host has (interfaces, CPUs, addresses: launch/hostcheck.py)."""
     import subprocess
 
     from .launch.binaries import find_binary
+    from .launch.hostcheck import host_problems
 
-    problems = []
     topo.to_config(control)  # encodes with the C dataplane's schema
+    problems = host_problems(topo)
     addrs: dict[tuple[str, int], str] = {}
     for nic in topo.nics:
         for d in nic.ducks:
@@ -113,9 +115,13 @@ def _check_topology(topo, control: str) -> list[str]:
 
 
 def _dataplane(args: argparse.Namespace) -> int:
+    from .launch.binaries import find_binary
     from .launch.dataplane import run_foreground
     from .launch.topology import load
 
+    if args.backends:
+        binary = find_binary("duckpipe-dataplane")
+        os.execv(binary, [str(binary), "--backends"])
     topo = load(args.config) if args.config else _loopback_topology(args)
     control = args.control or topo.control or runtime.default_control()
     if args.check:
@@ -185,7 +191,11 @@ def _shm_clean(args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for s in removed:
         print(f"{verb} {s.path} (creator pid {s.creator_pid}, {s.size / 2**20:.1f} MiB)")
-    print(f"{verb} {len(removed)} segment file(s) of dead processes (duckpipe before 1.1)")
+    # "1.1" is the segment ABI's version (duckpipe.schema.abi), not the package's
+    print(
+        f"{verb} {len(removed)} segment file(s) of dead processes (the hugetlbfs or "
+        "/dev/shm files of segment ABI 1.0; since ABI 1.1 segments are memfds)"
+    )
     print(
         "memfd segments need no cleaning: nothing names them in a file system, and their "
         "memory goes with the last process that maps them"
@@ -480,6 +490,11 @@ def _parser() -> argparse.ArgumentParser:
         help="validate the topology and the build, start nothing, exit 0 or 1 (like nginx -t)",
     )
     d.add_argument(
+        "--backends",
+        action="store_true",
+        help="print the backends the C dataplane was built with, start nothing",
+    )
+    d.add_argument(
         "backend_args",
         nargs=argparse.REMAINDER,
         help="after --: options for the backend (EAL options for dpdk)",
@@ -622,8 +637,8 @@ def configure_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler])
 
 
-def _main(argv: list[str] | None) -> int:
-    args = _parser().parse_args(argv)
+def _main(argv: list[str] | None, parser: argparse.ArgumentParser | None) -> int:
+    args = (parser or _parser()).parse_args(argv)
     configure_logging(args.verbose)
     try:
         return args.func(args)
@@ -634,13 +649,25 @@ def _main(argv: list[str] | None) -> int:
         return 130
 
 
-def main(argv: list[str] | None = None) -> int:
+def program_main(command: str, prog: str, argv: list[str] | None = None) -> int:
+    """``duckpipe <command>`` as a program of its own name on PATH (``duckpipe-ducks`` is
+    ``duckpipe ducks``): the same options, defaults and messages, and ``--version``."""
+    parser = next(sp for sp in _subparsers(_parser()) if sp.prog == f"duckpipe {command}")
+    parser.prog = prog  # argparse reads it when it prints usage and errors
+    # its -v defaults to SUPPRESS (to keep the top level's value): here there is none
+    parser.set_defaults(verbose=False)
+    parser.add_argument("--version", action="version", version=f"{prog} (duckpipe {_version()})")
+    return main(argv, parser=parser)
+
+
+def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
     """The ``duckpipe`` command. A reader that goes away (``duckpipe ... | head``) ends it
     quietly with 141 (128 + SIGPIPE, what a shell reports for a C tool), no traceback;
-    whatever it started is stopped on the way out like on any other error."""
+    whatever it started is stopped on the way out like on any other error.
+    ``parser``: one subcommand's, for a program of its own (:func:`program_main`)."""
     try:
         try:
-            rc = _main(argv)
+            rc = _main(argv, parser)
         except SystemExit as e:  # argparse: --help, --version, usage errors
             rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if isinstance(e.code, str):

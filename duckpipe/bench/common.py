@@ -119,18 +119,34 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _git_commit() -> str:
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # duckpipe/
+
+
+def _git_commit(package_dir: Path = PACKAGE_DIR) -> str:
+    """The commit this duckpipe is: its checkout's HEAD, else the one its wheel was built
+    from (meson.build writes duckpipe/_build_info.py), else says it cannot tell. A package
+    installed in a venv inside some other git checkout is not that checkout's."""
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
+        r = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel", "--short", "HEAD"],
+            cwd=package_dir,
             capture_output=True,
             text=True,
             timeout=5,
             check=False,
-        ).stdout.strip()
+        )
+        lines = r.stdout.split()
+        if r.returncode == 0 and len(lines) == 2 and Path(lines[0]) == package_dir.parent:
+            return lines[1]
     except (OSError, subprocess.SubprocessError):
-        return ""
+        pass
+    try:
+        from .._build_info import GIT_COMMIT  # type: ignore[import-not-found]
+    except ImportError:  # a tree that meson never built
+        GIT_COMMIT = ""
+    if GIT_COMMIT:
+        return f"{GIT_COMMIT} (the commit the installed package was built from)"
+    return "not a git checkout (and the installed package does not say which commit it is)"
 
 
 def machine_facts(pinning: str) -> dict[str, object]:

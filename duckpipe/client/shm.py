@@ -115,7 +115,7 @@ class _Layout:
 
 
 def segment_dirs() -> list[Path]:
-    """Directories that may hold segment files of duckpipe before 1.1 (memfds have none)."""
+    """Directories that may hold segment files of segment ABI 1.0 (memfds have none)."""
     dirs = [DEVSHM]
     huge = runtime.find_hugetlbfs()
     if huge is not None:
@@ -365,7 +365,7 @@ class Segment:
     @classmethod
     def open(cls, path: str | Path) -> Segment:
         """Map a segment by path: /proc/<pid>/fd/<fd> of a live one, or a file written by
-        duckpipe before 1.1. Checks the header (read before mapping) like open_fd."""
+        segment ABI 1.0. Checks the header (read before mapping) like open_fd."""
         path = Path(path)
         flags = os.O_RDWR | os.O_CLOEXEC
         if not str(path).startswith("/proc/"):
@@ -481,10 +481,17 @@ def _validate_header(
             f"{where} uses segment ABI {h.abi_major}.{h.abi_minor}, this duckpipe speaks "
             f"{ABI_MAJOR}.x; run client and dataplane from the same duckpipe version"
         )
-    if rc == lib.DP_SEG_CHECK_OVER_LIMITS:
+    if rc == lib.DP_SEG_CHECK_OVER_LIMITS:  # which limit, and both ways past it (dp_client.c)
+        if max_slots is not None and slots > max_slots:
+            raise SegmentError(
+                f"{where}: {slots} slots: over this dataplane's client_max_slots {max_slots}; "
+                "connect with fewer (slots=), or raise client_max_slots in its topology"
+            )
         raise SegmentError(
-            f"{where}: {slots} slots, {file_size} bytes: over this dataplane's limits "
-            f"({max_slots} slots, {max_bytes} bytes)"
+            f"{where}: {slots} slots take {file_size / 2**20:.1f} MiB: over this dataplane's "
+            f"client_max_segment_bytes {max_bytes} ({(max_bytes or 0) / 2**20:.1f} MiB); "
+            "connect with fewer or smaller slots (slots=, slot_size=), or raise "
+            "client_max_segment_bytes in its topology"
         )
     if rc in (lib.DP_SEG_CHECK_STRUCT_SIZES, lib.DP_SEG_CHECK_LAYOUT, lib.DP_SEG_CHECK_BACKING):
         why = ffi.string(lib.dp_seg_plan_strerror(rc)).decode()
@@ -534,7 +541,7 @@ def _create_memfd(name: str, size: int, *, huge: bool) -> tuple[int, mmap.mmap]:
 
 
 def _unlink(path: Path) -> None:
-    """Remove a segment file of duckpipe before 1.1."""
+    """Remove a segment file of segment ABI 1.0."""
     try:
         if path.parent == DEVSHM:
             posix_ipc.unlink_shared_memory("/" + path.name)
@@ -559,7 +566,7 @@ class SegmentInfo:
     age_s: float
     readable: bool
     reason: str = ""
-    kind: str = "memfd"  # or "file" (duckpipe before 1.1: removable by clean_segments)
+    kind: str = "memfd"  # or "file" (segment ABI 1.0: removable by clean_segments)
     name: str = ""
 
 
@@ -634,7 +641,7 @@ def _memfds() -> list[tuple[Path, str]]:
 
 
 def list_segments() -> list[SegmentInfo]:
-    """This user's segments: live memfds (through /proc), and files of duckpipe before 1.1."""
+    """This user's segments: live memfds (through /proc), and files of segment ABI 1.0."""
     out = []
     for path, name in _memfds():
         try:
@@ -656,7 +663,7 @@ def list_segments() -> list[SegmentInfo]:
 
 
 def clean_segments(*, dry_run: bool = False, min_age_s: float = 5.0) -> list[SegmentInfo]:
-    """Remove segment files of duckpipe before 1.1 whose creator is dead (or whose header
+    """Remove segment files of segment ABI 1.0 whose creator is dead (or whose header
     never got written and which are older than ``min_age_s``). Memfd segments need no
     cleaning: their memory goes with the last process that holds them. Returns what was
     (or would be) removed."""

@@ -34,9 +34,31 @@ def packaged_binary(name: str) -> Path | None:
     return None
 
 
+def _is_console_script(path: Path) -> bool:
+    """One of this package's own programs on PATH (``dataplane_main``, ``ducks_main``):
+    Python that runs the C program, never the C program itself."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1024)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and b"duckpipe.launch.binaries" in head
+
+
+def _on_path(name: str) -> Path | None:
+    """``name`` on PATH, passing over this package's console scripts of that name: running
+    one of those in place of the C program would start the console script again."""
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        found = shutil.which(name, path=directory or ".")
+        if found and not _is_console_script(Path(found)):
+            return Path(found)
+    return None
+
+
 def find_binary(name: str, *, search_path: bool = True) -> Path:
     """``$DUCKPIPE_BIN_DIR/name``, else the package's own (``duckpipe/bin/name``), else
-    ``dataplane/build/name`` of a checkout (its C-only meson build), else PATH."""
+    ``dataplane/build/name`` of a checkout (its C-only meson build), else PATH (where this
+    package's console scripts of the same name do not count)."""
     env = os.environ.get("DUCKPIPE_BIN_DIR")
     if env and _executable(Path(env) / name):
         return Path(env) / name
@@ -45,9 +67,9 @@ def find_binary(name: str, *, search_path: bool = True) -> Path:
         return packaged
     if _executable(BUILD_DIR / name):
         return BUILD_DIR / name
-    found = shutil.which(name) if search_path else None
+    found = _on_path(name) if search_path else None
     if found:
-        return Path(found)
+        return found
     raise DuckpipeError(
         f"{name} is not built; `pip install .` builds it into the package (meson-python), "
         "`meson setup dataplane/build -Dpython_module=false && meson compile -C dataplane/build` "
@@ -56,21 +78,53 @@ def find_binary(name: str, *, search_path: bool = True) -> Path:
     )
 
 
-def _exec(name: str) -> None:
-    """Replace this process with the program (console scripts: the programs on PATH)."""
+def _exec(name: str, argv: list[str]) -> None:
+    """Replace this process with the C program."""
     try:
-        # not PATH: the console script of the same name is on it
-        path = find_binary(name, search_path=False)
+        path = find_binary(name)
     except DuckpipeError as e:
         sys.exit(f"{name}: {e}")
-    os.execv(path, [str(path), *sys.argv[1:]])
+    os.execv(path, [str(path), *argv])
 
 
-def dataplane_main() -> None:
-    """``duckpipe-dataplane``: the C dataplane installed with the package."""
-    _exec("duckpipe-dataplane")
+def _names_a_msgpack_config(argv: list[str]) -> bool:
+    """Whether ``--config FILE`` names the C program's own msgpack configuration (what
+    ``duckpipe dataplane`` and the launchers write) rather than a TOML topology. A msgpack
+    map starts with 0x80..0x8f, 0xde or 0xdf; a TOML file with text (ASCII, or a BOM)."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        else:
+            continue
+        try:
+            with open(path, "rb") as f:
+                first = f.read(1)
+        except OSError:
+            return False  # the TOML path says what is wrong with it
+        return bool(first) and (0x80 <= first[0] <= 0x8F or first[0] in (0xDE, 0xDF))
+    return False
 
 
-def ducks_main() -> None:
-    """``duckpipe-ducks``: the C duck emulator installed with the package."""
-    _exec("duckpipe-ducks")
+def dataplane_main() -> int:
+    """``duckpipe-dataplane`` on PATH: ``duckpipe dataplane`` under its own name (a TOML
+    topology or --ducks on loopback, this user's ports, --check, --backends, --version).
+    A msgpack configuration is handed to the C program as it is: launchers that find the
+    program on PATH keep working."""
+    argv = sys.argv[1:]
+    if _names_a_msgpack_config(argv):
+        _exec("duckpipe-dataplane", argv)
+    from ..cli import program_main
+
+    return program_main("dataplane", "duckpipe-dataplane", argv)
+
+
+def ducks_main() -> int:
+    """``duckpipe-ducks`` on PATH: ``duckpipe ducks`` under its own name (this user's
+    ports by default, the counters as a table, --version)."""
+    from ..cli import program_main
+
+    return program_main("ducks", "duckpipe-ducks", sys.argv[1:])

@@ -27,8 +27,9 @@ def write_config(topology: Topology, control: str, directory: Path) -> Path:
 
     Every launch gets its own file, ``dataplane-<hash of control>-<pid>-<random>.msgpack``
     (mode 0600, made with mkstemp): launches side by side never read each other's, and a
-    failed launch never overwrites a running dataplane's. Files of launches whose process
-    is gone are removed here."""
+    failed launch never overwrites a running dataplane's. The dataplane removes its own
+    when it exits (--remove-config); files of launches whose process died without that
+    are removed here."""
     _remove_stale_configs(directory)
     tag = hashlib.blake2s(control.encode(), digest_size=4).hexdigest()
     fd, name = tempfile.mkstemp(
@@ -88,18 +89,21 @@ class DataplaneProcess(DataplaneChild):
 
     def command(self) -> list[str]:
         config = write_config(self.topology, self.control, self.workdir)
-        args = [str(self.binary), "--config", str(config), *(["-v"] if self.verbose else [])]
+        args = [str(self.binary), "--config", str(config), "--remove-config"]
+        args += ["-v"] if self.verbose else []
         return args + (["--", *self.backend_args] if self.backend_args else [])
 
 
 def run_foreground(
     topology: Topology, control: str | None, verbose: bool, backend_args: list[str] = ()
 ) -> int:
-    """``duckpipe dataplane``: exec the C process with a config written to the run dir."""
+    """``duckpipe dataplane``: exec the C process with a config written to the run dir,
+    which the process removes when it exits (--remove-config)."""
     control = control or topology.control or runtime.default_control()
     config = write_config(topology, control, runtime.run_dir())
     binary = find_binary("duckpipe-dataplane")
-    args = [str(binary), "--config", str(config), *(["-v"] if verbose else [])]
+    args = [str(binary), "--config", str(config), "--remove-config"]
+    args += ["-v"] if verbose else []
     if backend_args:
         args += ["--", *backend_args]
     os.execv(binary, args)

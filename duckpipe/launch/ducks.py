@@ -299,6 +299,20 @@ def _run(args: argparse.Namespace) -> int:
     except DuckpipeError as e:
         print(f"duckpipe: {e}", file=sys.stderr)
         return 1
+    started: list[subprocess.Popen[str]] = []
+    early: list[int] = []  # signals that came before the emulator did
+
+    def forward(signum: int, _frame: object) -> None:
+        # Ctrl-C reaches the whole process group already; kill(1) reaches only us
+        if not started:
+            early.append(signum)
+        elif started[0].poll() is None:
+            started[0].send_signal(signum)
+
+    # before the start: a SIGTERM sent as soon as the emulator says it is ready (it prints
+    # that itself) must reach it, not end this process and leave the table unprinted
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
     try:
         proc = subprocess.Popen(
             argv, stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=_die_with_parent
@@ -306,14 +320,9 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"duckpipe: cannot run {argv[0]}: {e}", file=sys.stderr)
         return 1
-
-    def forward(signum: int, _frame: object) -> None:
-        # Ctrl-C reaches the whole process group already; kill(1) reaches only us
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
+    started.append(proc)
+    for signum in early:
+        proc.send_signal(signum)
     assert proc.stderr is not None
     for line in proc.stderr:  # until it exits
         counters = parse_counters(line)

@@ -41,9 +41,11 @@ Without a file, :func:`loopback` puts N ducks on 127.0.0.1, which needs no root.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
+import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
 from msgspec import Meta
@@ -218,6 +220,35 @@ def _nic_config(nic: Nic) -> cfgschema.NicConfig:
     return cfgschema.NicConfig(**fields)
 
 
+def _choices_at(keys: list[str]) -> tuple[str, ...]:
+    """The values a ``Literal`` field takes, found by its keys from Topology down
+    (``["nics", "0", "backend"]``); empty when the keys do not end at one."""
+    hint: object = Topology
+    for key in keys:
+        if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+            hint = get_type_hints(hint, include_extras=True).get(key)
+        elif get_origin(hint) is list and key.isdigit():
+            (hint,) = get_args(hint)
+        else:
+            return ()
+        while get_origin(hint) is Annotated:
+            hint = get_args(hint)[0]
+    return tuple(str(a) for a in get_args(hint)) if get_origin(hint) is Literal else ()
+
+
+def _valid_choices(error: str) -> str:
+    """For msgspec's "Invalid enum value 'sockit' - at `$.nics[0].backend`": the values
+    that field takes, and the one the bad value was probably meant to be."""
+    m = re.match(r"Invalid enum value '(.*)' - at `\$\.(.+)`$", error)
+    if not m:
+        return ""
+    choices = _choices_at(re.findall(r"[^.\[\]]+", m.group(2)))
+    if not choices:
+        return ""
+    close = difflib.get_close_matches(m.group(1), choices, n=1)
+    return f" (valid: {', '.join(choices)}" + (f"; did you mean {close[0]!r}?)" if close else ")")
+
+
 def load(path: str | Path) -> Topology:
     """Decode a TOML topology; errors name the key, the value and why."""
     path = Path(path)
@@ -228,7 +259,7 @@ def load(path: str | Path) -> Topology:
     try:
         return msgspec.toml.decode(raw, type=Topology)
     except msgspec.ValidationError as e:
-        raise BadInput(f"topology {path}: {e}") from None
+        raise BadInput(f"topology {path}: {e}{_valid_choices(str(e))}") from None
     except msgspec.DecodeError as e:
         raise BadInput(f"topology {path} is not valid TOML: {e}") from None
 

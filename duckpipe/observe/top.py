@@ -39,12 +39,14 @@ from .topview import (
     ProcSample,
     ThreadSample,
     View,
+    alert_rows,
     build_view,
     derive_rates,
     fit_columns,
     render_table,
     render_text,
     same_dataplane,
+    wrap_phrases,
 )
 
 __all__ = ["ProcessSampler", "main"]
@@ -294,9 +296,10 @@ class Screen:
             self.put(1, 0, self.missing or "")
             y = 2
         else:
-            for line in self.view.header:
-                self.put(y, 0, line, curses.A_BOLD if y == 0 else 0)
-                y += 1
+            for k, line in enumerate(self.view.header):
+                for part in wrap_phrases(line, w - 1):  # at 80 columns: whole phrases
+                    self.put(y, 0, part, curses.A_BOLD if k == 0 else 0)
+                    y += 1
         x = 0
         for i, p in enumerate(PANES):
             label = f" {i + 1} {p} "
@@ -307,13 +310,9 @@ class Screen:
         if self.view is None:
             self.scr.refresh()
             return
-        alerts = self.view.alerts
-        room = max(1, min(len(alerts), 3))
-        for a in alerts[:room]:
-            self.put(y, 0, f"! {a}", self.red)
+        for line in alert_rows(self.view.alerts, w - 1):
+            self.put(y, 0, line, self.red)
             y += 1
-        if len(alerts) > room:
-            self.put(y - 1, 0, f"! {alerts[room - 1]}  (+{len(alerts) - room} more)", self.red)
         table = self.view.tables[name]
         col = self.sort.get(name, table.sort)
         lines = render_table(table, w, col, self.reverse.get(name, False))
@@ -464,6 +463,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--width", type=int, default=0, help="--once: line width (default: the terminal's, or 160)"
     )
+    from .. import __version__
+
+    p.add_argument("--version", action="version", version=f"duckpipe-top (duckpipe {__version__})")
     return p
 
 

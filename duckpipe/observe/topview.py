@@ -15,6 +15,8 @@ start: no rate for that interval rather than a negative one.
 from __future__ import annotations
 
 import math
+import re
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,14 +45,17 @@ __all__ = [
     "Table",
     "ThreadSample",
     "View",
+    "alert_rows",
     "build_view",
     "derive_rates",
     "fit_columns",
     "hist_delta",
     "hist_quantile",
+    "id_ranges",
     "render_table",
     "render_text",
     "same_dataplane",
+    "wrap_phrases",
 ]
 
 PANES = ("rings", "nics", "ducks", "latency", "processes")
@@ -754,11 +759,7 @@ def build_view(
             alerts.append(f"ring of {c.name} (pid {c.pid}) {r.occupancy * 100:.0f}% full")
         elif r.ring_full_new:
             alerts.append(f"ring of {c.name} (pid {c.pid}) was full {r.ring_full_new} time(s)")
-    for d, r in zip(new.ducks, rates.ducks, strict=True):
-        if r.timeouts_new:
-            alerts.append(f"duck {d.id} ({d.address}): {r.timeouts_new} new timeout(s)")
-        elif d.state != "up":
-            alerts.append(f"duck {d.id} ({d.address}) is {d.state}")
+    alerts += _duck_alerts(new.ducks, rates.ducks)
     for n, r in zip(new.nics, rates.nics, strict=True):
         if r.drops_new:
             alerts.append(f"NIC {n.name}: {r.drops_new} new drop(s)")
@@ -770,6 +771,79 @@ def build_view(
         "processes": _processes(procs),
     }
     return View(header, alerts, tables)
+
+
+def id_ranges(ids: Sequence[int]) -> str:
+    """Duck ids as runs: ``[4, 5, 6, 7, 9]`` is ``4-7, 9``."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _duck_alerts(ducks: Sequence[Any], rates: Sequence[DuckRates]) -> list[str]:
+    """One alert per kind of trouble naming every duck it hit ("ducks 4-7 are lost"): one
+    line per duck would push all but the first few out of the live screen's alert rows."""
+    timed_out = [(d, r.timeouts_new) for d, r in zip(ducks, rates, strict=True) if r.timeouts_new]
+    by_state: dict[str, list[Any]] = {}
+    for d, r in zip(ducks, rates, strict=True):
+        if not r.timeouts_new and d.state != "up":
+            by_state.setdefault(d.state, []).append(d)
+    alerts = []
+    if len(timed_out) == 1:
+        ((d, n),) = timed_out
+        alerts.append(f"duck {d.id} ({d.address}): {n} new timeout(s)")
+    elif timed_out:
+        total = sum(n for _, n in timed_out)
+        ids = id_ranges([d.id for d, _ in timed_out])
+        alerts.append(f"ducks {ids}: {total} new timeout(s)")
+    for state, hit in by_state.items():
+        if len(hit) == 1:
+            alerts.append(f"duck {hit[0].id} ({hit[0].address}) is {state}")
+        else:
+            alerts.append(f"ducks {id_ranges([d.id for d in hit])} are {state}")
+    return alerts
+
+
+def wrap_phrases(line: str, width: int, indent: str = "  ") -> list[str]:
+    """``line`` in lines of at most ``width``, broken only after a comma or semicolon (a
+    phrase: "end to end p50 86 us p99 249 us;" stays whole), the later ones indented. A
+    phrase longer than a line gets one of its own and is broken between words."""
+    phrases = re.split(r"(?<=[,;]) ", line)
+    lines: list[str] = []
+    for phrase in phrases:
+        if lines and len(lines[-1]) + 1 + len(phrase) <= width:
+            lines[-1] += " " + phrase
+        elif len((indent if lines else "") + phrase) <= width:
+            lines.append((indent if lines else "") + phrase)
+        else:
+            lines += textwrap.wrap(
+                phrase,
+                width,
+                initial_indent=indent if lines else "",
+                subsequent_indent=indent,
+                break_on_hyphens=False,
+            ) or [""]
+    return lines
+
+
+def alert_rows(alerts: Sequence[str], width: int, rows: int = 3) -> list[str]:
+    """The live screen's alert lines: each alert whole (wrapped, never cut) while ``rows``
+    hold them; if they do not, the last row says how many more there are."""
+    wrapped = [wrap_phrases(f"! {printable(a)}", width) for a in alerts]
+    if sum(len(parts) for parts in wrapped) <= rows:
+        return [line for parts in wrapped for line in parts]
+    out: list[str] = []
+    shown = 0
+    for parts in wrapped:
+        if len(out) + len(parts) > rows - 1:  # the last row counts the rest
+            break
+        out += parts
+        shown += 1
+    return [*out, f"! +{len(alerts) - shown} more (duckpipe-top --once lists all)"]
 
 
 def _moe_line(new: Any, rates: Rates) -> str:
@@ -794,10 +868,10 @@ def _duration(s: float) -> str:
 
 
 def render_text(view: View, width: int = 120) -> str:
-    """Every pane as plain text (``--once``); nothing in it a terminal would act on."""
-    out = [printable(h) for h in view.header]
-    if view.alerts:
-        out += [f"! {printable(a)}" for a in view.alerts]
+    """Every pane as plain text (``--once``), no line wider than ``width``; nothing in it
+    a terminal would act on."""
+    out = [part for line in view.header for part in wrap_phrases(printable(line), width)]
+    out += [part for a in view.alerts for part in wrap_phrases(f"! {printable(a)}", width)]
     for i, pane in enumerate(PANES, 1):
         t = view.tables[pane]
         out += ["", f"[{i}] {printable(t.title)}"]

@@ -10,7 +10,7 @@ import zmq
 
 import duckpipe
 from duckpipe import GeluMlp
-from duckpipe.errors import DataplaneRefused, DataplaneUnavailable
+from duckpipe.errors import DataplaneRefused, DataplaneUnavailable, SegmentError
 from duckpipe.mock.process import MockDataplaneProcess, control_request, ping
 from duckpipe.schema import control as ctl
 from duckpipe.testing import set_faults
@@ -26,6 +26,29 @@ def test_connect_to_a_silent_endpoint_times_out_cleanly():
     with pytest.raises(DataplaneUnavailable, match=r"within 0\.3 s"):
         duckpipe.connect("tcp://127.0.0.1:9", timeout=0.3)
     assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.parametrize("which", ["mock", "real"])
+def test_a_segment_over_a_limit_names_that_limit_and_both_ways_past_it(which, request):
+    limits = {"client_max_segment_bytes": 16 << 20, "client_max_slots": 16}
+    if which == "mock":
+        flags = [f for k, v in limits.items() for f in ("--" + k.replace("_", "-"), str(v))]
+        dp = request.getfixturevalue("duckpipe_mock_factory")(ducks=2, args=flags)
+    else:
+        dp = request.getfixturevalue("duckpipe_null_factory")(ducks=2, **limits)
+    with pytest.raises(SegmentError) as e:
+        duckpipe.connect(dp.control, slots=8, slot_size=2 << 20)  # 8 x (2 + 2) MiB and more
+    bytes_msg = str(e.value)
+    assert "over this dataplane's client_max_segment_bytes 16777216 (16.0 MiB)" in bytes_msg
+    assert "smaller slots (slots=, slot_size=)" in bytes_msg, bytes_msg
+    assert "raise client_max_segment_bytes in its topology" in bytes_msg, bytes_msg
+    assert "client_max_slots" not in bytes_msg  # not the limit it is over
+    with pytest.raises(SegmentError) as e:
+        duckpipe.connect(dp.control, slots=32, slot_size=4096)
+    slots_msg = str(e.value)
+    assert "32 slots: over this dataplane's client_max_slots 16; " in slots_msg, slots_msg
+    assert "fewer (slots=), or raise client_max_slots in its topology" in slots_msg
+    assert "client_max_segment_bytes" not in slots_msg
 
 
 def test_garbage_on_the_control_socket_is_counted_and_ignored(dataplane):

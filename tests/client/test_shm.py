@@ -347,9 +347,9 @@ def test_open_fd_refuses_a_segment_another_pid_made(segments) -> None:
 
 def test_open_fd_refuses_segments_over_the_limits(segments) -> None:
     seg = segments(slot_count=8)
-    with pytest.raises(SegmentError, match="over this dataplane's limits"):
+    with pytest.raises(SegmentError, match="over this dataplane's client_max_slots 4;"):
         Segment.open_fd(os.getpid(), seg.fd, max_slots=4)
-    with pytest.raises(SegmentError, match="over this dataplane's limits"):
+    with pytest.raises(SegmentError, match="over this dataplane's client_max_segment_bytes"):
         Segment.open_fd(os.getpid(), seg.fd, max_bytes=seg.size - 1)
 
 
@@ -424,7 +424,7 @@ def test_a_killed_creators_memfd_is_gone_with_it(segments) -> None:
 
 @pytest.fixture
 def old_style_file(tmp_path: Path, monkeypatch) -> Iterator[Path]:
-    """A segment file as duckpipe before 1.1 left them on a hugetlbfs mount: unreadable and
+    """A segment file as clients of segment ABI 1.0 left them on a hugetlbfs mount: unreadable and
     old. The "mount" is a private directory: a dataplane cleaning /dev/shm at its start in
     another test must not take it first."""
     monkeypatch.setenv("DUCKPIPE_HUGETLBFS", str(tmp_path))
@@ -474,6 +474,11 @@ def test_cli_shm_ls_lists_live_memfds_and_clean_says_they_need_none(
     assert listed[live.name]["creator_alive"] is True
     assert listed[live.name]["kind"] == "memfd"
 
+    dry = _cli("shm", "clean", "--dry-run")
+    assert dry.returncode == 0 and f"would remove {old_style_file} " in dry.stdout, dry.stderr
+    # the package is 0.1.0: "1.1" is the segment ABI's version, and says so
+    assert "duckpipe before" not in dry.stdout and "segment ABI 1.0" in dry.stdout, dry.stdout
+    assert old_style_file.exists()
     clean = _cli("shm", "clean")
     assert clean.returncode == 0, clean.stderr
     assert f"removed {old_style_file} " in clean.stdout

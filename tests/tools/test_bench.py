@@ -278,3 +278,31 @@ def test_the_committed_benchmarks_page_has_a_block_per_section() -> None:
     text = (ROOT / "docs" / "benchmarks.md").read_text()
     assert list(doc_sections(text)) == list(SECTIONS)
     assert "duckpipe bench all --doc docs/benchmarks.md" in text
+
+
+# ------------------------------------------------- the commit a run records (issue 17, 16)
+
+
+def test_the_commit_is_the_checkouts_head_else_the_wheels_else_says_neither(tmp_path, monkeypatch):
+    import types
+
+    from duckpipe.bench.common import PACKAGE_DIR, _git_commit
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PACKAGE_DIR,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if head.returncode == 0:  # this checkout
+        assert _git_commit() == head.stdout.strip()
+    # a wheel installed in a venv that lies inside some other git checkout: not its commit
+    other = tmp_path / "project"
+    package = other / ".venv" / "lib" / "site-packages" / "duckpipe"
+    package.mkdir(parents=True)
+    for argv in (["init", "-q"], ["-c", "user.name=x", "-c", "user.email=x@x", "commit", "-q",
+                                  "--allow-empty", "-m", "x"]):  # fmt: skip
+        subprocess.run(["git", *argv], cwd=other, check=True, capture_output=True)
+    built = types.ModuleType("duckpipe._build_info")
+    built.GIT_COMMIT = "abc1234"
+    monkeypatch.setitem(sys.modules, "duckpipe._build_info", built)
+    assert _git_commit(package) == "abc1234 (the commit the installed package was built from)"
+    built.GIT_COMMIT = ""  # built from a tree without git (an sdist)
+    assert _git_commit(package).startswith("not a git checkout")
+    assert _git_commit(tmp_path).startswith("not a git checkout")

@@ -170,6 +170,45 @@ def test_dataplane_check_validates_a_topology_and_starts_nothing(tmp_path):
     assert r.returncode == 1 and "share 127.0.0.1:47999" in r.stderr
 
 
+@pytest.mark.dataplane  # --check runs duckpipe-dataplane --backends
+def test_dataplane_check_refuses_an_interface_or_cores_this_host_does_not_have(tmp_path):
+    from duckpipe.launch.hostcheck import cpu_list, online_cpus
+
+    online = online_cpus()
+    absent = next(c for c in range(99, 4096) if c not in online)  # 99 on a 2-CPU host
+    nic = '[[nics]]\nname = "lo"\nhost_ip = "127.0.0.1"\n'
+    duck = '[[nics.ducks]]\nid = 0\nip = "127.0.0.1"\nport = 47999\n'
+    here = tmp_path / "here.toml"  # what this host has: lo, CPU 0
+    here.write_text(f"cores = [{min(online)}]\n" + nic + 'interface = "lo"\n' + duck)
+    r = _duckpipe("dataplane", "--config", str(here), "--check")
+    assert r.returncode == 0 and "valid" in r.stdout, r.stderr
+    elsewhere = tmp_path / "elsewhere.toml"
+    elsewhere.write_text(
+        f"cores = [{min(online)}, {absent}]\n" + nic + 'interface = "eth99"\n' + duck
+    )
+    r = _duckpipe("dataplane", "--config", str(elsewhere), "--check")
+    assert r.returncode == 1 and "valid" not in r.stdout, r.stdout
+    assert "interface 'eth99' does not exist on this host (it has: " in r.stderr, r.stderr
+    assert "lo" in r.stderr.split("it has: ", 1)[1]  # and says which it has
+    assert (
+        f"cores: CPU {absent} does not exist on this host (it has CPUs {cpu_list(online)})"
+        in r.stderr
+    ), r.stderr
+    assert f"CPU {min(online)} " not in r.stderr  # the CPU it has is not blamed
+    stranger = tmp_path / "stranger.toml"
+    stranger.write_text(nic.replace("127.0.0.1", "192.0.2.77") + duck.replace(
+        "127.0.0.1", "192.0.2.78"))  # fmt: skip
+    r = _duckpipe("dataplane", "--config", str(stranger), "--check")
+    assert r.returncode == 1 and "host_ip 192.0.2.77 is not an address of this host" in r.stderr
+
+
+def test_cpu_list_reads_like_the_kernels():
+    from duckpipe.launch.hostcheck import cpu_list
+
+    assert cpu_list({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
+    assert cpu_list({3}) == "3"
+
+
 @pytest.mark.dataplane  # runs duckpipe-dataplane --backends
 def test_doctor_reports_each_feature_with_a_fix_when_missing():
     r = _duckpipe("doctor", "--json", timeout=60)
@@ -364,3 +403,154 @@ def test_connect_says_what_to_do_when_the_run_directory_is_unreadable(tmp_path):
     assert "PermissionError" not in r.stdout + r.stderr
     assert "permission denied" in r.stdout and str(locked) in r.stdout
     assert "DUCKPIPE_CONTROL" in r.stdout  # what to set
+
+
+# ---------------------------------------------------- the programs on PATH (issue 17, 13)
+
+
+def _program(name: str) -> str:
+    """The console script on this venv's PATH (pip installs it beside the interpreter)."""
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"{name} is not installed beside {sys.executable} (pip install -e .)")
+    return path
+
+
+@pytest.mark.parametrize("name", ["duckpipe-top", "duckpipe-dataplane", "duckpipe-ducks"])
+def test_each_program_on_path_prints_its_version(name):
+    import duckpipe
+
+    r = subprocess.run([_program(name), "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"{name} (duckpipe {duckpipe.__version__})"
+
+
+def _free_port_block() -> int:
+    """A $DUCKPIPE_PORT_BASE whose duck ports (base + 100 ...) are free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1] - 100
+
+
+@pytest.mark.dataplane
+def test_duckpipe_ducks_on_path_listens_where_duckpipe_ducks_and_the_dataplane_look(tmp_path):
+    from duckpipe import runtime
+
+    base = _free_port_block()
+    env = dict(os.environ, DUCKPIPE_PORT_BASE=str(base), DUCKPIPE_RUN_DIR=str(tmp_path))
+    os.environ["DUCKPIPE_PORT_BASE"], saved = str(base), os.environ.get("DUCKPIPE_PORT_BASE")
+    try:
+        duck_port = runtime.default_ports()[1]  # what `duckpipe dataplane --ducks 2` expects
+    finally:
+        os.environ.pop("DUCKPIPE_PORT_BASE")
+        if saved is not None:
+            os.environ["DUCKPIPE_PORT_BASE"] = saved
+    proc = subprocess.Popen(
+        [_program("duckpipe-ducks"), "--ducks", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert f"on 127.0.0.1:{duck_port}..{duck_port + 1} " in line, (line, proc.stderr)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "duckpipe-ducks counters:" in err, err  # the table
+
+
+def _wait_for(control: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 30
+    while ping(control, 0.3) is None:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"nothing answers at {control}"
+
+
+@pytest.mark.dataplane
+def test_duckpipe_dataplane_on_path_takes_a_toml_topology_and_a_launchers_msgpack(tmp_path):
+    cluster_class_or_skip()
+    from duckpipe.launch.dataplane import write_config
+    from duckpipe.launch.topology import load
+
+    control = f"ipc://{tmp_path}/control"
+    good = tmp_path / "good.toml"
+    good.write_text(
+        f'control = "{control}"\n[[nics]]\nname = "lo"\nbackend = "null"\n'
+        'host_ip = "127.0.0.1"\n[[nics.ducks]]\nid = 0\nip = "127.0.0.1"\nport = 47999\n'
+    )
+    env = dict(os.environ, DUCKPIPE_RUN_DIR=str(tmp_path))
+    program = _program("duckpipe-dataplane")
+    r = subprocess.run(
+        [program, "--config", str(good), "--check"], env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0 and "is valid" in r.stdout, r.stderr
+    msgpack_config = write_config(load(str(good)), control, tmp_path)
+    for config in (good, msgpack_config):  # what a user writes; what the launchers write
+        proc = subprocess.Popen(
+            [program, "--config", str(config)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            _wait_for(control, proc)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, (config, err)
+        assert "not one msgpack map" not in err and "1 ducks on 1 NIC" in out, (out, err)
+
+
+def test_find_binary_on_path_passes_over_the_console_scripts_of_the_same_name(
+    tmp_path, monkeypatch
+):
+    from duckpipe.launch import binaries
+
+    scripts, programs = tmp_path / "venv-bin", tmp_path / "usr-bin"
+    scripts.mkdir()
+    programs.mkdir()
+    # what pip writes for [project.scripts]: running it as "the emulator" would start the
+    # console script again, which looks for the emulator again, and so on
+    (scripts / "duckpipe-ducks").write_text(
+        "#!/usr/bin/python3\nimport sys\nfrom duckpipe.launch.binaries import ducks_main\n"
+        "sys.exit(ducks_main())\n"
+    )
+    (programs / "duckpipe-ducks").write_bytes(b"\x7fELF")
+    for f in (scripts / "duckpipe-ducks", programs / "duckpipe-ducks"):
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{scripts}{os.pathsep}{programs}")
+    assert binaries._on_path("duckpipe-ducks") == programs / "duckpipe-ducks"
+    monkeypatch.setenv("PATH", str(scripts))
+    assert binaries._on_path("duckpipe-ducks") is None
+
+
+# ------------------------------------------------------------ small ones (issue 17, 16)
+
+
+@pytest.mark.dataplane
+def test_the_launchs_config_file_leaves_the_run_directory_with_the_dataplane(tmp_path):
+    cluster_class_or_skip()
+    env = dict(os.environ, DUCKPIPE_RUN_DIR=str(tmp_path))
+    control = f"ipc://{tmp_path}/control"
+    proc = subprocess.Popen(
+        [*DATAPLANE, "--backend", "null", "--ducks", "1", "--control", control],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(control, proc)
+        argv = psutil.Process(proc.pid).cmdline()  # exec'd: the dataplane itself
+        config = argv[argv.index("--config") + 1]
+        assert os.path.dirname(config) == str(tmp_path) and os.path.exists(config)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    assert proc.returncode == 0, proc.stderr.read()
+    assert not os.path.exists(config)
+    assert not list(tmp_path.glob("dataplane-*.msgpack"))

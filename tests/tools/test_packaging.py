@@ -128,3 +128,104 @@ def test_wheel_installs_into_a_fresh_venv_with_its_programs(tmp_path):
     assert package.is_relative_to(venv), f"imported {init}, not the venv's"
     assert dataplane == package / "bin" / "duckpipe-dataplane"
     assert ducks == package / "bin" / "duckpipe-ducks"
+
+    # `duckpipe bench` run from the wheel records the commit the wheel was built from
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    r = _run([str(py), "-c", "from duckpipe.bench.common import machine_facts\n"
+              "print(machine_facts('none')['git_commit'])"],
+             timeout=60, env=env, cwd=tmp_path)  # fmt: skip
+    if head.returncode == 0:
+        assert r.stdout.strip() == (
+            f"{head.stdout.strip()} (the commit the installed package was built from)"
+        )
+    else:  # a tree from an sdist: it says so, never a blank
+        assert r.stdout.startswith("not a git checkout")
+
+
+# ------------------------------------------ editable installs (issue 17, 15)
+
+
+def _build_backend():
+    """tools/pep517/duckpipe_build_backend.py, the backend pyproject.toml names."""
+    import importlib.util
+
+    path = ROOT / "tools" / "pep517" / "duckpipe_build_backend.py"
+    spec = importlib.util.spec_from_file_location("duckpipe_build_backend", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_build_backend_is_the_one_that_checks_editable_builds():
+    import tomllib
+
+    system = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
+    assert system["build-backend"] == "duckpipe_build_backend"
+    assert (ROOT / system["backend-path"][0] / "duckpipe_build_backend.py").is_file()
+
+
+def test_an_editable_build_knows_tools_its_installer_will_delete():
+    backend = _build_backend()
+    pip_env = "/tmp/pip-build-env-r_3iqxw7/overlay/bin"
+    assert backend.temporary_tools(f"{pip_env}/ninja", f"{pip_env}/meson", "/work/.venv") == {
+        "ninja": f"{pip_env}/ninja",
+        "meson": f"{pip_env}/meson",
+    }
+    uv_env = "/root/.cache/uv/builds-v0/.tmpAbC123"  # uv builds in a venv of its own
+    assert set(backend.temporary_tools(f"{uv_env}/bin/ninja", None, uv_env)) == {
+        "ninja",
+        "the build's Python environment",
+    }
+    # a venv of one's own, even under /tmp, and the system's ninja stay
+    assert backend.temporary_tools("/tmp/x/venv/bin/ninja", "/usr/bin/meson", "/tmp/x/venv") == {}
+
+
+@pytest.mark.slow  # 60-90 s: builds the C programs in a fresh venv
+def test_editable_install_under_build_isolation_refuses_and_says_the_command_that_works(
+    tmp_path,
+):
+    import shlex
+
+    if (
+        not shutil.which("pkg-config")
+        or subprocess.run(["pkg-config", "--exists", "libzmq", "msgpack"], check=False).returncode
+    ):
+        pytest.skip("pkg-config, libzmq or msgpack missing: apt-get install pkg-config "
+                    "libzmq3-dev libmsgpack-dev")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("DUCKPIPE_BIN_DIR", "PYTHONPATH")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], timeout=120, env=env)
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    # every Python developer's habit: pip builds in a temporary environment it deletes
+    # after the build; the editable install would have called that environment's ninja on
+    # the first import (FileNotFoundError: .../pip-build-env-.../ninja)
+    r = subprocess.run([*pip, "install", "-e", str(ROOT)], capture_output=True, text=True,
+                       timeout=600, env=env, cwd=ROOT)  # fmt: skip
+    assert r.returncode != 0, "an editable install under build isolation was built"
+    out = r.stdout + r.stderr
+    fix = _build_backend().FIX
+    assert fix in out and "pip-build-env-" in out, out[-3000:]
+    # the command it printed, as printed, but building outside the checkout's build/cp311
+    # (the developer's own editable install builds there)
+    tools, editable = (shlex.split(part) for part in fix.split("&&"))
+    assert tools[0] == editable[0] == "pip"
+    _run([*pip, *tools[1:]], timeout=600, env=env, cwd=ROOT)
+    build_dir = tmp_path / "editable-build"
+    _run([*pip, *editable[1:], f"-Cbuild-dir={build_dir}"], timeout=900, env=env, cwd=ROOT)
+    r = _run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import duckpipe, duckpipe._native\n"
+            "from duckpipe.launch.binaries import packaged_binary\n"
+            "print(duckpipe.__file__)\nprint(packaged_binary('duckpipe-dataplane'))\n",
+        ],
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+    )
+    init, dataplane = r.stdout.split()
+    assert Path(init) == ROOT / "duckpipe" / "__init__.py"  # the checkout itself: editable
+    assert Path(dataplane).is_relative_to(build_dir)

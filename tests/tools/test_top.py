@@ -189,6 +189,68 @@ def test_a_ring_over_90_percent_full_is_marked():
     assert not v.tables["rings"].rows[0].attention and not v.alerts
 
 
+def _with_ducks(snapshot: object, states: list[str], timeouts: list[int] | None = None):
+    """``snapshot`` with one duck per state (ids 0.., ports 47100..)."""
+    import msgspec
+
+    ducks = [
+        msgspec.structs.replace(
+            snapshot.ducks[0],
+            id=i,
+            address=f"127.0.0.1:{47100 + i}",
+            state=state,
+            timeouts=(timeouts or [0] * len(states))[i],
+        )
+        for i, state in enumerate(states)
+    ]
+    return msgspec.structs.replace(snapshot, ducks=ducks)
+
+
+def test_the_alerts_name_every_lost_duck_at_80_columns():
+    states = ["up"] * 4 + ["lost"] * 4 + ["up", "lost"]
+    v = tv.build_view(_with_ducks(snap(1), states), _with_ducks(snap(0), states))
+    assert v.alerts == ["ducks 4-7, 9 are lost"]
+    assert tv.alert_rows(v.alerts, 80) == ["! ducks 4-7, 9 are lost"]
+    # one duck keeps its address; new timeouts are one alert for all the ducks they hit
+    new, old = [0, 0, 5, 2], [0, 0, 1, 0]
+    v = tv.build_view(
+        _with_ducks(snap(1), ["up", "lost", "up", "up"], new),
+        _with_ducks(snap(0), ["up", "lost", "up", "up"], old),
+    )
+    assert v.alerts == ["ducks 2-3: 6 new timeout(s)", "duck 1 (127.0.0.1:47101) is lost"]
+    # more than the live screen's three rows: none cut, and the rest counted
+    many = [f"duck {i} (127.0.0.1:{47100 + i}) is lost" for i in range(5)]
+    rows = tv.alert_rows(many, 80)
+    assert rows[:2] == [f"! {a}" for a in many[:2]]
+    assert rows[2] == "! +3 more (duckpipe-top --once lists all)" and len(rows) == 3
+
+
+def test_at_80_columns_the_summary_breaks_between_phrases_not_mid_word():
+    import re
+
+    import msgspec
+
+    s = snap(1, forwards=123_456_789, e2e=(5_000,) * 10)
+    s = msgspec.structs.replace(
+        s,
+        dataplane=msgspec.structs.replace(
+            s.dataplane, control="ipc:///run/user/1000/duckpipe/control"
+        ),
+    )
+    v = tv.build_view(s, snap(0))
+    assert max(len(line) for line in v.header) > 80  # what there is to fit
+    text = tv.render_text(v, 80)
+    head = text.split("\n[1]")[0].splitlines()
+    assert all(len(line) <= 80 for line in head), head
+    for line in v.header:  # every phrase whole on one line, in order
+        for phrase in re.split(r"(?<=[,;]) ", line):
+            assert any(phrase in out for out in head), (phrase, head)
+    assert (
+        "".join(p.strip() + " " for p in head if p.strip()).split()
+        == " ".join(v.header + [f"! {a}" for a in v.alerts]).split()
+    )  # nothing lost, nothing cut
+
+
 def test_a_duck_with_new_timeouts_is_marked_and_old_ones_are_not():
     v = tv.build_view(snap(1, timeouts=3), snap(0, timeouts=1))
     rows = {r.cells[0]: r for r in v.tables["ducks"].rows}

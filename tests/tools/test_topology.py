@@ -77,6 +77,42 @@ def test_a_bad_file_names_the_key_the_value_and_why(tmp_path, edit, message):
         load(_write(tmp_path, text))
 
 
+def _enum_fields() -> list[tuple[str, str, tuple[str, ...]]]:
+    """Every field of the topology that takes one of a few words: (table, key, words)."""
+    from typing import Annotated, Literal, get_args, get_origin, get_type_hints
+
+    from duckpipe.launch.topology import Nic, Topology
+
+    found = []
+    for table, struct in (("", Topology), ("nics", Nic)):
+        for key, hint in get_type_hints(struct, include_extras=True).items():
+            while get_origin(hint) is Annotated:
+                hint = get_args(hint)[0]
+            if get_origin(hint) is Literal:
+                found.append((table, key, get_args(hint)))
+    return found
+
+
+def test_every_word_field_of_the_topology_is_found():
+    names = {key for _, key, _ in _enum_fields()}
+    assert {"threads", "idle", "backend", "flow_steering"} <= names
+
+
+@pytest.mark.parametrize("table,key,words", _enum_fields(), ids=lambda v: str(v))
+def test_an_invalid_word_lists_the_valid_ones(tmp_path, table, key, words):
+    text = GOOD.format(host=47000, duck0=47100, duck1=47101)
+    typo = words[-1][:-1] + "x"  # one letter off the last valid word
+    if table:
+        text = text.replace("mtu = 1500", f'mtu = 1500\n{key} = "{typo}"')
+    else:
+        text = f'{key} = "{typo}"\n' + text.replace(f"{key} = ", f"# {key} = ")
+    with pytest.raises(BadInput) as e:
+        load(_write(tmp_path, text))
+    where = f"$.nics[0].{key}" if table else f"$.{key}"
+    assert f"Invalid enum value '{typo}' - at `{where}`" in str(e.value)
+    assert f"(valid: {', '.join(words)}; did you mean {words[-1]!r}?)" in str(e.value)
+
+
 def test_not_toml_and_missing_files_are_clear(tmp_path):
     with pytest.raises(BadInput, match="not valid TOML"):
         load(_write(tmp_path, "[[nics]\nname ="))

@@ -77,11 +77,20 @@ int dp_client_check_header(const struct dp_seg_header *h, uint64_t file_size,
 	case DP_SEG_CHECK_BACKING:
 		dp_set_error("unknown backing %u", h->backing);
 		return -1;
-	case DP_SEG_CHECK_OVER_LIMITS:
-		dp_set_error("%u slots, %lu bytes: over this dataplane's client_max_slots %u or "
-			     "client_max_segment_bytes %lu",
-			     h->slot_count, (unsigned long)file_size, limits.max_slots,
-			     (unsigned long)limits.max_segment_bytes);
+	case DP_SEG_CHECK_OVER_LIMITS: /* which limit, and both ways past it (shm.py says the same) */
+		if (h->slot_count > limits.max_slots)
+			dp_set_error("%u slots: over this dataplane's client_max_slots %u; connect with "
+				     "fewer (slots=), or raise client_max_slots in its topology",
+				     h->slot_count, limits.max_slots);
+		else
+			/* short: the refusal carries 255 characters, "segment fd F of pid P: " too */
+			dp_set_error("%u slots take %.1f MiB: over this dataplane's "
+				     "client_max_segment_bytes %lu (%.1f MiB); connect with fewer or "
+				     "smaller slots (slots=, slot_size=), or raise "
+				     "client_max_segment_bytes in its topology",
+				     h->slot_count, (double)file_size / (1 << 20),
+				     (unsigned long)limits.max_segment_bytes,
+				     (double)limits.max_segment_bytes / (1 << 20));
 		return -1;
 	case DP_SEG_CHECK_NO_MAGIC:
 	case DP_SEG_CHECK_STRUCT_SIZES:

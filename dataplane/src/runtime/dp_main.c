@@ -210,11 +210,23 @@ static void connect_rings(struct runner *runners, uint32_t nrunners)
 static void usage(const char *prog)
 {
 	fprintf(stderr,
-		"usage: %s --config FILE [-v] [-- BACKEND OPTIONS]\n"
+		"usage: %s --config FILE [--remove-config] [-v] [-- BACKEND OPTIONS]\n"
 		"       %s --backends (prints the backends this build has)\n"
 		"  FILE: msgpack configuration written by `duckpipe dataplane`\n"
+		"  --remove-config: FILE is this launch's own: remove it when the process exits\n"
 		"  BACKEND OPTIONS: passed to the backend (EAL options for dpdk)\n",
 		prog, prog);
+}
+
+/* The launchers' per-launch config file (--remove-config), removed on every orderly exit,
+ * a failed start included; a crash leaves it to the next launch, which removes the files
+ * of launches whose process is gone (duckpipe/launch/dataplane.py). */
+static const char *config_to_remove;
+
+static void remove_config(void)
+{
+	if (unlink(config_to_remove) < 0 && errno != ENOENT)
+		DP_WARN("cannot remove the config file %s: %s", config_to_remove, strerror(errno));
 }
 
 /* File descriptors kept for everything but control connections: sockets of the NICs and
@@ -284,8 +296,10 @@ int main(int argc, char **argv)
 					      { "verbose", no_argument, NULL, 'v' },
 					      { "help", no_argument, NULL, 'h' },
 					      { "backends", no_argument, NULL, 'B' },
+					      { "remove-config", no_argument, NULL, 'R' },
 					      { NULL, 0, NULL, 0 } };
 	const char *config = NULL;
+	bool own_config = false;
 	int opt;
 	while ((opt = getopt_long(argc, argv, "c:vh", opts, NULL)) != -1) {
 		switch (opt) {
@@ -294,6 +308,9 @@ int main(int argc, char **argv)
 			break;
 		case 'v':
 			dp_log_min = DP_LOG_DEBUG;
+			break;
+		case 'R':
+			own_config = true;
 			break;
 		case 'B': /* which backends this build has (tests skip dpdk without it) */
 			printf("%s\n", dp_backend_names());
@@ -306,6 +323,10 @@ int main(int argc, char **argv)
 	if (!config) {
 		usage(argv[0]);
 		return 2;
+	}
+	if (own_config) {
+		config_to_remove = config;
+		atexit(remove_config);
 	}
 	/* everything after "--" belongs to the backend (EAL options for dpdk) */
 	if (optind < argc) {
