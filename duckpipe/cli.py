@@ -256,7 +256,9 @@ def _stats(args: argparse.Namespace) -> int:
             print(f"  nic {n.name} ({n.backend} {n.interface or '-'}, {core}): {nz}")
         for d in snap.ducks:
             print(
-                f"  duck {d.id} {d.address} nic {d.nic}: {d.state}, {d.layers} layer(s), "
+                f"  duck {d.id} {d.address} nic {d.nic}: {d.state}"
+                + (f" ({d.why})" if d.why else "")
+                + f", {d.layers} layer(s), "
                 f"last {_us(d.last_reply_ns or None)} us, p99 {_us(d.reply.quantile(0.99))} us, "
                 f"{d.timeouts} timeouts, {d.missing_chunks} missing chunks"
                 + (

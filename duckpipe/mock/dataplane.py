@@ -309,6 +309,7 @@ class MockDataplane:
         self._curve_clients: set[bytes] = set()
         self.router = self._bind(cfg.control)
         self.stats = StatsWriter(cfg.control, cfg.ducks)
+        self._mark_dead_ducks()
         self._idle = IdleStrategy(cfg.idle, park=lambda s: self.router.poll(max(1, int(s * 1000))))
 
     # --- setup ---------------------------------------------------------------
@@ -602,12 +603,26 @@ class MockDataplane:
                 if bad:
                     raise DuckpipeError(f"ducks {bad} do not exist (there are {self.cfg.ducks})")
                 self.faults = msg
+                self._mark_dead_ducks()
                 return ctl.Ack(req_id=rid)
             case ctl.Shutdown():
                 _need_admin(peer, "Shutdown")
                 self._running = False
                 return ctl.Ack(req_id=rid)
         raise DuckpipeError(f"unhandled request {type(msg).__name__}")
+
+    def _mark_dead_ducks(self) -> None:
+        """Ducks that never answer are lost in the stats segment, and the log names them
+        with what to check, as the C dataplane's does once its PINGs go unanswered."""
+        newly = self.stats.ducks_dead(set(self.faults.dead_ducks))
+        if newly:
+            log.warning(
+                "ducks lost: %d never answer (a fault): %s; check that that many ducks run "
+                "(the topology names %d), on the port and address the topology gives each",
+                len(newly),
+                ", ".join(f"{d} (mock:{d})" for d in newly),
+                self.cfg.ducks,
+            )
 
     def _attach(self, peer: _Peer, msg: ctl.Attach) -> msgspec.Struct:
         rid = msg.req_id

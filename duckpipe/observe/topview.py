@@ -756,7 +756,8 @@ def build_view(
         if r.timeouts_new:
             alerts.append(f"duck {d.id} ({d.address}): {r.timeouts_new} new timeout(s)")
         elif d.state != "up":
-            alerts.append(f"duck {d.id} ({d.address}) is {d.state}")
+            why = f": {d.why}" if d.why else ""
+            alerts.append(f"duck {d.id} ({d.address}) is {d.state}{why}")
     for n, r in zip(new.nics, rates.nics, strict=True):
         if r.drops_new:
             alerts.append(f"NIC {n.name}: {r.drops_new} new drop(s)")

@@ -221,9 +221,24 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 	if (__atomic_load_n(&l->outstanding, __ATOMIC_ACQUIRE) != 0)
 		return 0;
 	if (dp_load_acquire_u32(&l->failed)) {
+		/* name the ducks, in the log too: a load onto ducks that do not run is a
+		 * user's likely first mistake, and the log is where an operator looks */
+		char list[160];
+		size_t used = 0;
+		for (uint32_t i = 0; i < l->nducks && used + 16 < sizeof(list); i++) {
+			uint32_t dk = l->ducks[i];
+			if (!(__atomic_load_n(&l->failed_ducks[dk >> 6], __ATOMIC_RELAXED) >> (dk & 63) & 1))
+				continue;
+			int k = snprintf(list + used, sizeof(list) - used, "%s%u", used ? ", " : "", dk);
+			used += k > 0 ? (size_t)k : 0;
+		}
+		DP_WARN("layer %u failed to load: ducks [%s] did not acknowledge their weights "
+			"within %u ms; are they running, on the port and address the topology "
+			"gives them?",
+			l->id, list, d->w->cfg.weight_timeout_ms);
 		complete(d, f, DP_STATUS_BAD_REQUEST,
-			 "layer %u failed: ducks did not acknowledge their weights; load it again",
-			 l->id);
+			 "layer %u failed: ducks [%s] did not acknowledge their weights; load it again",
+			 l->id, list);
 		return 1;
 	}
 	for (uint32_t i = 0; i < l->nducks; i++)
