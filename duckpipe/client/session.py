@@ -376,7 +376,9 @@ class Session:
         """``layer``'s LayerInfo, asking the dataplane unless a ready one is remembered;
         raises when the layer is unknown, failed or still loading."""
         info = self.layers.get(layer)
-        if info is None or not info.ready:
+        # a committed layer some ducks lost (restarted) is usable on the others: no
+        # round trip per forward for it
+        if info is None or not (info.ready or info.lost):
             self.refresh_layers()
             info = self.layers.get(layer)
         if info is None:
@@ -397,7 +399,7 @@ class Session:
                 status=Status.BAD_REQUEST,
                 missing=tuple(info.missing),
             )
-        if not info.ready:
+        if not info.ready and not info.lost:
             raise BadInput(
                 f"layer {layer} is still loading (load_weights has not committed it yet)"
             )

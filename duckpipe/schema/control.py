@@ -266,11 +266,16 @@ class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
     ducks: list[DuckId]
     shard_sizes: list[U32]
     has_b_down: bool
+    # committed, and every duck of it still holds it (none is in ``lost``)
     ready: bool
     # the load failed (a chunk was not acknowledged, or the commit found it incomplete):
     # the layer stays unusable until a new LoadWeights of the same id replaces it
     failed: bool = False
     missing: list[DuckId] = []  # the ducks that did not acknowledge their weights
+    # ducks that answered a forward that they hold no such layer since it was committed
+    # (they restarted): not ready on them; forwards to them fail DuckLost until a reload,
+    # forwards to the others (ducks=[...]) still work
+    lost: list[DuckId] = []
 
 
 class Layers(Message, kw_only=True):

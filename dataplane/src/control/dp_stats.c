@@ -379,8 +379,11 @@ static void publish_ducks(struct dp_stats_seg *s, uint64_t now)
 		if (!l || l == DP_LAYER_GONE || !dp_load_acquire_u32(&l->ready))
 			continue;
 		for (uint32_t k = 0; k < l->nducks; k++) {
-			int16_t t = w->duck_index[l->ducks[k]];
-			if (t >= 0)
+			uint32_t d = l->ducks[k];
+			int16_t t = w->duck_index[d];
+			/* not one it lost (it said NO_LAYER: restarted) */
+			if (t >= 0 && !(__atomic_load_n(&l->lost_ducks[d >> 6], __ATOMIC_RELAXED) >>
+						(d & 63) & 1))
 				layers[t]++;
 		}
 	}

@@ -286,12 +286,12 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 		if (f->kind == DP_FWD_FORWARD) {
 			struct dp_duck_rx *rx = duck_rx(v, f, duck);
 			if (rx->state == 0) {
-				char who[DP_MSG_LEN / 2];
+				/* the layer is gone from it for good: Layers says so from now on;
+				 * the message naming every such duck is written at completion
+				 * (dp_fwd_lost_message), once every NIC's part is over */
 				rx->state = 2;
-				dp_moe_describe(f->layer, duck, who, sizeof(who)); /* dense: "duck 5" */
-				snprintf(f->message, sizeof(f->message),
-					 "%s holds no layer %u (restarted?); load it again", who,
-					 f->layer->id);
+				__atomic_fetch_or(&f->layer->lost_ducks[duck >> 6], 1ull << (duck & 63),
+						  __ATOMIC_RELAXED);
 				return check_forward_done(v, f, now);
 			}
 		} else {
