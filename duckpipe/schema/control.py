@@ -325,7 +325,7 @@ class Timings(msgspec.Struct, frozen=True, kw_only=True):
 
     prepare_ns: int = 0  # submit -> picked up by the dataplane
     send_ns: int = 0  # activation out to the ducks
-    wait_ns: int = 0  # first send -> last partial in
+    wait_ns: int = 0  # first send -> last partial in (so it overlaps send_ns)
     fetch_ns: int = 0  # partials reassembled
     reduce_ns: int = 0  # partials summed into the result slot
     spread_ns: int = 0  # first duck reply -> last duck reply

@@ -125,6 +125,27 @@ def test_ducks_that_lost_a_layer_are_not_ready_for_it_and_the_others_still_serve
         assert [d.layers for d in snap.ducks] == [1, 1, 0, 0]
 
 
+def test_wait_runs_from_the_first_send_to_the_last_partial(duckpipe_null_factory):
+    """Timings.wait_ns as defined (docs/walkthrough.md, the schema): first send -> last
+    partial in. So it holds the whole send: no duck answers before its last chunk went
+    out. The null backend answers each duck as its copy goes out, as loopback ducks on a
+    busy core do during a long send; measured from the sends' end, wait was a sliver of
+    send (380 ns against 154,262)."""
+    dp = duckpipe_null_factory(4)
+    x = np.ones((16, 4096), np.float32)  # 256 KiB: ~180 chunks to each duck
+    with duckpipe.connect(dp.control) as c:
+        c.load_weights(1, GeluMlp.random(4096, 64, seed=5))
+        for _ in range(10):
+            with c.claim(x.shape) as slot:
+                slot.array[:] = x
+                fwd = c.submit(slot, 1)
+            with fwd:
+                fwd.result()
+                t = fwd.timings
+            assert t.send_ns > 0 and t.wait_ns >= t.send_ns, t
+            assert t.wait_ns >= max(t.duck_compute_ns) and t.wait_ns >= t.spread_ns, t
+
+
 def test_garbage_udp_is_counted_and_ignored(cluster_factory):
     cl = cluster_factory(2)
     mlp = GeluMlp.random(32, 32, seed=4)
