@@ -37,12 +37,14 @@ from ..errors import (
     DataplaneLost,
     DataplaneUnavailable,
     LayerFailed,
+    NotPermitted,
     RingFull,
     UnknownLayer,
     WaitTimeout,
 )
 from ..schema import control as ctl
 from ..schema.abi import DetachReason, Op, Status
+from ..schema.control import ErrorCode
 from .channel import BLOCK_SLICE_S, Channel
 from .ring import SubmissionRing, new_desc
 from .shm import BackingChoice, Segment
@@ -155,6 +157,7 @@ class Session:
         "_dataplane_timeout_ns",
         "_last_check",
         "channel",
+        "client_id",
         "closed",
         "counters",
         "doorbell",
@@ -203,6 +206,7 @@ class Session:
         self.pushes = 0
         self.epoch = 0
         self.dp_pid = 0
+        self.client_id = 0  # the dataplane's id for this client, from Attached
         self._last_check = 0.0
         self.inflight: dict[int, Inflight] = {}
         # what the dataplane said it holds, by layer: refresh_layers() fills it
@@ -259,6 +263,7 @@ class Session:
             self.finalizer()
             raise
         self.epoch = att.epoch
+        self.client_id = att.client_id
         self.dp_pid = att.dataplane_pid
         seg = self.segment
         self.max_bytes = min(seg.act_slot_size, att.max_forward_bytes or seg.act_slot_size)
@@ -386,6 +391,10 @@ class Session:
                 f"layer {layer} is not loaded in the dataplane (loaded: {sorted(self.layers)}); "
                 "load it with Client.load_weights()"
             )
+        if info.owner and info.owner != self.client_id and not info.shared:
+            # the admin sees every client's layers, but uses only its own and shared
+            # ones: the words LoadWeights refuses it with, before a descriptor is sent
+            raise NotPermitted(ErrorCode.NOT_PERMITTED, f"layer {layer} belongs to another client")
         if info.failed:
             why = (
                 f"ducks {list(info.missing)} did not acknowledge their weights"

@@ -276,6 +276,11 @@ class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
     # (they restarted): not ready on them; forwards to them fail DuckLost until a reload,
     # forwards to the others (ducks=[...]) still work
     lost: list[DuckId] = []
+    # who may forward on it: the loader (its client id; 0 from a dataplane that does not
+    # say), and everyone when it is shared. The admin sees every client's layers, yet may
+    # use only its own and shared ones: the client refuses the others up front
+    owner: int = 0
+    shared: bool = False
 
 
 class Layers(Message, kw_only=True):

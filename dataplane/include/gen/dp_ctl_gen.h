@@ -205,6 +205,8 @@ struct dp_ctl_layer_info {
 	uint32_t missing_len;
 	const uint32_t *lost;
 	uint32_t lost_len;
+	uint64_t owner;
+	bool shared;
 };
 void dp_ctl_pack_layer_info(struct msgpack_packer *pk, const struct dp_ctl_layer_info *m);
 

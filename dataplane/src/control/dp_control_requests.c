@@ -260,6 +260,8 @@ static void on_layers(struct dp_control *c, const struct dp_peer *p, const struc
 			.missing_len = nmissing,
 			.lost = lost,
 			.lost_len = nlost,
+			.owner = l->owner,
+			.shared = l->shared,
 		};
 		n++;
 	}

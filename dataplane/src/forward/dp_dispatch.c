@@ -214,7 +214,11 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 {
 	struct dp_layer *l = f->layer; /* taken at dispatch */
 	if (!l) {
-		complete(d, f, DP_STATUS_BAD_REQUEST, "layer %u is not being loaded", f->desc.layer);
+		/* another client's: the words its chunks and forwards are refused with */
+		complete(d, f, DP_STATUS_BAD_REQUEST,
+			 dp_layer_find(d->w, f->desc.layer) ? "layer %u belongs to another client"
+							    : "layer %u is not being loaded",
+			 f->desc.layer);
 		return 1;
 	}
 	/* acquire: the workers' acked[] adds happen before their outstanding decrement */
@@ -300,8 +304,14 @@ static void dispatch(struct dp_dispatcher *d, struct dp_client *c, const struct 
 	 * reference the control agent drops when the completion is sent */
 	struct dp_layer *l = f->layer = dp_layer_take(d->w, desc->layer, c, desc->op != DP_OP_FORWARD);
 	struct dp_desc_layer view;
+	const struct dp_desc_layer *seen = dp_desc_layer_of(l, &view);
+	/* there, but another client's: say so, as LoadWeights does, not "not loaded" (the
+	 * view says only that: the layer is not this client's to read) */
+	static const struct dp_desc_layer foreign = { .foreign = true };
+	if (!l && dp_layer_find(d->w, desc->layer))
+		seen = &foreign;
 	struct dp_desc_plan plan;
-	if (dp_desc_check(&c->layout, dp_desc_layer_of(l, &view), desc, &d->limits, &plan, f->message,
+	if (dp_desc_check(&c->layout, seen, desc, &d->limits, &plan, f->message,
 			  sizeof(f->message)) < 0) {
 		complete(d, f, DP_STATUS_BAD_REQUEST, NULL);
 		return;
