@@ -48,7 +48,7 @@ from ..schema.control import ErrorCode
 from .channel import BLOCK_SLICE_S, Channel
 from .ring import SubmissionRing, new_desc
 from .shm import BackingChoice, Segment
-from .slots import Slot, SlotGuard, SlotState, SlotTable
+from .slots import ClaimBase, Slot, SlotGuard, SlotState, SlotTable
 
 if TYPE_CHECKING:
     from .weights import MoeLayer
@@ -156,6 +156,7 @@ class Session:
         "__weakref__",
         "_dataplane_timeout_ns",
         "_last_check",
+        "act_bases",
         "channel",
         "client_id",
         "closed",
@@ -244,6 +245,8 @@ class Session:
             guard = SlotGuard(addrs, seg.act_slot_size)
         self.slots = SlotTable(seg.slot_count, guard)
         self.result_bases = [seg.res_bytes(i).view(ResultBase) for i in range(seg.slot_count)]
+        # each activation slot's to view claims from (slots.claim_array), holding nothing
+        self.act_bases = [seg.act_bytes(i).view(ClaimBase) for i in range(seg.slot_count)]
         self.doorbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         stop = threading.Event()
         beat = threading.Thread(
@@ -251,7 +254,15 @@ class Session:
         )
         beat.start()
         self.finalizer = weakref.finalize(
-            self, _cleanup, self.channel, seg, stop, beat, self.doorbell, self.result_bases
+            self,
+            _cleanup,
+            self.channel,
+            seg,
+            stop,
+            beat,
+            self.doorbell,
+            self.result_bases,
+            self.act_bases,
         )
 
     def attach(self, name: str, timeout: float) -> ctl.Attached:
@@ -592,10 +603,12 @@ def _cleanup(
     beat: threading.Thread,
     doorbell: socket.socket,
     result_bases: list[ResultBase],
+    act_bases: list[ClaimBase],
 ) -> None:
     stop.set()
     beat.join(timeout=2.0)
     channel.close()
     doorbell.close()
     result_bases.clear()  # they view the mapping: seg.close() can unmap it once they go
+    act_bases.clear()
     seg.close()  # closes the memfd: its memory goes once the dataplane unmaps it too
