@@ -269,8 +269,9 @@ def _stats(args: argparse.Namespace) -> int:
             print(f"  nic {nic}: {nz}")
         for d in snap.ducks:
             print(
-                f"  duck {d.id} {printable(d.address)} nic {printable(d.nic)}: {d.state}, "
-                f"{d.layers} layer(s), "
+                f"  duck {d.id} {printable(d.address)} nic {printable(d.nic)}: {d.state}"
+                + (f" ({printable(d.why)})" if d.why else "")
+                + f", {d.layers} layer(s), "
                 f"last {_us(d.last_reply_ns or None)} us, p99 {_us(d.reply.quantile(0.99))} us, "
                 f"{d.timeouts} timeouts, {d.missing_chunks} missing chunks"
                 + (

@@ -29,16 +29,29 @@ class Progress:
         self.total = max(total, 1)
         self.label = label
         self.done = 0
+        #: what the transfer waits on, after the figures (``note``): "" when nothing
+        self.waiting = ""
         self._start = time.monotonic()
         self._last_draw = 0.0
 
     def advance(self, n: int) -> None:
         self.done += n
+        self.tick(force=self.done >= self.total)
+
+    def note(self, waiting: str) -> None:
+        """Say what the transfer is waiting on (``""``: nothing); drawn with the figures."""
+        if waiting != self.waiting:
+            self.waiting = waiting
+            self.tick(force=True)
+
+    def tick(self, force: bool = False) -> None:
+        """Redraw if it is time: a bar whose figures do not move (nothing acknowledged)
+        still shows that it waits, and on what."""
         now = time.monotonic()
         if not self.enabled:
             return
         if self.tty:
-            draw = self.done >= self.total or now - self._last_draw > 0.1
+            draw = force or now - self._last_draw > 0.1
         else:  # a plain line once the transfer has taken a while, then one per interval
             draw = now - max(self._last_draw, self._start) >= LINE_INTERVAL_S
         if draw:
@@ -50,14 +63,15 @@ class Progress:
         width = 30
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
         rate = self.done / max(now - self._start, 1e-9) / 1e6
-        return (
+        text = (
             f"{self.label} [{bar}] {frac * 100:5.1f}% "
             f"{self.done / 1e6:8.1f}/{self.total / 1e6:.1f} MB {rate:7.1f} MB/s"
         )
+        return f"{text}, {self.waiting}" if self.waiting else text
 
     def _draw(self, now: float) -> None:
-        if self.tty:
-            self.stream.write("\r" + self._text(now))
+        if self.tty:  # \x1b[K: a shorter line (the note gone) leaves no tail of the last
+            self.stream.write("\r" + self._text(now) + "\x1b[K")
         else:
             self.stream.write(self._text(now) + "\n")
         self.stream.flush()

@@ -59,6 +59,9 @@ struct dp_desc_layer {
     bool has_b_down;
     bool ready;            /* committed: forwards may use it, weight chunks may not */
     bool failed;           /* a chunk or the commit failed: unusable until loaded again */
+    /* another client's layer: it exists, this client may not use it; the view holds
+     * nothing else (refused as LoadWeights refuses it, not as a layer not loaded) */
+    bool foreign;
     const int16_t *index;  /* DP_MAX_DUCKS entries: duck id -> its shard's index, or -1 */
     const uint32_t *shard; /* FFN columns of the shard at each index */
 };
@@ -146,6 +149,8 @@ static inline int dp_desc_check_forward(const struct dp_client_layout *c,
 					const struct dp_limits *lim, struct dp_desc_plan *out,
 					char *why, size_t whylen)
 {
+	if (l && l->foreign)
+		return dp_desc_refuse(why, whylen, "layer %u belongs to another client", d->layer);
 	if (l && l->failed)
 		return dp_desc_refuse(why, whylen, "layer %u failed to load (Layers: failed, missing); "
 				      "load it again", d->layer);
@@ -203,6 +208,8 @@ static inline int dp_desc_check_weight(const struct dp_client_layout *c,
 				       char *why, size_t whylen)
 {
 	uint64_t end, size;
+	if (l && l->foreign)
+		return dp_desc_refuse(why, whylen, "layer %u belongs to another client", d->layer);
 	if (!l || l->ready)
 		return dp_desc_refuse(why, whylen,
 				      "layer %u is not being loaded (send LoadWeights first)", d->layer);

@@ -40,7 +40,7 @@ from .moe import MoeMlp, check_routing
 from .ring import new_desc
 from .session import Inflight, ResultBase, Session, WaitStrategy
 from .shm import BackingChoice
-from .slots import DEBUG_SLOTS_ENV, Slot, SlotState
+from .slots import DEBUG_SLOTS_ENV, Slot, SlotState, claim_array
 
 __all__ = ["Client", "Forward", "Slot", "SlotState", "WaitStrategy", "connect"]
 
@@ -389,9 +389,10 @@ class Client:
         slots = session.slots
         # session.take_slot, inlined: one call fewer per forward
         i = slots.take(self._claim_timeout if timeout is None else timeout, session.wait_for_slot)
-        # a new array each claim (what Segment.act_view makes, in one call): the caller
-        # owns it and may reshape it in place
-        arr = np.ndarray(shape_t, dt, session.segment.act_bytes(i))
+        # a new array each claim: the caller owns it and may reshape it in place; on a
+        # base that gives the slot back once this claim's handle and arrays are all
+        # dropped unsubmitted (slots.ClaimBase): a forgotten claim does not leak
+        arr = claim_array(session, i, shape_t, dt)
         return Slot(session, i, slots.generation[i], arr)
 
     def _claim_spec(self, shape: int | Sequence[int], dtype) -> tuple[tuple[int, ...], np.dtype]:

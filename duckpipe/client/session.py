@@ -37,16 +37,18 @@ from ..errors import (
     DataplaneLost,
     DataplaneUnavailable,
     LayerFailed,
+    NotPermitted,
     RingFull,
     UnknownLayer,
     WaitTimeout,
 )
 from ..schema import control as ctl
 from ..schema.abi import DetachReason, Op, Status
+from ..schema.control import ErrorCode
 from .channel import BLOCK_SLICE_S, Channel
 from .ring import SubmissionRing, new_desc
 from .shm import BackingChoice, Segment
-from .slots import Slot, SlotGuard, SlotState, SlotTable
+from .slots import ClaimBase, Slot, SlotGuard, SlotState, SlotTable
 
 if TYPE_CHECKING:
     from .weights import MoeLayer
@@ -154,7 +156,9 @@ class Session:
         "__weakref__",
         "_dataplane_timeout_ns",
         "_last_check",
+        "act_bases",
         "channel",
+        "client_id",
         "closed",
         "counters",
         "doorbell",
@@ -203,6 +207,7 @@ class Session:
         self.pushes = 0
         self.epoch = 0
         self.dp_pid = 0
+        self.client_id = 0  # the dataplane's id for this client, from Attached
         self._last_check = 0.0
         self.inflight: dict[int, Inflight] = {}
         # what the dataplane said it holds, by layer: refresh_layers() fills it
@@ -240,6 +245,8 @@ class Session:
             guard = SlotGuard(addrs, seg.act_slot_size)
         self.slots = SlotTable(seg.slot_count, guard)
         self.result_bases = [seg.res_bytes(i).view(ResultBase) for i in range(seg.slot_count)]
+        # each activation slot's to view claims from (slots.claim_array), holding nothing
+        self.act_bases = [seg.act_bytes(i).view(ClaimBase) for i in range(seg.slot_count)]
         self.doorbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         stop = threading.Event()
         beat = threading.Thread(
@@ -247,7 +254,15 @@ class Session:
         )
         beat.start()
         self.finalizer = weakref.finalize(
-            self, _cleanup, self.channel, seg, stop, beat, self.doorbell, self.result_bases
+            self,
+            _cleanup,
+            self.channel,
+            seg,
+            stop,
+            beat,
+            self.doorbell,
+            self.result_bases,
+            self.act_bases,
         )
 
     def attach(self, name: str, timeout: float) -> ctl.Attached:
@@ -259,6 +274,7 @@ class Session:
             self.finalizer()
             raise
         self.epoch = att.epoch
+        self.client_id = att.client_id
         self.dp_pid = att.dataplane_pid
         seg = self.segment
         self.max_bytes = min(seg.act_slot_size, att.max_forward_bytes or seg.act_slot_size)
@@ -376,7 +392,9 @@ class Session:
         """``layer``'s LayerInfo, asking the dataplane unless a ready one is remembered;
         raises when the layer is unknown, failed or still loading."""
         info = self.layers.get(layer)
-        if info is None or not info.ready:
+        # a committed layer some ducks lost (restarted) is usable on the others: no
+        # round trip per forward for it
+        if info is None or not (info.ready or info.lost):
             self.refresh_layers()
             info = self.layers.get(layer)
         if info is None:
@@ -384,6 +402,10 @@ class Session:
                 f"layer {layer} is not loaded in the dataplane (loaded: {sorted(self.layers)}); "
                 "load it with Client.load_weights()"
             )
+        if info.owner and info.owner != self.client_id and not info.shared:
+            # the admin sees every client's layers, but uses only its own and shared
+            # ones: the words LoadWeights refuses it with, before a descriptor is sent
+            raise NotPermitted(ErrorCode.NOT_PERMITTED, f"layer {layer} belongs to another client")
         if info.failed:
             why = (
                 f"ducks {list(info.missing)} did not acknowledge their weights"
@@ -397,7 +419,7 @@ class Session:
                 status=Status.BAD_REQUEST,
                 missing=tuple(info.missing),
             )
-        if not info.ready:
+        if not info.ready and not info.lost:
             raise BadInput(
                 f"layer {layer} is still loading (load_weights has not committed it yet)"
             )
@@ -581,10 +603,12 @@ def _cleanup(
     beat: threading.Thread,
     doorbell: socket.socket,
     result_bases: list[ResultBase],
+    act_bases: list[ClaimBase],
 ) -> None:
     stop.set()
     beat.join(timeout=2.0)
     channel.close()
     doorbell.close()
     result_bases.clear()  # they view the mapping: seg.close() can unmap it once they go
+    act_bases.clear()
     seg.close()  # closes the memfd: its memory goes once the dataplane unmaps it too

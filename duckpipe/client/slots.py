@@ -36,7 +36,15 @@ from ..errors import BadInput, RingFull
 if TYPE_CHECKING:
     from .session import Session
 
-__all__ = ["DEBUG_SLOTS_ENV", "Slot", "SlotGuard", "SlotState", "SlotTable"]
+__all__ = [
+    "DEBUG_SLOTS_ENV",
+    "ClaimBase",
+    "Slot",
+    "SlotGuard",
+    "SlotState",
+    "SlotTable",
+    "claim_array",
+]
 
 #: Set to 1 to write-protect released activation slots in every client (debug mode).
 DEBUG_SLOTS_ENV = "DUCKPIPE_DEBUG_SLOTS"
@@ -77,11 +85,7 @@ class SlotTable:
             while not self.free:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RingFull(
-                        f"all {len(self.state)} slots stayed in use for {timeout:g} s: "
-                        "release finished forwards (Forward.release() or drop them), "
-                        "or connect with more slots"
-                    )
+                    raise RingFull(self._full_message(timeout))
                 wait(left)
         i = self.free.pop()
         if self.guard is not None:
@@ -90,6 +94,33 @@ class SlotTable:
         self.generation[i] = (self.generation[i] + 1) & 0xFFFF_FFFF or 1
         self.state[i] = SlotState.CLAIMED
         return i
+
+    def _full_message(self, timeout: float) -> str:
+        """Why no slot freed: which uses hold them, claims first (a claim never submitted
+        nor released holds its slot until its handle and arrays are gone)."""
+        held = {st: [i for i, s in enumerate(self.state) if s == st] for st in SlotState}
+        claimed, done = held[SlotState.CLAIMED], held[SlotState.COMPLETED]
+        inflight = len(held[SlotState.SUBMITTED])
+        parts = []
+        if claimed:
+            shown = ", ".join(map(str, claimed[:8])) + (", ..." if len(claimed) > 8 else "")
+            parts.append(
+                f"{len(claimed)} claimed and neither submitted nor released (slots "
+                f"[{shown}]: Slot.release(), `with client.claim(...)`, or drop every "
+                "handle and array of them)"
+            )
+        if done:
+            parts.append(
+                f"{len(done)} completed forwards not released (Forward.release(), "
+                "or drop them and their results)"
+            )
+        if inflight:
+            parts.append(f"{inflight} forwards in flight")
+        return (
+            f"all {len(self.state)} slots stayed in use for {timeout:g} s: "
+            + "; ".join(parts)
+            + "; or connect with more slots"
+        )
 
     def is_claimed(self, i: int, generation: int) -> bool:
         """Whether slot ``i`` is claimed, by the use ``generation`` names."""
@@ -147,13 +178,44 @@ class SlotGuard:
             self.unprotect(i)
 
 
+class ClaimBase(np.ndarray):
+    """A byte view of one activation slot holding the claim its arrays were made for.
+
+    ``Client.claim`` builds ``Slot.array`` on a fresh one of these naming the claim
+    (``claim``: session, slot, generation): once the Slot handle and every array and
+    view of the claim are gone, so is this base, and it gives the slot back if that
+    claim is still unsubmitted (never submitted nor released), as a dropped Forward frees
+    its slot. The array's base holds the claim, not the Slot: the Slot holds the array,
+    and a cycle would wait for the garbage collector. A subclass for the reason
+    ``session.ResultBase`` is one: numpy keeps a view of it as the new array's base
+    instead of walking past it."""
+
+    claim: tuple[Session, int, int] | None = None  # the per-slot templates hold none
+
+    def __del__(self) -> None:
+        claim = self.claim
+        if claim is not None:
+            session, i, generation = claim
+            if not session.closed and session.slots.is_claimed(i, generation):
+                session.slots.release(i)
+
+
+def claim_array(session: Session, i: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Slot ``i``'s activation array for its current claim, on a base that releases the
+    claim once the array, its views and the Slot handle are all gone."""
+    base = session.act_bases[i].view(ClaimBase)
+    base.claim = (session, i, session.slots.generation[i])
+    return np.ndarray(shape, dtype, base)
+
+
 class Slot:
     """A claimed slot. Write the activation into ``array`` (a view of shared memory).
 
     ``array`` is there while the slot is claimed: once it was submitted or released,
     the memory is the dataplane's or the next claim's, and ``array`` raises
     ``BadInput``. As a context manager it is released when the block raises, or when
-    it ends without the slot having been submitted.
+    it ends without the slot having been submitted. Dropped unsubmitted, with every
+    array of it, it is released too (``ClaimBase``).
     """
 
     __slots__ = ("_array", "_session", "_table", "generation", "index")

@@ -16,14 +16,16 @@ placement (``expert_replicas``, ``expert_ducks``), and the client keeps it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
-from ..errors import BadInput, LayerFailed
+from ..errors import BadInput, LayerFailed, WaitTimeout
 from ..progress import Progress
 from ..schema import control as ctl
 from ..schema.abi import B_DOWN_TENSOR, MlpKind, Op, Status
@@ -31,6 +33,10 @@ from ..schema.routing import MAX_EXPERTS, MAX_REPLICAS
 from . import routing
 from .models import Mlp, dtype_code, shard_bounds, shard_sizes
 from .moe import MoeMlp
+
+#: A chunk unacknowledged this long names its duck on the progress bar ("waiting for
+#: ducks [...]"): a healthy duck acknowledges within milliseconds.
+STALL_S = 1.0
 
 if TYPE_CHECKING:
     from .session import Inflight, Session
@@ -290,18 +296,50 @@ def load_weights(
     chunk = session.max_bytes
     recs: list[tuple[int, Inflight]] = []  # (duck, its chunk)
     report = progress if callable(progress) else None
-    unacked: list[tuple[Inflight, int]] = []  # chunks whose completion is not in yet
+    # chunks whose completion is not in yet: (chunk, bytes, duck, when it was pushed)
+    unacked: list[tuple[Inflight, int, int, float]] = []
     acked = 0
+    refused: set[int] = set()  # ducks with a chunk that failed: not acknowledged
 
     def count_acks() -> None:
+        """Progress is what the ducks acknowledged: a chunk that failed (its duck never
+        acknowledged it) moves nothing; it used to draw the bar to 100% before failing."""
         nonlocal unacked, acked
-        n = sum(size for rec, size in unacked if rec.status is not None)
-        if n:
-            unacked = [(rec, size) for rec, size in unacked if rec.status is None]
-            acked += n
-            bar.advance(n)
-            if report is not None:
-                report(acked, total)
+        if any(rec.status is not None for rec, *_ in unacked):
+            done = [(rec, size, duck) for rec, size, duck, _ in unacked if rec.status is not None]
+            unacked = [u for u in unacked if u[0].status is None]
+            n = sum(size for rec, size, _ in done if rec.status == Status.OK)
+            refused.update(duck for rec, _, duck in done if rec.status != Status.OK)
+            if n:
+                acked += n
+                bar.advance(n)
+                if report is not None:
+                    report(acked, total)
+        now = time.monotonic()
+        stalled = {duck for _, _, duck, t in unacked if now - t > STALL_S} - refused
+        stalled.discard(ctl.HOST_TENSOR_DUCK)
+        notes = [f"waiting for ducks {sorted(stalled)}"] if stalled else []
+        if refused - {ctl.HOST_TENSOR_DUCK}:
+            notes.append(f"ducks {sorted(refused - {ctl.HOST_TENSOR_DUCK})} did not acknowledge")
+        bar.note("; ".join(notes))
+
+    def wait_for_slot(left: float) -> None:
+        session.wait_for_slot(left)  # takes completions in, a slice at a time
+        count_acks()
+
+    def wait_done(rec: Inflight) -> None:
+        """session.wait_done in slices: the bar says what it waits on meanwhile."""
+        deadline = time.monotonic() + timeout
+        while rec.status is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(
+                    f"loading layer {layer}: a weight chunk was not completed within "
+                    f"{timeout:g} s ({bar.waiting or 'the dataplane is slow'})"
+                )
+            with contextlib.suppress(WaitTimeout):
+                session.wait_done(rec, min(STALL_S / 4, left), "block")
+            count_acks()
 
     enabled = False if report is not None else progress
     with Progress(total, f"layer {layer} weights", enabled=enabled) as bar:
@@ -309,26 +347,26 @@ def load_weights(
             raw = arr.reshape(-1).view(np.uint8)
             for off in range(0, raw.size, chunk):
                 part = raw[off : off + chunk]
-                i = session.take_slot(timeout)
+                i = session.slots.take(timeout, wait_for_slot)
                 session.segment.act_bytes(i)[: part.size] = part
                 rec = session.push_weight(i, Op.WEIGHT_CHUNK, layer, duck, tensor, off, part.size)
                 recs.append((duck, rec))
-                unacked.append((rec, part.size))
+                unacked.append((rec, part.size, duck, time.monotonic()))
                 session.pump(0)  # take completions already in; frees their slots
                 count_acks()
             if _failed(recs):
                 break  # the layer is failed already: say so now, not after every chunk
-        i = session.take_slot(timeout)
+        i = session.slots.take(timeout, wait_for_slot)
         commit = session.push_weight(i, Op.WEIGHT_COMMIT, layer, 0, 0, 0, 0)
         # the bar follows the acknowledgements still to come; a commit that completes
         # first (a failed load) ends the wait for them
         while unacked and commit.status is None:
-            session.wait_done(unacked[0][0], timeout, "block")
+            wait_done(unacked[0][0])
             count_acks()
-        session.wait_done(commit, timeout, "block")
-        for rec, _ in unacked:
+        wait_done(commit)
+        for rec, *_ in unacked:
             if rec.status is None:
-                session.wait_done(rec, timeout, "block")
+                wait_done(rec)
         count_acks()
     bad = _failed(recs)
     if bad or commit.status != Status.OK:

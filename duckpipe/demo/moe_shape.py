@@ -186,8 +186,9 @@ def format_report(
         "counts the routed experts' ducks only",
         "  wire bytes: the dataplane's moe_bytes counter (activation rows and routing tables "
         "put on the wire, first sends) over the call's tokens",
-        "  host overhead: end to end minus the wait for the ducks' partials (as in the other "
-        "demos); slowest duck compute: the largest compute time a duck reported",
+        "  host overhead: end to end minus the wait for the ducks' partials past the send "
+        "(as in the other demos); slowest duck compute: the largest compute time a duck "
+        "reported",
         f"  check: largest |ducks - MoeMlp.reference| / largest |reference| <= {tolerance:.0e}",
         "",
         f"reference cluster (DESIGN.md; other hardware: real ducks, the whole model with its "

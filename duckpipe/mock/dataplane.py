@@ -195,6 +195,8 @@ class _Layer:
             ready=self.ready,
             failed=self.failed,
             missing=[d for d in i.ducks if d in self.missing],
+            owner=self.owner,
+            shared=i.shared,
         )
 
 
@@ -216,13 +218,19 @@ class DescriptorCheck:
         )
         self._plan = ffi.new("struct dp_desc_plan *")
         self._why = ffi.new("char[]", lib.DP_DESC_WHY_LEN)
+        # another client's layer, as the dispatcher shows it to the check: that alone
+        self._foreign = ffi.new("struct dp_desc_layer *", {"foreign": True})
 
-    def __call__(self, layout, layer: _Layer | None, d):  # -> struct dp_desc_plan *
+    def __call__(
+        self, layout, layer: _Layer | None, d, foreign: bool = False
+    ):  # -> struct dp_desc_plan *
         """The plan (struct dp_desc_plan *, until the next call) of descriptor ``d`` (a
         struct dp_desc *) from a client of ``layout`` (struct dp_client_layout *) on
-        ``layer`` (None: no such layer, or not this client's to use); DuckpipeError with
-        the dataplane's reason when it is refused."""
+        ``layer`` (None: no such layer, or, ``foreign``, another client's); DuckpipeError
+        with the dataplane's reason when it is refused."""
         view = ffi.NULL if layer is None else layer.desc_view()
+        if layer is None and foreign:
+            view = self._foreign
         if lib.dp_desc_check(layout, view, d, self.limits, self._plan, self._why, len(self._why)):
             raise DuckpipeError(ffi.string(self._why).decode(errors="replace"))
         return self._plan
@@ -309,6 +317,7 @@ class MockDataplane:
         self._curve_clients: set[bytes] = set()
         self.router = self._bind(cfg.control)
         self.stats = StatsWriter(cfg.control, cfg.ducks)
+        self._mark_dead_ducks()
         self._idle = IdleStrategy(cfg.idle, park=lambda s: self.router.poll(max(1, int(s * 1000))))
 
     # --- setup ---------------------------------------------------------------
@@ -605,12 +614,26 @@ class MockDataplane:
                 if bad:
                     raise DuckpipeError(f"ducks {bad} do not exist (there are {self.cfg.ducks})")
                 self.faults = msg
+                self._mark_dead_ducks()
                 return ctl.Ack(req_id=rid)
             case ctl.Shutdown():
                 _need_admin(peer, "Shutdown")
                 self._running = False
                 return ctl.Ack(req_id=rid)
         raise DuckpipeError(f"unhandled request {type(msg).__name__}")
+
+    def _mark_dead_ducks(self) -> None:
+        """Ducks that never answer are lost in the stats segment, and the log names them
+        with what to check, as the C dataplane's does once its PINGs go unanswered."""
+        newly = self.stats.ducks_dead(set(self.faults.dead_ducks))
+        if newly:
+            log.warning(
+                "ducks lost: %d never answer (a fault): %s; check that that many ducks run "
+                "(the topology names %d), on the port and address the topology gives each",
+                len(newly),
+                ", ".join(f"{d} (mock:{d})" for d in newly),
+                self.cfg.ducks,
+            )
 
     def _attach(self, peer: _Peer, msg: ctl.Attach) -> msgspec.Struct:
         rid = msg.req_id
@@ -869,7 +892,7 @@ class MockDataplane:
                 return
             # weights only their owner writes; forwards may use a shared layer
             layer = self._usable_layer(client, int(d.layer), write=op != Op.FORWARD)
-            plan = self._check(client.layout, layer, d)
+            plan = self._check(client.layout, layer, d, foreign=int(d.layer) in self.layers)
             if op == Op.FORWARD:
                 assert layer is not None  # the check refuses a forward on no layer
                 self._forward(client, d, layer, plan, fields, pickup)
@@ -1001,10 +1024,17 @@ class MockDataplane:
 
     def _commit(self, layer: _Layer | None, layer_id: int) -> None:
         if layer is None:
-            raise DuckpipeError(f"layer {layer_id} is not being loaded")
-        if layer.failed:
+            foreign = layer_id in self.layers  # as its chunks and forwards are refused
             raise DuckpipeError(
-                f"layer {layer_id} failed: ducks did not acknowledge their weights; load it again"
+                f"layer {layer_id} belongs to another client"
+                if foreign
+                else f"layer {layer_id} is not being loaded"
+            )
+        if layer.failed:
+            missing = ", ".join(str(d) for d in sorted(layer.missing))
+            raise DuckpipeError(
+                f"layer {layer_id} failed: ducks [{missing}] did not acknowledge their weights; "
+                "load it again"
             )
         short = [
             (k, layer.received[k], b.size)

@@ -212,7 +212,8 @@ class StatsWriter:
         d["reply_sum_ns"][duck] += max(0, ns)
         d["last_reply_ns"][duck] = max(0, ns)
         d["replies"][duck] += 1
-        d["state"][duck] = S.DuckState.UP
+        d["seen_ns"][duck] = runtime.monotonic_ns()
+        d["state"][duck], d["reason"][duck] = S.DuckState.UP, S.DuckReason.NONE
 
     def duck_moe(self, duck: int, tokens: int, expert_rows: int) -> None:
         """A routed forward's rows (tokens) and (token, expert) pairs the duck computed."""
@@ -224,7 +225,29 @@ class StatsWriter:
         d = self.v["ducks"]
         d["timeouts"][duck] += 1
         d["missing_chunks"][duck] += chunks
-        d["state"][duck] = S.DuckState.LATE if d["replies"][duck] else S.DuckState.LOST
+        if d["replies"][duck]:
+            d["state"][duck], d["reason"][duck] = S.DuckState.LATE, S.DuckReason.MISSED_FORWARD
+        else:
+            d["state"][duck], d["reason"][duck] = S.DuckState.LOST, S.DuckReason.NEVER_ANSWERED
+
+    def ducks_dead(self, dead: set[int]) -> list[int]:
+        """The ducks the mock was told never answer (``--dead-duck``, ``SetFaults``) are
+        lost at once (the mock has no PING to wait on): NEVER_ANSWERED, or SILENT for one
+        that replied before; the others are up again. Returns those that just turned lost."""
+        d = self.v["ducks"]
+        h = self.v["header"]
+        newly = []
+        for duck in range(int(h["nducks"])):
+            if d["state"][duck] == S.DuckState.NONE:
+                continue
+            if duck in dead:
+                reason = S.DuckReason.SILENT if d["replies"][duck] else S.DuckReason.NEVER_ANSWERED
+                if d["state"][duck] != S.DuckState.LOST:
+                    newly.append(duck)
+                d["state"][duck], d["reason"][duck] = S.DuckState.LOST, reason
+            elif d["reason"][duck] in (S.DuckReason.NEVER_ANSWERED, S.DuckReason.SILENT):
+                d["state"][duck], d["reason"][duck] = S.DuckState.UP, S.DuckReason.NONE
+        return newly
 
     def duck_layers(self, counts: dict[int, int]) -> None:
         d = self.v["ducks"]

@@ -45,6 +45,7 @@ from .printable import printable
 __all__ = ["SnapshotCollector", "registry", "render", "serve"]
 
 _DUCK_STATES = ("up", "late", "lost")
+_DUCK_REASONS = ("never_answered", "silent", "missed_forward")
 _NOT_NAME = re.compile(r"[^a-zA-Z0-9_]")
 
 
@@ -198,6 +199,15 @@ class SnapshotCollector:
         for du in s.ducks:
             for state in _DUCK_STATES:
                 g.add_metric([str(du.id), du.address, du.nic, state], int(du.state == state))
+        yield g
+        g = GaugeMetricFamily(
+            "duckpipe_duck_reason",
+            "1 for why the duck is not up (never_answered, silent, missed_forward)",
+            labels=[*dl, "reason"],
+        )
+        for du in s.ducks:
+            for reason in _DUCK_REASONS:
+                g.add_metric([str(du.id), du.address, du.nic, reason], int(du.reason == reason))
         yield g
         h = HistogramMetricFamily(
             "duckpipe_duck_reply_seconds",

@@ -36,6 +36,7 @@ __all__ = [
     "NoDataplane",
     "Snapshot",
     "StaleDataplane",
+    "duck_why",
     "find_stats",
     "heartbeat_age_ns",
     "moe_active",
@@ -150,6 +151,11 @@ class DuckStats(msgspec.Struct, frozen=True, kw_only=True):
     replies: int = 0
     moe_tokens: int = 0  # MoE: tokens (reply rows) it computed, every routed forward
     moe_expert_rows: int = 0  # MoE: (token, expert) pairs it computed
+    #: why it is not up: "never_answered" | "silent" | "missed_forward" (schema.stats.
+    #: DuckReason), "" when up
+    reason: str = ""
+    #: the same in words, with what to check: what top, stats and the log show
+    why: str = ""
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -276,6 +282,27 @@ def _hist(bounds: list[int], counts, sum_ns: int) -> Histogram:
 _KIND = {S.WriterKind.C: "c", S.WriterKind.MOCK: "mock"}
 _THREADS = {S.Threads.SHARED: "shared", S.Threads.DEDICATED: "dedicated"}
 _DUCK_STATE = {S.DuckState.UP: "up", S.DuckState.LATE: "late", S.DuckState.LOST: "lost"}
+_DUCK_REASON = {
+    S.DuckReason.NEVER_ANSWERED: "never_answered",
+    S.DuckReason.SILENT: "silent",
+    S.DuckReason.MISSED_FORWARD: "missed_forward",
+}
+
+
+def duck_why(reason: int, address: str, seen_ns: int, now_ns: int) -> str:
+    """A duck's DuckReason in words, with what to check. A duck that never answered is
+    most often a topology that names more ducks than run, or another port or address."""
+    if reason == S.DuckReason.NEVER_ANSWERED:
+        return (
+            f"never answered a PING or a LAYER: check the duck count, and that a duck "
+            f"listens on {address or 'its address'} (port and address as the topology says)"
+        )
+    if reason == S.DuckReason.SILENT:
+        silent = f" for {(now_ns - seen_ns) / 1e9:.0f} s" if 0 < seen_ns < now_ns else ""
+        return f"silent{silent} after answering: stopped or restarted?"
+    if reason == S.DuckReason.MISSED_FORWARD:
+        return "missed its latest forward (timed out, chunks missing)"
+    return ""
 
 
 def read_snapshot(path: Path | None = None, control: str | None = None) -> Snapshot:
@@ -420,6 +447,8 @@ def _snapshot(m: mmap.mmap, path: Path) -> Snapshot:
                 replies=int(d["replies"]),
                 moe_tokens=int(d["moe_tokens"]),
                 moe_expert_rows=int(d["moe_expert_rows"]),
+                reason=_DUCK_REASON.get(int(d["reason"]), ""),
+                why=duck_why(int(d["reason"]), _str(d["address"]), int(d["seen_ns"]), heartbeat),
             )
         )
     latency = {

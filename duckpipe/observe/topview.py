@@ -788,10 +788,10 @@ def _duck_alerts(ducks: Sequence[Any], rates: Sequence[DuckRates]) -> list[str]:
     """One alert per kind of trouble naming every duck it hit ("ducks 4-7 are lost"): one
     line per duck would push all but the first few out of the live screen's alert rows."""
     timed_out = [(d, r.timeouts_new) for d, r in zip(ducks, rates, strict=True) if r.timeouts_new]
-    by_state: dict[str, list[Any]] = {}
+    by_state: dict[tuple[str, str], list[Any]] = {}  # (state, why): one line each
     for d, r in zip(ducks, rates, strict=True):
         if not r.timeouts_new and d.state != "up":
-            by_state.setdefault(d.state, []).append(d)
+            by_state.setdefault((d.state, getattr(d, "why", "") or ""), []).append(d)
     alerts = []
     if len(timed_out) == 1:
         ((d, n),) = timed_out
@@ -800,11 +800,12 @@ def _duck_alerts(ducks: Sequence[Any], rates: Sequence[DuckRates]) -> list[str]:
         total = sum(n for _, n in timed_out)
         ids = id_ranges([d.id for d, _ in timed_out])
         alerts.append(f"ducks {ids}: {total} new timeout(s)")
-    for state, hit in by_state.items():
+    for (state, why), hit in by_state.items():
+        because = f": {why}" if why else ""
         if len(hit) == 1:
-            alerts.append(f"duck {hit[0].id} ({hit[0].address}) is {state}")
+            alerts.append(f"duck {hit[0].id} ({hit[0].address}) is {state}{because}")
         else:
-            alerts.append(f"ducks {id_ranges([d.id for d in hit])} are {state}")
+            alerts.append(f"ducks {id_ranges([d.id for d in hit])} are {state}{because}")
     return alerts
 
 

@@ -246,6 +246,7 @@ STATS_ENUMS: tuple[type[enum.IntEnum], ...] = (
     stats.Threads,
     stats.StatsClientState,
     stats.DuckState,
+    stats.DuckReason,
 )
 
 

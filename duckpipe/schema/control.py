@@ -272,11 +272,21 @@ class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
     ducks: list[DuckId]
     shard_sizes: list[U32]
     has_b_down: bool
+    # committed, and every duck of it still holds it (none is in ``lost``)
     ready: bool
     # the load failed (a chunk was not acknowledged, or the commit found it incomplete):
     # the layer stays unusable until a new LoadWeights of the same id replaces it
     failed: bool = False
     missing: list[DuckId] = []  # the ducks that did not acknowledge their weights
+    # ducks that answered a forward that they hold no such layer since it was committed
+    # (they restarted): not ready on them; forwards to them fail DuckLost until a reload,
+    # forwards to the others (ducks=[...]) still work
+    lost: list[DuckId] = []
+    # who may forward on it: the loader (its client id; 0 from a dataplane that does not
+    # say), and everyone when it is shared. The admin sees every client's layers, yet may
+    # use only its own and shared ones: the client refuses the others up front
+    owner: int = 0
+    shared: bool = False
 
 
 class Layers(Message, kw_only=True):
@@ -326,7 +336,7 @@ class Timings(msgspec.Struct, frozen=True, kw_only=True):
 
     prepare_ns: int = 0  # submit -> picked up by the dataplane
     send_ns: int = 0  # activation out to the ducks
-    wait_ns: int = 0  # first send -> last partial in
+    wait_ns: int = 0  # first send -> last partial in (so it overlaps send_ns)
     fetch_ns: int = 0  # partials reassembled
     reduce_ns: int = 0  # partials summed into the result slot
     spread_ns: int = 0  # first duck reply -> last duck reply

@@ -61,6 +61,7 @@ __all__ = [
     "STATS_VERSION_MAJOR",
     "STATS_VERSION_MINOR",
     "Counter",
+    "DuckReason",
     "DuckState",
     "StatsAgent",
     "StatsBounds",
@@ -79,7 +80,8 @@ __all__ = [
 
 STATS_MAGIC = int.from_bytes(b"DUCKSTAT", "little")
 STATS_VERSION_MAJOR = 1
-STATS_VERSION_MINOR = 2  # 1.1: per-duck MoE rows, MoE counters; 1.2: clients' pending
+# 1.1: per-duck MoE rows, MoE counters; 1.2: clients' pending, why a duck is lost
+STATS_VERSION_MINOR = 2
 STATS_MAX_COUNTERS = 128  # counter slots per agent (COUNTERS has fewer)
 STATS_COUNTER_NAME = 48
 STATS_MAX_NICS = MAX_NICS
@@ -221,14 +223,32 @@ class DuckState(enum.IntEnum):
 
     UP: it answered every forward it was sent lately (or none was sent yet).
     LATE: it missed the latest forward it was targeted by (timed out, chunks missing).
-    LOST: nothing heard from it (reply or pong) for more than 3 s, or ever, while
-    forwards targeted it.
+    LOST: nothing heard from it (reply, PONG or ACK) for max(3 s, 3 pings): since the
+    dataplane started (it never answered a PING or a LAYER), or since it last answered;
+    or, never heard from, a forward timed out on it. ``reason`` says which.
     """
 
     NONE = 0  # no duck in this slot
     UP = 1
     LATE = 2
     LOST = 3
+
+
+class DuckReason(enum.IntEnum):
+    """Why a duck is not UP (``dp_stats_duck.reason``); readers turn it into words.
+
+    NEVER_ANSWERED: no PONG, WEIGHT_ACK (to a PING or a LAYER) or partial from it since
+    the dataplane started, for longer than the lost window or through a forward or a
+    load that timed out on it: the topology's duck count, port or address is the usual
+    cause, so the readers say to check those.
+    SILENT: it answered once, then nothing for longer than the lost window.
+    MISSED_FORWARD: it is heard from but missed the latest forward it was sent (LATE).
+    """
+
+    NONE = 0
+    NEVER_ANSWERED = 1
+    SILENT = 2
+    MISSED_FORWARD = 3
 
 
 class StatsHeader(msgspec.Struct, frozen=True):
@@ -426,6 +446,8 @@ class StatsDuck(msgspec.Struct, frozen=True):
         "reply": "reply time histogram",
         "moe_tokens": "MoE: tokens (reply rows) it computed, over every routed forward",
         "moe_expert_rows": "MoE: (token, expert) pairs it computed",
+        "reason": "enum dp_duck_reason: why it is not UP (NONE when it is)",
+        "seen_ns": "CLOCK_MONOTONIC of the last datagram it sent us; 0: never",
     }
 
     id: U32
@@ -437,13 +459,15 @@ class StatsDuck(msgspec.Struct, frozen=True):
     missing_chunks: U64
     nacks: U64
     replies: U64
-    pad0: Pad(8)
+    reason: U32
+    pad0: Pad(4)
     address: Chars(64)
     reply: Array("uint64_t", STATS_BUCKETS)
     reply_sum_ns: U64
     moe_tokens: U64
     moe_expert_rows: U64
-    pad1: Pad(40)
+    seen_ns: U64
+    pad1: Pad(32)
 
 
 LAYOUTS = (

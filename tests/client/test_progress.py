@@ -7,6 +7,7 @@ import io
 import time
 
 import numpy as np
+import pytest
 
 import duckpipe
 from duckpipe.mock.process import MockDataplaneProcess
@@ -71,3 +72,32 @@ def test_load_progress_counts_acknowledged_bytes_not_copied_ones():
     assert calls[0][0] - t0 >= 0.19  # nothing counted before the first acknowledgement
     assert [n for _, n, _ in calls] == sorted(n for _, n, _ in calls)
     assert calls[-1][1] == calls[-1][2] == total
+
+
+def test_a_load_onto_ducks_that_never_answer_stays_at_0_and_names_them(monkeypatch):
+    """The topology names ducks 4-7, no duck runs there: the bar never moves (it went to
+    100% on the failed chunks before), says which ducks it waits for, then which did not
+    acknowledge; the load fails naming them."""
+    from duckpipe.errors import LayerFailed
+    from duckpipe.testing import assert_clean_exit, cluster_class_or_skip
+
+    cl = cluster_class_or_skip()(8, groups=[(4, []), (4, [])], weight_timeout_ms=2500)
+    cl.groups = cl.groups[:1]  # only ducks 0-3 run
+    cl.start()
+    tty = _Tty()
+    monkeypatch.setattr("sys.stderr", tty)
+    try:
+        with duckpipe.connect(cl.control) as client:
+            # at once: before the dataplane's PINGs call them unreachable (3 s)
+            with pytest.raises(LayerFailed) as e:
+                client.load_weights(
+                    0, duckpipe.GeluMlp.random(256, 1024, seed=3), ducks=[4, 5, 6, 7], progress=True
+                )
+        assert e.value.missing == (4, 5, 6, 7)
+    finally:
+        assert_clean_exit(cl)
+    frames = [f for f in tty.getvalue().split("\r") if f.strip()]
+    assert frames and all("  0.0%" in f for f in frames), frames
+    assert not any("100.0%" in f for f in frames)
+    assert any(f.endswith("waiting for ducks [4, 5, 6, 7]\x1b[K") for f in frames), frames
+    assert "ducks [4, 5, 6, 7] did not acknowledge" in frames[-1], frames[-1]

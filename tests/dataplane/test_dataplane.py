@@ -75,6 +75,77 @@ def test_a_duck_that_lost_its_weights_fails_the_forward_naming_it(cluster_factor
         assert _counters(c)["no_layer_replies"] >= 1
 
 
+def test_when_every_duck_restarts_duck_lost_names_them_all_and_layers_says_not_ready(
+    cluster_factory,
+):
+    cl = cluster_factory(groups=[(8, ["--restart-after", "1"])])
+    mlp = GeluMlp.random(32, 48, seed=3)
+    x = np.ones((1, 32), np.float32)
+    with duckpipe.connect(cl.control) as c:
+        c.load_weights(1, mlp)
+        c.forward(1, x)  # each duck computes it, then forgets its weights
+        (info,) = c.layers()
+        assert info.ready and info.lost == []  # the dataplane cannot know yet
+        with pytest.raises(DuckLost) as e:
+            c.forward(1, x, timeout=5)
+        assert e.value.missing == tuple(range(8))
+        assert "ducks [0, 1, 2, 3, 4, 5, 6, 7] hold no layer 1 (restarted?)" in str(e.value)
+        (info,) = c.layers()
+        assert (info.ready, info.failed, info.lost) == (False, False, list(range(8)))
+        c.load_weights(1, mlp)  # a reload restores it
+        (info,) = c.layers()
+        assert (info.ready, info.lost) == (True, [])
+
+
+def test_ducks_that_lost_a_layer_are_not_ready_for_it_and_the_others_still_serve(
+    cluster_factory,
+):
+    from duckpipe.observe import stats_reader
+
+    cl = cluster_factory(groups=[(2, []), (2, ["--restart-after", "1"])])
+    mlp = GeluMlp.random(32, 48, seed=3)
+    x = np.ones((1, 32), np.float32)
+    with duckpipe.connect(cl.control) as c:
+        c.load_weights(1, mlp)
+        c.forward(1, x)
+        with pytest.raises(DuckLost, match=r"ducks \[2, 3\] hold no layer 1") as e:
+            c.forward(1, x, timeout=5)
+        assert e.value.missing == (2, 3)
+        (info,) = c.layers()
+        assert (info.ready, info.lost) == (False, [2, 3])
+        assert c.forward(1, x, ducks=[0, 1]).shape == x.shape  # the others still serve
+        with pytest.raises(DuckLost, match="duck 3 holds no layer 1"):
+            c.forward(1, x, ducks=[3], timeout=5)
+        deadline = time.monotonic() + 5  # the stats segment's layer counts follow
+        while time.monotonic() < deadline:
+            snap = stats_reader.read_snapshot(control=cl.control)
+            if [d.layers for d in snap.ducks] == [1, 1, 0, 0]:
+                break
+            time.sleep(0.05)
+        assert [d.layers for d in snap.ducks] == [1, 1, 0, 0]
+
+
+def test_wait_runs_from_the_first_send_to_the_last_partial(duckpipe_null_factory):
+    """Timings.wait_ns as defined (docs/walkthrough.md, the schema): first send -> last
+    partial in. So it holds the whole send: no duck answers before its last chunk went
+    out. The null backend answers each duck as its copy goes out, as loopback ducks on a
+    busy core do during a long send; measured from the sends' end, wait was a sliver of
+    send (380 ns against 154,262)."""
+    dp = duckpipe_null_factory(4)
+    x = np.ones((16, 4096), np.float32)  # 256 KiB: ~180 chunks to each duck
+    with duckpipe.connect(dp.control) as c:
+        c.load_weights(1, GeluMlp.random(4096, 64, seed=5))
+        for _ in range(10):
+            with c.claim(x.shape) as slot:
+                slot.array[:] = x
+                fwd = c.submit(slot, 1)
+            with fwd:
+                fwd.result()
+                t = fwd.timings
+            assert t.send_ns > 0 and t.wait_ns >= t.send_ns, t
+            assert t.wait_ns >= max(t.duck_compute_ns) and t.wait_ns >= t.spread_ns, t
+
+
 def test_garbage_udp_is_counted_and_ignored(cluster_factory):
     cl = cluster_factory(2)
     mlp = GeluMlp.random(32, 32, seed=4)

@@ -318,6 +318,89 @@ def test_a_c_duck_that_stops_answering_is_late_with_its_timeout_and_missing_chun
     assert s.counters["timeouts"] == 1
 
 
+def _every_view_says_never_answered(control: str, silent: list[int], running: list[int]) -> None:
+    """The snapshot, ``duckpipe stats`` (text and --json), duckpipe-top --once and the
+    exporter all call the silent ducks lost, say why and what to check."""
+    from duckpipe.observe import exporter
+
+    ducks = {d.id: d for d in stats.read_snapshot(control=control).ducks}
+    for d in silent:
+        assert (ducks[d].state, ducks[d].reason) == ("lost", "never_answered"), ducks[d]
+        assert "check the duck count" in ducks[d].why and ducks[d].address in ducks[d].why
+    for d in running:
+        assert (ducks[d].state, ducks[d].reason, ducks[d].why) == ("up", "", ""), ducks[d]
+    run = [sys.executable, "-m", "duckpipe"]
+    text = subprocess.run(
+        [*run, "stats", "--control", control], capture_output=True, text=True, check=True
+    ).stdout
+    for d in silent:
+        assert f"duck {d} {ducks[d].address} nic" in text
+        assert "lost (never answered a PING or a LAYER: check the duck count" in text
+    doc = msgspec.json.decode(
+        subprocess.run(
+            [*run, "stats", "--control", control, "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    by_id = {d["id"]: d for d in doc["ducks"]}
+    assert all(by_id[d]["state"] == "lost" for d in silent)
+    assert all(by_id[d]["reason"] == "never_answered" for d in silent)
+    top = subprocess.run(
+        [sys.executable, "-m", "duckpipe.observe.top", "--once", "--control", control],
+        capture_output=True,
+        text=True,
+    ).stdout
+    for d in silent:
+        assert f"duck {d} ({ducks[d].address}) is lost: never answered a PING" in top, top
+    metrics = exporter.render(control=control)
+    for d in silent:
+        assert _metric(metrics, "duckpipe_duck_state", duck=str(d), state="lost") == 1
+        assert _metric(metrics, "duckpipe_duck_reason", duck=str(d), reason="never_answered") == 1
+    for d in running:
+        assert _metric(metrics, "duckpipe_duck_state", duck=str(d), state="up") == 1
+
+
+def test_c_ducks_that_never_answered_are_lost_everywhere_and_the_log_names_them():
+    """The topology names 8 ducks, 4 run: the user's likeliest first mistake (a count or
+    a port). No forward is needed for them to show lost: unanswered PINGs are enough."""
+    from duckpipe.testing import assert_clean_exit, cluster_class_or_skip
+
+    cl = cluster_class_or_skip()(8, groups=[(4, []), (4, [])], weight_timeout_ms=400)
+    cl.groups = cl.groups[:1]  # the topology names ducks 4-7; no emulator runs them
+    cl.start()
+    try:
+        with duckpipe.connect(cl.control) as c:
+            from duckpipe.errors import LayerFailed
+
+            # at once, before the dataplane's PINGs could tell: the load is sent and fails
+            with pytest.raises(LayerFailed):
+                c.load_weights(1, GeluMlp.random(HIDDEN, FFN, seed=1))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            ducks = stats.read_snapshot(control=cl.control).ducks
+            if all(d.state == "lost" for d in ducks if d.id >= 4):
+                break
+            time.sleep(0.2)
+        _every_view_says_never_answered(cl.control, [4, 5, 6, 7], [0, 1, 2, 3])
+        log = cl.output()
+        addresses = ", ".join(f"{d} (127.0.0.1:{cl.duck_base + d})" for d in range(4, 8))
+        assert f"ducks lost: 4 never answered a PING or a LAYER in 3.0 s: {addresses}" in log
+        assert "check that that many ducks run (the topology names 8)" in log
+        assert "layer 1 failed to load: ducks [4, 5, 6, 7] did not acknowledge" in log
+    finally:
+        assert_clean_exit(cl)
+
+
+def test_mock_ducks_that_never_answer_are_lost_everywhere_and_the_log_names_them(
+    duckpipe_mock_factory,
+):
+    dp = duckpipe_mock_factory(ducks=4, args=["--dead-duck", "2", "--dead-duck", "3"])
+    _every_view_says_never_answered(dp.control, [2, 3], [0, 1])
+    assert "ducks lost: 2 never answer (a fault): 2 (mock:2), 3 (mock:3)" in dp.output()
+
+
 def test_dedicated_threads_and_two_nics_each_publish_their_own_counters(duckpipe_null_factory):
     dp = duckpipe_null_factory(4, nics=2, threads="dedicated")
     with duckpipe.connect(dp.control) as c:

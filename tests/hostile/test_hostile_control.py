@@ -228,7 +228,19 @@ def test_a_client_cannot_replace_or_use_another_clients_layer(dp):
         a.load_weights(10, MLP, ducks=[0, 1])
         with pytest.raises(NotPermitted, match="layer 10 belongs to another client"):
             b.load_weights(10, GeluMlp.random(16, 32, seed=9), ducks=[0, 1])
-        with pytest.raises((DataplaneFault, UnknownLayer), match="layer 10 is not loaded"):
+        # a forward says what the load says: the admin (same user) sees the layer in
+        # layers(), which names its owner, and is refused before anything is sent
+        with pytest.raises(NotPermitted, match="layer 10 belongs to another client"):
+            b.forward(10, X, timeout=10)
+        with pytest.raises(NotPermitted, match="layer 10 belongs to another client"):
+            with b.claim(X.shape) as slot:
+                slot.array[:] = X
+                b.submit(slot, 10)
+        # and the dataplane, when a descriptor gets there anyway (a client that does not
+        # look at owner): the same words, not "layer 10 is not loaded"
+        info = next(li for li in a.layers() if li.layer == 10)
+        b._session.layers[10] = msgspec.structs.replace(info, owner=0)
+        with pytest.raises(DataplaneFault, match="layer 10 belongs to another client"):
             b.forward(10, X, timeout=10)
         np.testing.assert_allclose(
             a.forward(10, X, timeout=10), MLP.reference(X), rtol=1e-4, atol=1e-5
@@ -255,7 +267,10 @@ def test_only_its_owner_writes_a_shared_layers_weights(dp):
             recs.append(b_session.push_weight(i, op, 12, 0, 0, 0, n))
         for rec in recs:
             b_session.await_zmq(rec, 10)  # the refusal's message rides ZeroMQ
-            assert rec.status == Status.BAD_REQUEST and "not being loaded" in rec.message, (
+            # the words LoadWeights and a forward get (it was "not being loaded")
+            assert rec.status == Status.BAD_REQUEST and rec.message == (
+                "layer 12 belongs to another client"
+            ), (
                 rec.status,
                 rec.message,
             )

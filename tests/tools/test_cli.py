@@ -39,6 +39,13 @@ def test_example_runs_checked_forwards_against_a_fresh_dataplane(which):
     for line in lines:
         err = float(line.split("max |y - numpy| = ")[1].split(",")[0])
         assert err < 1e-3
+        # the wait for the ducks (first send -> last partial) is part of end to end, and
+        # no forward of the real dataplane waits 0 us for ducks that compute
+        e2e = float(line.split("end to end p50 ")[1].split(" us")[0])
+        wait = float(line.split("wait for the ducks p50 ")[1].split(" us")[0])
+        assert wait <= e2e, line
+        if which == "real":
+            assert wait > 0, line
 
 
 def test_stats_and_shutdown_talk_to_a_running_dataplane():

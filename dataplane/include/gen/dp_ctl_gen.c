@@ -663,7 +663,7 @@ void dp_ctl_pack_topology(msgpack_packer *pk, const struct dp_ctl_topology *m)
 
 void dp_ctl_pack_layer_info(msgpack_packer *pk, const struct dp_ctl_layer_info *m)
 {
-	msgpack_pack_map(pk, 11);
+	msgpack_pack_map(pk, 14);
 	key(pk, "layer", 5);
 	msgpack_pack_uint64(pk, m->layer);
 	key(pk, "kind", 4);
@@ -701,6 +701,17 @@ void dp_ctl_pack_layer_info(msgpack_packer *pk, const struct dp_ctl_layer_info *
 	msgpack_pack_array(pk, m->missing_len);
 	for (uint32_t i = 0; i < m->missing_len; i++)
 		msgpack_pack_uint32(pk, m->missing[i]);
+	key(pk, "lost", 4);
+	msgpack_pack_array(pk, m->lost_len);
+	for (uint32_t i = 0; i < m->lost_len; i++)
+		msgpack_pack_uint32(pk, m->lost[i]);
+	key(pk, "owner", 5);
+	msgpack_pack_uint64(pk, m->owner);
+	key(pk, "shared", 6);
+	if (m->shared)
+		msgpack_pack_true(pk);
+	else
+		msgpack_pack_false(pk);
 }
 
 void dp_ctl_pack_layers(msgpack_packer *pk, const struct dp_ctl_layers *m)

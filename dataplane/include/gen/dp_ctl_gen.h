@@ -203,6 +203,10 @@ struct dp_ctl_layer_info {
 	bool failed;
 	const uint32_t *missing;
 	uint32_t missing_len;
+	const uint32_t *lost;
+	uint32_t lost_len;
+	uint64_t owner;
+	bool shared;
 };
 void dp_ctl_pack_layer_info(struct msgpack_packer *pk, const struct dp_ctl_layer_info *m);
 

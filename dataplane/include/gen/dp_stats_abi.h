@@ -72,13 +72,29 @@ enum dp_stats_client_state {
 
     UP: it answered every forward it was sent lately (or none was sent yet).
     LATE: it missed the latest forward it was targeted by (timed out, chunks missing).
-    LOST: nothing heard from it (reply or pong) for more than 3 s, or ever, while
-    forwards targeted it. */
+    LOST: nothing heard from it (reply, PONG or ACK) for max(3 s, 3 pings): since the
+    dataplane started (it never answered a PING or a LAYER), or since it last answered;
+    or, never heard from, a forward timed out on it. ``reason`` says which. */
 enum dp_duck_state {
     DP_DUCK_STATE_NONE = 0,
     DP_DUCK_STATE_UP = 1,
     DP_DUCK_STATE_LATE = 2,
     DP_DUCK_STATE_LOST = 3,
+};
+
+/* Why a duck is not UP (``dp_stats_duck.reason``); readers turn it into words.
+
+    NEVER_ANSWERED: no PONG, WEIGHT_ACK (to a PING or a LAYER) or partial from it since
+    the dataplane started, for longer than the lost window or through a forward or a
+    load that timed out on it: the topology's duck count, port or address is the usual
+    cause, so the readers say to check those.
+    SILENT: it answered once, then nothing for longer than the lost window.
+    MISSED_FORWARD: it is heard from but missed the latest forward it was sent (LATE). */
+enum dp_duck_reason {
+    DP_DUCK_REASON_NONE = 0,
+    DP_DUCK_REASON_NEVER_ANSWERED = 1,
+    DP_DUCK_REASON_SILENT = 2,
+    DP_DUCK_REASON_MISSED_FORWARD = 3,
 };
 
 /*
@@ -210,13 +226,15 @@ struct dp_stats_duck {
     uint64_t missing_chunks;            /*   32: partial chunks still missing at those timeouts */
     uint64_t nacks;                     /*   40: NACKs sent to it (0 where not counted per duck) */
     uint64_t replies;                   /*   48: partials received complete */
-    uint8_t pad0[8];                    /*   56 */
+    uint32_t reason;                    /*   56: enum dp_duck_reason: why it is not UP (NONE when it is) */
+    uint8_t pad0[4];                    /*   60 */
     char address[64];                   /*   64 */
     uint64_t reply[56];                 /*  128: reply time histogram */
     uint64_t reply_sum_ns;              /*  576 */
     uint64_t moe_tokens;                /*  584: MoE: tokens (reply rows) it computed, over every routed forward */
     uint64_t moe_expert_rows;           /*  592: MoE: (token, expert) pairs it computed */
-    uint8_t pad1[40];                   /*  600 */
+    uint64_t seen_ns;                   /*  600: CLOCK_MONOTONIC of the last datagram it sent us; 0: never */
+    uint8_t pad1[32];                   /*  608 */
 };  /* 640 bytes */
 
 /* @cdef-end */
@@ -380,12 +398,14 @@ _Static_assert(offsetof(struct dp_stats_duck, timeouts) == 24, "dp_stats_duck.ti
 _Static_assert(offsetof(struct dp_stats_duck, missing_chunks) == 32, "dp_stats_duck.missing_chunks");
 _Static_assert(offsetof(struct dp_stats_duck, nacks) == 40, "dp_stats_duck.nacks");
 _Static_assert(offsetof(struct dp_stats_duck, replies) == 48, "dp_stats_duck.replies");
-_Static_assert(offsetof(struct dp_stats_duck, pad0) == 56, "dp_stats_duck.pad0");
+_Static_assert(offsetof(struct dp_stats_duck, reason) == 56, "dp_stats_duck.reason");
+_Static_assert(offsetof(struct dp_stats_duck, pad0) == 60, "dp_stats_duck.pad0");
 _Static_assert(offsetof(struct dp_stats_duck, address) == 64, "dp_stats_duck.address");
 _Static_assert(offsetof(struct dp_stats_duck, reply) == 128, "dp_stats_duck.reply");
 _Static_assert(offsetof(struct dp_stats_duck, reply_sum_ns) == 576, "dp_stats_duck.reply_sum_ns");
 _Static_assert(offsetof(struct dp_stats_duck, moe_tokens) == 584, "dp_stats_duck.moe_tokens");
 _Static_assert(offsetof(struct dp_stats_duck, moe_expert_rows) == 592, "dp_stats_duck.moe_expert_rows");
-_Static_assert(offsetof(struct dp_stats_duck, pad1) == 600, "dp_stats_duck.pad1");
+_Static_assert(offsetof(struct dp_stats_duck, seen_ns) == 600, "dp_stats_duck.seen_ns");
+_Static_assert(offsetof(struct dp_stats_duck, pad1) == 608, "dp_stats_duck.pad1");
 
 #endif /* DP_STATS_ABI_H */

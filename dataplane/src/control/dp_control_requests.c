@@ -221,7 +221,7 @@ static void on_layers(struct dp_control *c, const struct dp_peer *p, const struc
 			c->layer_ducks[n][k] = l->ducks[k];
 		/* acquire: failed_ducks was written before failed */
 		bool failed = dp_load_acquire_u32(&l->failed);
-		uint32_t nmissing = 0, *missing = NULL;
+		uint32_t nmissing = 0, *missing = NULL, nlost = 0, *lost = NULL;
 		if (failed && nfailed < FAILED_LAYERS_LISTED) {
 			missing = c->layer_missing[nfailed++];
 			for (uint32_t k = 0; k < l->nducks; k++) {
@@ -229,6 +229,19 @@ static void on_layers(struct dp_control *c, const struct dp_peer *p, const struc
 				if (__atomic_load_n(&l->failed_ducks[d >> 6], __ATOMIC_RELAXED) >> (d & 63) & 1)
 					missing[nmissing++] = d;
 			}
+		}
+		/* ducks that said NO_LAYER since the commit (restarted): a committed layer is
+		 * not ready on them. A failed layer never runs a forward, so one list from the
+		 * same pool serves either. */
+		for (uint32_t k = 0; k < l->nducks && !failed; k++) {
+			uint32_t d = l->ducks[k];
+			if (!(__atomic_load_n(&l->lost_ducks[d >> 6], __ATOMIC_RELAXED) >> (d & 63) & 1))
+				continue;
+			if (!lost && nfailed == FAILED_LAYERS_LISTED)
+				break;
+			if (!lost)
+				lost = c->layer_missing[nfailed++];
+			lost[nlost++] = d;
 		}
 		c->layer_infos[n] = (struct dp_ctl_layer_info){
 			.layer = l->id,
@@ -241,10 +254,14 @@ static void on_layers(struct dp_control *c, const struct dp_peer *p, const struc
 			.shard_sizes = l->shard,
 			.shard_sizes_len = l->nducks,
 			.has_b_down = l->has_b_down,
-			.ready = dp_load_acquire_u32(&l->ready),
+			.ready = dp_load_acquire_u32(&l->ready) && !nlost,
 			.failed = failed,
 			.missing = missing,
 			.missing_len = nmissing,
+			.lost = lost,
+			.lost_len = nlost,
+			.owner = l->owner,
+			.shared = l->shared,
 		};
 		n++;
 	}

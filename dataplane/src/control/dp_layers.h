@@ -58,6 +58,9 @@ struct dp_layer {
 	uint32_t ready;          /* control/dispatcher -> 1 at commit (release) */
 	uint32_t failed;         /* a chunk failed, or the commit did: the load failed (release) */
 	uint64_t failed_ducks[DP_MAX_DUCKS / 64]; /* ducks that did not acknowledge (atomic or) */
+	/* ducks that answered a forward with NO_LAYER since the commit (they restarted): the
+	 * layer is not ready on them until a reload (workers: atomic or; control reads) */
+	uint64_t lost_ducks[DP_MAX_DUCKS / 64];
 	uint64_t outstanding;    /* chunks dispatched and not yet completed (atomic) */
 	/* bytes acknowledged per duck and tensor (atomic adds) */
 	uint64_t acked[DP_MAX_DUCKS][DP_SHARD_TENSORS];

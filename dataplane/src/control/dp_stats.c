@@ -415,6 +415,33 @@ static void publish_clients(struct dp_stats_seg *s)
 	}
 }
 
+/* Ducks that just turned lost, one log line for all of them: the user's first mistake is
+ * most often a duck count, port or address that does not match the running ducks, and
+ * the log is where they look first. */
+static void log_newly_lost(struct dp_stats_seg *s, const uint32_t *ts, uint32_t n,
+			   uint32_t reason, uint64_t window_ns)
+{
+	char list[512];
+	size_t used = 0;
+	for (uint32_t i = 0; i < n && used + 48 < sizeof(list); i++) {
+		const struct dp_stats_duck *d = &s->ducks[ts[i]];
+		int k = snprintf(list + used, sizeof(list) - used, "%s%u (%s)", i ? ", " : "",
+				 d->id, d->address);
+		used += k > 0 ? (size_t)k : 0;
+	}
+	if (n && used + 48 >= sizeof(list))
+		snprintf(list + used, sizeof(list) - used, ", ...");
+	if (reason == DP_DUCK_REASON_NEVER_ANSWERED)
+		DP_WARN("ducks lost: %u never answered a PING or a LAYER in %.1f s: %s; check that "
+			"that many ducks run (the topology names %u), on the port and address "
+			"the topology gives each",
+			n, (double)window_ns / 1e9, list, s->w->cfg.nducks);
+	else
+		DP_WARN("ducks lost: %u went silent for more than %.1f s: %s; did they stop or "
+			"restart?",
+			n, (double)window_ns / 1e9, list);
+}
+
 static void publish_ducks(struct dp_stats_seg *s, uint64_t now)
 {
 	struct dp_world *w = s->w;
@@ -424,24 +451,52 @@ static void publish_ducks(struct dp_stats_seg *s, uint64_t now)
 		if (!l || l == DP_LAYER_GONE || !dp_load_acquire_u32(&l->ready))
 			continue;
 		for (uint32_t k = 0; k < l->nducks; k++) {
-			int16_t t = w->duck_index[l->ducks[k]];
-			if (t >= 0)
+			uint32_t d = l->ducks[k];
+			int16_t t = w->duck_index[d];
+			/* not one it lost (it said NO_LAYER: restarted) */
+			if (t >= 0 && !(__atomic_load_n(&l->lost_ducks[d >> 6], __ATOMIC_RELAXED) >>
+						(d & 63) & 1))
 				layers[t]++;
 		}
 	}
 	uint64_t lost = (uint64_t)w->cfg.ping_ms * 3000000ull;
 	lost = lost > DUCK_LOST_NS ? lost : DUCK_LOST_NS;
+	uint64_t start = s->hdr->start_mono_ns;
+	bool pinged_long_enough = now > start && now - start > lost;
+	uint32_t never[DP_MAX_DUCKS], silent[DP_MAX_DUCKS], nnever = 0, nsilent = 0;
 	for (uint32_t t = 0; t < w->cfg.nducks && t < DP_MAX_DUCKS; t++) {
 		struct dp_stats_duck *d = &s->ducks[t];
 		uint64_t seen = dp_load_relaxed_u64(&w->duck_seen_ns[d->id]);
-		uint32_t state = DP_DUCK_STATE_UP;
-		if (seen ? (now > seen && now - seen > lost) : d->timeouts > 0)
+		uint32_t state = DP_DUCK_STATE_UP, reason = DP_DUCK_REASON_NONE;
+		/* never heard from: every PING since start (or a forward's deadline) went
+		 * unanswered, whether or not anything was asked of it since */
+		if (!seen && (pinged_long_enough || d->timeouts > 0)) {
 			state = DP_DUCK_STATE_LOST;
-		else if (s->missed_last[t])
+			reason = DP_DUCK_REASON_NEVER_ANSWERED;
+		} else if (seen && now > seen && now - seen > lost) {
+			state = DP_DUCK_STATE_LOST;
+			reason = DP_DUCK_REASON_SILENT;
+		} else if (s->missed_last[t]) {
 			state = DP_DUCK_STATE_LATE;
+			reason = DP_DUCK_REASON_MISSED_FORWARD;
+		}
+		uint32_t was = __atomic_load_n(&d->reason, __ATOMIC_RELAXED);
+		if (reason != was && reason == DP_DUCK_REASON_NEVER_ANSWERED)
+			never[nnever++] = t;
+		else if (reason != was && reason == DP_DUCK_REASON_SILENT)
+			silent[nsilent++] = t;
+		else if (was == DP_DUCK_REASON_NEVER_ANSWERED || was == DP_DUCK_REASON_SILENT)
+			if (state == DP_DUCK_STATE_UP)
+				DP_INFO("duck %u (%s) answers again", d->id, d->address);
+		__atomic_store_n(&d->reason, reason, __ATOMIC_RELAXED);
 		__atomic_store_n(&d->state, state, __ATOMIC_RELAXED);
 		__atomic_store_n(&d->layers, layers[t], __ATOMIC_RELAXED);
+		set64(&d->seen_ns, seen);
 	}
+	if (nnever)
+		log_newly_lost(s, never, nnever, DP_DUCK_REASON_NEVER_ANSWERED, lost);
+	if (nsilent)
+		log_newly_lost(s, silent, nsilent, DP_DUCK_REASON_SILENT, lost);
 }
 
 void dp_stats_tick(struct dp_stats_seg *s, uint64_t now)

@@ -214,16 +214,35 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 {
 	struct dp_layer *l = f->layer; /* taken at dispatch */
 	if (!l) {
-		complete(d, f, DP_STATUS_BAD_REQUEST, "layer %u is not being loaded", f->desc.layer);
+		/* another client's: the words its chunks and forwards are refused with */
+		complete(d, f, DP_STATUS_BAD_REQUEST,
+			 dp_layer_find(d->w, f->desc.layer) ? "layer %u belongs to another client"
+							    : "layer %u is not being loaded",
+			 f->desc.layer);
 		return 1;
 	}
 	/* acquire: the workers' acked[] adds happen before their outstanding decrement */
 	if (__atomic_load_n(&l->outstanding, __ATOMIC_ACQUIRE) != 0)
 		return 0;
 	if (dp_load_acquire_u32(&l->failed)) {
+		/* name the ducks, in the log too: a load onto ducks that do not run is a
+		 * user's likely first mistake, and the log is where an operator looks */
+		char list[160];
+		size_t used = 0;
+		for (uint32_t i = 0; i < l->nducks && used + 16 < sizeof(list); i++) {
+			uint32_t dk = l->ducks[i];
+			if (!(__atomic_load_n(&l->failed_ducks[dk >> 6], __ATOMIC_RELAXED) >> (dk & 63) & 1))
+				continue;
+			int k = snprintf(list + used, sizeof(list) - used, "%s%u", used ? ", " : "", dk);
+			used += k > 0 ? (size_t)k : 0;
+		}
+		DP_WARN("layer %u failed to load: ducks [%s] did not acknowledge their weights "
+			"within %u ms; are they running, on the port and address the topology "
+			"gives them?",
+			l->id, list, d->w->cfg.weight_timeout_ms);
 		complete(d, f, DP_STATUS_BAD_REQUEST,
-			 "layer %u failed: ducks did not acknowledge their weights; load it again",
-			 l->id);
+			 "layer %u failed: ducks [%s] did not acknowledge their weights; load it again",
+			 l->id, list);
 		return 1;
 	}
 	for (uint32_t i = 0; i < l->nducks; i++)
@@ -285,8 +304,14 @@ static void dispatch(struct dp_dispatcher *d, struct dp_client *c, const struct 
 	 * reference the control agent drops when the completion is sent */
 	struct dp_layer *l = f->layer = dp_layer_take(d->w, desc->layer, c, desc->op != DP_OP_FORWARD);
 	struct dp_desc_layer view;
+	const struct dp_desc_layer *seen = dp_desc_layer_of(l, &view);
+	/* there, but another client's: say so, as LoadWeights does, not "not loaded" (the
+	 * view says only that: the layer is not this client's to read) */
+	static const struct dp_desc_layer foreign = { .foreign = true };
+	if (!l && dp_layer_find(d->w, desc->layer))
+		seen = &foreign;
 	struct dp_desc_plan plan;
-	if (dp_desc_check(&c->layout, dp_desc_layer_of(l, &view), desc, &d->limits, &plan, f->message,
+	if (dp_desc_check(&c->layout, seen, desc, &d->limits, &plan, f->message,
 			  sizeof(f->message)) < 0) {
 		complete(d, f, DP_STATUS_BAD_REQUEST, NULL);
 		return;

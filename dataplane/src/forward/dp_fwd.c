@@ -139,6 +139,44 @@ static void routed_missing_message(const struct dp_world *w, struct dp_fwd *f)
 		snprintf(f->message + used, n - used, " did not answer");
 }
 
+/* DUCK_LOST: every duck that answered it holds no such layer, in one message, written by
+ * the last NIC out (the workers only mark them: two NICs' parts must not share a buffer,
+ * and the first duck's NO_LAYER must not speak for all eight that restarted). */
+static void lost_message(const struct dp_world *w, struct dp_fwd *f)
+{
+	enum { TAIL = 64 }; /* room kept for " ... N more" and the sentence's end */
+	char *m = f->message;
+	size_t n = sizeof(f->message), used = 0;
+	uint32_t lost = 0, listed = 0;
+	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++)
+		lost += dp_targets_has(f->targets, d) && f->rx[w->duck_index[d]].state == 2;
+	bool moe = f->layer && f->layer->moe;
+	int k = moe || lost == 1 ? 0 : snprintf(m, n, "ducks [");
+	used += k > 0 ? (size_t)k : 0;
+	for (uint32_t d = 0; d < DP_MAX_DUCKS && used + TAIL < n; d++) {
+		if (!dp_targets_has(f->targets, d) || f->rx[w->duck_index[d]].state != 2)
+			continue;
+		k = snprintf(m + used, n - used, "%s", !listed ? "" : moe ? "; " : ", ");
+		used += k > 0 ? (size_t)k : 0;
+		if (moe || lost == 1) /* dense: "duck 5"; MoE: with the experts it held */
+			k = dp_layer_describe_duck(f->layer, d, m + used, n - TAIL - used);
+		else
+			k = snprintf(m + used, n - used, "%u", d);
+		used += k > 0 ? (size_t)k : 0;
+		if (used >= n - TAIL) /* describe truncated: keep the tail's room */
+			used = n - TAIL - 1;
+		listed++;
+	}
+	if (listed < lost) {
+		k = snprintf(m + used, n - used, " ... %u more", lost - listed);
+		used += k > 0 ? (size_t)k : 0;
+	}
+	if (used < n)
+		snprintf(m + used, n - used, "%s no layer %u (restarted?); load it again",
+			 moe || lost == 1 ? (lost == 1 ? " holds" : " hold") : "] hold",
+			 f->layer ? f->layer->id : f->desc.layer);
+}
+
 /* The last NIC out: the worst of the NICs' statuses, and the message that goes with it;
  * counters are the finishing worker's. */
 static uint32_t final_status(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters)
@@ -159,6 +197,8 @@ static uint32_t final_status(struct dp_world *w, struct dp_fwd *f, struct dp_cou
 	if (status == DP_STATUS_TIMEOUT && f->kind == DP_FWD_FORWARD &&
 	    f->desc.flags & DP_DESC_FLAG_ROUTED && !f->message[0])
 		routed_missing_message(w, f);
+	if (status == DP_STATUS_DUCK_LOST && f->kind == DP_FWD_FORWARD && !f->message[0])
+		lost_message(w, f);
 	if (!f->message[0] && status == DP_STATUS_TIMEOUT)
 		snprintf(f->message, sizeof(f->message), "no complete partial within the deadline");
 	return status;

@@ -64,8 +64,11 @@ struct dp_duck_rx {
 struct dp_nic_part {
 	uint32_t status;
 	uint64_t send_ns;    /* duration of the sends */
-	uint64_t wait_start; /* when the sends ended */
-	uint64_t wait_ns;    /* sends ended -> last partial complete (or give-up) */
+	uint64_t send_start; /* when the first send began */
+	uint64_t wait_start; /* when the sends ended: NACK and RTO timers count from here */
+	/* first send -> last partial complete (or give-up), as Timings.wait_ns is defined:
+	 * it overlaps send_ns, since ducks answer while later chunks still go out */
+	uint64_t wait_ns;
 	uint64_t fetch_ns;   /* handling the partials' datagrams */
 	uint64_t first_ns;   /* first duck complete */
 	uint64_t last_ns;    /* last duck complete */
