@@ -530,6 +530,35 @@ def test_a_broadcast_goes_out_once_as_an_ethernet_broadcast():
     assert n["timeouts"] == 0 and n["tx_no_mac"] == 0, n
 
 
+def test_routed_moe_forwards_match_numpy_over_two_ports_in_both_modes():
+    """A mixture-of-experts layer over two ports (2 + 2 ducks): the routed message is
+    staged in the dataplane's memory (never the client's slot) and framed from there;
+    broadcast, unicast and the dataplane's choice alike match numpy."""
+    from duckpipe.moe import Gate, MoeMlp
+
+    with (
+        veth_ducks([2, 2]) as net,
+        _dataplane(net) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        moe = MoeMlp.random(8, 128, 32, shared=False, seed=5)
+        gate = Gate.random(8, 128, topk=2, seed=5)
+        c.load_weights(2, moe)  # 2 experts a duck, ducks 0-1 on one port, 2-3 on the other
+        rng = np.random.default_rng(5)
+        for mode in ("broadcast", "unicast", "auto"):
+            for tokens in (1, 4):
+                x = rng.standard_normal((tokens, 128)).astype(np.float32)
+                weights, indices = gate(x)
+                y = c.forward(2, x, routing=(indices, weights), moe_send=mode, timeout=5)
+                np.testing.assert_allclose(
+                    y, moe.reference(x, indices, weights), rtol=1e-4, atol=1e-5
+                )
+        n = c.stats().counters
+    assert n["moe_forwards"] == 6 and n["timeouts"] == 0, n
+    assert n["moe_broadcasts"] >= 2 and n["moe_unicasts"] >= 2, n
+    assert n["rx_unrouted"] == 0 and n["rx_malformed"] == 0, n
+
+
 @pytest.mark.parametrize("pmd", ["af_packet", "af_xdp"])
 def test_lost_datagrams_are_recovered_by_nacks(pmd):
     with (
