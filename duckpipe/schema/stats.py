@@ -79,7 +79,7 @@ __all__ = [
 
 STATS_MAGIC = int.from_bytes(b"DUCKSTAT", "little")
 STATS_VERSION_MAJOR = 1
-STATS_VERSION_MINOR = 1  # 1.1: per-duck MoE rows, MoE counters
+STATS_VERSION_MINOR = 2  # 1.1: per-duck MoE rows, MoE counters; 1.2: doorbell_unwatched
 STATS_MAX_COUNTERS = 128  # counter slots per agent (COUNTERS has fewer)
 STATS_COUNTER_NAME = 48
 STATS_MAX_NICS = MAX_NICS
@@ -169,7 +169,7 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("client_quota_waits", "passes a client at client_max_inflight was skipped"),
     Counter("parks", "times a runner thread slept (dp_waker.h)"),
     Counter("kicks", "of those, woken by another thread's push"),
-    Counter("doorbells", "doorbell datagrams from clients that found us parked"),
+    Counter("doorbells", "doorbell bytes from clients that found us parked (their own pipes)"),
     Counter("futex_wakes", "completions that woke a client sleeping on its slot"),
     Counter("completions_sent"),
     Counter("completion_flushes", "bursts the outbox sent them in (completion_flush_us)"),
@@ -178,6 +178,7 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("moe_unicasts", "MoE NIC parts sent as each routed duck's rows alone"),
     Counter("moe_bytes", "MoE: activation and table bytes put on the wire (first sends)"),
     Counter("rx_unrouted", "MoE partials refused: rows the duck was not routed", drop=True),
+    Counter("doorbell_unwatched", "a client's doorbell pipe could not be watched: polled"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

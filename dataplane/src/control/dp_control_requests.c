@@ -128,9 +128,15 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 		return;
 	}
 	memset(cl, 0, sizeof(*cl));
+	cl->doorbell_fd = -1;
 	/* the peer's pid from the socket, never the message's */
 	if (dp_client_map(cl, p->pid, p->uid, m->segment_fd) < 0) {
 		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT, "%s", dp_error());
+		return;
+	}
+	if (dp_client_open_doorbell(cl, p->pid, p->uid, m->doorbell_fd) < 0) {
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT, "%s", dp_error());
+		dp_client_unmap(cl);
 		return;
 	}
 	cl->id = c->next_client_id++;
