@@ -157,7 +157,7 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("control_messages"),
     Counter("bad_control_messages"),
     Counter("control_refused", "no credentials, or a role that may not ask that"),
-    Counter("quota_refused", "LoadWeights or Attach past a client's or a pid's quota"),
+    Counter("quota_refused", "LoadWeights or Attach past a client's, pid's or user's quota"),
     Counter("connections_refused", "control connections past max_connections, closed"),
     Counter("connections_shed", "accepted and closed at once: no descriptor left (EMFILE)"),
     Counter("layers_freed"),

@@ -8,10 +8,14 @@ unless the dataplane hands it to them).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -23,9 +27,12 @@ import zmq
 import duckpipe
 from duckpipe import GeluMlp
 from duckpipe.client.shm import Segment
+from duckpipe.launch.dataplane import DataplaneProcess
+from duckpipe.mock.process import MockDataplaneProcess
 from duckpipe.schema import control as ctl
+from duckpipe.schema.abi import MAX_CLIENTS
 from duckpipe.schema.control import ErrorCode
-from duckpipe.testing import null_backend_result
+from duckpipe.testing import assert_clean_exit, null_backend_result, null_topology
 
 NOBODY = 65534
 NOGROUP = 65534
@@ -211,3 +218,143 @@ def test_a_doorbell_must_be_the_clients_own_anonymous_pipe(duckpipe_null_factory
         sock.close()
     with duckpipe.connect(dp.control) as c:  # the dataplane is none the worse
         assert c.stats().counters["clients_attached"] == 2
+
+
+# --- client slots: quotas per user, and the admin's reserve -------------------------------
+
+
+@contextlib.contextmanager
+def _group_dataplane(kind: str, **settings: object) -> Iterator[str]:
+    """A dataplane (the mock or the C one, null backend) whose control_group is nogroup, in
+    a run directory nogroup may enter; yields its control endpoint."""
+    run = Path(tempfile.mkdtemp(prefix="duckpipe-users-", dir="/tmp"))
+    os.chown(run, -1, NOGROUP)
+    run.chmod(0o750)
+    control = f"ipc://{run}/control"
+    settings = {"control_group": "nogroup", **settings}
+    try:
+        if kind == "mock":
+            args = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+            with MockDataplaneProcess(ducks=2, control=control, args=args) as mock:
+                yield mock.control
+        else:
+            real = DataplaneProcess(null_topology(2, **settings), control=control).start()
+            try:
+                yield real.control
+            finally:
+                assert_clean_exit(real)  # stops it: no sanitizer report, a clean exit
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+
+
+class _Holders:
+    """Processes of one uid, each attaching clients one after another and holding those
+    that got in until released: what each attempt said ("ok" or the error's message)."""
+
+    def __init__(self, uid: int, control: str, procs: int, each: int) -> None:
+        self.pids: list[int] = []
+        self.release: list[int] = []
+        self.said: list[str] = []
+        for _ in range(procs):
+            r, w = os.pipe()
+            hold_r, hold_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: never return into pytest
+                code = 1
+                try:
+                    os.close(r)
+                    os.close(hold_w)
+                    os.setgroups([])
+                    os.setgid(NOGROUP)
+                    os.setuid(uid)
+                    code = _hold(control, each, w, hold_r)
+                finally:
+                    os._exit(code)
+            os.close(w)
+            os.close(hold_r)
+            self.pids.append(pid)
+            self.release.append(hold_w)
+            self.said += msgspec.msgpack.decode(_read_all(r))  # this one holds its clients
+
+    def close(self) -> None:
+        for fd in self.release:
+            os.close(fd)  # the children close their clients and exit
+        for pid in self.pids:
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, "a holder failed"
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def _hold(control: str, each: int, report: int, hold: int) -> int:
+    said, clients = [], []
+    for i in range(each):
+        try:
+            clients.append(
+                duckpipe.connect(
+                    control, name=f"h{os.getpid()}-{i}", slots=1, slot_size=4096, backing="devshm"
+                )
+            )
+            said.append("ok")
+        except duckpipe.DuckpipeError as e:
+            said.append(f"{type(e).__name__}: {e}")
+    os.write(report, msgspec.msgpack.encode(said))
+    os.close(report)
+    os.read(hold, 1)  # until the test closes its end
+    for c in clients:
+        c.close()
+    return 0
+
+
+@needs_root
+@pytest.mark.parametrize("kind", ["mock", "real"])
+def test_one_user_cannot_take_every_client_slot_from_another(kind):
+    """16 forked processes of one user with 4 clients each took all 64 client slots, and
+    the next client was refused ('every client slot is taken'). A user other than the
+    dataplane's own now holds at most client_max_per_uid slots however many processes it
+    forks; another user and the admin still get in."""
+    per_uid = 6
+    with _group_dataplane(kind, client_max_per_uid=per_uid) as control:
+        hogs = _Holders(NOBODY, control, procs=3, each=4)  # 12 tries, per pid within quota
+        try:
+            assert hogs.said.count("ok") == per_uid, hogs.said
+            refused = [s for s in hogs.said if s != "ok"]
+            assert all(s.startswith("QuotaExceeded") for s in refused), refused
+            assert all(f"client_max_per_uid is {per_uid}" in s for s in refused), refused
+            other = _Holders(NOBODY - 1, control, procs=1, each=1)  # another user
+            other.close()
+            assert other.said == ["ok"], other.said
+            with duckpipe.connect(control, name="admin") as admin:  # the dataplane's user
+                refusals = admin.stats().counters["quota_refused"]
+        finally:
+            hogs.close()
+    assert refusals == len(refused)
+
+
+@needs_root
+@pytest.mark.parametrize("kind", ["mock", "real"])
+def test_other_users_leave_the_admin_its_reserved_client_slots(kind):
+    """Users other than the dataplane's own, however many, together take at most
+    MAX_CLIENTS - admin_reserved_clients slots: the admin's clients always get in."""
+    reserved = 4
+    with _group_dataplane(
+        kind, client_max_per_uid=MAX_CLIENTS, admin_reserved_clients=reserved
+    ) as control:
+        hogs = _Holders(NOBODY, control, procs=MAX_CLIENTS // 4, each=4)
+        try:
+            assert hogs.said.count("ok") == MAX_CLIENTS - reserved, hogs.said
+            refused = [s for s in hogs.said if s != "ok"]
+            assert len(refused) == reserved, refused
+            assert all("admin_reserved_clients 4 are kept" in s for s in refused), refused
+            with contextlib.ExitStack() as stack:  # the admin: one process, its pid quota
+                for i in range(reserved):
+                    c = stack.enter_context(duckpipe.connect(control, name=f"admin{i}", slots=1))
+                assert len(c.stats().clients) == MAX_CLIENTS
+        finally:
+            hogs.close()

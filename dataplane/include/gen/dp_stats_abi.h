@@ -269,7 +269,7 @@ struct dp_stats_duck {
     X(control_messages)                                                                   \
     X(bad_control_messages)                                                               \
     X(control_refused) /* no credentials, or a role that may not ask that */              \
-    X(quota_refused) /* LoadWeights or Attach past a client's or a pid's quota */         \
+    X(quota_refused) /* LoadWeights or Attach past a client's, pid's or user's quota */   \
     X(connections_refused) /* control connections past max_connections, closed */         \
     X(connections_shed) /* accepted and closed at once: no descriptor left (EMFILE) */    \
     X(layers_freed)                                                                       \

@@ -65,6 +65,41 @@ static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t 
 	return NULL;
 }
 
+/* Quotas count users, not only processes: one user other than the admin holds at most
+ * client_max_per_uid slots however many processes it forks, and all of them together leave
+ * admin_reserved_clients free for the admin (the dataplane's own user), whose clients
+ * always get in. True when p was refused. */
+static bool user_may_not_attach(struct dp_control *c, const struct dp_peer *p)
+{
+	if (p->admin)
+		return false;
+	uint32_t theirs = 0, others = 0;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		const struct dp_client *o = &c->w->clients[i];
+		uint32_t state = dp_load_acquire_u32(&o->state);
+		if (state == DP_CLIENT_FREE)
+			continue; /* a slot being let go still counts: it is not free yet */
+		theirs += o->uid == p->uid;
+		others += o->uid != c->access.euid;
+	}
+	if (theirs >= c->w->cfg.client_max_per_uid) {
+		dp_count(c->counters, DP_C_quota_refused, 1);
+		dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+		                  "uid %u has %u clients attached, client_max_per_uid is %u: "
+		                  "close one first", p->uid, theirs, c->w->cfg.client_max_per_uid);
+		return true;
+	}
+	if (others >= DP_MAX_CLIENTS - c->w->cfg.admin_reserved_clients) {
+		dp_count(c->counters, DP_C_quota_refused, 1);
+		dp_control_refuse(c, p, DP_ERROR_CODE_TOO_MANY_CLIENTS,
+		                  "every client slot open to other users is taken (%u); "
+		                  "admin_reserved_clients %u are kept for the dataplane's own user",
+		                  others, c->w->cfg.admin_reserved_clients);
+		return true;
+	}
+	return false;
+}
+
 static void on_attach(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
 	const struct dp_ctl_attach *m = &r->u.attach;
@@ -118,6 +153,8 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 		                  "close one first", p->pid, mine, c->w->cfg.client_max_per_pid);
 		return;
 	}
+	if (user_may_not_attach(c, p))
+		return;
 	struct dp_client *cl = NULL;
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS && !cl; i++)
 		if (dp_load_acquire_u32(&c->w->clients[i].state) == DP_CLIENT_FREE)
