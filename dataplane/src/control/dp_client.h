@@ -57,6 +57,10 @@ struct dp_client {
 	uint64_t ring_head_seen; /* dispatcher: head never moves back */
 	uint32_t nlayers;        /* control: layers it owns */
 	uint64_t weight_bytes;   /* control: their weight_bytes */
+	/* control: its layers replaced or unloaded but not freed yet (forwards or chunks in
+	 * flight may hold them): they count against its quotas until freed */
+	uint32_t retired_layers;
+	uint64_t retired_bytes;
 	uint64_t inflight dp_cache_aligned;  /* dispatcher adds, control subtracts */
 	uint64_t submitted dp_cache_aligned; /* dispatcher */
 	uint64_t completed dp_cache_aligned; /* control */

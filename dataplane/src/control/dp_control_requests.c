@@ -374,16 +374,31 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 		return;
 	}
 	uint64_t bytes = dp_layer_plan_bytes(m);
-	uint32_t nlayers = me->nlayers - (prev != NULL);
-	uint64_t held = me->weight_bytes - (prev ? prev->weight_bytes : 0);
+	/* the layer this one replaces is retired, not counted (a reload at the quota works);
+	 * those retired before and not freed yet are: first free what nobody holds */
+	if (me->retired_layers)
+		dp_count(c->counters, DP_C_layers_freed, dp_layers_free_retired(w, &c->retired, false));
+	uint32_t nlayers = me->nlayers - (prev != NULL) + me->retired_layers;
+	uint64_t held = me->weight_bytes - (prev ? prev->weight_bytes : 0) + me->retired_bytes;
 	if (nlayers + 1 > cfg->client_max_layers || bytes > cfg->client_max_weight_bytes - held ||
 	    held > cfg->client_max_weight_bytes) {
 		dp_count(c->counters, DP_C_quota_refused, 1);
-		dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
-		                  "layer %u (%lu bytes) would pass this client's quota: %u of %u "
-		                  "layers, %lu of %lu weight bytes held; unload layers first",
-		                  m->layer, (unsigned long)bytes, nlayers, cfg->client_max_layers,
-		                  (unsigned long)held, (unsigned long)cfg->client_max_weight_bytes);
+		if (me->retired_layers) /* 256 characters: say what is new, not the whole quota */
+			dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+			                  "layer %u (%lu bytes) would pass this client's quota: %lu "
+			                  "of %lu weight bytes and %u of %u layers held, %u of them "
+			                  "replaced but not freed yet: read the replies and retry",
+			                  m->layer, (unsigned long)bytes, (unsigned long)held,
+			                  (unsigned long)cfg->client_max_weight_bytes, nlayers,
+			                  cfg->client_max_layers, me->retired_layers);
+		else
+			dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+			                  "layer %u (%lu bytes) would pass this client's quota: %u "
+			                  "of %u layers, %lu of %lu weight bytes held; unload layers "
+			                  "first",
+			                  m->layer, (unsigned long)bytes, nlayers,
+			                  cfg->client_max_layers, (unsigned long)held,
+			                  (unsigned long)cfg->client_max_weight_bytes);
 		return;
 	}
 	int slot = old;
