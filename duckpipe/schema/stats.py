@@ -178,7 +178,7 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("moe_unicasts", "MoE NIC parts sent as each routed duck's rows alone"),
     Counter("moe_bytes", "MoE: activation and table bytes put on the wire (first sends)"),
     Counter("rx_unrouted", "MoE partials refused: rows the duck was not routed", drop=True),
-    Counter("doorbell_unwatched", "a client's doorbell pipe could not be watched: polled"),
+    Counter("doorbell_unwatched", "a doorbell pipe not watched: epoll refused it, or closed"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

@@ -193,6 +193,28 @@ def test_a_stray_doorbell_costs_one_look_not_a_spin(duckpipe_null_factory, threa
 
 
 @pytest.mark.parametrize("threads", ["shared", "dedicated"])
+def test_a_client_that_closes_its_doorbell_costs_no_spin(duckpipe_null_factory, threads):
+    # a pipe whose every write end is closed reads as end of file, and stays readable: a
+    # dispatcher that kept watching it would wake for ever. It stops watching it (counted),
+    # and parks as before; the client, which can no longer wake it, only loses its own
+    dp = duckpipe_null_factory(2, threads=threads, idle_spin_us=0)
+    with duckpipe.connect(dp.control) as c:
+        bell = c._session.doorbell
+        first = c.stats().counters
+        _ring_for(bell.write_fd, 0.1, 0.001)  # it is watched: the rings wake a parked dataplane
+        os.close(bell.write_fd)
+        bell.write_fd = -1
+        c._session.ring.use_doorbell(-1)
+        time.sleep(0.3)
+        cpu = _cpu_s(dp.pid)
+        time.sleep(1.5)
+        cpu = _cpu_s(dp.pid) - cpu
+        n = c.stats().counters
+    assert cpu < 0.2, f"the dataplane used {cpu:.2f} s of CPU in 1.5 s"
+    assert n["doorbell_unwatched"] - first["doorbell_unwatched"] == 1, n
+
+
+@pytest.mark.parametrize("threads", ["shared", "dedicated"])
 def test_a_pending_layer_commit_is_woken_by_its_last_chunk_not_polled(threads):
     # ducks that never acknowledge: the commit waits for its chunks until weight_timeout.
     # It used to be looked at every 200 us (thousands of wake-ups a second, a third of a

@@ -290,7 +290,7 @@ struct dp_stats_duck {
     X(moe_unicasts) /* MoE NIC parts sent as each routed duck's rows alone */             \
     X(moe_bytes) /* MoE: activation and table bytes put on the wire (first sends) */      \
     X(rx_unrouted) /* MoE partials refused: rows the duck was not routed */               \
-    X(doorbell_unwatched) /* a client's doorbell pipe could not be watched: polled */
+    X(doorbell_unwatched) /* a doorbell pipe not watched: epoll refused it, or closed */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");

@@ -50,6 +50,7 @@ struct dp_dispatcher {
 	uint32_t nactive;     /* clients polled in the last pass: each one's share of a burst */
 	int doorbells;        /* an epoll set of the clients' doorbell pipes (dp_client.c) */
 	uint64_t listening;   /* client slots whose pipe is in it: only this agent adds or drops */
+	uint64_t deaf;        /* client slots whose pipe lost its last writer: never watched */
 	uint8_t rung[DOORBELL_READ]; /* what the doorbells carried, read and dropped */
 	bool armed;           /* need_wakeup is set in the clients' headers */
 	uint32_t null_nics;   /* NICs on the null backend: no routed forwards there */
@@ -341,8 +342,8 @@ static int32_t take(struct dp_dispatcher *d, struct dp_client *c, uint32_t room)
  * False when it cannot be (ENOMEM, the user's epoll watch limit): then we poll. */
 static bool listen_to(struct dp_dispatcher *d, uint32_t i, const struct dp_client *c)
 {
-	if (d->listening & (1ull << i))
-		return true;
+	if ((d->listening | d->deaf) & (1ull << i))
+		return true; /* a deaf one has nothing left to say: it is its own loss */
 	struct epoll_event ev = { .events = EPOLLIN, .data.u32 = i };
 	if (c->doorbell_fd < 0 || epoll_ctl(d->doorbells, EPOLL_CTL_ADD, c->doorbell_fd, &ev) < 0) {
 		dp_count(d->counters, DP_C_doorbell_unwatched, 1);
@@ -354,6 +355,7 @@ static bool listen_to(struct dp_dispatcher *d, uint32_t i, const struct dp_clien
 
 static void stop_listening(struct dp_dispatcher *d, uint32_t i)
 {
+	d->deaf &= ~(1ull << i); /* the slot's next client starts afresh */
 	if (!(d->listening & (1ull << i)))
 		return;
 	epoll_ctl(d->doorbells, EPOLL_CTL_DEL, d->w->clients[i].doorbell_fd, NULL);
@@ -503,8 +505,15 @@ void dp_dispatch_unpark(struct dp_world *w, void *self)
 		if (i >= DP_MAX_CLIENTS || !(d->listening & (1ull << i)))
 			continue;
 		ssize_t got = read(d->w->clients[i].doorbell_fd, d->rung, sizeof(d->rung));
-		if (got > 0)
+		if (got > 0) {
 			rang += (uint64_t)got;
+		} else if (got == 0) {
+			/* end of file: every write end is closed (its process died, or it closed
+			 * them). A pipe at EOF stays readable: watched, it would wake us forever */
+			stop_listening(d, i);
+			d->deaf |= 1ull << i;
+			dp_count(d->counters, DP_C_doorbell_unwatched, 1);
+		}
 	}
 	dp_count(d->counters, DP_C_doorbells, rang);
 }
