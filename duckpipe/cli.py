@@ -32,6 +32,8 @@ MOCK_CONFIG_FIELDS = (
     "max_hidden",
     "max_ffn",
     "client_max_per_pid",
+    "client_max_per_uid",
+    "admin_reserved_clients",
     "max_connections",
     "control_group",
     "curve_secret_key_file",

@@ -1,9 +1,10 @@
 /* dp_wake.h: waking a sleeper across the shared segment, both ways.
  *
  * Client -> dataplane: the dataplane sets need_wakeup in a segment header before it
- * parks; a client that advanced its ring head rings the dataplane's doorbell (one
- * datagram to an AF_UNIX socket the dataplane polls) only when it sees the flag:
- * io_uring's IORING_SQ_NEED_WAKEUP, no syscall while the dataplane is awake.
+ * parks; a client that advanced its ring head rings its doorbell (one byte into its
+ * own pipe, whose read end the dataplane took at attach: nobody else can ring it) only
+ * when it sees the flag: io_uring's IORING_SQ_NEED_WAKEUP, no syscall while the
+ * dataplane is awake.
  *
  * Dataplane -> client: a client that gave up spinning sets its slot's `waiters` and
  * sleeps on the high half of the done word (the generation: it changes with every
@@ -22,7 +23,6 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <stdint.h>
-#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -60,8 +60,10 @@ static inline int dp_futex_wake(uint32_t *word)
 }
 
 /* Client, after advancing head (release): ring the doorbell if the dataplane parks.
- * Returns 1 if it rang, 0 if the dataplane is awake, -1 if the send failed (errno;
- * EAGAIN: the doorbell's queue is full, so the dataplane is being woken anyway). */
+ * doorbell_fd is the pipe's write end, O_NONBLOCK; the client keeps the read end open
+ * too, so that a dataplane gone never makes the write raise SIGPIPE. Returns 1 if it
+ * rang, 0 if the dataplane is awake, -1 if the write failed (errno; EAGAIN: the pipe
+ * is full, so the dataplane is being woken anyway). */
 static inline int dp_doorbell_ring(const struct dp_seg_header *h, int doorbell_fd)
 {
 	/* seq_cst: head's store before need_wakeup's load; pairs with dp_dispatch_park's fence */
@@ -69,7 +71,7 @@ static inline int dp_doorbell_ring(const struct dp_seg_header *h, int doorbell_f
 	if (!__atomic_load_n(&h->need_wakeup, __ATOMIC_RELAXED))
 		return 0;
 	static const char ding = 1;
-	return send(doorbell_fd, &ding, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1 ? 1 : -1;
+	return write(doorbell_fd, &ding, 1) == 1 ? 1 : -1;
 }
 
 /* Client, out of spin budget: sleep until the slot's done word carries `generation`,

@@ -57,9 +57,15 @@ class Channel:
         self.sock.connect(endpoint)
 
     def attach(
-        self, seg: Segment, name: str, timeout: float, on_completion: OnCompletion
+        self,
+        seg: Segment,
+        doorbell_fd: int,
+        name: str,
+        timeout: float,
+        on_completion: OnCompletion,
     ) -> ctl.Attached:
-        """Hand ``seg`` to the dataplane; ``DataplaneUnavailable`` if none answers."""
+        """Hand ``seg`` and the doorbell pipe's read end ``doorbell_fd`` to the dataplane;
+        ``DataplaneUnavailable`` if none answers."""
         att = self.request(
             lambda rid: ctl.Attach(
                 req_id=rid,
@@ -67,6 +73,7 @@ class Channel:
                 pid=os.getpid(),
                 segment=seg.name,
                 segment_fd=seg.fd,
+                doorbell_fd=doorbell_fd,
                 name=name,
             ),
             timeout,

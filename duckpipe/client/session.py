@@ -19,7 +19,7 @@ the last of them is dropped (``weakref.finalize``, which also runs at interprete
 from __future__ import annotations
 
 import logging
-import socket
+import os
 import threading
 import time
 import weakref
@@ -35,7 +35,6 @@ from ..errors import (
     ClientClosed,
     ClientDetached,
     DataplaneLost,
-    DataplaneUnavailable,
     LayerFailed,
     NotPermitted,
     RingFull,
@@ -247,7 +246,7 @@ class Session:
         self.result_bases = [seg.res_bytes(i).view(ResultBase) for i in range(seg.slot_count)]
         # each activation slot's to view claims from (slots.claim_array), holding nothing
         self.act_bases = [seg.act_bytes(i).view(ClaimBase) for i in range(seg.slot_count)]
-        self.doorbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.doorbell = Doorbell()
         stop = threading.Event()
         beat = threading.Thread(
             target=_heartbeat_loop, args=(seg, stop), name="duckpipe-heartbeat", daemon=True
@@ -268,7 +267,9 @@ class Session:
     def attach(self, name: str, timeout: float) -> ctl.Attached:
         """Hand the segment to the dataplane; closes the session if that fails."""
         try:
-            att = self.channel.attach(self.segment, name, timeout, self.take_completion)
+            att = self.channel.attach(
+                self.segment, self.doorbell.read_fd, name, timeout, self.take_completion
+            )
         except BaseException:
             self.closed = True
             self.finalizer()
@@ -279,23 +280,9 @@ class Session:
         seg = self.segment
         self.max_bytes = min(seg.act_slot_size, att.max_forward_bytes or seg.act_slot_size)
         self.max_forward_bytes = att.max_forward_bytes
-        if att.doorbell:
-            self._use_doorbell(att.doorbell)
+        # rung only when the segment says the dataplane parks (the mock never does)
+        self.ring.use_doorbell(self.doorbell.write_fd)
         return att
-
-    def _use_doorbell(self, address: str) -> None:
-        """Connect to the dataplane's doorbell (an abstract AF_UNIX name, '@...')."""
-        name = "\0" + address[1:] if address.startswith("@") else address
-        try:
-            self.doorbell.connect(name)
-        except OSError as e:
-            self.close()
-            raise DataplaneUnavailable(
-                f"cannot reach the dataplane's doorbell {address}: {e.strerror}; is the "
-                "dataplane in another network namespace?"
-            ) from None
-        self.doorbell.setblocking(False)
-        self.ring.use_doorbell(self.doorbell.fileno())
 
     def close(self) -> None:
         """Detach from the dataplane (when it is still there) and close everything."""
@@ -589,6 +576,24 @@ class Session:
         return f"<Session {self.segment!r} {len(self.inflight)} in flight>"
 
 
+class Doorbell:
+    """This client's doorbell: an anonymous pipe whose read end the dataplane opens at
+    attach (Attach.doorbell_fd, through /proc as the segment), so that only this
+    process (and whoever it hands the write end to) can wake the dataplane. The read
+    end stays open here too: a write after the dataplane let go never raises EPIPE."""
+
+    __slots__ = ("read_fd", "write_fd")
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+
+    def close(self) -> None:
+        for fd in (self.write_fd, self.read_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.read_fd = self.write_fd = -1
+
+
 def _heartbeat_loop(seg: Segment, stop: threading.Event) -> None:
     while not stop.wait(_HEARTBEAT_S):
         if seg.closed:
@@ -601,7 +606,7 @@ def _cleanup(
     seg: Segment,
     stop: threading.Event,
     beat: threading.Thread,
-    doorbell: socket.socket,
+    doorbell: Doorbell,
     result_bases: list[ResultBase],
     act_bases: list[ClaimBase],
 ) -> None:

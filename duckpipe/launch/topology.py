@@ -16,6 +16,8 @@
     client_max_layers = 128       # every setting and its default: duckpipe/schema/config.py
     client_max_weight_bytes = 8589934592
     client_max_per_pid = 4        # clients one process may attach
+    client_max_per_uid = 16       # clients one user may attach (not the dataplane's own)
+    admin_reserved_clients = 4    # client slots only the dataplane's own user may take
     max_connections = 256         # control connections at once (the endpoint pauses past it)
 
     [[nics]]
@@ -115,6 +117,10 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
     max_hidden: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)] = default("max_hidden")
     max_ffn: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)] = default("max_ffn")
     client_max_per_pid: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)] = default("client_max_per_pid")
+    client_max_per_uid: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)] = default("client_max_per_uid")
+    admin_reserved_clients: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)] = default(
+        "admin_reserved_clients"
+    )
     max_connections: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)] = default("max_connections")
     control_group: Annotated[str, Meta(max_length=31)] = default("control_group")
     curve_secret_key_file: str = default("curve_secret_key_file")

@@ -49,6 +49,7 @@ from ..schema import control as ctl
 from ..schema.abi import (
     ABI_MAJOR,
     B_DOWN_TENSOR,
+    MAX_CLIENTS,
     MAX_DUCKS,
     SHARD_TENSORS,
     DetachReason,
@@ -96,6 +97,8 @@ class MockConfig:
     max_hidden: int = config_default("max_hidden")
     max_ffn: int = config_default("max_ffn")
     client_max_per_pid: int = config_default("client_max_per_pid")
+    client_max_per_uid: int = config_default("client_max_per_uid")
+    admin_reserved_clients: int = config_default("admin_reserved_clients")
     max_connections: int = config_default("max_connections")
     control_group: str = config_default("control_group")
     curve_secret_key_file: str = config_default("curve_secret_key_file")
@@ -301,7 +304,12 @@ class MockDataplane:
         self._descs = new_descs(BURST)
         self._ctx = zmq.Context.instance()
         self._euid = os.geteuid()
-        why = check_limits(cfg.client_max_layers, cfg.client_max_per_pid)
+        why = check_limits(
+            cfg.client_max_layers,
+            cfg.client_max_per_pid,
+            cfg.client_max_per_uid,
+            cfg.admin_reserved_clients,
+        )
         if why:  # as the C dataplane: refused at start
             raise DuckpipeError(why)
         self._group_gid: int | None = None
@@ -668,6 +676,10 @@ class MockDataplane:
                 message=f"pid {peer.pid} has {mine} clients attached, client_max_per_pid is "
                 f"{cfg.client_max_per_pid}: close one first",
             )
+        refused = _slot_refusal(peer, list(self.clients.values()), self._euid, cfg)
+        if refused:
+            self.counters["quota_refused"] += 1
+            return ctl.Error(req_id=rid, code=refused[0], message=refused[1])
         try:  # the file first: a second attach of one memfd is refused before it is opened
             st = os.stat(f"/proc/{peer.pid}/fd/{msg.segment_fd}") if msg.segment_fd >= 0 else None
         except OSError:
@@ -1204,6 +1216,32 @@ def _prescan(buf: bytes, max_depth: int) -> str | None:
     if lib.dp_msgpack_prescan(buf, len(buf), max_depth, why, 256) == 0:
         return None
     return ffi.string(why).decode(errors="replace")
+
+
+def _slot_refusal(
+    peer: _Peer, clients: list[_Client], admin_uid: int, cfg: MockConfig
+) -> tuple[ErrorCode, str] | None:
+    """Why peer may not take a client slot, as the C dataplane says it (on_attach), or
+    None: one user other than the admin holds at most client_max_per_uid, and all of them
+    together leave admin_reserved_clients for the admin, whose clients always get in."""
+    if len(clients) >= MAX_CLIENTS:
+        return ErrorCode.TOO_MANY_CLIENTS, "every client slot is taken"
+    if peer.admin:
+        return None
+    theirs = sum(1 for c in clients if c.uid == peer.uid)
+    if theirs >= cfg.client_max_per_uid:
+        return ErrorCode.QUOTA_EXCEEDED, (
+            f"uid {peer.uid} has {theirs} clients attached, client_max_per_uid is "
+            f"{cfg.client_max_per_uid}: close one first"
+        )
+    others = sum(1 for c in clients if c.uid != admin_uid)
+    if others >= MAX_CLIENTS - cfg.admin_reserved_clients:
+        return ErrorCode.TOO_MANY_CLIENTS, (
+            f"every client slot open to other users is taken ({others}); "
+            f"admin_reserved_clients {cfg.admin_reserved_clients} are kept for the "
+            "dataplane's own user"
+        )
+    return None
 
 
 def _need_admin(peer: _Peer, what: str) -> None:

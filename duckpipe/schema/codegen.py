@@ -79,6 +79,7 @@ def _constants() -> dict[str, int]:
         **wire.CONSTANTS,
         "HOST_TENSOR_DUCK": control.HOST_TENSOR_DUCK,
         "PROTOCOL_VERSION": control.PROTOCOL_VERSION,
+        "NO_DOORBELL": control.NO_DOORBELL,
         "MAX_MESSAGE_BYTES": control.MAX_MESSAGE_BYTES,
         "MAX_NESTING": control.MAX_NESTING,
         "MAX_XSTATS": control.MAX_XSTATS,

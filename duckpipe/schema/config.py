@@ -77,6 +77,11 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_hidden: U32 = 65536  # LoadWeights.hidden bound
     max_ffn: U32 = 1 << 20  # LoadWeights.ffn bound
     client_max_per_pid: U32 = 4  # clients one process may attach (of MAX_CLIENTS)
+    # clients one user other than the dataplane's own may attach, whatever its processes
+    client_max_per_uid: U32 = 16
+    # client slots only the dataplane's own user (the admin) may take: other users together
+    # attach at most MAX_CLIENTS minus these, so the admin's clients always get in
+    admin_reserved_clients: U32 = 4
     # control connections held at once: at the limit the endpoint is unbound until they
     # drop below 90% (attached clients keep theirs); must fit well under RLIMIT_NOFILE
     max_connections: U32 = 256
@@ -98,9 +103,15 @@ def default(name: str, cls: type[msgspec.Struct] = DataplaneConfig) -> object:
     raise KeyError(f"{cls.__name__}.{name} has no default")
 
 
-def check_limits(client_max_layers: int, client_max_per_pid: int) -> str | None:
+def check_limits(
+    client_max_layers: int,
+    client_max_per_pid: int,
+    client_max_per_uid: int,
+    admin_reserved_clients: int,
+) -> str | None:
     """Why a config's table quotas cannot work (the C dataplane refuses them at start too),
-    or None: every client at its layer quota must leave the layer table room."""
+    or None: every client at its layer quota must leave the layer table room, and the
+    admin must keep at least one client slot."""
     if MAX_CLIENTS * client_max_layers > LAYER_TABLE:
         return (
             f"client_max_layers {client_max_layers} x {MAX_CLIENTS} clients passes the "
@@ -108,4 +119,8 @@ def check_limits(client_max_layers: int, client_max_per_pid: int) -> str | None:
         )
     if not 1 <= client_max_per_pid <= MAX_CLIENTS:
         return f"client_max_per_pid {client_max_per_pid} is outside [1, {MAX_CLIENTS}]"
+    if not 1 <= client_max_per_uid <= MAX_CLIENTS:
+        return f"client_max_per_uid {client_max_per_uid} is outside [1, {MAX_CLIENTS}]"
+    if not 1 <= admin_reserved_clients < MAX_CLIENTS:
+        return f"admin_reserved_clients {admin_reserved_clients} is outside [1, {MAX_CLIENTS - 1}]"
     return None

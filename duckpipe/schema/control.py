@@ -22,6 +22,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MAX_NESTING",
     "MAX_XSTATS",
+    "NO_DOORBELL",
     "PRINTABLE_ASCII",
     "PROTOCOL_VERSION",
     "XSTAT_NAME_MAX",
@@ -61,7 +62,11 @@ __all__ = [
 
 #: 2: Error.code became an ErrorCode (an integer); LoadWeights.shared; UnloadLayer.
 #: 3: the dataplane parks: a client rings Attached.doorbell when need_wakeup is set.
-PROTOCOL_VERSION = 3
+#: 4: the doorbell is the client's own pipe (Attach.doorbell_fd): no other user can ring it.
+PROTOCOL_VERSION = 4
+#: Attach.doorbell_fd of a client without a doorbell pipe: never a descriptor (above any
+#: RLIMIT_NOFILE the kernel allows), and control integers are unsigned.
+NO_DOORBELL = 0x7FFF_FFFF
 #: ``duck`` of a WEIGHT_CHUNK the dataplane keeps itself (b_down: added once, after the reduce).
 HOST_TENSOR_DUCK = 0xFFFF
 
@@ -124,7 +129,9 @@ class Attach(Request, kw_only=True):
 
     ``segment_fd`` is the number of the segment's sealed memfd in the client
     process; the dataplane opens it as /proc/<pid>/fd/<segment_fd>. ``segment``
-    is only its name, for people."""
+    is only its name, for people. ``doorbell_fd`` is the read end of an anonymous
+    pipe the client made, opened the same way: after advancing head, the client
+    writes one byte to the write end if need_wakeup is set (dp_wake.h)."""
 
     protocol: U32 = PROTOCOL_VERSION
     abi_major: U32
@@ -132,6 +139,9 @@ class Attach(Request, kw_only=True):
     segment: Path
     name: Name = ""
     segment_fd: Annotated[int, Meta(ge=0, le=0x7FFF_FFFF)]
+    # NO_DOORBELL: none (a client before protocol 4); the C dataplane refuses that (the mock
+    # never parks)
+    doorbell_fd: Annotated[int, Meta(ge=0, le=NO_DOORBELL)] = NO_DOORBELL
 
 
 class Detach(Request, kw_only=True):
@@ -227,8 +237,8 @@ class Attached(Message, kw_only=True):
     ducks: int
     default_timeout_us: int
     max_forward_bytes: int = 0  # largest activation or weight chunk; 0: no limit
-    # the dataplane's doorbell, an abstract AF_UNIX datagram address ("" where it never
-    # parks): after advancing head, send it one byte if need_wakeup is set (dp_ring.h)
+    # unused since protocol 4, always "" (it was the dataplane's doorbell, an abstract
+    # AF_UNIX address every local user could ring: the doorbell is now Attach.doorbell_fd)
     doorbell: str = ""
 
 

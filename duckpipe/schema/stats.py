@@ -80,7 +80,8 @@ __all__ = [
 
 STATS_MAGIC = int.from_bytes(b"DUCKSTAT", "little")
 STATS_VERSION_MAJOR = 1
-# 1.1: per-duck MoE rows, MoE counters; 1.2: clients' pending, why a duck is lost
+# 1.1: per-duck MoE rows, MoE counters; 1.2: clients' pending, why a duck is lost,
+# doorbell_unwatched
 STATS_VERSION_MINOR = 2
 STATS_MAX_COUNTERS = 128  # counter slots per agent (COUNTERS has fewer)
 STATS_COUNTER_NAME = 48
@@ -159,7 +160,7 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("control_messages"),
     Counter("bad_control_messages"),
     Counter("control_refused", "no credentials, or a role that may not ask that"),
-    Counter("quota_refused", "LoadWeights or Attach past a client's or a pid's quota"),
+    Counter("quota_refused", "LoadWeights or Attach past a client's, pid's or user's quota"),
     Counter("connections_refused", "control connections past max_connections, closed"),
     Counter("connections_shed", "accepted and closed at once: no descriptor left (EMFILE)"),
     Counter("layers_freed"),
@@ -171,7 +172,7 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("client_quota_waits", "passes a client at client_max_inflight was skipped"),
     Counter("parks", "times a runner thread slept (dp_waker.h)"),
     Counter("kicks", "of those, woken by another thread's push"),
-    Counter("doorbells", "doorbell datagrams from clients that found us parked"),
+    Counter("doorbells", "doorbell bytes from clients that found us parked (their own pipes)"),
     Counter("futex_wakes", "completions that woke a client sleeping on its slot"),
     Counter("completions_sent"),
     Counter("completion_flushes", "bursts the outbox sent them in (completion_flush_us)"),
@@ -180,6 +181,7 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("moe_unicasts", "MoE NIC parts sent as each routed duck's rows alone"),
     Counter("moe_bytes", "MoE: activation and table bytes put on the wire (first sends)"),
     Counter("rx_unrouted", "MoE partials refused: rows the duck was not routed", drop=True),
+    Counter("doorbell_unwatched", "a doorbell pipe not watched: epoll refused it, or closed"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

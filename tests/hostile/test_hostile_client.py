@@ -31,6 +31,7 @@ from duckpipe._native import ffi, lib
 import duckpipe
 from duckpipe import GeluMlp
 from duckpipe.client.ring import new_desc
+from duckpipe.client.session import Doorbell
 from duckpipe.client.shm import Segment
 from duckpipe.errors import BadInput, ClientDetached
 from duckpipe.runtime import monotonic_ns, segment_prefix
@@ -280,6 +281,7 @@ def test_a_large_small_page_segment_is_faulted_in_while_others_are_served(datapl
     by = Bystander(watched)
     by.start()
     seg = Segment.create(slot_count=2, act_slot_size=128 << 20, backing="devshm", tag="large")
+    doorbell = Doorbell()
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(watched)
@@ -288,7 +290,12 @@ def test_a_large_small_page_segment_is_faulted_in_while_others_are_served(datapl
         while by.done < 2 and by.error is None and time.monotonic() < deadline:
             time.sleep(0.01)
         attach = ctl.Attach(
-            req_id=1, abi_major=1, pid=os.getpid(), segment="large", segment_fd=seg.fd
+            req_id=1,
+            abi_major=1,
+            pid=os.getpid(),
+            segment="large",
+            segment_fd=seg.fd,
+            doorbell_fd=doorbell.read_fd,
         )
         before = by.done
         sock.send(ctl.encoder.encode(attach))
@@ -304,6 +311,7 @@ def test_a_large_small_page_segment_is_faulted_in_while_others_are_served(datapl
     finally:
         sock.close()
         seg.close()
+        doorbell.close()
         by.stop.set()
         by.join(30)
     assert by.error is None, f"the bystander failed: {by.error!r}"

@@ -842,6 +842,9 @@ def test_clients_at_their_layer_quota_leave_room_in_the_layer_table(caps):
     [
         ({"client_max_layers": LAYER_TABLE // MAX_CLIENTS + 1}, "passes the layer table"),
         ({"client_max_per_pid": 0}, "client_max_per_pid 0 is outside"),
+        ({"client_max_per_uid": 0}, "client_max_per_uid 0 is outside"),
+        ({"admin_reserved_clients": 0}, "admin_reserved_clients 0 is outside"),
+        ({"admin_reserved_clients": MAX_CLIENTS}, f"admin_reserved_clients {MAX_CLIENTS} is"),
     ],
 )
 def test_table_quotas_that_cannot_work_are_refused_at_start(kind, settings, why, tmp_path):

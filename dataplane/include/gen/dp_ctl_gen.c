@@ -14,8 +14,9 @@ static int decode_attach(const msgpack_object *m, struct dp_ctl_attach *out, cha
 {
 	uint64_t seen = 0;
 	memset(out, 0, sizeof(*out));
-	out->protocol = 3u;
+	out->protocol = 4u;
 	memcpy(out->name, "", 1);
+	out->doorbell_fd = 2147483647u;
 	for (uint32_t i = 0; i < m->via.map.size; i++) {
 		const msgpack_object *key = &m->via.map.ptr[i].key;
 		const msgpack_object *val = &m->via.map.ptr[i].val;
@@ -63,6 +64,12 @@ static int decode_attach(const msgpack_object *m, struct dp_ctl_attach *out, cha
 			if (get_uint(val, 0u, 2147483647u, &v, "Attach.segment_fd", why, n) < 0)
 				return -1;
 			out->segment_fd = (uint32_t)v;
+		} else if (key_is(key, "doorbell_fd", 11)) {
+			seen |= 1ull << 7;
+			uint64_t v = 0;
+			if (get_uint(val, 0u, 2147483647u, &v, "Attach.doorbell_fd", why, n) < 0)
+				return -1;
+			out->doorbell_fd = (uint32_t)v;
 		}
 	}
 	if (!(seen & (1ull << 0)))

@@ -38,6 +38,7 @@ struct dp_ctl_attach {
 	char segment[256];
 	char name[64];
 	uint32_t segment_fd;
+	uint32_t doorbell_fd;
 };
 
 /* Detach: Stop polling my ring and unmap my segment. */

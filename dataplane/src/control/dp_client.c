@@ -25,8 +25,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "dp_backend.h"
@@ -274,6 +276,62 @@ refuse:
 	return -1;
 }
 
+/* The doorbell is the client's own anonymous pipe, never a socket of the dataplane's.
+ * An abstract socket's name is listed in /proc/net/unix and reachable by every user
+ * of the host (one flooding 1-byte datagrams cost the dataplane 2.2 s of CPU per 5 s);
+ * a filesystem socket would need a directory the control group may enter but nobody
+ * else, and a sender check (SO_PASSCRED) still wakes us for every datagram it drops.
+ * ZeroMQ cannot pass a descriptor, but the dataplane takes the segment through
+ * /proc/<pid>/fd already: it takes the pipe's read end the same way. Only holders of
+ * the write end (the client, and whoever it hands it to) can ring, and reaching it
+ * through /proc needs ptrace rights over the client, which already give its memory.
+ * One pipe per client, so one client's ringing is its own to pay for (the dispatcher
+ * reads each ready pipe once per wake-up: dp_dispatch_unpark). */
+int dp_client_open_doorbell(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid,
+			    int32_t doorbell_fd)
+{
+	char path[64];
+	c->doorbell_fd = -1;
+	if (doorbell_fd < 0 || doorbell_fd == DP_NO_DOORBELL) {
+		dp_set_error("no doorbell pipe (Attach.doorbell_fd): this client predates "
+			     "protocol 4; upgrade it");
+		return -1;
+	}
+	snprintf(path, sizeof(path), "/proc/%u/fd/%d", peer_pid, doorbell_fd);
+	/* O_PATH first, as for the segment: nothing but a pipe is opened for real */
+	int pfd = open(path, O_PATH | O_CLOEXEC);
+	if (pfd < 0) {
+		dp_set_error("cannot open doorbell %s: %s", path, strerror(errno));
+		return -1;
+	}
+	struct stat st;
+	struct statfs fs;
+	/* an anonymous pipe (pipefs, mode 0600 from pipe(2)), not a named FIFO others may
+	 * open, and the client's own */
+	if (fstat(pfd, &st) < 0 || !S_ISFIFO(st.st_mode) || fstatfs(pfd, &fs) < 0 ||
+	    fs.f_type != PIPEFS_MAGIC || st.st_uid != peer_uid) {
+		close(pfd);
+		dp_set_error("doorbell %s is not an anonymous pipe of uid %u", path, peer_uid);
+		return -1;
+	}
+	char self[64];
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", pfd);
+	c->doorbell_fd = open(self, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	close(pfd);
+	if (c->doorbell_fd < 0) {
+		dp_set_error("cannot open doorbell %s: %s", path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+void dp_client_close_doorbell(struct dp_client *c)
+{
+	if (c->doorbell_fd >= 0)
+		close(c->doorbell_fd);
+	c->doorbell_fd = -1;
+}
+
 /* Every page is faulted in before the client turns ACTIVE, never on a forward (the size is
  * capped by the limits); a page punched before the seal that cannot come back is an error
  * here, not a SIGBUS later. In steps: on small pages a GiB takes 0.3 s, which in one call
@@ -313,6 +371,7 @@ int dp_client_unmap_step(struct dp_client *c, size_t step)
  * freed every buffer that pointed into the segment (dp_release.c). */
 void dp_client_unmap(struct dp_client *c)
 {
+	dp_client_close_doorbell(c);
 	dp_backend_mem_unregister(&c->mem);
 	if (c->base)
 		munmap(c->base, c->size);

@@ -38,6 +38,7 @@ struct dp_client {
 	char name[64];
 	char path[256]; /* the memfd's name, for people */
 	uint64_t st_dev, st_ino; /* the memfd itself: one file is attached once */
+	int doorbell_fd;    /* control opens and closes it (-1: none); the dispatcher reads it */
 	uint8_t *base;
 	size_t size;
 	size_t stepped;     /* control: bytes faulted in (ATTACHING) or unmapped (UNMAPPING) */
@@ -56,6 +57,10 @@ struct dp_client {
 	uint64_t ring_head_seen; /* dispatcher: head never moves back */
 	uint32_t nlayers;        /* control: layers it owns */
 	uint64_t weight_bytes;   /* control: their weight_bytes */
+	/* control: its layers replaced or unloaded but not freed yet (forwards or chunks in
+	 * flight may hold them): they count against its quotas until freed */
+	uint32_t retired_layers;
+	uint64_t retired_bytes;
 	uint64_t inflight dp_cache_aligned;  /* dispatcher adds, control subtracts */
 	uint64_t submitted dp_cache_aligned; /* dispatcher */
 	uint64_t completed dp_cache_aligned; /* control */
@@ -72,6 +77,13 @@ int dp_client_check_header(const struct dp_seg_header *h, uint64_t file_size,
  * copy of its layout in c. 0 or -1 with dp_error(). Its pages are not faulted in yet:
  * dp_client_populate does that, a step at a time. */
 int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int32_t segment_fd);
+/* Open the peer's doorbell, the read end of a pipe it made (its descriptor doorbell_fd),
+ * through /proc, into c->doorbell_fd; the client keeps the write end. 0 or -1 with
+ * dp_error(). */
+int dp_client_open_doorbell(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid,
+			    int32_t doorbell_fd);
+/* Close c->doorbell_fd, if open: once the dispatcher no longer listens (it let go of c). */
+void dp_client_close_doorbell(struct dp_client *c);
 /* Fault in up to `step` more bytes of a mapped segment (MADV_POPULATE_WRITE), and once all
  * are in, register it for zero copy: 1 when done, 0 while more remain, -1 with dp_error()
  * (the segment stays mapped: dp_client_unmap). */

@@ -35,7 +35,7 @@ static void attach_done(struct dp_control *c, struct dp_client *cl)
 	     .epoch = dp_load_acquire_u64(&c->w->epoch), .session = c->w->session,
 	     .dataplane_pid = (uint64_t)getpid(), .mode = c->w->cfg.nics[0].backend,
 	     .ducks = c->w->cfg.nducks, .default_timeout_us = c->w->cfg.default_timeout_us,
-	     .max_forward_bytes = c->w->cfg.max_forward_bytes, .doorbell = c->w->doorbell);
+	     .max_forward_bytes = c->w->cfg.max_forward_bytes);
 	dp_control_send_to(c, cl->identity, cl->identity_len);
 	dp_waker_kick(c->w->dispatch_waker); /* a parked dispatcher arms the new ring too */
 }
@@ -66,6 +66,7 @@ int dp_control_attach_steps(struct dp_control *c)
 		} else if (state == DP_CLIENT_UNMAPPING) {
 			work++;
 			if (dp_client_unmap_step(cl, ATTACH_STEP) > 0) {
+				dp_client_close_doorbell(cl); /* the dispatcher let go of it */
 				dp_layers_unload_owner(c->w, cl->id, &c->retired); /* its layers go with it */
 				if (cl->dead)
 					dp_count(c->counters, DP_C_clients_reclaimed, 1);

@@ -65,6 +65,41 @@ static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t 
 	return NULL;
 }
 
+/* Quotas count users, not only processes: one user other than the admin holds at most
+ * client_max_per_uid slots however many processes it forks, and all of them together leave
+ * admin_reserved_clients free for the admin (the dataplane's own user), whose clients
+ * always get in. True when p was refused. */
+static bool user_may_not_attach(struct dp_control *c, const struct dp_peer *p)
+{
+	if (p->admin)
+		return false;
+	uint32_t theirs = 0, others = 0;
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		const struct dp_client *o = &c->w->clients[i];
+		uint32_t state = dp_load_acquire_u32(&o->state);
+		if (state == DP_CLIENT_FREE)
+			continue; /* a slot being let go still counts: it is not free yet */
+		theirs += o->uid == p->uid;
+		others += o->uid != c->access.euid;
+	}
+	if (theirs >= c->w->cfg.client_max_per_uid) {
+		dp_count(c->counters, DP_C_quota_refused, 1);
+		dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+		                  "uid %u has %u clients attached, client_max_per_uid is %u: "
+		                  "close one first", p->uid, theirs, c->w->cfg.client_max_per_uid);
+		return true;
+	}
+	if (others >= DP_MAX_CLIENTS - c->w->cfg.admin_reserved_clients) {
+		dp_count(c->counters, DP_C_quota_refused, 1);
+		dp_control_refuse(c, p, DP_ERROR_CODE_TOO_MANY_CLIENTS,
+		                  "every client slot open to other users is taken (%u); "
+		                  "admin_reserved_clients %u are kept for the dataplane's own user",
+		                  others, c->w->cfg.admin_reserved_clients);
+		return true;
+	}
+	return false;
+}
+
 static void on_attach(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
 	const struct dp_ctl_attach *m = &r->u.attach;
@@ -118,6 +153,8 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 		                  "close one first", p->pid, mine, c->w->cfg.client_max_per_pid);
 		return;
 	}
+	if (user_may_not_attach(c, p))
+		return;
 	struct dp_client *cl = NULL;
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS && !cl; i++)
 		if (dp_load_acquire_u32(&c->w->clients[i].state) == DP_CLIENT_FREE)
@@ -128,9 +165,15 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 		return;
 	}
 	memset(cl, 0, sizeof(*cl));
+	cl->doorbell_fd = -1;
 	/* the peer's pid from the socket, never the message's */
 	if (dp_client_map(cl, p->pid, p->uid, m->segment_fd) < 0) {
 		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT, "%s", dp_error());
+		return;
+	}
+	if (dp_client_open_doorbell(cl, p->pid, p->uid, m->doorbell_fd) < 0) {
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT, "%s", dp_error());
+		dp_client_unmap(cl);
 		return;
 	}
 	cl->id = c->next_client_id++;
@@ -348,16 +391,31 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 		return;
 	}
 	uint64_t bytes = dp_layer_plan_bytes(m);
-	uint32_t nlayers = me->nlayers - (prev != NULL);
-	uint64_t held = me->weight_bytes - (prev ? prev->weight_bytes : 0);
+	/* the layer this one replaces is retired, not counted (a reload at the quota works);
+	 * those retired before and not freed yet are: first free what nobody holds */
+	if (me->retired_layers)
+		dp_count(c->counters, DP_C_layers_freed, dp_layers_free_retired(w, &c->retired, false));
+	uint32_t nlayers = me->nlayers - (prev != NULL) + me->retired_layers;
+	uint64_t held = me->weight_bytes - (prev ? prev->weight_bytes : 0) + me->retired_bytes;
 	if (nlayers + 1 > cfg->client_max_layers || bytes > cfg->client_max_weight_bytes - held ||
 	    held > cfg->client_max_weight_bytes) {
 		dp_count(c->counters, DP_C_quota_refused, 1);
-		dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
-		                  "layer %u (%lu bytes) would pass this client's quota: %u of %u "
-		                  "layers, %lu of %lu weight bytes held; unload layers first",
-		                  m->layer, (unsigned long)bytes, nlayers, cfg->client_max_layers,
-		                  (unsigned long)held, (unsigned long)cfg->client_max_weight_bytes);
+		if (me->retired_layers) /* 256 characters: say what is new, not the whole quota */
+			dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+			                  "layer %u (%lu bytes) would pass this client's quota: %lu "
+			                  "of %lu weight bytes and %u of %u layers held, %u of them "
+			                  "replaced but not freed yet: read the replies and retry",
+			                  m->layer, (unsigned long)bytes, (unsigned long)held,
+			                  (unsigned long)cfg->client_max_weight_bytes, nlayers,
+			                  cfg->client_max_layers, me->retired_layers);
+		else
+			dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+			                  "layer %u (%lu bytes) would pass this client's quota: %u "
+			                  "of %u layers, %lu of %lu weight bytes held; unload layers "
+			                  "first",
+			                  m->layer, (unsigned long)bytes, nlayers,
+			                  cfg->client_max_layers, (unsigned long)held,
+			                  (unsigned long)cfg->client_max_weight_bytes);
 		return;
 	}
 	int slot = old;

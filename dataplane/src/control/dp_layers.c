@@ -16,6 +16,17 @@
 
 struct dp_layer dp_layer_tombstone;
 
+/* The attached client that loaded l, or NULL (it detached or died: nothing to count). */
+static struct dp_client *owner_of(struct dp_world *w, const struct dp_layer *l)
+{
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		struct dp_client *cl = &w->clients[i];
+		if (dp_load_acquire_u32(&cl->state) != DP_CLIENT_FREE && cl->id == l->owner)
+			return cl;
+	}
+	return NULL;
+}
+
 void dp_layer_free(struct dp_layer *l)
 {
 	free(l->b_down_raw);
@@ -32,12 +43,15 @@ void dp_layer_unpublish(struct dp_world *w, uint32_t slot, struct dp_layer **ret
 	l->retired_pass = __atomic_load_n(&w->dispatch_passes, __ATOMIC_SEQ_CST);
 	l->next_retired = *retired;
 	*retired = l;
-	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
-		struct dp_client *cl = &w->clients[i];
-		if (dp_load_acquire_u32(&cl->state) != DP_CLIENT_FREE && cl->id == l->owner) {
-			cl->nlayers--;
-			cl->weight_bytes -= l->weight_bytes;
-		}
+	/* its memory stays until it is freed, so does its weight on the owner's quota: else
+	 * reloads pipelined faster than forwards and passes let go of the old layers (one
+	 * client, hidden 65536, 1 MiB quota: 430 MiB) outrun the quota */
+	struct dp_client *cl = owner_of(w, l);
+	if (cl) {
+		cl->nlayers--;
+		cl->weight_bytes -= l->weight_bytes;
+		cl->retired_layers++;
+		cl->retired_bytes += l->weight_bytes;
 	}
 }
 
@@ -50,6 +64,11 @@ uint32_t dp_layers_free_retired(struct dp_world *w, struct dp_layer **retired, b
 		if (all || (passes > l->retired_pass &&
 			    __atomic_load_n(&l->refs, __ATOMIC_ACQUIRE) == 0)) {
 			*pl = l->next_retired;
+			struct dp_client *cl = owner_of(w, l);
+			if (cl) {
+				cl->retired_layers--;
+				cl->retired_bytes -= l->weight_bytes;
+			}
 			dp_layer_free(l);
 			n++;
 		} else {

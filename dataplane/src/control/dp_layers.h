@@ -130,14 +130,16 @@ void dp_layer_free(struct dp_layer *l);
 int dp_layer_slot(const struct dp_world *w, uint32_t id);
 
 /* Take the layer in table slot `slot` out of the table, onto the retired list; its
- * owner's layer count and weight bytes drop now, its memory goes later. */
+ * memory goes later, and until then it counts against its owner's quotas as retired
+ * (struct dp_client's retired_layers and retired_bytes). */
 void dp_layer_unpublish(struct dp_world *w, uint32_t slot, struct dp_layer **retired);
 
 /* Every layer `owner` (a client id) holds leaves the table (it detached or died). */
 void dp_layers_unload_owner(struct dp_world *w, uint32_t owner, struct dp_layer **retired);
 
 /* Free the retired layers no forward holds and no dispatcher pass can still see (all of
- * them when every agent has stopped); how many were freed. */
+ * them when every agent has stopped), each off its owner's retired counts; how many were
+ * freed. */
 uint32_t dp_layers_free_retired(struct dp_world *w, struct dp_layer **retired, bool all);
 
 /* Kind MOE: check the request's placement and banks (the refusals of LoadWeights for a

@@ -18,9 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <sys/socket.h>
-#include <sys/un.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include "dp_desc.h"
@@ -33,6 +31,8 @@
 #include "dp_worker.h"
 
 #define MAX_PENDING_COMMITS 64
+#define DOORBELL_POLL_NS 1000000 /* a parked dispatcher's look at a client it cannot hear */
+#define DOORBELL_READ 4096       /* bytes read from one ready doorbell per wake-up */
 
 struct dp_dispatcher {
 	struct dp_world *w;
@@ -48,7 +48,10 @@ struct dp_dispatcher {
 	struct dp_limits limits;
 	uint32_t next_client; /* round-robin: the pass starts after the last client served */
 	uint32_t nactive;     /* clients polled in the last pass: each one's share of a burst */
-	int doorbell;         /* AF_UNIX datagrams: clients that found need_wakeup set */
+	int doorbells;        /* an epoll set of the clients' doorbell pipes (dp_client.c) */
+	uint64_t listening;   /* client slots whose pipe is in it: only this agent adds or drops */
+	uint64_t deaf;        /* client slots whose pipe lost its last writer: never watched */
+	uint8_t rung[DOORBELL_READ]; /* what the doorbells carried, read and dropped */
 	bool armed;           /* need_wakeup is set in the clients' headers */
 	uint32_t null_nics;   /* NICs on the null backend: no routed forwards there */
 };
@@ -358,6 +361,32 @@ static int32_t take(struct dp_dispatcher *d, struct dp_client *c, uint32_t room)
 	return n;
 }
 
+/* --- doorbells: each client's pipe, in the set the dispatcher sleeps on ------------- */
+
+/* Before a client is told to ring (need_wakeup), its pipe is in the set we sleep on.
+ * False when it cannot be (ENOMEM, the user's epoll watch limit): then we poll. */
+static bool listen_to(struct dp_dispatcher *d, uint32_t i, const struct dp_client *c)
+{
+	if ((d->listening | d->deaf) & (1ull << i))
+		return true; /* a deaf one has nothing left to say: it is its own loss */
+	struct epoll_event ev = { .events = EPOLLIN, .data.u32 = i };
+	if (c->doorbell_fd < 0 || epoll_ctl(d->doorbells, EPOLL_CTL_ADD, c->doorbell_fd, &ev) < 0) {
+		dp_count(d->counters, DP_C_doorbell_unwatched, 1);
+		return false;
+	}
+	d->listening |= 1ull << i;
+	return true;
+}
+
+static void stop_listening(struct dp_dispatcher *d, uint32_t i)
+{
+	d->deaf &= ~(1ull << i); /* the slot's next client starts afresh */
+	if (!(d->listening & (1ull << i)))
+		return;
+	epoll_ctl(d->doorbells, EPOLL_CTL_DEL, d->w->clients[i].doorbell_fd, NULL);
+	d->listening &= ~(1ull << i);
+}
+
 /* The quota each client has in a pass, and that parking checks against: its fair share
  * of the forward contexts among the clients the last pass polled. */
 static uint64_t client_quota(const struct dp_dispatcher *d)
@@ -389,6 +418,7 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 		struct dp_client *c = &w->clients[i];
 		uint32_t state = dp_load_acquire_u32(&c->state);
 		if (state == DP_CLIENT_CLOSING) {
+			stop_listening(d, i); /* the control agent closes the pipe after QUIESCED */
 			dp_store_release_u32(&c->state, DP_CLIENT_QUIESCED); /* I stopped reading it */
 			continue;
 		}
@@ -431,13 +461,19 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 /* --- parking ------------------------------------------------------------------------- */
 
 
-static void set_need_wakeup(struct dp_dispatcher *d, uint32_t v)
+/* False when some client could not be listened to: its ringing would wake nobody. */
+static bool set_need_wakeup(struct dp_dispatcher *d, uint32_t v)
 {
+	bool all = true;
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
 		struct dp_client *c = &d->w->clients[i];
-		if (dp_load_acquire_u32(&c->state) == DP_CLIENT_ACTIVE)
+		if (dp_load_acquire_u32(&c->state) == DP_CLIENT_ACTIVE) {
+			if (v && !listen_to(d, i, c))
+				all = false;
 			__atomic_store_n(&c->hdr->need_wakeup, v, __ATOMIC_RELAXED);
+		}
 	}
+	return all;
 }
 
 int64_t dp_dispatch_park(struct dp_world *w, void *self, uint64_t now)
@@ -446,7 +482,7 @@ int64_t dp_dispatch_park(struct dp_world *w, void *self, uint64_t now)
 	(void)now;
 	if (!dp_spsc_empty(&w->free_ring))
 		return -1;
-	set_need_wakeup(d, 1);
+	bool all_listened = set_need_wakeup(d, 1);
 	d->armed = true;
 	/* seq_cst: need_wakeup's stores before the heads' loads; pairs with dp_doorbell_ring */
 	dp_fence_seq_cst();
@@ -470,7 +506,8 @@ int64_t dp_dispatch_park(struct dp_world *w, void *self, uint64_t now)
 		if (!l || __atomic_load_n(&l->outstanding, __ATOMIC_ACQUIRE) == 0)
 			return -1;
 	}
-	return DP_PARK_FOREVER;
+	/* a client whose doorbell we cannot watch is polled, every millisecond */
+	return all_listened ? DP_PARK_FOREVER : DOORBELL_POLL_NS;
 }
 
 void dp_dispatch_unpark(struct dp_world *w, void *self)
@@ -481,11 +518,28 @@ void dp_dispatch_unpark(struct dp_world *w, void *self)
 		set_need_wakeup(d, 0); /* awake: clients need not ring */
 		d->armed = false;
 	}
-	/* what the doorbell carried is only that someone rang: the rings say the rest */
-	uint8_t junk[64];
-	uint32_t rang = 0;
-	while (rang < 4096 && recv(d->doorbell, junk, sizeof(junk), MSG_DONTWAIT) >= 0)
-		rang++;
+	/* what a doorbell carried is only that its client rang: the rings say the rest. One
+	 * read per ready pipe, of at most DOORBELL_READ bytes: a client that rings faster
+	 * only keeps the pipe readable (level-triggered: we look again on the next wake-up),
+	 * so a wake-up costs at most one epoll_wait and a read per client */
+	struct epoll_event ev[DP_MAX_CLIENTS];
+	int n = epoll_wait(d->doorbells, ev, DP_MAX_CLIENTS, 0);
+	uint64_t rang = 0;
+	for (int k = 0; k < n; k++) {
+		uint32_t i = ev[k].data.u32;
+		if (i >= DP_MAX_CLIENTS || !(d->listening & (1ull << i)))
+			continue;
+		ssize_t got = read(d->w->clients[i].doorbell_fd, d->rung, sizeof(d->rung));
+		if (got > 0) {
+			rang += (uint64_t)got;
+		} else if (got == 0) {
+			/* end of file: every write end is closed (its process died, or it closed
+			 * them). A pipe at EOF stays readable: watched, it would wake us forever */
+			stop_listening(d, i);
+			d->deaf |= 1ull << i;
+			dp_count(d->counters, DP_C_doorbell_unwatched, 1);
+		}
+	}
 	dp_count(d->counters, DP_C_doorbells, rang);
 }
 
@@ -493,29 +547,16 @@ int dp_dispatch_wait_on(struct dp_world *w, void *self, struct dp_waker *wk)
 {
 	struct dp_dispatcher *d = self;
 	(void)w;
-	return dp_waker_add(wk, d->doorbell);
+	return dp_waker_add(wk, d->doorbells);
 }
 
-/* An abstract AF_UNIX name (no file to clean up); clients learn it in Attached. It is no
- * secret: /proc/net/unix lists it to every user of the host, so it carries a nonce of its
- * own, never the session (the wire protocol's cookie). Anyone who rings it only makes the
- * dispatcher look at its rings. */
-static int open_doorbell(struct dp_dispatcher *d)
+/* The set of the clients' doorbells (each client's own pipe, dp_client_open_doorbell),
+ * itself an fd in the runner's waker: readable when any client rang. */
+static int open_doorbells(struct dp_dispatcher *d)
 {
-	struct dp_world *w = d->w;
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	uint64_t nonce;
-	if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce))
-		nonce = dp_now_ns();
-	snprintf(w->doorbell, sizeof(w->doorbell), "@duckpipe-doorbell/%d/%016llx", getpid(),
-		 (unsigned long long)nonce);
-	size_t len = strlen(w->doorbell);
-	memcpy(a.sun_path, w->doorbell, len);
-	a.sun_path[0] = '\0';
-	d->doorbell = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (d->doorbell < 0 ||
-	    bind(d->doorbell, (struct sockaddr *)&a, offsetof(struct sockaddr_un, sun_path) + len) < 0) {
-		dp_set_error("doorbell socket %s: %s", w->doorbell, strerror(errno));
+	d->doorbells = epoll_create1(EPOLL_CLOEXEC);
+	if (d->doorbells < 0) {
+		dp_set_error("epoll_create1 (the clients' doorbells): %s", strerror(errno));
 		return -1;
 	}
 	return 0;
@@ -530,9 +571,7 @@ struct dp_dispatcher *dp_dispatch_new(struct dp_world *w)
 		return NULL;
 	}
 	d->w = w;
-	if (open_doorbell(d) < 0) {
-		if (d->doorbell >= 0)
-			close(d->doorbell);
+	if (open_doorbells(d) < 0) {
 		dp_fwd_pool_fini(&d->pool);
 		free(d);
 		return NULL;
@@ -550,7 +589,7 @@ struct dp_dispatcher *dp_dispatch_new(struct dp_world *w)
 void dp_dispatch_free(struct dp_dispatcher *d)
 {
 	if (d) {
-		close(d->doorbell);
+		close(d->doorbells);
 		dp_fwd_pool_fini(&d->pool);
 	}
 	free(d);

@@ -182,6 +182,10 @@ int dp_config_load(const char *path, struct dp_config *cfg)
 	    dp_msgpack_u32(root, "max_ffn", &cfg->max_ffn, DP_CFG_DEFAULT_MAX_FFN) < 0 ||
 	    dp_msgpack_u32(root, "client_max_per_pid", &cfg->client_max_per_pid,
 		      DP_CFG_DEFAULT_CLIENT_MAX_PER_PID) < 0 ||
+	    dp_msgpack_u32(root, "client_max_per_uid", &cfg->client_max_per_uid,
+		      DP_CFG_DEFAULT_CLIENT_MAX_PER_UID) < 0 ||
+	    dp_msgpack_u32(root, "admin_reserved_clients", &cfg->admin_reserved_clients,
+		      DP_CFG_DEFAULT_ADMIN_RESERVED_CLIENTS) < 0 ||
 	    dp_msgpack_u32(root, "max_connections", &cfg->max_connections,
 		      DP_CFG_DEFAULT_MAX_CONNECTIONS) < 0 ||
 	    dp_msgpack_str(root, "control_group", cfg->control_group, sizeof(cfg->control_group),
@@ -218,6 +222,17 @@ int dp_config_load(const char *path, struct dp_config *cfg)
 	if (cfg->client_max_per_pid == 0 || cfg->client_max_per_pid > DP_MAX_CLIENTS) {
 		dp_set_error("client_max_per_pid %u is outside [1, %d]", cfg->client_max_per_pid,
 			     DP_MAX_CLIENTS);
+		goto out;
+	}
+	if (cfg->client_max_per_uid == 0 || cfg->client_max_per_uid > DP_MAX_CLIENTS) {
+		dp_set_error("client_max_per_uid %u is outside [1, %d]", cfg->client_max_per_uid,
+			     DP_MAX_CLIENTS);
+		goto out;
+	}
+	/* at least one slot the admin's clients always find free */
+	if (cfg->admin_reserved_clients == 0 || cfg->admin_reserved_clients >= DP_MAX_CLIENTS) {
+		dp_set_error("admin_reserved_clients %u is outside [1, %d]",
+			     cfg->admin_reserved_clients, DP_MAX_CLIENTS - 1);
 		goto out;
 	}
 	if (cfg->max_connections == 0) {

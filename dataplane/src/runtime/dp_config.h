@@ -67,6 +67,8 @@ struct dp_config {
 	uint32_t max_hidden;
 	uint32_t max_ffn;
 	uint32_t client_max_per_pid;       /* clients one process may attach */
+	uint32_t client_max_per_uid;       /* clients one user but the dataplane's may attach */
+	uint32_t admin_reserved_clients;   /* client slots only the dataplane's user may take */
 	uint32_t max_connections;          /* control connections at once (dp_control_connections.c) */
 	/* who may talk to the control socket */
 	char control_group[32];            /* members are clients; "" = the dataplane's user only */

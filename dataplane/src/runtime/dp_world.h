@@ -55,7 +55,6 @@ struct dp_world {
 	struct dp_counters dispatch_counters;
 	struct dp_counters control_counters;
 	uint64_t duck_seen_ns[DP_MAX_DUCKS]; /* last PONG or reply; worker writes */
-	char doorbell[64];              /* the dispatcher's doorbell address, '@' for abstract */
 	struct dp_waker *wakers[DP_MAX_NICS + 2]; /* one per runner thread: Stats reads them */
 	uint32_t nwakers;
 	struct dp_waker *dispatch_waker; /* its runner's, for the control agent to kick; NULL
