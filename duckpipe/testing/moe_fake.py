@@ -21,7 +21,8 @@ import socket
 import struct
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,7 +37,7 @@ from ..schema.routing import MAX_EXPERTS, RoutingWireFlag
 from ..schema.wire import WireFlag, WireOp
 from .datagrams import decode, encode, payload_max
 
-__all__ = ["Bank", "FakeMoeDuck", "banks", "load_moe", "routed_forward"]
+__all__ = ["Bank", "FakeMoeDuck", "banks", "fake_cluster", "load_moe", "routed_forward"]
 
 _LAYER = struct.Struct("<BBHIII")  # struct dp_wire_layer
 _WIRE_HEADER = struct.Struct("<IBBHII")  # struct dp_routing_wire_header
@@ -422,3 +423,45 @@ def routed_forward(
         list(rec.missing or []),
         y,
     )
+
+
+@contextmanager
+def fake_cluster(
+    n_ducks: int, make: Callable[[int], Sequence[threading.Thread]], **settings: object
+) -> Iterator[tuple[object, list]]:
+    """The C dataplane on loopback with fake ducks: ``make(base)`` builds them, duck ``i``
+    listening on port ``base + 1 + i`` (the dataplane's own port is ``base``); started
+    here, stopped at the end, and the dataplane's exit must be clean (status 0, no
+    sanitizer report). Yields (the DataplaneProcess, the ducks)."""
+    from ..launch.cluster import free_udp_ports
+    from ..launch.dataplane import DataplaneProcess
+    from ..launch.topology import Duck, Nic, Topology
+    from . import cluster_class_or_skip
+
+    cluster_class_or_skip()
+    base = free_udp_ports(n_ducks + 1)
+    ducks = list(make(base))
+    for d in ducks:
+        d.start()
+    settings.setdefault("default_timeout_ms", 3000)
+    topo = Topology(
+        nics=[
+            Nic(
+                name="lo",
+                host_ip="127.0.0.1",
+                host_port=base,
+                ducks=[Duck(id=i, ip="127.0.0.1", port=base + 1 + i) for i in range(n_ducks)],
+            )
+        ],
+        **settings,
+    )
+    dp = DataplaneProcess(topo).start()
+    try:
+        yield dp, ducks
+    finally:
+        code = dp.stop()
+        out = dp.output()
+        dp.close()
+        for d in ducks:
+            d.close()
+        assert code == 0 and "runtime error" not in out and "Sanitizer" not in out, out[-3000:]

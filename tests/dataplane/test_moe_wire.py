@@ -20,14 +20,11 @@ import pytest
 import duckpipe
 from duckpipe import MoeMlp
 from duckpipe.errors import DuckpipeError
-from duckpipe.launch.cluster import free_udp_ports
 from duckpipe.launch.dataplane import DataplaneProcess
-from duckpipe.launch.topology import Duck, Nic, Topology
 from duckpipe.observe.stats_reader import PLAN, find_stats, views
 from duckpipe.schema import stats as S
 from duckpipe.schema.abi import DescFlag, Status
-from duckpipe.testing import cluster_class_or_skip
-from duckpipe.testing.moe_fake import FakeMoeDuck, load_moe, routed_forward
+from duckpipe.testing.moe_fake import FakeMoeDuck, fake_cluster, load_moe, routed_forward
 
 pytestmark = pytest.mark.dataplane
 
@@ -41,33 +38,11 @@ ANY_DUCK = 0xFFFF
 
 @contextmanager
 def _cluster(**settings) -> Iterator[tuple[DataplaneProcess, list[FakeMoeDuck]]]:
-    cluster_class_or_skip()
-    base = free_udp_ports(4)
-    ducks = [FakeMoeDuck(d, base + 1 + d) for d in DUCKS]
-    for d in ducks:
-        d.start()
-    topo = Topology(
-        default_timeout_ms=3000,
-        nics=[
-            Nic(
-                name="lo",
-                host_ip="127.0.0.1",
-                host_port=base,
-                ducks=[Duck(id=d, ip="127.0.0.1", port=base + 1 + d) for d in DUCKS],
-            )
-        ],
-        **settings,
-    )
-    dp = DataplaneProcess(topo).start()
-    try:
+    def make(base: int) -> list[FakeMoeDuck]:
+        return [FakeMoeDuck(d, base + 1 + d) for d in DUCKS]
+
+    with fake_cluster(len(DUCKS), make, **settings) as (dp, ducks):
         yield dp, ducks
-    finally:
-        code = dp.stop()
-        out = dp.output()
-        dp.close()
-        for d in ducks:
-            d.close()
-        assert code == 0 and "runtime error" not in out and "Sanitizer" not in out, out[-3000:]
     for d in ducks:
         assert not d.refused, d.refused
 

@@ -17,14 +17,10 @@ import pytest
 
 import duckpipe
 from duckpipe import MoeMlp
-from duckpipe.launch.cluster import free_udp_ports
-from duckpipe.launch.dataplane import DataplaneProcess
-from duckpipe.launch.topology import Duck, Nic, Topology
 from duckpipe.schema.abi import DescFlag, Status
 from duckpipe.schema.wire import WireFlag, WireOp
-from duckpipe.testing import cluster_class_or_skip
 from duckpipe.testing.datagrams import encode
-from duckpipe.testing.moe_fake import FakeMoeDuck, load_moe, routed_forward
+from duckpipe.testing.moe_fake import FakeMoeDuck, fake_cluster, load_moe, routed_forward
 
 pytestmark = pytest.mark.dataplane
 
@@ -81,35 +77,22 @@ class RowLiar(FakeMoeDuck):
             super()._reply(h, host, common, rows, y)
 
 
+def _liars(base: int) -> list:
+    """Duck 0 honest, duck 1 a liar answering duck 2's rows too, duck 2 honest."""
+    duck2 = FakeMoeDuck(2, base + 3)
+    return [FakeMoeDuck(0, base + 1), RowLiar(base + 2, duck2), duck2]
+
+
+def _no_layer_ducks(base: int) -> list:
+    """Duck 0 says NO_LAYER for duck 2's forwards, duck 1 is silent, duck 2 honest."""
+    duck2 = FakeMoeDuck(2, base + 3)
+    return [NoLayerAccomplice(base + 1, duck2), FakeMoeDuck(1, base + 2, silent=True), duck2]
+
+
 @pytest.fixture
 def liar_cluster():
-    cluster_class_or_skip()
-    base = free_udp_ports(4)
-    duck2 = FakeMoeDuck(2, base + 3)
-    ducks = [FakeMoeDuck(0, base + 1), RowLiar(base + 2, duck2), duck2]
-    for d in ducks:
-        d.start()
-    topo = Topology(
-        default_timeout_ms=3000,
-        nics=[
-            Nic(
-                name="lo",
-                host_ip="127.0.0.1",
-                host_port=base,
-                ducks=[Duck(id=d, ip="127.0.0.1", port=base + 1 + d) for d in DUCKS],
-            )
-        ],
-    )
-    dp = DataplaneProcess(topo).start()
-    try:
-        yield dp, ducks
-    finally:
-        code = dp.stop()
-        out = dp.output()
-        dp.close()
-        for d in ducks:
-            d.close()
-        assert code == 0 and "runtime error" not in out and "Sanitizer" not in out, out[-3000:]
+    with fake_cluster(len(DUCKS), _liars) as pair:
+        yield pair
 
 
 def test_unrouted_rows_are_refused_counted_and_never_summed(liar_cluster):
@@ -181,33 +164,8 @@ class NoLayerAccomplice(FakeMoeDuck):
 
 @pytest.fixture
 def no_layer_cluster():
-    cluster_class_or_skip()
-    base = free_udp_ports(4)
-    duck2 = FakeMoeDuck(2, base + 3)
-    ducks = [NoLayerAccomplice(base + 1, duck2), FakeMoeDuck(1, base + 2, silent=True), duck2]
-    for d in ducks:
-        d.start()
-    topo = Topology(
-        default_timeout_ms=3000,
-        nics=[
-            Nic(
-                name="lo",
-                host_ip="127.0.0.1",
-                host_port=base,
-                ducks=[Duck(id=d, ip="127.0.0.1", port=base + 1 + d) for d in DUCKS],
-            )
-        ],
-    )
-    dp = DataplaneProcess(topo).start()
-    try:
-        yield dp, ducks
-    finally:
-        code = dp.stop()
-        out = dp.output()
-        dp.close()
-        for d in ducks:
-            d.close()
-        assert code == 0 and "runtime error" not in out and "Sanitizer" not in out, out[-3000:]
+    with fake_cluster(len(DUCKS), _no_layer_ducks) as pair:
+        yield pair
 
 
 def test_no_layer_from_a_duck_not_routed_does_not_rename_the_missing_duck(no_layer_cluster):
