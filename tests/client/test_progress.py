@@ -74,6 +74,7 @@ def test_load_progress_counts_acknowledged_bytes_not_copied_ones():
     assert calls[-1][1] == calls[-1][2] == total
 
 
+@pytest.mark.dataplane  # starts the C programs itself
 def test_a_load_onto_ducks_that_never_answer_stays_at_0_and_names_them(monkeypatch):
     """The topology names ducks 4-7, no duck runs there: the bar never moves (it went to
     100% on the failed chunks before), says which ducks it waits for, then which did not

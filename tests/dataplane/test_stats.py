@@ -362,6 +362,7 @@ def _every_view_says_never_answered(control: str, silent: list[int], running: li
         assert _metric(metrics, "duckpipe_duck_state", duck=str(d), state="up") == 1
 
 
+@pytest.mark.dataplane  # starts the C programs itself
 def test_c_ducks_that_never_answered_are_lost_everywhere_and_the_log_names_them():
     """The topology names 8 ducks, 4 run: the user's likeliest first mistake (a count or
     a port). No forward is needed for them to show lost: unanswered PINGs are enough."""
