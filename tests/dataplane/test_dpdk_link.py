@@ -13,6 +13,7 @@ import io
 import time
 from contextlib import redirect_stdout
 
+import msgspec
 import numpy as np
 import pytest
 from test_dpdk import TWO_WORKER_LCORES, _check_forwards, _dataplane, _ip, veth_ducks
@@ -21,6 +22,7 @@ import duckpipe
 from duckpipe import GeluMlp
 from duckpipe.cli import main as duckpipe_main
 from duckpipe.errors import DataplaneFault
+from duckpipe.launch.topology import Nic
 from duckpipe.observe import stats_reader
 
 pytestmark = [pytest.mark.dataplane, pytest.mark.dpdk, pytest.mark.root]
@@ -119,3 +121,41 @@ def test_stats_show_a_dedicated_dpdk_worker_on_its_eal_lcore_and_cpu_and_its_lin
     assert "(dpdk net_af_packet0, EAL lcore 1, core 1, link up " in shown, shown
     assert "(dpdk net_af_packet1, EAL lcore 2, core 0, link up " in shown, shown
     assert "unpinned" not in shown, shown
+
+
+def test_a_link_down_at_startup_is_waited_for_then_warned_about_and_recovers_when_up():
+    with veth_ducks([1, 1]) as net:
+        _ip("link", "set", net.near_ends[1], "down")
+        net.nics = [msgspec.structs.replace(n, link_wait_ms=300) for n in net.nics]
+        with (
+            _dataplane(net, default_timeout_ms=FORWARD_DEADLINE_S * 1000) as dp,
+            duckpipe.connect(dp.control) as c,
+        ):
+            out = dp.output()
+            mlp = GeluMlp.random(128, 16, seed=5)
+            c.load_weights(1, mlp, ducks=[0])  # p0's duck: p1's link is down
+            _check_forwards(c, mlp, 2)
+            assert stats_reader.read_snapshot(control=dp.control).nics[1].link == "down"
+            _ip("link", "set", net.near_ends[1], "up")
+            _wait_link(dp.control, 1, "up")
+            both = GeluMlp.random(128, 16, seed=6)
+            c.load_weights(2, both)
+            _check_forwards_on(c, 2, both, 3)
+    assert "nic p1: link down after waiting 300 ms (link_wait_ms): starting anyway" in out, out
+    assert "nic p0: link up after" in out, out
+
+
+def _check_forwards_on(c: duckpipe.Client, layer: int, mlp: GeluMlp, count: int) -> None:
+    rng = np.random.default_rng(layer)
+    for _ in range(count):
+        x = rng.standard_normal((3, mlp.hidden)).astype(np.float32)
+        np.testing.assert_allclose(
+            c.forward(layer, x, timeout=5), mlp.reference(x), rtol=1e-4, atol=1e-5
+        )
+
+
+def test_link_wait_ms_past_a_minute_is_refused_naming_the_setting():
+    with pytest.raises(msgspec.ValidationError, match=r"link_wait_ms"):
+        msgspec.convert(
+            {"name": "p0", "host_ip": "10.0.0.1", "ducks": [], "link_wait_ms": 60_001}, Nic
+        )
