@@ -145,8 +145,14 @@ static int dpdk_open(struct dp_backend *b)
 	if ((rc = rte_eth_dev_get_port_by_name(cfg->interface, &p->port)) != 0) {
 		char ports[256];
 		list_ports(ports, sizeof(ports));
-		dp_set_error("rte_eth_dev_get_port_by_name(%s): no such DPDK port (err=%d); ports: %s",
-			     cfg->interface, rc, ports);
+		/* af_packet's probe fails when its PACKET_FANOUT group id (pid ^ ifindex, no
+		 * devarg sets it) is another interface's group in this namespace */
+		dp_set_error("rte_eth_dev_get_port_by_name(%s): no such DPDK port (err=%d); ports: %s%s",
+			     cfg->interface, rc, ports,
+			     strncmp(cfg->interface, "net_af_packet", 13) ? ""
+			     : "; if the EAL said \"could not set PACKET_FANOUT\", another process "
+			       "holds this port's fanout group id (pid ^ ifindex): start again "
+			       "(docs/dpdk.md)");
 		goto fail_eal;
 	}
 	struct rte_eth_dev_info info;
