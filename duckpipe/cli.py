@@ -262,6 +262,13 @@ def _stats(args: argparse.Namespace) -> int:
             )
         for n in snap.nics:
             core = "unpinned" if n.core < 0 else f"core {n.core}"
+            if n.lcore >= 0:  # a dpdk worker on an EAL lcore, pinned by the EAL
+                core = f"EAL lcore {n.lcore}, " + (
+                    f"core {n.core}" if n.core >= 0 else "several CPUs"
+                )
+            if n.link:
+                speed = f" {n.link_speed_mbps} Mb/s" if n.link == "up" and n.link_speed_mbps else ""
+                core += f", link {n.link}{speed}"
             nz = ", ".join(
                 f"{k}={v}"
                 for k, v in n.counters.items()

@@ -32,6 +32,7 @@
                                   # else 8 on loopback, else 24. Every duck must be inside it
     mtu = 1500
     flow_steering = "auto"        # dpdk: rte_flow rules for duck replies (auto|off|require)
+    link_wait_ms = 5000           # dpdk: wait for the link at startup at most this long
 
     [[nics.ducks]]
     id = 0
@@ -89,6 +90,10 @@ class Nic(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True)
     ducks: list[Duck]
     # dpdk: rte_flow steering of duck replies and ARP to the worker's queue (docs/dpdk.md)
     flow_steering: Literal["auto", "off", "require"] = default("flow_steering", cfgschema.NicConfig)
+    # dpdk: wait at most this long at startup for the link to come up (docs/dpdk.md)
+    link_wait_ms: Annotated[int, Meta(ge=0, le=60_000)] = default(
+        "link_wait_ms", cfgschema.NicConfig
+    )
 
 
 class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

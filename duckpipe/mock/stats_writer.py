@@ -94,6 +94,7 @@ class StatsWriter:
         _put(v["nics"]["backend"], 0, "mock")
         v["nics"]["agent"][0] = 0
         v["nics"]["core"][0] = 0xFFFFFFFF
+        v["nics"]["lcore"][0] = 0xFFFFFFFF
         for d in range(nducks):
             v["ducks"]["id"][d] = d
             v["ducks"]["state"][d] = S.DuckState.UP

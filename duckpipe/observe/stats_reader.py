@@ -132,9 +132,13 @@ class NicStats(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     backend: str
     interface: str
-    core: int  # -1 when unpinned
+    core: int  # the CPU it runs on, -1 when unpinned
     counters: dict[str, int]
     xstats: dict[str, int]
+    #: "up", "down", or "" where the backend does not tell (socket, null: taken as up)
+    link: str = ""
+    link_speed_mbps: int = 0  # 0: unknown or down
+    lcore: int = -1  # the EAL lcore it runs on (dpdk, dedicated threads), -1: none
 
 
 class DuckStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -281,6 +285,7 @@ def _hist(bounds: list[int], counts, sum_ns: int) -> Histogram:
 
 _KIND = {S.WriterKind.C: "c", S.WriterKind.MOCK: "mock"}
 _THREADS = {S.Threads.SHARED: "shared", S.Threads.DEDICATED: "dedicated"}
+_LINK = {S.LinkState.UP: "up", S.LinkState.DOWN: "down"}
 _DUCK_STATE = {S.DuckState.UP: "up", S.DuckState.LATE: "late", S.DuckState.LOST: "lost"}
 _DUCK_REASON = {
     S.DuckReason.NEVER_ANSWERED: "never_answered",
@@ -385,6 +390,7 @@ def _snapshot(m: mmap.mmap, path: Path) -> Snapshot:
         a = int(n["agent"])
         row = agents["v"][a] if a < nagents else np.zeros(S.STATS_MAX_COUNTERS, np.uint64)
         core = int(n["core"])
+        lcore = int(n["lcore"])
         nic_list.append(
             NicStats(
                 name=_str(n["name"]),
@@ -393,6 +399,9 @@ def _snapshot(m: mmap.mmap, path: Path) -> Snapshot:
                 core=-1 if core == 0xFFFFFFFF else core,
                 counters={name: int(x) for name, x in zip(names, row[:ncounters], strict=False)},
                 xstats={},
+                link=_LINK.get(int(n["link"]), ""),
+                link_speed_mbps=int(n["link_speed_mbps"]),
+                lcore=-1 if lcore == 0xFFFFFFFF else lcore,
             )
         )
     client_list = []

@@ -543,6 +543,7 @@ def _nics(new: Any, rates: Rates) -> Table:
         Column("backend", 7, "<"),
         Column("interface", 14, "<", priority=2),
         Column("core", 4),
+        Column("link", 4, "<", priority=1),
         Column("tx pkt/s", 8),
         Column("tx Gb/s", 7),
         Column("rx pkt/s", 8),
@@ -563,6 +564,7 @@ def _nics(new: Any, rates: Rates) -> Table:
             (n.backend, n.backend),
             (n.interface or "-", n.interface),
             ("-" if n.core < 0 else str(n.core), n.core),
+            (n.link or "-", n.link),
             (fmt_rate(r.tx_packets_per_s), r.tx_packets_per_s),
             (fmt_float(r.tx_gbits_per_s, 3), r.tx_gbits_per_s),
             (fmt_rate(r.rx_packets_per_s), r.rx_packets_per_s),
@@ -577,14 +579,23 @@ def _nics(new: Any, rates: Rates) -> Table:
                 (fmt_count(cn.get("moe_broadcasts", 0)), cn.get("moe_broadcasts", 0)),
                 (fmt_count(cn.get("moe_unicasts", 0)), cn.get("moe_unicasts", 0)),
             ]
-        rows.append(Row([v[0] for v in vals], [v[1] for v in vals], attention=r.drops_new > 0))
-    notes = ["core -: not pinned; drops, nacks (sent), retx, gso: since start"]
+        rows.append(
+            Row(
+                [v[0] for v in vals],
+                [v[1] for v in vals],
+                attention=r.drops_new > 0 or n.link == "down",
+            )
+        )
+    notes = [
+        "core -: not pinned; link -: the backend does not tell (socket, null); "
+        "drops, nacks (sent), retx, gso: since start"
+    ]
     if rates.moe:
         notes.append(
             "moe bcast, moe ucast: MoE forwards' parts sent once with the whole routing "
             "table, or as each routed duck's rows alone; since start"
         )
-    return Table("nics", "NIC workers", cols, rows, notes, sort=4)
+    return Table("nics", "NIC workers", cols, rows, notes, sort=5)
 
 
 def _ducks(new: Any, rates: Rates) -> Table:

@@ -248,6 +248,7 @@ STATS_ENUMS: tuple[type[enum.IntEnum], ...] = (
     stats.StatsClientState,
     stats.DuckState,
     stats.DuckReason,
+    stats.LinkState,
 )
 
 

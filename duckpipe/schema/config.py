@@ -44,6 +44,9 @@ class NicConfig(msgspec.Struct, kw_only=True, frozen=True):
     # and ARP to the worker's RX queue. auto: where the port validates them, else say so
     # once and go on; require: refuse to start without them; off: none
     flow_steering: Literal["auto", "off", "require"] = "auto"
+    # dpdk: at startup, wait this long at most for the port's link to come up (an E810
+    # negotiating takes seconds), then start anyway with a warning; 0: do not wait
+    link_wait_ms: Annotated[int, Meta(ge=0, le=60_000)] = 5000
 
 
 class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):

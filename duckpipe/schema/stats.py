@@ -63,6 +63,7 @@ __all__ = [
     "Counter",
     "DuckReason",
     "DuckState",
+    "LinkState",
     "StatsAgent",
     "StatsBounds",
     "StatsClient",
@@ -81,8 +82,8 @@ __all__ = [
 STATS_MAGIC = int.from_bytes(b"DUCKSTAT", "little")
 STATS_VERSION_MAJOR = 1
 # 1.1: per-duck MoE rows, MoE counters; 1.2: clients' pending, why a duck is lost,
-# doorbell_unwatched
-STATS_VERSION_MINOR = 2
+# doorbell_unwatched; 1.3: a NIC's link state and speed, its EAL lcore; link counters
+STATS_VERSION_MINOR = 3
 STATS_MAX_COUNTERS = 128  # counter slots per agent (COUNTERS has fewer)
 STATS_COUNTER_NAME = 48
 STATS_MAX_NICS = MAX_NICS
@@ -182,6 +183,9 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("moe_bytes", "MoE: activation and table bytes put on the wire (first sends)"),
     Counter("rx_unrouted", "MoE partials refused: rows the duck was not routed", drop=True),
     Counter("doorbell_unwatched", "a doorbell pipe not watched: epoll refused it, or closed"),
+    Counter("tx_link_down", "dpdk: datagrams not sent: the NIC's link was down", drop=True),
+    Counter("link_downs", "dpdk: times the NIC's link went down"),
+    Counter("link_down_forwards", "forward parts failed at once: the NIC's link was down"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)
@@ -197,6 +201,17 @@ def bucket_bounds() -> list[int]:
         for i in range(STATS_BUCKETS - 1)
     ]
     return [*out, (1 << 63) - 1]
+
+
+class LinkState(enum.IntEnum):
+    """A NIC's link as its backend last saw it (``dp_stats_nic.link``).
+
+    UNKNOWN: the backend does not tell (socket, null), and the worker takes it as up.
+    """
+
+    UNKNOWN = 0
+    UP = 1
+    DOWN = 2
 
 
 class WriterKind(enum.IntEnum):
@@ -420,12 +435,18 @@ class StatsNic(msgspec.Struct, frozen=True):
     __c_size__: ClassVar[int] = 192
     __field_docs__: ClassVar[dict[str, str]] = {
         "agent": "index of its counters in the agents region",
-        "core": "the core it is pinned to, 0xffffffff when unpinned",
+        "core": "the CPU it runs on (pinned), 0xffffffff when unpinned",
+        "link": "enum dp_link_state: UNKNOWN (socket, null: taken as up), UP or DOWN",
+        "link_speed_mbps": "the link's speed as the port reports it (0: unknown or down)",
+        "lcore": "the EAL lcore it runs on (dpdk, dedicated threads), 0xffffffff if none",
     }
 
     agent: U32
     core: U32
-    pad0: Pad(56)
+    link: U32
+    link_speed_mbps: U32
+    lcore: U32
+    pad0: Pad(44)
     name: Chars(32)
     backend: Chars(32)
     interface: Chars(64)

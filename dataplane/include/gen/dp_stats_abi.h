@@ -33,7 +33,7 @@
 
 #define DP_STATS_MAGIC 0x544154534b435544
 #define DP_STATS_VERSION_MAJOR 1
-#define DP_STATS_VERSION_MINOR 2
+#define DP_STATS_VERSION_MINOR 3
 #define DP_STATS_MAX_COUNTERS 128
 #define DP_STATS_COUNTER_NAME 48
 #define DP_STATS_MAX_NICS 8
@@ -95,6 +95,15 @@ enum dp_duck_reason {
     DP_DUCK_REASON_NEVER_ANSWERED = 1,
     DP_DUCK_REASON_SILENT = 2,
     DP_DUCK_REASON_MISSED_FORWARD = 3,
+};
+
+/* A NIC's link as its backend last saw it (``dp_stats_nic.link``).
+
+    UNKNOWN: the backend does not tell (socket, null), and the worker takes it as up. */
+enum dp_link_state {
+    DP_LINK_STATE_UNKNOWN = 0,
+    DP_LINK_STATE_UP = 1,
+    DP_LINK_STATE_DOWN = 2,
 };
 
 /*
@@ -206,8 +215,11 @@ struct dp_stats_client {
  */
 struct dp_stats_nic {
     uint32_t agent;                     /*    0: index of its counters in the agents region */
-    uint32_t core;                      /*    4: the core it is pinned to, 0xffffffff when unpinned */
-    uint8_t pad0[56];                   /*    8 */
+    uint32_t core;                      /*    4: the CPU it runs on (pinned), 0xffffffff when unpinned */
+    uint32_t link;                      /*    8: enum dp_link_state: UNKNOWN (socket, null: taken as up), UP or DOWN */
+    uint32_t link_speed_mbps;           /*   12: the link's speed as the port reports it (0: unknown or down) */
+    uint32_t lcore;                     /*   16: the EAL lcore it runs on (dpdk, dedicated threads), 0xffffffff if none */
+    uint8_t pad0[44];                   /*   20 */
     char name[32];                      /*   64 */
     char backend[32];                   /*   96 */
     char interface[64];                 /*  128 */
@@ -314,7 +326,10 @@ struct dp_stats_duck {
     X(moe_unicasts) /* MoE NIC parts sent as each routed duck's rows alone */             \
     X(moe_bytes) /* MoE: activation and table bytes put on the wire (first sends) */      \
     X(rx_unrouted) /* MoE partials refused: rows the duck was not routed */               \
-    X(doorbell_unwatched) /* a doorbell pipe not watched: epoll refused it, or closed */
+    X(doorbell_unwatched) /* a doorbell pipe not watched: epoll refused it, or closed */  \
+    X(tx_link_down) /* dpdk: datagrams not sent: the NIC's link was down */               \
+    X(link_downs) /* dpdk: times the NIC's link went down */                              \
+    X(link_down_forwards) /* forward parts failed at once: the NIC's link was down */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");
@@ -385,7 +400,10 @@ _Static_assert(offsetof(struct dp_stats_client, segment) == 256, "dp_stats_clien
 _Static_assert(sizeof(struct dp_stats_nic) == 192, "dp_stats_nic size");
 _Static_assert(offsetof(struct dp_stats_nic, agent) == 0, "dp_stats_nic.agent");
 _Static_assert(offsetof(struct dp_stats_nic, core) == 4, "dp_stats_nic.core");
-_Static_assert(offsetof(struct dp_stats_nic, pad0) == 8, "dp_stats_nic.pad0");
+_Static_assert(offsetof(struct dp_stats_nic, link) == 8, "dp_stats_nic.link");
+_Static_assert(offsetof(struct dp_stats_nic, link_speed_mbps) == 12, "dp_stats_nic.link_speed_mbps");
+_Static_assert(offsetof(struct dp_stats_nic, lcore) == 16, "dp_stats_nic.lcore");
+_Static_assert(offsetof(struct dp_stats_nic, pad0) == 20, "dp_stats_nic.pad0");
 _Static_assert(offsetof(struct dp_stats_nic, name) == 64, "dp_stats_nic.name");
 _Static_assert(offsetof(struct dp_stats_nic, backend) == 96, "dp_stats_nic.backend");
 _Static_assert(offsetof(struct dp_stats_nic, interface) == 128, "dp_stats_nic.interface");

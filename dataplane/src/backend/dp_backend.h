@@ -92,7 +92,18 @@ struct dp_backend {
 	 * calls in flight, and whether the backend takes them (set by the backend) */
 	uint32_t xstats_readers;
 	uint32_t xstats_live;
+	/* The link as the backend last saw it (enum dp_link_state): UNKNOWN (0) for a
+	 * backend that does not tell (socket, null), which counts as up. Written by the
+	 * worker's thread (dpdk: dp_dpdk_link.c), read by the worker, which fails the NIC's
+	 * forwards at once while it is DOWN, and by the control agent (Stats). */
+	uint32_t link;
+	uint32_t link_speed_mbps;
 };
+
+static inline bool dp_backend_link_down(const struct dp_backend *b)
+{
+	return dp_load_acquire_u32(&b->link) == DP_LINK_STATE_DOWN;
+}
 
 extern const struct dp_backend_ops dp_backend_socket;
 extern const struct dp_backend_ops dp_backend_null;

@@ -20,6 +20,7 @@
 #include "dp_client.h"
 #include "dp_fwd.h"
 #include "dp_layers.h"
+#include "dp_worker.h"
 
 #define DUCK_LOST_NS 3000000000ull /* nothing heard for this long (or 3 pings): lost */
 
@@ -235,6 +236,7 @@ struct dp_stats_seg *dp_stats_open(struct dp_world *w,
 		n->agent = 2 + k;
 		int core = core_of(cfg, 2 + k);
 		n->core = core < 0 ? 0xffffffffu : (uint32_t)core;
+		n->lcore = 0xffffffffu; /* publish_nics: once the EAL placed it */
 		put(n->name, sizeof(n->name), cfg->nics[k].name);
 		put(n->backend, sizeof(n->backend), cfg->nics[k].backend);
 		put(n->interface, sizeof(n->interface), cfg->nics[k].interface);
@@ -499,11 +501,31 @@ static void publish_ducks(struct dp_stats_seg *s, uint64_t now)
 		log_newly_lost(s, silent, nsilent, DP_DUCK_REASON_SILENT, lost);
 }
 
+/* Each NIC's link (its worker's backend writes it) and, for a worker on an EAL lcore,
+ * that lcore and its CPU (dp_main.c places it after the segment is made). */
+static void publish_nics(struct dp_stats_seg *s)
+{
+	struct dp_world *w = s->w;
+	for (uint32_t k = 0; k < w->cfg.nnics; k++) {
+		const struct dp_worker *wk = w->workers[k];
+		struct dp_stats_nic *n = &s->nics[k];
+		if (!wk)
+			continue;
+		dp_store_release_u32(&n->link, dp_load_acquire_u32(&wk->be.link));
+		dp_store_release_u32(&n->link_speed_mbps, dp_load_acquire_u32(&wk->be.link_speed_mbps));
+		if (wk->lcore >= 0) {
+			dp_store_release_u32(&n->lcore, (uint32_t)wk->lcore);
+			dp_store_release_u32(&n->core, wk->cpu < 0 ? 0xffffffffu : (uint32_t)wk->cpu);
+		}
+	}
+}
+
 void dp_stats_tick(struct dp_stats_seg *s, uint64_t now)
 {
 	if (!s)
 		return;
 	publish_counters(s);
+	publish_nics(s);
 	publish_clients(s);
 	publish_ducks(s, now);
 	set64(&s->hdr->epoch, dp_load_acquire_u64(&s->w->epoch));

@@ -177,6 +177,25 @@ static void lost_message(const struct dp_world *w, struct dp_fwd *f)
 			 f->layer ? f->layer->id : f->desc.layer);
 }
 
+/* DATAPLANE_ERROR from NICs whose link was down (dp_gather_link_down): their names. */
+static void link_down_message(const struct dp_world *w, struct dp_fwd *f)
+{
+	size_t n = sizeof(f->message), used = 0;
+	uint32_t listed = 0;
+	for (uint32_t k = 0; k < DP_MAX_NICS && used < n; k++) {
+		if (!(f->nic_mask & (1u << k)) || !f->part[k].link_down)
+			continue;
+		int c = snprintf(f->message + used, n - used, "%snic %s", listed ? ", " : "",
+				 w->cfg.nics[k].name);
+		used += c > 0 ? (size_t)c : 0;
+		listed++;
+	}
+	if (listed && used < n)
+		snprintf(f->message + used, n - used,
+			 ": link down; its ducks were not sent this forward (the forward fails at "
+			 "once until the link is up again)");
+}
+
 /* The last NIC out: the worst of the NICs' statuses, and the message that goes with it;
  * counters are the finishing worker's. */
 static uint32_t final_status(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters)
@@ -199,6 +218,8 @@ static uint32_t final_status(struct dp_world *w, struct dp_fwd *f, struct dp_cou
 		routed_missing_message(w, f);
 	if (status == DP_STATUS_DUCK_LOST && f->kind == DP_FWD_FORWARD && !f->message[0])
 		lost_message(w, f);
+	if (status == DP_STATUS_DATAPLANE_ERROR && f->kind == DP_FWD_FORWARD && !f->message[0])
+		link_down_message(w, f);
 	if (!f->message[0] && status == DP_STATUS_TIMEOUT)
 		snprintf(f->message, sizeof(f->message), "no complete partial within the deadline");
 	return status;

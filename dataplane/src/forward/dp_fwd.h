@@ -78,6 +78,7 @@ struct dp_nic_part {
 	uint64_t release_ns; /* when the part ended and began to wait for the port */
 	bool release_logged; /* waited more than a second: said so once */
 	bool moe_unicast;    /* routed: each duck got its rows alone (else the broadcast) */
+	bool link_down;      /* failed at once: the NIC's link was down (dp_backend.h) */
 };
 
 struct dp_fwd {

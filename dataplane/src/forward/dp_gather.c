@@ -97,6 +97,13 @@ uint32_t dp_gather_timeout(const struct dp_gather_view *v, struct dp_fwd *f, uin
 	return part_over(v, f, DP_STATUS_TIMEOUT, now);
 }
 
+uint32_t dp_gather_link_down(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now)
+{
+	f->part[v->nic].link_down = true; /* the last NIC out names it (dp_fwd.c) */
+	dp_count(v->counters, DP_C_link_down_forwards, 1);
+	return part_over(v, f, DP_STATUS_DATAPLANE_ERROR, now);
+}
+
 /* DP_STATUS_PENDING while a duck of f on this NIC has not answered, else the part is
  * over: OK, or DUCK_LOST if one holds no such layer. */
 static uint32_t check_forward_done(const struct dp_gather_view *v, struct dp_fwd *f,
@@ -156,6 +163,7 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 			rx->moe_msg = NULL;
 		}
 	p->first_ns = p->last_ns = p->fetch_ns = 0;
+	p->link_down = false;
 	p->owner.mem = &f->client->mem; /* chunks may go out in place from its slot */
 	uint64_t start = dp_now_ns();
 	p->send_start = start;

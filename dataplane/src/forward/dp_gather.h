@@ -36,5 +36,8 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now);
 /* f's deadline passed: its wait on this NIC ends now. Returns DP_STATUS_TIMEOUT. */
 uint32_t dp_gather_timeout(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now);
+/* The NIC's link is down (dp_backend.h): f's wait on this NIC ends now, marked so that
+ * its completion names the NIC. Returns DP_STATUS_DATAPLANE_ERROR. */
+uint32_t dp_gather_link_down(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now);
 
 #endif /* DP_GATHER_H */

@@ -220,11 +220,17 @@ static int timers(struct dp_worker *wk, uint64_t now, bool backlog)
 	}
 	uint32_t budget = forwards ? WEIGHT_BUDGET_BUSY : WEIGHT_BUDGET_IDLE;
 	uint32_t room = unacked < WEIGHT_WINDOW ? WEIGHT_WINDOW - unacked : 0;
+	/* a link that went down fails the forwards in flight on it now, not at their
+	 * deadline; weight chunks keep retransmitting until theirs (a flap costs no load) */
+	bool link_down = dp_backend_link_down(&wk->be);
 	for (uint32_t i = 0; i < wk->nactive;) {
 		struct dp_fwd *f = wk->active[i];
 		uint32_t before = wk->nactive;
 		if (f->kind == DP_FWD_FORWARD) {
-			if (now >= f->deadline_ns) {
+			if (link_down) {
+				end_part(wk, f, dp_gather_link_down(&wk->gather, f, now), now);
+				work++;
+			} else if (now >= f->deadline_ns) {
 				end_part(wk, f, dp_gather_timeout(&wk->gather, f, now), now);
 				work++;
 			} else if (!backlog && now >= wk->next_nack[f->index]) {
@@ -284,7 +290,7 @@ int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now)
 	uint32_t n = dp_inbox_pop(&wk->in, (void **)in, DP_BURST);
 	for (uint32_t i = 0; i < n; i++) {
 		active_add(wk, in[i]);
-		if (in[i]->kind == DP_FWD_FORWARD)
+		if (in[i]->kind == DP_FWD_FORWARD) /* link down: sends nothing, ends in timers */
 			wk->next_nack[in[i]->index] = dp_gather_accept(&wk->gather, in[i]);
 		else
 			dp_weight_accept(&wk->weight, in[i]);
@@ -339,6 +345,7 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 	memset(wk, 0, sizeof(*wk));
 	wk->nic = nic;
 	wk->w = w;
+	wk->lcore = wk->cpu = -1;
 	wk->payload = dp_wire_payload_max(cfg->mtu);
 	wk->max_chunks = dp_wire_chunk_count(w->cfg.max_forward_bytes, wk->payload);
 	if (wk->max_chunks > DP_REASM_MAX_CHUNKS) {

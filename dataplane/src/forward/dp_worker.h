@@ -32,6 +32,8 @@ struct dp_worker {
 	struct dp_inbox in;  /* dispatcher -> me: struct dp_fwd * (an rte_ring on dpdk) */
 	struct dp_spsc done; /* me -> control: finished contexts */
 	struct dp_counters counters;
+	int lcore;           /* the EAL lcore it runs on (dp_main.c), or -1 */
+	int cpu;             /* the one CPU that lcore is pinned to, or -1 */
 	uint32_t payload;    /* bytes per datagram after the header */
 	uint32_t max_chunks; /* of one forward's activation */
 	/* per forward context, by its index (worker-local) */

@@ -420,8 +420,15 @@ int main(int argc, char **argv)
 					      .lcore = -1,
 					      .name = world.cfg.dedicated_threads ? agents[i].name
 										  : "dataplane" };
-		if (world.cfg.dedicated_threads && i >= 2 && nic_is_dpdk(i - 2))
+		if (world.cfg.dedicated_threads && i >= 2 && nic_is_dpdk(i - 2)) {
 			place_on_lcore(&runners[i], nlcores++);
+			/* for Stats: where it runs, as the EAL placed it */
+			char cpus[64], *end;
+			dp_lcore_cpus((unsigned)runners[i].lcore, cpus, sizeof(cpus));
+			long cpu = strtol(cpus, &end, 10);
+			workers[i - 2].lcore = runners[i].lcore;
+			workers[i - 2].cpu = cpus[0] && !*end ? (int)cpu : -1;
+		}
 		dp_idle_init(&runners[i].idle, world.cfg.idle, world.cfg.idle_spin_us);
 		if (setup_runner(&runners[i]) < 0) {
 			fprintf(stderr, "duckpipe-dataplane: %s: %s\n", runners[i].name, dp_error());

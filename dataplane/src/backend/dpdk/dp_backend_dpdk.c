@@ -53,6 +53,9 @@
  *            rx_nombuf) as rxq_overflows. UDP payloads go up in place,
  *            in their mbufs, which are freed on the next rx_burst (as the socket
  *            backend's buffers stay valid until its next call).
+ *   link     waited for at open (NIC link_wait_ms), then watched: link interrupts
+ *            where the port has them, else read every 10 ms; while it is down nothing
+ *            is sent and the worker fails the NIC's forwards at once (dp_dpdk_link.c).
  *   parking  a poll-mode port has no fd: wait_fd and rx_ready are NULL, so a parked
  *            worker polls every DP_BACKEND_POLL_NS. In production, run the dpdk
  *            backend with idle = "spin" and dedicated threads on their own lcores.
@@ -133,6 +136,7 @@ static int dpdk_open(struct dp_backend *b)
 		dp_set_error("out of memory for the dpdk backend");
 		return -1;
 	}
+	p->link_fd = -1; /* dp_dpdk_link_conf opens it */
 	if (dp_dpdk_eal_get() < 0) {
 		free(p);
 		return -1;
@@ -141,8 +145,14 @@ static int dpdk_open(struct dp_backend *b)
 	if ((rc = rte_eth_dev_get_port_by_name(cfg->interface, &p->port)) != 0) {
 		char ports[256];
 		list_ports(ports, sizeof(ports));
-		dp_set_error("rte_eth_dev_get_port_by_name(%s): no such DPDK port (err=%d); ports: %s",
-			     cfg->interface, rc, ports);
+		/* af_packet's probe fails when its PACKET_FANOUT group id (pid ^ ifindex, no
+		 * devarg sets it) is another interface's group in this namespace */
+		dp_set_error("rte_eth_dev_get_port_by_name(%s): no such DPDK port (err=%d); ports: %s%s",
+			     cfg->interface, rc, ports,
+			     strncmp(cfg->interface, "net_af_packet", 13) ? ""
+			     : "; if the EAL said \"could not set PACKET_FANOUT\", another process "
+			       "holds this port's fanout group id (pid ^ ifindex): start again "
+			       "(docs/dpdk.md)");
 		goto fail_eal;
 	}
 	struct rte_eth_dev_info info;
@@ -166,6 +176,7 @@ static int dpdk_open(struct dp_backend *b)
 			    .offloads = (p->tx_cksum_offload ? tx_ck : 0) |
 					(p->zero_copy ? RTE_ETH_TX_OFFLOAD_MULTI_SEGS : 0) },
 	};
+	dp_dpdk_link_conf(p, &info, &conf); /* intr_conf.lsc where the port has it */
 	/* one mbuf holds a whole frame: headroom, Ethernet (and a VLAN tag, the CRC), mtu */
 	uint32_t room = RTE_PKTMBUF_HEADROOM + RTE_ETHER_HDR_LEN + 8 + cfg->mtu;
 	if (room < RTE_MBUF_DEFAULT_BUF_SIZE)
@@ -213,6 +224,7 @@ static int dpdk_open(struct dp_backend *b)
 		dp_set_error("rte_eth_dev_start: err=%d, port=%u", rc, p->port);
 		goto fail_pool;
 	}
+	dp_dpdk_link_start(b, p); /* waits up to link_wait_ms for the link */
 	(void)rte_eth_stats_reset(p->port); /* rxq_overflows counts from here */
 	p->host_ip = cfg->host.sin_addr.s_addr;
 	p->host_port = cfg->host.sin_port;
@@ -247,7 +259,8 @@ static int dpdk_open(struct dp_backend *b)
 		if (unknown)
 			rte_delay_us_sleep(200);
 		now = dp_now_ns();
-	} while (unknown && now - start < (uint64_t)ARP_WAIT_MS * 1000000);
+	} while (unknown && now - start < (uint64_t)ARP_WAIT_MS * 1000000 &&
+		 !dp_backend_link_down(b)); /* down: at link up (dp_dpdk_arp_refresh) */
 	if (p->nheld) {
 		rte_pktmbuf_free_bulk(p->held, p->nheld);
 		p->nheld = 0;
@@ -269,6 +282,7 @@ fail_started:
 fail_pool:
 	rte_mempool_free(p->pool);
 fail_eal:
+	dp_dpdk_link_close(p);
 	dp_dpdk_eal_put();
 	free(p);
 	return -1;
@@ -316,6 +330,7 @@ static void dpdk_close(struct dp_backend *b)
 	if (p->ntxq)
 		rte_pktmbuf_free_bulk(p->txq, p->ntxq);
 	dp_dpdk_zc_close(p);
+	dp_dpdk_link_close(p);
 	int rc = rte_eth_dev_stop(p->port);
 	if (rc != 0)
 		DP_WARN("nic %s: rte_eth_dev_stop: err=%d, port=%u", b->cfg->name, rc, p->port);

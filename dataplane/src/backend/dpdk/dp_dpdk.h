@@ -8,6 +8,7 @@
  *   dp_dpdk_mem.c      client segments registered with DPDK (extmem, DMA mapping)
  *   dp_dpdk_rx.c       rx bursts: Ethernet/IPv4/UDP parsed, payloads handed up
  *   dp_dpdk_flow.c     rte_flow rules steering duck replies and ARP to the RX queue
+ *   dp_dpdk_link.c     the link: waited for at open, watched (LSC or polled), its transitions
  *
  * A dpdk_priv belongs to one NIC worker: only that worker's thread touches it, but
  * for the xstats fields at its end, which the control agent's thread uses (Stats).
@@ -18,6 +19,7 @@
 #include <stdalign.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <net/if.h>
 
 #include <rte_ethdev.h>
 #include <rte_ether.h>
@@ -109,6 +111,15 @@ struct dpdk_priv {
 	uint32_t nxstats;
 	struct rte_eth_xstat_name *xnames;
 	struct rte_eth_xstat *xvals;
+	/* the link (dp_dpdk_link.c); b->link holds its state */
+	bool link_lsc;          /* the port raises RTE_ETH_EVENT_INTR_LSC: read on its flag */
+	bool link_registered;   /* the LSC callback is registered */
+	uint32_t link_event;    /* raised by the LSC callback (the EAL's interrupt thread) */
+	int link_fd;            /* for SIOCGIFFLAGS on the port's kernel interface, or -1 */
+	char link_ifname[IF_NAMESIZE];
+	uint64_t link_next_ns;  /* polled ports: the next read */
+	uint64_t link_down_ns;  /* when it went down */
+	uint64_t oerrors_seen;  /* the port's oerrors, counted into tx_errors (dp_dpdk_rx.c) */
 };
 
 /* dp_dpdk_eal.c */
@@ -124,6 +135,16 @@ void dp_dpdk_arp_request(struct dp_backend *b, struct dpdk_priv *p, struct arp_e
 const struct rte_ether_addr *dp_dpdk_dst_mac(struct dp_backend *b, struct dpdk_priv *p,
 					     uint32_t ip);
 void dp_dpdk_arp_input(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf *m);
+/* a gratuitous ARP for host_ip, a request for every duck address; returns how many ducks */
+uint32_t dp_dpdk_arp_refresh(struct dp_backend *b, struct dpdk_priv *p, uint64_t now);
+
+/* dp_dpdk_link.c: _conf before rte_eth_dev_configure (intr_conf.lsc), _start after
+ * rte_eth_dev_start (waits up to link_wait_ms, sets b->link), _poll from rx_burst */
+void dp_dpdk_link_conf(struct dpdk_priv *p, const struct rte_eth_dev_info *info,
+		       struct rte_eth_conf *conf);
+void dp_dpdk_link_start(struct dp_backend *b, struct dpdk_priv *p);
+void dp_dpdk_link_poll(struct dp_backend *b, struct dpdk_priv *p, uint64_t now);
+void dp_dpdk_link_close(struct dpdk_priv *p);
 
 /* dp_dpdk_tx.c */
 void dp_dpdk_txq_push(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf *m,

@@ -142,3 +142,26 @@ void dp_dpdk_arp_input(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbu
 	}
 	rte_pktmbuf_free(m);
 }
+
+/* The link came up (dp_dpdk_link.c): a gratuitous ARP (an RFC 5227 announcement: a
+ * request for host_ip from host_ip) so that switches and the ducks' kernels relearn the
+ * port, and a request for every duck address, now, known or not: a duck that moved while
+ * the link was down answers from its new MAC (learned MACs stay until then). */
+uint32_t dp_dpdk_arp_refresh(struct dp_backend *b, struct dpdk_priv *p, uint64_t now)
+{
+	struct rte_mbuf *m = rte_pktmbuf_alloc(p->pool);
+	if (m) {
+		static const struct rte_ether_addr zero;
+		arp_build(p, m, RTE_ARP_OP_REQUEST, &ether_bcast, &zero, p->host_ip);
+		dp_count(b->counters, DP_C_arp_requests, 1);
+		dp_dpdk_txq_push(b, p, m, 0);
+	}
+	uint32_t ducks = 0;
+	for (uint32_t i = 0; i < ARP_SLOTS; i++)
+		if (p->arp[i].ip) {
+			p->arp[i].asked_ns = 0;
+			dp_dpdk_arp_request(b, p, &p->arp[i], now);
+			ducks++;
+		}
+	return ducks;
+}

@@ -38,6 +38,17 @@
 /* rte_eth_tx_burst what txq holds; retries while the port makes progress, then drops. */
 void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p)
 {
+	if (dp_backend_link_down(b)) { /* nothing goes out: af_packet would take the frames,
+					* count them in its oerrors and report them sent */
+		rte_pktmbuf_free_bulk(p->txq, p->ntxq);
+		if (p->txq_datagrams)
+			dp_count(b->counters, DP_C_tx_link_down, p->txq_datagrams);
+		dp_dpdk_zc_reclaim(b, p);
+		p->ntxq = 0;
+		p->txq_datagrams = 0;
+		p->txq_bytes = 0;
+		return;
+	}
 	uint16_t n = p->ntxq, sent = rte_eth_tx_burst(p->port, 0, p->txq, n);
 	for (int tries = 0; sent < n && tries < TX_RETRIES;) {
 		uint16_t k = rte_eth_tx_burst(p->port, 0, p->txq + sent, n - sent);
@@ -370,6 +381,13 @@ static __rte_always_inline struct rte_mbuf *frame(struct dpdk_priv *p, struct bu
 uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
 {
 	struct dpdk_priv *p = b->priv;
+	if (dp_backend_link_down(b)) { /* dp_dpdk_link.c: the worker fails the forwards */
+		uint64_t datagrams = 0;
+		for (uint32_t i = 0; i < n; i++)
+			datagrams += tx[i].datagrams;
+		dp_count(b->counters, DP_C_tx_link_down, datagrams);
+		return 0;
+	}
 	struct build bd;
 	bd.n = bd.next = 0;
 	bd.want = 0;
