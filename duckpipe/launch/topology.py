@@ -32,6 +32,7 @@
                                   # else 8 on loopback, else 24. Every duck must be inside it
     mtu = 1500
     flow_steering = "auto"        # dpdk: rte_flow rules for duck replies (auto|off|require)
+    rx_desc = 0                   # dpdk: RX descriptors, tx_desc, mbufs; 0: from the topology
 
     [[nics.ducks]]
     id = 0
@@ -89,6 +90,10 @@ class Nic(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True)
     ducks: list[Duck]
     # dpdk: rte_flow steering of duck replies and ARP to the worker's queue (docs/dpdk.md)
     flow_steering: Literal["auto", "off", "require"] = default("flow_steering", cfgschema.NicConfig)
+    # dpdk: RX/TX descriptors and mbufs of the port; 0: sized from the topology (docs/dpdk.md)
+    rx_desc: Annotated[int, Meta(ge=0, le=32768)] = default("rx_desc", cfgschema.NicConfig)
+    tx_desc: Annotated[int, Meta(ge=0, le=32768)] = default("tx_desc", cfgschema.NicConfig)
+    mbufs: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)] = default("mbufs", cfgschema.NicConfig)
 
 
 class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

@@ -44,6 +44,11 @@ class NicConfig(msgspec.Struct, kw_only=True, frozen=True):
     # and ARP to the worker's RX queue. auto: where the port validates them, else say so
     # once and go on; require: refuse to start without them; off: none
     flow_steering: Literal["auto", "off", "require"] = "auto"
+    # dpdk: the port's RX and TX descriptors and its pool's mbufs; 0: sized from the
+    # topology at open (docs/dpdk.md "Settings"), a value is checked against the port
+    rx_desc: Annotated[int, Meta(ge=0, le=32768)] = 0
+    tx_desc: Annotated[int, Meta(ge=0, le=32768)] = 0
+    mbufs: U32 = 0
 
 
 class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):

@@ -139,6 +139,10 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("rx_late", "for a forward no longer in flight"),
     Counter("rx_duplicates", "chunks already received"),
     Counter("rxq_overflows", "datagrams the kernel dropped: socket buffer full", drop=True),
+    # rxq_overflows of a dpdk NIC is the sum of these three (not drops again: top sums drops)
+    Counter("rx_missed", "dpdk: frames the port dropped, its RX ring full (imissed)"),
+    Counter("rx_nombuf", "dpdk: frames the port dropped, no mbuf to put them in"),
+    Counter("rx_kernel_drops", "dpdk af_packet: frames the kernel dropped, ring full (tp_drops)"),
     Counter("rx_not_ours", "dpdk: frames for another address, port or protocol"),
     Counter("rx_fragments", "dpdk: IPv4 fragments (never reassembled)"),
     Counter("tx_no_mac", "dpdk: datagrams dropped, the duck's MAC not known yet", drop=True),

@@ -37,6 +37,11 @@ struct dp_nic_cfg {
 	uint32_t busy_poll_us;
 	uint32_t rcvbuf;
 	enum dp_flow_steering flow_steering; /* dpdk: rte_flow rules (dp_dpdk_flow.c) */
+	/* dpdk: RX / TX descriptors and the pool's mbufs; 0: sized from the topology at
+	 * open (dp_dpdk_size.c) */
+	uint32_t rx_desc;
+	uint32_t tx_desc;
+	uint32_t mbufs;
 };
 
 struct dp_config {

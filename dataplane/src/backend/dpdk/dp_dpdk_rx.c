@@ -72,28 +72,10 @@ drop:
 	return 0;
 }
 
-/* Frames the port dropped before we saw them (its RX ring full, or no mbuf to put one
- * in) into rxq_overflows, the socket backend's SO_RXQ_OVFL. Read from the worker's own
- * thread, every STATS_MS. */
-static void port_drops(struct dp_backend *b, struct dpdk_priv *p)
-{
-	uint64_t now = dp_now_ns();
-	if (now < p->next_stats_ns)
-		return;
-	p->next_stats_ns = now + (uint64_t)STATS_MS * 1000000;
-	struct rte_eth_stats st;
-	if (rte_eth_stats_get(p->port, &st) != 0)
-		return;
-	uint64_t dropped = st.imissed + st.rx_nombuf;
-	if (dropped > p->dropped_seen)
-		dp_count(b->counters, DP_C_rxq_overflows, dropped - p->dropped_seen);
-	p->dropped_seen = dropped;
-}
-
 uint32_t dp_dpdk_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n)
 {
 	struct dpdk_priv *p = b->priv;
-	port_drops(b, p);
+	dp_dpdk_stats_poll(b, p); /* the port's counters: this thread alone reads them */
 	if (p->nheld) {
 		rte_pktmbuf_free_bulk(p->held, p->nheld);
 		p->nheld = 0;
