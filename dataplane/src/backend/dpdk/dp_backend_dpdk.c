@@ -14,7 +14,7 @@
  *            (dp_inbox.c); with shared threads the one runner polls the ports.
  *   port     the NIC's `interface` names the DPDK port: a vdev (net_af_packet0, with
  *            --vdev=net_af_packet0,iface=IF among the EAL options) or a PCI address.
- *            One RX and one TX queue, an mbuf pool of its own (sized below), bursts
+ *            One RX and one TX queue, an mbuf pool of its own (sizes below), bursts
  *            of 32. IPv4 and UDP checksums offloaded where the port can, else
  *            computed here.
  *   TX       each datagram is one mbuf: Ethernet + IPv4 + UDP headers built here,
@@ -49,8 +49,9 @@
  *            checksum the kernel never filled in (CHECKSUM_PARTIAL), and the wire
  *            header is checked by the worker anyway. Frames not for host_ip:host_port
  *            (other protocols, other ports) are counted as rx_not_ours, fragments as
- *            rx_fragments, broken ones as rx_malformed, the port's own drops (imissed,
- *            rx_nombuf) as rxq_overflows. UDP payloads go up in place,
+ *            rx_fragments, broken ones as rx_malformed, the port's own drops as
+ *            rx_missed, rx_nombuf, rx_kernel_drops (af_packet) and their sum
+ *            rxq_overflows (dp_dpdk_stats.c). UDP payloads go up in place,
  *            in their mbufs, which are freed on the next rx_burst (as the socket
  *            backend's buffers stay valid until its next call).
  *   parking  a poll-mode port has no fd: wait_fd and rx_ready are NULL, so a parked
@@ -59,8 +60,12 @@
  *
  *   xstats   the port's extended statistics (its driver's counters) go into Stats,
  *            per NIC, the non-zero ones (`duckpipe stats`): names read at open, values
- *            by the control agent's thread on each GetStats (dpdk_xstats); close waits
- *            for a read in flight (dp_backend_xstats_dead). Also logged at close.
+ *            by the worker every STATS_MS (the port's one reader, dp_dpdk_stats.c),
+ *            copied by the control agent's thread on each GetStats (dpdk_xstats); close
+ *            waits for a copy in flight (dp_backend_xstats_dead). Also logged at close.
+ *   sizes    RX descriptors for one forward's replies from every duck of the NIC, the
+ *            mbuf pool for the rings, caches and zero-copy chunks within half the free
+ *            hugepages, cache 256 (dp_dpdk_size.c; rx_desc, tx_desc, mbufs override).
  *   rte_flow ingress rules steering the ducks' replies (IPv4 to host_ip, UDP to
  *            host_port) and ARP to the worker's RX queue, where the port has rte_flow
  *            (NIC flow_steering: auto, off, require; dp_dpdk_flow.c).
