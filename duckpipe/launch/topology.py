@@ -33,6 +33,7 @@
     mtu = 1500
     flow_steering = "auto"        # dpdk: rte_flow rules for duck replies (auto|off|require)
     link_wait_ms = 5000           # dpdk: wait for the link at startup at most this long
+    rx_desc = 0                   # dpdk: RX descriptors, tx_desc, mbufs; 0: from the topology
 
     [[nics.ducks]]
     id = 0
@@ -94,6 +95,10 @@ class Nic(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True)
     link_wait_ms: Annotated[int, Meta(ge=0, le=60_000)] = default(
         "link_wait_ms", cfgschema.NicConfig
     )
+    # dpdk: RX/TX descriptors and mbufs of the port; 0: sized from the topology (docs/dpdk.md)
+    rx_desc: Annotated[int, Meta(ge=0, le=32768)] = default("rx_desc", cfgschema.NicConfig)
+    tx_desc: Annotated[int, Meta(ge=0, le=32768)] = default("tx_desc", cfgschema.NicConfig)
+    mbufs: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)] = default("mbufs", cfgschema.NicConfig)
 
 
 class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

@@ -47,6 +47,11 @@ class NicConfig(msgspec.Struct, kw_only=True, frozen=True):
     # dpdk: at startup, wait this long at most for the port's link to come up (an E810
     # negotiating takes seconds), then start anyway with a warning; 0: do not wait
     link_wait_ms: Annotated[int, Meta(ge=0, le=60_000)] = 5000
+    # dpdk: the port's RX and TX descriptors and its pool's mbufs; 0: sized from the
+    # topology at open (docs/dpdk.md "Settings"), a value is checked against the port
+    rx_desc: Annotated[int, Meta(ge=0, le=32768)] = 0
+    tx_desc: Annotated[int, Meta(ge=0, le=32768)] = 0
+    mbufs: U32 = 0
 
 
 class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):

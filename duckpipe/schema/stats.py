@@ -186,6 +186,10 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("tx_link_down", "dpdk: datagrams not sent: the NIC's link was down", drop=True),
     Counter("link_downs", "dpdk: times the NIC's link went down"),
     Counter("link_down_forwards", "forward parts failed at once: the NIC's link was down"),
+    # rxq_overflows of a dpdk NIC is the sum of these three (not drops again: top sums drops)
+    Counter("rx_missed", "dpdk: frames the port dropped, its RX ring full (imissed)"),
+    Counter("rx_nombuf", "dpdk: frames the port dropped, no mbuf to put them in"),
+    Counter("rx_kernel_drops", "dpdk af_packet: frames the kernel dropped, ring full (tp_drops)"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

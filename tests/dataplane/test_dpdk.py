@@ -671,6 +671,7 @@ def test_stats_shows_the_ports_xstats_beside_the_backends_counters():
         mlp = GeluMlp.random(256, 96, seed=3)
         c.load_weights(1, mlp)
         _check_forwards(c, mlp, 10)
+        time.sleep(0.25)  # the worker's reading of the port's xstats: up to 100 ms old
         stats = c.stats()
         shown = subprocess.run(
             [sys.executable, "-m", "duckpipe", "stats", "--control-query", "--control",

@@ -52,10 +52,19 @@ static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t ind
 	    dp_msgpack_u32(o, "busy_poll_us", &nic->busy_poll_us, DP_CFG_NIC_DEFAULT_BUSY_POLL_US) < 0 ||
 	    dp_msgpack_u32(o, "rcvbuf", &nic->rcvbuf, DP_CFG_NIC_DEFAULT_RCVBUF) < 0 ||
 	    dp_msgpack_str(o, "flow_steering", flow, sizeof(flow), DP_CFG_NIC_DEFAULT_FLOW_STEERING) < 0 ||
-	    dp_msgpack_u32(o, "link_wait_ms", &nic->link_wait_ms, DP_CFG_NIC_DEFAULT_LINK_WAIT_MS) < 0)
+	    dp_msgpack_u32(o, "link_wait_ms", &nic->link_wait_ms, DP_CFG_NIC_DEFAULT_LINK_WAIT_MS) < 0 ||
+	    dp_msgpack_u32(o, "rx_desc", &nic->rx_desc, DP_CFG_NIC_DEFAULT_RX_DESC) < 0 ||
+	    dp_msgpack_u32(o, "tx_desc", &nic->tx_desc, DP_CFG_NIC_DEFAULT_TX_DESC) < 0 ||
+	    dp_msgpack_u32(o, "mbufs", &nic->mbufs, DP_CFG_NIC_DEFAULT_MBUFS) < 0)
 		return -1;
 	if (nic->link_wait_ms > 60000) {
 		dp_set_error("link_wait_ms %u is more than 60000 (a minute)", nic->link_wait_ms);
+		return -1;
+	}
+	/* a port's ring takes a uint16 count; the port's own limits are checked at open */
+	if (nic->rx_desc > 32768 || nic->tx_desc > 32768) {
+		dp_set_error("rx_desc %u / tx_desc %u: at most 32768 descriptors (0: sized from "
+			     "the topology)", nic->rx_desc, nic->tx_desc);
 		return -1;
 	}
 	if (!strcmp(flow, "auto"))

@@ -38,6 +38,11 @@ struct dp_nic_cfg {
 	uint32_t rcvbuf;
 	enum dp_flow_steering flow_steering; /* dpdk: rte_flow rules (dp_dpdk_flow.c) */
 	uint32_t link_wait_ms;       /* dpdk: at open, wait for the link this long at most */
+	/* dpdk: RX / TX descriptors and the pool's mbufs; 0: sized from the topology at
+	 * open (dp_dpdk_size.c) */
+	uint32_t rx_desc;
+	uint32_t tx_desc;
+	uint32_t mbufs;
 };
 
 struct dp_config {

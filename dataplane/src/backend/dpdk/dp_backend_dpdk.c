@@ -14,7 +14,7 @@
  *            (dp_inbox.c); with shared threads the one runner polls the ports.
  *   port     the NIC's `interface` names the DPDK port: a vdev (net_af_packet0, with
  *            --vdev=net_af_packet0,iface=IF among the EAL options) or a PCI address.
- *            One RX and one TX queue, an mbuf pool of its own (sized below), bursts
+ *            One RX and one TX queue, an mbuf pool of its own (sizes below), bursts
  *            of 32. IPv4 and UDP checksums offloaded where the port can, else
  *            computed here.
  *   TX       each datagram is one mbuf: Ethernet + IPv4 + UDP headers built here,
@@ -49,8 +49,9 @@
  *            checksum the kernel never filled in (CHECKSUM_PARTIAL), and the wire
  *            header is checked by the worker anyway. Frames not for host_ip:host_port
  *            (other protocols, other ports) are counted as rx_not_ours, fragments as
- *            rx_fragments, broken ones as rx_malformed, the port's own drops (imissed,
- *            rx_nombuf) as rxq_overflows. UDP payloads go up in place,
+ *            rx_fragments, broken ones as rx_malformed, the port's own drops as
+ *            rx_missed, rx_nombuf, rx_kernel_drops (af_packet) and their sum
+ *            rxq_overflows (dp_dpdk_stats.c). UDP payloads go up in place,
  *            in their mbufs, which are freed on the next rx_burst (as the socket
  *            backend's buffers stay valid until its next call).
  *   link     waited for at open (NIC link_wait_ms), then watched: link interrupts
@@ -62,8 +63,12 @@
  *
  *   xstats   the port's extended statistics (its driver's counters) go into Stats,
  *            per NIC, the non-zero ones (`duckpipe stats`): names read at open, values
- *            by the control agent's thread on each GetStats (dpdk_xstats); close waits
- *            for a read in flight (dp_backend_xstats_dead). Also logged at close.
+ *            by the worker every STATS_MS (the port's one reader, dp_dpdk_stats.c),
+ *            copied by the control agent's thread on each GetStats (dpdk_xstats); close
+ *            waits for a copy in flight (dp_backend_xstats_dead). Also logged at close.
+ *   sizes    RX descriptors for one forward's replies from every duck of the NIC, the
+ *            mbuf pool for the rings, caches and zero-copy chunks within half the free
+ *            hugepages, cache 256 (dp_dpdk_size.c; rx_desc, tx_desc, mbufs override).
  *   rte_flow ingress rules steering the ducks' replies (IPv4 to host_ip, UDP to
  *            host_port) and ARP to the worker's RX queue, where the port has rte_flow
  *            (NIC flow_steering: auto, off, require; dp_dpdk_flow.c).
@@ -75,6 +80,7 @@
 
 #include <rte_bus.h>
 #include <rte_dev.h>
+#include <rte_devargs.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
 #include <rte_lcore.h>
@@ -82,6 +88,7 @@
 
 #include "dp_common.h"
 #include "dp_dpdk.h"
+#include "dp_dpdk_size.h"
 
 static void list_ports(char *out, size_t size)
 {
@@ -100,24 +107,100 @@ static void list_ports(char *out, size_t size)
 		snprintf(out, size, "none: pass --vdev=... or bind a NIC to vfio-pci");
 }
 
-/* Mbufs for one port: the RX and TX rings, bursts, the mempool caches, and room for
- * every chunk of every forward context in flight (needed once transmit is zero copy
- * and an mbuf stays attached to its slot until the NIC has sent it; issue 9 item 3),
- * all within POOL_BUDGET. */
-static uint32_t pool_size(const struct dp_backend *b, uint32_t elt)
+/* A port's sizes: its rings from the topology (the NIC's rx_desc, tx_desc, mbufs when
+ * set), within what the port takes, and its mbuf pool within a hugepage budget. */
+struct port_sizes {
+	uint16_t nrx, ntx;
+	uint32_t ducks, reply_frames, rx_want;
+	uint64_t budget;
+	struct dp_dpdk_pool_plan pool;
+};
+
+/* An af_packet port's RX ring is the kernel's (the vdev's framecnt; rx_desc does not
+ * reach it): 0 for another driver. */
+static uint32_t af_packet_framecnt(const struct rte_eth_dev_info *info)
+{
+	if (strcmp(info->driver_name, "net_af_packet"))
+		return 0;
+	const struct rte_devargs *da = info->device ? rte_dev_devargs(info->device) : NULL;
+	const char *at = da && da->args ? strstr(da->args, "framecnt=") : NULL;
+	return at ? (uint32_t)strtoul(at + strlen("framecnt="), NULL, 0) : 512; /* the PMD's */
+}
+
+static int size_port(const struct dp_backend *b, uint16_t port, const struct rte_eth_dev_info *info,
+		     uint32_t elt, int socket, struct port_sizes *sz)
 {
 	const struct dp_config *all = b->config;
-	uint32_t payload = dp_wire_payload_max(b->cfg->mtu);
-	uint64_t chunks = (uint64_t)all->max_inflight *
-			  dp_wire_chunk_count(all->max_forward_bytes, payload);
-	uint64_t n = RX_DESC + TX_DESC + 4 * BURST + (uint64_t)rte_lcore_count() * MEMPOOL_CACHE +
-		     chunks;
-	if (n * elt > POOL_BUDGET)
-		n = POOL_BUDGET / elt;
-	return n < POOL_MIN ? POOL_MIN : (uint32_t)n;
+	const struct dp_nic_cfg *cfg = b->cfg;
+	memset(sz, 0, sizeof(*sz));
+	for (uint32_t i = 0; i < all->nducks; i++)
+		sz->ducks += all->ducks[i].nic == b->nic;
+	uint32_t payload = dp_wire_payload_max(cfg->mtu);
+	sz->reply_frames = dp_wire_chunk_count(all->max_forward_bytes, payload);
+	sz->rx_want = dp_dpdk_rx_want(sz->ducks, sz->reply_frames);
+	const struct rte_eth_desc_lim *rl = &info->rx_desc_lim, *tl = &info->tx_desc_lim;
+	if ((cfg->rx_desc && dp_dpdk_desc_check("rx_desc", cfg->rx_desc,
+						&(struct dp_dpdk_desc_lim){ rl->nb_max, rl->nb_min,
+									    rl->nb_align }) < 0) ||
+	    (cfg->tx_desc && dp_dpdk_desc_check("tx_desc", cfg->tx_desc,
+						&(struct dp_dpdk_desc_lim){ tl->nb_max, tl->nb_min,
+									    tl->nb_align }) < 0)) {
+		dp_add_error_context("nic %s, port %u (%s)", cfg->name, port, info->driver_name);
+		return -1;
+	}
+	sz->nrx = (uint16_t)(cfg->rx_desc ? cfg->rx_desc : sz->rx_want);
+	sz->ntx = (uint16_t)(cfg->tx_desc ? cfg->tx_desc : DP_DPDK_TX_DESC);
+	int rc = rte_eth_dev_adjust_nb_rx_tx_desc(port, &sz->nrx, &sz->ntx); /* to the port's */
+	if (rc != 0) {
+		dp_set_error("rte_eth_dev_adjust_nb_rx_tx_desc: err=%d, port=%u", rc, port);
+		return -1;
+	}
+	/* zero copy: a header mbuf per chunk of every forward context in flight (it stays
+	 * attached to its slot until the port sent it; issue 9 item 3) */
+	uint64_t zc = (uint64_t)all->max_inflight *
+		      dp_wire_chunk_count(all->max_forward_bytes, payload);
+	sz->budget = dp_dpdk_hugepages_free(socket) / POOL_HUGEPAGE_SHARE;
+	struct dp_dpdk_pool_in in = { .nrx = sz->nrx, .ntx = sz->ntx, .lcores = rte_lcore_count(),
+				      .zc_chunks = zc, .elt_bytes = elt,
+				      .budget_bytes = sz->budget, .mbufs_cfg = cfg->mbufs };
+	if (dp_dpdk_pool_plan(&in, &sz->pool) < 0) {
+		dp_add_error_context("nic %s, port %u", cfg->name, port);
+		return -1;
+	}
+	return 0;
 }
 
 static int xstats_open(struct dpdk_priv *p);
+
+/* What open chose, in one line (and a warning where an af_packet ring is smaller than
+ * one forward's replies: the issue-18 incast, frames lost before the worker sees them). */
+static void log_sizes(const struct dp_backend *b, const struct dpdk_priv *p,
+		      const struct port_sizes *sz, uint32_t room, int socket, uint32_t framecnt)
+{
+	const struct dp_nic_cfg *cfg = b->cfg;
+	uint64_t mib = ((uint64_t)sz->pool.mbufs * (room + sizeof(struct rte_mbuf))) >> 20;
+	char rx[96];
+	if (framecnt)
+		snprintf(rx, sizeof(rx), "the kernel's ring: framecnt=%u frames", framecnt);
+	else
+		snprintf(rx, sizeof(rx), "%u descriptors", sz->nrx);
+	DP_INFO("nic %s: port %u sizes: RX %s (one forward's replies: %u duck(s) x %u frames%s), "
+		"TX %u descriptors, mbuf pool %u x %u bytes (%lu MiB; wanted %u, hugepage budget "
+		"%lu MiB%s) on socket %d, cache %u per lcore",
+		cfg->name, p->port, rx, sz->ducks, sz->reply_frames,
+		cfg->rx_desc ? ", rx_desc set" : "", sz->ntx, sz->pool.mbufs, room,
+		(unsigned long)mib, sz->pool.want, (unsigned long)(sz->budget >> 20),
+		sz->pool.capped ? ": capped, less room for zero-copy chunks" : "", socket,
+		sz->pool.cache);
+	uint64_t need = (uint64_t)sz->ducks * sz->reply_frames;
+	if (framecnt && framecnt < need)
+		DP_WARN("nic %s: the af_packet ring holds %u frames (framecnt), fewer than one "
+			"forward's replies at max_forward_bytes (%u duck(s) x %u frames = %lu): the "
+			"kernel drops the rest (rx_kernel_drops) and NACKs resend them; add "
+			"framecnt=%lu (a power of two) to its --vdev (docs/dpdk.md)",
+			cfg->name, framecnt, sz->ducks, sz->reply_frames, (unsigned long)need,
+			(unsigned long)rte_align64pow2(need));
+}
 
 static int dpdk_open(struct dp_backend *b)
 {
@@ -181,13 +264,18 @@ static int dpdk_open(struct dp_backend *b)
 	uint32_t room = RTE_PKTMBUF_HEADROOM + RTE_ETHER_HDR_LEN + 8 + cfg->mtu;
 	if (room < RTE_MBUF_DEFAULT_BUF_SIZE)
 		room = RTE_MBUF_DEFAULT_BUF_SIZE;
-	uint32_t nmbufs = pool_size(b, room + (uint32_t)sizeof(struct rte_mbuf));
 	char pool_name[RTE_MEMPOOL_NAMESIZE];
 	snprintf(pool_name, sizeof(pool_name), "dp_mbufs_%u", b->nic);
 	int socket = rte_eth_dev_socket_id(p->port);
 	if (socket < 0)
 		socket = SOCKET_ID_ANY;
-	p->pool = rte_pktmbuf_pool_create(pool_name, nmbufs, MEMPOOL_CACHE, 0, (uint16_t)room,
+	struct port_sizes sz;
+	if (size_port(b, p->port, &info, room + (uint32_t)sizeof(struct rte_mbuf), socket, &sz) < 0)
+		goto fail_eal;
+	uint32_t nmbufs = sz.pool.mbufs;
+	/* on the port's socket: the NIC writes the frames there (the worker's socket is
+	 * checked against it on its first poll, dp_dpdk_stats.c) */
+	p->pool = rte_pktmbuf_pool_create(pool_name, nmbufs, sz.pool.cache, 0, (uint16_t)room,
 					  socket);
 	if (!p->pool) {
 		dp_set_error("rte_pktmbuf_pool_create(%u mbufs of %u bytes): %s (err=%d), port=%u; "
@@ -195,13 +283,9 @@ static int dpdk_open(struct dp_backend *b)
 			     nmbufs, room, rte_strerror(rte_errno), rte_errno, p->port);
 		goto fail_eal;
 	}
-	uint16_t nrx = RX_DESC, ntx = TX_DESC;
+	uint16_t nrx = sz.nrx, ntx = sz.ntx;
 	if ((rc = rte_eth_dev_configure(p->port, 1, 1, &conf)) != 0) {
 		dp_set_error("rte_eth_dev_configure: err=%d, port=%u", rc, p->port);
-		goto fail_pool;
-	}
-	if ((rc = rte_eth_dev_adjust_nb_rx_tx_desc(p->port, &nrx, &ntx)) != 0) {
-		dp_set_error("rte_eth_dev_adjust_nb_rx_tx_desc: err=%d, port=%u", rc, p->port);
 		goto fail_pool;
 	}
 	struct rte_eth_rxconf rxq = info.default_rxconf;
@@ -229,7 +313,8 @@ static int dpdk_open(struct dp_backend *b)
 	p->host_ip = cfg->host.sin_addr.s_addr;
 	p->host_port = cfg->host.sin_port;
 	p->bcast_ip = cfg->use_broadcast ? cfg->broadcast.sin_addr.s_addr : 0;
-	if (xstats_open(p) < 0 || dp_dpdk_flow_open(b, p) < 0)
+	if (xstats_open(p) < 0 || dp_dpdk_stats_open(b, p, &info) < 0 ||
+	    dp_dpdk_flow_open(b, p) < 0)
 		goto fail_started;
 	p->max_datagram = cfg->mtu - (uint32_t)(sizeof(struct rte_ipv4_hdr) + sizeof(struct rte_udp_hdr));
 	for (uint32_t i = 0; i < b->config->nducks; i++)
@@ -272,9 +357,12 @@ static int dpdk_open(struct dp_backend *b)
 		nmbufs, room, p->tx_cksum_offload ? "offloaded" : "in software",
 		p->zero_copy ? "zero-copy" : "copying", unknown,
 		(unsigned long)((now - start) / 1000000));
+	log_sizes(b, p, &sz, room, socket, af_packet_framecnt(&info));
+	p->st.numa_due = true; /* the worker's first poll checks its socket against the port's */
 	dp_backend_xstats_live(b); /* Stats may read the port from now on */
 	return 0;
 fail_started:
+	dp_dpdk_stats_close(p);
 	free(p->xnames);
 	free(p->xvals);
 	if ((rc = rte_eth_dev_stop(p->port)) != 0)
@@ -336,6 +424,7 @@ static void dpdk_close(struct dp_backend *b)
 		DP_WARN("nic %s: rte_eth_dev_stop: err=%d, port=%u", b->cfg->name, rc, p->port);
 	rte_eth_dev_close(p->port);
 	rte_mempool_free(p->pool);
+	dp_dpdk_stats_close(p);
 	free(p->xnames);
 	free(p->xvals);
 	free(p);
@@ -369,36 +458,12 @@ _Static_assert(sizeof(((struct dp_xstat *)0)->name) == RTE_ETH_XSTATS_NAME_SIZE,
 	       "an xstat's name fits Stats whole (control.XSTAT_NAME_MAX)");
 
 /* ops->xstats: on the control agent's thread, through dp_backend_xstats (which keeps it
- * out of close), while the worker bursts on the port. rte_eth_xstats_get from another
- * thread is what DPDK's telemetry does. It can overlap the worker's rte_eth_stats_get
- * (rxq_overflows, every STATS_MS): ethdev promises nothing there. af_packet and tap
- * read per-queue counters; ice reads NIC registers against offsets it keeps, which two
- * threads may update at once (not checked on an E810): a counter could be off by a
- * reading, the port itself is not disturbed. */
+ * out of close): a copy of the worker's last reading, never the port itself (one reader
+ * of the port's counters: dp_dpdk_stats.c says why). */
 static uint32_t dpdk_xstats(struct dp_backend *b, struct dp_xstat *out, uint32_t max,
 			    uint64_t *left_out)
 {
-	struct dpdk_priv *p = b->priv;
-	if (!p->nxstats)
-		return 0;
-	int n = rte_eth_xstats_get(p->port, p->xvals, p->nxstats);
-	if (n <= 0 || (uint32_t)n > p->nxstats)
-		return 0;
-	uint32_t k = 0;
-	for (int i = 0; i < n; i++) {
-		const struct rte_eth_xstat *x = &p->xvals[i];
-		if (!x->value || x->id >= p->nxstats)
-			continue;
-		if (k == max) {
-			(*left_out)++;
-			continue;
-		}
-		memcpy(out[k].name, p->xnames[x->id].name, sizeof(out[k].name));
-		out[k].name[sizeof(out[k].name) - 1] = '\0';
-		out[k].value = x->value;
-		k++;
-	}
-	return k;
+	return dp_dpdk_stats_xstats(b->priv, out, max, left_out);
 }
 
 /* Poll mode: no wait_fd, no rx_ready (dp_backend.h): a parked worker polls. */

@@ -9,9 +9,12 @@
  *   dp_dpdk_rx.c       rx bursts: Ethernet/IPv4/UDP parsed, payloads handed up
  *   dp_dpdk_flow.c     rte_flow rules steering duck replies and ARP to the RX queue
  *   dp_dpdk_link.c     the link: waited for at open, watched (LSC or polled), its transitions
+ *   dp_dpdk_size.c     rings, mbuf pool and cache sized from the topology; NUMA verdict
+ *   dp_dpdk_stats.c    the port's counters, read by the worker alone; xstats for Stats
  *
  * A dpdk_priv belongs to one NIC worker: only that worker's thread touches it, but
- * for the xstats fields at its end, which the control agent's thread uses (Stats).
+ * for the xstats snapshot (st.seq, st.snap, st.copy), which the control agent's thread
+ * copies for Stats (dp_dpdk_stats.c).
  */
 #ifndef DP_DPDK_H
 #define DP_DPDK_H
@@ -33,18 +36,15 @@
 /* --- tunables ------------------------------------------------------------------- */
 
 #define BURST 32                /* rte_eth_rx_burst / tx_burst */
-#define RX_DESC 1024
-#define TX_DESC 1024
-#define MEMPOOL_CACHE 32
-#define POOL_BUDGET (64u << 20) /* bytes of mbufs per port, at most: hugepages are shared */
-#define POOL_MIN 2047u          /* mbufs, whatever the budget says */
+/* RX/TX descriptors, pool and cache: dp_dpdk_size.h */
+#define POOL_HUGEPAGE_SHARE 2   /* a port's pool takes at most 1/2 of the free hugepages */
 #define TX_RETRIES 64           /* tx_burst calls without progress before a drop */
 #define ARP_SLOTS 512           /* open-addressed table of the NIC's duck addresses */
 #define ARP_RETRY_MS 10         /* a request per address at most this often */
 #define ARP_WAIT_MS 200         /* at open: how long to wait for the ducks' replies */
 #define ZC_MIN 256              /* payload bytes from one iov piece worth an extbuf */
 #define ZC_HOLD_MAX 8192        /* test knob DUCKPIPE_DPDK_TX_HOLD_US: extbufs held at once */
-#define STATS_MS 10             /* the port's drop counters read this often (rxq_overflows) */
+#define STATS_MS 100            /* the worker reads the port's counters this often */
 _Static_assert(DP_MAX_DUCKS < ARP_SLOTS, "every duck's address needs a slot, and one free");
 _Static_assert(alignof(struct dp_wire_header) <= sizeof(struct rte_udp_hdr),
 	       "an RX payload is aligned by moving it back over its UDP header");
@@ -100,14 +100,11 @@ struct dpdk_priv {
 	uint16_t ntxq;
 	uint64_t txq_bytes; /* UDP payload bytes of the datagrams in txq */
 	uint16_t txq_datagrams;
-	/* the port's drops before rx_burst saw the frames (RX ring full, no mbuf) */
-	uint64_t next_stats_ns;
-	uint64_t dropped_seen;
 	/* rte_flow rules made at open (dp_dpdk_flow.c), NULL where the port has none */
 	struct rte_flow *flow_replies;
 	struct rte_flow *flow_arp;
-	/* the port's xstats, for Stats: names read at open, values read by the control
-	 * agent's thread into xvals (its own; dp_backend_xstats keeps it out of close) */
+	/* the port's xstats, for Stats: names read at open, values read by the worker into
+	 * xvals and published in st.snap (dp_dpdk_stats.c) */
 	uint32_t nxstats;
 	struct rte_eth_xstat_name *xnames;
 	struct rte_eth_xstat *xvals;
@@ -119,7 +116,18 @@ struct dpdk_priv {
 	char link_ifname[IF_NAMESIZE];
 	uint64_t link_next_ns;  /* polled ports: the next read */
 	uint64_t link_down_ns;  /* when it went down */
-	uint64_t oerrors_seen;  /* the port's oerrors, counted into tx_errors (dp_dpdk_rx.c) */
+	uint64_t oerrors_seen;  /* the port's oerrors, counted into tx_errors (dp_dpdk_stats.c) */
+	/* the port's counters, one reader: the worker (dp_dpdk_stats.c) */
+	struct {
+		uint64_t next_ns;       /* the next reading */
+		uint64_t missed, nombuf; /* imissed, rx_nombuf counted so far */
+		int kfds[8];            /* af_packet: the PMD's sockets (tp_drops) */
+		uint32_t nkfds;
+		uint32_t seq;           /* seqlock: odd while the worker writes snap */
+		uint64_t *snap;         /* xstats values by id (the worker writes) */
+		uint64_t *copy;         /* the control agent's copy of snap */
+		bool numa_due;          /* open is done: the next poll is the worker's */
+	} st;
 };
 
 /* dp_dpdk_eal.c */
@@ -174,6 +182,15 @@ rte_iova_t dp_dpdk_mem_iova(const struct dp_mem *m, uint32_t port_bit, const uin
 /* dp_dpdk_flow.c: 0, or -1 with dp_error where flow_steering = "require" fails */
 int dp_dpdk_flow_open(struct dp_backend *b, struct dpdk_priv *p);
 void dp_dpdk_flow_close(struct dp_backend *b, struct dpdk_priv *p);
+
+/* dp_dpdk_stats.c */
+int dp_dpdk_stats_open(struct dp_backend *b, struct dpdk_priv *p,
+		       const struct rte_eth_dev_info *info);
+void dp_dpdk_stats_close(struct dpdk_priv *p);
+void dp_dpdk_stats_read(struct dp_backend *b, struct dpdk_priv *p);
+void dp_dpdk_stats_poll(struct dp_backend *b, struct dpdk_priv *p);
+uint32_t dp_dpdk_stats_xstats(struct dpdk_priv *p, struct dp_xstat *out, uint32_t max,
+			      uint64_t *left_out);
 
 /* dp_dpdk_rx.c */
 uint32_t dp_dpdk_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n);

@@ -72,39 +72,10 @@ drop:
 	return 0;
 }
 
-/* Frames the port dropped before we saw them (its RX ring full, or no mbuf to put one
- * in) into rxq_overflows, the socket backend's SO_RXQ_OVFL. Read from the worker's own
- * thread, every STATS_MS. */
-static void port_drops(struct dp_backend *b, struct dpdk_priv *p)
-{
-	uint64_t now = dp_now_ns();
-	if (now < p->next_stats_ns)
-		return;
-	p->next_stats_ns = now + (uint64_t)STATS_MS * 1000000;
-	struct rte_eth_stats st;
-	if (rte_eth_stats_get(p->port, &st) != 0)
-		return;
-	uint64_t dropped = st.imissed + st.rx_nombuf;
-	if (dropped > p->dropped_seen)
-		dp_count(b->counters, DP_C_rxq_overflows, dropped - p->dropped_seen);
-	p->dropped_seen = dropped;
-	/* Frames the driver took and then failed to send: af_packet's tx_burst returns them
-	 * as sent when its sendto fails (a link that went down before dp_dpdk_link.c saw it)
-	 * and counts them in oerrors only. They were counted in tx_packets at hand-off: move
-	 * them to tx_errors (an ARP frame among them makes tx_packets one short). */
-	if (st.oerrors > p->oerrors_seen) {
-		uint64_t refused = st.oerrors - p->oerrors_seen;
-		uint64_t sent = dp_load_relaxed_u64(&b->counters->v[DP_C_tx_packets]);
-		dp_count(b->counters, DP_C_tx_errors, refused);
-		dp_count(b->counters, DP_C_tx_packets, -(refused < sent ? refused : sent));
-	}
-	p->oerrors_seen = st.oerrors;
-}
-
 uint32_t dp_dpdk_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n)
 {
 	struct dpdk_priv *p = b->priv;
-	port_drops(b, p);
+	dp_dpdk_stats_poll(b, p); /* the port's counters: this thread alone reads them */
 	dp_dpdk_link_poll(b, p, dp_now_ns());
 	if (p->nheld) {
 		rte_pktmbuf_free_bulk(p->held, p->nheld);
