@@ -172,6 +172,7 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("client_quota_waits", "passes a client at client_max_inflight was skipped"),
     Counter("parks", "times a runner thread slept (dp_waker.h)"),
     Counter("kicks", "of those, woken by another thread's push"),
+    Counter("rx_interrupt_wakeups", "dpdk: parks a port's RX interrupt ended (dp_dpdk_intr.c)"),
     Counter("doorbells", "doorbell bytes from clients that found us parked (their own pipes)"),
     Counter("futex_wakes", "completions that woke a client sleeping on its slot"),
     Counter("completions_sent"),

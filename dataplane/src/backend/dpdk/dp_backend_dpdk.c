@@ -53,9 +53,12 @@
  *            rx_nombuf) as rxq_overflows. UDP payloads go up in place,
  *            in their mbufs, which are freed on the next rx_burst (as the socket
  *            backend's buffers stay valid until its next call).
- *   parking  a poll-mode port has no fd: wait_fd and rx_ready are NULL, so a parked
- *            worker polls every DP_BACKEND_POLL_NS. In production, run the dpdk
- *            backend with idle = "spin" and dedicated threads on their own lcores.
+ *   parking  where the port has RX interrupts (net_tap, vfio-bound NICs) a parked
+ *            worker sleeps on RX queue 0's event fd, armed while it sleeps
+ *            (dp_dpdk_intr.c); a port without them (af_packet, af_xdp) has no fd
+ *            (wait_fd -1), so a parked worker polls it every DP_BACKEND_POLL_NS. In
+ *            production, run the dpdk backend with idle = "spin" and dedicated threads
+ *            on their own lcores: then no interrupt is asked for at all.
  *
  *   xstats   the port's extended statistics (its driver's counters) go into Stats,
  *            per NIC, the non-zero ones (`duckpipe stats`): names read at open, values
@@ -166,6 +169,7 @@ static int dpdk_open(struct dp_backend *b)
 			    .offloads = (p->tx_cksum_offload ? tx_ck : 0) |
 					(p->zero_copy ? RTE_ETH_TX_OFFLOAD_MULTI_SEGS : 0) },
 	};
+	dp_dpdk_intr_conf(b, &conf);
 	/* one mbuf holds a whole frame: headroom, Ethernet (and a VLAN tag, the CRC), mtu */
 	uint32_t room = RTE_PKTMBUF_HEADROOM + RTE_ETHER_HDR_LEN + 8 + cfg->mtu;
 	if (room < RTE_MBUF_DEFAULT_BUF_SIZE)
@@ -214,6 +218,7 @@ static int dpdk_open(struct dp_backend *b)
 		goto fail_pool;
 	}
 	(void)rte_eth_stats_reset(p->port); /* rxq_overflows counts from here */
+	dp_dpdk_intr_start(b, p, &conf);
 	p->host_ip = cfg->host.sin_addr.s_addr;
 	p->host_port = cfg->host.sin_port;
 	p->bcast_ip = cfg->use_broadcast ? cfg->broadcast.sin_addr.s_addr : 0;
@@ -386,7 +391,7 @@ static uint32_t dpdk_xstats(struct dp_backend *b, struct dp_xstat *out, uint32_t
 	return k;
 }
 
-/* Poll mode: no wait_fd, no rx_ready (dp_backend.h): a parked worker polls. */
+/* No rx_ready: a parked worker sleeps on the RX interrupt's fd, or polls without one. */
 const struct dp_backend_ops dp_backend_dpdk = {
 	.name = "dpdk",
 	.open = dpdk_open,
@@ -394,5 +399,8 @@ const struct dp_backend_ops dp_backend_dpdk = {
 	.tx_burst = dp_dpdk_tx_burst,
 	.rx_burst = dp_dpdk_rx_burst,
 	.tx_reclaim = dp_dpdk_tx_reclaim,
+	.wait_fd = dp_dpdk_wait_fd,
+	.rx_arm = dp_dpdk_rx_arm,
+	.rx_disarm = dp_dpdk_rx_disarm,
 	.xstats = dpdk_xstats,
 };

@@ -8,6 +8,7 @@
  *   dp_dpdk_mem.c      client segments registered with DPDK (extmem, DMA mapping)
  *   dp_dpdk_rx.c       rx bursts: Ethernet/IPv4/UDP parsed, payloads handed up
  *   dp_dpdk_flow.c     rte_flow rules steering duck replies and ARP to the RX queue
+ *   dp_dpdk_intr.c     RX interrupts: the fd a parked worker sleeps on
  *
  * A dpdk_priv belongs to one NIC worker: only that worker's thread touches it, but
  * for the xstats fields at its end, which the control agent's thread uses (Stats).
@@ -104,6 +105,10 @@ struct dpdk_priv {
 	/* rte_flow rules made at open (dp_dpdk_flow.c), NULL where the port has none */
 	struct rte_flow *flow_replies;
 	struct rte_flow *flow_arp;
+	/* RX interrupts (dp_dpdk_intr.c): queue 0's fd, -1 where the port has none */
+	int rx_intr_fd;
+	bool rx_intr_eventfd; /* an eventfd to read empty (not tap's queue fd) */
+	bool rx_intr_armed;   /* enabled for this park */
 	/* the port's xstats, for Stats: names read at open, values read by the control
 	 * agent's thread into xvals (its own; dp_backend_xstats keeps it out of close) */
 	uint32_t nxstats;
@@ -153,6 +158,13 @@ rte_iova_t dp_dpdk_mem_iova(const struct dp_mem *m, uint32_t port_bit, const uin
 /* dp_dpdk_flow.c: 0, or -1 with dp_error where flow_steering = "require" fails */
 int dp_dpdk_flow_open(struct dp_backend *b, struct dpdk_priv *p);
 void dp_dpdk_flow_close(struct dp_backend *b, struct dpdk_priv *p);
+
+/* dp_dpdk_intr.c: rxq interrupts where a worker parks (ops wait_fd, rx_arm, rx_disarm) */
+void dp_dpdk_intr_conf(const struct dp_backend *b, struct rte_eth_conf *conf);
+void dp_dpdk_intr_start(struct dp_backend *b, struct dpdk_priv *p, const struct rte_eth_conf *conf);
+int dp_dpdk_wait_fd(struct dp_backend *b);
+bool dp_dpdk_rx_arm(struct dp_backend *b);
+void dp_dpdk_rx_disarm(struct dp_backend *b);
 
 /* dp_dpdk_rx.c */
 uint32_t dp_dpdk_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n);
