@@ -702,16 +702,18 @@ def test_a_port_without_rte_flow_runs_without_steering_unless_required(steering)
             out = dp.output()
     said = "no rte_flow steering" in out and "rte_flow_validate" in out
     assert said == (steering == "auto"), out
+    assert ("no flow isolation" in out) == (steering == "auto"), out
     assert "rte_flow steers" not in out, out
 
 
 def test_required_flow_steering_on_a_port_without_rte_flow_fails_naming_the_call():
+    # the first thing "require" asks for is isolation (before rte_eth_dev_configure)
     with veth_ducks([1]) as net:
         net.nics = [msgspec.structs.replace(n, flow_steering="require") for n in net.nics]
         dp = DataplaneProcess(_topology(net), backend_args=net.eal)
         try:
             with pytest.raises(
-                DuckpipeError, match=r"flow_steering = \"require\".*rte_flow_validate"
+                DuckpipeError, match=r"flow_steering = \"require\".*rte_flow_isolate"
             ):
                 dp.start()
         finally:

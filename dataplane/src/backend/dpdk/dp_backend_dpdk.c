@@ -64,9 +64,10 @@
  *            per NIC, the non-zero ones (`duckpipe stats`): names read at open, values
  *            by the control agent's thread on each GetStats (dpdk_xstats); close waits
  *            for a read in flight (dp_backend_xstats_dead). Also logged at close.
- *   rte_flow ingress rules steering the ducks' replies (IPv4 to host_ip, UDP to
- *            host_port) and ARP to the worker's RX queue, where the port has rte_flow
- *            (NIC flow_steering: auto, off, require; dp_dpdk_flow.c).
+ *   rte_flow flow isolation (rte_flow_isolate, before configure) and ingress rules
+ *            steering the ducks' replies (IPv4 to host_ip, UDP to host_port) and ARP to
+ *            the worker's RX queue, where the port has them: isolated, the queue gets
+ *            nothing else (NIC flow_steering: auto, off, require; dp_dpdk_flow.c).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -189,6 +190,8 @@ static int dpdk_open(struct dp_backend *b)
 		goto fail_eal;
 	}
 	uint16_t nrx = RX_DESC, ntx = TX_DESC;
+	if (dp_dpdk_flow_isolate(b, p) < 0)
+		goto fail_pool;
 	if ((rc = rte_eth_dev_configure(p->port, 1, 1, &conf)) != 0) {
 		dp_set_error("rte_eth_dev_configure: err=%d, port=%u", rc, p->port);
 		goto fail_pool;

@@ -105,6 +105,7 @@ struct dpdk_priv {
 	/* rte_flow rules made at open (dp_dpdk_flow.c), NULL where the port has none */
 	struct rte_flow *flow_replies;
 	struct rte_flow *flow_arp;
+	bool flow_isolated; /* rte_flow_isolate took: the queue gets only what the rules send */
 	/* RX interrupts (dp_dpdk_intr.c): queue 0's fd, -1 where the port has none */
 	int rx_intr_fd;
 	bool rx_intr_eventfd; /* an eventfd to read empty (not tap's queue fd) */
@@ -155,7 +156,9 @@ uint32_t dp_dpdk_mem_port_bit(uint16_t port);
 rte_iova_t dp_dpdk_mem_iova(const struct dp_mem *m, uint32_t port_bit, const uint8_t *from,
 			    uint32_t len);
 
-/* dp_dpdk_flow.c: 0, or -1 with dp_error where flow_steering = "require" fails */
+/* dp_dpdk_flow.c: 0, or -1 with dp_error where flow_steering = "require" fails;
+ * isolate before rte_eth_dev_configure, open once the port started */
+int dp_dpdk_flow_isolate(struct dp_backend *b, struct dpdk_priv *p);
 int dp_dpdk_flow_open(struct dp_backend *b, struct dpdk_priv *p);
 void dp_dpdk_flow_close(struct dp_backend *b, struct dpdk_priv *p);
 
