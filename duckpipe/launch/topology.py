@@ -32,6 +32,7 @@
                                   # else 8 on loopback, else 24. Every duck must be inside it
     mtu = 1500
     flow_steering = "auto"        # dpdk: rte_flow rules for duck replies (auto|off|require)
+    zc_hold_max_us = 50           # dpdk: flush a port idle this long that holds a slot
 
     [[nics.ducks]]
     id = 0
@@ -89,6 +90,10 @@ class Nic(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True)
     ducks: list[Duck]
     # dpdk: rte_flow steering of duck replies and ARP to the worker's queue (docs/dpdk.md)
     flow_steering: Literal["auto", "off", "require"] = default("flow_steering", cfgschema.NicConfig)
+    # dpdk, zero copy: a flush burst after this long idle while the port holds a slot
+    zc_hold_max_us: Annotated[int, Meta(ge=1, le=1_000_000)] = default(
+        "zc_hold_max_us", cfgschema.NicConfig
+    )
 
 
 class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

@@ -44,6 +44,10 @@ class NicConfig(msgspec.Struct, kw_only=True, frozen=True):
     # and ARP to the worker's RX queue. auto: where the port validates them, else say so
     # once and go on; require: refuse to start without them; off: none
     flow_steering: Literal["auto", "off", "require"] = "auto"
+    # dpdk, zero copy: how long the port may keep a finished part's buffers while nothing
+    # else is sent before the worker sends a flush burst (a NIC that frees only on later
+    # traffic: ice reports completions every tx_rs_thresh descriptors)
+    zc_hold_max_us: Annotated[int, Meta(ge=1, le=1_000_000)] = 50
 
 
 class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):

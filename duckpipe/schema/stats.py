@@ -127,6 +127,7 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("tx_zero_copy", "dpdk: payloads sent from client memory (extbuf chain)"),
     Counter("tx_copied", "dpdk: payloads copied: the port can't chain (af_xdp)"),
     Counter("tx_release_deferred", "parts whose end waited for the port to free their slot"),
+    Counter("tx_flush_frames", "dpdk: filler frames sent so an idle port frees held slots"),
     Counter("extmem_registered", "dpdk: client segments registered (rte_extmem_register)"),
     Counter("extmem_registered_bytes"),
     Counter("extmem_unregistered", "dpdk: ... and unregistered at detach"),

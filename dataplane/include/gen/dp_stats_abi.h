@@ -260,6 +260,7 @@ struct dp_stats_duck {
     X(tx_zero_copy) /* dpdk: payloads sent from client memory (extbuf chain) */            \
     X(tx_copied) /* dpdk: payloads copied: the port can't chain (af_xdp) */                \
     X(tx_release_deferred) /* parts whose end waited for the port to free their slot */    \
+    X(tx_flush_frames) /* dpdk: filler frames sent so an idle port frees held slots */     \
     X(extmem_registered) /* dpdk: client segments registered (rte_extmem_register) */      \
     X(extmem_registered_bytes)                                                             \
     X(extmem_unregistered) /* dpdk: ... and unregistered at detach */                      \

@@ -51,8 +51,13 @@ static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t ind
 	    dp_msgpack_bool(o, "gso", &nic->gso, DP_CFG_NIC_DEFAULT_GSO) < 0 ||
 	    dp_msgpack_u32(o, "busy_poll_us", &nic->busy_poll_us, DP_CFG_NIC_DEFAULT_BUSY_POLL_US) < 0 ||
 	    dp_msgpack_u32(o, "rcvbuf", &nic->rcvbuf, DP_CFG_NIC_DEFAULT_RCVBUF) < 0 ||
-	    dp_msgpack_str(o, "flow_steering", flow, sizeof(flow), DP_CFG_NIC_DEFAULT_FLOW_STEERING) < 0)
+	    dp_msgpack_str(o, "flow_steering", flow, sizeof(flow), DP_CFG_NIC_DEFAULT_FLOW_STEERING) < 0 ||
+	    dp_msgpack_u32(o, "zc_hold_max_us", &nic->zc_hold_max_us, DP_CFG_NIC_DEFAULT_ZC_HOLD_MAX_US) < 0)
 		return -1;
+	if (nic->zc_hold_max_us < 1 || nic->zc_hold_max_us > 1000000) {
+		dp_set_error("zc_hold_max_us %u is outside [1, 1000000]", nic->zc_hold_max_us);
+		return -1;
+	}
 	if (!strcmp(flow, "auto"))
 		nic->flow_steering = DP_FLOW_AUTO;
 	else if (!strcmp(flow, "off"))

@@ -37,6 +37,7 @@ struct dp_nic_cfg {
 	uint32_t busy_poll_us;
 	uint32_t rcvbuf;
 	enum dp_flow_steering flow_steering; /* dpdk: rte_flow rules (dp_dpdk_flow.c) */
+	uint32_t zc_hold_max_us;     /* dpdk: flush burst after this long idle holding a slot */
 };
 
 struct dp_config {

@@ -208,6 +208,7 @@ static int dpdk_open(struct dp_backend *b)
 	}
 	struct rte_eth_txconf txq = info.default_txconf;
 	txq.offloads = conf.txmode.offloads;
+	dp_dpdk_zc_txconf(p, &txq, ntx); /* completion thresholds where a NIC DMAs in place */
 	if ((rc = rte_eth_tx_queue_setup(p->port, 0, ntx, (unsigned)socket, &txq)) != 0) {
 		dp_set_error("rte_eth_tx_queue_setup: err=%d, port=%u", rc, p->port);
 		goto fail_pool;

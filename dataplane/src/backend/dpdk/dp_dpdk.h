@@ -43,6 +43,8 @@
 #define ARP_WAIT_MS 200         /* at open: how long to wait for the ducks' replies */
 #define ZC_MIN 256              /* payload bytes from one iov piece worth an extbuf */
 #define ZC_HOLD_MAX 8192        /* test knob DUCKPIPE_DPDK_TX_HOLD_US: extbufs held at once */
+#define FLUSH_FRAMES 32         /* zero copy: frames of a flush burst, the tx_rs_thresh set */
+#define FLUSH_ETHERTYPE 0x88B5  /* IEEE 802 local experimental: the flush burst's frames */
 #define STATS_MS 10             /* the port's drop counters read this often (rxq_overflows) */
 _Static_assert(DP_MAX_DUCKS < ARP_SLOTS, "every duck's address needs a slot, and one free");
 _Static_assert(alignof(struct dp_wire_header) <= sizeof(struct rte_udp_hdr),
@@ -77,6 +79,11 @@ struct dpdk_priv {
 	/* test knob: each extbuf held zc_hold_ns after tx_burst, as a NIC that frees on
 	 * completion would (DUCKPIPE_DPDK_TX_HOLD_US; 0: off) */
 	uint64_t zc_hold_ns;
+	uint64_t zc_hold_frames;  /* "traffic:N": held until N more frames went out */
+	uint64_t zc_frames_sent;  /* frames the port took, for the knob above */
+	uint64_t zc_last_tx_ns;   /* the port's last tx burst that sent something */
+	uint64_t zc_flushed_at;   /* zc_frames_sent after the last flush burst */
+	uint64_t zc_hold_max_ns;  /* NIC zc_hold_max_us: idle this long holding: flush burst */
 	struct zc_hold { struct rte_mbuf *m; uint64_t ns; } *zc_hold;
 	uint32_t zc_hold_head, zc_hold_tail;
 	uint16_t ip_id;
@@ -146,7 +153,8 @@ void dp_dpdk_zc_start(struct dp_backend *b, struct dpdk_priv *p,
 void dp_dpdk_zc_close(struct dpdk_priv *p);
 struct rte_mbuf *dp_dpdk_zc_attach(struct dpdk_priv *p, struct dp_tx_owner *owner,
 				   const uint8_t *from, uint16_t len);
-void dp_dpdk_zc_reclaim(struct dp_backend *b, struct dpdk_priv *p);
+void dp_dpdk_zc_reclaim(struct dp_backend *b, struct dpdk_priv *p, uint16_t sent);
+void dp_dpdk_zc_txconf(const struct dpdk_priv *p, struct rte_eth_txconf *txq, uint16_t ntx);
 void dp_dpdk_tx_reclaim(struct dp_backend *b);
 
 /* dp_dpdk_mem.c (and dp_backend.h: dp_dpdk_mem_register / unregister) */
