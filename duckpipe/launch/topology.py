@@ -34,6 +34,7 @@
     flow_steering = "auto"        # dpdk: rte_flow rules for duck replies (auto|off|require)
     link_wait_ms = 5000           # dpdk: wait for the link at startup at most this long
     rx_desc = 0                   # dpdk: RX descriptors, tx_desc, mbufs; 0: from the topology
+    zc_hold_max_us = 50           # dpdk: flush a port idle this long that holds a slot
 
     [[nics.ducks]]
     id = 0
@@ -99,6 +100,10 @@ class Nic(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True)
     rx_desc: Annotated[int, Meta(ge=0, le=32768)] = default("rx_desc", cfgschema.NicConfig)
     tx_desc: Annotated[int, Meta(ge=0, le=32768)] = default("tx_desc", cfgschema.NicConfig)
     mbufs: Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)] = default("mbufs", cfgschema.NicConfig)
+    # dpdk, zero copy: a flush burst after this long idle while the port holds a slot
+    zc_hold_max_us: Annotated[int, Meta(ge=1, le=1_000_000)] = default(
+        "zc_hold_max_us", cfgschema.NicConfig
+    )
 
 
 class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

@@ -52,6 +52,10 @@ class NicConfig(msgspec.Struct, kw_only=True, frozen=True):
     rx_desc: Annotated[int, Meta(ge=0, le=32768)] = 0
     tx_desc: Annotated[int, Meta(ge=0, le=32768)] = 0
     mbufs: U32 = 0
+    # dpdk, zero copy: how long the port may keep a finished part's buffers while nothing
+    # else is sent before the worker sends a flush burst (a NIC that frees only on later
+    # traffic: ice reports completions every tx_rs_thresh descriptors)
+    zc_hold_max_us: Annotated[int, Meta(ge=1, le=1_000_000)] = 50
 
 
 class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):

@@ -703,16 +703,18 @@ def test_a_port_without_rte_flow_runs_without_steering_unless_required(steering)
             out = dp.output()
     said = "no rte_flow steering" in out and "rte_flow_validate" in out
     assert said == (steering == "auto"), out
+    assert ("no flow isolation" in out) == (steering == "auto"), out
     assert "rte_flow steers" not in out, out
 
 
 def test_required_flow_steering_on_a_port_without_rte_flow_fails_naming_the_call():
+    # the first thing "require" asks for is isolation (before rte_eth_dev_configure)
     with veth_ducks([1]) as net:
         net.nics = [msgspec.structs.replace(n, flow_steering="require") for n in net.nics]
         dp = DataplaneProcess(_topology(net), backend_args=net.eal)
         try:
             with pytest.raises(
-                DuckpipeError, match=r"flow_steering = \"require\".*rte_flow_validate"
+                DuckpipeError, match=r"flow_steering = \"require\".*rte_flow_isolate"
             ):
                 dp.start()
         finally:
@@ -763,3 +765,30 @@ def test_stats_asked_all_through_shutdown_never_read_a_closed_port():
             for t in askers:
                 t.join()
     assert replies and all(r.nics[0].xstats.get("tx_good_packets", 0) > 0 for r in replies)
+
+
+def test_an_idle_port_that_frees_only_on_later_traffic_gets_a_flush_burst(monkeypatch):
+    # the knob's "traffic:32": the port frees a sent buffer only once 32 more frames went
+    # out after it, as ice does (it reports completions every tx_rs_thresh descriptors).
+    # After a forward's last burst the queue falls idle: nothing more would come but a
+    # PING now and then, and the slot would wait for 32 of them. Within zc_hold_max_us
+    # the worker sends a flush burst instead and the forward completes.
+    monkeypatch.setenv("DUCKPIPE_DPDK_TX_HOLD_US", "traffic:32")
+    with veth_ducks([2]) as net, _dataplane(net) as dp, duckpipe.connect(dp.control) as c:
+        mlp = GeluMlp.random(512, 32, seed=8)
+        c.load_weights(1, mlp)
+        rng = np.random.default_rng(5)
+        for _ in range(4):
+            x = rng.standard_normal((4, mlp.hidden)).astype(np.float32)  # 8 KiB: in place
+            np.testing.assert_allclose(
+                c.forward(1, x, timeout=2), mlp.reference(x), rtol=1e-4, atol=1e-5
+            )
+        n = c.stats().counters
+        out = dp.output()
+    assert "traffic:32" in out, out
+    assert n["forwards_ok"] == 4 and n["timeouts"] == 0, n
+    print({k: n[k] for k in ("tx_release_deferred", "tx_zero_copy", "tx_flush_frames", "pings")})
+    # a part that waited for its buffers was let go by a flush burst (32 frames), never
+    # by waiting for 32 PINGs (2 s of timeout is 4 PINGs)
+    assert n["tx_release_deferred"] >= 1 and n["tx_zero_copy"] >= 4 * 2, n
+    assert n["tx_flush_frames"] >= 32 * n["tx_release_deferred"], n

@@ -65,6 +65,11 @@ struct dp_backend_ops {
 	 * one with neither (poll-mode DPDK) is polled every DP_BACKEND_POLL_NS instead. */
 	int (*wait_fd)(struct dp_backend *b);
 	bool (*rx_ready)(struct dp_backend *b);
+	/* A wait_fd that must be armed to fire (a NIC's RX interrupt): rx_arm before the
+	 * worker parks, true if a datagram may have come meanwhile (then it does not park);
+	 * rx_disarm after every park, armed or not. NULL: the fd needs no arming. */
+	bool (*rx_arm)(struct dp_backend *b);
+	void (*rx_disarm)(struct dp_backend *b);
 	/* Zero copy: ask the port to free what it has sent (rte_eth_tx_done_cleanup), so that
 	 * held counts drop; the worker calls it while a part waits for its buffers. NULL for
 	 * backends that never hold a payload after tx_burst returns. */

@@ -316,10 +316,12 @@ int64_t dp_worker_park(struct dp_world *w, void *self, uint64_t now)
 {
 	struct dp_worker *wk = self;
 	const struct dp_backend_ops *ops = wk->be.ops;
-	if (!dp_inbox_empty(&wk->in) || (ops->rx_ready && ops->rx_ready(&wk->be)))
+	if (!dp_inbox_empty(&wk->in) || (ops->rx_ready && ops->rx_ready(&wk->be)) ||
+	    (ops->rx_arm && ops->rx_arm(&wk->be)))
 		return -1;
+	bool told = (ops->wait_fd && ops->wait_fd(&wk->be) >= 0) || ops->rx_ready;
 	uint64_t next = wk->next_ping_ns;
-	if ((wk->release.n || (!ops->wait_fd && !ops->rx_ready)) && now + DP_BACKEND_POLL_NS < next)
+	if ((wk->release.n || !told) && now + DP_BACKEND_POLL_NS < next)
 		next = now + DP_BACKEND_POLL_NS; /* nothing tells us a datagram came: poll */
 	/* a weight datagram is resent weight_rto after it went out: wake an eighth of it
 	 * late at most (the per-datagram times are not worth a scan; weights are background) */
@@ -337,6 +339,14 @@ int64_t dp_worker_park(struct dp_world *w, void *self, uint64_t now)
 			next = due;
 	}
 	return next <= now ? 0 : (int64_t)(next - now);
+}
+
+void dp_worker_unpark(struct dp_world *w, void *self)
+{
+	struct dp_worker *wk = self;
+	(void)w;
+	if (wk->be.ops->rx_disarm)
+		wk->be.ops->rx_disarm(&wk->be);
 }
 
 int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)

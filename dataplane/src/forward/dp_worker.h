@@ -71,5 +71,6 @@ int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now);
  * -1 if work is waiting, else ns until the next NACK, deadline, retransmit or PING. */
 int dp_worker_wait_on(struct dp_world *w, void *self, struct dp_waker *wk);
 int64_t dp_worker_park(struct dp_world *w, void *self, uint64_t now);
+void dp_worker_unpark(struct dp_world *w, void *self); /* the backend's rx_disarm */
 
 #endif /* DP_WORKER_H */

@@ -55,8 +55,13 @@ static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t ind
 	    dp_msgpack_u32(o, "link_wait_ms", &nic->link_wait_ms, DP_CFG_NIC_DEFAULT_LINK_WAIT_MS) < 0 ||
 	    dp_msgpack_u32(o, "rx_desc", &nic->rx_desc, DP_CFG_NIC_DEFAULT_RX_DESC) < 0 ||
 	    dp_msgpack_u32(o, "tx_desc", &nic->tx_desc, DP_CFG_NIC_DEFAULT_TX_DESC) < 0 ||
-	    dp_msgpack_u32(o, "mbufs", &nic->mbufs, DP_CFG_NIC_DEFAULT_MBUFS) < 0)
+	    dp_msgpack_u32(o, "mbufs", &nic->mbufs, DP_CFG_NIC_DEFAULT_MBUFS) < 0 ||
+	    dp_msgpack_u32(o, "zc_hold_max_us", &nic->zc_hold_max_us, DP_CFG_NIC_DEFAULT_ZC_HOLD_MAX_US) < 0)
 		return -1;
+	if (nic->zc_hold_max_us < 1 || nic->zc_hold_max_us > 1000000) {
+		dp_set_error("zc_hold_max_us %u is outside [1, 1000000]", nic->zc_hold_max_us);
+		return -1;
+	}
 	if (nic->link_wait_ms > 60000) {
 		dp_set_error("link_wait_ms %u is more than 60000 (a minute)", nic->link_wait_ms);
 		return -1;

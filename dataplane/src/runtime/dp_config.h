@@ -43,6 +43,7 @@ struct dp_nic_cfg {
 	uint32_t rx_desc;
 	uint32_t tx_desc;
 	uint32_t mbufs;
+	uint32_t zc_hold_max_us;     /* dpdk: flush burst after this long idle holding a slot */
 };
 
 struct dp_config {

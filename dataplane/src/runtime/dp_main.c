@@ -400,6 +400,7 @@ int main(int argc, char **argv)
 						       .do_work = dp_worker_do_work,
 						       .wait_on = dp_worker_wait_on,
 						       .park = dp_worker_park,
+						       .unpark = dp_worker_unpark,
 						       .self = &workers[n] };
 	}
 	char shown_control[4 * sizeof(world.cfg.control)];

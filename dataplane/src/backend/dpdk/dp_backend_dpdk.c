@@ -57,9 +57,12 @@
  *   link     waited for at open (NIC link_wait_ms), then watched: link interrupts
  *            where the port has them, else read every 10 ms; while it is down nothing
  *            is sent and the worker fails the NIC's forwards at once (dp_dpdk_link.c).
- *   parking  a poll-mode port has no fd: wait_fd and rx_ready are NULL, so a parked
- *            worker polls every DP_BACKEND_POLL_NS. In production, run the dpdk
- *            backend with idle = "spin" and dedicated threads on their own lcores.
+ *   parking  where the port has RX interrupts (net_tap, vfio-bound NICs) a parked
+ *            worker sleeps on RX queue 0's event fd, armed while it sleeps
+ *            (dp_dpdk_intr.c); a port without them (af_packet, af_xdp) has no fd
+ *            (wait_fd -1), so a parked worker polls it every DP_BACKEND_POLL_NS. In
+ *            production, run the dpdk backend with idle = "spin" and dedicated threads
+ *            on their own lcores: then no interrupt is asked for at all.
  *
  *   xstats   the port's extended statistics (its driver's counters) go into Stats,
  *            per NIC, the non-zero ones (`duckpipe stats`): names read at open, values
@@ -69,9 +72,10 @@
  *   sizes    RX descriptors for one forward's replies from every duck of the NIC, the
  *            mbuf pool for the rings, caches and zero-copy chunks within half the free
  *            hugepages, cache 256 (dp_dpdk_size.c; rx_desc, tx_desc, mbufs override).
- *   rte_flow ingress rules steering the ducks' replies (IPv4 to host_ip, UDP to
- *            host_port) and ARP to the worker's RX queue, where the port has rte_flow
- *            (NIC flow_steering: auto, off, require; dp_dpdk_flow.c).
+ *   rte_flow flow isolation (rte_flow_isolate, before configure) and ingress rules
+ *            steering the ducks' replies (IPv4 to host_ip, UDP to host_port) and ARP to
+ *            the worker's RX queue, where the port has them: isolated, the queue gets
+ *            nothing else (NIC flow_steering: auto, off, require; dp_dpdk_flow.c).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -260,6 +264,7 @@ static int dpdk_open(struct dp_backend *b)
 					(p->zero_copy ? RTE_ETH_TX_OFFLOAD_MULTI_SEGS : 0) },
 	};
 	dp_dpdk_link_conf(p, &info, &conf); /* intr_conf.lsc where the port has it */
+	dp_dpdk_intr_conf(b, &conf);
 	/* one mbuf holds a whole frame: headroom, Ethernet (and a VLAN tag, the CRC), mtu */
 	uint32_t room = RTE_PKTMBUF_HEADROOM + RTE_ETHER_HDR_LEN + 8 + cfg->mtu;
 	if (room < RTE_MBUF_DEFAULT_BUF_SIZE)
@@ -284,6 +289,8 @@ static int dpdk_open(struct dp_backend *b)
 		goto fail_eal;
 	}
 	uint16_t nrx = sz.nrx, ntx = sz.ntx;
+	if (dp_dpdk_flow_isolate(b, p) < 0)
+		goto fail_pool;
 	if ((rc = rte_eth_dev_configure(p->port, 1, 1, &conf)) != 0) {
 		dp_set_error("rte_eth_dev_configure: err=%d, port=%u", rc, p->port);
 		goto fail_pool;
@@ -296,6 +303,7 @@ static int dpdk_open(struct dp_backend *b)
 	}
 	struct rte_eth_txconf txq = info.default_txconf;
 	txq.offloads = conf.txmode.offloads;
+	dp_dpdk_zc_txconf(p, &txq, ntx); /* completion thresholds where a NIC DMAs in place */
 	if ((rc = rte_eth_tx_queue_setup(p->port, 0, ntx, (unsigned)socket, &txq)) != 0) {
 		dp_set_error("rte_eth_tx_queue_setup: err=%d, port=%u", rc, p->port);
 		goto fail_pool;
@@ -310,6 +318,7 @@ static int dpdk_open(struct dp_backend *b)
 	}
 	dp_dpdk_link_start(b, p); /* waits up to link_wait_ms for the link */
 	(void)rte_eth_stats_reset(p->port); /* rxq_overflows counts from here */
+	dp_dpdk_intr_start(b, p, &conf);
 	p->host_ip = cfg->host.sin_addr.s_addr;
 	p->host_port = cfg->host.sin_port;
 	p->bcast_ip = cfg->use_broadcast ? cfg->broadcast.sin_addr.s_addr : 0;
@@ -466,7 +475,7 @@ static uint32_t dpdk_xstats(struct dp_backend *b, struct dp_xstat *out, uint32_t
 	return dp_dpdk_stats_xstats(b->priv, out, max, left_out);
 }
 
-/* Poll mode: no wait_fd, no rx_ready (dp_backend.h): a parked worker polls. */
+/* No rx_ready: a parked worker sleeps on the RX interrupt's fd, or polls without one. */
 const struct dp_backend_ops dp_backend_dpdk = {
 	.name = "dpdk",
 	.open = dpdk_open,
@@ -474,5 +483,8 @@ const struct dp_backend_ops dp_backend_dpdk = {
 	.tx_burst = dp_dpdk_tx_burst,
 	.rx_burst = dp_dpdk_rx_burst,
 	.tx_reclaim = dp_dpdk_tx_reclaim,
+	.wait_fd = dp_dpdk_wait_fd,
+	.rx_arm = dp_dpdk_rx_arm,
+	.rx_disarm = dp_dpdk_rx_disarm,
 	.xstats = dpdk_xstats,
 };

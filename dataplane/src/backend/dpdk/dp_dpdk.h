@@ -11,6 +11,7 @@
  *   dp_dpdk_link.c     the link: waited for at open, watched (LSC or polled), its transitions
  *   dp_dpdk_size.c     rings, mbuf pool and cache sized from the topology; NUMA verdict
  *   dp_dpdk_stats.c    the port's counters, read by the worker alone; xstats for Stats
+ *   dp_dpdk_intr.c     RX interrupts: the fd a parked worker sleeps on
  *
  * A dpdk_priv belongs to one NIC worker: only that worker's thread touches it, but
  * for the xstats snapshot (st.seq, st.snap, st.copy), which the control agent's thread
@@ -44,6 +45,8 @@
 #define ARP_WAIT_MS 200         /* at open: how long to wait for the ducks' replies */
 #define ZC_MIN 256              /* payload bytes from one iov piece worth an extbuf */
 #define ZC_HOLD_MAX 8192        /* test knob DUCKPIPE_DPDK_TX_HOLD_US: extbufs held at once */
+#define FLUSH_FRAMES 32         /* zero copy: frames of a flush burst, the tx_rs_thresh set */
+#define FLUSH_ETHERTYPE 0x88B5  /* IEEE 802 local experimental: the flush burst's frames */
 #define STATS_MS 100            /* the worker reads the port's counters this often */
 _Static_assert(DP_MAX_DUCKS < ARP_SLOTS, "every duck's address needs a slot, and one free");
 _Static_assert(alignof(struct dp_wire_header) <= sizeof(struct rte_udp_hdr),
@@ -78,6 +81,11 @@ struct dpdk_priv {
 	/* test knob: each extbuf held zc_hold_ns after tx_burst, as a NIC that frees on
 	 * completion would (DUCKPIPE_DPDK_TX_HOLD_US; 0: off) */
 	uint64_t zc_hold_ns;
+	uint64_t zc_hold_frames;  /* "traffic:N": held until N more frames went out */
+	uint64_t zc_frames_sent;  /* frames the port took, for the knob above */
+	uint64_t zc_last_tx_ns;   /* the port's last tx burst that sent something */
+	uint64_t zc_flushed_at;   /* zc_frames_sent after the last flush burst */
+	uint64_t zc_hold_max_ns;  /* NIC zc_hold_max_us: idle this long holding: flush burst */
 	struct zc_hold { struct rte_mbuf *m; uint64_t ns; } *zc_hold;
 	uint32_t zc_hold_head, zc_hold_tail;
 	uint16_t ip_id;
@@ -103,6 +111,11 @@ struct dpdk_priv {
 	/* rte_flow rules made at open (dp_dpdk_flow.c), NULL where the port has none */
 	struct rte_flow *flow_replies;
 	struct rte_flow *flow_arp;
+	bool flow_isolated; /* rte_flow_isolate took: the queue gets only what the rules send */
+	/* RX interrupts (dp_dpdk_intr.c): queue 0's fd, -1 where the port has none */
+	int rx_intr_fd;
+	bool rx_intr_eventfd; /* an eventfd to read empty (not tap's queue fd) */
+	bool rx_intr_armed;   /* enabled for this park */
 	/* the port's xstats, for Stats: names read at open, values read by the worker into
 	 * xvals and published in st.snap (dp_dpdk_stats.c) */
 	uint32_t nxstats;
@@ -169,7 +182,8 @@ void dp_dpdk_zc_start(struct dp_backend *b, struct dpdk_priv *p,
 void dp_dpdk_zc_close(struct dpdk_priv *p);
 struct rte_mbuf *dp_dpdk_zc_attach(struct dpdk_priv *p, struct dp_tx_owner *owner,
 				   const uint8_t *from, uint16_t len);
-void dp_dpdk_zc_reclaim(struct dp_backend *b, struct dpdk_priv *p);
+void dp_dpdk_zc_reclaim(struct dp_backend *b, struct dpdk_priv *p, uint16_t sent);
+void dp_dpdk_zc_txconf(const struct dpdk_priv *p, struct rte_eth_txconf *txq, uint16_t ntx);
 void dp_dpdk_tx_reclaim(struct dp_backend *b);
 
 /* dp_dpdk_mem.c (and dp_backend.h: dp_dpdk_mem_register / unregister) */
@@ -179,7 +193,9 @@ uint32_t dp_dpdk_mem_port_bit(uint16_t port);
 rte_iova_t dp_dpdk_mem_iova(const struct dp_mem *m, uint32_t port_bit, const uint8_t *from,
 			    uint32_t len);
 
-/* dp_dpdk_flow.c: 0, or -1 with dp_error where flow_steering = "require" fails */
+/* dp_dpdk_flow.c: 0, or -1 with dp_error where flow_steering = "require" fails;
+ * isolate before rte_eth_dev_configure, open once the port started */
+int dp_dpdk_flow_isolate(struct dp_backend *b, struct dpdk_priv *p);
 int dp_dpdk_flow_open(struct dp_backend *b, struct dpdk_priv *p);
 void dp_dpdk_flow_close(struct dp_backend *b, struct dpdk_priv *p);
 
@@ -191,6 +207,13 @@ void dp_dpdk_stats_read(struct dp_backend *b, struct dpdk_priv *p);
 void dp_dpdk_stats_poll(struct dp_backend *b, struct dpdk_priv *p);
 uint32_t dp_dpdk_stats_xstats(struct dpdk_priv *p, struct dp_xstat *out, uint32_t max,
 			      uint64_t *left_out);
+
+/* dp_dpdk_intr.c: rxq interrupts where a worker parks (ops wait_fd, rx_arm, rx_disarm) */
+void dp_dpdk_intr_conf(const struct dp_backend *b, struct rte_eth_conf *conf);
+void dp_dpdk_intr_start(struct dp_backend *b, struct dpdk_priv *p, const struct rte_eth_conf *conf);
+int dp_dpdk_wait_fd(struct dp_backend *b);
+bool dp_dpdk_rx_arm(struct dp_backend *b);
+void dp_dpdk_rx_disarm(struct dp_backend *b);
 
 /* dp_dpdk_rx.c */
 uint32_t dp_dpdk_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n);

@@ -1,21 +1,26 @@
-/* dp_dpdk_flow.c: rte_flow rules that steer the ducks' traffic to the worker's RX queue.
+/* dp_dpdk_flow.c: flow isolation, and rte_flow rules that steer the ducks' traffic to
+ * the worker's RX queue.
  *
- * Two ingress rules per port, made at open and destroyed at close:
+ * Isolation first (rte_flow_isolate, before rte_eth_dev_configure, as mlx5 wants): the
+ * port's queue then receives only what a rule sends it. Then two ingress rules, made at
+ * open and destroyed at close:
  *
  *   replies  ETH / IPV4 dst = host_ip / UDP dst = host_port  ->  QUEUE 0
  *   ARP      ETH type = 0x0806                               ->  QUEUE 0
  *
- * Queue 0 is the worker's only RX queue. With one queue and no isolate mode every frame
- * lands there anyway; the rules matter where the port has more queues (RSS, another
- * application's queues on the same E810 port, or `rte_flow_isolate`): the ducks'
- * replies, and the ARP the ducks need to find the host address, stay on the worker's
- * queue whatever the port's default spreading does. On an E810 (ice PMD, with its DDP
- * package loaded) both are switch / flow-director rules in the NIC.
+ * Isolated, the worker sees the ducks' replies and ARP and nothing else: on a bifurcated
+ * driver (mlx5) the kernel keeps the rest of the port's traffic; on ice (flow director /
+ * switch rules, with its DDP package) and net_tap the unmatched frames are dropped by
+ * the port instead of costing the worker a parse each (rx_not_ours). Not isolated, queue
+ * 0, the only one, gets every frame anyway and the rules change nothing there; they
+ * matter only where the port spreads frames over more queues.
  *
- * Most virtual devices have no rte_flow (af_packet, af_xdp, null); net_tap has it
- * through TC flower, which needs a kernel with cls_flower and act_skbedit. NIC's
- * flow_steering says what then: "auto" logs once why and goes on without the rules,
- * "require" fails the open naming the call and the port's reason, "off" asks nothing.
+ * Most virtual devices have neither (af_packet, af_xdp, null); net_tap has both through
+ * TC (multiq, flower, skbedit), which the kernel must have. NIC's flow_steering:
+ * "auto" isolates and steers where the port takes both, else logs once why and goes on
+ * with every frame (a port isolated whose rules then failed is un-isolated again);
+ * "require" fails the open naming the call and the port's reason unless both work;
+ * "off" asks for nothing.
  */
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -59,6 +64,59 @@ static struct rte_flow *make_rule(uint16_t port, const struct rte_flow_item *pat
 	return f;
 }
 
+int dp_dpdk_flow_isolate(struct dp_backend *b, struct dpdk_priv *p)
+{
+	enum dp_flow_steering mode = b->cfg->flow_steering;
+	if (mode == DP_FLOW_OFF)
+		return 0;
+	struct rte_flow_error e = { 0 };
+	int rc = rte_flow_isolate(p->port, 1, &e);
+	if (rc == 0) {
+		p->flow_isolated = true;
+		return 0;
+	}
+	if (mode == DP_FLOW_REQUIRE) {
+		dp_set_error("flow_steering = \"require\", and the port cannot isolate: "
+			     "rte_flow_isolate: %s (err=%d, type=%d), port=%u (\"auto\" goes on "
+			     "without it)",
+			     why(&e), rc, (int)e.type, p->port);
+		return -1;
+	}
+	DP_INFO("nic %s: no flow isolation (flow_steering = \"auto\"): rte_flow_isolate: %s "
+		"(err=%d), port=%u; the worker's queue gets every frame the port receives",
+		b->cfg->name, why(&e), rc, p->port);
+	return 0;
+}
+
+/* The rules failed on an isolated port ("auto"): give it its frames back (stopped, as
+ * mlx5 wants). A port that will not leave isolation is warned about, not refused: net_tap
+ * on a kernel without TC takes isolation as a flag it cannot act on, and gets every
+ * frame all the same; a NIC that really isolates keeps its rules (the ARP one too). */
+static int unisolate(struct dp_backend *b, struct dpdk_priv *p)
+{
+	struct rte_flow_error e = { 0 };
+	int rc = rte_eth_dev_stop(p->port);
+	if (rc == 0) {
+		rc = rte_flow_isolate(p->port, 0, &e);
+		int started = rte_eth_dev_start(p->port);
+		if (started != 0) {
+			dp_set_error("rte_eth_dev_start after leaving flow isolation: err=%d, port=%u",
+				     started, p->port);
+			return -1;
+		}
+	}
+	if (rc != 0) {
+		DP_WARN("nic %s: the port took flow isolation, refused the rules, and will not leave "
+			"isolation: %s (err=%d), port=%u; if the ducks' replies do not arrive, set "
+			"flow_steering = \"off\"",
+			b->cfg->name, why(&e), rc, p->port);
+		return 0;
+	}
+	p->flow_isolated = false;
+	DP_INFO("nic %s: flow isolation undone: the port refused the rules", b->cfg->name);
+	return 0;
+}
+
 int dp_dpdk_flow_open(struct dp_backend *b, struct dpdk_priv *p)
 {
 	enum dp_flow_steering mode = b->cfg->flow_steering;
@@ -86,9 +144,11 @@ int dp_dpdk_flow_open(struct dp_backend *b, struct dpdk_priv *p)
 	if (p->flow_replies)
 		p->flow_arp = make_rule(p->port, arp, "ETH type ARP -> QUEUE 0", err, sizeof(err));
 	if (p->flow_replies && p->flow_arp) {
-		DP_INFO("nic %s: rte_flow steers UDP to %s:%u and ARP to RX queue %u", b->cfg->name,
+		DP_INFO("nic %s: rte_flow steers UDP to %s:%u and ARP to RX queue %u%s", b->cfg->name,
 			inet_ntoa((struct in_addr){ .s_addr = p->host_ip }),
-			rte_be_to_cpu_16(p->host_port), FLOW_QUEUE);
+			rte_be_to_cpu_16(p->host_port), FLOW_QUEUE,
+			p->flow_isolated ? ", isolated: the port drops or leaves to the kernel the rest"
+					 : "");
 		return 0;
 	}
 	dp_dpdk_flow_close(b, p); /* the one made, if any: both or none */
@@ -98,6 +158,8 @@ int dp_dpdk_flow_open(struct dp_backend *b, struct dpdk_priv *p)
 			     err);
 		return -1;
 	}
+	if (p->flow_isolated && unisolate(b, p) < 0)
+		return -1;
 	DP_INFO("nic %s: no rte_flow steering (flow_steering = \"auto\"): %s; every frame "
 		"reaches the worker's one RX queue anyway",
 		b->cfg->name, err);

@@ -43,7 +43,7 @@ void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p)
 		rte_pktmbuf_free_bulk(p->txq, p->ntxq);
 		if (p->txq_datagrams)
 			dp_count(b->counters, DP_C_tx_link_down, p->txq_datagrams);
-		dp_dpdk_zc_reclaim(b, p);
+		dp_dpdk_zc_reclaim(b, p, 0);
 		p->ntxq = 0;
 		p->txq_datagrams = 0;
 		p->txq_bytes = 0;
@@ -59,7 +59,7 @@ void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p)
 		rte_pktmbuf_free_bulk(p->txq + sent, n - sent);
 		dp_count(b->counters, DP_C_tx_errors, n - sent);
 	}
-	dp_dpdk_zc_reclaim(b, p);
+	dp_dpdk_zc_reclaim(b, p, sent);
 	uint16_t datagrams = p->txq_datagrams;
 	uint64_t bytes = p->txq_bytes;
 	if (sent < n) { /* what went out, approximately (ARP frames are among the n) */

@@ -15,9 +15,25 @@
  *                later, when the callbacks ran (dp_release.c); the worker asks the port
  *                with rte_eth_tx_done_cleanup meanwhile (dp_dpdk_tx_reclaim). On
  *                af_packet and tap the count is 0 when tx_burst returns: nothing waits.
+ *   idle bound   a NIC frees a sent buffer only once it has reported the descriptor
+ *                done, and ice reports (the RS bit) every tx_rs_thresh descriptors: the
+ *                last buffers of a burst on a queue that then falls idle stay held until
+ *                more traffic comes, and rte_eth_tx_done_cleanup cannot free what was
+ *                never reported. So when the port still holds buffers and nothing has been
+ *                sent for the NIC's zc_hold_max_us, tx_reclaim sends a flush burst:
+ *                FLUSH_FRAMES minimal frames (to the port's own MAC, ethertype 0x88B5, the
+ *                IEEE's local experimental one: a switch does not send a frame back out of
+ *                the port it came in on, a directly attached peer drops it as not its
+ *                MAC), at least one RS interval's worth of descriptors past the held ones,
+ *                then asks for the cleanup again (tx_flush_frames counts them). Copying
+ *                a burst's tail instead would not do: the driver frees a batch only when
+ *                the whole batch is reported, and it cannot know which burst is the last.
+ *                The thresholds are set explicitly on PCI ports (dp_dpdk_zc_txconf).
  *   test knob    DUCKPIPE_DPDK_TX_HOLD_US=N in the dataplane's environment holds a
  *                reference to every extbuf for N microseconds after it was sent, as a
- *                NIC that frees on completion does; "forever" holds them until close.
+ *                NIC that frees on completion does; "forever" holds them until close;
+ *                "traffic:N" until N more frames went out after it, as a NIC that frees
+ *                only on later traffic (ice's RS interval) does.
  *                For tests only: it makes the deferred release visible on a veth.
  */
 #include <stdlib.h>
@@ -61,10 +77,16 @@ void dp_dpdk_zc_start(struct dp_backend *b, struct dpdk_priv *p,
 	p->zc_port_bit = dp_dpdk_mem_port_bit(p->port);
 	if (p->zc_dma && !p->zc_port_bit)
 		p->zero_copy = p->zc_dma = false; /* no slot for its DMA mappings: it copies */
+	p->zc_hold_max_ns = (uint64_t)b->cfg->zc_hold_max_us * 1000;
 	const char *hold = getenv("DUCKPIPE_DPDK_TX_HOLD_US");
 	if (p->zero_copy && hold && hold[0]) {
-		p->zc_hold_ns = strcmp(hold, "forever") == 0 ? UINT64_MAX
-							      : strtoull(hold, NULL, 10) * 1000;
+		if (strncmp(hold, "traffic:", 8) == 0) {
+			p->zc_hold_frames = strtoull(hold + 8, NULL, 10);
+			p->zc_hold_ns = p->zc_hold_frames ? UINT64_MAX : 0;
+		} else {
+			p->zc_hold_ns = strcmp(hold, "forever") == 0 ? UINT64_MAX
+								      : strtoull(hold, NULL, 10) * 1000;
+		}
 		p->zc_hold = calloc(ZC_HOLD_MAX, sizeof(*p->zc_hold));
 		if (!p->zc_hold)
 			p->zc_hold_ns = 0;
@@ -75,7 +97,8 @@ void dp_dpdk_zc_start(struct dp_backend *b, struct dpdk_priv *p,
 	}
 }
 
-/* Let go of held extbufs: those held longer than the knob says (all with force). */
+/* Let go of held extbufs: those held longer than the knob says (all with force). In
+ * "traffic:N" mode h->ns is the count of frames sent when it was held, not a time. */
 static void release_holds(struct dpdk_priv *p, bool force)
 {
 	if (p->zc_hold_head == p->zc_hold_tail)
@@ -83,7 +106,9 @@ static void release_holds(struct dpdk_priv *p, bool force)
 	uint64_t now = dp_now_ns();
 	while (p->zc_hold_head != p->zc_hold_tail) {
 		struct zc_hold *h = &p->zc_hold[p->zc_hold_head % ZC_HOLD_MAX];
-		if (!force && (p->zc_hold_ns == UINT64_MAX || now - h->ns < p->zc_hold_ns))
+		bool due = p->zc_hold_frames ? p->zc_frames_sent - h->ns >= p->zc_hold_frames
+					     : p->zc_hold_ns != UINT64_MAX && now - h->ns >= p->zc_hold_ns;
+		if (!force && !due)
 			break;
 		rte_pktmbuf_free_seg(h->m); /* the port freed it already, or frees it later */
 		p->zc_hold_head++;
@@ -118,12 +143,56 @@ static void zc_free(void *addr, void *opaque)
 	count(&z->p->zc_out, -1);
 }
 
-/* Non-blocking, after each tx burst: the test knob's holds that are due. */
-void dp_dpdk_zc_reclaim(struct dp_backend *b, struct dpdk_priv *p)
+/* Non-blocking, after each tx burst of `sent` frames: when the port last sent, and the
+ * test knob's holds that are due. */
+void dp_dpdk_zc_reclaim(struct dp_backend *b, struct dpdk_priv *p, uint16_t sent)
 {
 	(void)b;
+	if (sent) {
+		p->zc_last_tx_ns = dp_now_ns();
+		p->zc_frames_sent += sent;
+	}
 	if (p->zc_hold)
 		release_holds(p, false);
+}
+
+/* PCI ports, before rte_eth_tx_queue_setup: the completion report interval and the
+ * cleanup threshold, explicit rather than the PMD's defaults (ice: 32 and 32).
+ * tx_rs_thresh = FLUSH_FRAMES (32): one descriptor write-back per 32, and the most
+ * descriptors a queue gone idle can leave unreported, which the flush burst covers.
+ * tx_free_thresh = nb_desc - 32 (ice wants rs + free <= nb_desc, free < nb_desc - 3):
+ * the driver frees what was reported on every burst once more than 32 descriptors are
+ * in use, instead of only when the ring is nearly full, so held slots go back as soon
+ * as the NIC reported them. Virtual devices have no thresholds: left as they are. */
+void dp_dpdk_zc_txconf(const struct dpdk_priv *p, struct rte_eth_txconf *txq, uint16_t ntx)
+{
+	if (!p->zc_dma || ntx <= 2 * FLUSH_FRAMES || ntx % FLUSH_FRAMES)
+		return;
+	txq->tx_rs_thresh = FLUSH_FRAMES;
+	txq->tx_free_thresh = (uint16_t)(ntx - FLUSH_FRAMES);
+}
+
+/* The flush burst (see the top): FLUSH_FRAMES minimal frames to the port's own MAC. */
+static void flush_burst(struct dp_backend *b, struct dpdk_priv *p)
+{
+	if (p->ntxq)
+		dp_dpdk_txq_flush(b, p);
+	uint32_t n = 0;
+	for (; n < FLUSH_FRAMES; n++) {
+		struct rte_mbuf *m = rte_pktmbuf_alloc(p->pool);
+		if (!m)
+			break;
+		struct rte_ether_hdr *eth =
+			(struct rte_ether_hdr *)rte_pktmbuf_append(m, RTE_ETHER_MIN_LEN - RTE_ETHER_CRC_LEN);
+		memset(eth, 0, RTE_ETHER_MIN_LEN - RTE_ETHER_CRC_LEN);
+		rte_ether_addr_copy(&p->mac, &eth->dst_addr);
+		rte_ether_addr_copy(&p->mac, &eth->src_addr);
+		eth->ether_type = rte_cpu_to_be_16(FLUSH_ETHERTYPE);
+		dp_dpdk_txq_push(b, p, m, 0);
+	}
+	if (p->ntxq)
+		dp_dpdk_txq_flush(b, p);
+	dp_count(b->counters, DP_C_tx_flush_frames, n);
 }
 
 /* The worker, while a part waits for its buffers (dp_backend_ops.tx_reclaim): ask the
@@ -138,6 +207,16 @@ void dp_dpdk_tx_reclaim(struct dp_backend *b)
 		return;
 	(void)rte_eth_tx_done_cleanup(p->port, 0, 0);
 	(void)rte_eth_tx_burst(p->port, 0, NULL, 0);
+	/* still held, and the port idle past the bound: what it holds may never have been
+	 * reported done; traffic makes it report. One flush per idle spell: one RS interval
+	 * past the held descriptors reports them all, and a NIC still sending them (or the
+	 * "forever" knob) is not flooded */
+	if (__atomic_load_n(&p->zc_out, __ATOMIC_RELAXED) && p->zc_frames_sent != p->zc_flushed_at &&
+	    dp_now_ns() - p->zc_last_tx_ns >= p->zc_hold_max_ns) {
+		flush_burst(b, p);
+		p->zc_flushed_at = p->zc_frames_sent;
+		(void)rte_eth_tx_done_cleanup(p->port, 0, 0);
+	}
 }
 
 /* An mbuf whose data is len bytes of client memory at from (not copied), counted on
@@ -174,7 +253,8 @@ struct rte_mbuf *dp_dpdk_zc_attach(struct dpdk_priv *p, struct dp_tx_owner *owne
 	ext->pkt_len = len;
 	if (p->zc_hold && p->zc_hold_tail - p->zc_hold_head < ZC_HOLD_MAX) {
 		rte_mbuf_refcnt_update(ext, 1); /* the test knob's reference */
-		p->zc_hold[p->zc_hold_tail++ % ZC_HOLD_MAX] = (struct zc_hold){ ext, dp_now_ns() };
+		uint64_t when = p->zc_hold_frames ? p->zc_frames_sent : dp_now_ns();
+		p->zc_hold[p->zc_hold_tail++ % ZC_HOLD_MAX] = (struct zc_hold){ ext, when };
 	}
 	return ext;
 }
