@@ -44,8 +44,6 @@
 #define ZC_HOLD_MAX 8192        /* test knob DUCKPIPE_DPDK_TX_HOLD_US: extbufs held at once */
 #define STATS_MS 10             /* the port's drop counters read this often (rxq_overflows) */
 _Static_assert(DP_MAX_DUCKS < ARP_SLOTS, "every duck's address needs a slot, and one free");
-_Static_assert(alignof(struct dp_wire_header) <= sizeof(struct rte_udp_hdr),
-	       "an RX payload is aligned by moving it back over its UDP header");
 #define HDRS_LEN (RTE_ETHER_HDR_LEN + sizeof(struct rte_ipv4_hdr) + sizeof(struct rte_udp_hdr))
 
 /* --- state ---------------------------------------------------------------------- */
