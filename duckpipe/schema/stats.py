@@ -141,6 +141,7 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("rxq_overflows", "datagrams the kernel dropped: socket buffer full", drop=True),
     Counter("rx_not_ours", "dpdk: frames for another address, port or protocol"),
     Counter("rx_fragments", "dpdk: IPv4 fragments (never reassembled)"),
+    Counter("rx_bad_checksum", "dpdk: UDP checksum wrong, checked in software", drop=True),
     Counter("tx_no_mac", "dpdk: datagrams dropped, the duck's MAC not known yet", drop=True),
     Counter("arp_requests", "dpdk: ARP requests sent for duck addresses"),
     Counter("arp_replies", "dpdk: ARP requests for the host address answered"),

@@ -274,6 +274,7 @@ struct dp_stats_duck {
     X(rxq_overflows) /* datagrams the kernel dropped: socket buffer full */               \
     X(rx_not_ours) /* dpdk: frames for another address, port or protocol */               \
     X(rx_fragments) /* dpdk: IPv4 fragments (never reassembled) */                        \
+    X(rx_bad_checksum) /* dpdk: UDP checksum wrong, checked in software */                \
     X(tx_no_mac) /* dpdk: datagrams dropped, the duck's MAC not known yet */              \
     X(arp_requests) /* dpdk: ARP requests sent for duck addresses */                      \
     X(arp_replies) /* dpdk: ARP requests for the host address answered */                 \

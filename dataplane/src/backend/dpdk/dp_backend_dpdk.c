@@ -44,10 +44,9 @@
  *            host_ip are answered with the port's MAC (ducks use their kernel's ARP).
  *            Ducks must be on the link: there is no gateway.
  *   RX       rte_eth_rx_burst; Ethernet/IPv4/UDP parsed, with the IPv4 header
- *            checksum checked (by the port where it can). The UDP checksum is checked
- *            only where the port does it: a veth hands af_packet frames whose UDP
- *            checksum the kernel never filled in (CHECKSUM_PARTIAL), and the wire
- *            header is checked by the worker anyway. Frames not for host_ip:host_port
+ *            and UDP checksums checked (by the port where it can, else in software:
+ *            dp_dpdk_cksum.h; a wrong UDP checksum is rx_bad_checksum, 0 means none
+ *            sent). Frames not for host_ip:host_port
  *            (other protocols, other ports) are counted as rx_not_ours, fragments as
  *            rx_fragments, broken ones as rx_malformed, the port's own drops (imissed,
  *            rx_nombuf) as rxq_overflows. UDP payloads go up in place,

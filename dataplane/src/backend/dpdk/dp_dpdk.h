@@ -7,6 +7,7 @@
  *   dp_dpdk_zc.c       zero copy: client memory as external buffers, their release
  *   dp_dpdk_mem.c      client segments registered with DPDK (extmem, DMA mapping)
  *   dp_dpdk_rx.c       rx bursts: Ethernet/IPv4/UDP parsed, payloads handed up
+ *   dp_dpdk_cksum.h/.c one's-complement sums: UDP checksums made (tx) and checked (rx)
  *   dp_dpdk_flow.c     rte_flow rules steering duck replies and ARP to the RX queue
  *
  * A dpdk_priv belongs to one NIC worker: only that worker's thread touches it, but
