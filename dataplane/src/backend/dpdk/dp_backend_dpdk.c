@@ -190,29 +190,31 @@ static int dpdk_open(struct dp_backend *b)
 	}
 	if ((rc = rte_eth_dev_adjust_nb_rx_tx_desc(p->port, &nrx, &ntx)) != 0) {
 		dp_set_error("rte_eth_dev_adjust_nb_rx_tx_desc: err=%d, port=%u", rc, p->port);
-		goto fail_pool;
+		goto fail_configured;
 	}
 	struct rte_eth_rxconf rxq = info.default_rxconf;
 	rxq.offloads = conf.rxmode.offloads;
 	if ((rc = rte_eth_rx_queue_setup(p->port, 0, nrx, (unsigned)socket, &rxq, p->pool)) != 0) {
 		dp_set_error("rte_eth_rx_queue_setup: err=%d, port=%u", rc, p->port);
-		goto fail_pool;
+		goto fail_configured;
 	}
 	struct rte_eth_txconf txq = info.default_txconf;
 	txq.offloads = conf.txmode.offloads;
 	if ((rc = rte_eth_tx_queue_setup(p->port, 0, ntx, (unsigned)socket, &txq)) != 0) {
 		dp_set_error("rte_eth_tx_queue_setup: err=%d, port=%u", rc, p->port);
-		goto fail_pool;
+		goto fail_configured;
 	}
 	if ((rc = rte_eth_macaddr_get(p->port, &p->mac)) != 0) {
 		dp_set_error("rte_eth_macaddr_get: err=%d, port=%u", rc, p->port);
-		goto fail_pool;
+		goto fail_configured;
 	}
 	if ((rc = rte_eth_dev_start(p->port)) != 0) {
 		dp_set_error("rte_eth_dev_start: err=%d, port=%u", rc, p->port);
-		goto fail_pool;
+		goto fail_configured;
 	}
-	(void)rte_eth_stats_reset(p->port); /* rxq_overflows counts from here */
+	if ((rc = rte_eth_stats_reset(p->port)) != 0) /* rxq_overflows counts from here */
+		DP_WARN("nic %s: rte_eth_stats_reset: err=%d, port=%u: rxq_overflows counts the "
+			"port's drops since before this run", cfg->name, rc, p->port);
 	p->host_ip = cfg->host.sin_addr.s_addr;
 	p->host_port = cfg->host.sin_port;
 	p->bcast_ip = cfg->use_broadcast ? cfg->broadcast.sin_addr.s_addr : 0;
@@ -265,6 +267,9 @@ fail_started:
 	free(p->xvals);
 	if ((rc = rte_eth_dev_stop(p->port)) != 0)
 		DP_WARN("nic %s: rte_eth_dev_stop: err=%d, port=%u", cfg->name, rc, p->port);
+fail_configured: /* closed before its queues' mbuf pool goes */
+	if ((rc = rte_eth_dev_close(p->port)) != 0)
+		DP_WARN("nic %s: rte_eth_dev_close: err=%d, port=%u", cfg->name, rc, p->port);
 fail_pool:
 	rte_mempool_free(p->pool);
 fail_eal:
@@ -318,7 +323,8 @@ static void dpdk_close(struct dp_backend *b)
 	int rc = rte_eth_dev_stop(p->port);
 	if (rc != 0)
 		DP_WARN("nic %s: rte_eth_dev_stop: err=%d, port=%u", b->cfg->name, rc, p->port);
-	rte_eth_dev_close(p->port);
+	if ((rc = rte_eth_dev_close(p->port)) != 0)
+		DP_WARN("nic %s: rte_eth_dev_close: err=%d, port=%u", b->cfg->name, rc, p->port);
 	rte_mempool_free(p->pool);
 	free(p->xnames);
 	free(p->xvals);

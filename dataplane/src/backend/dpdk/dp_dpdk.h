@@ -92,8 +92,11 @@ struct dpdk_priv {
 	/* mbufs handed up by the last rx_burst, freed on the next */
 	struct rte_mbuf *held[BURST];
 	uint16_t nheld;
-	/* frames being built for the next rte_eth_tx_burst */
+	/* frames being built for the next rte_eth_tx_burst; txq_len[i]: txq[i]'s UDP payload
+	 * bytes, 0 for a frame that is not a datagram (ARP), so that frames the port refuses
+	 * come off tx_packets and tx_bytes exactly */
 	struct rte_mbuf *txq[BURST];
+	uint32_t txq_len[BURST];
 	uint16_t ntxq;
 	uint64_t txq_bytes; /* UDP payload bytes of the datagrams in txq */
 	uint16_t txq_datagrams;
