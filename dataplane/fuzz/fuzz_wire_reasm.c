@@ -81,7 +81,8 @@ static void resend(struct fwd *f, uint32_t first, uint32_t n)
 	}
 }
 
-static void on_partial(struct fwd *f, const struct dp_wire_header *h, uint32_t d)
+static void on_partial(struct fwd *f, const struct dp_wire_header *h, const uint8_t *payload,
+		       uint32_t d)
 {
 	struct duck *rx = &f->ducks[d];
 	if (rx->state != 0)
@@ -90,7 +91,7 @@ static void on_partial(struct fwd *f, const struct dp_wire_header *h, uint32_t d
 		return;
 	uint64_t first = h->offset / f->item;
 	uint32_t n = h->length / f->item;
-	dp_accumulate(f->acc, first, dp_wire_payload(h), n, f->dtype);
+	dp_accumulate(f->acc, first, payload, n, f->dtype);
 	for (uint32_t i = 0; i < n; i++)
 		rx->adds[first + i]++;
 	if (dp_reasm_complete(&rx->reasm)) {
@@ -101,7 +102,8 @@ static void on_partial(struct fwd *f, const struct dp_wire_header *h, uint32_t d
 	}
 }
 
-static void on_nack(struct fwd *f, const struct dp_wire_header *h, uint32_t d)
+static void on_nack(struct fwd *f, const struct dp_wire_header *h, const uint8_t *payload,
+		    uint32_t d)
 {
 	if (h->flags & DP_WIRE_FLAG_NO_LAYER) {
 		if (f->ducks[d].state == 0)
@@ -110,13 +112,13 @@ static void on_nack(struct fwd *f, const struct dp_wire_header *h, uint32_t d)
 	}
 	if (!(h->flags & DP_WIRE_FLAG_INPUT))
 		return;
-	const uint32_t *list = dp_wire_payload(h);
+	const uint8_t *list = payload;
 	uint32_t n = h->length / sizeof(uint32_t);
 	if (n == 0)
 		resend(f, 0, f->chunks);
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t c;
-		memcpy(&c, &list[i], sizeof(c));
+		memcpy(&c, list + (size_t)i * sizeof(c), sizeof(c));
 		if (c < f->chunks)
 			resend(f, c, 1);
 	}
@@ -125,9 +127,11 @@ static void on_nack(struct fwd *f, const struct dp_wire_header *h, uint32_t d)
 /* worker: receive(), for one datagram already copied into its own buffer */
 static void receive_one(struct fwd *f, const uint8_t *buf, size_t len)
 {
-	if (dp_wire_check(buf, len) != DP_WIRE_OK)
+	struct dp_wire_header hdr;
+	if (dp_wire_read(buf, len, &hdr) != DP_WIRE_OK)
 		return;
-	const struct dp_wire_header *h = (const void *)buf;
+	const struct dp_wire_header *h = &hdr;
+	const uint8_t *payload = buf + DP_WIRE_HDR_LEN;
 	if (h->duck > 255 || f->duck_index[h->duck] < 0) /* worker: sender_duck */
 		return;
 	uint32_t d = (uint32_t)f->duck_index[h->duck];
@@ -139,9 +143,9 @@ static void receive_one(struct fwd *f, const uint8_t *buf, size_t len)
 	if (h->epoch != EPOCH)
 		return;
 	if (h->op == DP_WIRE_OP_PARTIAL)
-		on_partial(f, h, d);
+		on_partial(f, h, payload, d);
 	else if (h->op == DP_WIRE_OP_NACK)
-		on_nack(f, h, d);
+		on_nack(f, h, payload, d);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -186,7 +190,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 
 	/* Each datagram in a buffer of its own size, as the backend's receive buffer
-	 * would hold it, so that a read past the datagram is a read past the buffer. */
+	 * would hold it, so that a read past the datagram is a read past the buffer; and
+	 * 2 bytes past an 8-byte boundary, where a DPDK port hands it up (behind 42 bytes
+	 * of Ethernet/IPv4/UDP headers), so that UBSan reports a misaligned read. */
 	size_t pos = 8;
 	while (pos < size) {
 		size_t len;
@@ -204,12 +210,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		if (len > size - pos)
 			len = size - pos;
-		uint8_t *dg = malloc(len ? len : 1);
-		if (!dg)
+		uint8_t *mem = malloc(2 + (len ? len : 1));
+		if (!mem)
 			abort();
+		uint8_t *dg = mem + 2;
 		memcpy(dg, data + pos, len);
 		receive_one(&f, dg, len);
-		free(dg);
+		free(mem);
 		pos += len;
 	}
 

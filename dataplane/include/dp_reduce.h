@@ -12,14 +12,31 @@
 #include "dp_abi.h" /* dp_dtype_size: the schema's DTYPE_SIZES */
 #include "dp_f16.h"
 
-/* acc[first .. first + n) += n values of `dtype` read from src (unaligned is fine). */
+typedef float dp_v4f __attribute__((vector_size(16)));
+
+/* acc[first .. first + n) += n values of `dtype` read from src, at any alignment: a
+ * DPDK port's payload sits 2 bytes past an 8-byte boundary. float32 eight at a time in
+ * unaligned 16-byte loads (memcpy into a vector: movups), each sum the same as the
+ * scalar loop's, which GCC -O2 does not vectorise itself (src may alias acc). */
 static inline void dp_accumulate(float *acc, uint64_t first, const void *src, uint32_t n,
 				 uint8_t dtype)
 {
 	float *a = acc + first;
 	const uint8_t *p = src;
 	if (dtype == DP_DTYPE_F32) {
-		for (uint32_t i = 0; i < n; i++) {
+		uint32_t i = 0;
+		for (; i + 8 <= n; i += 8) {
+			dp_v4f x0, x1, a0, a1;
+			memcpy(&x0, p + 4 * (size_t)i, 16);
+			memcpy(&x1, p + 4 * (size_t)i + 16, 16);
+			memcpy(&a0, a + i, 16);
+			memcpy(&a1, a + i + 4, 16);
+			a0 += x0;
+			a1 += x1;
+			memcpy(a + i, &a0, 16);
+			memcpy(a + i + 4, &a1, 16);
+		}
+		for (; i < n; i++) {
 			float v;
 			memcpy(&v, p + 4 * (size_t)i, 4);
 			a[i] += v;

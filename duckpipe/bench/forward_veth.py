@@ -3,7 +3,8 @@
 One veth pair per configuration; its far end in a network namespace of its own where
 ``duckpipe-ducks --compute echo`` (pinned to CPU 1) listens on .10, .11, ... of
 10.78.<k>.0/24 with kernel sockets (``--no-gso``: a veth hands a GSO send to af_packet
-as one unsegmented super-frame). The rows, one after the other against the same ducks,
+as one unsegmented super-frame; tx checksumming off on the far end, so that the ducks'
+UDP checksums are filled in). The rows, one after the other against the same ducks,
 ``wait=block``:
 
 - ``socket``: the near end gets the host address (.1) and the dataplane's socket
@@ -82,6 +83,8 @@ def unavailable() -> str:
         return "veths, namespaces and DPDK need root"
     if shutil.which("ip") is None:
         return "iproute2's `ip` is not installed"
+    if shutil.which("ethtool") is None:
+        return "`ethtool` is not installed (apt-get install ethtool; tools/setup does)"
     try:
         dataplane = find_binary("duckpipe-dataplane")
         find_binary("duckpipe-ducks")
@@ -122,6 +125,13 @@ def _veth(n: int) -> Iterator[tuple[str, str, list[str]]]:
         _ip("link", "set", near, "up")
         _ip("-n", ns, "link", "set", far, "up")
         _ip("-n", ns, "link", "set", "lo", "up")
+        # the ducks' UDP checksums filled in by their kernel: with the veth's tx checksum
+        # offload on they reach af_packet/af_xdp partial and the dpdk backend drops them
+        # (rx_bad_checksum; docs/dpdk.md)
+        subprocess.run(
+            ["ip", "netns", "exec", ns, "ethtool", "-K", far, "tx", "off"],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
         for ip in ips:
             _ip("-n", ns, "addr", "add", f"{ip}/24", "brd", f"{subnet}.255", "dev", far)
         proc = subprocess.Popen(
@@ -203,7 +213,8 @@ def run(size: Size, *, quiet: bool = False) -> Table:
             table.rows.append(row)
     table.notes += [
         "One veth pair per config, the ducks (duckpipe-ducks --compute echo, kernel sockets, "
-        f"--no-gso) in a namespace on CPU {DUCKS_CPU}; dataplane and client on CPU 0, "
+        f"--no-gso, their veth's tx checksumming off) in a namespace on CPU {DUCKS_CPU}; "
+        "dataplane and client on CPU 0, "
         "wait=block, the dataplane's default idle (back-off: a parked DPDK worker polls "
         "every 100 µs).",
         "socket: kernel UDP from the near end's address; dpdk: the same near end (address "

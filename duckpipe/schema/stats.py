@@ -192,6 +192,7 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("rx_kernel_drops", "dpdk af_packet: frames the kernel dropped, ring full (tp_drops)"),
     Counter("tx_flush_frames", "dpdk: filler frames sent so an idle port frees held slots"),
     Counter("rx_interrupt_wakeups", "dpdk: parks a port's RX interrupt ended (dp_dpdk_intr.c)"),
+    Counter("rx_bad_checksum", "dpdk: UDP checksum wrong, checked in software", drop=True),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

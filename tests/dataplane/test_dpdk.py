@@ -54,11 +54,20 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
+def _ethtool_tx_off(ns: str, dev: str) -> None:
+    subprocess.run(
+        ["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+
+
 def _require_dpdk() -> None:
     if os.geteuid() != 0:
         pytest.skip("the dpdk backend needs root (hugepages, AF_PACKET, network namespaces)")
     if shutil.which("ip") is None:
         pytest.skip("iproute2's `ip` is not installed (apt-get install iproute2)")
+    if shutil.which("ethtool") is None:
+        pytest.skip("`ethtool` is not installed (apt-get install ethtool; tools/setup does)")
     try:
         dataplane = find_binary("duckpipe-dataplane")
         find_binary("duckpipe-ducks")
@@ -138,6 +147,10 @@ def veth_ducks(
             ips = [f"{subnet}.{10 + i}" for i in range(n)]
             _ip("-n", ns, "link", "set", far, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
+            # the ducks' UDP checksums filled in by their kernel: with the veth's tx
+            # checksum offload on they reach af_packet/af_xdp partial (CHECKSUM_PARTIAL,
+            # the pseudo header's sum only) and the dataplane drops them as bad
+            _ethtool_tx_off(ns, far)
 
             def up(ns=ns, far=far, subnet=subnet, ips=ips, n=n, first=first) -> None:
                 for ip in ips:
@@ -649,6 +662,57 @@ def test_frames_not_for_us_fragments_and_garbage_are_counted_and_dropped(pmd):
         # datagram arrives whole, in more than one mbuf, and is refused as malformed
         assert n["rx_fragments"] == 0 and n["rx_malformed"] >= 2, n
     assert n["forwards_ok"] == 3, n
+
+
+_SEND_CHECKSUMMED = """
+import socket, struct, sys
+host, port, src = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def csum(b):
+    b += bytes(len(b) % 2)
+    s = sum(struct.unpack(f"!{len(b) // 2}H", b))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)  # UDP header ours
+s.bind((src, 0))
+for mode, n in zip(sys.argv[4::2], map(int, sys.argv[5::2])):
+    payload = bytes((7 * i + n) & 0xFF for i in range(n))
+    udp = struct.pack("!HHHH", 40000, port, 8 + n, 0) + payload
+    phdr = socket.inet_aton(src) + socket.inet_aton(host) + struct.pack("!BBH", 0, 17, 8 + n)
+    c = csum(phdr + udp) or 0xFFFF
+    c = {"good": c, "none": 0, "bad": c ^ 0x0104}[mode]
+    s.sendto(udp[:6] + struct.pack("!H", c) + udp[8:], (host, 0))
+"""
+
+
+@pytest.mark.parametrize("pmd", ["af_packet", "af_xdp"])
+def test_datagrams_with_a_wrong_udp_checksum_are_counted_and_dropped(pmd):
+    # lengths for both sums (inline below 256 bytes, vector above) and an odd last byte
+    sends = [("bad", 17), ("bad", 300), ("bad", 1401), ("good", 17), ("good", 1401), ("none", 64)]
+    with (
+        veth_ducks([2], pmd=pmd) as net,
+        _dataplane(net) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
+        nic = net.nics[0]
+        mlp = GeluMlp.random(2048, 64, seed=7)  # replies of several datagrams per duck
+        c.load_weights(1, mlp)
+        _check_forwards(c, mlp, 3)
+        before = c.stats().counters
+        subprocess.run(
+            ["ip", "netns", "exec", net.spaces[0], sys.executable, "-c", _SEND_CHECKSUMMED,
+             nic.host_ip, str(HOST_PORT), nic.ducks[0].ip,
+             *(str(x) for send in sends for x in send)],
+            check=True, capture_output=True, timeout=10,
+        )  # fmt: skip
+        _check_forwards(c, mlp, 3, seed=1)  # and the dataplane still serves
+        n = c.stats().counters
+    assert n["rx_bad_checksum"] == 3, n  # the bad ones only: "good" and "none" pass it
+    assert before["rx_bad_checksum"] == 0, before  # the ducks' replies all checked good
+    # the three that passed the checksum were refused further on (not a duck's port)
+    refused = ("rx_unknown_sender", "rx_malformed")
+    assert sum(n[k] - before[k] for k in refused) == 3, n
+    assert n["forwards_ok"] == 6, n
 
 
 def test_eal_options_it_refuses_fail_at_startup_naming_rte_eal_init():

@@ -334,7 +334,8 @@ struct dp_stats_duck {
     X(rx_nombuf) /* dpdk: frames the port dropped, no mbuf to put them in */                 \
     X(rx_kernel_drops) /* dpdk af_packet: frames the kernel dropped, ring full (tp_drops) */ \
     X(tx_flush_frames) /* dpdk: filler frames sent so an idle port frees held slots */       \
-    X(rx_interrupt_wakeups) /* dpdk: parks a port's RX interrupt ended (dp_dpdk_intr.c) */
+    X(rx_interrupt_wakeups) /* dpdk: parks a port's RX interrupt ended (dp_dpdk_intr.c) */   \
+    X(rx_bad_checksum) /* dpdk: UDP checksum wrong, checked in software */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");

@@ -228,7 +228,8 @@ uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, 
 /* --- receive ----------------------------------------------------------------------- */
 
 uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
-			      const struct dp_wire_header *h, uint32_t duck, uint64_t now)
+			      const struct dp_wire_header *h, const uint8_t *payload,
+			      uint32_t duck, uint64_t now)
 {
 	struct dp_layer *l = f->layer;
 	struct dp_duck_rx *rx = duck_rx(v, f, duck);
@@ -263,9 +264,9 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 	}
 	if (routed)
 		dp_moe_accumulate(f->acc[v->nic], l->hidden, rx->moe_map, h->offset / item,
-				  dp_wire_payload(h), h->length / item, l->dtype);
+				  payload, h->length / item, l->dtype);
 	else
-		dp_accumulate(f->acc[v->nic], h->offset / item, dp_wire_payload(h),
+		dp_accumulate(f->acc[v->nic], h->offset / item, payload,
 			      h->length / item, l->dtype);
 	/* NACK only once this duck's stream stalls for its RTO: next_nack stays a lower bound */
 	rx->progress_ns = now;
@@ -289,7 +290,8 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 }
 
 uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
-			   const struct dp_wire_header *h, uint32_t duck, uint64_t now)
+			   const struct dp_wire_header *h, const uint8_t *payload, uint32_t duck,
+			   uint64_t now)
 {
 	dp_count(v->counters, DP_C_nacks_received, 1);
 	if (h->flags & DP_WIRE_FLAG_NO_LAYER) {
@@ -322,7 +324,7 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 	 * datagram anyone on the path could repeat, and 8 KB of one chunk index must not
 	 * become 2,000 sends */
 	uint32_t chunks = dp_wire_chunk_count(f->bytes, v->payload);
-	const uint32_t *list = dp_wire_payload(h);
+	const uint8_t *list = payload; /* u32 chunk indices, at any alignment */
 	uint32_t n = h->length / sizeof(uint32_t);
 	struct dp_duck_rx *rx = duck_rx(v, f, duck);
 	const struct dp_wire_header *hdrs = &v->hdrs[(size_t)f->index * v->max_chunks];
@@ -356,7 +358,7 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 	dp_reasm_reset(v->nack_seen, chunks);
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t c;
-		memcpy(&c, &list[i], sizeof(c));
+		memcpy(&c, list + (size_t)i * sizeof(c), sizeof(c));
 		int fresh = dp_reasm_mark(v->nack_seen, c); /* -1: no such chunk */
 		if (fresh > 0) {
 			dp_tx_activation(v->tx, dst, hdrs, msg, owner, c, 1);

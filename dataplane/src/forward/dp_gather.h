@@ -22,15 +22,19 @@ struct dp_world;
 /* Take f in: its headers, its sum, its ducks' state; send the activation. Returns when
  * the first NACK may be due (a lower bound: the worker's timer). */
 uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f);
-/* A PARTIAL from duck, one of f's targets: add it in. Returns DP_STATUS_PENDING, or,
- * when the last of f's ducks on this NIC is done, the part's status (OK, DUCK_LOST). */
+/* A PARTIAL from duck, one of f's targets: add it in. h is the datagram's header (a
+ * copy), payload its h->length bytes behind it, at any alignment. Returns
+ * DP_STATUS_PENDING, or, when the last of f's ducks on this NIC is done, the part's
+ * status (OK, DUCK_LOST). */
 uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
-			      const struct dp_wire_header *h, uint32_t duck, uint64_t now);
+			      const struct dp_wire_header *h, const uint8_t *payload,
+			      uint32_t duck, uint64_t now);
 /* A NACK from duck about f (a forward or a weight chunk): resend the activation chunks
  * it lists, or, flagged NO_LAYER, the duck lost the layer. Returns DP_STATUS_PENDING,
  * or the part's status when that ended f's part on this NIC (as dp_gather_on_partial). */
 uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
-			   const struct dp_wire_header *h, uint32_t duck, uint64_t now);
+			   const struct dp_wire_header *h, const uint8_t *payload, uint32_t duck,
+			   uint64_t now);
 /* The NACK timer: NACK the ducks of f whose partial made no progress for their RTO;
  * returns when the next one is due (UINT64_MAX: none is waited for). */
 uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now);

@@ -130,16 +130,19 @@ static int receive(struct dp_worker *wk, uint64_t now, bool *full)
 	if (!n)
 		return 0;
 	for (uint32_t i = 0; i < n; i++) {
-		const struct dp_wire_header *h = (const void *)rx[i].buf;
+		/* the header by copy, the payload in place: rx[i].buf may sit at any alignment */
+		struct dp_wire_header hdr;
+		const struct dp_wire_header *h = &hdr;
 		dp_count(&wk->counters, DP_C_rx_packets, 1);
 		dp_count(&wk->counters, DP_C_rx_bytes, rx[i].len);
-		enum dp_wire_verdict verdict = dp_wire_check(rx[i].buf, rx[i].len);
+		enum dp_wire_verdict verdict = dp_wire_read(rx[i].buf, rx[i].len, &hdr);
 		if (verdict != DP_WIRE_OK) {
 			DP_DEBUG("datagram of %u bytes refused: %s", rx[i].len,
 				 dp_wire_verdict_name(verdict));
 			dp_count(&wk->counters, DP_C_rx_malformed, 1);
 			continue;
 		}
+		const uint8_t *payload = rx[i].buf + DP_WIRE_HDR_LEN;
 		int duck = sender_duck(wk, &rx[i], h->duck);
 		if (duck < 0) {
 			dp_count(&wk->counters, DP_C_rx_unknown_sender, 1);
@@ -175,10 +178,11 @@ static int receive(struct dp_worker *wk, uint64_t now, bool *full)
 				break;
 			}
 			touched[ntouched++] = f->wire_id;
-			status = dp_gather_on_partial(&wk->gather, f, h, (uint32_t)duck, now);
+			status = dp_gather_on_partial(&wk->gather, f, h, payload, (uint32_t)duck,
+						      now);
 			break;
 		case DP_WIRE_OP_NACK:
-			status = dp_gather_on_nack(&wk->gather, f, h, (uint32_t)duck, now);
+			status = dp_gather_on_nack(&wk->gather, f, h, payload, (uint32_t)duck, now);
 			break;
 		case DP_WIRE_OP_WEIGHT_ACK:
 			status = dp_weight_on_ack(&wk->weight, f, h);

@@ -44,10 +44,9 @@
  *            host_ip are answered with the port's MAC (ducks use their kernel's ARP).
  *            Ducks must be on the link: there is no gateway.
  *   RX       rte_eth_rx_burst; Ethernet/IPv4/UDP parsed, with the IPv4 header
- *            checksum checked (by the port where it can). The UDP checksum is checked
- *            only where the port does it: a veth hands af_packet frames whose UDP
- *            checksum the kernel never filled in (CHECKSUM_PARTIAL), and the wire
- *            header is checked by the worker anyway. Frames not for host_ip:host_port
+ *            and UDP checksums checked (by the port where it can, else in software:
+ *            dp_dpdk_cksum.h; a wrong UDP checksum is rx_bad_checksum, 0 means none
+ *            sent). Frames not for host_ip:host_port
  *            (other protocols, other ports) are counted as rx_not_ours, fragments as
  *            rx_fragments, broken ones as rx_malformed, the port's own drops as
  *            rx_missed, rx_nombuf, rx_kernel_drops (af_packet) and their sum
@@ -290,7 +289,7 @@ static int dpdk_open(struct dp_backend *b)
 	}
 	uint16_t nrx = sz.nrx, ntx = sz.ntx;
 	if (dp_dpdk_flow_isolate(b, p) < 0)
-		goto fail_pool;
+		goto fail_configured; /* its flow mode may have changed: closed, as after configure */
 	if ((rc = rte_eth_dev_configure(p->port, 1, 1, &conf)) != 0) {
 		dp_set_error("rte_eth_dev_configure: err=%d, port=%u", rc, p->port);
 		goto fail_pool;
@@ -299,25 +298,27 @@ static int dpdk_open(struct dp_backend *b)
 	rxq.offloads = conf.rxmode.offloads;
 	if ((rc = rte_eth_rx_queue_setup(p->port, 0, nrx, (unsigned)socket, &rxq, p->pool)) != 0) {
 		dp_set_error("rte_eth_rx_queue_setup: err=%d, port=%u", rc, p->port);
-		goto fail_pool;
+		goto fail_configured;
 	}
 	struct rte_eth_txconf txq = info.default_txconf;
 	txq.offloads = conf.txmode.offloads;
 	dp_dpdk_zc_txconf(p, &txq, ntx); /* completion thresholds where a NIC DMAs in place */
 	if ((rc = rte_eth_tx_queue_setup(p->port, 0, ntx, (unsigned)socket, &txq)) != 0) {
 		dp_set_error("rte_eth_tx_queue_setup: err=%d, port=%u", rc, p->port);
-		goto fail_pool;
+		goto fail_configured;
 	}
 	if ((rc = rte_eth_macaddr_get(p->port, &p->mac)) != 0) {
 		dp_set_error("rte_eth_macaddr_get: err=%d, port=%u", rc, p->port);
-		goto fail_pool;
+		goto fail_configured;
 	}
 	if ((rc = rte_eth_dev_start(p->port)) != 0) {
 		dp_set_error("rte_eth_dev_start: err=%d, port=%u", rc, p->port);
-		goto fail_pool;
+		goto fail_configured;
 	}
 	dp_dpdk_link_start(b, p); /* waits up to link_wait_ms for the link */
-	(void)rte_eth_stats_reset(p->port); /* rxq_overflows counts from here */
+	if ((rc = rte_eth_stats_reset(p->port)) != 0) /* rxq_overflows counts from here */
+		DP_WARN("nic %s: rte_eth_stats_reset: err=%d, port=%u: rxq_overflows counts the "
+			"port's drops since before this run", cfg->name, rc, p->port);
 	dp_dpdk_intr_start(b, p, &conf);
 	p->host_ip = cfg->host.sin_addr.s_addr;
 	p->host_port = cfg->host.sin_port;
@@ -376,6 +377,9 @@ fail_started:
 	free(p->xvals);
 	if ((rc = rte_eth_dev_stop(p->port)) != 0)
 		DP_WARN("nic %s: rte_eth_dev_stop: err=%d, port=%u", cfg->name, rc, p->port);
+fail_configured: /* closed before its queues' mbuf pool goes */
+	if ((rc = rte_eth_dev_close(p->port)) != 0)
+		DP_WARN("nic %s: rte_eth_dev_close: err=%d, port=%u", cfg->name, rc, p->port);
 fail_pool:
 	rte_mempool_free(p->pool);
 fail_eal:
@@ -431,7 +435,8 @@ static void dpdk_close(struct dp_backend *b)
 	int rc = rte_eth_dev_stop(p->port);
 	if (rc != 0)
 		DP_WARN("nic %s: rte_eth_dev_stop: err=%d, port=%u", b->cfg->name, rc, p->port);
-	rte_eth_dev_close(p->port);
+	if ((rc = rte_eth_dev_close(p->port)) != 0)
+		DP_WARN("nic %s: rte_eth_dev_close: err=%d, port=%u", b->cfg->name, rc, p->port);
 	rte_mempool_free(p->pool);
 	dp_dpdk_stats_close(p);
 	free(p->xnames);

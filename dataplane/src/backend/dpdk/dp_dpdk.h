@@ -7,6 +7,7 @@
  *   dp_dpdk_zc.c       zero copy: client memory as external buffers, their release
  *   dp_dpdk_mem.c      client segments registered with DPDK (extmem, DMA mapping)
  *   dp_dpdk_rx.c       rx bursts: Ethernet/IPv4/UDP parsed, payloads handed up
+ *   dp_dpdk_cksum.h/.c one's-complement sums: UDP checksums made (tx) and checked (rx)
  *   dp_dpdk_flow.c     rte_flow rules steering duck replies and ARP to the RX queue
  *   dp_dpdk_link.c     the link: waited for at open, watched (LSC or polled), its transitions
  *   dp_dpdk_size.c     rings, mbuf pool and cache sized from the topology; NUMA verdict
@@ -49,8 +50,6 @@
 #define FLUSH_ETHERTYPE 0x88B5  /* IEEE 802 local experimental: the flush burst's frames */
 #define STATS_MS 100            /* the worker reads the port's counters this often */
 _Static_assert(DP_MAX_DUCKS < ARP_SLOTS, "every duck's address needs a slot, and one free");
-_Static_assert(alignof(struct dp_wire_header) <= sizeof(struct rte_udp_hdr),
-	       "an RX payload is aligned by moving it back over its UDP header");
 #define HDRS_LEN (RTE_ETHER_HDR_LEN + sizeof(struct rte_ipv4_hdr) + sizeof(struct rte_udp_hdr))
 
 /* --- state ---------------------------------------------------------------------- */
@@ -103,8 +102,11 @@ struct dpdk_priv {
 	/* mbufs handed up by the last rx_burst, freed on the next */
 	struct rte_mbuf *held[BURST];
 	uint16_t nheld;
-	/* frames being built for the next rte_eth_tx_burst */
+	/* frames being built for the next rte_eth_tx_burst; txq_len[i]: txq[i]'s UDP payload
+	 * bytes, 0 for a frame that is not a datagram (ARP), so that frames the port refuses
+	 * come off tx_packets and tx_bytes exactly */
 	struct rte_mbuf *txq[BURST];
+	uint32_t txq_len[BURST];
 	uint16_t ntxq;
 	uint64_t txq_bytes; /* UDP payload bytes of the datagrams in txq */
 	uint16_t txq_datagrams;

@@ -6,6 +6,32 @@
 
 #include "dp_common.h"
 #include "dp_dpdk.h"
+#include "dp_dpdk_cksum.h"
+
+/* The UDP checksum: by the port where it offloads it, else in software (af_packet,
+ * af_xdp): the wire header has no checksum of its own, so this is a datagram's only
+ * end-to-end check. 0 means the sender sent none. Summed with the vector sum transmit
+ * uses (dp_dpdk_cksum.h); the read brings the payload into the cache the worker's
+ * reduce reads it from next. */
+static inline bool udp_cksum_ok(const struct dpdk_priv *p, const struct rte_mbuf *m,
+				const struct rte_ipv4_hdr *ip, const struct rte_udp_hdr *udp,
+				uint32_t udp_len)
+{
+	if (p->rx_cksum_offload) {
+		uint64_t f = m->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK;
+		if (f == RTE_MBUF_F_RX_L4_CKSUM_BAD)
+			return false;
+		if (f == RTE_MBUF_F_RX_L4_CKSUM_GOOD)
+			return true;
+	}
+	if (udp->dgram_cksum == 0)
+		return true;
+	/* the pseudo header (addresses, protocol, UDP length), then header and payload */
+	uint64_t s = dp_cksum_sum_copy(NULL, (const uint8_t *)&ip->src_addr, 8, false) +
+		     rte_cpu_to_be_16(IPPROTO_UDP) + udp->dgram_len +
+		     dp_cksum_sum_copy(NULL, (const uint8_t *)udp, udp_len, false);
+	return dp_cksum_fold(s) == 0xffff;
+}
 
 /* An IPv4 frame: the UDP payload for us into *rx (returns 1), or counted and freed (0). */
 static int ipv4_input(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf *m,
@@ -45,26 +71,19 @@ static int ipv4_input(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf
 	uint32_t udp_len = rte_be_to_cpu_16(udp->dgram_len);
 	if (udp_len < sizeof(*udp) || udp_len > ip_len - ihl)
 		goto drop;
-	if (p->rx_cksum_offload &&
-	    (m->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK) == RTE_MBUF_F_RX_L4_CKSUM_BAD)
+	if (!udp_cksum_ok(p, m, ip, udp, udp_len)) {
+		why = DP_C_rx_bad_checksum;
 		goto drop;
+	}
 	memset(&rx->src, 0, sizeof(rx->src));
 	rx->src.sin_family = AF_INET;
 	rx->src.sin_addr.s_addr = ip->src_addr;
 	rx->src.sin_port = udp->src_port;
-	/* The payload lands 2 bytes past an 8-byte boundary (headroom 128, then 42 bytes of
-	 * headers), and the worker reads the wire header in place as a struct: move the
-	 * payload back over the UDP header, parsed by now (a copy of at most a frame, in
-	 * cache; a real NIC's RX buffers could be offset instead: not done). */
-	uint8_t *payload = (uint8_t *)(udp + 1);
-	uint32_t len = udp_len - (uint32_t)sizeof(*udp);
-	uintptr_t misaligned = (uintptr_t)payload & (alignof(struct dp_wire_header) - 1);
-	if (misaligned) {
-		memmove(payload - misaligned, payload, len);
-		payload -= misaligned;
-	}
-	rx->buf = payload;
-	rx->len = len;
+	/* The payload goes up where it lies, 2 bytes past an 8-byte boundary (headroom 128,
+	 * then 42 bytes of headers): the worker copies the wire header out (dp_wire_read)
+	 * and sums the payload with unaligned loads (dp_accumulate). */
+	rx->buf = (uint8_t *)(udp + 1);
+	rx->len = udp_len - (uint32_t)sizeof(*udp);
 	return 1;
 drop:
 	dp_count(b->counters, why, 1);

@@ -23,11 +23,13 @@
 #include <arpa/inet.h>
 #include <string.h>
 
+#include <rte_errno.h>
 #include <rte_ethdev.h>
 #include <rte_prefetch.h>
 
 #include "dp_common.h"
 #include "dp_dpdk.h"
+#include "dp_dpdk_cksum.h"
 
 #define ETH_OFF 0u
 #define IP_OFF RTE_ETHER_HDR_LEN
@@ -35,7 +37,40 @@
 
 /* --- tx bursts ---------------------------------------------------------------------- */
 
-/* rte_eth_tx_burst what txq holds; retries while the port makes progress, then drops. */
+/* txq[i] out of txq, freed (the frames behind it move up), and off the counts. */
+static void txq_drop(struct dpdk_priv *p, uint16_t i)
+{
+	rte_pktmbuf_free(p->txq[i]);
+	if (p->txq_len[i]) {
+		p->txq_datagrams--;
+		p->txq_bytes -= p->txq_len[i];
+	}
+	p->ntxq--;
+	memmove(p->txq + i, p->txq + i + 1, (size_t)(p->ntxq - i) * sizeof(p->txq[0]));
+	memmove(p->txq_len + i, p->txq_len + i + 1, (size_t)(p->ntxq - i) * sizeof(p->txq_len[0]));
+}
+
+/* rte_eth_tx_prepare over txq where the port offloads checksums: the driver checks (and
+ * fixes up) each frame's offload fields for its hardware; a frame it refuses is dropped
+ * and counted as a tx_error. Returns those refused. */
+static uint16_t txq_prepare(struct dp_backend *b, struct dpdk_priv *p)
+{
+	uint16_t ok = 0, refused = 0;
+	while (ok < p->ntxq) {
+		ok += rte_eth_tx_prepare(p->port, 0, p->txq + ok, p->ntxq - ok);
+		if (ok == p->ntxq)
+			break;
+		if (!refused)
+			DP_DEBUG("nic %s: rte_eth_tx_prepare refused a frame: %s, port=%u",
+				 b->cfg->name, rte_strerror(rte_errno), p->port);
+		txq_drop(p, ok);
+		refused++;
+	}
+	return refused;
+}
+
+/* rte_eth_tx_burst what txq holds; retries while the port makes progress, then drops.
+ * tx_packets and tx_bytes count the datagrams the port took, exactly. */
 void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p)
 {
 	if (dp_backend_link_down(b)) { /* nothing goes out: af_packet would take the frames,
@@ -49,23 +84,27 @@ void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p)
 		p->txq_bytes = 0;
 		return;
 	}
-	uint16_t n = p->ntxq, sent = rte_eth_tx_burst(p->port, 0, p->txq, n);
+	uint64_t errors = p->tx_cksum_offload ? txq_prepare(b, p) : 0;
+	uint16_t n = p->ntxq, sent = n ? rte_eth_tx_burst(p->port, 0, p->txq, n) : 0;
 	for (int tries = 0; sent < n && tries < TX_RETRIES;) {
 		uint16_t k = rte_eth_tx_burst(p->port, 0, p->txq + sent, n - sent);
 		sent += k;
 		tries = k ? 0 : tries + 1;
 	}
-	if (sent < n) {
-		rte_pktmbuf_free_bulk(p->txq + sent, n - sent);
-		dp_count(b->counters, DP_C_tx_errors, n - sent);
-	}
-	dp_dpdk_zc_reclaim(b, p, sent);
 	uint16_t datagrams = p->txq_datagrams;
 	uint64_t bytes = p->txq_bytes;
-	if (sent < n) { /* what went out, approximately (ARP frames are among the n) */
-		datagrams = sent < datagrams ? sent : datagrams;
-		bytes = p->txq_datagrams ? bytes * datagrams / p->txq_datagrams : 0;
+	if (sent < n) {
+		for (uint16_t i = sent; i < n; i++)
+			if (p->txq_len[i]) {
+				datagrams--;
+				bytes -= p->txq_len[i];
+			}
+		rte_pktmbuf_free_bulk(p->txq + sent, n - sent);
+		errors += n - sent;
 	}
+	if (errors)
+		dp_count(b->counters, DP_C_tx_errors, errors);
+	dp_dpdk_zc_reclaim(b, p, sent);
 	if (datagrams) {
 		dp_count(b->counters, DP_C_tx_packets, datagrams);
 		dp_count(b->counters, DP_C_tx_bytes, bytes);
@@ -78,6 +117,7 @@ void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p)
 void dp_dpdk_txq_push(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf *m,
 		      uint32_t udp_payload)
 {
+	p->txq_len[p->ntxq] = udp_payload;
 	p->txq[p->ntxq++] = m;
 	if (udp_payload) {
 		p->txq_datagrams++;
@@ -85,138 +125,6 @@ void dp_dpdk_txq_push(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf
 	}
 	if (p->ntxq == BURST)
 		dp_dpdk_txq_flush(b, p);
-}
-
-/* --- checksums ---------------------------------------------------------------------- */
-
-/* A one's-complement sum of 16-bit words (any width, any grouping: 2^16 = 1 mod 0xffff)
- * folded to 16 bits. */
-static __rte_always_inline uint16_t fold(uint64_t s)
-{
-	s = (s & 0xffffffffu) + (s >> 32);
-	s = (s & 0xffffu) + (s >> 16);
-	s = (s & 0xffffu) + (s >> 16);
-	s = (s & 0xffffu) + (s >> 16);
-	return (uint16_t)s;
-}
-
-/* The tail of sum_copy: fewer than 16 bytes, native 16-bit words, an odd last byte as
- * the first byte of a zero-padded word (as rte_raw_cksum). */
-static __rte_always_inline uint64_t sum_tail(uint8_t *dst, const uint8_t *src, size_t n)
-{
-	uint64_t s = 0;
-	if (dst)
-		memcpy(dst, src, n);
-	for (; n >= 2; n -= 2, src += 2) {
-		uint16_t w;
-		memcpy(&w, src, 2);
-		s += w;
-	}
-	if (n) {
-		uint16_t w = 0;
-		memcpy(&w, src, 1);
-		s += w;
-	}
-	return s;
-}
-
-/* The raw sum of n bytes at src (n < 64 KiB), copied to dst on the way when copy is
- * set: the payload is read once for both. Vector lanes of 32 bits hold each 16-bit
- * word's share.
- * Written with GCC vector types: SSE2 inline for short pieces (wire headers), and for
- * long ones (payloads) an out-of-line copy compiled for AVX2 where the CPU has it. */
-typedef uint32_t v8u __attribute__((vector_size(32)));
-typedef uint32_t v4u __attribute__((vector_size(16)));
-
-/* 16 bytes: each 16-bit word into its 32-bit lane */
-static __rte_always_inline v4u sum16(uint8_t *dst, const uint8_t *src, bool copy)
-{
-	v4u x;
-	memcpy(&x, src, 16);
-	if (copy)
-		memcpy(dst, &x, 16);
-	return (x & 0xffff) + (x >> 16);
-}
-
-/* Below 64 KiB the lanes cannot overflow: 32768 words of 0xffff are less than 2^31. */
-static __rte_always_inline uint64_t sum_copy_v(uint8_t *dst, const uint8_t *src, size_t n,
-					       bool copy, bool wide)
-{
-	v4u h = { 0 }, g = { 0 };
-	if (wide) { /* 32 bytes at a time: AVX2 registers where compiled for them */
-		v8u a = { 0 };
-		for (; n >= 64; n -= 64, src += 64) {
-			v8u x, y;
-			memcpy(&x, src, 32);
-			memcpy(&y, src + 32, 32);
-			if (copy) {
-				memcpy(dst, &x, 32);
-				memcpy(dst + 32, &y, 32);
-				dst += 64;
-			}
-			a += (x & 0xffff) + (x >> 16) + (y & 0xffff) + (y >> 16);
-		}
-		h = (v4u){ a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7] };
-	}
-	for (; n >= 32; n -= 32, src += 32, dst = copy ? dst + 32 : dst) {
-		h += sum16(dst, src, copy);
-		g += sum16(dst + 16, src + 16, copy);
-	}
-	if (n >= 16) {
-		h += sum16(dst, src, copy);
-		n -= 16;
-		src += 16;
-		dst = copy ? dst + 16 : dst;
-	}
-	h += g;
-	h += __builtin_shuffle(h, (v4u){ 2, 3, 0, 1 });
-	h += __builtin_shuffle(h, (v4u){ 1, 0, 3, 2 });
-	uint64_t s = h[0];
-	if (n) /* fewer than 16 bytes: 16-bit words, an odd last byte as the first of a
-		* zero-padded word (as rte_raw_cksum) */
-		s += sum_tail(copy ? dst : NULL, src, n);
-	return s;
-}
-
-#define SUM_COPY_LONG 256u /* bytes from which a piece is summed out of line */
-
-/* sum_copy_v out of line, copying when dst is not NULL: for AVX2, tuned so that GCC
- * does not split unaligned 256-bit loads and stores as DPDK's -march=corei7 would. */
-#if defined(__x86_64__)
-#if defined(__clang__)
-#define LONG_TARGET "avx2"
-#else
-#define LONG_TARGET "avx2,tune=haswell"
-#endif
-__attribute__((target(LONG_TARGET))) static uint64_t
-sum_copy_long_avx2(uint8_t *dst, const uint8_t *src, size_t n)
-{
-	return dst ? sum_copy_v(dst, src, n, true, true) : sum_copy_v(NULL, src, n, false, true);
-}
-#endif
-
-static uint64_t sum_copy_long_base(uint8_t *dst, const uint8_t *src, size_t n)
-{
-	return dst ? sum_copy_v(dst, src, n, true, false) : sum_copy_v(NULL, src, n, false, false);
-}
-
-static uint64_t (*sum_copy_long)(uint8_t *, const uint8_t *, size_t) = sum_copy_long_base;
-
-__attribute__((constructor)) static void sum_copy_pick(void)
-{
-#if defined(__x86_64__)
-	__builtin_cpu_init();
-	if (__builtin_cpu_supports("avx2"))
-		sum_copy_long = sum_copy_long_avx2;
-#endif
-}
-
-static __rte_always_inline uint64_t sum_copy(uint8_t *dst, const uint8_t *src, size_t n,
-					     bool copy)
-{
-	if (n >= SUM_COPY_LONG)
-		return sum_copy_long(copy ? dst : NULL, src, n);
-	return sum_copy_v(dst, src, n, copy, false);
 }
 
 /* --- headers ------------------------------------------------------------------------ */
@@ -269,12 +177,12 @@ static __rte_always_inline void hdrs_write(struct dpdk_priv *p, struct rte_mbuf 
 		m->l2_len = RTE_ETHER_HDR_LEN;
 		m->l3_len = sizeof(*ip);
 		m->ol_flags = RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_IP_CKSUM | RTE_MBUF_F_TX_UDP_CKSUM;
-		udp->dgram_cksum = fold((uint64_t)p->tmpl.phdr_sum + ul);
+		udp->dgram_cksum = dp_cksum_fold((uint64_t)p->tmpl.phdr_sum + ul);
 		return;
 	}
-	ip->hdr_checksum = (uint16_t)~fold((uint64_t)p->tmpl.ip_sum + tl + id);
+	ip->hdr_checksum = (uint16_t)~dp_cksum_fold((uint64_t)p->tmpl.ip_sum + tl + id);
 	/* the UDP length is in the pseudo header and in the UDP header */
-	uint16_t c = (uint16_t)~fold((uint64_t)p->tmpl.udp_sum + 2u * ul + sum);
+	uint16_t c = (uint16_t)~dp_cksum_fold((uint64_t)p->tmpl.udp_sum + 2u * ul + sum);
 	udp->dgram_cksum = c ? c : 0xffff; /* 0 would say "no checksum" */
 }
 
@@ -350,15 +258,15 @@ static __rte_always_inline struct rte_mbuf *frame(struct dpdk_priv *p, struct bu
 		}
 		uint64_t s;
 		if (ext)
-			s = cksum ? sum_copy(NULL, from, k, false) : 0;
+			s = cksum ? dp_cksum_sum_copy(NULL, from, k, false) : 0;
 		else if (cksum)
-			s = sum_copy(to, from, k, true);
+			s = dp_cksum_sum_copy(to, from, k, true);
 		else {
 			memcpy(to, from, k);
 			s = 0;
 		}
 		if (cksum && (copied & 1)) /* a piece at an odd offset: its bytes swap places */
-			s = rte_bswap16(fold(s));
+			s = rte_bswap16(dp_cksum_fold(s));
 		sum += s;
 		*off += k;
 		copied += (uint32_t)k;
@@ -433,6 +341,7 @@ uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
 			struct rte_mbuf *m = frame(p, &bd, t->iov, t->iovcnt, &piece, &off, len, t->owner);
 			if (!m)
 				break; /* the pool is empty: the port still holds what we sent */
+			p->txq_len[p->ntxq] = len;
 			p->txq[p->ntxq++] = m;
 			p->txq_datagrams++;
 			p->txq_bytes += len;
