@@ -297,6 +297,7 @@ static int dpdk_open(struct dp_backend *b)
 	}
 	struct rte_eth_rxconf rxq = info.default_rxconf;
 	rxq.offloads = conf.rxmode.offloads;
+	dp_dpdk_stats_xsk_before(p); /* an af_xdp port's XSK is made in queue setup */
 	if ((rc = rte_eth_rx_queue_setup(p->port, 0, nrx, (unsigned)socket, &rxq, p->pool)) != 0) {
 		dp_set_error("rte_eth_rx_queue_setup: err=%d, port=%u", rc, p->port);
 		goto fail_pool;
