@@ -115,3 +115,20 @@ def test_an_af_xdp_rx_desc_not_a_power_of_two_is_refused_saying_so():
         finally:
             dp.stop()
             dp.close()
+
+
+def test_an_af_xdp_pool_too_small_for_its_fill_ring_is_refused_naming_the_minimum():
+    # the PMD takes 2048 mbufs for its fill ring at queue setup whatever rx_desc: a pool
+    # of 1300 with a 64-entry ring would pass a check on the rings alone and then fail
+    # inside rte_eth_rx_queue_setup (err=-22, "Failed to configure xdp socket")
+    with veth_ducks([1], pmd="af_xdp") as net:
+        net.nics = [msgspec.structs.replace(n, rx_desc=64, mbufs=1300) for n in net.nics]
+        dp = DataplaneProcess(_topology(net), backend_args=net.eal)
+        try:
+            with pytest.raises(
+                DuckpipeError, match=rf"mbufs = 1300: the port's rings hold \d+ \({AF_XDP_FILL} RX"
+            ):
+                dp.start()
+        finally:
+            dp.stop()
+            dp.close()
