@@ -50,7 +50,7 @@
  *            header is checked by the worker anyway. Frames not for host_ip:host_port
  *            (other protocols, other ports) are counted as rx_not_ours, fragments as
  *            rx_fragments, broken ones as rx_malformed, the port's own drops as
- *            rx_missed, rx_nombuf, rx_kernel_drops (af_packet) and their sum
+ *            rx_missed, rx_nombuf, rx_kernel_drops (af_packet, af_xdp) and their sum
  *            rxq_overflows (dp_dpdk_stats.c). UDP payloads go up in place,
  *            in their mbufs, which are freed on the next rx_burst (as the socket
  *            backend's buffers stay valid until its next call).
