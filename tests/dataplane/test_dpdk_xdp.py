@@ -47,15 +47,15 @@ def _nic_line(out: str, nic: str) -> dict[str, int]:
 
 
 def test_an_af_xdp_rx_ring_too_small_for_the_replies_shows_the_kernels_drops():
-    # 4 ducks answer 8 x 7168 at once (628 frames) into a 64-entry XSK RX ring: the kernel
-    # drops most of them (rx_ring_full), where the worker never sees them and the PMD's
-    # imissed stays 0. They must be counted (rx_kernel_drops, in rxq_overflows), as many
-    # as the veth says it dropped, and `duckpipe stats` must show them
-    with veth_ducks([4], pmd="af_xdp") as net:
+    # two ports of 4 ducks each answering 8 x 7168 at once (628 frames a port) into
+    # 64-entry XSK RX rings: the kernel drops most of them (rx_ring_full), where the worker
+    # never sees them and the PMD's imissed stays 0. They must be counted per NIC
+    # (rx_kernel_drops, in rxq_overflows), as many as each NIC's veth says it dropped (the
+    # second port must not read the first's XSK), and `duckpipe stats` must show them
+    with veth_ducks([4, 4], pmd="af_xdp") as net:
         net.nics = [msgspec.structs.replace(n, rx_desc=64) for n in net.nics]
-        near = net.near_ends[0]
         with _dataplane(net) as dp, duckpipe.connect(dp.control) as c:
-            veth0 = _rx_dropped(near)
+            veth0 = [_rx_dropped(near) for near in net.near_ends]
             mlp = GeluMlp.random(HIDDEN, 32, seed=3)
             c.load_weights(1, mlp)
             x = np.random.default_rng(0).standard_normal((8, HIDDEN)).astype(np.float32)
@@ -65,16 +65,17 @@ def test_an_af_xdp_rx_ring_too_small_for_the_replies_shows_the_kernels_drops():
                 except ForwardTimeout:
                     pass
             time.sleep(0.3)  # the worker reads the port's counters every 100 ms
-            veth = _rx_dropped(near) - veth0
+            veth = [_rx_dropped(near) - v for near, v in zip(net.near_ends, veth0, strict=True)]
             shown = subprocess.run(
                 [sys.executable, "-m", "duckpipe", "stats", "--control", dp.control],
                 capture_output=True, text=True, check=True,
             ).stdout  # fmt: skip
             n = c.stats().counters
             out = dp.output()  # open's lines
-    assert veth > 0, (veth, n)  # the ring did overflow
-    assert _nic_line(shown, "p0").get("rx_kernel_drops", 0) > 0, shown
-    assert n["rx_kernel_drops"] == veth and n["nacks_sent"] > 0, (veth, n)
+    assert all(v > 0 for v in veth), (veth, n)  # both rings did overflow
+    per_nic = [_nic_line(shown, f"p{k}").get("rx_kernel_drops", 0) for k in range(2)]
+    assert per_nic == veth, (per_nic, veth, shown)
+    assert n["rx_kernel_drops"] == sum(veth) and n["nacks_sent"] > 0, (veth, n)
     assert n["rxq_overflows"] == n["rx_kernel_drops"] + n["rx_missed"] + n["rx_nombuf"], n
     assert re.search(r"the af_xdp RX ring holds 64 frames \(rx_desc\).*4 duck\(s\)", out), out
 
