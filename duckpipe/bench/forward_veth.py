@@ -47,20 +47,39 @@ DPDK_RUN_DIR = Path("/var/run/dpdk")
 #: (the PMD's default, 512 frames, is the row below it: the incast of issue 18)
 AF_PACKET_FRAMECNT = 8192
 
-#: row name -> (label, pmd or None for the socket backend, the vdev's own arguments)
+#: af_xdp's RX ring before issue 18 sized it (1024 descriptors): the row beside the
+#: default (the PMD's fill ring, 2048) shows what a ring smaller than one forward's replies
+#: drops (rx_ring_full: rx_kernel_drops) when the worker falls behind
+AF_XDP_OLD_RX_DESC = 1024
+
+#: row name -> (label, pmd or None for the socket backend, the vdev's own arguments, the
+#: NIC's rx_desc: 0 sized by the backend)
 ROWS = {
-    "socket": ("duckpipe, socket backend (kernel UDP on the veth)", None, ""),
+    "socket": ("duckpipe, socket backend (kernel UDP on the veth)", None, "", 0),
     "dpdk_af_packet": (
         f"duckpipe, dpdk backend, net_af_packet (docs' command: framecnt={AF_PACKET_FRAMECNT})",
         "af_packet",
         f",framecnt={AF_PACKET_FRAMECNT}",
+        0,
     ),
     "dpdk_af_packet_512": (
         "duckpipe, dpdk backend, net_af_packet (the PMD's default ring: 512 frames)",
         "af_packet",
         "",
+        0,
     ),
-    "dpdk_af_xdp": ("duckpipe, dpdk backend, net_af_xdp", "af_xdp", ""),
+    "dpdk_af_xdp": (
+        "duckpipe, dpdk backend, net_af_xdp (RX ring: its fill ring's 2048)",
+        "af_xdp",
+        "",
+        0,
+    ),
+    "dpdk_af_xdp_1024": (
+        f"duckpipe, dpdk backend, net_af_xdp (rx_desc = {AF_XDP_OLD_RX_DESC})",
+        "af_xdp",
+        "",
+        AF_XDP_OLD_RX_DESC,
+    ),
 }
 
 COLUMNS = [
@@ -178,7 +197,7 @@ def run(size: Size, *, quiet: bool = False) -> Table:
         with _veth(cfg.ducks) as (near, subnet, ips):
             ducks = [Duck(id=i, ip=ip, port=DUCK_PORT + i) for i, ip in enumerate(ips)]
             pairs = [(i, DUCK_PORT + i) for i in range(cfg.ducks)]
-            for name, (label, pmd, devargs) in ROWS.items():
+            for name, (label, pmd, devargs, rx_desc) in ROWS.items():
                 prog.step(f"{cfg.label}: {label} x{iters}")
                 nic = Nic(name="v0", host_ip=f"{subnet}.1", host_port=HOST_PORT, ducks=ducks)
                 args: list[str] = []
@@ -188,7 +207,8 @@ def run(size: Size, *, quiet: bool = False) -> Table:
                 else:
                     _ip("addr", "flush", "dev", near)
                     nic = Nic(name="v0", backend="dpdk", interface=f"net_{pmd}0",
-                              host_ip=f"{subnet}.1", host_port=HOST_PORT, ducks=ducks)  # fmt: skip
+                              host_ip=f"{subnet}.1", host_port=HOST_PORT, ducks=ducks,
+                              rx_desc=rx_desc)  # fmt: skip
                     args = ["--no-pci", "--in-memory", "--no-telemetry", "--file-prefix", prefix,
                             "-l", "0", f"--vdev=net_{pmd}0,iface={near}{devargs}"]  # fmt: skip
                 topo = Topology(nics=[nic], max_inflight=16, max_forward_bytes=256 << 10)
@@ -228,7 +248,13 @@ def run(size: Size, *, quiet: bool = False) -> Table:
         "NACKs / fwd and RX drops / fwd: the dataplane's nacks_sent and rxq_overflows over "
         "the timed forwards (socket: SO_RXQ_OVFL; dpdk: rx_missed + rx_nombuf + "
         "rx_kernel_drops, which the worker reads every 100 ms: the last 0.1 s may be "
-        "missing).",
+        "missing). A NACK with no drop is a reply time-out on a busy CPU (the duck's "
+        "resent chunks then arrive twice: rx_duplicates).",
+        "net_af_xdp: the kernel runs the PMD's XDP program natively on the veth and copies "
+        "each frame into the XSK's RX ring (rx_desc); the PMD keeps 2048 mbufs in the fill "
+        "ring, so at most 2048 frames wait for the worker: a smaller ring drops first "
+        f"(rx_kernel_drops, the rx_desc = {AF_XDP_OLD_RX_DESC} row), a full fill ring "
+        "after (rx_missed).",
         "A veth is not a NIC: both PMDs go through the kernel (AF_PACKET, AF_XDP in copy "
         "mode on a veth), so this compares the paths on this machine, not DPDK on hardware.",
     ]

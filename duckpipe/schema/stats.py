@@ -189,7 +189,7 @@ COUNTERS: tuple[Counter, ...] = (
     # rxq_overflows of a dpdk NIC is the sum of these three (not drops again: top sums drops)
     Counter("rx_missed", "dpdk: frames the port dropped, its RX ring full (imissed)"),
     Counter("rx_nombuf", "dpdk: frames the port dropped, no mbuf to put them in"),
-    Counter("rx_kernel_drops", "dpdk af_packet: frames the kernel dropped, ring full (tp_drops)"),
+    Counter("rx_kernel_drops", "dpdk: kernel drops: ring full (tp_drops, af_xdp's rx_ring_full)"),
     Counter("tx_flush_frames", "dpdk: filler frames sent so an idle port frees held slots"),
     Counter("rx_interrupt_wakeups", "dpdk: parks a port's RX interrupt ended (dp_dpdk_intr.c)"),
     Counter("rx_bad_checksum", "dpdk: UDP checksum wrong, checked in software", drop=True),

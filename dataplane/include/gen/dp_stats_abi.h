@@ -332,7 +332,7 @@ struct dp_stats_duck {
     X(link_down_forwards) /* forward parts failed at once: the NIC's link was down */        \
     X(rx_missed) /* dpdk: frames the port dropped, its RX ring full (imissed) */             \
     X(rx_nombuf) /* dpdk: frames the port dropped, no mbuf to put them in */                 \
-    X(rx_kernel_drops) /* dpdk af_packet: frames the kernel dropped, ring full (tp_drops) */ \
+    X(rx_kernel_drops) /* dpdk: kernel drops: ring full (tp_drops, af_xdp's rx_ring_full) */ \
     X(tx_flush_frames) /* dpdk: filler frames sent so an idle port frees held slots */       \
     X(rx_interrupt_wakeups) /* dpdk: parks a port's RX interrupt ended (dp_dpdk_intr.c) */   \
     X(rx_bad_checksum) /* dpdk: UDP checksum wrong, checked in software */

@@ -49,7 +49,7 @@
  *            sent). Frames not for host_ip:host_port
  *            (other protocols, other ports) are counted as rx_not_ours, fragments as
  *            rx_fragments, broken ones as rx_malformed, the port's own drops as
- *            rx_missed, rx_nombuf, rx_kernel_drops (af_packet) and their sum
+ *            rx_missed, rx_nombuf, rx_kernel_drops (af_packet, af_xdp) and their sum
  *            rxq_overflows (dp_dpdk_stats.c). UDP payloads go up in place,
  *            in their mbufs, which are freed on the next rx_burst (as the socket
  *            backend's buffers stay valid until its next call).
@@ -115,6 +115,7 @@ static void list_ports(char *out, size_t size)
 struct port_sizes {
 	uint16_t nrx, ntx;
 	uint32_t ducks, reply_frames, rx_want;
+	bool af_xdp; /* rings an XSK's (dp_dpdk_size.h: DP_DPDK_AF_XDP_FILL) */
 	uint64_t budget;
 	struct dp_dpdk_pool_plan pool;
 };
@@ -151,7 +152,19 @@ static int size_port(const struct dp_backend *b, uint16_t port, const struct rte
 		dp_add_error_context("nic %s, port %u (%s)", cfg->name, port, info->driver_name);
 		return -1;
 	}
-	sz->nrx = (uint16_t)(cfg->rx_desc ? cfg->rx_desc : sz->rx_want);
+	/* af_xdp: every frame waiting for the worker is one of the fill ring's 2048 mbufs; an
+	 * RX ring that holds them all drops nothing the fill ring would have taken (a smaller
+	 * one drops: XDP_STATISTICS rx_ring_full, rx_kernel_drops), a larger one never fills.
+	 * The XSK's rings are powers of two (xsk_socket__create refuses others). */
+	sz->af_xdp = !strcmp(info->driver_name, "net_af_xdp");
+	if (sz->af_xdp && cfg->rx_desc && !rte_is_power_of_2(cfg->rx_desc)) {
+		dp_set_error("rx_desc = %u: net_af_xdp's rings (the XSK's) take a power of two "
+			     "(0: %u, its fill ring's)", cfg->rx_desc, DP_DPDK_AF_XDP_FILL);
+		dp_add_error_context("nic %s, port %u (%s)", cfg->name, port, info->driver_name);
+		return -1;
+	}
+	sz->nrx = (uint16_t)(cfg->rx_desc ? cfg->rx_desc
+				 : sz->af_xdp ? DP_DPDK_AF_XDP_FILL : sz->rx_want);
 	sz->ntx = (uint16_t)(cfg->tx_desc ? cfg->tx_desc : DP_DPDK_TX_DESC);
 	int rc = rte_eth_dev_adjust_nb_rx_tx_desc(port, &sz->nrx, &sz->ntx); /* to the port's */
 	if (rc != 0) {
@@ -163,7 +176,11 @@ static int size_port(const struct dp_backend *b, uint16_t port, const struct rte
 	uint64_t zc = (uint64_t)all->max_inflight *
 		      dp_wire_chunk_count(all->max_forward_bytes, payload);
 	sz->budget = dp_dpdk_hugepages_free(socket) / POOL_HUGEPAGE_SHARE;
-	struct dp_dpdk_pool_in in = { .nrx = sz->nrx, .ntx = sz->ntx, .lcores = rte_lcore_count(),
+	/* af_xdp holds its fill ring's mbufs on the RX side whatever rx_desc, and its TX ring
+	 * is rx_desc big (tx_desc does not reach it) */
+	struct dp_dpdk_pool_in in = { .nrx = sz->af_xdp ? DP_DPDK_AF_XDP_FILL : sz->nrx,
+				      .ntx = sz->af_xdp ? sz->nrx : sz->ntx,
+				      .lcores = rte_lcore_count(),
 				      .zc_chunks = zc, .elt_bytes = elt,
 				      .budget_bytes = sz->budget, .mbufs_cfg = cfg->mbufs };
 	if (dp_dpdk_pool_plan(&in, &sz->pool) < 0) {
@@ -185,6 +202,9 @@ static void log_sizes(const struct dp_backend *b, const struct dpdk_priv *p,
 	char rx[96];
 	if (framecnt)
 		snprintf(rx, sizeof(rx), "the kernel's ring: framecnt=%u frames", framecnt);
+	else if (sz->af_xdp)
+		snprintf(rx, sizeof(rx), "%u descriptors (the XSK's RX and TX rings; its fill "
+			 "ring %u mbufs)", sz->nrx, DP_DPDK_AF_XDP_FILL);
 	else
 		snprintf(rx, sizeof(rx), "%u descriptors", sz->nrx);
 	DP_INFO("nic %s: port %u sizes: RX %s (one forward's replies: %u duck(s) x %u frames%s), "
@@ -203,6 +223,19 @@ static void log_sizes(const struct dp_backend *b, const struct dpdk_priv *p,
 			"framecnt=%lu (a power of two) to its --vdev (docs/dpdk.md)",
 			cfg->name, framecnt, sz->ducks, sz->reply_frames, (unsigned long)need,
 			(unsigned long)rte_align64pow2(need));
+	if (sz->af_xdp && sz->nrx < DP_DPDK_AF_XDP_FILL && sz->nrx < need)
+		DP_WARN("nic %s: the af_xdp RX ring holds %u frames (rx_desc), fewer than one "
+			"forward's replies (%u duck(s) x %u frames = %lu): the kernel drops the "
+			"rest when the worker falls behind (rx_kernel_drops); rx_desc = 0 sizes it "
+			"to the fill ring's %u", cfg->name, sz->nrx, sz->ducks, sz->reply_frames,
+			(unsigned long)need, DP_DPDK_AF_XDP_FILL);
+	if (sz->af_xdp && need > DP_DPDK_AF_XDP_FILL)
+		DP_WARN("nic %s: one forward's replies (%u duck(s) x %u frames = %lu) are more than "
+			"net_af_xdp's fill ring holds (%u mbufs, fixed in the PMD): what the worker "
+			"has not taken by then is dropped (rx_missed); fewer ducks per port, a smaller "
+			"max_forward_bytes or net_af_packet with framecnt=%lu (docs/dpdk.md)",
+			cfg->name, sz->ducks, sz->reply_frames, (unsigned long)need,
+			DP_DPDK_AF_XDP_FILL, (unsigned long)rte_align64pow2(need));
 }
 
 static int dpdk_open(struct dp_backend *b)
@@ -296,6 +329,7 @@ static int dpdk_open(struct dp_backend *b)
 	}
 	struct rte_eth_rxconf rxq = info.default_rxconf;
 	rxq.offloads = conf.rxmode.offloads;
+	dp_dpdk_stats_xsk_before(p); /* an af_xdp port's XSK is made in queue setup */
 	if ((rc = rte_eth_rx_queue_setup(p->port, 0, nrx, (unsigned)socket, &rxq, p->pool)) != 0) {
 		dp_set_error("rte_eth_rx_queue_setup: err=%d, port=%u", rc, p->port);
 		goto fail_configured;

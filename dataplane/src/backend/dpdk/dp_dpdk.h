@@ -138,6 +138,11 @@ struct dpdk_priv {
 		uint64_t missed, nombuf; /* imissed, rx_nombuf counted so far */
 		int kfds[8];            /* af_packet: the PMD's sockets (tp_drops) */
 		uint32_t nkfds;
+		int xfds[8];            /* af_xdp: the PMD's XSKs (rx_ring_full), and ... */
+		uint64_t xfull[8];      /* ... their rx_ring_full counted so far */
+		uint32_t nxfds;
+		int xsk_before[16];     /* af_xdp: the process's XSKs before our queue setup */
+		uint32_t nxsk_before;
 		uint32_t seq;           /* seqlock: odd while the worker writes snap */
 		uint64_t *snap;         /* xstats values by id (the worker writes) */
 		uint64_t *copy;         /* the control agent's copy of snap */
@@ -206,6 +211,9 @@ int dp_dpdk_stats_open(struct dp_backend *b, struct dpdk_priv *p,
 		       const struct rte_eth_dev_info *info);
 void dp_dpdk_stats_close(struct dpdk_priv *p);
 void dp_dpdk_stats_read(struct dp_backend *b, struct dpdk_priv *p);
+/* Before rte_eth_rx_queue_setup: the XSKs that exist already (other ports'), so that
+ * dp_dpdk_stats_open can tell an af_xdp port's own (the PMD makes it in queue setup). */
+void dp_dpdk_stats_xsk_before(struct dpdk_priv *p);
 void dp_dpdk_stats_poll(struct dp_backend *b, struct dpdk_priv *p);
 uint32_t dp_dpdk_stats_xstats(struct dpdk_priv *p, struct dp_xstat *out, uint32_t max,
 			      uint64_t *left_out);

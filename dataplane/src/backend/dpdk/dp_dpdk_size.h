@@ -12,6 +12,11 @@
 #define DP_DPDK_TX_DESC 1024u      /* the worker paces TX itself: bursts, retries */
 #define DP_DPDK_CACHE 256u         /* per-lcore mempool cache: 8 bursts (l2fwd's 256) */
 #define DP_DPDK_BURST 32u
+/* net_af_xdp posts this many mbufs to its XSK fill ring at queue setup and one more per
+ * frame it hands out (ETH_AF_XDP_DFLT_NUM_DESCS = libxdp's XSK_RING_CONS__DEFAULT_NUM_DESCS,
+ * no devarg in DPDK 22.11 to 25.x): the most frames that can wait for the worker, whatever
+ * the RX ring. Its XSK RX and TX rings are both rx_desc big (a power of two). */
+#define DP_DPDK_AF_XDP_FILL 2048u
 
 /* A port's descriptor limits (rte_eth_desc_lim's first three). */
 struct dp_dpdk_desc_lim {
