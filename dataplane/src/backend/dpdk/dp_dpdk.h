@@ -147,6 +147,8 @@ struct dpdk_priv {
 		uint64_t *snap;         /* xstats values by id (the worker writes) */
 		uint64_t *copy;         /* the control agent's copy of snap */
 		bool numa_due;          /* open is done: the next poll is the worker's */
+		bool oerrors_taken;     /* the port's oerrors are frames tx_burst reported sent
+					 * (af_packet): moved from tx_packets to tx_errors */
 	} st;
 };
 

@@ -182,6 +182,7 @@ int dp_dpdk_stats_open(struct dp_backend *b, struct dpdk_priv *p,
 			return -1;
 		}
 	}
+	p->st.oerrors_taken = !strcmp(info->driver_name, "net_af_packet");
 	if (AF_PACKET_DROPS_OURS && !strcmp(info->driver_name, "net_af_packet") && info->if_index) {
 		find_packet_sockets(p, (int)info->if_index);
 		(void)kernel_drops(p); /* drops before open are not ours: from zero */
@@ -262,8 +263,9 @@ void dp_dpdk_stats_read(struct dp_backend *b, struct dpdk_priv *p)
 		 * them as sent when its sendto fails (a link that went down before
 		 * dp_dpdk_link.c saw it) and counts them in oerrors only. They were counted in
 		 * tx_packets at hand-off: move them to tx_errors (an ARP frame among them makes
-		 * tx_packets one short). */
-		if (st.oerrors > p->oerrors_seen) {
+		 * tx_packets one short). Only there: other drivers (af_xdp) count in oerrors
+		 * the frames tx_burst handed back, which txq_flush retries and counts itself. */
+		if (p->st.oerrors_taken && st.oerrors > p->oerrors_seen) {
 			uint64_t refused = st.oerrors - p->oerrors_seen;
 			uint64_t sent = dp_load_relaxed_u64(&b->counters->v[DP_C_tx_packets]);
 			dp_count(b->counters, DP_C_tx_errors, refused);
