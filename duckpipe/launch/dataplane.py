@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import tempfile
@@ -12,12 +13,21 @@ from pathlib import Path
 import msgspec
 
 from .. import runtime
+from ..errors import DataplaneUnavailable
 from .binaries import find_binary
 from .process import DataplaneChild
 from .topology import Topology, loopback
 
 __all__ = ["DataplaneProcess", "write_config"]
 
+
+log = logging.getLogger("duckpipe.launch")
+
+#: What the EAL says when net_af_packet cannot join its PACKET_FANOUT group: the PMD
+#: derives the group's id from the process (pid ^ ifindex, no devarg sets it), and
+#: another process holds that id for another interface. A new process has another pid.
+FANOUT_TAKEN = "could not set PACKET_FANOUT"
+FANOUT_TRIES = 3
 
 _CONFIG_NAME = re.compile(r"^dataplane-[0-9a-f]{8}-(\d+)-\w+\.msgpack$")
 
@@ -86,6 +96,24 @@ class DataplaneProcess(DataplaneChild):
         self.binary = binary or find_binary("duckpipe-dataplane")
         self.verbose = verbose
         self.backend_args = list(backend_args)
+
+    def start(self):
+        """Start and wait until it answers; a start that met another process's af_packet
+        fanout group id (:data:`FANOUT_TAKEN`) is tried again as a new process, up to
+        :data:`FANOUT_TRIES` times in all, with a warning each time."""
+        for attempt in range(1, FANOUT_TRIES + 1):
+            try:
+                return super().start()
+            except DataplaneUnavailable as e:
+                if FANOUT_TAKEN not in str(e) or attempt == FANOUT_TRIES:
+                    raise
+                log.warning(
+                    "%s: net_af_packet's fanout group id (pid ^ ifindex) is another "
+                    "process's; starting again as a new process (%d of %d)",
+                    self.what, attempt + 1, FANOUT_TRIES,
+                )  # fmt: skip
+                self._log.seek(0)
+                self._log.truncate()
 
     def command(self) -> list[str]:
         config = write_config(self.topology, self.control, self.workdir)

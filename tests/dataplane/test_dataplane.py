@@ -418,3 +418,50 @@ def test_random_control_messages_never_hurt_the_dataplane(cluster_factory):
         x = np.ones((1, 32), np.float32)
         np.testing.assert_allclose(c.forward(1, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
         assert c.stats().counters["bad_control_messages"] > 0
+
+
+def _fails_with_fanout_first(tmp_path, times: int):
+    """A stand-in binary: prints the EAL's fanout refusal and exits 1 the first ``times``
+    starts (as a dataplane whose af_packet group id another process holds), then runs the
+    real dataplane."""
+    from duckpipe.launch.binaries import find_binary
+    from duckpipe.launch.dataplane import FANOUT_TAKEN
+
+    count = tmp_path / "starts"
+    script = tmp_path / "dataplane"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"n=$(cat {count} 2>/dev/null || echo 0); echo $((n + 1)) > {count}\n"
+        f'if [ "$n" -lt {times} ]; then\n'
+        f'  echo "rte_pmd_init_internals(): net_af_packet0: {FANOUT_TAKEN} on AF_PACKET '
+        'socket for dpk0:Invalid argument"; exit 1\n'
+        "fi\n"
+        f'exec {find_binary("duckpipe-dataplane")} "$@"\n'
+    )
+    script.chmod(0o755)
+    return script, count
+
+
+def test_a_start_that_meets_another_processs_fanout_group_is_tried_again(tmp_path, caplog):
+    from duckpipe.launch.dataplane import DataplaneProcess
+
+    script, count = _fails_with_fanout_first(tmp_path, 2)
+    with DataplaneProcess(binary=script) as dp, duckpipe.connect(dp.control) as c:
+        assert c.stats().counters["forwards"] == 0  # the third start answers
+    assert count.read_text().strip() == "3"
+    assert caplog.text.count("fanout group id") == 2, caplog.text
+
+
+def test_a_fanout_group_that_stays_taken_fails_after_three_starts_saying_so(tmp_path):
+    from duckpipe.errors import DataplaneUnavailable
+    from duckpipe.launch.dataplane import FANOUT_TAKEN, DataplaneProcess
+
+    script, count = _fails_with_fanout_first(tmp_path, 99)
+    dp = DataplaneProcess(binary=script)
+    try:
+        with pytest.raises(DataplaneUnavailable, match=FANOUT_TAKEN):
+            dp.start()
+    finally:
+        dp.stop()
+        dp.close()
+    assert count.read_text().strip() == "3"
