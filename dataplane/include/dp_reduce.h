@@ -2,41 +2,46 @@
  *
  * Partials arrive chunk by chunk, in any order and any alignment; each chunk is
  * added where its byte offset puts it. Float16 partials are accumulated in float32.
+ *
+ * Three versions of each loop, every one giving the scalar loop's bits (an add is an
+ * add, F16C's conversions are IEEE's, round to nearest even, as _Float16's):
+ *   _scalar  the reference, one value at a time;
+ *   _v4      portable 16-byte vectors (GCC/Clang vector extensions): float32 only;
+ *   _avx2    AVX2 + F16C (x86-64), 32-byte unaligned loads and VCVTPH2PS/VCVTPS2PH,
+ *            compiled for that target by attribute, not for the whole file.
+ * dp_accumulate, dp_accumulate_f32 and dp_reduce_store pick the fastest the CPU has
+ * (dp_reduce_isa, asked once per file that includes this: CPUID, as dp_dpdk_cksum.c and
+ * dp_mlp.c do). Header-only: the fuzz harnesses and the emulator include it alone.
+ * tests/test_reduce.c compares every version with the scalar one, bit for bit.
  */
 #ifndef DP_REDUCE_H
 #define DP_REDUCE_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "dp_abi.h" /* dp_dtype_size: the schema's DTYPE_SIZES */
 #include "dp_f16.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define DP_REDUCE_X86 1
+#endif
+
 typedef float dp_v4f __attribute__((vector_size(16)));
 
-/* acc[first .. first + n) += n values of `dtype` read from src, at any alignment: a
- * DPDK port's payload sits 2 bytes past an 8-byte boundary. float32 eight at a time in
- * unaligned 16-byte loads (memcpy into a vector: movups), each sum the same as the
- * scalar loop's, which GCC -O2 does not vectorise itself (src may alias acc). */
-static inline void dp_accumulate(float *acc, uint64_t first, const void *src, uint32_t n,
-				 uint8_t dtype)
+/* ------------------------------------------------------------------ the reference */
+
+static inline void dp_accumulate_scalar(float *acc, uint64_t first, const void *src, uint32_t n,
+					uint8_t dtype)
 {
 	float *a = acc + first;
 	const uint8_t *p = src;
 	if (dtype == DP_DTYPE_F32) {
-		uint32_t i = 0;
-		for (; i + 8 <= n; i += 8) {
-			dp_v4f x0, x1, a0, a1;
-			memcpy(&x0, p + 4 * (size_t)i, 16);
-			memcpy(&x1, p + 4 * (size_t)i + 16, 16);
-			memcpy(&a0, a + i, 16);
-			memcpy(&a1, a + i + 4, 16);
-			a0 += x0;
-			a1 += x1;
-			memcpy(a + i, &a0, 16);
-			memcpy(a + i + 4, &a1, 16);
-		}
-		for (; i < n; i++) {
+		for (uint32_t i = 0; i < n; i++) {
 			float v;
 			memcpy(&v, p + 4 * (size_t)i, 4);
 			a[i] += v;
@@ -50,17 +55,15 @@ static inline void dp_accumulate(float *acc, uint64_t first, const void *src, ui
 	}
 }
 
-/* acc += other (combining two NICs' sums). */
-static inline void dp_accumulate_f32(float *restrict acc, const float *restrict other, uint64_t n)
+static inline void dp_accumulate_f32_scalar(float *restrict acc, const float *restrict other,
+					    uint64_t n)
 {
 	for (uint64_t i = 0; i < n; i++)
 		acc[i] += other[i];
 }
 
-/* Write rows x hidden values of acc (+ bias per column, if any) to out as `dtype`.
- * out may alias acc when dtype is float32. */
-static inline void dp_reduce_store(void *out, const float *acc, const float *bias, uint32_t rows,
-				   uint32_t hidden, uint8_t dtype)
+static inline void dp_reduce_store_scalar(void *out, const float *acc, const float *bias,
+					  uint32_t rows, uint32_t hidden, uint8_t dtype)
 {
 	if (dtype == DP_DTYPE_F32) {
 		float *o = out;
@@ -77,6 +80,209 @@ static inline void dp_reduce_store(void *out, const float *acc, const float *bia
 				o[i] = dp_f32_to_f16(acc[i] + (bias ? bias[c] : 0.0f));
 			}
 	}
+}
+
+/* ------------------------------------------------- portable 16-byte vectors (float32) */
+
+/* acc[first ..] += n float32 read from src at any alignment (a DPDK port's payload sits
+ * 2 bytes past an 8-byte boundary): eight at a time in unaligned 16-byte loads (memcpy
+ * into a vector: movups), which GCC -O2 does not do itself (src may alias acc). */
+static inline void dp_accumulate_v4(float *acc, uint64_t first, const void *src, uint32_t n,
+				    uint8_t dtype)
+{
+	if (dtype != DP_DTYPE_F32) {
+		dp_accumulate_scalar(acc, first, src, n, dtype);
+		return;
+	}
+	float *a = acc + first;
+	const uint8_t *p = src;
+	uint32_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		dp_v4f x0, x1, a0, a1;
+		memcpy(&x0, p + 4 * (size_t)i, 16);
+		memcpy(&x1, p + 4 * (size_t)i + 16, 16);
+		memcpy(&a0, a + i, 16);
+		memcpy(&a1, a + i + 4, 16);
+		a0 += x0;
+		a1 += x1;
+		memcpy(a + i, &a0, 16);
+		memcpy(a + i + 4, &a1, 16);
+	}
+	dp_accumulate_scalar(a + i, 0, p + 4 * (size_t)i, n - i, dtype);
+}
+
+/* ------------------------------------------------------------------- AVX2 and F16C */
+
+#ifdef DP_REDUCE_X86
+/* GCC's default tuning splits unaligned 256-bit loads in two (as dp_dpdk_cksum.c says) */
+#if defined(__clang__)
+#define DP_REDUCE_AVX2_TARGET __attribute__((target("avx2,f16c")))
+#else
+#define DP_REDUCE_AVX2_TARGET __attribute__((target("avx2,f16c,tune=haswell")))
+#endif
+
+/* 16 values per step, two independent adds in flight; f16: 16 halves (32 bytes) widened
+ * by VCVTPH2PS, exact. */
+DP_REDUCE_AVX2_TARGET static inline void dp_accumulate_avx2(float *acc, uint64_t first,
+							    const void *src, uint32_t n,
+							    uint8_t dtype)
+{
+	float *a = acc + first;
+	const uint8_t *p = src;
+	uint32_t i = 0;
+	if (dtype == DP_DTYPE_F32) {
+		for (; i + 16 <= n; i += 16) {
+			__m256 x0 = _mm256_loadu_ps((const float *)(p + 4 * (size_t)i));
+			__m256 x1 = _mm256_loadu_ps((const float *)(p + 4 * (size_t)i + 32));
+			_mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(a + i), x0));
+			_mm256_storeu_ps(a + i + 8, _mm256_add_ps(_mm256_loadu_ps(a + i + 8), x1));
+		}
+		for (; i + 8 <= n; i += 8)
+			_mm256_storeu_ps(a + i,
+					 _mm256_add_ps(_mm256_loadu_ps(a + i),
+						       _mm256_loadu_ps((const float *)(p + 4 * (size_t)i))));
+	} else {
+		for (; i + 16 <= n; i += 16) {
+			__m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(p + 2 * (size_t)i)));
+			__m256 x1 =
+				_mm256_cvtph_ps(_mm_loadu_si128((const void *)(p + 2 * (size_t)i + 16)));
+			_mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(a + i), x0));
+			_mm256_storeu_ps(a + i + 8, _mm256_add_ps(_mm256_loadu_ps(a + i + 8), x1));
+		}
+		for (; i + 8 <= n; i += 8)
+			_mm256_storeu_ps(
+				a + i,
+				_mm256_add_ps(_mm256_loadu_ps(a + i),
+					      _mm256_cvtph_ps(_mm_loadu_si128(
+						      (const void *)(p + 2 * (size_t)i)))));
+	}
+	dp_accumulate_scalar(a + i, 0, p + (size_t)i * (dtype == DP_DTYPE_F32 ? 4 : 2), n - i, dtype);
+}
+
+DP_REDUCE_AVX2_TARGET static inline void dp_accumulate_f32_avx2(float *restrict acc,
+								const float *restrict other,
+								uint64_t n)
+{
+	uint64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(acc + i,
+				 _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_loadu_ps(other + i)));
+	dp_accumulate_f32_scalar(acc + i, other + i, n - i);
+}
+
+/* One row: o[c] = acc[c] + bias[c] (bias may be NULL), as float32 or float16. out may
+ * alias acc for float32: each vector is loaded before it is stored. */
+DP_REDUCE_AVX2_TARGET static inline void dp_reduce_store_avx2(void *out, const float *acc,
+							      const float *bias, uint32_t rows,
+							      uint32_t hidden, uint8_t dtype)
+{
+	for (uint32_t r = 0; r < rows; r++) {
+		const float *ar = acc + (size_t)r * hidden;
+		uint32_t c = 0;
+		if (dtype == DP_DTYPE_F32) {
+			float *o = (float *)out + (size_t)r * hidden;
+			for (; c + 8 <= hidden; c += 8) {
+				__m256 v = _mm256_loadu_ps(ar + c);
+				v = _mm256_add_ps(v, bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps());
+				_mm256_storeu_ps(o + c, v);
+			}
+			for (; c < hidden; c++)
+				o[c] = ar[c] + (bias ? bias[c] : 0.0f);
+		} else {
+			uint16_t *o = (uint16_t *)out + (size_t)r * hidden;
+			for (; c + 8 <= hidden; c += 8) {
+				__m256 v = _mm256_loadu_ps(ar + c);
+				v = _mm256_add_ps(v, bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps());
+				_mm_storeu_si128((void *)(o + c),
+						 _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+			}
+			for (; c < hidden; c++)
+				o[c] = dp_f32_to_f16(ar[c] + (bias ? bias[c] : 0.0f));
+		}
+	}
+}
+#endif /* DP_REDUCE_X86 */
+
+/* ----------------------------------------------------------------- which to run */
+
+enum dp_reduce_isa_kind { DP_REDUCE_ISA_V4 = 1, DP_REDUCE_ISA_AVX2 = 2 };
+
+/* AVX2 and F16C, and the OS saves the YMM registers (OSXSAVE, XCR0 bits 1-2): CPUID
+ * directly, as clang 16's __builtin_cpu_supports knows no "f16c". */
+static inline enum dp_reduce_isa_kind dp_reduce_isa_probe(void)
+{
+#ifdef DP_REDUCE_X86
+	unsigned a, b, c, d;
+	if (!__get_cpuid(1, &a, &b, &c, &d))
+		return DP_REDUCE_ISA_V4;
+	bool osxsave = c >> 27 & 1, avx = c >> 28 & 1, f16c = c >> 29 & 1;
+	if (!osxsave || !avx || !f16c)
+		return DP_REDUCE_ISA_V4;
+	uint32_t xcr0_lo, xcr0_hi;
+	__asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+	if ((xcr0_lo & 6) != 6)
+		return DP_REDUCE_ISA_V4;
+	if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b >> 5 & 1))
+		return DP_REDUCE_ISA_V4;
+	return DP_REDUCE_ISA_AVX2;
+#else
+	return DP_REDUCE_ISA_V4;
+#endif
+}
+
+/* The probe's answer, kept per file (relaxed atomics: threads may race to fill it, with
+ * the same value). */
+static inline enum dp_reduce_isa_kind dp_reduce_isa(void)
+{
+	static int known;
+	int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+	if (!k) {
+		k = dp_reduce_isa_probe();
+		__atomic_store_n(&known, k, __ATOMIC_RELAXED);
+	}
+	return (enum dp_reduce_isa_kind)k;
+}
+
+/* acc[first .. first + n) += n values of `dtype` read from src, at any alignment. */
+static inline void dp_accumulate(float *acc, uint64_t first, const void *src, uint32_t n,
+				 uint8_t dtype)
+{
+#ifdef DP_REDUCE_X86
+	if (dp_reduce_isa() == DP_REDUCE_ISA_AVX2) {
+		dp_accumulate_avx2(acc, first, src, n, dtype);
+		return;
+	}
+#endif
+	dp_accumulate_v4(acc, first, src, n, dtype);
+}
+
+/* acc += other (combining two NICs' sums). */
+static inline void dp_accumulate_f32(float *restrict acc, const float *restrict other, uint64_t n)
+{
+#ifdef DP_REDUCE_X86
+	if (dp_reduce_isa() == DP_REDUCE_ISA_AVX2) {
+		dp_accumulate_f32_avx2(acc, other, n);
+		return;
+	}
+#endif
+	dp_accumulate_f32_scalar(acc, other, n);
+}
+
+/* Write rows x hidden values of acc (+ bias per column, if any) to out as `dtype`.
+ * out may alias acc when dtype is float32; then, without a bias, there is nothing to do
+ * (the float32 sum was made in place in the result slot). */
+static inline void dp_reduce_store(void *out, const float *acc, const float *bias, uint32_t rows,
+				   uint32_t hidden, uint8_t dtype)
+{
+	if (dtype == DP_DTYPE_F32 && out == acc && !bias)
+		return;
+#ifdef DP_REDUCE_X86
+	if (dp_reduce_isa() == DP_REDUCE_ISA_AVX2) {
+		dp_reduce_store_avx2(out, acc, bias, rows, hidden, dtype);
+		return;
+	}
+#endif
+	dp_reduce_store_scalar(out, acc, bias, rows, hidden, dtype);
 }
 
 #endif /* DP_REDUCE_H */

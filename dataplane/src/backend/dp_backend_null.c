@@ -23,7 +23,15 @@
  * answered by one duck or by all of the NIC's); when either is full the datagram
  * is dropped and counted in tx_errors, as a full socket buffer would be, and
  * NACKs recover it.
+ *
+ * One copy per chunk, not two: a PARTIAL's header and payload are kept together in
+ * the byte ring, and the reply of a job's last duck is handed to the worker where it
+ * lies (its header's duck written in place); the other ducks of a broadcast job get a
+ * copy in rx_bufs. What a burst handed out stays in the ring until the next rx_burst
+ * (the buffers are the backend's until then: dp_backend.h), so tx_burst cannot write
+ * over it meanwhile.
  */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,7 +47,7 @@
 
 struct null_job {
 	struct dp_wire_header h; /* the reply; h.duck is set per answering duck */
-	uint64_t data;           /* PARTIAL: free-running offset of its payload in data */
+	uint64_t data;           /* PARTIAL: free-running offset of [header|payload] in data */
 	uint64_t data_end;       /* the data ring's head once this job is done */
 	uint16_t duck;           /* index in priv.ducks, or ALL_DUCKS */
 	uint16_t next;           /* ALL_DUCKS: the next of priv.ducks to answer */
@@ -58,6 +66,7 @@ struct null_priv {
 	uint32_t job_head, job_tail; /* free-running, masked on access */
 	uint8_t *data;
 	uint64_t data_head, data_tail; /* free-running byte positions */
+	uint64_t data_lent;            /* data_head once the last burst's buffers are given back */
 	uint8_t *rx_bufs;              /* RX_BURST datagrams of max_payload + header */
 	size_t rx_stride;              /* one datagram's room, 64-byte aligned: headers are read
 					* as structs (an mtu of 9000 left them misaligned) */
@@ -132,15 +141,23 @@ static struct null_job *job_push(struct null_priv *p, const struct dp_wire_heade
 {
 	if (p->job_tail - p->job_head == JOBS)
 		return NULL;
+	/* Nothing queued and nothing lent: start again at the ring's start, so that the
+	 * same few hot pages carry every forward instead of a walk through 32 MiB (which
+	 * made each copy a DRAM-bound one). */
+	if (p->data_head == p->data_tail && p->data_lent == p->data_tail)
+		p->data_head = p->data_lent = p->data_tail =
+			(p->data_tail + DATA_BYTES - 1) & ~(uint64_t)(DATA_BYTES - 1);
 	uint64_t at = p->data_tail;
 	if (len) {
+		/* room for the reply's header before the payload: rx_burst hands both out */
+		uint64_t room = ((uint64_t)DP_WIRE_HDR_LEN + len + 63) & ~(uint64_t)63;
 		uint64_t room_to_end = DATA_BYTES - at % DATA_BYTES;
-		if (room_to_end < len)
+		if (room_to_end < room)
 			at += room_to_end; /* never wrap a chunk: skip to the ring's start */
-		if (at + len - p->data_head > DATA_BYTES)
+		if (at + room - p->data_head > DATA_BYTES)
 			return NULL;
-		memcpy(p->data + at % DATA_BYTES, payload, len);
-		p->data_tail = at + len;
+		memcpy(p->data + at % DATA_BYTES + DP_WIRE_HDR_LEN, payload, len);
+		p->data_tail = at + room; /* 64-byte aligned: headers are read as structs */
 	}
 	struct null_job *j = &p->jobs[p->job_tail++ & (JOBS - 1)];
 	dp_wire_init(&j->h, op, req->session, req->epoch);
@@ -238,22 +255,33 @@ static uint32_t null_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n
 	uint32_t got = 0;
 	if (n > RX_BURST)
 		n = RX_BURST;
+	p->data_head = p->data_lent; /* the last burst's buffers are ours again */
 	while (got < n && p->job_head != p->job_tail) {
 		struct null_job *j = &p->jobs[p->job_head & (JOBS - 1)];
 		uint32_t d = j->duck == ALL_DUCKS ? j->next : j->duck;
+		bool last = j->duck != ALL_DUCKS || (uint32_t)j->next + 1 >= p->nducks;
 		if (d < p->nducks) {
-			uint8_t *buf = p->rx_bufs + (size_t)got * p->rx_stride;
-			j->h.duck = p->ducks[d].id;
-			memcpy(buf, &j->h, DP_WIRE_HDR_LEN);
 			uint32_t len = j->h.op == DP_WIRE_OP_PARTIAL ? j->h.length : 0;
-			if (len)
-				memcpy(buf + DP_WIRE_HDR_LEN, p->data + j->data % DATA_BYTES, len);
+			uint8_t *buf;
+			j->h.duck = p->ducks[d].id;
+			if (len && last) { /* in place: nobody else answers from this record */
+				buf = p->data + j->data % DATA_BYTES;
+				memcpy(buf, &j->h, DP_WIRE_HDR_LEN);
+			} else {
+				buf = p->rx_bufs + (size_t)got * p->rx_stride;
+				memcpy(buf, &j->h, DP_WIRE_HDR_LEN);
+				if (len)
+					memcpy(buf + DP_WIRE_HDR_LEN,
+					       p->data + j->data % DATA_BYTES + DP_WIRE_HDR_LEN, len);
+			}
 			rx[got++] = (struct dp_rx){ .buf = buf, .len = DP_WIRE_HDR_LEN + len,
 						    .src = p->ducks[d].addr };
 		}
-		if (j->duck == ALL_DUCKS && ++j->next < p->nducks)
+		if (!last) {
+			j->next++;
 			continue;
-		p->data_head = j->data_end;
+		}
+		p->data_lent = j->data_end; /* freed at the next rx_burst, not before */
 		p->job_head++;
 	}
 	return got;
