@@ -29,13 +29,21 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .common import CLIENT_CPU, DUCKS_CPU, Progress, Size, Table, percentiles_us, pin
 
-__all__ = ["NULL_MTU", "SIZES", "TRANSPORTS", "duckpipe_null_rows", "run"]
+__all__ = [
+    "NULL_MTU",
+    "SIZES",
+    "TRANSPORTS",
+    "duckpipe_null_idle_rows",
+    "duckpipe_null_rows",
+    "run",
+]
 
 SIZES = (64, 4096, 65536, 1 << 20)
 PAGE = mmap.PAGESIZE
@@ -403,6 +411,97 @@ def duckpipe_null_rows(
     return out
 
 
+# ----------------------------------------------------------- idle cost (wait modes)
+
+IDLE_COLUMNS = [
+    ("profile", "wait mode, dataplane idle setting"),
+    ("warm_p50_us", "64 B round trip p50 µs (warm)"),
+    ("busy_cpu_us", "CPU µs per round trip (client + dataplane)"),
+    ("idle_cpu_pct", "idle CPU, % of a core"),
+    ("idle_wakeups_per_s", "dataplane wake-ups / s idle"),
+    ("first_after_idle_us", "first round trip after idle µs"),
+    ("first_ratio", "first / warm"),
+]
+
+
+def _task_cpu_s(pid: int) -> float:
+    """CPU time of every thread of pid, in seconds: the first field of
+    /proc/<pid>/task/*/schedstat (ns on the CPU, user + system), finer than stat's
+    utime + stime (10 ms ticks, too coarse for a few ms of parked work)."""
+    ns = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            ns += int(stat.read_text().split()[0])
+    return ns / 1e9
+
+
+def _wakeups(pid: int) -> int:
+    """Context switches of every thread of pid: each park -> wake is at least one."""
+    n = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        with contextlib.suppress(OSError, ValueError):
+            for line in status.read_text().splitlines():
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    n += int(line.split()[1])
+    return n
+
+
+def duckpipe_null_idle_rows(idle_s: float, n_rt: int) -> list[dict[str, object]]:
+    """What each way of waiting costs: for each of :data:`NULL_PROFILES`, a client
+    attached to a null-backend dataplane makes ``n_rt`` 64 B round trips (p50, and CPU
+    per round trip of the client and the dataplane together, every thread), then does
+    nothing for ``idle_s`` seconds (CPU of both, the dataplane's wake-ups), then one
+    more round trip: the first after idle, against the warm p50 of the same run."""
+    import duckpipe
+
+    from ..launch.dataplane import DataplaneProcess
+    from ..testing import null_topology
+
+    hidden = 16
+    x = np.ones((1, hidden), np.float32)
+    rows: list[dict[str, object]] = []
+    for name, wait, settings, cpu in NULL_PROFILES:
+        cores = [cpu] if cpu is not None else []
+        topo = null_topology(1, cores=cores, mtu=NULL_MTU, **settings)
+        with DataplaneProcess(topo) as dp:
+            with duckpipe.connect(dp.control, wait=wait, slots=8, slot_size=PAGE) as c:
+                c.load_weights(1, duckpipe.SwiGluMlp.random(hidden, 8, seed=1), progress=False)
+
+                def one() -> int:
+                    t0 = time.perf_counter_ns()
+                    with c.claim(x.shape, x.dtype) as slot:
+                        slot.array[:] = x
+                        fwd = c.submit(slot, 1)
+                    with fwd:
+                        fwd.result(timeout=DEADLINE_S)
+                    return time.perf_counter_ns() - t0
+
+                pid, me = dp.proc.pid, os.getpid()
+                for _ in range(max(5, n_rt // 10)):
+                    one()
+                cpu0 = _task_cpu_s(pid) + _task_cpu_s(me)
+                warm = [one() for _ in range(n_rt)]
+                busy = _task_cpu_s(pid) + _task_cpu_s(me) - cpu0
+                time.sleep(0.2)  # the dataplane's spin and yield after the last work
+                cpu0, wake0, t0 = (
+                    _task_cpu_s(pid) + _task_cpu_s(me),
+                    _wakeups(pid),
+                    time.monotonic(),
+                )
+                time.sleep(idle_s)
+                idle = _task_cpu_s(pid) + _task_cpu_s(me) - cpu0
+                wakes, secs = _wakeups(pid) - wake0, time.monotonic() - t0
+                first = one() / 1e3
+        p50 = percentiles_us(warm, (50,))[0]
+        rows.append({
+            "profile": null_profile_label(name), "name": f"idle_{name.split(',')[0]}",
+            "warm_p50_us": p50, "busy_cpu_us": busy / n_rt * 1e6,
+            "idle_cpu_pct": 100 * idle / secs, "idle_wakeups_per_s": wakes / secs,
+            "first_after_idle_us": first, "first_ratio": first / p50,
+        })  # fmt: skip
+    return rows
+
+
 # ------------------------------------------------------------------------------ run
 
 
@@ -419,7 +518,7 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
     kinds = [k for k in TRANSPORTS if k not in ("iceoryx2", "duckpipe_null")]
     if ice_missing is None:
         kinds.append("iceoryx2")
-    prog = Progress("ipc", len(SIZES) * (len(kinds) + 1), quiet=quiet)
+    prog = Progress("ipc", len(SIZES) * (len(kinds) + 1) + 1, quiet=quiet)
     t = Table(key="ipc", title="ipc: one payload between two processes", columns=COLUMNS)
     before = os.sched_getaffinity(0)
     with contextlib.suppress(OSError):
@@ -477,5 +576,20 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
     ]
     if ice_missing:
         t.notes.append(f"iceoryx2 skipped: {ice_missing}.")
+    idle_s: float = size.pick(10.0, 10.0, 1.0)  # type: ignore[assignment]
+    prog.step(f"what each way of waiting costs: 64 B round trips, then {idle_s:g} s idle")
+    idle = Table(key="ipc_idle", title="ipc: what each way of waiting costs, busy and idle",
+                 columns=IDLE_COLUMNS)  # fmt: skip
+    idle.rows = duckpipe_null_idle_rows(idle_s, null_cap[0])
+    idle.notes += [
+        f"The null backend (mtu {NULL_MTU}), one duck, a client attached: CPU is the time "
+        "on a CPU of every thread of the client process and of the dataplane "
+        "(/proc/<pid>/task/*/schedstat, ns; stat's utime + stime count 10 ms ticks); "
+        "busy: over the timed round trips; idle: "
+        f"over {idle_s:g} s with nothing to do, 0.2 s after the last round trip.",
+        "Wake-ups: the dataplane's context switches (voluntary + not) per second idle.",
+        "First after idle: one round trip right after the idle stretch, against the warm p50 "
+        "of the same dataplane.",
+    ]
     os.sched_setaffinity(0, before)
-    return [t]
+    return [t, idle]

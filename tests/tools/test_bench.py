@@ -37,7 +37,7 @@ def needs_c(test):
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT_KEYS = {"config", "row", "name", "transport", "size", "series", "fit", "stream_delivered",
-             "mode"}  # fmt: skip
+             "mode", "profile"}  # fmt: skip
 
 
 def run_bench(
@@ -135,6 +135,14 @@ def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -
     modes = [p[1] for p in ipc.NULL_PROFILES]
     assert null == {(f"duckpipe_null_{m}", n) for m in modes for n in ipc.SIZES}
     assert_markdown(stdout, ipct["title"], ipct["columns"])
+    assert all(f"mtu {ipc.NULL_MTU}" in r["transport"] for r in ipct["rows"] if r["name"] in
+               {f"duckpipe_null_{m}" for m in modes})  # fmt: skip
+    # what each way of waiting costs, busy and idle: a row per way, every column measured
+    idle = table(doc, "ipc_idle")
+    assert_complete(idle)
+    assert [r["name"] for r in idle["rows"]] == [f"idle_{m}" for m in modes]
+    assert all(r["idle_cpu_pct"] >= 0 and r["first_after_idle_us"] > 0 for r in idle["rows"])
+    assert_markdown(stdout, idle["title"], idle["columns"])
 
     sc, fits = table(doc, "scale"), table(doc, "scale_fit")
     assert_complete(sc)
