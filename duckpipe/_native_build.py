@@ -49,6 +49,7 @@ uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uin
 int dp_client_submit(const struct dp_seg_header *seg, struct dp_ring_header *r,
                      struct dp_desc *descs, uint32_t capacity, const struct dp_desc *d,
                      int doorbell_fd);
+int dp_completions_want(struct dp_seg_header *h, int want, int doorbell_fd);
 struct dp_submitter {
     const struct dp_seg_header *seg;
     struct dp_ring_header *ring;

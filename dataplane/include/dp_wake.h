@@ -74,6 +74,19 @@ static inline int dp_doorbell_ring(const struct dp_seg_header *h, int doorbell_f
 	return write(doorbell_fd, &ding, 1) == 1 ? 1 : -1;
 }
 
+/* Client, about to wait for a ZeroMQ completion (timings, duck lists), want != 0; done
+ * waiting, want == 0. While it is set the dataplane sends its completion outbox at once
+ * instead of after completion_flush_us (dp_control_outbox.c); setting it rings the
+ * doorbell if the dataplane parks, so that a completion already in the outbox leaves
+ * now. Returns dp_doorbell_ring's answer (0 when clearing). */
+static inline int dp_completions_want(struct dp_seg_header *h, int want, int doorbell_fd)
+{
+	__atomic_store_n(&h->completions_wanted, want ? 1u : 0u, __ATOMIC_RELAXED);
+	if (!want || doorbell_fd < 0)
+		return 0;
+	return dp_doorbell_ring(h, doorbell_fd); /* its fence orders the store before the load */
+}
+
 /* Client, out of spin budget: sleep until the slot's done word carries `generation`,
  * up to timeout_ns. Returns the last done word read. */
 static inline uint64_t dp_slot_sleep(struct dp_slot_header *h, uint32_t generation,

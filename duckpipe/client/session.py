@@ -462,10 +462,18 @@ class Session:
         if rec.status is None:
             self.wait_done(rec, timeout, "block")
         deadline = time.monotonic() + timeout
-        while not rec.zmq_done and time.monotonic() < deadline:
-            self.pump(BLOCK_SLICE_S)
-            if not rec.zmq_done:
-                self.check_alive()
+        # the dataplane holds completions up to completion_flush_us to send them in one
+        # burst; one we wait for leaves at once (dp_completions_want, dp_wake.h)
+        hdr, pipe = self.segment.header, self.doorbell.write_fd
+        if lib.dp_completions_want(hdr, 1, pipe) == 1:
+            self.ring.doorbells += 1
+        try:
+            while not rec.zmq_done and time.monotonic() < deadline:
+                self.pump(BLOCK_SLICE_S)
+                if not rec.zmq_done:
+                    self.check_alive()
+        finally:
+            lib.dp_completions_want(hdr, 0, -1)
 
     def _completed_shm(self, rec: Inflight, word: int) -> None:
         hdr = self.segment.slot_headers[rec.slot]

@@ -68,7 +68,8 @@ __all__ = [
 ]
 
 ABI_MAJOR = 1
-ABI_MINOR = 3  # 1.1: sealed memfds; detach_reason. 1.2: need_wakeup, waiters. 1.3: MoE (DescFlag)
+ABI_MINOR = 4  # 1.1: sealed memfds; detach_reason. 1.2: need_wakeup, waiters. 1.3: MoE (DescFlag)
+# 1.4: completions_wanted
 SEG_MAGIC = int.from_bytes(b"DUCKSEG1", "little")
 MAX_DUCKS = 256  # bits in a descriptor's target set
 EMULATOR_MAX_DUCKS = 32  # ducks one duckpipe-ducks process emulates
@@ -211,6 +212,9 @@ class SegHeader(msgspec.Struct, frozen=True):
         "detach_reason": "enum dp_detach_reason: set once when the dataplane drops the client",
         "need_wakeup": "1 while the dataplane is parked (or about to be): ring the doorbell "
         "after advancing head (io_uring's IORING_SQ_NEED_WAKEUP)",
+        "completions_wanted": "client: nonzero while a thread waits for a ZeroMQ completion "
+        "(timings, duck lists): the dataplane sends its completion outbox at once rather "
+        "than after completion_flush_us; set, then ring the doorbell if need_wakeup",
         "name": "the segment's own name, for inspectors",
     }
 
@@ -240,7 +244,8 @@ class SegHeader(msgspec.Struct, frozen=True):
     pad2: Pad(4)
     # line 2: client-written
     client_heartbeat_ns: U64
-    pad3: Pad(56)
+    completions_wanted: U32
+    pad3: Pad(52)
     # line 3: dataplane-written
     dataplane_heartbeat_ns: U64
     dataplane_pid: U32

@@ -177,6 +177,10 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("futex_wakes", "completions that woke a client sleeping on its slot"),
     Counter("completions_sent"),
     Counter("completion_flushes", "bursts the outbox sent them in (completion_flush_us)"),
+    Counter(
+        "completion_flushes_wanted",
+        "of those, sent at once: a client waited for one (completions_wanted)",
+    ),
     Counter("moe_forwards", "forwards on a mixture-of-experts layer (ROUTED)"),
     Counter("moe_broadcasts", "MoE NIC parts sent once to the NIC with the whole table"),
     Counter("moe_unicasts", "MoE NIC parts sent as each routed duck's rows alone"),

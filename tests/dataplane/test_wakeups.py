@@ -142,6 +142,37 @@ def test_zeromq_completions_leave_together_and_all_arrive(duckpipe_null_factory)
     assert sent >= 32 and 1 <= flushes <= sent // 2, (sent, flushes)
 
 
+@pytest.mark.parametrize("idle_spin_us", [0, 50])
+def test_a_completion_the_client_waits_for_leaves_at_once(duckpipe_null_factory, idle_spin_us):
+    # completion_flush_us of a whole second: a client that reads each forward's timings
+    # (as `duckpipe bench forward` does) says so in its segment (completions_wanted) and
+    # its completion leaves at once, rather than a second later with the burst. Parked
+    # (idle_spin_us=0) the flag comes with a doorbell; awake, the next pass sees it.
+    dp = duckpipe_null_factory(2, completion_flush_us=1_000_000, idle_spin_us=idle_spin_us)
+    mlp = GeluMlp.random(HIDDEN, FFN, seed=9)
+    rng = np.random.default_rng(10)
+    n = 20
+    with duckpipe.connect(dp.control, wait="block", slots=4, slot_size=4096) as c:
+        c.load_weights(1, mlp, progress=False)
+        before = c.stats().counters
+        for _ in range(n):
+            x = _x(rng, 1)
+            with c.claim(x.shape) as slot:
+                slot.array[:] = x
+                f = c.submit(slot, 1)
+            with f:
+                np.testing.assert_array_equal(
+                    f.result(timeout=10), null_backend_result(x, 2, mlp.b_down)
+                )
+                assert f.timings.reduce_ns > 0 and f.answered == (0, 1)
+        after = c.stats().counters
+    wanted = after["completion_flushes_wanted"] - before["completion_flushes_wanted"]
+    flushes = after["completion_flushes"] - before["completion_flushes"]
+    # every forward's burst left because its client waited (the 1 s timer never came)
+    assert wanted == n and flushes == n, (wanted, flushes)
+    assert c.counters["stale_completions"] == 0 and c.counters["completion_mismatch"] == 0
+
+
 # --- what a wake-up costs when it brings no work -----------------------------------------
 
 

@@ -27,7 +27,7 @@
 /* @cdef-begin: cffi parses from here */
 
 #define DP_ABI_MAJOR 1
-#define DP_ABI_MINOR 3
+#define DP_ABI_MINOR 4
 #define DP_SEG_MAGIC 0x314745534b435544
 #define DP_MAX_DUCKS 256
 #define DP_EMULATOR_MAX_DUCKS 32
@@ -173,7 +173,8 @@ struct dp_seg_header {
     uint32_t slot_count;                /*  120 */
     uint8_t pad2[4];                    /*  124 */
     uint64_t client_heartbeat_ns;       /*  128: CLOCK_MONOTONIC, refreshed by the client while it lives */
-    uint8_t pad3[56];                   /*  136 */
+    uint32_t completions_wanted;        /*  136: client: nonzero while a thread waits for a ZeroMQ completion (timings, duck lists): the dataplane sends its completion outbox at once rather than after completion_flush_us; set, then ring the doorbell if need_wakeup */
+    uint8_t pad3[52];                   /*  140 */
     uint64_t dataplane_heartbeat_ns;    /*  192: CLOCK_MONOTONIC, refreshed by the dataplane while attached */
     uint32_t dataplane_pid;             /*  200 */
     uint32_t client_id;                 /*  204: assigned by the dataplane at attach */
@@ -332,7 +333,8 @@ _Static_assert(offsetof(struct dp_seg_header, res_slot_size) == 112, "dp_seg_hea
 _Static_assert(offsetof(struct dp_seg_header, slot_count) == 120, "dp_seg_header.slot_count");
 _Static_assert(offsetof(struct dp_seg_header, pad2) == 124, "dp_seg_header.pad2");
 _Static_assert(offsetof(struct dp_seg_header, client_heartbeat_ns) == 128, "dp_seg_header.client_heartbeat_ns");
-_Static_assert(offsetof(struct dp_seg_header, pad3) == 136, "dp_seg_header.pad3");
+_Static_assert(offsetof(struct dp_seg_header, completions_wanted) == 136, "dp_seg_header.completions_wanted");
+_Static_assert(offsetof(struct dp_seg_header, pad3) == 140, "dp_seg_header.pad3");
 _Static_assert(offsetof(struct dp_seg_header, dataplane_heartbeat_ns) == 192, "dp_seg_header.dataplane_heartbeat_ns");
 _Static_assert(offsetof(struct dp_seg_header, dataplane_pid) == 200, "dp_seg_header.dataplane_pid");
 _Static_assert(offsetof(struct dp_seg_header, client_id) == 204, "dp_seg_header.client_id");

@@ -40,6 +40,13 @@
 #define ROUTER_SNDHWM 256
 #define MONITOR_ENDPOINT "inproc://duckpipe-control-monitor"
 #define FLOOD_SLACK 8 /* connections beyond the attached clients' that still let it park */
+/* Asking a ZeroMQ socket that holds nothing costs libzmq a poll() of its mailbox and a
+ * getpid() (zmq_recv's process_commands is not throttled): three sockets, six syscalls a
+ * pass, 160 a forward while the runner spun between a send and its reply (docs/
+ * benchmarks.md, CPU per forward). Control is not latency-critical: while nothing comes,
+ * the pass asks at most this often; at once after a park (ZeroMQ's fd may have woken
+ * it) and again the next pass after one that found something. */
+#define ZMQ_LOOK_NS 50000ull /* 50 us */
 
 const char *const dp_counter_names[DP_NCOUNTERS] = {
 #define DP_COUNTER_NAME(name) #name,
@@ -64,15 +71,23 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 {
 	struct dp_control *c = self;
 	(void)w;
-	uint64_t refused = c->access.refused;
-	int work = dp_access_serve_zap(&c->access);
-	dp_count(c->counters, DP_C_curve_refused, c->access.refused - refused);
-	work += dp_control_poll_monitor(c);
-	work += dp_control_poll_requests(c);
+	int work = 0;
+	if (now >= c->next_zmq_look) {
+		uint64_t refused = c->access.refused;
+		work += dp_access_serve_zap(&c->access);
+		dp_count(c->counters, DP_C_curve_refused, c->access.refused - refused);
+		work += dp_control_poll_monitor(c);
+		work += dp_control_poll_requests(c);
+		c->next_zmq_look = work ? now : now + ZMQ_LOOK_NS;
+	}
 	work += dp_control_drain_completions(c);
 	work += dp_control_attach_steps(c);
 	if (c->noutbox && dp_now_ns() >= dp_control_outbox_due(c)) {
 		dp_control_flush_outbox(c);
+		work++;
+	} else if (c->noutbox && dp_control_outbox_wanted(c)) { /* queued before it asked */
+		dp_control_flush_outbox(c);
+		dp_count(c->counters, DP_C_completion_flushes_wanted, 1);
 		work++;
 	}
 	if (now >= c->next_house) {
@@ -138,6 +153,8 @@ int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now)
 			return -1;
 	if (zmq_readable(c->router) || zmq_readable(c->monitor) || zmq_readable(c->access.zap))
 		return -1;
+	if (dp_control_outbox_wanted(c)) /* the next pass sends it */
+		return -1;
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) { /* a segment half faulted in or unmapped */
 		uint32_t state = dp_load_acquire_u32(&w->clients[i].state);
 		if (state == DP_CLIENT_ATTACHING || state == DP_CLIENT_UNMAPPING)
@@ -152,6 +169,13 @@ int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now)
 	uint64_t due = dp_control_outbox_due(c);
 	uint64_t next = due < c->next_house ? due : c->next_house;
 	return next > now ? (int64_t)(next - now) : 0;
+}
+
+void dp_control_unpark(struct dp_world *w, void *self)
+{
+	struct dp_control *c = self;
+	(void)w;
+	c->next_zmq_look = 0; /* the wake-up may be ZeroMQ's: look in the first pass */
 }
 
 /* --- setup and teardown --------------------------------------------------------------- */

@@ -16,5 +16,8 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now);
  * if a message or a completion waits, else ns until the next housekeeping. */
 int dp_control_wait_on(struct dp_world *w, void *self, struct dp_waker *wk);
 int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now);
+/* After a park: the first pass asks ZeroMQ's sockets (they are asked at most every 50 us
+ * while the runner is awake and nothing comes). */
+void dp_control_unpark(struct dp_world *w, void *self);
 
 #endif /* DP_CONTROL_H */

@@ -37,6 +37,7 @@ struct dp_stats_seg; /* dp_stats.h */
 
 /* A packed completion waiting in the outbox, and who it is for. */
 struct dp_outbox_entry {
+	const struct dp_client *client; /* its completions_wanted says: send now */
 	uint8_t identity[256];
 	uint32_t identity_len;
 	size_t off, len; /* in the outbox buffer */
@@ -72,6 +73,7 @@ struct dp_control {
 	uint64_t outbox_since; /* when the oldest waiting completion was packed */
 	struct dp_stats_seg *stats; /* the stats segment: this agent is its only writer */
 	uint64_t next_stats;
+	uint64_t next_zmq_look; /* when the pass next asks ZeroMQ's sockets (dp_control.c) */
 };
 
 /* Every reply is packed by its generated encoder (dp_ctl_pack_*) into c->sbuf, emptied
@@ -109,6 +111,7 @@ int dp_control_check_handlers(void);
 int dp_control_drain_completions(struct dp_control *c);
 void dp_control_flush_outbox(struct dp_control *c);
 uint64_t dp_control_outbox_due(const struct dp_control *c);
+bool dp_control_outbox_wanted(const struct dp_control *c);
 
 /* dp_control_connections.c */
 int dp_control_poll_monitor(struct dp_control *c);

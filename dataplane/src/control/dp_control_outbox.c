@@ -35,6 +35,16 @@ void dp_control_flush_outbox(struct dp_control *c)
 	c->outbox_used = 0;
 }
 
+/* Does a client with a completion in the outbox wait for it (completions_wanted, set by
+ * dp_completions_want in dp_wake.h)? A hint read from the client's own line: a wrong one
+ * costs a burst sent early or late, nothing else. Only an attached client's segment is
+ * read: this agent alone unmaps them, so it is mapped for the whole pass. */
+static bool client_wants(const struct dp_client *cl)
+{
+	return dp_load_acquire_u32(&cl->state) == DP_CLIENT_ACTIVE &&
+	       __atomic_load_n(&cl->hdr->completions_wanted, __ATOMIC_RELAXED) != 0;
+}
+
 /* The completion just packed into c->sbuf, for client cl: into the outbox. The slot's done
  * word already told the client; this carries the timings and duck lists, a little later. */
 static void queue_completion(struct dp_control *c, const struct dp_client *cl)
@@ -47,6 +57,7 @@ static void queue_completion(struct dp_control *c, const struct dp_client *cl)
 		return;
 	}
 	struct dp_outbox_entry *e = &c->outbox[c->noutbox++];
+	e->client = cl;
 	memcpy(e->identity, cl->identity, cl->identity_len);
 	e->identity_len = cl->identity_len;
 	e->off = c->outbox_used;
@@ -55,6 +66,18 @@ static void queue_completion(struct dp_control *c, const struct dp_client *cl)
 	c->outbox_used += e->len;
 	if (c->noutbox == 1)
 		c->outbox_since = dp_now_ns();
+	if (client_wants(cl)) { /* it waits for this one: the burst leaves now */
+		dp_control_flush_outbox(c);
+		dp_count(c->counters, DP_C_completion_flushes_wanted, 1);
+	}
+}
+
+bool dp_control_outbox_wanted(const struct dp_control *c)
+{
+	for (uint32_t i = 0; i < c->noutbox; i++)
+		if (client_wants(c->outbox[i].client))
+			return true;
+	return false;
 }
 
 /* When the outbox must be flushed (UINT64_MAX: it is empty). */

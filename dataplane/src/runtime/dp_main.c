@@ -386,6 +386,7 @@ int main(int argc, char **argv)
 					       .do_work = dp_control_do_work,
 					       .wait_on = dp_control_wait_on,
 					       .park = dp_control_park,
+					       .unpark = dp_control_unpark,
 					       .self = control };
 	agents[nagents++] = (struct dp_agent){ .name = "dispatch",
 					       .do_work = dp_dispatch_do_work,
