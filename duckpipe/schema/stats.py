@@ -82,8 +82,9 @@ __all__ = [
 STATS_MAGIC = int.from_bytes(b"DUCKSTAT", "little")
 STATS_VERSION_MAJOR = 1
 # 1.1: per-duck MoE rows, MoE counters; 1.2: clients' pending, why a duck is lost,
-# doorbell_unwatched; 1.3: a NIC's link state and speed, its EAL lcore; link counters
-STATS_VERSION_MINOR = 3
+# doorbell_unwatched; 1.3: a NIC's link state and speed, its EAL lcore; link counters;
+# 1.4: rx_gro_buffers, rx_gro_segments
+STATS_VERSION_MINOR = 4
 STATS_MAX_COUNTERS = 128  # counter slots per agent (COUNTERS has fewer)
 STATS_COUNTER_NAME = 48
 STATS_MAX_NICS = MAX_NICS
@@ -193,6 +194,8 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("tx_flush_frames", "dpdk: filler frames sent so an idle port frees held slots"),
     Counter("rx_interrupt_wakeups", "dpdk: parks a port's RX interrupt ended (dp_dpdk_intr.c)"),
     Counter("rx_bad_checksum", "dpdk: UDP checksum wrong, checked in software", drop=True),
+    Counter("rx_gro_buffers", "socket: receives that held several datagrams (UDP GRO)"),
+    Counter("rx_gro_segments", "socket: the datagrams those receives held"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

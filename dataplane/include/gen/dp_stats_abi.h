@@ -33,7 +33,7 @@
 
 #define DP_STATS_MAGIC 0x544154534b435544
 #define DP_STATS_VERSION_MAJOR 1
-#define DP_STATS_VERSION_MINOR 3
+#define DP_STATS_VERSION_MINOR 4
 #define DP_STATS_MAX_COUNTERS 128
 #define DP_STATS_COUNTER_NAME 48
 #define DP_STATS_MAX_NICS 8
@@ -335,7 +335,9 @@ struct dp_stats_duck {
     X(rx_kernel_drops) /* dpdk: kernel drops: ring full (tp_drops, af_xdp's rx_ring_full) */ \
     X(tx_flush_frames) /* dpdk: filler frames sent so an idle port frees held slots */       \
     X(rx_interrupt_wakeups) /* dpdk: parks a port's RX interrupt ended (dp_dpdk_intr.c) */   \
-    X(rx_bad_checksum) /* dpdk: UDP checksum wrong, checked in software */
+    X(rx_bad_checksum) /* dpdk: UDP checksum wrong, checked in software */                   \
+    X(rx_gro_buffers) /* socket: receives that held several datagrams (UDP GRO) */           \
+    X(rx_gro_segments) /* socket: the datagrams those receives held */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");
