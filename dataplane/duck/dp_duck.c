@@ -59,6 +59,7 @@
 #include <sys/socket.h>
 
 #include "dp_abi.h"
+#include "dp_gro.h"
 #include "dp_mlp.h"
 #include "dp_reasm.h"
 #include "dp_reduce.h"
@@ -150,7 +151,7 @@ struct duck {
 	X(nacks_received) X(nacks_answered) X(nack_bad_chunks) X(input_nacks_sent)         \
 	X(no_layer_replies) X(weight_bytes) X(weight_acks) X(layers) X(layers_rejected)    \
 	X(inputs_evicted) X(outputs_evicted) X(stopped_ignored) X(restarts) X(pongs)       \
-	X(gso_sends) X(gso_fallbacks) X(delayed) X(delay_overflow) X(delay_stale)          \
+	X(gso_sends) X(gso_fallbacks) X(gro_receives) X(delayed) X(delay_overflow) X(delay_stale)          \
 	X(tx_errors) X(rx_errors) X(moe_forwards) X(moe_expert_rows) X(moe_skipped)         \
 	X(moe_bad_tables) X(moe_bad_banks) X(moe_routed_dense) X(moe_unrouted)
 
@@ -174,6 +175,7 @@ static uint64_t opt_stop_after = UINT64_MAX; /* never */
 static uint64_t opt_restart_after;           /* 0: never */
 static uint64_t opt_seed = 1;
 static int opt_no_gso;
+static int opt_no_gro;
 static int opt_verbose;
 
 static struct in_addr g_ips[DUCK_MAX_DUCKS];
@@ -187,6 +189,7 @@ static uint32_t g_gso_segs;  /* datagrams per GSO send */
 static uint32_t g_nack_max;  /* chunk indices per NACK|INPUT reply */
 static size_t g_msg_cap;     /* bytes of one activation or partial */
 static int g_gso;            /* 1 while GSO is to be tried */
+static int g_gro;            /* ask for UDP GRO on the sockets opened from here */
 static int g_gso_proven;     /* a GSO send has worked: later errors are not "unsupported" */
 static uint64_t g_rng;
 
@@ -212,9 +215,12 @@ static struct mmsghdr rx_msg[DUCK_BURST];
 static struct iovec rx_iov[DUCK_BURST];
 static struct sockaddr_in rx_src[DUCK_BURST];
 static union {
-	char buf[CMSG_SPACE(sizeof(uint32_t))];
+	char buf[CMSG_SPACE(sizeof(uint32_t)) + CMSG_SPACE(sizeof(int))]; /* RXQ_OVFL, UDP_GRO */
 	struct cmsghdr align;
 } rx_ctl[DUCK_BURST];
+/* a GRO datagram at an offset its header may not be read at (a segment size not a
+ * multiple of 8) is copied here first */
+static uint8_t rx_aligned[DUCK_RX_BUF] __attribute__((aligned(64)));
 
 /* Small replies of one duck, flushed with sendmmsg. */
 static struct {
@@ -1241,7 +1247,27 @@ static void duck_rx(struct duck *d)
 			struct msghdr *m = &rx_msg[i].msg_hdr;
 			if (m->msg_controllen)
 				rx_overflow(d, m);
-			handle_datagram(d, rx_buf[i], rx_msg[i].msg_len, m->msg_flags, &rx_src[i]);
+			/* UDP GRO: a GSO send of the host's arrives whole; cut it (dp_gro.h) */
+			uint32_t seg = dp_gro_cmsg_size(m); /* only a GRO socket gets one */
+			if (!seg) {
+				handle_datagram(d, rx_buf[i], rx_msg[i].msg_len, m->msg_flags,
+						&rx_src[i]);
+				continue;
+			}
+			struct dp_gro_cursor cur;
+			uint8_t *p;
+			uint32_t len;
+			dp_gro_start(&cur, rx_buf[i], rx_msg[i].msg_len, seg, m->msg_flags & MSG_TRUNC);
+			if (cur.seg)
+				stats.gro_receives++;
+			while (dp_gro_next(&cur, &p, &len)) {
+				if ((uintptr_t)p % 8) {
+					memcpy(rx_aligned, p, len);
+					p = rx_aligned;
+				}
+				/* a cut datagram (len 0) is refused as short by handle_datagram */
+				handle_datagram(d, p, len, m->msg_flags & ~MSG_TRUNC, &rx_src[i]);
+			}
 		}
 		if (tx.n)
 			tx_flush();
@@ -1319,6 +1345,7 @@ static void usage(FILE *f)
 		"  --restart-after N   fault: forget all layers after N computed forwards\n"
 		"  --seed S            seed of --drop (default 1)\n"
 		"  --no-gso            send partials with sendmmsg, not UDP GSO\n"
+		"  --no-gro            receive datagram by datagram, without UDP GRO\n"
 		"  -v, --verbose       say why each dropped routed forward was dropped\n"
 		"SIGINT/SIGTERM print the counters to stderr and exit 0.\n",
 		DUCK_MAX_DUCKS, DUCK_MAX_DUCKS);
@@ -1379,6 +1406,7 @@ static void parse_args(int argc, char **argv)
 		{ "restart-after", required_argument, NULL, 'r' },
 		{ "seed", required_argument, NULL, 'S' },
 		{ "no-gso", no_argument, NULL, 'G' },
+		{ "no-gro", no_argument, NULL, 'R' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -1430,6 +1458,7 @@ static void parse_args(int argc, char **argv)
 			opt_seed = parse_u64("seed", optarg, 0, UINT64_MAX, "an unsigned integer");
 			break;
 		case 'G': opt_no_gso = 1; break;
+		case 'R': opt_no_gro = 1; break;
 		case 'v': opt_verbose = 1; break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
@@ -1490,6 +1519,12 @@ static void duck_open(struct duck *d, uint32_t i)
 	sock_buf(d->fd, SO_SNDBUFFORCE, SO_SNDBUF);
 	int one = 1;
 	(void)setsockopt(d->fd, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof(one));
+	/* UDP GRO (Linux 5.0): the host's GSO sends arrive whole, not cut by the kernel */
+	if (g_gro && setsockopt(d->fd, SOL_UDP, UDP_GRO, &one, sizeof(one)) < 0) {
+		fprintf(stderr, PROG ": UDP GRO refused (%s); receiving datagram by datagram\n",
+			strerror(errno));
+		g_gro = 0;
+	}
 	if (bind(d->fd, (struct sockaddr *)&d->addr, sizeof(d->addr)) < 0) {
 		int e = errno;
 		die("cannot bind duck %u to %s:%u: %s (%s)", d->id,
@@ -1521,6 +1556,7 @@ static void setup(void)
 	if (g_gso_segs < 1)
 		g_gso_segs = 1;
 	g_gso = !opt_no_gso && g_gso_segs > 1;
+	g_gro = !opt_no_gro;
 	g_nack_max = g_payload / 4 < DUCK_NACK_LIST ? g_payload / 4 : DUCK_NACK_LIST;
 	g_msg_cap = (uint64_t)DP_REASM_MAX_CHUNKS * g_payload;
 	if (g_msg_cap > DUCK_MAX_MSG)

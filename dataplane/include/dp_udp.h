@@ -9,6 +9,9 @@
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103 /* GSO: one send cut into datagrams of this many bytes */
 #endif
+#ifndef UDP_GRO
+#define UDP_GRO 104 /* GRO: receives may hold several datagrams; a cmsg gives their size */
+#endif
 #ifndef SO_RXQ_OVFL
 #define SO_RXQ_OVFL 40 /* cmsg with the count of datagrams the receive queue dropped */
 #endif

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..errors import DuckpipeError
 from .dataplane import DataplaneProcess
@@ -46,6 +46,7 @@ class Cluster:
     ``emulators`` > 1 splits the ducks over that many emulator processes (one thread
     each), so that their compute can use more than one core. ``mtu`` is every loopback
     NIC's (the ducks' partials are cut to it too: pass ``duck_args=["--mtu", ...]``).
+    ``nic_settings`` go to every NIC (e.g. ``{"gro": False}``); ``settings`` to the topology.
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class Cluster:
         duck_args: Sequence[str] = (),
         emulators: int = 1,
         mtu: int = 1500,
+        nic_settings: Mapping[str, object] | None = None,
         **settings: object,
     ) -> None:
         if groups is None:  # split evenly over `emulators` processes (each is one thread)
@@ -78,6 +80,7 @@ class Cluster:
                     host_port=self.host_ports[k],
                     mtu=mtu,
                     ducks=per_nic[k],
+                    **(nic_settings or {}),  # type: ignore[arg-type]
                 )
                 for k in range(nics)
             ],

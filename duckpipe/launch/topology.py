@@ -87,6 +87,8 @@ class Nic(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True)
     prefix: Annotated[int, Meta(ge=0, le=32)] | None = None
     mtu: Annotated[int, Meta(ge=576, le=65535)] = 1500
     gso: bool = True
+    # socket backend: receive with UDP GRO where the kernel has it (docs/walkthrough.md)
+    gro: bool = default("gro", cfgschema.NicConfig)
     busy_poll_us: Annotated[int, Meta(ge=0)] = 0
     rcvbuf: Annotated[int, Meta(ge=65536)] = 16 << 20
     ducks: list[Duck]

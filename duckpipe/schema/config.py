@@ -37,6 +37,9 @@ class NicConfig(msgspec.Struct, kw_only=True, frozen=True):
     broadcast_port: Annotated[int, Meta(ge=0, le=65535)] = 0  # every duck's port when broadcast
     mtu: Annotated[int, Meta(ge=576, le=65535)] = 1500
     gso: bool = True
+    # socket backend: UDP GRO on receive (one recvmsg takes a duck's GSO reply whole; the
+    # backend cuts it back into datagrams); a kernel without it gets plain receives
+    gro: bool = True
     busy_poll_us: U32 = 0
     rcvbuf: U32 = 16 << 20
     ducks: list[DuckConfig]

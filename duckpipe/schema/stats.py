@@ -82,8 +82,10 @@ __all__ = [
 STATS_MAGIC = int.from_bytes(b"DUCKSTAT", "little")
 STATS_VERSION_MAJOR = 1
 # 1.1: per-duck MoE rows, MoE counters; 1.2: clients' pending, why a duck is lost,
-# doorbell_unwatched; 1.3: a NIC's link state and speed, its EAL lcore; link counters
-STATS_VERSION_MINOR = 3
+# doorbell_unwatched; 1.3: a NIC's link state and speed, its EAL lcore; the dpdk counters
+# of issue 18 (link, the port's drops, flush frames, RX interrupts, bad checksums);
+# 1.4: rx_gro_buffers, rx_gro_segments, completion_flushes_wanted
+STATS_VERSION_MINOR = 4
 STATS_MAX_COUNTERS = 128  # counter slots per agent (COUNTERS has fewer)
 STATS_COUNTER_NAME = 48
 STATS_MAX_NICS = MAX_NICS
@@ -177,10 +179,6 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("futex_wakes", "completions that woke a client sleeping on its slot"),
     Counter("completions_sent"),
     Counter("completion_flushes", "bursts the outbox sent them in (completion_flush_us)"),
-    Counter(
-        "completion_flushes_wanted",
-        "of those, sent at once: a client waited for one (completions_wanted)",
-    ),
     Counter("moe_forwards", "forwards on a mixture-of-experts layer (ROUTED)"),
     Counter("moe_broadcasts", "MoE NIC parts sent once to the NIC with the whole table"),
     Counter("moe_unicasts", "MoE NIC parts sent as each routed duck's rows alone"),
@@ -197,6 +195,12 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("tx_flush_frames", "dpdk: filler frames sent so an idle port frees held slots"),
     Counter("rx_interrupt_wakeups", "dpdk: parks a port's RX interrupt ended (dp_dpdk_intr.c)"),
     Counter("rx_bad_checksum", "dpdk: UDP checksum wrong, checked in software", drop=True),
+    Counter("rx_gro_buffers", "socket: receives that held several datagrams (UDP GRO)"),
+    Counter("rx_gro_segments", "socket: the datagrams those receives held"),
+    Counter(
+        "completion_flushes_wanted",
+        "of those, sent at once: a client waited for one (completions_wanted)",
+    ),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

@@ -528,6 +528,34 @@ def test_multi_datagram_partials_arrive_whole(make_ducks, args):
     assert (c["gso_sends"] > 0) == ("--no-gso" not in args), c
 
 
+@pytest.mark.parametrize("args", [[], ["--no-gro"]], ids=["gro", "no-gro"])
+def test_an_activation_sent_as_one_gso_send_is_cut_back_into_its_chunks(make_ducks, args):
+    # the dataplane sends a duck's chunks as one UDP GSO send; with UDP GRO the duck's
+    # socket takes it whole and the emulator cuts it by the cmsg's size (dp_gro.h)
+    ducks = make_ducks(1, ["--compute", "echo", *args])
+    host = Host(ducks)
+    x = np.random.default_rng(12).standard_normal((12, 1000)).astype(np.float16)  # 17 chunks
+    host.announce(0, 3, MlpKind.GELU, np.float16, 1000, 8)
+    datagrams = [
+        encode(WireOp.FORWARD, c.pop("payload"), duck=0, session=host.session,
+               epoch=host.epoch, **c)
+        for c in host.forward_chunks(1, 3, x)
+    ]  # fmt: skip
+    seg = len(datagrams[0])
+    assert len(datagrams) > 2 and all(len(d) == seg for d in datagrams[:-1])
+    udp_segment = 103  # linux/udp.h: UDP_SEGMENT
+    host.sock.setsockopt(socket.SOL_UDP, udp_segment, seg)
+    host.sock.sendto(b"".join(datagrams), host.addr[0])
+    host.sock.setsockopt(socket.SOL_UDP, udp_segment, 0)
+    got, _ = host.partials([0], 1)[0]
+    np.testing.assert_array_equal(got, x)
+    host.close()
+    assert ducks.stop() == 0
+    c = ducks.counters()
+    assert c["dropped_malformed"] == 0, c
+    assert (c["gro_receives"] > 0) == ("--no-gro" not in args), c
+
+
 def test_drop_one_answers_nothing(make_ducks):
     ducks = make_ducks(1, ["--drop", "1.0"])
     host = Host(ducks)

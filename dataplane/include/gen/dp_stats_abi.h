@@ -33,7 +33,7 @@
 
 #define DP_STATS_MAGIC 0x544154534b435544
 #define DP_STATS_VERSION_MAJOR 1
-#define DP_STATS_VERSION_MINOR 3
+#define DP_STATS_VERSION_MINOR 4
 #define DP_STATS_MAX_COUNTERS 128
 #define DP_STATS_COUNTER_NAME 48
 #define DP_STATS_MAX_NICS 8
@@ -321,7 +321,6 @@ struct dp_stats_duck {
     X(futex_wakes) /* completions that woke a client sleeping on its slot */                                \
     X(completions_sent)                                                                                     \
     X(completion_flushes) /* bursts the outbox sent them in (completion_flush_us) */                        \
-    X(completion_flushes_wanted) /* of those, sent at once: a client waited for one (completions_wanted) */ \
     X(moe_forwards) /* forwards on a mixture-of-experts layer (ROUTED) */                                   \
     X(moe_broadcasts) /* MoE NIC parts sent once to the NIC with the whole table */                         \
     X(moe_unicasts) /* MoE NIC parts sent as each routed duck's rows alone */                               \
@@ -336,7 +335,10 @@ struct dp_stats_duck {
     X(rx_kernel_drops) /* dpdk: kernel drops: ring full (tp_drops, af_xdp's rx_ring_full) */                \
     X(tx_flush_frames) /* dpdk: filler frames sent so an idle port frees held slots */                      \
     X(rx_interrupt_wakeups) /* dpdk: parks a port's RX interrupt ended (dp_dpdk_intr.c) */                  \
-    X(rx_bad_checksum) /* dpdk: UDP checksum wrong, checked in software */
+    X(rx_bad_checksum) /* dpdk: UDP checksum wrong, checked in software */                                  \
+    X(rx_gro_buffers) /* socket: receives that held several datagrams (UDP GRO) */                          \
+    X(rx_gro_segments) /* socket: the datagrams those receives held */                                      \
+    X(completion_flushes_wanted) /* of those, sent at once: a client waited for one (completions_wanted) */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");

@@ -61,7 +61,8 @@ struct dp_backend_ops {
 	/* Fills up to n rx entries (buffers owned by the backend until the next call). */
 	uint32_t (*rx_burst)(struct dp_backend *b, struct dp_rx *rx, uint32_t n);
 	/* Parking (dp_waker.h): the fd that turns readable when datagrams arrive, or -1.
-	 * A backend without one says with rx_ready whether rx_burst has something now;
+	 * A backend without one says with rx_ready whether rx_burst has something now
+	 * (one with a wait_fd may have one too: datagrams it read and holds, socket GRO);
 	 * one with neither (poll-mode DPDK) is polled every DP_BACKEND_POLL_NS instead. */
 	int (*wait_fd)(struct dp_backend *b);
 	bool (*rx_ready)(struct dp_backend *b);
@@ -91,6 +92,7 @@ struct dp_backend {
 	uint32_t nic;                   /* cfg's index in config->nics */
 	struct dp_counters *counters;
 	bool gso;           /* the backend can cut one send into datagrams */
+	bool gro;           /* receives may hold several datagrams (socket: UDP GRO) */
 	uint32_t max_gso_segments;
 	void *priv;
 	/* ops->xstats against close (dp_backend_xstats_live/_dead): the control agent's

@@ -5,6 +5,13 @@
  * hands the kernel a run of chunks to cut into datagrams) where the kernel has
  * it; recvmmsg in bursts; receive buffers sized for the largest reply burst, and
  * SO_RXQ_OVFL to count what the kernel still dropped.
+ *
+ * UDP GRO (the NIC's `gro`, where the kernel has UDP_GRO): one receive takes a run of a
+ * duck's datagrams whole (on loopback, a GSO send arrives as it left), so recvmmsg
+ * moves a burst of 64 runs, not of 64 datagrams. Each entry is then 64 KiB, and
+ * rx_burst hands the runs out datagram by datagram (dp_gro.h), keeping what did not
+ * fit the caller's burst for the next call: the receive waits until all of it is out,
+ * and rx_ready keeps the worker from parking meanwhile.
  */
 #include <errno.h>
 #include <net/if.h>
@@ -17,12 +24,14 @@
 
 #include "dp_backend.h"
 #include "dp_common.h"
+#include "dp_gro.h"
 #include "dp_udp.h"
 
 #define RX_BURST 64
 #define RX_BUF 9216      /* at least a jumbo frame; more when the NIC's mtu says so */
 #define TX_BURST 64
 #define GSO_MAX_SEGMENTS 64
+#define RX_GRO_BUF 65536 /* a GRO receive holds up to 64 KiB (one GSO send's worth) */
 
 struct sock_priv {
 	int fd;
@@ -30,8 +39,14 @@ struct sock_priv {
 	struct mmsghdr rx_msgs[RX_BURST];
 	struct iovec rx_iov[RX_BURST];
 	struct sockaddr_in rx_src[RX_BURST];
-	char rx_cmsg[RX_BURST][CMSG_SPACE(sizeof(uint32_t))];
+	/* SO_RXQ_OVFL's uint32, UDP_GRO's int */
+	char rx_cmsg[RX_BURST][CMSG_SPACE(sizeof(uint32_t)) + CMSG_SPACE(sizeof(int))];
 	uint8_t *rx_bufs;
+	/* GRO: the last recvmmsg's receives, handed out datagram by datagram */
+	bool gro;
+	uint32_t rx_nmsg;          /* receives it returned */
+	uint32_t rx_next;          /* the one rx_cur is cutting */
+	struct dp_gro_cursor rx_cur;
 	struct mmsghdr tx_msgs[TX_BURST];
 	char tx_cmsg[TX_BURST][CMSG_SPACE(sizeof(uint16_t))];
 };
@@ -49,10 +64,7 @@ static int sock_open(struct dp_backend *b)
 {
 	const struct dp_nic_cfg *cfg = b->cfg;
 	struct sock_priv *p = calloc(1, sizeof(*p));
-	/* a UDP payload is shorter than the mtu: room for the largest, or it arrives truncated */
-	size_t stride = ((size_t)(cfg->mtu > RX_BUF ? cfg->mtu : RX_BUF) + 63) & ~(size_t)63;
-	if (!p || !(p->rx_bufs = aligned_alloc(64, RX_BURST * stride))) {
-		free(p);
+	if (!p) {
 		dp_set_error("out of memory for socket buffers");
 		return -1;
 	}
@@ -88,6 +100,21 @@ static int sock_open(struct dp_backend *b)
 	/* Probe GSO: a socket-wide UDP_SEGMENT of 0 is accepted where the kernel has it. */
 	b->gso = cfg->gso && set_int(p->fd, SOL_UDP, UDP_SEGMENT, 0, "UDP_SEGMENT") == 0;
 	b->max_gso_segments = GSO_MAX_SEGMENTS;
+	/* GRO where asked and the kernel has it (>= 5.0); else plain receives, said once */
+	if (cfg->gro) {
+		p->gro = set_int(p->fd, SOL_UDP, UDP_GRO, 1, "UDP_GRO") == 0;
+		if (!p->gro)
+			DP_WARN("nic %s: %s; receiving datagram by datagram", cfg->name, dp_error());
+	}
+	b->gro = p->gro;
+	p->rx_cur.done = true; /* nothing received yet */
+	/* a UDP payload is shorter than the mtu: room for the largest, or it arrives truncated */
+	size_t stride = p->gro ? RX_GRO_BUF : cfg->mtu > RX_BUF ? cfg->mtu : RX_BUF;
+	stride = (stride + 63) & ~(size_t)63;
+	if (!(p->rx_bufs = aligned_alloc(64, RX_BURST * stride))) {
+		dp_set_error("out of memory for socket buffers (%d x %zu bytes)", RX_BURST, stride);
+		goto fail;
+	}
 	for (uint32_t i = 0; i < RX_BURST; i++) {
 		p->rx_iov[i].iov_base = p->rx_bufs + (size_t)i * stride;
 		p->rx_iov[i].iov_len = stride;
@@ -166,9 +193,22 @@ static uint32_t sock_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n
 	return sent;
 }
 
-static uint32_t sock_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n)
+static void rx_count_overflows(struct dp_backend *b, struct sock_priv *p, struct msghdr *m)
 {
-	struct sock_priv *p = b->priv;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c))
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL &&
+		    c->cmsg_len >= CMSG_LEN(sizeof(uint32_t))) {
+			uint32_t ovfl;
+			memcpy(&ovfl, CMSG_DATA(c), sizeof(ovfl));
+			if (ovfl > p->last_ovfl)
+				dp_count(b->counters, DP_C_rxq_overflows, ovfl - p->last_ovfl);
+			p->last_ovfl = ovfl;
+		}
+}
+
+/* recvmmsg up to n receives into the rx buffers; how many came (0 on none or error). */
+static uint32_t rx_receive(struct sock_priv *p, uint32_t n)
+{
 	if (n > RX_BURST)
 		n = RX_BURST;
 	for (uint32_t i = 0; i < n; i++) {
@@ -182,24 +222,71 @@ static uint32_t sock_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n
 		m->msg_flags = 0;
 	}
 	int rc = recvmmsg(p->fd, p->rx_msgs, n, MSG_DONTWAIT, NULL);
-	if (rc <= 0)
-		return 0;
-	for (int i = 0; i < rc; i++) {
+	return rc > 0 ? (uint32_t)rc : 0;
+}
+
+/* Start cutting receive i (GRO), counting it when it holds several datagrams. */
+static void rx_gro_start(struct dp_backend *b, struct sock_priv *p, uint32_t i)
+{
+	struct msghdr *m = &p->rx_msgs[i].msg_hdr;
+	rx_count_overflows(b, p, m);
+	dp_gro_start(&p->rx_cur, p->rx_iov[i].iov_base, p->rx_msgs[i].msg_len,
+		     dp_gro_cmsg_size(m), m->msg_flags & MSG_TRUNC);
+	if (p->rx_cur.seg) {
+		dp_count(b->counters, DP_C_rx_gro_buffers, 1);
+		dp_count(b->counters, DP_C_rx_gro_segments,
+			 (p->rx_cur.len + p->rx_cur.seg - 1) / p->rx_cur.seg);
+	}
+	p->rx_next = i;
+}
+
+/* GRO: up to n datagrams out of the receives in hand, then (only when none were handed
+ * out in this call: the caller may still read the ones of the last) a new recvmmsg. */
+static uint32_t sock_rx_burst_gro(struct dp_backend *b, struct sock_priv *p, struct dp_rx *rx,
+				  uint32_t n)
+{
+	uint32_t out = 0;
+	while (out < n) {
+		if (dp_gro_next(&p->rx_cur, &rx[out].buf, &rx[out].len)) {
+			rx[out++].src = p->rx_src[p->rx_next];
+			continue;
+		}
+		if (p->rx_next + 1 < p->rx_nmsg) {
+			rx_gro_start(b, p, p->rx_next + 1);
+			continue;
+		}
+		if (out)
+			break;
+		p->rx_nmsg = rx_receive(p, RX_BURST);
+		if (!p->rx_nmsg)
+			break;
+		rx_gro_start(b, p, 0);
+	}
+	return out;
+}
+
+static uint32_t sock_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n)
+{
+	struct sock_priv *p = b->priv;
+	if (p->gro)
+		return sock_rx_burst_gro(b, p, rx, n);
+	uint32_t got = rx_receive(p, n);
+	for (uint32_t i = 0; i < got; i++) {
 		struct msghdr *m = &p->rx_msgs[i].msg_hdr;
 		rx[i].buf = p->rx_iov[i].iov_base;
 		/* a truncated datagram keeps a length the header check will refuse */
 		rx[i].len = (m->msg_flags & MSG_TRUNC) ? 0 : p->rx_msgs[i].msg_len;
 		rx[i].src = p->rx_src[i];
-		for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c))
-			if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
-				uint32_t ovfl;
-				memcpy(&ovfl, CMSG_DATA(c), sizeof(ovfl));
-				if (ovfl > p->last_ovfl)
-					dp_count(b->counters, DP_C_rxq_overflows, ovfl - p->last_ovfl);
-				p->last_ovfl = ovfl;
-			}
+		rx_count_overflows(b, p, m);
 	}
-	return (uint32_t)rc;
+	return got;
+}
+
+/* GRO: datagrams of the last receives not handed out yet (the fd may be quiet). */
+static bool sock_rx_ready(struct dp_backend *b)
+{
+	const struct sock_priv *p = b->priv;
+	return p->gro && (!p->rx_cur.done || p->rx_next + 1 < p->rx_nmsg);
 }
 
 /* A parked worker sleeps in epoll on this socket: the reply itself wakes it. */
@@ -215,4 +302,5 @@ const struct dp_backend_ops dp_backend_socket = {
 	.tx_burst = sock_tx_burst,
 	.rx_burst = sock_rx_burst,
 	.wait_fd = sock_wait_fd,
+	.rx_ready = sock_rx_ready,
 };

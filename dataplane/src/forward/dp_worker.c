@@ -458,9 +458,9 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 		dp_add_error_context("nic %s: its inbox", cfg->name);
 		return -1;
 	}
-	DP_INFO("nic %s: %s backend, %u ducks, %u-byte chunks, GSO %s, %s, inbox %s", cfg->name,
-		wk->be.ops->name, wk->nducks, wk->payload, wk->be.gso ? "on" : "off",
-		cfg->use_broadcast ? "broadcast" : "unicast fan-out", dp_inbox_kind_name(&wk->in));
+	DP_INFO("nic %s: %s backend, %u ducks, %u-byte chunks, GSO %s, GRO %s, %s, inbox %s",
+		cfg->name, wk->be.ops->name, wk->nducks, wk->payload, wk->be.gso ? "on" : "off",
+		wk->be.gro ? "on" : "off", cfg->use_broadcast ? "broadcast" : "unicast fan-out", dp_inbox_kind_name(&wk->in));
 	return 0;
 }
 

@@ -49,6 +49,7 @@ static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t ind
 	    dp_msgpack_str(o, "broadcast", bcast, sizeof(bcast), DP_CFG_NIC_DEFAULT_BROADCAST) < 0 ||
 	    dp_msgpack_u32(o, "mtu", &nic->mtu, DP_CFG_NIC_DEFAULT_MTU) < 0 ||
 	    dp_msgpack_bool(o, "gso", &nic->gso, DP_CFG_NIC_DEFAULT_GSO) < 0 ||
+	    dp_msgpack_bool(o, "gro", &nic->gro, DP_CFG_NIC_DEFAULT_GRO) < 0 ||
 	    dp_msgpack_u32(o, "busy_poll_us", &nic->busy_poll_us, DP_CFG_NIC_DEFAULT_BUSY_POLL_US) < 0 ||
 	    dp_msgpack_u32(o, "rcvbuf", &nic->rcvbuf, DP_CFG_NIC_DEFAULT_RCVBUF) < 0 ||
 	    dp_msgpack_str(o, "flow_steering", flow, sizeof(flow), DP_CFG_NIC_DEFAULT_FLOW_STEERING) < 0 ||

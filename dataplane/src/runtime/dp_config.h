@@ -34,6 +34,7 @@ struct dp_nic_cfg {
 	bool use_broadcast;          /* else unicast fan-out, each duck in turn */
 	uint32_t mtu;
 	bool gso;
+	bool gro;                    /* socket: receive with UDP GRO (dp_gro.h) */
 	uint32_t busy_poll_us;
 	uint32_t rcvbuf;
 	enum dp_flow_steering flow_steering; /* dpdk: rte_flow rules (dp_dpdk_flow.c) */
