@@ -286,6 +286,78 @@ static __rte_always_inline struct rte_mbuf *frame(struct dpdk_priv *p, struct bu
 	return m;
 }
 
+/* The common case, cut without frame()'s general walk: a message whose datagrams are
+ * each one wire header (iov[2j], DP_WIRE_HDR_LEN bytes) and its payload (iov[2j + 1], or
+ * nothing behind a last header), each gso_size bytes but the last (a forward's chunks
+ * from dp_tx_activation, or one dp_tx_one datagram). The header and payload are copied
+ * and summed in one pass each, the header's at its constant length. Builds datagrams
+ * while the pieces are so cut; returns how many, *done their bytes, *empty set where
+ * the pool ran dry. Not for zero copy (frame() decides per piece). */
+static __rte_always_inline uint32_t frames_paired(struct dp_backend *b, struct dpdk_priv *p,
+						  struct build *bd, const struct dp_tx *t,
+						  uint32_t seg, size_t *done, bool *empty)
+{
+	const struct iovec *iov = t->iov;
+	const uint32_t iovcnt = t->iovcnt;
+	const bool cksum = !p->tx_cksum_offload;
+	uint32_t made = 0;
+	size_t bytes = 0;
+	for (uint32_t j = 0; j < iovcnt; j += 2, made++) {
+		if (iov[j].iov_len != DP_WIRE_HDR_LEN)
+			break;
+		uint32_t pl = j + 1 < iovcnt ? (uint32_t)iov[j + 1].iov_len : 0;
+		uint32_t len = DP_WIRE_HDR_LEN + pl;
+		if (t->gso_size ? len != seg && !(j + 2 >= iovcnt && len < seg)
+				: iovcnt > 2)
+			break;
+		struct rte_mbuf *m = mbuf_get(p, bd);
+		if (!m) {
+			*empty = true;
+			break;
+		}
+		uint8_t *at = rte_pktmbuf_mtod(m, uint8_t *);
+		uint8_t *to = at + HDRS_LEN;
+		uint64_t sum;
+		if (cksum) {
+			sum = dp_cksum_sum_v(to, iov[j].iov_base, DP_WIRE_HDR_LEN, true, false);
+			if (pl) /* behind an even number of bytes: no swap */
+				sum += dp_cksum_sum_copy(to + DP_WIRE_HDR_LEN, iov[j + 1].iov_base, pl,
+							 true);
+		} else {
+			sum = 0;
+			memcpy(to, iov[j].iov_base, DP_WIRE_HDR_LEN);
+			if (pl)
+				memcpy(to + DP_WIRE_HDR_LEN, iov[j + 1].iov_base, pl);
+		}
+		if (pl >= ZC_MIN && t->owner)
+			bd->copied++;
+		uint16_t head = (uint16_t)(HDRS_LEN + len);
+		m->data_len = head;
+		m->pkt_len = head;
+		hdrs_write(p, m, at, len, sum);
+		p->txq_len[p->ntxq] = len;
+		p->txq[p->ntxq++] = m;
+		p->txq_datagrams++;
+		p->txq_bytes += len;
+		if (p->ntxq == BURST)
+			dp_dpdk_txq_flush(b, p);
+		bytes += len;
+	}
+	*done = bytes;
+	return made;
+}
+
+/* Datagrams message t makes: its bytes cut at seg (total: its bytes, where known). */
+static uint32_t message_datagrams(const struct dp_tx *t, uint32_t seg, size_t *total,
+				  bool *known)
+{
+	if (!*known)
+		for (uint32_t j = 0; j < t->iovcnt; j++)
+			*total += t->iov[j].iov_len;
+	*known = true;
+	return !seg ? 1 : t->gso_size ? (uint32_t)((*total + seg - 1) / seg) : 1;
+}
+
 uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
 {
 	struct dpdk_priv *p = b->priv;
@@ -309,11 +381,14 @@ uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
 	uint16_t last_port = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct dp_tx *t = &tx[i];
+		/* a GSO message's length is summed only where frames_paired does not take it
+		 * all: it walks the same iovs */
 		size_t total = 0;
-		for (uint32_t j = 0; j < t->iovcnt; j++)
-			total += t->iov[j].iov_len;
+		bool known = !t->gso_size;
+		if (known)
+			for (uint32_t j = 0; j < t->iovcnt; j++)
+				total += t->iov[j].iov_len;
 		uint32_t seg = t->gso_size ? t->gso_size : (uint32_t)total;
-		uint32_t datagrams = !seg ? 1 : t->gso_size ? (uint32_t)((total + seg - 1) / seg) : 1;
 		/* the previous message's destination again (a forward's chunks): its MAC and
 		 * the template stand, as nothing learns MACs during a tx_burst */
 		const struct rte_ether_addr *mac = last_mac;
@@ -326,17 +401,26 @@ uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
 			last_port = t->dst->sin_port;
 		}
 		if (!mac || seg > p->max_datagram) {
+			uint32_t datagrams = message_datagrams(t, seg, &total, &known);
 			if (!mac)
 				no_mac += datagrams;
 			errors += datagrams;
 			bd.want = bd.want > t->datagrams ? bd.want - t->datagrams : 0;
 			continue;
 		}
+		uint32_t piece = 0, made = 0;
+		size_t off = 0, done = 0;
+		bool empty = false;
+		if (!(p->zero_copy && t->owner)) {
+			made = frames_paired(b, p, &bd, t, seg, &done, &empty);
+			piece = 2 * made;
+		}
+		uint32_t datagrams = made && piece >= t->iovcnt && !empty
+					     ? made
+					     : message_datagrams(t, seg, &total, &known);
 		if (t->gso_size && datagrams > 1)
 			gso++;
-		uint32_t piece = 0, made = 0;
-		size_t off = 0;
-		for (size_t done = 0; made < datagrams; made++) {
+		for (; made < datagrams && !empty; made++) {
 			uint32_t len = (uint32_t)(total - done < seg ? total - done : seg);
 			struct rte_mbuf *m = frame(p, &bd, t->iov, t->iovcnt, &piece, &off, len, t->owner);
 			if (!m)
