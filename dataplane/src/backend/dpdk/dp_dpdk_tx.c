@@ -1,7 +1,8 @@
 /* dp_dpdk_tx.c: frames from dp_tx messages, tx bursts (dp_backend_dpdk.c says how).
  *
  * Per frame, the least work that keeps every frame's checksums right:
- *   - mbufs come BURST at a time (rte_pktmbuf_alloc_bulk), not one by one;
+ *   - mbufs come BURST at a time (rte_mempool_get_bulk), not one by one, each set up
+ *     with a store or two (mbuf_rearm) rather than rte_pktmbuf_reset;
  *   - the Ethernet/IPv4/UDP headers are a template per destination (p->tmpl, rebuilt
  *     when the destination or its MAC changes) copied as 42 bytes, then lengths, IP id
  *     and checksums patched in; the checksums start from the template's precomputed
@@ -174,8 +175,7 @@ static __rte_always_inline void hdrs_write(struct dpdk_priv *p, struct rte_mbuf 
 	ip->packet_id = id;
 	udp->dgram_len = ul;
 	if (p->tx_cksum_offload) { /* as rte_ipv4_phdr_cksum: the pseudo header, not inverted */
-		m->l2_len = RTE_ETHER_HDR_LEN;
-		m->l3_len = sizeof(*ip);
+		m->tx_offload = rte_mbuf_tx_offload(RTE_ETHER_HDR_LEN, sizeof(*ip), 0, 0, 0, 0, 0);
 		m->ol_flags = RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_IP_CKSUM | RTE_MBUF_F_TX_UDP_CKSUM;
 		udp->dgram_cksum = dp_cksum_fold((uint64_t)p->tmpl.phdr_sum + ul);
 		return;
@@ -196,12 +196,38 @@ struct build {
 	uint64_t zero_copy, copied;
 };
 
+/* data_off, refcnt, nb_segs and port of a fresh frame, as one 64-bit word */
+static uint64_t mbuf_rearm_word(const struct dpdk_priv *p)
+{
+	struct rte_mbuf mb = { .data_off = RTE_PKTMBUF_HEADROOM, .nb_segs = 1, .port = p->port };
+	rte_mbuf_refcnt_set(&mb, 1);
+	uint64_t w;
+	memcpy(&w, &mb.rearm_data, sizeof(w));
+	return w;
+}
+
+/* An mbuf from the pool, set up as a frame, as vector PMDs rearm theirs: one store of
+ * p->tx_rearm (data_off, refcnt 1, nb_segs 1, port) and ol_flags 0, not
+ * rte_pktmbuf_reset's field by field. A pool's mbuf has refcnt 1, next NULL and nb_segs
+ * 1 already (rte_pktmbuf_free leaves them so, __rte_mbuf_raw_sanity_check); lengths are
+ * written by the caller, tx_offload where offloading (hdrs_write), packet_type here. */
+static __rte_always_inline void mbuf_rearm(const struct dpdk_priv *p, struct rte_mbuf *m)
+{
+	RTE_BUILD_BUG_ON(offsetof(struct rte_mbuf, ol_flags) !=
+			 offsetof(struct rte_mbuf, rearm_data) + 8);
+	memcpy(&m->rearm_data, &p->tx_rearm, sizeof(p->tx_rearm));
+	m->ol_flags = 0;
+	m->packet_type = 0;
+}
+
 static __rte_always_inline struct rte_mbuf *mbuf_get(struct dpdk_priv *p, struct build *bd)
 {
 	if (bd->next == bd->n) {
 		uint32_t k = bd->want < 1 ? 1 : bd->want > BURST ? BURST : bd->want;
 		bd->next = bd->n = 0;
-		if (rte_pktmbuf_alloc_bulk(p->pool, bd->m, k) != 0) {
+		if (unlikely(!p->tx_rearm))
+			p->tx_rearm = mbuf_rearm_word(p);
+		if (rte_mempool_get_bulk(p->pool, (void **)bd->m, k) != 0) {
 			/* the pool is (nearly) empty: one at a time what is left */
 			struct rte_mbuf *m = rte_pktmbuf_alloc(p->pool);
 			if (!m)
@@ -214,6 +240,7 @@ static __rte_always_inline struct rte_mbuf *mbuf_get(struct dpdk_priv *p, struct
 	if (bd->want)
 		bd->want--;
 	struct rte_mbuf *m = bd->m[bd->next++];
+	mbuf_rearm(p, m);
 	if (bd->next < bd->n) /* the next frame's headers */
 		rte_prefetch0((uint8_t *)bd->m[bd->next]->buf_addr + RTE_PKTMBUF_HEADROOM);
 	return m;
@@ -440,8 +467,8 @@ uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n)
 	}
 	if (p->ntxq)
 		dp_dpdk_txq_flush(b, p);
-	if (bd.next < bd.n) /* announced datagrams that were not built */
-		rte_pktmbuf_free_bulk(bd.m + bd.next, bd.n - bd.next);
+	if (bd.next < bd.n) /* announced datagrams that were not built: raw, as they came */
+		rte_mempool_put_bulk(p->pool, (void **)(bd.m + bd.next), bd.n - bd.next);
 	if (no_mac)
 		dp_count(b->counters, DP_C_tx_no_mac, no_mac);
 	if (errors)
