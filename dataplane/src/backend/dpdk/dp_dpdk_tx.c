@@ -222,27 +222,33 @@ static __rte_always_inline void mbuf_rearm(const struct dpdk_priv *p, struct rte
 	m->packet_type = 0;
 }
 
+/* bd->m, used up, refilled with as many mbufs as the datagrams still announced want
+ * (1 to BURST); false where the pool is empty. */
+static __rte_always_inline bool mbuf_refill(struct dpdk_priv *p, struct build *bd)
+{
+	uint32_t k = bd->want < 1 ? 1 : bd->want > BURST ? BURST : bd->want;
+	bd->next = bd->n = 0;
+	if (unlikely(!p->tx_rearm)) {
+		p->tx_rearm = mbuf_rearm_word(p);
+		p->tx_data_at = (uint32_t)(sizeof(struct rte_mbuf) + rte_pktmbuf_priv_size(p->pool) +
+					   RTE_PKTMBUF_HEADROOM);
+	}
+	if (rte_mempool_get_bulk(p->pool, (void **)bd->m, k) != 0) {
+		/* the pool is (nearly) empty: one at a time what is left */
+		struct rte_mbuf *m = rte_pktmbuf_alloc(p->pool);
+		if (!m)
+			return false;
+		bd->m[0] = m;
+		k = 1;
+	}
+	bd->n = (uint16_t)k;
+	return true;
+}
+
 static __rte_always_inline struct rte_mbuf *mbuf_get(struct dpdk_priv *p, struct build *bd)
 {
-	if (bd->next == bd->n) {
-		uint32_t k = bd->want < 1 ? 1 : bd->want > BURST ? BURST : bd->want;
-		bd->next = bd->n = 0;
-		if (unlikely(!p->tx_rearm)) {
-			p->tx_rearm = mbuf_rearm_word(p);
-			p->tx_data_at = (uint32_t)(sizeof(struct rte_mbuf) +
-						   rte_pktmbuf_priv_size(p->pool) +
-						   RTE_PKTMBUF_HEADROOM);
-		}
-		if (rte_mempool_get_bulk(p->pool, (void **)bd->m, k) != 0) {
-			/* the pool is (nearly) empty: one at a time what is left */
-			struct rte_mbuf *m = rte_pktmbuf_alloc(p->pool);
-			if (!m)
-				return NULL;
-			bd->m[0] = m;
-			k = 1;
-		}
-		bd->n = (uint16_t)k;
-	}
+	if (bd->next == bd->n && !mbuf_refill(p, bd))
+		return NULL;
 	if (bd->want)
 		bd->want--;
 	struct rte_mbuf *m = bd->m[bd->next++];
@@ -320,10 +326,12 @@ static __rte_always_inline struct rte_mbuf *frame(struct dpdk_priv *p, struct bu
 /* The common case, cut without frame()'s general walk: a message whose datagrams are
  * each one wire header (iov[2j], DP_WIRE_HDR_LEN bytes) and its payload (iov[2j + 1], or
  * nothing behind a last header), each gso_size bytes but the last (a forward's chunks
- * from dp_tx_activation, or one dp_tx_one datagram). The header and payload are copied
- * and summed in one pass each, the header's at its constant length. Builds datagrams
- * while the pieces are so cut; returns how many, *done their bytes, *empty set where
- * the pool ran dry. Not for zero copy (frame() decides per piece). */
+ * from dp_tx_activation, or one dp_tx_one datagram). Built a run at a time (as many as
+ * the tx burst has room for and bd holds mbufs), the bookkeeping once per run; the
+ * header and payload copied and summed in one pass each, the header's at its constant
+ * length. Builds datagrams while the pieces are so cut; returns how many, *done their
+ * bytes, *empty set where the pool ran dry. Not for zero copy (frame() decides per
+ * piece). */
 static __rte_always_inline uint32_t frames_paired(struct dp_backend *b, struct dpdk_priv *p,
 						  struct build *bd, const struct dp_tx *t,
 						  uint32_t seg, size_t *done, bool *empty)
@@ -331,49 +339,72 @@ static __rte_always_inline uint32_t frames_paired(struct dp_backend *b, struct d
 	const struct iovec *iov = t->iov;
 	const uint32_t iovcnt = t->iovcnt;
 	const bool cksum = !p->tx_cksum_offload;
-	uint32_t made = 0;
+	const bool gso = t->gso_size != 0;
+	uint32_t made = 0, j = 0;
 	size_t bytes = 0;
-	for (uint32_t j = 0; j < iovcnt; j += 2, made++) {
-		if (iov[j].iov_len != DP_WIRE_HDR_LEN)
-			break;
-		uint32_t pl = j + 1 < iovcnt ? (uint32_t)iov[j + 1].iov_len : 0;
-		uint32_t len = DP_WIRE_HDR_LEN + pl;
-		if (t->gso_size ? len != seg && !(j + 2 >= iovcnt && len < seg)
-				: iovcnt > 2)
-			break;
-		struct rte_mbuf *m = mbuf_get(p, bd);
-		if (!m) {
+	if (!gso && iovcnt > 2)
+		return 0;
+	while (j < iovcnt) {
+		if (bd->next == bd->n && !mbuf_refill(p, bd)) {
 			*empty = true;
 			break;
 		}
-		/* a pool's mbuf is direct: its data is where the pool put it, no buf_addr load */
-		uint8_t *at = (uint8_t *)m + p->tx_data_at;
-		uint8_t *to = at + HDRS_LEN;
-		uint64_t sum;
-		if (cksum) {
-			sum = dp_cksum_sum_v(to, iov[j].iov_base, DP_WIRE_HDR_LEN, true, false);
-			if (pl) /* behind an even number of bytes: no swap */
-				sum += dp_cksum_sum_copy(to + DP_WIRE_HDR_LEN, iov[j + 1].iov_base, pl,
-							 true);
-		} else {
-			sum = 0;
-			memcpy(to, iov[j].iov_base, DP_WIRE_HDR_LEN);
-			if (pl)
-				memcpy(to + DP_WIRE_HDR_LEN, iov[j + 1].iov_base, pl);
+		uint32_t run = BURST - p->ntxq, pairs = (iovcnt - j + 1) / 2;
+		if (run > (uint32_t)(bd->n - bd->next))
+			run = bd->n - bd->next;
+		if (run > pairs)
+			run = pairs;
+		struct rte_mbuf **mbufs = bd->m + bd->next;
+		struct rte_mbuf **q = p->txq + p->ntxq;
+		uint32_t *qlen = p->txq_len + p->ntxq;
+		uint64_t run_bytes = 0;
+		uint32_t i;
+		for (i = 0; i < run; i++, j += 2) {
+			if (iov[j].iov_len != DP_WIRE_HDR_LEN)
+				break;
+			uint32_t pl = j + 1 < iovcnt ? (uint32_t)iov[j + 1].iov_len : 0;
+			uint32_t len = DP_WIRE_HDR_LEN + pl;
+			if (gso && len != seg && !(j + 2 >= iovcnt && len < seg))
+				break;
+			struct rte_mbuf *m = mbufs[i];
+			mbuf_rearm(p, m);
+			/* a pool's mbuf is direct: its data is where the pool put it, no
+			 * buf_addr load */
+			uint8_t *at = (uint8_t *)m + p->tx_data_at;
+			uint8_t *to = at + HDRS_LEN;
+			uint64_t sum;
+			if (cksum) {
+				sum = dp_cksum_sum_v(to, iov[j].iov_base, DP_WIRE_HDR_LEN, true, false);
+				if (pl) /* behind an even number of bytes: no swap */
+					sum += dp_cksum_sum_copy(to + DP_WIRE_HDR_LEN,
+								 iov[j + 1].iov_base, pl, true);
+			} else {
+				sum = 0;
+				memcpy(to, iov[j].iov_base, DP_WIRE_HDR_LEN);
+				if (pl)
+					memcpy(to + DP_WIRE_HDR_LEN, iov[j + 1].iov_base, pl);
+			}
+			if (pl >= ZC_MIN && t->owner)
+				bd->copied++;
+			uint16_t head = (uint16_t)(HDRS_LEN + len);
+			m->data_len = head;
+			m->pkt_len = head;
+			hdrs_write(p, m, at, len, sum);
+			q[i] = m;
+			qlen[i] = len;
+			run_bytes += len;
 		}
-		if (pl >= ZC_MIN && t->owner)
-			bd->copied++;
-		uint16_t head = (uint16_t)(HDRS_LEN + len);
-		m->data_len = head;
-		m->pkt_len = head;
-		hdrs_write(p, m, at, len, sum);
-		p->txq_len[p->ntxq] = len;
-		p->txq[p->ntxq++] = m;
-		p->txq_datagrams++;
-		p->txq_bytes += len;
+		bd->next = (uint16_t)(bd->next + i);
+		bd->want = bd->want > i ? bd->want - i : 0;
+		p->ntxq = (uint16_t)(p->ntxq + i);
+		p->txq_datagrams = (uint16_t)(p->txq_datagrams + i);
+		p->txq_bytes += run_bytes;
+		made += i;
+		bytes += run_bytes;
 		if (p->ntxq == BURST)
 			dp_dpdk_txq_flush(b, p);
-		bytes += len;
+		if (i < run)
+			break; /* a pair cut otherwise: frame() takes it from here */
 	}
 	*done = bytes;
 	return made;
