@@ -182,9 +182,11 @@ static __rte_always_inline void hdrs_write(struct dpdk_priv *p, struct rte_mbuf 
 		udp->dgram_cksum = dp_cksum_fold((uint64_t)p->tmpl.phdr_sum + ul);
 		return;
 	}
-	ip->hdr_checksum = (uint16_t)~dp_cksum_fold((uint64_t)p->tmpl.ip_sum + tl + id);
+	/* the template's sums are of a few words: the IPv4 one stays below 2^32, the UDP
+	 * one below 2^48 with a datagram's sum (below 2^34: dp_dpdk_cksum.h) */
+	ip->hdr_checksum = (uint16_t)~dp_cksum_fold32(p->tmpl.ip_sum + tl + id);
 	/* the UDP length is in the pseudo header and in the UDP header */
-	uint16_t c = (uint16_t)~dp_cksum_fold((uint64_t)p->tmpl.udp_sum + 2u * ul + sum);
+	uint16_t c = (uint16_t)~dp_cksum_fold48((uint64_t)p->tmpl.udp_sum + 2u * ul + sum);
 	udp->dgram_cksum = c ? c : 0xffff; /* 0 would say "no checksum" */
 }
 
@@ -332,6 +334,7 @@ static __rte_always_inline struct rte_mbuf *frame(struct dpdk_priv *p, struct bu
  * length. Builds datagrams while the pieces are so cut; returns how many, *done their
  * bytes, *empty set where the pool ran dry. Not for zero copy (frame() decides per
  * piece). */
+_Static_assert(DP_WIRE_HDR_LEN == 80, "frames_paired sums the wire header as 80 bytes");
 static __rte_always_inline uint32_t frames_paired(struct dp_backend *b, struct dpdk_priv *p,
 						  struct build *bd, const struct dp_tx *t,
 						  uint32_t seg, size_t *done, bool *empty)
@@ -374,7 +377,7 @@ static __rte_always_inline uint32_t frames_paired(struct dp_backend *b, struct d
 			uint8_t *to = at + HDRS_LEN;
 			uint64_t sum;
 			if (cksum) {
-				sum = dp_cksum_sum_v(to, iov[j].iov_base, DP_WIRE_HDR_LEN, true, false);
+				sum = dp_cksum_copy80(to, iov[j].iov_base);
 				if (pl) /* behind an even number of bytes: no swap */
 					sum += dp_cksum_sum_copy(to + DP_WIRE_HDR_LEN,
 								 iov[j + 1].iov_base, pl, true);
