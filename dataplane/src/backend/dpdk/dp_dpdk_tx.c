@@ -170,9 +170,11 @@ static __rte_always_inline void hdrs_write(struct dpdk_priv *p, struct rte_mbuf 
 	memcpy(at, p->tmpl.hdrs, HDRS_LEN);
 	struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(void *)(at + IP_OFF);
 	struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(void *)(at + UDP_OFF);
-	uint16_t tl = rte_cpu_to_be_16((uint16_t)(sizeof(*ip) + sizeof(*udp) + len));
-	uint16_t ul = rte_cpu_to_be_16((uint16_t)(sizeof(*udp) + len));
-	uint16_t id = rte_cpu_to_be_16(p->ip_id++);
+	/* htons (a builtin the compiler can schedule), not rte_cpu_to_be_16 (inline asm on
+	 * x86 for a value that is not a constant) */
+	uint16_t tl = htons((uint16_t)(sizeof(*ip) + sizeof(*udp) + len));
+	uint16_t ul = htons((uint16_t)(sizeof(*udp) + len));
+	uint16_t id = htons(p->ip_id++);
 	ip->total_length = tl;
 	ip->packet_id = id;
 	udp->dgram_len = ul;
@@ -326,9 +328,9 @@ static __rte_always_inline struct rte_mbuf *frame(struct dpdk_priv *p, struct bu
 }
 
 /* The common case, cut without frame()'s general walk: a message whose datagrams are
- * each one wire header (iov[2j], DP_WIRE_HDR_LEN bytes) and its payload (iov[2j + 1], or
- * nothing behind a last header), each gso_size bytes but the last (a forward's chunks
- * from dp_tx_activation, or one dp_tx_one datagram). Built a run at a time (as many as
+ * each one wire header (iov[2j], DP_WIRE_HDR_LEN bytes) and its payload (iov[2j + 1],
+ * maybe empty), each gso_size bytes but the last (a forward's chunks from
+ * dp_tx_activation, or one dp_tx_one datagram with a payload; a lone header is frame()'s). Built a run at a time (as many as
  * the tx burst has room for and bd holds mbufs), the bookkeeping once per run; the
  * header and payload copied and summed in one pass each, the header's at its constant
  * length. Builds datagrams while the pieces are so cut; returns how many, *done their
@@ -342,17 +344,16 @@ static __rte_always_inline uint32_t frames_paired(struct dp_backend *b, struct d
 	const struct iovec *iov = t->iov;
 	const uint32_t iovcnt = t->iovcnt;
 	const bool cksum = !p->tx_cksum_offload;
-	const bool gso = t->gso_size != 0;
 	uint32_t made = 0, j = 0;
 	size_t bytes = 0;
-	if (!gso && iovcnt > 2)
+	if (!t->gso_size && iovcnt > 2)
 		return 0;
-	while (j < iovcnt) {
+	while (j + 1 < iovcnt) {
 		if (bd->next == bd->n && !mbuf_refill(p, bd)) {
 			*empty = true;
 			break;
 		}
-		uint32_t run = BURST - p->ntxq, pairs = (iovcnt - j + 1) / 2;
+		uint32_t run = BURST - p->ntxq, pairs = (iovcnt - j) / 2;
 		if (run > (uint32_t)(bd->n - bd->next))
 			run = bd->n - bd->next;
 		if (run > pairs)
@@ -365,9 +366,10 @@ static __rte_always_inline uint32_t frames_paired(struct dp_backend *b, struct d
 		for (i = 0; i < run; i++, j += 2) {
 			if (iov[j].iov_len != DP_WIRE_HDR_LEN)
 				break;
-			uint32_t pl = j + 1 < iovcnt ? (uint32_t)iov[j + 1].iov_len : 0;
+			uint32_t pl = (uint32_t)iov[j + 1].iov_len;
 			uint32_t len = DP_WIRE_HDR_LEN + pl;
-			if (gso && len != seg && !(j + 2 >= iovcnt && len < seg))
+			/* without GSO, seg is the one datagram's length */
+			if (len != seg && !(j + 2 == iovcnt && len < seg))
 				break;
 			struct rte_mbuf *m = mbufs[i];
 			mbuf_rearm(p, m);
