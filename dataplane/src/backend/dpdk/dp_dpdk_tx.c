@@ -9,7 +9,11 @@
  *     raw sums (IPv4 header; UDP pseudo header and ports), so only what differs per
  *     frame is added;
  *   - a piece that is copied into the mbuf is summed in the same pass (one read of the
- *     payload for the copy and the UDP checksum); a zero-copy piece is only summed;
+ *     payload for the copy and the UDP checksum); a zero-copy piece is only summed; the
+ *     80-byte wire header by an add-with-carry chain (dp_cksum_copy80);
+ *   - the common message, datagrams each one wire header and its payload (a forward's
+ *     chunks), is cut by frames_paired a run of frames at a time, without the general
+ *     walk over pieces (frame(), which zero copy and any other cut take);
  *   - counters once per tx_burst call or per rte_eth_tx_burst, not per frame.
  * Where the port offloads checksums, the pseudo-header sum is all that is written.
  *
@@ -21,7 +25,9 @@
  * net_null (an extbuf mbuf and its free callback per frame cost what the copy saves),
  * prefetching the next message's pieces (no gain: the reads are sequential); the next
  * mbuf's data prefetched (it cost ~5%: the pool's cache hands back the mbufs the port
- * freed a burst ago, still in L1, and the prefetch's address was a load of buf_addr).
+ * freed a burst ago, still in L1, and the prefetch's address was a load of buf_addr);
+ * the wire header's sum updated from the previous chunk's (the backend would have to
+ * know which header fields a worker varies, and comparing costs what summing does).
  */
 #include <arpa/inet.h>
 #include <string.h>
