@@ -169,33 +169,63 @@ static __rte_always_inline void tmpl_set(struct dpdk_priv *p, const struct rte_e
 	p->tmpl.valid = true;
 }
 
-/* The template's headers at at, for a UDP payload of len bytes whose raw sum is sum. */
-static __rte_always_inline void hdrs_write(struct dpdk_priv *p, struct rte_mbuf *m, uint8_t *at,
-					   uint32_t len, uint64_t sum)
+/* A frame's headers but for its IP id and checksums: the template with the lengths of a
+ * UDP payload of len bytes in, and the raw sums with them. A GSO message's frames but
+ * its last all have the one size: frames_paired sizes the headers once per message. */
+struct sized_hdrs {
+	alignas(16) uint8_t hdrs[48]; /* HDRS_LEN used */
+	uint32_t ip_sum;  /* the IPv4 header's, id and checksum zero */
+	uint32_t udp_sum; /* the pseudo header and UDP header's (offloading: the pseudo
+			   * header's only), checksum zero */
+};
+
+static __rte_always_inline void hdrs_size(const struct dpdk_priv *p, struct sized_hdrs *h,
+					  uint32_t len, bool offload)
 {
-	memcpy(at, p->tmpl.hdrs, HDRS_LEN);
-	struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(void *)(at + IP_OFF);
-	struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(void *)(at + UDP_OFF);
+	memcpy(h->hdrs, p->tmpl.hdrs, sizeof(h->hdrs));
+	struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(void *)(h->hdrs + IP_OFF);
+	struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(void *)(h->hdrs + UDP_OFF);
 	/* htons (a builtin the compiler can schedule), not rte_cpu_to_be_16 (inline asm on
 	 * x86 for a value that is not a constant) */
 	uint16_t tl = htons((uint16_t)(sizeof(*ip) + sizeof(*udp) + len));
 	uint16_t ul = htons((uint16_t)(sizeof(*udp) + len));
-	uint16_t id = htons(p->ip_id++);
 	ip->total_length = tl;
-	ip->packet_id = id;
 	udp->dgram_len = ul;
-	if (p->tx_cksum_offload) { /* as rte_ipv4_phdr_cksum: the pseudo header, not inverted */
+	h->ip_sum = p->tmpl.ip_sum + tl;
+	/* the UDP length is in the pseudo header and in the UDP header; an offloading port
+	 * wants the pseudo header's sum only (as rte_ipv4_phdr_cksum) */
+	h->udp_sum = offload ? p->tmpl.phdr_sum + ul : p->tmpl.udp_sum + 2u * ul;
+}
+
+/* h's headers at at, with the next IP id, for a UDP payload whose raw sum is sum. */
+static __rte_always_inline void hdrs_put(struct dpdk_priv *p, const struct sized_hdrs *h,
+					 struct rte_mbuf *m, uint8_t *at, uint64_t sum, bool offload)
+{
+	memcpy(at, h->hdrs, HDRS_LEN);
+	struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(void *)(at + IP_OFF);
+	struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(void *)(at + UDP_OFF);
+	uint16_t id = htons(p->ip_id++);
+	ip->packet_id = id;
+	if (offload) { /* the pseudo header, not inverted */
 		m->tx_offload = rte_mbuf_tx_offload(RTE_ETHER_HDR_LEN, sizeof(*ip), 0, 0, 0, 0, 0);
 		m->ol_flags = RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_IP_CKSUM | RTE_MBUF_F_TX_UDP_CKSUM;
-		udp->dgram_cksum = dp_cksum_fold((uint64_t)p->tmpl.phdr_sum + ul);
+		udp->dgram_cksum = dp_cksum_fold32(h->udp_sum);
 		return;
 	}
 	/* the template's sums are of a few words: the IPv4 one stays below 2^32, the UDP
 	 * one below 2^48 with a datagram's sum (below 2^34: dp_dpdk_cksum.h) */
-	ip->hdr_checksum = (uint16_t)~dp_cksum_fold32(p->tmpl.ip_sum + tl + id);
-	/* the UDP length is in the pseudo header and in the UDP header */
-	uint16_t c = (uint16_t)~dp_cksum_fold48((uint64_t)p->tmpl.udp_sum + 2u * ul + sum);
+	ip->hdr_checksum = (uint16_t)~dp_cksum_fold32(h->ip_sum + id);
+	uint16_t c = (uint16_t)~dp_cksum_fold48((uint64_t)h->udp_sum + sum);
 	udp->dgram_cksum = c ? c : 0xffff; /* 0 would say "no checksum" */
+}
+
+/* The template's headers at at, for a UDP payload of len bytes whose raw sum is sum. */
+static __rte_always_inline void hdrs_write(struct dpdk_priv *p, struct rte_mbuf *m, uint8_t *at,
+					   uint32_t len, uint64_t sum)
+{
+	struct sized_hdrs h;
+	hdrs_size(p, &h, len, p->tx_cksum_offload);
+	hdrs_put(p, &h, m, at, sum, p->tx_cksum_offload);
 }
 
 /* --- frames ------------------------------------------------------------------------- */
@@ -354,6 +384,9 @@ static __rte_always_inline uint32_t frames_paired(struct dp_backend *b, struct d
 	size_t bytes = 0;
 	if (!t->gso_size && iovcnt > 2)
 		return 0;
+	const bool offload = p->tx_cksum_offload;
+	struct sized_hdrs full; /* a frame of seg bytes: every one but maybe the last */
+	hdrs_size(p, &full, seg, offload);
 	while (j + 1 < iovcnt) {
 		if (bd->next == bd->n && !mbuf_refill(p, bd)) {
 			*empty = true;
@@ -400,7 +433,13 @@ static __rte_always_inline uint32_t frames_paired(struct dp_backend *b, struct d
 			uint16_t head = (uint16_t)(HDRS_LEN + len);
 			m->data_len = head;
 			m->pkt_len = head;
-			hdrs_write(p, m, at, len, sum);
+			if (likely(len == seg)) {
+				hdrs_put(p, &full, m, at, sum, offload);
+			} else {
+				struct sized_hdrs last;
+				hdrs_size(p, &last, len, offload);
+				hdrs_put(p, &last, m, at, sum, offload);
+			}
 			q[i] = m;
 			qlen[i] = len;
 			run_bytes += len;
