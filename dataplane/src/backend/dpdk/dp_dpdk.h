@@ -88,6 +88,8 @@ struct dpdk_priv {
 	struct zc_hold { struct rte_mbuf *m; uint64_t ns; } *zc_hold;
 	uint32_t zc_hold_head, zc_hold_tail;
 	uint16_t ip_id;
+	uint64_t tx_rearm; /* dp_dpdk_tx.c: a fresh frame's rearm_data, 0 until the first */
+	uint32_t tx_data_at; /* dp_dpdk_tx.c: a fresh frame's first byte, from its mbuf */
 	/* dp_dpdk_tx.c: the Ethernet/IPv4/UDP headers to the last destination sent to,
 	 * lengths, id and checksums zero, and their raw sums: a frame copies them and
 	 * patches lengths, id and checksums (rebuilt when the destination or its MAC changes) */
