@@ -65,19 +65,21 @@ static inline void dp_accumulate_f32_scalar(float *restrict acc, const float *re
 static inline void dp_reduce_store_scalar(void *out, const float *acc, const float *bias,
 					  uint32_t rows, uint32_t hidden, uint8_t dtype)
 {
+	/* stores by memcpy: out may sit at any alignment (the tests store at every offset) */
+	uint8_t *o = out;
 	if (dtype == DP_DTYPE_F32) {
-		float *o = out;
 		for (uint32_t r = 0; r < rows; r++)
 			for (uint32_t c = 0; c < hidden; c++) {
 				size_t i = (size_t)r * hidden + c;
-				o[i] = acc[i] + (bias ? bias[c] : 0.0f);
+				float v = acc[i] + (bias ? bias[c] : 0.0f);
+				memcpy(o + i * sizeof(v), &v, sizeof(v));
 			}
 	} else {
-		uint16_t *o = out;
 		for (uint32_t r = 0; r < rows; r++)
 			for (uint32_t c = 0; c < hidden; c++) {
 				size_t i = (size_t)r * hidden + c;
-				o[i] = dp_f32_to_f16(acc[i] + (bias ? bias[c] : 0.0f));
+				uint16_t h = dp_f32_to_f16(acc[i] + (bias ? bias[c] : 0.0f));
+				memcpy(o + i * sizeof(h), &h, sizeof(h));
 			}
 	}
 }
@@ -186,8 +188,10 @@ DP_REDUCE_AVX2_TARGET static inline void dp_reduce_store_avx2(void *out, const f
 				v = _mm256_add_ps(v, bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps());
 				_mm256_storeu_ps(o + c, v);
 			}
-			for (; c < hidden; c++)
-				o[c] = ar[c] + (bias ? bias[c] : 0.0f);
+			for (; c < hidden; c++) { /* memcpy: out at any alignment */
+				float v = ar[c] + (bias ? bias[c] : 0.0f);
+				memcpy(o + c, &v, sizeof(v));
+			}
 		} else {
 			uint16_t *o = (uint16_t *)out + (size_t)r * hidden;
 			for (; c + 8 <= hidden; c += 8) {
@@ -196,8 +200,10 @@ DP_REDUCE_AVX2_TARGET static inline void dp_reduce_store_avx2(void *out, const f
 				_mm_storeu_si128((void *)(o + c),
 						 _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 			}
-			for (; c < hidden; c++)
-				o[c] = dp_f32_to_f16(ar[c] + (bias ? bias[c] : 0.0f));
+			for (; c < hidden; c++) {
+				uint16_t h = dp_f32_to_f16(ar[c] + (bias ? bias[c] : 0.0f));
+				memcpy(o + c, &h, sizeof(h));
+			}
 		}
 	}
 }
