@@ -576,7 +576,7 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
     ]
     if ice_missing:
         t.notes.append(f"iceoryx2 skipped: {ice_missing}.")
-    idle_s: float = size.pick(10.0, 10.0, 1.0)  # type: ignore[assignment]
+    idle_s: float = size.pick(10.0, 3.0, 1.0)  # type: ignore[assignment]  # --quick: CI
     prog.step(f"what each way of waiting costs: 64 B round trips, then {idle_s:g} s idle")
     idle = Table(key="ipc_idle", title="ipc: what each way of waiting costs, busy and idle",
                  columns=IDLE_COLUMNS)  # fmt: skip
