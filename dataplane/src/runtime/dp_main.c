@@ -411,12 +411,21 @@ int main(int argc, char **argv)
 	       world.cfg.dedicated_threads ? "dedicated" : "shared", getpid());
 	fflush(stdout);
 
+	/* One shared thread runs control last: in a pass after a wake-up, the dispatcher and
+	 * the workers pick up the descriptor or complete the forward before control asks
+	 * ZeroMQ's sockets (a poll and a getpid each: docs/benchmarks.md, issue 19), and the
+	 * workers' completions reach control in the same pass. With a thread per agent the
+	 * array keeps its order: runner i takes the topology's cores[i]. */
+	struct dp_agent shared[MAX_AGENTS];
+	memcpy(shared, agents + 1, (nagents - 1) * sizeof(*agents));
+	shared[nagents - 1] = agents[0];
+
 	struct runner runners[MAX_AGENTS];
 	pthread_t threads[MAX_AGENTS];
 	uint32_t nrunners = world.cfg.dedicated_threads ? nagents : 1;
 	unsigned nlcores = 0;
 	for (uint32_t i = 0; i < nrunners; i++) {
-		runners[i] = (struct runner){ .agents = world.cfg.dedicated_threads ? &agents[i] : agents,
+		runners[i] = (struct runner){ .agents = world.cfg.dedicated_threads ? &agents[i] : shared,
 					      .n = world.cfg.dedicated_threads ? 1 : nagents,
 					      .core = i < world.cfg.ncores ? world.cfg.cores[i] : -1,
 					      .lcore = -1,
