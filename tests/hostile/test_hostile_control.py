@@ -541,9 +541,16 @@ def test_tcp_control_without_curve_keys_is_refused_at_start(kind):
 
 
 def _ask(sock, msg: ctl.Request, timeout: float = 5.0):
-    """The reply to msg (earlier replies on the socket are skipped), or None."""
-    sock.send(ctl.encoder.encode(msg))
+    """The reply to msg (earlier replies on the socket are skipped), or None. None too when
+    the message cannot even leave: a DEALER whose CURVE handshake was refused may have no
+    pipe to send on, and a blocking send would wait forever (a hang seen in this file)."""
     deadline = time.monotonic() + timeout
+    if not sock.poll(timeout * 1000, zmq.POLLOUT):
+        return None
+    try:
+        sock.send(ctl.encoder.encode(msg), zmq.NOBLOCK)
+    except zmq.Again:
+        return None
     while (left := deadline - time.monotonic()) > 0 and sock.poll(left * 1000):
         reply = ctl.reply_decoder.decode(sock.recv())
         if getattr(reply, "req_id", None) == msg.req_id:
