@@ -135,7 +135,7 @@ typedef void (*accumulate_fn)(float *, uint64_t, const void *, uint32_t, uint8_t
 
 /* acc[first..first+n) += src at every byte misalignment of src, lengths around the
  * vector widths (tails of every length), compared with the scalar loop bit for bit. */
-static void compare_accumulate(const char *name, accumulate_fn fn)
+static void compare_with(const char *name, accumulate_fn ref, accumulate_fn fn)
 {
 	static const uint32_t lengths[] = { 0, 1, 3, 7, 8, 9, 15, 16, 17, 23, 24, 31, 32, 33, 47,
 					    64, 100, 1000, 4099 };
@@ -160,7 +160,7 @@ static void compare_accumulate(const char *name, accumulate_fn fn)
 							memcpy(src + mis + 4 * i, &f, 4);
 						}
 					}
-					dp_accumulate_scalar(acc_ref, first, src + mis, n, dtype);
+					ref(acc_ref, first, src + mis, n, dtype);
 					fn(acc_vec, first, src + mis, n, dtype);
 					if (memcmp(acc_ref, acc_vec, sizeof(acc_ref)) && bad++ < 3)
 						CHECK(0, "%s: %s n=%u src+%u first=%lu differs from scalar",
@@ -169,6 +169,42 @@ static void compare_accumulate(const char *name, accumulate_fn fn)
 				}
 	}
 	CHECK(!bad, "%s: %d accumulates differ from the scalar loop", name, bad);
+}
+
+static void compare_accumulate(const char *name, accumulate_fn fn)
+{
+	compare_with(name, dp_accumulate_scalar, fn);
+}
+
+/* A chunk's first contribution is stored: the same bits as adding it to zeros, except
+ * that -0.0 stays -0.0 (as numpy's sum of one array keeps it), and the vectors' bits are
+ * the scalar loop's. */
+static void test_first_is_stored(void)
+{
+	float acc[40], ref[40];
+	uint8_t src[4 * 37 + 3];
+	for (int dt = 0; dt < 2; dt++) {
+		uint8_t dtype = dt ? DP_DTYPE_F16 : DP_DTYPE_F32;
+		for (int i = 0; i < 40; i++)
+			acc[i] = ref[i] = any_f32();
+		for (int i = 0; i < 37; i++) {
+			uint16_t h = any_f16() & 0x7bff; /* finite */
+			float f = dt ? dp_f16_to_f32(h) : (float)(i - 18) * 0.37f;
+			if (dt)
+				memcpy(src + 3 + 2 * i, &h, 2);
+			else
+				memcpy(src + 3 + 4 * i, &f, 4);
+			ref[2 + i] = 0.0f;
+		}
+		dp_accumulate_scalar(ref, 2, src + 3, 37, dtype);
+		dp_reduce_first_scalar(acc, 2, src + 3, 37, dtype);
+		CHECK(!memcmp(acc, ref, sizeof(acc)), "%s: first = zeros + accumulate, nothing else "
+		      "touched", dt ? "f16" : "f32");
+	}
+	float neg = -0.0f;
+	float one = 1.0f;
+	dp_reduce_first_scalar(&one, 0, &neg, 1, DP_DTYPE_F32);
+	CHECK(signbit(one) && one == 0.0f, "-0.0 stored as -0.0");
 }
 
 typedef void (*store_fn)(void *, const float *, const float *, uint32_t, uint32_t, uint8_t);
@@ -214,11 +250,13 @@ static void test_vectors_match_scalar(void)
 	compare_accumulate("v4", dp_accumulate_v4);
 	compare_accumulate("dispatched", dp_accumulate);
 	compare_store("dispatched", dp_reduce_store);
+	compare_with("first, dispatched", dp_reduce_first_scalar, dp_reduce_first);
 #ifdef DP_REDUCE_X86
 	if (dp_reduce_isa_probe() == DP_REDUCE_ISA_AVX2) {
 		CHECK(dp_reduce_isa() == DP_REDUCE_ISA_AVX2, "AVX2 is picked where the CPU has it");
 		compare_accumulate("avx2", dp_accumulate_avx2);
 		compare_store("avx2", dp_reduce_store_avx2);
+		compare_with("first, avx2", dp_reduce_first_scalar, dp_reduce_first_avx2);
 		float x[37], y[37], z[37];
 		for (int i = 0; i < 37; i++)
 			x[i] = y[i] = any_f32(), z[i] = any_f32();
@@ -235,6 +273,7 @@ int main(void)
 {
 	test_f16();
 	test_reduce();
+	test_first_is_stored();
 	test_vectors_match_scalar();
 	return test_result("test_reduce");
 }

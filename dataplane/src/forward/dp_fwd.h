@@ -79,6 +79,9 @@ struct dp_nic_part {
 	bool release_logged; /* waited more than a second: said so once */
 	bool moe_unicast;    /* routed: each duck got its rows alone (else the broadcast) */
 	bool link_down;      /* failed at once: the NIC's link was down (dp_backend.h) */
+	/* dense: the sum is not zeroed first; each chunk's first contribution is stored
+	 * (dp_gather.c), which chunks have one is the worker's `summed` bitmap */
+	bool sum_by_chunk;
 };
 
 struct dp_fwd {

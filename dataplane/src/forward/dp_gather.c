@@ -3,7 +3,8 @@
  * For every forward handed over by the dispatcher it sends the activation to
  * the ducks of its NIC (broadcast, or unicast fan-out one duck after another),
  * then takes their partials chunk by chunk, adding each new chunk straight into
- * a float32 sum (a bitmap per duck refuses duplicates), NACKs a duck whose
+ * a float32 sum (a bitmap per duck refuses duplicates; the first duck's chunk is stored,
+ * not added to zeros: no memset of the sum ahead, no read of it), NACKs a duck whose
  * partial has made no progress for that duck's RTO (RFC 6298's estimator over
  * its measured reply times, so that a slow duck is not taken for a lossy one),
  * resends the activation chunks a duck asks for, and
@@ -22,6 +23,7 @@
 #include "dp_fwd.h"
 #include "dp_moe.h"
 #include "dp_partial.h"
+#include "dp_reasm.h"
 #include "dp_reduce.h"
 #include "dp_tx.h"
 #include "dp_wire.h"
@@ -79,12 +81,51 @@ static struct dp_duck_rx *duck_rx(const struct dp_gather_view *v, struct dp_fwd 
 	return &f->rx[v->w->duck_index[duck]];
 }
 
+/* --- the sum ------------------------------------------------------------------------ */
+
+/* A dense forward's sum is made chunk by chunk on the activation's grid (v->payload bytes
+ * a chunk): the first contribution to a chunk is stored, later ones added. Zero what no
+ * duck wrote yet and add from then on: a chunk off the grid (a duck that cuts its reply
+ * otherwise), or a part over with chunks nobody sent. */
+static void sum_zero_rest(const struct dp_gather_view *v, struct dp_fwd *f)
+{
+	struct dp_nic_part *p = &f->part[v->nic];
+	struct dp_reasm *done = &v->summed[f->index];
+	uint32_t item = dp_dtype_size(f->layer->dtype);
+	for (uint32_t c = 0; c < done->chunks && done->have < done->chunks; c++)
+		if (dp_reasm_mark(done, c) == 1)
+			memset(f->acc[v->nic] + (uint64_t)c * v->payload / item, 0,
+			       dp_wire_chunk_len(f->bytes, v->payload, c) / item * sizeof(float));
+	p->sum_by_chunk = false;
+}
+
+static void sum_chunk(const struct dp_gather_view *v, struct dp_fwd *f,
+		      const struct dp_wire_header *h, const uint8_t *payload, uint32_t item)
+{
+	float *acc = f->acc[v->nic];
+	uint8_t dtype = f->layer->dtype;
+	if (f->part[v->nic].sum_by_chunk) {
+		bool on_grid = h->offset % v->payload == 0 &&
+			       (h->length == v->payload ||
+				(h->length < v->payload && h->offset + h->length == f->bytes));
+		if (on_grid && dp_reasm_mark(&v->summed[f->index], h->offset / v->payload) == 1) {
+			dp_reduce_first(acc, h->offset / item, payload, h->length / item, dtype);
+			return;
+		}
+		if (!on_grid)
+			sum_zero_rest(v, f);
+	}
+	dp_accumulate(acc, h->offset / item, payload, h->length / item, dtype);
+}
+
 /* The NIC's part of f is over with status: its wait ends (at its last duck's answer, or
  * now); the worker ends the part with the status returned. */
 static uint32_t part_over(const struct dp_gather_view *v, struct dp_fwd *f, uint32_t status,
 			  uint64_t now)
 {
 	struct dp_nic_part *p = &f->part[v->nic];
+	if (p->sum_by_chunk && status == DP_STATUS_OK)
+		sum_zero_rest(v, f); /* every chunk has its sum unless no duck here was asked */
 	uint64_t end = p->last_ns ? p->last_ns : now;
 	/* from the first send, not the last: partials read during a long send (they are
 	 * taken in after it) gave wait_ns 380 against send_ns 154,262 */
@@ -149,7 +190,14 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 		f->acc[v->nic] = (float *)f->res;
 	else
 		f->acc[v->nic] = v->scratch + (size_t)f->index * v->scratch_floats;
-	memset(f->acc[v->nic], 0, f->bytes / dp_dtype_size(l->dtype) * sizeof(float));
+	/* dense, and chunks of whole values: no zeroing ahead (sum_chunk); routed replies are
+	 * added row by row wherever the routing puts them, onto zeros */
+	uint32_t item = dp_dtype_size(l->dtype);
+	p->sum_by_chunk = !routed && v->payload % item == 0;
+	if (p->sum_by_chunk)
+		dp_reasm_reset(&v->summed[f->index], chunks);
+	else
+		memset(f->acc[v->nic], 0, f->bytes / item * sizeof(float));
 	for (uint32_t i = 0; i < v->nducks; i++)
 		if (dp_targets_has(f->targets, v->ducks[i])) {
 			struct dp_duck_rx *rx = duck_rx(v, f, v->ducks[i]);
@@ -266,8 +314,7 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 		dp_moe_accumulate(f->acc[v->nic], l->hidden, rx->moe_map, h->offset / item,
 				  payload, h->length / item, l->dtype);
 	else
-		dp_accumulate(f->acc[v->nic], h->offset / item, payload,
-			      h->length / item, l->dtype);
+		sum_chunk(v, f, h, payload, item);
 	/* NACK only once this duck's stream stalls for its RTO: next_nack stays a lower bound */
 	rx->progress_ns = now;
 	if (h->compute_ns > rx->compute_ns)

@@ -37,6 +37,7 @@ struct dp_gather_view {
 	uint32_t max_chunks;
 	float *scratch;               /* [contexts][scratch_floats]: sums not made in place */
 	uint32_t scratch_floats;
+	struct dp_reasm *summed;      /* [contexts]: chunks of a dense sum written once */
 	struct dp_reasm *nack_seen;   /* chunks already resent for the NACK being answered */
 	/* routed (MoE) forwards (dp_moe.c) */
 	const uint64_t *nic_ducks;    /* this NIC's ducks, a DP_MAX_DUCKS-bit set */

@@ -391,6 +391,7 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 	wk->next_nack = calloc(nf, sizeof(uint64_t));
 	wk->sent_ns = calloc(nf * wk->max_chunks, sizeof(uint64_t));
 	wk->scratch = calloc(nf * wk->scratch_floats, sizeof(float)); /* touched only when used */
+	wk->summed = calloc(nf, sizeof(struct dp_reasm));
 	wk->active = calloc(nf, sizeof(struct dp_fwd *));
 	wk->release.parts = calloc(nf, sizeof(struct dp_fwd *));
 	/* Routed (MoE) forwards stage what they send (dp_moe.c): per context the wire table
@@ -405,7 +406,8 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 	wk->moe_stage = calloc(nf, w->cfg.max_forward_bytes);
 	wk->moe_maps = calloc(nf * map_cap, sizeof(uint16_t));
 	if (!wk->owned || !wk->hdrs || !wk->next_nack || !wk->sent_ns || !wk->scratch ||
-	    !wk->active || !wk->release.parts || !wk->moe_wire || !wk->moe_stage || !wk->moe_maps) {
+	    !wk->summed || !wk->active || !wk->release.parts || !wk->moe_wire ||
+	    !wk->moe_stage || !wk->moe_maps) {
 		dp_set_error("nic %s: out of memory for %zu forward contexts", cfg->name, nf);
 		return -1;
 	}
@@ -426,6 +428,7 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 					      .hdrs = wk->hdrs,
 					      .max_chunks = wk->max_chunks,
 					      .scratch = wk->scratch,
+					      .summed = wk->summed,
 					      .scratch_floats = wk->scratch_floats,
 					      .nack_seen = &wk->nack_seen,
 					      .nic_ducks = wk->nic_ducks,
@@ -475,6 +478,7 @@ void dp_worker_fini(struct dp_worker *wk)
 	free(wk->next_nack);
 	free(wk->sent_ns);
 	free(wk->scratch);
+	free(wk->summed);
 	free(wk->active);
 	free(wk->release.parts);
 	free(wk->moe_wire);
