@@ -42,9 +42,9 @@ int dp_ring_push(struct dp_ring_header *r, struct dp_desc *descs, uint32_t capac
                  const struct dp_desc *d);
 int dp_ring_pop(struct dp_ring_header *r, const struct dp_desc *descs, uint32_t capacity,
                 struct dp_desc *out);
-void dp_slot_publish(struct dp_slot_header *h, uint64_t forward_id, uint64_t epoch,
-                     uint64_t nbytes, uint32_t answered, uint32_t missing,
-                     uint32_t generation, uint32_t status);
+int dp_slot_publish(struct dp_slot_header *h, const struct dp_slot_header *v,
+                    uint32_t generation, uint32_t status);
+int dp_slot_phases(const struct dp_slot_header *h, uint32_t generation, uint64_t *out);
 uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uint64_t max_ns);
 int dp_client_submit(const struct dp_seg_header *seg, struct dp_ring_header *r,
                      struct dp_desc *descs, uint32_t capacity, const struct dp_desc *d,

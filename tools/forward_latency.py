@@ -47,14 +47,14 @@ def main() -> int:
                     t1 = time.perf_counter_ns()
                     if i >= 20:  # warm-up
                         e2e.append(t1 - t0)
-                        phases.append(fwd.timings)
+                        phases.append(fwd.phases)  # the slot header's: no ZeroMQ
             n = c.stats().counters
     us = np.array(e2e) / 1e3
     med = {
         k: np.median([getattr(t, k) for t in phases]) / 1e3
         for k in ("prepare_ns", "send_ns", "wait_ns", "fetch_ns", "reduce_ns", "spread_ns")
     }
-    compute = np.median([max(t.duck_compute_ns) for t in phases]) / 1e3
+    compute = np.median([t.duck_compute_max_ns for t in phases]) / 1e3
     print(
         f"{args.ducks} ducks, hidden {args.hidden}, {args.rows} row(s), float32, "
         f"compute {args.compute}, wait {args.wait}: {args.forwards} forwards"

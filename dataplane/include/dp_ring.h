@@ -98,18 +98,26 @@ static inline int dp_ring_pop(struct dp_ring_header *r, const struct dp_desc *de
 	return dp_ring_pop_burst(r, descs, capacity, out, 1) == 1 ? 0 : -1;
 }
 
-/* Consumer: publish a slot's completion. Fields first, then the done word (release),
- * then wake the client if it sleeps on it (dp_wake.h). Returns 1 if it called
- * FUTEX_WAKE, else 0. */
-static inline int dp_slot_publish(struct dp_slot_header *h, uint64_t forward_id, uint64_t epoch,
-				  uint64_t nbytes, uint32_t answered, uint32_t missing,
+/* Consumer: publish a slot's completion. v's fields first (but done and waiters, which
+ * are not v's to say): line 0's and line 1's, the forward's phase times; then the done
+ * word (release), then wake the client if it sleeps on it (dp_wake.h). Returns 1 if it
+ * called FUTEX_WAKE, else 0. */
+static inline int dp_slot_publish(struct dp_slot_header *h, const struct dp_slot_header *v,
 				  uint32_t generation, uint32_t status)
 {
-	h->forward_id = forward_id;
-	h->epoch = epoch;
-	h->nbytes = nbytes;
-	h->answered = answered;
-	h->missing = missing;
+	h->forward_id = v->forward_id;
+	h->epoch = v->epoch;
+	h->nbytes = v->nbytes;
+	h->answered = v->answered;
+	h->missing = v->missing;
+	h->prepare_ns = v->prepare_ns;
+	h->send_ns = v->send_ns;
+	h->wait_ns = v->wait_ns;
+	h->fetch_ns = v->fetch_ns;
+	h->reduce_ns = v->reduce_ns;
+	h->spread_ns = v->spread_ns;
+	h->duck_compute_max_ns = v->duck_compute_max_ns;
+	h->duck_compute_sum_ns = v->duck_compute_sum_ns;
 	/* release: a client that sees this generation sees the fields and the result bytes */
 	dp_store_release_u64(&h->done, ((uint64_t)generation << 32) | status);
 	/* seq_cst: done's store before waiters' load; pairs with dp_slot_sleep */
@@ -117,6 +125,29 @@ static inline int dp_slot_publish(struct dp_slot_header *h, uint64_t forward_id,
 	if (!__atomic_load_n(&h->waiters, __ATOMIC_RELAXED))
 		return 0;
 	(void)dp_futex_wake(dp_done_futex(&h->done));
+	return 1;
+}
+
+/* Client: the phase times of the forward whose completion left `generation` and a
+ * final status in the slot's done word, into out[0..7] in line 1's order (prepare, send,
+ * wait, fetch, reduce, spread, duck compute max, sum). Returns 1, or 0 (out untouched)
+ * when done carries another generation or none yet. Only while the client holds the slot
+ * for that forward: once it submits the slot again, the dataplane may be rewriting it. */
+static inline int dp_slot_phases(const struct dp_slot_header *h, uint32_t generation,
+				 uint64_t *out)
+{
+	/* acquire: pairs with dp_slot_publish's release: line 1 was written before done */
+	uint64_t w = dp_load_acquire_u64(&h->done);
+	if ((uint32_t)(w >> 32) != generation || (uint32_t)w == 0)
+		return 0;
+	out[0] = h->prepare_ns;
+	out[1] = h->send_ns;
+	out[2] = h->wait_ns;
+	out[3] = h->fetch_ns;
+	out[4] = h->reduce_ns;
+	out[5] = h->spread_ns;
+	out[6] = h->duck_compute_max_ns;
+	out[7] = h->duck_compute_sum_ns;
 	return 1;
 }
 

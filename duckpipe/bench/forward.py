@@ -161,16 +161,15 @@ def run_duckpipe(
                         except duckpipe.errors.DuckpipeError:
                             lost = len(ducks) - len(fwd.answered)
                         t2 = time.perf_counter_ns()
-                        tm = fwd.timings
+                        ph = fwd.phases  # the slot header's: no ZeroMQ per forward
                     if k >= warmup:
-                        comp = list(tm.duck_compute_ns) or [0]
                         samples.append(
                             baselines.Sample(
                                 e2e=t2 - t0,
-                                send=tm.send_ns,
-                                recv_window=tm.spread_ns,
-                                max_compute=max(comp),
-                                sum_compute=sum(comp),
+                                send=ph.send_ns,
+                                recv_window=ph.spread_ns,
+                                max_compute=ph.duck_compute_max_ns,
+                                sum_compute=ph.duck_compute_sum_ns,
                                 lost=lost,
                             )
                         )
@@ -249,7 +248,7 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         "Every row of one config talks to the same `duckpipe-ducks --compute echo` process "
         "(all its ducks are one thread on CPU 1: they answer one after another).",
         "host overhead = end to end - the slowest duck's reported compute_ns (reply headers "
-        "for the baselines, the completion's timings for duckpipe).",
+        "for the baselines, the forward's phases from its slot header for duckpipe).",
         "send spread: first send → last send returned (duckpipe: the dataplane's send phase). "
         "receive window: first partial datagram in → last one in (duckpipe: its spread_ns, "
         "first duck's reply → last duck's reply).",

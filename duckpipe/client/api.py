@@ -182,9 +182,18 @@ class Forward:
 
     @property
     def timings(self) -> ctl.Timings:
-        """Per-phase nanoseconds from the dataplane; waits for the ZeroMQ completion."""
+        """Per-phase nanoseconds from the dataplane, each answering duck's compute listed;
+        waits for the ZeroMQ completion (and asks the dataplane to send it at once)."""
         self._session.await_zmq(self._rec)
         return self._rec.timings or ctl.Timings()
+
+    @property
+    def phases(self) -> ctl.Phases:
+        """The same per-phase nanoseconds, the ducks' compute as its max and sum, read from
+        the slot header once the forward is done: no ZeroMQ. Waits for the forward as
+        ``result()`` does (a failed one does not raise: its phases say how far it got).
+        Read it before ``release()``; after, it comes from the ZeroMQ completion."""
+        return self._session.phases(self._rec)
 
     def result(
         self, timeout: float | None = None, *, wait: WaitStrategy | None = None

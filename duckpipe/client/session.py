@@ -87,6 +87,7 @@ class Inflight:
         "n_answered",
         "n_missing",
         "op",
+        "phases",
         "released",
         "shape",
         "slot",
@@ -120,6 +121,7 @@ class Inflight:
         self.n_answered = 0
         self.n_missing = 0
         self.timings: ctl.Timings | None = None
+        self.phases: ctl.Phases | None = None  # read once from the slot header, then kept
         self.message = ""
         self.zmq_done = False
         self.released = False
@@ -155,6 +157,7 @@ class Session:
         "__weakref__",
         "_dataplane_timeout_ns",
         "_last_check",
+        "_phases_buf",
         "act_bases",
         "channel",
         "client_id",
@@ -214,7 +217,16 @@ class Session:
         # the mixture-of-experts layers this session loaded: their placement and sizes
         # (the dataplane's LayerInfo does not carry them); weights.load_weights fills it
         self.moe: dict[int, MoeLayer] = {}
-        self.counters = {"stale_completions": 0, "completion_mismatch": 0, "bad_messages": 0}
+        self.counters = {
+            "stale_completions": 0,
+            "completion_mismatch": 0,
+            "bad_messages": 0,
+            # reads (timings, answered, missing, a failure's reason) that had to wait for a
+            # ZeroMQ completion not in yet: each asks the dataplane to send at once
+            "zmq_waits": 0,
+        }
+        # Forward.phases' copy of a slot header's line 1 (dp_slot_phases fills it)
+        self._phases_buf = ffi.new("uint64_t[8]")
 
         if debug_slots:
             if backing == "hugetlbfs":
@@ -461,6 +473,7 @@ class Session:
             return
         if rec.status is None:
             self.wait_done(rec, timeout, "block")
+        self.counters["zmq_waits"] += 1
         deadline = time.monotonic() + timeout
         # the dataplane holds completions up to completion_flush_us to send them in one
         # burst; one we wait for leaves at once (dp_completions_want, dp_wake.h)
@@ -474,6 +487,30 @@ class Session:
                     self.check_alive()
         finally:
             lib.dp_completions_want(hdr, 0, -1)
+
+    def phases(self, rec: Inflight) -> ctl.Phases:
+        """``rec``'s phase times from its slot header's second line, once it is done (as
+        result() waits, without raising for a failed forward): no ZeroMQ. Kept after the
+        first read. A forward released before that (its slot may be the next forward's
+        already), or one whose completion never reached its slot header (a descriptor
+        refused for its slot), takes the same numbers from its ZeroMQ completion."""
+        p = rec.phases
+        if p is not None:
+            return p
+        if rec.status is None:
+            self.wait_done(rec, None, self.wait)
+        buf = self._phases_buf
+        if (
+            not rec.released
+            and not self.closed
+            and lib.dp_slot_phases(self.segment.slot_headers + rec.slot, rec.generation, buf)
+        ):
+            p = ctl.Phases(*buf)
+        else:
+            self.await_zmq(rec)
+            p = ctl.Phases.of(rec.timings or ctl.Timings())
+        rec.phases = p
+        return p
 
     def _completed_shm(self, rec: Inflight, word: int) -> None:
         hdr = self.segment.slot_headers[rec.slot]

@@ -6,7 +6,8 @@ partial with numpy, sums them into the result slot (float32 accumulation),
 publishes the slot's done word and sends the ZeroMQ completion, exactly as the
 C dataplane does. Timings are real measurements of what the mock did: the
 ducks' compute is sequential here, so ``wait_ns`` is their sum and
-``send_ns``/``fetch_ns`` are zero (there is no network).
+``send_ns``/``fetch_ns`` are zero (there is no network); the slot header's second
+line gets the same numbers (``Forward.phases``), before the done word.
 
 Policy is the C dataplane's own, through cffi, not a copy: each descriptor passes
 dp_desc_check (dataplane/include/dp_desc_check.h), each client's share of the forwards
@@ -298,6 +299,7 @@ class MockDataplane:
             crash_after=cfg.crash_after,
         )
         self._deferred: list[_Deferred] = []
+        self._slot_value = ffi.new("struct dp_slot_header *")  # what _complete publishes
         self._seq = itertools.count()
         self._next_client = 1
         self._running = True
@@ -981,7 +983,7 @@ class MockDataplane:
             prepare_ns=max(0, pickup - int(d.submit_ns)),
             spread_ns=max(compute) - min(compute) if compute else 0,
             wait_ns=t_reduce - t_wait,
-            reduce_ns=t_end - t_reduce,
+            reduce_ns=0 if missing else t_end - t_reduce,  # as the C: nothing is stored
             duck_compute_ns=compute,
         )
         if missing:
@@ -1128,16 +1130,14 @@ class MockDataplane:
         """Publish the done word (release) and then send the ZeroMQ completion."""
         slot = f["slot"]
         if slot < client.seg.slot_count:
-            lib.dp_slot_publish(
-                client.seg.slot_headers + slot,
-                f["forward_id"],
-                f["epoch"],
-                f["nbytes"],
-                len(f["answered"]),
-                len(f["missing"]),
-                f["generation"],
-                f["status"],
-            )
+            hdr = self._slot_value
+            hdr.forward_id, hdr.epoch, hdr.nbytes = f["forward_id"], f["epoch"], f["nbytes"]
+            hdr.answered, hdr.missing = len(f["answered"]), len(f["missing"])
+            # line 1: this completion's timings as phases, as the C dataplane writes them
+            phases = ctl.Phases.of(f["timings"])
+            for name in ctl.Phases.__struct_fields__:  # SlotHeader's line-1 fields, by name
+                setattr(hdr, name, getattr(phases, name))
+            lib.dp_slot_publish(client.seg.slot_headers + slot, hdr, f["generation"], f["status"])
         client.completed += 1
         self._stats_completion(client, f)
         f = {k: v for k, v in f.items() if k not in ("nbytes", "_submit_ns", "_bytes_in")}

@@ -13,7 +13,7 @@ A segment, created by one client and mapped by the dataplane::
                         | dp_ring_header     head | tail lines |
                         | dp_desc[ring_capacity]  (128 B each) |
     res_hdr_offset      +--------------------------------------+
-                        | dp_slot_header[slot_count] (64 B)    |
+                        | dp_slot_header[slot_count] (128 B)   |
     act_offset (page)   +--------------------------------------+
                         | activation slot 0 .. slot_count-1    |
                         |   act_slot_size each, page-aligned   |
@@ -67,9 +67,12 @@ __all__ = [
     "tensor_shape",
 ]
 
-ABI_MAJOR = 1
-ABI_MINOR = 4  # 1.1: sealed memfds; detach_reason. 1.2: need_wakeup, waiters. 1.3: MoE (DescFlag)
-# 1.4: completions_wanted
+ABI_MAJOR = 2
+ABI_MINOR = 0
+# 1.1: sealed memfds; detach_reason. 1.2: need_wakeup, waiters. 1.3: MoE (DescFlag).
+# 1.4: completions_wanted. 2.0: the slot header is two lines (128 B), the second the
+# forward's phase times: every slot header after the first moved, so a 1.x reader would
+# misplace them (a major bump; dp_seg_check and Attach compare majors only)
 SEG_MAGIC = int.from_bytes(b"DUCKSEG1", "little")
 MAX_DUCKS = 256  # bits in a descriptor's target set
 EMULATOR_MAX_DUCKS = 32  # ducks one duckpipe-ducks process emulates
@@ -214,7 +217,8 @@ class SegHeader(msgspec.Struct, frozen=True):
         "after advancing head (io_uring's IORING_SQ_NEED_WAKEUP)",
         "completions_wanted": "client: nonzero while a thread waits for a ZeroMQ completion "
         "(timings, duck lists): the dataplane sends its completion outbox at once rather "
-        "than after completion_flush_us; set, then ring the doorbell if need_wakeup",
+        "than after completion_flush_us; set, then ring the doorbell if need_wakeup (the "
+        "phase times in the slot header need neither)",
         "name": "the segment's own name, for inspectors",
     }
 
@@ -314,19 +318,31 @@ class Desc(msgspec.Struct, frozen=True):
 
 
 class SlotHeader(msgspec.Struct, frozen=True):
-    """Per-slot completion word, written by the dataplane (``waiters`` by the client).
-    It fills every other field first, then stores ``done = generation << 32 | status``
-    (release), then wakes the futex on done's high half if ``waiters`` says one sleeps."""
+    """Per-slot completion, written by the dataplane (``waiters`` by the client).
+    It fills every other field first, line 1 (the forward's phase times) included, then
+    stores ``done = generation << 32 | status`` (release), then wakes the futex on done's
+    high half if ``waiters`` says one sleeps: a client that sees its generation in done
+    sees the phases of that forward. Line 1 holds what the ZeroMQ Completion's Timings
+    holds, the duck list folded into its max and sum (Phases in schema/control.py)."""
 
     __c_name__: ClassVar[str] = "dp_slot_header"
-    __c_size__: ClassVar[int] = 64
+    __c_size__: ClassVar[int] = 128
     __field_docs__: ClassVar[dict[str, str]] = {
         "done": "generation << 32 | status; the high half (little-endian: bytes 4-7) is "
         "the futex a waiting client sleeps on",
         "waiters": "client: nonzero while a thread sleeps on done (a hint: the dataplane "
         "calls futex_wake only then)",
+        "prepare_ns": "submit -> picked up by the dataplane (Timings.prepare_ns)",
+        "send_ns": "the slowest NIC's sends (Timings.send_ns)",
+        "wait_ns": "first send -> last partial in, the longest NIC's (Timings.wait_ns)",
+        "fetch_ns": "handling the partials' datagrams, every NIC's (Timings.fetch_ns)",
+        "reduce_ns": "the NICs' sums, bias and store into the result slot; 0 unless OK",
+        "spread_ns": "first duck complete -> last duck complete (Timings.spread_ns)",
+        "duck_compute_max_ns": "the largest compute_ns of the ducks that answered",
+        "duck_compute_sum_ns": "the compute_ns of the ducks that answered, added up",
     }
 
+    # line 0: the done word and what result() needs
     done: U64
     forward_id: U64
     epoch: U64
@@ -335,6 +351,15 @@ class SlotHeader(msgspec.Struct, frozen=True):
     missing: U32
     waiters: U32
     pad0: Pad(20)
+    # line 1: the forward's phase times, nanoseconds (dataplane, before done)
+    prepare_ns: U64
+    send_ns: U64
+    wait_ns: U64
+    fetch_ns: U64
+    reduce_ns: U64
+    spread_ns: U64
+    duck_compute_max_ns: U64
+    duck_compute_sum_ns: U64
 
 
 LAYOUTS = (SegHeader, RingHeader, Desc, SlotHeader)

@@ -47,6 +47,7 @@ __all__ = [
     "LoadWeights",
     "NicInfo",
     "NicStats",
+    "Phases",
     "Request",
     "SetEpoch",
     "SetFaults",
@@ -342,7 +343,8 @@ class Stats(Message, kw_only=True):
 
 
 class Timings(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-phase nanoseconds of one forward, as the dataplane measured them."""
+    """Per-phase nanoseconds of one forward, as the dataplane measured them. The slot
+    header's second line carries the same numbers (``Phases``), without ZeroMQ."""
 
     prepare_ns: int = 0  # submit -> picked up by the dataplane
     send_ns: int = 0  # activation out to the ducks
@@ -351,6 +353,36 @@ class Timings(msgspec.Struct, frozen=True, kw_only=True):
     reduce_ns: int = 0  # partials summed into the result slot
     spread_ns: int = 0  # first duck reply -> last duck reply
     duck_compute_ns: list[int] = []  # each answering duck's own compute time, as ``answered``
+
+
+class Phases(msgspec.Struct, frozen=True):
+    """Per-phase nanoseconds of one forward, read from its slot header (line 1 of
+    ``SlotHeader``, in this order) once the forward is done: no ZeroMQ. The same numbers
+    as its Completion's Timings, the per-duck compute folded into its max and sum
+    (``Phases.of(timings)``). Fields may be given by position, in the slot's order."""
+
+    prepare_ns: int = 0  # submit -> picked up by the dataplane
+    send_ns: int = 0  # activation out to the ducks (the slowest NIC's)
+    wait_ns: int = 0  # first send -> last partial in (so it overlaps send_ns)
+    fetch_ns: int = 0  # partials' datagrams handled
+    reduce_ns: int = 0  # partials summed into the result slot (0 unless the forward is OK)
+    spread_ns: int = 0  # first duck reply -> last duck reply
+    duck_compute_max_ns: int = 0  # the slowest answering duck's own compute time
+    duck_compute_sum_ns: int = 0  # every answering duck's compute time, added up
+
+    @classmethod
+    def of(cls, t: Timings) -> Phases:
+        """What a slot header holds for the forward whose Completion carried ``t``."""
+        return cls(
+            t.prepare_ns,
+            t.send_ns,
+            t.wait_ns,
+            t.fetch_ns,
+            t.reduce_ns,
+            t.spread_ns,
+            max(t.duck_compute_ns, default=0),
+            sum(t.duck_compute_ns),
+        )
 
 
 class Completion(Message, kw_only=True):

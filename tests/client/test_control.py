@@ -13,6 +13,7 @@ from duckpipe import GeluMlp
 from duckpipe.errors import DataplaneRefused, DataplaneUnavailable, SegmentError
 from duckpipe.mock.process import MockDataplaneProcess, control_request, ping
 from duckpipe.schema import control as ctl
+from duckpipe.schema.abi import ABI_MAJOR
 from duckpipe.testing import set_faults
 
 
@@ -82,7 +83,7 @@ def test_attach_with_another_abi_version_is_refused(dataplane):
 def test_attach_to_a_missing_segment_is_refused(dataplane):
     reply = control_request(
         dataplane.control,
-        ctl.Attach(req_id=1, abi_major=1, pid=1, segment="missing", segment_fd=0),
+        ctl.Attach(req_id=1, abi_major=ABI_MAJOR, pid=1, segment="missing", segment_fd=0),
         2,
     )
     assert isinstance(reply, ctl.Error) and reply.code == ctl.ErrorCode.BAD_SEGMENT

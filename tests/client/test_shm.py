@@ -155,7 +155,7 @@ def test_devshm_segment_is_whole_pages_with_page_aligned_slots(segments) -> None
     # regions follow one another without overlap and fit in the file
     ring_end = h.ring_offset + 128 + seg.ring_capacity * h.desc_size
     assert h.header_size <= h.ring_offset and ring_end <= h.res_hdr_offset
-    assert h.res_hdr_offset + 64 * seg.slot_count <= h.act_offset
+    assert h.res_hdr_offset + ffi.sizeof("struct dp_slot_header") * seg.slot_count <= h.act_offset
     assert h.act_offset + seg.slot_count * seg.act_slot_size <= h.res_offset
     assert h.res_offset + seg.slot_count * seg.res_slot_size <= seg.size
 

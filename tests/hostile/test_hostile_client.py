@@ -36,7 +36,7 @@ from duckpipe.client.shm import Segment
 from duckpipe.errors import BadInput, ClientDetached
 from duckpipe.runtime import monotonic_ns, segment_prefix
 from duckpipe.schema import control as ctl
-from duckpipe.schema.abi import B_DOWN_TENSOR, DetachReason, DType, Op, Status
+from duckpipe.schema.abi import ABI_MAJOR, B_DOWN_TENSOR, DetachReason, DType, Op, Status
 from duckpipe.schema.config import default as config_default
 from duckpipe.schema.control import ErrorCode
 
@@ -252,7 +252,7 @@ def _attach(control: str, **fields: object) -> ctl.AnyReply:
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(control)
     try:
-        msg = dict(req_id=1, abi_major=1, pid=os.getpid(), segment="hostile")
+        msg = dict(req_id=1, abi_major=ABI_MAJOR, pid=os.getpid(), segment="hostile")
         msg.update(fields)
         sock.send(ctl.encoder.encode(ctl.Attach(**msg)))  # type: ignore[arg-type]
         assert sock.poll(10_000), "no reply to Attach"
@@ -291,7 +291,7 @@ def test_a_large_small_page_segment_is_faulted_in_while_others_are_served(datapl
             time.sleep(0.01)
         attach = ctl.Attach(
             req_id=1,
-            abi_major=1,
+            abi_major=ABI_MAJOR,
             pid=os.getpid(),
             segment="large",
             segment_fd=seg.fd,

@@ -39,7 +39,7 @@ from duckpipe.errors import (
 from duckpipe.launch.cluster import free_udp_ports
 from duckpipe.mock.process import MockDataplaneProcess, ping
 from duckpipe.schema import control as ctl
-from duckpipe.schema.abi import LAYER_TABLE, MAX_CLIENTS, Op, Status
+from duckpipe.schema.abi import ABI_MAJOR, LAYER_TABLE, MAX_CLIENTS, Op, Status
 from duckpipe.schema.config import default as config_default
 from duckpipe.schema.control import ErrorCode
 from duckpipe.testing import SANITIZER_MARKS, assert_clean_exit, cluster_class_or_skip
@@ -179,6 +179,7 @@ import os
 import sys
 import zmq
 from duckpipe.schema import control as ctl
+from duckpipe.schema.abi import ABI_MAJOR
 control, victim_pid, victim_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 # the victim's memfd, reopened through /proc as any process of the same user can
 stolen = os.open(f"/proc/{victim_pid}/fd/{victim_fd}", os.O_RDWR)
@@ -187,7 +188,7 @@ for pid, fd in ((victim_pid, victim_fd), (os.getpid(), victim_fd), (os.getpid(),
     s.setsockopt(zmq.LINGER, 0)
     s.connect(control)
     s.send(ctl.encoder.encode(
-        ctl.Attach(req_id=1, abi_major=1, pid=pid, segment="stolen", segment_fd=fd)))
+        ctl.Attach(req_id=1, abi_major=ABI_MAJOR, pid=pid, segment="stolen", segment_fd=fd)))
     assert s.poll(5000), "no reply"
     reply = ctl.reply_decoder.decode(s.recv())
     print(type(reply).__name__, int(getattr(reply, "code", 0)), getattr(reply, "message", ""))
@@ -600,7 +601,10 @@ def test_tcp_control_with_curve_serves_only_listed_keys(kind, tmp_path):
         plain.connect(control)
         assert _ask(plain, ctl.GetStats(req_id=1), 1.0) is None, "a plain client was served"
         reply = _ask(
-            ok, ctl.Attach(req_id=1000, abi_major=1, pid=os.getpid(), segment="/x", segment_fd=0)
+            ok,
+            ctl.Attach(
+                req_id=1000, abi_major=ABI_MAJOR, pid=os.getpid(), segment="/x", segment_fd=0
+            ),
         )
         assert isinstance(reply, ctl.Error) and reply.code == ErrorCode.NOT_PERMITTED, reply
         assert "local peer" in reply.message

@@ -30,7 +30,7 @@ from duckpipe.client.shm import Segment
 from duckpipe.launch.dataplane import DataplaneProcess
 from duckpipe.mock.process import MockDataplaneProcess
 from duckpipe.schema import control as ctl
-from duckpipe.schema.abi import MAX_CLIENTS
+from duckpipe.schema.abi import ABI_MAJOR, MAX_CLIENTS
 from duckpipe.schema.control import ErrorCode
 from duckpipe.testing import assert_clean_exit, null_backend_result, null_topology
 
@@ -173,7 +173,12 @@ def _attach(control: str, seg_fd: int, **fields: int) -> ctl.AnyReply:
     sock.connect(control)
     try:
         msg = ctl.Attach(
-            req_id=1, abi_major=1, pid=os.getpid(), segment="bell", segment_fd=seg_fd, **fields
+            req_id=1,
+            abi_major=ABI_MAJOR,
+            pid=os.getpid(),
+            segment="bell",
+            segment_fd=seg_fd,
+            **fields,
         )
         sock.send(ctl.encoder.encode(msg))
         assert sock.poll(10_000), "no reply to Attach"

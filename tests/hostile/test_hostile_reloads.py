@@ -21,7 +21,7 @@ from duckpipe.client.session import Doorbell
 from duckpipe.client.shm import Segment
 from duckpipe.errors import QuotaExceeded
 from duckpipe.schema import control as ctl
-from duckpipe.schema.abi import DType, MlpKind
+from duckpipe.schema.abi import ABI_MAJOR, DType, MlpKind
 from duckpipe.schema.control import ErrorCode
 from duckpipe.testing import null_backend_result
 
@@ -63,7 +63,7 @@ def test_pipelined_reloads_stay_within_the_weight_quota(duckpipe_null_factory):
             ctl.encoder.encode(
                 ctl.Attach(
                     req_id=1,
-                    abi_major=1,
+                    abi_major=ABI_MAJOR,
                     pid=os.getpid(),
                     segment="reloads",
                     segment_fd=seg.fd,

@@ -9,7 +9,7 @@
  *                     | dp_ring_header     head | tail lines |
  *                     | dp_desc[ring_capacity]  (128 B each) |
  * res_hdr_offset      +--------------------------------------+
- *                     | dp_slot_header[slot_count] (64 B)    |
+ *                     | dp_slot_header[slot_count] (128 B)   |
  * act_offset (page)   +--------------------------------------+
  *                     | activation slot 0 .. slot_count-1    |
  *                     |   act_slot_size each, page-aligned   |
@@ -26,8 +26,8 @@
 
 /* @cdef-begin: cffi parses from here */
 
-#define DP_ABI_MAJOR 1
-#define DP_ABI_MINOR 4
+#define DP_ABI_MAJOR 2
+#define DP_ABI_MINOR 0
 #define DP_SEG_MAGIC 0x314745534b435544
 #define DP_MAX_DUCKS 256
 #define DP_EMULATOR_MAX_DUCKS 32
@@ -173,7 +173,7 @@ struct dp_seg_header {
     uint32_t slot_count;                /*  120 */
     uint8_t pad2[4];                    /*  124 */
     uint64_t client_heartbeat_ns;       /*  128: CLOCK_MONOTONIC, refreshed by the client while it lives */
-    uint32_t completions_wanted;        /*  136: client: nonzero while a thread waits for a ZeroMQ completion (timings, duck lists): the dataplane sends its completion outbox at once rather than after completion_flush_us; set, then ring the doorbell if need_wakeup */
+    uint32_t completions_wanted;        /*  136: client: nonzero while a thread waits for a ZeroMQ completion (timings, duck lists): the dataplane sends its completion outbox at once rather than after completion_flush_us; set, then ring the doorbell if need_wakeup (the phase times in the slot header need neither) */
     uint8_t pad3[52];                   /*  140 */
     uint64_t dataplane_heartbeat_ns;    /*  192: CLOCK_MONOTONIC, refreshed by the dataplane while attached */
     uint32_t dataplane_pid;             /*  200 */
@@ -222,9 +222,12 @@ struct dp_desc {
 };  /* 128 bytes */
 
 /*
- * Per-slot completion word, written by the dataplane (``waiters`` by the client).
- *     It fills every other field first, then stores ``done = generation << 32 | status``
- *     (release), then wakes the futex on done's high half if ``waiters`` says one sleeps.
+ * Per-slot completion, written by the dataplane (``waiters`` by the client).
+ *     It fills every other field first, line 1 (the forward's phase times) included, then
+ *     stores ``done = generation << 32 | status`` (release), then wakes the futex on done's
+ *     high half if ``waiters`` says one sleeps: a client that sees its generation in done
+ *     sees the phases of that forward. Line 1 holds what the ZeroMQ Completion's Timings
+ *     holds, the duck list folded into its max and sum (Phases in schema/control.py).
  */
 struct dp_slot_header {
     uint64_t done;                      /*    0: generation << 32 | status; the high half (little-endian: bytes 4-7) is the futex a waiting client sleeps on */
@@ -235,7 +238,15 @@ struct dp_slot_header {
     uint32_t missing;                   /*   36 */
     uint32_t waiters;                   /*   40: client: nonzero while a thread sleeps on done (a hint: the dataplane calls futex_wake only then) */
     uint8_t pad0[20];                   /*   44 */
-};  /* 64 bytes */
+    uint64_t prepare_ns;                /*   64: submit -> picked up by the dataplane (Timings.prepare_ns) */
+    uint64_t send_ns;                   /*   72: the slowest NIC's sends (Timings.send_ns) */
+    uint64_t wait_ns;                   /*   80: first send -> last partial in, the longest NIC's (Timings.wait_ns) */
+    uint64_t fetch_ns;                  /*   88: handling the partials' datagrams, every NIC's (Timings.fetch_ns) */
+    uint64_t reduce_ns;                 /*   96: the NICs' sums, bias and store into the result slot; 0 unless OK */
+    uint64_t spread_ns;                 /*  104: first duck complete -> last duck complete (Timings.spread_ns) */
+    uint64_t duck_compute_max_ns;       /*  112: the largest compute_ns of the ducks that answered */
+    uint64_t duck_compute_sum_ns;       /*  120: the compute_ns of the ducks that answered, added up */
+};  /* 128 bytes */
 
 /*
  * Fixed header at byte 0 of every duckpipe datagram, little-endian.
@@ -367,7 +378,7 @@ _Static_assert(offsetof(struct dp_desc, tensor) == 82, "dp_desc.tensor");
 _Static_assert(offsetof(struct dp_desc, reserved) == 84, "dp_desc.reserved");
 _Static_assert(offsetof(struct dp_desc, ducks) == 88, "dp_desc.ducks");
 _Static_assert(offsetof(struct dp_desc, pad0) == 120, "dp_desc.pad0");
-_Static_assert(sizeof(struct dp_slot_header) == 64, "dp_slot_header size");
+_Static_assert(sizeof(struct dp_slot_header) == 128, "dp_slot_header size");
 _Static_assert(offsetof(struct dp_slot_header, done) == 0, "dp_slot_header.done");
 _Static_assert(offsetof(struct dp_slot_header, forward_id) == 8, "dp_slot_header.forward_id");
 _Static_assert(offsetof(struct dp_slot_header, epoch) == 16, "dp_slot_header.epoch");
@@ -376,6 +387,14 @@ _Static_assert(offsetof(struct dp_slot_header, answered) == 32, "dp_slot_header.
 _Static_assert(offsetof(struct dp_slot_header, missing) == 36, "dp_slot_header.missing");
 _Static_assert(offsetof(struct dp_slot_header, waiters) == 40, "dp_slot_header.waiters");
 _Static_assert(offsetof(struct dp_slot_header, pad0) == 44, "dp_slot_header.pad0");
+_Static_assert(offsetof(struct dp_slot_header, prepare_ns) == 64, "dp_slot_header.prepare_ns");
+_Static_assert(offsetof(struct dp_slot_header, send_ns) == 72, "dp_slot_header.send_ns");
+_Static_assert(offsetof(struct dp_slot_header, wait_ns) == 80, "dp_slot_header.wait_ns");
+_Static_assert(offsetof(struct dp_slot_header, fetch_ns) == 88, "dp_slot_header.fetch_ns");
+_Static_assert(offsetof(struct dp_slot_header, reduce_ns) == 96, "dp_slot_header.reduce_ns");
+_Static_assert(offsetof(struct dp_slot_header, spread_ns) == 104, "dp_slot_header.spread_ns");
+_Static_assert(offsetof(struct dp_slot_header, duck_compute_max_ns) == 112, "dp_slot_header.duck_compute_max_ns");
+_Static_assert(offsetof(struct dp_slot_header, duck_compute_sum_ns) == 120, "dp_slot_header.duck_compute_sum_ns");
 _Static_assert(sizeof(struct dp_wire_header) == 80, "dp_wire_header size");
 _Static_assert(offsetof(struct dp_wire_header, magic) == 0, "dp_wire_header.magic");
 _Static_assert(offsetof(struct dp_wire_header, version) == 4, "dp_wire_header.version");

@@ -230,7 +230,8 @@ void dp_fwd_finish(struct dp_world *w, struct dp_fwd *f, uint32_t status, struct
 		   struct dp_counters *counters)
 {
 	f->status = status;
-	dp_fwd_publish(w, f, counters);
+	dp_fwd_measure(w, f, &f->phases);
+	dp_fwd_publish(f, counters);
 	dp_spsc_push(done, (void **)&f, 1);
 }
 
@@ -260,54 +261,81 @@ void dp_fwd_complete(struct dp_world *w, struct dp_fwd *f, struct dp_spsc *done,
 	dp_fwd_finish(w, f, status, done, counters);
 }
 
-void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *answered,
-		   uint32_t *missing)
+/* send and wait: the longest NIC's; fetch: every NIC's added up; spread: from the first
+ * duck complete to the last, over every NIC; compute: over the ducks that answered (the
+ * per-duck list is the Completion's, dp_fwd_summarize). Weight chunks and what the
+ * dispatcher completed report prepare_ns alone. */
+void dp_fwd_measure(const struct dp_world *w, const struct dp_fwd *f, struct dp_fwd_phases *p)
 {
-	*answered = *missing = 0;
+	uint64_t submit = f->desc.submit_ns;
+	*p = (struct dp_fwd_phases){
+		.prepare_ns = submit && submit < f->pickup_ns ? f->pickup_ns - submit : 0,
+		.reduce_ns = f->reduce_ns,
+	};
 	if (f->kind != DP_FWD_FORWARD)
 		return;
-	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++)
-		if (dp_targets_has(f->targets, d)) {
-			if (f->rx[w->duck_index[d]].state == 1)
-				(*answered)++;
-			else
-				(*missing)++;
+	uint64_t first = UINT64_MAX, last = 0;
+	for (uint32_t n = 0; n < DP_MAX_NICS; n++)
+		if (f->nic_mask & (1u << n)) {
+			const struct dp_nic_part *part = &f->part[n];
+			p->send_ns = part->send_ns > p->send_ns ? part->send_ns : p->send_ns;
+			p->wait_ns = part->wait_ns > p->wait_ns ? part->wait_ns : p->wait_ns;
+			p->fetch_ns += part->fetch_ns;
+			if (part->first_ns && part->first_ns < first)
+				first = part->first_ns;
+			if (part->last_ns > last)
+				last = part->last_ns;
+		}
+	p->spread_ns = last > first && first != UINT64_MAX ? last - first : 0;
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+		for (uint64_t bits = f->targets[k]; bits; bits &= bits - 1) {
+			const struct dp_duck_rx *rx =
+				&f->rx[w->duck_index[k * 64 + (uint32_t)__builtin_ctzll(bits)]];
+			if (rx->state != 1) {
+				p->missing++;
+				continue;
+			}
+			p->answered++;
+			p->compute_sum_ns += rx->compute_ns;
+			if (rx->compute_ns > p->compute_max_ns)
+				p->compute_max_ns = rx->compute_ns;
 		}
 }
 
-void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters)
+void dp_fwd_publish(struct dp_fwd *f, struct dp_counters *counters)
 {
 	struct dp_client *c = f->client;
 	if (f->desc.slot >= c->layout.slot_count)
 		return; /* a refused descriptor with a bad slot completes over ZeroMQ only */
-	uint32_t answered, missing;
-	dp_fwd_counts(w, f, &answered, &missing);
+	const struct dp_fwd_phases *p = &f->phases;
+	const struct dp_slot_header v = {
+		.forward_id = f->desc.forward_id,
+		.epoch = f->desc.epoch,
+		.nbytes = f->bytes,
+		.answered = p->answered,
+		.missing = p->missing,
+		.prepare_ns = p->prepare_ns,
+		.send_ns = p->send_ns,
+		.wait_ns = p->wait_ns,
+		.fetch_ns = p->fetch_ns,
+		.reduce_ns = p->reduce_ns,
+		.spread_ns = p->spread_ns,
+		.duck_compute_max_ns = p->compute_max_ns,
+		.duck_compute_sum_ns = p->compute_sum_ns,
+	};
 	DP_TSAN_RELEASE(&c->slots[f->desc.slot]); /* the client hands the slot back: dp_tsan.h */
-	if (dp_slot_publish(&c->slots[f->desc.slot], f->desc.forward_id, f->desc.epoch, f->bytes,
-			    answered, missing, f->desc.generation, f->status))
+	if (dp_slot_publish(&c->slots[f->desc.slot], &v, f->desc.generation, f->status))
 		dp_count(counters, DP_C_futex_wakes, 1); /* a client slept on it: dp_wake.h */
 }
 
 /* --- the completion ------------------------------------------------------------------- */
 
-/* send and wait: the longest NIC's; fetch: every NIC's added up; spread: from the first
- * duck complete to the last, over every NIC. Weight chunks and what the dispatcher
- * completed report zeros and no ducks. */
+/* The duck lists and each answering duck's compute, with the phase times dp_fwd_finish
+ * measured and published into the slot header (f->phases): the client reads the same
+ * numbers from either. */
 void dp_fwd_summarize(const struct dp_world *w, const struct dp_fwd *f,
 		      struct dp_fwd_summary *s)
 {
-	uint64_t send = 0, wait = 0, fetch = 0, first = UINT64_MAX, last = 0;
-	for (uint32_t n = 0; n < DP_MAX_NICS; n++)
-		if (f->nic_mask & (1u << n) && f->kind == DP_FWD_FORWARD) {
-			const struct dp_nic_part *p = &f->part[n];
-			send = p->send_ns > send ? p->send_ns : send;
-			wait = p->wait_ns > wait ? p->wait_ns : wait;
-			fetch += p->fetch_ns;
-			if (p->first_ns && p->first_ns < first)
-				first = p->first_ns;
-			if (p->last_ns > last)
-				last = p->last_ns;
-		}
 	uint32_t nok = 0, nbad = 0;
 	for (uint32_t d = 0; d < DP_MAX_DUCKS && f->kind == DP_FWD_FORWARD; d++) {
 		if (!dp_targets_has(f->targets, d))
@@ -322,11 +350,11 @@ void dp_fwd_summarize(const struct dp_world *w, const struct dp_fwd *f,
 	}
 	s->nanswered = nok;
 	s->nmissing = nbad;
-	uint64_t submit = f->desc.submit_ns;
-	s->prepare_ns = submit && submit < f->pickup_ns ? f->pickup_ns - submit : 0;
-	s->send_ns = send;
-	s->wait_ns = wait;
-	s->fetch_ns = fetch;
-	s->reduce_ns = f->reduce_ns;
-	s->spread_ns = last > first && first != UINT64_MAX ? last - first : 0;
+	const struct dp_fwd_phases *p = &f->phases;
+	s->prepare_ns = p->prepare_ns;
+	s->send_ns = p->send_ns;
+	s->wait_ns = p->wait_ns;
+	s->fetch_ns = p->fetch_ns;
+	s->reduce_ns = p->reduce_ns;
+	s->spread_ns = p->spread_ns;
 }

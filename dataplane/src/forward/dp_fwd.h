@@ -12,9 +12,11 @@
  *   control     dp_fwd_summarize: the ZeroMQ Completion's numbers; dp_fwd_release:
  *               back to the dispatcher through the free ring (dp_fwd_pool_refill)
  *
- * dp_fwd_finish publishes the result into the client's slot header (dp_fwd_publish,
- * through dp_slot_publish, dp_ring.h: the one function that writes a slot header) and
- * queues the context on the finishing agent's completion ring. The rings are the
+ * dp_fwd_finish measures the context once (dp_fwd_measure: the phase times and duck
+ * counts its slot header and its Completion both carry), publishes the result into the
+ * client's slot header (dp_fwd_publish, through dp_slot_publish, dp_ring.h: the one
+ * function that writes a slot header) and queues the context on the finishing agent's
+ * completion ring. The rings are the
  * SPSC rings of struct dp_world and of the workers (dp_world.h, dp_spsc.h); this
  * module says what crosses them and when. Each agent keeps its own work: the
  * dispatcher decides what a descriptor asks for, the workers send, gather and reduce,
@@ -84,6 +86,21 @@ struct dp_nic_part {
 	bool sum_by_chunk;
 };
 
+/* What a finished context measured: its slot header's line 1 and answered/missing, and
+ * the scalars of its Completion's Timings (dp_fwd_measure, by the agent that finishes it). */
+struct dp_fwd_phases {
+	uint64_t prepare_ns; /* submit -> pickup */
+	uint64_t send_ns;    /* the slowest NIC's sends */
+	uint64_t wait_ns;    /* the longest NIC's wait for its partials */
+	uint64_t fetch_ns;   /* every NIC's handling of the partials' datagrams */
+	uint64_t reduce_ns;
+	uint64_t spread_ns;  /* first duck complete -> last duck complete */
+	uint64_t compute_max_ns; /* over the ducks that answered */
+	uint64_t compute_sum_ns;
+	uint32_t answered;
+	uint32_t missing;
+};
+
 struct dp_fwd {
 	uint64_t wire_id;    /* gen << 16 | index: what ducks see as forward_id */
 	uint32_t index;
@@ -97,6 +114,7 @@ struct dp_fwd {
 	uint64_t pickup_ns;
 	uint64_t deadline_ns;
 	uint64_t reduce_ns;
+	struct dp_fwd_phases phases; /* dp_fwd_finish's, before the slot is published */
 	/* forwards */
 	uint32_t rows;
 	uint64_t bytes;            /* activation bytes (= result bytes) */
@@ -155,18 +173,20 @@ bool dp_fwd_part_done(struct dp_fwd *f, uint32_t nic, uint32_t status);
  * dp_fwd_finish onto its done ring. */
 void dp_fwd_complete(struct dp_world *w, struct dp_fwd *f, struct dp_spsc *done,
 		     struct dp_counters *counters);
-/* f is done: publish it into the client's slot and queue it on done for the control agent. */
+/* f is done: measure it (f->phases), publish it into the client's slot and queue it on done
+ * for the control agent. */
 void dp_fwd_finish(struct dp_world *w, struct dp_fwd *f, uint32_t status, struct dp_spsc *done,
 		   struct dp_counters *counters);
-/* Publish the slot's done word (the result is in the slot already). */
-void dp_fwd_publish(struct dp_world *w, struct dp_fwd *f, struct dp_counters *counters);
-/* Ducks of a forward that answered, and that did not. */
-void dp_fwd_counts(const struct dp_world *w, const struct dp_fwd *f, uint32_t *answered,
-		   uint32_t *missing);
+/* Publish f->phases and the slot's done word (the result is in the slot already). */
+void dp_fwd_publish(struct dp_fwd *f, struct dp_counters *counters);
+/* f's phase times and duck counts (weight chunks and what the dispatcher completed:
+ * prepare_ns alone), as the slot header and the Completion carry them. */
+void dp_fwd_measure(const struct dp_world *w, const struct dp_fwd *f, struct dp_fwd_phases *p);
 
 /* --- the completion -------------------------------------------------------------------- */
 
-/* What the ZeroMQ Completion says of a finished context (dp_fwd_summarize). */
+/* What the ZeroMQ Completion says of a finished context (dp_fwd_summarize): f->phases,
+ * the numbers its slot header got, and the duck lists. */
 struct dp_fwd_summary {
 	uint32_t answered[DP_MAX_DUCKS];   /* duck ids */
 	uint64_t compute_ns[DP_MAX_DUCKS]; /* answered[i]'s own compute time */
