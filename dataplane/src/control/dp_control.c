@@ -112,18 +112,16 @@ static bool zmq_readable(void *s)
 	return s && zmq_getsockopt(s, ZMQ_EVENTS, &ev, &sz) == 0 && (ev & ZMQ_POLLIN);
 }
 
-static int add_zmq_fd(struct dp_waker *wk, void *s, int *out)
+static int add_zmq_fd(struct dp_waker *wk, void *s)
 {
 	int fd;
 	size_t sz = sizeof(fd);
-	*out = -1;
 	if (!s)
 		return 0;
 	if (zmq_getsockopt(s, ZMQ_FD, &fd, &sz) < 0) {
 		dp_set_error("ZMQ_FD: %s", zmq_strerror(errno));
 		return -1;
 	}
-	*out = fd;
 	return dp_waker_add(wk, fd);
 }
 
@@ -131,10 +129,8 @@ int dp_control_wait_on(struct dp_world *w, void *self, struct dp_waker *wk)
 {
 	struct dp_control *c = self;
 	(void)w;
-	c->waker = wk;
-	if (add_zmq_fd(wk, c->router, &c->zmq_fds[0]) < 0 ||
-	    add_zmq_fd(wk, c->monitor, &c->zmq_fds[1]) < 0 ||
-	    add_zmq_fd(wk, c->access.zap, &c->zmq_fds[2]) < 0)
+	if (add_zmq_fd(wk, c->router) < 0 || add_zmq_fd(wk, c->monitor) < 0 ||
+	    add_zmq_fd(wk, c->access.zap) < 0)
 		return -1;
 	return 0;
 }
@@ -175,19 +171,11 @@ int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now)
 	return next > now ? (int64_t)(next - now) : 0;
 }
 
-/* ZeroMQ's sockets were found empty just before the park (dp_control_park), and a message
- * that came since makes its socket's fd readable: look in the first pass only when one of
- * them woke the runner (or which did is not known). A wake-up by a doorbell, a datagram
- * or a timer keeps the look on its 50 us clock, and the pass that completes the forward
- * pays no poll and getpid per socket (issue 19). */
 void dp_control_unpark(struct dp_world *w, void *self)
 {
 	struct dp_control *c = self;
 	(void)w;
-	bool zmq = !c->waker;
-	for (int i = 0; i < 3 && !zmq; i++)
-		zmq = c->zmq_fds[i] >= 0 && dp_waker_fired(c->waker, c->zmq_fds[i]);
-	c->next_zmq_look = zmq ? 0 : dp_now_ns() + ZMQ_LOOK_NS;
+	c->next_zmq_look = 0; /* the wake-up may be ZeroMQ's: look in the first pass */
 }
 
 /* --- setup and teardown --------------------------------------------------------------- */

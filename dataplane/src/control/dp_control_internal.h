@@ -74,8 +74,6 @@ struct dp_control {
 	struct dp_stats_seg *stats; /* the stats segment: this agent is its only writer */
 	uint64_t next_stats;
 	uint64_t next_zmq_look; /* when the pass next asks ZeroMQ's sockets (dp_control.c) */
-	const struct dp_waker *waker; /* its runner's: did a ZeroMQ fd wake it? */
-	int zmq_fds[3];               /* router, monitor, ZAP (-1: none) */
 };
 
 /* Every reply is packed by its generated encoder (dp_ctl_pack_*) into c->sbuf, emptied

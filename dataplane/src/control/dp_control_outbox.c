@@ -66,10 +66,8 @@ static void queue_completion(struct dp_control *c, const struct dp_client *cl)
 	c->outbox_used += e->len;
 	if (c->noutbox == 1)
 		c->outbox_since = dp_now_ns();
-	if (client_wants(cl)) { /* it waits for this one: the burst leaves now */
-		dp_control_flush_outbox(c);
-		dp_count(c->counters, DP_C_completion_flushes_wanted, 1);
-	}
+	/* a client waiting for it (client_wants) gets it at the end of this pass's drain, in
+	 * one burst with the rest (dp_control_do_work), not one burst per completion */
 }
 
 bool dp_control_outbox_wanted(const struct dp_control *c)

@@ -81,8 +81,6 @@ static void park(struct runner *r)
 	}
 	if (!work && dp_load_acquire_u32(&world.running))
 		dp_waker_wait(&r->waker, timeout);
-	else
-		r->waker.fired_all = true; /* did not sleep: which fds are ready is not known */
 	dp_waker_disarm(&r->waker);
 	for (uint32_t i = 0; i < r->n; i++)
 		if (r->agents[i].unpark)

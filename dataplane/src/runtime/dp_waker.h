@@ -11,14 +11,11 @@
 #ifndef DP_WAKER_H
 #define DP_WAKER_H
 
-#include <stdbool.h>
 #include <stdint.h>
 #include <unistd.h>
 
 #include "dp_barrier.h"
 #include "dp_common.h"
-
-#define DP_WAKER_MAX_EVENTS 16
 
 /* An agent's park() answer: no timer of its own. */
 #define DP_PARK_FOREVER INT64_MAX
@@ -29,12 +26,6 @@ struct dp_waker {
 	int efd;                            /* kicked by other threads */
 	uint64_t parks;                     /* the runner's own: times it slept */
 	uint64_t kicked;                    /* wake-ups by a kick */
-	/* the last wait's ready fds, for agents that would otherwise ask a costly question
-	 * after every wake-up (control: ZeroMQ's sockets); fired_all when epoll may have had
-	 * more ready than it returned */
-	int fired[DP_WAKER_MAX_EVENTS];
-	int nfired;
-	bool fired_all;
 };
 
 int dp_waker_init(struct dp_waker *wk);
@@ -50,16 +41,6 @@ static inline void dp_waker_arm(struct dp_waker *wk)
 }
 /* Sleep until an fd is readable, a kick, or timeout_ns (DP_PARK_FOREVER: none). */
 void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns);
-/* Was fd ready when the last wait returned? (Asked by the runner's own agents, after.) */
-static inline bool dp_waker_fired(const struct dp_waker *wk, int fd)
-{
-	if (wk->fired_all)
-		return true;
-	for (int i = 0; i < wk->nfired; i++)
-		if (wk->fired[i] == fd)
-			return true;
-	return false;
-}
 static inline void dp_waker_disarm(struct dp_waker *wk)
 {
 	__atomic_store_n(&wk->sleeping, 0, __ATOMIC_RELAXED);
