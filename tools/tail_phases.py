@@ -7,8 +7,9 @@ median band, in one run of the bench's loop (issue 19 goal 2).
 ``duckpipe bench forward``'s shape: echo ducks (``duckpipe-ducks --compute echo``) on CPU 1,
 this client and a C dataplane (socket backend on loopback, the bench's topology) on CPU 0,
 ``wait=block``, one forward at a time. Each forward is split into the client's phases
-(claim + copy in, submit, the wait in ``result()``) and the dataplane's (``fwd.timings``:
-prepare = submit to pickup, send, wait for the last reply, fetch, reduce), plus the gap
+(claim + copy in, submit, the wait in ``result()``) and the dataplane's (``fwd.phases``,
+from the slot header: prepare = submit to pickup, send, wait for the last reply, fetch,
+reduce), plus the gap
 since the previous forward ended. Printed: for the forwards at or above the p99 of end to
 end, and for those between p45 and p55, the mean of each phase, and the C sendmmsg floor's
 p50/p99 measured in the same run (``duckpipe-floor``, the bench's floor row).
@@ -57,7 +58,7 @@ def _loop(control: str, hidden: int, nducks: int, forwards: int, gc_off: bool) -
                 with fwd:
                     fwd.result(timeout=2.0)
                     t3 = time.perf_counter_ns()
-                    tm = fwd.timings
+                    tm = fwd.phases
                 if k >= warm:
                     rows[k - warm] = (t3 - t0, t0 - end, t1 - t0, t2 - t1, t3 - t2,
                                       tm.prepare_ns, tm.send_ns, tm.wait_ns, tm.fetch_ns,
