@@ -63,8 +63,13 @@ _LIVENESS_CHECK_S = 0.05
 # a sleeping waiter looks at ZeroMQ and the dataplane's heartbeat this often
 _SLEEP_SLICE_NS = 50_000_000
 _SPIN_SLICE_NS = 10_000_000
-# ZeroMQ completions (timings, duck lists) are read in batches: result() does not need them
+# ZeroMQ completions (timings, duck lists) are read in batches: result() does not need them.
+# A batch is read when a forward is released (Forward.release, the end of its `with`), after
+# its result, so that ~4 us a completion of receive and decode never lands between a submit
+# and its result (32 at once set the p99: docs/benchmarks.md, issue 19 goal 2); a client
+# that never releases explicitly has them read at a submit once twice as many wait.
 _PUMP_EVERY = 32
+_PUMP_AT_SUBMIT = 2 * _PUMP_EVERY
 _SUBMITTED = SlotState.SUBMITTED
 _COMPLETED = SlotState.COMPLETED
 
@@ -181,6 +186,7 @@ class Session:
         "slots",
         "spin_ns",
         "timeout_us",
+        "unpumped",
         "wait",
     )
 
@@ -207,6 +213,7 @@ class Session:
         self.lost: str | None = None  # why the dataplane is lost, once it is
         self.next_forward = 1
         self.pushes = 0
+        self.unpumped = 0  # pushes since ZeroMQ was last read
         self.epoch = 0
         self.dp_pid = 0
         self.client_id = 0  # the dataplane's id for this client, from Attached
@@ -329,14 +336,18 @@ class Session:
             raise BadInput(f"{slot!r} is not claimed by this client")
         self.slots.release(slot.index)
 
-    def release_forward(self, rec: Inflight) -> None:
-        """The forward's owner is done with its slot: free it now, or once it completes."""
+    def release_forward(self, rec: Inflight, explicit: bool = False) -> None:
+        """The forward's owner is done with its slot: free it now, or once it completes.
+        ``explicit``: Forward.release or the end of its ``with`` (not its finalizer, which
+        runs wherever the collector does): read the ZeroMQ completions if a batch waits."""
         if rec.released or self.closed:
             return
         rec.released = True
         if rec.status is not None:
             self.slots.release(rec.slot)
         # else: freed by _completed, once the dataplane is done with the slot
+        if explicit and self.unpumped >= _PUMP_EVERY:
+            self.pump(0)
 
     # --- submission ------------------------------------------------------------
 
@@ -362,8 +373,9 @@ class Session:
         rec = Inflight(fid, slot, gen, epoch, op, shape, dtype, internal)
         self.inflight[fid] = rec
         self.pushes += 1
-        if self.pushes % _PUMP_EVERY == 0:
-            self.pump(0)  # the ZeroMQ completions of earlier forwards, in one batch
+        self.unpumped += 1
+        if self.unpumped >= _PUMP_AT_SUBMIT:
+            self.pump(0)  # nobody released forwards: the completions of earlier ones, here
         return rec
 
     def push_weight(
@@ -552,6 +564,7 @@ class Session:
 
     def pump(self, timeout_s: float) -> int:
         """Take whatever the dataplane sent, waiting up to ``timeout_s`` for the first."""
+        self.unpumped = 0
         return self.channel.pump(timeout_s, self.take_completion)
 
     def request(self, make: Callable[[int], ctl.AnyRequest], timeout: float = 5.0) -> ctl.AnyReply:
