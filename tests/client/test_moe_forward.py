@@ -29,7 +29,6 @@ from duckpipe.errors import BadInput, DataplaneFault, ForwardTimeout
 from duckpipe.moe import Gate, MoeMlp
 from duckpipe.observe.stats_reader import stats_path_for, views
 from duckpipe.schema.abi import DescFlag, Op
-from duckpipe.testing import set_faults
 
 HIDDEN, N_EXPERTS, EFFN, TOPK = 64, 16, 32, 4
 # float16: each duck's reply travels in float16 (rounded once, half an ulp of its own
@@ -374,35 +373,6 @@ def test_the_dataplane_refuses_a_routed_forward_over_max_forward_bytes(duckpipe_
 
 
 # --- a routed duck that does not answer -------------------------------------------------
-
-
-class _Mock:
-    """Four mock ducks; 'killing' ducks is the mock's dead_ducks fault."""
-
-    def __init__(self, factory) -> None:
-        self.dp = factory(ducks=4)
-        self.control = self.dp.control
-
-    def kill(self) -> None:
-        set_faults(self.control, dead_ducks=[2, 3])
-
-
-class _Real:
-    """Four emulated ducks in two emulators (ducks 0-1, 2-3) and the C dataplane."""
-
-    def __init__(self, factory) -> None:
-        self.cluster = factory(4, groups=[(2, []), (2, [])], ping_ms=100)
-        self.control = self.cluster.control
-
-    def kill(self) -> None:
-        self.cluster.emulators[1].stop()
-
-
-@pytest.fixture(params=["mock", "real"])
-def ducks4(request):
-    if request.param == "mock":
-        return _Mock(request.getfixturevalue("duckpipe_mock_factory"))
-    return _Real(request.getfixturevalue("duckpipe_cluster_factory"))
 
 
 def test_a_dead_routed_duck_fails_only_the_forwards_routed_to_it(ducks4):

@@ -18,7 +18,6 @@ from duckpipe.errors import ForwardTimeout
 from duckpipe.mock.process import MockDataplaneProcess
 from duckpipe.schema.abi import SlotHeader
 from duckpipe.schema.control import Phases
-from duckpipe.testing import set_faults
 
 HIDDEN, FFN = 32, 48
 
@@ -100,35 +99,6 @@ def test_reading_phases_does_not_ask_for_the_zeromq_completion(slow_flush):
             assert wanted == 0  # no outbox: nothing to send early
         else:
             assert wanted == n  # each timings read made its completion leave at once
-
-
-class _Mock:
-    """Four mock ducks; 'killing' ducks 2 and 3 is the mock's dead_ducks fault."""
-
-    def __init__(self, factory) -> None:
-        self.dp = factory(ducks=4)
-        self.control = self.dp.control
-
-    def kill(self) -> None:
-        set_faults(self.control, dead_ducks=[2, 3])
-
-
-class _Real:
-    """Four emulated ducks in two emulators (ducks 0-1, 2-3) and the C dataplane."""
-
-    def __init__(self, factory) -> None:
-        self.cluster = factory(4, groups=[(2, []), (2, [])], ping_ms=100)
-        self.control = self.cluster.control
-
-    def kill(self) -> None:
-        self.cluster.emulators[1].stop()
-
-
-@pytest.fixture(params=["mock", "real"])
-def ducks4(request):
-    if request.param == "mock":
-        return _Mock(request.getfixturevalue("duckpipe_mock_factory"))
-    return _Real(request.getfixturevalue("duckpipe_cluster_factory"))
 
 
 def test_a_timed_out_forwards_phases_say_how_far_it_got(ducks4):

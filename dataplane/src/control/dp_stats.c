@@ -562,14 +562,14 @@ void dp_stats_completion(struct dp_stats_seg *s, const struct dp_fwd *f,
 	uint64_t submit = f->desc.submit_ns;
 	if (submit && submit < now)
 		dp_stats_record(h[H_END_TO_END].counts, &h[H_END_TO_END].sum_ns, now - submit);
-	dp_stats_record(h[H_PREPARE].counts, &h[H_PREPARE].sum_ns, sum->prepare_ns);
-	dp_stats_record(h[H_SEND].counts, &h[H_SEND].sum_ns, sum->send_ns);
-	dp_stats_record(h[H_WAIT].counts, &h[H_WAIT].sum_ns, sum->wait_ns);
-	dp_stats_record(h[H_FETCH].counts, &h[H_FETCH].sum_ns, sum->fetch_ns);
-	dp_stats_record(h[H_REDUCE].counts, &h[H_REDUCE].sum_ns, sum->reduce_ns);
+	dp_stats_record(h[H_PREPARE].counts, &h[H_PREPARE].sum_ns, sum->phases.prepare_ns);
+	dp_stats_record(h[H_SEND].counts, &h[H_SEND].sum_ns, sum->phases.send_ns);
+	dp_stats_record(h[H_WAIT].counts, &h[H_WAIT].sum_ns, sum->phases.wait_ns);
+	dp_stats_record(h[H_FETCH].counts, &h[H_FETCH].sum_ns, sum->phases.fetch_ns);
+	dp_stats_record(h[H_REDUCE].counts, &h[H_REDUCE].sum_ns, sum->phases.reduce_ns);
 	if (sum->nanswered > 1)
 		dp_stats_record(h[H_REPLY_SPREAD].counts, &h[H_REPLY_SPREAD].sum_ns,
-				sum->spread_ns);
+				sum->phases.spread_ns);
 	for (uint32_t i = 0; i < sum->nanswered; i++) {
 		int16_t t = w->duck_index[sum->answered[i]];
 		if (t < 0)

@@ -350,11 +350,5 @@ void dp_fwd_summarize(const struct dp_world *w, const struct dp_fwd *f,
 	}
 	s->nanswered = nok;
 	s->nmissing = nbad;
-	const struct dp_fwd_phases *p = &f->phases;
-	s->prepare_ns = p->prepare_ns;
-	s->send_ns = p->send_ns;
-	s->wait_ns = p->wait_ns;
-	s->fetch_ns = p->fetch_ns;
-	s->reduce_ns = p->reduce_ns;
-	s->spread_ns = p->spread_ns;
+	s->phases = f->phases;
 }

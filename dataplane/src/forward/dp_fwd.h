@@ -193,12 +193,7 @@ struct dp_fwd_summary {
 	uint32_t nanswered;
 	uint32_t missing[DP_MAX_DUCKS];
 	uint32_t nmissing;
-	uint64_t prepare_ns; /* submit -> pickup */
-	uint64_t send_ns;    /* the slowest NIC's sends */
-	uint64_t wait_ns;    /* the longest NIC's wait for its partials */
-	uint64_t fetch_ns;   /* every NIC's handling of the partials' datagrams */
-	uint64_t reduce_ns;
-	uint64_t spread_ns;  /* first duck complete -> last duck complete */
+	struct dp_fwd_phases phases; /* f->phases: what its slot header got */
 };
 
 void dp_fwd_summarize(const struct dp_world *w, const struct dp_fwd *f,
