@@ -9,7 +9,7 @@ then one round trip (the "cold" one). Per round trip it prints
 
 - the client's phases (``perf_counter_ns``): claim, copy-in, submit (the ring write and
   the doorbell, when the dataplane parks), result (the wait on the done word);
-- the dataplane's own (its completion's timings): prepare = submit to pickup, so the
+- the dataplane's own (``fwd.phases``, its slot header): prepare = submit to pickup, so the
   doorbell's wake-up of a parked dataplane, then send, wait, reduce;
 - whether the client rang the doorbell (the dataplane was parked), the page faults of
   both processes, and from ``/proc/<pid>/task/*/schedstat`` the dataplane's time on a
@@ -112,7 +112,7 @@ def main() -> int:
             fwd.result(timeout=5)
             t4 = time.perf_counter_ns()
             d1, m1, f1 = _schedstat(dp_tasks), _schedstat(me), _faults(pids)
-            tm = fwd.timings
+            tm = fwd.phases  # the slot header: no ZeroMQ, no second doorbell
             fwd.release()
             return {
                 "claim": (t1 - t0) / 1e3, "copy": (t2 - t1) / 1e3, "submit": (t3 - t2) / 1e3,
