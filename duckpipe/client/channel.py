@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,25 @@ BLOCK_SLICE_S = 0.1
 
 OnCompletion = Callable[[ctl.Completion], None]
 
+_context: zmq.Context | None = None
+_context_pid = 0
+_context_lock = threading.Lock()
+
+
+def client_context() -> zmq.Context:
+    """duckpipe's own ZeroMQ context, one per process (not ``zmq.Context.instance()``,
+    which is the application's): its I/O thread runs SCHED_BATCH, so that waking for a
+    burst of completions it does not preempt the model's thread, or a dataplane on the
+    same core, but waits for the next tick (docs/benchmarks.md, issue 19 goal 2)."""
+    global _context, _context_pid
+    with _context_lock:
+        if _context is None or _context_pid != os.getpid():  # a forked child makes its own
+            ctx = zmq.Context()
+            if hasattr(os, "SCHED_BATCH"):  # before the first socket starts the I/O thread
+                ctx.set(zmq.THREAD_SCHED_POLICY, os.SCHED_BATCH)
+            _context, _context_pid = ctx, os.getpid()
+        return _context
+
 
 class Channel:
     """A DEALER socket connected to the dataplane's control endpoint.
@@ -52,7 +72,7 @@ class Channel:
         self.replies: dict[int, ctl.AnyReply] = {}  # by req_id, until their request takes them
         self._counters = counters
         self._req_id = 0
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock = client_context().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
 

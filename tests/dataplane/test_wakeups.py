@@ -18,6 +18,7 @@ import time
 import numpy as np
 import psutil
 import pytest
+import zmq
 
 import duckpipe
 import duckpipe.launch.process
@@ -383,3 +384,30 @@ def test_the_futex_wakes_a_client_on_either_backing(duckpipe_cluster_factory, ba
         wakes = c.stats().counters["futex_wakes"] - before
     assert took < 0.75, (took, wakes)  # 30 lost wake-ups would take 1.5 s
     assert wakes >= 20, (took, wakes)
+
+
+def _zmq_io_policies(pid: int) -> list[int]:
+    """The scheduling policy of each ZeroMQ I/O thread of process pid."""
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/comm") as f:
+            if f.read().startswith("ZMQbg/IO"):
+                out.append(os.sched_getscheduler(int(task)))
+    return out
+
+
+def test_zeromq_io_threads_run_sched_batch_on_both_sides(duckpipe_null_factory):
+    # woken for a burst of completions, neither I/O thread preempts the dataplane's runner
+    # or the client's thread on their core (docs/benchmarks.md, issue 19 goal 2)
+    dp = duckpipe_null_factory(1)
+    mine = zmq.Context.instance()  # the application's own context is left as it was
+    s = mine.socket(zmq.DEALER)
+    try:
+        with duckpipe.connect(dp.control) as c:
+            c.stats()
+            assert _zmq_io_policies(dp.proc.pid) == [os.SCHED_BATCH]
+            policies = _zmq_io_policies(os.getpid())
+            # the client's context (SCHED_BATCH) and the application's (the default)
+            assert sorted(policies) == sorted([os.SCHED_BATCH, os.SCHED_OTHER]), policies
+    finally:
+        s.close(linger=0)

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <msgpack.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -224,6 +225,13 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	msgpack_sbuffer_init(&c->sbuf);
 	msgpack_packer_init(&c->pk, &c->sbuf, msgpack_sbuffer_write);
 	c->zctx = zmq_ctx_new();
+	/* ZeroMQ's I/O thread, started with the first socket, runs SCHED_BATCH: woken for a
+	 * burst of completions it does not preempt a runner or a client on their core, it
+	 * waits for the next tick (p99 of a one-duck forward 201-214 -> 150-157 us, both
+	 * sides so; docs/benchmarks.md, issue 19 goal 2). Control is not latency-critical. */
+	if (zmq_ctx_set(c->zctx, ZMQ_THREAD_SCHED_POLICY, SCHED_BATCH) < 0)
+		DP_WARN("ZeroMQ's I/O thread keeps the default scheduling: %s",
+			zmq_strerror(errno));
 	const char *ep = w->cfg.control;
 	if (!strncmp(ep, "ipc://", 6) && access(ep + 6, F_OK) == 0) {
 		if (someone_answers(c->zctx, ep)) {
