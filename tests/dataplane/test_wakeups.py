@@ -411,3 +411,20 @@ def test_zeromq_io_threads_run_sched_batch_on_both_sides(duckpipe_null_factory):
             assert sorted(policies) == sorted([os.SCHED_BATCH, os.SCHED_OTHER]), policies
     finally:
         s.close(linger=0)
+
+
+def test_zeromq_io_thread_leaves_the_runners_pinned_cores(duckpipe_null_factory):
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("one CPU: nowhere else to put ZeroMQ's I/O thread")
+    core = min(allowed)
+    dp = duckpipe_null_factory(1, cores=[core])
+    with duckpipe.connect(dp.control) as c:
+        c.stats()
+        pid = dp.proc.pid
+        io = [
+            int(t)
+            for t in os.listdir(f"/proc/{pid}/task")
+            if open(f"/proc/{pid}/task/{t}/comm").read().startswith("ZMQbg/IO")
+        ]
+        assert io and all(os.sched_getaffinity(t) == allowed - {core} for t in io), io

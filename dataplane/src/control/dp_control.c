@@ -181,6 +181,26 @@ void dp_control_unpark(struct dp_world *w, void *self)
 
 /* --- setup and teardown --------------------------------------------------------------- */
 
+/* With the runners pinned (topology `cores`), ZeroMQ's I/O thread goes to the CPUs this
+ * process may use that no runner was given, if there are any: then a burst of completions
+ * never lands on a runner's core (p99 of a one-duck forward 150 -> 125 us when moved;
+ * docs/benchmarks.md, issue 19 goal 2). Only allowed CPUs are added: libzmq aborts when
+ * it cannot set the affinity it was told. */
+static void zmq_io_off_runner_cores(void *zctx, const struct dp_config *cfg)
+{
+	cpu_set_t allowed;
+	if (!cfg->ncores || sched_getaffinity(0, sizeof(allowed), &allowed) < 0)
+		return;
+	for (uint32_t i = 0; i < cfg->ncores; i++)
+		if (cfg->cores[i] >= 0 && cfg->cores[i] < CPU_SETSIZE)
+			CPU_CLR(cfg->cores[i], &allowed);
+	if (!CPU_COUNT(&allowed))
+		return; /* every CPU runs a runner: leave it where it starts */
+	for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+		if (CPU_ISSET(cpu, &allowed))
+			zmq_ctx_set(zctx, ZMQ_THREAD_AFFINITY_CPU_ADD, cpu);
+}
+
 /* Is a dataplane already answering at this endpoint? */
 static bool someone_answers(void *zctx, const char *endpoint)
 {
@@ -232,6 +252,7 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	if (zmq_ctx_set(c->zctx, ZMQ_THREAD_SCHED_POLICY, SCHED_BATCH) < 0)
 		DP_WARN("ZeroMQ's I/O thread keeps the default scheduling: %s",
 			zmq_strerror(errno));
+	zmq_io_off_runner_cores(c->zctx, &w->cfg);
 	const char *ep = w->cfg.control;
 	if (!strncmp(ep, "ipc://", 6) && access(ep + 6, F_OK) == 0) {
 		if (someone_answers(c->zctx, ep)) {
