@@ -40,7 +40,7 @@ from .moe import MoeMlp, check_routing
 from .ring import new_desc
 from .session import Inflight, ResultBase, Session, WaitStrategy
 from .shm import BackingChoice
-from .slots import DEBUG_SLOTS_ENV, Slot, SlotState, claim_array
+from .slots import DEBUG_SLOTS_ENV, Slot, SlotState, claim_template
 
 __all__ = ["Client", "Forward", "Slot", "SlotState", "WaitStrategy", "connect"]
 
@@ -50,6 +50,7 @@ _CACHE_MAX = 256
 _OK = int(Status.OK)
 _FORWARD = int(Op.FORWARD)
 _MOE = int(MlpKind.MOE)
+_CLAIMED = SlotState.CLAIMED
 #: moe_send= -> the descriptor's flags of a routed forward
 MOE_SEND_FLAGS: dict[str, int] = {
     "auto": int(DescFlag.ROUTED),
@@ -151,7 +152,8 @@ class Forward:
     def __del__(self) -> None:
         # __del__ rather than weakref.finalize: one is made per forward, and a finalizer
         # costs microseconds to register; both run when the Forward is collected
-        self._session.release_forward(self._rec)
+        if not self._rec.released:  # (a `with` block released it: no call then)
+            self._session.release_forward(self._rec)
 
     @property
     def id(self) -> int:
@@ -233,7 +235,7 @@ class Forward:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        self._session.release_forward(self._rec, True)  # release(), one call fewer
 
     def __repr__(self) -> str:
         s = self._rec.status
@@ -295,9 +297,8 @@ class Client:
             )
         self.control = control
         self._claim_timeout = claim_timeout
-        # claim: (shape, dtype) as given -> (normalised shape, np.dtype), once checked.
-        # Depends only on the slot sizes, fixed for the client's life.
-        self._claim_specs: dict[tuple, tuple[tuple[int, ...], np.dtype]] = {}
+        # claim's checked (shape, dtype) are the session's (claim_specs): their templates
+        # view the segment, which closes with the session
         # submit: (layer, shape, dtype) -> (the LayerInfo it was checked against, a
         # prepared FORWARD descriptor). Used only while that very LayerInfo is the one in
         # the session's layers: layers(), load_weights and unload_layer replace or drop
@@ -392,22 +393,41 @@ class Client:
         slot to free up, then raises ``RingFull``.
         """
         session = self._session
-        session.check_usable()
+        # session.check_usable, inlined (it says why when one of these fails)
+        hdr = session.segment.header
+        if session.closed or session.lost is not None or (hdr is not None and hdr.detach_reason):
+            session.check_usable()
         try:
-            shape_t, dt = self._claim_specs[shape, dtype]
+            shape_t, dt, templates = session.claim_specs[shape, dtype]
         except (KeyError, TypeError):  # a new shape or dtype, or an unhashable shape
-            shape_t, dt = self._claim_spec(shape, dtype)
+            shape_t, dt, templates = self._claim_spec(shape, dtype)
         slots = session.slots
-        # session.take_slot, inlined: one call fewer per forward
-        i = slots.take(self._claim_timeout if timeout is None else timeout, session.wait_for_slot)
-        # a new array each claim: the caller owns it and may reshape it in place; on a
-        # base that gives the slot back once this claim's handle and arrays are all
-        # dropped unsubmitted (slots.ClaimBase): a forgotten claim does not leak
-        arr = claim_array(session, i, shape_t, dt)
-        return Slot(session, i, slots.generation[i], arr)
+        free = slots.free
+        if free and slots.guard is None:
+            # SlotTable.take when a slot is free (and no debug guard), inlined: keep alike
+            i = free.pop()
+            gen = slots.generation[i] = (slots.generation[i] + 1) & 0xFFFF_FFFF or 1
+            slots.state[i] = _CLAIMED
+        else:
+            timeout = self._claim_timeout if timeout is None else timeout
+            i = slots.take(timeout, session.wait_for_slot)
+            gen = slots.generation[i]
+        # A new array each claim: the caller owns it and may reshape it in place. Its base
+        # gives the slot back once this claim's handle and arrays are all dropped
+        # unsubmitted (slots.ClaimBase): a forgotten claim does not leak. Both are views of
+        # the slot's template for this shape (slots.claim_template): no buffer parsed.
+        base = templates[i]
+        if base is None:
+            base = templates[i] = claim_template(session, i, shape_t, dt)
+        base = base.view()
+        base.claim = (session, i, gen)
+        return Slot(session, i, gen, base.view(np.ndarray))
 
-    def _claim_spec(self, shape: int | Sequence[int], dtype) -> tuple[tuple[int, ...], np.dtype]:
-        """Check a claim's shape and dtype; remember the result when they are hashable."""
+    def _claim_spec(
+        self, shape: int | Sequence[int], dtype
+    ) -> tuple[tuple[int, ...], np.dtype, list]:
+        """Check a claim's shape and dtype; remember the result when they are hashable,
+        with a list for the slots' templates of it (``slots.claim_template``)."""
         shape_t = _normalise_shape(shape)
         dt = np.dtype(dtype)
         dtype_code(dt)
@@ -421,14 +441,15 @@ class Client:
                 f"(result slots {res_slot_size}); connect with a larger slot_size "
                 "(the dataplane's max_forward_bytes caps it too)"
             )
-        specs = self._claim_specs
+        spec = (shape_t, dt, [None] * session.segment.slot_count)
+        specs = session.claim_specs
         if len(specs) >= _CACHE_MAX:
             specs.clear()
         try:
-            specs[shape, dtype] = (shape_t, dt)
+            specs[shape, dtype] = spec
         except TypeError:
             pass  # an unhashable shape (a list, an array): checked again next time
-        return shape_t, dt
+        return spec
 
     def submit(
         self,
@@ -454,14 +475,17 @@ class Client:
         refuses ``routing``.
         """
         session = self._session
-        session.check_usable()
-        # session.holds without its closed check: check_usable made it
+        # session.check_usable, inlined (it says why when one of these fails)
+        hdr = session.segment.header
+        if session.closed or session.lost is not None or (hdr is not None and hdr.detach_reason):
+            session.check_usable()
+        # session.holds without its closed check: the line above made it
         arr = session.slots.claimed_array(slot)
         if arr is None:
             raise BadInput(
                 f"{slot!r} is not claimed by this client (already submitted or released)"
             )
-        shape = arr.shape
+        shape, dtype = arr.shape, arr.dtype
         if routing is not None or moe_send != "auto":
             return self._submit_routed(slot, arr, layer, ducks, routing, moe_send)
         tpl = None
@@ -469,7 +493,7 @@ class Client:
             # A descriptor prepared by an earlier submit of this layer, shape and dtype,
             # while the LayerInfo it was checked against is still the current one.
             try:
-                info, tpl = self._templates[layer, shape, arr.dtype]
+                info, tpl = self._templates[layer, shape, dtype]
             except (KeyError, TypeError):
                 pass
             else:
@@ -477,7 +501,7 @@ class Client:
                     tpl = None
         if tpl is None:
             tpl = self._forward_template(layer, arr, ducks)
-        return Forward(session, session.push(tpl, _FORWARD, slot.index, shape, arr.dtype))
+        return Forward(session, session.push(tpl, _FORWARD, slot.index, shape, dtype))
 
     def _submit_routed(
         self,
@@ -629,7 +653,7 @@ class Client:
         ``routing`` and ``moe_send``: a mixture-of-experts layer's, as in ``submit``."""
         x = np.asarray(x)
         with self.claim(x.shape, x.dtype) as slot:
-            np.copyto(slot.array, x)
+            slot.array[...] = x  # the same shape and dtype: np.copyto's work, in fewer steps
             fwd = self.submit(slot, layer, ducks=ducks, routing=routing, moe_send=moe_send)
         with fwd:
             return fwd.result(timeout).copy()

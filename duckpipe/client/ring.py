@@ -28,7 +28,7 @@ class SubmissionRing:
     nothing here is safe to call from two threads on the same side at once.
     """
 
-    __slots__ = ("_descs", "_doorbell", "_hdr", "_seg", "_submitter", "capacity", "doorbells")
+    __slots__ = ("_descs", "_doorbell", "_hdr", "_seg", "capacity", "doorbells", "submitter")
 
     def __init__(self, segment: Segment) -> None:
         self._seg = segment.header
@@ -37,14 +37,15 @@ class SubmissionRing:
         self.capacity = segment.ring_capacity
         self._doorbell = -1
         self.doorbells = 0  # times the dataplane was parked and we rang
-        # the same, gathered in C for submit_template (one argument instead of five)
-        sub = self._submitter = ffi.new("struct dp_submitter *")
+        # the same, gathered in C for dp_submit_template (one argument instead of five);
+        # Session.push calls it, with a copy of a prepared descriptor, once a forward
+        sub = self.submitter = ffi.new("struct dp_submitter *")
         sub.seg, sub.ring, sub.descs = self._seg, self._hdr, self._descs
         sub.capacity, sub.doorbell_fd = self.capacity, -1
 
     def use_doorbell(self, fd: int) -> None:
         """``submit`` rings ``fd`` (a connected datagram socket) when the dataplane parks."""
-        self._doorbell = self._submitter.doorbell_fd = fd
+        self._doorbell = self.submitter.doorbell_fd = fd
 
     def push(self, desc) -> bool:
         """Copy one descriptor in; False when the ring is full."""
@@ -56,15 +57,6 @@ class SubmissionRing:
         rc = lib.dp_client_submit(
             self._seg, self._hdr, self._descs, self.capacity, desc, self._doorbell
         )
-        if rc > 0:
-            self.doorbells += 1
-        return rc >= 0
-
-    def submit_template(self, tpl, forward_id: int, slot: int, generation: int, epoch: int) -> bool:
-        """``submit`` of a copy of the descriptor ``tpl`` with these per-forward fields
-        filled in and ``submit_ns`` stamped now, in one call into C: ``tpl`` is
-        prepared once and reused, never written here."""
-        rc = lib.dp_submit_template(self._submitter, tpl, forward_id, slot, generation, epoch)
         if rc > 0:
             self.doorbells += 1
         return rc >= 0

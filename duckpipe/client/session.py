@@ -89,8 +89,6 @@ class Inflight:
         "message",
         "missing",
         "moe",
-        "n_answered",
-        "n_missing",
         "op",
         "phases",
         "released",
@@ -123,8 +121,6 @@ class Inflight:
         self.status: int | None = None
         self.answered: tuple[int, ...] = ()
         self.missing: tuple[int, ...] = ()
-        self.n_answered = 0
-        self.n_missing = 0
         self.timings: ctl.Timings | None = None
         self.phases: ctl.Phases | None = None  # read once from the slot header, then kept
         self.message = ""
@@ -165,6 +161,7 @@ class Session:
         "_phases_buf",
         "act_bases",
         "channel",
+        "claim_specs",
         "client_id",
         "closed",
         "counters",
@@ -179,12 +176,13 @@ class Session:
         "max_forward_bytes",
         "moe",
         "next_forward",
-        "pushes",
         "result_bases",
         "ring",
         "segment",
+        "slot_hdrs",
         "slots",
         "spin_ns",
+        "submitter",
         "timeout_us",
         "unpumped",
         "wait",
@@ -212,7 +210,6 @@ class Session:
         self.closed = False
         self.lost: str | None = None  # why the dataplane is lost, once it is
         self.next_forward = 1
-        self.pushes = 0
         self.unpumped = 0  # pushes since ZeroMQ was last read
         self.epoch = 0
         self.dp_pid = 0
@@ -257,14 +254,21 @@ class Session:
         self.max_bytes = seg.act_slot_size  # until attach() hears the dataplane's cap
         self.max_forward_bytes = 0  # the dataplane's cap as it said it (0: none said)
         self.ring = SubmissionRing(seg)
+        self.submitter = self.ring.submitter  # push's first argument to dp_submit_template
+        # each slot's header, for wait_done: pointer arithmetic in cffi makes an object
+        self.slot_hdrs = [seg.slot_headers + i for i in range(seg.slot_count)]
         guard = None
         if debug_slots:
             addrs = [seg.act_bytes(i).ctypes.data for i in range(seg.slot_count)]
             guard = SlotGuard(addrs, seg.act_slot_size)
         self.slots = SlotTable(seg.slot_count, guard)
         self.result_bases = [seg.res_bytes(i).view(ResultBase) for i in range(seg.slot_count)]
-        # each activation slot's to view claims from (slots.claim_array), holding nothing
+        # each activation slot's bytes, to make claim templates from (slots.claim_template)
         self.act_bases = [seg.act_bytes(i).view(ClaimBase) for i in range(seg.slot_count)]
+        # Client.claim's checks of a (shape, dtype) as given: (normalised shape, np.dtype,
+        # the slots' ClaimBase templates of that shape, made as slots are first claimed
+        # with it). Depends only on the slot sizes, fixed for the session's life.
+        self.claim_specs: dict[tuple, tuple[tuple[int, ...], np.dtype, list]] = {}
         self.doorbell = Doorbell()
         stop = threading.Event()
         beat = threading.Thread(
@@ -281,6 +285,8 @@ class Session:
             self.doorbell,
             self.result_bases,
             self.act_bases,
+            self.claim_specs,
+            self.slot_hdrs,
         )
 
     def attach(self, name: str, timeout: float) -> ctl.Attached:
@@ -367,12 +373,16 @@ class Session:
         slots = self.slots
         gen = slots.generation[slot]
         epoch = self.epoch
-        if not self.ring.submit_template(tpl, fid, slot, gen, epoch):
-            raise RingFull("the submission ring is full")  # cannot happen: capacity >= slots
+        # a copy of tpl with these fields and submit_ns filled in, pushed, and the
+        # doorbell rung if the dataplane parks: one call into C (rc 1: it rang)
+        rc = lib.dp_submit_template(self.submitter, tpl, fid, slot, gen, epoch)
+        if rc:
+            if rc < 0:
+                raise RingFull("the submission ring is full")  # cannot: capacity >= slots
+            self.ring.doorbells += 1
         slots.state[slot] = _SUBMITTED
         rec = Inflight(fid, slot, gen, epoch, op, shape, dtype, internal)
         self.inflight[fid] = rec
-        self.pushes += 1
         self.unpumped += 1
         if self.unpumped >= _PUMP_AT_SUBMIT:
             self.pump(0)  # nobody released forwards: the completions of earlier ones, here
@@ -442,7 +452,7 @@ class Session:
         """Look once, without waiting, whether ``rec`` completed."""
         word = lib.dp_load_acquire_u64(ffi.addressof(self.segment.slot_headers[rec.slot], "done"))
         if (word >> 32) == rec.generation and word & 0xFFFF_FFFF:
-            self._completed_shm(rec, word)
+            self._completed(rec, word & 0xFFFF_FFFF)
         else:
             self.pump(0)
 
@@ -453,8 +463,12 @@ class Session:
         dataplane's heartbeat, so a dead dataplane is an error, never a hang."""
         if self.closed:
             raise ClientClosed("the client is closed; connect again")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        hdr = self.segment.slot_headers + rec.slot
+        # the clock is read once before the first slice, then after each that ends undone
+        deadline = left = None
+        if timeout is not None:
+            deadline = time.monotonic() + timeout
+            left = int(timeout * 1e9)
+        hdr = self.slot_hdrs[rec.slot]
         gen = rec.generation
         spin = self.spin_ns if wait == "hybrid" else 0
         while rec.status is None:
@@ -462,21 +476,29 @@ class Session:
                 spin_ns, sleep_ns = _SPIN_SLICE_NS, 0
             else:
                 spin_ns, sleep_ns, spin = spin, _SLEEP_SLICE_NS, 0
-            if deadline is not None:
-                left = int((deadline - time.monotonic()) * 1e9)
+            if left is not None and left < spin_ns + sleep_ns:
                 spin_ns, sleep_ns = max(0, min(spin_ns, left)), max(0, min(sleep_ns, left))
             word = lib.dp_wait_done(hdr, gen, spin_ns, sleep_ns)
             if (word >> 32) == gen and word & 0xFFFF_FFFF:
-                self._completed_shm(rec, word)
+                # _completed, inlined for a forward not completed yet (the loop's condition)
+                rec.status = word & 0xFFFF_FFFF
+                self.slots.state[rec.slot] = _COMPLETED
+                if rec.released:
+                    self.slots.release(rec.slot)
+                if rec.zmq_done:
+                    self.inflight.pop(rec.forward_id, None)
                 return
             self.pump(0)
             if rec.status is None:
                 self.check_alive()
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise WaitTimeout(
-                        f"forward {rec.forward_id} did not complete within {timeout:g} s; it "
-                        "is still pending: call result() again, or raise the timeout"
-                    )
+                if deadline is not None:
+                    now = time.monotonic()
+                    if now >= deadline:
+                        raise WaitTimeout(
+                            f"forward {rec.forward_id} did not complete within {timeout:g} s; "
+                            "it is still pending: call result() again, or raise the timeout"
+                        )
+                    left = int((deadline - now) * 1e9)
 
     def await_zmq(self, rec: Inflight, timeout: float = 5.0) -> None:
         """Wait for ``rec``'s ZeroMQ completion, which carries timings and duck ids; it
@@ -494,7 +516,9 @@ class Session:
             self.ring.doorbells += 1
         try:
             while not rec.zmq_done and time.monotonic() < deadline:
-                self.pump(BLOCK_SLICE_S)
+                # one message at a time: no receive left to find the socket empty (pyzmq
+                # raises Again, ~25,000 instructions) once rec's completion is in
+                self.channel.pump(BLOCK_SLICE_S, self.take_completion, 1)
                 if not rec.zmq_done:
                     self.check_alive()
         finally:
@@ -524,11 +548,6 @@ class Session:
         rec.phases = p
         return p
 
-    def _completed_shm(self, rec: Inflight, word: int) -> None:
-        hdr = self.segment.slot_headers[rec.slot]
-        rec.n_answered, rec.n_missing = hdr.answered, hdr.missing  # ints already (cffi)
-        self._completed(rec, word & 0xFFFF_FFFF)
-
     def _completed(self, rec: Inflight, status: int) -> None:
         """Either completion path lands here; the second one must agree with the first."""
         if rec.status is None:
@@ -545,11 +564,13 @@ class Session:
     def take_completion(self, msg: ctl.Completion) -> None:
         """Apply one ZeroMQ completion; one that names no forward in flight (by forward
         id, slot, generation and epoch) is counted and dropped."""
-        rec = self.inflight.get(msg.forward_id)
-        if rec is None or (rec.slot, rec.generation, rec.epoch) != (
-            msg.slot,
-            msg.generation,
-            msg.epoch,
+        fid = msg.forward_id
+        rec = self.inflight.get(fid)
+        if (
+            rec is None
+            or rec.slot != msg.slot
+            or rec.generation != msg.generation
+            or rec.epoch != msg.epoch
         ):
             self.counters["stale_completions"] += 1
             return
@@ -558,14 +579,17 @@ class Session:
         rec.timings, rec.message = msg.timings, msg.message
         if msg.current_epoch:
             self.epoch = msg.current_epoch
-        self._completed(rec, msg.status)
+        if rec.status == msg.status:
+            del self.inflight[fid]  # the done word came first and agrees: what _completed does
+        else:
+            self._completed(rec, msg.status)
 
     # --- control channel --------------------------------------------------------
 
     def pump(self, timeout_s: float) -> int:
         """Take whatever the dataplane sent, waiting up to ``timeout_s`` for the first."""
         self.unpumped = 0
-        return self.channel.pump(timeout_s, self.take_completion)
+        return self.channel.pump(timeout_s, self.take_completion, 0)
 
     def request(self, make: Callable[[int], ctl.AnyRequest], timeout: float = 5.0) -> ctl.AnyReply:
         """Send the request ``make(req_id)`` builds and return its reply (an Error raises)."""
@@ -667,6 +691,8 @@ def _cleanup(
     doorbell: Doorbell,
     result_bases: list[ResultBase],
     act_bases: list[ClaimBase],
+    claim_specs: dict,
+    slot_hdrs: list,
 ) -> None:
     stop.set()
     beat.join(timeout=2.0)
@@ -674,4 +700,6 @@ def _cleanup(
     doorbell.close()
     result_bases.clear()  # they view the mapping: seg.close() can unmap it once they go
     act_bases.clear()
+    claim_specs.clear()  # their templates view the mapping too
+    slot_hdrs.clear()  # pointers into the mapping, which is about to go
     seg.close()  # closes the memfd: its memory goes once the dataplane unmaps it too
