@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
 """The Python client's own cost per forward, in the loops users write (issue 19).
 
-    python tools/client_cost.py [--loop one|forward|bench] [--forwards 20000]
+    python tools/client_cost.py [--loop one|forward|bench|timings] [--forwards 20000]
     python tools/client_cost.py --profile            # cProfile: calls per forward
     python tools/client_cost.py --instructions [/work/base/.venv/bin/python]
     python tools/client_cost.py --ab /work/base/.venv/bin/python --rounds 5
 
 A null-backend dataplane (``null_topology``, mtu 65535: no ducks, no network) spins on
 CPU 1 (``idle = "spin"``, ``cores = [1]``), the client waits with ``wait="spin"`` on
-CPU 0: the 64 B spinning round trip of ``duckpipe bench ipc`` (goal 4's row). Loops:
+CPU 0: the 64 B spinning round trip of ``duckpipe bench ipc`` (goal 4's row). With
+``--wait block`` the dataplane parks instead (``idle = "backoff"``, still on CPU 1) and
+the client sleeps on the futex: CPU per forward is then the work, not the spinning.
+Loops:
 
 - ``one``: ``bench ipc``'s ``one()``: ``with c.claim(...) as slot: slot.array[:] = x;
   fwd = c.submit(slot, 1)`` then ``with fwd: fwd.result()``;
 - ``forward``: ``c.forward(1, x)``;
-- ``bench``: ``duckpipe bench forward``'s loop: ``one()`` and then ``fwd.timings`` read
-  inside the ``with fwd`` (it waits for the forward's ZeroMQ completion).
+- ``bench``: ``duckpipe bench forward``'s loop: ``one()`` and ``fwd.phases`` read inside
+  the ``with fwd`` (the slot header's copy);
+- ``timings``: the same reading ``fwd.timings`` instead (it waits for the forward's
+  ZeroMQ completion), as the bench did before ``phases``.
 
 Prints one JSON line: wall time per forward (the loop's total over its count), the
 p50 of single forwards, this process's CPU per forward (every thread:
@@ -63,7 +68,13 @@ def _task_cpu_ns(pid: int | str) -> int:
 
 
 def measure(
-    loop: str, n: int, warm: int, nbytes: int, profile: bool, counted: bool = False
+    loop: str,
+    n: int,
+    warm: int,
+    nbytes: int,
+    profile: bool,
+    counted: bool = False,
+    wait: str = "spin",
 ) -> dict[str, object]:
     import duckpipe
     from duckpipe.launch.dataplane import DataplaneProcess
@@ -73,9 +84,10 @@ def measure(
         os.sched_setaffinity(0, {CLIENT_CPU})
     hidden = min(nbytes // 4, 1024)
     x = np.ones((nbytes // 4 // hidden, hidden), np.float32)
-    topo = null_topology(1, cores=[DATAPLANE_CPU], idle="spin", mtu=65535)
+    idle = "spin" if wait == "spin" else "backoff"
+    topo = null_topology(1, cores=[DATAPLANE_CPU], idle=idle, mtu=65535)
     with DataplaneProcess(topo) as dp:
-        with duckpipe.connect(dp.control, wait="spin", slots=8, slot_size=4096) as c:
+        with duckpipe.connect(dp.control, wait=wait, slots=8, slot_size=4096) as c:
             c.load_weights(LAYER, duckpipe.SwiGluMlp.random(hidden, 8, seed=1), progress=False)
 
             def one() -> None:
@@ -91,12 +103,20 @@ def measure(
                     fwd = c.submit(slot, LAYER)
                 with fwd:
                     fwd.result(timeout=30)
-                    fwd.timings  # noqa: B018 (the bench reads it: a wait for ZeroMQ)
+                    fwd.phases  # noqa: B018 (the bench reads it)
+
+            def timings() -> None:
+                with c.claim(x.shape, x.dtype) as slot:
+                    slot.array[:] = x
+                    fwd = c.submit(slot, LAYER)
+                with fwd:
+                    fwd.result(timeout=30)
+                    fwd.timings  # noqa: B018 (a wait for the ZeroMQ completion)
 
             def forward() -> None:
                 c.forward(LAYER, x, timeout=30)
 
-            step = {"one": one, "bench": bench, "forward": forward}[loop]
+            step = {"one": one, "bench": bench, "timings": timings, "forward": forward}[loop]
             clock = time.perf_counter_ns
             for _ in range(warm):
                 step()
@@ -119,6 +139,7 @@ def measure(
             cpu, dcpu = _task_cpu_ns("self") - cpu0, _task_cpu_ns(dp.pid) - dcpu0
     return {
         "loop": loop,
+        "wait": wait,
         "forwards": n,
         "wall_us": wall / n / 1e3,
         "p50_us": float(np.median(singles)) / 1e3,
@@ -152,7 +173,7 @@ def _profile(step, n: int) -> dict[str, object]:
 def ab(other: str, rounds: int, args: argparse.Namespace) -> int:
     """Alternate this python's duckpipe (new) with ``other``'s (old), several rounds."""
     me = [sys.executable, __file__, "--loop", args.loop, "--forwards", str(args.forwards)]
-    me += ["--warm", str(args.warm), "--bytes", str(args.bytes)]
+    me += ["--warm", str(args.warm), "--bytes", str(args.bytes), "--wait", args.wait]
     keys = ("wall_us", "p50_us", "client_cpu_us", "dataplane_cpu_us")
     ratios: dict[str, list[float]] = {k: [] for k in keys}
     for r in range(rounds):
@@ -181,7 +202,7 @@ def _callgrind_ir(python: str, args: argparse.Namespace, n: int) -> tuple[int, i
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     cmd += ["--collect-atstart=no", "--toggle-collect=builtin_exec", python, __file__]
     cmd += ["--loop", args.loop, "--forwards", str(n), "--warm", str(args.warm), "--counted"]
-    cmd += ["--bytes", str(args.bytes)]
+    cmd += ["--bytes", str(args.bytes), "--wait", args.wait]
     env = dict(os.environ, PYTHONHASHSEED="0")
     subprocess.run(cmd, check=True, capture_output=True, env=env)
     try:
@@ -213,6 +234,7 @@ def instructions(pythons: list[str], args: argparse.Namespace) -> int:
                 {
                     "python": python,
                     "loop": args.loop,
+                    "wait": args.wait,
                     "instructions_per_forward": round(per),
                     "with_the_spin": round((t2 - t1) / n),
                 }
@@ -224,7 +246,8 @@ def instructions(pythons: list[str], args: argparse.Namespace) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--loop", choices=("one", "forward", "bench"), default="one")
+    p.add_argument("--loop", choices=("one", "forward", "bench", "timings"), default="one")
+    p.add_argument("--wait", choices=("spin", "block"), default="spin")
     p.add_argument("--forwards", type=int, default=20000)
     p.add_argument("--warm", type=int, default=2000)
     p.add_argument("--bytes", type=int, default=64, help="float32 activation bytes")
@@ -243,7 +266,9 @@ def main() -> int:
         return instructions([sys.executable, *args.instructions], args)
     if args.ab:
         return ab(args.ab, args.rounds, args)
-    m = measure(args.loop, args.forwards, args.warm, args.bytes, args.profile, args.counted)
+    m = measure(
+        args.loop, args.forwards, args.warm, args.bytes, args.profile, args.counted, args.wait
+    )
     print(json.dumps(m))
     return 0
 

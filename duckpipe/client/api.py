@@ -38,7 +38,7 @@ from . import weights
 from .models import Mlp, dtype_code, numpy_dtype
 from .moe import MoeMlp, check_routing
 from .ring import new_desc
-from .session import Inflight, ResultBase, Session, WaitStrategy
+from .session import Inflight, Session, WaitStrategy
 from .shm import BackingChoice
 from .slots import DEBUG_SLOTS_ENV, Slot, SlotState, claim_template
 
@@ -219,11 +219,15 @@ class Forward:
             raise _failure(rec)
         if rec.released:
             raise BadInput(f"forward {rec.forward_id} was released; its result slot is reused")
-        # what Segment.res_view makes, in one call (claim checked that it fits the slot),
-        # on a base that holds this Forward: the slot is not reused under the array
-        base = session.result_bases[rec.slot].view(ResultBase)
+        # what Segment.res_view makes (claim checked that it fits the slot), on a base that
+        # holds this Forward: the slot is not reused under the array. Both are views of a
+        # template of the slot's last result shape (Session.result_template).
+        t = session.result_last[rec.slot]
+        if t is None or t[0] != rec.shape or t[1] is not rec.dtype:
+            t = session.result_template(rec.slot, rec.shape, rec.dtype)
+        base = t[2].view()
         base.owner = self
-        return np.ndarray(rec.shape, rec.dtype, base)
+        return base.view(np.ndarray)
 
     def release(self) -> None:
         """Free the slot now (or as soon as the forward completes). Every 32nd forward or so

@@ -177,6 +177,7 @@ class Session:
         "moe",
         "next_forward",
         "result_bases",
+        "result_last",
         "ring",
         "segment",
         "slot_hdrs",
@@ -263,6 +264,9 @@ class Session:
             guard = SlotGuard(addrs, seg.act_slot_size)
         self.slots = SlotTable(seg.slot_count, guard)
         self.result_bases = [seg.res_bytes(i).view(ResultBase) for i in range(seg.slot_count)]
+        # per slot, (shape, dtype, ResultBase template) of its last result: what
+        # Forward.result views each result's base and array from (result_template)
+        self.result_last: list[tuple | None] = [None] * seg.slot_count
         # each activation slot's bytes, to make claim templates from (slots.claim_template)
         self.act_bases = [seg.act_bytes(i).view(ClaimBase) for i in range(seg.slot_count)]
         # Client.claim's checks of a (shape, dtype) as given: (normalised shape, np.dtype,
@@ -284,6 +288,7 @@ class Session:
             beat,
             self.doorbell,
             self.result_bases,
+            self.result_last,
             self.act_bases,
             self.claim_specs,
             self.slot_hdrs,
@@ -354,6 +359,19 @@ class Session:
         # else: freed by _completed, once the dataplane is done with the slot
         if explicit and self.unpumped >= _PUMP_EVERY:
             self.pump(0)
+
+    def result_template(self, slot: int, shape: tuple[int, ...], dtype: np.dtype) -> tuple:
+        """Result slot ``slot`` as ``shape`` and ``dtype``, a ResultBase holding no owner,
+        kept as the slot's last (``result_last``): each result's base is a view of it and
+        its array a view of that, cheaper than an array made on a buffer; the base, a view
+        of a ResultBase, has a ResultBase for its own base, so numpy keeps it as the
+        array's base."""
+        t = self.result_last[slot] = (
+            shape,
+            dtype,
+            np.ndarray(shape, dtype, self.result_bases[slot]).view(ResultBase),
+        )
+        return t
 
     # --- submission ------------------------------------------------------------
 
@@ -539,7 +557,7 @@ class Session:
         if (
             not rec.released
             and not self.closed
-            and lib.dp_slot_phases(self.segment.slot_headers + rec.slot, rec.generation, buf)
+            and lib.dp_slot_phases(self.slot_hdrs[rec.slot], rec.generation, buf)
         ):
             p = ctl.Phases(*buf)
         else:
@@ -690,6 +708,7 @@ def _cleanup(
     beat: threading.Thread,
     doorbell: Doorbell,
     result_bases: list[ResultBase],
+    result_last: list,
     act_bases: list[ClaimBase],
     claim_specs: dict,
     slot_hdrs: list,
@@ -699,6 +718,7 @@ def _cleanup(
     channel.close()
     doorbell.close()
     result_bases.clear()  # they view the mapping: seg.close() can unmap it once they go
+    result_last.clear()
     act_bases.clear()
     claim_specs.clear()  # their templates view the mapping too
     slot_hdrs.clear()  # pointers into the mapping, which is about to go

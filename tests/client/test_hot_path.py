@@ -15,6 +15,7 @@ import zmq
 
 import duckpipe
 from duckpipe.client.channel import Channel
+from duckpipe.client.session import ResultBase
 from duckpipe.client.slots import ClaimBase
 from duckpipe.errors import BadInput
 from duckpipe.schema import control as ctl
@@ -91,6 +92,29 @@ def test_each_claim_of_a_slot_gets_its_own_array_and_base(client):
     other.release()
 
 
+def test_each_result_gets_its_own_base_holding_its_forward(client):
+    """Results are views of a template of their slot's last result shape: each still gets
+    a base of its own holding its Forward, and another shape on the slot gets its own."""
+    mlp = duckpipe.GeluMlp.random(HIDDEN, 32, seed=3)
+    client.load_weights(1, mlp)
+    got = []
+    for rows in (1, 1, 3):  # the same slot each time (last in, first out)
+        x = np.full((rows, HIDDEN), float(rows), np.float32)
+        with client.claim(x.shape, x.dtype) as slot:
+            slot.array[:] = x
+            fwd = client.submit(slot, 1)
+        y = fwd.result(timeout=10)
+        assert type(y) is np.ndarray and y.shape == (rows, HIDDEN)
+        assert type(y.base) is ResultBase and y.base.owner is fwd
+        np.testing.assert_allclose(y, mlp.reference(x), rtol=1e-5, atol=1e-6)
+        got.append((slot.index, y.base, y.copy()))
+        del y
+        fwd.release()
+    assert got[0][0] == got[1][0] == got[2][0] and got[0][1] is not got[1][1]
+    last = client._session.result_last[got[2][0]]
+    assert last[0] == (3, HIDDEN) and last[1] == np.float32
+
+
 def test_a_full_claim_cache_starts_over_and_arrays_kept_stay_valid(client):
     kept = client.claim((1, 8), np.float32)
     kept.array[:] = 7
@@ -105,9 +129,9 @@ def test_a_full_claim_cache_starts_over_and_arrays_kept_stay_valid(client):
 
 
 def test_closing_a_client_drops_its_templates_and_unmaps_its_segment(duckpipe_mock):
-    """The claim templates and the slot header pointers view the mapping: close() drops
-    them with the slots' own views, so the segment is unmapped at once, not when the
-    Client object is collected (mmap.close refuses while a view is exported)."""
+    """The claim and result templates and the slot header pointers view the mapping:
+    close() drops them with the slots' own views, so the segment is unmapped at once, not
+    when the Client object is collected (mmap.close refuses while a view is exported)."""
     c = duckpipe.connect(duckpipe_mock, slots=4, slot_size=4096)
     c.load_weights(1, duckpipe.GeluMlp.random(HIDDEN, 32, seed=2))
     x = np.ones((1, HIDDEN), np.float32)
@@ -115,10 +139,10 @@ def test_closing_a_client_drops_its_templates_and_unmaps_its_segment(duckpipe_mo
         c.claim(shape, np.float32).release()
     _one(c, x)
     session = c._session
-    assert session.claim_specs and session.slot_hdrs
+    assert session.claim_specs and session.slot_hdrs and any(session.result_last)
     mm = session.segment._mm
     c.close()
-    assert not session.claim_specs and not session.slot_hdrs
+    assert not session.claim_specs and not session.slot_hdrs and not session.result_last
     assert mm.closed
 
 
