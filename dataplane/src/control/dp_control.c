@@ -63,6 +63,7 @@ void dp_control_send_to(struct dp_control *c, const uint8_t *id, size_t idlen)
 	if (zmq_send(c->router, id, idlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
 	    zmq_send(c->router, c->sbuf.data, c->sbuf.size, ZMQ_DONTWAIT) < 0)
 		DP_DEBUG("reply dropped: %s", zmq_strerror(errno));
+	dp_control_router_sent(c);
 }
 
 /* --- the pass ---------------------------------------------------------------------- */
@@ -75,7 +76,8 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 	int work = 0;
 	if (now >= c->next_zmq_look) {
 		uint64_t refused = c->access.refused;
-		work += dp_access_serve_zap(&c->access);
+		work += dp_access_serve_zap(&c->access); /* it stops at a receive that found none */
+		c->zmq_unsure &= ~(1u << DP_ZMQ_ZAP);
 		dp_count(c->counters, DP_C_curve_refused, c->access.refused - refused);
 		work += dp_control_poll_monitor(c);
 		work += dp_control_poll_requests(c);
@@ -104,25 +106,37 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 
 /* --- parking ------------------------------------------------------------------------- */
 
-/* ZeroMQ's fd only says "look": ZMQ_EVENTS says whether a message waits (and re-arms
- * the fd), so it is asked before every park (zmq_getsockopt(3), ZMQ_FD). */
-static bool zmq_readable(void *s)
+/* ZeroMQ's fd only says "look": ZMQ_EVENTS says whether a message waits, and re-arms the
+ * fd (zmq_getsockopt(3), ZMQ_FD). After a receive that found nothing (which asks the same
+ * way) the fd is faithful until the next send, so only a socket sent on since (its bit in
+ * zmq_unsure) is asked before a park: each ask is a getpid() and a poll() in libzmq, and
+ * a parked 64 B round trip paid twelve of them (docs/benchmarks.md, issue 19 goal 4). */
+static bool zmq_may_hold(struct dp_control *c, uint32_t which, void *s)
 {
+	if (!s || !(c->zmq_unsure & (1u << which)))
+		return false;
 	int ev = 0;
 	size_t sz = sizeof(ev);
-	return s && zmq_getsockopt(s, ZMQ_EVENTS, &ev, &sz) == 0 && (ev & ZMQ_POLLIN);
+	if (zmq_getsockopt(s, ZMQ_EVENTS, &ev, &sz) == 0 && !(ev & ZMQ_POLLIN)) {
+		c->zmq_unsure &= ~(1u << which);
+		return false;
+	}
+	return true;
 }
 
-static int add_zmq_fd(struct dp_waker *wk, void *s)
+static int add_zmq_fd(struct dp_control *c, struct dp_waker *wk, uint32_t which, void *s)
 {
 	int fd;
 	size_t sz = sizeof(fd);
+	c->zmq_fds[which] = -1;
 	if (!s)
 		return 0;
 	if (zmq_getsockopt(s, ZMQ_FD, &fd, &sz) < 0) {
 		dp_set_error("ZMQ_FD: %s", zmq_strerror(errno));
 		return -1;
 	}
+	c->zmq_fds[which] = fd;
+	c->zmq_unsure |= 1u << which; /* nobody has asked it yet */
 	return dp_waker_add(wk, fd);
 }
 
@@ -130,8 +144,10 @@ int dp_control_wait_on(struct dp_world *w, void *self, struct dp_waker *wk)
 {
 	struct dp_control *c = self;
 	(void)w;
-	if (add_zmq_fd(wk, c->router) < 0 || add_zmq_fd(wk, c->monitor) < 0 ||
-	    add_zmq_fd(wk, c->access.zap) < 0)
+	c->waker = wk;
+	if (add_zmq_fd(c, wk, DP_ZMQ_ROUTER, c->router) < 0 ||
+	    add_zmq_fd(c, wk, DP_ZMQ_MONITOR, c->monitor) < 0 ||
+	    add_zmq_fd(c, wk, DP_ZMQ_ZAP, c->access.zap) < 0)
 		return -1;
 	return 0;
 }
@@ -152,8 +168,12 @@ int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now)
 	for (uint32_t k = 0; k < w->cfg.nnics; k++)
 		if (!dp_spsc_empty(&w->workers[k]->done))
 			return -1;
-	if (zmq_readable(c->router) || zmq_readable(c->monitor) || zmq_readable(c->access.zap))
+	if (zmq_may_hold(c, DP_ZMQ_ROUTER, c->router) ||
+	    zmq_may_hold(c, DP_ZMQ_MONITOR, c->monitor) ||
+	    zmq_may_hold(c, DP_ZMQ_ZAP, c->access.zap)) {
+		c->next_zmq_look = 0; /* a message waits: the next pass reads it */
 		return -1;
+	}
 	if (dp_control_outbox_wanted(c)) /* the next pass sends it */
 		return -1;
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) { /* a segment half faulted in or unmapped */
@@ -172,11 +192,20 @@ int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now)
 	return next > now ? (int64_t)(next - now) : 0;
 }
 
+/* Woken by ZeroMQ's fd: look in the first pass. Woken by anything else (a doorbell, a
+ * reply, a kick), ZeroMQ has nothing new: every socket was asked or faithful when it
+ * parked, so the pass keeps to its 50 us, unless a look was already asked for (0). */
 void dp_control_unpark(struct dp_world *w, void *self)
 {
 	struct dp_control *c = self;
 	(void)w;
-	c->next_zmq_look = 0; /* the wake-up may be ZeroMQ's: look in the first pass */
+	bool zmq_woke = false;
+	for (uint32_t i = 0; i < DP_ZMQ_SOCKETS && c->waker; i++)
+		zmq_woke |= c->zmq_fds[i] >= 0 && dp_waker_fired(c->waker, c->zmq_fds[i]);
+	if (zmq_woke || !c->waker)
+		c->next_zmq_look = 0;
+	else if (c->next_zmq_look)
+		c->next_zmq_look = dp_now_ns() + ZMQ_LOOK_NS;
 }
 
 /* --- setup and teardown --------------------------------------------------------------- */

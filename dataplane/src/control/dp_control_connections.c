@@ -21,8 +21,10 @@ int dp_control_poll_monitor(struct dp_control *c)
 	for (;;) {
 		uint8_t ev[6];
 		int n = zmq_recv(c->monitor, ev, sizeof(ev), ZMQ_DONTWAIT);
-		if (n < 0)
+		if (n < 0) {
+			c->zmq_unsure &= ~(1u << DP_ZMQ_MONITOR); /* its fd says "look" again */
 			break;
+		}
 		int more = 0;
 		size_t sz = sizeof(more);
 		zmq_getsockopt(c->monitor, ZMQ_RCVMORE, &more, &sz);

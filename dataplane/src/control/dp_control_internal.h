@@ -46,6 +46,11 @@ struct dp_outbox_entry {
 /* Failed layers whose missing ducks one Layers reply lists (the rest: failed, no list). */
 #define FAILED_LAYERS_LISTED 64
 
+/* The control agent's ZeroMQ sockets, as bits of zmq_unsure. */
+enum { DP_ZMQ_ROUTER, DP_ZMQ_MONITOR, DP_ZMQ_ZAP, DP_ZMQ_SOCKETS };
+
+struct dp_waker;
+
 struct dp_control {
 	struct dp_world *w;
 	void *zctx;
@@ -74,7 +79,19 @@ struct dp_control {
 	struct dp_stats_seg *stats; /* the stats segment: this agent is its only writer */
 	uint64_t next_stats;
 	uint64_t next_zmq_look; /* when the pass next asks ZeroMQ's sockets (dp_control.c) */
+	/* Parking without asking ZeroMQ (dp_control.c): the runner's waker, each socket's fd,
+	 * and which sockets' fds may not announce their next message (DP_ZMQ_*) */
+	const struct dp_waker *waker;
+	int zmq_fds[DP_ZMQ_SOCKETS];
+	uint32_t zmq_unsure;
 };
+
+/* A send on the router: libzmq may have taken the mailbox's signal for a message that
+ * came meanwhile, so its fd no longer says "look" for it (zmq_getsockopt(3), ZMQ_FD). */
+static inline void dp_control_router_sent(struct dp_control *c)
+{
+	c->zmq_unsure |= 1u << DP_ZMQ_ROUTER;
+}
 
 /* Every reply is packed by its generated encoder (dp_ctl_pack_*) into c->sbuf, emptied
  * first, then sent. */

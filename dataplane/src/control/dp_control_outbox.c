@@ -29,8 +29,10 @@ void dp_control_flush_outbox(struct dp_control *c)
 			DP_DEBUG("completion dropped: %s", zmq_strerror(errno));
 	}
 	dp_count(c->counters, DP_C_completions_sent, c->noutbox);
-	if (c->noutbox)
+	if (c->noutbox) {
 		dp_count(c->counters, DP_C_completion_flushes, 1);
+		dp_control_router_sent(c);
+	}
 	c->noutbox = 0;
 	c->outbox_used = 0;
 }

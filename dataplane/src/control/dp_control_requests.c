@@ -672,8 +672,10 @@ int dp_control_poll_requests(struct dp_control *c)
 	uint8_t id[256];
 	while (n < MAX_MESSAGES_PER_LOOP) {
 		int idlen = zmq_recv(c->router, id, sizeof(id), ZMQ_DONTWAIT);
-		if (idlen < 0)
+		if (idlen < 0) { /* it asked libzmq after the replies: the fd says "look" again */
+			c->zmq_unsure &= ~(1u << DP_ZMQ_ROUTER);
 			break;
+		}
 		int more;
 		size_t sz = sizeof(more);
 		zmq_getsockopt(c->router, ZMQ_RCVMORE, &more, &sz);

@@ -8,8 +8,6 @@
 #include <sys/eventfd.h>
 #include <time.h>
 
-#define MAX_EVENTS 16
-
 int dp_waker_init(struct dp_waker *wk)
 {
 	memset(wk, 0, sizeof(*wk));
@@ -44,7 +42,7 @@ int dp_waker_add(struct dp_waker *wk, int fd)
 
 void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns)
 {
-	struct epoll_event ev[MAX_EVENTS];
+	struct epoll_event ev[DP_WAKER_MAX_EVENTS];
 	struct timespec ts, *tp = NULL;
 	if (timeout_ns != DP_PARK_FOREVER) {
 		if (timeout_ns < 0)
@@ -61,7 +59,7 @@ void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns)
 	static int no_pwait2; /* every runner finds the same answer: a benign race */
 	int n = -1;
 	if (!__atomic_load_n(&no_pwait2, __ATOMIC_RELAXED)) {
-		n = epoll_pwait2(wk->epfd, ev, MAX_EVENTS, tp, NULL);
+		n = epoll_pwait2(wk->epfd, ev, DP_WAKER_MAX_EVENTS, tp, NULL);
 		if (n < 0 && (errno == ENOSYS || errno == EPERM)) {
 			__atomic_store_n(&no_pwait2, 1, __ATOMIC_RELAXED);
 			DP_WARN("epoll_pwait2: %s; parking with epoll_wait (millisecond timers)",
@@ -74,12 +72,16 @@ void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns)
 			int64_t r = timeout_ns / 1000000 + (timeout_ns % 1000000 != 0);
 			ms = r > INT_MAX ? INT_MAX : (int)r;
 		}
-		n = epoll_wait(wk->epfd, ev, MAX_EVENTS, ms);
+		n = epoll_wait(wk->epfd, ev, DP_WAKER_MAX_EVENTS, ms);
 	}
-	for (int i = 0; i < n; i++)
+	wk->nfired = n == DP_WAKER_MAX_EVENTS ? -1 : 0;
+	for (int i = 0; i < n; i++) {
 		if (ev[i].data.fd == wk->efd) {
 			uint64_t v;
 			(void)!read(wk->efd, &v, sizeof(v)); /* level-triggered: drain it */
 			dp_store_relaxed_u64(&wk->kicked, wk->kicked + 1);
 		}
+		if (wk->nfired >= 0)
+			wk->fired[wk->nfired++] = ev[i].data.fd;
+	}
 }

@@ -11,6 +11,7 @@
 #ifndef DP_WAKER_H
 #define DP_WAKER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -19,6 +20,8 @@
 
 /* An agent's park() answer: no timer of its own. */
 #define DP_PARK_FOREVER INT64_MAX
+/* Events one wait reports; more ready fds are seen by the next wait (level-triggered). */
+#define DP_WAKER_MAX_EVENTS 16
 
 struct dp_waker {
 	uint32_t sleeping dp_cache_aligned; /* the runner: 1 from its last look until it runs */
@@ -26,6 +29,10 @@ struct dp_waker {
 	int efd;                            /* kicked by other threads */
 	uint64_t parks;                     /* the runner's own: times it slept */
 	uint64_t kicked;                    /* wake-ups by a kick */
+	/* the fds the last wait returned for (none when it did not wait), so that an agent
+	 * looks only where something came: -1 in nfired when it cannot say (a full batch) */
+	int fired[DP_WAKER_MAX_EVENTS];
+	int nfired;
 };
 
 int dp_waker_init(struct dp_waker *wk);
@@ -35,6 +42,7 @@ int dp_waker_add(struct dp_waker *wk, int fd);
 /* The runner, about to park: from here on, producers kick. */
 static inline void dp_waker_arm(struct dp_waker *wk)
 {
+	wk->nfired = 0;
 	__atomic_store_n(&wk->sleeping, 1, __ATOMIC_RELAXED);
 	/* seq_cst: sleeping's store before the agents' last look at their rings */
 	dp_fence_seq_cst();
@@ -44,6 +52,16 @@ void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns);
 static inline void dp_waker_disarm(struct dp_waker *wk)
 {
 	__atomic_store_n(&wk->sleeping, 0, __ATOMIC_RELAXED);
+}
+/* After a park: may fd have woken it? (Also true when the wait could not say.) */
+static inline bool dp_waker_fired(const struct dp_waker *wk, int fd)
+{
+	if (wk->nfired < 0)
+		return true;
+	for (int i = 0; i < wk->nfired; i++)
+		if (wk->fired[i] == fd)
+			return true;
+	return false;
 }
 
 /* A producer on another thread, after its push (release): wake the runner if it parks.
