@@ -53,6 +53,7 @@ struct dp_dispatcher {
 	uint64_t deaf;        /* client slots whose pipe lost its last writer: never watched */
 	uint8_t rung[DOORBELL_READ]; /* what the doorbells carried, read and dropped */
 	bool armed;           /* need_wakeup is set in the clients' headers */
+	const struct dp_waker *waker; /* its runner's: did a doorbell wake it? */
 	uint32_t null_nics;   /* NICs on the null backend: no routed forwards there */
 };
 
@@ -518,6 +519,10 @@ void dp_dispatch_unpark(struct dp_world *w, void *self)
 		set_need_wakeup(d, 0); /* awake: clients need not ring */
 		d->armed = false;
 	}
+	/* woken by something else (a reply, ZeroMQ, a kick): no pipe to drain. One that rang
+	 * meanwhile stays readable and wakes the next park at once, drained then */
+	if (d->waker && !dp_waker_fired(d->waker, d->doorbells))
+		return;
 	/* what a doorbell carried is only that its client rang: the rings say the rest. One
 	 * read per ready pipe, of at most DOORBELL_READ bytes: a client that rings faster
 	 * only keeps the pipe readable (level-triggered: we look again on the next wake-up),
@@ -547,6 +552,7 @@ int dp_dispatch_wait_on(struct dp_world *w, void *self, struct dp_waker *wk)
 {
 	struct dp_dispatcher *d = self;
 	(void)w;
+	d->waker = wk;
 	return dp_waker_add(wk, d->doorbells);
 }
 
