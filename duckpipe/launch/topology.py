@@ -5,7 +5,8 @@
     threads = "shared"            # or "dedicated": one thread per agent, pinned to `cores`
                                   # (a dpdk NIC's worker: an EAL worker lcore, from -l/--lcores)
     idle = "backoff"              # spin | yield | backoff (spin, yield, then park on wake-ups)
-    idle_spin_us = 50             # backoff: spin this long after the last work before parking
+    idle_spin_us = 50             # backoff: spin this long after the last work (by yielding
+                                  # when `cores` did not pin the runner), yield as long, park
     completion_flush_us = 500     # ZeroMQ completions leave together, at most this late
     default_timeout_ms = 1000     # a forward's deadline unless the client sets one
     client_max_inflight = 64      # per client: forwards in flight (more wait in its ring)

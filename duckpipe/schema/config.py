@@ -66,7 +66,8 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     dedicated_threads: bool = False  # else every agent shares one thread
     cores: list[int] = []  # control, dispatcher, worker 0..: pin when >= 0
     idle: Literal["spin", "yield", "backoff"] = "backoff"
-    # backoff: spin this long after the last work, then yield as long again, then park
+    # backoff: spin this long after the last work (by yielding, when `cores` did not pin
+    # the runner: a client it woke there runs first), then yield as long again, then park
     # until a doorbell, a datagram or the next timer wakes it
     idle_spin_us: Annotated[int, Meta(ge=0, le=1_000_000)] = 50
     # ZeroMQ completions wait up to this long to leave together (32 at most): each send

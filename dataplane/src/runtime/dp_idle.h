@@ -1,6 +1,8 @@
 /* dp_idle.h: what a runner does after a loop that found no work (Aeron's idle
  * strategies). spin and yield never sleep; backoff spins, yields, then asks the
- * runner to park on its waker (dp_waker.h) until work, a datagram or a timer. */
+ * runner to park on its waker (dp_waker.h) until work, a datagram or a timer. A
+ * backoff runner without a core of its own (no `cores`, not an EAL lcore) spins by
+ * yielding (dp_idle.c). */
 #ifndef DP_IDLE_H
 #define DP_IDLE_H
 
@@ -14,10 +16,11 @@ struct dp_idle {
 	uint64_t spin_ns;      /* backoff: spin this long after the last work, yield as long */
 	uint64_t idle_since;   /* 0: the last loop did work */
 	bool woke;             /* backoff: parked last; no spin until a loop does work */
+	bool polite;           /* backoff: spin by yielding: the runner has no core of its own */
 };
 
 int dp_idle_parse(const char *name, enum dp_idle_kind *out);
-void dp_idle_init(struct dp_idle *s, enum dp_idle_kind kind, uint32_t spin_us);
+void dp_idle_init(struct dp_idle *s, enum dp_idle_kind kind, uint32_t spin_us, bool polite);
 /* work > 0 resets; else spin or yield once. True when the runner should park now. */
 bool dp_idle_idle(struct dp_idle *s, int work, uint64_t now);
 /* After a park. A wake-up whose first loop finds no work (a stray doorbell: anyone on

@@ -440,7 +440,9 @@ int main(int argc, char **argv)
 			workers[i - 2].lcore = runners[i].lcore;
 			workers[i - 2].cpu = cpus[0] && !*end ? (int)cpu : -1;
 		}
-		dp_idle_init(&runners[i].idle, world.cfg.idle, world.cfg.idle_spin_us);
+		/* a core of its own (cores, or an EAL lcore) spins; a shared one yields */
+		dp_idle_init(&runners[i].idle, world.cfg.idle, world.cfg.idle_spin_us,
+			     runners[i].core < 0 && runners[i].lcore < 0);
 		if (setup_runner(&runners[i]) < 0) {
 			fprintf(stderr, "duckpipe-dataplane: %s: %s\n", runners[i].name, dp_error());
 			return 1;
