@@ -45,7 +45,8 @@ int dp_ring_pop(struct dp_ring_header *r, const struct dp_desc *descs, uint32_t 
 int dp_slot_publish(struct dp_slot_header *h, const struct dp_slot_header *v,
                     uint32_t generation, uint32_t status);
 int dp_slot_phases(const struct dp_slot_header *h, uint32_t generation, uint64_t *out);
-uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uint64_t max_ns);
+uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uint64_t max_ns,
+                                  int polite);
 int dp_client_submit(const struct dp_seg_header *seg, struct dp_ring_header *r,
                      struct dp_desc *descs, uint32_t capacity, const struct dp_desc *d,
                      int doorbell_fd);
@@ -109,6 +110,7 @@ SOURCE = r"""
 #include "dp_fair_share.h"
 #include "dp_routing.h" /* MoE routing tables: the client's pack, the mock's check */
 
+#include <sched.h>
 static uint64_t dp_mono_ns(void)
 {
     struct timespec ts;
@@ -117,8 +119,10 @@ static uint64_t dp_mono_ns(void)
 }
 
 /* Spin until the done word carries `generation` with a final status, or max_ns pass.
- * Returns the last word read. */
-static uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uint64_t max_ns)
+ * Returns the last word read. polite: spin by yielding (a core shared with the
+ * dataplane or the model, which then run first). */
+static uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generation, uint64_t max_ns,
+                                         int polite)
 {
     uint64_t deadline = dp_mono_ns() + max_ns;
     for (unsigned i = 0;; i++) {
@@ -127,7 +131,10 @@ static uint64_t dp_spin_until_generation(const uint64_t *done, uint32_t generati
             return w;
         if ((i & 63) == 63 && dp_mono_ns() >= deadline)
             return w;
-        dp_cpu_relax();
+        if (polite)
+            sched_yield();
+        else
+            dp_cpu_relax();
     }
 }
 
@@ -170,11 +177,14 @@ static int dp_submit_template(const struct dp_submitter *s, const struct dp_desc
 }
 
 /* Wait for the slot's done word to carry `generation`: spin up to spin_ns, then sleep
- * on its futex up to sleep_ns more (0: don't). Returns the last word read. */
+ * on its futex up to sleep_ns more (0: don't). Returns the last word read. A wait that
+ * sleeps after its spin (hybrid) is one for a core shared with the dataplane: it spins
+ * by yielding, or its spin kept the dataplane that finishes the forward off the core
+ * (a one-duck forward's p50 114 -> 57 us; docs/benchmarks.md, issue 19 fourth round). */
 static uint64_t dp_wait_done(struct dp_slot_header *h, uint32_t generation, uint64_t spin_ns,
                              uint64_t sleep_ns)
 {
-    uint64_t w = spin_ns ? dp_spin_until_generation(&h->done, generation, spin_ns)
+    uint64_t w = spin_ns ? dp_spin_until_generation(&h->done, generation, spin_ns, sleep_ns != 0)
                          : dp_load_acquire_u64(&h->done);
     if ((uint32_t)(w >> 32) == generation || !sleep_ns)
         return w;
