@@ -14,14 +14,22 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-import psutil
 
 from ..launch.cluster import free_udp_ports
 from ..launch.dataplane import DataplaneProcess
 from ..launch.ducks import DucksProcess
 from ..launch.topology import Duck, Nic, Topology
 from . import baselines
-from .common import DUCKS_CPU, Progress, Size, Table, cpu_seconds, percentiles_us, pin
+from .common import (
+    DUCKS_CPU,
+    Progress,
+    Size,
+    Table,
+    cpu_seconds,
+    percentiles_us,
+    pin,
+    task_cpu_seconds,
+)
 
 __all__ = ["WAIT_MODES", "Config", "configs", "run", "run_duckpipe"]
 
@@ -110,11 +118,6 @@ def _topology(ducks: Sequence[tuple[int, int]], nbytes: int, **settings: object)
     )
 
 
-def _proc_cpu(p: psutil.Process) -> float:
-    t = p.cpu_times()
-    return t.user + t.system
-
-
 def run_duckpipe(
     ducks: Sequence[tuple[int, int]],
     hidden: int,
@@ -139,7 +142,6 @@ def run_duckpipe(
     slot = max(1 << 16, 1 << (nbytes - 1).bit_length())
     topo = topology or _topology(ducks, nbytes, **(settings or {}))
     with DataplaneProcess(topo, backend_args=backend_args) as dp:
-        dproc = psutil.Process(dp.pid)
         mlp = duckpipe.SwiGluMlp.random(hidden, 4 * len(ducks), seed=1)
         x = np.random.default_rng(0).standard_normal((rows, hidden)).astype(np.float32)
         for mode in modes:
@@ -149,7 +151,7 @@ def run_duckpipe(
                 cpu0 = dcpu0 = 0.0
                 for k in range(warmup + iters):
                     if k == warmup:
-                        cpu0, dcpu0 = cpu_seconds(), _proc_cpu(dproc)
+                        cpu0, dcpu0 = cpu_seconds(), task_cpu_seconds(dp.pid)
                     t0 = time.perf_counter_ns()
                     with c.claim(x.shape, x.dtype) as s:
                         s.array[:] = x
@@ -175,7 +177,7 @@ def run_duckpipe(
                         )
                     if k == warmup - 1:
                         n0 = c.stats().counters
-                cpu = cpu_seconds() - cpu0 + _proc_cpu(dproc) - dcpu0
+                cpu = cpu_seconds() - cpu0 + task_cpu_seconds(dp.pid) - dcpu0
                 n1 = c.stats().counters
                 c.unload_layer(1)
             diff = {k: n1.get(k, 0) - n0.get(k, 0) for k in COUNTERS}
@@ -255,8 +257,9 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         "Σ duck compute: the ducks' own compute added up; the emulator's reply spread is at "
         "least this (one thread computes the ducks in turn); the wire protocol carries no "
         "send timestamps, so the spread itself is not observed.",
-        "host CPU / fwd: user+system of this process (and of the dataplane for duckpipe rows; "
-        "the floor's own getrusage for C rows) over the timed forwards.",
+        "host CPU / fwd: user+system of this process (getrusage; for duckpipe rows with every "
+        "thread of the dataplane, from /proc/<pid>/task/*/schedstat in ns; the floor's own "
+        "getrusage for C rows) over the timed forwards.",
         "lost: ducks whose partial was not complete in time, over all forwards (baselines: "
         "0.5 s, no NACKs; duckpipe: the dataplane's 1 s deadline).",
     ]

@@ -34,7 +34,16 @@ from typing import Any
 
 import numpy as np
 
-from .common import CLIENT_CPU, DUCKS_CPU, Progress, Size, Table, percentiles_us, pin
+from .common import (
+    CLIENT_CPU,
+    DUCKS_CPU,
+    Progress,
+    Size,
+    Table,
+    percentiles_us,
+    pin,
+    task_cpu_seconds,
+)
 
 __all__ = [
     "NULL_MTU",
@@ -424,17 +433,6 @@ IDLE_COLUMNS = [
 ]
 
 
-def _task_cpu_s(pid: int) -> float:
-    """CPU time of every thread of pid, in seconds: the first field of
-    /proc/<pid>/task/*/schedstat (ns on the CPU, user + system), finer than stat's
-    utime + stime (10 ms ticks, too coarse for a few ms of parked work)."""
-    ns = 0
-    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ns += int(stat.read_text().split()[0])
-    return ns / 1e9
-
-
 def _wakeups(pid: int) -> int:
     """Context switches of every thread of pid: each park -> wake is at least one."""
     n = 0
@@ -479,17 +477,17 @@ def duckpipe_null_idle_rows(idle_s: float, n_rt: int) -> list[dict[str, object]]
                 pid, me = dp.proc.pid, os.getpid()
                 for _ in range(max(5, n_rt // 10)):
                     one()
-                cpu0 = _task_cpu_s(pid) + _task_cpu_s(me)
+                cpu0 = task_cpu_seconds(pid) + task_cpu_seconds(me)
                 warm = [one() for _ in range(n_rt)]
-                busy = _task_cpu_s(pid) + _task_cpu_s(me) - cpu0
+                busy = task_cpu_seconds(pid) + task_cpu_seconds(me) - cpu0
                 time.sleep(0.2)  # the dataplane's spin and yield after the last work
                 cpu0, wake0, t0 = (
-                    _task_cpu_s(pid) + _task_cpu_s(me),
+                    task_cpu_seconds(pid) + task_cpu_seconds(me),
                     _wakeups(pid),
                     time.monotonic(),
                 )
                 time.sleep(idle_s)
-                idle = _task_cpu_s(pid) + _task_cpu_s(me) - cpu0
+                idle = task_cpu_seconds(pid) + task_cpu_seconds(me) - cpu0
                 wakes, secs = _wakeups(pid) - wake0, time.monotonic() - t0
                 first = one() / 1e3
         p50 = percentiles_us(warm, (50,))[0]

@@ -8,12 +8,13 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from duckpipe.bench import SECTIONS, forward, forward_veth, ipc, pps
-from duckpipe.bench.common import Size, Table
+from duckpipe.bench.common import Size, Table, task_cpu_seconds
 from duckpipe.bench.report import DocError, doc_sections, section_markdown, update_doc
 from duckpipe.errors import DuckpipeError
 from duckpipe.launch.binaries import find_binary
@@ -316,3 +317,15 @@ def test_the_commit_is_the_checkouts_head_else_the_wheels_else_says_neither(tmp_
     built.GIT_COMMIT = ""  # built from a tree without git (an sdist)
     assert _git_commit(package).startswith("not a git checkout")
     assert _git_commit(tmp_path).startswith("not a git checkout")
+
+
+def test_another_process_cpu_is_counted_in_nanoseconds_not_ticks():
+    # the dataplane's CPU per forward: a quick run's few hundred forwards are tens of ms,
+    # and /proc/<pid>/stat's 10 ms ticks (psutil's cpu_times) put its share anywhere
+    # within +-10 ms. 4 ms of work must read as 4 ms, not 0 or 10
+    before = task_cpu_seconds(os.getpid())
+    end = time.thread_time() + 0.004
+    while time.thread_time() < end:
+        pass
+    spent = task_cpu_seconds(os.getpid()) - before
+    assert 0.0035 < spent < 0.009, spent
