@@ -480,3 +480,24 @@ def test_a_runner_without_a_core_of_its_own_spins_by_yielding(duckpipe_null_fact
         assert ran > 0.5 * hogged, (ran, hogged)
     else:  # it let the other run whenever it looked
         assert ran < 0.1 * hogged, (ran, hogged)
+
+
+def test_a_runner_kept_from_sleeping_still_answers_control(duckpipe_null_factory):
+    # More connections than attached clients (and a few tools) keep the control agent
+    # from parking (a flood must be shut down as it comes). Each pass then ends in a park
+    # that does not sleep; one that put ZeroMQ's next look off each time answered nothing
+    # here (a look is skipped after a sleep that ZeroMQ's fd did not end, never after none)
+    dp = duckpipe_null_factory(1)
+    ctx = zmq.Context()
+    peers = [ctx.socket(zmq.DEALER) for _ in range(20)]
+    try:
+        for s in peers:
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(dp.control)
+        time.sleep(0.3)  # accepted, counted
+        for _ in range(5):
+            assert duckpipe.launch.process.ping(dp.control, 2.0) is not None
+    finally:
+        for s in peers:
+            s.close()
+        ctx.term()

@@ -192,17 +192,25 @@ int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now)
 	return next > now ? (int64_t)(next - now) : 0;
 }
 
-/* Woken by ZeroMQ's fd: look in the first pass. Woken by anything else (a doorbell, a
- * reply, a kick), ZeroMQ has nothing new: every socket was asked or faithful when it
- * parked, so the pass keeps to its 50 us, unless a look was already asked for (0). */
+/* After a sleep woken by ZeroMQ's fd: look in the first pass. Woken by anything else (a
+ * doorbell, a reply, a kick), ZeroMQ has nothing new: every socket was asked or
+ * faithful when it slept, so the pass keeps to its 50 us, unless a look was already
+ * asked for (0). A park that did not sleep (an agent had work) changes nothing: were it
+ * to put the look off, a runner kept from sleeping (a connection flood) would put it
+ * off for ever, and answer no request (tests/hostile: a ping after 20 idle peers). */
 void dp_control_unpark(struct dp_world *w, void *self)
 {
 	struct dp_control *c = self;
 	(void)w;
+	if (!c->waker || !c->waker->waited) {
+		if (!c->waker)
+			c->next_zmq_look = 0;
+		return;
+	}
 	bool zmq_woke = false;
-	for (uint32_t i = 0; i < DP_ZMQ_SOCKETS && c->waker; i++)
+	for (uint32_t i = 0; i < DP_ZMQ_SOCKETS; i++)
 		zmq_woke |= c->zmq_fds[i] >= 0 && dp_waker_fired(c->waker, c->zmq_fds[i]);
-	if (zmq_woke || !c->waker)
+	if (zmq_woke)
 		c->next_zmq_look = 0;
 	else if (c->next_zmq_look)
 		c->next_zmq_look = dp_now_ns() + ZMQ_LOOK_NS;

@@ -52,6 +52,7 @@ void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns)
 		tp = &ts;
 	}
 	dp_store_relaxed_u64(&wk->parks, wk->parks + 1); /* Stats reads it */
+	wk->waited = true;
 	/* epoll_pwait2: a nanosecond timeout (epoll_wait's is in ms: a NACK timer of 300 us
 	 * would sleep a whole millisecond). Kernels before 5.11 say ENOSYS, seccomp profiles
 	 * that predate it EPERM: then epoll_wait, its timeout rounded up (never early: a

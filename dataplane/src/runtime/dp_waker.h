@@ -29,8 +29,10 @@ struct dp_waker {
 	int efd;                            /* kicked by other threads */
 	uint64_t parks;                     /* the runner's own: times it slept */
 	uint64_t kicked;                    /* wake-ups by a kick */
-	/* the fds the last wait returned for (none when it did not wait), so that an agent
-	 * looks only where something came: -1 in nfired when it cannot say (a full batch) */
+	/* Whether the last park slept (every agent's park() said nothing to do), and for
+	 * which fds it woke, so that an agent looks only where something came: -1 in nfired
+	 * when it cannot say (a full batch) */
+	bool waited;
 	int fired[DP_WAKER_MAX_EVENTS];
 	int nfired;
 };
@@ -42,6 +44,7 @@ int dp_waker_add(struct dp_waker *wk, int fd);
 /* The runner, about to park: from here on, producers kick. */
 static inline void dp_waker_arm(struct dp_waker *wk)
 {
+	wk->waited = false;
 	wk->nfired = 0;
 	__atomic_store_n(&wk->sleeping, 1, __ATOMIC_RELAXED);
 	/* seq_cst: sleeping's store before the agents' last look at their rings */
@@ -53,7 +56,8 @@ static inline void dp_waker_disarm(struct dp_waker *wk)
 {
 	__atomic_store_n(&wk->sleeping, 0, __ATOMIC_RELAXED);
 }
-/* After a park: may fd have woken it? (Also true when the wait could not say.) */
+/* After a park that slept (waited): may fd have woken it? (Also true when the wait
+ * could not say.) */
 static inline bool dp_waker_fired(const struct dp_waker *wk, int fd)
 {
 	if (wk->nfired < 0)
