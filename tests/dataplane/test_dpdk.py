@@ -38,7 +38,7 @@ from duckpipe import GeluMlp, runtime
 from duckpipe.errors import DuckpipeError, ForwardTimeout, WaitTimeout
 from duckpipe.launch.binaries import find_binary
 from duckpipe.launch.dataplane import DataplaneProcess
-from duckpipe.launch.process import control_request, stop_process
+from duckpipe.launch.process import control_request, ping, stop_process
 from duckpipe.launch.topology import Duck, Nic, Topology
 from duckpipe.schema import control as ctl
 
@@ -329,12 +329,25 @@ def test_client_segments_are_registered_with_dpdk_and_again_after_detach(backing
             _register_again_and_again(dp, backing, iova)
 
 
+def _unregistered(dp: DataplaneProcess, value: int, timeout: float = 5.0) -> None:
+    """Wait until the dataplane has let go of `value` clients' segments: their address
+    ranges are free for the next mapping (housekeeping starts an unmap up to 50 ms after a
+    detach; a client attaching before then maps elsewhere)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = ping(dp.control, 1.0)
+        if stats is not None and stats.counters["extmem_unregistered"] >= value:
+            return
+        time.sleep(0.02)
+
+
 def _register_again_and_again(dp: DataplaneProcess, backing: str, iova: str) -> None:
     mlp = GeluMlp.random(256, 32, seed=7)
     for k in range(4):
         with duckpipe.connect(dp.control, backing=backing) as c:
             c.load_weights(1, mlp)
             _check_forwards(c, mlp, 3, seed=k)
+        _unregistered(dp, k + 1)
     with duckpipe.connect(dp.control, backing=backing) as c:
         n = _wait_counter(c, "extmem_unregistered", 4)
         c.load_weights(1, mlp)
