@@ -59,6 +59,8 @@ CLIENT_CPU, DATAPLANE_CPU = 0, 1
 LAYER = 1
 
 
+# duckpipe.bench.common.task_cpu_seconds does this too; this tool also runs under an
+# older build's python (--ab, --instructions), whose duckpipe may not have it
 def _task_cpu_ns(pid: int | str) -> int:
     ns = 0
     for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
@@ -90,6 +92,8 @@ def measure(
         with duckpipe.connect(dp.control, wait=wait, slots=8, slot_size=4096) as c:
             c.load_weights(LAYER, duckpipe.SwiGluMlp.random(hidden, 8, seed=1), progress=False)
 
+            # each loop written out as its caller writes it, not built from a shared
+            # helper: callgrind counts every call, and a helper's would be in all of them
             def one() -> None:
                 with c.claim(x.shape, x.dtype) as slot:
                     slot.array[:] = x
