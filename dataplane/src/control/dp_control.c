@@ -45,8 +45,8 @@
  * getpid() (zmq_recv's process_commands is not throttled): three sockets, six syscalls a
  * pass, 160 a forward while the runner spun between a send and its reply (docs/
  * benchmarks.md, CPU per forward). Control is not latency-critical: while nothing comes,
- * the pass asks at most this often; at once after a park (ZeroMQ's fd may have woken
- * it) and again the next pass after one that found something. */
+ * the pass asks at most this often; at once after a sleep ZeroMQ's fd ended
+ * (dp_control_unpark) and again the next pass after one that found something. */
 #define ZMQ_LOOK_NS 50000ull /* 50 us */
 
 const char *const dp_counter_names[DP_NCOUNTERS] = {
@@ -202,11 +202,8 @@ void dp_control_unpark(struct dp_world *w, void *self)
 {
 	struct dp_control *c = self;
 	(void)w;
-	if (!c->waker || !c->waker->waited) {
-		if (!c->waker)
-			c->next_zmq_look = 0;
+	if (!c->waker->waited) /* set by wait_on, before any park */
 		return;
-	}
 	bool zmq_woke = false;
 	for (uint32_t i = 0; i < DP_ZMQ_SOCKETS; i++)
 		zmq_woke |= c->zmq_fds[i] >= 0 && dp_waker_fired(c->waker, c->zmq_fds[i]);

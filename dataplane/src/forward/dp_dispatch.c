@@ -521,7 +521,7 @@ void dp_dispatch_unpark(struct dp_world *w, void *self)
 	}
 	/* slept and woken by something else (a reply, ZeroMQ, a kick): no pipe to drain.
 	 * One that rang meanwhile stays readable and wakes the next park at once */
-	if (d->waker && d->waker->waited && !dp_waker_fired(d->waker, d->doorbells))
+	if (d->waker->waited && !dp_waker_fired(d->waker, d->doorbells)) /* waker: wait_on's */
 		return;
 	/* what a doorbell carried is only that its client rang: the rings say the rest. One
 	 * read per ready pipe, of at most DOORBELL_READ bytes: a client that rings faster
