@@ -3,7 +3,8 @@
  *   dp_backend_dpdk.c  the ops table: open (port, mbuf pool, queues), close
  *   dp_dpdk_eal.c      rte_eal_init / rte_eal_cleanup, once per process
  *   dp_dpdk_arp.c      the ducks' MACs: ARP requests, replies, learning
- *   dp_dpdk_tx.c       frames from dp_tx messages, tx bursts
+ *   dp_dpdk_tx.c       frames from dp_tx messages
+ *   dp_dpdk_txq.c      the transmit queue: tx bursts, the worker's reclaim
  *   dp_dpdk_zc.c       zero copy: client memory as external buffers, their release
  *   dp_dpdk_mem.c      client segments registered with DPDK (extmem, DMA mapping)
  *   dp_dpdk_rx.c       rx bursts: Ethernet/IPv4/UDP parsed, payloads handed up
@@ -179,10 +180,14 @@ void dp_dpdk_link_poll(struct dp_backend *b, struct dpdk_priv *p, uint64_t now);
 void dp_dpdk_link_close(struct dpdk_priv *p);
 
 /* dp_dpdk_tx.c */
+uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n);
+
+/* dp_dpdk_txq.c: the frames for the next rte_eth_tx_burst (push flushes a full queue),
+ * and the worker's reclaim (dp_backend_ops.tx_reclaim) */
 void dp_dpdk_txq_push(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf *m,
 		      uint32_t udp_payload);
 void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p);
-uint32_t dp_dpdk_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n);
+void dp_dpdk_tx_reclaim(struct dp_backend *b);
 
 /* dp_dpdk_zc.c */
 struct rte_eth_dev_info;
@@ -194,8 +199,8 @@ void dp_dpdk_zc_close(struct dpdk_priv *p);
 struct rte_mbuf *dp_dpdk_zc_attach(struct dpdk_priv *p, struct dp_tx_owner *owner,
 				   const uint8_t *from, uint16_t len);
 void dp_dpdk_zc_reclaim(struct dp_backend *b, struct dpdk_priv *p, uint16_t sent);
+void dp_dpdk_zc_release_due(struct dpdk_priv *p);
 void dp_dpdk_zc_txconf(const struct dpdk_priv *p, struct rte_eth_txconf *txq, uint16_t ntx);
-void dp_dpdk_tx_reclaim(struct dp_backend *b);
 
 /* dp_dpdk_mem.c (and dp_backend.h: dp_dpdk_mem_register / unregister) */
 void dp_dpdk_mem_add_port(uint16_t port, struct rte_device *dev);

@@ -1,4 +1,5 @@
-/* dp_dpdk_tx.c: frames from dp_tx messages, tx bursts (dp_backend_dpdk.c says how).
+/* dp_dpdk_tx.c: frames from dp_tx messages, handed to the transmit queue (dp_dpdk_txq.c;
+ * dp_backend_dpdk.c says how).
  *
  * Per frame, the least work that keeps every frame's checksums right:
  *   - mbufs come BURST at a time (rte_mempool_get_bulk), not one by one, each set up
@@ -32,7 +33,6 @@
 #include <arpa/inet.h>
 #include <string.h>
 
-#include <rte_errno.h>
 #include <rte_ethdev.h>
 #include <rte_prefetch.h>
 
@@ -43,98 +43,6 @@
 #define ETH_OFF 0u
 #define IP_OFF RTE_ETHER_HDR_LEN
 #define UDP_OFF (IP_OFF + (uint32_t)sizeof(struct rte_ipv4_hdr))
-
-/* --- tx bursts ---------------------------------------------------------------------- */
-
-/* txq[i] out of txq, freed (the frames behind it move up), and off the counts. */
-static void txq_drop(struct dpdk_priv *p, uint16_t i)
-{
-	rte_pktmbuf_free(p->txq[i]);
-	if (p->txq_len[i]) {
-		p->txq_datagrams--;
-		p->txq_bytes -= p->txq_len[i];
-	}
-	p->ntxq--;
-	memmove(p->txq + i, p->txq + i + 1, (size_t)(p->ntxq - i) * sizeof(p->txq[0]));
-	memmove(p->txq_len + i, p->txq_len + i + 1, (size_t)(p->ntxq - i) * sizeof(p->txq_len[0]));
-}
-
-/* rte_eth_tx_prepare over txq where the port offloads checksums: the driver checks (and
- * fixes up) each frame's offload fields for its hardware; a frame it refuses is dropped
- * and counted as a tx_error. Returns those refused. */
-static uint16_t txq_prepare(struct dp_backend *b, struct dpdk_priv *p)
-{
-	uint16_t ok = 0, refused = 0;
-	while (ok < p->ntxq) {
-		ok += rte_eth_tx_prepare(p->port, 0, p->txq + ok, p->ntxq - ok);
-		if (ok == p->ntxq)
-			break;
-		if (!refused)
-			DP_DEBUG("nic %s: rte_eth_tx_prepare refused a frame: %s, port=%u",
-				 b->cfg->name, rte_strerror(rte_errno), p->port);
-		txq_drop(p, ok);
-		refused++;
-	}
-	return refused;
-}
-
-/* rte_eth_tx_burst what txq holds; retries while the port makes progress, then drops.
- * tx_packets and tx_bytes count the datagrams the port took, exactly. */
-void dp_dpdk_txq_flush(struct dp_backend *b, struct dpdk_priv *p)
-{
-	if (dp_backend_link_down(b)) { /* nothing goes out: af_packet would take the frames,
-					* count them in its oerrors and report them sent */
-		rte_pktmbuf_free_bulk(p->txq, p->ntxq);
-		if (p->txq_datagrams)
-			dp_count(b->counters, DP_C_tx_link_down, p->txq_datagrams);
-		dp_dpdk_zc_reclaim(b, p, 0);
-		p->ntxq = 0;
-		p->txq_datagrams = 0;
-		p->txq_bytes = 0;
-		return;
-	}
-	uint64_t errors = p->tx_cksum_offload ? txq_prepare(b, p) : 0;
-	uint16_t n = p->ntxq, sent = n ? rte_eth_tx_burst(p->port, 0, p->txq, n) : 0;
-	for (int tries = 0; sent < n && tries < TX_RETRIES;) {
-		uint16_t k = rte_eth_tx_burst(p->port, 0, p->txq + sent, n - sent);
-		sent += k;
-		tries = k ? 0 : tries + 1;
-	}
-	uint16_t datagrams = p->txq_datagrams;
-	uint64_t bytes = p->txq_bytes;
-	if (sent < n) {
-		for (uint16_t i = sent; i < n; i++)
-			if (p->txq_len[i]) {
-				datagrams--;
-				bytes -= p->txq_len[i];
-			}
-		rte_pktmbuf_free_bulk(p->txq + sent, n - sent);
-		errors += n - sent;
-	}
-	if (errors)
-		dp_count(b->counters, DP_C_tx_errors, errors);
-	dp_dpdk_zc_reclaim(b, p, sent);
-	if (datagrams) {
-		dp_count(b->counters, DP_C_tx_packets, datagrams);
-		dp_count(b->counters, DP_C_tx_bytes, bytes);
-	}
-	p->ntxq = 0;
-	p->txq_datagrams = 0;
-	p->txq_bytes = 0;
-}
-
-void dp_dpdk_txq_push(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf *m,
-		      uint32_t udp_payload)
-{
-	p->txq_len[p->ntxq] = udp_payload;
-	p->txq[p->ntxq++] = m;
-	if (udp_payload) {
-		p->txq_datagrams++;
-		p->txq_bytes += udp_payload;
-	}
-	if (p->ntxq == BURST)
-		dp_dpdk_txq_flush(b, p);
-}
 
 /* --- headers ------------------------------------------------------------------------ */
 

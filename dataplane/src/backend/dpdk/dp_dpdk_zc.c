@@ -115,6 +115,13 @@ static void release_holds(struct dpdk_priv *p, bool force)
 	}
 }
 
+/* The test knob's holds that are due (dp_dpdk_tx_reclaim, while a part waits). */
+void dp_dpdk_zc_release_due(struct dpdk_priv *p)
+{
+	if (p->zc_hold)
+		release_holds(p, false);
+}
+
 void dp_dpdk_zc_close(struct dpdk_priv *p)
 {
 	if (p->zc_hold)
@@ -174,53 +181,6 @@ void dp_dpdk_zc_txconf(const struct dpdk_priv *p, struct rte_eth_txconf *txq, ui
 		return;
 	txq->tx_rs_thresh = FLUSH_FRAMES;
 	txq->tx_free_thresh = (uint16_t)(ntx - FLUSH_FRAMES);
-}
-
-/* The flush burst (see the top): FLUSH_FRAMES minimal frames to the port's own MAC. */
-static void flush_burst(struct dp_backend *b, struct dpdk_priv *p)
-{
-	if (p->ntxq)
-		dp_dpdk_txq_flush(b, p);
-	uint32_t n = 0;
-	for (; n < FLUSH_FRAMES; n++) {
-		struct rte_mbuf *m = rte_pktmbuf_alloc(p->pool);
-		if (!m)
-			break;
-		struct rte_ether_hdr *eth =
-			(struct rte_ether_hdr *)rte_pktmbuf_append(m, RTE_ETHER_MIN_LEN - RTE_ETHER_CRC_LEN);
-		memset(eth, 0, RTE_ETHER_MIN_LEN - RTE_ETHER_CRC_LEN);
-		rte_ether_addr_copy(&p->mac, &eth->dst_addr);
-		rte_ether_addr_copy(&p->mac, &eth->src_addr);
-		eth->ether_type = rte_cpu_to_be_16(FLUSH_ETHERTYPE);
-		dp_dpdk_txq_push(b, p, m, 0);
-	}
-	if (p->ntxq)
-		dp_dpdk_txq_flush(b, p);
-	dp_count(b->counters, DP_C_tx_flush_frames, n);
-}
-
-/* The worker, while a part waits for its buffers (dp_backend_ops.tx_reclaim): ask the
- * port to free what it sent. rte_eth_tx_done_cleanup where the PMD has it; a tx_burst of
- * nothing makes some PMDs look at their completions too. */
-void dp_dpdk_tx_reclaim(struct dp_backend *b)
-{
-	struct dpdk_priv *p = b->priv;
-	if (p->zc_hold)
-		release_holds(p, false);
-	if (!__atomic_load_n(&p->zc_out, __ATOMIC_RELAXED))
-		return;
-	(void)rte_eth_tx_done_cleanup(p->port, 0, 0);
-	(void)rte_eth_tx_burst(p->port, 0, NULL, 0);
-	/* still held, and the port idle past the bound: what it holds may never have been
-	 * reported done; traffic makes it report. One flush per idle spell: one RS interval
-	 * past the held descriptors reports them all, and a NIC still sending them (or the
-	 * "forever" knob) is not flooded */
-	if (__atomic_load_n(&p->zc_out, __ATOMIC_RELAXED) && p->zc_frames_sent != p->zc_flushed_at &&
-	    dp_now_ns() - p->zc_last_tx_ns >= p->zc_hold_max_ns) {
-		flush_burst(b, p);
-		p->zc_flushed_at = p->zc_frames_sent;
-		(void)rte_eth_tx_done_cleanup(p->port, 0, 0);
-	}
 }
 
 /* An mbuf whose data is len bytes of client memory at from (not copied), counted on
