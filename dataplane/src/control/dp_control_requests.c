@@ -182,6 +182,7 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 	cl->identity_len = p->idlen;
 	snprintf(cl->name, sizeof(cl->name), "%s", m->name);
 	cl->attach_rid = p->rid;
+	cl->attach_ns = dp_now_ns();
 	/* faulted in by dp_control_attach_steps, a step per pass, and answered when done */
 	dp_store_release_u32(&cl->state, DP_CLIENT_ATTACHING);
 	DP_DEBUG("client %u (pid %u uid %u, %s): attaching %s (%s), %zu bytes", cl->id, p->pid,
