@@ -52,8 +52,10 @@ from ..schema.abi import (
     B_DOWN_TENSOR,
     MAX_CLIENTS,
     MAX_DUCKS,
+    MOE_LAYER_STATE_BYTES,
     SHARD_TENSORS,
     DetachReason,
+    MlpKind,
     Op,
     Status,
     tensor_shape,
@@ -808,6 +810,9 @@ class MockDataplane:
         shapes = [_tensor_shapes(msg.kind, msg.hidden, f) for f in msg.shard_sizes]
         weight_bytes = item * sum(int(np.prod(s)) for plan in shapes for s in plan)
         weight_bytes += 8 * msg.hidden if msg.has_b_down else 0  # as the C dataplane counts
+        # a MoE layer's placement and state, as dp_layer_plan_bytes counts them
+        state = MOE_LAYER_STATE_BYTES if msg.kind == MlpKind.MOE else 0
+        weight_bytes += state
         mine = [la for la in self.layers.values() if la.owner == me.id and la is not prev]
         held = sum(la.weight_bytes for la in mine)
         if (
@@ -815,9 +820,12 @@ class MockDataplane:
             or held + weight_bytes > cfg.client_max_weight_bytes
         ):
             self.counters["quota_refused"] += 1
+            what = f"{weight_bytes} bytes"
+            if state:
+                what += f": its weights and {state} of MoE placement and state"
             raise _Refused(
                 ErrorCode.QUOTA_EXCEEDED,
-                f"layer {msg.layer} ({weight_bytes} bytes) would pass this client's quota: "
+                f"layer {msg.layer} ({what}) would pass this client's quota: "
                 f"{len(mine)} of {cfg.client_max_layers} layers, {held} of "
                 f"{cfg.client_max_weight_bytes} weight bytes held; unload layers first",
             )
