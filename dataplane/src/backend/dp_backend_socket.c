@@ -15,14 +15,13 @@
  *
  * The host port is open to every local user: a flood of junk once cost the worker
  * 3.3 CPU-s per 5 s, each datagram a wake-up and an rx_malformed. A classic BPF filter
- * (attach_duck_filter) lets through only datagrams whose source address and port are
+ * (dp_duck_filter.h) lets through only datagrams whose source address and port are
  * one of this NIC's ducks', so the kernel drops the rest before anyone wakes. It
  * counts them in the socket's drops, which SO_RXQ_OVFL reports with the next datagram
  * that is let through: rxq_overflows then holds them too (the kernel keeps one count
  * for both; no per-socket count tells a full buffer from a refusal).
  */
 #include <errno.h>
-#include <linux/filter.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
@@ -33,6 +32,7 @@
 
 #include "dp_backend.h"
 #include "dp_common.h"
+#include "dp_duck_filter.h"
 #include "dp_gro.h"
 #include "dp_udp.h"
 
@@ -69,66 +69,13 @@ static int set_int(int fd, int level, int opt, int val, const char *name)
 	return 0;
 }
 
-/* --- the kernel filter: only this NIC's ducks ------------------------------------------ */
-
-/* Header 3, per source address 4, per duck of it 2, the final refusal 1 */
-#define FILTER_MAX (3 + 6 * DP_MAX_DUCKS + 1)
-_Static_assert(FILTER_MAX <= BPF_MAXINSNS, "a filter of every duck fits the kernel's limit");
-
-#define FILTER_KEEP 0xFFFFFFFFu /* the whole datagram */
-
-static uint32_t filter_put(struct sock_filter *f, uint32_t n, uint16_t code, uint8_t jt,
-			   uint8_t jf, uint32_t k)
-{
-	f[n] = (struct sock_filter){ .code = code, .jt = jt, .jf = jf, .k = k };
-	return n + 1;
-}
-
-/* The program: X = the UDP source port (at the filter, a UDP socket's skb starts at the
- * UDP header), A = the IPv4 source address (SKF_NET_OFF: the network header); then per
- * distinct duck address, if A matches, keep the datagram when its port is one of that
- * address's ducks' and refuse it otherwise; no address matched: refuse. Conditional
- * jumps reach 255 instructions at most: the skip to the next address is a BPF_JA
- * (32-bit), and each keep is a return in place. Ports and addresses in host order, as
- * BPF_ABS loads them. How many instructions, at most FILTER_MAX. */
-static uint32_t build_duck_filter(const struct dp_config *cfg, uint32_t nic, struct sock_filter *f)
-{
-	uint32_t n = 0;
-	n = filter_put(f, n, BPF_LD | BPF_H | BPF_ABS, 0, 0, 0);
-	n = filter_put(f, n, BPF_MISC | BPF_TAX, 0, 0, 0);
-	n = filter_put(f, n, BPF_LD | BPF_W | BPF_ABS, 0, 0, (uint32_t)SKF_NET_OFF + 12);
-	for (uint32_t i = 0; i < cfg->nducks; i++) {
-		const struct dp_duck_cfg *d = &cfg->ducks[i];
-		bool first = d->nic == nic;
-		for (uint32_t j = 0; j < i && first; j++)
-			first = !(cfg->ducks[j].nic == nic &&
-				  cfg->ducks[j].addr.sin_addr.s_addr == d->addr.sin_addr.s_addr);
-		if (!first)
-			continue; /* its address has its block already */
-		uint32_t at = n;
-		n = filter_put(f, n, BPF_JMP | BPF_JEQ | BPF_K, 1, 0, ntohl(d->addr.sin_addr.s_addr));
-		n = filter_put(f, n, BPF_JMP | BPF_JA, 0, 0, 0); /* k: past the block, below */
-		n = filter_put(f, n, BPF_MISC | BPF_TXA, 0, 0, 0);
-		for (uint32_t j = i; j < cfg->nducks; j++)
-			if (cfg->ducks[j].nic == nic &&
-			    cfg->ducks[j].addr.sin_addr.s_addr == d->addr.sin_addr.s_addr) {
-				n = filter_put(f, n, BPF_JMP | BPF_JEQ | BPF_K, 0, 1,
-					       ntohs(cfg->ducks[j].addr.sin_port));
-				n = filter_put(f, n, BPF_RET | BPF_K, 0, 0, FILTER_KEEP);
-			}
-		n = filter_put(f, n, BPF_RET | BPF_K, 0, 0, 0); /* a duck's address, no duck's port */
-		f[at + 1].k = n - (at + 2);
-	}
-	return filter_put(f, n, BPF_RET | BPF_K, 0, 0, 0);
-}
-
 /* Before bind: no datagram is queued that the filter would have refused. A kernel that
  * refuses the filter leaves the worker to drop junk itself (rx_malformed, logged). */
 static void attach_duck_filter(struct dp_backend *b, int fd)
 {
-	static struct sock_filter code[FILTER_MAX]; /* open runs on one thread, at start */
+	static struct sock_filter code[DP_DUCK_FILTER_MAX]; /* open runs on one thread, at start */
 	struct sock_fprog prog = { .filter = code };
-	prog.len = (unsigned short)build_duck_filter(b->config, b->nic, code);
+	prog.len = (unsigned short)dp_duck_filter_build(b->config, b->nic, code);
 	if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog)) < 0) {
 		DP_WARN("nic %s: SO_ATTACH_FILTER (%u instructions): %s; datagrams from others "
 			"than its ducks reach the worker", b->cfg->name, prog.len, strerror(errno));
