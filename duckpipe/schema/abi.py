@@ -48,6 +48,7 @@ __all__ = [
     "MAX_DIMS",
     "MAX_DUCKS",
     "MAX_NICS",
+    "MOE_LAYER_STATE_BYTES",
     "SEG_MAGIC",
     "SHARD_TENSORS",
     "TENSOR_NAMES",
@@ -83,6 +84,11 @@ MAX_NICS = 8  # NICs (and NIC workers) of one dataplane
 # config's client_max_layers, which the dataplane checks at start, so that clients at
 # their quota can never fill it for the others.
 LAYER_TABLE = 8192
+# What a mixture-of-experts layer holds in the dataplane besides its weights: its
+# placement and bank slots (struct dp_layer_moe, ~34 KiB) and the layer's own state
+# (struct dp_layer, ~15 KiB). Both dataplanes count it against the owner's
+# client_max_weight_bytes (dp_layer_plan_bytes; the C build asserts the structs fit in it).
+MOE_LAYER_STATE_BYTES = 48 << 10
 
 
 class Backing(enum.IntEnum):
@@ -374,6 +380,7 @@ CONSTANTS: dict[str, int] = {
     "MAX_CLIENTS": MAX_CLIENTS,
     "MAX_NICS": MAX_NICS,
     "LAYER_TABLE": LAYER_TABLE,
+    "MOE_LAYER_STATE_BYTES": MOE_LAYER_STATE_BYTES,
     "SHARD_TENSORS": SHARD_TENSORS,
     "B_DOWN_TENSOR": B_DOWN_TENSOR,
 }

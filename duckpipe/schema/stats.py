@@ -201,6 +201,14 @@ COUNTERS: tuple[Counter, ...] = (
         "completion_flushes_wanted",
         "of those, sent at once: a client waited for one (completions_wanted)",
     ),
+    Counter(
+        "client_clock_implausible",
+        "submit stamps after pickup or before the client attached: its prepare_ns is 0",
+    ),
+    Counter(
+        "rx_duck_filters",
+        "socket: kernel filters admitting only the NIC's ducks (what they refuse: rxq_overflows)",
+    ),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

@@ -333,14 +333,17 @@ def test_without_epoll_pwait2_an_idle_dataplane_still_sleeps(
 
 @pytest.mark.parametrize("threads", ["shared", "dedicated"])
 def test_junk_datagrams_cost_one_look_not_a_spin(threads):
-    # whoever reaches the NIC's port (the network, any local user) wakes a parked worker;
-    # a datagram the worker drops (malformed, unknown sender, stale) is no work, so the
+    # junk from a duck's address and port (the socket's kernel filter drops any other's
+    # before it wakes anyone: test_hostile_local_user.py) wakes a parked worker; a
+    # datagram the worker drops (malformed, unknown sender, stale) is no work, so the
     # runner parks again at once instead of spinning for replies that will not come
     from duckpipe.launch.cluster import Cluster
 
-    with Cluster(2, threads=threads) as cl:
+    with Cluster(2, threads=threads, emulators=2) as cl:
         port = cl.host_ports[0]
+        cl.emulators[1].stop()  # duck 1's address is free: the junk comes from there
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", cl.duck_base + 1))
         time.sleep(0.3)
         first = duckpipe.launch.process.ping(cl.control).counters
         cpu = _cpu_s(cl.dataplane.pid)

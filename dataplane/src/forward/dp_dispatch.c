@@ -293,6 +293,8 @@ static void dispatch(struct dp_dispatcher *d, struct dp_client *c, const struct 
 {
 	struct dp_fwd *f = dp_fwd_alloc(&d->pool, c, desc, now);
 	dp_count(d->counters, DP_C_descriptors, 1);
+	if (!dp_fwd_client_prepare(f))
+		dp_count(d->counters, DP_C_client_clock_implausible, 1);
 	if (desc->slot >= c->layout.slot_count) {
 		complete(d, f, DP_STATUS_BAD_REQUEST, "slot %u is out of range", desc->slot);
 		return;
