@@ -201,6 +201,11 @@ COUNTERS: tuple[Counter, ...] = (
         "completion_flushes_wanted",
         "of those, sent at once: a client waited for one (completions_wanted)",
     ),
+    Counter("doorbells_idle", "doorbell rings heard that brought no new descriptor"),
+    Counter(
+        "doorbell_rate_limited",
+        "times a client's doorbell was muted for ringing with nothing new (dp_dispatch.c)",
+    ),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)
