@@ -387,31 +387,34 @@ static int32_t take(struct dp_dispatcher *d, struct dp_client *c, uint32_t room)
 /* --- doorbells: each client's pipe, in the set the dispatcher sleeps on ------------- */
 
 /* Empty a ready doorbell whole: its bytes say only that its client rang, the ring says
- * the rest. Spliced into /dev/null, which drops the pipe's pages without copying them, so
- * a pipe enlarged to 1 MiB (F_SETPIPE_SZ) and kept full with tee(2), page references and
- * no copy, costs us about what filling it cost the client; one read of DOORBELL_READ a
+ * the rest. A well-behaved client rang a byte or a few: one read takes them. More than a
+ * read's worth goes into /dev/null by splice, which drops the pipe's pages without copying
+ * them, so a pipe enlarged to 1 MiB (F_SETPIPE_SZ) and kept full with tee(2), page
+ * references and no copy, costs us about what filling it cost the client; one read a
  * wake-up left such a pipe readable for 256 wake-ups. Bounded: a client that refills it
  * as we drain is heard again on the next wake-up. The bytes taken; 0 at end of file
  * (every write end closed); -1 when it was empty. */
 static ssize_t drain(struct dp_dispatcher *d, int fd)
 {
-	ssize_t total = 0;
+	ssize_t got = read(fd, d->rung, sizeof(d->rung));
+	if (got < (ssize_t)sizeof(d->rung))
+		return got; /* all there was (a short read: the pipe is empty now), or none */
+	ssize_t total = got;
 	for (int k = 0; k < DOORBELL_DRAIN_TRIES; k++) {
-		ssize_t got = -1;
-		if (d->devnull >= 0) {
-			got = splice(fd, NULL, d->devnull, NULL, DOORBELL_SPLICE, SPLICE_F_NONBLOCK);
-			if (got < 0 && errno != EAGAIN) {
-				DP_WARN("doorbells: splice into /dev/null failed (%s): read instead",
-					strerror(errno));
-				close(d->devnull);
-				d->devnull = -1;
-			}
+		size_t want = d->devnull >= 0 ? DOORBELL_SPLICE : sizeof(d->rung);
+		got = d->devnull >= 0 ? splice(fd, NULL, d->devnull, NULL, want, SPLICE_F_NONBLOCK)
+				      : read(fd, d->rung, want);
+		if (got < 0 && errno != EAGAIN && d->devnull >= 0) {
+			DP_WARN("doorbells: splice into /dev/null failed (%s): read instead",
+				strerror(errno));
+			close(d->devnull);
+			d->devnull = -1;
+			continue;
 		}
-		if (d->devnull < 0)
-			got = read(fd, d->rung, sizeof(d->rung));
-		if (got <= 0)
-			return total ? total : got < 0 ? -1 : 0;
-		total += got;
+		if (got > 0)
+			total += got;
+		if (got < (ssize_t)want)
+			break; /* drained (or at end of file: the next look says so) */
 	}
 	return total;
 }
