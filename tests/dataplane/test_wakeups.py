@@ -244,6 +244,37 @@ def test_a_stray_doorbell_costs_one_look_not_a_spin(duckpipe_null_factory, threa
 
 
 @pytest.mark.parametrize("threads", ["shared", "dedicated"])
+def test_a_well_behaved_client_is_never_muted(duckpipe_null_factory, threads):
+    # a doorbell whose rings bring no new descriptor is muted for a while (dp_dispatch.c);
+    # a client of ours rings only after moving its head, or to have a completion it waits
+    # for sent at once (dp_completions_want). Batches whose timings are read one by one
+    # rang for each (31 rings for nothing a batch, muting it: the next batch waited for
+    # the quiet time): a completion already in the client's socket is now taken first
+    dp = duckpipe_null_factory(2, threads=threads, idle_spin_us=0, completion_flush_us=2000)
+    mlp = GeluMlp.random(HIDDEN, FFN, seed=15)
+    x = _x(np.random.default_rng(16), 1)
+    want = null_backend_result(x, 2, mlp.b_down)
+    with duckpipe.connect(dp.control, wait="block", slots=32, slot_size=4096) as c:
+        c.load_weights(1, mlp, progress=False)
+        first = c.stats().counters
+        for _ in range(40):
+            fwds = []
+            for _ in range(32):
+                slot = c.claim(x.shape)
+                slot.array[:] = x
+                fwds.append(c.submit(slot, 1))
+            for f in fwds:
+                np.testing.assert_array_equal(f.result(timeout=10), want)
+            for f in fwds:
+                with f:
+                    assert f.timings.reduce_ns > 0
+        n = c.stats().counters
+    n = {k: n[k] - first.get(k, 0) for k in n}
+    assert n["forwards_ok"] == 1280 and n["doorbells"] > 0, n
+    assert n["doorbell_rate_limited"] == 0, n
+
+
+@pytest.mark.parametrize("threads", ["shared", "dedicated"])
 def test_a_client_that_closes_its_doorbell_costs_no_spin(duckpipe_null_factory, threads):
     # a pipe whose every write end is closed reads as end of file, and stays readable: a
     # dispatcher that kept watching it would wake for ever. It stops watching it (counted),

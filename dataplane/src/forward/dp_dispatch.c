@@ -36,9 +36,9 @@
 #define DOORBELL_READ 4096       /* a read's worth, where a pipe cannot be spliced */
 #define DOORBELL_SPLICE (1u << 20) /* a splice's worth: fs.pipe-max-size's default */
 #define DOORBELL_DRAIN_TRIES 4   /* calls a drain makes at most: the client may refill */
-/* Rings heard that brought no new descriptor, less one for each that did, before the
- * client's doorbell is muted: a well-behaved client rings only when need_wakeup says we
- * sleep, and almost always with a descriptor (dp_completions_want's ring has none) */
+/* Rings heard that brought nothing new, less one for each that did, before the client's
+ * doorbell is muted: a well-behaved client rings only when need_wakeup says we sleep,
+ * after moving its head or to have a completion it waits for sent (dp_wake.h) */
 #define DOORBELL_IDLE_RINGS 8
 #define DOORBELL_MUTE_MIN_NS 1000000ull   /* the first quiet time */
 #define DOORBELL_MUTE_MAX_NS 128000000ull /* doubling, while the client rings for nothing */
@@ -46,6 +46,7 @@
 /* What the dispatcher knows of one client slot's doorbell (only this agent touches it). */
 struct dp_bell {
 	uint64_t head;        /* the client's ring head when a ring last brought descriptors */
+	uint64_t completed;   /* its completions (struct dp_client) when we last heard it ring */
 	uint64_t quiet_until; /* muted: not listened to before this (dp_now_ns) */
 	uint64_t mute_ns;     /* the next quiet time: doubles while it rings for nothing */
 	uint32_t idle;        /* rings with nothing new, less one for each with something */
@@ -419,17 +420,23 @@ static ssize_t drain(struct dp_dispatcher *d, int fd)
 	return total;
 }
 
-/* Did c's ring get descriptors since a ring last brought some? Its head, read once, moved
- * past that one, by no more than the ring holds (further is the client's own breakage:
- * the next take evicts it), so a client at its quota cannot pass for busy by moving its
- * head back and forth: at most a ring's worth of rings count. */
+/* Did c ring for something new? Descriptors: its head, read once, moved past the last
+ * ring's that brought some, by no more than the ring holds (further is the client's own
+ * breakage: the next take evicts it), so a client at its quota cannot pass for busy by
+ * moving its head back and forth: at most a ring's worth of rings count. Or, waiting for
+ * a completion (completions_wanted: dp_completions_want rings for the outbox to leave),
+ * one of its forwards completed since it last rang: each completion pays for one ring. */
 static bool rang_with_work(struct dp_bell *b, const struct dp_client *c)
 {
 	uint64_t head = dp_load_acquire_u64(&c->ring->head);
-	if ((int64_t)(head - b->head) <= 0 || head - c->ring_tail > c->layout.ring_capacity)
-		return false;
-	b->head = head;
-	return true;
+	uint64_t completed = __atomic_load_n(&c->completed, __ATOMIC_RELAXED);
+	bool fresh = completed != b->completed;
+	b->completed = completed;
+	if ((int64_t)(head - b->head) > 0 && head - c->ring_tail <= c->layout.ring_capacity) {
+		b->head = head;
+		return true;
+	}
+	return fresh && __atomic_load_n(&c->hdr->completions_wanted, __ATOMIC_RELAXED);
 }
 
 /* Not listened to until its quiet time ends (the wake-ups it cost were its own, nobody
@@ -515,7 +522,9 @@ static bool listen_to(struct dp_dispatcher *d, uint32_t i, const struct dp_clien
 	struct dp_bell *b = &d->bells[i];
 	if (!(d->known & bit)) {
 		/* the slot's client is new: its ring starts where it starts */
-		*b = (struct dp_bell){ .head = c->ring_tail, .mute_ns = DOORBELL_MUTE_MIN_NS };
+		*b = (struct dp_bell){ .head = c->ring_tail,
+				       .completed = __atomic_load_n(&c->completed, __ATOMIC_RELAXED),
+				       .mute_ns = DOORBELL_MUTE_MIN_NS };
 		d->known |= bit;
 	}
 	if ((d->muted & bit) && (now < b->quiet_until || !unmute(d, i))) {
