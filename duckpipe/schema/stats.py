@@ -209,6 +209,11 @@ COUNTERS: tuple[Counter, ...] = (
         "rx_duck_filters",
         "socket: kernel filters admitting only the NIC's ducks (what they refuse: rxq_overflows)",
     ),
+    Counter("doorbells_idle", "doorbell rings heard that brought no new descriptor"),
+    Counter(
+        "doorbell_rate_limited",
+        "times a client's doorbell was muted for ringing with nothing new (dp_dispatch.c)",
+    ),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)
