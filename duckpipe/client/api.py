@@ -125,14 +125,31 @@ def _control_address(control: object) -> str:
     if control is None:
         return runtime.default_control()
     if isinstance(control, str):
-        return control
+        return _checked_address(control)
     address = getattr(control, "control", None)
     if isinstance(address, str) and address:
-        return address
-    raise TypeError(
+        return _checked_address(address)
+    raise BadInput(  # a DuckpipeError like every other: one family to catch
         f"connect() takes a control address such as 'ipc:///run/user/1000/duckpipe/control', "
         f"or an object with a .control address (duckpipe_mock, a Cluster), not "
         f"{type(control).__name__}"
+    )
+
+
+#: what a control address looks like: ZeroMQ's own words for the two transports the
+#: dataplane serves (anything else fails inside libzmq with a bare EINVAL)
+_ADDRESS = re.compile(r"(ipc://.+|tcp://.+:\d+)")
+
+
+def _checked_address(address: str) -> str:
+    """``address`` if it is an ipc:// or tcp:// endpoint; BadInput saying what one is."""
+    if _ADDRESS.fullmatch(address):
+        return address
+    raise BadInput(
+        f"{address!r} is not a control address: give the dataplane's `control` setting, "
+        f"e.g. 'ipc://{runtime.default_control().removeprefix('ipc://')}' (a socket path) "
+        "or 'tcp://HOST:PORT' (with CURVE keys); omit it for $DUCKPIPE_CONTROL or this "
+        "user's default"
     )
 
 

@@ -192,8 +192,8 @@ def format_report(
         "reported",
         f"  check: largest |ducks - MoeMlp.reference| / largest |reference| <= {tolerance:.0e}",
         "",
-        f"reference cluster (docs/benchmarks.md; other hardware: real ducks, the whole model with its "
-        f"attention and every layer, not this run): DeepSeek-V3 decodes at "
+        "reference cluster (docs/benchmarks.md; other hardware: real ducks, the whole model "
+        f"with its attention and every layer, not this run): DeepSeek-V3 decodes at "
         f"{REFERENCE_DECODE_TOKENS_PER_S} tokens/s, {1e3 / REFERENCE_DECODE_TOKENS_PER_S:.1f} ms "
         "per token for every layer together",
         "",

@@ -181,6 +181,22 @@ def test_load_weights_rejects_unknown_ducks_and_too_many_shards(client):
         client.load_weights(9, mlp, ducks=[0, 1, 2, 3, 4])
 
 
+def test_load_weights_of_a_bare_array_says_a_layer_is_a_model_and_which_dtypes(client):
+    # not "dtype float64 is not supported": the array's dtype is not what is wrong
+    with pytest.raises(BadInput) as e:
+        client.load_weights(2, np.ones((3, 3)))
+    msg = str(e.value)
+    assert "not a numpy array of shape (3, 3)" in msg and "duckpipe.GeluMlp(w_up=" in msg
+    assert "float32 or float16" in msg and "is not supported" not in msg
+
+
+def test_a_model_of_float64_tensors_names_the_tensor_and_the_dtypes():
+    with pytest.raises(
+        BadInput, match=r"GeluMlp\.w_up is float64; the ducks compute float32 or float16"
+    ):
+        GeluMlp.random(8, 16, dtype=np.float64)
+
+
 def test_mlp_rejects_mismatched_shapes():
     w = np.zeros((8, 16), np.float32)
     with pytest.raises(BadInput, match="w_down has shape"):

@@ -128,4 +128,6 @@ def test_the_reference_cluster_is_cited_from_a_page_in_the_repository():
     for page in cited:
         assert (root / page).is_file(), f"{page} is cited but not in the repository"
     # and that page holds the figure the report prints
-    assert f"{ms.REFERENCE_DECODE_TOKENS_PER_S} tokens/s" in (root / "docs/benchmarks.md").read_text()
+    assert (
+        f"{ms.REFERENCE_DECODE_TOKENS_PER_S} tokens/s" in (root / "docs/benchmarks.md").read_text()
+    )

@@ -44,7 +44,7 @@ def test_connect_accepts_the_fixture_object(duckpipe_mock):
 
 
 def test_connect_says_what_to_pass_for_anything_else():
-    with pytest.raises(TypeError, match=r"\.control address"):
+    with pytest.raises(duckpipe.errors.BadInput, match=r"\.control address"):
         duckpipe.connect(42)  # type: ignore[arg-type]
 
 
