@@ -561,3 +561,64 @@ def test_the_launchs_config_file_leaves_the_run_directory_with_the_dataplane(tmp
     assert proc.returncode == 0, proc.stderr.read()
     assert not os.path.exists(config)
     assert not list(tmp_path.glob("dataplane-*.msgpack"))
+
+
+NOBODY = NOGROUP = 65534
+
+
+@pytest.fixture
+def group_mock(tmp_path_factory):
+    """A mock dataplane whose control_group is nogroup, in a directory that group may
+    enter: nobody is one of its clients, not its admin."""
+    if os.geteuid() != 0:
+        pytest.skip("becoming another user (nobody) needs root")
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    run = Path(tempfile.mkdtemp(prefix="duckpipe-cli-", dir="/tmp"))
+    os.chown(run, -1, NOGROUP)
+    run.chmod(0o750)
+    try:
+        with MockDataplaneProcess(
+            ducks=2, control=f"ipc://{run}/control", args=["--control-group=nogroup"]
+        ) as dp:
+            yield dp
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def _as_nobody(*args: str) -> tuple[int, str]:
+    """``duckpipe ARGS`` run by nobody:nogroup in a forked child (a subprocess could not
+    run this venv's interpreter as nobody): its exit code and stderr."""
+    from duckpipe import cli
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 99
+        try:
+            os.close(r)
+            os.dup2(w, 2)
+            sys.stderr = os.fdopen(2, "w", closefd=False)
+            os.setgroups([])
+            os.setgid(NOGROUP)
+            os.setuid(NOBODY)
+            code = cli.main(list(args))
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        err = f.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), err
+
+
+def test_shutdown_by_a_client_says_it_was_refused_and_who_may(group_mock):
+    code, err = _as_nobody("shutdown", "--control", group_mock.control)
+    assert code == 1, err
+    assert "no dataplane acknowledged" not in err, err  # it is there: it said no
+    assert "refused shutdown" in err and "[not_permitted]" in err, err
+    assert "only the user who started it (the admin), root (uid 0)" in err, err
+    assert ping(group_mock.control, 2.0) is not None  # and it still runs
