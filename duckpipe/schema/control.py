@@ -241,6 +241,9 @@ class Attached(Message, kw_only=True):
     # unused since protocol 4, always "" (it was the dataplane's doorbell, an abstract
     # AF_UNIX address every local user could ring: the doorbell is now Attach.doorbell_fd)
     doorbell: str = ""
+    # the longest deadline a forward may ask for (the topology's max_timeout_us): connect
+    # refuses a forward_timeout above it. 0: a dataplane that does not say
+    max_timeout_us: int = 0
 
 
 class Ack(Message, kw_only=True):

@@ -171,6 +171,18 @@ def test_connect_rejects_bad_options(dataplane):
         duckpipe.connect(dataplane.control, wait="sleepy")
 
 
+def test_connect_refuses_a_forward_timeout_above_the_dataplanes_limit(dataplane):
+    # the dataplane would refuse every forward (BAD_REQUEST); its limit is the default 10 s
+    with pytest.raises(BadInput, match=r"forward_timeout=10\.5 s is above this dataplane's "
+                       r"max_timeout_us \(10000000 us = 10 s\)"):  # fmt: skip
+        duckpipe.connect(dataplane.control, forward_timeout=10.5)
+    with duckpipe.connect(dataplane.control, forward_timeout=10.0) as c:  # at it: fine
+        c.load_weights(1, GeluMlp.random(8, 64), ducks=[0, 1])
+        assert c.forward(1, np.ones((1, 8), np.float32)).shape == (1, 8)
+        # the refused client detached: only this one is left
+        assert [x.client_id for x in c.stats().clients] == [c.client_id]
+
+
 def test_load_weights_rejects_unknown_ducks_and_too_many_shards(client):
     mlp = GeluMlp.random(8, 4, seed=3)
     with pytest.raises(BadInput, match="distinct ids"):
