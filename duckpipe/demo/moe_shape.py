@@ -88,7 +88,7 @@ class MoeShape:
         routing by the gate on the host: ``(x, indices, weights)``."""
         rng = np.random.default_rng([self.seed, 2, tokens, call])
         x = rng.standard_normal((tokens, self.hidden), np.float32).astype(self.dtype)
-        weights, indices = self.gate(x)
+        indices, weights = self.gate(x)
         return x, indices, weights
 
 
