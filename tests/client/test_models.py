@@ -69,7 +69,7 @@ def test_a_transposed_w_up_is_blamed_on_w_up_not_its_bias():
 
 
 def test_a_layers_info_and_a_forwards_status_print_their_enums_by_name(client):
-    from duckpipe.schema.abi import DType, MlpKind, Status
+    from duckpipe.schema.abi import DType, MlpKind
 
     info = client.load_weights(11, SwiGluMlp.random(8, 16, dtype=np.float16), ducks=[0, 1])
     assert "kind=MlpKind.SWIGLU" in repr(info) and "dtype=DType.F16" in repr(info), repr(info)
