@@ -593,6 +593,11 @@ def _as_nobody(*args: str) -> tuple[int, str]:
     run this venv's interpreter as nobody): its exit code and stderr."""
     from duckpipe import cli
 
+    return _as_nobody_call(cli.main, list(args))
+
+
+def _as_nobody_call(main, argv: list[str]) -> tuple[int, str]:
+    """``main(argv)`` run by nobody:nogroup in a forked child: its exit code and stderr."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never return into pytest
@@ -604,7 +609,8 @@ def _as_nobody(*args: str) -> tuple[int, str]:
             os.setgroups([])
             os.setgid(NOGROUP)
             os.setuid(NOBODY)
-            code = cli.main(list(args))
+            sys.stdout = open(os.devnull, "w")  # the child exits below
+            code = main(argv)
             sys.stderr.flush()
         finally:
             os._exit(code)
@@ -622,3 +628,20 @@ def test_shutdown_by_a_client_says_it_was_refused_and_who_may(group_mock):
     assert "refused shutdown" in err and "[not_permitted]" in err, err
     assert "only the user who started it (the admin), root (uid 0)" in err, err
     assert ping(group_mock.control, 2.0) is not None  # and it still runs
+
+
+def test_top_as_a_control_group_member_says_the_segment_is_there_and_why_not_readable(
+    group_mock,
+):
+    from duckpipe.observe import top
+
+    code, err = _as_nobody_call(top.main, ["--once", "--control", group_mock.control])
+    assert code == 1, err
+    assert "start one" not in err, err  # it is running: starting another is no answer
+    assert f"stats segment is at {group_mock.control[6 : -len('control')]}stats" in err, err
+    assert "readable only by root (uid 0), the dataplane's user (you are uid 65534)" in err
+    assert "every client's pid, name and segment" in err, err  # why: security.md's choice
+    assert f"duckpipe stats --control-query --control {group_mock.control}" in err, err
+    # and that way works for the member, showing only what it may see
+    code, err = _as_nobody("stats", "--control-query", "--control", group_mock.control)
+    assert code == 0, err
