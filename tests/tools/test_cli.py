@@ -243,6 +243,44 @@ def test_doctor_reports_each_feature_with_a_fix_when_missing():
     assert "memfd seals" in r.stdout and "AF_XDP" in r.stdout
 
 
+@pytest.mark.dataplane  # starts duckpipe ducks and duckpipe dataplane
+def test_doctor_says_the_default_ports_are_held_by_your_own_running_cluster(tmp_path, monkeypatch):
+    from duckpipe import doctor
+    from duckpipe.launch.cluster import free_udp_ports
+
+    cluster_class_or_skip()
+    base = free_udp_ports(110)  # this test's own block, not the user's default ports
+    env = dict(os.environ, DUCKPIPE_RUN_DIR=str(tmp_path), DUCKPIPE_PORT_BASE=str(base))
+    env.pop("DUCKPIPE_CONTROL", None)
+    monkeypatch.setenv("DUCKPIPE_PORT_BASE", str(base))
+    # something else on a duck port: a warning that names no dataplane
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", base + 103))
+        check = doctor._ports()
+    assert check.status == "warn" and f"UDP {base + 103} in use" in check.detail, check
+    started = [
+        subprocess.Popen([sys.executable, "-m", "duckpipe", *cmd, "--ducks", "8"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+        for cmd in (["ducks"], ["dataplane"])
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "control").exists():
+            assert time.monotonic() < deadline, "the dataplane made no control socket"
+            time.sleep(0.1)
+        check = doctor._ports()
+        assert check.status == "ok", check
+        assert "in use by your running" in check.detail, check.detail
+        assert f"duckpipe-dataplane (pid {started[1].pid})" in check.detail, check.detail
+        assert "duckpipe-ducks (pid " in check.detail, check.detail  # the wrapper's child
+    finally:
+        for p in started:
+            os.killpg(p.pid, signal.SIGINT)  # Ctrl-C in its terminal
+        for p in started:
+            p.wait(10)
+
+
 # ---------------------------------------------------------------- the venv (issue 11, 1)
 
 
