@@ -772,6 +772,7 @@ class MockDataplane:
             ducks=self.cfg.ducks,
             default_timeout_us=int(self._check.limits.default_timeout_us),
             max_forward_bytes=self.cfg.max_forward_bytes,
+            max_timeout_us=int(self._check.limits.max_timeout_us),
         )
 
     def _load_weights(

@@ -91,6 +91,19 @@ LAYER_TABLE = 8192
 MOE_LAYER_STATE_BYTES = 48 << 10
 
 
+class _NamedIntEnum(enum.IntEnum):
+    """An IntEnum a person reads: ``print`` and f-strings show ``Status.OK``, not ``1``
+    (Python 3.11's IntEnum prints its number); a numeric format spec still gets the int."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        if spec and spec[-1] in "bcdoxXn":
+            return int(self).__format__(spec)
+        return str(self).__format__(spec)
+
+
 class Backing(enum.IntEnum):
     """What memory backs a segment."""
 
@@ -113,7 +126,7 @@ class Op(enum.IntEnum):
     WEIGHT_COMMIT = 3  # every chunk of a load was submitted; make the layer usable
 
 
-class DType(enum.IntEnum):
+class DType(_NamedIntEnum):
     F32 = 1
     F16 = 2
 
@@ -122,7 +135,7 @@ class DType(enum.IntEnum):
 DTYPE_SIZES: dict[DType, int] = {DType.F32: 4, DType.F16: 2}
 
 
-class Status(enum.IntEnum):
+class Status(_NamedIntEnum):
     """Completion status, in the slot header's done word and the ZeroMQ completion."""
 
     PENDING = 0  # never sent; the value of a slot header nobody completed yet
@@ -135,7 +148,7 @@ class Status(enum.IntEnum):
     BAD_REQUEST = 7  # descriptor refused (unknown layer, wrong shape, bad target set...)
 
 
-class MlpKind(enum.IntEnum):
+class MlpKind(_NamedIntEnum):
     GELU = 1  # BERT: gelu(x @ w_up + b_up) @ w_down (+ b_down once, after the reduce)
     SWIGLU = 2  # Qwen: (silu(x @ w_gate) * (x @ w_up)) @ w_down
     #: a mixture-of-experts layer: each duck's shard is a SwiGLU "bank" whose FFN columns
