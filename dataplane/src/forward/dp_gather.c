@@ -32,8 +32,8 @@
 
 static uint64_t clamp_rto(const struct dp_gather_view *v, uint64_t rto)
 {
-	uint64_t lo = (uint64_t)v->w->cfg.nack_min_us * 1000;
-	uint64_t hi = (uint64_t)v->w->cfg.nack_max_us * 1000;
+	uint64_t lo = v->limits.nack_min_ns;
+	uint64_t hi = v->limits.nack_max_ns;
 	return rto < lo ? lo : rto > hi ? hi : rto;
 }
 
@@ -57,7 +57,7 @@ static void rto_sample(const struct dp_gather_view *v, uint32_t duck, uint64_t r
 			e->rttvar -= (e->rttvar - delta) / 32;
 		e->srtt = (7 * e->srtt + r) / 8;
 	}
-	uint64_t g = (uint64_t)v->w->cfg.nack_min_us * 1000;
+	uint64_t g = v->limits.nack_min_ns;
 	e->rto = clamp_rto(v, e->srtt + (4 * e->rttvar > g ? 4 * e->rttvar : g));
 	dp_count(v->counters, DP_C_rto_samples, 1);
 }
@@ -66,7 +66,7 @@ static void rto_sample(const struct dp_gather_view *v, uint32_t duck, uint64_t r
 static void rto_backoff(const struct dp_gather_view *v, uint32_t duck)
 {
 	struct dp_rto *e = &v->rto[duck];
-	uint64_t hi = (uint64_t)v->w->cfg.nack_max_us * 1000;
+	uint64_t hi = v->limits.nack_max_ns;
 	if (e->rto < hi) {
 		e->rto = 2 * e->rto < hi ? 2 * e->rto : hi;
 		dp_count(v->counters, DP_C_rto_backoffs, 1);
@@ -78,7 +78,7 @@ static void rto_backoff(const struct dp_gather_view *v, uint32_t duck)
 static struct dp_duck_rx *duck_rx(const struct dp_gather_view *v, struct dp_fwd *f,
 				  uint32_t duck)
 {
-	return &f->rx[v->w->duck_index[duck]];
+	return &f->rx[v->duck_index[duck]];
 }
 
 /* --- the sum ------------------------------------------------------------------------ */
@@ -172,7 +172,7 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 	bool routed = f->desc.flags & DP_DESC_FLAG_ROUTED;
 	for (uint32_t c = 0; c < chunks && !routed; c++) { /* routed: dp_moe_send writes them */
 		struct dp_wire_header *h = &hdrs[c];
-		dp_wire_init(h, DP_WIRE_OP_FORWARD, v->w->session, f->desc.epoch);
+		dp_wire_init(h, DP_WIRE_OP_FORWARD, v->session, f->desc.epoch);
 		h->dtype = l->dtype;
 		h->forward_id = f->wire_id;
 		h->layer = l->id;
@@ -215,7 +215,7 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 	p->owner.mem = &f->client->mem; /* chunks may go out in place from its slot */
 	uint64_t start = dp_now_ns();
 	p->send_start = start;
-	const struct dp_nic_cfg *nic = &v->w->cfg.nics[v->nic];
+	const struct dp_nic_cfg *nic = v->nic_cfg;
 	if (routed) {
 		dp_moe_send(v, f, hdrs); /* a failure is logged; the part then times out */
 	} else if (nic->use_broadcast) {
@@ -223,7 +223,7 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 	} else {
 		for (uint32_t i = 0; i < v->nducks; i++)
 			if (dp_targets_has(f->targets, v->ducks[i]))
-				dp_tx_activation(v->tx, dp_duck_addr(v->w, v->ducks[i]), hdrs,
+				dp_tx_activation(v->tx, dp_gather_duck_addr(v, v->ducks[i]), hdrs,
 						 f->act, &p->owner, 0, chunks);
 	}
 	dp_tx_flush(v->tx);
@@ -267,7 +267,7 @@ uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, 
 		h->layer = f->layer->id;
 		h->duck = (uint16_t)d;
 		h->length = n * (uint32_t)sizeof(uint32_t);
-		dp_tx_one(v->tx, dp_duck_addr(v->w, d), h, list, h->length);
+		dp_tx_one(v->tx, dp_gather_duck_addr(v, d), h, list, h->length);
 		dp_count(v->counters, DP_C_nacks_sent, 1);
 	}
 	return next;
@@ -327,7 +327,7 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 	/* Karn: a reply to a NACK or to a resent activation says nothing of the RTT */
 	if (!rx->nacks && !rx->resent_ns && now > p->wait_start) {
 		rto_sample(v, duck, now - p->wait_start);
-		if (now - p->wait_start > (uint64_t)v->w->cfg.nack_us * 1000)
+		if (now - p->wait_start > v->limits.nack_ns)
 			dp_count(v->counters, DP_C_nacks_avoided, 1);
 	}
 	if (!p->first_ns)
@@ -389,14 +389,14 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 		if (!msg)
 			return DP_STATUS_PENDING; /* nothing was sent to it */
 	}
-	uint64_t interval = (uint64_t)v->w->cfg.nack_us * 1000;
+	uint64_t interval = v->limits.nack_ns;
 	rx->progress_ns = now; /* it is alive and waits for input: one RTO from now */
 	if (rx->resent_ns && now < rx->resent_ns + interval) {
 		dp_count(v->counters, DP_C_nack_resends_suppressed, n ? n : chunks);
 		return DP_STATUS_PENDING;
 	}
 	rx->resent_ns = now;
-	const struct sockaddr_in *dst = dp_duck_addr(v->w, duck);
+	const struct sockaddr_in *dst = dp_gather_duck_addr(v, duck);
 	if (n == 0) {
 		dp_tx_activation(v->tx, dst, hdrs, msg, owner, 0, chunks);
 		dp_count(v->counters, DP_C_retransmits, chunks);

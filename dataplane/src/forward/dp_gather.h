@@ -17,7 +17,6 @@ struct dp_fwd;
 struct dp_reasm;
 struct dp_tx_batch;
 struct dp_wire_header;
-struct dp_world;
 
 /* Take f in: its headers, its sum, its ducks' state; send the activation. Returns when
  * the first NACK may be due (a lower bound: the worker's timer). */

@@ -1,18 +1,24 @@
 /* dp_gather_view.h: what the NIC worker shows of itself to the modules that work a
  * forward on its NIC (dp_gather.c, and dp_moe.c for routed forwards): the worker owns
  * everything here and passes it to every call. A header of its own, without a module,
- * so that dp_moe.c can see the view without depending on dp_gather.c, which calls it. */
+ * so that dp_moe.c can see the view without depending on dp_gather.c, which calls it.
+ *
+ * Of the shared state (struct dp_world) the view holds only the five things gather
+ * reads: the NACK limits (copied), the session, the duck index, the ducks' addresses
+ * and this NIC's config; so a view can be made by hand, without a world
+ * (dataplane/tests/test_gather.c does). */
 #ifndef DP_GATHER_VIEW_H
 #define DP_GATHER_VIEW_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "dp_config.h"
+
 struct dp_counters;
 struct dp_reasm;
 struct dp_tx_batch;
 struct dp_wire_header;
-struct dp_world;
 
 /* A duck's NACK timeout, RFC 6298's estimator over its reply times (ns). */
 struct dp_rto {
@@ -22,10 +28,23 @@ struct dp_rto {
 	bool sampled;
 };
 
+/* The config's NACK timing (us there) in ns, copied at the worker's start: the per-datagram
+ * and per-timer paths read them without going through the config. */
+struct dp_gather_limits {
+	uint64_t nack_ns;     /* a duck's RTO until its first sample; the least time between
+			       * two resends of the activation to one duck (NACK flood guard) */
+	uint64_t nack_min_ns; /* the RTO's floor, and RFC 6298's clock granularity G */
+	uint64_t nack_max_ns; /* its ceiling, backoff included */
+};
+
 /* What gather sees of its NIC worker, which owns it (and everything it points at) and
  * passes it to every call. */
 struct dp_gather_view {
-	const struct dp_world *w;     /* the config, the duck table, the session */
+	struct dp_gather_limits limits;
+	uint64_t session;             /* the wire's session cookie (fixed before workers start) */
+	const int16_t *duck_index;    /* [DP_MAX_DUCKS] duck id -> topology index (f->rx's) */
+	const struct dp_duck_cfg *duck_cfg; /* by topology index: each duck's address */
+	const struct dp_nic_cfg *nic_cfg;   /* this NIC's: broadcast, or unicast fan-out */
 	uint32_t nic;
 	uint32_t payload;             /* bytes per datagram after the header */
 	uint32_t nducks;              /* the ducks on this NIC */
@@ -48,5 +67,12 @@ struct dp_gather_view {
 	uint16_t *moe_maps;           /* [contexts][moe_map_cap]: the ducks' reply row maps */
 	uint32_t moe_map_cap;
 };
+
+/* The address of duck `id`, one of the topology's (duck_index[id] >= 0). */
+static inline const struct sockaddr_in *dp_gather_duck_addr(const struct dp_gather_view *v,
+							    uint32_t id)
+{
+	return &v->duck_cfg[v->duck_index[id]].addr;
+}
 
 #endif /* DP_GATHER_VIEW_H */

@@ -110,7 +110,7 @@ static uint32_t message_headers(const struct dp_gather_view *v, const struct dp_
 	uint32_t chunks = dp_wire_chunk_count(total, v->payload);
 	for (uint32_t c = 0; c < chunks; c++) {
 		struct dp_wire_header *h = &hdrs[c];
-		dp_wire_init(h, DP_WIRE_OP_FORWARD, v->w->session, f->desc.epoch);
+		dp_wire_init(h, DP_WIRE_OP_FORWARD, v->session, f->desc.epoch);
 		h->flags = DP_WIRE_FLAG_ROUTED;
 		h->dtype = f->layer->dtype;
 		h->forward_id = f->wire_id;
@@ -146,7 +146,7 @@ static void send_broadcast(const struct dp_gather_view *v, struct dp_fwd *f,
 	uint32_t chunks = message_headers(v, f, hdrs, wsize + f->bytes, f->rows, DP_WIRE_ANY_DUCK);
 	uint32_t used = 0;
 	for (uint32_t i = 0; i < nrd; i++) {
-		struct dp_duck_rx *rx = &f->rx[v->w->duck_index[rd[i].duck]];
+		struct dp_duck_rx *rx = &f->rx[v->duck_index[rd[i].duck]];
 		rx->moe_entries = rd[i].has_section ? rd[i].s.n_entries : 0;
 		if (shared) {
 			rx->moe_rows = f->rows; /* the shared expert: every row, in order */
@@ -160,13 +160,13 @@ static void send_broadcast(const struct dp_gather_view *v, struct dp_fwd *f,
 		rx->moe_chunk0 = 0;
 		rx->moe_chunks = chunks;
 	}
-	const struct dp_nic_cfg *nic = &v->w->cfg.nics[v->nic];
+	const struct dp_nic_cfg *nic = v->nic_cfg;
 	/* owner NULL: the staging area is ours, the port may not send it in place */
 	if (nic->use_broadcast)
 		dp_tx_activation(v->tx, &nic->broadcast, hdrs, msg, NULL, 0, chunks);
 	else
 		for (uint32_t i = 0; i < nrd; i++)
-			dp_tx_activation(v->tx, dp_duck_addr(v->w, rd[i].duck), hdrs, msg, NULL, 0,
+			dp_tx_activation(v->tx, dp_gather_duck_addr(v, rd[i].duck), hdrs, msg, NULL, 0,
 					 chunks);
 	f->part[v->nic].moe_unicast = false;
 	dp_count(v->counters, DP_C_moe_broadcasts, 1);
@@ -183,7 +183,7 @@ static void send_unicast(const struct dp_gather_view *v, struct dp_fwd *f,
 	uint64_t row_bytes = (uint64_t)l->hidden * dp_dtype_size(l->dtype), at = 0, sent = 0;
 	uint32_t c0 = 0, used = 0;
 	for (uint32_t i = 0; i < nrd; i++) {
-		struct dp_duck_rx *rx = &f->rx[v->w->duck_index[rd[i].duck]];
+		struct dp_duck_rx *rx = &f->rx[v->duck_index[rd[i].duck]];
 		uint8_t *msg = stage + at;
 		uint64_t tsize;
 		if (l->moe->has_shared) {
@@ -215,7 +215,7 @@ static void send_unicast(const struct dp_gather_view *v, struct dp_fwd *f,
 		rx->moe_msg = msg;
 		rx->moe_chunk0 = c0;
 		rx->moe_chunks = chunks;
-		dp_tx_activation(v->tx, dp_duck_addr(v->w, rd[i].duck), hdrs + c0, msg, NULL, 0,
+		dp_tx_activation(v->tx, dp_gather_duck_addr(v, rd[i].duck), hdrs + c0, msg, NULL, 0,
 				 chunks);
 		at += total;
 		c0 += chunks;
@@ -268,7 +268,7 @@ int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_wire
 		bytes_unicast += msg;
 		chunks_unicast += dp_wire_chunk_count(msg, v->payload);
 	}
-	bool use_broadcast = v->w->cfg.nics[v->nic].use_broadcast;
+	bool use_broadcast = v->nic_cfg->use_broadcast;
 	uint64_t bytes_broadcast = (wsize + f->bytes) * (use_broadcast ? 1 : nrd);
 	bool fits = bytes_unicast <= v->moe_stage_bytes && chunks_unicast <= v->max_chunks;
 	if (dp_moe_choose(f->desc.flags, moe->has_shared, bytes_broadcast, bytes_unicast, fits) ==

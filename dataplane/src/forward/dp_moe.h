@@ -19,7 +19,6 @@ struct dp_fwd;
 struct dp_gather_view;
 struct dp_layer;
 struct dp_wire_header;
-struct dp_world;
 
 enum dp_moe_mode {
 	DP_MOE_MODE_BROADCAST = 0, /* the NIC's wire table and every row, once per NIC */

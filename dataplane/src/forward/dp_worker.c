@@ -353,6 +353,14 @@ void dp_worker_unpark(struct dp_world *w, void *self)
 		wk->be.ops->rx_disarm(&wk->be);
 }
 
+/* The config's NACK timing as gather reads it: ns, copied once. */
+static struct dp_gather_limits gather_limits(const struct dp_config *c)
+{
+	return (struct dp_gather_limits){ .nack_ns = (uint64_t)c->nack_us * 1000,
+					  .nack_min_ns = (uint64_t)c->nack_min_us * 1000,
+					  .nack_max_ns = (uint64_t)c->nack_max_us * 1000 };
+}
+
 int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 {
 	const struct dp_nic_cfg *cfg = &w->cfg.nics[nic];
@@ -417,7 +425,12 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 	wk->tx.be = &wk->be;
 	wk->tx.session = w->session;
 	wk->tx.payload = wk->payload;
-	wk->gather = (struct dp_gather_view){ .w = w,
+	/* gather's view: of the world only what it reads, its limits copied (in ns) */
+	wk->gather = (struct dp_gather_view){ .limits = gather_limits(&w->cfg),
+					      .session = w->session,
+					      .duck_index = w->duck_index,
+					      .duck_cfg = w->cfg.ducks,
+					      .nic_cfg = cfg,
 					      .nic = nic,
 					      .payload = wk->payload,
 					      .nducks = wk->nducks,
