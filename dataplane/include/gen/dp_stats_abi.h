@@ -338,7 +338,8 @@ struct dp_stats_duck {
     X(rx_bad_checksum) /* dpdk: UDP checksum wrong, checked in software */                                  \
     X(rx_gro_buffers) /* socket: receives that held several datagrams (UDP GRO) */                          \
     X(rx_gro_segments) /* socket: the datagrams those receives held */                                      \
-    X(completion_flushes_wanted) /* of those, sent at once: a client waited for one (completions_wanted) */
+    X(completion_flushes_wanted) /* of those, sent at once: a client waited for one (completions_wanted) */ \
+    X(peers_gone) /* Attach refused: the process that connected has exited */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");
