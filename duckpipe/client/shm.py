@@ -312,17 +312,17 @@ class Segment:
         try:
             st = os.fstat(handle)
             # owner first: of another user's file neither owner nor type is said (dp_client.c)
-            if st.st_uid != uid:
-                raise SegmentError(
-                    f"segment fd {fd} is not a duckpipe segment of yours (uid {uid})"
-                )
-            if not stat.S_ISREG(st.st_mode):
-                raise SegmentError(f"{path} is not a regular file")
-            ours = os.open(f"/proc/self/fd/{handle}", os.O_RDWR | os.O_CLOEXEC | os.O_NOCTTY)
+            mine, regular = st.st_uid == uid, stat.S_ISREG(st.st_mode)
+            if mine and regular:
+                ours = os.open(f"/proc/self/fd/{handle}", os.O_RDWR | os.O_CLOEXEC | os.O_NOCTTY)
         except OSError as e:
             raise SegmentError(f"cannot open {path}: {e.strerror}") from e
         finally:
             os.close(handle)
+        if not mine:
+            raise SegmentError(f"segment fd {fd} is not a duckpipe segment of yours (uid {uid})")
+        if not regular:
+            raise SegmentError(f"{path} is not a regular file")
         try:
             st = os.fstat(ours)
             if st.st_uid != uid or not stat.S_ISREG(st.st_mode):
