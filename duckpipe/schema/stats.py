@@ -201,7 +201,7 @@ COUNTERS: tuple[Counter, ...] = (
         "completion_flushes_wanted",
         "of those, sent at once: a client waited for one (completions_wanted)",
     ),
-    Counter("peers_gone", "Attach refused: the process that connected has exited"),
+    Counter("peers_gone", "Attach refused: the process that made the connection has exited"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

@@ -339,7 +339,7 @@ struct dp_stats_duck {
     X(rx_gro_buffers) /* socket: receives that held several datagrams (UDP GRO) */                          \
     X(rx_gro_segments) /* socket: the datagrams those receives held */                                      \
     X(completion_flushes_wanted) /* of those, sent at once: a client waited for one (completions_wanted) */ \
-    X(peers_gone) /* Attach refused: the process that connected has exited */
+    X(peers_gone) /* Attach refused: the process that made the connection has exited */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");
