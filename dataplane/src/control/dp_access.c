@@ -18,7 +18,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <grp.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +26,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "dp_client.h"
 #include "dp_common.h"
 
 /* "...:uid:gid:pid", the tail libzmq appends to an ipc peer's Peer-Address (SO_PEERCRED).
@@ -68,12 +68,6 @@ bool dp_peer_credentials(const char *endpoint, const char *pa, uint32_t *uid, ui
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77 /* Linux 6.5 */
 #endif
-
-bool dp_pidfd_exited(int pidfd)
-{
-	struct pollfd p = { .fd = pidfd, .events = POLLIN };
-	return pidfd < 0 || poll(&p, 1, 0) != 0;
-}
 
 int dp_peer_pidfd(int sockfd, uint32_t uid, uint32_t gid, uint32_t pid)
 {

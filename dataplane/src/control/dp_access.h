@@ -41,8 +41,4 @@ bool dp_peer_credentials(const char *endpoint, const char *peer_address, uint32_
  * pid now. -1 with dp_error() when the connection is closed, or that process has exited. */
 int dp_peer_pidfd(int sockfd, uint32_t uid, uint32_t gid, uint32_t pid);
 
-/* True once the process behind pidfd has exited (its pidfd polls readable), or when the
- * kernel cannot say: a caller refuses rather than guess. */
-bool dp_pidfd_exited(int pidfd);
-
 #endif /* DP_ACCESS_H */

@@ -22,6 +22,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +34,6 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
-#include "dp_access.h"
 #include "dp_backend.h"
 #include "dp_config_gen.h"
 #include "dp_seg_plan.h"
@@ -478,6 +478,12 @@ static int proc_stat(uint32_t pid, char *state, uint64_t *start_ticks)
 		return -1;
 	*start_ticks = ticks;
 	return 1;
+}
+
+bool dp_pidfd_exited(int pidfd)
+{
+	struct pollfd p = { .fd = pidfd, .events = POLLIN };
+	return pidfd < 0 || poll(&p, 1, 0) != 0;
 }
 
 uint64_t dp_process_start_ticks(uint32_t pid)

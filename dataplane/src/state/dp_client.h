@@ -95,6 +95,9 @@ int dp_client_populate(struct dp_client *c, size_t step);
 int dp_client_unmap_step(struct dp_client *c, size_t step);
 void dp_client_unmap(struct dp_client *c);
 
+/* True once the process behind pidfd has exited (its pidfd polls readable), or when the
+ * kernel cannot say: a caller refuses rather than guess. */
+bool dp_pidfd_exited(int pidfd);
 /* A process's start time (clock ticks since boot, /proc/<pid>/stat field 22), 0 when it
  * cannot be read. With the pid it names one process: pids are reused, start times not. */
 uint64_t dp_process_start_ticks(uint32_t pid);
