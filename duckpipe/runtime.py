@@ -244,7 +244,9 @@ class PeerGone(DuckpipeError):
 def pidfd_exited(pidfd: int) -> bool:
     """True once the process behind ``pidfd`` has exited (the pidfd polls readable)."""
     try:
-        return bool(select.select([pidfd], [], [], 0)[0])
+        p = select.poll()  # not select(): a descriptor past 1023 is refused there
+        p.register(pidfd, select.POLLIN)
+        return bool(p.poll(0))
     except (OSError, ValueError):
         return True  # cannot tell: refuse rather than guess
 
@@ -289,7 +291,13 @@ def pidfd_getfd(pidfd: int, pid: int, fd: int, what: str) -> int:
     if pidfd_exited(pidfd):
         raise DuckpipeError(f"the client (pid {pid}) has exited")
     libc = ctypes.CDLL(None, use_errno=True)
-    got = libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0) if fd >= 0 else -1
+    args = (
+        ctypes.c_long(_SYS_PIDFD_GETFD),
+        ctypes.c_long(pidfd),
+        ctypes.c_long(fd),
+        ctypes.c_long(0),
+    )
+    got = libc.syscall(*args) if fd >= 0 else -1
     err = ctypes.get_errno() if fd >= 0 else errno.EBADF
     if got < 0 and err == errno.EPERM:
         try:
