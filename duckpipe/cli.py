@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import pwd
 import sys
 import time
 from pathlib import Path
@@ -347,12 +349,37 @@ def _exporter(args: argparse.Namespace) -> int:
     return serve(args.port, args.address, stats=args.stats, control=args.control)
 
 
+def _shutdown_refused(control: str, reply) -> DuckpipeError:
+    """The dataplane's refusal of Shutdown, saying who may stop it: the admin, the user
+    that started it, who owns an ipc:// socket (a control_group member is a client)."""
+    from .errors import NotPermitted, refused
+    from .schema.control import ErrorCode
+
+    if reply.code != ErrorCode.NOT_PERMITTED:
+        return refused(reply.code, f"the dataplane at {control} refused shutdown: {reply.message}")
+    who = "the user who started it (the admin)"
+    with contextlib.suppress(OSError, ValueError):
+        if control.startswith("ipc://"):
+            uid = os.stat(control.removeprefix("ipc://")).st_uid
+            with contextlib.suppress(KeyError):
+                who = f"{who}, {pwd.getpwuid(uid).pw_name} (uid {uid})"
+            if who.endswith("(the admin)"):
+                who = f"{who}, uid {uid}"
+    return NotPermitted(
+        reply.code,
+        f"the dataplane at {control} refused shutdown: {reply.message}; only {who} may stop "
+        f"it, and you (uid {os.getuid()}) are a client of it",
+    )
+
+
 def _shutdown(args: argparse.Namespace) -> int:
     from .launch.process import control_request
     from .schema import control as ctl
 
     control = args.control or runtime.default_control()
     reply = control_request(control, ctl.Shutdown(req_id=1), 2.0)
+    if isinstance(reply, ctl.Error):  # it is there and said no: not "nobody answered"
+        raise _shutdown_refused(control, reply)
     if not isinstance(reply, ctl.Ack):
         print(f"no dataplane acknowledged shutdown at {control}", file=sys.stderr)
         return 1

@@ -80,6 +80,47 @@ def _hugetlbfs() -> Check:
     )
 
 
+def _duckpipe_program(proc) -> str:
+    """The duckpipe program ``proc`` runs ("duckpipe-dataplane", "duckpipe-ducks", the
+    mock's "duckpipe mock-dataplane") when it is this user's; "" otherwise."""
+    try:
+        if proc.uids().real != os.getuid():
+            return ""
+        argv = proc.cmdline()
+    except Exception:  # gone, or not ours to read
+        return ""
+    first = os.path.basename(argv[0]) if argv else ""
+    if first in ("duckpipe-dataplane", "duckpipe-ducks"):
+        return first
+    if "duckpipe" in argv[:4] or any(a.endswith("/duckpipe") for a in argv[:2]):
+        for command in ("mock-dataplane", "dataplane", "ducks"):
+            if command in argv:
+                return f"duckpipe {command}"
+    return ""
+
+
+def _port_holders(ports: list[int]) -> dict[int, tuple[int, str]]:
+    """UDP port -> (pid, the duckpipe program of this user's holding it, or "") for the
+    ports whose holder this user may see (psutil reads /proc: its own processes)."""
+    if not ports:
+        return {}
+    import psutil
+
+    try:
+        conns = psutil.net_connections(kind="udp4")
+    except (psutil.Error, OSError):
+        return {}
+    out: dict[int, tuple[int, str]] = {}
+    for c in conns:
+        if c.laddr and c.laddr.port in ports and c.pid:
+            try:
+                name = _duckpipe_program(psutil.Process(c.pid))
+            except psutil.Error:
+                name = ""
+            out[c.laddr.port] = (c.pid, name)
+    return out
+
+
 def _ports() -> Check:
     try:
         host, duck, why = runtime.default_ports()
@@ -87,6 +128,17 @@ def _ports() -> Check:
         return Check("default ports", "fail", str(e), "unset DUCKPIPE_PORT_BASE or fix it")
     busy = [p for p in [host, *range(duck, duck + 8)] if not runtime.udp_port_free(p)]
     detail = f"dataplane {host}, ducks {duck}.. ({why})"
+    holders = _port_holders(busy)
+    ours = {pid: name for pid, name in holders.values() if name}
+    if busy and len(holders) == len(busy) and all(name for _, name in holders.values()):
+        # the user's own cluster holds them: its ports are in use because it runs
+        running = ", ".join(f"{name} (pid {pid})" for pid, name in sorted(ours.items()))
+        return Check(
+            "default ports",
+            "ok",
+            f"{detail}: in use by your running {running}: the default cluster is up "
+            "(`duckpipe stats` shows it, `duckpipe shutdown` stops the dataplane)",
+        )
     if busy:
         return Check(
             "default ports",

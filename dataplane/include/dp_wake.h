@@ -63,7 +63,8 @@ static inline int dp_futex_wake(uint32_t *word)
  * doorbell_fd is the pipe's write end, O_NONBLOCK; the client keeps the read end open
  * too, so that a dataplane gone never makes the write raise SIGPIPE. Returns 1 if it
  * rang, 0 if the dataplane is awake, -1 if the write failed (errno; EAGAIN: the pipe
- * is full, so the dataplane is being woken anyway). */
+ * is full, so it rang already). Ring only after advancing head: the dispatcher mutes
+ * for a while a doorbell whose rings bring no new descriptors (dp_dispatch.c). */
 static inline int dp_doorbell_ring(const struct dp_seg_header *h, int doorbell_fd)
 {
 	/* seq_cst: head's store before need_wakeup's load; pairs with dp_dispatch_park's fence */

@@ -215,7 +215,7 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
 
     def batch(tokens: int):
         x = rng.standard_normal((tokens, cfg.hidden), np.float32).astype(np.float16)
-        weights, indices = gate(x)
+        indices, weights = gate(x)
         return x, indices, weights
 
     batches = {

@@ -91,8 +91,9 @@ def connect(
     which fits which machine). None of them needs ZeroMQ: the completion's timings and
     duck lists arrive there, read in batches and on demand (``Forward.timings``).
     ``forward_timeout`` is each forward's deadline in the dataplane (None: the
-    dataplane's default). The dataplane is declared lost when its process exits or its
-    heartbeat is older than ``dataplane_timeout`` seconds.
+    dataplane's default); one above the dataplane's ``max_timeout_us`` is refused here
+    (``BadInput``), not in every forward. The dataplane is declared lost when its
+    process exits or its heartbeat is older than ``dataplane_timeout`` seconds.
 
     ``debug_slots`` (default: ``$DUCKPIPE_DEBUG_SLOTS`` is 1) write-protects every
     activation slot this client holds free, so that a write through a stale handle
@@ -125,14 +126,47 @@ def _control_address(control: object) -> str:
     if control is None:
         return runtime.default_control()
     if isinstance(control, str):
-        return control
+        return _checked_address(control)
     address = getattr(control, "control", None)
     if isinstance(address, str) and address:
-        return address
-    raise TypeError(
+        return _checked_address(address)
+    raise BadInput(  # a DuckpipeError like every other: one family to catch
         f"connect() takes a control address such as 'ipc:///run/user/1000/duckpipe/control', "
         f"or an object with a .control address (duckpipe_mock, a Cluster), not "
         f"{type(control).__name__}"
+    )
+
+
+#: what a control address looks like: ZeroMQ's own words for the two transports the
+#: dataplane serves (anything else fails inside libzmq with a bare EINVAL)
+_ADDRESS = re.compile(r"(ipc://.+|tcp://.+:\d+)")
+
+
+def _checked_address(address: str) -> str:
+    """``address`` if it is an ipc:// or tcp:// endpoint; BadInput saying what one is."""
+    if _ADDRESS.fullmatch(address):
+        return address
+    raise BadInput(
+        f"{address!r} is not a control address: give the dataplane's `control` setting, "
+        f"e.g. 'ipc://{runtime.default_control().removeprefix('ipc://')}' (a socket path) "
+        "or 'tcp://HOST:PORT' (with CURVE keys); omit it for $DUCKPIPE_CONTROL or this "
+        "user's default"
+    )
+
+
+def _check_forward_timeout(
+    session: Session, att: ctl.Attached, forward_timeout: float | None
+) -> None:
+    """Refuse, at connect, a forward_timeout the dataplane would refuse in every forward
+    (BAD_REQUEST): its limit is known only once attached. Detaches on the way out."""
+    limit = att.max_timeout_us  # 0: a dataplane that does not say
+    if forward_timeout is None or not limit or session.timeout_us <= limit:
+        return
+    session.close()
+    raise BadInput(
+        f"forward_timeout={forward_timeout:g} s is above this dataplane's max_timeout_us "
+        f"({limit} us = {limit / 1e6:g} s): every forward would be refused. Ask for at "
+        f"most {limit / 1e6:g} s, or raise max_timeout_us in the dataplane's topology"
     )
 
 
@@ -325,6 +359,7 @@ class Client:
         att = session.attach(name, timeout)
         self.client_id = att.client_id
         self.mode = att.mode
+        _check_forward_timeout(session, att, forward_timeout)
 
     # --- public API -----------------------------------------------------------
 

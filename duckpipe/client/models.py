@@ -269,7 +269,11 @@ def _check_shapes(mlp: object, want: dict[str, tuple[int, ...]]) -> None:
             raise BadInput(
                 f"{type(mlp).__name__}.{name} has shape {arr.shape}, expected {shape}{hint}"
             )
-        dtype_code(arr.dtype)
+        if arr.dtype not in DTYPES:  # name the tensor: the bare dtype message would not
+            raise BadInput(
+                f"{type(mlp).__name__}.{name} is {arr.dtype}; the ducks compute float32 or "
+                f"float16 (e.g. {name}=array.astype(np.float32))"
+            )
         if dtype is not None and arr.dtype != dtype:
             raise BadInput(f"{type(mlp).__name__}: all tensors must share one dtype")
         dtype = arr.dtype

@@ -18,16 +18,28 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import BadInput
 from .models import SwiGluMlp, dtype_code
 
-__all__ = ["SCORES", "Gate", "MoeMlp", "check_routing"]
+__all__ = ["SCORES", "Gate", "MoeMlp", "Routing", "check_routing"]
 
 #: The gate's scoring functions, as DeepSeek-V3's ``score_func`` names them.
 SCORES = ("softmax", "sigmoid")
+
+
+class Routing(NamedTuple):
+    """A gate's choice for each token, both ``[tokens, topk]``: what ``Gate`` returns and
+    what ``submit(..., routing=)`` and ``forward(..., routing=)`` take as they are.
+
+    In the order ``routing=`` has always taken, ``(indices, weights)``: unpack it by name
+    (``r.indices``, ``r.weights``) or in that order."""
+
+    indices: np.ndarray  # int32 expert ids, best first
+    weights: np.ndarray  # float32, each row's expert weights
 
 
 def check_routing(x: np.ndarray, indices: np.ndarray, weights: np.ndarray, n_experts: int) -> None:
@@ -91,7 +103,8 @@ def check_routing(x: np.ndarray, indices: np.ndarray, weights: np.ndarray, n_exp
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Gate:
-    """DeepSeek-V3's router: ``gate(x)`` gives ``(weights, indices)``, both ``[tokens, topk]``.
+    """DeepSeek-V3's router: ``gate(x)`` gives a :class:`Routing` ``(indices, weights)``,
+    both ``[tokens, topk]``, which ``routing=`` takes as it is.
 
     - scores: ``softmax`` or ``sigmoid`` of ``x @ weight.T``;
     - ``bias`` (``[n_experts]``) is added to the scores to choose experts, never to weigh them;
@@ -171,7 +184,7 @@ class Gate:
     def hidden(self) -> int:
         return int(self.weight.shape[1])
 
-    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, x: np.ndarray) -> Routing:
         if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != self.hidden:
             got = x.shape if isinstance(x, np.ndarray) else type(x).__name__
             raise BadInput(
@@ -205,7 +218,7 @@ class Gate:
         if self.score == "sigmoid":
             weights = weights / weights.sum(axis=1, keepdims=True)
         weights = weights * self.route_scale
-        return weights.astype(np.float32), indices.astype(np.int32)
+        return Routing(indices=indices.astype(np.int32), weights=weights.astype(np.float32))
 
     @classmethod
     def random(

@@ -31,7 +31,7 @@ from ..schema import control as ctl
 from ..schema.abi import B_DOWN_TENSOR, MlpKind, Op, Status
 from ..schema.routing import MAX_EXPERTS, MAX_REPLICAS
 from . import routing
-from .models import Mlp, dtype_code, shard_bounds, shard_sizes
+from .models import GeluMlp, Mlp, SwiGluMlp, dtype_code, shard_bounds, shard_sizes
 from .moe import MoeMlp
 
 #: A chunk unacknowledged this long names its duck on the progress bar ("waiting for
@@ -217,6 +217,24 @@ def _banks(moe: MoeMlp, plan: MoeLayer) -> Iterator[tuple[int, int, np.ndarray]]
             yield duck, t, np.ascontiguousarray(arr)
 
 
+def _check_model(mlp: object) -> None:
+    """BadInput unless ``mlp`` is a model: a bare array would otherwise fail on its dtype
+    (float64 "not supported") before anything said that a layer is a model object."""
+    if isinstance(mlp, (GeluMlp, SwiGluMlp, MoeMlp)):
+        return
+    what = (
+        f"a numpy array of shape {mlp.shape} and dtype {mlp.dtype}"
+        if isinstance(mlp, np.ndarray)
+        else f"a {type(mlp).__name__}"
+    )
+    raise BadInput(
+        f"load_weights takes a layer's model, not {what}: duckpipe.GeluMlp(w_up=[hidden, ffn], "
+        "b_up=[ffn], w_down=[ffn, hidden], b_down=[hidden] or None), duckpipe.SwiGluMlp("
+        "w_gate=[hidden, ffn], w_up=[hidden, ffn], w_down=[ffn, hidden]) or duckpipe.MoeMlp; "
+        "every tensor float32 or float16"
+    )
+
+
 def load_weights(
     session: Session,
     layer: int,
@@ -237,6 +255,7 @@ def load_weights(
     session.check_usable()
     if not isinstance(layer, int) or not 0 <= layer <= 0xFFFF_FFFF:
         raise BadInput(f"layer must be an integer in [0, 2**32), not {layer!r}")
+    _check_model(mlp)
     is_moe = isinstance(mlp, MoeMlp)
     if placement is not None and not is_moe:
         raise BadInput(

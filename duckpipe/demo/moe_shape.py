@@ -46,7 +46,8 @@ TOPK = 8
 EXPERT_FFN = 128  # DeepSeek-V3's moe_inter_dim is 2048: narrowed (the module's docstring)
 SHARED_FFN = 128
 BATCHES = (1, 8, 32)  # tokens per MoE call: decode of one sequence, of 8, of 32
-#: DESIGN.md's reference cluster: the whole DeepSeek-V3 model decoding on 32 real ducks
+#: The reference cluster (docs/benchmarks.md, its table): the whole DeepSeek-V3 model
+#: decoding on 32 real ducks
 REFERENCE_DECODE_TOKENS_PER_S = 16.17
 #: The largest |ducks - host reference| / largest |host reference| that passes. The ducks
 #: and the reference both compute in float32 from the same float16 inputs and round the
@@ -87,7 +88,7 @@ class MoeShape:
         routing by the gate on the host: ``(x, indices, weights)``."""
         rng = np.random.default_rng([self.seed, 2, tokens, call])
         x = rng.standard_normal((tokens, self.hidden), np.float32).astype(self.dtype)
-        weights, indices = self.gate(x)
+        indices, weights = self.gate(x)
         return x, indices, weights
 
 
@@ -191,8 +192,8 @@ def format_report(
         "reported",
         f"  check: largest |ducks - MoeMlp.reference| / largest |reference| <= {tolerance:.0e}",
         "",
-        f"reference cluster (DESIGN.md; other hardware: real ducks, the whole model with its "
-        f"attention and every layer, not this run): DeepSeek-V3 decodes at "
+        "reference cluster (docs/benchmarks.md; other hardware: real ducks, the whole model "
+        f"with its attention and every layer, not this run): DeepSeek-V3 decodes at "
         f"{REFERENCE_DECODE_TOKENS_PER_S} tokens/s, {1e3 / REFERENCE_DECODE_TOKENS_PER_S:.1f} ms "
         "per token for every layer together",
         "",

@@ -379,7 +379,7 @@ def _verdict(result: dict, args: argparse.Namespace) -> tuple[bool, str]:
 
 def _print_report(result: dict, args: argparse.Namespace) -> None:
     n = len(result["timer"].e2e_ns)
-    print(f"\nmodel: {result['model']}, {args.ducks} ducks, {n} offloaded MLP calls")
+    print(f"\nmodel: {result['model']}, {result['ducks']} ducks, {n} offloaded MLP calls")
     if "cosine" in result:
         sents = result["sentences"]
         cos = result["cosine"]
@@ -406,7 +406,7 @@ def _json_report(result: dict, args: argparse.Namespace, mode: str) -> str:
     doc = {
         "model": result["model"],
         "dataplane": mode,
-        "ducks": args.ducks,
+        "ducks": result["ducks"],
         "max_abs_diff": result["max_abs_diff"],
         "timings_us": result["timer"].table(),
         "mlp_calls": len(result["timer"].e2e_ns),
@@ -446,6 +446,9 @@ def run(args: argparse.Namespace) -> int:
             result = _moe(client, control, args, say)
         else:
             result = (_qwen if args.model == "qwen3-0.6b-shape" else _minilm)(client, args, say)
+            # the dataplane's own count: --ducks is only what the demo would start, and
+            # says nothing of a dataplane given with --control
+            result["ducks"] = len(client.topology().ducks)
         mode = client.mode
     if moe:
         ok, text = _moe_output(result, args, mode)

@@ -52,8 +52,10 @@ from ..schema.abi import (
     B_DOWN_TENSOR,
     MAX_CLIENTS,
     MAX_DUCKS,
+    MOE_LAYER_STATE_BYTES,
     SHARD_TENSORS,
     DetachReason,
+    MlpKind,
     Op,
     Status,
     tensor_shape,
@@ -264,6 +266,12 @@ class _Client:
     completed: int = 0
     inflight: int = 0  # deferred completions not sent yet
     closing: bool = False  # detached: unmapped once nothing is in flight
+    # when it attached: no submit stamp of an honest client is older (_client_prepare)
+    attach_ns: int = dataclasses.field(default_factory=runtime.monotonic_ns)
+
+
+#: what a completion's fields carry for the mock alone: never sent in the Completion
+_PRIVATE_FIELDS = ("nbytes", "_pickup_ns", "_sent_ns", "_bytes_in")
 
 
 @dataclasses.dataclass(order=True)
@@ -789,6 +797,7 @@ class MockDataplane:
             ducks=self.cfg.ducks,
             default_timeout_us=int(self._check.limits.default_timeout_us),
             max_forward_bytes=self.cfg.max_forward_bytes,
+            max_timeout_us=int(self._check.limits.max_timeout_us),
         )
 
     def _load_weights(
@@ -827,6 +836,9 @@ class MockDataplane:
         shapes = [_tensor_shapes(msg.kind, msg.hidden, f) for f in msg.shard_sizes]
         weight_bytes = item * sum(int(np.prod(s)) for plan in shapes for s in plan)
         weight_bytes += 8 * msg.hidden if msg.has_b_down else 0  # as the C dataplane counts
+        # a MoE layer's placement and state, as dp_layer_plan_bytes counts them
+        state = MOE_LAYER_STATE_BYTES if msg.kind == MlpKind.MOE else 0
+        weight_bytes += state
         mine = [la for la in self.layers.values() if la.owner == me.id and la is not prev]
         held = sum(la.weight_bytes for la in mine)
         if (
@@ -834,9 +846,12 @@ class MockDataplane:
             or held + weight_bytes > cfg.client_max_weight_bytes
         ):
             self.counters["quota_refused"] += 1
+            what = f"{weight_bytes} bytes"
+            if state:
+                what += f": its weights and {state} of MoE placement and state"
             raise _Refused(
                 ErrorCode.QUOTA_EXCEEDED,
-                f"layer {msg.layer} ({weight_bytes} bytes) would pass this client's quota: "
+                f"layer {msg.layer} ({what}) would pass this client's quota: "
                 f"{len(mine)} of {cfg.client_max_layers} layers, {held} of "
                 f"{cfg.client_max_weight_bytes} weight bytes held; unload layers first",
             )
@@ -980,6 +995,7 @@ class MockDataplane:
         missing = [t for t in targets if t in faults.dead_ducks]
         acc = np.zeros(shape, np.float32)
         compute = []
+        sent = runtime.monotonic_ns()  # the mock's "first send": its ducks start computing
         t_wait = time.perf_counter_ns()
         for duck in answered:
             t0 = time.perf_counter_ns()
@@ -996,7 +1012,8 @@ class MockDataplane:
             np.copyto(client.seg.res_view(fields["slot"], shape, npdt), acc, casting="same_kind")
         t_end = time.perf_counter_ns()
         fields["nbytes"] = nbytes
-        fields["_submit_ns"] = int(d.submit_ns)
+        fields["_pickup_ns"] = pickup
+        fields["_sent_ns"] = sent
         fields["_bytes_in"] = nbytes
         for duck, ns in zip(answered, compute, strict=True):
             self.stats.duck_reply(duck, ns)
@@ -1005,7 +1022,7 @@ class MockDataplane:
         for duck in missing:
             self.stats.duck_missed(duck, 1)  # the mock counts one chunk per missed partial
         timings = ctl.Timings(
-            prepare_ns=max(0, pickup - int(d.submit_ns)),
+            prepare_ns=self._client_prepare(client, int(d.submit_ns), pickup),
             spread_ns=max(compute) - min(compute) if compute else 0,
             wait_ns=t_reduce - t_wait,
             reduce_ns=0 if missing else t_end - t_reduce,  # as the C: nothing is stored
@@ -1021,6 +1038,16 @@ class MockDataplane:
         else:
             self.counters["forwards_ok"] += 1
             self._finish(client, fields, Status.OK, answered, [], timings)
+
+    def _client_prepare(self, client: _Client, submit: int, pickup: int) -> int:
+        """The client's own prepare_ns from its submit stamp, as dp_fwd_client_prepare: 0
+        and counted when the stamp is after pickup or before the client attached."""
+        if not submit:
+            return 0
+        if submit > pickup or submit < client.attach_ns:
+            self.counters["client_clock_implausible"] += 1
+            return 0
+        return pickup - submit
 
     def _routed(self, client: _Client, d, plan: moe.MoePlan, desc_plan, shape) -> moe.Routed:
         """A ROUTED forward's routing out of its slot, copied once and checked by the C
@@ -1165,7 +1192,7 @@ class MockDataplane:
             lib.dp_slot_publish(client.seg.slot_headers + slot, hdr, f["generation"], f["status"])
         client.completed += 1
         self._stats_completion(client, f)
-        f = {k: v for k, v in f.items() if k not in ("nbytes", "_submit_ns", "_bytes_in")}
+        f = {k: v for k, v in f.items() if k not in _PRIVATE_FIELDS}
         self._send(client.identity, ctl.Completion(current_epoch=self.epoch, **f))
 
     # --- the stats segment ----------------------------------------------------------
@@ -1174,20 +1201,22 @@ class MockDataplane:
         """A completion's bytes, status and (forwards) phase times into the segment, as
         the C dataplane counts them (dp_stats.c)."""
         ok = f["status"] == Status.OK
-        forward = "_submit_ns" in f
+        forward = "_pickup_ns" in f
         self.stats.client_bytes(
             client.id,
             f.get("_bytes_in", 0) if ok or forward else 0,
             int(f.get("nbytes", 0)) if ok and forward else 0,
             not ok,
         )
-        submit = f.get("_submit_ns")
-        if submit is None:
+        pickup = f.get("_pickup_ns")
+        if pickup is None:
             return
         t: ctl.Timings = f["timings"]
-        if submit:
-            self.stats.record("end_to_end", runtime.monotonic_ns() - submit)
-        for name in ("prepare", "send", "wait", "fetch", "reduce"):
+        # the shared histograms take the dataplane's own clock only, never the client's
+        # submit stamp (dp_stats.c): picked up -> completion, picked up -> "sent"
+        self.stats.record("end_to_end", max(0, runtime.monotonic_ns() - pickup))
+        self.stats.record("prepare", max(0, f["_sent_ns"] - pickup))
+        for name in ("send", "wait", "fetch", "reduce"):
             self.stats.record(name, getattr(t, name + "_ns"))
         if len(f["answered"]) > 1:
             self.stats.record("reply_spread", t.spread_ns)

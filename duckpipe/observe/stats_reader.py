@@ -11,8 +11,10 @@ reader (issue 17). ``msgspec.json.encode(snapshot)`` is the ``--json`` document 
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import pwd
 import stat
 import time
 from pathlib import Path
@@ -36,6 +38,7 @@ __all__ = [
     "NoDataplane",
     "Snapshot",
     "StaleDataplane",
+    "StatsNotReadable",
     "duck_why",
     "find_stats",
     "heartbeat_age_ns",
@@ -56,6 +59,31 @@ MOE_COUNTERS = ("moe_forwards", "moe_broadcasts", "moe_unicasts", "moe_bytes", "
 
 class NoDataplane(DuckpipeError):
     """No stats segment where the dataplane would publish one."""
+
+
+class StatsNotReadable(NoDataplane):
+    """A stats segment (or its directory) is there but not open to this user: the
+    dataplane runs; saying "start one" would mislead."""
+
+
+def _not_readable(path: Path, control: str | None) -> StatsNotReadable:
+    """Why ``path`` is closed to us, and what we may read instead: the segment lists
+    every client's pid, name and segment, which the dataplane shows its admin only
+    (docs/security.md); a control_group member asks over the control socket."""
+    owner = "the dataplane's user"
+    with contextlib.suppress(OSError):
+        uid = path.stat().st_uid
+        with contextlib.suppress(KeyError):
+            owner = f"{pwd.getpwuid(uid).pw_name} (uid {uid}), the dataplane's user"
+        if owner == "the dataplane's user":
+            owner = f"uid {uid}, the dataplane's user"
+    where = f" --control {control}" if control else ""
+    return StatsNotReadable(
+        f"a dataplane's stats segment is at {path}, but it is readable only by {owner} (you are "
+        f"uid {os.geteuid()}): it lists every client's pid, name and segment, which the "
+        "dataplane shows its admin only. A member of its control_group sees the counters and "
+        f"its own clients with `duckpipe stats --control-query{where}`"
+    )
 
 
 class StaleDataplane(NoDataplane):
@@ -236,6 +264,12 @@ def find_stats(control: str | None = None) -> Path:
     NoDataplane when there is none."""
     control = control or runtime.default_control()
     path = stats_path_for(control)
+    try:
+        path.stat()
+    except PermissionError:  # a directory not open to us: it is there, not readable
+        raise _not_readable(path, control) from None
+    except OSError:
+        pass
     if not path.exists():
         raise NoDataplane(
             f"no dataplane running (looked for {path}, the stats segment of {control}); "
@@ -321,9 +355,7 @@ def read_snapshot(path: Path | None = None, control: str | None = None) -> Snaps
     except FileNotFoundError:
         raise NoDataplane(f"no dataplane running (looked for {path})") from None
     except PermissionError:
-        raise NoDataplane(
-            f"cannot read {path}: the stats segment is readable by the dataplane's user only"
-        ) from None
+        raise _not_readable(path, control) from None
     except OSError as e:
         raise NoDataplane(f"cannot read {path}: {e.strerror} (not a stats segment)") from None
     try:

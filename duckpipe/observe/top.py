@@ -201,6 +201,8 @@ class ProcessSampler:
 
 
 def _once(args: argparse.Namespace) -> int:
+    from .stats_reader import StatsNotReadable
+
     read = _reader(args)
     missing = _no_dataplane_errors()
     sampler = ProcessSampler()
@@ -210,7 +212,8 @@ def _once(args: argparse.Namespace) -> int:
         time.sleep(args.interval if args.interval is not None else ONCE_INTERVAL)
         second = read()
     except missing as e:
-        hint = "" if "--stats" in str(e) else _HINT
+        # a segment there but closed to us says what to do instead: no "start one"
+        hint = "" if "--stats" in str(e) or isinstance(e, StatsNotReadable) else _HINT
         print(f"duckpipe-top: {e}{hint}", file=sys.stderr)
         return 1
     procs = sampler.sample(second)

@@ -48,6 +48,7 @@ __all__ = [
     "MAX_DIMS",
     "MAX_DUCKS",
     "MAX_NICS",
+    "MOE_LAYER_STATE_BYTES",
     "SEG_MAGIC",
     "SHARD_TENSORS",
     "TENSOR_NAMES",
@@ -83,6 +84,24 @@ MAX_NICS = 8  # NICs (and NIC workers) of one dataplane
 # config's client_max_layers, which the dataplane checks at start, so that clients at
 # their quota can never fill it for the others.
 LAYER_TABLE = 8192
+# What a mixture-of-experts layer holds in the dataplane besides its weights: its
+# placement and bank slots (struct dp_layer_moe, ~34 KiB) and the layer's own state
+# (struct dp_layer, ~15 KiB). Both dataplanes count it against the owner's
+# client_max_weight_bytes (dp_layer_plan_bytes; the C build asserts the structs fit in it).
+MOE_LAYER_STATE_BYTES = 48 << 10
+
+
+class _NamedIntEnum(enum.IntEnum):
+    """An IntEnum a person reads: ``print`` and f-strings show ``Status.OK``, not ``1``
+    (Python 3.11's IntEnum prints its number); a numeric format spec still gets the int."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        if spec and spec[-1] in "bcdoxXn":
+            return int(self).__format__(spec)
+        return str(self).__format__(spec)
 
 
 class Backing(enum.IntEnum):
@@ -107,7 +126,7 @@ class Op(enum.IntEnum):
     WEIGHT_COMMIT = 3  # every chunk of a load was submitted; make the layer usable
 
 
-class DType(enum.IntEnum):
+class DType(_NamedIntEnum):
     F32 = 1
     F16 = 2
 
@@ -116,7 +135,7 @@ class DType(enum.IntEnum):
 DTYPE_SIZES: dict[DType, int] = {DType.F32: 4, DType.F16: 2}
 
 
-class Status(enum.IntEnum):
+class Status(_NamedIntEnum):
     """Completion status, in the slot header's done word and the ZeroMQ completion."""
 
     PENDING = 0  # never sent; the value of a slot header nobody completed yet
@@ -129,7 +148,7 @@ class Status(enum.IntEnum):
     BAD_REQUEST = 7  # descriptor refused (unknown layer, wrong shape, bad target set...)
 
 
-class MlpKind(enum.IntEnum):
+class MlpKind(_NamedIntEnum):
     GELU = 1  # BERT: gelu(x @ w_up + b_up) @ w_down (+ b_down once, after the reduce)
     SWIGLU = 2  # Qwen: (silu(x @ w_gate) * (x @ w_up)) @ w_down
     #: a mixture-of-experts layer: each duck's shard is a SwiGLU "bank" whose FFN columns
@@ -374,6 +393,7 @@ CONSTANTS: dict[str, int] = {
     "MAX_CLIENTS": MAX_CLIENTS,
     "MAX_NICS": MAX_NICS,
     "LAYER_TABLE": LAYER_TABLE,
+    "MOE_LAYER_STATE_BYTES": MOE_LAYER_STATE_BYTES,
     "SHARD_TENSORS": SHARD_TENSORS,
     "B_DOWN_TENSOR": B_DOWN_TENSOR,
 }

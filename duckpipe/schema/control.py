@@ -8,13 +8,14 @@ append-only with defaults, so an older peer still decodes a newer message.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from typing import Annotated
 
 import msgspec
 from msgspec import Meta
 
-from .abi import MAX_DUCKS, MAX_NICS
+from .abi import MAX_DUCKS, MAX_NICS, DType, MlpKind
 from .routing import MAX_EXPERTS, MAX_REPLICAS
 
 __all__ = [
@@ -242,6 +243,9 @@ class Attached(Message, kw_only=True):
     # unused since protocol 4, always "" (it was the dataplane's doorbell, an abstract
     # AF_UNIX address every local user could ring: the doorbell is now Attach.doorbell_fd)
     doorbell: str = ""
+    # the longest deadline a forward may ask for (the topology's max_timeout_us): connect
+    # refuses a forward_timeout above it. 0: a dataplane that does not say
+    max_timeout_us: int = 0
 
 
 class Ack(Message, kw_only=True):
@@ -275,6 +279,10 @@ class Topology(Message, kw_only=True):
     ducks: list[DuckInfo]
 
 
+#: LayerInfo's fields shown by name in its repr
+_LAYER_ENUMS: dict[str, type[enum.IntEnum]] = {"kind": MlpKind, "dtype": DType}
+
+
 class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
     layer: int
     kind: int
@@ -299,6 +307,18 @@ class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
     # use only its own and shared ones: the client refuses the others up front
     owner: int = 0
     shared: bool = False
+
+    def __repr__(self) -> str:
+        # kind and dtype by name (MlpKind.MOE, DType.F32): the numbers are the wire's;
+        # a value this client does not know stays a number
+        fields = []
+        for f in self.__struct_fields__:
+            v = getattr(self, f)
+            if f in _LAYER_ENUMS:
+                with contextlib.suppress(ValueError):
+                    v = _LAYER_ENUMS[f](v)
+            fields.append(f"{f}={v!s}" if isinstance(v, enum.Enum) else f"{f}={v!r}")
+        return f"LayerInfo({', '.join(fields)})"
 
 
 class Layers(Message, kw_only=True):

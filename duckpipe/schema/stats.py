@@ -201,6 +201,19 @@ COUNTERS: tuple[Counter, ...] = (
         "completion_flushes_wanted",
         "of those, sent at once: a client waited for one (completions_wanted)",
     ),
+    Counter(
+        "client_clock_implausible",
+        "submit stamps after pickup or before the client attached: its prepare_ns is 0",
+    ),
+    Counter(
+        "rx_duck_filters",
+        "socket: kernel filters admitting only the NIC's ducks (what they refuse: rxq_overflows)",
+    ),
+    Counter("doorbells_idle", "doorbell rings heard that brought no new descriptor"),
+    Counter(
+        "doorbell_rate_limited",
+        "times a client's doorbell was muted for ringing with nothing new (dp_dispatch.c)",
+    ),
     Counter("peers_gone", "Attach refused: the process that made the connection has exited"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)

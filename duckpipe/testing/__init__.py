@@ -1,6 +1,9 @@
-"""pytest plugin: a mock dataplane to test duckpipe clients against.
+"""Helpers to test duckpipe clients (importable without pytest), and the pytest plugin.
 
-Installed with duckpipe (entry point ``pytest11``)::
+The plugin's fixtures live in :mod:`duckpipe.testing.plugin` (entry point ``pytest11``,
+installed with duckpipe); this module imports pytest only inside the helpers that skip a
+test, so ``set_faults``, ``null_backend_result``, ``null_topology`` and the rest work in a
+plain script::
 
     def test_my_model(duckpipe_mock):
         with duckpipe.connect(duckpipe_mock) as client:   # or duckpipe_mock.control
@@ -24,11 +27,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from ..errors import DataplaneRefused, DataplaneUnavailable
 from ..mock.process import MockDataplaneProcess, control_request
@@ -38,11 +40,6 @@ __all__ = [
     "MockDataplaneProcess",
     "assert_clean_exit",
     "cluster_class_or_skip",
-    "duckpipe_client",
-    "duckpipe_cluster_factory",
-    "duckpipe_mock",
-    "duckpipe_mock_factory",
-    "duckpipe_null_factory",
     "killed_client_segment",
     "mapped_by",
     "null_backend_result",
@@ -61,6 +58,8 @@ SANITIZER_MARKS = (
 
 def cluster_class_or_skip():
     """``duckpipe.launch.cluster.Cluster``, or a pytest skip naming the C program not built."""
+    import pytest  # only ever called inside a test
+
     from ..errors import DuckpipeError
     from ..launch.binaries import find_binary
 
@@ -142,60 +141,6 @@ def wait_until_gone(name: str, timeout: float = 10.0) -> bool:
     return not mapped_by(name)
 
 
-@pytest.fixture(scope="module")
-def duckpipe_mock() -> Iterator[MockDataplaneProcess]:
-    """A mock dataplane with 8 ducks, shared by the test module.
-
-    Connect to it with ``duckpipe.connect(duckpipe_mock)`` (or its address,
-    ``duckpipe_mock.control``); or take a ready client from ``duckpipe_client``."""
-    with MockDataplaneProcess(ducks=8) as dp:
-        yield dp
-
-
-@pytest.fixture
-def duckpipe_client(duckpipe_mock: MockDataplaneProcess) -> Iterator:
-    """A ``duckpipe.Client`` connected to the module's ``duckpipe_mock`` (8 ducks),
-    closed after the test: its layers go with it."""
-    from ..client.api import connect
-
-    with connect(duckpipe_mock, name="pytest") as client:
-        yield client
-
-
-@pytest.fixture
-def duckpipe_cluster_factory() -> Iterator:
-    """``duckpipe_cluster_factory(ducks, duck_args=[...], **settings)``: emulated ducks and
-    the C dataplane on loopback, stopped (and checked for a clean exit) after the test."""
-    cluster_cls = cluster_class_or_skip()
-    started = []
-
-    def start(ducks: int = 4, **kw):
-        cl = cluster_cls(ducks, **kw).start()
-        started.append(cl)
-        return cl
-
-    yield start
-    for cl in started:
-        assert_clean_exit(cl)
-
-
-@pytest.fixture
-def duckpipe_mock_factory() -> Iterator:
-    """``duckpipe_mock_factory(ducks=8, args=[...])``: a private mock dataplane for this
-    test (``args``: its command-line flags, e.g. ``["--dead-duck", "3"]``), stopped after
-    it. ``.control`` is its address; pass it (or the object) to ``duckpipe.connect``."""
-    started: list[MockDataplaneProcess] = []
-
-    def start(*, ducks: int = 8, args: Sequence[str] = ()) -> MockDataplaneProcess:
-        dp = MockDataplaneProcess(ducks=ducks, args=args)
-        started.append(dp)
-        return dp.start()
-
-    yield start
-    for dp in started:
-        dp.__exit__(None, None, None)
-
-
 def null_backend_result(x: np.ndarray, ducks: int, b_down: np.ndarray | None = None) -> np.ndarray:
     """What a forward of ``x`` through the ``null`` backend returns, bit for bit.
 
@@ -246,26 +191,14 @@ def null_topology(
     )
 
 
-@pytest.fixture
-def duckpipe_null_factory() -> Iterator:
-    """``duckpipe_null_factory(ducks=8, nics=1, broadcast=False, **settings)``: the C
-    dataplane with the ``null`` backend (see :func:`null_backend_result`), stopped and
-    checked for a clean exit after the test."""
-    from ..errors import DuckpipeError
-    from ..launch.binaries import find_binary
-    from ..launch.dataplane import DataplaneProcess
-
-    try:
-        find_binary("duckpipe-dataplane")
-    except DuckpipeError as e:
-        pytest.skip(str(e))
-    started: list[DataplaneProcess] = []
-
-    def start(ducks: int = 8, **kw) -> DataplaneProcess:
-        dp = DataplaneProcess(null_topology(ducks, **kw))
-        started.append(dp)
-        return dp.start()
-
-    yield start
-    for dp in started:
-        assert_clean_exit(dp)
+# An install made before the plugin had a module of its own names this module as its
+# pytest11 entry point: when pytest is running (the only time it is already imported),
+# carry the fixtures here too so that such an install keeps them until it is reinstalled.
+if sys.modules.get("pytest") is not None:
+    from .plugin import (  # noqa: F401
+        duckpipe_client,
+        duckpipe_cluster_factory,
+        duckpipe_mock,
+        duckpipe_mock_factory,
+        duckpipe_null_factory,
+    )

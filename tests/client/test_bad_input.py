@@ -171,6 +171,18 @@ def test_connect_rejects_bad_options(dataplane):
         duckpipe.connect(dataplane.control, wait="sleepy")
 
 
+def test_connect_refuses_a_forward_timeout_above_the_dataplanes_limit(dataplane):
+    # the dataplane would refuse every forward (BAD_REQUEST); its limit is the default 10 s
+    with pytest.raises(BadInput, match=r"forward_timeout=10\.5 s is above this dataplane's "
+                       r"max_timeout_us \(10000000 us = 10 s\)"):  # fmt: skip
+        duckpipe.connect(dataplane.control, forward_timeout=10.5)
+    with duckpipe.connect(dataplane.control, forward_timeout=10.0) as c:  # at it: fine
+        c.load_weights(1, GeluMlp.random(8, 64), ducks=[0, 1])
+        assert c.forward(1, np.ones((1, 8), np.float32)).shape == (1, 8)
+        # the refused client detached: only this one is left
+        assert [x.client_id for x in c.stats().clients] == [c.client_id]
+
+
 def test_load_weights_rejects_unknown_ducks_and_too_many_shards(client):
     mlp = GeluMlp.random(8, 4, seed=3)
     with pytest.raises(BadInput, match="distinct ids"):
@@ -179,6 +191,22 @@ def test_load_weights_rejects_unknown_ducks_and_too_many_shards(client):
         client.load_weights(9, mlp, ducks=[500])
     with pytest.raises(BadInput, match="cannot shard an FFN of 4 columns over 5 ducks"):
         client.load_weights(9, mlp, ducks=[0, 1, 2, 3, 4])
+
+
+def test_load_weights_of_a_bare_array_says_a_layer_is_a_model_and_which_dtypes(client):
+    # not "dtype float64 is not supported": the array's dtype is not what is wrong
+    with pytest.raises(BadInput) as e:
+        client.load_weights(2, np.ones((3, 3)))
+    msg = str(e.value)
+    assert "not a numpy array of shape (3, 3)" in msg and "duckpipe.GeluMlp(w_up=" in msg
+    assert "float32 or float16" in msg and "is not supported" not in msg
+
+
+def test_a_model_of_float64_tensors_names_the_tensor_and_the_dtypes():
+    with pytest.raises(
+        BadInput, match=r"GeluMlp\.w_up is float64; the ducks compute float32 or float16"
+    ):
+        GeluMlp.random(8, 16, dtype=np.float64)
 
 
 def test_mlp_rejects_mismatched_shapes():

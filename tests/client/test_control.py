@@ -10,7 +10,7 @@ import zmq
 
 import duckpipe
 from duckpipe import GeluMlp
-from duckpipe.errors import DataplaneRefused, DataplaneUnavailable, SegmentError
+from duckpipe.errors import BadInput, DataplaneRefused, DataplaneUnavailable, SegmentError
 from duckpipe.mock.process import MockDataplaneProcess, control_request, ping
 from duckpipe.schema import control as ctl
 from duckpipe.schema.abi import ABI_MAJOR
@@ -27,6 +27,13 @@ def test_connect_to_a_silent_endpoint_times_out_cleanly():
     with pytest.raises(DataplaneUnavailable, match=r"within 0\.3 s"):
         duckpipe.connect("tcp://127.0.0.1:9", timeout=0.3)
     assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.parametrize("address", ["foo", "tcp://127.0.0.1", "/run/duckpipe/control", ""])
+def test_connect_to_something_not_an_address_says_what_an_address_is(address):
+    # libzmq would refuse it with a bare EINVAL (zmq.error.ZMQError), outside the family
+    with pytest.raises(BadInput, match=r"is not a control address.*ipc://.*tcp://HOST:PORT"):
+        duckpipe.connect(address)
 
 
 @pytest.mark.parametrize("which", ["mock", "real"])

@@ -66,3 +66,17 @@ def test_a_transposed_w_up_is_blamed_on_w_up_not_its_bias():
         SwiGluMlp(w_gate=s.w_gate, w_up=s.w_up.T.copy(), w_down=s.w_down)
     with pytest.raises(BadInput, match=r"SwiGluMlp\.w_gate has shape \(64, 16\)"):
         SwiGluMlp(w_gate=s.w_gate.T.copy(), w_up=s.w_up, w_down=s.w_down)
+
+
+def test_a_layers_info_and_a_forwards_status_print_their_enums_by_name(client):
+    from duckpipe.schema.abi import DType, MlpKind
+
+    info = client.load_weights(11, SwiGluMlp.random(8, 16, dtype=np.float16), ducks=[0, 1])
+    assert "kind=MlpKind.SWIGLU" in repr(info) and "dtype=DType.F16" in repr(info), repr(info)
+    assert info.kind == MlpKind.SWIGLU and info.dtype == 2  # still the wire's numbers
+    with client.claim((2, 8), np.float16) as slot:
+        slot.array[:] = 1.0
+        fwd = client.submit(slot, 11)
+    fwd.result(timeout=10)
+    assert (str(fwd.status), f"{fwd.status}", f"{fwd.status:d}") == ("Status.OK", "Status.OK", "1")
+    assert str(MlpKind.MOE) == "MlpKind.MOE" and f"{DType.F32:>9}" == "DType.F32"

@@ -80,8 +80,21 @@ def test_routed_forward_matches_the_numpy_reference(client, placement, shared, d
     rng = np.random.default_rng(seed)
     for tokens in (1, 8, 32):
         x = rng.standard_normal((tokens, HIDDEN)).astype(dtype)
-        w, i = gate(x)
+        i, w = gate(x)
         _check(client.forward(layer, x, routing=(i, w), timeout=30), moe.reference(x, i, w))
+
+
+def test_the_gates_routing_is_passed_to_routing_as_it_is(client):
+    # the gate used to return (weights, indices), the reverse of what routing= takes
+    moe = _moe(shared=True, dtype=np.float32, seed=30)
+    client.load_weights(530, moe)
+    x = np.random.default_rng(30).standard_normal((8, HIDDEN)).astype(np.float32)
+    routing = Gate.random(N_EXPERTS, HIDDEN, topk=TOPK, seed=30)(x)
+    assert isinstance(routing, duckpipe.moe.Routing)
+    assert routing.indices.dtype == np.int32 and routing.weights.dtype == np.float32
+    indices, weights = routing  # unpacks in routing='s order
+    assert indices is routing.indices and weights is routing.weights
+    _check(client.forward(530, x, routing=routing, timeout=30), moe.reference(x, *routing))
 
 
 def test_every_send_mode_gives_the_same_result_and_is_counted(client):

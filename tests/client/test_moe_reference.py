@@ -62,7 +62,7 @@ def _rules_for_one_token(
 def _check_against_rules(gate: Gate, x: np.ndarray) -> np.ndarray:
     # The logits are the gate's matmul done the same way: the rules under test start after it.
     logits = (x.astype(np.float32) @ gate.weight.astype(np.float32).T).astype(np.float64)
-    weights, indices = gate(x)
+    indices, weights = gate(x)
     assert weights.dtype == np.float32 and indices.dtype == np.int32
     assert weights.shape == indices.shape == (x.shape[0], gate.topk)
     bias = None if gate.bias is None else [float(b) for b in gate.bias]
@@ -111,7 +111,7 @@ def test_deepseek_v3_gate_follows_deepseek_rules_at_full_size():
     # and the limit bites: without it some token would have chosen other experts
     free = Gate(gate.weight, gate.bias, score="sigmoid", topk=8, route_scale=2.5)
     assert (np.sort(free(x)[1], axis=1) != np.sort(indices, axis=1)).any()
-    np.testing.assert_allclose(gate(x)[0].sum(axis=1), 2.5, rtol=1e-6)
+    np.testing.assert_allclose(gate(x).weights.sum(axis=1), 2.5, rtol=1e-6)
 
 
 def _sigmoid_logits(probs: list[float]) -> np.ndarray:
@@ -128,7 +128,7 @@ def test_with_a_bias_groups_are_ranked_by_their_best_two_experts():
     x = _sigmoid_logits(_GROUPED)
     eye = np.eye(16, dtype=np.float32)
     gate = Gate(eye, np.zeros(16, np.float32), score="sigmoid", groups=4, topk_groups=2, topk=2)
-    weights, indices = gate(x)
+    indices, weights = gate(x)
     assert indices.tolist() == [[4, 8]]  # expert 0, the best, sits in a dropped group
     np.testing.assert_allclose(weights, [[0.80 / 1.55, 0.75 / 1.55]], rtol=1e-6)
     _check_against_rules(gate, x)
@@ -138,7 +138,7 @@ def test_without_a_bias_groups_are_ranked_by_their_best_expert():
     x = _sigmoid_logits(_GROUPED)
     eye = np.eye(16, dtype=np.float32)
     gate = Gate(eye, score="sigmoid", groups=4, topk_groups=2, topk=2)
-    weights, indices = gate(x)
+    indices, weights = gate(x)
     assert indices.tolist() == [[0, 4]]
     np.testing.assert_allclose(weights, [[0.95 / 1.75, 0.80 / 1.75]], rtol=1e-6)
     _check_against_rules(gate, x)
@@ -150,10 +150,10 @@ def test_the_bias_changes_which_experts_win_but_not_their_weights():
     bias = np.array([0, 0, 0, 1.0, 0, 0, 0, 0], dtype=np.float32)
     unbiased = Gate(eye, score="sigmoid", topk=2, route_scale=2.5)
     biased = Gate(eye, bias, score="sigmoid", topk=2, route_scale=2.5)
-    w, i = unbiased(x)
+    i, w = unbiased(x)
     assert i.tolist() == [[0, 1]]
     np.testing.assert_allclose(w, [[0.9 / 1.7 * 2.5, 0.8 / 1.7 * 2.5]], rtol=1e-6)
-    w, i = biased(x)
+    i, w = biased(x)
     assert i.tolist() == [[3, 0]]  # 0.1 + 1.0 now outranks 0.9
     np.testing.assert_allclose(w, [[0.1 * 2.5, 0.9 * 2.5]], rtol=1e-6)  # unbiased 0.1, 0.9
     _check_against_rules(biased, x)
@@ -161,7 +161,7 @@ def test_the_bias_changes_which_experts_win_but_not_their_weights():
 
 def test_softmax_weights_are_the_chosen_probabilities_not_renormalised():
     gate = Gate(np.eye(4, dtype=np.float32), topk=2, route_scale=2.0)
-    weights, indices = gate(np.array([[2.0, 1.0, 0.0, 0.0]], dtype=np.float32))
+    indices, weights = gate(np.array([[2.0, 1.0, 0.0, 0.0]], dtype=np.float32))
     z = math.e**2 + math.e + 2
     assert indices.tolist() == [[0, 1]]
     np.testing.assert_allclose(weights, [[2 * math.e**2 / z, 2 * math.e / z]], rtol=1e-6)
@@ -169,7 +169,7 @@ def test_softmax_weights_are_the_chosen_probabilities_not_renormalised():
 
 def test_equal_scores_choose_the_lowest_expert_ids_first():
     gate = Gate(np.eye(6, dtype=np.float32), score="sigmoid", topk=3)
-    weights, indices = gate(np.zeros((2, 6), dtype=np.float32))
+    indices, weights = gate(np.zeros((2, 6), dtype=np.float32))
     assert indices.tolist() == [[0, 1, 2], [0, 1, 2]]
     np.testing.assert_allclose(weights, 1 / 3, rtol=1e-6)
 
@@ -212,7 +212,7 @@ def test_reference_is_the_weighted_sum_of_the_chosen_experts_plus_the_shared_one
         seed=10,
     )
     x = _tokens(10, 24, seed=11)
-    weights, indices = gate(x)
+    indices, weights = gate(x)
     y = moe.reference(x, indices, weights)
     assert y.dtype == np.float32 and y.shape == x.shape
     np.testing.assert_allclose(y, _explicit_sum(moe, x, indices, weights), rtol=1e-5, atol=1e-6)
@@ -249,7 +249,7 @@ def test_float16_experts_accumulate_in_float32():
     moe = MoeMlp.random(8, 32, 48, dtype=np.float16, seed=17)
     assert moe.dtype == np.float16 and moe.n_experts == 8 and (moe.hidden, moe.ffn) == (32, 48)
     x = _tokens(12, 32, seed=18).astype(np.float16)
-    weights, indices = Gate.random(8, 32, topk=3, seed=19)(x)
+    indices, weights = Gate.random(8, 32, topk=3, seed=19)(x)
     y = moe.reference(x, indices, weights)
     assert y.dtype == np.float16
     want = _explicit_sum(moe, x, indices, weights)  # float16 weights read as float32

@@ -34,13 +34,13 @@ E = RoutingError
 def _gate_routing(tokens: int, n_experts: int = 64, topk: int = 4, seed: int = 0):
     gate = Gate.random(n_experts, 16, topk=topk, seed=seed)
     x = np.random.default_rng(seed).standard_normal((tokens, 16)).astype(np.float32)
-    weights, indices = gate(x)
+    indices, weights = gate(x)
     return indices, weights
 
 
 def _deepseek(tokens: int, seed: int = 0):
     x = np.random.default_rng(seed).standard_normal((tokens, 64)).astype(np.float32)
-    weights, indices = Gate.deepseek_v3(hidden=64, seed=seed)(x)
+    indices, weights = Gate.deepseek_v3(hidden=64, seed=seed)(x)
     return indices, weights
 
 
@@ -364,7 +364,7 @@ def test_the_sections_carry_the_whole_layer_every_nic_once() -> None:
     layer = MoeMlp.random(n_experts, 32, 8, shared=False, seed=5)
     x = np.random.default_rng(5).standard_normal((tokens, 32)).astype(np.float32)
     gate = Gate.random(n_experts, 32, topk=3, seed=5)
-    weights, indices = gate(x)
+    indices, weights = gate(x)
     ducks_of = [[e % 6, (e + 1) % 6] if e % 3 == 0 else [e % 6] for e in range(n_experts)]
     table = routing.pack(indices, weights, n_experts)
     place = routing.placement(ducks_of)

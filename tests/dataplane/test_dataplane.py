@@ -146,7 +146,7 @@ def test_wait_runs_from_the_first_send_to_the_last_partial(duckpipe_null_factory
             assert t.wait_ns >= max(t.duck_compute_ns) and t.wait_ns >= t.spread_ns, t
 
 
-def test_garbage_udp_is_counted_and_ignored(cluster_factory):
+def test_garbage_udp_is_dropped_by_the_kernel_and_counted(cluster_factory):
     cl = cluster_factory(2)
     mlp = GeluMlp.random(32, 32, seed=4)
     x = np.ones((2, 32), np.float32)
@@ -164,8 +164,11 @@ def test_garbage_udp_is_counted_and_ignored(cluster_factory):
         time.sleep(0.1)
         after = _counters(c)
     junk.close()
+    # from no duck's address and port: the socket's kernel filter drops them before the
+    # worker wakes (counted by the kernel, read as rxq_overflows), never the worker's parse
     refused = sum(after[k] - before[k] for k in ("rx_malformed", "rx_unknown_sender"))
-    assert refused >= 4  # the empty datagram may not even be delivered as one
+    assert refused == 0
+    assert after["rxq_overflows"] - before["rxq_overflows"] >= 4  # "" may not be one
 
 
 def test_killing_the_dataplane_fails_pending_forwards_quickly(cluster_factory):

@@ -574,7 +574,7 @@ def test_routed_moe_forwards_match_numpy_over_two_ports_in_both_modes():
         for mode in ("broadcast", "unicast", "auto"):
             for tokens in (1, 4):
                 x = rng.standard_normal((tokens, 128)).astype(np.float32)
-                weights, indices = gate(x)
+                indices, weights = gate(x)
                 y = c.forward(2, x, routing=(indices, weights), moe_send=mode, timeout=5)
                 np.testing.assert_allclose(
                     y, moe.reference(x, indices, weights), rtol=1e-4, atol=1e-5

@@ -198,3 +198,17 @@ def test_a_missing_sentences_file_is_reported_before_anything_starts(tmp_path):
     assert r.returncode == 1 and "cannot read --sentences" in r.stderr, r.stderr
     assert "no dataplane" not in r.stderr and "started" not in r.stdout
     assert time.monotonic() - t0 < 30
+
+
+def test_a_dataplane_given_with_control_is_reported_with_its_own_duck_count(
+    duckpipe_mock_factory,
+):
+    # --ducks (default 8) is what the demo would start; a --control dataplane has its own
+    dp = duckpipe_mock_factory(ducks=2)
+    args = ("--model", "qwen3-0.6b-shape", "--layers", "1", "--tokens", "1", "--control")
+    r = _demo(*args, dp.control)
+    assert r.returncode == 0, r.stderr
+    assert ", 2 ducks," in r.stdout and "8 ducks" not in r.stdout, r.stdout
+    r = _demo(*args, dp.control, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ducks"] == 2

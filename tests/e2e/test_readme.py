@@ -60,8 +60,11 @@ def test_the_readme_api_example_runs_against_a_mock(duckpipe_mock):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    # print(fwd.status, fwd.timings.wait_ns, fwd.answered, fwd.missing): OK (1), every duck
-    assert re.fullmatch(r"1 \d+ \(0, 1, 2, 3, 4, 5, 6, 7\) \(\)\n", r.stdout), r.stdout
+    # print(fwd.status, fwd.phases.wait_ns, fwd.answered, fwd.missing): Status.OK by
+    # name, every duck; the README shows it in a comment, its wait time any number
+    assert re.fullmatch(r"Status\.OK \d+ \(0, 1, 2, 3, 4, 5, 6, 7\) \(\)\n", r.stdout), r.stdout
+    shown = re.search(r"# prints: (.*)", code).group(1)
+    assert re.fullmatch(re.sub(r"\d{3,}", r"\\d+", re.escape(shown)) + "\n", r.stdout), shown
 
 
 def test_the_readme_moe_example_runs_against_a_mock(duckpipe_mock):

@@ -363,3 +363,116 @@ def test_other_users_leave_the_admin_its_reserved_client_slots(kind):
                 assert len(c.stats().clients) == MAX_CLIENTS
         finally:
             hogs.close()
+
+
+# --- the dataplane's UDP host port ----------------------------------------------------------
+
+
+def _junk_flood(port: int, seconds: float, report: int) -> None:
+    """64-byte random datagrams at 127.0.0.1:port for `seconds`, from a port of the
+    kernel's choosing; how many went out is written to `report`."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect(("127.0.0.1", port))
+    s.setblocking(False)
+    junk, sent, end = os.urandom(64), 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(256):
+            try:
+                s.send(junk)
+                sent += 1
+            except OSError:  # a full queue: the flood goes on
+                pass
+    os.write(report, str(sent).encode())
+
+
+def _start_flood(port: int, seconds: float) -> tuple[int, int]:
+    """A forked child floods port, as nobody when we are root (else as ourselves: the
+    filter knows addresses and ports, not users); its pid and the read end of its report."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 1
+        try:
+            os.close(r)
+            if IS_ROOT:
+                os.setgroups([])
+                os.setgid(NOGROUP)
+                os.setuid(NOBODY)
+            _junk_flood(port, seconds, w)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def _flood_sent(pid: int, report: int) -> int:
+    out = b""
+    while chunk := os.read(report, 64):
+        out += chunk
+    os.close(report)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the flooding child failed"
+    return int(out)
+
+
+FLOOD_S = 2.0
+
+
+def _run_s(pid: int) -> float:
+    """Seconds every thread of pid has run, from schedstat (ns, finer than ticks)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total / 1e9
+
+
+def _paced_forwards(c: duckpipe.Client, mlp: GeluMlp, seconds: float) -> int:
+    """Checked forwards every 50 ms for `seconds`: how many."""
+    rng, done = np.random.default_rng(6), 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        x = rng.standard_normal((2, 32)).astype(np.float32)
+        np.testing.assert_allclose(
+            c.forward(1, x, timeout=10), mlp.reference(x), rtol=2e-4, atol=2e-5
+        )
+        done += 1
+        time.sleep(0.05)
+    return done
+
+
+def test_junk_datagrams_at_the_host_port_are_dropped_before_they_wake_the_dataplane(
+    duckpipe_cluster_factory,
+):
+    """Any local user may send to the dataplane's UDP host port: a flood of junk cost the
+    worker 3.3 CPU-s per 5 s, each datagram a wake-up and an rx_malformed. The socket's
+    kernel filter admits only the NIC's ducks' address and port: the flood (from another
+    user, or another port of ours without root) costs the dataplane nothing, no junk
+    reaches the worker's counters, and forwards go on."""
+    cl = duckpipe_cluster_factory(2)
+    mlp = GeluMlp.random(32, 48, seed=6)
+    pid = cl.dataplane.proc.pid
+    with duckpipe.connect(cl.control, name="bystander") as c:
+        c.load_weights(1, mlp, ducks=[0, 1])
+        assert c.stats().counters["rx_duck_filters"] == 1  # one NIC, one filter
+        cpu0 = _run_s(pid)
+        quiet = _paced_forwards(c, mlp, 1.0)
+        cpu1 = _run_s(pid)
+        before = c.stats().counters
+        flood = _start_flood(cl.host_ports[0], FLOOD_S)
+        during = _paced_forwards(c, mlp, FLOOD_S)
+        sent = _flood_sent(*flood)
+        cpu2 = _run_s(pid)
+        _paced_forwards(c, mlp, 0.1)  # a datagram let through reports the kernel's drops
+        after = c.stats().counters
+    reached = sum(after[k] - before[k] for k in ("rx_malformed", "rx_unknown_sender"))
+    assert sent > 10_000, f"the flood sent only {sent} datagrams"
+    assert quiet > 0 and during > 0
+    assert reached <= sent // 1000, f"{reached} of {sent} junk datagrams reached the worker"
+    # the kernel dropped them at the socket: in rxq_overflows (one count for both causes)
+    assert after["rxq_overflows"] - before["rxq_overflows"] >= sent // 2
+    # per second, the flood's window may cost a little more than the quiet one (its
+    # forwards compete with the flood for the cores), never a core's worth
+    quiet_rate, flood_rate = (cpu1 - cpu0) / 1.0, (cpu2 - cpu1) / FLOOD_S
+    assert flood_rate < 2 * quiet_rate + 0.03, (quiet_rate, flood_rate, sent)

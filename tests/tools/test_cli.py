@@ -243,6 +243,44 @@ def test_doctor_reports_each_feature_with_a_fix_when_missing():
     assert "memfd seals" in r.stdout and "AF_XDP" in r.stdout
 
 
+@pytest.mark.dataplane  # starts duckpipe ducks and duckpipe dataplane
+def test_doctor_says_the_default_ports_are_held_by_your_own_running_cluster(tmp_path, monkeypatch):
+    from duckpipe import doctor
+    from duckpipe.launch.cluster import free_udp_ports
+
+    cluster_class_or_skip()
+    base = free_udp_ports(110)  # this test's own block, not the user's default ports
+    env = dict(os.environ, DUCKPIPE_RUN_DIR=str(tmp_path), DUCKPIPE_PORT_BASE=str(base))
+    env.pop("DUCKPIPE_CONTROL", None)
+    monkeypatch.setenv("DUCKPIPE_PORT_BASE", str(base))
+    # something else on a duck port: a warning that names no dataplane
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", base + 103))
+        check = doctor._ports()
+    assert check.status == "warn" and f"UDP {base + 103} in use" in check.detail, check
+    started = [
+        subprocess.Popen([sys.executable, "-m", "duckpipe", *cmd, "--ducks", "8"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+        for cmd in (["ducks"], ["dataplane"])
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "control").exists():
+            assert time.monotonic() < deadline, "the dataplane made no control socket"
+            time.sleep(0.1)
+        check = doctor._ports()
+        assert check.status == "ok", check
+        assert "in use by your running" in check.detail, check.detail
+        assert f"duckpipe-dataplane (pid {started[1].pid})" in check.detail, check.detail
+        assert "duckpipe-ducks (pid " in check.detail, check.detail  # the wrapper's child
+    finally:
+        for p in started:
+            os.killpg(p.pid, signal.SIGINT)  # Ctrl-C in its terminal
+        for p in started:
+            p.wait(10)
+
+
 # ---------------------------------------------------------------- the venv (issue 11, 1)
 
 
@@ -561,3 +599,87 @@ def test_the_launchs_config_file_leaves_the_run_directory_with_the_dataplane(tmp
     assert proc.returncode == 0, proc.stderr.read()
     assert not os.path.exists(config)
     assert not list(tmp_path.glob("dataplane-*.msgpack"))
+
+
+NOBODY = NOGROUP = 65534
+
+
+@pytest.fixture
+def group_mock(tmp_path_factory):
+    """A mock dataplane whose control_group is nogroup, in a directory that group may
+    enter: nobody is one of its clients, not its admin."""
+    if os.geteuid() != 0:
+        pytest.skip("becoming another user (nobody) needs root")
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    run = Path(tempfile.mkdtemp(prefix="duckpipe-cli-", dir="/tmp"))
+    os.chown(run, -1, NOGROUP)
+    run.chmod(0o750)
+    try:
+        with MockDataplaneProcess(
+            ducks=2, control=f"ipc://{run}/control", args=["--control-group=nogroup"]
+        ) as dp:
+            yield dp
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def _as_nobody(*args: str) -> tuple[int, str]:
+    """``duckpipe ARGS`` run by nobody:nogroup in a forked child (a subprocess could not
+    run this venv's interpreter as nobody): its exit code and stderr."""
+    from duckpipe import cli
+
+    return _as_nobody_call(cli.main, list(args))
+
+
+def _as_nobody_call(main, argv: list[str]) -> tuple[int, str]:
+    """``main(argv)`` run by nobody:nogroup in a forked child: its exit code and stderr."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 99
+        try:
+            os.close(r)
+            os.dup2(w, 2)
+            sys.stderr = os.fdopen(2, "w", closefd=False)
+            os.setgroups([])
+            os.setgid(NOGROUP)
+            os.setuid(NOBODY)
+            sys.stdout = open(os.devnull, "w")  # the child exits below
+            code = main(argv)
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        err = f.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), err
+
+
+def test_shutdown_by_a_client_says_it_was_refused_and_who_may(group_mock):
+    code, err = _as_nobody("shutdown", "--control", group_mock.control)
+    assert code == 1, err
+    assert "no dataplane acknowledged" not in err, err  # it is there: it said no
+    assert "refused shutdown" in err and "[not_permitted]" in err, err
+    assert "only the user who started it (the admin), root (uid 0)" in err, err
+    assert ping(group_mock.control, 2.0) is not None  # and it still runs
+
+
+def test_top_as_a_control_group_member_says_the_segment_is_there_and_why_not_readable(
+    group_mock,
+):
+    from duckpipe.observe import top
+
+    code, err = _as_nobody_call(top.main, ["--once", "--control", group_mock.control])
+    assert code == 1, err
+    assert "start one" not in err, err  # it is running: starting another is no answer
+    assert f"stats segment is at {group_mock.control[6 : -len('control')]}stats" in err, err
+    assert "readable only by root (uid 0), the dataplane's user (you are uid 65534)" in err
+    assert "every client's pid, name and segment" in err, err  # why: security.md's choice
+    assert f"duckpipe stats --control-query --control {group_mock.control}" in err, err
+    # and that way works for the member, showing only what it may see
+    code, err = _as_nobody("stats", "--control-query", "--control", group_mock.control)
+    assert code == 0, err

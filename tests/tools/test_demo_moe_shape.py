@@ -114,3 +114,20 @@ def test_the_demo_refuses_a_zero_size_before_it_starts_anything(bad, capsys):
     assert main(["demo", "--model", "deepseek-v3-moe-shape", *bad, "--control",
                  "ipc:///nonexistent/control"]) == 1  # fmt: skip
     assert "--hidden and --calls must be >= 1" in capsys.readouterr().err
+
+
+def test_the_reference_cluster_is_cited_from_a_page_in_the_repository():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    text = ms.format_report([_report(t) for t in ms.BATCHES], ducks=32, hidden=7168,
+                            layer_bytes=1)  # fmt: skip
+    cited = re.findall(r"[\w./-]+\.md", text) + re.findall(r"[\w./-]+\.md", ms.__doc__ or "")
+    assert cited, "the report says where its reference figure comes from"
+    for page in cited:
+        assert (root / page).is_file(), f"{page} is cited but not in the repository"
+    # and that page holds the figure the report prints
+    assert (
+        f"{ms.REFERENCE_DECODE_TOKENS_PER_S} tokens/s" in (root / "docs/benchmarks.md").read_text()
+    )

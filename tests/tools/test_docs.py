@@ -312,3 +312,31 @@ def test_every_option_in_the_commands_table_exists():
                 )
                 checked += 1
     assert checked > 50, checked
+
+
+def test_the_whole_jobs_time_is_one_sourced_figure_everywhere():
+    # it was three (18 min 7 s, 17 min 10 s, 18 min 4 s and more), from different runs
+    pages = [*PAGES, ROOT / "tests/README.md"]
+    figures = {
+        (m.group(0), _name(p))
+        for p in pages
+        for m in re.finditer(r"\b\d+ min \d+ s\b", p.read_text())
+    }
+    assert {f for f, _ in figures} == {"18 min 2 s"}, sorted(figures)
+    for _, page in figures:  # each says which run it was
+        assert "5647824" in (ROOT / page).read_text(), page
+    # and the passes of tests/README.md's table add up to it
+    text = (ROOT / "tests/README.md").read_text()
+    ci = text[text.index("## CI: `tools/setup test`") :]
+    passes = sum(int(n) for n in re.findall(r"\| (\d+) s \|$", ci, re.M))
+    rest = int(re.search(r"the other (\d+) s\.", ci).group(1))
+    assert passes + rest == 18 * 60 + 2, (passes, rest)
+
+
+def test_the_quick_test_loop_is_given_with_its_measured_time():
+    loop = '-m "not slow" tests/client'
+    assert loop in README.read_text()
+    text = (ROOT / "docs/contributing.md").read_text()
+    line = next(ln for ln in text.splitlines() if loop in ln and ln.startswith(".venv"))
+    assert re.search(r"# \d+ tests, \d+ s$", line), line
+    assert "shared" in text[text.index(line) :][:1200]  # says the machine was shared

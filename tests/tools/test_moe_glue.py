@@ -115,7 +115,7 @@ def test_the_bench_sends_each_mode_as_asked_and_differences_the_counters(mode):
 
     def batch():
         x = rng.standard_normal((4, 16), np.float32).astype(np.float16)
-        w, i = gate(x)
+        i, w = gate(x)
         return x, i, w
 
     client = FakeClient(moe, dense)

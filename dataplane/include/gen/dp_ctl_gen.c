@@ -573,7 +573,7 @@ static void str(msgpack_packer *pk, const char *s)
 
 void dp_ctl_pack_attached(msgpack_packer *pk, const struct dp_ctl_attached *m)
 {
-	msgpack_pack_map(pk, 11);
+	msgpack_pack_map(pk, 12);
 	key(pk, "type", 4);
 	key(pk, "Attached", 8);
 	key(pk, "req_id", 6);
@@ -596,6 +596,8 @@ void dp_ctl_pack_attached(msgpack_packer *pk, const struct dp_ctl_attached *m)
 	msgpack_pack_uint64(pk, m->max_forward_bytes);
 	key(pk, "doorbell", 8);
 	str(pk, m->doorbell);
+	key(pk, "max_timeout_us", 14);
+	msgpack_pack_uint64(pk, m->max_timeout_us);
 }
 
 void dp_ctl_pack_ack(msgpack_packer *pk, const struct dp_ctl_ack *m)

@@ -142,6 +142,7 @@ struct dp_ctl_attached {
 	uint64_t default_timeout_us;
 	uint64_t max_forward_bytes;
 	const char *doorbell; /* NULL packs as "" */
+	uint64_t max_timeout_us;
 };
 void dp_ctl_pack_attached(struct msgpack_packer *pk, const struct dp_ctl_attached *m);
 

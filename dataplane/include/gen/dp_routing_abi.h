@@ -10,7 +10,7 @@
  *
  * The host table: written by the client, read by the dataplane. Token ``t``'s ``k``-th
  * choice is entry ``t * topk + k``, as DeepEP's ``topk_idx``/``topk_weights`` and the
- * gate's ``(weights, indices)`` order them::
+ * gate's ``Routing(indices, weights)`` order them::
  *
  *     0             +--------------------------------------------------+
  *                   | dp_routing_header (16 B)                         |

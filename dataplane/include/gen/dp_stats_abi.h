@@ -253,92 +253,96 @@ struct dp_stats_duck {
 
 /* Every agent's counters, in order, with what each counts: COUNTERS in stats.py.
  * dp_counters.h makes enum dp_counter and dp_counter_names of it. */
-#define DP_COUNTER_LIST(X)                                                                                  \
-    X(descriptors) /* descriptors taken from client rings */                                                \
-    X(forwards) /* forwards started */                                                                      \
-    X(forwards_ok)                                                                                          \
-    X(timeouts) /* forwards that hit their deadline */                                                      \
-    X(duck_lost) /* forwards failed by a duck without the layer */                                          \
-    X(stale_epoch) /* descriptors from an old epoch */                                                      \
-    X(bad_requests) /* descriptors refused */                                                               \
-    X(dataplane_errors)                                                                                     \
-    X(weight_chunks) /* WEIGHT_CHUNK descriptors completed */                                               \
-    X(weight_bytes)                                                                                         \
-    X(layers_loaded)                                                                                        \
-    X(tx_packets)                                                                                           \
-    X(tx_bytes)                                                                                             \
-    X(tx_errors)                                                                                            \
-    X(gso_sends) /* sends the kernel cut into datagrams (UDP_SEGMENT) */                                    \
-    X(tx_zero_copy) /* dpdk: payloads sent from client memory (extbuf chain) */                             \
-    X(tx_copied) /* dpdk: payloads copied: the port can't chain (af_xdp) */                                 \
-    X(tx_release_deferred) /* parts whose end waited for the port to free their slot */                     \
-    X(extmem_registered) /* dpdk: client segments registered (rte_extmem_register) */                       \
-    X(extmem_registered_bytes)                                                                              \
-    X(extmem_unregistered) /* dpdk: ... and unregistered at detach */                                       \
-    X(rx_packets)                                                                                           \
-    X(rx_bytes)                                                                                             \
-    X(rx_malformed) /* bad magic, version, op or length */                                                  \
-    X(rx_unknown_sender) /* source address not a duck of this NIC */                                        \
-    X(rx_bad_session)                                                                                       \
-    X(rx_stale_epoch)                                                                                       \
-    X(rx_late) /* for a forward no longer in flight */                                                      \
-    X(rx_duplicates) /* chunks already received */                                                          \
-    X(rxq_overflows) /* datagrams the kernel dropped: socket buffer full */                                 \
-    X(rx_not_ours) /* dpdk: frames for another address, port or protocol */                                 \
-    X(rx_fragments) /* dpdk: IPv4 fragments (never reassembled) */                                          \
-    X(tx_no_mac) /* dpdk: datagrams dropped, the duck's MAC not known yet */                                \
-    X(arp_requests) /* dpdk: ARP requests sent for duck addresses */                                        \
-    X(arp_replies) /* dpdk: ARP requests for the host address answered */                                   \
-    X(arp_learned) /* dpdk: duck MACs learned or changed */                                                 \
-    X(nacks_sent)                                                                                           \
-    X(nacks_received)                                                                                       \
-    X(retransmits) /* activation chunks resent on a duck's NACK */                                          \
-    X(nack_resends_suppressed) /* chunks a NACK asked for again within nack_us */                           \
-    X(rto_samples) /* duck reply times taken into its NACK timeout (RTO) */                                 \
-    X(nacks_avoided) /* ducks that answered un-NACKed after more than nack_us */                            \
-    X(rto_backoffs) /* NACK timeouts that doubled a duck's RTO */                                           \
-    X(weight_datagrams)                                                                                     \
-    X(weight_retransmits)                                                                                   \
-    X(pings)                                                                                                \
-    X(pongs)                                                                                                \
-    X(no_layer_replies) /* a duck said it holds no such layer */                                            \
-    X(control_messages)                                                                                     \
-    X(bad_control_messages)                                                                                 \
-    X(control_refused) /* no credentials, or a role that may not ask that */                                \
-    X(quota_refused) /* LoadWeights or Attach past a client's, pid's or user's quota */                     \
-    X(connections_refused) /* control connections past max_connections, closed */                           \
-    X(connections_shed) /* accepted and closed at once: no descriptor left (EMFILE) */                      \
-    X(layers_freed)                                                                                         \
-    X(curve_refused) /* tcp:// handshakes with a key not in curve_clients_file */                           \
-    X(clients_attached)                                                                                     \
-    X(clients_detached)                                                                                     \
-    X(clients_reclaimed) /* dead clients whose segments were unmapped */                                    \
-    X(clients_evicted) /* clients detached for breaking their ring */                                       \
-    X(client_quota_waits) /* passes a client at client_max_inflight was skipped */                          \
-    X(parks) /* times a runner thread slept (dp_waker.h) */                                                 \
-    X(kicks) /* of those, woken by another thread's push */                                                 \
-    X(doorbells) /* doorbell bytes from clients that found us parked (their own pipes) */                   \
-    X(futex_wakes) /* completions that woke a client sleeping on its slot */                                \
-    X(completions_sent)                                                                                     \
-    X(completion_flushes) /* bursts the outbox sent them in (completion_flush_us) */                        \
-    X(moe_forwards) /* forwards on a mixture-of-experts layer (ROUTED) */                                   \
-    X(moe_broadcasts) /* MoE NIC parts sent once to the NIC with the whole table */                         \
-    X(moe_unicasts) /* MoE NIC parts sent as each routed duck's rows alone */                               \
-    X(moe_bytes) /* MoE: activation and table bytes put on the wire (first sends) */                        \
-    X(rx_unrouted) /* MoE partials refused: rows the duck was not routed */                                 \
-    X(doorbell_unwatched) /* a doorbell pipe not watched: epoll refused it, or closed */                    \
-    X(tx_link_down) /* dpdk: datagrams not sent: the NIC's link was down */                                 \
-    X(link_downs) /* dpdk: times the NIC's link went down */                                                \
-    X(link_down_forwards) /* forward parts failed at once: the NIC's link was down */                       \
-    X(rx_missed) /* dpdk: frames the port dropped, its RX ring full (imissed) */                            \
-    X(rx_nombuf) /* dpdk: frames the port dropped, no mbuf to put them in */                                \
-    X(rx_kernel_drops) /* dpdk: kernel drops: ring full (tp_drops, af_xdp's rx_ring_full) */                \
-    X(tx_flush_frames) /* dpdk: filler frames sent so an idle port frees held slots */                      \
-    X(rx_interrupt_wakeups) /* dpdk: parks a port's RX interrupt ended (dp_dpdk_intr.c) */                  \
-    X(rx_bad_checksum) /* dpdk: UDP checksum wrong, checked in software */                                  \
-    X(rx_gro_buffers) /* socket: receives that held several datagrams (UDP GRO) */                          \
-    X(rx_gro_segments) /* socket: the datagrams those receives held */                                      \
-    X(completion_flushes_wanted) /* of those, sent at once: a client waited for one (completions_wanted) */ \
+#define DP_COUNTER_LIST(X)                                                                                           \
+    X(descriptors) /* descriptors taken from client rings */                                                         \
+    X(forwards) /* forwards started */                                                                               \
+    X(forwards_ok)                                                                                                   \
+    X(timeouts) /* forwards that hit their deadline */                                                               \
+    X(duck_lost) /* forwards failed by a duck without the layer */                                                   \
+    X(stale_epoch) /* descriptors from an old epoch */                                                               \
+    X(bad_requests) /* descriptors refused */                                                                        \
+    X(dataplane_errors)                                                                                              \
+    X(weight_chunks) /* WEIGHT_CHUNK descriptors completed */                                                        \
+    X(weight_bytes)                                                                                                  \
+    X(layers_loaded)                                                                                                 \
+    X(tx_packets)                                                                                                    \
+    X(tx_bytes)                                                                                                      \
+    X(tx_errors)                                                                                                     \
+    X(gso_sends) /* sends the kernel cut into datagrams (UDP_SEGMENT) */                                             \
+    X(tx_zero_copy) /* dpdk: payloads sent from client memory (extbuf chain) */                                      \
+    X(tx_copied) /* dpdk: payloads copied: the port can't chain (af_xdp) */                                          \
+    X(tx_release_deferred) /* parts whose end waited for the port to free their slot */                              \
+    X(extmem_registered) /* dpdk: client segments registered (rte_extmem_register) */                                \
+    X(extmem_registered_bytes)                                                                                       \
+    X(extmem_unregistered) /* dpdk: ... and unregistered at detach */                                                \
+    X(rx_packets)                                                                                                    \
+    X(rx_bytes)                                                                                                      \
+    X(rx_malformed) /* bad magic, version, op or length */                                                           \
+    X(rx_unknown_sender) /* source address not a duck of this NIC */                                                 \
+    X(rx_bad_session)                                                                                                \
+    X(rx_stale_epoch)                                                                                                \
+    X(rx_late) /* for a forward no longer in flight */                                                               \
+    X(rx_duplicates) /* chunks already received */                                                                   \
+    X(rxq_overflows) /* datagrams the kernel dropped: socket buffer full */                                          \
+    X(rx_not_ours) /* dpdk: frames for another address, port or protocol */                                          \
+    X(rx_fragments) /* dpdk: IPv4 fragments (never reassembled) */                                                   \
+    X(tx_no_mac) /* dpdk: datagrams dropped, the duck's MAC not known yet */                                         \
+    X(arp_requests) /* dpdk: ARP requests sent for duck addresses */                                                 \
+    X(arp_replies) /* dpdk: ARP requests for the host address answered */                                            \
+    X(arp_learned) /* dpdk: duck MACs learned or changed */                                                          \
+    X(nacks_sent)                                                                                                    \
+    X(nacks_received)                                                                                                \
+    X(retransmits) /* activation chunks resent on a duck's NACK */                                                   \
+    X(nack_resends_suppressed) /* chunks a NACK asked for again within nack_us */                                    \
+    X(rto_samples) /* duck reply times taken into its NACK timeout (RTO) */                                          \
+    X(nacks_avoided) /* ducks that answered un-NACKed after more than nack_us */                                     \
+    X(rto_backoffs) /* NACK timeouts that doubled a duck's RTO */                                                    \
+    X(weight_datagrams)                                                                                              \
+    X(weight_retransmits)                                                                                            \
+    X(pings)                                                                                                         \
+    X(pongs)                                                                                                         \
+    X(no_layer_replies) /* a duck said it holds no such layer */                                                     \
+    X(control_messages)                                                                                              \
+    X(bad_control_messages)                                                                                          \
+    X(control_refused) /* no credentials, or a role that may not ask that */                                         \
+    X(quota_refused) /* LoadWeights or Attach past a client's, pid's or user's quota */                              \
+    X(connections_refused) /* control connections past max_connections, closed */                                    \
+    X(connections_shed) /* accepted and closed at once: no descriptor left (EMFILE) */                               \
+    X(layers_freed)                                                                                                  \
+    X(curve_refused) /* tcp:// handshakes with a key not in curve_clients_file */                                    \
+    X(clients_attached)                                                                                              \
+    X(clients_detached)                                                                                              \
+    X(clients_reclaimed) /* dead clients whose segments were unmapped */                                             \
+    X(clients_evicted) /* clients detached for breaking their ring */                                                \
+    X(client_quota_waits) /* passes a client at client_max_inflight was skipped */                                   \
+    X(parks) /* times a runner thread slept (dp_waker.h) */                                                          \
+    X(kicks) /* of those, woken by another thread's push */                                                          \
+    X(doorbells) /* doorbell bytes from clients that found us parked (their own pipes) */                            \
+    X(futex_wakes) /* completions that woke a client sleeping on its slot */                                         \
+    X(completions_sent)                                                                                              \
+    X(completion_flushes) /* bursts the outbox sent them in (completion_flush_us) */                                 \
+    X(moe_forwards) /* forwards on a mixture-of-experts layer (ROUTED) */                                            \
+    X(moe_broadcasts) /* MoE NIC parts sent once to the NIC with the whole table */                                  \
+    X(moe_unicasts) /* MoE NIC parts sent as each routed duck's rows alone */                                        \
+    X(moe_bytes) /* MoE: activation and table bytes put on the wire (first sends) */                                 \
+    X(rx_unrouted) /* MoE partials refused: rows the duck was not routed */                                          \
+    X(doorbell_unwatched) /* a doorbell pipe not watched: epoll refused it, or closed */                             \
+    X(tx_link_down) /* dpdk: datagrams not sent: the NIC's link was down */                                          \
+    X(link_downs) /* dpdk: times the NIC's link went down */                                                         \
+    X(link_down_forwards) /* forward parts failed at once: the NIC's link was down */                                \
+    X(rx_missed) /* dpdk: frames the port dropped, its RX ring full (imissed) */                                     \
+    X(rx_nombuf) /* dpdk: frames the port dropped, no mbuf to put them in */                                         \
+    X(rx_kernel_drops) /* dpdk: kernel drops: ring full (tp_drops, af_xdp's rx_ring_full) */                         \
+    X(tx_flush_frames) /* dpdk: filler frames sent so an idle port frees held slots */                               \
+    X(rx_interrupt_wakeups) /* dpdk: parks a port's RX interrupt ended (dp_dpdk_intr.c) */                           \
+    X(rx_bad_checksum) /* dpdk: UDP checksum wrong, checked in software */                                           \
+    X(rx_gro_buffers) /* socket: receives that held several datagrams (UDP GRO) */                                   \
+    X(rx_gro_segments) /* socket: the datagrams those receives held */                                               \
+    X(completion_flushes_wanted) /* of those, sent at once: a client waited for one (completions_wanted) */          \
+    X(client_clock_implausible) /* submit stamps after pickup or before the client attached: its prepare_ns is 0 */  \
+    X(rx_duck_filters) /* socket: kernel filters admitting only the NIC's ducks (what they refuse: rxq_overflows) */ \
+    X(doorbells_idle) /* doorbell rings heard that brought no new descriptor */                                      \
+    X(doorbell_rate_limited) /* times a client's doorbell was muted for ringing with nothing new (dp_dispatch.c) */  \
     X(peers_gone) /* Attach refused: the process that made the connection has exited */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");

@@ -35,7 +35,8 @@ static void attach_done(struct dp_control *c, struct dp_client *cl)
 	     .epoch = dp_load_acquire_u64(&c->w->epoch), .session = c->w->session,
 	     .dataplane_pid = (uint64_t)getpid(), .mode = c->w->cfg.nics[0].backend,
 	     .ducks = c->w->cfg.nducks, .default_timeout_us = c->w->cfg.default_timeout_us,
-	     .max_forward_bytes = c->w->cfg.max_forward_bytes);
+	     .max_forward_bytes = c->w->cfg.max_forward_bytes,
+	     .max_timeout_us = c->w->cfg.max_timeout_us);
 	dp_control_send_to(c, cl->identity, cl->identity_len);
 	dp_waker_kick(c->w->dispatch_waker); /* a parked dispatcher arms the new ring too */
 }

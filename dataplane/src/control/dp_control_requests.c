@@ -192,6 +192,7 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 	cl->identity_len = p->idlen;
 	snprintf(cl->name, sizeof(cl->name), "%s", m->name);
 	cl->attach_rid = p->rid;
+	cl->attach_ns = dp_now_ns();
 	/* faulted in by dp_control_attach_steps, a step per pass, and answered when done */
 	dp_store_release_u32(&cl->state, DP_CLIENT_ATTACHING);
 	DP_DEBUG("client %u (pid %u uid %u, %s): attaching %s (%s), %zu bytes", cl->id, p->pid,
@@ -418,6 +419,15 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 			                  m->layer, (unsigned long)bytes, (unsigned long)held,
 			                  (unsigned long)cfg->client_max_weight_bytes, nlayers,
 			                  cfg->client_max_layers, me->retired_layers);
+		else if (dp_layer_state_bytes(m))
+			dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+			                  "layer %u (%lu bytes: its weights and %lu of MoE placement "
+			                  "and state) would pass this client's quota: %u of %u layers, "
+			                  "%lu of %lu weight bytes held; unload layers first",
+			                  m->layer, (unsigned long)bytes,
+			                  (unsigned long)dp_layer_state_bytes(m), nlayers,
+			                  cfg->client_max_layers, (unsigned long)held,
+			                  (unsigned long)cfg->client_max_weight_bytes);
 		else
 			dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
 			                  "layer %u (%lu bytes) would pass this client's quota: %u "

@@ -14,6 +14,7 @@
 #include "dp_dispatch.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +33,25 @@
 
 #define MAX_PENDING_COMMITS 64
 #define DOORBELL_POLL_NS 1000000 /* a parked dispatcher's look at a client it cannot hear */
-#define DOORBELL_READ 4096       /* bytes read from one ready doorbell per wake-up */
+#define DOORBELL_READ 4096       /* a read's worth, where a pipe cannot be spliced */
+#define DOORBELL_SPLICE (1u << 20) /* a splice's worth: fs.pipe-max-size's default */
+#define DOORBELL_DRAIN_TRIES 4   /* calls a drain makes at most: the client may refill */
+/* Rings heard that brought nothing new, less one for each that did, before the client's
+ * doorbell is muted: a well-behaved client rings only when need_wakeup says we sleep,
+ * after moving its head or to have a completion it waits for sent (dp_wake.h) */
+#define DOORBELL_IDLE_RINGS 8
+#define DOORBELL_MUTE_MIN_NS 1000000ull   /* the first quiet time */
+#define DOORBELL_MUTE_MAX_NS 128000000ull /* doubling, while the client rings for nothing */
+
+/* What the dispatcher knows of one client slot's doorbell (only this agent touches it). */
+struct dp_bell {
+	uint64_t head;        /* the client's ring head when a ring last brought descriptors */
+	uint64_t completed;   /* its completions (struct dp_client) when we last heard it ring */
+	uint64_t quiet_until; /* muted: not listened to before this (dp_now_ns) */
+	uint64_t mute_ns;     /* the next quiet time: doubles while it rings for nothing */
+	uint32_t idle;        /* rings with nothing new, less one for each with something */
+	bool warned;          /* the log said so once for this client */
+};
 
 struct dp_dispatcher {
 	struct dp_world *w;
@@ -51,6 +70,10 @@ struct dp_dispatcher {
 	int doorbells;        /* an epoll set of the clients' doorbell pipes (dp_client.c) */
 	uint64_t listening;   /* client slots whose pipe is in it: only this agent adds or drops */
 	uint64_t deaf;        /* client slots whose pipe lost its last writer: never watched */
+	uint64_t muted;       /* client slots whose pipe is out of the set for a quiet time */
+	uint64_t known;       /* client slots whose bells[] entry is their current client's */
+	struct dp_bell bells[DP_MAX_CLIENTS];
+	int devnull;          /* doorbells are drained into it (splice); -1: read instead */
 	uint8_t rung[DOORBELL_READ]; /* what the doorbells carried, read and dropped */
 	bool armed;           /* need_wakeup is set in the clients' headers */
 	const struct dp_waker *waker; /* its runner's: did a doorbell wake it? */
@@ -293,6 +316,8 @@ static void dispatch(struct dp_dispatcher *d, struct dp_client *c, const struct 
 {
 	struct dp_fwd *f = dp_fwd_alloc(&d->pool, c, desc, now);
 	dp_count(d->counters, DP_C_descriptors, 1);
+	if (!dp_fwd_client_prepare(f))
+		dp_count(d->counters, DP_C_client_clock_implausible, 1);
 	if (desc->slot >= c->layout.slot_count) {
 		complete(d, f, DP_STATUS_BAD_REQUEST, "slot %u is out of range", desc->slot);
 		return;
@@ -364,12 +389,151 @@ static int32_t take(struct dp_dispatcher *d, struct dp_client *c, uint32_t room)
 
 /* --- doorbells: each client's pipe, in the set the dispatcher sleeps on ------------- */
 
-/* Before a client is told to ring (need_wakeup), its pipe is in the set we sleep on.
- * False when it cannot be (ENOMEM, the user's epoll watch limit): then we poll. */
-static bool listen_to(struct dp_dispatcher *d, uint32_t i, const struct dp_client *c)
+/* Empty a ready doorbell whole: its bytes say only that its client rang, the ring says
+ * the rest. A well-behaved client rang a byte or a few: one read takes them. More than a
+ * read's worth goes into /dev/null by splice, which drops the pipe's pages without copying
+ * them, so a pipe enlarged to 1 MiB (F_SETPIPE_SZ) and kept full with tee(2), page
+ * references and no copy, costs us about what filling it cost the client; one read a
+ * wake-up left such a pipe readable for 256 wake-ups. Bounded: a client that refills it
+ * as we drain is heard again on the next wake-up. The bytes taken; 0 at end of file
+ * (every write end closed); -1 when it was empty. */
+static ssize_t drain(struct dp_dispatcher *d, int fd)
 {
-	if ((d->listening | d->deaf) & (1ull << i))
+	ssize_t got = read(fd, d->rung, sizeof(d->rung));
+	if (got < (ssize_t)sizeof(d->rung))
+		return got; /* all there was (a short read: the pipe is empty now), or none */
+	ssize_t total = got;
+	for (int k = 0; k < DOORBELL_DRAIN_TRIES; k++) {
+		size_t want = d->devnull >= 0 ? DOORBELL_SPLICE : sizeof(d->rung);
+		got = d->devnull >= 0 ? splice(fd, NULL, d->devnull, NULL, want, SPLICE_F_NONBLOCK)
+				      : read(fd, d->rung, want);
+		if (got < 0 && errno != EAGAIN && d->devnull >= 0) {
+			DP_WARN("doorbells: splice into /dev/null failed (%s): read instead",
+				strerror(errno));
+			close(d->devnull);
+			d->devnull = -1;
+			continue;
+		}
+		if (got > 0)
+			total += got;
+		if (got < (ssize_t)want)
+			break; /* drained (or at end of file: the next look says so) */
+	}
+	return total;
+}
+
+/* Did c ring for something new? Descriptors: its head, read once, moved past the last
+ * ring's that brought some, by no more than the ring holds (further is the client's own
+ * breakage: the next take evicts it), so a client at its quota cannot pass for busy by
+ * moving its head back and forth: at most a ring's worth of rings count. Or, waiting for
+ * a completion (completions_wanted: dp_completions_want rings for the outbox to leave),
+ * one of its forwards completed since it last rang: each completion pays for one ring. */
+static bool rang_with_work(struct dp_bell *b, const struct dp_client *c)
+{
+	uint64_t head = dp_load_acquire_u64(&c->ring->head);
+	uint64_t completed = __atomic_load_n(&c->completed, __ATOMIC_RELAXED);
+	bool fresh = completed != b->completed;
+	b->completed = completed;
+	if ((int64_t)(head - b->head) > 0 && head - c->ring_tail <= c->layout.ring_capacity) {
+		b->head = head;
+		return true;
+	}
+	return fresh && __atomic_load_n(&c->hdr->completions_wanted, __ATOMIC_RELAXED);
+}
+
+/* Not listened to until its quiet time ends (the wake-ups it cost were its own, nobody
+ * else's): its ring is still taken on every pass, and park() wakes us when the quiet time
+ * ends, so nothing it submits is lost, only later. The next quiet time is twice as long,
+ * and one more ring for nothing then mutes it again at once. */
+static void mute(struct dp_dispatcher *d, uint32_t i)
+{
+	struct dp_bell *b = &d->bells[i];
+	const struct dp_client *c = &d->w->clients[i];
+	if (d->listening & (1ull << i))
+		epoll_ctl(d->doorbells, EPOLL_CTL_DEL, c->doorbell_fd, NULL);
+	d->listening &= ~(1ull << i);
+	d->muted |= 1ull << i;
+	b->quiet_until = dp_now_ns() + b->mute_ns;
+	b->idle = DOORBELL_IDLE_RINGS - 1;
+	if (!b->warned) {
+		b->warned = true;
+		DP_WARN("client %u (pid %u) rings its doorbell with no new descriptor: it is not "
+			"listened to for %llu ms at a time, doubling while it goes on "
+			"(doorbell_rate_limited)",
+			c->id, c->pid, (unsigned long long)(b->mute_ns / 1000000));
+	}
+	if (b->mute_ns < DOORBELL_MUTE_MAX_NS)
+		b->mute_ns *= 2;
+	dp_count(d->counters, DP_C_doorbell_rate_limited, 1);
+}
+
+/* A ring heard from client i (its pipe drained): one that brought descriptors pays back
+ * one that did not; DOORBELL_IDLE_RINGS that did not, net, mute the doorbell. */
+static void heard(struct dp_dispatcher *d, uint32_t i)
+{
+	struct dp_bell *b = &d->bells[i];
+	if (rang_with_work(b, &d->w->clients[i])) {
+		if (b->idle)
+			b->idle--;
+		b->mute_ns = DOORBELL_MUTE_MIN_NS;
+		return;
+	}
+	dp_count(d->counters, DP_C_doorbells_idle, 1);
+	if (++b->idle >= DOORBELL_IDLE_RINGS)
+		mute(d, i);
+}
+
+/* The pipe lost its last writer (its process died, or it closed them). A pipe at end of
+ * file stays readable: watched, it would wake us forever */
+static void go_deaf(struct dp_dispatcher *d, uint32_t i)
+{
+	if (d->listening & (1ull << i))
+		epoll_ctl(d->doorbells, EPOLL_CTL_DEL, d->w->clients[i].doorbell_fd, NULL);
+	d->listening &= ~(1ull << i);
+	d->deaf |= 1ull << i;
+	dp_count(d->counters, DP_C_doorbell_unwatched, 1);
+}
+
+/* A muted client whose quiet time is over: what it rang meanwhile is drained and judged
+ * as one ring (a client that went on ringing for nothing is muted again, unheard). True
+ * when it may be listened to again. */
+static bool unmute(struct dp_dispatcher *d, uint32_t i)
+{
+	d->muted &= ~(1ull << i);
+	ssize_t got = drain(d, d->w->clients[i].doorbell_fd);
+	if (got == 0) {
+		go_deaf(d, i);
+		return false;
+	}
+	if (got > 0) {
+		dp_count(d->counters, DP_C_doorbells, (uint64_t)got);
+		heard(d, i);
+	}
+	return !(d->muted & (1ull << i));
+}
+
+/* Before a client is told to ring (need_wakeup), its pipe is in the set we sleep on.
+ * False when it cannot be (ENOMEM, the user's epoll watch limit): then we poll. A muted
+ * one is not, until its quiet time ends: *wake_at says when. */
+static bool listen_to(struct dp_dispatcher *d, uint32_t i, const struct dp_client *c,
+		      uint64_t now, uint64_t *wake_at)
+{
+	uint64_t bit = 1ull << i;
+	if ((d->listening | d->deaf) & bit)
 		return true; /* a deaf one has nothing left to say: it is its own loss */
+	struct dp_bell *b = &d->bells[i];
+	if (!(d->known & bit)) {
+		/* the slot's client is new: its ring starts where it starts */
+		*b = (struct dp_bell){ .head = c->ring_tail,
+				       .completed = __atomic_load_n(&c->completed, __ATOMIC_RELAXED),
+				       .mute_ns = DOORBELL_MUTE_MIN_NS };
+		d->known |= bit;
+	}
+	if ((d->muted & bit) && (now < b->quiet_until || !unmute(d, i))) {
+		if ((d->muted & bit) && b->quiet_until < *wake_at)
+			*wake_at = b->quiet_until;
+		return true;
+	}
 	struct epoll_event ev = { .events = EPOLLIN, .data.u32 = i };
 	if (c->doorbell_fd < 0 || epoll_ctl(d->doorbells, EPOLL_CTL_ADD, c->doorbell_fd, &ev) < 0) {
 		dp_count(d->counters, DP_C_doorbell_unwatched, 1);
@@ -381,7 +545,10 @@ static bool listen_to(struct dp_dispatcher *d, uint32_t i, const struct dp_clien
 
 static void stop_listening(struct dp_dispatcher *d, uint32_t i)
 {
-	d->deaf &= ~(1ull << i); /* the slot's next client starts afresh */
+	/* the slot's next client starts afresh */
+	d->deaf &= ~(1ull << i);
+	d->muted &= ~(1ull << i);
+	d->known &= ~(1ull << i);
 	if (!(d->listening & (1ull << i)))
 		return;
 	epoll_ctl(d->doorbells, EPOLL_CTL_DEL, d->w->clients[i].doorbell_fd, NULL);
@@ -462,14 +629,15 @@ int dp_dispatch_do_work(struct dp_world *w, void *self, uint64_t now)
 /* --- parking ------------------------------------------------------------------------- */
 
 
-/* False when some client could not be listened to: its ringing would wake nobody. */
-static bool set_need_wakeup(struct dp_dispatcher *d, uint32_t v)
+/* False when some client could not be listened to: its ringing would wake nobody. With
+ * v, *wake_at is when the first muted client's quiet time ends (else left alone). */
+static bool set_need_wakeup(struct dp_dispatcher *d, uint32_t v, uint64_t now, uint64_t *wake_at)
 {
 	bool all = true;
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
 		struct dp_client *c = &d->w->clients[i];
 		if (dp_load_acquire_u32(&c->state) == DP_CLIENT_ACTIVE) {
-			if (v && !listen_to(d, i, c))
+			if (v && !listen_to(d, i, c, now, wake_at))
 				all = false;
 			__atomic_store_n(&c->hdr->need_wakeup, v, __ATOMIC_RELAXED);
 		}
@@ -480,10 +648,10 @@ static bool set_need_wakeup(struct dp_dispatcher *d, uint32_t v)
 int64_t dp_dispatch_park(struct dp_world *w, void *self, uint64_t now)
 {
 	struct dp_dispatcher *d = self;
-	(void)now;
 	if (!dp_spsc_empty(&w->free_ring))
 		return -1;
-	bool all_listened = set_need_wakeup(d, 1);
+	uint64_t wake_at = UINT64_MAX;
+	bool all_listened = set_need_wakeup(d, 1, now, &wake_at);
 	d->armed = true;
 	/* seq_cst: need_wakeup's stores before the heads' loads; pairs with dp_doorbell_ring */
 	dp_fence_seq_cst();
@@ -507,8 +675,12 @@ int64_t dp_dispatch_park(struct dp_world *w, void *self, uint64_t now)
 		if (!l || __atomic_load_n(&l->outstanding, __ATOMIC_ACQUIRE) == 0)
 			return -1;
 	}
-	/* a client whose doorbell we cannot watch is polled, every millisecond */
-	return all_listened ? DP_PARK_FOREVER : DOORBELL_POLL_NS;
+	/* a client whose doorbell we cannot watch is polled, every millisecond; a muted one
+	 * when its quiet time ends */
+	int64_t timeout = all_listened ? DP_PARK_FOREVER : DOORBELL_POLL_NS;
+	if (wake_at != UINT64_MAX && (int64_t)(wake_at > now ? wake_at - now : 0) < timeout)
+		timeout = (int64_t)(wake_at > now ? wake_at - now : 0);
+	return timeout;
 }
 
 void dp_dispatch_unpark(struct dp_world *w, void *self)
@@ -516,17 +688,16 @@ void dp_dispatch_unpark(struct dp_world *w, void *self)
 	struct dp_dispatcher *d = self;
 	(void)w;
 	if (d->armed) {
-		set_need_wakeup(d, 0); /* awake: clients need not ring */
+		set_need_wakeup(d, 0, 0, NULL); /* awake: clients need not ring */
 		d->armed = false;
 	}
 	/* slept and woken by something else (a reply, ZeroMQ, a kick): no pipe to drain.
 	 * One that rang meanwhile stays readable and wakes the next park at once */
 	if (d->waker->waited && !dp_waker_fired(d->waker, d->doorbells)) /* waker: wait_on's */
 		return;
-	/* what a doorbell carried is only that its client rang: the rings say the rest. One
-	 * read per ready pipe, of at most DOORBELL_READ bytes: a client that rings faster
-	 * only keeps the pipe readable (level-triggered: we look again on the next wake-up),
-	 * so a wake-up costs at most one epoll_wait and a read per client */
+	/* what a doorbell carried is only that its client rang: the rings say the rest. Each
+	 * ready pipe is drained whole, so a wake-up costs one epoll_wait and a drain per
+	 * client that rang, and a client whose rings bring no descriptors is muted (heard) */
 	struct epoll_event ev[DP_MAX_CLIENTS];
 	int n = epoll_wait(d->doorbells, ev, DP_MAX_CLIENTS, 0);
 	uint64_t rang = 0;
@@ -534,15 +705,12 @@ void dp_dispatch_unpark(struct dp_world *w, void *self)
 		uint32_t i = ev[k].data.u32;
 		if (i >= DP_MAX_CLIENTS || !(d->listening & (1ull << i)))
 			continue;
-		ssize_t got = read(d->w->clients[i].doorbell_fd, d->rung, sizeof(d->rung));
+		ssize_t got = drain(d, d->w->clients[i].doorbell_fd);
 		if (got > 0) {
 			rang += (uint64_t)got;
+			heard(d, i);
 		} else if (got == 0) {
-			/* end of file: every write end is closed (its process died, or it closed
-			 * them). A pipe at EOF stays readable: watched, it would wake us forever */
-			stop_listening(d, i);
-			d->deaf |= 1ull << i;
-			dp_count(d->counters, DP_C_doorbell_unwatched, 1);
+			go_deaf(d, i);
 		}
 	}
 	dp_count(d->counters, DP_C_doorbells, rang);
@@ -577,7 +745,11 @@ struct dp_dispatcher *dp_dispatch_new(struct dp_world *w)
 		return NULL;
 	}
 	d->w = w;
+	/* none (a chroot without /dev): the doorbells are read instead */
+	d->devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
 	if (open_doorbells(d) < 0) {
+		if (d->devnull >= 0)
+			close(d->devnull);
 		dp_fwd_pool_fini(&d->pool);
 		free(d);
 		return NULL;
@@ -596,6 +768,8 @@ void dp_dispatch_free(struct dp_dispatcher *d)
 {
 	if (d) {
 		close(d->doorbells);
+		if (d->devnull >= 0)
+			close(d->devnull);
 		dp_fwd_pool_fini(&d->pool);
 	}
 	free(d);

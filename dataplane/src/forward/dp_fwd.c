@@ -80,6 +80,7 @@ struct dp_fwd *dp_fwd_alloc(struct dp_fwd_pool *p, struct dp_client *c,
 	f->status = DP_STATUS_PENDING;
 	f->message[0] = '\0';
 	f->pickup_ns = now;
+	f->client_prepare_ns = 0;
 	f->reduce_ns = 0;
 	f->bytes = 0;
 	f->nic_mask = 0;
@@ -89,6 +90,32 @@ struct dp_fwd *dp_fwd_alloc(struct dp_fwd_pool *p, struct dp_client *c,
 	dp_fetch_add_u64(&c->inflight, 1);
 	dp_store_relaxed_u64(&c->submitted, c->submitted + 1);
 	return f;
+}
+
+/* No upper bound from max_timeout_us: a descriptor may wait in its ring far longer than
+ * any timeout (a client at its inflight quota with many slots), so only the attach time
+ * bounds an honest stamp from below. */
+bool dp_fwd_client_prepare(struct dp_fwd *f)
+{
+	uint64_t submit = f->desc.submit_ns;
+	f->client_prepare_ns = 0;
+	if (!submit)
+		return true;
+	if (submit > f->pickup_ns || submit < f->client->attach_ns)
+		return false;
+	f->client_prepare_ns = f->pickup_ns - submit;
+	return true;
+}
+
+uint64_t dp_fwd_own_prepare_ns(const struct dp_fwd *f)
+{
+	uint64_t first = 0;
+	for (uint32_t n = 0; n < DP_MAX_NICS; n++) {
+		uint64_t t = f->part[n].send_start;
+		if ((f->nic_mask & (1u << n)) && t && (!first || t < first))
+			first = t;
+	}
+	return first > f->pickup_ns ? first - f->pickup_ns : 0;
 }
 
 /* Drops the layer reference the dispatcher took and counts f off its client (the
@@ -267,9 +294,8 @@ void dp_fwd_complete(struct dp_world *w, struct dp_fwd *f, struct dp_spsc *done,
  * dispatcher completed report prepare_ns alone. */
 void dp_fwd_measure(const struct dp_world *w, const struct dp_fwd *f, struct dp_fwd_phases *p)
 {
-	uint64_t submit = f->desc.submit_ns;
 	*p = (struct dp_fwd_phases){
-		.prepare_ns = submit && submit < f->pickup_ns ? f->pickup_ns - submit : 0,
+		.prepare_ns = f->client_prepare_ns,
 		.reduce_ns = f->reduce_ns,
 	};
 	if (f->kind != DP_FWD_FORWARD)

@@ -89,7 +89,7 @@ struct dp_nic_part {
 /* What a finished context measured: its slot header's line 1 and answered/missing, and
  * the scalars of its Completion's Timings (dp_fwd_measure, by the agent that finishes it). */
 struct dp_fwd_phases {
-	uint64_t prepare_ns; /* submit -> pickup */
+	uint64_t prepare_ns; /* submit -> pickup: the client's clock (client_prepare_ns) */
 	uint64_t send_ns;    /* the slowest NIC's sends */
 	uint64_t wait_ns;    /* the longest NIC's wait for its partials */
 	uint64_t fetch_ns;   /* every NIC's handling of the partials' datagrams */
@@ -112,6 +112,9 @@ struct dp_fwd {
 	struct dp_desc desc; /* copied out of the client's ring */
 	struct dp_layer *layer;
 	uint64_t pickup_ns;
+	/* the client's submit stamp -> pickup, or 0 when the stamp could not be an honest
+	 * one's (dp_fwd_client_prepare): the client's own Timings.prepare_ns, nobody else's */
+	uint64_t client_prepare_ns;
 	uint64_t deadline_ns;
 	uint64_t reduce_ns;
 	struct dp_fwd_phases phases; /* dp_fwd_finish's, before the slot is published */
@@ -159,6 +162,14 @@ void dp_fwd_pool_refill(struct dp_fwd_pool *p);
  * counted in flight for c until dp_fwd_release. */
 struct dp_fwd *dp_fwd_alloc(struct dp_fwd_pool *p, struct dp_client *c,
 			    const struct dp_desc *desc, uint64_t now);
+/* The dispatcher, at pickup: f's client_prepare_ns from the client's submit stamp. A
+ * stamp after pickup (the client stamps before it pushes, on the same CLOCK_MONOTONIC)
+ * or before the client's Attach arrived cannot be an honest one: 0, and false (the
+ * caller counts client_clock_implausible). A stamp of 0 is none given: 0, true. */
+bool dp_fwd_client_prepare(struct dp_fwd *f);
+/* Picked up -> a NIC worker began sending it, on the dataplane's own clock (0 when
+ * nothing was sent): what the shared `prepare` histogram records (dp_stats.c). */
+uint64_t dp_fwd_own_prepare_ns(const struct dp_fwd *f);
 /* Control: f's completion is out; back to the dispatcher's pool. */
 void dp_fwd_release(struct dp_world *w, struct dp_fwd *f);
 

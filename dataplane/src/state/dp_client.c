@@ -350,8 +350,9 @@ described:
  * process already (take_fd): it takes the pipe's read end the same way. Only holders of
  * the write end (the client, and whoever it hands it to) can ring, and taking it from
  * the client needs ptrace rights over it, which already give its memory.
- * One pipe per client, so one client's ringing is its own to pay for (the dispatcher
- * reads each ready pipe once per wake-up: dp_dispatch_unpark). */
+ * One pipe per client, so one client's ringing is its own to pay for: the dispatcher
+ * drains a ready pipe whole per wake-up, whatever its size, and mutes for a while a pipe
+ * whose rings bring no new descriptors (dp_dispatch.c). */
 int dp_client_open_doorbell(struct dp_client *c, int pidfd, uint32_t peer_pid,
 			    uint32_t peer_uid, int32_t doorbell_fd)
 {

@@ -43,6 +43,9 @@ struct dp_client {
 	size_t size;
 	size_t stepped;     /* control: bytes faulted in (ATTACHING) or unmapped (UNMAPPING) */
 	uint64_t attach_rid; /* control: the Attach request answered once faulted in */
+	/* control, before ATTACHING (release): when its Attach arrived. No submit stamp of
+	 * an honest client is older (the dispatcher's dp_fwd_client_prepare) */
+	uint64_t attach_ns;
 	struct dp_mem mem; /* the segment, registered for zero copy (dp_backend_mem_register) */
 	struct dp_client_layout layout;
 	/* Pointers below were computed at attach from the private plan. Through hdr the

@@ -100,6 +100,16 @@ void dp_layers_unload_owner(struct dp_world *w, uint32_t owner, struct dp_layer 
 	}
 }
 
+/* A MoE layer's placement and state are charged as DP_MOE_LAYER_STATE_BYTES, a number the
+ * mock dataplane charges too: it must not fall behind what the layer really holds. */
+_Static_assert(sizeof(struct dp_layer) + sizeof(struct dp_layer_moe) <= DP_MOE_LAYER_STATE_BYTES,
+	       "raise MOE_LAYER_STATE_BYTES in duckpipe/schema/abi.py");
+
+uint64_t dp_layer_state_bytes(const struct dp_ctl_load_weights *m)
+{
+	return m->kind == DP_MLP_KIND_MOE ? DP_MOE_LAYER_STATE_BYTES : 0;
+}
+
 uint64_t dp_layer_plan_bytes(const struct dp_ctl_load_weights *m)
 {
 	uint64_t item = m->dtype == DP_DTYPE_F16 ? 2 : 4, h = m->hidden, total = 0, hf, t;
@@ -111,5 +121,7 @@ uint64_t dp_layer_plan_bytes(const struct dp_ctl_load_weights *m)
 		    __builtin_mul_overflow(t, item, &t) || __builtin_add_overflow(total, t, &total))
 			return UINT64_MAX;
 	}
-	return m->has_b_down && __builtin_add_overflow(total, h * 8, &total) ? UINT64_MAX : total;
+	if (m->has_b_down && __builtin_add_overflow(total, h * 8, &total))
+		return UINT64_MAX;
+	return __builtin_add_overflow(total, dp_layer_state_bytes(m), &total) ? UINT64_MAX : total;
 }

@@ -153,8 +153,13 @@ int dp_layer_moe_build(struct dp_layer *l, const struct dp_ctl_load_weights *m, 
  * Returns snprintf's. (What a failed forward's message says of a duck.) */
 int dp_layer_describe_duck(const struct dp_layer *l, uint32_t duck, char *buf, size_t n);
 
-/* Bytes a layer plan stands for: every duck's shards and b_down (raw and float);
- * UINT64_MAX when that does not fit (a config may raise max_hidden and max_ffn to 2^32). */
+/* Bytes a layer plan stands for, against its owner's client_max_weight_bytes: every
+ * duck's shards, b_down (raw and float), and a MoE layer's placement and state
+ * (dp_layer_state_bytes); UINT64_MAX when that does not fit (a config may raise
+ * max_hidden and max_ffn to 2^32). */
 uint64_t dp_layer_plan_bytes(const struct dp_ctl_load_weights *m);
+/* Of those, what the dataplane holds besides the weights: DP_MOE_LAYER_STATE_BYTES for a
+ * MoE layer (struct dp_layer_moe and struct dp_layer), else 0. */
+uint64_t dp_layer_state_bytes(const struct dp_ctl_load_weights *m);
 
 #endif /* DP_LAYERS_H */
