@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import select
+import socket
 import stat
+import struct
 import time
 from pathlib import Path
 
@@ -15,6 +19,7 @@ from .errors import DuckpipeError
 __all__ = [
     "HUGEPAGE_SIZE",
     "PORT_BASE",
+    "PeerGone",
     "check_private_dir",
     "default_control",
     "default_ports",
@@ -22,6 +27,9 @@ __all__ = [
     "free_hugepages",
     "monotonic_ns",
     "open_own_file",
+    "peer_pidfd",
+    "pidfd_exited",
+    "pidfd_getfd",
     "process_alive",
     "process_start_ticks",
     "run_dir",
@@ -223,3 +231,91 @@ def process_alive(pid: int, started_ns: int | None = None) -> bool:
         return True  # someone else's process, but alive
     except (psutil.NoSuchProcess, ValueError):
         return False
+
+
+SO_PEERPIDFD = 77  # Linux 6.5
+_SYS_PIDFD_GETFD = 438  # the same on every architecture (the unified syscall table)
+
+
+class PeerGone(DuckpipeError):
+    """The process that made a connection has exited, or the connection closed."""
+
+
+def pidfd_exited(pidfd: int) -> bool:
+    """True once the process behind ``pidfd`` has exited (the pidfd polls readable)."""
+    try:
+        p = select.poll()  # not select(): a descriptor past 1023 is refused there
+        p.register(pidfd, select.POLLIN)
+        return bool(p.poll(0))
+    except (OSError, ValueError):
+        return True  # cannot tell: refuse rather than guess
+
+
+def peer_pidfd(sockfd: int, uid: int, gid: int, pid: int) -> int:
+    """A pidfd of the process that connected on ``sockfd`` (the connection a request came
+    in on, ZMQ_SRCFD), whose credentials libzmq gave as uid, gid, pid: what
+    dp_peer_pidfd() in the C dataplane does. Raises PeerGone when the connection closed
+    or that process has exited: its pid may be another process's by now."""
+    try:
+        with socket.socket(fileno=os.dup(sockfd)) as s:
+            cred = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if (cred[1], cred[2], cred[0]) != (uid, gid, pid):
+                raise OSError(errno.ENOTCONN, "another connection")
+            try:
+                pidfd = s.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+            except OSError as e:
+                if e.errno != errno.ENOPROTOOPT:
+                    pidfd = -1
+                else:  # before Linux 6.5: the pid, taken now (dp_access.c says what is lost)
+                    pidfd = os.pidfd_open(pid)
+    except OSError as e:
+        if e.errno in (errno.ESRCH, errno.EINVAL):
+            pidfd = -1
+        else:
+            raise PeerGone("the connection this request came on has closed; reconnect") from e
+    if pidfd < 0 or pidfd_exited(pidfd):
+        if pidfd >= 0:
+            os.close(pidfd)
+        raise PeerGone(
+            f"the process that opened this connection (pid {pid}) has exited: a connection "
+            "serves the process that made it; connect from this one"
+        )
+    return pidfd
+
+
+def pidfd_getfd(pidfd: int, pid: int, fd: int, what: str) -> int:
+    """Descriptor ``fd`` of the process behind ``pidfd``, as one of ours (take_fd in
+    dp_client.c): pidfd_getfd, or where that is not permitted /proc/<pid>/fd/<fd> opened
+    O_PATH and kept only if the process is still alive after the open. Raises
+    DuckpipeError saying nothing of what was found."""
+    if pidfd_exited(pidfd):
+        raise DuckpipeError(f"the client (pid {pid}) has exited")
+    libc = ctypes.CDLL(None, use_errno=True)
+    args = (
+        ctypes.c_long(_SYS_PIDFD_GETFD),
+        ctypes.c_long(pidfd),
+        ctypes.c_long(fd),
+        ctypes.c_long(0),
+    )
+    got = libc.syscall(*args) if fd >= 0 else -1
+    err = ctypes.get_errno() if fd >= 0 else errno.EBADF
+    if got < 0 and err == errno.EPERM:
+        try:
+            got = os.open(f"/proc/{pid}/fd/{fd}", os.O_PATH | os.O_CLOEXEC)
+        except OSError as e:
+            err = errno.EPERM if e.errno == errno.EACCES else e.errno or errno.EIO
+    if got >= 0 and pidfd_exited(pidfd):
+        os.close(got)
+        got, err = -1, errno.ESRCH
+    if got >= 0:
+        return got
+    if err == errno.ESRCH:
+        raise DuckpipeError(f"the client (pid {pid}) has exited")
+    if err in (errno.EBADF, errno.ENOENT):
+        raise DuckpipeError(f"cannot open {what} fd {fd}: pid {pid} has no such descriptor")
+    if err == errno.EPERM:
+        raise DuckpipeError(
+            f"cannot take {what} fd {fd} from pid {pid}: not permitted; run the dataplane as "
+            "the client's user or as root"
+        )
+    raise DuckpipeError(f"cannot open {what} fd {fd} of pid {pid}: {os.strerror(err)}")

@@ -1,11 +1,15 @@
 /* test_client.c: dp_client_map() attaches a sealed duckpipe memfd once, keeps a private
  * layout the client cannot move, and refuses everything else. The segments are made
- * here, in this process, as duckpipe/client/shm.py makes them. Exit 0 pass, 1 fail, 77 skip. */
+ * here, in this process, as duckpipe/client/shm.py makes them, and taken through a pidfd
+ * of this process (the control agent's is the connected client's: dp_peer_pidfd).
+ * Exit 0 pass, 1 fail, 77 skip. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dp_barrier.h"
@@ -19,6 +23,7 @@
 
 static struct dp_client clients[4];
 static struct dp_config cfg;
+static int self_pidfd = -1; /* this process, as the client that connected */
 
 struct seg {
 	int fd;
@@ -73,7 +78,7 @@ static void unmake(struct seg *s)
 static int attach(struct dp_client *c, const struct seg *s)
 {
 	memset(c, 0, sizeof(*c));
-	int rc = dp_client_map(c, (uint32_t)getpid(), (uint32_t)geteuid(), s->fd);
+	int rc = dp_client_map(c, self_pidfd, (uint32_t)getpid(), (uint32_t)geteuid(), s->fd);
 	if (rc == 0)
 		dp_store_release_u32(&c->state, DP_CLIENT_ACTIVE);
 	return rc;
@@ -135,14 +140,70 @@ static void test_everything_else_is_refused(void)
 		unmake(&s);
 	}
 	struct dp_client *c = &clients[0];
-	CHECK(dp_client_map(c, (uint32_t)getpid(), (uint32_t)geteuid(), -1) < 0, "fd -1");
-	CHECK(dp_client_map(c, (uint32_t)getpid(), (uint32_t)geteuid(), 9999) < 0, "no fd 9999");
+	CHECK(dp_client_map(c, self_pidfd, (uint32_t)getpid(), (uint32_t)geteuid(), -1) < 0, "fd -1");
+	CHECK(dp_client_map(c, self_pidfd, (uint32_t)getpid(), (uint32_t)geteuid(), 9999) < 0, "no fd 9999");
 	struct seg s = make("duckpipe-test-uid", 4, F_SEAL_SHRINK | F_SEAL_GROW, true);
-	CHECK(dp_client_map(c, (uint32_t)getpid(), (uint32_t)geteuid() + 1, s.fd) < 0 &&
-		      strstr(dp_error(), "owned by uid"),
+	/* a file of another user: refused, and nothing of it is described (owner, type) */
+	CHECK(dp_client_map(c, self_pidfd, (uint32_t)getpid(), (uint32_t)geteuid() + 1, s.fd) < 0 &&
+		      strstr(dp_error(), "not a duckpipe segment of yours") &&
+		      !strstr(dp_error(), "owned by") && !strstr(dp_error(), "regular"),
 	      "another uid: %s", dp_error());
-	CHECK(dp_client_map(c, (uint32_t)getpid() + 1, (uint32_t)geteuid(), s.fd) < 0,
+	CHECK(dp_client_map(c, self_pidfd, (uint32_t)getpid() + 1, (uint32_t)geteuid(), s.fd) < 0,
 	      "another pid");
+	unmake(&s);
+}
+
+/* The descriptor is taken from the process behind the pidfd, whatever pid is named: a
+ * process that has exited gives nothing, and the pid named plays no part. */
+static void test_descriptors_come_from_the_pidfds_process_only(void)
+{
+	struct seg s = make("duckpipe-test-pidfd", 4, F_SEAL_SHRINK | F_SEAL_GROW, true);
+	pid_t child = fork();
+	if (child == 0)
+		_exit(0);
+	int gone = (int)syscall(SYS_pidfd_open, child, 0);
+	waitpid(child, NULL, 0);
+	struct dp_client *c = &clients[0];
+	memset(c, 0, sizeof(*c));
+	CHECK(gone >= 0 &&
+		      dp_client_map(c, gone, (uint32_t)getpid(), (uint32_t)geteuid(), s.fd) < 0 &&
+		      strstr(dp_error(), "has exited"),
+	      "an exited process: %s", dp_error());
+	CHECK(dp_client_open_doorbell(c, gone, (uint32_t)getpid(), (uint32_t)geteuid(), 0) < 0 &&
+		      strstr(dp_error(), "has exited"),
+	      "an exited process's doorbell: %s", dp_error());
+	if (gone >= 0)
+		close(gone);
+	/* a pipe only the child holds, at a number this process has not open */
+	int hold[2], ready[2];
+	if (pipe(hold) < 0 || pipe(ready) < 0)
+		return;
+	child = fork();
+	if (child == 0) {
+		char b;
+		int p[2];
+		close(hold[1]);
+		if (pipe(p) < 0 || dup2(p[0], 200) < 0 || write(ready[1], "r", 1) != 1)
+			_exit(1);
+		while (read(hold[0], &b, 1) < 0 && errno == EINTR)
+			;
+		_exit(0);
+	}
+	close(hold[0]);
+	close(ready[1]);
+	char b;
+	int other = (int)syscall(SYS_pidfd_open, child, 0);
+	CHECK(read(ready[0], &b, 1) == 1 && fcntl(200, F_GETFD) < 0, "the child's pipe");
+	CHECK(other >= 0 &&
+		      dp_client_open_doorbell(c, other, (uint32_t)getpid(), (uint32_t)geteuid(), 200) == 0,
+	      "a pipe the pidfd's process holds: %s", dp_error());
+	dp_client_close_doorbell(c);
+	CHECK(dp_client_open_doorbell(c, self_pidfd, (uint32_t)child, (uint32_t)geteuid(), 200) < 0,
+	      "a pipe only the named pid holds");
+	close(hold[1]);
+	waitpid(child, NULL, 0);
+	close(other);
+	close(ready[0]);
 	unmake(&s);
 }
 
@@ -184,11 +245,17 @@ int main(void)
 		return 77;
 	}
 	close(probe);
+	self_pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+	if (self_pidfd < 0) {
+		printf("test_client: no pidfd_open here (%s); skipped\n", strerror(errno));
+		return 77;
+	}
 	cfg.client_max_slots = 8;
 	cfg.client_max_segment_bytes = 1u << 20;
 	dp_client_set_limits(&cfg, clients, DP_ARRAY_LEN(clients));
 	test_a_good_segment_attaches_once_with_a_private_layout();
 	test_everything_else_is_refused();
+	test_descriptors_come_from_the_pidfds_process_only();
 	test_headers_that_disagree_with_the_plan_or_the_limits_are_refused();
 	return test_result("test_client");
 }

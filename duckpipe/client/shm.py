@@ -29,7 +29,7 @@ import posix_ipc
 
 from .. import runtime
 from .._native import ffi, lib
-from ..errors import AbiMismatch, BadInput, SegmentError
+from ..errors import AbiMismatch, BadInput, DuckpipeError, SegmentError
 from ..schema.abi import ABI_MAJOR, ABI_MINOR, SEG_MAGIC, Backing
 
 __all__ = [
@@ -278,8 +278,11 @@ class Segment:
         uid: int | None = None,
         max_slots: int | None = None,
         max_bytes: int | None = None,
+        pidfd: int | None = None,
     ) -> Segment:
-        """Map the segment memfd ``fd`` of process ``pid`` (the dataplane side).
+        """Map the segment memfd ``fd`` of process ``pid`` (the dataplane side): taken
+        from the process behind ``pidfd`` when given (the one that connected), else
+        through /proc/<pid>/fd.
 
         Refuses anything but a duckpipe memfd owned by ``uid`` (default: ours),
         sealed against shrinking and growing, whose header, read before mapping,
@@ -296,27 +299,36 @@ class Segment:
                 "segments; upgrade it"
             )
         try:
-            # O_PATH first: only a regular file is opened for real (a device or FIFO the
-            # peer named could have side effects), through our handle on the same inode
-            handle = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            if pidfd is not None:  # from the process that connected, whatever holds pid now
+                handle = runtime.pidfd_getfd(pidfd, pid, fd, "segment")
+            else:
+                # O_PATH: opens nothing (a device or FIFO the peer named could have side
+                # effects); only a regular file of uid is opened for real, through our handle
+                handle = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError as e:
             raise SegmentError(f"cannot open {path}: {e.strerror}; is the client alive?") from e
+        except DuckpipeError as e:
+            raise SegmentError(str(e)) from e
         try:
-            regular = stat.S_ISREG(os.fstat(handle).st_mode)
-            if regular:
+            st = os.fstat(handle)
+            # owner first: of another user's file neither owner nor type is said (dp_client.c)
+            mine, regular = st.st_uid == uid, stat.S_ISREG(st.st_mode)
+            if mine and regular:
                 ours = os.open(f"/proc/self/fd/{handle}", os.O_RDWR | os.O_CLOEXEC | os.O_NOCTTY)
         except OSError as e:
             raise SegmentError(f"cannot open {path}: {e.strerror}") from e
         finally:
             os.close(handle)
+        if not mine:
+            raise SegmentError(f"segment fd {fd} is not a duckpipe segment of yours (uid {uid})")
         if not regular:
             raise SegmentError(f"{path} is not a regular file")
         try:
             st = os.fstat(ours)
-            if not stat.S_ISREG(st.st_mode):
-                raise SegmentError(f"{path} is not a regular file")
-            if st.st_uid != uid:
-                raise SegmentError(f"{path} is owned by uid {st.st_uid}, not {uid}")
+            if st.st_uid != uid or not stat.S_ISREG(st.st_mode):
+                raise SegmentError(
+                    f"segment fd {fd} is not a duckpipe segment of yours (uid {uid})"
+                )
             link = os.readlink(f"/proc/self/fd/{ours}")
             if not link.startswith(MEMFD_LINK + "duckpipe"):
                 raise SegmentError(f"{path} is not a duckpipe memfd ({link})")

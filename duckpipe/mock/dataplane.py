@@ -125,8 +125,9 @@ class _Peer:
     creds: bool
     uid: int = -1
     gid: int = -1
-    pid: int = -1
+    pid: int = -1  # the process that connected, maybe gone since (runtime.peer_pidfd)
     admin: bool = False
+    srcfd: int = -1  # the connection's socket (ZMQ_SRCFD), libzmq's: only looked at
 
 
 def _peer_credentials(control: str, address: str | None) -> tuple[int, int, int] | None:
@@ -545,7 +546,9 @@ class MockDataplane:
         if uid != self._euid and self._group_gid is None:
             self.counters["control_refused"] += 1  # the socket filter's second fence
             return None
-        return _Peer(identity, True, uid, gid, pid, admin=uid == self._euid)
+        return _Peer(
+            identity, True, uid, gid, pid, admin=uid == self._euid, srcfd=frame.get(zmq.SRCFD)
+        )
 
     def _send(self, identity: bytes, msg: msgspec.Struct) -> None:
         try:
@@ -690,15 +693,36 @@ class MockDataplane:
         if refused:
             self.counters["quota_refused"] += 1
             return ctl.Error(req_id=rid, code=refused[0], message=refused[1])
-        try:  # the file first: a second attach of one memfd is refused before it is opened
-            st = os.stat(f"/proc/{peer.pid}/fd/{msg.segment_fd}") if msg.segment_fd >= 0 else None
-        except OSError:
+        # the process that connected, from the connection: its pid may be another
+        # process's by now (the connection handed on, the connector gone)
+        try:
+            pidfd = runtime.peer_pidfd(peer.srcfd, peer.uid, peer.gid, peer.pid)
+        except runtime.PeerGone as e:
+            self.counters["peers_gone"] += 1
+            raise _Refused(ErrorCode.NOT_PERMITTED, str(e)) from e
+        try:
+            return self._attach_from(peer, msg, pidfd)
+        finally:
+            os.close(pidfd)
+
+    def _attach_from(self, peer: _Peer, msg: ctl.Attach, pidfd: int) -> msgspec.Struct:
+        """Attach, the segment taken from the process behind pidfd (the one that connected)."""
+        rid, cfg = msg.req_id, self.cfg
+        try:  # the file first: a second attach of one memfd is refused before it is mapped
+            held = runtime.pidfd_getfd(pidfd, peer.pid, msg.segment_fd, "segment")
+            try:
+                st = os.fstat(held)
+            finally:
+                os.close(held)
+        except (OSError, DuckpipeError):
             st = None  # open_fd says why
         twin = next(
             (
                 c
                 for c in self.clients.values()
-                if st is not None and (c.seg.st_dev, c.seg.st_ino) == (st.st_dev, st.st_ino)
+                if st is not None
+                and st.st_uid == peer.uid  # of another user's file nothing is said
+                and (c.seg.st_dev, c.seg.st_ino) == (st.st_dev, st.st_ino)
             ),
             None,
         )
@@ -715,6 +739,7 @@ class MockDataplane:
                 uid=peer.uid,
                 max_slots=cfg.client_max_slots,
                 max_bytes=cfg.client_max_segment_bytes,
+                pidfd=pidfd,
             )
         except DuckpipeError as e:
             return ctl.Error(req_id=rid, code=ErrorCode.BAD_SEGMENT, message=str(e))
@@ -724,7 +749,7 @@ class MockDataplane:
                 req_id=rid, code=ErrorCode.BAD_SEGMENT, message="segment was made by another pid"
             )
         start_ticks = runtime.process_start_ticks(peer.pid)
-        if start_ticks is None:
+        if start_ticks is None or runtime.pidfd_exited(pidfd):  # else: another's ticks
             seg.close()
             return ctl.Error(
                 req_id=rid,

@@ -130,9 +130,10 @@ class Attach(Request, kw_only=True):
     """Map my segment and start polling its ring.
 
     ``segment_fd`` is the number of the segment's sealed memfd in the client
-    process; the dataplane opens it as /proc/<pid>/fd/<segment_fd>. ``segment``
+    process; the dataplane takes it from the process that connected (pidfd_getfd),
+    and refuses once that process has exited. ``segment``
     is only its name, for people. ``doorbell_fd`` is the read end of an anonymous
-    pipe the client made, opened the same way: after advancing head, the client
+    pipe the client made, taken the same way: after advancing head, the client
     writes one byte to the write end if need_wakeup is set (dp_wake.h)."""
 
     protocol: U32 = PROTOCOL_VERSION

@@ -214,6 +214,7 @@ COUNTERS: tuple[Counter, ...] = (
         "doorbell_rate_limited",
         "times a client's doorbell was muted for ringing with nothing new (dp_dispatch.c)",
     ),
+    Counter("peers_gone", "Attach refused: the process that made the connection has exited"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

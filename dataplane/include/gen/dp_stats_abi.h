@@ -342,7 +342,8 @@ struct dp_stats_duck {
     X(client_clock_implausible) /* submit stamps after pickup or before the client attached: its prepare_ns is 0 */  \
     X(rx_duck_filters) /* socket: kernel filters admitting only the NIC's ducks (what they refuse: rxq_overflows) */ \
     X(doorbells_idle) /* doorbell rings heard that brought no new descriptor */                                      \
-    X(doorbell_rate_limited) /* times a client's doorbell was muted for ringing with nothing new (dp_dispatch.c) */
+    X(doorbell_rate_limited) /* times a client's doorbell was muted for ringing with nothing new (dp_dispatch.c) */  \
+    X(peers_gone) /* Attach refused: the process that made the connection has exited */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");

@@ -7,6 +7,11 @@
  * "Peer-Address" property, which the handlers use for roles and for Attach.
  * tcp:// endpoints are served only with CURVE keys, and a ZAP handler in the
  * control agent's loop admits the public keys of curve_clients_file.
+ *
+ * The pid in those credentials is the one that called connect(): the process may have
+ * exited since and, the connection handed on, its pid be another process's (root's).
+ * So whatever touches a client's process (Attach) goes through a pidfd of the process
+ * that connected, from the connection itself (dp_peer_pidfd), never through the pid.
  */
 #include "dp_access.h"
 
@@ -16,9 +21,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include "dp_client.h"
 #include "dp_common.h"
 
 /* "...:uid:gid:pid", the tail libzmq appends to an ipc peer's Peer-Address (SO_PEERCRED).
@@ -55,6 +63,47 @@ bool dp_peer_credentials(const char *endpoint, const char *pa, uint32_t *uid, ui
 	*gid = (uint32_t)v[1];
 	*pid = (uint32_t)v[2];
 	return true;
+}
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77 /* Linux 6.5 */
+#endif
+
+int dp_peer_pidfd(int sockfd, uint32_t uid, uint32_t gid, uint32_t pid)
+{
+	/* libzmq may have closed the connection since the request was read, and the number
+	 * been given to another one: it must still be a socket with the request's peer */
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+	if (sockfd < 0 || getsockopt(sockfd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 ||
+	    cr.uid != uid || cr.gid != gid || (uint32_t)cr.pid != pid) {
+		dp_set_error("the connection this request came on has closed; reconnect");
+		return -1;
+	}
+	/* the kernel keeps the peer's struct pid from connect(): SO_PEERPIDFD names the
+	 * process that connected even after its pid is reused (it fails, or polls readable,
+	 * once that process is gone). Before Linux 6.5 there is only the pid, taken here,
+	 * at the request: a pid reused between connect and Attach is not caught there. */
+	int pidfd = -1;
+	len = sizeof(pidfd);
+	if (getsockopt(sockfd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) < 0) {
+		pidfd = -1;
+		if (errno == ENOPROTOOPT)
+			pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+	}
+	if (pidfd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOMEM)) {
+		dp_set_error("cannot take a pidfd for pid %u: %s; retry", pid, strerror(errno));
+		return -1;
+	}
+	if (pidfd < 0 || dp_pidfd_exited(pidfd)) {
+		if (pidfd >= 0)
+			close(pidfd);
+		dp_set_error("the process that opened this connection (pid %u) has exited: a "
+			     "connection serves the process that made it; connect from this one",
+			     pid);
+		return -1;
+	}
+	return pidfd;
 }
 
 /* The ZAP requests libzmq makes for each CURVE handshake (RFC 27): admit the public keys

@@ -36,4 +36,9 @@ void dp_access_close(struct dp_access *a);
 bool dp_peer_credentials(const char *endpoint, const char *peer_address, uint32_t *uid,
 			 uint32_t *gid, uint32_t *pid);
 
+/* A pidfd for the process that connected on sockfd (the connection a request came in on,
+ * ZMQ_SRCFD), whose credentials libzmq gave as uid, gid, pid: never the process that holds
+ * pid now. -1 with dp_error() when the connection is closed, or that process has exited. */
+int dp_peer_pidfd(int sockfd, uint32_t uid, uint32_t gid, uint32_t pid);
+
 #endif /* DP_ACCESS_H */

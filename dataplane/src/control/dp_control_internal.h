@@ -107,7 +107,8 @@ struct dp_peer {
 	size_t idlen;
 	uint64_t rid;      /* req_id, echoed in the reply */
 	bool creds;        /* uid, gid, pid read from the socket (ipc:// only) */
-	uint32_t uid, gid, pid;
+	uint32_t uid, gid, pid; /* pid: the process that connected, maybe gone (dp_peer_pidfd) */
+	int srcfd;         /* the connection's socket (ZMQ_SRCFD), libzmq's: only looked at */
 	bool admin;        /* the dataplane's own user */
 };
 

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "dp_accept_guard.h"
@@ -164,16 +165,25 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 		                  "every client slot is taken");
 		return;
 	}
-	memset(cl, 0, sizeof(*cl));
-	cl->doorbell_fd = -1;
-	/* the peer's pid from the socket, never the message's */
-	if (dp_client_map(cl, p->pid, p->uid, m->segment_fd) < 0) {
-		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT, "%s", dp_error());
+	/* the process that connected, from the connection: its pid may be another
+	 * process's by now (the connection handed on, the connector gone) */
+	int pidfd = dp_peer_pidfd(p->srcfd, p->uid, p->gid, p->pid);
+	if (pidfd < 0) {
+		dp_count(c->counters, DP_C_peers_gone, 1);
+		dp_control_refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED, "%s", dp_error());
 		return;
 	}
-	if (dp_client_open_doorbell(cl, p->pid, p->uid, m->doorbell_fd) < 0) {
-		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT, "%s", dp_error());
+	memset(cl, 0, sizeof(*cl));
+	cl->doorbell_fd = -1;
+	/* the segment and doorbell are taken from that process, never by the message's pid */
+	int rc = dp_client_map(cl, pidfd, p->pid, p->uid, m->segment_fd);
+	if (rc == 0 && dp_client_open_doorbell(cl, pidfd, p->pid, p->uid, m->doorbell_fd) < 0) {
 		dp_client_unmap(cl);
+		rc = -1;
+	}
+	close(pidfd);
+	if (rc < 0) {
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT, "%s", dp_error());
 		return;
 	}
 	cl->id = c->next_client_id++;
@@ -712,7 +722,8 @@ int dp_control_poll_requests(struct dp_control *c)
 			zmq_msg_close(&msg);
 			continue;
 		}
-		struct dp_peer peer = { .id = id, .idlen = (size_t)idlen };
+		struct dp_peer peer = { .id = id, .idlen = (size_t)idlen,
+					.srcfd = zmq_msg_get(&msg, ZMQ_SRCFD) };
 		peer.creds = dp_peer_credentials(c->w->cfg.control,
 						 zmq_msg_gets(&msg, "Peer-Address"), &peer.uid,
 						 &peer.gid, &peer.pid);

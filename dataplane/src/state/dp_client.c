@@ -1,7 +1,8 @@
 /* dp_client.c: client segments as the dataplane sees them.
  *
  * A segment is a sealed memfd the client made (duckpipe/client/shm.py). At attach the
- * dataplane opens it through /proc/<pid>/fd/<fd>, refuses anything that is not
+ * dataplane takes it from the process that connected (pidfd_getfd on the connection's
+ * pidfd, take_fd), refuses anything that is not
  * a duckpipe memfd of that user that can neither shrink nor grow, reads the
  * header with pread (before mapping a byte), checks it against dp_seg_plan()
  * and its limits, maps it, seals it against hole punching and pre-faults it,
@@ -21,6 +22,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +30,7 @@
 #include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -111,18 +114,32 @@ int dp_client_check_header(const struct dp_seg_header *h, uint64_t file_size,
 	return 0;
 }
 
+/* fd is a regular file of uid; 0 or -1. Owner first: of a file that is not the client
+ * user's, neither its owner nor its type is said (a process can hold another user's
+ * files: a setuid program's, or inherited). */
+static int check_owned_regular(int fd, uint32_t uid, struct stat *st)
+{
+	if (fstat(fd, st) < 0) {
+		dp_set_error("cannot fstat it: %s", strerror(errno));
+		return -1;
+	}
+	if (st->st_uid != uid) {
+		dp_set_error("not a duckpipe segment of yours (uid %u)", uid);
+		return -1;
+	}
+	if (!S_ISREG(st->st_mode)) {
+		dp_set_error("not a regular file");
+		return -1;
+	}
+	return 0;
+}
+
 /* fd is a memfd a peer of this uid made for duckpipe, sealed against resizing; 0 or -1. */
 static int check_memfd(int fd, uint32_t uid, struct stat *st, char *name, size_t namelen)
 {
 	char link[64], target[256];
-	if (fstat(fd, st) < 0 || !S_ISREG(st->st_mode)) {
-		dp_set_error("not a regular file");
+	if (check_owned_regular(fd, uid, st) < 0)
 		return -1;
-	}
-	if (st->st_uid != uid) {
-		dp_set_error("owned by uid %u, not the client's %u", st->st_uid, uid);
-		return -1;
-	}
 	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
 	ssize_t n = readlink(link, target, sizeof(target) - 1);
 	if (n < 0 || strncmp(target, MEMFD_PREFIX, strlen(MEMFD_PREFIX)) != 0) {
@@ -167,10 +184,62 @@ static int check_memfd(int fd, uint32_t uid, struct stat *st, char *name, size_t
 	return 0;
 }
 
-int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int32_t segment_fd)
+/* The client's descriptor `fd` as one of ours, taken from the process behind pidfd (the
+ * one that connected, dp_peer_pidfd) with pidfd_getfd: never through /proc/<pid>, whose
+ * pid may name another process by now (root's, whose files the dataplane would open).
+ * pidfd_getfd opens nothing: a device or FIFO the peer named has no side effect. Where the
+ * kernel refuses it (EPERM: Yama's ptrace_scope, or no CAP_SYS_PTRACE over the client), the
+ * descriptor is looked up through /proc/<pid>/fd with O_PATH (opens nothing either) and
+ * kept only if the pidfd still says the process is alive afterwards: a live process holds
+ * its pid, so the path named it. -1 with dp_error(), which describes nothing it found. */
+static int take_fd(int pidfd, uint32_t pid, int32_t fd, const char *what)
 {
-	char path[64], name[256];
-	snprintf(path, sizeof(path), "/proc/%u/fd/%d", peer_pid, segment_fd);
+	if (dp_pidfd_exited(pidfd)) {
+		dp_set_error("the client (pid %u) has exited", pid);
+		return -1;
+	}
+	int got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+	if (got < 0 && errno == EPERM) {
+		char path[64];
+		snprintf(path, sizeof(path), "/proc/%u/fd/%d", pid, fd);
+		got = open(path, O_PATH | O_CLOEXEC);
+		if (got < 0 && errno == EACCES)
+			errno = EPERM;
+	}
+	if (got >= 0 && dp_pidfd_exited(pidfd)) {
+		close(got);
+		got = -1;
+		errno = ESRCH;
+	}
+	if (got >= 0)
+		return got;
+	if (errno == ESRCH)
+		dp_set_error("the client (pid %u) has exited", pid);
+	else if (errno == EBADF || errno == ENOENT)
+		dp_set_error("cannot open %s fd %d: pid %u has no such descriptor", what, fd, pid);
+	else if (errno == EPERM)
+		dp_set_error("cannot take %s fd %d from pid %u: not permitted; run the dataplane "
+			     "as the client's user or as root",
+			     what, fd, pid);
+	else
+		dp_set_error("cannot open %s fd %d of pid %u: %s", what, fd, pid, strerror(errno));
+	return -1;
+}
+
+/* A descriptor of ours, reopened through /proc/self (our own table: no race) into a new
+ * description of the same inode with our flags, so nothing the client does to its own
+ * (O_NONBLOCK cleared on a pipe, say) reaches ours. */
+static int reopen_own(int fd, int flags)
+{
+	char self[64];
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+	return open(self, flags | O_CLOEXEC | O_NOCTTY);
+}
+
+int dp_client_map(struct dp_client *c, int pidfd, uint32_t peer_pid, uint32_t peer_uid,
+		  int32_t segment_fd)
+{
+	char name[256];
 	if (segment_fd < 0 || peer_pid == 0) {
 		dp_set_error("no segment descriptor (pid %u, fd %d): this client predates memfd "
 			     "segments; upgrade it",
@@ -178,34 +247,29 @@ int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int
 		return -1;
 	}
 	/* the kernel's start time of the peer, never the header's start_ns (the client writes
-	 * that one: a date in the future would hide a reused pid from dp_process_alive) */
+	 * that one: a date in the future would hide a reused pid from dp_process_alive); read
+	 * before take_fd's look at the pidfd, so they are the connected process's */
 	uint64_t start_ticks = dp_process_start_ticks(peer_pid);
+	int fd = -1, got = take_fd(pidfd, peer_pid, segment_fd, "segment");
+	if (got < 0)
+		return -1;
 	if (!start_ticks) {
+		close(got);
 		dp_set_error("cannot read /proc/%u/stat: is the client alive?", peer_pid);
 		return -1;
 	}
-	/* O_PATH first: opening a device or FIFO the peer named could have side effects, so
-	 * nothing but a regular file is opened for real (through our own O_PATH handle: the
-	 * same inode, whatever the peer does meanwhile). O_NOFOLLOW would refuse every /proc
-	 * fd link; what it names is checked below. */
-	int fd = -1, pfd = open(path, O_PATH | O_CLOEXEC);
 	struct stat st;
-	if (pfd < 0) {
-		dp_set_error("cannot open %s: %s; is the client alive?", path, strerror(errno));
-		return -1;
+	/* owner, then type, of our handle on the client's file; only a regular file of the
+	 * client's user is opened for real (reopen_own) */
+	if (check_owned_regular(got, peer_uid, &st) < 0) {
+		close(got);
+		goto described;
 	}
-	if (fstat(pfd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		close(pfd);
-		dp_set_error("%s is not a regular file", path);
-		return -1;
-	}
-	char self[64];
-	snprintf(self, sizeof(self), "/proc/self/fd/%d", pfd);
-	fd = open(self, O_RDWR | O_CLOEXEC | O_NOCTTY);
-	close(pfd);
+	fd = reopen_own(got, O_RDWR);
+	close(got);
 	if (fd < 0) {
-		dp_set_error("cannot open %s: %s", path, strerror(errno));
-		return -1;
+		dp_set_error("cannot open it read-write: %s", strerror(errno));
+		goto described;
 	}
 	struct dp_seg_header h;
 	struct dp_client_layout lay;
@@ -272,6 +336,7 @@ int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int
 	return 0;
 refuse:
 	close(fd);
+described:
 	dp_add_error_context("segment fd %d of pid %u", segment_fd, peer_pid);
 	return -1;
 }
@@ -281,46 +346,48 @@ refuse:
  * of the host (one flooding 1-byte datagrams cost the dataplane 2.2 s of CPU per 5 s);
  * a filesystem socket would need a directory the control group may enter but nobody
  * else, and a sender check (SO_PASSCRED) still wakes us for every datagram it drops.
- * ZeroMQ cannot pass a descriptor, but the dataplane takes the segment through
- * /proc/<pid>/fd already: it takes the pipe's read end the same way. Only holders of
- * the write end (the client, and whoever it hands it to) can ring, and reaching it
- * through /proc needs ptrace rights over the client, which already give its memory.
+ * ZeroMQ cannot pass a descriptor, but the dataplane takes the segment from the client's
+ * process already (take_fd): it takes the pipe's read end the same way. Only holders of
+ * the write end (the client, and whoever it hands it to) can ring, and taking it from
+ * the client needs ptrace rights over it, which already give its memory.
  * One pipe per client, so one client's ringing is its own to pay for: the dispatcher
  * drains a ready pipe whole per wake-up, whatever its size, and mutes for a while a pipe
  * whose rings bring no new descriptors (dp_dispatch.c). */
-int dp_client_open_doorbell(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid,
-			    int32_t doorbell_fd)
+int dp_client_open_doorbell(struct dp_client *c, int pidfd, uint32_t peer_pid,
+			    uint32_t peer_uid, int32_t doorbell_fd)
 {
-	char path[64];
 	c->doorbell_fd = -1;
 	if (doorbell_fd < 0 || doorbell_fd == DP_NO_DOORBELL) {
 		dp_set_error("no doorbell pipe (Attach.doorbell_fd): this client predates "
 			     "protocol 4; upgrade it");
 		return -1;
 	}
-	snprintf(path, sizeof(path), "/proc/%u/fd/%d", peer_pid, doorbell_fd);
-	/* O_PATH first, as for the segment: nothing but a pipe is opened for real */
-	int pfd = open(path, O_PATH | O_CLOEXEC);
-	if (pfd < 0) {
-		dp_set_error("cannot open doorbell %s: %s", path, strerror(errno));
+	int got = take_fd(pidfd, peer_pid, doorbell_fd, "doorbell");
+	if (got < 0)
 		return -1;
-	}
 	struct stat st;
 	struct statfs fs;
-	/* an anonymous pipe (pipefs, mode 0600 from pipe(2)), not a named FIFO others may
-	 * open, and the client's own */
-	if (fstat(pfd, &st) < 0 || !S_ISFIFO(st.st_mode) || fstatfs(pfd, &fs) < 0 ||
-	    fs.f_type != PIPEFS_MAGIC || st.st_uid != peer_uid) {
-		close(pfd);
-		dp_set_error("doorbell %s is not an anonymous pipe of uid %u", path, peer_uid);
+	/* the client's own (else nothing about it is said), and an anonymous pipe (pipefs, mode
+	 * 0600 from pipe(2)), not a named FIFO others may open */
+	if (fstat(got, &st) < 0 || st.st_uid != peer_uid) {
+		close(got);
+		dp_set_error("doorbell fd %d is not an anonymous pipe of yours (uid %u)",
+			     doorbell_fd, peer_uid);
 		return -1;
 	}
-	char self[64];
-	snprintf(self, sizeof(self), "/proc/self/fd/%d", pfd);
-	c->doorbell_fd = open(self, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-	close(pfd);
+	if (!S_ISFIFO(st.st_mode) || fstatfs(got, &fs) < 0 || fs.f_type != PIPEFS_MAGIC) {
+		close(got);
+		dp_set_error("doorbell fd %d of pid %u is not an anonymous pipe of uid %u",
+			     doorbell_fd, peer_pid, peer_uid);
+		return -1;
+	}
+	/* a description of our own: the dispatcher's reads must never block, whatever the
+	 * client sets on its end (the one pidfd_getfd shares) */
+	c->doorbell_fd = reopen_own(got, O_RDONLY | O_NONBLOCK);
+	close(got);
 	if (c->doorbell_fd < 0) {
-		dp_set_error("cannot open doorbell %s: %s", path, strerror(errno));
+		dp_set_error("cannot open doorbell fd %d of pid %u: %s", doorbell_fd, peer_pid,
+			     strerror(errno));
 		return -1;
 	}
 	return 0;
@@ -412,6 +479,12 @@ static int proc_stat(uint32_t pid, char *state, uint64_t *start_ticks)
 		return -1;
 	*start_ticks = ticks;
 	return 1;
+}
+
+bool dp_pidfd_exited(int pidfd)
+{
+	struct pollfd p = { .fd = pidfd, .events = POLLIN };
+	return pidfd < 0 || poll(&p, 1, 0) != 0;
 }
 
 uint64_t dp_process_start_ticks(uint32_t pid)

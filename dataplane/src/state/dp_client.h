@@ -75,16 +75,18 @@ void dp_client_set_limits(const struct dp_config *cfg, const struct dp_client *a
  * fills the layout. 0 or -1 with dp_error(). */
 int dp_client_check_header(const struct dp_seg_header *h, uint64_t file_size,
 			   struct dp_client_layout *out);
-/* Open the peer's memfd segment_fd through /proc, check it (a sealed duckpipe memfd of
- * peer_uid, made by peer_pid, not attached yet) and its header, map it and keep a private
- * copy of its layout in c. 0 or -1 with dp_error(). Its pages are not faulted in yet:
- * dp_client_populate does that, a step at a time. */
-int dp_client_map(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid, int32_t segment_fd);
-/* Open the peer's doorbell, the read end of a pipe it made (its descriptor doorbell_fd),
- * through /proc, into c->doorbell_fd; the client keeps the write end. 0 or -1 with
- * dp_error(). */
-int dp_client_open_doorbell(struct dp_client *c, uint32_t peer_pid, uint32_t peer_uid,
-			    int32_t doorbell_fd);
+/* Take the peer's memfd segment_fd from the process behind pidfd (the one that connected:
+ * dp_peer_pidfd), check it (a sealed duckpipe memfd of peer_uid, made by peer_pid, not
+ * attached yet) and its header, map it and keep a private copy of its layout in c. 0 or
+ * -1 with dp_error(), which says nothing of a file that is not peer_uid's. Its pages are
+ * not faulted in yet: dp_client_populate does that, a step at a time. */
+int dp_client_map(struct dp_client *c, int pidfd, uint32_t peer_pid, uint32_t peer_uid,
+		  int32_t segment_fd);
+/* Take the peer's doorbell, the read end of a pipe it made (its descriptor doorbell_fd),
+ * from the same process, into c->doorbell_fd (a description of our own); the client keeps
+ * the write end. 0 or -1 with dp_error(). */
+int dp_client_open_doorbell(struct dp_client *c, int pidfd, uint32_t peer_pid,
+			    uint32_t peer_uid, int32_t doorbell_fd);
 /* Close c->doorbell_fd, if open: once the dispatcher no longer listens (it let go of c). */
 void dp_client_close_doorbell(struct dp_client *c);
 /* Fault in up to `step` more bytes of a mapped segment (MADV_POPULATE_WRITE), and once all
@@ -96,6 +98,9 @@ int dp_client_populate(struct dp_client *c, size_t step);
 int dp_client_unmap_step(struct dp_client *c, size_t step);
 void dp_client_unmap(struct dp_client *c);
 
+/* True once the process behind pidfd has exited (its pidfd polls readable), or when the
+ * kernel cannot say: a caller refuses rather than guess. */
+bool dp_pidfd_exited(int pidfd);
 /* A process's start time (clock ticks since boot, /proc/<pid>/stat field 22), 0 when it
  * cannot be read. With the pid it names one process: pids are reused, start times not. */
 uint64_t dp_process_start_ticks(uint32_t pid);
