@@ -35,9 +35,11 @@ def _defaults_used(call: ast.Call) -> str | None:
         topo = call.args[0] if call.args else kws.get("topology")
         if topo is None:
             return "DataplaneProcess without a topology (loopback() on 47000)"
-        if isinstance(topo, ast.Call) and _name(topo) == "loopback" and "host_port" not in {
-            k.arg for k in topo.keywords
-        }:
+        if (
+            isinstance(topo, ast.Call)
+            and _name(topo) == "loopback"
+            and "host_port" not in {k.arg for k in topo.keywords}
+        ):
             return "DataplaneProcess(loopback(...)) without host_port (47000)"
     if name == "DucksProcess" and "base_port" not in kws:
         return "DucksProcess without base_port (47100..)"
