@@ -53,6 +53,21 @@ def dataplane(request) -> Iterator:
 
 
 @pytest.fixture
+def free_loopback():
+    """``free_loopback(ducks=2, **settings)``: a loopback topology on ports that were free
+    when asked, for a test that starts the C dataplane itself. Never the default ones
+    (47000, 47100..): a user's dataplane and ducks on this machine may hold them."""
+    from duckpipe.launch.cluster import free_udp_ports
+    from duckpipe.launch.topology import loopback
+
+    def make(ducks: int = 2, **settings):
+        base = free_udp_ports(ducks + 1)
+        return loopback(ducks, host_port=base, duck_port=base + 1, **settings)
+
+    return make
+
+
+@pytest.fixture
 def client(dataplane) -> Iterator[duckpipe.Client]:
     with duckpipe.connect(dataplane.control, name="pytest") as c:
         yield c

@@ -28,6 +28,7 @@
 #include "dp_dispatch.h"
 #include "dp_fwd.h"
 #include "dp_lcore.h"
+#include "dp_stats.h"
 #include "dp_tsan.h"
 #include "dp_worker.h"
 #include "dp_world.h"
@@ -345,6 +346,12 @@ int main(int argc, char **argv)
 				"(got '%s' after --); they are for the dpdk backend\n",
 			world.cfg.nnics ? world.cfg.nics[0].backend : "socket", world.backend_argv[0]);
 		return 2;
+	}
+	/* the run directory before any port: its refusal names the directory, whatever else
+	 * holds this topology's ports (another user's dataplane on the default ones) */
+	if (dp_stats_check(world.cfg.control) < 0) {
+		fprintf(stderr, "duckpipe-dataplane: %s\n", dp_error());
+		return 1;
 	}
 	/* the dpdk backend's first open hands them to rte_eal_init */
 	dp_backend_args = (struct dp_backend_args){ .argc = world.backend_argc,

@@ -66,7 +66,7 @@ from ..schema.control import ErrorCode
 from ..schema.stats import COUNTER_NAMES
 from . import moe
 from .idle import IdleStrategy
-from .stats_writer import StatsWriter
+from .stats_writer import StatsWriter, check_stats_path
 
 __all__ = ["DescriptorCheck", "MockConfig", "MockDataplane", "main_loop"]
 
@@ -334,6 +334,7 @@ class MockDataplane:
         self._ipc = cfg.control.startswith("ipc://")
         self._zap: zmq.Socket | None = None
         self._curve_clients: set[bytes] = set()
+        check_stats_path(cfg.control)  # before the bind, as the C dataplane's order
         self.router = self._bind(cfg.control)
         self.stats = StatsWriter(cfg.control, cfg.ducks)
         self._mark_dead_ducks()

@@ -28,11 +28,25 @@ from ..observe.stats_reader import (
 )
 from ..schema import stats as S
 
-__all__ = ["StatsWriter"]
+__all__ = ["StatsWriter", "check_stats_path"]
 
 
 def _put(arr: np.ndarray, i: int | tuple[()], text: str) -> None:
     arr[i] = text.encode()[: arr.dtype.itemsize - 1]
+
+
+def check_stats_path(control: str) -> None:
+    """The checks StatsWriter makes of the stats path of ``control`` (its directory ours
+    and closed to others; nothing there, or a regular file of ours), made before the
+    control socket is bound, as the C dataplane makes them before it binds anything
+    (dp_stats_check): a refusal for the run directory names it, whatever holds the
+    address. DuckpipeError when refused."""
+    path = stats_path_for(control)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    runtime.check_private_dir(path.parent)
+    fd = runtime.open_own_file(path)
+    if fd is not None:
+        os.close(fd)
 
 
 def remove_stale(path: Path) -> bool:

@@ -445,22 +445,29 @@ def _fails_with_fanout_first(tmp_path, times: int):
     return script, count
 
 
-def test_a_start_that_meets_another_processs_fanout_group_is_tried_again(tmp_path, caplog):
+def test_a_start_that_meets_another_processs_fanout_group_is_tried_again(
+    tmp_path, caplog, free_loopback
+):
     from duckpipe.launch.dataplane import DataplaneProcess
 
     script, count = _fails_with_fanout_first(tmp_path, 2)
-    with DataplaneProcess(binary=script) as dp, duckpipe.connect(dp.control) as c:
+    with (
+        DataplaneProcess(free_loopback(), binary=script) as dp,
+        duckpipe.connect(dp.control) as c,
+    ):
         assert c.stats().counters["forwards"] == 0  # the third start answers
     assert count.read_text().strip() == "3"
     assert caplog.text.count("fanout group id") == 2, caplog.text
 
 
-def test_a_fanout_group_that_stays_taken_fails_after_three_starts_saying_so(tmp_path):
+def test_a_fanout_group_that_stays_taken_fails_after_three_starts_saying_so(
+    tmp_path, free_loopback
+):
     from duckpipe.errors import DataplaneUnavailable
     from duckpipe.launch.dataplane import FANOUT_TAKEN, DataplaneProcess
 
     script, count = _fails_with_fanout_first(tmp_path, 99)
-    dp = DataplaneProcess(binary=script)
+    dp = DataplaneProcess(free_loopback(), binary=script)
     try:
         with pytest.raises(DataplaneUnavailable, match=FANOUT_TAKEN):
             dp.start()

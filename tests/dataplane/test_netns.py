@@ -21,6 +21,7 @@ import duckpipe
 from duckpipe import GeluMlp
 from duckpipe.errors import DuckpipeError
 from duckpipe.launch.binaries import find_binary
+from duckpipe.launch.cluster import free_udp_ports
 from duckpipe.launch.dataplane import DataplaneProcess
 from duckpipe.launch.process import stop_process
 from duckpipe.launch.topology import Duck, Nic, Topology
@@ -28,7 +29,7 @@ from duckpipe.launch.topology import Duck, Nic, Topology
 pytestmark = [pytest.mark.dataplane, pytest.mark.root]
 
 DUCKS = 3
-DUCK_PORT = 47100
+DUCK_PORT = 47100  # the default, in each duck's namespace of its own
 
 
 def _ip(*args: str) -> None:
@@ -123,7 +124,7 @@ def _topology(subnet: str, bridge: str, *, host_port: int) -> Topology:
 
 def test_forwards_broadcast_to_ducks_in_their_own_namespaces(bridged_ducks):
     subnet, bridge, _ = bridged_ducks
-    topo = _topology(subnet, bridge, host_port=47000)
+    topo = _topology(subnet, bridge, host_port=free_udp_ports(1, host="0.0.0.0"))
     dp = DataplaneProcess(topo).start()
     try:
         mlp = GeluMlp.random(256, 96, seed=1)
@@ -150,7 +151,7 @@ def test_forwards_broadcast_to_ducks_in_their_own_namespaces(bridged_ducks):
 
 def test_a_forward_to_a_subset_ignores_the_other_ducks_replies(bridged_ducks):
     subnet, bridge, _ = bridged_ducks
-    topo = _topology(subnet, bridge, host_port=47001)
+    topo = _topology(subnet, bridge, host_port=free_udp_ports(1, host="0.0.0.0"))
     with DataplaneProcess(topo) as dp, duckpipe.connect(dp.control) as c:
         mlp = GeluMlp.random(32, 30, seed=2, b_down=False)
         c.load_weights(1, mlp)

@@ -251,11 +251,11 @@ def test_python_log_lines_escape_terminal_controls_and_newlines():
 
 
 @pytest.mark.dataplane
-def test_c_dataplane_log_lines_escape_terminal_controls(tmp_path):
+def test_c_dataplane_log_lines_escape_terminal_controls(tmp_path, free_loopback):
     """Its stats path (which it logs) under a directory named EVIL: shown escaped."""
     run = tmp_path / EVIL
     run.mkdir(mode=0o700)
-    with DataplaneProcess(control=f"ipc://{run}/control") as dp:
+    with DataplaneProcess(free_loopback(), control=f"ipc://{run}/control") as dp:
         assert stats.read_snapshot(control=dp.control).dataplane.alive
         log = dp.output()
     assert "stats segment " in log and "\\x1b]0;PWN\\x07\\x1b[2J/stats" in log, log

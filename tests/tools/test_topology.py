@@ -194,7 +194,9 @@ def test_dataplane_cli_refuses_a_bad_topology(tmp_path):
 
 
 @pytest.mark.parametrize(("env", "threads"), [(None, False), ("1", True)])
-def test_dedicated_threads_env_forces_the_mode_the_tsan_run_needs(monkeypatch, env, threads):
+def test_dedicated_threads_env_forces_the_mode_the_tsan_run_needs(
+    monkeypatch, env, threads, free_loopback
+):
     """DUCKPIPE_DEDICATED_THREADS=1 (tools/setup's TSan run) turns every launched
     dataplane's config to dedicated threads; unset, the topology's own mode stands."""
     from pathlib import Path
@@ -205,7 +207,7 @@ def test_dedicated_threads_env_forces_the_mode_the_tsan_run_needs(monkeypatch, e
         monkeypatch.delenv("DUCKPIPE_DEDICATED_THREADS", raising=False)
     else:
         monkeypatch.setenv("DUCKPIPE_DEDICATED_THREADS", env)
-    dp = DataplaneProcess(loopback(2, threads="shared"), binary=Path("/bin/true"))
+    dp = DataplaneProcess(free_loopback(threads="shared"), binary=Path("/bin/true"))
     try:
         config = Path(dp.command()[2]).read_bytes()
         assert msgspec.msgpack.decode(config)["dedicated_threads"] is threads

@@ -23,12 +23,13 @@
 #include "dp_worker.h"
 
 #define DUCK_LOST_NS 3000000000ull /* nothing heard for this long (or 3 pings): lost */
+#define STATS_PATH_MAX 320 /* bytes of the stats path, its NUL included */
 
 struct dp_stats_seg {
 	struct dp_world *w;
 	const struct dp_counters *nic_counters[DP_MAX_NICS]; /* each NIC worker's, by NIC */
 	uint8_t *base;
-	char path[320];
+	char path[STATS_PATH_MAX];
 	struct dp_stats_header *hdr;
 	struct dp_stats_agent *agents;
 	struct dp_stats_client *clients;
@@ -144,10 +145,10 @@ static int check_dir(const char *path)
 }
 
 /* What is at path before we publish there: nothing, or a regular file of ours (a stats
- * segment left behind: say whose, so the log keeps the evidence). Opened without
+ * segment left behind: with say, log whose, so the log keeps the evidence). Opened without
  * following a symlink and without blocking, since a FIFO's open waits for a writer that
  * may never come. 0 or -1. */
-static int check_stale(const char *path)
+static int check_stale(const char *path, bool say)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
 	if (fd < 0) {
@@ -166,13 +167,22 @@ static int check_stale(const char *path)
 		return -1;
 	}
 	struct dp_stats_header h;
-	if (pread(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) && h.magic == DP_STATS_MAGIC) {
+	if (say && pread(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) && h.magic == DP_STATS_MAGIC) {
 		bool alive = h.pid && kill((pid_t)h.pid, 0) == 0;
 		DP_WARN("replacing the stats segment %s of pid %u (%s)", path, h.pid,
 			alive ? "still alive, but not at this control endpoint" : "gone");
 	}
 	close(fd);
 	return 0;
+}
+
+int dp_stats_check(const char *control)
+{
+	char path[STATS_PATH_MAX];
+	if (dp_stats_path(control, path, sizeof(path)) < 0)
+		return -1;
+	/* quiet: dp_stats_open says whose stale segment it replaces */
+	return check_dir(path) < 0 || check_stale(path, false) < 0 ? -1 : 0;
 }
 
 static int core_of(const struct dp_config *cfg, uint32_t agent)
@@ -196,7 +206,9 @@ struct dp_stats_seg *dp_stats_open(struct dp_world *w,
 	if (dp_stats_path(w->cfg.control, s->path, sizeof(s->path)) < 0)
 		goto fail;
 	snprintf(tmp, sizeof(tmp), "%s.%d.tmp", s->path, (int)getpid());
-	if (check_dir(s->path) < 0 || check_stale(s->path) < 0)
+	/* again: main's dp_stats_check was before the NICs opened, and the directory may
+	 * have changed since */
+	if (check_dir(s->path) < 0 || check_stale(s->path, true) < 0)
 		goto fail;
 	unlink(tmp);
 	int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);

@@ -31,6 +31,12 @@ struct dp_fwd_summary;
  * 0, or -1 with dp_error() when it does not fit. */
 int dp_stats_path(const char *control, char *out, size_t len);
 
+/* The checks dp_stats_open makes of the stats path of control (its directory ours and
+ * closed to others; nothing there, or a regular file of ours), made by main before
+ * anything is bound: a dataplane refused for its run directory has not taken its ports,
+ * nor been refused for ports another one holds. 0, or -1 with dp_error(). */
+int dp_stats_check(const char *control);
+
 /* Bucket of a value (ns) in every histogram: 2**k and 1.5 * 2**k bounds from 256 ns. */
 static inline uint32_t dp_stats_bucket(uint64_t ns)
 {

@@ -53,6 +53,18 @@ static __rte_always_inline uint64_t dp_cksum_tail(uint8_t *dst, const uint8_t *s
 typedef uint32_t dp_v8u __attribute__((vector_size(32)));
 typedef uint32_t dp_v4u __attribute__((vector_size(16)));
 
+/* v's lanes in the order a, b, c, d (one pshufd). __builtin_shufflevector is clang's and
+ * GCC's from 12 on; GCC before 12 has only __builtin_shuffle, which clang lacks (the
+ * fuzz build, -Dfuzz=true, compiles this file with clang-16). */
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define DP_V4_SHUFFLE(v, a, b, c, d) __builtin_shufflevector(v, v, a, b, c, d)
+#endif
+#endif
+#ifndef DP_V4_SHUFFLE
+#define DP_V4_SHUFFLE(v, a, b, c, d) __builtin_shuffle(v, (dp_v4u){ a, b, c, d })
+#endif
+
 /* 16 bytes: each 16-bit word into its 32-bit lane */
 static __rte_always_inline dp_v4u dp_cksum_16(uint8_t *dst, const uint8_t *src, bool copy)
 {
@@ -94,8 +106,8 @@ static __rte_always_inline uint64_t dp_cksum_sum_v(uint8_t *dst, const uint8_t *
 		dst = copy ? dst + 16 : dst;
 	}
 	h += g;
-	h += __builtin_shuffle(h, (dp_v4u){ 2, 3, 0, 1 });
-	h += __builtin_shuffle(h, (dp_v4u){ 1, 0, 3, 2 });
+	h += DP_V4_SHUFFLE(h, 2, 3, 0, 1);
+	h += DP_V4_SHUFFLE(h, 1, 0, 3, 2);
 	uint64_t s = h[0];
 	if (n)
 		s += dp_cksum_tail(copy ? dst : NULL, src, n);
