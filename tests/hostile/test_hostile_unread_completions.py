@@ -22,6 +22,7 @@ import duckpipe
 from duckpipe import GeluMlp
 from duckpipe.client.channel import Channel
 from duckpipe.errors import WaitTimeout
+from duckpipe.testing import mapped_by, wait_until_gone
 
 MLP = GeluMlp.random(16, 32, seed=26)
 X = np.ones((1, 16), np.float32)
@@ -42,6 +43,43 @@ def _held(watch: duckpipe.Client) -> int:
     return watch.stats().counters.get("completions_held", 0)
 
 
+def _stop_reading(c: duckpipe.Client, monkeypatch) -> list[bool]:
+    """The client's socket is not read until the returned flag is set."""
+    session, reading = c._session, [False]
+    real_pump = Channel.pump
+
+    def pump(channel, *args, **kw):
+        if reading[0] or channel is not session.channel:
+            return real_pump(channel, *args, **kw)
+        return 0
+
+    monkeypatch.setattr(Channel, "pump", pump)
+    return reading
+
+
+def _flood(c: duckpipe.Client, watch: duckpipe.Client, expected: np.ndarray):
+    """Forwards one at a time, their results read from the done word, until the dataplane
+    holds completions (then the last forward waits in the ring: returned) or FLOOD."""
+    deadline = time.monotonic() + 60
+    for submitted in range(1, FLOOD + 1):
+        with c.claim(X.shape) as slot:
+            slot.array[:] = X
+            fwd = c.submit(slot, 1)
+        while True:
+            try:
+                y = fwd.result(timeout=0.5)
+                break
+            except WaitTimeout:
+                # a forward slower than that: at its quota of held completions, the
+                # client's forwards wait in its ring until it reads; else just slow
+                if _held(watch):
+                    return submitted, fwd
+                assert time.monotonic() < deadline, "a forward did not complete"
+        np.testing.assert_array_equal(y, expected)
+        fwd.release()
+    return FLOOD, None
+
+
 def test_completions_a_client_leaves_unread_are_held_and_all_arrive(fresh_dataplane, monkeypatch):
     dp = fresh_dataplane
     with (
@@ -50,39 +88,11 @@ def test_completions_a_client_leaves_unread_are_held_and_all_arrive(fresh_datapl
     ):
         c.load_weights(1, MLP, progress=False)
         session = c._session
-        reading = False
-        real_pump = Channel.pump
-
-        def pump(channel, *args, **kw):  # the client's socket is not read
-            if reading or channel is not session.channel:
-                return real_pump(channel, *args, **kw)
-            return 0
-
-        monkeypatch.setattr(Channel, "pump", pump)
         expected = c.forward(1, X, timeout=10)
-        submitted, waiting = 0, None
-        deadline = time.monotonic() + 60
-        while submitted < FLOOD and waiting is None:
-            with c.claim(X.shape) as slot:
-                slot.array[:] = X
-                fwd = c.submit(slot, 1)
-            submitted += 1
-            while True:
-                try:
-                    y = fwd.result(timeout=0.5)
-                    break
-                except WaitTimeout:
-                    # a forward slower than that: at its quota of held completions, the
-                    # client's forwards wait in its ring until it reads; else just slow
-                    if _held(watch):
-                        waiting = fwd
-                        break
-                    assert time.monotonic() < deadline, "a forward did not complete"
-            if waiting is None:
-                np.testing.assert_array_equal(y, expected)
-                fwd.release()
+        reading = _stop_reading(c, monkeypatch)
+        submitted, waiting = _flood(c, watch, expected)
         held = _held(watch)
-        reading = True  # the client reads again: what was held comes, and the forward waiting
+        reading[0] = True  # it reads again: what was held comes, and the forward waiting
         if waiting is not None:
             with waiting:
                 np.testing.assert_array_equal(waiting.result(timeout=30), expected)
@@ -102,3 +112,27 @@ def test_completions_a_client_leaves_unread_are_held_and_all_arrive(fresh_datapl
         # bounded: the client's quota (of 64 contexts among 2 clients and one to come)
         # and an outbox (32) packed before the socket refused
         assert held <= 64 // 3 + 32
+
+
+def test_a_client_that_leaves_with_completions_held_is_let_go(fresh_dataplane, monkeypatch):
+    # what was held for it is dropped and counted, and its forwards with it: else they
+    # would count in flight for ever and its segment would never be unmapped
+    dp = fresh_dataplane
+    with duckpipe.connect(dp.control, name="watch") as watch:
+        c = duckpipe.connect(dp.control, slots=8, slot_size=4096, name="leaves")
+        c.load_weights(1, MLP, progress=False)
+        expected = c.forward(1, X, timeout=10)
+        name = c.segment_name
+        _stop_reading(c, monkeypatch)
+        _, waiting = _flood(c, watch, expected)
+        assert waiting is not None, "the dataplane held nothing"
+        del waiting
+        c.close()  # detaches without reading the reply
+        assert wait_until_gone(name), f"{name} is still mapped by {mapped_by(name)}"
+        counters = watch.stats().counters
+        assert counters["completions_dropped"] > 0
+        sent, dropped = counters["completions_sent"], counters["completions_dropped"]
+        assert sent + dropped == counters["descriptors"], counters  # the one waiting: never taken
+        # the dataplane serves on
+        watch.load_weights(2, MLP, progress=False)
+        np.testing.assert_array_equal(watch.forward(2, X, timeout=10), expected)
