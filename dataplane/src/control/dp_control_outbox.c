@@ -25,6 +25,7 @@
 #include "dp_fwd.h"
 #include "dp_spsc.h"
 #include "dp_stats.h"
+#include "dp_waker.h"
 #include "dp_worker.h"
 
 /* After an offer of the held completions that sent nothing, the next comes this much later,
@@ -176,6 +177,10 @@ int dp_control_retry_held(struct dp_control *c, uint64_t now)
 			       : (c->held_backoff * 2 < HELD_RETRY_MAX_NS ? c->held_backoff * 2
 									  : HELD_RETRY_MAX_NS);
 	c->held_retry = now + c->held_backoff;
+	/* a client at its quota has descriptors waiting in its ring, which a parked dispatcher
+	 * looks at again only when woken: no context came back to its free ring to kick it */
+	if (sent)
+		dp_waker_kick(c->w->dispatch_waker);
 	return sent;
 }
 
