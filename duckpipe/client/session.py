@@ -70,6 +70,17 @@ _SPIN_SLICE_NS = 10_000_000
 # that never releases explicitly has them read at a submit once twice as many wait.
 _PUMP_EVERY = 32
 _PUMP_AT_SUBMIT = 2 * _PUMP_EVERY
+# A forward whose done word came but whose ZeroMQ completion did not keeps its record until
+# the completion comes. The dataplane never drops one without counting it
+# (completions_dropped: the client's connection was gone, or it had detached), but should
+# one not come, its record must not stay for ever: at most every _SWEEP_S a pump looks
+# (Session._sweep), notes such a record late, and gives its completion up once it stayed
+# late through _ZMQ_LOST_S of reading (a client that did not read for a while first gets
+# what the dataplane held for it: the clock starts again). Past _MAX_LATE late records,
+# more than the dataplane can hold for a client and its sockets carry, the oldest go at once.
+_SWEEP_S = 1.0
+_ZMQ_LOST_S = 5.0
+_MAX_LATE = 8192
 _SUBMITTED = SlotState.SUBMITTED
 _COMPLETED = SlotState.COMPLETED
 
@@ -86,6 +97,7 @@ class Inflight:
         "forward_id",
         "generation",
         "internal",
+        "late",
         "message",
         "missing",
         "moe",
@@ -126,6 +138,7 @@ class Inflight:
         self.message = ""
         self.zmq_done = False
         self.released = False
+        self.late = 0.0  # when a sweep first saw it done without its ZeroMQ completion
         # a routed forward: its layer's MoE facts, to name a lost duck's experts
         self.moe: MoeLayer | None = None
 
@@ -158,6 +171,8 @@ class Session:
         "__weakref__",
         "_dataplane_timeout_ns",
         "_last_check",
+        "_last_sweep",
+        "_next_sweep",
         "_phases_buf",
         "act_bases",
         "channel",
@@ -229,7 +244,13 @@ class Session:
             # reads (timings, answered, missing, a failure's reason) that had to wait for a
             # ZeroMQ completion not in yet: each asks the dataplane to send at once
             "zmq_waits": 0,
+            # forwards whose ZeroMQ completion never came (a wait for it timed out, or the
+            # sweep gave it up): status from the done word, timings from the slot header's
+            # phases where it still held them, no duck lists
+            "zmq_lost": 0,
         }
+        self._last_sweep = time.monotonic()
+        self._next_sweep = self._last_sweep + _SWEEP_S
         # Forward.phases' copy of a slot header's line 1 (dp_slot_phases fills it)
         self._phases_buf = ffi.new("uint64_t[8]")
 
@@ -546,6 +567,8 @@ class Session:
                     self.check_alive()
         finally:
             lib.dp_completions_want(hdr, 0, -1)
+        if not rec.zmq_done and rec.status is not None:
+            self._zmq_lost(rec)  # read with the dataplane asked to send: it did not come
 
     def phases(self, rec: Inflight) -> ctl.Phases:
         """``rec``'s phase times from its slot header's second line, once it is done (as
@@ -610,9 +633,69 @@ class Session:
     # --- control channel --------------------------------------------------------
 
     def pump(self, timeout_s: float) -> int:
-        """Take whatever the dataplane sent, waiting up to ``timeout_s`` for the first."""
+        """Take whatever the dataplane sent, waiting up to ``timeout_s`` for the first;
+        now and then, give up the ZeroMQ completions that did not come (``_sweep``)."""
         self.unpumped = 0
-        return self.channel.pump(timeout_s, self.take_completion, 0)
+        n = self.channel.pump(timeout_s, self.take_completion, 0)
+        if self.inflight:
+            now = time.monotonic()
+            if now >= self._next_sweep:
+                self._sweep(now)
+        return n
+
+    def _sweep(self, now: float) -> None:
+        """Note the records of done forwards whose ZeroMQ completion has not come (a forward
+        nobody waited for has its done word looked at here), and give up those late since
+        ``_ZMQ_LOST_S`` of reading, or the oldest past ``_MAX_LATE``: the session's records
+        stay bounded whatever the dataplane sends."""
+        # not read for a while (no pump): what is late may be queued for us yet
+        paused = now - self._last_sweep > 2 * _SWEEP_S
+        self._last_sweep = now
+        self._next_sweep = now + _SWEEP_S
+        headers = self.segment.slot_headers
+        late: list[Inflight] = []
+        for rec in list(self.inflight.values()):  # oldest first
+            if rec.status is None:
+                word = lib.dp_load_acquire_u64(ffi.addressof(headers[rec.slot], "done"))
+                if (word >> 32) != rec.generation or not word & 0xFFFF_FFFF:
+                    continue  # in flight
+                self._completed(rec, word & 0xFFFF_FFFF)
+            if paused or not rec.late:
+                rec.late = now
+            elif now - rec.late >= _ZMQ_LOST_S:
+                self._zmq_lost(rec)
+                continue
+            late.append(rec)
+        for rec in late[: max(0, len(late) - _MAX_LATE)]:
+            self._zmq_lost(rec)
+
+    def _zmq_lost(self, rec: Inflight) -> None:
+        """Give up ``rec``'s ZeroMQ completion. Its done word gave the status; its slot
+        header's phase times, while the slot is still this forward's, stand in for the
+        timings (no duck lists). Its record goes: should the completion come after all, it
+        names no forward in flight and is counted stale."""
+        self.inflight.pop(rec.forward_id, None)
+        rec.zmq_done = True  # nothing more to wait for
+        self.counters["zmq_lost"] += 1
+        buf = self._phases_buf
+        if (
+            rec.phases is None
+            and not rec.released
+            and not self.closed
+            and lib.dp_slot_phases(self.slot_hdrs[rec.slot], rec.generation, buf)
+        ):
+            rec.phases = ctl.Phases(*buf)
+        p = rec.phases
+        if p is not None and rec.timings is None:
+            rec.timings = ctl.Timings(
+                prepare_ns=p.prepare_ns,
+                send_ns=p.send_ns,
+                wait_ns=p.wait_ns,
+                fetch_ns=p.fetch_ns,
+                reduce_ns=p.reduce_ns,
+                spread_ns=p.spread_ns,
+            )
+        log.debug("forward %d: its ZeroMQ completion did not come", rec.forward_id)
 
     def request(self, make: Callable[[int], ctl.AnyRequest], timeout: float = 5.0) -> ctl.AnyReply:
         """Send the request ``make(req_id)`` builds and return its reply (an Error raises)."""

@@ -23,6 +23,7 @@ naming them), and a crash (SIGKILL of itself) on the forward after N.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import grp
 import heapq
@@ -74,6 +75,10 @@ log = logging.getLogger("duckpipe.mock")
 
 BURST = 32
 HOUSEKEEPING_S = 0.05
+# completions held for a client whose socket is full are offered again after this, doubled
+# after each offer that sent nothing up to the most (dp_control_outbox.c's HELD_RETRY_*)
+HELD_RETRY_MIN_S = 100e-6
+HELD_RETRY_MAX_S = 0.02
 STATS_TICK_S = 0.01  # the stats segment's heartbeat and counters
 
 
@@ -264,10 +269,12 @@ class _Client:
     layout: object = None
     submitted: int = 0
     completed: int = 0
-    inflight: int = 0  # deferred completions not sent yet
+    inflight: int = 0  # deferred completions not sent yet, and held ones
     closing: bool = False  # detached: unmapped once nothing is in flight
     # when it attached: no submit stamp of an honest client is older (_client_prepare)
     attach_ns: int = dataclasses.field(default_factory=runtime.monotonic_ns)
+    # encoded completions its full socket refused, oldest first (_deliver)
+    held: collections.deque = dataclasses.field(default_factory=collections.deque)
 
 
 #: what a completion's fields carry for the mock alone: never sent in the Completion
@@ -308,6 +315,9 @@ class MockDataplane:
             crash_after=cfg.crash_after,
         )
         self._deferred: list[_Deferred] = []
+        self._held: dict[int, _Client] = {}  # clients with completions held, by id
+        self._held_retry = 0.0
+        self._held_backoff = HELD_RETRY_MIN_S
         self._slot_value = ffi.new("struct dp_slot_header *")  # what _complete publishes
         self._seq = itertools.count()
         self._next_client = 1
@@ -358,9 +368,12 @@ class MockDataplane:
         # a longer message disconnects its sender before libzmq buffers it
         sock.setsockopt(zmq.MAXMSGSIZE, ctl.MAX_MESSAGE_BYTES)
         # as the C dataplane: a peer that never greets is closed after 2 s, and one that
-        # never reads has at most 256 replies queued (later ones are dropped)
+        # never reads has at most 256 messages queued; past that a send fails rather
+        # than vanishing (ROUTER_MANDATORY): a reply is dropped and counted, a
+        # completion held until the peer reads (_deliver)
         sock.setsockopt(zmq.HANDSHAKE_IVL, 2000)
         sock.setsockopt(zmq.SNDHWM, 256)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
             self._limit_access(sock, control)
         except BaseException:
@@ -457,6 +470,8 @@ class MockDataplane:
                     work += self._drain(client, quota)
             work += self._run_deferred()
             now = time.monotonic()
+            if self._held and now >= self._held_retry:
+                work += self._retry_held(now)
             if now - last_stats >= STATS_TICK_S:
                 last_stats = now
                 self._stats_tick()
@@ -554,8 +569,79 @@ class MockDataplane:
     def _send(self, identity: bytes, msg: msgspec.Struct) -> None:
         try:
             self.router.send_multipart([identity, ctl.encoder.encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # Again: 256 unread; EHOSTUNREACH: the peer is gone
+            self.counters["replies_dropped"] += 1
+            log.debug("control reply dropped: %s", e)
+
+    # --- completions to the clients' sockets (dp_control_outbox.c) -------------------
+
+    def _deliver(self, client: _Client, raw: bytes) -> None:
+        """Send one encoded completion; held while the client's socket is full (behind
+        those held already), dropped and counted when its peer is gone."""
+        if client.held:
+            self._hold(client, raw)
+            return
+        try:
+            self.router.send_multipart([client.identity, raw], zmq.NOBLOCK)
         except zmq.Again:
-            log.warning("control reply dropped: client queue full")
+            self._hold(client, raw)
+            return
+        except zmq.ZMQError as e:
+            self._drop(1, str(e))
+            return
+        self.counters["completions_sent"] += 1
+
+    def _hold(self, client: _Client, raw: bytes) -> None:
+        """Keep it until the socket takes it: its forward stays in flight meanwhile, so the
+        client's quota bounds how many it can have held. A client that left gets none."""
+        if client.closing:
+            self._drop(1, "the client left")
+            return
+        if not self._held:
+            self._held_backoff = HELD_RETRY_MIN_S
+            self._held_retry = time.monotonic() + self._held_backoff
+        client.held.append(raw)
+        client.inflight += 1
+        self._held[client.id] = client
+        self.counters["completions_held"] += 1
+
+    def _drop(self, n: int, why: str) -> None:
+        log.debug("%d completions dropped: %s", n, why)
+        self.counters["completions_dropped"] += n
+
+    def _retry_held(self, now: float) -> int:
+        """Offer each client's held completions, oldest first, until its socket refuses."""
+        sent = 0
+        for client in list(self._held.values()):
+            while client.held:
+                if client.closing:
+                    self._drop(len(client.held), "the client left")
+                    client.inflight -= len(client.held)
+                    client.held.clear()
+                    break
+                try:
+                    self.router.send_multipart([client.identity, client.held[0]], zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError as e:  # its connection is gone
+                    self._drop(len(client.held), str(e))
+                    client.inflight -= len(client.held)
+                    client.held.clear()
+                    break
+                client.held.popleft()
+                client.inflight -= 1
+                sent += 1
+                self.counters["completions_sent"] += 1
+            if not client.held:
+                del self._held[client.id]
+                if client.closing and client.inflight == 0:
+                    client.seg.close()
+        # nothing taken: the clients still do not read; ask less often
+        self._held_backoff = (
+            HELD_RETRY_MIN_S if sent else min(2 * self._held_backoff, HELD_RETRY_MAX_S)
+        )
+        self._held_retry = now + self._held_backoff
+        return sent
 
     def _handle(self, peer: _Peer, msg: ctl.Request) -> msgspec.Struct | None:
         rid = msg.req_id
@@ -1194,7 +1280,7 @@ class MockDataplane:
         client.completed += 1
         self._stats_completion(client, f)
         f = {k: v for k, v in f.items() if k not in _PRIVATE_FIELDS}
-        self._send(client.identity, ctl.Completion(current_epoch=self.epoch, **f))
+        self._deliver(client, ctl.encoder.encode(ctl.Completion(current_epoch=self.epoch, **f)))
 
     # --- the stats segment ----------------------------------------------------------
 

@@ -84,8 +84,9 @@ STATS_VERSION_MAJOR = 1
 # 1.1: per-duck MoE rows, MoE counters; 1.2: clients' pending, why a duck is lost,
 # doorbell_unwatched; 1.3: a NIC's link state and speed, its EAL lcore; the dpdk counters
 # of issue 18 (link, the port's drops, flush frames, RX interrupts, bad checksums);
-# 1.4: rx_gro_buffers, rx_gro_segments, completion_flushes_wanted
-STATS_VERSION_MINOR = 4
+# 1.4: rx_gro_buffers, rx_gro_segments, completion_flushes_wanted; 1.5: completions_held,
+# completions_dropped, replies_dropped
+STATS_VERSION_MINOR = 5
 STATS_MAX_COUNTERS = 128  # counter slots per agent (COUNTERS has fewer)
 STATS_COUNTER_NAME = 48
 STATS_MAX_NICS = MAX_NICS
@@ -215,6 +216,15 @@ COUNTERS: tuple[Counter, ...] = (
         "times a client's doorbell was muted for ringing with nothing new (dp_dispatch.c)",
     ),
     Counter("peers_gone", "Attach refused: the process that made the connection has exited"),
+    Counter(
+        "completions_held",
+        "completions a client's full socket refused (ROUTER_SNDHWM), kept and sent later",
+    ),
+    Counter(
+        "completions_dropped",
+        "completions never sent: the client's connection was gone, or it left",
+    ),
+    Counter("replies_dropped", "replies to a peer gone, or with 256 unread (ROUTER_SNDHWM)"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

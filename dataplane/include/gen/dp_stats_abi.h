@@ -33,7 +33,7 @@
 
 #define DP_STATS_MAGIC 0x544154534b435544
 #define DP_STATS_VERSION_MAJOR 1
-#define DP_STATS_VERSION_MINOR 4
+#define DP_STATS_VERSION_MINOR 5
 #define DP_STATS_MAX_COUNTERS 128
 #define DP_STATS_COUNTER_NAME 48
 #define DP_STATS_MAX_NICS 8
@@ -343,7 +343,10 @@ struct dp_stats_duck {
     X(rx_duck_filters) /* socket: kernel filters admitting only the NIC's ducks (what they refuse: rxq_overflows) */ \
     X(doorbells_idle) /* doorbell rings heard that brought no new descriptor */                                      \
     X(doorbell_rate_limited) /* times a client's doorbell was muted for ringing with nothing new (dp_dispatch.c) */  \
-    X(peers_gone) /* Attach refused: the process that made the connection has exited */
+    X(peers_gone) /* Attach refused: the process that made the connection has exited */                              \
+    X(completions_held) /* completions a client's full socket refused (ROUTER_SNDHWM), kept and sent later */        \
+    X(completions_dropped) /* completions never sent: the client's connection was gone, or it left */                \
+    X(replies_dropped) /* replies to a peer gone, or with 256 unread (ROUTER_SNDHWM) */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");

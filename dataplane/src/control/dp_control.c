@@ -35,9 +35,10 @@
 /* a connection that has not finished its ZMTP greeting by then is closed (libzmq's
  * default is 30 s: raw connections held that long once exhausted the fd table) */
 #define HANDSHAKE_IVL_MS 2000
-/* replies queued for one peer that does not read them: past it replies (and completions,
- * sent DONTWAIT; the slot's done word still carries the status) are dropped, so with
- * max_connections peers what unread replies can cost is bounded */
+/* messages queued for one peer that does not read them, so that with max_connections
+ * peers what unread messages can cost is bounded. The socket is ROUTER_MANDATORY: a send
+ * past it fails (EAGAIN) rather than vanishing, so a reply past it is dropped and counted
+ * (replies_dropped), and a completion is held until the peer reads (dp_control_outbox.c) */
 #define ROUTER_SNDHWM 256
 #define MONITOR_ENDPOINT "inproc://duckpipe-control-monitor"
 #define FLOOD_SLACK 8 /* connections beyond the attached clients' that still let it park */
@@ -57,13 +58,25 @@ const char *const dp_counter_names[DP_NCOUNTERS] = {
 
 /* --- replies ----------------------------------------------------------------------- */
 
+int dp_control_send_msg(struct dp_control *c, const uint8_t *id, size_t idlen,
+			const void *msg, size_t len)
+{
+	dp_control_router_sent(c);
+	/* DONTWAIT: a client that stopped reading must not stall the dataplane. Under
+	 * ROUTER_MANDATORY the routing id's frame is the one refused, with nothing queued,
+	 * when the peer is full (EAGAIN) or gone (EHOSTUNREACH); once it is taken the body
+	 * goes to the same pipe, whose high-water mark it was checked against */
+	if (zmq_send(c->router, id, idlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+		return -1;
+	return zmq_send(c->router, msg, len, ZMQ_DONTWAIT) < 0 ? -1 : 0;
+}
+
 void dp_control_send_to(struct dp_control *c, const uint8_t *id, size_t idlen)
 {
-	/* DONTWAIT: a client that stopped reading must not stall the dataplane */
-	if (zmq_send(c->router, id, idlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-	    zmq_send(c->router, c->sbuf.data, c->sbuf.size, ZMQ_DONTWAIT) < 0)
+	if (dp_control_send_msg(c, id, idlen, c->sbuf.data, c->sbuf.size) < 0) {
 		DP_DEBUG("reply dropped: %s", zmq_strerror(errno));
-	dp_control_router_sent(c);
+		dp_count(c->counters, DP_C_replies_dropped, 1);
+	}
 }
 
 /* --- the pass ---------------------------------------------------------------------- */
@@ -84,6 +97,8 @@ int dp_control_do_work(struct dp_world *w, void *self, uint64_t now)
 		c->next_zmq_look = work ? now : now + ZMQ_LOOK_NS;
 	}
 	work += dp_control_drain_completions(c);
+	if (c->nheld && now >= c->held_retry)
+		work += dp_control_retry_held(c, now);
 	work += dp_control_attach_steps(c);
 	if (c->noutbox && dp_now_ns() >= dp_control_outbox_due(c)) {
 		dp_control_flush_outbox(c);
@@ -187,7 +202,9 @@ int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now)
 	 * agent lost that race to libzmq's accepting I/O thread under load in CI */
 	if (c->over_limit || c->connections > attached_clients(c->w) + FLOOD_SLACK)
 		return -1;
-	uint64_t due = dp_control_outbox_due(c);
+	uint64_t due = dp_control_outbox_due(c), held = dp_control_held_due(c);
+	if (held < due)
+		due = held;
 	uint64_t next = due < c->next_house ? due : c->next_house;
 	return next > now ? (int64_t)(next - now) : 0;
 }
@@ -207,8 +224,11 @@ void dp_control_unpark(struct dp_world *w, void *self)
 	bool zmq_woke = false;
 	for (uint32_t i = 0; i < DP_ZMQ_SOCKETS; i++)
 		zmq_woke |= c->zmq_fds[i] >= 0 && dp_waker_fired(c->waker, c->zmq_fds[i]);
-	if (zmq_woke)
+	if (zmq_woke) {
 		c->next_zmq_look = 0;
+		/* perhaps a client read: libzmq's word that its pipe drained comes this way */
+		c->held_retry = 0;
+	}
 	else if (c->next_zmq_look)
 		c->next_zmq_look = dp_now_ns() + ZMQ_LOOK_NS;
 }
@@ -302,11 +322,17 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	int zero = 0;
 	/* a longer message disconnects its sender before libzmq buffers it */
 	int64_t maxmsg = DP_MAX_MESSAGE_BYTES;
-	int handshake = HANDSHAKE_IVL_MS, sndhwm = ROUTER_SNDHWM;
+	int handshake = HANDSHAKE_IVL_MS, sndhwm = ROUTER_SNDHWM, one = 1;
 	zmq_setsockopt(c->router, ZMQ_LINGER, &zero, sizeof(zero));
 	zmq_setsockopt(c->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
 	zmq_setsockopt(c->router, ZMQ_HANDSHAKE_IVL, &handshake, sizeof(handshake));
 	zmq_setsockopt(c->router, ZMQ_SNDHWM, &sndhwm, sizeof(sndhwm));
+	/* a send to a full or gone peer fails instead of being dropped without a word: no
+	 * completion is lost uncounted (dp_control_outbox.c) */
+	if (zmq_setsockopt(c->router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0) {
+		dp_set_error("ZMQ_ROUTER_MANDATORY: %s", zmq_strerror(errno));
+		goto fail;
+	}
 	/* before bind: every accepted connection is counted */
 	if (zmq_socket_monitor(c->router, MONITOR_ENDPOINT,
 			       ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) < 0) {
@@ -372,6 +398,7 @@ void dp_control_free(struct dp_control *c)
 	if (!c)
 		return;
 	dp_control_flush_outbox(c); /* the last completions still go out */
+	dp_control_free_held(c);
 	dp_stats_close(c->stats);
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
 		if (c->w->clients[i].base)

@@ -37,10 +37,26 @@ struct dp_stats_seg; /* dp_stats.h */
 
 /* A packed completion waiting in the outbox, and who it is for. */
 struct dp_outbox_entry {
-	const struct dp_client *client; /* its completions_wanted says: send now */
+	struct dp_client *client; /* its completions_wanted says: send now */
 	uint8_t identity[256];
 	uint32_t identity_len;
 	size_t off, len; /* in the outbox buffer */
+};
+
+/* A completion a client's full socket refused (ZMQ_ROUTER_MANDATORY: EAGAIN), kept in
+ * the control agent's own memory until the socket takes it (dp_control_retry_held). Its
+ * forward counts in flight for the client until then, so a client holds at most its
+ * quota of these (and an outbox's worth, packed before the refusal). */
+struct dp_held {
+	struct dp_held *next;
+	size_t len;
+	uint8_t data[]; /* the packed Completion */
+};
+
+/* One client's held completions, oldest first: they leave in that order. */
+struct dp_held_list {
+	struct dp_held *head, *tail;
+	uint32_t n;
 };
 
 /* Failed layers whose missing ducks one Layers reply lists (the rest: failed, no list). */
@@ -76,6 +92,11 @@ struct dp_control {
 	uint8_t *outbox_buf;
 	size_t outbox_used;
 	uint64_t outbox_since; /* when the oldest waiting completion was packed */
+	/* completions held for clients whose sockets were full, by client table index */
+	struct dp_held_list held[DP_MAX_CLIENTS];
+	uint32_t nheld;        /* held, over every client */
+	uint64_t held_retry;   /* when they are offered again (0: at the next pass) */
+	uint64_t held_backoff; /* ns until the next offer after one that sent nothing */
 	struct dp_stats_seg *stats; /* the stats segment: this agent is its only writer */
 	uint64_t next_stats;
 	uint64_t next_zmq_look; /* when the pass next asks ZeroMQ's sockets (dp_control.c) */
@@ -112,8 +133,14 @@ struct dp_peer {
 	bool admin;        /* the dataplane's own user */
 };
 
-/* dp_control.c: send what PACK put in c->sbuf to the peer with this routing id. */
+/* dp_control.c: send what PACK put in c->sbuf to the peer with this routing id; a reply
+ * the peer cannot take (gone, or ROUTER_SNDHWM unread) is dropped and counted. */
 void dp_control_send_to(struct dp_control *c, const uint8_t *id, size_t idlen);
+/* One message to the peer with this routing id, without waiting: 0, or -1 with errno
+ * EAGAIN (its socket holds ROUTER_SNDHWM unread: nothing was sent), EHOSTUNREACH (no
+ * such peer any more) or another error. */
+int dp_control_send_msg(struct dp_control *c, const uint8_t *id, size_t idlen,
+			const void *msg, size_t len);
 
 /* dp_control_requests.c */
 /* Read and answer up to a pass's worth of requests; how many were read. */
@@ -130,6 +157,13 @@ int dp_control_drain_completions(struct dp_control *c);
 void dp_control_flush_outbox(struct dp_control *c);
 uint64_t dp_control_outbox_due(const struct dp_control *c);
 bool dp_control_outbox_wanted(const struct dp_control *c);
+/* Offer the held completions again, oldest first per client; those of a client that
+ * left, or whose connection is gone, are dropped (counted). Returns how many left. */
+int dp_control_retry_held(struct dp_control *c, uint64_t now);
+/* When the held completions are next offered (UINT64_MAX: none held). */
+uint64_t dp_control_held_due(const struct dp_control *c);
+/* At exit: one last offer, then the rest are dropped (counted) and freed. */
+void dp_control_free_held(struct dp_control *c);
 
 /* dp_control_connections.c */
 int dp_control_poll_monitor(struct dp_control *c);

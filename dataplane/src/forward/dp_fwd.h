@@ -170,7 +170,8 @@ bool dp_fwd_client_prepare(struct dp_fwd *f);
 /* Picked up -> a NIC worker began sending it, on the dataplane's own clock (0 when
  * nothing was sent): what the shared `prepare` histogram records (dp_stats.c). */
 uint64_t dp_fwd_own_prepare_ns(const struct dp_fwd *f);
-/* Control: f's completion is out; back to the dispatcher's pool. */
+/* Control: f's completion is packed; back to the dispatcher's pool (a completion its
+ * client's full socket refuses still counts in flight for it: dp_control_outbox.c). */
 void dp_fwd_release(struct dp_world *w, struct dp_fwd *f);
 
 /* --- finishing ------------------------------------------------------------------------- */

@@ -64,7 +64,9 @@ struct dp_client {
 	 * flight may hold them): they count against its quotas until freed */
 	uint32_t retired_layers;
 	uint64_t retired_bytes;
-	uint64_t inflight dp_cache_aligned;  /* dispatcher adds, control subtracts */
+	/* dispatcher adds, control subtracts; control adds one back for each completion it
+	 * holds for a full socket, until it leaves (dp_control_outbox.c) */
+	uint64_t inflight dp_cache_aligned;
 	uint64_t submitted dp_cache_aligned; /* dispatcher */
 	uint64_t completed dp_cache_aligned; /* control */
 };
