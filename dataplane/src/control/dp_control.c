@@ -50,35 +50,6 @@
  * (dp_control_unpark) and again the next pass after one that found something. */
 #define ZMQ_LOOK_NS 50000ull /* 50 us */
 
-const char *const dp_counter_names[DP_NCOUNTERS] = {
-#define DP_COUNTER_NAME(name) #name,
-	DP_COUNTER_LIST(DP_COUNTER_NAME)
-#undef DP_COUNTER_NAME
-};
-
-/* --- replies ----------------------------------------------------------------------- */
-
-int dp_control_send_msg(struct dp_control *c, const uint8_t *id, size_t idlen,
-			const void *msg, size_t len)
-{
-	dp_control_router_sent(c);
-	/* DONTWAIT: a client that stopped reading must not stall the dataplane. Under
-	 * ROUTER_MANDATORY the routing id's frame is the one refused, with nothing queued,
-	 * when the peer is full (EAGAIN) or gone (EHOSTUNREACH); once it is taken the body
-	 * goes to the same pipe, whose high-water mark it was checked against */
-	if (zmq_send(c->router, id, idlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
-		return -1;
-	return zmq_send(c->router, msg, len, ZMQ_DONTWAIT) < 0 ? -1 : 0;
-}
-
-void dp_control_send_to(struct dp_control *c, const uint8_t *id, size_t idlen)
-{
-	if (dp_control_send_msg(c, id, idlen, c->sbuf.data, c->sbuf.size) < 0) {
-		DP_DEBUG("reply dropped: %s", zmq_strerror(errno));
-		dp_count(c->counters, DP_C_replies_dropped, 1);
-	}
-}
-
 /* --- the pass ---------------------------------------------------------------------- */
 
 /* Each part in turn; housekeeping and the stats segment on their timers. */

@@ -3,7 +3,8 @@
  * request (struct dp_peer) and each part's entry points. The parts:
  *
  *   dp_control.c               the agent: new, free, do_work (which calls the parts in
- *                              turn), parking, and dp_control_send_to for every reply
+ *                              turn), parking
+ *   dp_control_reply.c         every send on the ROUTER (a leaf: the others call it)
  *   dp_control_requests.c      reads the ROUTER, checks who asks, one handler a message
  *   dp_control_outbox.c        completions from the dispatcher and workers, batched out
  *   dp_control_connections.c   counts connections, sheds those past max_connections
@@ -133,7 +134,8 @@ struct dp_peer {
 	bool admin;        /* the dataplane's own user */
 };
 
-/* dp_control.c: send what PACK put in c->sbuf to the peer with this routing id; a reply
+/* dp_control_reply.c */
+/* Send what PACK put in c->sbuf to the peer with this routing id; a reply
  * the peer cannot take (gone, or ROUTER_SNDHWM unread) is dropped and counted. */
 void dp_control_send_to(struct dp_control *c, const uint8_t *id, size_t idlen);
 /* One message to the peer with this routing id, without waiting: 0, or -1 with errno
@@ -142,12 +144,16 @@ void dp_control_send_to(struct dp_control *c, const uint8_t *id, size_t idlen);
 int dp_control_send_msg(struct dp_control *c, const uint8_t *id, size_t idlen,
 			const void *msg, size_t len);
 
-/* dp_control_requests.c */
-/* Read and answer up to a pass's worth of requests; how many were read. */
-int dp_control_poll_requests(struct dp_control *c);
+/* An Error to the peer with this routing id, answering req_id. */
+void dp_control_reply_error(struct dp_control *c, const uint8_t *id, size_t idlen,
+			    uint64_t req_id, enum dp_error_code code, const char *message);
 /* Answer p with an Error (counted as refused when code is NOT_PERMITTED). */
 void dp_control_refuse(struct dp_control *c, const struct dp_peer *p, enum dp_error_code code,
 		       const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* dp_control_requests.c */
+/* Read and answer up to a pass's worth of requests; how many were read. */
+int dp_control_poll_requests(struct dp_control *c);
 /* 0 when every control message has a handler, else -1 with dp_error(): checked at start. */
 int dp_control_check_handlers(void);
 

@@ -9,7 +9,6 @@
 #include "dp_control_internal.h"
 
 #include <arpa/inet.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,30 +28,10 @@
 typedef void (*dp_ctl_handler)(struct dp_control *c, const struct dp_peer *p,
 			       const struct dp_ctl_request *r);
 
-static void reply_error(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t req_id,
-			enum dp_error_code code, const char *message)
-{
-	PACK(c, error, .req_id = req_id, .code = code, .message = message);
-	dp_control_send_to(c, id, idlen);
-}
-
 static void reply_ack(struct dp_control *c, const uint8_t *id, size_t idlen, uint64_t req_id)
 {
 	PACK(c, ack, .req_id = req_id);
 	dp_control_send_to(c, id, idlen);
-}
-
-void dp_control_refuse(struct dp_control *c, const struct dp_peer *p, enum dp_error_code code,
-		       const char *fmt, ...)
-{
-	char msg[256];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	if (code == DP_ERROR_CODE_NOT_PERMITTED)
-		dp_count(c->counters, DP_C_control_refused, 1);
-	reply_error(c, p->id, p->idlen, p->rid, code, msg);
 }
 
 static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t *id, size_t len)
@@ -666,7 +645,7 @@ static void handle(struct dp_control *c, struct dp_peer *p, const char *data, si
 	if (c->access.ipc && !p->creds) {
 		/* libzmq gives every ipc peer's SO_PEERCRED; without it we cannot tell who asks */
 		dp_count(c->counters, DP_C_control_refused, 1);
-		reply_error(c, p->id, p->idlen, 0, DP_ERROR_CODE_NO_CREDENTIALS,
+		dp_control_reply_error(c, p->id, p->idlen, 0, DP_ERROR_CODE_NO_CREDENTIALS,
 			    "the sender's credentials could not be read");
 		return;
 	}
@@ -680,7 +659,7 @@ static void handle(struct dp_control *c, struct dp_peer *p, const char *data, si
 	p->rid = c->req.req_id;
 	if (rc != 0) {
 		dp_count(c->counters, DP_C_bad_control_messages, 1);
-		reply_error(c, p->id, p->idlen, p->rid, (enum dp_error_code)rc, why);
+		dp_control_reply_error(c, p->id, p->idlen, p->rid, (enum dp_error_code)rc, why);
 		return;
 	}
 	handlers[c->req.type](c, p, &c->req);
