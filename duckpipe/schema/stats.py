@@ -84,8 +84,9 @@ STATS_VERSION_MAJOR = 1
 # 1.1: per-duck MoE rows, MoE counters; 1.2: clients' pending, why a duck is lost,
 # doorbell_unwatched; 1.3: a NIC's link state and speed, its EAL lcore; the dpdk counters
 # of issue 18 (link, the port's drops, flush frames, RX interrupts, bad checksums);
-# 1.4: rx_gro_buffers, rx_gro_segments, completion_flushes_wanted; 1.5: completions_held,
-# completions_dropped, replies_dropped
+# 1.4: rx_gro_buffers, rx_gro_segments, completion_flushes_wanted; 1.5 (issue 26):
+# client_clock_implausible, rx_duck_filters, doorbells_idle, doorbell_rate_limited,
+# peers_gone, completions_held, completions_dropped, replies_dropped
 STATS_VERSION_MINOR = 5
 STATS_MAX_COUNTERS = 128  # counter slots per agent (COUNTERS has fewer)
 STATS_COUNTER_NAME = 48
