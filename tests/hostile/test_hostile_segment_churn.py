@@ -4,7 +4,7 @@ kernel frees its memory on the thread that unmaps (shmem_evict_inode): 40-70 ms 
 MiB of 4 KiB pages, however finely the unmap is stepped. On the thread that serves
 forwards (every agent's, with threads = "shared"), every other client's forwards waited
 that long (issue 26, point 4); the dataplane now hands the unmap to a thread of its own
-(the reaper, dataplane/src/control/dp_reaper.h).
+(the reaper, dataplane/src/runtime/dp_reaper.h).
 
 A bystander forwards one after another throughout; the churner (a process of its own: its
 pre-faulting must not hold the bystander's GIL) alternates two kinds of detach, each
@@ -38,7 +38,7 @@ LAYER = 7
 MLP = GeluMlp.random(HIDDEN, 64, seed=26)
 CHURN_SLOT = 128 << 20  # 2 slots of activations and 2 of results: a 512 MiB segment
 PAIRS = 2  # freed and kept windows, alternating
-WINDOW_S = 0.3  # after the Ack: the dataplane lets go within housekeeping's 50 ms, then frees
+WINDOW_S = 0.4  # after the Ack: the dataplane lets go within housekeeping's 50 ms, then frees
 # The best of the freed windows' worst forwards against the kept windows' median: the
 # stall was 40-70 ms on a quiet machine and 80-360 ms on a loaded one (load 10 on its two
 # cores), in every freed window; the noise there a few ms, now and then 20-120 ms
