@@ -14,15 +14,15 @@ followed by a window in which it does nothing:
   kept   it keeps its memfd through the window (and frees it itself after): the same
          detach and unmap, without the free
 
-Each window's worst forward (submit to result, as the bystander sees it) is compared with
-the kept windows' in the same run: a ratio, with a floor for the noise of a shared 2-core
-machine (other builds and tests) well under the stall.
+Each window's worst forward is compared with the kept windows' in the same run: a ratio,
+with a floor for the noise of a shared 2-core machine (other builds and tests) well under
+the stall. The whole forward (submit to result, as the bystander sees it), not only its
+pickup (Forward.phases' prepare_ns, shown beside it): a stall that begins once a forward
+was picked up holds up the reading of its ducks' replies instead.
 """
 
 from __future__ import annotations
 
-import os
-import statistics
 import subprocess
 import sys
 import time
@@ -39,11 +39,12 @@ MLP = GeluMlp.random(HIDDEN, 64, seed=26)
 CHURN_SLOT = 128 << 20  # 2 slots of activations and 2 of results: a 512 MiB segment
 PAIRS = 2  # freed and kept windows, alternating
 WINDOW_S = 0.4  # after the Ack: the dataplane lets go within housekeeping's 50 ms, then frees
-# The best of the freed windows' worst forwards against the kept windows' median: the
-# stall was 40-70 ms on a quiet machine and 80-360 ms on a loaded one (load 10 on its two
-# cores), in every freed window; the noise there a few ms, now and then 20-120 ms
+# The best of the freed windows' worst forwards against the best of the kept windows':
+# the stall was 40-70 ms on a quiet machine and 80-550 ms on a loaded one (load 10-15 on
+# its two cores), in every freed window; the noise a few ms, now and then 20-140 ms in
+# a window of either kind
 RATIO = 4
-FLOOR_NS = 25_000_000
+FLOOR_NS = 30_000_000
 
 # argv: control address, pairs, window seconds, slot bytes. Prints "ready", then for each
 # window its kind and its start and end (time.monotonic_ns, the bystander's clock too).
@@ -122,9 +123,9 @@ def test_a_segment_freed_at_detach_stalls_no_other_clients_forwards(duckpipe_clu
     with duckpipe.connect(cluster.control, name="bystander") as c:
         c.load_weights(LAYER, MLP)
         c.forward(LAYER, np.ones((1, HIDDEN), np.float32), timeout=10)
+        args = [cluster.control, str(PAIRS), str(WINDOW_S), str(CHURN_SLOT)]
         churner = subprocess.Popen(
-            [sys.executable, "-c", CHURNER, cluster.control, str(PAIRS), str(WINDOW_S),
-             str(CHURN_SLOT)],
+            [sys.executable, "-c", CHURNER, *args],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -142,9 +143,9 @@ def test_a_segment_freed_at_detach_stalls_no_other_clients_forwards(duckpipe_clu
         kind, start, end = line.split()
         windows[kind].append(_worst(done, int(start), int(end)))
     assert len(windows["freed"]) == len(windows["kept"]) == PAIRS, out
-    # the best freed window: the stall was in every one of them, noise in some of any kind
+    # the best of each kind: the stall was in every freed window, noise in some of either
     freed = min(took for took, _ in windows["freed"])
-    kept = statistics.median(took for took, _ in windows["kept"])
+    kept = min(took for took, _ in windows["kept"])
     shown = {k: [(round(a / 1e6, 1), round(b / 1e6, 1)) for a, b in v] for k, v in windows.items()}
     print(f"\nworst forward, worst pickup (ms) per window: {shown}")
     assert freed < max(RATIO * kept, FLOOR_NS), (
