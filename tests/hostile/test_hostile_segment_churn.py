@@ -40,7 +40,7 @@ CHURN_SLOT = 128 << 20  # 2 slots of activations and 2 of results: a 512 MiB seg
 PAIRS = 2  # freed and kept windows, alternating
 WINDOW_S = 0.4  # after the Ack: the dataplane lets go within housekeeping's 50 ms, then frees
 # The best of the freed windows' worst forwards against the best of the kept windows':
-# the stall was 40-70 ms on a quiet machine and 80-550 ms on a loaded one (load 10-15 on
+# the stall was 40-70 ms on a quiet machine and 70-550 ms on a loaded one (load 8-15 on
 # its two cores), in every freed window; the noise a few ms, now and then 20-140 ms in
 # a window of either kind
 RATIO = 4
