@@ -9,10 +9,11 @@ dataplane streamed to it. So a test against it checks the dataplane's wire forma
 independently of the duck emulator. It also answers the host's NACKs, and can be told
 to stay silent, to ask for its input again, or to lie about its rows.
 
-The host side (load_moe, routed_forward) writes what the Python client API for MoE will
-write, with the session's low-level pieces: a LoadWeights of kind MOE, each duck's bank
-as weight chunks, and a routed FORWARD descriptor whose host table follows the
-activation in its slot.
+The host side (load_moe, routed_forward) writes what the client API writes for MoE
+(duckpipe.client.weights.load_weights, Client.submit with routing=), but with the
+session's low-level pieces, so a test can bend each field: a LoadWeights of kind MOE,
+each duck's bank as weight chunks, and a routed FORWARD descriptor whose host table
+follows the activation in its slot.
 """
 
 from __future__ import annotations
@@ -389,7 +390,7 @@ def routed_forward(
     timeout_us: int = 0,
     table: bytes | None = None,
 ) -> Routed:
-    """One routed forward written as the client will write it: x then, at the next
+    """One routed forward written as the client writes it: x then, at the next
     64-byte boundary of the slot, the host table (``table`` instead, raw, to test
     refusals); ``flags`` adds to ROUTED. Waits for both completions."""
     i = session.take_slot(10.0)
