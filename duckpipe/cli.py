@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import runtime
+from . import host
 from .errors import DataplaneUnavailable, DuckpipeError
 from .observe.printable import PrintableFormatter, printable
 from .schema.config import default as config_default
@@ -48,7 +48,7 @@ def _mock_dataplane(args: argparse.Namespace) -> int:
     from .mock.dataplane import MockConfig, main_loop
 
     cfg = MockConfig(
-        control=args.control or runtime.default_control(),
+        control=args.control or host.default_control(),
         ducks=args.ducks,
         idle=args.idle,
         default_timeout_ms=args.timeout_ms,
@@ -66,20 +66,20 @@ def _loopback_topology(args: argparse.Namespace):
     from .launch.cluster import free_udp_ports
     from .launch.topology import loopback
 
-    host, duck, why = runtime.default_ports()
+    host_port, duck, why = host.default_ports()
     if args.host_port is not None:
-        host, why = args.host_port, "from --host-port"
+        host_port, why = args.host_port, "from --host-port"
     if args.duck_port is not None:
         duck = args.duck_port
         why = "from --duck-port" if args.host_port is None else "from --host-port/--duck-port"
     note = ""
-    if not args.check and args.backend == "socket" and not runtime.udp_port_free(host):
+    if not args.check and args.backend == "socket" and not host.udp_port_free(host_port):
         # only the dataplane binds it (the ducks answer whatever port asked): take another
-        busy, host = host, free_udp_ports(1)
-        note = f"; port {busy} is in use, so host port {host} instead"
-    topo = loopback(args.ducks, backend=args.backend, host_port=host, duck_port=duck)
+        busy, host_port = host_port, free_udp_ports(1)
+        note = f"; port {busy} is in use, so host port {host_port} instead"
+    topo = loopback(args.ducks, backend=args.backend, host_port=host_port, duck_port=duck)
     print(
-        f"duckpipe dataplane: loopback topology: host 127.0.0.1:{host}, {args.ducks} ducks at "
+        f"duckpipe dataplane: loopback topology: host 127.0.0.1:{host_port}, {args.ducks} ducks at "
         f"127.0.0.1:{duck}..{duck + args.ducks - 1} ({why}{note})",
         file=sys.stderr,
         flush=True,
@@ -127,7 +127,7 @@ def _dataplane(args: argparse.Namespace) -> int:
         binary = find_binary("duckpipe-dataplane")
         os.execv(binary, [str(binary), "--backends"])
     topo = load(args.config) if args.config else _loopback_topology(args)
-    control = args.control or topo.control or runtime.default_control()
+    control = args.control or topo.control or host.default_control()
     if args.check:
         problems = _check_topology(topo, control)
         what = args.config or "the loopback topology"
@@ -308,7 +308,7 @@ def _stats_query(args: argparse.Namespace) -> int:
     from .launch.process import ping
     from .schema.control import MAX_XSTATS
 
-    control = args.control or runtime.default_control()
+    control = args.control or host.default_control()
     stats = ping(control, 2.0)
     if stats is None:
         print(f"no dataplane answered at {control}", file=sys.stderr)
@@ -376,7 +376,7 @@ def _shutdown(args: argparse.Namespace) -> int:
     from .launch.process import control_request
     from .schema import control as ctl
 
-    control = args.control or runtime.default_control()
+    control = args.control or host.default_control()
     reply = control_request(control, ctl.Shutdown(req_id=1), 2.0)
     if isinstance(reply, ctl.Error):  # it is there and said no: not "nobody answered"
         raise _shutdown_refused(control, reply)
@@ -450,7 +450,7 @@ def _example(args: argparse.Namespace) -> int:
             )
             run(cl.control)
     else:  # like stats, shutdown and connect(): the dataplane already running
-        control = args.control or runtime.default_control()
+        control = args.control or host.default_control()
         try:
             run(control)
         except DataplaneUnavailable as e:

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import runtime
+from .. import host
 from ..errors import DuckpipeError
 from ..launch.binaries import find_binary
 from ..launch.process import stop_process
@@ -112,8 +112,8 @@ def unavailable() -> str:
     have = subprocess.run([str(dataplane), "--backends"], capture_output=True, text=True)
     if "dpdk" not in have.stdout.split():
         return "the dataplane was built without DPDK (install libdpdk-dev and rebuild)"
-    if runtime.free_hugepages() < HUGEPAGES:
-        return f"{HUGEPAGES} free 2 MiB hugepages needed, {runtime.free_hugepages()} free"
+    if host.free_hugepages() < HUGEPAGES:
+        return f"{HUGEPAGES} free 2 MiB hugepages needed, {host.free_hugepages()} free"
     return ""
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import runtime
+from .. import host
 from ..errors import (
     BadInput,
     Cancelled,
@@ -124,7 +124,7 @@ def _control_address(control: object) -> str:
     pytest plugin's ``duckpipe_mock``, a ``MockDataplaneProcess``, ``Cluster``,
     ``DataplaneProcess``); None: the default."""
     if control is None:
-        return runtime.default_control()
+        return host.default_control()
     if isinstance(control, str):
         return _checked_address(control)
     address = getattr(control, "control", None)
@@ -148,7 +148,7 @@ def _checked_address(address: str) -> str:
         return address
     raise BadInput(
         f"{address!r} is not a control address: give the dataplane's `control` setting, "
-        f"e.g. 'ipc://{runtime.default_control().removeprefix('ipc://')}' (a socket path) "
+        f"e.g. 'ipc://{host.default_control().removeprefix('ipc://')}' (a socket path) "
         "or 'tcp://HOST:PORT' (with CURVE keys); omit it for $DUCKPIPE_CONTROL or this "
         "user's default"
     )

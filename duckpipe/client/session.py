@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from .. import runtime
+from .. import host
 from .._native import ffi, lib
 from ..errors import (
     BadInput,
@@ -745,11 +745,11 @@ class Session:
             return
         self._last_check = now
         why = None
-        if not runtime.process_alive(self.dp_pid):
+        if not host.process_alive(self.dp_pid):
             why = "exited"
         else:
             hb = int(self.segment.header.dataplane_heartbeat_ns)
-            age = runtime.monotonic_ns() - hb
+            age = host.monotonic_ns() - hb
             if hb and age > self._dataplane_timeout_ns:
                 why = f"stopped heartbeating {age / 1e9:.1f} s ago"
         if why:

@@ -27,8 +27,8 @@ from duckpipe._native import ffi, lib
 import duckpipe
 import duckpipe.client.session as session_module
 from duckpipe import GeluMlp
+from duckpipe.host import monotonic_ns
 from duckpipe.observe import stats_reader as stats
-from duckpipe.runtime import monotonic_ns
 
 HIDDEN = 32
 LAYER = 26
