@@ -19,7 +19,7 @@ from .errors import DataplaneUnavailable, DuckpipeError
 from .observe.printable import PrintableFormatter, printable
 from .schema.config import default as config_default
 
-__all__ = ["main", "program_main"]
+__all__ = ["dataplane_main", "ducks_main", "main", "program_main"]
 
 #: Settings the mock shares with the C dataplane's config (duckpipe/schema/config.py).
 MOCK_CONFIG_FIELDS = (
@@ -146,7 +146,7 @@ def _dataplane(args: argparse.Namespace) -> int:
 
 
 def _shm_ls(args: argparse.Namespace) -> int:
-    from .client.shm import list_segments
+    from ._abi.shm import list_segments
 
     segs = list_segments()
     if args.json:
@@ -189,7 +189,7 @@ def _shm_ls(args: argparse.Namespace) -> int:
 
 
 def _shm_clean(args: argparse.Namespace) -> int:
-    from .client.shm import clean_segments
+    from ._abi.shm import clean_segments
 
     removed = clean_segments(dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
@@ -460,12 +460,7 @@ def _example(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duckpipe", description=__doc__)
-    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    p.add_argument("--version", action="version", version=f"duckpipe {_version()}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_mock_dataplane(sub) -> None:
     m = sub.add_parser("mock-dataplane", help="run the shm-only mock dataplane (no network)")
     m.add_argument("--control", help="ZeroMQ endpoint (default: $DUCKPIPE_CONTROL or the run dir)")
     m.add_argument("--ducks", type=int, default=8, help="emulated ducks (default 8)")
@@ -498,6 +493,8 @@ def _parser() -> argparse.ArgumentParser:
         )
     m.set_defaults(func=_mock_dataplane)
 
+
+def _add_dataplane(sub) -> None:
     d = sub.add_parser("dataplane", help="run the C dataplane (kernel UDP or DPDK)")
     d.add_argument("--config", help="TOML topology (default: --ducks ducks on loopback)")
     d.add_argument("--ducks", type=int, default=8, help="loopback ducks without --config")
@@ -538,14 +535,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(func=_dataplane)
 
-    from .bench import add_parser as add_bench_parser
-    from .demo.run import add_parser as add_demo_parser
-    from .launch.ducks import add_parser as add_ducks_parser
 
-    add_ducks_parser(sub)
-    add_demo_parser(sub)
-    add_bench_parser(sub)
-
+def _add_shm(sub) -> None:
     s = sub.add_parser("shm", help="list or reclaim shared-memory segments")
     ssub = s.add_subparsers(dest="shm_command", required=True, metavar="ACTION")
     ls = ssub.add_parser("ls", help="list this user's segments")
@@ -557,6 +548,8 @@ def _parser() -> argparse.ArgumentParser:
     cl.add_argument("--dry-run", action="store_true", help="only say what would go")
     cl.set_defaults(func=_shm_clean)
 
+
+def _add_stats(sub) -> None:
     st = sub.add_parser(
         "stats",
         help="print a dataplane's counters and latency histograms from its stats segment",
@@ -577,6 +570,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     st.set_defaults(func=_stats)
 
+
+def _add_exporter(sub) -> None:
     ex = sub.add_parser(
         "exporter",
         help="serve the stats segment's counters and histograms to Prometheus",
@@ -589,10 +584,14 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--stats", metavar="PATH", help="the stats segment to read")
     ex.set_defaults(func=_exporter)
 
+
+def _add_shutdown(sub) -> None:
     sd = sub.add_parser("shutdown", help="ask a running dataplane to stop")
     sd.add_argument("--control", help="the dataplane's control endpoint (default: this user's)")
     sd.set_defaults(func=_shutdown)
 
+
+def _add_example(sub) -> None:
     ex = sub.add_parser(
         "example",
         help="run checked forwards against the running dataplane (or --standalone)",
@@ -617,6 +616,8 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--rows", type=int, default=1, help="rows per forward (default 1)")
     ex.set_defaults(func=_example)
 
+
+def _add_doctor(sub) -> None:
     dr = sub.add_parser(
         "doctor",
         help="check this host: hugepages, ports, DPDK, kernel features; say how to fix",
@@ -626,6 +627,33 @@ def _parser() -> argparse.ArgumentParser:
     dr.add_argument("--json", action="store_true", help="one JSON document, nothing else")
     dr.set_defaults(func=_doctor)
 
+
+def _parser() -> argparse.ArgumentParser:
+    """The ``duckpipe`` command line: the global flags, then each command's own builder
+    (in the order ``--help`` lists them)."""
+    p = argparse.ArgumentParser(prog="duckpipe", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    p.add_argument("--version", action="version", version=f"duckpipe {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from .bench import add_parser as add_bench_parser
+    from .demo.run import add_parser as add_demo_parser
+    from .launch.ducks import add_parser as add_ducks_parser
+
+    for add in (
+        _add_mock_dataplane,
+        _add_dataplane,
+        add_ducks_parser,
+        add_demo_parser,
+        add_bench_parser,
+        _add_shm,
+        _add_stats,
+        _add_exporter,
+        _add_shutdown,
+        _add_example,
+        _add_doctor,
+    ):
+        add(sub)
     _accept_global_flags_after_commands(p)
     return p
 
@@ -718,3 +746,56 @@ def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | Non
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 141
+
+
+# ------------------------------------------- the C programs' names on PATH (pyproject.toml)
+
+
+def _exec(name: str, argv: list[str]) -> None:
+    """Replace this process with the C program."""
+    from .launch.binaries import find_binary
+
+    try:
+        path = find_binary(name)
+    except DuckpipeError as e:
+        sys.exit(f"{name}: {e}")
+    os.execv(path, [str(path), *argv])
+
+
+def _names_a_msgpack_config(argv: list[str]) -> bool:
+    """Whether ``--config FILE`` names the C program's own msgpack configuration (what
+    ``duckpipe dataplane`` and the launchers write) rather than a TOML topology. A msgpack
+    map starts with 0x80..0x8f, 0xde or 0xdf; a TOML file with text (ASCII, or a BOM)."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        else:
+            continue
+        try:
+            with open(path, "rb") as f:
+                first = f.read(1)
+        except OSError:
+            return False  # the TOML path says what is wrong with it
+        return bool(first) and (0x80 <= first[0] <= 0x8F or first[0] in (0xDE, 0xDF))
+    return False
+
+
+def dataplane_main() -> int:
+    """``duckpipe-dataplane`` on PATH: ``duckpipe dataplane`` under its own name (a TOML
+    topology or --ducks on loopback, this user's ports, --check, --backends, --version).
+    A msgpack configuration is handed to the C program as it is: launchers that find the
+    program on PATH keep working."""
+    argv = sys.argv[1:]
+    if _names_a_msgpack_config(argv):
+        _exec("duckpipe-dataplane", argv)
+    return program_main("dataplane", "duckpipe-dataplane", argv)
+
+
+def ducks_main() -> int:
+    """``duckpipe-ducks`` on PATH: ``duckpipe ducks`` under its own name (this user's
+    ports by default, the counters as a table, --version)."""
+    return program_main("ducks", "duckpipe-ducks", sys.argv[1:])

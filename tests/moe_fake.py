@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from duckpipe._abi.ring import new_desc
 from duckpipe.client import routing
 from duckpipe.client.models import dtype_code, shard_bounds, shard_sizes, silu
 from duckpipe.client.moe import MoeMlp
-from duckpipe.client.ring import new_desc
 from duckpipe.launch.cluster import free_udp_ports
 from duckpipe.launch.dataplane import DataplaneProcess
 from duckpipe.launch.topology import Duck, Nic, Topology

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import host
+from .._abi.ring import new_desc
+from .._abi.shm import BackingChoice
 from ..errors import (
     BadInput,
     Cancelled,
@@ -37,9 +39,7 @@ from . import routing as routing_table
 from . import weights
 from .models import Mlp, dtype_code, numpy_dtype
 from .moe import MoeMlp, check_routing
-from .ring import new_desc
 from .session import Inflight, Session, WaitStrategy
-from .shm import BackingChoice
 from .slots import DEBUG_SLOTS_ENV, Slot, SlotState, claim_template
 
 __all__ = ["Client", "Forward", "Slot", "SlotState", "WaitStrategy", "connect"]

@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from .. import host
-from .._native import ffi, lib
+from .._abi import ffi, lib
+from .._abi.ring import SubmissionRing, new_desc
+from .._abi.shm import BackingChoice, Segment
 from ..errors import (
     BadInput,
     ClientClosed,
@@ -45,8 +47,6 @@ from ..schema import control as ctl
 from ..schema.abi import DetachReason, Op, Status
 from ..schema.control import ErrorCode
 from .channel import BLOCK_SLICE_S, Channel
-from .ring import SubmissionRing, new_desc
-from .shm import BackingChoice, Segment
 from .slots import ClaimBase, Slot, SlotGuard, SlotState, SlotTable
 
 if TYPE_CHECKING:

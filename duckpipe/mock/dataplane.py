@@ -42,10 +42,10 @@ import zmq
 from zmq.utils import z85
 
 from .. import host
-from .._native import ffi, lib
+from .._abi import check, ffi, lib, text
+from .._abi.ring import new_descs
+from .._abi.shm import Segment, clean_segments
 from ..client.models import duck_partial, numpy_dtype
-from ..client.ring import new_descs
-from ..client.shm import Segment, clean_segments
 from ..errors import DuckpipeError
 from ..schema import control as ctl
 from ..schema.abi import (
@@ -243,8 +243,8 @@ class DescriptorCheck:
         view = ffi.NULL if layer is None else layer.desc_view()
         if layer is None and foreign:
             view = self._foreign
-        if lib.dp_desc_check(layout, view, d, self.limits, self._plan, self._why, len(self._why)):
-            raise DuckpipeError(ffi.string(self._why).decode(errors="replace"))
+        rc = lib.dp_desc_check(layout, view, d, self.limits, self._plan, self._why, len(self._why))
+        check(rc, self._why)
         return self._plan
 
 
@@ -1356,7 +1356,7 @@ def _prescan(buf: bytes, max_depth: int) -> str | None:
     why = ffi.new("char[256]")
     if lib.dp_msgpack_prescan(buf, len(buf), max_depth, why, 256) == 0:
         return None
-    return ffi.string(why).decode(errors="replace")
+    return text(why)
 
 
 def _slot_refusal(

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from duckpipe._native import ffi, lib
 
-import duckpipe.client.shm as shm
+import duckpipe._abi.shm as shm
 from duckpipe import host
-from duckpipe.client.shm import Segment, clean_segments, list_segments
+from duckpipe._abi import ffi, lib
+from duckpipe._abi.shm import Segment, clean_segments, list_segments
 from duckpipe.errors import AbiMismatch, BadInput, SegmentError
 from duckpipe.schema.abi import ABI_MAJOR, ABI_MINOR, SEG_MAGIC, Backing
 from duckpipe.testing import mapped_by
@@ -389,7 +389,7 @@ def test_open_of_a_missing_segment_asks_whether_the_client_lives(tmp_path: Path)
 
 _CREATE_AND_SLEEP = """
 import sys, time
-from duckpipe.client.shm import Segment
+from duckpipe._abi.shm import Segment
 seg = Segment.create(slot_count=1, act_slot_size=4096, backing="devshm", tag="orphan")
 print(seg.name, flush=True)
 time.sleep(60)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 from codegen import ROOT
-from duckpipe._native import ffi
 
+from duckpipe._abi import ffi
 from duckpipe.errors import DuckpipeError
 from duckpipe.mock.dataplane import DescriptorCheck, _Layer
 from duckpipe.schema import control as ctl

@@ -561,7 +561,7 @@ def test_find_binary_on_path_passes_over_the_console_scripts_of_the_same_name(
     # what pip writes for [project.scripts]: running it as "the emulator" would start the
     # console script again, which looks for the emulator again, and so on
     (scripts / "duckpipe-ducks").write_text(
-        "#!/usr/bin/python3\nimport sys\nfrom duckpipe.launch.binaries import ducks_main\n"
+        "#!/usr/bin/python3\nimport sys\nfrom duckpipe.cli import ducks_main\n"
         "sys.exit(ducks_main())\n"
     )
     (programs / "duckpipe-ducks").write_bytes(b"\x7fELF")

@@ -16,8 +16,8 @@ import msgspec
 import pytest
 from codegen import ROOT, render_all
 from codegen import render as codegen
-from duckpipe._native import ffi, lib
 
+from duckpipe._abi import ffi, lib
 from duckpipe.schema import abi, control, layout_of, routing, stats, wire
 from duckpipe.schema.layout import U8, U32, U64, Pad
 

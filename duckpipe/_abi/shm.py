@@ -28,9 +28,9 @@ import numpy as np
 import posix_ipc
 
 from .. import host
-from .._native import ffi, lib
 from ..errors import AbiMismatch, BadInput, DuckpipeError, SegmentError
 from ..schema.abi import ABI_MAJOR, ABI_MINOR, SEG_MAGIC, Backing
+from . import ffi, lib, text
 
 __all__ = [
     "BackingChoice",
@@ -41,7 +41,7 @@ __all__ = [
     "segment_dirs",
 ]
 
-log = logging.getLogger("duckpipe.client.shm")
+log = logging.getLogger("duckpipe.client.shm")  # the name users know: a client's segments
 
 BackingChoice = Literal["auto", "hugetlbfs", "devshm"]
 DEVSHM = Path("/dev/shm")
@@ -90,7 +90,7 @@ def _plan(slot_count: int, ring_capacity: int, act_slot: int, res_slot: int, pag
     except OverflowError:  # does not even fit the C argument types
         rc = lib.DP_SEG_PLAN_OVERFLOW
     if rc != lib.DP_SEG_PLAN_OK:
-        why = ffi.string(lib.dp_seg_plan_strerror(rc)).decode()
+        why = text(lib.dp_seg_plan_strerror(rc))
         detail = {
             lib.DP_SEG_PLAN_BAD_SLOT_COUNT: f"got {slot_count}",
             lib.DP_SEG_PLAN_BAD_CAPACITY: f"got {ring_capacity}",
@@ -506,13 +506,13 @@ def _validate_header(
             "client_max_segment_bytes in its topology"
         )
     if rc in (lib.DP_SEG_CHECK_STRUCT_SIZES, lib.DP_SEG_CHECK_LAYOUT, lib.DP_SEG_CHECK_BACKING):
-        why = ffi.string(lib.dp_seg_plan_strerror(rc)).decode()
+        why = text(lib.dp_seg_plan_strerror(rc))
         raise SegmentError(
             f"{where}: the header's layout is not one this version writes ({why}; "
             f"backing {h.backing}, header says {h.segment_size} bytes, file has {file_size})"
         )
     if rc != 0:  # the plan's own refusal
-        why = ffi.string(lib.dp_seg_plan_strerror(rc)).decode()
+        why = text(lib.dp_seg_plan_strerror(rc))
         raise SegmentError(f"{where}: {why} (slot count {slots}, ring capacity {cap})")
     plan = _plan_of(out)
     return Backing(int(h.backing)), _Layout(slots, cap, plan)
