@@ -35,6 +35,7 @@ from ..launch.process import stop_process
 from ..launch.topology import Duck, Nic, Topology
 from . import baselines
 from .common import DUCKS_CPU, Progress, Size, Table, pin
+from .forward import Config, run_duckpipe, summarise
 
 __all__ = ["COLUMNS", "ROWS", "configs", "run", "unavailable"]
 
@@ -175,8 +176,6 @@ def _veth(n: int) -> Iterator[tuple[str, str, list[str]]]:
 
 
 def run(size: Size, *, quiet: bool = False) -> Table:
-    from .forward import Config, run_duckpipe, summarise  # forward imports this module
-
     table = Table(
         key="forward_veth",
         title="forward over a veth pair into a namespace: socket backend beside the dpdk backend",
