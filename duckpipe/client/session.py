@@ -704,13 +704,9 @@ class Session:
 
     # --- liveness --------------------------------------------------------------
 
-    def check_open(self) -> None:
-        if self.closed:
-            raise ClientClosed("the client is closed; connect again")
-
     def check_usable(self) -> None:
         """Raise unless new work may be submitted: open, dataplane alive, not detached."""
-        # every claim and submit runs this: check_open and check_detached, inlined
+        # every claim and submit runs this: the closed check and check_detached's, inlined
         if self.closed:
             raise ClientClosed("the client is closed; connect again")
         if self.lost is not None:
