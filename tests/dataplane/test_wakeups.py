@@ -493,13 +493,14 @@ def _on_cpu_s(tid: int) -> float:
 
 
 def _runner_tids(pid: int) -> list[int]:
-    """The threads that run agents: every thread but ZeroMQ's (one "dataplane" thread with
-    threads = "shared"; control, dispatch and a worker per NIC with "dedicated", as the
-    TSan pass runs, whose main thread only waits)."""
+    """The threads that run agents: every thread but ZeroMQ's and the reaper (one
+    "dataplane" thread with threads = "shared"; control, dispatch and a worker per NIC with
+    "dedicated", as the TSan pass runs, whose main thread only waits)."""
     tids = []
     for t in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{t}/comm") as f:
-            if not f.read().startswith("ZMQbg"):
+            comm = f.read().strip()
+            if not comm.startswith("ZMQbg") and comm != "reaper":
                 tids.append(int(t))
     return tids
 

@@ -162,9 +162,13 @@ int64_t dp_control_park(struct dp_world *w, void *self, uint64_t now)
 	}
 	if (dp_control_outbox_wanted(c)) /* the next pass sends it */
 		return -1;
-	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) { /* a segment half faulted in or unmapped */
-		uint32_t state = dp_load_acquire_u32(&w->clients[i].state);
-		if (state == DP_CLIENT_ATTACHING || state == DP_CLIENT_UNMAPPING)
+	/* a segment half faulted in, or one to hand to the reaper or free once it is done
+	 * (while it unmaps one, it kicks this runner when done) */
+	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
+		const struct dp_client *cl = &w->clients[i];
+		uint32_t state = dp_load_acquire_u32(&cl->state);
+		if (state == DP_CLIENT_ATTACHING ||
+		    (state == DP_CLIENT_UNMAPPING && !dp_client_reaping(cl)))
 			return -1;
 	}
 	/* a connection flood: libzmq aborts the process on EMFILE, so while more connections
@@ -338,6 +342,10 @@ struct dp_control *dp_control_new(struct dp_world *w)
 			     strerror(errno));
 		goto fail;
 	}
+	/* before the first attach: every segment let go is unmapped there (dp_reaper.h) */
+	if (dp_reaper_start(&c->reaper, &w->cfg) < 0)
+		goto fail;
+	dp_client_set_reaper(&c->reaper);
 	const struct dp_counters *nic_counters[DP_MAX_NICS];
 	for (uint32_t k = 0; k < w->cfg.nnics; k++)
 		nic_counters[k] = &w->workers[k]->counters;
@@ -347,6 +355,8 @@ struct dp_control *dp_control_new(struct dp_world *w)
 	DP_INFO("stats segment %s", dp_stats_file(c->stats));
 	return c;
 fail:
+	dp_client_set_reaper(NULL);
+	dp_reaper_stop(&c->reaper);
 	dp_access_close(&c->access);
 	if (c->monitor)
 		zmq_close(c->monitor);
@@ -374,6 +384,8 @@ void dp_control_free(struct dp_control *c)
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++)
 		if (c->w->clients[i].base)
 			dp_client_unmap(&c->w->clients[i]); /* live clients own their segments */
+	dp_client_set_reaper(NULL);
+	dp_reaper_stop(&c->reaper); /* once it unmapped every segment given */
 	zmq_socket_monitor(c->router, NULL, 0);
 	zmq_close(c->monitor);
 	zmq_close(c->router);

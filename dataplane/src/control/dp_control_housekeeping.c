@@ -1,6 +1,7 @@
 /* dp_control_housekeeping.c: the control agent's chores. Each pass it faults in a step
- * of the segments being attached (answering Attached when one is in) and unmaps a step of
- * those being let go; every HOUSEKEEPING_NS it writes the dataplane's heartbeat into every
+ * of the segments being attached (answering Attached when one is in) and hands those
+ * being let go to the reaper (dp_reaper.h), freeing their slots once it unmapped them;
+ * every HOUSEKEEPING_NS it writes the dataplane's heartbeat into every
  * attached segment, reclaims clients whose process died or whose heartbeat stopped, frees
  * the retired layers nobody can still hold and wakes a parked dispatcher that someone
  * waits for. Called by the control agent's do_work (dp_control.c).
@@ -14,7 +15,7 @@
 #include "dp_layers.h"
 #include "dp_waker.h"
 
-#define ATTACH_STEP (8u << 20) /* bytes faulted in or unmapped per pass */
+#define ATTACH_STEP (8u << 20) /* bytes faulted in per pass */
 
 /* The segment is in: the client turns ACTIVE and hears Attached. */
 static void attach_done(struct dp_control *c, struct dp_client *cl)
@@ -41,10 +42,12 @@ static void attach_done(struct dp_control *c, struct dp_client *cl)
 	dp_waker_kick(c->w->dispatch_waker); /* a parked dispatcher arms the new ring too */
 }
 
-/* Segments are faulted in at attach and unmapped after detach ATTACH_STEP bytes per
- * pass, so that a large one on small pages (0.3 s per GiB to fault in, 0.2 s to unmap)
- * never stalls the dispatcher and workers sharing this thread for longer than a step:
- * about 2 ms on 4 KiB pages. Returns the work done. */
+/* Segments are faulted in at attach ATTACH_STEP bytes per pass, so that a large one on
+ * small pages (0.3 s per GiB) never stalls the dispatcher and workers sharing this thread
+ * for longer than a step: about 2 ms on 4 KiB pages. After detach the reaper unmaps them:
+ * there the unmap (0.2 s per GiB) and, for a client that closed its memfd first, the
+ * kernel's free of its memory (40-70 ms per 512 MiB: no step bounds that one) stall
+ * nobody. Returns the work done (none while the reaper has a segment: it kicks). */
 int dp_control_attach_steps(struct dp_control *c)
 {
 	int work = 0;
@@ -61,12 +64,15 @@ int dp_control_attach_steps(struct dp_control *c)
 						     .rid = cl->attach_rid, .pid = cl->pid, .uid = cl->uid };
 				dp_control_refuse(c, &p, DP_ERROR_CODE_BAD_SEGMENT, "%s",
 				                  dp_error());
-				dp_client_unmap(cl);
+				dp_client_unmap(cl); /* by the reaper, whenever: nobody waits */
 				dp_store_release_u32(&cl->state, DP_CLIENT_FREE);
 			}
-		} else if (state == DP_CLIENT_UNMAPPING) {
+		} else if (state == DP_CLIENT_UNMAPPING && !dp_client_reaping(cl)) {
 			work++;
-			if (dp_client_unmap_step(cl, ATTACH_STEP) > 0) {
+			if (dp_client_let_go(cl, c->waker) > 0) {
+				/* counted once the range is free: the next mapping may land there */
+				if (cl->was_registered)
+					dp_count(c->counters, DP_C_extmem_unregistered, 1);
 				dp_client_close_doorbell(cl); /* the dispatcher let go of it */
 				dp_layers_unload_owner(c->w, cl->id, &c->retired); /* its layers go with it */
 				if (cl->dead)
@@ -100,10 +106,7 @@ static void housekeeping_clients(struct dp_control *c, uint64_t now)
 		} else if (state == DP_CLIENT_QUIESCED &&
 			   __atomic_load_n(&cl->inflight, __ATOMIC_ACQUIRE) == 0) {
 			/* a memfd needs no unlink: its memory goes with the last mapping, which
-			 * dp_control_attach_steps takes away a step at a time */
-			if (cl->mem.registered)
-				dp_count(c->counters, DP_C_extmem_unregistered, 1);
-			cl->stepped = 0;
+			 * dp_control_attach_steps hands to the reaper */
 			dp_store_release_u32(&cl->state, DP_CLIENT_UNMAPPING);
 		}
 	}

@@ -8,8 +8,8 @@
  *   dp_control_requests.c      reads the ROUTER, checks who asks, one handler a message
  *   dp_control_outbox.c        completions from the dispatcher and workers, batched out
  *   dp_control_connections.c   counts connections, sheds those past max_connections
- *   dp_control_housekeeping.c  heartbeats, dead clients, segments mapped and unmapped a
- *                              step at a time, retired layers
+ *   dp_control_housekeeping.c  heartbeats, dead clients, segments faulted in a step at a
+ *                              time and handed to the reaper to unmap, retired layers
  *
  * Every function here runs on the control agent's thread. The rest of the dataplane sees
  * dp_control.h only.
@@ -26,6 +26,7 @@
 #include "dp_control.h"
 #include "dp_counters.h"
 #include "dp_ctl_gen.h"
+#include "dp_reaper.h"
 #include "dp_world.h"
 
 struct dp_client;    /* dp_client.h */
@@ -101,11 +102,13 @@ struct dp_control {
 	struct dp_stats_seg *stats; /* the stats segment: this agent is its only writer */
 	uint64_t next_stats;
 	uint64_t next_zmq_look; /* when the pass next asks ZeroMQ's sockets (dp_control.c) */
-	/* Parking without asking ZeroMQ (dp_control.c): the runner's waker, each socket's fd,
-	 * and which sockets' fds may not announce their next message (DP_ZMQ_*) */
-	const struct dp_waker *waker;
+	/* Parking without asking ZeroMQ (dp_control.c): the runner's waker (the reaper kicks
+	 * it too), each socket's fd, and which sockets' fds may not announce their next
+	 * message (DP_ZMQ_*) */
+	struct dp_waker *waker;
 	int zmq_fds[DP_ZMQ_SOCKETS];
 	uint32_t zmq_unsure;
+	struct dp_reaper reaper; /* unmaps detached clients' segments (dp_reaper.h) */
 };
 
 /* A send on the router: libzmq may have taken the mailbox's signal for a message that

@@ -17,6 +17,13 @@
  * punching, no new writable mapping; the two existing ones stay writable) and
  * F_SEAL_SEAL, then faults every page in with MADV_POPULATE_WRITE, which fails
  * instead of raising SIGBUS if a page went missing before the seal.
+ *
+ * Letting go: the segment's memory is freed where its last reference goes, and a client
+ * that closed its memfd before detaching leaves that to the dataplane's unmap: 40-70 ms
+ * of the kernel's for 512 MiB of 4 KiB pages. So every unmap of a segment and every close
+ * of a segment's descriptor that may be its last reference is the reaper's (dp_reaper.h),
+ * a thread that serves no forwards; only the unregistration (rte_extmem_unregister, which
+ * must see the segment still mapped) stays on the control agent's thread.
  */
 #include "dp_client.h"
 
@@ -36,6 +43,7 @@
 
 #include "dp_backend.h"
 #include "dp_config_gen.h"
+#include "dp_reaper.h"
 #include "dp_seg_plan.h"
 
 #ifndef F_SEAL_FUTURE_WRITE
@@ -63,6 +71,20 @@ void dp_client_set_limits(const struct dp_config *cfg, const struct dp_client *a
 	limits.max_segment_bytes = cfg->client_max_segment_bytes;
 	limits.all = all;
 	limits.n = n;
+}
+
+/* Who unmaps and closes segments (dp_client_set_reaper): NULL, the caller's thread. */
+static struct dp_reaper *reaper;
+
+void dp_client_set_reaper(struct dp_reaper *r)
+{
+	reaper = r;
+}
+
+/* A mapping (or NULL) and a descriptor (or -1) of a segment nobody waits for: the reaper's. */
+static void discard(void *base, size_t size, int fd)
+{
+	dp_reaper_give(reaper, &(struct dp_reap_job){ .base = base, .size = size, .fd = fd });
 }
 
 /* The layout a header claims, checked by dp_seg_check() (the rule shm.py calls too)
@@ -262,15 +284,16 @@ int dp_client_map(struct dp_client *c, int pidfd, uint32_t peer_pid, uint32_t pe
 	/* owner, then type, of our handle on the client's file; only a regular file of the
 	 * client's user is opened for real (reopen_own) */
 	if (check_owned_regular(got, peer_uid, &st) < 0) {
-		close(got);
+		discard(NULL, 0, got); /* the client may have closed its own meanwhile */
 		goto described;
 	}
 	fd = reopen_own(got, O_RDWR);
-	close(got);
 	if (fd < 0) {
 		dp_set_error("cannot open it read-write: %s", strerror(errno));
+		discard(NULL, 0, got); /* the client may have closed its own meanwhile */
 		goto described;
 	}
+	close(got); /* fd holds the file */
 	struct dp_seg_header h;
 	struct dp_client_layout lay;
 	if (check_memfd(fd, peer_uid, &st, name, sizeof(name)) < 0)
@@ -295,7 +318,8 @@ int dp_client_map(struct dp_client *c, int pidfd, uint32_t peer_pid, uint32_t pe
 	/* no hole can be punched from now on (see the top of this file) */
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0) {
 		dp_set_error("cannot seal memfd %s against hole punching: %s", name, strerror(errno));
-		munmap(base, size);
+		discard(base, size, fd);
+		fd = -1;
 		goto refuse;
 	}
 	/* every page must exist already: its maker pre-faults it, and a sparse segment would
@@ -303,7 +327,8 @@ int dp_client_map(struct dp_client *c, int pidfd, uint32_t peer_pid, uint32_t pe
 	if (fstat(fd, &st) < 0 || (uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size) {
 		dp_set_error("memfd %s holds %lu of its %lu bytes: its maker must pre-fault it", name,
 			     (unsigned long)st.st_blocks * 512, (unsigned long)st.st_size);
-		munmap(base, size);
+		discard(base, size, fd);
+		fd = -1;
 		goto refuse;
 	}
 	/* the page size the kernel backs it with, never the header's word for it: with IOVA
@@ -314,7 +339,7 @@ int dp_client_map(struct dp_client *c, int pidfd, uint32_t peer_pid, uint32_t pe
 				 ? huge
 				 : (size_t)dp_seg_page_size(DP_BACKING_DEVSHM);
 	c->stepped = 0;
-	close(fd);
+	close(fd); /* the mapping holds the file: never its last reference here */
 	c->base = base;
 	c->size = size;
 	c->layout = lay;
@@ -335,7 +360,7 @@ int dp_client_map(struct dp_client *c, int pidfd, uint32_t peer_pid, uint32_t pe
 	snprintf(c->path, sizeof(c->path), "%.200s", name);
 	return 0;
 refuse:
-	close(fd);
+	discard(NULL, 0, fd); /* a client that closed its own made it the last */
 described:
 	dp_add_error_context("segment fd %d of pid %u", segment_fd, peer_pid);
 	return -1;
@@ -419,30 +444,38 @@ int dp_client_populate(struct dp_client *c, size_t step)
 	return 1;
 }
 
-int dp_client_unmap_step(struct dp_client *c, size_t step)
+int dp_client_let_go(struct dp_client *c, struct dp_waker *kick)
 {
-	if (c->base && c->stepped == 0)
-		dp_backend_mem_unregister(&c->mem);
-	size_t left = c->base ? c->size - c->stepped : 0;
-	size_t n = left < step ? left : step;
-	if (n)
-		munmap(c->base + c->stepped, n);
-	c->stepped += n;
-	if (n < left)
+	if (c->base && !c->reaping) {
+		c->was_registered = c->mem.registered;
+		dp_backend_mem_unregister(&c->mem); /* before the unmap: it must see it mapped */
+		c->reaping = true;
+		dp_reaper_give(reaper, &(struct dp_reap_job){ .base = c->base, .size = c->size,
+							      .fd = -1, .done = &c->reaped,
+							      .kick = kick });
+	}
+	/* acquire: pairs with the reaper's release once the range is unmapped */
+	if (c->base && !dp_load_acquire_u32(&c->reaped))
 		return 0;
 	c->base = NULL;
 	c->hdr = NULL;
 	return 1;
 }
 
+bool dp_client_reaping(const struct dp_client *c)
+{
+	return c->base && c->reaping && !dp_load_acquire_u32(&c->reaped);
+}
+
 /* Only once no forward of c is in flight: each one's completion waited until the ports
- * freed every buffer that pointed into the segment (dp_release.c). */
+ * freed every buffer that pointed into the segment (dp_release.c). Nobody waits for the
+ * unmap: the reaper does it whenever it can. */
 void dp_client_unmap(struct dp_client *c)
 {
 	dp_client_close_doorbell(c);
 	dp_backend_mem_unregister(&c->mem);
-	if (c->base)
-		munmap(c->base, c->size);
+	if (c->base && !c->reaping) /* else the reaper has it already */
+		discard(c->base, c->size, -1);
 	c->base = NULL;
 	c->hdr = NULL;
 }

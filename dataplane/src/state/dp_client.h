@@ -13,13 +13,16 @@
 #include "dp_desc_check.h" /* struct dp_client_layout: the descriptor check reads it too */
 #include "dp_mem.h"
 
+struct dp_reaper; /* dp_reaper.h */
+struct dp_waker;  /* dp_waker.h */
+
 enum dp_client_state {
 	DP_CLIENT_FREE = 0,
 	DP_CLIENT_ACTIVE,    /* control -> ACTIVE after mapping; the dispatcher polls it */
 	DP_CLIENT_CLOSING,   /* control: stop polling */
 	DP_CLIENT_QUIESCED,  /* dispatcher: I stopped; control unmaps once inflight is 0 */
 	DP_CLIENT_ATTACHING, /* control only: mapped, being faulted in a step at a time */
-	DP_CLIENT_UNMAPPING, /* control only: being unmapped a step at a time */
+	DP_CLIENT_UNMAPPING, /* control only: being unmapped by the reaper (dp_client_let_go) */
 };
 
 
@@ -41,7 +44,10 @@ struct dp_client {
 	int doorbell_fd;    /* control opens and closes it (-1: none); the dispatcher reads it */
 	uint8_t *base;
 	size_t size;
-	size_t stepped;     /* control: bytes faulted in (ATTACHING) or unmapped (UNMAPPING) */
+	size_t stepped;     /* control: bytes faulted in (ATTACHING) */
+	bool reaping;       /* control: its unmap is the reaper's (UNMAPPING) */
+	bool was_registered; /* control: registered for zero copy until let go */
+	uint32_t reaped;    /* the reaper: 1 once it unmapped it (release; control acquires) */
 	uint64_t attach_rid; /* control: the Attach request answered once faulted in */
 	/* control, before ATTACHING (release): when its Attach arrived. No submit stamp of
 	 * an honest client is older (the dispatcher's dp_fwd_client_prepare) */
@@ -73,6 +79,9 @@ struct dp_client {
 
 /* Limits for dp_client_map and the client table it checks for duplicates; once, at start. */
 void dp_client_set_limits(const struct dp_config *cfg, const struct dp_client *all, uint32_t n);
+/* The reaper that unmaps segments and closes their descriptors (dp_reaper.h); once, at
+ * start. Without one (NULL: the C unit tests) the caller's thread does it. */
+void dp_client_set_reaper(struct dp_reaper *r);
 /* Check a copy of a segment header against dp_seg_plan(), the limits and the file size;
  * fills the layout. 0 or -1 with dp_error(). */
 int dp_client_check_header(const struct dp_seg_header *h, uint64_t file_size,
@@ -95,9 +104,15 @@ void dp_client_close_doorbell(struct dp_client *c);
  * are in, register it for zero copy: 1 when done, 0 while more remain, -1 with dp_error()
  * (the segment stays mapped: dp_client_unmap). */
 int dp_client_populate(struct dp_client *c, size_t step);
-/* Unmap up to `step` more bytes (the first call also unregisters it): 1 when all are
- * unmapped, 0 while more remain. */
-int dp_client_unmap_step(struct dp_client *c, size_t step);
+/* Let go of a detached client's segment, once none of its forwards is in flight: the
+ * first call unregisters it (dp_backend_mem_unregister: before the unmap) and hands the
+ * unmap to the reaper, which kicks `kick` when it is done. 1 once the segment is
+ * unmapped, 0 while the reaper has it (dp_client_reaping). */
+int dp_client_let_go(struct dp_client *c, struct dp_waker *kick);
+/* Is the reaper unmapping it still? (Then the control agent may park: it is kicked.) */
+bool dp_client_reaping(const struct dp_client *c);
+/* Unregister, and unmap through the reaper without waiting: a refused attach (nothing of
+ * it was in flight), and at exit. */
 void dp_client_unmap(struct dp_client *c);
 
 /* True once the process behind pidfd has exited (its pidfd polls readable), or when the

@@ -18,7 +18,8 @@
  *            takes it as a no-op for drivers without a dma_map of their own (af_packet
  *            and tap read through the CPU); a bus without dma_map says ENOTSUP, logged
  *            once, which is fine; any other failure is logged and that port copies.
- *   release  at detach (dp_client_unmap), once the client has no forward in flight:
+ *   release  at detach (dp_client_let_go, before the reaper unmaps it), once the client
+ *            has no forward in flight:
  *            every forward's completion waits until the port freed its external
  *            buffers (dp_release.c), so no mbuf points into the segment any more.
  *            rte_dev_dma_unmap, then rte_extmem_unregister; the same range can be
