@@ -10,8 +10,8 @@ list) and ``ring`` (the submission ring, descriptors). Nothing else in duckpipe 
 
 from __future__ import annotations
 
-from ..errors import DuckpipeError
 from .._native import ffi, lib
+from ..errors import DuckpipeError
 
 __all__ = ["check", "ffi", "lib", "text"]
 
