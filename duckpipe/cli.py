@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import runtime
+from . import host
 from .errors import DataplaneUnavailable, DuckpipeError
 from .observe.printable import PrintableFormatter, printable
 from .schema.config import default as config_default
 
-__all__ = ["main", "program_main"]
+__all__ = ["dataplane_main", "ducks_main", "main", "program_main"]
 
 #: Settings the mock shares with the C dataplane's config (duckpipe/schema/config.py).
 MOCK_CONFIG_FIELDS = (
@@ -48,7 +48,7 @@ def _mock_dataplane(args: argparse.Namespace) -> int:
     from .mock.dataplane import MockConfig, main_loop
 
     cfg = MockConfig(
-        control=args.control or runtime.default_control(),
+        control=args.control or host.default_control(),
         ducks=args.ducks,
         idle=args.idle,
         default_timeout_ms=args.timeout_ms,
@@ -66,20 +66,20 @@ def _loopback_topology(args: argparse.Namespace):
     from .launch.cluster import free_udp_ports
     from .launch.topology import loopback
 
-    host, duck, why = runtime.default_ports()
+    host_port, duck, why = host.default_ports()
     if args.host_port is not None:
-        host, why = args.host_port, "from --host-port"
+        host_port, why = args.host_port, "from --host-port"
     if args.duck_port is not None:
         duck = args.duck_port
         why = "from --duck-port" if args.host_port is None else "from --host-port/--duck-port"
     note = ""
-    if not args.check and args.backend == "socket" and not runtime.udp_port_free(host):
+    if not args.check and args.backend == "socket" and not host.udp_port_free(host_port):
         # only the dataplane binds it (the ducks answer whatever port asked): take another
-        busy, host = host, free_udp_ports(1)
-        note = f"; port {busy} is in use, so host port {host} instead"
-    topo = loopback(args.ducks, backend=args.backend, host_port=host, duck_port=duck)
+        busy, host_port = host_port, free_udp_ports(1)
+        note = f"; port {busy} is in use, so host port {host_port} instead"
+    topo = loopback(args.ducks, backend=args.backend, host_port=host_port, duck_port=duck)
     print(
-        f"duckpipe dataplane: loopback topology: host 127.0.0.1:{host}, {args.ducks} ducks at "
+        f"duckpipe dataplane: loopback topology: host 127.0.0.1:{host_port}, {args.ducks} ducks at "
         f"127.0.0.1:{duck}..{duck + args.ducks - 1} ({why}{note})",
         file=sys.stderr,
         flush=True,
@@ -127,7 +127,7 @@ def _dataplane(args: argparse.Namespace) -> int:
         binary = find_binary("duckpipe-dataplane")
         os.execv(binary, [str(binary), "--backends"])
     topo = load(args.config) if args.config else _loopback_topology(args)
-    control = args.control or topo.control or runtime.default_control()
+    control = args.control or topo.control or host.default_control()
     if args.check:
         problems = _check_topology(topo, control)
         what = args.config or "the loopback topology"
@@ -146,7 +146,7 @@ def _dataplane(args: argparse.Namespace) -> int:
 
 
 def _shm_ls(args: argparse.Namespace) -> int:
-    from .client.shm import list_segments
+    from ._abi.shm import list_segments
 
     segs = list_segments()
     if args.json:
@@ -189,7 +189,7 @@ def _shm_ls(args: argparse.Namespace) -> int:
 
 
 def _shm_clean(args: argparse.Namespace) -> int:
-    from .client.shm import clean_segments
+    from ._abi.shm import clean_segments
 
     removed = clean_segments(dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
@@ -308,7 +308,7 @@ def _stats_query(args: argparse.Namespace) -> int:
     from .launch.process import ping
     from .schema.control import MAX_XSTATS
 
-    control = args.control or runtime.default_control()
+    control = args.control or host.default_control()
     stats = ping(control, 2.0)
     if stats is None:
         print(f"no dataplane answered at {control}", file=sys.stderr)
@@ -376,7 +376,7 @@ def _shutdown(args: argparse.Namespace) -> int:
     from .launch.process import control_request
     from .schema import control as ctl
 
-    control = args.control or runtime.default_control()
+    control = args.control or host.default_control()
     reply = control_request(control, ctl.Shutdown(req_id=1), 2.0)
     if isinstance(reply, ctl.Error):  # it is there and said no: not "nobody answered"
         raise _shutdown_refused(control, reply)
@@ -450,7 +450,7 @@ def _example(args: argparse.Namespace) -> int:
             )
             run(cl.control)
     else:  # like stats, shutdown and connect(): the dataplane already running
-        control = args.control or runtime.default_control()
+        control = args.control or host.default_control()
         try:
             run(control)
         except DataplaneUnavailable as e:
@@ -460,12 +460,7 @@ def _example(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="duckpipe", description=__doc__)
-    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    p.add_argument("--version", action="version", version=f"duckpipe {_version()}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_mock_dataplane(sub) -> None:
     m = sub.add_parser("mock-dataplane", help="run the shm-only mock dataplane (no network)")
     m.add_argument("--control", help="ZeroMQ endpoint (default: $DUCKPIPE_CONTROL or the run dir)")
     m.add_argument("--ducks", type=int, default=8, help="emulated ducks (default 8)")
@@ -498,6 +493,8 @@ def _parser() -> argparse.ArgumentParser:
         )
     m.set_defaults(func=_mock_dataplane)
 
+
+def _add_dataplane(sub) -> None:
     d = sub.add_parser("dataplane", help="run the C dataplane (kernel UDP or DPDK)")
     d.add_argument("--config", help="TOML topology (default: --ducks ducks on loopback)")
     d.add_argument("--ducks", type=int, default=8, help="loopback ducks without --config")
@@ -538,14 +535,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(func=_dataplane)
 
-    from .bench import add_parser as add_bench_parser
-    from .demo.run import add_parser as add_demo_parser
-    from .launch.ducks import add_parser as add_ducks_parser
 
-    add_ducks_parser(sub)
-    add_demo_parser(sub)
-    add_bench_parser(sub)
-
+def _add_shm(sub) -> None:
     s = sub.add_parser("shm", help="list or reclaim shared-memory segments")
     ssub = s.add_subparsers(dest="shm_command", required=True, metavar="ACTION")
     ls = ssub.add_parser("ls", help="list this user's segments")
@@ -557,6 +548,8 @@ def _parser() -> argparse.ArgumentParser:
     cl.add_argument("--dry-run", action="store_true", help="only say what would go")
     cl.set_defaults(func=_shm_clean)
 
+
+def _add_stats(sub) -> None:
     st = sub.add_parser(
         "stats",
         help="print a dataplane's counters and latency histograms from its stats segment",
@@ -577,6 +570,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     st.set_defaults(func=_stats)
 
+
+def _add_exporter(sub) -> None:
     ex = sub.add_parser(
         "exporter",
         help="serve the stats segment's counters and histograms to Prometheus",
@@ -589,10 +584,14 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--stats", metavar="PATH", help="the stats segment to read")
     ex.set_defaults(func=_exporter)
 
+
+def _add_shutdown(sub) -> None:
     sd = sub.add_parser("shutdown", help="ask a running dataplane to stop")
     sd.add_argument("--control", help="the dataplane's control endpoint (default: this user's)")
     sd.set_defaults(func=_shutdown)
 
+
+def _add_example(sub) -> None:
     ex = sub.add_parser(
         "example",
         help="run checked forwards against the running dataplane (or --standalone)",
@@ -617,6 +616,8 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--rows", type=int, default=1, help="rows per forward (default 1)")
     ex.set_defaults(func=_example)
 
+
+def _add_doctor(sub) -> None:
     dr = sub.add_parser(
         "doctor",
         help="check this host: hugepages, ports, DPDK, kernel features; say how to fix",
@@ -626,6 +627,33 @@ def _parser() -> argparse.ArgumentParser:
     dr.add_argument("--json", action="store_true", help="one JSON document, nothing else")
     dr.set_defaults(func=_doctor)
 
+
+def _parser() -> argparse.ArgumentParser:
+    """The ``duckpipe`` command line: the global flags, then each command's own builder
+    (in the order ``--help`` lists them)."""
+    p = argparse.ArgumentParser(prog="duckpipe", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    p.add_argument("--version", action="version", version=f"duckpipe {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from .bench import add_parser as add_bench_parser
+    from .demo.run import add_parser as add_demo_parser
+    from .launch.ducks import add_parser as add_ducks_parser
+
+    for add in (
+        _add_mock_dataplane,
+        _add_dataplane,
+        add_ducks_parser,
+        add_demo_parser,
+        add_bench_parser,
+        _add_shm,
+        _add_stats,
+        _add_exporter,
+        _add_shutdown,
+        _add_example,
+        _add_doctor,
+    ):
+        add(sub)
     _accept_global_flags_after_commands(p)
     return p
 
@@ -718,3 +746,56 @@ def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | Non
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 141
+
+
+# ------------------------------------------- the C programs' names on PATH (pyproject.toml)
+
+
+def _exec(name: str, argv: list[str]) -> None:
+    """Replace this process with the C program."""
+    from .launch.binaries import find_binary
+
+    try:
+        path = find_binary(name)
+    except DuckpipeError as e:
+        sys.exit(f"{name}: {e}")
+    os.execv(path, [str(path), *argv])
+
+
+def _names_a_msgpack_config(argv: list[str]) -> bool:
+    """Whether ``--config FILE`` names the C program's own msgpack configuration (what
+    ``duckpipe dataplane`` and the launchers write) rather than a TOML topology. A msgpack
+    map starts with 0x80..0x8f, 0xde or 0xdf; a TOML file with text (ASCII, or a BOM)."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        else:
+            continue
+        try:
+            with open(path, "rb") as f:
+                first = f.read(1)
+        except OSError:
+            return False  # the TOML path says what is wrong with it
+        return bool(first) and (0x80 <= first[0] <= 0x8F or first[0] in (0xDE, 0xDF))
+    return False
+
+
+def dataplane_main() -> int:
+    """``duckpipe-dataplane`` on PATH: ``duckpipe dataplane`` under its own name (a TOML
+    topology or --ducks on loopback, this user's ports, --check, --backends, --version).
+    A msgpack configuration is handed to the C program as it is: launchers that find the
+    program on PATH keep working."""
+    argv = sys.argv[1:]
+    if _names_a_msgpack_config(argv):
+        _exec("duckpipe-dataplane", argv)
+    return program_main("dataplane", "duckpipe-dataplane", argv)
+
+
+def ducks_main() -> int:
+    """``duckpipe-ducks`` on PATH: ``duckpipe ducks`` under its own name (this user's
+    ports by default, the counters as a table, --version)."""
+    return program_main("ducks", "duckpipe-ducks", sys.argv[1:])

@@ -22,7 +22,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import runtime
+from . import host
 
 __all__ = ["Check", "checks", "run"]
 
@@ -67,7 +67,7 @@ def _hugepages() -> Check:
 
 
 def _hugetlbfs() -> Check:
-    mount = runtime.find_hugetlbfs()
+    mount = host.find_hugetlbfs()
     if mount is not None:
         return Check("hugetlbfs mount", "ok", f"{mount} (writable, 2 MiB pages)")
     return Check(
@@ -123,11 +123,11 @@ def _port_holders(ports: list[int]) -> dict[int, tuple[int, str]]:
 
 def _ports() -> Check:
     try:
-        host, duck, why = runtime.default_ports()
+        host_port, duck, why = host.default_ports()
     except Exception as e:  # a bad $DUCKPIPE_PORT_BASE
         return Check("default ports", "fail", str(e), "unset DUCKPIPE_PORT_BASE or fix it")
-    busy = [p for p in [host, *range(duck, duck + 8)] if not runtime.udp_port_free(p)]
-    detail = f"dataplane {host}, ducks {duck}.. ({why})"
+    busy = [p for p in [host_port, *range(duck, duck + 8)] if not host.udp_port_free(p)]
+    detail = f"dataplane {host_port}, ducks {duck}.. ({why})"
     holders = _port_holders(busy)
     ours = {pid: name for pid, name in holders.values() if name}
     if busy and len(holders) == len(busy) and all(name for _, name in holders.values()):

@@ -28,10 +28,10 @@ import sys
 import time
 
 import numpy as np
-from duckpipe._native import lib
 
 import duckpipe
-from duckpipe.client.ring import SubmissionRing, new_desc
+from duckpipe._abi import lib
+from duckpipe._abi.ring import SubmissionRing, new_desc
 from duckpipe.launch.dataplane import DataplaneProcess
 from duckpipe.schema.abi import Status
 from duckpipe.testing import null_topology

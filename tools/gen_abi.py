@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # duckpipe, without an install
 
-from duckpipe.schema.codegen import ROOT, render_all
+from codegen import ROOT, render_all  # tools/codegen/, beside this script
 
 
 def main() -> int:

@@ -3,7 +3,7 @@
  *
  * A client writes its 128-byte descriptors into shared memory; the dispatcher copies
  * one out of the ring and asks dp_desc_check (include/dp_desc_check.h) whether it may
- * act on it, reading the layer through dp_desc_layer_of (src/dp_desc.c). This harness
+ * act on it, reading the layer through dp_desc_layer_of (src/forward/dp_desc.c). This harness
  * gives it a descriptor, a layer and a layout made from the input (decode()), and when
  * it says yes, checks the plan with arithmetic of its own (128-bit, so nothing wraps)
  * and touches exactly the bytes the dispatcher would: the activation and result slot of

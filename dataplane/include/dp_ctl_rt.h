@@ -1,5 +1,5 @@
 /* dp_ctl_rt.h: the checked field readers the generated control decoder (dp_ctl_gen.c,
- * from duckpipe/schema/ctlgen.py) is written against: each refuses a wrong type or a
+ * from tools/codegen/ctlgen.py) is written against: each refuses a wrong type or a
  * value outside the schema's bounds and names the field in `why`. Written once, here,
  * rather than pasted into every generated file. */
 #ifndef DP_CTL_RT_H

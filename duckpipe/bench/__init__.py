@@ -88,9 +88,10 @@ def run(
         for name in sections:
             t0 = time.monotonic()
             if name == "forward":
-                from . import forward
+                from . import forward, forward_veth
 
-                new = forward.run(size, quiet=quiet)
+                main, *notes = forward.run(size, quiet=quiet)
+                new = [main, forward_veth.run(size, quiet=quiet), *notes]
                 if _forward_plot(out, new[0]):
                     plots.append("forward.png")
                 else:

@@ -3,8 +3,9 @@
 For every configuration (ducks x activation) one ``duckpipe-ducks --compute echo``
 process is started on CPU 1 and every row talks to it: the Python baselines, the
 C floor (sendmmsg) and the C GSO loop, then duckpipe through the C dataplane
-(socket backend, on CPU 0 with this process) once per wait mode. A second table
-(:mod:`.forward_veth`) puts the dpdk backend beside the socket backend over a veth pair.
+(socket backend, on CPU 0 with this process) once per wait mode. The bench puts a second
+table after it (:mod:`.forward_veth`): the dpdk backend beside the socket backend over a veth
+pair.
 """
 
 from __future__ import annotations
@@ -265,6 +266,4 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         "lost: ducks whose partial was not complete in time, over all forwards (baselines: "
         "0.5 s, no NACKs; duckpipe: the dataplane's 1 s deadline).",
     ]
-    from . import forward_veth
-
-    return [table, forward_veth.run(size, quiet=quiet), REFERENCE]
+    return [table, REFERENCE]  # the bench puts forward_veth's table between them

@@ -28,13 +28,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import runtime
+from .. import host
 from ..errors import DuckpipeError
 from ..launch.binaries import find_binary
 from ..launch.process import stop_process
 from ..launch.topology import Duck, Nic, Topology
 from . import baselines
 from .common import DUCKS_CPU, Progress, Size, Table, pin
+from .forward import Config, run_duckpipe, summarise
 
 __all__ = ["COLUMNS", "ROWS", "configs", "run", "unavailable"]
 
@@ -112,8 +113,8 @@ def unavailable() -> str:
     have = subprocess.run([str(dataplane), "--backends"], capture_output=True, text=True)
     if "dpdk" not in have.stdout.split():
         return "the dataplane was built without DPDK (install libdpdk-dev and rebuild)"
-    if runtime.free_hugepages() < HUGEPAGES:
-        return f"{HUGEPAGES} free 2 MiB hugepages needed, {runtime.free_hugepages()} free"
+    if host.free_hugepages() < HUGEPAGES:
+        return f"{HUGEPAGES} free 2 MiB hugepages needed, {host.free_hugepages()} free"
     return ""
 
 
@@ -175,8 +176,6 @@ def _veth(n: int) -> Iterator[tuple[str, str, list[str]]]:
 
 
 def run(size: Size, *, quiet: bool = False) -> Table:
-    from .forward import Config, run_duckpipe, summarise  # forward imports this module
-
     table = Table(
         key="forward_veth",
         title="forward over a veth pair into a namespace: socket backend beside the dpdk backend",

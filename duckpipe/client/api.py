@@ -20,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import runtime
+from .. import host
+from .._abi.ring import new_desc
+from .._abi.shm import BackingChoice
 from ..errors import (
     BadInput,
     Cancelled,
@@ -37,9 +39,7 @@ from . import routing as routing_table
 from . import weights
 from .models import Mlp, dtype_code, numpy_dtype
 from .moe import MoeMlp, check_routing
-from .ring import new_desc
 from .session import Inflight, Session, WaitStrategy
-from .shm import BackingChoice
 from .slots import DEBUG_SLOTS_ENV, Slot, SlotState, claim_template
 
 __all__ = ["Client", "Forward", "Slot", "SlotState", "WaitStrategy", "connect"]
@@ -124,7 +124,7 @@ def _control_address(control: object) -> str:
     pytest plugin's ``duckpipe_mock``, a ``MockDataplaneProcess``, ``Cluster``,
     ``DataplaneProcess``); None: the default."""
     if control is None:
-        return runtime.default_control()
+        return host.default_control()
     if isinstance(control, str):
         return _checked_address(control)
     address = getattr(control, "control", None)
@@ -148,7 +148,7 @@ def _checked_address(address: str) -> str:
         return address
     raise BadInput(
         f"{address!r} is not a control address: give the dataplane's `control` setting, "
-        f"e.g. 'ipc://{runtime.default_control().removeprefix('ipc://')}' (a socket path) "
+        f"e.g. 'ipc://{host.default_control().removeprefix('ipc://')}' (a socket path) "
         "or 'tcp://HOST:PORT' (with CURVE keys); omit it for $DUCKPIPE_CONTROL or this "
         "user's default"
     )
@@ -244,7 +244,7 @@ class Forward:
         ``ForwardFailed`` subclass when the forward completed with an error.
         """
         session, rec = self._session, self._rec
-        if session.closed:  # check_open, inlined: one call fewer per forward
+        if session.closed:  # check_usable's first check alone: result() needs no more
             raise ClientClosed("the client is closed; connect again")
         if rec.status is None:
             session.wait_done(rec, timeout, wait or session.wait)
@@ -443,7 +443,8 @@ class Client:
         slots = session.slots
         free = slots.free
         if free and slots.guard is None:
-            # SlotTable.take when a slot is free (and no debug guard), inlined: keep alike
+            # SlotTable.take when a slot is free (and no debug guard), inlined (one method
+            # call would cost ~700 instructions a claim; slots.py says so): keep alike
             i = free.pop()
             gen = slots.generation[i] = (slots.generation[i] + 1) & 0xFFFF_FFFF or 1
             slots.state[i] = _CLAIMED

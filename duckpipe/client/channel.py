@@ -23,9 +23,9 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from .._abi.shm import Segment
 from ..errors import DataplaneUnavailable, WaitTimeout, refused
 from ..schema import control as ctl
-from .shm import Segment
 
 __all__ = ["BLOCK_SLICE_S", "Channel"]
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import msgspec
 import numpy as np
 
-from .._native import ffi, lib
+from .._abi import ffi, lib, text
 from ..errors import BadInput
 from ..schema import routing as schema
 from ..schema.abi import MAX_DUCKS
@@ -85,9 +85,7 @@ class RoutingRefused(BadInput):
 
 def _refused(rc: int, why: Any, what: str) -> RoutingRefused:
     code = RoutingError(rc)
-    reason = (
-        ffi.string(why).decode(errors="replace") or ffi.string(lib.dp_routing_strerror(rc)).decode()
-    )
+    reason = text(why) or text(lib.dp_routing_strerror(rc))
     return RoutingRefused(f"{what} refused ({code.name}): {reason}", code)
 
 

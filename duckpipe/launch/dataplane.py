@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from .. import runtime
+from .. import host
 from ..errors import DataplaneUnavailable
 from .binaries import find_binary
 from .process import DataplaneChild
@@ -58,7 +58,7 @@ def _remove_stale_configs(directory: Path) -> None:
         return
     for name in names:
         m = _CONFIG_NAME.match(name)
-        if m and not runtime.process_alive(int(m.group(1))):
+        if m and not host.process_alive(int(m.group(1))):
             try:
                 os.unlink(directory / name)
             except OSError:
@@ -127,8 +127,8 @@ def run_foreground(
 ) -> int:
     """``duckpipe dataplane``: exec the C process with a config written to the run dir,
     which the process removes when it exits (--remove-config)."""
-    control = control or topology.control or runtime.default_control()
-    config = write_config(topology, control, runtime.run_dir())
+    control = control or topology.control or host.default_control()
+    config = write_config(topology, control, host.run_dir())
     binary = find_binary("duckpipe-dataplane")
     args = [str(binary), "--config", str(config), "--remove-config"]
     args += ["-v"] if verbose else []

@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from .. import runtime
+from .. import host
 from ..errors import DuckpipeError
 from ..schema.abi import EMULATOR_MAX_DUCKS
 from ..schema.abi import MAX_DUCKS as DATAPLANE_MAX_DUCKS
@@ -289,7 +289,7 @@ def _run(args: argparse.Namespace) -> int:
     """Run the emulator as a child: its stdout passes through, its stderr is read here so
     that the counters it prints when it stops come out as a table."""
     if args.base_port is None:
-        args.base_port = runtime.default_ports()[1]
+        args.base_port = host.default_ports()[1]
     ducks = 8 if args.ducks is None else args.ducks
     if ducks > MAX_DUCKS:
         print(_too_many(ducks, args.base_port, args.first_id or 0), file=sys.stderr)

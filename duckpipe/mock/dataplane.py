@@ -41,11 +41,11 @@ import numpy as np
 import zmq
 from zmq.utils import z85
 
-from .. import runtime
-from .._native import ffi, lib
+from .. import host
+from .._abi import check, ffi, lib, text
+from .._abi.ring import new_descs
+from .._abi.shm import Segment, clean_segments
 from ..client.models import duck_partial, numpy_dtype
-from ..client.ring import new_descs
-from ..client.shm import Segment, clean_segments
 from ..errors import DuckpipeError
 from ..schema import control as ctl
 from ..schema.abi import (
@@ -130,7 +130,7 @@ class _Peer:
     creds: bool
     uid: int = -1
     gid: int = -1
-    pid: int = -1  # the process that connected, maybe gone since (runtime.peer_pidfd)
+    pid: int = -1  # the process that connected, maybe gone since (host.peer_pidfd)
     admin: bool = False
     srcfd: int = -1  # the connection's socket (ZMQ_SRCFD), libzmq's: only looked at
 
@@ -243,8 +243,8 @@ class DescriptorCheck:
         view = ffi.NULL if layer is None else layer.desc_view()
         if layer is None and foreign:
             view = self._foreign
-        if lib.dp_desc_check(layout, view, d, self.limits, self._plan, self._why, len(self._why)):
-            raise DuckpipeError(ffi.string(self._why).decode(errors="replace"))
+        rc = lib.dp_desc_check(layout, view, d, self.limits, self._plan, self._why, len(self._why))
+        check(rc, self._why)
         return self._plan
 
 
@@ -272,7 +272,7 @@ class _Client:
     inflight: int = 0  # deferred completions not sent yet, and held ones
     closing: bool = False  # detached: unmapped once nothing is in flight
     # when it attached: no submit stamp of an honest client is older (_client_prepare)
-    attach_ns: int = dataclasses.field(default_factory=runtime.monotonic_ns)
+    attach_ns: int = dataclasses.field(default_factory=host.monotonic_ns)
     # encoded completions its full socket refused, oldest first (_deliver)
     held: collections.deque = dataclasses.field(default_factory=collections.deque)
 
@@ -783,8 +783,8 @@ class MockDataplane:
         # the process that connected, from the connection: its pid may be another
         # process's by now (the connection handed on, the connector gone)
         try:
-            pidfd = runtime.peer_pidfd(peer.srcfd, peer.uid, peer.gid, peer.pid)
-        except runtime.PeerGone as e:
+            pidfd = host.peer_pidfd(peer.srcfd, peer.uid, peer.gid, peer.pid)
+        except host.PeerGone as e:
             self.counters["peers_gone"] += 1
             raise _Refused(ErrorCode.NOT_PERMITTED, str(e)) from e
         try:
@@ -796,7 +796,7 @@ class MockDataplane:
         """Attach, the segment taken from the process behind pidfd (the one that connected)."""
         rid, cfg = msg.req_id, self.cfg
         try:  # the file first: a second attach of one memfd is refused before it is mapped
-            held = runtime.pidfd_getfd(pidfd, peer.pid, msg.segment_fd, "segment")
+            held = host.pidfd_getfd(pidfd, peer.pid, msg.segment_fd, "segment")
             try:
                 st = os.fstat(held)
             finally:
@@ -835,8 +835,8 @@ class MockDataplane:
             return ctl.Error(
                 req_id=rid, code=ErrorCode.BAD_SEGMENT, message="segment was made by another pid"
             )
-        start_ticks = runtime.process_start_ticks(peer.pid)
-        if start_ticks is None or runtime.pidfd_exited(pidfd):  # else: another's ticks
+        start_ticks = host.process_start_ticks(peer.pid)
+        if start_ticks is None or host.pidfd_exited(pidfd):  # else: another's ticks
             seg.close()
             return ctl.Error(
                 req_id=rid,
@@ -847,7 +847,7 @@ class MockDataplane:
         self._next_client += 1
         seg.header.dataplane_pid = os.getpid()
         seg.header.client_id = cid
-        seg.header.dataplane_heartbeat_ns = runtime.monotonic_ns()
+        seg.header.dataplane_heartbeat_ns = host.monotonic_ns()
         layout = ffi.new(
             "struct dp_client_layout *",
             {
@@ -1008,7 +1008,7 @@ class MockDataplane:
 
     def _execute(self, client: _Client, d) -> None:
         """Act on descriptor d (a struct dp_desc *, our own copy) as dp_dispatch.c does."""
-        pickup = runtime.monotonic_ns()
+        pickup = host.monotonic_ns()
         client.submitted += 1
         self.counters["descriptors"] += 1
         fields = {
@@ -1082,7 +1082,7 @@ class MockDataplane:
         missing = [t for t in targets if t in faults.dead_ducks]
         acc = np.zeros(shape, np.float32)
         compute = []
-        sent = runtime.monotonic_ns()  # the mock's "first send": its ducks start computing
+        sent = host.monotonic_ns()  # the mock's "first send": its ducks start computing
         t_wait = time.perf_counter_ns()
         for duck in answered:
             t0 = time.perf_counter_ns()
@@ -1301,7 +1301,7 @@ class MockDataplane:
         t: ctl.Timings = f["timings"]
         # the shared histograms take the dataplane's own clock only, never the client's
         # submit stamp (dp_stats.c): picked up -> completion, picked up -> "sent"
-        self.stats.record("end_to_end", max(0, runtime.monotonic_ns() - pickup))
+        self.stats.record("end_to_end", max(0, host.monotonic_ns() - pickup))
         self.stats.record("prepare", max(0, f["_sent_ns"] - pickup))
         for name in ("send", "wait", "fetch", "reduce"):
             self.stats.record(name, getattr(t, name + "_ns"))
@@ -1329,15 +1329,15 @@ class MockDataplane:
     # --- housekeeping -------------------------------------------------------------
 
     def _housekeeping(self) -> None:
-        now = runtime.monotonic_ns()
+        now = host.monotonic_ns()
         stale_ns = int(self.cfg.client_timeout_s * 1e9)
         for identity, client in list(self.clients.items()):
             hdr = client.seg.header
             hdr.dataplane_heartbeat_ns = now
             beat_age = now - int(hdr.client_heartbeat_ns)
             # a pid whose start time changed was reused: the client is gone
-            alive = runtime.process_alive(client.pid) and (
-                runtime.process_start_ticks(client.pid) == client.start_ticks
+            alive = host.process_alive(client.pid) and (
+                host.process_start_ticks(client.pid) == client.start_ticks
             )
             if alive and beat_age < stale_ns:
                 continue
@@ -1356,7 +1356,7 @@ def _prescan(buf: bytes, max_depth: int) -> str | None:
     why = ffi.new("char[256]")
     if lib.dp_msgpack_prescan(buf, len(buf), max_depth, why, 256) == 0:
         return None
-    return ffi.string(why).decode(errors="replace")
+    return text(why)
 
 
 def _slot_refusal(

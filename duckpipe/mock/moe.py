@@ -26,7 +26,7 @@ import dataclasses
 
 import numpy as np
 
-from .._native import ffi, lib
+from .._abi import check, ffi, lib
 from ..client import routing
 from ..client.models import silu
 from ..errors import BadInput, DuckpipeError
@@ -171,11 +171,11 @@ def copy_routing(layout, limits, desc_plan, slot: np.ndarray, plan: MoePlan) -> 
     copy = np.empty(cap, dtype=np.uint8)
     size = ffi.new("uint64_t *")
     why = ffi.new("char[]", lib.DP_DESC_WHY_LEN)
-    if lib.dp_desc_routing_copy(
+    rc = lib.dp_desc_routing_copy(
         layout, limits, desc_plan, ffi.from_buffer(slot), plan.n_experts,
         ffi.from_buffer(copy), cap, size, why, len(why),
-    ):  # fmt: skip
-        raise DuckpipeError(ffi.string(why).decode(errors="replace"))
+    )  # fmt: skip
+    check(rc, why)
     return copy[: size[0]]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import runtime
+from .. import host
 from ..errors import DuckpipeError
 from ..observe.stats_reader import (
     PLAN,
@@ -43,8 +43,8 @@ def check_stats_path(control: str) -> None:
     address. DuckpipeError when refused."""
     path = stats_path_for(control)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    runtime.check_private_dir(path.parent)
-    fd = runtime.open_own_file(path)
+    host.check_private_dir(path.parent)
+    fd = host.open_own_file(path)
     if fd is not None:
         os.close(fd)
 
@@ -53,7 +53,7 @@ def remove_stale(path: Path) -> bool:
     """Remove the stats segment at ``path`` if its dataplane is gone; False if it lives.
     Anything but a regular file of ours there raises DuckpipeError (a planted FIFO, a
     symlink): never opened blocking, never followed."""
-    fd = runtime.open_own_file(path)
+    fd = host.open_own_file(path)
     if fd is None:
         return True
     try:
@@ -65,11 +65,7 @@ def remove_stale(path: Path) -> bool:
                 del h
             finally:
                 m.close()
-            if (
-                _pid_alive(pid)
-                and pid != os.getpid()
-                and (runtime.monotonic_ns() - beat <= STALE_NS)
-            ):
+            if _pid_alive(pid) and pid != os.getpid() and (host.monotonic_ns() - beat <= STALE_NS):
                 return False
     finally:
         os.close(fd)
@@ -83,7 +79,7 @@ class StatsWriter:
     def __init__(self, control: str, nducks: int) -> None:
         self.path = stats_path_for(control)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        runtime.check_private_dir(self.path.parent)
+        host.check_private_dir(self.path.parent)
         if not remove_stale(self.path):
             raise DuckpipeError(
                 f"{self.path} belongs to a live dataplane; stop it first or use another endpoint"
@@ -122,7 +118,7 @@ class StatsWriter:
         h["writer_kind"] = S.WriterKind.MOCK
         h["threads"] = S.Threads.SHARED
         h["start_ns"] = time.time_ns()
-        h["start_mono_ns"] = runtime.monotonic_ns()
+        h["start_mono_ns"] = host.monotonic_ns()
         for k, off in PLAN.items():
             if k.endswith("_offset"):
                 h[k] = off
@@ -133,7 +129,7 @@ class StatsWriter:
         h["nducks"] = len(v["ducks"])
         h["buckets"] = S.STATS_BUCKETS
         h["nhists"] = S.STATS_NHISTS
-        h["heartbeat_ns"] = runtime.monotonic_ns()
+        h["heartbeat_ns"] = host.monotonic_ns()
         _put(self.v["header"]["control"], (), control)
         h["magic"] = S.STATS_MAGIC  # last: a reader that sees it sees the rest
         os.rename(tmp, self.path)
@@ -147,7 +143,7 @@ class StatsWriter:
         self.v["agents"]["v"][0, : len(self.names)] = [counters[n] for n in self.names]
         h = self.v["header"]
         h["epoch"] = epoch
-        h["heartbeat_ns"] = runtime.monotonic_ns()
+        h["heartbeat_ns"] = host.monotonic_ns()
 
     def client_attached(
         self,
@@ -227,7 +223,7 @@ class StatsWriter:
         d["reply_sum_ns"][duck] += max(0, ns)
         d["last_reply_ns"][duck] = max(0, ns)
         d["replies"][duck] += 1
-        d["seen_ns"][duck] = runtime.monotonic_ns()
+        d["seen_ns"][duck] = host.monotonic_ns()
         d["state"][duck], d["reason"][duck] = S.DuckState.UP, S.DuckReason.NONE
 
     def duck_moe(self, duck: int, tokens: int, expert_rows: int) -> None:

@@ -76,7 +76,7 @@ class SnapshotCollector:
         try:
             return st.find_stats(self._control)
         except st.NoDataplane:
-            from ..runtime import default_control
+            from ..host import default_control
 
             return st.stats_path_for(self._control or default_control())
 

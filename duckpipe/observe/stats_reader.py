@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from .. import runtime
+from .. import host
 from ..errors import DuckpipeError
 from ..schema import abi
 from ..schema import stats as S
@@ -256,13 +256,13 @@ def stats_path_for(control: str) -> Path:
             return sock.with_name("stats")
         return sock.with_name(sock.name + ".stats")
     safe = "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in control)
-    return runtime.run_dir() / f"stats-{safe}"
+    return host.run_dir() / f"stats-{safe}"
 
 
 def find_stats(control: str | None = None) -> Path:
     """The stats segment of the dataplane at ``control`` (default endpoint); raises
     NoDataplane when there is none."""
-    control = control or runtime.default_control()
+    control = control or host.default_control()
     path = stats_path_for(control)
     try:
         path.stat()

@@ -89,7 +89,8 @@ DuckId = Annotated[int, Meta(ge=0, lt=MAX_DUCKS)]
 #: What a client-chosen string may hold: printable ASCII, 0x20-0x7e. A client's name and
 #: segment name reach the admin's terminal (duckpipe-top, ``duckpipe stats``, the logs):
 #: no escape sequence, control character or Unicode trick gets in (issue 17). Both
-#: dataplanes refuse anything else at decode with BAD_REQUEST (ctlgen: check_printable).
+#: dataplanes refuse anything else at decode with BAD_REQUEST (tools/codegen/ctlgen.py:
+#: check_printable).
 PRINTABLE_ASCII = r"\A[ -~]*\Z"  # \A, \Z: "$" would let a final newline through
 Name = Annotated[str, Meta(max_length=63, pattern=PRINTABLE_ASCII)]
 Path = Annotated[str, Meta(max_length=255, pattern=PRINTABLE_ASCII)]

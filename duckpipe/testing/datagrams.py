@@ -6,7 +6,7 @@ this only packs and unpacks it through cffi.
 
 from __future__ import annotations
 
-from .._native import ffi, lib
+from .._abi import ffi, lib
 from ..errors import BadInput
 
 __all__ = ["HEADER_SIZE", "decode", "encode", "layer_payload", "payload_max"]

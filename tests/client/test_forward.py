@@ -187,11 +187,11 @@ def _filled(client, x):
 
 @pytest.mark.parametrize("backing", ["devshm", "hugetlbfs"])
 def test_forwards_work_on_both_backings(dataplane, backing):
-    from duckpipe import runtime
+    from duckpipe import host
 
     if backing == "hugetlbfs":
-        if runtime.free_hugepages() < 2:
-            pytest.skip(f"only {runtime.free_hugepages()} free 2 MiB hugepages; 2 are needed")
+        if host.free_hugepages() < 2:
+            pytest.skip(f"only {host.free_hugepages()} free 2 MiB hugepages; 2 are needed")
     mlp = GeluMlp.random(32, 64, seed=9)
     with duckpipe.connect(dataplane.control, slots=4, slot_size=65536, backing=backing) as c:
         assert c.backing == backing

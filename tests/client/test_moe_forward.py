@@ -22,8 +22,8 @@ import pytest
 
 import duckpipe
 from duckpipe import Status
+from duckpipe._abi.ring import new_desc
 from duckpipe.client.api import Forward
-from duckpipe.client.ring import new_desc
 from duckpipe.client.routing import pack
 from duckpipe.errors import BadInput, DataplaneFault, ForwardTimeout
 from duckpipe.moe import Gate, MoeMlp

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from duckpipe._native import ffi, lib
 
 import duckpipe
 from duckpipe import GeluMlp, Status
+from duckpipe._abi import ffi, lib
 from duckpipe.errors import ForwardTimeout
 from duckpipe.mock.process import MockDataplaneProcess
 from duckpipe.schema.abi import SlotHeader

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from duckpipe.client.ring import SubmissionRing, new_desc, new_descs
-from duckpipe.client.shm import Segment
+from duckpipe._abi.ring import SubmissionRing, new_desc, new_descs
+from duckpipe._abi.shm import Segment
 
 U32 = 0xFFFF_FFFF
 U64 = 0xFFFF_FFFF_FFFF_FFFF
@@ -207,8 +207,8 @@ def test_descriptor_is_copied_whole_and_push_does_not_keep_a_reference(rings) ->
 
 _PRODUCER = """
 import sys, time
-from duckpipe.client.ring import SubmissionRing, new_descs
-from duckpipe.client.shm import Segment
+from duckpipe._abi.ring import SubmissionRing, new_descs
+from duckpipe._abi.shm import Segment
 
 path, n, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 seg = Segment.open(path)

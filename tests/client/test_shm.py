@@ -19,18 +19,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from duckpipe._native import ffi, lib
 
-import duckpipe.client.shm as shm
-from duckpipe import runtime
-from duckpipe.client.shm import Segment, clean_segments, list_segments
+import duckpipe._abi.shm as shm
+from duckpipe import host
+from duckpipe._abi import ffi, lib
+from duckpipe._abi.shm import Segment, clean_segments, list_segments
 from duckpipe.errors import AbiMismatch, BadInput, SegmentError
 from duckpipe.schema.abi import ABI_MAJOR, ABI_MINOR, SEG_MAGIC, Backing
 from duckpipe.testing import mapped_by
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = 4096
-HUGE = runtime.HUGEPAGE_SIZE
+HUGE = host.HUGEPAGE_SIZE
 
 
 @pytest.fixture
@@ -76,10 +76,10 @@ def test_rejects_ring_capacity_smaller_than_slot_count() -> None:
 
 def test_segment_is_a_duckpipe_memfd_of_this_user(segments) -> None:
     seg = segments()
-    assert os.readlink(seg.path).startswith(f"/memfd:{runtime.segment_prefix()}{os.getpid()}-")
+    assert os.readlink(seg.path).startswith(f"/memfd:{host.segment_prefix()}{os.getpid()}-")
     st = os.fstat(seg.fd)
     assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
-    assert seg.name.startswith(runtime.segment_prefix())
+    assert seg.name.startswith(host.segment_prefix())
     assert seg.backing is Backing.DEVSHM
     assert not any(p.name == seg.name for p in Path("/dev/shm").iterdir())  # no file anywhere
 
@@ -203,7 +203,7 @@ def test_writes_through_one_mapping_are_visible_in_the_other(segments) -> None:
 
 
 def _require_hugepages(pages: int) -> None:
-    free = runtime.free_hugepages()
+    free = host.free_hugepages()
     if free < pages:
         pytest.skip(f"{pages} free 2 MiB hugepages needed, {free} free (free_hugepages)")
 
@@ -215,7 +215,7 @@ def test_hugepage_segment_is_a_sealed_hugetlb_memfd(segments) -> None:
     assert seg.header.page_size == HUGE
     assert seg.size % HUGE == 0 and seg.size > HUGE  # 4 MiB of slots plus the header
     assert os.fstat(seg.fd).st_blksize == HUGE
-    assert os.readlink(seg.path).startswith("/memfd:" + runtime.segment_prefix())
+    assert os.readlink(seg.path).startswith("/memfd:" + host.segment_prefix())
     with pytest.raises(PermissionError):
         os.ftruncate(seg.fd, 0)
     peer = Segment.open_fd(os.getpid(), seg.fd)
@@ -322,7 +322,7 @@ def test_open_fd_refuses_a_descriptor_that_is_not_a_memfd(tmp_path: Path) -> Non
 
 
 def test_open_fd_refuses_an_unsealed_memfd() -> None:
-    fd = os.memfd_create(runtime.segment_prefix() + "unsealed", os.MFD_CLOEXEC)
+    fd = os.memfd_create(host.segment_prefix() + "unsealed", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, 2 * PAGE)
         with pytest.raises(SegmentError, match="not sealed"):
@@ -389,7 +389,7 @@ def test_open_of_a_missing_segment_asks_whether_the_client_lives(tmp_path: Path)
 
 _CREATE_AND_SLEEP = """
 import sys, time
-from duckpipe.client.shm import Segment
+from duckpipe._abi.shm import Segment
 seg = Segment.create(slot_count=1, act_slot_size=4096, backing="devshm", tag="orphan")
 print(seg.name, flush=True)
 time.sleep(60)
@@ -428,7 +428,7 @@ def old_style_file(tmp_path: Path, monkeypatch) -> Iterator[Path]:
     old. The "mount" is a private directory: a dataplane cleaning /dev/shm at its start in
     another test must not take it first."""
     monkeypatch.setenv("DUCKPIPE_HUGETLBFS", str(tmp_path))
-    path = tmp_path / f"{runtime.segment_prefix()}1-old-{os.getpid()}"
+    path = tmp_path / f"{host.segment_prefix()}1-old-{os.getpid()}"
     path.write_bytes(b"")
     os.utime(path, (time.time() - 3600, time.time() - 3600))
     yield path

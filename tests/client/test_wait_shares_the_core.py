@@ -12,7 +12,8 @@ import threading
 import time
 
 import pytest
-from duckpipe._native import ffi, lib
+
+from duckpipe._abi import ffi, lib
 
 # an intruder that hogs the CPU until it is killed, saying when it has begun
 _HOG = "print('hogging', flush=True)\nwhile True: pass"

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from codegen import ROOT
+from codegen.ctlgen import request_types
 from msgspec import inspect as mi
 
 from duckpipe.mock.dataplane import _decode_error_code, _prescan
 from duckpipe.schema import control as ctl
-from duckpipe.schema.codegen import ROOT
-from duckpipe.schema.ctlgen import request_types
 
 DRIVER = r"""
 #include <stdio.h>

@@ -17,8 +17,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pytest
-from duckpipe._native import ffi
 
+from duckpipe._abi import ffi
 from duckpipe.client import routing
 from duckpipe.client.models import SwiGluMlp, dtype_code, duck_partial, shard_bounds, shard_sizes
 from duckpipe.errors import DuckpipeError

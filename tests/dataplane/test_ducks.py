@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
-from duckpipe._native import ffi
 
+from duckpipe._abi import ffi
 from duckpipe.client.models import (
     GeluMlp,
     SwiGluMlp,

@@ -1,7 +1,7 @@
 """Routed (mixture-of-experts) forwards through the C dataplane, against fake MoE ducks.
 
 Three ducks on loopback (no broadcast: the dataplane sends the broadcast message to each
-targeted duck in turn) are duckpipe.testing.moe_fake ducks: they read the wire table with
+targeted duck in turn) are tests/moe_fake.py ducks: they read the wire table with
 the dataplane's own rule and compute their banks in numpy, so the sums here check the
 whole path (the MOE load and its banks, the routed descriptor and host table, the split
 with bank slots, both modes, the row-mapped sum) against MoeMlp.reference.
@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from moe_fake import FakeMoeDuck, fake_cluster, load_moe, routed_forward
 
 import duckpipe
 from duckpipe import MoeMlp
@@ -24,7 +25,6 @@ from duckpipe.launch.dataplane import DataplaneProcess
 from duckpipe.observe.stats_reader import PLAN, find_stats, views
 from duckpipe.schema import stats as S
 from duckpipe.schema.abi import DescFlag, Status
-from duckpipe.testing.moe_fake import FakeMoeDuck, fake_cluster, load_moe, routed_forward
 
 pytestmark = pytest.mark.dataplane
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from moe_fake import load_moe, routed_forward
 
 import duckpipe
 from duckpipe import GeluMlp, MoeMlp, SwiGluMlp
 from duckpipe.schema.abi import Status
 from duckpipe.testing import null_backend_result
-from duckpipe.testing.moe_fake import load_moe, routed_forward
 
 
 @pytest.fixture

@@ -127,7 +127,8 @@ def test_generated_header_compiles_and_matches_the_plan_the_readers_use(tmp_path
     import re
     import shutil
 
-    from duckpipe.schema.codegen import ROOT
+    from codegen import ROOT
+
     from duckpipe.schema.layout import layout_of
 
     header = ROOT / "dataplane" / "include" / "gen" / "dp_stats_abi.h"
@@ -452,8 +453,9 @@ def test_a_killed_c_dataplane_leaves_a_stale_segment_the_next_one_replaces(
 
 @pytest.mark.dataplane  # from a path of its own: the mark check's wrappers do not see it
 def test_the_sanitized_c_dataplane_publishes_the_segment_cleanly(tmp_path):
+    from codegen import ROOT
+
     from duckpipe.launch.dataplane import DataplaneProcess
-    from duckpipe.schema.codegen import ROOT
     from duckpipe.testing import null_topology
 
     binary = ROOT / "dataplane" / "build-san" / "duckpipe-dataplane"

@@ -12,7 +12,7 @@ import numpy as np
 import psutil
 import pytest
 
-from duckpipe.client.shm import list_segments
+from duckpipe._abi.shm import list_segments
 from duckpipe.testing import cluster_class_or_skip
 
 minilm = pytest.importorskip("duckpipe.demo.minilm")

@@ -23,13 +23,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from duckpipe._native import ffi
+from codegen import ROOT
 
+from duckpipe._abi import ffi
 from duckpipe.errors import DuckpipeError
 from duckpipe.mock.dataplane import DescriptorCheck, _Layer
 from duckpipe.schema import control as ctl
 from duckpipe.schema.abi import MAX_DUCKS, Op
-from duckpipe.schema.codegen import ROOT
 
 DATAPLANE = ROOT / "dataplane"
 CORPUS = DATAPLANE / "fuzz" / "corpus" / "fuzz_desc"

@@ -26,15 +26,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from duckpipe._native import ffi, lib
 
 import duckpipe
 from duckpipe import GeluMlp
-from duckpipe.client.ring import new_desc
+from duckpipe._abi import ffi, lib
+from duckpipe._abi.ring import new_desc
+from duckpipe._abi.shm import Segment
 from duckpipe.client.session import Doorbell
-from duckpipe.client.shm import Segment
 from duckpipe.errors import BadInput, ClientDetached
-from duckpipe.runtime import monotonic_ns, segment_prefix
+from duckpipe.host import monotonic_ns, segment_prefix
 from duckpipe.schema import control as ctl
 from duckpipe.schema.abi import ABI_MAJOR, B_DOWN_TENSOR, DetachReason, DType, Op, Status
 from duckpipe.schema.config import default as config_default

@@ -22,13 +22,13 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from duckpipe._native import ffi, lib
 
 import duckpipe
 import duckpipe.client.session as session_module
 from duckpipe import GeluMlp
+from duckpipe._abi import ffi, lib
+from duckpipe.host import monotonic_ns
 from duckpipe.observe import stats_reader as stats
-from duckpipe.runtime import monotonic_ns
 
 HIDDEN = 32
 LAYER = 26
@@ -39,7 +39,7 @@ PHASES = ("end_to_end", "prepare")
 
 
 class _ForgingLib:
-    """``duckpipe._native.lib`` for the session module, but each submit carries the stamp
+    """``duckpipe._abi.lib`` for the session module, but each submit carries the stamp
     ``stamp()`` returns instead of the clock's."""
 
     def __init__(self, stamp: Callable[[], int]) -> None:

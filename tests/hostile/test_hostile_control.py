@@ -749,7 +749,7 @@ def test_credentials_are_read_only_from_ipc_peers():
 
 
 class _ForgedClock:
-    """duckpipe.client.shm's clock, with time_ns() far in the past: the segment header's start_ns
+    """duckpipe._abi.shm's clock, with time_ns() far in the past: the segment header's start_ns
     (written by the client) then says the process started long before it did."""
 
     def __getattr__(self, name: str):
@@ -763,9 +763,9 @@ class _ForgedClock:
 def test_liveness_uses_the_kernels_start_time_not_the_segment_header(dp, monkeypatch):
     """A client writes its header's start_ns: once trusted, a date in the future hid a
     reused pid from the dataplane, and one in the past (here) made a live client 'dead'."""
-    import duckpipe.client.shm
+    import duckpipe._abi.shm
 
-    monkeypatch.setattr(duckpipe.client.shm, "time", _ForgedClock())
+    monkeypatch.setattr(duckpipe._abi.shm, "time", _ForgedClock())
     with duckpipe.connect(dp.control, name="forged-start") as c:
         monkeypatch.undo()
         assert c._session.segment.header.start_ns == 10**9

@@ -26,7 +26,7 @@ import zmq
 
 import duckpipe
 from duckpipe import GeluMlp
-from duckpipe.client.shm import Segment
+from duckpipe._abi.shm import Segment
 from duckpipe.launch.dataplane import DataplaneProcess
 from duckpipe.mock.process import MockDataplaneProcess
 from duckpipe.schema import control as ctl

@@ -1,6 +1,6 @@
 """A MoE duck that answers rows it was not routed.
 
-Three fake MoE ducks (duckpipe.testing.moe_fake: numpy banks, raw UDP); duck 1 lies:
+Three fake MoE ducks (tests/moe_fake.py: numpy banks, raw UDP); duck 1 lies:
 before its honest reply to every routed forward it sends whole replies with a row too
 many, a row too few, the right rows but a wrong total, no ROUTED flag, and, from duck
 2's own socket, a reply in the name of duck 2, which that forward did not route to. The
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from moe_fake import FakeMoeDuck, fake_cluster, load_moe, routed_forward
 
 import duckpipe
 from duckpipe import MoeMlp
 from duckpipe.schema.abi import DescFlag, Status
 from duckpipe.schema.wire import WireFlag, WireOp
 from duckpipe.testing.datagrams import encode
-from duckpipe.testing.moe_fake import FakeMoeDuck, fake_cluster, load_moe, routed_forward
 
 pytestmark = pytest.mark.dataplane
 

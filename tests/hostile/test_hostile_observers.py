@@ -22,7 +22,7 @@ import pytest
 import zmq
 
 import duckpipe
-from duckpipe.client.shm import Segment
+from duckpipe._abi.shm import Segment
 from duckpipe.errors import BadInput
 from duckpipe.launch.dataplane import DataplaneProcess
 from duckpipe.mock.stats_writer import StatsWriter

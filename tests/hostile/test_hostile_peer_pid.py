@@ -29,7 +29,7 @@ import msgspec
 import pytest
 
 import duckpipe
-from duckpipe.client.shm import Segment
+from duckpipe._abi.shm import Segment
 from duckpipe.launch.dataplane import DataplaneProcess
 from duckpipe.mock.process import MockDataplaneProcess
 from duckpipe.schema import control as ctl

@@ -17,8 +17,8 @@ import zmq
 
 import duckpipe
 from duckpipe import GeluMlp
+from duckpipe._abi.shm import Segment
 from duckpipe.client.session import Doorbell
-from duckpipe.client.shm import Segment
 from duckpipe.errors import QuotaExceeded
 from duckpipe.schema import control as ctl
 from duckpipe.schema.abi import ABI_MAJOR, DType, MlpKind

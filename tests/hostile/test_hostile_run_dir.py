@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from duckpipe import runtime
+from duckpipe import host
 from duckpipe.errors import DataplaneUnavailable, DuckpipeError
 from duckpipe.launch.cluster import free_udp_ports
 from duckpipe.launch.dataplane import DataplaneProcess
@@ -109,8 +109,8 @@ def test_the_default_run_directory_is_made_0700_and_refused_when_others_can_writ
 ):
     made = tmp_path / "made"
     monkeypatch.setenv("DUCKPIPE_RUN_DIR", str(made))
-    assert runtime.run_dir() == made
+    assert host.run_dir() == made
     assert stat.S_IMODE(made.stat().st_mode) == 0o700
     made.chmod(0o777)
     with pytest.raises(DuckpipeError, match="writable by others"):
-        runtime.run_dir()
+        host.run_dir()

@@ -52,7 +52,7 @@ CHURNER = r"""
 import os, sys, time
 import zmq
 from duckpipe.client.session import Doorbell
-from duckpipe.client.shm import Segment
+from duckpipe._abi.shm import Segment
 from duckpipe.schema import control as ctl
 from duckpipe.schema.abi import ABI_MAJOR
 

@@ -370,23 +370,23 @@ def test_a_failed_launch_leaves_the_running_dataplanes_config_alone(tmp_path):
 
 
 def test_default_ports_differ_between_users_and_follow_the_environment(monkeypatch):
-    from duckpipe import runtime
+    from duckpipe import host
 
     monkeypatch.delenv("DUCKPIPE_PORT_BASE", raising=False)
     seen = set()
     for uid in (0, 1000, 1001, 1002):
         monkeypatch.setattr(os, "geteuid", lambda uid=uid: uid)
-        host, duck, why = runtime.default_ports()
-        assert duck == host + 100 and f"uid {uid}" in why
-        seen.add(host)
+        host_port, duck, why = host.default_ports()
+        assert duck == host_port + 100 and f"uid {uid}" in why
+        seen.add(host_port)
     assert len(seen) == 4
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    assert runtime.default_ports()[:2] == (47000, 47100)  # root: the documented ones
+    assert host.default_ports()[:2] == (47000, 47100)  # root: the documented ones
     monkeypatch.setenv("DUCKPIPE_PORT_BASE", "52000")
-    assert runtime.default_ports()[:2] == (52000, 52100)
+    assert host.default_ports()[:2] == (52000, 52100)
     monkeypatch.setenv("DUCKPIPE_PORT_BASE", "80")
     with pytest.raises(DuckpipeError, match="DUCKPIPE_PORT_BASE"):
-        runtime.default_ports()
+        host.default_ports()
 
 
 @pytest.mark.dataplane
@@ -484,13 +484,13 @@ def _free_port_block() -> int:
 
 @pytest.mark.dataplane
 def test_duckpipe_ducks_on_path_listens_where_duckpipe_ducks_and_the_dataplane_look(tmp_path):
-    from duckpipe import runtime
+    from duckpipe import host
 
     base = _free_port_block()
     env = dict(os.environ, DUCKPIPE_PORT_BASE=str(base), DUCKPIPE_RUN_DIR=str(tmp_path))
     os.environ["DUCKPIPE_PORT_BASE"], saved = str(base), os.environ.get("DUCKPIPE_PORT_BASE")
     try:
-        duck_port = runtime.default_ports()[1]  # what `duckpipe dataplane --ducks 2` expects
+        duck_port = host.default_ports()[1]  # what `duckpipe dataplane --ducks 2` expects
     finally:
         os.environ.pop("DUCKPIPE_PORT_BASE")
         if saved is not None:
@@ -566,7 +566,7 @@ def test_find_binary_on_path_passes_over_the_console_scripts_of_the_same_name(
     # what pip writes for [project.scripts]: running it as "the emulator" would start the
     # console script again, which looks for the emulator again, and so on
     (scripts / "duckpipe-ducks").write_text(
-        "#!/usr/bin/python3\nimport sys\nfrom duckpipe.launch.binaries import ducks_main\n"
+        "#!/usr/bin/python3\nimport sys\nfrom duckpipe.cli import ducks_main\n"
         "sys.exit(ducks_main())\n"
     )
     (programs / "duckpipe-ducks").write_bytes(b"\x7fELF")

@@ -14,10 +14,11 @@ from typing import Annotated, ClassVar
 
 import msgspec
 import pytest
-from duckpipe._native import ffi, lib
+from codegen import ROOT, render_all
+from codegen import render as codegen
 
-from duckpipe.schema import abi, codegen, control, layout_of, routing, stats, wire
-from duckpipe.schema.codegen import ROOT, render_all
+from duckpipe._abi import ffi, lib
+from duckpipe.schema import abi, control, layout_of, routing, stats, wire
 from duckpipe.schema.layout import U8, U32, U64, Pad
 
 INCLUDE = ROOT / "dataplane" / "include"
@@ -313,7 +314,7 @@ def test_layout_accepts_explicit_padding_and_places_fields() -> None:
 
 
 def test_control_codec_needs_a_length_limit_on_every_string_and_list() -> None:
-    from duckpipe.schema import ctlgen
+    from codegen import ctlgen
 
     class Unbounded(control.Request, kw_only=True):
         names: list[Annotated[int, msgspec.Meta(ge=0)]]
@@ -323,7 +324,7 @@ def test_control_codec_needs_a_length_limit_on_every_string_and_list() -> None:
 
 
 def test_every_message_has_a_generated_struct_and_decoder_or_encoder() -> None:
-    from duckpipe.schema import ctlgen
+    from codegen import ctlgen
 
     h = (GEN / "dp_ctl_gen.h").read_text()
     c = (GEN / "dp_ctl_gen.c").read_text()

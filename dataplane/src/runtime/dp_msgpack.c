@@ -76,27 +76,6 @@ int dp_msgpack_str(const msgpack_object *map, const char *key, char *out, size_t
 	return 0;
 }
 
-int dp_msgpack_uints(const msgpack_object *map, const char *key, uint32_t *out, uint32_t cap,
-		uint32_t *n, uint32_t max)
-{
-	const msgpack_object *o = dp_msgpack_get(map, key);
-	*n = 0;
-	if (!o || o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > cap) {
-		dp_set_error("'%s' must be a list of at most %u integers", key, cap);
-		return -1;
-	}
-	for (uint32_t i = 0; i < o->via.array.size; i++) {
-		const msgpack_object *e = &o->via.array.ptr[i];
-		if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER || e->via.u64 > max) {
-			dp_set_error("'%s'[%u] must be an integer in [0, %u]", key, i, max);
-			return -1;
-		}
-		out[i] = (uint32_t)e->via.u64;
-	}
-	*n = o->via.array.size;
-	return 0;
-}
-
 void dp_msgpack_key(msgpack_packer *pk, const char *key)
 {
 	size_t n = strlen(key);
@@ -116,13 +95,4 @@ void dp_msgpack_kv_u64(msgpack_packer *pk, const char *key, uint64_t val)
 {
 	dp_msgpack_key(pk, key);
 	msgpack_pack_uint64(pk, val);
-}
-
-void dp_msgpack_kv_bool(msgpack_packer *pk, const char *key, bool val)
-{
-	dp_msgpack_key(pk, key);
-	if (val)
-		msgpack_pack_true(pk);
-	else
-		msgpack_pack_false(pk);
 }

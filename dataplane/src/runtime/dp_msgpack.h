@@ -18,14 +18,10 @@ int dp_msgpack_u64(const msgpack_object *map, const char *key, uint64_t *out, ui
 int dp_msgpack_u32(const msgpack_object *map, const char *key, uint32_t *out, uint32_t dflt);
 int dp_msgpack_bool(const msgpack_object *map, const char *key, bool *out, bool dflt);
 int dp_msgpack_str(const msgpack_object *map, const char *key, char *out, size_t cap, const char *dflt);
-/* A list of unsigned integers, each <= max; n is set to the count. */
-int dp_msgpack_uints(const msgpack_object *map, const char *key, uint32_t *out, uint32_t cap,
-		uint32_t *n, uint32_t max);
 
 /* Packing helpers (the replies use the generated dp_ctl_pack_* encoders). */
 void dp_msgpack_key(msgpack_packer *pk, const char *key);
 void dp_msgpack_kv_str(msgpack_packer *pk, const char *key, const char *val);
 void dp_msgpack_kv_u64(msgpack_packer *pk, const char *key, uint64_t val);
-void dp_msgpack_kv_bool(msgpack_packer *pk, const char *key, bool val);
 
 #endif /* DP_MSGPACK_H */

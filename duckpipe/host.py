@@ -1,4 +1,6 @@
-"""Where things live on this host: the run directory, the control endpoint, hugetlbfs."""
+"""This host, as duckpipe's programs find it: where things live (the run directory, the
+control endpoint, each user's ports, hugetlbfs) and what the kernel says of its processes
+(alive since when, pidfds of a socket's peer). Not the C dataplane's src/runtime/."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ only fills descriptors and calls in.
 
 from __future__ import annotations
 
-from .._native import ffi, lib
+from . import ffi, lib
 from .shm import Segment
 
 __all__ = ["SubmissionRing", "new_desc", "new_descs"]

@@ -27,10 +27,10 @@ from typing import Literal
 import numpy as np
 import posix_ipc
 
-from .. import runtime
-from .._native import ffi, lib
+from .. import host
 from ..errors import AbiMismatch, BadInput, DuckpipeError, SegmentError
 from ..schema.abi import ABI_MAJOR, ABI_MINOR, SEG_MAGIC, Backing
+from . import ffi, lib, text
 
 __all__ = [
     "BackingChoice",
@@ -41,7 +41,7 @@ __all__ = [
     "segment_dirs",
 ]
 
-log = logging.getLogger("duckpipe.client.shm")
+log = logging.getLogger("duckpipe.client.shm")  # the name users know: a client's segments
 
 BackingChoice = Literal["auto", "hugetlbfs", "devshm"]
 DEVSHM = Path("/dev/shm")
@@ -90,7 +90,7 @@ def _plan(slot_count: int, ring_capacity: int, act_slot: int, res_slot: int, pag
     except OverflowError:  # does not even fit the C argument types
         rc = lib.DP_SEG_PLAN_OVERFLOW
     if rc != lib.DP_SEG_PLAN_OK:
-        why = ffi.string(lib.dp_seg_plan_strerror(rc)).decode()
+        why = text(lib.dp_seg_plan_strerror(rc))
         detail = {
             lib.DP_SEG_PLAN_BAD_SLOT_COUNT: f"got {slot_count}",
             lib.DP_SEG_PLAN_BAD_CAPACITY: f"got {ring_capacity}",
@@ -117,7 +117,7 @@ class _Layout:
 def segment_dirs() -> list[Path]:
     """Directories that may hold segment files of segment ABI 1.0 (memfds have none)."""
     dirs = [DEVSHM]
-    huge = runtime.find_hugetlbfs()
+    huge = host.find_hugetlbfs()
     if huge is not None:
         dirs.insert(0, huge)
     return dirs
@@ -196,13 +196,13 @@ class Segment:
             raise BadInput("slot sizes must be positive")
         res_slot_size = act_slot_size if res_slot_size is None else res_slot_size
         _plan(slot_count, ring_capacity, act_slot_size, res_slot_size, SMALL_PAGE)  # checks
-        name = f"{runtime.segment_prefix()}{os.getpid()}-{tag or 'seg'}-{secrets.token_hex(4)}"
+        name = f"{host.segment_prefix()}{os.getpid()}-{tag or 'seg'}-{secrets.token_hex(4)}"
         if len(name.encode()) > 127:  # it must fit the header's name field
             raise BadInput(f"segment tag {tag!r} is too long; keep it under 64 characters")
 
         if backing in ("auto", "hugetlbfs"):
             plan = _plan(
-                slot_count, ring_capacity, act_slot_size, res_slot_size, runtime.HUGEPAGE_SIZE
+                slot_count, ring_capacity, act_slot_size, res_slot_size, host.HUGEPAGE_SIZE
             )
             why = _hugepages_unavailable(plan.size)
             if why is None:
@@ -250,7 +250,7 @@ class Segment:
         h.abi_minor = ABI_MINOR
         h.backing = int(backing)
         h.header_size = _HDR
-        h.page_size = runtime.HUGEPAGE_SIZE if backing == Backing.HUGETLBFS else SMALL_PAGE
+        h.page_size = host.HUGEPAGE_SIZE if backing == Backing.HUGETLBFS else SMALL_PAGE
         h.segment_size = plan.size
         h.creator_pid = os.getpid()
         h.start_ns = time.time_ns()
@@ -263,7 +263,7 @@ class Segment:
         h.act_slot_size = plan.act_slot_size
         h.res_slot_size = plan.res_slot_size
         h.slot_count = layout.slot_count
-        h.client_heartbeat_ns = runtime.monotonic_ns()
+        h.client_heartbeat_ns = host.monotonic_ns()
         h.name = name.encode()
         # release: whoever sees the magic sees a complete header
         lib.dp_store_release_u64(ffi.addressof(h, "magic"), SEG_MAGIC)
@@ -300,7 +300,7 @@ class Segment:
             )
         try:
             if pidfd is not None:  # from the process that connected, whatever holds pid now
-                handle = runtime.pidfd_getfd(pidfd, pid, fd, "segment")
+                handle = host.pidfd_getfd(pidfd, pid, fd, "segment")
             else:
                 # O_PATH: opens nothing (a device or FIFO the peer named could have side
                 # effects); only a regular file of uid is opened for real, through our handle
@@ -430,7 +430,7 @@ class Segment:
         return self._res[slot]
 
     def heartbeat_client(self) -> None:
-        self.header.client_heartbeat_ns = runtime.monotonic_ns()
+        self.header.client_heartbeat_ns = host.monotonic_ns()
 
     @property
     def detach_reason(self) -> int:
@@ -506,13 +506,13 @@ def _validate_header(
             "client_max_segment_bytes in its topology"
         )
     if rc in (lib.DP_SEG_CHECK_STRUCT_SIZES, lib.DP_SEG_CHECK_LAYOUT, lib.DP_SEG_CHECK_BACKING):
-        why = ffi.string(lib.dp_seg_plan_strerror(rc)).decode()
+        why = text(lib.dp_seg_plan_strerror(rc))
         raise SegmentError(
             f"{where}: the header's layout is not one this version writes ({why}; "
             f"backing {h.backing}, header says {h.segment_size} bytes, file has {file_size})"
         )
     if rc != 0:  # the plan's own refusal
-        why = ffi.string(lib.dp_seg_plan_strerror(rc)).decode()
+        why = text(lib.dp_seg_plan_strerror(rc))
         raise SegmentError(f"{where}: {why} (slot count {slots}, ring capacity {cap})")
     plan = _plan_of(out)
     return Backing(int(h.backing)), _Layout(slots, cap, plan)
@@ -521,8 +521,8 @@ def _validate_header(
 def _hugepages_unavailable(size: int) -> str | None:
     if os.environ.get("DUCKPIPE_HUGETLBFS") == "":
         return "hugepages are disabled (DUCKPIPE_HUGETLBFS is empty)"
-    need = size // runtime.HUGEPAGE_SIZE
-    free = runtime.free_hugepages()
+    need = size // host.HUGEPAGE_SIZE
+    free = host.free_hugepages()
     if free < need:
         return f"{need} hugepages are needed and {free} are free"
     return None
@@ -613,7 +613,7 @@ def _read_info(path: Path, kind: str, name: str = "") -> SegmentInfo:
         int(h.segment_size),
         backing,
         pid,
-        runtime.process_alive(pid, start_ns),
+        host.process_alive(pid, start_ns),
         int(h.dataplane_pid),
         int(h.client_id),
         age,
@@ -627,7 +627,7 @@ def _read_info(path: Path, kind: str, name: str = "") -> SegmentInfo:
 def _memfds() -> list[tuple[Path, str]]:
     """(/proc/<pid>/fd/<fd>, name) of every duckpipe memfd this user's processes hold open,
     one per file."""
-    prefix = MEMFD_LINK + runtime.segment_prefix()
+    prefix = MEMFD_LINK + host.segment_prefix()
     seen: set[tuple[int, int]] = set()
     out = []
     for proc in sorted(Path("/proc").iterdir(), key=lambda p: p.name):
@@ -660,7 +660,7 @@ def list_segments() -> list[SegmentInfo]:
             out.append(_read_info(path, "memfd", name))
         except FileNotFoundError:
             continue  # closed while we looked
-    prefix = runtime.segment_prefix()
+    prefix = host.segment_prefix()
     for d in segment_dirs():
         try:
             entries = sorted(p for p in d.iterdir() if p.name.startswith(prefix))

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import msgspec
 
-from . import abi, control, docgen, routing, stats, wire
+from duckpipe.schema import abi, control, routing, stats, wire
+from duckpipe.schema.layout import Layout, layout_of
+
+from . import docgen
 from .ctlgen import render_config_h, render_ctl_c, render_ctl_h
-from .layout import Layout, layout_of
 
 __all__ = ["CDEF_BEGIN", "CDEF_END", "ROOT", "render_all"]
 

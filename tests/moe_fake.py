@@ -9,10 +9,15 @@ dataplane streamed to it. So a test against it checks the dataplane's wire forma
 independently of the duck emulator. It also answers the host's NACKs, and can be told
 to stay silent, to ask for its input again, or to lie about its rows.
 
-The host side (load_moe, routed_forward) writes what the Python client API for MoE will
-write, with the session's low-level pieces: a LoadWeights of kind MOE, each duck's bank
-as weight chunks, and a routed FORWARD descriptor whose host table follows the
-activation in its slot.
+The host side (load_moe, routed_forward) writes what the client API writes for MoE
+(duckpipe.client.weights.load_weights, Client.submit with routing=), but with the
+session's low-level pieces, so a test can bend each field: a LoadWeights of kind MOE,
+each duck's bank as weight chunks, and a routed FORWARD descriptor whose host table
+follows the activation in its slot.
+
+A helper of the project's own tests, not of the package: tests/ is on sys.path (pytest's
+prepend import mode puts tests/conftest.py's folder there), so a test imports it as
+``moe_fake``.
 """
 
 from __future__ import annotations
@@ -27,15 +32,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..client import routing
-from ..client.models import dtype_code, shard_bounds, shard_sizes, silu
-from ..client.moe import MoeMlp
-from ..client.ring import new_desc
-from ..schema import control as ctl
-from ..schema.abi import DescFlag, MlpKind, Op, Status
-from ..schema.routing import MAX_EXPERTS, RoutingWireFlag
-from ..schema.wire import WireFlag, WireOp
-from .datagrams import decode, encode, payload_max
+from duckpipe._abi.ring import new_desc
+from duckpipe.client import routing
+from duckpipe.client.models import dtype_code, shard_bounds, shard_sizes, silu
+from duckpipe.client.moe import MoeMlp
+from duckpipe.launch.cluster import free_udp_ports
+from duckpipe.launch.dataplane import DataplaneProcess
+from duckpipe.launch.topology import Duck, Nic, Topology
+from duckpipe.schema import control as ctl
+from duckpipe.schema.abi import DescFlag, MlpKind, Op, Status
+from duckpipe.schema.routing import MAX_EXPERTS, RoutingWireFlag
+from duckpipe.schema.wire import WireFlag, WireOp
+from duckpipe.testing import cluster_class_or_skip
+from duckpipe.testing.datagrams import decode, encode, payload_max
 
 __all__ = ["Bank", "FakeMoeDuck", "banks", "fake_cluster", "load_moe", "routed_forward"]
 
@@ -389,7 +398,7 @@ def routed_forward(
     timeout_us: int = 0,
     table: bytes | None = None,
 ) -> Routed:
-    """One routed forward written as the client will write it: x then, at the next
+    """One routed forward written as the client writes it: x then, at the next
     64-byte boundary of the slot, the host table (``table`` instead, raw, to test
     refusals); ``flags`` adds to ROUTED. Waits for both completions."""
     i = session.take_slot(10.0)
@@ -433,11 +442,6 @@ def fake_cluster(
     listening on port ``base + 1 + i`` (the dataplane's own port is ``base``); started
     here, stopped at the end, and the dataplane's exit must be clean (status 0, no
     sanitizer report). Yields (the DataplaneProcess, the ducks)."""
-    from ..launch.cluster import free_udp_ports
-    from ..launch.dataplane import DataplaneProcess
-    from ..launch.topology import Duck, Nic, Topology
-    from . import cluster_class_or_skip
-
     cluster_class_or_skip()
     base = free_udp_ports(n_ducks + 1)
     ducks = list(make(base))
