@@ -27,7 +27,8 @@ INCLUDE = re.compile(r'^#include "(dp_\w+)\.h"', re.M)
 NOISE = re.compile(r"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])'", re.S)
 # a function or an object (an ops table) with external linkage, defined at the top level
 DEFINITION = re.compile(
-    r"^(?!static\b|extern\b)[A-Za-z_][\w \t*]*?\b(dp_\w+)\s*(?:\([^;{]*?\)\s*\{|(?:\[\w*\])?\s*=)", re.M
+    r"^(?!static\b|extern\b)[A-Za-z_][\w \t*]*?\b(dp_\w+)\s*(?:\([^;{]*?\)\s*\{|(?:\[\w*\])?\s*=)",
+    re.M,
 )
 MACRO = re.compile(r"^#\s*define\s+(\w+)\s*\([^)]*\)((?:.*\\\n)*.*)$", re.M)
 NAME = re.compile(r"\b(dp_\w+|[A-Z_][A-Z0-9_]*)\b")
@@ -118,9 +119,15 @@ def test_call_edges_are_read_from_calls_tables_and_macros() -> None:
 
 def test_the_call_graph_finds_a_circle_that_includes_hide(tmp_path: Path) -> None:
     """Two files that call each other through a macro of a third header, no header each."""
-    (tmp_path / "dp_a.c").write_text('#include "dp_shared.h"\nint dp_a_run(void)\n{\n\treturn CALL_B();\n}\n')
-    (tmp_path / "dp_b.c").write_text('#include "dp_shared.h"\nint dp_b_run(void)\n{\n\treturn dp_a_run(); /* dp_c */\n}\n')
-    (tmp_path / "dp_shared.h").write_text("#define CALL_B() \\\n\tdp_b_run()\nint dp_a_run(void);\n")
+    (tmp_path / "dp_a.c").write_text(
+        '#include "dp_shared.h"\nint dp_a_run(void)\n{\n\treturn CALL_B();\n}\n'
+    )
+    (tmp_path / "dp_b.c").write_text(
+        '#include "dp_shared.h"\nint dp_b_run(void)\n{\n\treturn dp_a_run(); /* dp_c */\n}\n'
+    )
+    (tmp_path / "dp_shared.h").write_text(
+        "#define CALL_B() \\\n\tdp_b_run()\nint dp_a_run(void);\n"
+    )
     assert _include_graph(tmp_path) == {"dp_a": set(), "dp_b": set()}
     assert _cycles(_call_graph(tmp_path)) == [["dp_a", "dp_b"]]
 
@@ -172,7 +179,9 @@ def _role_compilers() -> dict[str, list[str]]:
         if role in ROLES:
             source = target["target_sources"][0]
             found[role] = source["compiler"] + source["parameters"]
-    assert set(found) == set(ROLES), f"role libraries missing from {BUILD}: {set(ROLES) - set(found)}"
+    assert set(found) == set(ROLES), (
+        f"role libraries missing from {BUILD}: {set(ROLES) - set(found)}"
+    )
     return found
 
 
