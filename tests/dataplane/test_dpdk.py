@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import duckpipe
-from duckpipe import GeluMlp, runtime
+from duckpipe import GeluMlp, host
 from duckpipe.errors import DuckpipeError, ForwardTimeout, WaitTimeout
 from duckpipe.launch.binaries import find_binary
 from duckpipe.launch.dataplane import DataplaneProcess
@@ -79,9 +79,9 @@ def _require_dpdk() -> None:
             "this dataplane was built without DPDK: install libdpdk-dev (tools/setup does) "
             "and rebuild"
         )
-    if runtime.free_hugepages() < HUGEPAGES:
+    if host.free_hugepages() < HUGEPAGES:
         pytest.skip(
-            f"{HUGEPAGES} free 2 MiB hugepages needed, {runtime.free_hugepages()} free "
+            f"{HUGEPAGES} free 2 MiB hugepages needed, {host.free_hugepages()} free "
             "(tools/setup reserves 512 as root)"
         )
 
