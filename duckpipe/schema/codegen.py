@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 
 from . import abi, control, docgen, routing, stats, wire
-from .ctlgen import render_config_h, render_ctl_c, render_ctl_h
+from .ctlgen import render_config_c, render_config_h, render_ctl_c, render_ctl_h
 from .layout import Layout, layout_of
 
 __all__ = ["CDEF_BEGIN", "CDEF_END", "ROOT", "render_all"]
@@ -386,6 +386,7 @@ def render_all() -> dict[Path, str]:
         Path("dataplane/include/gen/dp_ctl_gen.h"): render_ctl_h(),
         Path("dataplane/include/gen/dp_ctl_gen.c"): render_ctl_c(),
         Path("dataplane/include/gen/dp_config_gen.h"): render_config_h(),
+        Path("dataplane/include/gen/dp_config_gen.c"): render_config_c(),
         Path("dataplane/include/gen/dp_routing_abi.h"): render_routing_header(),
         Path("schemas/abi.json"): render_abi_json(),
         Path("schemas/wire.json"): render_wire_json(),

@@ -1,4 +1,6 @@
-/* dp_config.c: decode the msgpack configuration with msgpack-c's object API. */
+/* dp_config.c: decode the msgpack configuration with msgpack-c's object API: the scalar
+ * fields by the reader generated from duckpipe/schema/config.py (dp_config_gen.c), the
+ * rest (addresses, enums, lists) and every bound here. */
 #include "dp_config.h"
 
 #include <arpa/inet.h>
@@ -32,29 +34,17 @@ static int get_addr(const msgpack_object *map, const char *ipkey, const char *po
 	return 0;
 }
 
-/* A NIC's scalar fields, each with the schema's default (dp_config_gen.h); bcast and flow
- * get the strings the caller turns into an address and a mode. */
+/* A NIC's fields: the scalars by the generated reader (dp_config_gen.c), then those it
+ * leaves to this file (ctlgen.CONFIG_BY_HAND): host_ip and host_port as one address, and
+ * the strings broadcast and flow_steering, which the caller turns into an address and a
+ * mode. */
 static int read_nic_fields(const msgpack_object *o, struct dp_nic_cfg *nic, char *bcast,
 			   size_t bcast_len, char *flow, size_t flow_len)
 {
-	if (dp_msgpack_str(o, "name", nic->name, sizeof(nic->name), "") < 0 ||
-	    dp_msgpack_str(o, "backend", nic->backend, sizeof(nic->backend),
-		      DP_CFG_NIC_DEFAULT_BACKEND) < 0 ||
-	    dp_msgpack_str(o, "interface", nic->interface, sizeof(nic->interface),
-		      DP_CFG_NIC_DEFAULT_INTERFACE) < 0 ||
+	if (dp_cfg_gen_read_nic(o, nic) < 0 ||
 	    get_addr(o, "host_ip", "host_port", DP_CFG_NIC_DEFAULT_HOST_PORT, &nic->host) < 0 ||
 	    dp_msgpack_str(o, "broadcast", bcast, bcast_len, DP_CFG_NIC_DEFAULT_BROADCAST) < 0 ||
-	    dp_msgpack_u32(o, "mtu", &nic->mtu, DP_CFG_NIC_DEFAULT_MTU) < 0 ||
-	    dp_msgpack_bool(o, "gso", &nic->gso, DP_CFG_NIC_DEFAULT_GSO) < 0 ||
-	    dp_msgpack_bool(o, "gro", &nic->gro, DP_CFG_NIC_DEFAULT_GRO) < 0 ||
-	    dp_msgpack_u32(o, "busy_poll_us", &nic->busy_poll_us, DP_CFG_NIC_DEFAULT_BUSY_POLL_US) < 0 ||
-	    dp_msgpack_u32(o, "rcvbuf", &nic->rcvbuf, DP_CFG_NIC_DEFAULT_RCVBUF) < 0 ||
-	    dp_msgpack_str(o, "flow_steering", flow, flow_len, DP_CFG_NIC_DEFAULT_FLOW_STEERING) < 0 ||
-	    dp_msgpack_u32(o, "link_wait_ms", &nic->link_wait_ms, DP_CFG_NIC_DEFAULT_LINK_WAIT_MS) < 0 ||
-	    dp_msgpack_u32(o, "rx_desc", &nic->rx_desc, DP_CFG_NIC_DEFAULT_RX_DESC) < 0 ||
-	    dp_msgpack_u32(o, "tx_desc", &nic->tx_desc, DP_CFG_NIC_DEFAULT_TX_DESC) < 0 ||
-	    dp_msgpack_u32(o, "mbufs", &nic->mbufs, DP_CFG_NIC_DEFAULT_MBUFS) < 0 ||
-	    dp_msgpack_u32(o, "zc_hold_max_us", &nic->zc_hold_max_us, DP_CFG_NIC_DEFAULT_ZC_HOLD_MAX_US) < 0)
+	    dp_msgpack_str(o, "flow_steering", flow, flow_len, DP_CFG_NIC_DEFAULT_FLOW_STEERING) < 0)
 		return -1;
 	return 0;
 }
@@ -187,63 +177,16 @@ static int read_file(const char *path, char **buf, size_t *len)
 	return 0;
 }
 
-/* The top level's scalar fields, each with the schema's default (dp_config_gen.h). */
+/* The top level's fields: the scalars by the generated reader (dp_config_gen.c), then
+ * idle, a name dp_idle_parse turns into a strategy (cores and nics: read_cores,
+ * read_nics). */
 static int read_root_fields(const msgpack_object *root, struct dp_config *cfg)
 {
 	char idle[16];
-	bool dedicated;
-	if (dp_msgpack_str(root, "control", cfg->control, sizeof(cfg->control), "") < 0 ||
-	    dp_msgpack_bool(root, "dedicated_threads", &dedicated, DP_CFG_DEFAULT_DEDICATED_THREADS) < 0 ||
+	if (dp_cfg_gen_read(root, cfg) < 0 ||
 	    dp_msgpack_str(root, "idle", idle, sizeof(idle), DP_CFG_DEFAULT_IDLE) < 0 ||
-	    dp_idle_parse(idle, &cfg->idle) < 0 ||
-	    dp_msgpack_u32(root, "idle_spin_us", &cfg->idle_spin_us, DP_CFG_DEFAULT_IDLE_SPIN_US) < 0 ||
-	    dp_msgpack_u32(root, "completion_flush_us", &cfg->completion_flush_us,
-		      DP_CFG_DEFAULT_COMPLETION_FLUSH_US) < 0 ||
-	    dp_msgpack_u32(root, "default_timeout_us", &cfg->default_timeout_us,
-		      DP_CFG_DEFAULT_DEFAULT_TIMEOUT_US) < 0 ||
-	    dp_msgpack_u32(root, "nack_us", &cfg->nack_us, DP_CFG_DEFAULT_NACK_US) < 0 ||
-	    dp_msgpack_u32(root, "nack_min_us", &cfg->nack_min_us, DP_CFG_DEFAULT_NACK_MIN_US) < 0 ||
-	    dp_msgpack_u32(root, "nack_max_us", &cfg->nack_max_us, DP_CFG_DEFAULT_NACK_MAX_US) < 0 ||
-	    dp_msgpack_u32(root, "weight_rto_us", &cfg->weight_rto_us, DP_CFG_DEFAULT_WEIGHT_RTO_US) < 0 ||
-	    dp_msgpack_u32(root, "weight_timeout_ms", &cfg->weight_timeout_ms,
-		      DP_CFG_DEFAULT_WEIGHT_TIMEOUT_MS) < 0 ||
-	    dp_msgpack_u32(root, "client_timeout_ms", &cfg->client_timeout_ms,
-		      DP_CFG_DEFAULT_CLIENT_TIMEOUT_MS) < 0 ||
-	    dp_msgpack_u32(root, "max_inflight", &cfg->max_inflight, DP_CFG_DEFAULT_MAX_INFLIGHT) < 0 ||
-	    dp_msgpack_u32(root, "max_forward_bytes", &cfg->max_forward_bytes,
-		      DP_CFG_DEFAULT_MAX_FORWARD_BYTES) < 0 ||
-	    dp_msgpack_u32(root, "ping_ms", &cfg->ping_ms, DP_CFG_DEFAULT_PING_MS) < 0 ||
-	    dp_msgpack_u32(root, "client_max_inflight", &cfg->client_max_inflight,
-		      DP_CFG_DEFAULT_CLIENT_MAX_INFLIGHT) < 0 ||
-	    dp_msgpack_u32(root, "client_max_slots", &cfg->client_max_slots,
-		      DP_CFG_DEFAULT_CLIENT_MAX_SLOTS) < 0 ||
-	    dp_msgpack_u64(root, "client_max_segment_bytes", &cfg->client_max_segment_bytes,
-		      DP_CFG_DEFAULT_CLIENT_MAX_SEGMENT_BYTES, UINT64_MAX) < 0 ||
-	    dp_msgpack_u32(root, "max_timeout_us", &cfg->max_timeout_us, DP_CFG_DEFAULT_MAX_TIMEOUT_US) < 0 ||
-	    dp_msgpack_u32(root, "client_max_layers", &cfg->client_max_layers,
-		      DP_CFG_DEFAULT_CLIENT_MAX_LAYERS) < 0 ||
-	    dp_msgpack_u64(root, "client_max_weight_bytes", &cfg->client_max_weight_bytes,
-		      DP_CFG_DEFAULT_CLIENT_MAX_WEIGHT_BYTES, UINT64_MAX) < 0 ||
-	    dp_msgpack_u32(root, "max_hidden", &cfg->max_hidden, DP_CFG_DEFAULT_MAX_HIDDEN) < 0 ||
-	    dp_msgpack_u32(root, "max_ffn", &cfg->max_ffn, DP_CFG_DEFAULT_MAX_FFN) < 0 ||
-	    dp_msgpack_u32(root, "client_max_per_pid", &cfg->client_max_per_pid,
-		      DP_CFG_DEFAULT_CLIENT_MAX_PER_PID) < 0 ||
-	    dp_msgpack_u32(root, "client_max_per_uid", &cfg->client_max_per_uid,
-		      DP_CFG_DEFAULT_CLIENT_MAX_PER_UID) < 0 ||
-	    dp_msgpack_u32(root, "admin_reserved_clients", &cfg->admin_reserved_clients,
-		      DP_CFG_DEFAULT_ADMIN_RESERVED_CLIENTS) < 0 ||
-	    dp_msgpack_u32(root, "max_connections", &cfg->max_connections,
-		      DP_CFG_DEFAULT_MAX_CONNECTIONS) < 0 ||
-	    dp_msgpack_str(root, "control_group", cfg->control_group, sizeof(cfg->control_group),
-		      DP_CFG_DEFAULT_CONTROL_GROUP) < 0 ||
-	    dp_msgpack_str(root, "curve_secret_key_file", cfg->curve_secret_key_file,
-		      sizeof(cfg->curve_secret_key_file), DP_CFG_DEFAULT_CURVE_SECRET_KEY_FILE) < 0 ||
-	    dp_msgpack_str(root, "curve_public_key_file", cfg->curve_public_key_file,
-		      sizeof(cfg->curve_public_key_file), DP_CFG_DEFAULT_CURVE_PUBLIC_KEY_FILE) < 0 ||
-	    dp_msgpack_str(root, "curve_clients_file", cfg->curve_clients_file,
-		      sizeof(cfg->curve_clients_file), DP_CFG_DEFAULT_CURVE_CLIENTS_FILE) < 0)
+	    dp_idle_parse(idle, &cfg->idle) < 0)
 		return -1;
-	cfg->dedicated_threads = dedicated;
 	return 0;
 }
 
