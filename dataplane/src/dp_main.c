@@ -291,7 +291,9 @@ static int init_world(struct dp_world *w)
 	return 0;
 }
 
-int main(int argc, char **argv)
+/* Options, as DPDK's samples take them: ours, then "--" and the backend's (EAL) ones.
+ * -1: go on with *config set; else the exit code (usage, --help, --backends). */
+static int parse_args(int argc, char **argv, const char **config)
 {
 	static const struct option opts[] = { { "config", required_argument, NULL, 'c' },
 					      { "verbose", no_argument, NULL, 'v' },
@@ -299,13 +301,12 @@ int main(int argc, char **argv)
 					      { "backends", no_argument, NULL, 'B' },
 					      { "remove-config", no_argument, NULL, 'R' },
 					      { NULL, 0, NULL, 0 } };
-	const char *config = NULL;
 	bool own_config = false;
 	int opt;
 	while ((opt = getopt_long(argc, argv, "c:vh", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c':
-			config = optarg;
+			*config = optarg;
 			break;
 		case 'v':
 			dp_log_min = DP_LOG_DEBUG;
@@ -321,12 +322,12 @@ int main(int argc, char **argv)
 			return opt == 'h' ? 0 : 2;
 		}
 	}
-	if (!config) {
+	if (!*config) {
 		usage(argv[0]);
 		return 2;
 	}
 	if (own_config) {
-		config_to_remove = config;
+		config_to_remove = *config;
 		atexit(remove_config);
 	}
 	/* everything after "--" belongs to the backend (EAL options for dpdk) */
@@ -334,6 +335,13 @@ int main(int argc, char **argv)
 		world.backend_argc = argc - optind;
 		world.backend_argv = argv + optind;
 	}
+	return -1;
+}
+
+/* The topology, and backend options only where a backend takes them: a typo after "--"
+ * meant for the EAL fails here, not as a socket NIC that ignores it. 0, or the exit code. */
+static int load_config(const char *config)
+{
 	if (dp_config_load(config, &world.cfg) < 0) {
 		fprintf(stderr, "duckpipe-dataplane: config %s: %s\n", config, dp_error());
 		return 1;
@@ -347,6 +355,13 @@ int main(int argc, char **argv)
 			world.cfg.nnics ? world.cfg.nics[0].backend : "socket", world.backend_argv[0]);
 		return 2;
 	}
+	return 0;
+}
+
+/* Process-wide setup before any port or socket opens: the run directory, the backend's
+ * arguments, file descriptors and the shared world. 0, or the exit code. */
+static int init_process(const char *config)
+{
 	/* the run directory before any port: its refusal names the directory, whatever else
 	 * holds this topology's ports (another user's dataplane on the default ones) */
 	if (dp_stats_check(world.cfg.control) < 0) {
@@ -365,29 +380,29 @@ int main(int argc, char **argv)
 		fprintf(stderr, "duckpipe-dataplane: init: %s\n", dp_error());
 		return 1;
 	}
+	return 0;
+}
+
+/* One worker per NIC: each opens its NIC's backend (the first dpdk one starts the EAL). */
+static int init_workers(struct dp_worker **out)
+{
 	struct dp_worker *workers = calloc(world.cfg.nnics, sizeof(struct dp_worker));
+	*out = workers;
 	for (uint32_t n = 0; n < world.cfg.nnics; n++) {
 		world.workers[n] = &workers[n];
 		if (dp_worker_init(&workers[n], &world, n) < 0) {
 			fprintf(stderr, "duckpipe-dataplane: dp_worker_init: %s\n", dp_error());
-			return 1;
+			return -1;
 		}
 	}
-	if (check_lcores() < 0) {
-		fprintf(stderr, "duckpipe-dataplane: %s\n", dp_error());
-		return 1;
-	}
-	struct dp_dispatcher *dispatcher = dp_dispatch_new(&world);
-	struct dp_control *control = dp_control_new(&world);
-	if (!dispatcher || !control) {
-		fprintf(stderr, "duckpipe-dataplane: %s\n", dp_error());
-		return 1;
-	}
-	signal(SIGINT, on_signal);
-	signal(SIGTERM, on_signal);
-	signal(SIGPIPE, SIG_IGN);
+	return 0;
+}
 
-	struct dp_agent agents[MAX_AGENTS];
+/* The agents in a fixed order (control, dispatcher, one worker per NIC): connect_rings
+ * and the topology's cores[i] count on it. Returns how many. */
+static uint32_t make_agents(struct dp_agent *agents, struct dp_control *control,
+			    struct dp_dispatcher *dispatcher, struct dp_worker *workers)
+{
 	uint32_t nagents = 0;
 	agents[nagents++] = (struct dp_agent){ .name = "control",
 					       .do_work = dp_control_do_work,
@@ -411,24 +426,49 @@ int main(int argc, char **argv)
 						       .unpark = dp_worker_unpark,
 						       .self = &workers[n] };
 	}
+	return nagents;
+}
+
+/* The one line launchers wait for on stdout: the dataplane is up. */
+static void print_banner(void)
+{
 	char shown_control[4 * sizeof(world.cfg.control)];
 	printf("duckpipe-dataplane: %u ducks on %u NIC(s), control %s, %s threads (pid %d)\n",
 	       world.cfg.nducks, world.cfg.nnics,
 	       dp_printable(world.cfg.control, shown_control, sizeof(shown_control)),
 	       world.cfg.dedicated_threads ? "dedicated" : "shared", getpid());
 	fflush(stdout);
+}
 
-	/* One shared thread runs control last: in a pass after a wake-up, the dispatcher and
-	 * the workers pick up the descriptor or complete the forward before control asks
-	 * ZeroMQ's sockets (a poll and a getpid each: docs/benchmarks.md, issue 19), and the
-	 * workers' completions reach control in the same pass. With a thread per agent the
-	 * array keeps its order: runner i takes the topology's cores[i]. */
-	struct dp_agent shared[MAX_AGENTS];
+/* One shared thread runs control last: in a pass after a wake-up, the dispatcher and
+ * the workers pick up the descriptor or complete the forward before control asks
+ * ZeroMQ's sockets (a poll and a getpid each: docs/benchmarks.md, issue 19), and the
+ * workers' completions reach control in the same pass. With a thread per agent the
+ * array keeps its order: runner i takes the topology's cores[i]. */
+static void order_shared(struct dp_agent *shared, const struct dp_agent *agents, uint32_t nagents)
+{
 	memcpy(shared, agents + 1, (nagents - 1) * sizeof(*agents));
 	shared[nagents - 1] = agents[0];
+}
 
-	struct runner runners[MAX_AGENTS];
-	pthread_t threads[MAX_AGENTS];
+/* A dpdk NIC's dedicated runner on its EAL worker lcore; its worker records where, for
+ * Stats, as the EAL placed it. */
+static void place_worker(struct runner *r, struct dp_worker *worker, unsigned k)
+{
+	place_on_lcore(r, k);
+	/* for Stats: where it runs, as the EAL placed it */
+	char cpus[64], *end;
+	dp_lcore_cpus((unsigned)r->lcore, cpus, sizeof(cpus));
+	long cpu = strtol(cpus, &end, 10);
+	worker->lcore = r->lcore;
+	worker->cpu = cpus[0] && !*end ? (int)cpu : -1;
+}
+
+/* A runner per agent (dedicated) or one for all (shared): its core, idle strategy and
+ * waker. Returns how many, or -1 after saying which failed. */
+static int init_runners(struct runner *runners, struct dp_agent *agents,
+			struct dp_agent *shared, uint32_t nagents, struct dp_worker *workers)
+{
 	uint32_t nrunners = world.cfg.dedicated_threads ? nagents : 1;
 	unsigned nlcores = 0;
 	for (uint32_t i = 0; i < nrunners; i++) {
@@ -438,37 +478,40 @@ int main(int argc, char **argv)
 					      .lcore = -1,
 					      .name = world.cfg.dedicated_threads ? agents[i].name
 										  : "dataplane" };
-		if (world.cfg.dedicated_threads && i >= 2 && nic_is_dpdk(i - 2)) {
-			place_on_lcore(&runners[i], nlcores++);
-			/* for Stats: where it runs, as the EAL placed it */
-			char cpus[64], *end;
-			dp_lcore_cpus((unsigned)runners[i].lcore, cpus, sizeof(cpus));
-			long cpu = strtol(cpus, &end, 10);
-			workers[i - 2].lcore = runners[i].lcore;
-			workers[i - 2].cpu = cpus[0] && !*end ? (int)cpu : -1;
-		}
+		if (world.cfg.dedicated_threads && i >= 2 && nic_is_dpdk(i - 2))
+			place_worker(&runners[i], &workers[i - 2], nlcores++);
 		/* a core of its own (cores, or an EAL lcore) spins; a shared one yields */
 		dp_idle_init(&runners[i].idle, world.cfg.idle, world.cfg.idle_spin_us,
 			     runners[i].core < 0 && runners[i].lcore < 0);
 		if (setup_runner(&runners[i]) < 0) {
 			fprintf(stderr, "duckpipe-dataplane: %s: %s\n", runners[i].name, dp_error());
-			return 1;
+			return -1;
 		}
 	}
-	connect_rings(runners, nrunners);
+	return (int)nrunners;
+}
+
+/* Every runner but the first on its thread or EAL lcore; the first is this thread's. */
+static int launch_runners(struct runner *runners, pthread_t *threads, uint32_t nrunners)
+{
 	for (uint32_t i = 1; i < nrunners; i++) {
 		if (runners[i].lcore >= 0) {
 			DP_TSAN_RELEASE(&runners[i]);
 			if (dp_lcore_launch((unsigned)runners[i].lcore, run_on_lcore, &runners[i]) < 0) {
 				fprintf(stderr, "duckpipe-dataplane: %s: %s\n", runners[i].name, dp_error());
-				return 1;
+				return -1;
 			}
 		} else if (pthread_create(&threads[i], NULL, run, &runners[i])) {
 			fprintf(stderr, "duckpipe-dataplane: pthread_create %s failed\n", runners[i].name);
-			return 1;
+			return -1;
 		}
 	}
-	run(&runners[0]);
+	return 0;
+}
+
+/* After a stop signal: wait for every other runner to leave its loop. */
+static void join_runners(struct runner *runners, pthread_t *threads, uint32_t nrunners)
+{
 	for (uint32_t i = 1; i < nrunners; i++) {
 		if (runners[i].lcore >= 0) {
 			dp_lcore_wait((unsigned)runners[i].lcore); /* rte_eal_wait_lcore */
@@ -477,7 +520,13 @@ int main(int argc, char **argv)
 			pthread_join(threads[i], NULL);
 		}
 	}
+}
 
+/* An orderly exit frees what it made (the last dpdk NIC's close ends the EAL), so that
+ * sanitizers see no leak. */
+static void fini_world(struct dp_control *control, struct dp_dispatcher *dispatcher,
+		       struct dp_worker *workers)
+{
 	dp_control_free(control);
 	dp_dispatch_free(dispatcher);
 	for (uint32_t n = 0; n < world.cfg.nnics; n++)
@@ -488,6 +537,49 @@ int main(int argc, char **argv)
 	free(world.fwds);
 	dp_spsc_free(&world.free_ring);
 	dp_spsc_free(&world.dispatch_done);
+}
+
+int main(int argc, char **argv)
+{
+	const char *config = NULL;
+	int rc = parse_args(argc, argv, &config);
+	if (rc >= 0)
+		return rc;
+	if ((rc = load_config(config)) != 0 || (rc = init_process(config)) != 0)
+		return rc;
+	struct dp_worker *workers;
+	if (init_workers(&workers) < 0)
+		return 1;
+	if (check_lcores() < 0) {
+		fprintf(stderr, "duckpipe-dataplane: %s\n", dp_error());
+		return 1;
+	}
+	struct dp_dispatcher *dispatcher = dp_dispatch_new(&world);
+	struct dp_control *control = dp_control_new(&world);
+	if (!dispatcher || !control) {
+		fprintf(stderr, "duckpipe-dataplane: %s\n", dp_error());
+		return 1;
+	}
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
+	signal(SIGPIPE, SIG_IGN);
+
+	struct dp_agent agents[MAX_AGENTS], shared[MAX_AGENTS];
+	uint32_t nagents = make_agents(agents, control, dispatcher, workers);
+	print_banner();
+	order_shared(shared, agents, nagents);
+
+	struct runner runners[MAX_AGENTS];
+	pthread_t threads[MAX_AGENTS];
+	int nrunners = init_runners(runners, agents, shared, nagents, workers);
+	if (nrunners < 0)
+		return 1;
+	connect_rings(runners, (uint32_t)nrunners);
+	if (launch_runners(runners, threads, (uint32_t)nrunners) < 0)
+		return 1;
+	run(&runners[0]);
+	join_runners(runners, threads, (uint32_t)nrunners);
+	fini_world(control, dispatcher, workers);
 	fprintf(stderr, "duckpipe-dataplane: stopped\n");
 	return 0;
 }

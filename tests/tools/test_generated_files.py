@@ -344,7 +344,9 @@ def test_every_message_has_a_generated_struct_and_decoder_or_encoder() -> None:
 def test_the_c_config_reader_reads_every_config_field_by_its_schema_name() -> None:
     from duckpipe.schema import config
 
-    text = (ROOT / "dataplane" / "src" / "runtime" / "dp_config.c").read_text()
+    hand = (ROOT / "dataplane" / "src" / "runtime" / "dp_config.c").read_text()
+    gen = (ROOT / "dataplane" / "include" / "gen" / "dp_config_gen.c").read_text()
+    text = hand + gen
     for cls in (config.DataplaneConfig, config.NicConfig, config.DuckConfig):
         missing = [f.name for f in msgspec.structs.fields(cls) if f'"{f.name}"' not in text]
         assert not missing, f"dp_config.c never reads {cls.__name__}: {missing}"
@@ -355,3 +357,18 @@ def test_the_c_config_reader_reads_every_config_field_by_its_schema_name() -> No
         ]
         for name in defaults:  # a hand-typed default would drift from the Struct's
             assert re.search(rf'"{name}",[^;]*DP_CFG_(NIC_)?DEFAULT_{name.upper()}\b', text), name
+
+
+def test_the_config_fields_read_by_hand_are_real_and_read_only_by_hand() -> None:
+    from codegen import ctlgen
+
+    from duckpipe.schema import config
+
+    hand = (ROOT / "dataplane" / "src" / "runtime" / "dp_config.c").read_text()
+    gen = (ROOT / "dataplane" / "include" / "gen" / "dp_config_gen.c").read_text()
+    assert "dp_cfg_gen_read(" in hand and "dp_cfg_gen_read_nic(" in hand
+    for cls_name, names in ctlgen.CONFIG_BY_HAND.items():
+        fields = {f.name for f in msgspec.structs.fields(getattr(config, cls_name))}
+        assert set(names) <= fields, f"CONFIG_BY_HAND names what {cls_name} lacks"
+        for name in names:  # one reader per field: the generated one skips these
+            assert f'"{name}"' in hand and f'"{name}"' not in gen, name

@@ -18,7 +18,7 @@ from duckpipe.schema import abi, control, routing, stats, wire
 from duckpipe.schema.layout import Layout, layout_of
 
 from . import docgen
-from .ctlgen import render_config_h, render_ctl_c, render_ctl_h
+from .ctlgen import render_config_c, render_config_h, render_ctl_c, render_ctl_h
 
 __all__ = ["CDEF_BEGIN", "CDEF_END", "ROOT", "render_all"]
 
@@ -388,6 +388,7 @@ def render_all() -> dict[Path, str]:
         Path("dataplane/include/gen/dp_ctl_gen.h"): render_ctl_h(),
         Path("dataplane/include/gen/dp_ctl_gen.c"): render_ctl_c(),
         Path("dataplane/include/gen/dp_config_gen.h"): render_config_h(),
+        Path("dataplane/include/gen/dp_config_gen.c"): render_config_c(),
         Path("dataplane/include/gen/dp_routing_abi.h"): render_routing_header(),
         Path("schemas/abi.json"): render_abi_json(),
         Path("schemas/wire.json"): render_wire_json(),

@@ -53,4 +53,15 @@
 #define DP_CFG_NIC_DEFAULT_MBUFS 0u
 #define DP_CFG_NIC_DEFAULT_ZC_HOLD_MAX_US 50u
 
+/* The readers dp_config_gen.c defines: every field of DataplaneConfig / NicConfig
+ * that is one scalar in its C struct, by its schema name, with the default above;
+ * the type of each is checked, a missing one takes its default. The fields in
+ * CONFIG_BY_HAND (ctlgen.py), and every bound, are dp_config.c's. 0, or -1 with
+ * dp_error() naming the key. */
+struct msgpack_object;
+struct dp_config;
+struct dp_nic_cfg;
+int dp_cfg_gen_read(const struct msgpack_object *o, struct dp_config *cfg);
+int dp_cfg_gen_read_nic(const struct msgpack_object *o, struct dp_nic_cfg *nic);
+
 #endif /* DP_CONFIG_GEN_H */

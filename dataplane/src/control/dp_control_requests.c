@@ -339,29 +339,30 @@ static int refuse_unreachable(struct dp_control *c, const struct dp_peer *p,
 	return 1;
 }
 
-static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
-			    const struct dp_ctl_request *r)
+/* Who may load this layer, and is the request whole, before anything is allocated. The
+ * client, or NULL after a refusal; *old is the layer's slot if it is loaded already (a reload). */
+static struct dp_client *check_load(struct dp_control *c, const struct dp_peer *p,
+				    const struct dp_ctl_load_weights *m, int *old)
 {
 	struct dp_world *w = c->w;
 	const struct dp_config *cfg = &w->cfg;
-	const struct dp_ctl_load_weights *m = &r->u.load_weights;
 	struct dp_client *me = client_by_identity(c, p->id, p->idlen);
 	if (!me) {
 		dp_control_refuse(c, p, DP_ERROR_CODE_NOT_ATTACHED,
 		                  "LoadWeights needs an attached client");
-		return;
+		return NULL;
 	}
 	if (m->shared && !p->admin) {
 		dp_control_refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED,
 		                  "a shared layer needs the admin role (the dataplane's user)");
-		return;
+		return NULL;
 	}
 	/* every bound before any allocation: hidden 2^32-1 once reserved two 16 GiB buffers */
 	if (m->hidden > cfg->max_hidden || m->ffn > cfg->max_ffn) {
 		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
 		                  "hidden %u / ffn %u exceed this dataplane's max_hidden %u / "
 		                  "max_ffn %u", m->hidden, m->ffn, cfg->max_hidden, cfg->max_ffn);
-		return;
+		return NULL;
 	}
 	uint64_t total = 0;
 	for (uint32_t i = 0; i < m->shard_sizes_len; i++)
@@ -369,83 +370,112 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 	if (m->ducks_len != m->shard_sizes_len || total != m->ffn) {
 		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
 		                  "LoadWeights needs one shard size per duck, summing to ffn");
-		return;
+		return NULL;
 	}
 	if (refuse_unreachable(c, p, m))
-		return;
-	int old = dp_layer_slot(w, m->layer);
-	const struct dp_layer *prev = old >= 0 ? w->layers[old] : NULL;
-	if (prev && prev->owner != me->id) {
+		return NULL;
+	*old = dp_layer_slot(w, m->layer);
+	if (*old >= 0 && w->layers[*old]->owner != me->id) {
 		dp_control_refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED,
 		                  "layer %u belongs to another client", m->layer);
-		return;
+		return NULL;
 	}
-	uint64_t bytes = dp_layer_plan_bytes(m);
-	/* the layer this one replaces is retired, not counted (a reload at the quota works);
-	 * those retired before and not freed yet are: first free what nobody holds */
+	return me;
+}
+
+/* The client's quota (layers, weight bytes), counting what it holds after this load. The
+ * layer this one replaces is retired, not counted (a reload at the quota works); those
+ * retired before and not freed yet are: first free what nobody holds. 1 when it refused. */
+static int refuse_over_quota(struct dp_control *c, const struct dp_peer *p,
+			     const struct dp_ctl_load_weights *m, struct dp_client *me,
+			     const struct dp_layer *prev, uint64_t bytes)
+{
+	struct dp_world *w = c->w;
+	const struct dp_config *cfg = &w->cfg;
 	if (me->retired_layers)
 		dp_count(c->counters, DP_C_layers_freed, dp_layers_free_retired(w, &c->retired, false));
 	uint32_t nlayers = me->nlayers - (prev != NULL) + me->retired_layers;
 	uint64_t held = me->weight_bytes - (prev ? prev->weight_bytes : 0) + me->retired_bytes;
-	if (nlayers + 1 > cfg->client_max_layers || bytes > cfg->client_max_weight_bytes - held ||
-	    held > cfg->client_max_weight_bytes) {
-		dp_count(c->counters, DP_C_quota_refused, 1);
-		if (me->retired_layers) /* 256 characters: say what is new, not the whole quota */
-			dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
-			                  "layer %u (%lu bytes) would pass this client's quota: %lu "
-			                  "of %lu weight bytes and %u of %u layers held, %u of them "
-			                  "replaced but not freed yet: read the replies and retry",
-			                  m->layer, (unsigned long)bytes, (unsigned long)held,
-			                  (unsigned long)cfg->client_max_weight_bytes, nlayers,
-			                  cfg->client_max_layers, me->retired_layers);
-		else if (dp_layer_state_bytes(m))
-			dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
-			                  "layer %u (%lu bytes: its weights and %lu of MoE placement "
-			                  "and state) would pass this client's quota: %u of %u layers, "
-			                  "%lu of %lu weight bytes held; unload layers first",
-			                  m->layer, (unsigned long)bytes,
-			                  (unsigned long)dp_layer_state_bytes(m), nlayers,
-			                  cfg->client_max_layers, (unsigned long)held,
-			                  (unsigned long)cfg->client_max_weight_bytes);
-		else
-			dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
-			                  "layer %u (%lu bytes) would pass this client's quota: %u "
-			                  "of %u layers, %lu of %lu weight bytes held; unload layers "
-			                  "first",
-			                  m->layer, (unsigned long)bytes, nlayers,
-			                  cfg->client_max_layers, (unsigned long)held,
-			                  (unsigned long)cfg->client_max_weight_bytes);
-		return;
-	}
+	if (nlayers + 1 <= cfg->client_max_layers && bytes <= cfg->client_max_weight_bytes - held &&
+	    held <= cfg->client_max_weight_bytes)
+		return 0;
+	dp_count(c->counters, DP_C_quota_refused, 1);
+	if (me->retired_layers) /* 256 characters: say what is new, not the whole quota */
+		dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+		                  "layer %u (%lu bytes) would pass this client's quota: %lu "
+		                  "of %lu weight bytes and %u of %u layers held, %u of them "
+		                  "replaced but not freed yet: read the replies and retry",
+		                  m->layer, (unsigned long)bytes, (unsigned long)held,
+		                  (unsigned long)cfg->client_max_weight_bytes, nlayers,
+		                  cfg->client_max_layers, me->retired_layers);
+	else if (dp_layer_state_bytes(m))
+		dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+		                  "layer %u (%lu bytes: its weights and %lu of MoE placement "
+		                  "and state) would pass this client's quota: %u of %u layers, "
+		                  "%lu of %lu weight bytes held; unload layers first",
+		                  m->layer, (unsigned long)bytes,
+		                  (unsigned long)dp_layer_state_bytes(m), nlayers,
+		                  cfg->client_max_layers, (unsigned long)held,
+		                  (unsigned long)cfg->client_max_weight_bytes);
+	else
+		dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
+		                  "layer %u (%lu bytes) would pass this client's quota: %u "
+		                  "of %u layers, %lu of %lu weight bytes held; unload layers "
+		                  "first",
+		                  m->layer, (unsigned long)bytes, nlayers,
+		                  cfg->client_max_layers, (unsigned long)held,
+		                  (unsigned long)cfg->client_max_weight_bytes);
+	return 1;
+}
+
+/* The layer's slot in the open-addressed table: its own on a reload, else the first free
+ * or tombstoned one on its probe sequence; -1 when the table is full. */
+static int layer_slot_for(const struct dp_world *w, uint32_t layer, int old)
+{
 	int slot = old;
 	for (uint32_t i = 0; i < DP_LAYER_TABLE && slot < 0; i++) {
-		uint32_t k = dp_layer_hash(m->layer, i);
+		uint32_t k = dp_layer_hash(layer, i);
 		if (!w->layers[k] || w->layers[k] == DP_LAYER_GONE)
 			slot = (int)k;
 	}
-	if (slot < 0) {
-		dp_control_refuse(c, p, DP_ERROR_CODE_TOO_MANY_LAYERS, "the layer table is full");
-		return;
-	}
-	struct dp_layer *l = calloc(1, sizeof(*l));
-	if (!l) {
-		dp_control_refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
-		return;
-	}
+	return slot;
+}
+
+/* The layer's ducks and shards, each duck once and in the topology: 0, or -1 after a
+ * refusal (l freed). */
+static int fill_layer_ducks(struct dp_control *c, const struct dp_peer *p,
+			    const struct dp_ctl_load_weights *m, struct dp_layer *l)
+{
 	memset(l->index, 0xff, sizeof(l->index));
 	for (uint32_t i = 0; i < m->ducks_len; i++) {
 		uint32_t duck = m->ducks[i];
-		if (w->duck_index[duck] < 0 || l->index[duck] >= 0) {
+		if (c->w->duck_index[duck] < 0 || l->index[duck] >= 0) {
 			free(l);
 			dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
 			                  "duck %u is not in the topology or is listed twice",
 			                  duck);
-			return;
+			return -1;
 		}
 		l->ducks[i] = (uint16_t)duck;
 		l->shard[i] = m->shard_sizes[i];
 		l->index[duck] = (int16_t)i;
 	}
+	return 0;
+}
+
+/* The layer as the dispatcher and workers will read it: ducks, shape, MoE placement and
+ * the down bias buffers. NULL after a refusal. */
+static struct dp_layer *build_layer(struct dp_control *c, const struct dp_peer *p,
+				    const struct dp_ctl_load_weights *m,
+				    const struct dp_client *me, uint64_t bytes)
+{
+	struct dp_layer *l = calloc(1, sizeof(*l));
+	if (!l) {
+		dp_control_refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
+		return NULL;
+	}
+	if (fill_layer_ducks(c, p, m, l) < 0)
+		return NULL;
 	l->id = m->layer;
 	l->owner = me->id;
 	l->shared = m->shared;
@@ -460,7 +490,7 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 	if (dp_layer_moe_build(l, m, why, sizeof(why)) < 0) {
 		dp_layer_free(l);
 		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST, "%s", why);
-		return;
+		return NULL;
 	}
 	if (m->has_b_down) {
 		l->b_down_raw = calloc(m->hidden, 4);
@@ -468,9 +498,33 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 		if (!l->b_down_raw || !l->b_down) {
 			dp_layer_free(l);
 			dp_control_refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
-			return;
+			return NULL;
 		}
 	}
+	return l;
+}
+
+static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
+			    const struct dp_ctl_request *r)
+{
+	struct dp_world *w = c->w;
+	const struct dp_ctl_load_weights *m = &r->u.load_weights;
+	int old = -1;
+	struct dp_client *me = check_load(c, p, m, &old);
+	if (!me)
+		return;
+	const struct dp_layer *prev = old >= 0 ? w->layers[old] : NULL;
+	uint64_t bytes = dp_layer_plan_bytes(m);
+	if (refuse_over_quota(c, p, m, me, prev, bytes))
+		return;
+	int slot = layer_slot_for(w, m->layer, old);
+	if (slot < 0) {
+		dp_control_refuse(c, p, DP_ERROR_CODE_TOO_MANY_LAYERS, "the layer table is full");
+		return;
+	}
+	struct dp_layer *l = build_layer(c, p, m, me, bytes);
+	if (!l)
+		return;
 	if (prev)
 		dp_layer_unpublish(c->w, (uint32_t)slot, &c->retired); /* forwards in flight keep the old one */
 	/* release: the dispatcher that finds the layer sees it whole */

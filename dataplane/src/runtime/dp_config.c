@@ -1,4 +1,6 @@
-/* dp_config.c: decode the msgpack configuration with msgpack-c's object API. */
+/* dp_config.c: decode the msgpack configuration with msgpack-c's object API: the scalar
+ * fields by the reader generated from duckpipe/schema/config.py (dp_config_gen.c), the
+ * rest (addresses, enums, lists) and every bound here. */
 #include "dp_config.h"
 
 #include <arpa/inet.h>
@@ -32,33 +34,25 @@ static int get_addr(const msgpack_object *map, const char *ipkey, const char *po
 	return 0;
 }
 
-static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t index)
+/* A NIC's fields: the scalars by the generated reader (dp_config_gen.c), then those it
+ * leaves to this file (ctlgen.CONFIG_BY_HAND): host_ip and host_port as one address, and
+ * the strings broadcast and flow_steering, which the caller turns into an address and a
+ * mode. */
+static int read_nic_fields(const msgpack_object *o, struct dp_nic_cfg *nic, char *bcast,
+			   size_t bcast_len, char *flow, size_t flow_len)
 {
-	struct dp_nic_cfg *nic = &cfg->nics[index];
-	char bcast[64], flow[16];
-	if (o->type != MSGPACK_OBJECT_MAP) {
-		dp_set_error("must be a map");
-		return -1;
-	}
-	if (dp_msgpack_str(o, "name", nic->name, sizeof(nic->name), "") < 0 ||
-	    dp_msgpack_str(o, "backend", nic->backend, sizeof(nic->backend),
-		      DP_CFG_NIC_DEFAULT_BACKEND) < 0 ||
-	    dp_msgpack_str(o, "interface", nic->interface, sizeof(nic->interface),
-		      DP_CFG_NIC_DEFAULT_INTERFACE) < 0 ||
+	if (dp_cfg_gen_read_nic(o, nic) < 0 ||
 	    get_addr(o, "host_ip", "host_port", DP_CFG_NIC_DEFAULT_HOST_PORT, &nic->host) < 0 ||
-	    dp_msgpack_str(o, "broadcast", bcast, sizeof(bcast), DP_CFG_NIC_DEFAULT_BROADCAST) < 0 ||
-	    dp_msgpack_u32(o, "mtu", &nic->mtu, DP_CFG_NIC_DEFAULT_MTU) < 0 ||
-	    dp_msgpack_bool(o, "gso", &nic->gso, DP_CFG_NIC_DEFAULT_GSO) < 0 ||
-	    dp_msgpack_bool(o, "gro", &nic->gro, DP_CFG_NIC_DEFAULT_GRO) < 0 ||
-	    dp_msgpack_u32(o, "busy_poll_us", &nic->busy_poll_us, DP_CFG_NIC_DEFAULT_BUSY_POLL_US) < 0 ||
-	    dp_msgpack_u32(o, "rcvbuf", &nic->rcvbuf, DP_CFG_NIC_DEFAULT_RCVBUF) < 0 ||
-	    dp_msgpack_str(o, "flow_steering", flow, sizeof(flow), DP_CFG_NIC_DEFAULT_FLOW_STEERING) < 0 ||
-	    dp_msgpack_u32(o, "link_wait_ms", &nic->link_wait_ms, DP_CFG_NIC_DEFAULT_LINK_WAIT_MS) < 0 ||
-	    dp_msgpack_u32(o, "rx_desc", &nic->rx_desc, DP_CFG_NIC_DEFAULT_RX_DESC) < 0 ||
-	    dp_msgpack_u32(o, "tx_desc", &nic->tx_desc, DP_CFG_NIC_DEFAULT_TX_DESC) < 0 ||
-	    dp_msgpack_u32(o, "mbufs", &nic->mbufs, DP_CFG_NIC_DEFAULT_MBUFS) < 0 ||
-	    dp_msgpack_u32(o, "zc_hold_max_us", &nic->zc_hold_max_us, DP_CFG_NIC_DEFAULT_ZC_HOLD_MAX_US) < 0)
+	    dp_msgpack_str(o, "broadcast", bcast, bcast_len, DP_CFG_NIC_DEFAULT_BROADCAST) < 0 ||
+	    dp_msgpack_str(o, "flow_steering", flow, flow_len, DP_CFG_NIC_DEFAULT_FLOW_STEERING) < 0)
 		return -1;
+	return 0;
+}
+
+/* A NIC's bounds and its flow_steering mode: what the schema allows, checked again here
+ * because the file is input (another writer than `duckpipe dataplane` may have made it). */
+static int check_nic(struct dp_nic_cfg *nic, const char *flow)
+{
 	if (nic->zc_hold_max_us < 1 || nic->zc_hold_max_us > 1000000) {
 		dp_set_error("zc_hold_max_us %u is outside [1, 1000000]", nic->zc_hold_max_us);
 		return -1;
@@ -87,21 +81,35 @@ static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t ind
 		dp_set_error("mtu %u is outside [576, 65535]", nic->mtu);
 		return -1;
 	}
+	return 0;
+}
+
+/* broadcast (when set) with the port every duck listens on: one datagram for all ducks
+ * instead of a unicast fan-out. */
+static int read_broadcast(const msgpack_object *o, struct dp_nic_cfg *nic, const char *bcast)
+{
 	nic->use_broadcast = bcast[0] != '\0';
-	if (nic->use_broadcast) {
-		uint32_t port;
-		if (dp_msgpack_u32(o, "broadcast_port", &port, DP_CFG_NIC_DEFAULT_BROADCAST_PORT) < 0 || port == 0 || port > 65535) {
-			dp_set_error("broadcast needs 'broadcast_port', the port every duck listens on");
-			return -1;
-		}
-		memset(&nic->broadcast, 0, sizeof(nic->broadcast));
-		nic->broadcast.sin_family = AF_INET;
-		nic->broadcast.sin_port = htons((uint16_t)port);
-		if (inet_pton(AF_INET, bcast, &nic->broadcast.sin_addr) != 1) {
-			dp_set_error("broadcast '%s' is not an IPv4 address", bcast);
-			return -1;
-		}
+	if (!nic->use_broadcast)
+		return 0;
+	uint32_t port;
+	if (dp_msgpack_u32(o, "broadcast_port", &port, DP_CFG_NIC_DEFAULT_BROADCAST_PORT) < 0 || port == 0 || port > 65535) {
+		dp_set_error("broadcast needs 'broadcast_port', the port every duck listens on");
+		return -1;
 	}
+	memset(&nic->broadcast, 0, sizeof(nic->broadcast));
+	nic->broadcast.sin_family = AF_INET;
+	nic->broadcast.sin_port = htons((uint16_t)port);
+	if (inet_pton(AF_INET, bcast, &nic->broadcast.sin_addr) != 1) {
+		dp_set_error("broadcast '%s' is not an IPv4 address", bcast);
+		return -1;
+	}
+	return 0;
+}
+
+/* The NIC's ducks into the topology's one list: ids in [0, 255] (the duck index is a
+ * byte), each once across all NICs. */
+static int read_ducks(const msgpack_object *o, struct dp_config *cfg, uint32_t index)
+{
 	const msgpack_object *ducks = dp_msgpack_get(o, "ducks");
 	if (!ducks || ducks->type != MSGPACK_OBJECT_ARRAY) {
 		dp_set_error("'ducks' must be a list");
@@ -135,130 +143,105 @@ static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t ind
 	return 0;
 }
 
-int dp_config_load(const char *path, struct dp_config *cfg)
+static int load_nic(const msgpack_object *o, struct dp_config *cfg, uint32_t index)
+{
+	struct dp_nic_cfg *nic = &cfg->nics[index];
+	char bcast[64], flow[16];
+	if (o->type != MSGPACK_OBJECT_MAP) {
+		dp_set_error("must be a map");
+		return -1;
+	}
+	if (read_nic_fields(o, nic, bcast, sizeof(bcast), flow, sizeof(flow)) < 0 ||
+	    check_nic(nic, flow) < 0 || read_broadcast(o, nic, bcast) < 0)
+		return -1;
+	return read_ducks(o, cfg, index);
+}
+
+/* The whole file in one buffer (at most 1 MiB: the topology is small, and a bound keeps a
+ * wrong path from filling memory). *buf is the caller's to free. */
+static int read_file(const char *path, char **buf, size_t *len)
 {
 	FILE *f = fopen(path, "rb");
 	if (!f) {
 		dp_set_error("cannot open config %s: %s", path, strerror(errno));
 		return -1;
 	}
-	char *buf = malloc(1 << 20);
-	size_t len = buf ? fread(buf, 1, 1 << 20, f) : 0;
+	*buf = malloc(1 << 20);
+	*len = *buf ? fread(*buf, 1, 1 << 20, f) : 0;
 	fclose(f);
-	if (!buf || len == 0 || len == (1 << 20)) {
-		free(buf);
+	if (!*buf || *len == 0 || *len == (1 << 20)) {
+		free(*buf);
 		dp_set_error("config %s is empty, unreadable or larger than 1 MiB", path);
 		return -1;
 	}
-	msgpack_unpacked msg;
-	msgpack_unpacked_init(&msg);
-	size_t off = 0;
-	int rc = -1;
-	char why[160];
-	if (dp_msgpack_prescan(buf, len, 8, why, sizeof(why)) < 0 ||
-	    msgpack_unpack_next(&msg, buf, len, &off) != MSGPACK_UNPACK_SUCCESS) {
-		dp_set_error("config %s is not one msgpack map", path);
-		goto out;
-	}
-	const msgpack_object *root = &msg.data;
+	return 0;
+}
+
+/* The top level's fields: the scalars by the generated reader (dp_config_gen.c), then
+ * idle, a name dp_idle_parse turns into a strategy (cores and nics: read_cores,
+ * read_nics). */
+static int read_root_fields(const msgpack_object *root, struct dp_config *cfg)
+{
 	char idle[16];
-	memset(cfg, 0, sizeof(*cfg));
-	for (uint32_t i = 0; i < DP_MAX_CORES; i++)
-		cfg->cores[i] = -1;
-	bool dedicated;
-	if (dp_msgpack_str(root, "control", cfg->control, sizeof(cfg->control), "") < 0 ||
-	    dp_msgpack_bool(root, "dedicated_threads", &dedicated, DP_CFG_DEFAULT_DEDICATED_THREADS) < 0 ||
+	if (dp_cfg_gen_read(root, cfg) < 0 ||
 	    dp_msgpack_str(root, "idle", idle, sizeof(idle), DP_CFG_DEFAULT_IDLE) < 0 ||
-	    dp_idle_parse(idle, &cfg->idle) < 0 ||
-	    dp_msgpack_u32(root, "idle_spin_us", &cfg->idle_spin_us, DP_CFG_DEFAULT_IDLE_SPIN_US) < 0 ||
-	    dp_msgpack_u32(root, "completion_flush_us", &cfg->completion_flush_us,
-		      DP_CFG_DEFAULT_COMPLETION_FLUSH_US) < 0 ||
-	    dp_msgpack_u32(root, "default_timeout_us", &cfg->default_timeout_us,
-		      DP_CFG_DEFAULT_DEFAULT_TIMEOUT_US) < 0 ||
-	    dp_msgpack_u32(root, "nack_us", &cfg->nack_us, DP_CFG_DEFAULT_NACK_US) < 0 ||
-	    dp_msgpack_u32(root, "nack_min_us", &cfg->nack_min_us, DP_CFG_DEFAULT_NACK_MIN_US) < 0 ||
-	    dp_msgpack_u32(root, "nack_max_us", &cfg->nack_max_us, DP_CFG_DEFAULT_NACK_MAX_US) < 0 ||
-	    dp_msgpack_u32(root, "weight_rto_us", &cfg->weight_rto_us, DP_CFG_DEFAULT_WEIGHT_RTO_US) < 0 ||
-	    dp_msgpack_u32(root, "weight_timeout_ms", &cfg->weight_timeout_ms,
-		      DP_CFG_DEFAULT_WEIGHT_TIMEOUT_MS) < 0 ||
-	    dp_msgpack_u32(root, "client_timeout_ms", &cfg->client_timeout_ms,
-		      DP_CFG_DEFAULT_CLIENT_TIMEOUT_MS) < 0 ||
-	    dp_msgpack_u32(root, "max_inflight", &cfg->max_inflight, DP_CFG_DEFAULT_MAX_INFLIGHT) < 0 ||
-	    dp_msgpack_u32(root, "max_forward_bytes", &cfg->max_forward_bytes,
-		      DP_CFG_DEFAULT_MAX_FORWARD_BYTES) < 0 ||
-	    dp_msgpack_u32(root, "ping_ms", &cfg->ping_ms, DP_CFG_DEFAULT_PING_MS) < 0 ||
-	    dp_msgpack_u32(root, "client_max_inflight", &cfg->client_max_inflight,
-		      DP_CFG_DEFAULT_CLIENT_MAX_INFLIGHT) < 0 ||
-	    dp_msgpack_u32(root, "client_max_slots", &cfg->client_max_slots,
-		      DP_CFG_DEFAULT_CLIENT_MAX_SLOTS) < 0 ||
-	    dp_msgpack_u64(root, "client_max_segment_bytes", &cfg->client_max_segment_bytes,
-		      DP_CFG_DEFAULT_CLIENT_MAX_SEGMENT_BYTES, UINT64_MAX) < 0 ||
-	    dp_msgpack_u32(root, "max_timeout_us", &cfg->max_timeout_us, DP_CFG_DEFAULT_MAX_TIMEOUT_US) < 0 ||
-	    dp_msgpack_u32(root, "client_max_layers", &cfg->client_max_layers,
-		      DP_CFG_DEFAULT_CLIENT_MAX_LAYERS) < 0 ||
-	    dp_msgpack_u64(root, "client_max_weight_bytes", &cfg->client_max_weight_bytes,
-		      DP_CFG_DEFAULT_CLIENT_MAX_WEIGHT_BYTES, UINT64_MAX) < 0 ||
-	    dp_msgpack_u32(root, "max_hidden", &cfg->max_hidden, DP_CFG_DEFAULT_MAX_HIDDEN) < 0 ||
-	    dp_msgpack_u32(root, "max_ffn", &cfg->max_ffn, DP_CFG_DEFAULT_MAX_FFN) < 0 ||
-	    dp_msgpack_u32(root, "client_max_per_pid", &cfg->client_max_per_pid,
-		      DP_CFG_DEFAULT_CLIENT_MAX_PER_PID) < 0 ||
-	    dp_msgpack_u32(root, "client_max_per_uid", &cfg->client_max_per_uid,
-		      DP_CFG_DEFAULT_CLIENT_MAX_PER_UID) < 0 ||
-	    dp_msgpack_u32(root, "admin_reserved_clients", &cfg->admin_reserved_clients,
-		      DP_CFG_DEFAULT_ADMIN_RESERVED_CLIENTS) < 0 ||
-	    dp_msgpack_u32(root, "max_connections", &cfg->max_connections,
-		      DP_CFG_DEFAULT_MAX_CONNECTIONS) < 0 ||
-	    dp_msgpack_str(root, "control_group", cfg->control_group, sizeof(cfg->control_group),
-		      DP_CFG_DEFAULT_CONTROL_GROUP) < 0 ||
-	    dp_msgpack_str(root, "curve_secret_key_file", cfg->curve_secret_key_file,
-		      sizeof(cfg->curve_secret_key_file), DP_CFG_DEFAULT_CURVE_SECRET_KEY_FILE) < 0 ||
-	    dp_msgpack_str(root, "curve_public_key_file", cfg->curve_public_key_file,
-		      sizeof(cfg->curve_public_key_file), DP_CFG_DEFAULT_CURVE_PUBLIC_KEY_FILE) < 0 ||
-	    dp_msgpack_str(root, "curve_clients_file", cfg->curve_clients_file,
-		      sizeof(cfg->curve_clients_file), DP_CFG_DEFAULT_CURVE_CLIENTS_FILE) < 0)
-		goto out;
-	cfg->dedicated_threads = dedicated;
+	    dp_idle_parse(idle, &cfg->idle) < 0)
+		return -1;
+	return 0;
+}
+
+/* The top level's bounds the agents rely on, refused at start (check_limits in
+ * duckpipe/schema/config.py refuses the table quotas the same way, before the file). */
+static int check_root(const struct dp_config *cfg)
+{
 	if (!cfg->control[0]) {
 		dp_set_error("'control' (the ZeroMQ endpoint) is missing");
-		goto out;
+		return -1;
 	}
 	if (cfg->nack_min_us == 0 || cfg->nack_min_us > cfg->nack_max_us) {
 		dp_set_error("nack_min_us %u must be above 0 and at most nack_max_us %u",
 			     cfg->nack_min_us, cfg->nack_max_us);
-		goto out;
+		return -1;
 	}
 	if (cfg->max_inflight == 0 || (cfg->max_inflight & (cfg->max_inflight - 1)) ||
 	    cfg->max_inflight > 4096) {
 		dp_set_error("max_inflight %u must be a power of two up to 4096", cfg->max_inflight);
-		goto out;
+		return -1;
 	}
 	/* every client at its layer quota must leave the table room for the others */
 	if ((uint64_t)cfg->client_max_layers * DP_MAX_CLIENTS > DP_LAYER_TABLE) {
 		dp_set_error("client_max_layers %u x %d clients passes the layer table (%d): at most %d",
 			     cfg->client_max_layers, DP_MAX_CLIENTS, DP_LAYER_TABLE,
 			     DP_LAYER_TABLE / DP_MAX_CLIENTS);
-		goto out;
+		return -1;
 	}
 	if (cfg->client_max_per_pid == 0 || cfg->client_max_per_pid > DP_MAX_CLIENTS) {
 		dp_set_error("client_max_per_pid %u is outside [1, %d]", cfg->client_max_per_pid,
 			     DP_MAX_CLIENTS);
-		goto out;
+		return -1;
 	}
 	if (cfg->client_max_per_uid == 0 || cfg->client_max_per_uid > DP_MAX_CLIENTS) {
 		dp_set_error("client_max_per_uid %u is outside [1, %d]", cfg->client_max_per_uid,
 			     DP_MAX_CLIENTS);
-		goto out;
+		return -1;
 	}
 	/* at least one slot the admin's clients always find free */
 	if (cfg->admin_reserved_clients == 0 || cfg->admin_reserved_clients >= DP_MAX_CLIENTS) {
 		dp_set_error("admin_reserved_clients %u is outside [1, %d]",
 			     cfg->admin_reserved_clients, DP_MAX_CLIENTS - 1);
-		goto out;
+		return -1;
 	}
 	if (cfg->max_connections == 0) {
 		dp_set_error("max_connections must be at least 1");
-		goto out;
+		return -1;
 	}
+	return 0;
+}
+
+/* cores: the CPU of each runner in agent order; anything but a non-negative int (and
+ * the runners past DP_MAX_CORES) stays unpinned (-1). */
+static void read_cores(const msgpack_object *root, struct dp_config *cfg)
+{
 	const msgpack_object *cores = dp_msgpack_get(root, "cores");
 	if (cores && cores->type == MSGPACK_OBJECT_ARRAY) {
 		for (uint32_t i = 0; i < cores->via.array.size && i < DP_MAX_CORES; i++) {
@@ -267,23 +250,57 @@ int dp_config_load(const char *path, struct dp_config *cfg)
 		}
 		cfg->ncores = cores->via.array.size;
 	}
+}
+
+/* nics: 1 to DP_MAX_NICS, each with its ducks; a topology without any duck is refused. */
+static int read_nics(const msgpack_object *root, struct dp_config *cfg)
+{
 	const msgpack_object *nics = dp_msgpack_get(root, "nics");
 	if (!nics || nics->type != MSGPACK_OBJECT_ARRAY || nics->via.array.size == 0 ||
 	    nics->via.array.size > DP_MAX_NICS) {
 		dp_set_error("'nics' must list 1 to %d NICs", DP_MAX_NICS);
-		goto out;
+		return -1;
 	}
 	for (uint32_t i = 0; i < nics->via.array.size; i++) {
 		if (load_nic(&nics->via.array.ptr[i], cfg, i) < 0) {
 			dp_add_error_context("nic %u", i);
-			goto out;
+			return -1;
 		}
 		cfg->nnics++;
 	}
 	if (cfg->nducks == 0) {
 		dp_set_error("the topology has no ducks");
+		return -1;
+	}
+	return 0;
+}
+
+int dp_config_load(const char *path, struct dp_config *cfg)
+{
+	char *buf;
+	size_t len;
+	if (read_file(path, &buf, &len) < 0)
+		return -1;
+	msgpack_unpacked msg;
+	msgpack_unpacked_init(&msg);
+	size_t off = 0;
+	int rc = -1;
+	char why[160];
+	/* nesting bounded before msgpack-c builds its objects (dp_msgpack_prescan) */
+	if (dp_msgpack_prescan(buf, len, 8, why, sizeof(why)) < 0 ||
+	    msgpack_unpack_next(&msg, buf, len, &off) != MSGPACK_UNPACK_SUCCESS) {
+		dp_set_error("config %s is not one msgpack map", path);
 		goto out;
 	}
+	const msgpack_object *root = &msg.data;
+	memset(cfg, 0, sizeof(*cfg));
+	for (uint32_t i = 0; i < DP_MAX_CORES; i++)
+		cfg->cores[i] = -1;
+	if (read_root_fields(root, cfg) < 0 || check_root(cfg) < 0)
+		goto out;
+	read_cores(root, cfg);
+	if (read_nics(root, cfg) < 0)
+		goto out;
 	rc = 0;
 out:
 	msgpack_unpacked_destroy(&msg);

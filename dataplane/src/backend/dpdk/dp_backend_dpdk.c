@@ -93,6 +93,10 @@
 #include "dp_dpdk.h"
 #include "dp_dpdk_size.h"
 
+/* the checksum offloads used where the port has both: IPv4 header and UDP */
+#define TX_CKSUM (RTE_ETH_TX_OFFLOAD_IPV4_CKSUM | RTE_ETH_TX_OFFLOAD_UDP_CKSUM)
+#define RX_CKSUM (RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_UDP_CKSUM)
+
 static void list_ports(char *out, size_t size)
 {
 	uint16_t id;
@@ -238,9 +242,9 @@ static void log_sizes(const struct dp_backend *b, const struct dpdk_priv *p,
 			DP_DPDK_AF_XDP_FILL, (unsigned long)rte_align64pow2(need));
 }
 
-static int dpdk_open(struct dp_backend *b)
+/* What the config alone can refuse, before the EAL starts. */
+static int check_nic(const struct dp_nic_cfg *cfg)
 {
-	const struct dp_nic_cfg *cfg = b->cfg;
 	if (!cfg->interface[0]) {
 		dp_set_error("the dpdk backend needs `interface`: the DPDK port's name "
 			     "(net_af_packet0 for --vdev=net_af_packet0,iface=IF, or a PCI address)");
@@ -250,16 +254,12 @@ static int dpdk_open(struct dp_backend *b)
 		dp_set_error("mtu %u is more than an Ethernet jumbo frame carries", cfg->mtu);
 		return -1;
 	}
-	struct dpdk_priv *p = calloc(1, sizeof(*p));
-	if (!p) {
-		dp_set_error("out of memory for the dpdk backend");
-		return -1;
-	}
-	p->link_fd = -1; /* dp_dpdk_link_conf opens it */
-	if (dp_dpdk_eal_get() < 0) {
-		free(p);
-		return -1;
-	}
+	return 0;
+}
+
+/* The NIC's `interface` as a DPDK port id, or an error listing the ports there are. */
+static int find_port(const struct dp_nic_cfg *cfg, struct dpdk_priv *p)
+{
 	int rc;
 	if ((rc = rte_eth_dev_get_port_by_name(cfg->interface, &p->port)) != 0) {
 		char ports[256];
@@ -272,106 +272,168 @@ static int dpdk_open(struct dp_backend *b)
 			     : "; if the EAL said \"could not set PACKET_FANOUT\", another process "
 			       "holds this port's fanout group id (pid ^ ifindex): start again "
 			       "(docs/dpdk.md)");
-		goto fail_eal;
+		return -1;
 	}
-	struct rte_eth_dev_info info;
-	if ((rc = rte_eth_dev_info_get(p->port, &info)) != 0) {
+	return 0;
+}
+
+/* What the port can do: its mtu, checksum offloads and zero copy (dp_dpdk_zc.c). */
+static int read_port_info(const struct dp_nic_cfg *cfg, struct dpdk_priv *p,
+			  struct rte_eth_dev_info *info)
+{
+	int rc;
+	if ((rc = rte_eth_dev_info_get(p->port, info)) != 0) {
 		dp_set_error("rte_eth_dev_info_get: err=%d, port=%u", rc, p->port);
-		goto fail_eal;
+		return -1;
 	}
-	if (info.max_mtu < cfg->mtu) {
+	if (info->max_mtu < cfg->mtu) {
 		dp_set_error("port %u (%s) takes an mtu of %u at most, the NIC's is %u", p->port,
-			     cfg->interface, info.max_mtu, cfg->mtu);
-		goto fail_eal;
+			     cfg->interface, info->max_mtu, cfg->mtu);
+		return -1;
 	}
-	uint64_t tx_ck = RTE_ETH_TX_OFFLOAD_IPV4_CKSUM | RTE_ETH_TX_OFFLOAD_UDP_CKSUM;
-	uint64_t rx_ck = RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_UDP_CKSUM;
-	p->tx_cksum_offload = (info.tx_offload_capa & tx_ck) == tx_ck;
-	p->rx_cksum_offload = (info.rx_offload_capa & rx_ck) == rx_ck;
-	dp_dpdk_zc_open(p, &info); /* zero copy: which ports, dp_dpdk_zc.c */
-	struct rte_eth_conf conf = {
-		.rxmode = { .mtu = cfg->mtu, .offloads = p->rx_cksum_offload ? rx_ck : 0 },
+	p->tx_cksum_offload = (info->tx_offload_capa & TX_CKSUM) == TX_CKSUM;
+	p->rx_cksum_offload = (info->rx_offload_capa & RX_CKSUM) == RX_CKSUM;
+	dp_dpdk_zc_open(p, info); /* zero copy: which ports, dp_dpdk_zc.c */
+	return 0;
+}
+
+/* The port's configuration: the offloads it has, link and RX interrupts where it has them. */
+static void port_conf(struct dp_backend *b, struct dpdk_priv *p,
+		      const struct rte_eth_dev_info *info, struct rte_eth_conf *conf)
+{
+	*conf = (struct rte_eth_conf){
+		.rxmode = { .mtu = b->cfg->mtu, .offloads = p->rx_cksum_offload ? RX_CKSUM : 0 },
 		.txmode = { .mq_mode = RTE_ETH_MQ_TX_NONE,
-			    .offloads = (p->tx_cksum_offload ? tx_ck : 0) |
+			    .offloads = (p->tx_cksum_offload ? TX_CKSUM : 0) |
 					(p->zero_copy ? RTE_ETH_TX_OFFLOAD_MULTI_SEGS : 0) },
 	};
-	dp_dpdk_link_conf(p, &info, &conf); /* intr_conf.lsc where the port has it */
-	dp_dpdk_intr_conf(b, &conf);
+	dp_dpdk_link_conf(p, info, conf); /* intr_conf.lsc where the port has it */
+	dp_dpdk_intr_conf(b, conf);
+}
+
+/* The port's ring sizes and its mbuf pool, on the port's socket: the NIC writes the
+ * frames there (the worker's socket is checked against it on its first poll,
+ * dp_dpdk_stats.c). *room is an mbuf's data room: one mbuf holds a whole frame. */
+static int make_pool(const struct dp_backend *b, struct dpdk_priv *p,
+		     const struct rte_eth_dev_info *info, struct port_sizes *sz, uint32_t *room,
+		     int *socket)
+{
 	/* one mbuf holds a whole frame: headroom, Ethernet (and a VLAN tag, the CRC), mtu */
-	uint32_t room = RTE_PKTMBUF_HEADROOM + RTE_ETHER_HDR_LEN + 8 + cfg->mtu;
-	if (room < RTE_MBUF_DEFAULT_BUF_SIZE)
-		room = RTE_MBUF_DEFAULT_BUF_SIZE;
+	*room = RTE_PKTMBUF_HEADROOM + RTE_ETHER_HDR_LEN + 8 + b->cfg->mtu;
+	if (*room < RTE_MBUF_DEFAULT_BUF_SIZE)
+		*room = RTE_MBUF_DEFAULT_BUF_SIZE;
 	char pool_name[RTE_MEMPOOL_NAMESIZE];
 	snprintf(pool_name, sizeof(pool_name), "dp_mbufs_%u", b->nic);
-	int socket = rte_eth_dev_socket_id(p->port);
-	if (socket < 0)
-		socket = SOCKET_ID_ANY;
-	struct port_sizes sz;
-	if (size_port(b, p->port, &info, room + (uint32_t)sizeof(struct rte_mbuf), socket, &sz) < 0)
-		goto fail_eal;
-	uint32_t nmbufs = sz.pool.mbufs;
-	/* on the port's socket: the NIC writes the frames there (the worker's socket is
-	 * checked against it on its first poll, dp_dpdk_stats.c) */
-	p->pool = rte_pktmbuf_pool_create(pool_name, nmbufs, sz.pool.cache, 0, (uint16_t)room,
-					  socket);
+	*socket = rte_eth_dev_socket_id(p->port);
+	if (*socket < 0)
+		*socket = SOCKET_ID_ANY;
+	if (size_port(b, p->port, info, *room + (uint32_t)sizeof(struct rte_mbuf), *socket, sz) < 0)
+		return -1;
+	uint32_t nmbufs = sz->pool.mbufs;
+	p->pool = rte_pktmbuf_pool_create(pool_name, nmbufs, sz->pool.cache, 0, (uint16_t)*room,
+					  *socket);
 	if (!p->pool) {
 		dp_set_error("rte_pktmbuf_pool_create(%u mbufs of %u bytes): %s (err=%d), port=%u; "
 			     "are hugepages free?",
-			     nmbufs, room, rte_strerror(rte_errno), rte_errno, p->port);
-		goto fail_eal;
+			     nmbufs, *room, rte_strerror(rte_errno), rte_errno, p->port);
+		return -1;
 	}
-	uint16_t nrx = sz.nrx, ntx = sz.ntx;
-	if (dp_dpdk_flow_isolate(b, p) < 0)
-		goto fail_configured; /* its flow mode may have changed: closed, as after configure */
-	if ((rc = rte_eth_dev_configure(p->port, 1, 1, &conf)) != 0) {
+	return 0;
+}
+
+/* Close a port that was configured (or whose flow mode changed): before its queues'
+ * mbuf pool goes. */
+static void close_port(const struct dp_nic_cfg *cfg, const struct dpdk_priv *p)
+{
+	int rc;
+	if ((rc = rte_eth_dev_close(p->port)) != 0)
+		DP_WARN("nic %s: rte_eth_dev_close: err=%d, port=%u", cfg->name, rc, p->port);
+}
+
+/* Flow isolation (before configure), then one RX and one TX queue. On failure the port
+ * is left as it was, closed if isolation may have changed its flow mode. */
+static int configure_port(struct dp_backend *b, struct dpdk_priv *p,
+			  const struct rte_eth_conf *conf)
+{
+	int rc;
+	if (dp_dpdk_flow_isolate(b, p) < 0) {
+		close_port(b->cfg, p); /* its flow mode may have changed: closed, as after configure */
+		return -1;
+	}
+	if ((rc = rte_eth_dev_configure(p->port, 1, 1, conf)) != 0) {
 		dp_set_error("rte_eth_dev_configure: err=%d, port=%u", rc, p->port);
-		goto fail_pool;
+		return -1;
 	}
-	struct rte_eth_rxconf rxq = info.default_rxconf;
-	rxq.offloads = conf.rxmode.offloads;
+	return 0;
+}
+
+/* The RX queue on the mbuf pool (an af_xdp port makes its XSK here) and the TX queue,
+ * with the configured offloads. */
+static int setup_queues(struct dpdk_priv *p, const struct rte_eth_dev_info *info,
+			const struct rte_eth_conf *conf, const struct port_sizes *sz, int socket)
+{
+	int rc;
+	uint16_t nrx = sz->nrx, ntx = sz->ntx;
+	struct rte_eth_rxconf rxq = info->default_rxconf;
+	rxq.offloads = conf->rxmode.offloads;
 	dp_dpdk_stats_xsk_before(p); /* an af_xdp port's XSK is made in queue setup */
 	if ((rc = rte_eth_rx_queue_setup(p->port, 0, nrx, (unsigned)socket, &rxq, p->pool)) != 0) {
 		dp_set_error("rte_eth_rx_queue_setup: err=%d, port=%u", rc, p->port);
-		goto fail_configured;
+		return -1;
 	}
-	struct rte_eth_txconf txq = info.default_txconf;
-	txq.offloads = conf.txmode.offloads;
+	struct rte_eth_txconf txq = info->default_txconf;
+	txq.offloads = conf->txmode.offloads;
 	dp_dpdk_zc_txconf(p, &txq, ntx); /* completion thresholds where a NIC DMAs in place */
 	if ((rc = rte_eth_tx_queue_setup(p->port, 0, ntx, (unsigned)socket, &txq)) != 0) {
 		dp_set_error("rte_eth_tx_queue_setup: err=%d, port=%u", rc, p->port);
-		goto fail_configured;
+		return -1;
 	}
+	return 0;
+}
+
+/* Start the port: its MAC, the link (waited for up to link_wait_ms), counters from zero,
+ * RX interrupts where the port has them. */
+static int start_port(struct dp_backend *b, struct dpdk_priv *p, const struct rte_eth_conf *conf)
+{
+	const struct dp_nic_cfg *cfg = b->cfg;
+	int rc;
 	if ((rc = rte_eth_macaddr_get(p->port, &p->mac)) != 0) {
 		dp_set_error("rte_eth_macaddr_get: err=%d, port=%u", rc, p->port);
-		goto fail_configured;
+		return -1;
 	}
 	if ((rc = rte_eth_dev_start(p->port)) != 0) {
 		dp_set_error("rte_eth_dev_start: err=%d, port=%u", rc, p->port);
-		goto fail_configured;
+		return -1;
 	}
 	dp_dpdk_link_start(b, p); /* waits up to link_wait_ms for the link */
 	if ((rc = rte_eth_stats_reset(p->port)) != 0) /* rxq_overflows counts from here */
 		DP_WARN("nic %s: rte_eth_stats_reset: err=%d, port=%u: rxq_overflows counts the "
 			"port's drops since before this run", cfg->name, rc, p->port);
-	dp_dpdk_intr_start(b, p, &conf);
-	p->host_ip = cfg->host.sin_addr.s_addr;
-	p->host_port = cfg->host.sin_port;
-	p->bcast_ip = cfg->use_broadcast ? cfg->broadcast.sin_addr.s_addr : 0;
-	if (xstats_open(p) < 0 || dp_dpdk_stats_open(b, p, &info) < 0 ||
-	    dp_dpdk_flow_open(b, p) < 0)
-		goto fail_started;
+	dp_dpdk_intr_start(b, p, conf);
+	return 0;
+}
+
+/* The backend goes live: its largest datagram, an ARP entry per duck on this NIC, zero
+ * copy, GSO. */
+static void go_live(struct dp_backend *b, struct dpdk_priv *p, const struct rte_eth_dev_info *info)
+{
+	const struct dp_nic_cfg *cfg = b->cfg;
 	p->max_datagram = cfg->mtu - (uint32_t)(sizeof(struct rte_ipv4_hdr) + sizeof(struct rte_udp_hdr));
 	for (uint32_t i = 0; i < b->config->nducks; i++)
 		if (b->config->ducks[i].nic == b->nic)
 			dp_dpdk_arp_add(p, b->config->ducks[i].addr.sin_addr.s_addr);
 	b->priv = p;
-	dp_dpdk_zc_start(b, p, &info);
+	dp_dpdk_zc_start(b, p, info);
 	/* the worker batches up to 64 datagrams per message, which are cut here */
 	b->gso = true;
 	b->max_gso_segments = 64;
+}
 
-	/* Resolve the ducks now, so that the first forwards find their MACs: a request
-	 * each, then answers for ARP_WAIT_MS at most (ducks not up yet: on demand later). */
+/* Resolve the ducks now, so that the first forwards find their MACs: a request each,
+ * then answers for ARP_WAIT_MS at most (ducks not up yet: on demand later). Returns how
+ * many stay unresolved; *waited_ns how long it took. */
+static uint32_t resolve_ducks(struct dp_backend *b, struct dpdk_priv *p, uint64_t *waited_ns)
+{
 	uint64_t start = dp_now_ns(), now = start;
 	uint32_t unknown;
 	do {
@@ -394,13 +456,56 @@ static int dpdk_open(struct dp_backend *b)
 		rte_pktmbuf_free_bulk(p->held, p->nheld);
 		p->nheld = 0;
 	}
+	*waited_ns = now - start;
+	return unknown;
+}
+
+/* EAL, port, pool, queues, start, then ARP: the steps of DPDK's l2fwd port init, each
+ * undone in reverse on failure. */
+static int dpdk_open(struct dp_backend *b)
+{
+	const struct dp_nic_cfg *cfg = b->cfg;
+	if (check_nic(cfg) < 0)
+		return -1;
+	struct dpdk_priv *p = calloc(1, sizeof(*p));
+	if (!p) {
+		dp_set_error("out of memory for the dpdk backend");
+		return -1;
+	}
+	p->link_fd = -1; /* dp_dpdk_link_conf opens it */
+	if (dp_dpdk_eal_get() < 0) {
+		free(p);
+		return -1;
+	}
+	int rc, socket;
+	uint32_t room;
+	struct rte_eth_dev_info info;
+	struct rte_eth_conf conf;
+	struct port_sizes sz;
+	if (find_port(cfg, p) < 0 || read_port_info(cfg, p, &info) < 0)
+		goto fail_eal;
+	port_conf(b, p, &info, &conf);
+	if (make_pool(b, p, &info, &sz, &room, &socket) < 0)
+		goto fail_eal;
+	if (configure_port(b, p, &conf) < 0)
+		goto fail_pool;
+	if (setup_queues(p, &info, &conf, &sz, socket) < 0 || start_port(b, p, &conf) < 0)
+		goto fail_configured;
+	p->host_ip = cfg->host.sin_addr.s_addr;
+	p->host_port = cfg->host.sin_port;
+	p->bcast_ip = cfg->use_broadcast ? cfg->broadcast.sin_addr.s_addr : 0;
+	if (xstats_open(p) < 0 || dp_dpdk_stats_open(b, p, &info) < 0 ||
+	    dp_dpdk_flow_open(b, p) < 0)
+		goto fail_started;
+	go_live(b, p, &info);
+	uint64_t waited;
+	uint32_t unknown = resolve_ducks(b, p, &waited);
 	DP_INFO("nic %s: DPDK port %u (%s, driver %s), MAC " RTE_ETHER_ADDR_PRT_FMT
 		", %u mbufs of %u bytes, checksums %s, transmit %s, %u duck address(es) unresolved "
 		"after %lu ms",
 		cfg->name, p->port, cfg->interface, info.driver_name, RTE_ETHER_ADDR_BYTES(&p->mac),
-		nmbufs, room, p->tx_cksum_offload ? "offloaded" : "in software",
-		p->zero_copy ? "zero-copy" : "copying", unknown,
-		(unsigned long)((now - start) / 1000000));
+		sz.pool.mbufs, room, p->tx_cksum_offload ? "offloaded" : "in software",
+		p->zero_copy ? "zero-copy" : "copying", unknown, (unsigned long)(waited / 1000000));
 	log_sizes(b, p, &sz, room, socket, af_packet_framecnt(&info));
 	p->st.numa_due = true; /* the worker's first poll checks its socket against the port's */
 	dp_backend_xstats_live(b); /* Stats may read the port from now on */
@@ -412,8 +517,7 @@ fail_started:
 	if ((rc = rte_eth_dev_stop(p->port)) != 0)
 		DP_WARN("nic %s: rte_eth_dev_stop: err=%d, port=%u", cfg->name, rc, p->port);
 fail_configured: /* closed before its queues' mbuf pool goes */
-	if ((rc = rte_eth_dev_close(p->port)) != 0)
-		DP_WARN("nic %s: rte_eth_dev_close: err=%d, port=%u", cfg->name, rc, p->port);
+	close_port(cfg, p);
 fail_pool:
 	rte_mempool_free(p->pool);
 fail_eal:
