@@ -134,6 +134,9 @@ static void drop_held(struct dp_control *c, struct dp_client *cl, const char *wh
 	dp_fetch_add_u64(&cl->inflight, -(int64_t)h->n);
 	c->nheld -= h->n;
 	*h = (struct dp_held_list){ 0 };
+	/* its forwards are done with: a client that was at its quota may have descriptors
+	 * waiting in its ring, which a parked dispatcher looks at again only when woken */
+	dp_waker_kick(c->w->dispatch_waker);
 }
 
 /* Offer cl's held completions, oldest first, until its socket refuses one; how many left. */

@@ -427,7 +427,10 @@ static ssize_t drain(struct dp_dispatcher *d, int fd)
  * breakage: the next take evicts it), so a client at its quota cannot pass for busy by
  * moving its head back and forth: at most a ring's worth of rings count. Or, waiting for
  * a completion (completions_wanted: dp_completions_want rings for the outbox to leave),
- * one of its forwards completed since it last rang: each completion pays for one ring. */
+ * one of its forwards completed since it last rang (however many did, that ring counts as
+ * work; the next one needs another completion). `completed` moves when the control agent
+ * packs the completion, after the done word: a ring made between the two counts as idle,
+ * which costs a well-behaved client at most a muted spell's latency, never a forward. */
 static bool rang_with_work(struct dp_bell *b, const struct dp_client *c)
 {
 	uint64_t head = dp_load_acquire_u64(&c->ring->head);

@@ -51,7 +51,8 @@ static void reap(const struct dp_reap_job *j)
  * Writes of whole jobs, never torn, so every read that returns gets whole ones. */
 static void *reaper_main(void *arg)
 {
-	int rd = (int)(intptr_t)arg;
+	struct dp_reaper *r = arg;
+	int rd = r->rd;
 	dp_set_thread_name("reaper");
 	/* batch: woken for a job, it never preempts a runner; it runs when one yields. And
 	 * the least weight: on a CPU a runner needs, the kernel's free waits for it */
@@ -69,9 +70,13 @@ static void *reaper_main(void *arg)
 		} else if (n < 0 && errno == EINTR) {
 			continue;
 		} else {
-			if (n != 0)
+			if (n != 0) {
 				DP_WARN("reaper: read: %s; segments are let go inline from now on",
 					n < 0 ? strerror(errno) : "a torn job");
+				/* release: give() stops writing jobs nobody would read (their slots
+				 * would wait for their done flag for ever) */
+				dp_store_release_u32(&r->gone, 1);
+			}
 			return NULL;
 		}
 	}
@@ -115,7 +120,7 @@ int dp_reaper_start(struct dp_reaper *r, const struct dp_config *cfg)
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
-	int rc = pthread_create(&r->thread, &attr, reaper_main, (void *)(intptr_t)r->rd);
+	int rc = pthread_create(&r->thread, &attr, reaper_main, r);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	pthread_attr_destroy(&attr);
 	if (rc) {
@@ -133,7 +138,7 @@ fail:
 
 void dp_reaper_give(struct dp_reaper *r, const struct dp_reap_job *job)
 {
-	if (r && r->started) {
+	if (r && r->started && !dp_load_acquire_u32(&r->gone)) {
 		if (write(r->wr, job, sizeof(*job)) == (ssize_t)sizeof(*job))
 			return;
 		/* EAGAIN: 1,600 jobs queued; the reaper is starved of CPU, or gone */

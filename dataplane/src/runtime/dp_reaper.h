@@ -39,6 +39,7 @@ struct dp_reaper {
 	int rd, wr; /* the pipe: the control agent writes jobs (non-blocking), the reaper reads */
 	pthread_t thread;
 	bool started;
+	uint32_t gone;        /* atomic, the reaper's: it stopped reading (a failed read) */
 	uint64_t inline_jobs; /* the control agent's: jobs it did itself (pipe full or no reaper) */
 };
 

@@ -229,7 +229,7 @@ static int take_fd(int pidfd, uint32_t pid, int32_t fd, const char *what)
 			errno = EPERM;
 	}
 	if (got >= 0 && dp_pidfd_exited(pidfd)) {
-		close(got);
+		discard(NULL, 0, got); /* it may be the last reference: the reaper frees it */
 		got = -1;
 		errno = ESRCH;
 	}
@@ -276,7 +276,7 @@ int dp_client_map(struct dp_client *c, int pidfd, uint32_t peer_pid, uint32_t pe
 	if (got < 0)
 		return -1;
 	if (!start_ticks) {
-		close(got);
+		discard(NULL, 0, got); /* the client is gone: ours may be the last reference */
 		dp_set_error("cannot read /proc/%u/stat: is the client alive?", peer_pid);
 		return -1;
 	}
