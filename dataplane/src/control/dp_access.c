@@ -97,7 +97,7 @@ int dp_peer_pidfd(int sockfd, uint32_t uid, uint32_t gid, uint32_t pid)
 	}
 	if (pidfd < 0 || dp_pidfd_exited(pidfd)) {
 		if (pidfd >= 0)
-			close(pidfd);
+			dp_close_untracked(pidfd);
 		dp_set_error("the process that opened this connection (pid %u) has exited: a "
 			     "connection serves the process that made it; connect from this one",
 			     pid);

@@ -160,7 +160,7 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 		dp_client_unmap(cl);
 		rc = -1;
 	}
-	close(pidfd);
+	dp_close_untracked(pidfd);
 	if (rc < 0) {
 		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_SEGMENT, "%s", dp_error());
 		return;

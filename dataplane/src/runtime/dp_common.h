@@ -42,5 +42,11 @@ const char *dp_printable(const char *in, char *out, size_t len);
 
 /* Name the calling thread in logs (and in top/ps). */
 void dp_set_thread_name(const char *name);
+/* close() of a descriptor the kernel handed over through a call ThreadSanitizer does not
+ * see create one (pidfd_open, SO_PEERPIDFD, pidfd_getfd). Its own function, never
+ * inlined, so that dataplane/tsan.supp can name it: TSan would otherwise take the close
+ * for a race with whichever thread last made a descriptor of that number through a call
+ * it does see (libzmq's accept4 of a connection libzmq closed since). */
+void dp_close_untracked(int fd);
 
 #endif /* DP_COMMON_H */

@@ -39,7 +39,7 @@ static void reap(const struct dp_reap_job *j)
 				strerror(errno));
 	}
 	if (j->fd >= 0)
-		close(j->fd);
+		dp_close_untracked(j->fd); /* perhaps pidfd_getfd's (dp_client.c take_fd) */
 	if (j->done) {
 		/* release: the unmap is done before the control agent reuses the range's slot */
 		dp_store_release_u32(j->done, 1);

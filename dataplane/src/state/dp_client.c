@@ -293,7 +293,7 @@ int dp_client_map(struct dp_client *c, int pidfd, uint32_t peer_pid, uint32_t pe
 		discard(NULL, 0, got); /* the client may have closed its own meanwhile */
 		goto described;
 	}
-	close(got); /* fd holds the file */
+	dp_close_untracked(got); /* fd holds the file */
 	struct dp_seg_header h;
 	struct dp_client_layout lay;
 	if (check_memfd(fd, peer_uid, &st, name, sizeof(name)) < 0)
@@ -395,13 +395,13 @@ int dp_client_open_doorbell(struct dp_client *c, int pidfd, uint32_t peer_pid,
 	/* the client's own (else nothing about it is said), and an anonymous pipe (pipefs, mode
 	 * 0600 from pipe(2)), not a named FIFO others may open */
 	if (fstat(got, &st) < 0 || st.st_uid != peer_uid) {
-		close(got);
+		dp_close_untracked(got);
 		dp_set_error("doorbell fd %d is not an anonymous pipe of yours (uid %u)",
 			     doorbell_fd, peer_uid);
 		return -1;
 	}
 	if (!S_ISFIFO(st.st_mode) || fstatfs(got, &fs) < 0 || fs.f_type != PIPEFS_MAGIC) {
-		close(got);
+		dp_close_untracked(got);
 		dp_set_error("doorbell fd %d of pid %u is not an anonymous pipe of uid %u",
 			     doorbell_fd, peer_pid, peer_uid);
 		return -1;
@@ -409,7 +409,7 @@ int dp_client_open_doorbell(struct dp_client *c, int pidfd, uint32_t peer_pid,
 	/* a description of our own: the dispatcher's reads must never block, whatever the
 	 * client sets on its end (the one pidfd_getfd shares) */
 	c->doorbell_fd = reopen_own(got, O_RDONLY | O_NONBLOCK);
-	close(got);
+	dp_close_untracked(got);
 	if (c->doorbell_fd < 0) {
 		dp_set_error("cannot open doorbell fd %d of pid %u: %s", doorbell_fd, peer_pid,
 			     strerror(errno));
