@@ -80,6 +80,9 @@ uint64_t dp_client_quota(uint64_t contexts, uint32_t nactive, uint64_t client_ma
 int dp_routing_size(uint64_t tokens, uint64_t topk, uint64_t *out);
 int dp_routing_check(const void *table, uint64_t len, uint32_t tokens, uint32_t n_experts,
                      char *why, size_t n);
+int dp_routing_pack(const void *indices, uint32_t index_size, const void *weights,
+                    uint32_t tokens, uint32_t topk, uint32_t n_experts, void *out,
+                    uint64_t out_len, char *why, size_t n);
 int dp_routing_placement_check(const struct dp_routing_placement *pl, char *why, size_t n);
 void dp_routing_bank_slots(const struct dp_routing_placement *pl, uint16_t *slots,
                            uint16_t *per_duck);

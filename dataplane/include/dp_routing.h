@@ -21,6 +21,8 @@
  *
  * dp_routing_check          host table: header against the forward and the layer, every
  *                           expert < n_experts, no expert twice for a token, finite weights
+ * dp_routing_pack           a gate's int32/int64 ids and float32 weights -> host table,
+ *                           checked by the same rule in the same pass (the client's submit)
  * dp_routing_placement_check  expert -> ducks (1..MAX_REPLICAS distinct ducks each)
  * dp_routing_split          host table + placement (+ the NIC's ducks) -> wire table
  * dp_routing_wire_check     wire table: directory, sections, entries
@@ -118,6 +120,80 @@ static inline int dp_routing_check_n_experts(uint32_t n_experts, char *why, size
 	return 0;
 }
 
+/* The header of a host table against the forward of `tokens` rows on a layer of n_experts
+ * routed experts and the len bytes given: 0 and *size (the table's bytes), or a negative
+ * enum dp_routing_error with why. n_experts was checked by the caller. */
+static inline int dp_routing_check_header(const struct dp_routing_header *h, uint64_t len,
+					  uint32_t tokens, uint32_t n_experts, uint64_t *size,
+					  char *why, size_t n)
+{
+	if (h->magic != DP_ROUTING_MAGIC)
+		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_MAGIC, why, n,
+					 "magic 0x%08x is not a host routing table's (0x%08x)",
+					 h->magic, DP_ROUTING_MAGIC);
+	if (h->version != DP_ROUTING_VERSION)
+		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_VERSION, why, n,
+					 "routing table version %u, this build reads %u", h->version,
+					 DP_ROUTING_VERSION);
+	if (h->flags)
+		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_FLAGS, why, n,
+					 "routing flags 0x%02x: none are defined", h->flags);
+	if (h->n_experts != n_experts)
+		return dp_routing_refuse(DP_ROUTING_ERROR_N_EXPERTS, why, n,
+					 "the table routes over %u experts, the layer has %u",
+					 h->n_experts, n_experts);
+	if (h->tokens < 1 || h->tokens > DP_MAX_TOKENS || h->tokens != tokens)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TOKENS, why, n,
+					 "the table has %u tokens, the forward %u rows (1..%u)",
+					 h->tokens, tokens, DP_MAX_TOKENS);
+	if (h->topk < 1 || h->topk > DP_MAX_TOPK || h->topk > n_experts)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TOPK, why, n,
+					 "topk %u is outside 1..%u (and the layer's %u experts)",
+					 h->topk, DP_MAX_TOPK, n_experts);
+	if (dp_routing_size(h->tokens, h->topk, size) < 0 || *size > len)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
+					 "%u tokens by %u need %llu bytes, the table has %llu",
+					 h->tokens, h->topk, (unsigned long long)*size,
+					 (unsigned long long)len);
+	return 0;
+}
+
+/* The rule of one choice, entry (t, k): the expert exists, the token has not named it
+ * yet (a bit in `seen`, which this sets), the weight (its float32 bits) is finite. The
+ * expert comes as int64 so that a gate's negative id (dp_routing_pack) meets the same
+ * rule and message as a table's. 0, or a negative enum dp_routing_error with why. */
+static inline int dp_routing_check_entry(uint32_t t, uint32_t k, int64_t expert, uint32_t bits,
+					 uint32_t n_experts, uint64_t *seen, char *why, size_t n)
+{
+	if (expert < 0 || expert >= n_experts)
+		return dp_routing_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
+					 "token %u, choice %u names expert %lld; the layer has %u "
+					 "(0..%u): route with this layer's gate",
+					 t, k, (long long)expert, n_experts, n_experts - 1);
+	if (seen[expert >> 6] >> (expert & 63) & 1)
+		return dp_routing_refuse(DP_ROUTING_ERROR_DUPLICATE, why, n,
+					 "token %u names expert %lld twice (again at choice %u): a "
+					 "token's experts are distinct, as a top-k gives them",
+					 t, (long long)expert, k);
+	seen[expert >> 6] |= 1ull << (expert & 63);
+	if (!dp_routing_finite(bits))
+		return dp_routing_refuse(DP_ROUTING_ERROR_WEIGHT, why, n,
+					 "token %u, choice %u (expert %lld) has weight bits 0x%08x: "
+					 "NaN or infinite; weights must be finite",
+					 t, k, (long long)expert, bits);
+	return 0;
+}
+
+/* Clear from `seen` the first k experts of a row of entries (all < n_experts: checked). */
+static inline void dp_routing_forget_row(uint64_t *seen, const uint8_t *row, uint32_t k)
+{
+	for (uint32_t j = 0; j < k; j++) {
+		uint32_t expert;
+		memcpy(&expert, row + j * DP_ROUTING_ENTRY_SIZE, 4);
+		seen[expert >> 6] &= ~(1ull << (expert & 63));
+	}
+}
+
 /* Check a host table of len bytes (a private copy: it is read once, in order) for a
  * forward of `tokens` rows on a layer of n_experts routed experts. 0, or a negative enum
  * dp_routing_error with why. Bytes past the table's size are not read. */
@@ -136,74 +212,81 @@ static inline int dp_routing_check(const void *table, uint64_t len, uint32_t tok
 					 (unsigned long long)len,
 					 (unsigned long long)DP_ROUTING_HEADER_SIZE);
 	memcpy(&h, p, sizeof(h));
-	if (h.magic != DP_ROUTING_MAGIC)
-		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_MAGIC, why, n,
-					 "magic 0x%08x is not a host routing table's (0x%08x)",
-					 h.magic, DP_ROUTING_MAGIC);
-	if (h.version != DP_ROUTING_VERSION)
-		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_VERSION, why, n,
-					 "routing table version %u, this build reads %u", h.version,
-					 DP_ROUTING_VERSION);
-	if (h.flags)
-		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_FLAGS, why, n,
-					 "routing flags 0x%02x: none are defined", h.flags);
-	if (h.n_experts != n_experts)
-		return dp_routing_refuse(DP_ROUTING_ERROR_N_EXPERTS, why, n,
-					 "the table routes over %u experts, the layer has %u",
-					 h.n_experts, n_experts);
-	if (h.tokens < 1 || h.tokens > DP_MAX_TOKENS || h.tokens != tokens)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TOKENS, why, n,
-					 "the table has %u tokens, the forward %u rows (1..%u)",
-					 h.tokens, tokens, DP_MAX_TOKENS);
-	if (h.topk < 1 || h.topk > DP_MAX_TOPK || h.topk > n_experts)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TOPK, why, n,
-					 "topk %u is outside 1..%u (and the layer's %u experts)",
-					 h.topk, DP_MAX_TOPK, n_experts);
-	if (dp_routing_size(h.tokens, h.topk, &size) < 0 || size > len)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
-					 "%u tokens by %u need %llu bytes, the table has %llu",
-					 h.tokens, h.topk, (unsigned long long)size,
-					 (unsigned long long)len);
+	rc = dp_routing_check_header(&h, len, tokens, n_experts, &size, why, n);
+	if (rc < 0)
+		return rc;
 	/* one bit per expert, set for the current token's choices and cleared after it */
 	uint64_t seen[DP_MAX_EXPERTS / 64] = { 0 };
 	const uint8_t *e0 = p + DP_ROUTING_HEADER_SIZE;
 	for (uint32_t t = 0; t < h.tokens; t++) {
 		const uint8_t *row = e0 + (uint64_t)t * h.topk * DP_ROUTING_ENTRY_SIZE;
-		uint32_t k;
-		for (k = 0; k < h.topk; k++) {
+		for (uint32_t k = 0; k < h.topk; k++) {
 			uint32_t expert, bits;
 			memcpy(&expert, row + k * DP_ROUTING_ENTRY_SIZE, 4);
 			memcpy(&bits, row + k * DP_ROUTING_ENTRY_SIZE + 4, 4);
-			if (expert >= n_experts) {
-				rc = dp_routing_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
-						       "token %u, choice %u names expert %u; the "
-						       "layer has %u (0..%u)",
-						       t, k, expert, n_experts, n_experts - 1);
-				break;
-			}
-			if (seen[expert >> 6] >> (expert & 63) & 1) {
-				rc = dp_routing_refuse(DP_ROUTING_ERROR_DUPLICATE, why, n,
-						       "token %u names expert %u twice (again at "
-						       "choice %u)",
-						       t, expert, k);
-				break;
-			}
-			seen[expert >> 6] |= 1ull << (expert & 63);
-			if (!dp_routing_finite(bits)) {
-				rc = dp_routing_refuse(DP_ROUTING_ERROR_WEIGHT, why, n,
-						       "token %u, choice %u (expert %u) has weight "
-						       "bits 0x%08x: NaN or infinite",
-						       t, k, expert, bits);
-				break;
-			}
+			rc = dp_routing_check_entry(t, k, expert, bits, n_experts, seen, why, n);
+			if (rc < 0)
+				return rc;
 		}
-		if (rc < 0)
-			return rc;
-		for (uint32_t j = 0; j < k; j++) { /* every one was < n_experts */
-			uint32_t expert;
-			memcpy(&expert, row + j * DP_ROUTING_ENTRY_SIZE, 4);
-			seen[expert >> 6] &= ~(1ull << (expert & 63));
+		dp_routing_forget_row(seen, row, h.topk);
+	}
+	return 0;
+}
+
+/* Write the host table of a gate's choices into out (out_len bytes) and check it by the
+ * rule dp_routing_check keeps, in the same pass: the client's one check of a routed
+ * submit. indices are [tokens][topk] signed integers of index_size bytes (4: int32, 8:
+ * int64), weights [tokens][topk] float32, both C-contiguous. 0, or a negative enum
+ * dp_routing_error with why; on a refusal out holds a partial table that must not be
+ * sent. A table this accepts, dp_routing_check accepts. */
+static inline int dp_routing_pack(const void *indices, uint32_t index_size, const void *weights,
+				  uint32_t tokens, uint32_t topk, uint32_t n_experts, void *out,
+				  uint64_t out_len, char *why, size_t n)
+{
+	uint8_t *p = out;
+	uint64_t size;
+	int rc = dp_routing_check_n_experts(n_experts, why, n);
+	if (rc < 0)
+		return rc;
+	if (index_size != 4 && index_size != 8)
+		return dp_routing_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
+					 "expert ids of %u bytes: give int32 or int64", index_size);
+	struct dp_routing_header h = {
+		.magic = DP_ROUTING_MAGIC,
+		.version = DP_ROUTING_VERSION,
+		.topk = topk > UINT16_MAX ? 0 : (uint16_t)topk, /* 0: refused as topk */
+		.tokens = tokens,
+		.n_experts = n_experts,
+	};
+	rc = dp_routing_check_header(&h, out_len, tokens, n_experts, &size, why, n);
+	if (rc < 0)
+		return rc;
+	memcpy(p, &h, sizeof(h));
+	uint64_t seen[DP_MAX_EXPERTS / 64] = { 0 };
+	const uint8_t *idx = indices, *w = weights;
+	uint8_t *e0 = p + DP_ROUTING_HEADER_SIZE;
+	for (uint32_t t = 0; t < tokens; t++) {
+		uint8_t *row = e0 + (uint64_t)t * topk * DP_ROUTING_ENTRY_SIZE;
+		for (uint32_t k = 0; k < topk; k++) {
+			uint64_t i = (uint64_t)t * topk + k;
+			int64_t expert;
+			uint32_t bits;
+			if (index_size == 4) {
+				int32_t e32;
+				memcpy(&e32, idx + i * 4, 4);
+				expert = e32;
+			} else {
+				memcpy(&expert, idx + i * 8, 8);
+			}
+			memcpy(&bits, w + i * 4, 4);
+			rc = dp_routing_check_entry(t, k, expert, bits, n_experts, seen, why, n);
+			if (rc < 0)
+				return rc;
+			uint32_t e = (uint32_t)expert;
+			memcpy(row + k * DP_ROUTING_ENTRY_SIZE, &e, 4);
+			memcpy(row + k * DP_ROUTING_ENTRY_SIZE + 4, &bits, 4);
 		}
+		dp_routing_forget_row(seen, row, topk);
 	}
 	return 0;
 }

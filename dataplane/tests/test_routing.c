@@ -520,9 +520,57 @@ static void test_a_duck_finds_its_section_and_a_unicast_renumbers_rows(void)
 	      "duck 9");
 }
 
+/* dp_routing_pack writes the bytes a hand-built table has, from int32 and int64 ids
+ * alike, and refuses a gate's negative id, a repeat and a NaN by the check's own rule. */
+static void test_pack_writes_the_table_the_check_reads(void)
+{
+	struct host want = good();
+	int32_t i32[TOKENS * TOPK];
+	int64_t i64[TOKENS * TOPK];
+	for (uint32_t i = 0; i < TOKENS * TOPK; i++)
+		i32[i] = (int32_t)EXP[i], i64[i] = EXP[i];
+	uint8_t *out = malloc(want.len);
+	char why[200];
+	CHECK(dp_routing_pack(i32, 4, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == 0, "pack int32: %s", why);
+	CHECK(memcmp(out, want.buf, want.len) == 0, "pack int32 wrote other bytes");
+	memset(out, 0xa5, want.len);
+	CHECK(dp_routing_pack(i64, 8, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == 0, "pack int64: %s", why);
+	CHECK(memcmp(out, want.buf, want.len) == 0, "pack int64 wrote other bytes");
+	CHECK(dp_routing_check(out, want.len, TOKENS, EXPERTS, why, sizeof(why)) == 0,
+	      "check refused a packed table: %s", why);
+
+	CHECK(dp_routing_pack(i32, 4, W, TOKENS, TOPK, EXPERTS, out, want.len - 1, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_TRUNCATED, "short out");
+	CHECK(dp_routing_pack(i32, 2, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) < 0, "2-byte ids");
+	CHECK(dp_routing_pack(i32, 4, W, TOKENS, 0x10001, EXPERTS, out, want.len, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_TOPK, "topk past 16 bits");
+	i64[3] = -1;
+	CHECK(dp_routing_pack(i64, 8, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_EXPERT, "negative id");
+	CHECK(strstr(why, "token 1, choice 1 names expert -1") != NULL, "why: %s", why);
+	i64[3] = (int64_t)1 << 40; /* would be expert 0 if cut to 32 bits */
+	CHECK(dp_routing_pack(i64, 8, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_EXPERT, "id past 32 bits");
+	i32[3] = 5; /* token 1 is {5, 5} */
+	CHECK(dp_routing_pack(i32, 4, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_DUPLICATE, "repeat");
+	i32[3] = 2;
+	float w[TOKENS * TOPK];
+	memcpy(w, W, sizeof(w));
+	w[6] = NAN;
+	CHECK(dp_routing_pack(i32, 4, w, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_WEIGHT, "NaN");
+	free(out);
+	free(want.buf);
+}
+
 int main(void)
 {
 	test_accepts_the_table_a_client_packs();
+	test_pack_writes_the_table_the_check_reads();
 	test_refuses_a_header_that_disagrees_with_the_forward_or_layer();
 	test_refuses_truncated_tables_and_reads_nothing_past_len();
 	test_refuses_counts_whose_size_would_overflow();

@@ -38,7 +38,7 @@ from ..schema.abi import MAX_DIMS, MAX_DUCKS, DescFlag, MlpKind, Op, Status
 from . import routing as routing_table
 from . import weights
 from .models import Mlp, dtype_code, numpy_dtype
-from .moe import MoeMlp, check_routing
+from .moe import MoeMlp, check_routing_arguments
 from .session import Inflight, Session, WaitStrategy
 from .slots import DEBUG_SLOTS_ENV, Slot, SlotState, claim_template
 
@@ -507,12 +507,12 @@ class Client:
 
         A mixture-of-experts layer needs ``routing=(indices, weights)``, the gate's
         ``[tokens, topk]`` expert ids and weights for the slot's ``[tokens, hidden]``
-        rows; they are checked (``duckpipe.moe.check_routing``, then the dataplane's own
-        rule) and packed into the slot behind the activation, so the slot needs room for
-        both. ``moe_send`` is how the dataplane sends the rows: ``"auto"`` (whichever
-        puts fewer bytes on the wire), ``"broadcast"`` (all rows and the whole table once
-        per NIC) or ``"unicast"`` (each routed duck only its rows). A dense layer
-        refuses ``routing``.
+        rows; they are checked by the dataplane's own rule as they are packed into the
+        slot behind the activation (``duckpipe.moe.check_routing`` is that check alone),
+        so the slot needs room for both. ``moe_send`` is how the dataplane sends the rows:
+        ``"auto"`` (whichever puts fewer bytes on the wire), ``"broadcast"`` (all rows and
+        the whole table once per NIC) or ``"unicast"`` (each routed duck only its rows). A
+        dense layer refuses ``routing``.
         """
         session = self._session
         # session.check_usable, inlined (it says why when one of these fails)
@@ -597,7 +597,7 @@ class Client:
                 tpl = None
         if tpl is None:
             tpl = self._forward_template(layer, arr, None, flags)
-        check_routing(arr, indices, weights_, moe.n_experts)
+        check_routing_arguments(arr, indices, weights_, moe.n_experts)
         tokens, topk = indices.shape
         nbytes = arr.nbytes
         at = -(-nbytes // ROUTING_ALIGN) * ROUTING_ALIGN

@@ -171,7 +171,12 @@ def test_the_c_rule_accepts_the_table_at_every_maximum() -> None:
 @pytest.mark.parametrize(
     "indices, weights, message",
     [
-        (np.array([[0, -1]]), np.ones((1, 2), np.float32), r"names expert -1: expert ids are"),
+        (np.array([[0, -1]]), np.ones((1, 2), np.float32), r"names expert -1; the layer has 8"),
+        (
+            np.array([[0, 2**63 + 1]], np.uint64),
+            np.ones((1, 2), np.float32),
+            r"names expert 9223372036854775809: no layer has",
+        ),
         (np.zeros((1, 17), np.int32), np.ones((1, 17), np.float32), r"1\.\.16 experts, got"),
         (
             np.zeros((MAX_TOKENS + 1, 1), np.int32),
@@ -188,12 +193,12 @@ def test_pack_refuses_what_the_table_cannot_hold(indices, weights, message) -> N
         routing.pack(indices, weights, 8)
 
 
-# --- Python and C agree -----------------------------------------------------------------
+# --- the C rule against the spec ----------------------------------------------------------
 
 
 @st.composite
 def routings(draw):
-    """A gate-like routing, then perhaps one or more faults of the kinds check_routing names."""
+    """A gate-like routing, then perhaps one or more faults of the kinds the rule names."""
     tokens = draw(st.integers(1, 12))
     n_experts = draw(st.integers(1, 40))
     topk = draw(st.integers(1, min(n_experts, MAX_TOPK)))
@@ -204,7 +209,7 @@ def routings(draw):
         t, k = draw(st.integers(0, tokens - 1)), draw(st.integers(0, topk - 1))
         fault = draw(st.sampled_from(["range", "duplicate", "nan", "inf"]))
         if fault == "range":
-            indices[t, k] = draw(st.integers(n_experts, 0xFFFFFFFF))
+            indices[t, k] = draw(st.integers(n_experts, 0xFFFFFFFF) | st.integers(-(2**40), -1))
         elif fault == "duplicate" and topk > 1:
             indices[t, k] = indices[t, (k + 1) % topk]
         elif fault == "nan":
@@ -214,41 +219,44 @@ def routings(draw):
     return indices, weights, n_experts
 
 
-def _python_verdict(indices, weights, n_experts) -> str | None:
-    try:
-        check_routing(np.empty((indices.shape[0], 1)), indices, weights, n_experts)
-    except BadInput as e:
-        return str(e)
-    return None
+def _spec_verdict(indices, weights, n_experts) -> set[RoutingError]:
+    """The faults a routing has, by the rule docs/protocols.md states, written in numpy
+    here so that the C rule (the client's and the dataplane's one check) is judged against
+    the spec and not against itself: ids in 0..n_experts-1, distinct per token, finite
+    weights."""
+    faults = set()
+    if ((indices < 0) | (indices >= n_experts)).any():
+        faults.add(E.EXPERT)
+    ordered = np.sort(indices, axis=1)
+    if (ordered[:, 1:] == ordered[:, :-1]).any():
+        faults.add(E.DUPLICATE)
+    if (~np.isfinite(weights)).any():
+        faults.add(E.WEIGHT)
+    return faults
 
 
 @settings(max_examples=300, deadline=None)
 @given(routings())
-def test_check_routing_and_the_c_rule_agree_on_every_routing(case) -> None:
+def test_the_c_rule_refuses_exactly_the_routings_the_spec_refuses(case) -> None:
     indices, weights, n_experts = case
-    python = _python_verdict(indices, weights, n_experts)
+    spec = _spec_verdict(indices, weights, n_experts)
     try:
-        routing.pack(indices, weights, n_experts)
+        check_routing(np.empty((indices.shape[0], 1)), indices, weights, n_experts)
         c: RoutingRefused | None = None
     except RoutingRefused as e:
         c = e
     event("refused" if c else "accepted")
-    assert (python is None) == (c is None), (python, c)
+    assert (not spec) == (c is None), (spec, c)
     if c is None:
         return
-    faults = {
-        E.EXPERT: (indices >= n_experts).any(),
-        E.DUPLICATE: (np.sort(indices, axis=1)[:, 1:] == np.sort(indices, axis=1)[:, :-1]).any(),
-        E.WEIGHT: (~np.isfinite(weights)).any(),
-    }
-    assert faults[c.code], f"C said {c.code.name} of a routing without that fault"
-    if sum(map(bool, faults.values())) == 1:  # one kind of fault: both name it
-        words = {E.EXPERT: "has .* experts", E.DUPLICATE: "more than once", E.WEIGHT: "finite"}
-        assert re.search(words[c.code], python), (python, c)
+    assert c.code in spec, f"C said {c.code.name} of a routing with faults {spec}"
+    if len(spec) == 1:  # one kind of fault: the message says it
+        words = {E.EXPERT: "the layer has", E.DUPLICATE: "twice", E.WEIGHT: "NaN or infinite"}
+        assert re.search(words[c.code], str(c)), c
 
 
 def _python_table_verdict(raw: bytes, tokens: int, n_experts: int) -> bool:
-    """The host table rules from the schema's dtypes and check_routing, for comparison."""
+    """The host table rules from the schema's dtypes and the spec, for comparison."""
     if len(raw) < routing.HEADER_DTYPE.itemsize:
         return False
     h = np.frombuffer(raw[:16], routing.HEADER_DTYPE)[0]
@@ -261,7 +269,7 @@ def _python_table_verdict(raw: bytes, tokens: int, n_experts: int) -> bool:
         return False
     entries = np.frombuffer(raw[16 : 16 + 8 * tokens * topk], routing.ENTRY_DTYPE)
     entries = entries.reshape(tokens, topk)
-    return _python_verdict(entries["expert"], entries["weight"], n_experts) is None
+    return not _spec_verdict(entries["expert"].astype(np.int64), entries["weight"], n_experts)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -270,7 +278,7 @@ def _python_table_verdict(raw: bytes, tokens: int, n_experts: int) -> bool:
     flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4),
     cut=st.integers(0, 8),
 )
-def test_python_and_c_agree_on_mutated_tables(seed: int, flips, cut: int) -> None:
+def test_the_c_check_and_the_spec_agree_on_mutated_tables(seed: int, flips, cut: int) -> None:
     rng = np.random.default_rng(seed)
     tokens, n_experts = int(rng.integers(1, 6)), int(rng.integers(1, 12))
     topk = int(rng.integers(1, min(n_experts, 4) + 1))
