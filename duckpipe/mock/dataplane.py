@@ -947,6 +947,8 @@ class MockDataplane:
         if msg.has_b_down:
             raw[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR] = np.zeros(msg.hidden * item, np.uint8)
             received[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR] = 0
+        if prev is not None:  # replaced, and freed at once (one thread: nothing holds it)
+            self.counters["layers_freed"] += 1
         self.layers[msg.layer] = _Layer(msg, me.id, weight_bytes, raw, received, moe=moe_plan)
         return ctl.Ack(req_id=msg.req_id)
 
