@@ -175,8 +175,7 @@ def _dataplane(kind: str, control: str) -> Iterator[None]:
     try:
         yield
     finally:
-        cluster.stop()
-        cluster.close()
+        assert_clean_exit(cluster)  # no crash, no sanitizer report
 
 
 def _verdicts(kind: str, control: str) -> dict[str, list[tuple]]:
