@@ -67,7 +67,7 @@ class MoePlan:
         """'duck 5 (experts 40 41)', as the C dataplane names a duck that did not answer."""
         held = self.experts_on(duck)
         if not held:
-            return f"duck {duck} (shared expert)"
+            return f"duck {duck} (shared expert only)"
         shown = " ".join(str(e) for e in held[:16])
         return f"duck {duck} (experts {shown}{' ...' if len(held) > 16 else ''})"
 
