@@ -47,8 +47,8 @@ MOCK_ONLY = {"SetFaults"}
 # both dataplanes write alike: their messages must match word for word.
 SAME_WORDS = {"Attach", "LoadWeights", "UnloadLayer"}
 REPLY_TIMEOUT_MS = 3000
-# the variants that replace or unload a layer of the attached client (a reload, an unload)
-RETIRES = {"load-17", "load-21"}
+# the messages that may replace or unload a layer of the attached client (when Ack'ed)
+RETIRES = {"seed-unload-layer", "load-17", "load-21"}
 
 
 def _seed(name: str) -> dict:
@@ -194,7 +194,7 @@ def _verdicts(kind: str, control: str) -> dict[str, list[tuple]]:
                 # Shutdown once, from the bare socket: no answer is due after it
                 shutdown = name == "seed-shutdown"
                 out[name].append(("not sent", 0, "") if shutdown else _ask(attached, raw))
-                if name in RETIRES:
+                if name in RETIRES and out[name][0][0] == "Ack":
                     _settled(bare, freed)
                 out[name].append(_ask(bare, raw))
         finally:
