@@ -308,7 +308,7 @@ static int refuse_unreachable(struct dp_control *c, const struct dp_peer *p,
 	for (uint32_t i = 0; i < m->ducks_len; i++) {
 		uint32_t d = m->ducks[i];
 		if (d >= DP_MAX_DUCKS || w->duck_index[d] < 0)
-			continue; /* not in the topology: refused below, with its own message */
+			continue; /* not in the topology: dp_load_check refused it already */
 		uint64_t seen = dp_load_relaxed_u64(&w->duck_seen_ns[d]);
 		uint64_t since = seen > c->started_ns ? seen : c->started_ns;
 		if (now < since || now - since < window)
