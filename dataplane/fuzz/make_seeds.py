@@ -220,6 +220,21 @@ def control_seeds() -> None:
             shard_sizes=[4096] * 4,
             has_b_down=True,
         ),
+        # a mixture of experts: 8 experts on 4 ducks, expert 7 twice, a shared expert of
+        # 8 columns on each duck: what reaches the MoE plan (dp_load_moe_plan) whole
+        "load-weights-moe": c.LoadWeights(
+            req_id=13,
+            layer=3,
+            kind=3,
+            dtype=1,
+            hidden=64,
+            ffn=176,
+            ducks=[0, 1, 2, 3],
+            shard_sizes=[56, 40, 40, 40],
+            expert_ffn=16,
+            expert_replicas=[1, 1, 1, 1, 1, 1, 1, 2],
+            expert_ducks=[0, 0, 1, 1, 2, 2, 3, 3, 0],
+        ),
         "set-epoch": c.SetEpoch(req_id=7, epoch=9),
         "set-epoch-next": c.SetEpoch(req_id=8),
         "get-stats": c.GetStats(req_id=9),
