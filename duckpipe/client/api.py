@@ -818,8 +818,9 @@ def _normalise_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
         raise BadInput(f"shape must be an int or a sequence of ints, not {shape!r}") from None
     if 1 <= len(t) <= MAX_DIMS and t[0] == 0 and all(n > 0 for n in t[1:]):
         raise BadInput(
-            f"shape {t} has 0 rows: an empty batch needs no slot; Client.forward returns its "
-            "empty result without sending anything"
+            f"shape {t} has 0 rows, and a slot holds 1 to {MAX_DIMS} positive dimensions: an "
+            "empty batch needs no slot; Client.forward returns its empty result without "
+            "sending anything"
         )
     if not 1 <= len(t) <= MAX_DIMS or any(n <= 0 for n in t):
         raise BadInput(f"shape {t} must have 1 to {MAX_DIMS} positive dimensions")
