@@ -8,7 +8,8 @@
  * to place every (token, expert) exactly once on a duck that holds the expert, and each
  * duck's unicast table to pass too. When dp_routing_wire_check accepts them, it walks every
  * section as a duck would. dp_routing_pack, given the same entries as a gate's arrays, must
- * agree with the check and write the same bytes. Split, section and unicast also run on refused tables: they must
+ * agree with the check and write the same bytes (a -1 id is the table's NO_EXPERT, 0xffffffff,
+ * whose weight it stores as 0). Split, section and unicast also run on refused tables: they must
  * stay inside their buffers whatever the bytes (each buffer is allocated to its exact size,
  * so that ASan sees one byte too many).
  *
@@ -60,6 +61,8 @@ static void host_ok(const uint8_t *t, uint64_t len, uint32_t rows, uint32_t n_ex
 	for (uint32_t i = 0; i < tokens; i++)
 		for (uint32_t k = 0; k < topk; k++) {
 			const uint8_t *e = t + 16 + ((uint64_t)i * topk + k) * 8;
+			if (u32_at(e) == 0xffffffffu) /* no expert: as often as it likes, any weight */
+				continue;
 			EXPECT(u32_at(e) < n_experts && finite(u32_at(e + 4)));
 			for (uint32_t j = 0; j < k; j++)
 				EXPECT(u32_at(t + 16 + ((uint64_t)i * topk + j) * 8) != u32_at(e));
@@ -176,6 +179,8 @@ static void split_ok(const uint8_t *t, uint64_t len, const struct dp_routing_pla
 	for (uint32_t i = 0; i < rows; i++)
 		for (uint32_t k = 0; k < topk; k++) {
 			uint32_t e = u32_at(t + 16 + ((uint64_t)i * topk + k) * 8);
+			if (e == 0xffffffffu) /* no expert: in no section */
+				continue;
 			uint32_t d = p->ducks[e * DP_MAX_REPLICAS + i % p->replicas[e]];
 			want += !nic || (nic[d >> 6] >> (d & 63) & 1);
 		}
@@ -259,6 +264,9 @@ static void pack_ok(const uint8_t *t, uint64_t len, uint32_t n_experts)
 	char why[200];
 	int rc = dp_routing_pack(ids, 4, w, tokens, topk, n_experts, out, size, why, sizeof(why));
 	EXPECT(rc == dp_routing_check(hand, size, tokens, n_experts, why, sizeof(why)));
+	for (uint64_t i = 0; i < n; i++) /* the gate's -1: the pack stores weight 0 */
+		if (ids[i] == -1)
+			memset(hand + 20 + 8 * i, 0, 4);
 	if (rc == 0)
 		EXPECT(memcmp(out, hand, size) == 0);
 	free(ids);

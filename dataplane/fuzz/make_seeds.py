@@ -70,6 +70,10 @@ def routing_seeds() -> None:
     wide = Gate.random(64, 16, topk=16, seed=4)
     w, i = wide(rng.standard_normal((3, 16)).astype(np.float32))
     write(h, "topk-16", routing_params(64, 3, 8, 9) + routing.pack(i, w, 64).tobytes())
+    # DeepEP's -1 ("no expert"): mixed in, a token of only -1, weights there NaN
+    holes = np.array([[3, -1, 0, -1], [-1, -1, -1, -1], [2, 7, -1, 5]], np.int32)
+    hw = np.where(holes < 0, np.nan, 0.5).astype(np.float32)
+    write(h, "no-expert", routing_params(8, 3, 2, 1) + routing.pack(holes, hw, 8).tobytes())
 
     # hostile variants of the DeepSeek-V3 table: each one is refused
     def entry(t: int, k: int) -> int:

@@ -20,9 +20,11 @@
  * output only for tables they accepted.
  *
  * dp_routing_check          host table: header against the forward and the layer, every
- *                           expert < n_experts, no expert twice for a token, finite weights
+ *                           expert < n_experts or NO_EXPERT, no expert twice for a token,
+ *                           finite weights (a NO_EXPERT slot's weight is not read)
  * dp_routing_pack           a gate's int32/int64 ids and float32 weights -> host table,
- *                           checked by the same rule in the same pass (the client's submit)
+ *                           checked by the same rule in the same pass (the client's submit);
+ *                           a -1 id (DeepEP's "no expert") becomes NO_EXPERT with weight 0
  * dp_routing_placement_check  expert -> ducks (1..MAX_REPLICAS distinct ducks each)
  * dp_routing_split          host table + placement (+ the NIC's ducks) -> wire table
  * dp_routing_wire_check     wire table: directory, sections, entries
@@ -158,17 +160,22 @@ static inline int dp_routing_check_header(const struct dp_routing_header *h, uin
 	return 0;
 }
 
-/* The rule of one choice, entry (t, k): the expert exists, the token has not named it
- * yet (a bit in `seen`, which this sets), the weight (its float32 bits) is finite. The
- * expert comes as int64 so that a gate's negative id (dp_routing_pack) meets the same
- * rule and message as a table's. 0, or a negative enum dp_routing_error with why. */
+/* The rule of one choice, entry (t, k): -1 is "no expert" (DeepEP's padded or dropped
+ * slot: any number of them per token, and their weight is never read, so any bits pass,
+ * as DeepEP leaves those weights unspecified); otherwise the expert exists, the token
+ * has not named it yet (a bit in `seen`, which this sets), the weight (its float32 bits)
+ * is finite. The expert comes as int64 so that a gate's negative id (dp_routing_pack)
+ * meets the same rule and message as a table's, whose NO_EXPERT the caller gives as -1.
+ * 0, or a negative enum dp_routing_error with why. */
 static inline int dp_routing_check_entry(uint32_t t, uint32_t k, int64_t expert, uint32_t bits,
 					 uint32_t n_experts, uint64_t *seen, char *why, size_t n)
 {
+	if (expert == -1)
+		return 0;
 	if (expert < 0 || expert >= n_experts)
 		return dp_routing_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
 					 "token %u, choice %u names expert %lld; the layer has %u "
-					 "(0..%u): route with this layer's gate",
+					 "(0..%u), or -1 for no expert: route with this layer's gate",
 					 t, k, (long long)expert, n_experts, n_experts - 1);
 	if (seen[expert >> 6] >> (expert & 63) & 1)
 		return dp_routing_refuse(DP_ROUTING_ERROR_DUPLICATE, why, n,
@@ -184,13 +191,21 @@ static inline int dp_routing_check_entry(uint32_t t, uint32_t k, int64_t expert,
 	return 0;
 }
 
-/* Clear from `seen` the first k experts of a row of entries (all < n_experts: checked). */
+/* A host entry's expert as dp_routing_check_entry takes it: NO_EXPERT is -1. */
+static inline int64_t dp_routing_entry_expert(uint32_t expert)
+{
+	return expert == DP_ROUTING_NO_EXPERT ? -1 : (int64_t)expert;
+}
+
+/* Clear from `seen` the first k experts of a row of entries (each < n_experts, checked,
+ * or NO_EXPERT, which set no bit). */
 static inline void dp_routing_forget_row(uint64_t *seen, const uint8_t *row, uint32_t k)
 {
 	for (uint32_t j = 0; j < k; j++) {
 		uint32_t expert;
 		memcpy(&expert, row + j * DP_ROUTING_ENTRY_SIZE, 4);
-		seen[expert >> 6] &= ~(1ull << (expert & 63));
+		if (expert != DP_ROUTING_NO_EXPERT)
+			seen[expert >> 6] &= ~(1ull << (expert & 63));
 	}
 }
 
@@ -224,7 +239,8 @@ static inline int dp_routing_check(const void *table, uint64_t len, uint32_t tok
 			uint32_t expert, bits;
 			memcpy(&expert, row + k * DP_ROUTING_ENTRY_SIZE, 4);
 			memcpy(&bits, row + k * DP_ROUTING_ENTRY_SIZE + 4, 4);
-			rc = dp_routing_check_entry(t, k, expert, bits, n_experts, seen, why, n);
+			rc = dp_routing_check_entry(t, k, dp_routing_entry_expert(expert), bits,
+						    n_experts, seen, why, n);
 			if (rc < 0)
 				return rc;
 		}
@@ -236,7 +252,7 @@ static inline int dp_routing_check(const void *table, uint64_t len, uint32_t tok
 /* Write the host table of a gate's choices into out (out_len bytes) and check it by the
  * rule dp_routing_check keeps, in the same pass: the client's one check of a routed
  * submit. indices are [tokens][topk] signed integers of index_size bytes (4: int32, 8:
- * int64), weights [tokens][topk] float32, both C-contiguous. 0, or a negative enum
+ * int64; -1: no expert), weights [tokens][topk] float32, both C-contiguous. 0, or a negative enum
  * dp_routing_error with why; on a refusal out holds a partial table that must not be
  * sent. A table this accepts, dp_routing_check accepts. */
 static inline int dp_routing_pack(const void *indices, uint32_t index_size, const void *weights,
@@ -282,7 +298,9 @@ static inline int dp_routing_pack(const void *indices, uint32_t index_size, cons
 			rc = dp_routing_check_entry(t, k, expert, bits, n_experts, seen, why, n);
 			if (rc < 0)
 				return rc;
-			uint32_t e = (uint32_t)expert;
+			uint32_t e = (uint32_t)expert; /* -1: NO_EXPERT */
+			if (expert == -1)
+				bits = 0; /* not read; a table with no NaN in it all the same */
 			memcpy(row + k * DP_ROUTING_ENTRY_SIZE, &e, 4);
 			memcpy(row + k * DP_ROUTING_ENTRY_SIZE + 4, &bits, 4);
 		}
@@ -362,7 +380,8 @@ static inline void dp_routing_bank_slots(const struct dp_routing_placement *pl, 
  * bytes): 0 and *out_size its bytes, 0 when no duck of the set is routed (send nothing),
  * or a negative enum dp_routing_error with why (out may then be partly written). With
  * `targets` (DP_MAX_DUCKS bits) non-NULL, it is set to the ducks that got a section.
- * Sections ascend by duck, entries by (row, expert); the rows are the tokens. An entry's
+ * Sections ascend by duck, entries by (row, expert); the rows are the tokens; NO_EXPERT
+ * entries are left out (they reach no duck: a table of only those is "no duck"). An entry's
  * expert is the global id, or with `slots` (dp_routing_bank_slots) the expert's slot in
  * that duck's bank (slots ascend with ids on a duck: the order holds). `flags` (enum
  * dp_routing_wire_flag) go into the header; with SHARED a table is written even when no
@@ -399,6 +418,8 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 		for (uint32_t k = 0; k < h.topk; k++) {
 			uint32_t expert;
 			memcpy(&expert, e0 + ((uint64_t)t * h.topk + k) * DP_ROUTING_ENTRY_SIZE, 4);
+			if (expert == DP_ROUTING_NO_EXPERT)
+				continue; /* the slot contributes nothing: no duck hears of it */
 			int32_t d = dp_routing_duck_of(pl, t, expert);
 			if (d < 0)
 				return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
@@ -454,6 +475,8 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 				c[j - 1] = tmp;
 			}
 		for (uint32_t k = 0; k < h.topk; k++) {
+			if (c[k].expert == DP_ROUTING_NO_EXPERT)
+				break; /* sorted last: the rest are too */
 			int32_t d = dp_routing_duck_of(pl, t, c[k].expert); /* >= 0: pass 1 */
 			if (!dp_routing_has_duck(ducks, (uint32_t)d))
 				continue;

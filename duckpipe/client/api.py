@@ -35,6 +35,7 @@ from ..errors import (
 )
 from ..schema import control as ctl
 from ..schema.abi import MAX_DIMS, MAX_DUCKS, DescFlag, MlpKind, Op, Status
+from ..schema.routing import MAX_TOPK
 from . import routing as routing_table
 from . import weights
 from .models import Mlp, dtype_code, numpy_dtype
@@ -555,38 +556,7 @@ class Client:
         """Check the routing, pack it into the slot behind the activation and submit a
         ROUTED forward; every refusal is a BadInput before anything is published."""
         session = self._session
-        flags = MOE_SEND_FLAGS.get(moe_send) if isinstance(moe_send, str) else None
-        if flags is None:
-            raise BadInput(f"moe_send must be 'auto', 'broadcast' or 'unicast', not {moe_send!r}")
-        if routing is None:
-            raise BadInput(
-                f"moe_send={moe_send!r} says how to send a routed forward; pass its "
-                "routing=(indices, weights) too"
-            )
-        if ducks is not None:
-            raise BadInput(
-                "a routed forward goes to the ducks its routing names: pass routing= or "
-                "ducks=, not both"
-            )
-        if not isinstance(routing, tuple | list) or len(routing) != 2:
-            raise BadInput(
-                "routing must be a pair (indices, weights), the gate's [tokens, topk] expert "
-                f"ids and weights, not {type(routing).__name__}"
-            )
-        indices, weights_ = routing
-        info = session.layer_info(layer)
-        if info.kind != _MOE:
-            raise BadInput(
-                f"layer {layer} is dense: routing is only for mixture-of-experts layers; "
-                "call submit without routing="
-            )
-        moe = session.moe.get(layer)
-        if moe is None:
-            raise BadInput(
-                f"layer {layer} is a mixture of experts this client did not load, so it does "
-                "not know its experts to check a routing against; forward on it from the "
-                "client that loaded it"
-            )
+        flags, moe, indices, weights_ = self._routed_arguments(arr, layer, ducks, routing, moe_send)
         key = (layer, arr.shape, arr.dtype, flags)
         try:
             cached, tpl = self._templates[key]
@@ -625,6 +595,51 @@ class Client:
         rec = session.push(tpl, _FORWARD, slot.index, arr.shape, arr.dtype)
         rec.moe = moe
         return Forward(session, rec)
+
+    def _routed_arguments(
+        self,
+        arr: np.ndarray,
+        layer: int,
+        ducks: Iterable[int] | None,
+        routing: tuple[np.ndarray, np.ndarray] | None,
+        moe_send: str,
+    ) -> tuple[int, weights.MoeLayer, np.ndarray, np.ndarray]:
+        """A routed forward's arguments, the parts that do not depend on its rows:
+        ``(flags, the layer's MoE plan, indices, weights)``, or BadInput."""
+        session = self._session
+        flags = MOE_SEND_FLAGS.get(moe_send) if isinstance(moe_send, str) else None
+        if flags is None:
+            raise BadInput(f"moe_send must be 'auto', 'broadcast' or 'unicast', not {moe_send!r}")
+        if routing is None:
+            raise BadInput(
+                f"moe_send={moe_send!r} says how to send a routed forward; pass its "
+                "routing=(indices, weights) too"
+            )
+        if ducks is not None:
+            raise BadInput(
+                "a routed forward goes to the ducks its routing names: pass routing= or "
+                "ducks=, not both"
+            )
+        if not isinstance(routing, tuple | list) or len(routing) != 2:
+            raise BadInput(
+                "routing must be a pair (indices, weights), the gate's [tokens, topk] expert "
+                f"ids and weights, not {type(routing).__name__}"
+            )
+        indices, weights_ = routing
+        info = session.layer_info(layer)
+        if info.kind != _MOE:
+            raise BadInput(
+                f"layer {layer} is dense: routing is only for mixture-of-experts layers; "
+                "call submit without routing="
+            )
+        moe = session.moe.get(layer)
+        if moe is None:
+            raise BadInput(
+                f"layer {layer} is a mixture of experts this client did not load, so it does "
+                "not know its experts to check a routing against; forward on it from the "
+                "client that loaded it"
+            )
+        return flags, moe, indices, weights_
 
     def _forward_template(
         self, layer: int, arr: np.ndarray, ducks: Iterable[int] | None, flags: int = 0
@@ -690,13 +705,50 @@ class Client:
     ) -> np.ndarray:
         """Claim, copy ``x`` in once, submit, wait; returns a copy of the result.
 
-        ``routing`` and ``moe_send``: a mixture-of-experts layer's, as in ``submit``."""
+        ``routing`` and ``moe_send``: a mixture-of-experts layer's, as in ``submit``.
+        An empty batch (``x`` of 0 rows, and routing of 0 rows) is checked as any forward
+        and answered here with an empty result of ``x``'s shape and dtype: no slot, no
+        descriptor, nothing sent (``claim`` refuses 0 rows, so ``submit`` never sees one)."""
         x = np.asarray(x)
+        if x.ndim and x.shape[0] == 0:
+            return self._forward_empty(layer, x, ducks, routing, moe_send)
         with self.claim(x.shape, x.dtype) as slot:
             slot.array[...] = x  # the same shape and dtype: np.copyto's work, in fewer steps
             fwd = self.submit(slot, layer, ducks=ducks, routing=routing, moe_send=moe_send)
         with fwd:
             return fwd.result(timeout).copy()
+
+    def _forward_empty(
+        self,
+        layer: int,
+        x: np.ndarray,
+        ducks: Iterable[int] | None,
+        routing: tuple[np.ndarray, np.ndarray] | None,
+        moe_send: str,
+    ) -> np.ndarray:
+        """``forward`` of 0 rows: what a forward of them would be refused for (the layer,
+        dtype, hidden size, ducks, the routing's shape and topk) is refused alike; then the
+        empty result, with nothing sent. Rows multiply everything a forward moves, so 0
+        rows is an empty answer, as torch and DeepEP give for an empty batch."""
+        self._session.check_usable()
+        if any(n <= 0 for n in x.shape[1:]) or x.ndim > MAX_DIMS:
+            raise BadInput(
+                f"shape {x.shape}: past its 0 rows it must have 1 to {MAX_DIMS} positive dimensions"
+            )
+        flags = 0
+        if routing is not None or moe_send != "auto":
+            flags, moe, indices, weights_ = self._routed_arguments(
+                x, layer, ducks, routing, moe_send
+            )
+            check_routing_arguments(x, indices, weights_, moe.n_experts)
+            topk = indices.shape[1]
+            if topk > min(MAX_TOPK, moe.n_experts):
+                raise BadInput(
+                    f"a token is routed to 1..{min(MAX_TOPK, moe.n_experts)} experts of layer "
+                    f"{layer}, got topk {topk}"
+                )
+        self._forward_template(layer, x, ducks, flags)  # the dense checks; sent never
+        return np.empty(x.shape, x.dtype)
 
     def unload_layer(self, layer: int) -> None:
         """Free a layer this client loaded; forwards already submitted on it finish first."""
@@ -764,6 +816,12 @@ def _normalise_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
         t = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
     except (TypeError, ValueError):
         raise BadInput(f"shape must be an int or a sequence of ints, not {shape!r}") from None
+    if 1 <= len(t) <= MAX_DIMS and t[0] == 0 and all(n > 0 for n in t[1:]):
+        raise BadInput(
+            f"shape {t} has 0 rows, and a slot holds 1 to {MAX_DIMS} positive dimensions: an "
+            "empty batch needs no slot; Client.forward returns its empty result without "
+            "sending anything"
+        )
     if not 1 <= len(t) <= MAX_DIMS or any(n <= 0 for n in t):
         raise BadInput(f"shape {t} must have 1 to {MAX_DIMS} positive dimensions")
     return t

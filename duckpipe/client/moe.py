@@ -47,13 +47,15 @@ def check_routing(x: np.ndarray, indices: np.ndarray, weights: np.ndarray, n_exp
     """Raise :class:`BadInput` unless ``indices``/``weights`` route the rows of ``x``
     to ``n_experts`` experts: ``x`` is ``[tokens, hidden]``; ``indices`` (integers)
     and ``weights`` (floats) are both ``[tokens, topk]``; every index names an
-    expert, no token names one expert twice, and every weight is finite.
+    expert or is -1 (DeepEP's "no expert": the slot contributes nothing, its weight is
+    not read), no token names one expert twice, and every other weight is finite.
 
     The arguments' types and shapes are checked here, with messages naming the argument;
     the entries by the dataplane's own rule (``dp_routing_pack`` through cffi), so this
     accepts exactly the routings the dataplane accepts."""
     check_routing_arguments(x, indices, weights, n_experts)
-    routing_table.pack(indices, weights, n_experts)  # the dataplane's rule (dp_routing_pack)
+    if x.shape[0]:  # an empty batch has no entries to judge (and no table: forward skips it)
+        routing_table.pack(indices, weights, n_experts)  # the dataplane's rule (dp_routing_pack)
 
 
 def check_routing_arguments(
@@ -344,7 +346,7 @@ class MoeMlp:
         xf = x.astype(np.float32)
         wf = weights.astype(np.float32)
         out = np.zeros_like(xf)
-        for e in np.unique(indices):
+        for e in np.unique(indices[indices >= 0]):  # -1: no expert, the slot adds nothing
             # each token names an expert at most once (check_routing), so rows are distinct
             rows, slots = np.nonzero(indices == e)
             out[rows] += self.experts[e].reference(xf[rows]) * wf[rows, slots, None]

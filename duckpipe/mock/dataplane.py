@@ -1144,6 +1144,9 @@ class MockDataplane:
         table = moe.copy_routing(client.layout, self._check.limits, desc_plan, slot, plan)
         routed = moe.read_routing(table, shape[0], plan)
         self.counters["moe_forwards"] += 1
+        if not routed.targets:  # every choice -1, no shared expert: zeros, nothing sent
+            self.counters["moe_no_duck_forwards"] += 1
+            return routed
         mode, sent = moe.send_mode(
             int(d.flags), plan, routed, nbytes, nbytes // shape[0], self.cfg.max_forward_bytes
         )

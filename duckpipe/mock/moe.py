@@ -137,15 +137,15 @@ def read_routing(copy: np.ndarray, tokens: int, plan: MoePlan) -> Routed:
     """A checked table's routing: indices, weights, each (token, choice)'s duck, targets."""
     topk = int(copy[:_HEADER].view(routing.HEADER_DTYPE)["topk"][0])
     entries = copy[_HEADER:].view(routing.ENTRY_DTYPE).reshape(tokens, topk)
-    indices = entries["expert"].astype(np.int32)
+    indices = entries["expert"].astype(np.int32)  # ROUTING_NO_EXPERT reads as -1
     weights = entries["weight"].copy()
-    duck = np.empty_like(indices)
+    duck = np.full_like(indices, -1)  # -1: no expert, no duck (dp_routing_split skips it)
     rows = np.arange(tokens)
-    for e in np.unique(indices):
+    for e in np.unique(indices[indices >= 0]):
         held = plan.ducks_of[e]
         t, k = np.nonzero(indices == e)
         duck[t, k] = np.asarray(held, np.int32)[rows[t] % len(held)]
-    targets = set(np.unique(duck).tolist())
+    targets = set(np.unique(duck[duck >= 0]).tolist())
     if plan.has_shared:
         targets.update(plan.ducks)
     return Routed(indices, weights, duck, sorted(targets))
