@@ -55,20 +55,20 @@ def routing_seeds() -> None:
     h = "fuzz_routing"
     rng = np.random.default_rng(7)
     # DeepSeek-V3's gate: 256 experts, 8 of 8 groups kept 4, sigmoid with bias
-    w, i = Gate.deepseek_v3(hidden=64)(rng.standard_normal((8, 64)).astype(np.float32))
+    i, w = Gate.deepseek_v3(hidden=64)(rng.standard_normal((8, 64)).astype(np.float32))
     ds = routing.pack(i, w, 256).tobytes()
     write(h, "deepseek-v3-8-tokens", routing_params(256, 8) + ds)
     # replicas (up to 3 per expert), and the odd ducks as one NIC's (v = 0x19)
     write(h, "deepseek-v3-replicas-one-nic", routing_params(256, 8, 3, 5, 0x19) + ds)
     small = Gate.random(8, 16, topk=2, seed=3)
-    w, i = small(rng.standard_normal((4, 16)).astype(np.float32))
+    i, w = small(rng.standard_normal((4, 16)).astype(np.float32))
     write(
         h, "softmax-8-experts", routing_params(8, 4, 2, 1, 0x02) + routing.pack(i, w, 8).tobytes()
     )
     one = routing.pack(np.zeros((1, 1), np.int32), np.ones((1, 1), np.float32), 1).tobytes()
     write(h, "one-token-one-expert", routing_params(1, 1) + one)
     wide = Gate.random(64, 16, topk=16, seed=4)
-    w, i = wide(rng.standard_normal((3, 16)).astype(np.float32))
+    i, w = wide(rng.standard_normal((3, 16)).astype(np.float32))
     write(h, "topk-16", routing_params(64, 3, 8, 9) + routing.pack(i, w, 64).tobytes())
     # DeepEP's -1 ("no expert"): mixed in, a token of only -1, weights there NaN
     holes = np.array([[3, -1, 0, -1], [-1, -1, -1, -1], [2, 7, -1, 5]], np.int32)
