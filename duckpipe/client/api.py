@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import host
+from .._abi import dlpack
 from .._abi.ring import new_desc
 from .._abi.shm import BackingChoice
 from ..errors import (
@@ -264,6 +265,15 @@ class Forward:
         base.owner = self
         return base.view(np.ndarray)
 
+    def __dlpack__(self, **kwargs: object) -> object:
+        """DLPack of ``result()`` (waiting for it as ``result()`` does):
+        ``torch.from_dlpack(fwd)`` is a torch view of the result slot, bf16 too, valid
+        while the Forward is (the view keeps it alive)."""
+        return dlpack.Exported(self.result()).__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return dlpack.CPU_DEVICE
+
     def release(self) -> None:
         """Free the slot now (or as soon as the forward completes). Every 32nd forward or so
         the client also reads the ZeroMQ completions waiting for it here, after the result
@@ -470,7 +480,7 @@ class Client:
         """Check a claim's shape and dtype; remember the result when they are hashable,
         with a list for the slots' templates of it (``slots.claim_template``)."""
         shape_t = _normalise_shape(shape)
-        dt = np.dtype(dtype)
+        dt = np.dtype(dlpack.from_torch_dtype(dtype))
         dtype_code(dt)
         # math.prod: exact, where np.prod of a tuple is slow and wraps past 2**63
         nbytes = math.prod(shape_t) * dt.itemsize
@@ -625,7 +635,8 @@ class Client:
                 "routing must be a pair (indices, weights), the gate's [tokens, topk] expert "
                 f"ids and weights, not {type(routing).__name__}"
             )
-        indices, weights_ = routing
+        indices = _host(routing[0], "routing indices")
+        weights_ = _host(routing[1], "routing weights")
         info = session.layer_info(layer)
         if info.kind != _MOE:
             raise BadInput(
@@ -709,14 +720,14 @@ class Client:
         An empty batch (``x`` of 0 rows, and routing of 0 rows) is checked as any forward
         and answered here with an empty result of ``x``'s shape and dtype: no slot, no
         descriptor, nothing sent (``claim`` refuses 0 rows, so ``submit`` never sees one)."""
-        x = np.asarray(x)
+        given, x = x, np.asarray(_host(x, "x"))
         if x.ndim and x.shape[0] == 0:
-            return self._forward_empty(layer, x, ducks, routing, moe_send)
+            return dlpack.like(self._forward_empty(layer, x, ducks, routing, moe_send), given)
         with self.claim(x.shape, x.dtype) as slot:
             slot.array[...] = x  # the same shape and dtype: np.copyto's work, in fewer steps
             fwd = self.submit(slot, layer, ducks=ducks, routing=routing, moe_send=moe_send)
         with fwd:
-            return fwd.result(timeout).copy()
+            return dlpack.like(fwd.result(timeout).copy(), given)
 
     def _forward_empty(
         self,
@@ -825,3 +836,13 @@ def _normalise_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     if not 1 <= len(t) <= MAX_DIMS or any(n <= 0 for n in t):
         raise BadInput(f"shape {t} must have 1 to {MAX_DIMS} positive dimensions")
     return t
+
+
+def _host(x: object, what: str) -> object:
+    """A torch tensor or another DLPack producer as a numpy view of its memory (no copy);
+    anything else as it is, for the caller's checks. BadInput when a tensor cannot be read
+    from the host."""
+    try:
+        return dlpack.as_array(x)
+    except TypeError as e:
+        raise BadInput(f"{what}: {e}") from None

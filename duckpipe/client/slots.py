@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._abi import dlpack
 from ..errors import BadInput, RingFull
 
 if TYPE_CHECKING:
@@ -260,6 +261,14 @@ class Slot:
     def release(self) -> None:
         """Give the slot back without submitting it."""
         self._session.release_claim(self)
+
+    def __dlpack__(self, **kwargs: object) -> object:
+        """DLPack of ``array``: ``torch.from_dlpack(slot)`` is a writable torch view of the
+        slot (bf16 and float8 too), to fill before ``submit``."""
+        return dlpack.Exported(self.array).__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return dlpack.CPU_DEVICE
 
     def __enter__(self) -> Slot:
         return self
