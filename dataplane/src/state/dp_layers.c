@@ -112,7 +112,7 @@ uint64_t dp_layer_state_bytes(const struct dp_ctl_load_weights *m)
 
 uint64_t dp_layer_plan_bytes(const struct dp_ctl_load_weights *m)
 {
-	uint64_t item = m->dtype == DP_DTYPE_F16 ? 2 : 4, h = m->hidden, total = 0, hf, t;
+	uint64_t item = m->dtype == DP_DTYPE_F32 ? 4 : 2, h = m->hidden, total = 0, hf, t;
 	for (uint32_t i = 0; i < m->shard_sizes_len; i++) {
 		uint64_t f = m->shard_sizes[i];
 		uint64_t mats = m->kind == DP_MLP_KIND_GELU ? 2 : 3; /* b_up: f more for GELU */
