@@ -291,7 +291,7 @@ def _check_shapes(mlp: object, want: dict[str, tuple[int, ...]]) -> None:
             )
         if arr.dtype not in DTYPES:  # name the tensor: the bare dtype message would not
             raise BadInput(
-                f"{type(mlp).__name__}.{name} is {arr.dtype}; the ducks take {_NAMES} "
+                f"{type(mlp).__name__}.{name} is {arr.dtype}; the ducks compute {_NAMES} "
                 f"(e.g. {name}=array.astype(np.float32))"
             )
         if dtype is not None and arr.dtype != dtype:
