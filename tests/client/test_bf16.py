@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import duckpipe
 from duckpipe import DType, GeluMlp, SwiGluMlp
 from duckpipe.client.models import BFLOAT16, duck_partial, shard_bounds
 from duckpipe.errors import BadInput
@@ -138,3 +139,15 @@ def test_a_bfloat16_activation_on_a_float16_layer_is_refused_naming_both(client)
     client.load_weights(780, mlp, ducks=[0])
     with pytest.raises(BadInput, match=r"holds float16 weights.*the activation is bfloat16"):
         client.forward(780, np.ones((1, 16), BF16))
+
+
+def test_the_mock_rounds_each_partial_to_bfloat16_as_the_ducks_do(duckpipe_mock_factory):
+    # the mock's ducks compute each partial exactly as _wire_reference does, so its result
+    # is that, bit for bit; summing float32 partials (as the mock once did) is not
+    mlp = SwiGluMlp.random(64, 96, dtype=BF16, seed=11)
+    x = np.random.default_rng(11).standard_normal((16, 64)).astype(BF16)
+    with duckpipe.connect(duckpipe_mock_factory(ducks=24).control) as c:
+        info = c.load_weights(1, mlp, ducks=list(range(24)))
+        y = c.forward(1, x)
+    wire, _ = _wire_reference(mlp, x, info.shard_sizes)
+    np.testing.assert_array_equal(_bits(y), _bits(wire))
