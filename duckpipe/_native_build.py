@@ -80,6 +80,9 @@ uint64_t dp_client_quota(uint64_t contexts, uint32_t nactive, uint64_t client_ma
 int dp_routing_size(uint64_t tokens, uint64_t topk, uint64_t *out);
 int dp_routing_check(const void *table, uint64_t len, uint32_t tokens, uint32_t n_experts,
                      char *why, size_t n);
+int dp_routing_pack(const void *indices, uint32_t index_size, const void *weights,
+                    uint32_t tokens, uint32_t topk, uint32_t n_experts, void *out,
+                    uint64_t out_len, char *why, size_t n);
 int dp_routing_placement_check(const struct dp_routing_placement *pl, char *why, size_t n);
 void dp_routing_bank_slots(const struct dp_routing_placement *pl, uint16_t *slots,
                            uint16_t *per_duck);
@@ -95,6 +98,16 @@ int dp_routing_wire_unicast(const void *table, uint64_t len, uint16_t duck, void
                             uint64_t out_len, uint16_t *row_map, uint32_t row_cap,
                             uint64_t *out_size, char *why, size_t n);
 const char *dp_routing_strerror(int rc);
+int dp_attach_admit(const struct dp_attach_census *c, const struct dp_attach_limits *lim,
+                    bool *quota, char *why, size_t n);
+int dp_load_check(const struct dp_ctl_load_weights *m, const struct dp_load_limits *lim,
+                  const int16_t *topology, char *why, size_t n);
+int dp_load_moe_plan(const struct dp_ctl_load_weights *m, struct dp_layer_moe *moe, char *why,
+                     size_t n);
+uint64_t dp_load_state_bytes(const struct dp_ctl_load_weights *m);
+uint64_t dp_load_plan_bytes(const struct dp_ctl_load_weights *m);
+int dp_load_quota_check(const struct dp_ctl_load_weights *m, const struct dp_load_holding *h,
+                        uint64_t bytes, char *why, size_t n);
 """
 
 # Only the Python client spins or sleeps on a done word; the GIL is released for the call.
@@ -109,6 +122,8 @@ SOURCE = r"""
 #include "dp_desc_check.h"
 #include "dp_fair_share.h"
 #include "dp_routing.h" /* MoE routing tables: the client's pack, the mock's check */
+/* the mock dataplane's Attach admission and LoadWeights rules: the dataplane's own */
+#include "dp_ctl_rules.h"
 
 #include <sched.h>
 static uint64_t dp_mono_ns(void)
@@ -199,6 +214,8 @@ ffibuilder.cdef(
     + cdef_section("dp_desc_check.h")
     + cdef_section("dp_routing_abi.h")
     + cdef_section("dp_routing.h")
+    + cdef_section("dp_ctl_gen.h")
+    + cdef_section("dp_ctl_rules.h")
     + FUNCTIONS
 )
 ffibuilder.set_source(

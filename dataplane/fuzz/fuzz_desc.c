@@ -21,6 +21,7 @@
  *   u8 slot_count - 1 (mod 16)  u16 act slot size, u16 result slot size (mod 4097 each)
  *   u32 max_forward_bytes, u32 default_timeout_us, u32 max_timeout_us
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,28 +148,32 @@ static int decode(const uint8_t *data, size_t size, struct fuzz_desc_input *in)
 	memcpy(&in->d, data, sizeof(in->d));
 	struct reader r = { data + sizeof(in->d), size - sizeof(in->d) };
 
-	static struct dp_layer layer; /* big (acked[][]): not on the stack */
+	/* the layer as LoadWeights builds it (dp_layer_fill: dp_layer_build's shape, which
+	 * allocates nothing; this harness links no state) from the request the input makes */
+	static struct dp_ctl_load_weights m; /* big (expert lists): not on the stack */
+	static struct dp_layer layer;         /* big (acked[][]) */
+	memset(&m, 0, sizeof(m));
 	memset(&layer, 0, sizeof(layer));
 	uint8_t flags = (uint8_t)take(&r, 1);
-	layer.id = in->d.layer;
-	layer.dtype = flags & 1 ? (flags & 32 ? DP_DTYPE_BF16 : DP_DTYPE_F16) : DP_DTYPE_F32;
-	layer.kind = flags & 2 ? DP_MLP_KIND_SWIGLU : DP_MLP_KIND_GELU;
-	layer.has_b_down = flags & 4;
-	layer.ready = flags & 8 ? 1 : 0;
-	layer.hidden = 1 + (uint32_t)take(&r, 2) % 4096;
-	memset(layer.index, -1, sizeof(layer.index));
+	m.layer = in->d.layer;
+	m.dtype = flags & 1 ? (flags & 32 ? DP_DTYPE_BF16 : DP_DTYPE_F16) : DP_DTYPE_F32;
+	m.kind = flags & 2 ? DP_MLP_KIND_SWIGLU : DP_MLP_KIND_GELU;
+	m.has_b_down = flags & 4;
+	m.hidden = 1 + (uint32_t)take(&r, 2) % 4096;
+	bool listed[256] = { false };
 	uint32_t want = 1 + (uint32_t)take(&r, 1) % 8;
 	for (uint32_t i = 0; i < want; i++) {
 		uint8_t id = (uint8_t)take(&r, 1);
 		uint32_t shard = 1 + (uint32_t)take(&r, 2);
-		if (layer.index[id] >= 0)
-			continue; /* LoadWeights refuses a duck listed twice */
-		layer.index[id] = (int16_t)layer.nducks;
-		layer.ducks[layer.nducks] = id;
-		layer.shard[layer.nducks] = shard;
-		layer.ffn += shard;
-		layer.nducks++;
+		if (listed[id])
+			continue; /* LoadWeights refuses a duck listed twice (dp_load_check) */
+		listed[id] = true;
+		m.ducks[m.ducks_len++] = id;
+		m.shard_sizes[m.shard_sizes_len++] = shard;
+		m.ffn += shard;
 	}
+	dp_layer_fill(&layer, &m);
+	layer.ready = flags & 8 ? 1 : 0;
 	memset(&in->c, 0, sizeof(in->c));
 	in->c.slot_count = 1 + (uint32_t)take(&r, 1) % 16;
 	in->c.ring_capacity = 64;

@@ -7,7 +7,9 @@
  * (all ducks, or one NIC's), and expects the split to succeed, to pass dp_routing_wire_check,
  * to place every (token, expert) exactly once on a duck that holds the expert, and each
  * duck's unicast table to pass too. When dp_routing_wire_check accepts them, it walks every
- * section as a duck would. Split, section and unicast also run on refused tables: they must
+ * section as a duck would. dp_routing_pack, given the same entries as a gate's arrays, must
+ * agree with the check and write the same bytes (a -1 id is the table's NO_EXPERT, 0xffffffff,
+ * whose weight it stores as 0). Split, section and unicast also run on refused tables: they must
  * stay inside their buffers whatever the bytes (each buffer is allocated to its exact size,
  * so that ASan sees one byte too many).
  *
@@ -59,6 +61,8 @@ static void host_ok(const uint8_t *t, uint64_t len, uint32_t rows, uint32_t n_ex
 	for (uint32_t i = 0; i < tokens; i++)
 		for (uint32_t k = 0; k < topk; k++) {
 			const uint8_t *e = t + 16 + ((uint64_t)i * topk + k) * 8;
+			if (u32_at(e) == 0xffffffffu) /* no expert: as often as it likes, any weight */
+				continue;
 			EXPECT(u32_at(e) < n_experts && finite(u32_at(e + 4)));
 			for (uint32_t j = 0; j < k; j++)
 				EXPECT(u32_at(t + 16 + ((uint64_t)i * topk + j) * 8) != u32_at(e));
@@ -175,6 +179,8 @@ static void split_ok(const uint8_t *t, uint64_t len, const struct dp_routing_pla
 	for (uint32_t i = 0; i < rows; i++)
 		for (uint32_t k = 0; k < topk; k++) {
 			uint32_t e = u32_at(t + 16 + ((uint64_t)i * topk + k) * 8);
+			if (e == 0xffffffffu) /* no expert: in no section */
+				continue;
 			uint32_t d = p->ducks[e * DP_MAX_REPLICAS + i % p->replicas[e]];
 			want += !nic || (nic[d >> 6] >> (d & 63) & 1);
 		}
@@ -231,6 +237,44 @@ static void split_ok(const uint8_t *t, uint64_t len, const struct dp_routing_pla
 	free(out);
 }
 
+/* dp_routing_pack on the same entries, as a gate's int32 ids and float32 weights: it gives
+ * the verdict (the same code) dp_routing_check gives a table of those entries under a
+ * valid header, and on acceptance writes exactly that table. */
+static void pack_ok(const uint8_t *t, uint64_t len, uint32_t n_experts)
+{
+	if (len < 16)
+		return;
+	uint32_t topk = u16_at(t + 6), tokens = u32_at(t + 8);
+	if (tokens < 1 || tokens > DP_MAX_TOKENS || topk < 1 || topk > DP_MAX_TOPK ||
+	    16 + (uint64_t)tokens * topk * 8 > len)
+		return;
+	uint64_t n = (uint64_t)tokens * topk, size = 16 + 8 * n;
+	int32_t *ids = malloc(n * 4);
+	uint32_t *w = malloc(n * 4);
+	uint8_t *out = malloc(size), *hand = malloc(size);
+	EXPECT(ids && w && out && hand);
+	for (uint64_t i = 0; i < n; i++) {
+		ids[i] = (int32_t)u32_at(t + 16 + 8 * i); /* >= 2^31 as uint32: negative here */
+		w[i] = u32_at(t + 20 + 8 * i);
+	}
+	struct dp_routing_header h = { DP_ROUTING_MAGIC, DP_ROUTING_VERSION, 0, (uint16_t)topk,
+				       tokens, n_experts };
+	memcpy(hand, &h, sizeof(h));
+	memcpy(hand + 16, t + 16, 8 * n);
+	char why[200];
+	int rc = dp_routing_pack(ids, 4, w, tokens, topk, n_experts, out, size, why, sizeof(why));
+	EXPECT(rc == dp_routing_check(hand, size, tokens, n_experts, why, sizeof(why)));
+	for (uint64_t i = 0; i < n; i++) /* the gate's -1: the pack stores weight 0 */
+		if (ids[i] == -1)
+			memset(hand + 20 + 8 * i, 0, 4);
+	if (rc == 0)
+		EXPECT(memcmp(out, hand, size) == 0);
+	free(ids);
+	free(w);
+	free(out);
+	free(hand);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -247,6 +291,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	EXPECT(host <= 0 && host >= DP_ROUTING_ERROR_NO_SUCH_DUCK);
 	if (host == 0)
 		host_ok(t, len, rows, n_experts);
+	pack_ok(t, len, n_experts);
 
 	static struct dp_routing_placement p; /* 17 KiB: not on the stack */
 	placement_of(&p, n_experts, shape, stride);

@@ -70,6 +70,10 @@ def routing_seeds() -> None:
     wide = Gate.random(64, 16, topk=16, seed=4)
     w, i = wide(rng.standard_normal((3, 16)).astype(np.float32))
     write(h, "topk-16", routing_params(64, 3, 8, 9) + routing.pack(i, w, 64).tobytes())
+    # DeepEP's -1 ("no expert"): mixed in, a token of only -1, weights there NaN
+    holes = np.array([[3, -1, 0, -1], [-1, -1, -1, -1], [2, 7, -1, 5]], np.int32)
+    hw = np.where(holes < 0, np.nan, 0.5).astype(np.float32)
+    write(h, "no-expert", routing_params(8, 3, 2, 1) + routing.pack(holes, hw, 8).tobytes())
 
     # hostile variants of the DeepSeek-V3 table: each one is refused
     def entry(t: int, k: int) -> int:
@@ -219,6 +223,21 @@ def control_seeds() -> None:
             ducks=[0, 1, 2, 3],
             shard_sizes=[4096] * 4,
             has_b_down=True,
+        ),
+        # a mixture of experts: 8 experts on 4 ducks, expert 7 twice, a shared expert of
+        # 8 columns on each duck: what reaches the MoE plan (dp_load_moe_plan) whole
+        "load-weights-moe": c.LoadWeights(
+            req_id=13,
+            layer=3,
+            kind=3,
+            dtype=1,
+            hidden=64,
+            ffn=176,
+            ducks=[0, 1, 2, 3],
+            shard_sizes=[56, 40, 40, 40],
+            expert_ffn=16,
+            expert_replicas=[1, 1, 1, 1, 1, 1, 1, 2],
+            expert_ducks=[0, 0, 1, 1, 2, 2, 3, 3, 0],
         ),
         "set-epoch": c.SetEpoch(req_id=7, epoch=9),
         "set-epoch-next": c.SetEpoch(req_id=8),

@@ -20,7 +20,11 @@
  * output only for tables they accepted.
  *
  * dp_routing_check          host table: header against the forward and the layer, every
- *                           expert < n_experts, no expert twice for a token, finite weights
+ *                           expert < n_experts or NO_EXPERT, no expert twice for a token,
+ *                           finite weights (a NO_EXPERT slot's weight is not read)
+ * dp_routing_pack           a gate's int32/int64 ids and float32 weights -> host table,
+ *                           checked by the same rule in the same pass (the client's submit);
+ *                           a -1 id (DeepEP's "no expert") becomes NO_EXPERT with weight 0
  * dp_routing_placement_check  expert -> ducks (1..MAX_REPLICAS distinct ducks each)
  * dp_routing_split          host table + placement (+ the NIC's ducks) -> wire table
  * dp_routing_wire_check     wire table: directory, sections, entries
@@ -118,6 +122,93 @@ static inline int dp_routing_check_n_experts(uint32_t n_experts, char *why, size
 	return 0;
 }
 
+/* The header of a host table against the forward of `tokens` rows on a layer of n_experts
+ * routed experts and the len bytes given: 0 and *size (the table's bytes), or a negative
+ * enum dp_routing_error with why. n_experts was checked by the caller. */
+static inline int dp_routing_check_header(const struct dp_routing_header *h, uint64_t len,
+					  uint32_t tokens, uint32_t n_experts, uint64_t *size,
+					  char *why, size_t n)
+{
+	if (h->magic != DP_ROUTING_MAGIC)
+		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_MAGIC, why, n,
+					 "magic 0x%08x is not a host routing table's (0x%08x)",
+					 h->magic, DP_ROUTING_MAGIC);
+	if (h->version != DP_ROUTING_VERSION)
+		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_VERSION, why, n,
+					 "routing table version %u, this build reads %u", h->version,
+					 DP_ROUTING_VERSION);
+	if (h->flags)
+		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_FLAGS, why, n,
+					 "routing flags 0x%02x: none are defined", h->flags);
+	if (h->n_experts != n_experts)
+		return dp_routing_refuse(DP_ROUTING_ERROR_N_EXPERTS, why, n,
+					 "the table routes over %u experts, the layer has %u",
+					 h->n_experts, n_experts);
+	if (h->tokens < 1 || h->tokens > DP_MAX_TOKENS || h->tokens != tokens)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TOKENS, why, n,
+					 "the table has %u tokens, the forward %u rows (1..%u)",
+					 h->tokens, tokens, DP_MAX_TOKENS);
+	if (h->topk < 1 || h->topk > DP_MAX_TOPK || h->topk > n_experts)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TOPK, why, n,
+					 "topk %u is outside 1..%u (and the layer's %u experts)",
+					 h->topk, DP_MAX_TOPK, n_experts);
+	if (dp_routing_size(h->tokens, h->topk, size) < 0 || *size > len)
+		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
+					 "%u tokens by %u need %llu bytes, the table has %llu",
+					 h->tokens, h->topk, (unsigned long long)*size,
+					 (unsigned long long)len);
+	return 0;
+}
+
+/* The rule of one choice, entry (t, k): -1 is "no expert" (DeepEP's padded or dropped
+ * slot: any number of them per token, and their weight is never read, so any bits pass,
+ * as DeepEP leaves those weights unspecified); otherwise the expert exists, the token
+ * has not named it yet (a bit in `seen`, which this sets), the weight (its float32 bits)
+ * is finite. The expert comes as int64 so that a gate's negative id (dp_routing_pack)
+ * meets the same rule and message as a table's, whose NO_EXPERT the caller gives as -1.
+ * 0, or a negative enum dp_routing_error with why. */
+static inline int dp_routing_check_entry(uint32_t t, uint32_t k, int64_t expert, uint32_t bits,
+					 uint32_t n_experts, uint64_t *seen, char *why, size_t n)
+{
+	if (expert == -1)
+		return 0;
+	if (expert < 0 || expert >= n_experts)
+		return dp_routing_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
+					 "token %u, choice %u names expert %lld; the layer has %u "
+					 "(0..%u), or -1 for no expert: route with this layer's gate",
+					 t, k, (long long)expert, n_experts, n_experts - 1);
+	if (seen[expert >> 6] >> (expert & 63) & 1)
+		return dp_routing_refuse(DP_ROUTING_ERROR_DUPLICATE, why, n,
+					 "token %u names expert %lld twice (again at choice %u): a "
+					 "token's experts are distinct, as a top-k gives them",
+					 t, (long long)expert, k);
+	seen[expert >> 6] |= 1ull << (expert & 63);
+	if (!dp_routing_finite(bits))
+		return dp_routing_refuse(DP_ROUTING_ERROR_WEIGHT, why, n,
+					 "token %u, choice %u (expert %lld) has weight bits 0x%08x: "
+					 "NaN or infinite; weights must be finite",
+					 t, k, (long long)expert, bits);
+	return 0;
+}
+
+/* A host entry's expert as dp_routing_check_entry takes it: NO_EXPERT is -1. */
+static inline int64_t dp_routing_entry_expert(uint32_t expert)
+{
+	return expert == DP_ROUTING_NO_EXPERT ? -1 : (int64_t)expert;
+}
+
+/* Clear from `seen` the first k experts of a row of entries (each < n_experts, checked,
+ * or NO_EXPERT, which set no bit). */
+static inline void dp_routing_forget_row(uint64_t *seen, const uint8_t *row, uint32_t k)
+{
+	for (uint32_t j = 0; j < k; j++) {
+		uint32_t expert;
+		memcpy(&expert, row + j * DP_ROUTING_ENTRY_SIZE, 4);
+		if (expert != DP_ROUTING_NO_EXPERT)
+			seen[expert >> 6] &= ~(1ull << (expert & 63));
+	}
+}
+
 /* Check a host table of len bytes (a private copy: it is read once, in order) for a
  * forward of `tokens` rows on a layer of n_experts routed experts. 0, or a negative enum
  * dp_routing_error with why. Bytes past the table's size are not read. */
@@ -136,74 +227,84 @@ static inline int dp_routing_check(const void *table, uint64_t len, uint32_t tok
 					 (unsigned long long)len,
 					 (unsigned long long)DP_ROUTING_HEADER_SIZE);
 	memcpy(&h, p, sizeof(h));
-	if (h.magic != DP_ROUTING_MAGIC)
-		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_MAGIC, why, n,
-					 "magic 0x%08x is not a host routing table's (0x%08x)",
-					 h.magic, DP_ROUTING_MAGIC);
-	if (h.version != DP_ROUTING_VERSION)
-		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_VERSION, why, n,
-					 "routing table version %u, this build reads %u", h.version,
-					 DP_ROUTING_VERSION);
-	if (h.flags)
-		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_FLAGS, why, n,
-					 "routing flags 0x%02x: none are defined", h.flags);
-	if (h.n_experts != n_experts)
-		return dp_routing_refuse(DP_ROUTING_ERROR_N_EXPERTS, why, n,
-					 "the table routes over %u experts, the layer has %u",
-					 h.n_experts, n_experts);
-	if (h.tokens < 1 || h.tokens > DP_MAX_TOKENS || h.tokens != tokens)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TOKENS, why, n,
-					 "the table has %u tokens, the forward %u rows (1..%u)",
-					 h.tokens, tokens, DP_MAX_TOKENS);
-	if (h.topk < 1 || h.topk > DP_MAX_TOPK || h.topk > n_experts)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TOPK, why, n,
-					 "topk %u is outside 1..%u (and the layer's %u experts)",
-					 h.topk, DP_MAX_TOPK, n_experts);
-	if (dp_routing_size(h.tokens, h.topk, &size) < 0 || size > len)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
-					 "%u tokens by %u need %llu bytes, the table has %llu",
-					 h.tokens, h.topk, (unsigned long long)size,
-					 (unsigned long long)len);
+	rc = dp_routing_check_header(&h, len, tokens, n_experts, &size, why, n);
+	if (rc < 0)
+		return rc;
 	/* one bit per expert, set for the current token's choices and cleared after it */
 	uint64_t seen[DP_MAX_EXPERTS / 64] = { 0 };
 	const uint8_t *e0 = p + DP_ROUTING_HEADER_SIZE;
 	for (uint32_t t = 0; t < h.tokens; t++) {
 		const uint8_t *row = e0 + (uint64_t)t * h.topk * DP_ROUTING_ENTRY_SIZE;
-		uint32_t k;
-		for (k = 0; k < h.topk; k++) {
+		for (uint32_t k = 0; k < h.topk; k++) {
 			uint32_t expert, bits;
 			memcpy(&expert, row + k * DP_ROUTING_ENTRY_SIZE, 4);
 			memcpy(&bits, row + k * DP_ROUTING_ENTRY_SIZE + 4, 4);
-			if (expert >= n_experts) {
-				rc = dp_routing_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
-						       "token %u, choice %u names expert %u; the "
-						       "layer has %u (0..%u)",
-						       t, k, expert, n_experts, n_experts - 1);
-				break;
-			}
-			if (seen[expert >> 6] >> (expert & 63) & 1) {
-				rc = dp_routing_refuse(DP_ROUTING_ERROR_DUPLICATE, why, n,
-						       "token %u names expert %u twice (again at "
-						       "choice %u)",
-						       t, expert, k);
-				break;
-			}
-			seen[expert >> 6] |= 1ull << (expert & 63);
-			if (!dp_routing_finite(bits)) {
-				rc = dp_routing_refuse(DP_ROUTING_ERROR_WEIGHT, why, n,
-						       "token %u, choice %u (expert %u) has weight "
-						       "bits 0x%08x: NaN or infinite",
-						       t, k, expert, bits);
-				break;
-			}
+			rc = dp_routing_check_entry(t, k, dp_routing_entry_expert(expert), bits,
+						    n_experts, seen, why, n);
+			if (rc < 0)
+				return rc;
 		}
-		if (rc < 0)
-			return rc;
-		for (uint32_t j = 0; j < k; j++) { /* every one was < n_experts */
-			uint32_t expert;
-			memcpy(&expert, row + j * DP_ROUTING_ENTRY_SIZE, 4);
-			seen[expert >> 6] &= ~(1ull << (expert & 63));
+		dp_routing_forget_row(seen, row, h.topk);
+	}
+	return 0;
+}
+
+/* Write the host table of a gate's choices into out (out_len bytes) and check it by the
+ * rule dp_routing_check keeps, in the same pass: the client's one check of a routed
+ * submit. indices are [tokens][topk] signed integers of index_size bytes (4: int32, 8:
+ * int64; -1: no expert), weights [tokens][topk] float32, both C-contiguous. 0, or a negative enum
+ * dp_routing_error with why; on a refusal out holds a partial table that must not be
+ * sent. A table this accepts, dp_routing_check accepts. */
+static inline int dp_routing_pack(const void *indices, uint32_t index_size, const void *weights,
+				  uint32_t tokens, uint32_t topk, uint32_t n_experts, void *out,
+				  uint64_t out_len, char *why, size_t n)
+{
+	uint8_t *p = out;
+	uint64_t size;
+	int rc = dp_routing_check_n_experts(n_experts, why, n);
+	if (rc < 0)
+		return rc;
+	if (index_size != 4 && index_size != 8)
+		return dp_routing_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
+					 "expert ids of %u bytes: give int32 or int64", index_size);
+	struct dp_routing_header h = {
+		.magic = DP_ROUTING_MAGIC,
+		.version = DP_ROUTING_VERSION,
+		.topk = topk > UINT16_MAX ? 0 : (uint16_t)topk, /* 0: refused as topk */
+		.tokens = tokens,
+		.n_experts = n_experts,
+	};
+	rc = dp_routing_check_header(&h, out_len, tokens, n_experts, &size, why, n);
+	if (rc < 0)
+		return rc;
+	memcpy(p, &h, sizeof(h));
+	uint64_t seen[DP_MAX_EXPERTS / 64] = { 0 };
+	const uint8_t *idx = indices, *w = weights;
+	uint8_t *e0 = p + DP_ROUTING_HEADER_SIZE;
+	for (uint32_t t = 0; t < tokens; t++) {
+		uint8_t *row = e0 + (uint64_t)t * topk * DP_ROUTING_ENTRY_SIZE;
+		for (uint32_t k = 0; k < topk; k++) {
+			uint64_t i = (uint64_t)t * topk + k;
+			int64_t expert;
+			uint32_t bits;
+			if (index_size == 4) {
+				int32_t e32;
+				memcpy(&e32, idx + i * 4, 4);
+				expert = e32;
+			} else {
+				memcpy(&expert, idx + i * 8, 8);
+			}
+			memcpy(&bits, w + i * 4, 4);
+			rc = dp_routing_check_entry(t, k, expert, bits, n_experts, seen, why, n);
+			if (rc < 0)
+				return rc;
+			uint32_t e = (uint32_t)expert; /* -1: NO_EXPERT */
+			if (expert == -1)
+				bits = 0; /* not read; a table with no NaN in it all the same */
+			memcpy(row + k * DP_ROUTING_ENTRY_SIZE, &e, 4);
+			memcpy(row + k * DP_ROUTING_ENTRY_SIZE + 4, &bits, 4);
 		}
+		dp_routing_forget_row(seen, row, topk);
 	}
 	return 0;
 }
@@ -279,7 +380,8 @@ static inline void dp_routing_bank_slots(const struct dp_routing_placement *pl, 
  * bytes): 0 and *out_size its bytes, 0 when no duck of the set is routed (send nothing),
  * or a negative enum dp_routing_error with why (out may then be partly written). With
  * `targets` (DP_MAX_DUCKS bits) non-NULL, it is set to the ducks that got a section.
- * Sections ascend by duck, entries by (row, expert); the rows are the tokens. An entry's
+ * Sections ascend by duck, entries by (row, expert); the rows are the tokens; NO_EXPERT
+ * entries are left out (they reach no duck: a table of only those is "no duck"). An entry's
  * expert is the global id, or with `slots` (dp_routing_bank_slots) the expert's slot in
  * that duck's bank (slots ascend with ids on a duck: the order holds). `flags` (enum
  * dp_routing_wire_flag) go into the header; with SHARED a table is written even when no
@@ -316,6 +418,8 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 		for (uint32_t k = 0; k < h.topk; k++) {
 			uint32_t expert;
 			memcpy(&expert, e0 + ((uint64_t)t * h.topk + k) * DP_ROUTING_ENTRY_SIZE, 4);
+			if (expert == DP_ROUTING_NO_EXPERT)
+				continue; /* the slot contributes nothing: no duck hears of it */
 			int32_t d = dp_routing_duck_of(pl, t, expert);
 			if (d < 0)
 				return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
@@ -371,6 +475,8 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 				c[j - 1] = tmp;
 			}
 		for (uint32_t k = 0; k < h.topk; k++) {
+			if (c[k].expert == DP_ROUTING_NO_EXPERT)
+				break; /* sorted last: the rest are too */
 			int32_t d = dp_routing_duck_of(pl, t, c[k].expert); /* >= 0: pass 1 */
 			if (!dp_routing_has_duck(ducks, (uint32_t)d))
 				continue;

@@ -45,36 +45,18 @@ static struct dp_ctl_load_weights *moe_request(uint32_t shared_cols)
 	return m;
 }
 
-/* The layer as on_load_weights has filled it before dp_layer_moe_build. */
-static struct dp_layer *layer_of(const struct dp_ctl_load_weights *m)
-{
-	struct dp_layer *l = calloc(1, sizeof(*l));
-	memset(l->index, 0xff, sizeof(l->index));
-	for (uint32_t i = 0; i < m->ducks_len; i++) {
-		l->ducks[i] = (uint16_t)m->ducks[i];
-		l->shard[i] = m->shard_sizes[i];
-		l->index[m->ducks[i]] = (int16_t)i;
-	}
-	l->id = m->layer;
-	l->kind = (uint8_t)m->kind;
-	l->dtype = (uint8_t)m->dtype;
-	l->hidden = m->hidden;
-	l->ffn = m->ffn;
-	l->nducks = m->ducks_len;
-	l->has_b_down = m->has_b_down;
-	l->ready = 1;
-	return l;
-}
-
+/* The layer as on_load_weights builds it (dp_layer_build), committed: 0, or -1 with why. */
 static int build(const struct dp_ctl_load_weights *m, char *why, struct dp_layer **out)
 {
-	struct dp_layer *l = layer_of(m);
-	int rc = dp_layer_moe_build(l, m, why, DP_DESC_WHY_LEN);
+	int code;
+	struct dp_layer *l = dp_layer_build(m, &code, why, DP_DESC_WHY_LEN);
+	if (l)
+		l->ready = 1;
 	if (out)
 		*out = l;
-	else
+	else if (l)
 		dp_layer_free(l);
-	return rc;
+	return l ? 0 : -1;
 }
 
 static void test_a_moe_load_keeps_its_placement_and_banks(void)

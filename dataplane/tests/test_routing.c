@@ -157,8 +157,8 @@ static void test_refuses_an_expert_past_the_layer(void)
 		      DP_ROUTING_ERROR_EXPERT,
 	      "expert 8");
 	CHECK(strstr(why, "token 2, choice 1 names expert 8"), "why: %s", why);
-	set_u32(&t, 16 + 8 * 5, 0xffffffffu);
-	CHECK(check(&t) == DP_ROUTING_ERROR_EXPERT, "expert 2^32-1");
+	set_u32(&t, 16 + 8 * 5, 0xfffffffeu); /* 2^32-1 is DP_ROUTING_NO_EXPERT */
+	CHECK(check(&t) == DP_ROUTING_ERROR_EXPERT, "expert 2^32-2");
 	free(t.buf);
 }
 
@@ -415,6 +415,96 @@ static void test_split_names_bank_slots_and_a_shared_table_may_have_no_section(v
 	free(t.buf);
 }
 
+/* --- "no expert" (the gate's -1, DeepEP's padded or dropped slot) ----------------------- */
+
+/* token t -> experts: 0 {1, none}, 1 {none, none}, 2 {none, 0}, 3 {2, 1}; the none slots'
+ * weights NaN, inf, junk: never read */
+#define NONE DP_ROUTING_NO_EXPERT
+static const uint32_t HOLES[TOKENS * TOPK] = { 1, NONE, NONE, NONE, NONE, 0, 2, 1 };
+
+static struct host with_holes(void)
+{
+	float w[TOKENS * TOPK];
+	memcpy(w, W, sizeof(w));
+	w[1] = NAN, w[2] = INFINITY, w[3] = -INFINITY, w[4] = 1e30f;
+	return host_table(TOKENS, TOPK, EXPERTS, HOLES, w);
+}
+
+static void test_no_expert_passes_any_number_of_times_with_any_weight(void)
+{
+	struct host t = with_holes();
+	char why[200] = "";
+	CHECK(dp_routing_check(t.buf, t.len, TOKENS, EXPERTS, why, sizeof(why)) == 0, "%s", why);
+	/* only 2^32-1 is the sentinel: the id below it is an expert past the layer */
+	set_u32(&t, 16 + 8 * 1, NONE - 1);
+	CHECK(check(&t) == DP_ROUTING_ERROR_EXPERT, "2^32-2");
+	/* a real expert's weight must still be finite beside a none */
+	set_u32(&t, 16 + 8 * 1, NONE);
+	float nan = NAN;
+	memcpy(t.buf + 16 + 8 * 5 + 4, &nan, 4);
+	CHECK(check(&t) == DP_ROUTING_ERROR_WEIGHT, "NaN on expert 0");
+	free(t.buf);
+}
+
+static void test_pack_writes_minus_one_as_no_expert_with_weight_zero(void)
+{
+	int32_t ids[TOKENS * TOPK] = { 1, -1, -1, -1, -1, 0, 2, 1 };
+	float w[TOKENS * TOPK];
+	memcpy(w, W, sizeof(w));
+	w[1] = NAN, w[2] = INFINITY;
+	struct host want = host_table(TOKENS, TOPK, EXPERTS, HOLES, (const float[]){
+		0.5f, 0, 0, 0, 0, 0.125f, 3.0f, 0.0f });
+	uint8_t *out = malloc(want.len);
+	char why[200] = "";
+	CHECK(dp_routing_pack(ids, 4, w, TOKENS, TOPK, EXPERTS, out, want.len, why, sizeof(why)) ==
+		      0,
+	      "%s", why);
+	CHECK(memcmp(out, want.buf, want.len) == 0, "pack of -1 wrote other bytes");
+	CHECK(dp_routing_check(out, want.len, TOKENS, EXPERTS, why, sizeof(why)) == 0, "%s", why);
+	free(out);
+	free(want.buf);
+}
+
+static void test_split_leaves_no_expert_out_and_a_table_of_none_reaches_no_duck(void)
+{
+	struct host t = with_holes();
+	struct dp_routing_placement *p = placement();
+	uint8_t out[512];
+	uint64_t size, targets[4];
+	char why[200] = "";
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, 0, NULL, out, sizeof(out), &size, targets, why,
+			       sizeof(why)) == 0,
+	      "%s", why);
+	/* (0, 1) -> 10, (2, 0) -> 10, (3, 2) -> 11, (3, 1) -> 10: token 1 reaches no duck */
+	struct dp_routing_wire_header h;
+	memcpy(&h, out, sizeof(h));
+	CHECK(h.n_ducks == 2 && h.entries == 4 && size == 16 + 16 + 32, "%u ducks %u entries",
+	      h.n_ducks, h.entries);
+	CHECK(targets[0] == (1ull << 10 | 1ull << 11) && !targets[1], "targets");
+	CHECK(dp_routing_wire_check(out, size, TOKENS, EXPERTS, why, sizeof(why)) == 0, "%s", why);
+	static const uint16_t want[4][2] = { { 0, 1 }, { 2, 0 }, { 3, 1 }, { 3, 2 } };
+	for (unsigned i = 0; i < 4; i++) {
+		struct dp_routing_wire_entry e = wire_entry(out, 2 + i);
+		CHECK(e.row == want[i][0] && e.expert == want[i][1], "entry %u: row %u expert %u",
+		      i, e.row, e.expert);
+	}
+	/* every slot none: nothing to send, and with SHARED a header alone */
+	for (uint32_t i = 0; i < TOKENS * TOPK; i++)
+		set_u32(&t, 16 + 8 * (uint64_t)i, NONE);
+	CHECK(check(&t) == 0, "all none");
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, 0, NULL, out, sizeof(out), &size, targets, why,
+			       sizeof(why)) == 0 &&
+		      size == 0 && !targets[0] && !targets[1],
+	      "all none: size %lu", (unsigned long)size);
+	CHECK(dp_routing_split(t.buf, t.len, p, NULL, DP_ROUTING_WIRE_FLAG_SHARED, NULL, out,
+			       sizeof(out), &size, targets, why, sizeof(why)) == 0 &&
+		      size == 16 && !targets[0],
+	      "all none, shared: size %lu", (unsigned long)size);
+	CHECK(dp_routing_wire_check(out, size, TOKENS, EXPERTS, why, sizeof(why)) == 0, "%s", why);
+	free(p);
+	free(t.buf);
+}
+
 /* --- wire tables ----------------------------------------------------------------------- */
 
 static uint64_t split_all(uint8_t *out, uint64_t cap)
@@ -520,9 +610,60 @@ static void test_a_duck_finds_its_section_and_a_unicast_renumbers_rows(void)
 	      "duck 9");
 }
 
+/* dp_routing_pack writes the bytes a hand-built table has, from int32 and int64 ids
+ * alike, and refuses a gate's negative id, a repeat and a NaN by the check's own rule. */
+static void test_pack_writes_the_table_the_check_reads(void)
+{
+	struct host want = good();
+	int32_t i32[TOKENS * TOPK];
+	int64_t i64[TOKENS * TOPK];
+	for (uint32_t i = 0; i < TOKENS * TOPK; i++)
+		i32[i] = (int32_t)EXP[i], i64[i] = EXP[i];
+	uint8_t *out = malloc(want.len);
+	char why[200];
+	CHECK(dp_routing_pack(i32, 4, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == 0, "pack int32: %s", why);
+	CHECK(memcmp(out, want.buf, want.len) == 0, "pack int32 wrote other bytes");
+	memset(out, 0xa5, want.len);
+	CHECK(dp_routing_pack(i64, 8, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == 0, "pack int64: %s", why);
+	CHECK(memcmp(out, want.buf, want.len) == 0, "pack int64 wrote other bytes");
+	CHECK(dp_routing_check(out, want.len, TOKENS, EXPERTS, why, sizeof(why)) == 0,
+	      "check refused a packed table: %s", why);
+
+	CHECK(dp_routing_pack(i32, 4, W, TOKENS, TOPK, EXPERTS, out, want.len - 1, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_TRUNCATED, "short out");
+	CHECK(dp_routing_pack(i32, 2, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) < 0, "2-byte ids");
+	CHECK(dp_routing_pack(i32, 4, W, TOKENS, 0x10001, EXPERTS, out, want.len, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_TOPK, "topk past 16 bits");
+	i64[3] = -2; /* -1 is "no expert"; no other negative id means anything */
+	CHECK(dp_routing_pack(i64, 8, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_EXPERT, "negative id");
+	CHECK(strstr(why, "token 1, choice 1 names expert -2") != NULL, "why: %s", why);
+	i64[3] = DP_ROUTING_NO_EXPERT; /* the table's sentinel is not a gate's id */
+	CHECK(dp_routing_pack(i64, 8, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_EXPERT, "id 2^32-1");
+	i64[3] = (int64_t)1 << 40; /* would be expert 0 if cut to 32 bits */
+	CHECK(dp_routing_pack(i64, 8, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_EXPERT, "id past 32 bits");
+	i32[3] = 5; /* token 1 is {5, 5} */
+	CHECK(dp_routing_pack(i32, 4, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_DUPLICATE, "repeat");
+	i32[3] = 2;
+	float w[TOKENS * TOPK];
+	memcpy(w, W, sizeof(w));
+	w[6] = NAN;
+	CHECK(dp_routing_pack(i32, 4, w, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == DP_ROUTING_ERROR_WEIGHT, "NaN");
+	free(out);
+	free(want.buf);
+}
+
 int main(void)
 {
 	test_accepts_the_table_a_client_packs();
+	test_pack_writes_the_table_the_check_reads();
 	test_refuses_a_header_that_disagrees_with_the_forward_or_layer();
 	test_refuses_truncated_tables_and_reads_nothing_past_len();
 	test_refuses_counts_whose_size_would_overflow();
@@ -530,6 +671,9 @@ int main(void)
 	test_refuses_a_token_that_names_an_expert_twice();
 	test_refuses_nan_and_infinite_weights();
 	test_why_may_be_null();
+	test_no_expert_passes_any_number_of_times_with_any_weight();
+	test_pack_writes_minus_one_as_no_expert_with_weight_zero();
+	test_split_leaves_no_expert_out_and_a_table_of_none_reaches_no_duck();
 	test_placement_check_refuses_what_split_cannot_follow();
 	test_split_gives_each_duck_its_rows_in_order();
 	test_split_keeps_one_nics_ducks_and_says_when_none_is_routed();

@@ -4,8 +4,9 @@ As pyzmq's backend sits under its sugar, this sits under the client and the mock
 dataplane alike: ``ffi`` and ``lib`` (built by ``_native_build.py`` from the dataplane's
 own headers), the helper that turns a C check's reason into an exception, and the
 shared-memory primitives both sides need: ``shm`` (a segment: create, attach, validate,
-list) and ``ring`` (the submission ring, descriptors). Nothing else in duckpipe imports
-``_native`` (tests/tools/test_python_seams.py holds it to that).
+list), ``ring`` (the submission ring, descriptors) and ``rules`` (the control plane's:
+attach admission, LoadWeights bounds, weight bytes, quota). Nothing else in duckpipe
+imports ``_native`` (tests/tools/test_python_seams.py holds it to that).
 """
 
 from __future__ import annotations

@@ -35,10 +35,11 @@ from ..errors import (
 )
 from ..schema import control as ctl
 from ..schema.abi import MAX_DIMS, MAX_DUCKS, DescFlag, MlpKind, Op, Status
+from ..schema.routing import MAX_TOPK
 from . import routing as routing_table
 from . import weights
 from .models import Mlp, dtype_code, numpy_dtype
-from .moe import MoeMlp, check_routing
+from .moe import MoeMlp, check_routing_arguments
 from .session import Inflight, Session, WaitStrategy
 from .slots import DEBUG_SLOTS_ENV, Slot, SlotState, claim_template
 
@@ -507,12 +508,12 @@ class Client:
 
         A mixture-of-experts layer needs ``routing=(indices, weights)``, the gate's
         ``[tokens, topk]`` expert ids and weights for the slot's ``[tokens, hidden]``
-        rows; they are checked (``duckpipe.moe.check_routing``, then the dataplane's own
-        rule) and packed into the slot behind the activation, so the slot needs room for
-        both. ``moe_send`` is how the dataplane sends the rows: ``"auto"`` (whichever
-        puts fewer bytes on the wire), ``"broadcast"`` (all rows and the whole table once
-        per NIC) or ``"unicast"`` (each routed duck only its rows). A dense layer
-        refuses ``routing``.
+        rows; they are checked by the dataplane's own rule as they are packed into the
+        slot behind the activation (``duckpipe.moe.check_routing`` is that check alone),
+        so the slot needs room for both. ``moe_send`` is how the dataplane sends the rows:
+        ``"auto"`` (whichever puts fewer bytes on the wire), ``"broadcast"`` (all rows and
+        the whole table once per NIC) or ``"unicast"`` (each routed duck only its rows). A
+        dense layer refuses ``routing``.
         """
         session = self._session
         # session.check_usable, inlined (it says why when one of these fails)
@@ -555,6 +556,57 @@ class Client:
         """Check the routing, pack it into the slot behind the activation and submit a
         ROUTED forward; every refusal is a BadInput before anything is published."""
         session = self._session
+        flags, moe, indices, weights_ = self._routed_arguments(arr, layer, ducks, routing, moe_send)
+        key = (layer, arr.shape, arr.dtype, flags)
+        try:
+            cached, tpl = self._templates[key]
+        except (KeyError, TypeError):
+            tpl = None
+        else:
+            if session.layers.get(layer) is not cached:
+                tpl = None
+        if tpl is None:
+            tpl = self._forward_template(layer, arr, None, flags)
+        check_routing_arguments(arr, indices, weights_, moe.n_experts)
+        tokens, topk = indices.shape
+        nbytes = arr.nbytes
+        at = -(-nbytes // ROUTING_ALIGN) * ROUTING_ALIGN
+        size = routing_table.table_size(tokens, topk)
+        slot_size = session.segment.act_slot_size
+        if at + size > slot_size:
+            raise BadInput(
+                f"a routed forward of {tokens} tokens by {topk} experts needs {at + size} bytes "
+                f"of slot ({nbytes} of activation, then its routing table of {size} at byte "
+                f"{at}), and this client's slots have {slot_size}: connect(slot_size=...) with "
+                f"at least {at + size}"
+            )
+        # the dataplane stages the activation with the largest wire table it could make
+        staged = 16 + 8 * (MAX_DUCKS + tokens * topk) + nbytes
+        cap = session.max_forward_bytes
+        if cap and staged > cap:
+            raise BadInput(
+                f"a routed forward of {tokens} tokens by {topk} experts needs {staged} bytes of "
+                f"the dataplane's staging ({nbytes} of activation and the routing), over its "
+                f"max_forward_bytes {cap}: send fewer tokens per forward"
+            )
+        routing_table.pack(
+            indices, weights_, moe.n_experts, session.segment.act_bytes(slot.index)[at : at + size]
+        )
+        rec = session.push(tpl, _FORWARD, slot.index, arr.shape, arr.dtype)
+        rec.moe = moe
+        return Forward(session, rec)
+
+    def _routed_arguments(
+        self,
+        arr: np.ndarray,
+        layer: int,
+        ducks: Iterable[int] | None,
+        routing: tuple[np.ndarray, np.ndarray] | None,
+        moe_send: str,
+    ) -> tuple[int, weights.MoeLayer, np.ndarray, np.ndarray]:
+        """A routed forward's arguments, the parts that do not depend on its rows:
+        ``(flags, the layer's MoE plan, indices, weights)``, or BadInput."""
+        session = self._session
         flags = MOE_SEND_FLAGS.get(moe_send) if isinstance(moe_send, str) else None
         if flags is None:
             raise BadInput(f"moe_send must be 'auto', 'broadcast' or 'unicast', not {moe_send!r}")
@@ -587,44 +639,7 @@ class Client:
                 "not know its experts to check a routing against; forward on it from the "
                 "client that loaded it"
             )
-        key = (layer, arr.shape, arr.dtype, flags)
-        try:
-            cached, tpl = self._templates[key]
-        except (KeyError, TypeError):
-            tpl = None
-        else:
-            if session.layers.get(layer) is not cached:
-                tpl = None
-        if tpl is None:
-            tpl = self._forward_template(layer, arr, None, flags)
-        check_routing(arr, indices, weights_, moe.n_experts)
-        tokens, topk = indices.shape
-        nbytes = arr.nbytes
-        at = -(-nbytes // ROUTING_ALIGN) * ROUTING_ALIGN
-        size = routing_table.table_size(tokens, topk)
-        slot_size = session.segment.act_slot_size
-        if at + size > slot_size:
-            raise BadInput(
-                f"a routed forward of {tokens} tokens by {topk} experts needs {at + size} bytes "
-                f"of slot ({nbytes} of activation, then its routing table of {size} at byte "
-                f"{at}), and this client's slots have {slot_size}: connect(slot_size=...) with "
-                f"at least {at + size}"
-            )
-        # the dataplane stages the activation with the largest wire table it could make
-        staged = 16 + 8 * (MAX_DUCKS + tokens * topk) + nbytes
-        cap = session.max_forward_bytes
-        if cap and staged > cap:
-            raise BadInput(
-                f"a routed forward of {tokens} tokens by {topk} experts needs {staged} bytes of "
-                f"the dataplane's staging ({nbytes} of activation and the routing), over its "
-                f"max_forward_bytes {cap}: send fewer tokens per forward"
-            )
-        routing_table.pack(
-            indices, weights_, moe.n_experts, session.segment.act_bytes(slot.index)[at : at + size]
-        )
-        rec = session.push(tpl, _FORWARD, slot.index, arr.shape, arr.dtype)
-        rec.moe = moe
-        return Forward(session, rec)
+        return flags, moe, indices, weights_
 
     def _forward_template(
         self, layer: int, arr: np.ndarray, ducks: Iterable[int] | None, flags: int = 0
@@ -690,13 +705,50 @@ class Client:
     ) -> np.ndarray:
         """Claim, copy ``x`` in once, submit, wait; returns a copy of the result.
 
-        ``routing`` and ``moe_send``: a mixture-of-experts layer's, as in ``submit``."""
+        ``routing`` and ``moe_send``: a mixture-of-experts layer's, as in ``submit``.
+        An empty batch (``x`` of 0 rows, and routing of 0 rows) is checked as any forward
+        and answered here with an empty result of ``x``'s shape and dtype: no slot, no
+        descriptor, nothing sent (``claim`` refuses 0 rows, so ``submit`` never sees one)."""
         x = np.asarray(x)
+        if x.ndim and x.shape[0] == 0:
+            return self._forward_empty(layer, x, ducks, routing, moe_send)
         with self.claim(x.shape, x.dtype) as slot:
             slot.array[...] = x  # the same shape and dtype: np.copyto's work, in fewer steps
             fwd = self.submit(slot, layer, ducks=ducks, routing=routing, moe_send=moe_send)
         with fwd:
             return fwd.result(timeout).copy()
+
+    def _forward_empty(
+        self,
+        layer: int,
+        x: np.ndarray,
+        ducks: Iterable[int] | None,
+        routing: tuple[np.ndarray, np.ndarray] | None,
+        moe_send: str,
+    ) -> np.ndarray:
+        """``forward`` of 0 rows: what a forward of them would be refused for (the layer,
+        dtype, hidden size, ducks, the routing's shape and topk) is refused alike; then the
+        empty result, with nothing sent. Rows multiply everything a forward moves, so 0
+        rows is an empty answer, as torch and DeepEP give for an empty batch."""
+        self._session.check_usable()
+        if any(n <= 0 for n in x.shape[1:]) or x.ndim > MAX_DIMS:
+            raise BadInput(
+                f"shape {x.shape}: past its 0 rows it must have 1 to {MAX_DIMS} positive dimensions"
+            )
+        flags = 0
+        if routing is not None or moe_send != "auto":
+            flags, moe, indices, weights_ = self._routed_arguments(
+                x, layer, ducks, routing, moe_send
+            )
+            check_routing_arguments(x, indices, weights_, moe.n_experts)
+            topk = indices.shape[1]
+            if topk > min(MAX_TOPK, moe.n_experts):
+                raise BadInput(
+                    f"a token is routed to 1..{min(MAX_TOPK, moe.n_experts)} experts of layer "
+                    f"{layer}, got topk {topk}"
+                )
+        self._forward_template(layer, x, ducks, flags)  # the dense checks; sent never
+        return np.empty(x.shape, x.dtype)
 
     def unload_layer(self, layer: int) -> None:
         """Free a layer this client loaded; forwards already submitted on it finish first."""
@@ -764,6 +816,12 @@ def _normalise_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
         t = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
     except (TypeError, ValueError):
         raise BadInput(f"shape must be an int or a sequence of ints, not {shape!r}") from None
+    if 1 <= len(t) <= MAX_DIMS and t[0] == 0 and all(n > 0 for n in t[1:]):
+        raise BadInput(
+            f"shape {t} has 0 rows, and a slot holds 1 to {MAX_DIMS} positive dimensions: an "
+            "empty batch needs no slot; Client.forward returns its empty result without "
+            "sending anything"
+        )
     if not 1 <= len(t) <= MAX_DIMS or any(n <= 0 for n in t):
         raise BadInput(f"shape {t} must have 1 to {MAX_DIMS} positive dimensions")
     return t

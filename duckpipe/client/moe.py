@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import BadInput
+from . import routing as routing_table
 from .models import SwiGluMlp, dtype_code, is_float_dtype
 
 __all__ = ["SCORES", "Gate", "MoeMlp", "Routing", "check_routing"]
@@ -46,7 +47,22 @@ def check_routing(x: np.ndarray, indices: np.ndarray, weights: np.ndarray, n_exp
     """Raise :class:`BadInput` unless ``indices``/``weights`` route the rows of ``x``
     to ``n_experts`` experts: ``x`` is ``[tokens, hidden]``; ``indices`` (integers)
     and ``weights`` (floats) are both ``[tokens, topk]``; every index names an
-    expert, no token names one expert twice, and every weight is finite."""
+    expert or is -1 (DeepEP's "no expert": the slot contributes nothing, its weight is
+    not read), no token names one expert twice, and every other weight is finite.
+
+    The arguments' types and shapes are checked here, with messages naming the argument;
+    the entries by the dataplane's own rule (``dp_routing_pack`` through cffi), so this
+    accepts exactly the routings the dataplane accepts."""
+    check_routing_arguments(x, indices, weights, n_experts)
+    if x.shape[0]:  # an empty batch has no entries to judge (and no table: forward skips it)
+        routing_table.pack(indices, weights, n_experts)  # the dataplane's rule (dp_routing_pack)
+
+
+def check_routing_arguments(
+    x: np.ndarray, indices: np.ndarray, weights: np.ndarray, n_experts: int
+) -> None:
+    """The part of :func:`check_routing` that is about the arguments, not their entries:
+    what a routed submit checks before it packs the table into the slot by the C rule."""
     if not isinstance(x, np.ndarray) or x.ndim != 2:
         got = x.shape if isinstance(x, np.ndarray) else type(x).__name__
         raise BadInput(
@@ -76,28 +92,6 @@ def check_routing(x: np.ndarray, indices: np.ndarray, weights: np.ndarray, n_exp
         raise BadInput(
             f"routing weights have shape {weights.shape} but indices have {indices.shape}: "
             "pass one weight per expert id"
-        )
-    outside = (indices < 0) | (indices >= n_experts)
-    if outside.any():
-        t, k = (int(i) for i in np.argwhere(outside)[0])
-        raise BadInput(
-            f"routing names expert {int(indices[t, k])} (token {t}, slot {k}) but the layer "
-            f"has {n_experts} experts, 0..{n_experts - 1}: route with the gate of this layer"
-        )
-    ordered = np.sort(indices, axis=1)
-    repeated = ordered[:, 1:] == ordered[:, :-1]
-    if repeated.any():
-        t, k = (int(i) for i in np.argwhere(repeated)[0])
-        raise BadInput(
-            f"token {t} is routed to expert {int(ordered[t, k])} more than once: a token's "
-            "experts must be distinct (a top-k gives them so); merge the weights into one slot"
-        )
-    bad = ~np.isfinite(weights)
-    if bad.any():
-        t, k = (int(i) for i in np.argwhere(bad)[0])
-        raise BadInput(
-            f"routing weight of token {t}, slot {k} is {float(weights[t, k])}: weights must be "
-            "finite; look for NaN or inf in the activations or the gate's parameters"
         )
 
 
@@ -352,7 +346,7 @@ class MoeMlp:
         xf = x.astype(np.float32)
         wf = weights.astype(np.float32)
         out = np.zeros_like(xf)
-        for e in np.unique(indices):
+        for e in np.unique(indices[indices >= 0]):  # -1: no expert, the slot adds nothing
             # each token names an expert at most once (check_routing), so rows are distinct
             rows, slots = np.nonzero(indices == e)
             out[rows] += self.experts[e].reference(xf[rows]) * wf[rows, slots, None]

@@ -3,9 +3,9 @@ reads, and check, split and read tables with the dataplane's own C rules.
 
 The layouts are :mod:`duckpipe.schema.routing`'s (drawn there); the rules are
 ``dataplane/include/dp_routing.h``, reached through cffi, so that a table this module
-accepts is one the dataplane accepts. :func:`duckpipe.moe.check_routing` stays the
-friendly first check of a model's routing (its messages name the argument to fix);
-:func:`check` is the one the dataplane trusts.
+accepts is one the dataplane accepts. :func:`pack` writes a gate's choices and checks
+them by that rule in one pass (dp_routing_pack), so the client's check of a routing is the
+dataplane's; :func:`check` judges a table already written.
 
     table = pack(indices, weights, n_experts)            # [tokens, topk] each
     check(table, tokens, n_experts)                       # BadInput with the C rule's reason
@@ -112,8 +112,9 @@ def table_size(tokens: int, topk: int) -> int:
 
 
 def _as_routing(indices: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """indices as uint32 and weights as float32, both [tokens, topk], or BadInput for what
-    the table cannot hold. Everything it can hold is left for the C rule to judge."""
+    """indices as C-contiguous int32 or int64 and weights as C-contiguous float32, both
+    [tokens, topk], or BadInput for what the table cannot hold. What it can hold (ids in
+    range, distinct, finite weights) is for the C rule to judge, in dp_routing_pack."""
     if not isinstance(indices, np.ndarray) or not np.issubdtype(indices.dtype, np.integer):
         raise BadInput("routing indices must be a numpy array of integers (the gate's int32)")
     if not isinstance(weights, np.ndarray) or not np.issubdtype(weights.dtype, np.floating):
@@ -123,6 +124,7 @@ def _as_routing(indices: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, n
             f"routing indices {indices.shape} and weights {weights.shape} must both be "
             "[tokens, topk]"
         )
+    # the bounds that size the table (the C rule refuses them too, after the allocation)
     tokens, topk = indices.shape
     if not 1 <= tokens <= MAX_TOKENS:
         raise BadInput(
@@ -131,30 +133,34 @@ def _as_routing(indices: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, n
         )
     if not 1 <= topk <= MAX_TOPK:
         raise BadInput(f"a token is routed to 1..{MAX_TOPK} experts, got topk {topk}")
-    outside = (indices < 0) | (indices > 0xFFFFFFFF)
-    if outside.any():
-        t, k = (int(i) for i in np.argwhere(outside)[0])
-        raise BadInput(
-            f"token {t}, choice {k} names expert {int(indices[t, k])}: expert ids are "
-            "non-negative (route with this layer's gate)"
-        )
-    with np.errstate(over="ignore"):
-        w32 = weights.astype(np.float32)
-    lost = ~np.isfinite(w32) & np.isfinite(weights)
-    if lost.any():
-        t, k = (int(i) for i in np.argwhere(lost)[0])
-        raise BadInput(
-            f"token {t}, choice {k} has weight {float(weights[t, k])}, beyond float32's "
-            "range: the dataplane weighs experts in float32"
-        )
-    return indices.astype(np.uint32), w32
+    if indices.dtype not in (np.int32, np.int64):
+        if indices.dtype == np.uint64 and (indices > np.iinfo(np.int64).max).any():
+            t, k = (int(i) for i in np.argwhere(indices > np.iinfo(np.int64).max)[0])
+            raise BadInput(
+                f"token {t}, choice {k} names expert {int(indices[t, k])}: no layer has "
+                "that many experts (route with this layer's gate)"
+            )
+        indices = indices.astype(np.int64)
+    if weights.dtype != np.float32:
+        with np.errstate(over="ignore"):
+            w32 = weights.astype(np.float32)
+        lost = ~np.isfinite(w32) & np.isfinite(weights)
+        if lost.any():
+            t, k = (int(i) for i in np.argwhere(lost)[0])
+            raise BadInput(
+                f"token {t}, choice {k} has weight {float(weights[t, k])}, beyond float32's "
+                "range: the dataplane weighs experts in float32"
+            )
+        weights = w32
+    return np.ascontiguousarray(indices), np.ascontiguousarray(weights)
 
 
 def pack(indices: np.ndarray, weights: np.ndarray, n_experts: int, out: Any = None) -> np.ndarray:
     """The host routing table of a gate's ``indices`` and ``weights`` (``[tokens, topk]``
     each) for a layer of ``n_experts``, written into ``out`` (a writable buffer of at least
     :func:`table_size` bytes: the slot's bytes after the activation) or a new array, and
-    checked by the dataplane's rule. Returns the table's bytes (a view of ``out``)."""
+    checked by the dataplane's rule in the same pass (dp_routing_pack). Returns the table's
+    bytes (a view of ``out``); raises :class:`RoutingRefused` with the rule's reason."""
     _fits_u32("n_experts", n_experts)
     idx, w = _as_routing(indices, weights)
     tokens, topk = idx.shape
@@ -169,17 +175,21 @@ def pack(indices: np.ndarray, weights: np.ndarray, n_experts: int, out: Any = No
                 + ("" if buf.flags.writeable else " read-only")
             )
         buf = buf[:size]
-    header = buf[: HEADER_DTYPE.itemsize].view(HEADER_DTYPE)
-    header["magic"] = schema.ROUTING_MAGIC
-    header["version"] = schema.ROUTING_VERSION
-    header["flags"] = 0
-    header["topk"] = topk
-    header["tokens"] = tokens
-    header["n_experts"] = n_experts
-    entries = buf[HEADER_DTYPE.itemsize :].view(ENTRY_DTYPE).reshape(tokens, topk)
-    entries["expert"] = idx
-    entries["weight"] = w
-    check(buf, tokens, n_experts)
+    why = ffi.new(f"char[{_WHY}]")
+    rc = lib.dp_routing_pack(
+        ffi.from_buffer(idx),
+        idx.itemsize,
+        ffi.from_buffer(w),
+        tokens,
+        topk,
+        n_experts,
+        ffi.from_buffer(buf),
+        size,
+        why,
+        _WHY,
+    )
+    if rc:
+        raise _refused(rc, why, "routing")
     return buf
 
 

@@ -42,7 +42,7 @@ import zmq
 from zmq.utils import z85
 
 from .. import host
-from .._abi import check, ffi, lib, text
+from .._abi import check, ffi, lib, rules, text
 from .._abi.ring import new_descs
 from .._abi.shm import Segment, clean_segments
 from ..client.models import duck_partial, numpy_dtype
@@ -51,12 +51,9 @@ from ..schema import control as ctl
 from ..schema.abi import (
     ABI_MAJOR,
     B_DOWN_TENSOR,
-    MAX_CLIENTS,
     MAX_DUCKS,
-    MOE_LAYER_STATE_BYTES,
     SHARD_TENSORS,
     DetachReason,
-    MlpKind,
     Op,
     Status,
     tensor_shape,
@@ -325,6 +322,7 @@ class MockDataplane:
         self._descs = new_descs(BURST)
         self._ctx = zmq.Context.instance()
         self._euid = os.geteuid()
+        self._topology = rules.topology(cfg.ducks)  # the ducks LoadWeights may name
         why = check_limits(
             cfg.client_max_layers,
             cfg.client_max_per_pid,
@@ -766,20 +764,11 @@ class MockDataplane:
             return ctl.Error(
                 req_id=rid, code=ErrorCode.ALREADY_ATTACHED, message="this socket is attached"
             )
-        cfg = self.cfg
-        mine = sum(1 for c in self.clients.values() if c.pid == peer.pid)
-        if mine >= cfg.client_max_per_pid:  # one process cannot take every client slot
-            self.counters["quota_refused"] += 1
-            return ctl.Error(
-                req_id=rid,
-                code=ErrorCode.QUOTA_EXCEEDED,
-                message=f"pid {peer.pid} has {mine} clients attached, client_max_per_pid is "
-                f"{cfg.client_max_per_pid}: close one first",
-            )
-        refused = _slot_refusal(peer, list(self.clients.values()), self._euid, cfg)
+        refused = self._attach_refusal(peer)
         if refused:
-            self.counters["quota_refused"] += 1
-            return ctl.Error(req_id=rid, code=refused[0], message=refused[1])
+            if refused.quota:
+                self.counters["quota_refused"] += 1
+            return ctl.Error(req_id=rid, code=refused.code, message=refused.message)
         # the process that connected, from the connection: its pid may be another
         # process's by now (the connection handed on, the connector gone)
         try:
@@ -791,6 +780,22 @@ class MockDataplane:
             return self._attach_from(peer, msg, pidfd)
         finally:
             os.close(pidfd)
+
+    def _attach_refusal(self, peer: _Peer) -> rules.Refusal | None:
+        """Why peer may not take a client slot, by the C dataplane's rule (dp_attach_admit)."""
+        cfg, clients = self.cfg, list(self.clients.values())
+        return rules.attach_refusal(
+            pid=peer.pid,
+            uid=peer.uid,
+            admin=peer.admin,
+            taken=len(clients),
+            of_pid=sum(1 for c in clients if c.pid == peer.pid),
+            of_uid=sum(1 for c in clients if c.uid == peer.uid),
+            not_admin=sum(1 for c in clients if c.uid != self._euid),
+            client_max_per_pid=cfg.client_max_per_pid,
+            client_max_per_uid=cfg.client_max_per_uid,
+            admin_reserved_clients=cfg.admin_reserved_clients,
+        )
 
     def _attach_from(self, peer: _Peer, msg: ctl.Attach, pidfd: int) -> msgspec.Struct:
         """Attach, the segment taken from the process behind pidfd (the one that connected)."""
@@ -898,50 +903,42 @@ class MockDataplane:
                 ErrorCode.NOT_PERMITTED,
                 "a shared layer needs the admin role (the dataplane's user)",
             )
-        # every bound before any allocation
-        if msg.hidden > cfg.max_hidden or msg.ffn > cfg.max_ffn:
-            raise DuckpipeError(
-                f"hidden {msg.hidden} / ffn {msg.ffn} exceed this dataplane's max_hidden "
-                f"{cfg.max_hidden} / max_ffn {cfg.max_ffn}"
+        # the C dataplane's rules (dp_ctl_rules.h), in its order: every bound before
+        # anything is made, who holds the ducks and the layer, the quota, the MoE plan
+        req = rules.load_request(msg)
+        _refuse(
+            rules.load_refusal(
+                req, max_hidden=cfg.max_hidden, max_ffn=cfg.max_ffn, topology=self._topology
             )
-        if len(msg.ducks) != len(msg.shard_sizes) or sum(msg.shard_sizes) != msg.ffn:
-            raise DuckpipeError("shard_sizes must give one size per duck and sum to ffn")
-        if len(set(msg.ducks)) != len(msg.ducks) or any(d >= self.cfg.ducks for d in msg.ducks):
-            raise DuckpipeError(f"ducks {msg.ducks} must be distinct ids below {self.cfg.ducks}")
-        moe_plan = moe.plan_of(msg)  # refuses a bad placement or bank plan with the reason
+        )
         dead = [d for d in msg.ducks if d in self.faults.dead_ducks]
         if dead:  # the dataplane knows they are dead: nothing is sent (as dp_control_requests.c)
             raise _Refused(
                 ErrorCode.DUCKS_UNREACHABLE,
-                f"ducks {dead} did not answer the dataplane's last 3 pings: nothing was sent; "
-                "start them, or load the layer onto ducks that answer (ducks=[...])",
+                f"ducks [{', '.join(map(str, dead))}] did not answer the dataplane's last 3 "
+                "pings: nothing was sent; start them, or load the layer onto ducks that answer "
+                "(ducks=[...])",
             )
         prev = self.layers.get(msg.layer)
         if prev is not None and prev.owner != me.id:
             raise _Refused(ErrorCode.NOT_PERMITTED, f"layer {msg.layer} belongs to another client")
+        weight_bytes = rules.plan_bytes(req)
+        mine = [la for la in self.layers.values() if la.owner == me.id and la is not prev]
+        over = rules.quota_refusal(
+            req,
+            nlayers=len(mine),
+            held=sum(la.weight_bytes for la in mine),
+            retired=0,  # one thread: a replaced or unloaded layer is freed at once
+            max_layers=cfg.client_max_layers,
+            max_bytes=cfg.client_max_weight_bytes,
+            weight_bytes=weight_bytes,
+        )
+        if over:
+            self.counters["quota_refused"] += 1
+            _refuse(over)
+        moe_plan = moe.plan_of(msg, req)  # refuses a bad placement or bank plan
         item = numpy_dtype(msg.dtype).itemsize
         shapes = [_tensor_shapes(msg.kind, msg.hidden, f) for f in msg.shard_sizes]
-        weight_bytes = item * sum(int(np.prod(s)) for plan in shapes for s in plan)
-        weight_bytes += 8 * msg.hidden if msg.has_b_down else 0  # as the C dataplane counts
-        # a MoE layer's placement and state, as dp_layer_plan_bytes counts them
-        state = MOE_LAYER_STATE_BYTES if msg.kind == MlpKind.MOE else 0
-        weight_bytes += state
-        mine = [la for la in self.layers.values() if la.owner == me.id and la is not prev]
-        held = sum(la.weight_bytes for la in mine)
-        if (
-            len(mine) + 1 > cfg.client_max_layers
-            or held + weight_bytes > cfg.client_max_weight_bytes
-        ):
-            self.counters["quota_refused"] += 1
-            what = f"{weight_bytes} bytes"
-            if state:
-                what += f": its weights and {state} of MoE placement and state"
-            raise _Refused(
-                ErrorCode.QUOTA_EXCEEDED,
-                f"layer {msg.layer} ({what}) would pass this client's quota: "
-                f"{len(mine)} of {cfg.client_max_layers} layers, {held} of "
-                f"{cfg.client_max_weight_bytes} weight bytes held; unload layers first",
-            )
         raw, received = {}, {}
         for duck, plan in zip(msg.ducks, shapes, strict=True):
             for t, shape in enumerate(plan):
@@ -950,6 +947,8 @@ class MockDataplane:
         if msg.has_b_down:
             raw[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR] = np.zeros(msg.hidden * item, np.uint8)
             received[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR] = 0
+        if prev is not None:  # replaced, and freed at once (one thread: nothing holds it)
+            self.counters["layers_freed"] += 1
         self.layers[msg.layer] = _Layer(msg, me.id, weight_bytes, raw, received, moe=moe_plan)
         return ctl.Ack(req_id=msg.req_id)
 
@@ -1147,6 +1146,9 @@ class MockDataplane:
         table = moe.copy_routing(client.layout, self._check.limits, desc_plan, slot, plan)
         routed = moe.read_routing(table, shape[0], plan)
         self.counters["moe_forwards"] += 1
+        if not routed.targets:  # every choice -1, no shared expert: zeros, nothing sent
+            self.counters["moe_no_duck_forwards"] += 1
+            return routed
         mode, sent = moe.send_mode(
             int(d.flags), plan, routed, nbytes, nbytes // shape[0], self.cfg.max_forward_bytes
         )
@@ -1361,30 +1363,10 @@ def _prescan(buf: bytes, max_depth: int) -> str | None:
     return text(why)
 
 
-def _slot_refusal(
-    peer: _Peer, clients: list[_Client], admin_uid: int, cfg: MockConfig
-) -> tuple[ErrorCode, str] | None:
-    """Why peer may not take a client slot, as the C dataplane says it (on_attach), or
-    None: one user other than the admin holds at most client_max_per_uid, and all of them
-    together leave admin_reserved_clients for the admin, whose clients always get in."""
-    if len(clients) >= MAX_CLIENTS:
-        return ErrorCode.TOO_MANY_CLIENTS, "every client slot is taken"
-    if peer.admin:
-        return None
-    theirs = sum(1 for c in clients if c.uid == peer.uid)
-    if theirs >= cfg.client_max_per_uid:
-        return ErrorCode.QUOTA_EXCEEDED, (
-            f"uid {peer.uid} has {theirs} clients attached, client_max_per_uid is "
-            f"{cfg.client_max_per_uid}: close one first"
-        )
-    others = sum(1 for c in clients if c.uid != admin_uid)
-    if others >= MAX_CLIENTS - cfg.admin_reserved_clients:
-        return ErrorCode.TOO_MANY_CLIENTS, (
-            f"every client slot open to other users is taken ({others}); "
-            f"admin_reserved_clients {cfg.admin_reserved_clients} are kept for the "
-            "dataplane's own user"
-        )
-    return None
+def _refuse(refused: rules.Refusal | None) -> None:
+    """Raise a rule's refusal as the Error reply it stands for."""
+    if refused is not None:
+        raise _Refused(refused.code, refused.message)
 
 
 def _need_admin(peer: _Peer, what: str) -> None:

@@ -5,8 +5,8 @@ design), done in numpy on the banks the client sent, so that a wrong bank (an ex
 columns in the wrong place) gives a wrong result here as it would on real ducks:
 
 - ``plan_of``: the LoadWeights refusals (placement against the layer's ducks, bank
-  widths, shared columns on every duck or none, no bias), the placement checked by the
-  C rule (dp_routing_placement_check through cffi) and kept with each duck's bank slots;
+  widths, shared columns on every duck or none, no bias) and the placement with each
+  duck's bank slots, by the C rule itself (dp_load_moe_plan through cffi);
 - ``check_desc`` and ``read_routing``: a descriptor's ROUTED flag against the layer's
   kind, its mode bits and target set, then the host routing table copied out of the
   slot once (its header first, topk bounded by MAX_TOPK) and checked, the copy and
@@ -23,16 +23,17 @@ columns in the wrong place) gives a wrong result here as it would on real ducks:
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
-from .._abi import check, ffi, lib
+from .._abi import check, ffi, lib, rules
 from ..client import routing
 from ..client.models import silu
-from ..errors import BadInput, DuckpipeError
+from ..errors import DuckpipeError
 from ..schema import control as ctl
-from ..schema.abi import DescFlag, MlpKind
-from ..schema.routing import MAX_EXPERTS, MAX_TOPK
+from ..schema.abi import DescFlag
+from ..schema.routing import MAX_REPLICAS, MAX_TOPK
 
 __all__ = ["MoePlan", "Routed", "copy_routing", "duck_rows", "plan_of", "read_routing", "send_mode"]
 
@@ -56,7 +57,8 @@ class MoePlan:
     ducks_of: tuple[tuple[int, ...], ...]  # expert e -> its replicas' ducks
     bank_slot: dict[tuple[int, int], int]  # (expert, duck) -> the expert's slot in the bank
     n_local: dict[int, int]  # duck -> routed experts in its bank
-    placement: object  # struct dp_routing_placement *, checked (kept alive here)
+    placement: object  # struct dp_routing_placement *, checked: state's
+    state: object  # struct dp_layer_moe * (dp_load_moe_plan's), kept alive here
 
     def experts_on(self, duck: int) -> list[int]:
         return [e for e, held in enumerate(self.ducks_of) if duck in held]
@@ -65,89 +67,41 @@ class MoePlan:
         """'duck 5 (experts 40 41)', as the C dataplane names a duck that did not answer."""
         held = self.experts_on(duck)
         if not held:
-            return f"duck {duck} (shared expert)"
+            return f"duck {duck} (shared expert only)"
         shown = " ".join(str(e) for e in held[:16])
         return f"duck {duck} (experts {shown}{' ...' if len(held) > 16 else ''})"
 
 
-def plan_of(msg: ctl.LoadWeights) -> MoePlan | None:
-    """The MoE plan of a LoadWeights (None for a dense kind), or DuckpipeError with the
-    reason it is refused."""
-    # dp_layer_moe.c's checks, in its order and words
-    moe_fields = msg.expert_ffn or msg.expert_replicas or msg.expert_ducks
-    if msg.kind != MlpKind.MOE:
-        if moe_fields:
-            raise DuckpipeError(
-                f"layer {msg.layer} is dense (kind {msg.kind}): expert_ffn, expert_replicas "
-                f"and expert_ducks are for MOE layers (kind {int(MlpKind.MOE)}) only"
-            )
+def plan_of(msg: ctl.LoadWeights, req: Any) -> MoePlan | None:
+    """The MoE plan of a LoadWeights (None for a dense kind), by the C dataplane's own
+    dp_load_moe_plan on its request ``req`` (``rules.load_request``), or DuckpipeError
+    with the reason it is refused."""
+    moe, refused = rules.moe_plan(req)
+    if refused is not None:
+        raise DuckpipeError(refused.message)
+    if moe is None:
         return None
-    layer = msg.layer
-    if msg.expert_ffn < 1:
-        raise DuckpipeError(f"MOE layer {layer} needs expert_ffn >= 1")
-    replicas = list(msg.expert_replicas)
-    if not replicas:
-        raise DuckpipeError(
-            f"MOE layer {layer} needs expert_replicas: one entry per routed expert "
-            f"(1..{MAX_EXPERTS})"
-        )
-    if msg.has_b_down:
-        raise DuckpipeError(f"MOE layer {layer}: a mixture of experts has no b_down")
-    if sum(replicas) != len(msg.expert_ducks):
-        raise DuckpipeError(
-            f"MOE layer {layer}: expert_replicas add up to {sum(replicas)} ducks, "
-            f"expert_ducks lists {len(msg.expert_ducks)}"
-        )
-    ducks_of: list[tuple[int, ...]] = []
-    at = 0
-    for e, n in enumerate(replicas):
-        held = tuple(msg.expert_ducks[at : at + n])
-        at += n
-        for d in held:
-            if d not in msg.ducks:
-                raise DuckpipeError(
-                    f"MOE layer {layer}: expert {e} is placed on duck {d}, which is not one "
-                    "of the layer's ducks"
-                )
-        ducks_of.append(held)
-    try:
-        placement = routing.placement(ducks_of)  # dp_routing_placement_check
-    except BadInput as e:
-        raise DuckpipeError(f"MOE layer {layer}: {e.args[0].split(': ', 1)[-1]}") from None
-    n_local = {d: 0 for d in msg.ducks}
-    bank_slot: dict[tuple[int, int], int] = {}
-    for e, held in enumerate(ducks_of):  # ascending ids: each duck's slots 0, 1, ...
-        for d in held:
-            bank_slot[e, d] = n_local[d]
-            n_local[d] += 1
-    shared_cols = {}
-    for d, width in zip(msg.ducks, msg.shard_sizes, strict=True):
-        need = n_local[d] * msg.expert_ffn
-        if width < need:
-            raise DuckpipeError(
-                f"MOE layer {layer}: duck {d}'s bank has {width} columns, fewer than its "
-                f"{n_local[d]} experts x expert_ffn {msg.expert_ffn}"
-            )
-        shared_cols[d] = width - need
-    with_shared = [d for d in msg.ducks if shared_cols[d]]
-    if with_shared and len(with_shared) != len(msg.ducks):
-        first = next(d for d in msg.ducks if not shared_cols[d])
-        raise DuckpipeError(
-            f"MOE layer {layer}: {len(with_shared)} of {len(msg.ducks)} ducks hold "
-            f"shared-expert columns but duck {first} holds none: every duck or none"
-        )
-    # a duck with no expert and no shared expert cannot get here: its shard_sizes entry
-    # is >= 1 (the schema), so it holds shared columns, and then every duck does
+    pl = moe.pl
+    ducks_of = tuple(
+        tuple(int(pl.ducks[e * MAX_REPLICAS + r]) for r in range(pl.replicas[e]))
+        for e in range(pl.n_experts)
+    )
+    bank_slot = {
+        (e, d): int(moe.slots[e * MAX_REPLICAS + r])
+        for e, held in enumerate(ducks_of)
+        for r, d in enumerate(held)
+    }
     return MoePlan(
-        layer=layer,
-        n_experts=len(replicas),
-        expert_ffn=msg.expert_ffn,
-        has_shared=bool(with_shared),
+        layer=msg.layer,
+        n_experts=int(pl.n_experts),
+        expert_ffn=int(moe.expert_ffn),
+        has_shared=bool(moe.has_shared),
         ducks=tuple(msg.ducks),
-        ducks_of=tuple(ducks_of),
+        ducks_of=ducks_of,
         bank_slot=bank_slot,
-        n_local=n_local,
-        placement=placement,
+        n_local={d: int(moe.experts_on[d]) for d in msg.ducks},
+        placement=ffi.addressof(moe, "pl"),
+        state=moe,
     )
 
 
@@ -183,15 +137,15 @@ def read_routing(copy: np.ndarray, tokens: int, plan: MoePlan) -> Routed:
     """A checked table's routing: indices, weights, each (token, choice)'s duck, targets."""
     topk = int(copy[:_HEADER].view(routing.HEADER_DTYPE)["topk"][0])
     entries = copy[_HEADER:].view(routing.ENTRY_DTYPE).reshape(tokens, topk)
-    indices = entries["expert"].astype(np.int32)
+    indices = entries["expert"].astype(np.int32)  # ROUTING_NO_EXPERT reads as -1
     weights = entries["weight"].copy()
-    duck = np.empty_like(indices)
+    duck = np.full_like(indices, -1)  # -1: no expert, no duck (dp_routing_split skips it)
     rows = np.arange(tokens)
-    for e in np.unique(indices):
+    for e in np.unique(indices[indices >= 0]):
         held = plan.ducks_of[e]
         t, k = np.nonzero(indices == e)
         duck[t, k] = np.asarray(held, np.int32)[rows[t] % len(held)]
-    targets = set(np.unique(duck).tolist())
+    targets = set(np.unique(duck[duck >= 0]).tolist())
     if plan.has_shared:
         targets.update(plan.ducks)
     return Routed(indices, weights, duck, sorted(targets))

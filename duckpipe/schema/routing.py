@@ -18,8 +18,11 @@ gate's ``Routing(indices, weights)`` order them::
                   |   expert (u32) | weight (f32)                    |
     16 + 8*T*K    +--------------------------------------------------+
 
-    (T tokens, K topk.) In shared memory the table follows the activation in the
-    forward's activation slot, at align(activation bytes, 64). The dataplane copies it
+    (T tokens, K topk.) An expert of ROUTING_NO_EXPERT is the gate's -1, DeepEP's "no
+    expert" (a padded or dropped slot): it contributes nothing, its weight is not read,
+    and the split leaves it out of the wire table. In shared memory the table follows
+    the activation in the forward's activation slot, at align(activation bytes, 64). The
+    dataplane copies it
     out of the slot once (T from the descriptor's rows; K read once from the slot and
     bounded by MAX_TOPK, so the copy is at most 16 + 8 * MAX_TOKENS * MAX_TOPK bytes)
     and checks the copy, never the slot, against the forward's rows and the layer's
@@ -77,6 +80,7 @@ __all__ = [
     "MAX_TOKENS",
     "MAX_TOPK",
     "ROUTING_MAGIC",
+    "ROUTING_NO_EXPERT",
     "ROUTING_VERSION",
     "ROUTING_WIRE_MAGIC",
     "Placement",
@@ -96,6 +100,10 @@ MAX_EXPERTS = 1024  # routed experts of one layer (DeepSeek-V3: 256; a wire expe
 MAX_TOPK = 16  # experts per token (DeepSeek-V3, Qwen3: 8)
 MAX_TOKENS = 4096  # rows of one routed forward (a wire row is u16)
 MAX_REPLICAS = 8  # ducks holding one expert
+#: a host entry's expert for "no expert": the gate's -1 (DeepEP's padded or dropped
+#: slot). Any number per token, any weight (never read); the split skips it, so it
+#: never reaches a duck, and a token of only these gets the shared expert or zeros.
+ROUTING_NO_EXPERT = 0xFFFFFFFF
 
 
 class RoutingError(enum.IntEnum):
@@ -159,8 +167,10 @@ class RoutingEntry(msgspec.Struct, frozen=True):
     __c_name__: ClassVar[str] = "dp_routing_entry"
     __c_size__: ClassVar[int] = 8
     __field_docs__: ClassVar[dict[str, str]] = {
-        "expert": "0..n_experts-1, distinct among one token's topk",
-        "weight": "finite; scales the expert's output for this token",
+        "expert": "0..n_experts-1, distinct among one token's topk; or ROUTING_NO_EXPERT "
+        "(the gate's -1: the slot contributes nothing)",
+        "weight": "finite; scales the expert's output for this token (not read with "
+        "ROUTING_NO_EXPERT)",
     }
 
     expert: U32
@@ -257,4 +267,5 @@ CONSTANTS: dict[str, int] = {
     "MAX_TOPK": MAX_TOPK,
     "MAX_TOKENS": MAX_TOKENS,
     "MAX_REPLICAS": MAX_REPLICAS,
+    "ROUTING_NO_EXPERT": ROUTING_NO_EXPERT,
 }

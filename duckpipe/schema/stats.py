@@ -226,6 +226,10 @@ COUNTERS: tuple[Counter, ...] = (
         "completions never sent: the client's connection was gone, or it left",
     ),
     Counter("replies_dropped", "replies to a peer gone, or with 256 unread (ROUTER_SNDHWM)"),
+    Counter(
+        "moe_no_duck_forwards",
+        "MoE forwards no duck was asked for (every choice -1, no shared expert): zeros",
+    ),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

@@ -24,6 +24,7 @@ from duckpipe.schema.routing import (
     MAX_TOKENS,
     MAX_TOPK,
     ROUTING_MAGIC,
+    ROUTING_NO_EXPERT,
     ROUTING_WIRE_MAGIC,
     RoutingError,
 )
@@ -124,7 +125,8 @@ HOSTILE = {
         E.EXPERT,
         r"token 2, choice 1 names expert 8; the layer has 8 \(0\.\.7\)",
     ),
-    "expert 2^32-1": (_patched("<I", 16 + 8 * 5, 0xFFFFFFFF), E.EXPERT, r"expert 4294967295"),
+    # 2^32-1 is ROUTING_NO_EXPERT (the gate's -1); the id below it is past every layer
+    "expert 2^32-2": (_patched("<I", 16 + 8 * 5, 0xFFFFFFFE), E.EXPERT, r"expert 4294967294"),
     "duplicate": (_patched("<I", 16 + 8 * 7, 2), E.DUPLICATE, r"token 3 names expert 2 twice"),
     "NaN weight": (
         _patched("<I", 16 + 8 * 6 + 4, 0x7FC00000),
@@ -171,7 +173,18 @@ def test_the_c_rule_accepts_the_table_at_every_maximum() -> None:
 @pytest.mark.parametrize(
     "indices, weights, message",
     [
-        (np.array([[0, -1]]), np.ones((1, 2), np.float32), r"names expert -1: expert ids are"),
+        # -1 is "no expert"; any other negative id is refused
+        (np.array([[0, -2]]), np.ones((1, 2), np.float32), r"names expert -2; the layer has 8"),
+        (
+            np.array([[0, 2**32 - 1]], np.int64),  # the table's NO_EXPERT, not a gate's -1
+            np.ones((1, 2), np.float32),
+            r"names expert 4294967295; the layer has 8",
+        ),
+        (
+            np.array([[0, 2**63 + 1]], np.uint64),
+            np.ones((1, 2), np.float32),
+            r"names expert 9223372036854775809: no layer has",
+        ),
         (np.zeros((1, 17), np.int32), np.ones((1, 17), np.float32), r"1\.\.16 experts, got"),
         (
             np.zeros((MAX_TOKENS + 1, 1), np.int32),
@@ -188,12 +201,12 @@ def test_pack_refuses_what_the_table_cannot_hold(indices, weights, message) -> N
         routing.pack(indices, weights, 8)
 
 
-# --- Python and C agree -----------------------------------------------------------------
+# --- the C rule against the spec ----------------------------------------------------------
 
 
 @st.composite
 def routings(draw):
-    """A gate-like routing, then perhaps one or more faults of the kinds check_routing names."""
+    """A gate-like routing, then perhaps one or more faults of the kinds the rule names."""
     tokens = draw(st.integers(1, 12))
     n_experts = draw(st.integers(1, 40))
     topk = draw(st.integers(1, min(n_experts, MAX_TOPK)))
@@ -202,9 +215,12 @@ def routings(draw):
     weights = rng.standard_normal((tokens, topk)).astype(np.float32)
     for _ in range(draw(st.integers(0, 3))):
         t, k = draw(st.integers(0, tokens - 1)), draw(st.integers(0, topk - 1))
-        fault = draw(st.sampled_from(["range", "duplicate", "nan", "inf"]))
+        fault = draw(st.sampled_from(["range", "duplicate", "nan", "inf", "none", "none-nan"]))
         if fault == "range":
-            indices[t, k] = draw(st.integers(n_experts, 0xFFFFFFFF))
+            indices[t, k] = draw(st.integers(n_experts, 0xFFFFFFFF) | st.integers(-(2**40), -2))
+        elif fault.startswith("none"):  # not a fault: DeepEP's "no expert", any weight
+            indices[t, k] = -1
+            weights[t, k] = np.nan if fault == "none-nan" else weights[t, k]
         elif fault == "duplicate" and topk > 1:
             indices[t, k] = indices[t, (k + 1) % topk]
         elif fault == "nan":
@@ -214,41 +230,46 @@ def routings(draw):
     return indices, weights, n_experts
 
 
-def _python_verdict(indices, weights, n_experts) -> str | None:
-    try:
-        check_routing(np.empty((indices.shape[0], 1)), indices, weights, n_experts)
-    except BadInput as e:
-        return str(e)
-    return None
+def _spec_verdict(indices, weights, n_experts) -> set[RoutingError]:
+    """The faults a routing has, by the rule docs/protocols.md states, written in numpy
+    here so that the C rule (the client's and the dataplane's one check) is judged against
+    the spec and not against itself: ids in 0..n_experts-1 or -1 (DeepEP's "no expert":
+    any number per token, its weight not looked at), the others distinct per token, with
+    finite weights."""
+    faults = set()
+    none = indices == -1
+    if (((indices < 0) | (indices >= n_experts)) & ~none).any():
+        faults.add(E.EXPERT)
+    ordered = np.sort(np.where(none, -1 - np.arange(indices.shape[1]), indices), axis=1)
+    if (ordered[:, 1:] == ordered[:, :-1]).any():  # each -1 made unique: never a duplicate
+        faults.add(E.DUPLICATE)
+    if (~np.isfinite(weights) & ~none).any():
+        faults.add(E.WEIGHT)
+    return faults
 
 
 @settings(max_examples=300, deadline=None)
 @given(routings())
-def test_check_routing_and_the_c_rule_agree_on_every_routing(case) -> None:
+def test_the_c_rule_refuses_exactly_the_routings_the_spec_refuses(case) -> None:
     indices, weights, n_experts = case
-    python = _python_verdict(indices, weights, n_experts)
+    spec = _spec_verdict(indices, weights, n_experts)
     try:
-        routing.pack(indices, weights, n_experts)
+        check_routing(np.empty((indices.shape[0], 1)), indices, weights, n_experts)
         c: RoutingRefused | None = None
     except RoutingRefused as e:
         c = e
     event("refused" if c else "accepted")
-    assert (python is None) == (c is None), (python, c)
+    assert (not spec) == (c is None), (spec, c)
     if c is None:
         return
-    faults = {
-        E.EXPERT: (indices >= n_experts).any(),
-        E.DUPLICATE: (np.sort(indices, axis=1)[:, 1:] == np.sort(indices, axis=1)[:, :-1]).any(),
-        E.WEIGHT: (~np.isfinite(weights)).any(),
-    }
-    assert faults[c.code], f"C said {c.code.name} of a routing without that fault"
-    if sum(map(bool, faults.values())) == 1:  # one kind of fault: both name it
-        words = {E.EXPERT: "has .* experts", E.DUPLICATE: "more than once", E.WEIGHT: "finite"}
-        assert re.search(words[c.code], python), (python, c)
+    assert c.code in spec, f"C said {c.code.name} of a routing with faults {spec}"
+    if len(spec) == 1:  # one kind of fault: the message says it
+        words = {E.EXPERT: "the layer has", E.DUPLICATE: "twice", E.WEIGHT: "NaN or infinite"}
+        assert re.search(words[c.code], str(c)), c
 
 
 def _python_table_verdict(raw: bytes, tokens: int, n_experts: int) -> bool:
-    """The host table rules from the schema's dtypes and check_routing, for comparison."""
+    """The host table rules from the schema's dtypes and the spec, for comparison."""
     if len(raw) < routing.HEADER_DTYPE.itemsize:
         return False
     h = np.frombuffer(raw[:16], routing.HEADER_DTYPE)[0]
@@ -261,7 +282,9 @@ def _python_table_verdict(raw: bytes, tokens: int, n_experts: int) -> bool:
         return False
     entries = np.frombuffer(raw[16 : 16 + 8 * tokens * topk], routing.ENTRY_DTYPE)
     entries = entries.reshape(tokens, topk)
-    return _python_verdict(entries["expert"], entries["weight"], n_experts) is None
+    experts = entries["expert"].astype(np.int64)
+    experts[experts == ROUTING_NO_EXPERT] = -1  # the table's "no expert" is the gate's -1
+    return not _spec_verdict(experts, entries["weight"], n_experts)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -270,7 +293,7 @@ def _python_table_verdict(raw: bytes, tokens: int, n_experts: int) -> bool:
     flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4),
     cut=st.integers(0, 8),
 )
-def test_python_and_c_agree_on_mutated_tables(seed: int, flips, cut: int) -> None:
+def test_the_c_check_and_the_spec_agree_on_mutated_tables(seed: int, flips, cut: int) -> None:
     rng = np.random.default_rng(seed)
     tokens, n_experts = int(rng.integers(1, 6)), int(rng.integers(1, 12))
     topk = int(rng.integers(1, min(n_experts, 4) + 1))
@@ -313,6 +336,8 @@ def _reference_split(indices, weights, ducks_of, nic=None) -> dict[int, list[tup
     for t in range(indices.shape[0]):
         for k in range(indices.shape[1]):
             e = int(indices[t, k])
+            if e == -1:  # no expert: no duck hears of it
+                continue
             d = ducks_of[e][t % len(ducks_of[e])]
             if nic is None or d in nic:
                 out.setdefault(d, []).append((t, e, float(weights[t, k])))
@@ -342,6 +367,7 @@ def test_split_gives_each_duck_exactly_its_routed_rows(ducks_of, tokens, seed, n
     topk = int(rng.integers(1, min(n_experts, 8) + 1))
     indices = np.argsort(rng.random((tokens, n_experts)), axis=1)[:, :topk]
     weights = rng.standard_normal((tokens, topk)).astype(np.float32)
+    indices[rng.random(indices.shape) < rng.random()] = -1  # "no expert", a share of them
     table = routing.pack(indices, weights, n_experts)
     wire, targets = routing.split(table, routing.placement(ducks_of), nic)
     want = _reference_split(indices, weights, ducks_of, nic)
@@ -388,6 +414,34 @@ def test_a_nic_with_no_routed_duck_sends_nothing() -> None:
     place = routing.placement([[e] for e in range(8)])
     wire, targets = routing.split(routing.pack(indices, weights, 8), place, {100, 101})
     assert wire.size == 0 and targets == frozenset()
+
+
+def test_minus_one_is_no_expert_in_the_table_and_reaches_no_duck() -> None:
+    indices = np.array([[2, -1, 0], [-1, -1, -1], [-1, 1, 3]], np.int64)
+    weights = np.array([[0.5, np.nan, 0.25], [np.inf, 7.0, -1.0], [1e30, 2.0, 3.0]], np.float32)
+    table = routing.pack(indices, weights, 4)
+    entries = [struct.unpack_from("<If", table.tobytes(), 16 + 8 * i) for i in range(9)]
+    none = (ROUTING_NO_EXPERT, 0.0)  # its weight is not read: the pack stores 0, no NaN
+    assert entries == [(2, 0.5), none, (0, 0.25), none, none, none, none, (1, 2.0), (3, 3.0)]
+    got_i, _ = routing.unpack(table, 3, 4)
+    np.testing.assert_array_equal(got_i, indices)
+    # a table written by someone else: any weight bits in a "no expert" entry pass
+    raw = bytearray(table.tobytes())
+    struct.pack_into("<I", raw, 16 + 8 + 4, 0x7FC00000)
+    routing.check(bytes(raw), 3, 4)
+    # the split: token 1 reaches no duck, no section names -1
+    place = routing.placement([[0], [1], [2], [3]])
+    wire, targets = routing.split(table, place)
+    assert targets == {0, 1, 2, 3}
+    secs = routing.sections(wire, 3, 4)
+    pairs = {d: list(zip(s.row.tolist(), s.expert.tolist(), strict=True)) for d, s in secs.items()}
+    assert pairs == {0: [(0, 0)], 1: [(2, 1)], 2: [(0, 2)], 3: [(2, 3)]}
+    # every slot -1: nothing to send, unless a shared expert gives every duck work
+    all_none = routing.pack(np.full((3, 2), -1, np.int32), np.ones((3, 2), np.float32), 4)
+    wire, targets = routing.split(all_none, place)
+    assert wire.size == 0 and targets == frozenset()
+    wire, targets = routing.split(all_none, place, shared=True)
+    assert targets == frozenset() and routing.sections(wire, 3, 4) == {}
 
 
 def test_split_refuses_a_placement_of_another_layer() -> None:

@@ -33,7 +33,7 @@ RELOADS = 1000
 
 
 def _reload(req_id: int) -> ctl.LoadWeights:
-    # plan bytes (dp_layer_plan_bytes): w_up, b_up and w_down of one column, and b_down raw
+    # plan bytes (dp_load_plan_bytes): w_up, b_up and w_down of one column, and b_down raw
     # and as float: 1 MiB and 4 bytes, so four fit the quota and a fifth does not
     return ctl.LoadWeights(
         req_id=req_id,

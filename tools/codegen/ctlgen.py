@@ -26,6 +26,8 @@ from msgspec import inspect as mi
 from duckpipe.schema import control
 
 __all__ = [
+    "CDEF_BEGIN",
+    "CDEF_END",
     "CONFIG_BY_HAND",
     "render_config_c",
     "render_config_h",
@@ -34,6 +36,10 @@ __all__ = [
     "reply_types",
     "request_types",
 ]
+
+# the section of a header duckpipe/_native_build.py hands cffi (render.py's too)
+CDEF_BEGIN = "/* @cdef-begin: cffi parses from here */"
+CDEF_END = "/* @cdef-end */"
 
 U32_MAX = 0xFFFF_FFFF
 U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
@@ -230,6 +236,10 @@ def render_ctl_h() -> str:
         "",
         '#include "dp_abi.h"',
         "",
+        "/* The requests as plain structs: the cffi module parses them too, so that the mock",
+        " * dataplane hands a request to the dataplane's own rules (dp_ctl_rules.h). */",
+        CDEF_BEGIN,
+        "",
         "enum dp_ctl_type {",
     ]
     out += [f"\tDP_CTL_{_snake(c.__name__).upper()}," for c in types]
@@ -252,6 +262,8 @@ def render_ctl_h() -> str:
     out += [
         "\t} u;",
         "};",
+        "",
+        CDEF_END,
         "",
         *render_reply_decls(),
         "/* Type names, indexed by enum dp_ctl_type. */",

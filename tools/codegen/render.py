@@ -18,13 +18,18 @@ from duckpipe.schema import abi, control, routing, stats, wire
 from duckpipe.schema.layout import Layout, layout_of
 
 from . import docgen
-from .ctlgen import render_config_c, render_config_h, render_ctl_c, render_ctl_h
+from .ctlgen import (
+    CDEF_BEGIN,
+    CDEF_END,
+    render_config_c,
+    render_config_h,
+    render_ctl_c,
+    render_ctl_h,
+)
 
 __all__ = ["CDEF_BEGIN", "CDEF_END", "ROOT", "render_all"]
 
 ROOT = Path(__file__).resolve().parents[2]
-CDEF_BEGIN = "/* @cdef-begin: cffi parses from here */"
-CDEF_END = "/* @cdef-end */"
 
 ENUMS: tuple[type[enum.IntEnum], ...] = (
     abi.Backing,

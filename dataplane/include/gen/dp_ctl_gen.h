@@ -14,6 +14,10 @@
 
 #include "dp_abi.h"
 
+/* The requests as plain structs: the cffi module parses them too, so that the mock
+ * dataplane hands a request to the dataplane's own rules (dp_ctl_rules.h). */
+/* @cdef-begin: cffi parses from here */
+
 enum dp_ctl_type {
 	DP_CTL_ATTACH,
 	DP_CTL_DETACH,
@@ -127,6 +131,8 @@ struct dp_ctl_request {
 		struct dp_ctl_shutdown shutdown;
 	} u;
 };
+
+/* @cdef-end */
 
 struct msgpack_packer; /* msgpack-c's packer */
 

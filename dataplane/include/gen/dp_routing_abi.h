@@ -21,8 +21,11 @@
  *                   |   expert (u32) | weight (f32)                    |
  *     16 + 8*T*K    +--------------------------------------------------+
  *
- *     (T tokens, K topk.) In shared memory the table follows the activation in the
- *     forward's activation slot, at align(activation bytes, 64). The dataplane copies it
+ *     (T tokens, K topk.) An expert of ROUTING_NO_EXPERT is the gate's -1, DeepEP's "no
+ *     expert" (a padded or dropped slot): it contributes nothing, its weight is not read,
+ *     and the split leaves it out of the wire table. In shared memory the table follows
+ *     the activation in the forward's activation slot, at align(activation bytes, 64). The
+ *     dataplane copies it
  *     out of the slot once (T from the descriptor's rows; K read once from the slot and
  *     bounded by MAX_TOPK, so the copy is at most 16 + 8 * MAX_TOKENS * MAX_TOPK bytes)
  *     and checks the copy, never the slot, against the forward's rows and the layer's
@@ -76,6 +79,7 @@
 #define DP_MAX_TOPK 16
 #define DP_MAX_TOKENS 4096
 #define DP_MAX_REPLICAS 8
+#define DP_ROUTING_NO_EXPERT 0xffffffff
 
 /* Why dp_routing.h refused a table (dp_routing_strerror says it in words, and the
     ``why`` buffer says where). */
@@ -121,8 +125,8 @@ struct dp_routing_header {
  * One choice of one token: entry t * topk + k of the host table.
  */
 struct dp_routing_entry {
-    uint32_t expert;                    /*    0: 0..n_experts-1, distinct among one token's topk */
-    float weight;                       /*    4: finite; scales the expert's output for this token */
+    uint32_t expert;                    /*    0: 0..n_experts-1, distinct among one token's topk; or ROUTING_NO_EXPERT (the gate's -1: the slot contributes nothing) */
+    float weight;                       /*    4: finite; scales the expert's output for this token (not read with ROUTING_NO_EXPERT) */
 };  /* 8 bytes */
 
 /*

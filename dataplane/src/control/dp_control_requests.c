@@ -45,39 +45,45 @@ static struct dp_client *client_by_identity(struct dp_control *c, const uint8_t 
 	return NULL;
 }
 
-/* Quotas count users, not only processes: one user other than the admin holds at most
- * client_max_per_uid slots however many processes it forks, and all of them together leave
- * admin_reserved_clients free for the admin (the dataplane's own user), whose clients
- * always get in. True when p was refused. */
-static bool user_may_not_attach(struct dp_control *c, const struct dp_peer *p)
+/* The client table as this Attach sees it (dp_attach_admit's rules). A slot being let go
+ * still counts for its user: it is not free yet. */
+static void attach_census(const struct dp_control *c, const struct dp_peer *p,
+			  struct dp_attach_census *out)
 {
-	if (p->admin)
-		return false;
-	uint32_t theirs = 0, others = 0;
+	*out = (struct dp_attach_census){ .pid = p->pid, .uid = p->uid, .admin = p->admin };
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
 		const struct dp_client *o = &c->w->clients[i];
 		uint32_t state = dp_load_acquire_u32(&o->state);
 		if (state == DP_CLIENT_FREE)
-			continue; /* a slot being let go still counts: it is not free yet */
-		theirs += o->uid == p->uid;
-		others += o->uid != c->access.euid;
+			continue;
+		out->taken++;
+		out->of_pid += (state == DP_CLIENT_ACTIVE || state == DP_CLIENT_ATTACHING) &&
+			       o->pid == p->pid;
+		out->of_uid += o->uid == p->uid;
+		out->not_admin += o->uid != c->access.euid;
 	}
-	if (theirs >= c->w->cfg.client_max_per_uid) {
+}
+
+/* True when p may not take a client slot (refused and counted). */
+static bool may_not_attach(struct dp_control *c, const struct dp_peer *p)
+{
+	const struct dp_config *cfg = &c->w->cfg;
+	const struct dp_attach_limits lim = {
+		.client_max_per_pid = cfg->client_max_per_pid,
+		.client_max_per_uid = cfg->client_max_per_uid,
+		.admin_reserved_clients = cfg->admin_reserved_clients,
+	};
+	struct dp_attach_census census;
+	char why[DP_CTL_WHY_LEN];
+	bool quota;
+	attach_census(c, p, &census);
+	int code = dp_attach_admit(&census, &lim, &quota, why, sizeof(why));
+	if (!code)
+		return false;
+	if (quota)
 		dp_count(c->counters, DP_C_quota_refused, 1);
-		dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
-		                  "uid %u has %u clients attached, client_max_per_uid is %u: "
-		                  "close one first", p->uid, theirs, c->w->cfg.client_max_per_uid);
-		return true;
-	}
-	if (others >= DP_MAX_CLIENTS - c->w->cfg.admin_reserved_clients) {
-		dp_count(c->counters, DP_C_quota_refused, 1);
-		dp_control_refuse(c, p, DP_ERROR_CODE_TOO_MANY_CLIENTS,
-		                  "every client slot open to other users is taken (%u); "
-		                  "admin_reserved_clients %u are kept for the dataplane's own user",
-		                  others, c->w->cfg.admin_reserved_clients);
-		return true;
-	}
-	return false;
+	dp_control_refuse(c, p, (enum dp_error_code)code, "%s", why);
+	return true;
 }
 
 static void on_attach(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
@@ -119,27 +125,13 @@ static void on_attach(struct dp_control *c, const struct dp_peer *p, const struc
 			return;
 		}
 	}
-	/* one process cannot take every client slot */
-	uint32_t mine = 0;
-	for (uint32_t i = 0; i < DP_MAX_CLIENTS; i++) {
-		uint32_t state = dp_load_acquire_u32(&c->w->clients[i].state);
-		mine += (state == DP_CLIENT_ACTIVE || state == DP_CLIENT_ATTACHING) &&
-			c->w->clients[i].pid == p->pid;
-	}
-	if (mine >= c->w->cfg.client_max_per_pid) {
-		dp_count(c->counters, DP_C_quota_refused, 1);
-		dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
-		                  "pid %u has %u clients attached, client_max_per_pid is %u: "
-		                  "close one first", p->pid, mine, c->w->cfg.client_max_per_pid);
-		return;
-	}
-	if (user_may_not_attach(c, p))
+	if (may_not_attach(c, p))
 		return;
 	struct dp_client *cl = NULL;
 	for (uint32_t i = 0; i < DP_MAX_CLIENTS && !cl; i++)
 		if (dp_load_acquire_u32(&c->w->clients[i].state) == DP_CLIENT_FREE)
 			cl = &c->w->clients[i];
-	if (!cl) {
+	if (!cl) { /* may_not_attach counted the slots: only this thread takes one */
 		dp_control_refuse(c, p, DP_ERROR_CODE_TOO_MANY_CLIENTS,
 		                  "every client slot is taken");
 		return;
@@ -316,7 +308,7 @@ static int refuse_unreachable(struct dp_control *c, const struct dp_peer *p,
 	for (uint32_t i = 0; i < m->ducks_len; i++) {
 		uint32_t d = m->ducks[i];
 		if (d >= DP_MAX_DUCKS || w->duck_index[d] < 0)
-			continue; /* not in the topology: refused below, with its own message */
+			continue; /* not in the topology: dp_load_check refused it already */
 		uint64_t seen = dp_load_relaxed_u64(&w->duck_seen_ns[d]);
 		uint64_t since = seen > c->started_ns ? seen : c->started_ns;
 		if (now < since || now - since < window)
@@ -357,19 +349,12 @@ static struct dp_client *check_load(struct dp_control *c, const struct dp_peer *
 		                  "a shared layer needs the admin role (the dataplane's user)");
 		return NULL;
 	}
-	/* every bound before any allocation: hidden 2^32-1 once reserved two 16 GiB buffers */
-	if (m->hidden > cfg->max_hidden || m->ffn > cfg->max_ffn) {
-		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
-		                  "hidden %u / ffn %u exceed this dataplane's max_hidden %u / "
-		                  "max_ffn %u", m->hidden, m->ffn, cfg->max_hidden, cfg->max_ffn);
-		return NULL;
-	}
-	uint64_t total = 0;
-	for (uint32_t i = 0; i < m->shard_sizes_len; i++)
-		total += m->shard_sizes[i];
-	if (m->ducks_len != m->shard_sizes_len || total != m->ffn) {
-		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
-		                  "LoadWeights needs one shard size per duck, summing to ffn");
+	const struct dp_load_limits lim = { .max_hidden = cfg->max_hidden,
+					    .max_ffn = cfg->max_ffn };
+	char why[DP_CTL_WHY_LEN];
+	int code = dp_load_check(m, &lim, w->duck_index, why, sizeof(why));
+	if (code) {
+		dp_control_refuse(c, p, (enum dp_error_code)code, "%s", why);
 		return NULL;
 	}
 	if (refuse_unreachable(c, p, m))
@@ -394,37 +379,19 @@ static int refuse_over_quota(struct dp_control *c, const struct dp_peer *p,
 	const struct dp_config *cfg = &w->cfg;
 	if (me->retired_layers)
 		dp_count(c->counters, DP_C_layers_freed, dp_layers_free_retired(w, &c->retired, false));
-	uint32_t nlayers = me->nlayers - (prev != NULL) + me->retired_layers;
-	uint64_t held = me->weight_bytes - (prev ? prev->weight_bytes : 0) + me->retired_bytes;
-	if (nlayers + 1 <= cfg->client_max_layers && bytes <= cfg->client_max_weight_bytes - held &&
-	    held <= cfg->client_max_weight_bytes)
+	const struct dp_load_holding held = {
+		.nlayers = me->nlayers - (prev != NULL) + me->retired_layers,
+		.bytes = me->weight_bytes - (prev ? prev->weight_bytes : 0) + me->retired_bytes,
+		.retired = me->retired_layers,
+		.max_layers = cfg->client_max_layers,
+		.max_bytes = cfg->client_max_weight_bytes,
+	};
+	char why[DP_CTL_WHY_LEN];
+	int code = dp_load_quota_check(m, &held, bytes, why, sizeof(why));
+	if (!code)
 		return 0;
 	dp_count(c->counters, DP_C_quota_refused, 1);
-	if (me->retired_layers) /* 256 characters: say what is new, not the whole quota */
-		dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
-		                  "layer %u (%lu bytes) would pass this client's quota: %lu "
-		                  "of %lu weight bytes and %u of %u layers held, %u of them "
-		                  "replaced but not freed yet: read the replies and retry",
-		                  m->layer, (unsigned long)bytes, (unsigned long)held,
-		                  (unsigned long)cfg->client_max_weight_bytes, nlayers,
-		                  cfg->client_max_layers, me->retired_layers);
-	else if (dp_layer_state_bytes(m))
-		dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
-		                  "layer %u (%lu bytes: its weights and %lu of MoE placement "
-		                  "and state) would pass this client's quota: %u of %u layers, "
-		                  "%lu of %lu weight bytes held; unload layers first",
-		                  m->layer, (unsigned long)bytes,
-		                  (unsigned long)dp_layer_state_bytes(m), nlayers,
-		                  cfg->client_max_layers, (unsigned long)held,
-		                  (unsigned long)cfg->client_max_weight_bytes);
-	else
-		dp_control_refuse(c, p, DP_ERROR_CODE_QUOTA_EXCEEDED,
-		                  "layer %u (%lu bytes) would pass this client's quota: %u "
-		                  "of %u layers, %lu of %lu weight bytes held; unload layers "
-		                  "first",
-		                  m->layer, (unsigned long)bytes, nlayers,
-		                  cfg->client_max_layers, (unsigned long)held,
-		                  (unsigned long)cfg->client_max_weight_bytes);
+	dp_control_refuse(c, p, (enum dp_error_code)code, "%s", why);
 	return 1;
 }
 
@@ -441,66 +408,22 @@ static int layer_slot_for(const struct dp_world *w, uint32_t layer, int old)
 	return slot;
 }
 
-/* The layer's ducks and shards, each duck once and in the topology: 0, or -1 after a
- * refusal (l freed). */
-static int fill_layer_ducks(struct dp_control *c, const struct dp_peer *p,
-			    const struct dp_ctl_load_weights *m, struct dp_layer *l)
-{
-	memset(l->index, 0xff, sizeof(l->index));
-	for (uint32_t i = 0; i < m->ducks_len; i++) {
-		uint32_t duck = m->ducks[i];
-		if (c->w->duck_index[duck] < 0 || l->index[duck] >= 0) {
-			free(l);
-			dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
-			                  "duck %u is not in the topology or is listed twice",
-			                  duck);
-			return -1;
-		}
-		l->ducks[i] = (uint16_t)duck;
-		l->shard[i] = m->shard_sizes[i];
-		l->index[duck] = (int16_t)i;
-	}
-	return 0;
-}
-
-/* The layer as the dispatcher and workers will read it: ducks, shape, MoE placement and
- * the down bias buffers. NULL after a refusal. */
+/* The layer as the dispatcher and workers will read it (dp_layer_build), owned by me.
+ * NULL after a refusal. */
 static struct dp_layer *build_layer(struct dp_control *c, const struct dp_peer *p,
 				    const struct dp_ctl_load_weights *m,
 				    const struct dp_client *me, uint64_t bytes)
 {
-	struct dp_layer *l = calloc(1, sizeof(*l));
+	char why[DP_CTL_WHY_LEN];
+	int code;
+	struct dp_layer *l = dp_layer_build(m, &code, why, sizeof(why));
 	if (!l) {
-		dp_control_refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
+		dp_control_refuse(c, p, (enum dp_error_code)code, "%s", why);
 		return NULL;
 	}
-	if (fill_layer_ducks(c, p, m, l) < 0)
-		return NULL;
-	l->id = m->layer;
 	l->owner = me->id;
 	l->shared = m->shared;
 	l->weight_bytes = bytes;
-	l->kind = (uint8_t)m->kind;
-	l->dtype = (uint8_t)m->dtype;
-	l->hidden = m->hidden;
-	l->ffn = m->ffn;
-	l->nducks = m->ducks_len;
-	l->has_b_down = m->has_b_down;
-	char why[DP_DESC_WHY_LEN];
-	if (dp_layer_moe_build(l, m, why, sizeof(why)) < 0) {
-		dp_layer_free(l);
-		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST, "%s", why);
-		return NULL;
-	}
-	if (m->has_b_down) {
-		l->b_down_raw = calloc(m->hidden, 4);
-		l->b_down = calloc(m->hidden, sizeof(float));
-		if (!l->b_down_raw || !l->b_down) {
-			dp_layer_free(l);
-			dp_control_refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
-			return NULL;
-		}
-	}
 	return l;
 }
 
@@ -514,7 +437,7 @@ static void on_load_weights(struct dp_control *c, const struct dp_peer *p,
 	if (!me)
 		return;
 	const struct dp_layer *prev = old >= 0 ? w->layers[old] : NULL;
-	uint64_t bytes = dp_layer_plan_bytes(m);
+	uint64_t bytes = dp_load_plan_bytes(m);
 	if (refuse_over_quota(c, p, m, me, prev, bytes))
 		return;
 	int slot = layer_slot_for(w, m->layer, old);

@@ -148,6 +148,8 @@ static int route_forward(struct dp_dispatcher *d, struct dp_fwd *f, const struct
 			for (uint32_t k = 0; k < h.topk; k++) {
 				uint32_t e;
 				memcpy(&e, e0 + ((uint64_t)t * h.topk + k) * DP_ROUTING_ENTRY_SIZE, 4);
+				if (e == DP_ROUTING_NO_EXPERT)
+					continue; /* the gate's -1: no duck hears of it */
 				/* >= 0: e < n_experts (checked) and the placement was checked */
 				uint32_t duck = (uint32_t)dp_routing_duck_of(&moe->pl, t, e);
 				f->targets[duck >> 6] |= 1ull << (duck & 63);
@@ -164,6 +166,19 @@ static int route_forward(struct dp_dispatcher *d, struct dp_fwd *f, const struct
 		}
 	dp_count(d->counters, DP_C_moe_forwards, 1);
 	return 0;
+}
+
+/* A routed forward whose every choice is -1 (no expert) on a layer without a shared
+ * expert: no duck has anything to compute, so no worker would ever complete it. Its
+ * result is what the replies would have been added onto, zeros (a MoE layer has no
+ * b_down; zero is all-zero bits in every dtype), and it completes here, sending nothing. */
+static void no_duck_forward(struct dp_dispatcher *d, struct dp_fwd *f)
+{
+	memset(f->res, 0, f->bytes); /* the result slot holds the activation's bytes */
+	dp_count(d->counters, DP_C_forwards, 1);
+	dp_count(d->counters, DP_C_moe_no_duck_forwards, 1);
+	dp_count(d->counters, DP_C_forwards_ok, 1);
+	complete(d, f, DP_STATUS_OK, NULL);
 }
 
 static void dispatch_forward(struct dp_dispatcher *d, struct dp_fwd *f, struct dp_layer *l,
@@ -186,6 +201,10 @@ static void dispatch_forward(struct dp_dispatcher *d, struct dp_fwd *f, struct d
 	f->rows = p->rows;
 	f->act = c->act + (uint64_t)f->desc.slot * c->layout.act_slot_size;
 	f->res = c->res + (uint64_t)f->desc.slot * c->layout.res_slot_size;
+	if (!f->nic_mask) {
+		no_duck_forward(d, f);
+		return;
+	}
 	f->deadline_ns = now + p->timeout_us * 1000;
 	f->nics_pending = (uint32_t)__builtin_popcount(f->nic_mask);
 	dp_count(d->counters, DP_C_forwards, 1);

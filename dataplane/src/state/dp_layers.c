@@ -100,28 +100,41 @@ void dp_layers_unload_owner(struct dp_world *w, uint32_t owner, struct dp_layer 
 	}
 }
 
-/* A MoE layer's placement and state are charged as DP_MOE_LAYER_STATE_BYTES, a number the
- * mock dataplane charges too: it must not fall behind what the layer really holds. */
+/* A MoE layer's placement and state are charged as DP_MOE_LAYER_STATE_BYTES
+ * (dp_load_state_bytes), a number the mock dataplane charges too: it must not fall behind
+ * what the layer really holds. */
 _Static_assert(sizeof(struct dp_layer) + sizeof(struct dp_layer_moe) <= DP_MOE_LAYER_STATE_BYTES,
 	       "raise MOE_LAYER_STATE_BYTES in duckpipe/schema/abi.py");
 
-uint64_t dp_layer_state_bytes(const struct dp_ctl_load_weights *m)
+static struct dp_layer *build_refused(struct dp_layer *l, int *code, int rc)
 {
-	return m->kind == DP_MLP_KIND_MOE ? DP_MOE_LAYER_STATE_BYTES : 0;
+	if (l)
+		dp_layer_free(l);
+	*code = rc;
+	return NULL;
 }
 
-uint64_t dp_layer_plan_bytes(const struct dp_ctl_load_weights *m)
+struct dp_layer *dp_layer_build(const struct dp_ctl_load_weights *m, int *code, char *why,
+				size_t n)
 {
-	uint64_t item = m->dtype == DP_DTYPE_F32 ? 4 : 2, h = m->hidden, total = 0, hf, t;
-	for (uint32_t i = 0; i < m->shard_sizes_len; i++) {
-		uint64_t f = m->shard_sizes[i];
-		uint64_t mats = m->kind == DP_MLP_KIND_GELU ? 2 : 3; /* b_up: f more for GELU */
-		if (__builtin_mul_overflow(h, f, &hf) || __builtin_mul_overflow(hf, mats, &t) ||
-		    __builtin_add_overflow(t, m->kind == DP_MLP_KIND_GELU ? f : 0, &t) ||
-		    __builtin_mul_overflow(t, item, &t) || __builtin_add_overflow(total, t, &total))
-			return UINT64_MAX;
+	struct dp_layer *l = calloc(1, sizeof(*l));
+	if (!l)
+		return build_refused(l, code, dp_ctl_refuse_why(DP_ERROR_CODE_DATAPLANE_ERROR,
+								  why, n, "out of memory"));
+	dp_layer_fill(l, m);
+	if (m->kind == DP_MLP_KIND_MOE && !(l->moe = malloc(sizeof(*l->moe))))
+		return build_refused(l, code, dp_ctl_refuse_why(DP_ERROR_CODE_DATAPLANE_ERROR,
+								  why, n, "out of memory"));
+	int rc = dp_load_moe_plan(m, l->moe, why, n); /* dense: refuses MoE fields only */
+	if (rc)
+		return build_refused(l, code, rc);
+	if (m->has_b_down) {
+		l->b_down_raw = calloc(m->hidden, 4);
+		l->b_down = calloc(m->hidden, sizeof(float));
+		if (!l->b_down_raw || !l->b_down)
+			return build_refused(l, code,
+					     dp_ctl_refuse_why(DP_ERROR_CODE_DATAPLANE_ERROR, why,
+							       n, "out of memory"));
 	}
-	if (m->has_b_down && __builtin_add_overflow(total, h * 8, &total))
-		return UINT64_MAX;
-	return __builtin_add_overflow(total, dp_layer_state_bytes(m), &total) ? UINT64_MAX : total;
+	return l;
 }

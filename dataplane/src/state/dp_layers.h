@@ -6,33 +6,20 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "dp_abi.h"
 #include "dp_barrier.h"
 #include "dp_client.h"
+#include "dp_ctl_gen.h"
+#include "dp_ctl_rules.h" /* struct dp_layer_moe; the LoadWeights rules */
 #include "dp_routing.h"
 #include "dp_world.h"
-
-struct dp_ctl_load_weights; /* dp_ctl_gen.h */
 
 /* DP_LAYER_TABLE (8192, open addressing, a power of two) comes from the schema (dp_abi.h):
  * the config check DP_MAX_CLIENTS * client_max_layers <= DP_LAYER_TABLE (dp_config.c)
  * keeps clients at their quota from filling the table for the others. */
 _Static_assert((DP_LAYER_TABLE & (DP_LAYER_TABLE - 1)) == 0, "DP_LAYER_TABLE: a power of two");
-
-/* What a mixture-of-experts layer (kind MOE) adds to a layer: where its routed experts
- * are, and where each sits in its ducks' banks. Built once at LoadWeights from the
- * request (dp_layer_moe_build), checked there, never changed after: the dispatcher (its
- * targets) and the workers (the wire tables, dp_moe.c) only read it. About 34 KiB, so it
- * hangs off the layer instead of growing every dense one. */
-struct dp_layer_moe {
-	struct dp_routing_placement pl; /* checked with dp_routing_placement_check */
-	/* slots[e * DP_MAX_REPLICAS + r]: expert e's index in the bank of its r-th duck */
-	uint16_t slots[DP_MAX_EXPERTS * DP_MAX_REPLICAS];
-	uint16_t experts_on[DP_MAX_DUCKS]; /* routed experts in each duck's bank, by duck id */
-	uint32_t expert_ffn;               /* columns of each routed expert */
-	bool has_shared;                   /* every duck holds >= 1 shared-expert column */
-};
 
 /* A layer belongs to the client that loaded it (shared ones: loaded by the admin, usable
  * by all). The control agent publishes it in the table and later unpublishes it (unload,
@@ -142,24 +129,39 @@ void dp_layers_unload_owner(struct dp_world *w, uint32_t owner, struct dp_layer 
  * freed. */
 uint32_t dp_layers_free_retired(struct dp_world *w, struct dp_layer **retired, bool all);
 
-/* Kind MOE: check the request's placement and banks (the refusals of LoadWeights for a
- * mixture of experts) and hang l->moe off l, whose ducks, index and shards are filled
- * already; dense kinds: refuse any MoE field. 0, or -1 with why (an Error reply). */
-int dp_layer_moe_build(struct dp_layer *l, const struct dp_ctl_load_weights *m, char *why,
-		       size_t n);
+/* The layer a LoadWeights describes, as the dispatcher and workers will read it: ducks,
+ * shards and index, shape, a MoE layer's placement (dp_load_moe_plan) and the down bias
+ * buffers; owner, shared and weight_bytes are the caller's. The request passed
+ * dp_load_check. NULL with the enum dp_error_code in *code and the reason in why. The
+ * one builder: the control agent, the C unit tests and the fuzz harnesses use it (the
+ * harness of descriptors, which links no state, its dp_layer_fill). */
+struct dp_layer *dp_layer_build(const struct dp_ctl_load_weights *m, int *code, char *why,
+				size_t n);
+
+/* dp_layer_build's part that allocates nothing: id, kind, dtype, hidden, ffn, b_down's
+ * presence, and the ducks with their shards and index (each listed once: dp_load_check). */
+static inline void dp_layer_fill(struct dp_layer *l, const struct dp_ctl_load_weights *m)
+{
+	memset(l->index, 0xff, sizeof(l->index));
+	l->nducks = 0;
+	for (uint32_t i = 0; i < m->ducks_len && i < DP_MAX_DUCKS; i++) {
+		uint32_t duck = m->ducks[i];
+		l->ducks[i] = (uint16_t)duck;
+		l->shard[i] = m->shard_sizes[i];
+		l->index[duck % DP_MAX_DUCKS] = (int16_t)i;
+		l->nducks++;
+	}
+	l->id = m->layer;
+	l->kind = (uint8_t)m->kind;
+	l->dtype = (uint8_t)m->dtype;
+	l->hidden = m->hidden;
+	l->ffn = m->ffn;
+	l->has_b_down = m->has_b_down;
+}
 
 /* "duck 5 (experts 40 41 ...)": the duck and the routed experts its bank holds in l, cut
  * with "..." to fit n bytes; "duck 5 (shared expert only)"; for a dense layer "duck 5".
  * Returns snprintf's. (What a failed forward's message says of a duck.) */
 int dp_layer_describe_duck(const struct dp_layer *l, uint32_t duck, char *buf, size_t n);
-
-/* Bytes a layer plan stands for, against its owner's client_max_weight_bytes: every
- * duck's shards, b_down (raw and float), and a MoE layer's placement and state
- * (dp_layer_state_bytes); UINT64_MAX when that does not fit (a config may raise
- * max_hidden and max_ffn to 2^32). */
-uint64_t dp_layer_plan_bytes(const struct dp_ctl_load_weights *m);
-/* Of those, what the dataplane holds besides the weights: DP_MOE_LAYER_STATE_BYTES for a
- * MoE layer (struct dp_layer_moe and struct dp_layer), else 0. */
-uint64_t dp_layer_state_bytes(const struct dp_ctl_load_weights *m);
 
 #endif /* DP_LAYERS_H */
