@@ -361,6 +361,9 @@ def test_without_epoll_pwait2_an_idle_dataplane_still_sleeps(
     assert cpu < 0.2, f"an idle dataplane used {cpu:.2f} s of CPU in 1.5 s"
 
 
+JUNK = 3000  # datagrams, 0.3 ms apart: about 1 s of junk on an idle machine
+
+
 @pytest.mark.parametrize("threads", ["shared", "dedicated"])
 def test_junk_datagrams_cost_one_look_not_a_spin(threads):
     # junk from a duck's address and port (the socket's kernel filter drops any other's
@@ -377,16 +380,19 @@ def test_junk_datagrams_cost_one_look_not_a_spin(threads):
         time.sleep(0.3)
         first = duckpipe.launch.process.ping(cl.control).counters
         cpu = _cpu_s(cl.dataplane.pid)
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end:
+        # a count, not a duration: on a loaded machine (CI's sanitizer passes) fewer sends
+        # fit in a time, and the counts below are of what was sent
+        for _ in range(JUNK):
             s.sendto(b"junk" * 16, ("127.0.0.1", port))
             time.sleep(0.0003)
+        time.sleep(0.2)  # the last ones looked at
         cpu = _cpu_s(cl.dataplane.pid) - cpu
         n = duckpipe.launch.process.ping(cl.control).counters
         s.close()
     parks = n["parks"] - first["parks"]
-    assert n["rx_malformed"] - first["rx_malformed"] > 1000, n
-    assert parks > 1000, parks
+    # most are looked at (a descheduled worker may let the socket's buffer drop some)
+    assert n["rx_malformed"] - first["rx_malformed"] > JUNK // 2, n
+    assert parks > JUNK // 4, parks  # several junk datagrams may share one wake-up
     assert cpu / parks < 40e-6, (cpu, parks)  # measured: ~110 us a park before
 
 
