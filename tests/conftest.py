@@ -17,15 +17,17 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 import duckpipe
 from duckpipe.errors import DuckpipeError
-from duckpipe.launch.binaries import find_binary
+from duckpipe.launch.binaries import BUILD_DIR, find_binary
 from duckpipe.mock.process import MockDataplaneProcess
 from duckpipe.testing import assert_clean_exit, cluster_class_or_skip
 
@@ -102,6 +104,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # the build dir the run was pointed at, before --check-dataplane-mark points
+    # DUCKPIPE_BIN_DIR at its wrappers: c_test_program's programs are there
+    config.stash[_bin_dir_key] = os.environ.get("DUCKPIPE_BIN_DIR") or None
     # before collection: some modules look their programs up at import
     if not config.getoption("--check-dataplane-mark"):
         return
@@ -135,6 +140,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _starts_log_key = pytest.StashKey[Path]()
+_bin_dir_key = pytest.StashKey["str | None"]()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -154,3 +160,57 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
                 pytrace=False,
             )
     return result
+
+
+# --- the C programs of the pytest files ---------------------------------------------------
+
+
+def _build_tool(name: str) -> str | None:
+    """``name`` (ninja) from this venv, as tools/setup's builds use it, else from PATH."""
+    venv = Path(sys.executable).parent / name
+    return str(venv) if venv.is_file() else shutil.which(name)
+
+
+@pytest.fixture(scope="session")
+def c_test_program(pytestconfig: pytest.Config) -> Callable[[str], Path]:
+    """``c_test_program(name)``: a program or LD_PRELOAD shim of dataplane/tests/meson.build
+    (``ctl_decode``, ``no_epoll_pwait2.so``, ...), in ``dataplane/tests/`` of the build dir
+    that DUCKPIPE_BIN_DIR names (a sanitizer build's, say) or else of ``dataplane/build``.
+
+    It is brought up to date first (ninja, as ``meson test`` does for the C unit tests), so
+    a test never runs a stale one after its C changed; a compile error fails the test with
+    the compiler's words, and a build dir without the program fails it with the command
+    that builds one."""
+    configured = pytestconfig.stash.get(_bin_dir_key, None)
+    build = Path(configured) if configured else BUILD_DIR
+    setup = (
+        f"`meson setup {build} -Dpython_module=false -Dwerror=true` (or `meson setup "
+        f"--reconfigure` there), then `meson compile -C {build}`; tools/setup env makes "
+        "dataplane/build"
+    )
+
+    def find(name: str) -> Path:
+        target = f"dataplane/tests/{name}"
+        ninja = _build_tool("ninja")
+        if (build / "build.ninja").is_file() and ninja:
+            r = subprocess.run(
+                [ninja, "-C", str(build), target], capture_output=True, text=True, timeout=600
+            )
+            # an unknown target: a build dir configured before the program was listed, or
+            # without DPDK; said below
+            if r.returncode != 0 and "unknown target" not in r.stderr:
+                pytest.fail(
+                    f"building {target} in {build} failed:\n{r.stdout[-4000:]}{r.stderr[-2000:]}",
+                    pytrace=False,
+                )
+        program = build / target
+        if not program.is_file():
+            # trace_port_stats.so wraps ethdev's calls: a build with DPDK only
+            dpdk = " with libdpdk found" if name == "trace_port_stats.so" else ""
+            pytest.fail(
+                f"{program} is not built (dataplane/tests/meson.build builds it{dpdk}): {setup}",
+                pytrace=False,
+            )
+        return program
+
+    return find

@@ -34,7 +34,7 @@ import numpy as np
 
 from duckpipe._abi.ring import new_desc
 from duckpipe.client import routing
-from duckpipe.client.models import dtype_code, shard_bounds, shard_sizes, silu
+from duckpipe.client.models import BFLOAT16, dtype_code, shard_bounds, shard_sizes, silu
 from duckpipe.client.moe import MoeMlp
 from duckpipe.launch.cluster import free_udp_ports
 from duckpipe.launch.dataplane import DataplaneProcess
@@ -50,7 +50,7 @@ __all__ = ["Bank", "FakeMoeDuck", "banks", "fake_cluster", "load_moe", "routed_f
 
 _LAYER = struct.Struct("<BBHIII")  # struct dp_wire_layer
 _WIRE_HEADER = struct.Struct("<IBBHII")  # struct dp_routing_wire_header
-_NP = {1: np.float32, 2: np.float16}
+_NP = {1: np.float32, 2: np.float16, 3: BFLOAT16}
 
 
 @dataclass

@@ -194,7 +194,7 @@ static int g_gso_proven;     /* a GSO send has worked: later errors are not "uns
 static uint64_t g_rng;
 
 /* One WEIGHT payload in float32 on its way into a MOE bank: at most DUCK_RX_BUF / 2
- * elements (float16's count). */
+ * elements (a 2-byte dtype's count). */
 static float g_weight32[DUCK_RX_BUF / 2];
 
 /* A routed forward's entries grouped by expert slot (moe_forward), and where each
@@ -203,7 +203,7 @@ static uint32_t g_moe_xrow[DUCK_MOE_ENTRIES], g_moe_yrow[DUCK_MOE_ENTRIES];
 static float g_moe_weight[DUCK_MOE_ENTRIES];
 static uint32_t g_moe_start[DUCK_MAX_SLOTS + 1];
 
-/* Float32 views of float16 activations and partials, and the kernels' scratch. */
+/* Float32 views of float16 and bfloat16 activations and partials, and the kernels' scratch. */
 static float *g_x32, *g_y32;
 static size_t g_xy_len;
 static float *g_scratch;
@@ -747,10 +747,7 @@ static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 	/* a MOE bank keeps its blocks apart (dp_mlp.h): float32 first, then into place */
 	const int bank = l->shard.kind == DP_MLP_KIND_MOE;
 	float *dst = bank ? g_weight32 : l->shard.t[h->tensor] + h->offset / isz;
-	if (h->dtype == DP_DTYPE_F32)
-		memcpy(dst, payload, h->length);
-	else
-		dp_mlp_f16_to_f32(dst, payload, h->length / 2);
+	dp_mlp_to_f32(dst, payload, h->length / isz, h->dtype);
 	if (bank)
 		dp_mlp_bank_store(&l->shard, h->tensor, h->offset / isz, dst, h->length / isz);
 	stats.weight_bytes += h->length;
@@ -839,11 +836,11 @@ static void forward_reply(struct duck *d, const struct sockaddr_in *src, struct 
 	}
 }
 
-/* g_x32 rows [r0, r0 + n) = the float16 rows of x16 there. */
-static void widen_rows(const uint8_t *x16, uint32_t r0, uint32_t n, uint32_t hid)
+/* g_x32 rows [r0, r0 + n) = the 2-byte rows (float16 or bfloat16) of x16 there. */
+static void widen_rows(const uint8_t *x16, uint32_t r0, uint32_t n, uint32_t hid, uint8_t dtype)
 {
 	size_t first = (size_t)r0 * hid;
-	dp_mlp_f16_to_f32(g_x32 + first, x16 + 2 * first, (size_t)n * hid);
+	dp_mlp_to_f32(g_x32 + first, x16 + 2 * first, (size_t)n * hid, dtype);
 }
 
 /* --compute echo on a routed forward: every expert, and the shared one, is x * (id + 1);
@@ -950,12 +947,13 @@ static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct du
 	uint64_t t0 = now_ns();
 	const float *x = (const float *)(const void *)x_in;
 	float *y = in->dtype == DP_DTYPE_F32 ? (float *)(void *)o->buf : g_y32;
-	/* float16: the rows read, in float32 at their own places (with SHARED all of them) */
-	const int widen = in->dtype == DP_DTYPE_F16;
+	/* float16, bfloat16: the rows read, in float32 at their own places (with SHARED all
+	 * of them) */
+	const int widen = in->dtype != DP_DTYPE_F32;
 	if (widen) {
 		x = g_x32;
 		if (shared)
-			widen_rows(x_in, 0, in->rows, hid);
+			widen_rows(x_in, 0, in->rows, hid, in->dtype);
 	}
 	int32_t prev = -1;
 	uint32_t reply_row = 0;
@@ -966,7 +964,7 @@ static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct du
 			if (prev >= 0)
 				reply_row++;
 			if (widen && !shared)
-				widen_rows(x_in, we.row, 1, hid);
+				widen_rows(x_in, we.row, 1, hid, in->dtype);
 			prev = we.row;
 		}
 		uint32_t at = g_moe_start[we.expert]++; /* after this loop: each group's end */
@@ -993,8 +991,8 @@ static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct du
 		else
 			dp_mlp_expert_rows(&ex, x, NULL, NULL, in->rows, y, NULL, g_scratch);
 	}
-	if (in->dtype == DP_DTYPE_F16)
-		dp_reduce_store(o->buf, y, NULL, out_rows, hid, DP_DTYPE_F16);
+	if (widen) /* the partial in the layer's dtype, rounded to nearest even */
+		dp_reduce_store(o->buf, y, NULL, out_rows, hid, in->dtype);
 	o->compute_ns = now_ns() - t0;
 	o->rows = out_rows;
 	o->dtype = in->dtype;
@@ -1044,8 +1042,9 @@ static void forward_complete(struct duck *d, const struct sockaddr_in *src,
 	uint64_t t0 = now_ns();
 	const float *x = (const float *)(void *)in->buf;
 	float *y = (float *)(void *)o->buf;
-	if (in->dtype == DP_DTYPE_F16) {
-		dp_mlp_f16_to_f32(g_x32, in->buf, n);
+	const int widen = in->dtype != DP_DTYPE_F32; /* float16, bfloat16: in float32 */
+	if (widen) {
+		dp_mlp_to_f32(g_x32, in->buf, n, in->dtype);
 		x = g_x32;
 		y = g_y32;
 	}
@@ -1053,8 +1052,8 @@ static void forward_complete(struct duck *d, const struct sockaddr_in *src,
 		dp_mlp_scale(y, x, n, (float)d->id + 1.0f);
 	else
 		dp_mlp_forward(&l->shard, x, in->rows, y, g_scratch);
-	if (in->dtype == DP_DTYPE_F16)
-		dp_reduce_store(o->buf, y, NULL, in->rows, l->shard.hidden, DP_DTYPE_F16);
+	if (widen) /* the partial in the layer's dtype, rounded to nearest even */
+		dp_reduce_store(o->buf, y, NULL, in->rows, l->shard.hidden, in->dtype);
 	o->compute_ns = now_ns() - t0;
 	o->rows = in->rows;
 	o->dtype = in->dtype;
@@ -1564,7 +1563,7 @@ static void setup(void)
 	g_msg_cap = (g_msg_cap + 4095) & ~(size_t)4095;
 	g_rng = splitmix64(opt_seed) | 1; /* xorshift must not start at 0 */
 
-	g_xy_len = 2 * g_msg_cap; /* float32 of the largest float16 message */
+	g_xy_len = 2 * g_msg_cap; /* float32 of the largest 2-byte message */
 	if (!(g_x32 = reserve(g_xy_len)) || !(g_y32 = reserve(g_xy_len)))
 		die("cannot reserve %zu MiB of compute buffers: %s", 2 * g_xy_len >> 20,
 		    strerror(errno));

@@ -99,6 +99,24 @@ void dp_mlp_f16_to_f32(float *dst, const void *src, size_t n)
 	}
 }
 
+void dp_mlp_to_f32(float *dst, const void *src, size_t n, uint8_t dtype)
+{
+	const uint8_t *p = src;
+	if (dtype == DP_DTYPE_F32) {
+		memcpy(dst, src, 4 * n);
+		return;
+	}
+	if (dtype != DP_DTYPE_BF16) {
+		dp_mlp_f16_to_f32(dst, src, n);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) { /* a shift and a store: GCC vectorizes it */
+		uint16_t v;
+		memcpy(&v, p + 2 * i, 2);
+		dst[i] = dp_bf16_to_f32(v);
+	}
+}
+
 uint64_t dp_mlp_tensor_len(uint8_t kind, uint32_t hidden, uint32_t ffn, unsigned t)
 {
 	return dp_tensor_elems(kind, hidden, ffn, t); /* the schema's TENSOR_SHAPES */

@@ -55,6 +55,11 @@ struct dp_mlp_expert {
  * through libgcc's __extendhfsf2 one by one: a third of the emulator's CPU). */
 void dp_mlp_f16_to_f32(float *dst, const void *src, size_t n);
 
+/* dst[0..n) = the n values of `dtype` (enum dp_dtype) at src in float32, exactly:
+ * float32 copied, float16 by dp_mlp_f16_to_f32, bfloat16 shifted into the top half
+ * (dp_bf16_to_f32). The ducks compute in float32 whatever the layer's dtype. */
+void dp_mlp_to_f32(float *dst, const void *src, size_t n, uint8_t dtype);
+
 /* Elements of tensor t (0..DP_SHARD_TENSORS-1) of a shard of this kind and shape; 0 if there is no such tensor. */
 uint64_t dp_mlp_tensor_len(uint8_t kind, uint32_t hidden, uint32_t ffn, unsigned t);
 

@@ -7,9 +7,9 @@
  * on the layer read through dp_desc_layer_of). A line gives the layer, layout and limits
  * the input decoded to, the verdict (rc 0 or -1), the reason, and the plan of a
  * descriptor that passed; an input shorter than a descriptor gives {"file", "short":
- * true}. tests/hostile/test_desc_verdicts.py compiles this with the dataplane's sources
- * and holds the mock dataplane's path to every line. Plain C, no libFuzzer: any cc
- * builds it.
+ * true}. tests/hostile/test_desc_verdicts.py holds the mock dataplane's path to every
+ * line. Plain C, no libFuzzer: dataplane/tests/meson.build builds it in every build dir,
+ * with the dataplane's flags and the forward role's include directories.
  */
 #include <inttypes.h>
 #include <stdio.h>

@@ -16,7 +16,7 @@
  *
  * Input: struct dp_desc (128 bytes), then (each read as 0 once the input runs out)
  *   u8 flags: bit 0 float16 layer, bit 1 SwiGLU, bit 2 has b_down, bit 3 committed
- *             (ready), bit 4 no such layer
+ *             (ready), bit 4 no such layer, bit 5 (with bit 0) bfloat16, not float16
  *   u16 hidden - 1 (mod 4096)   u8 ducks - 1 (mod 8), then per duck u8 id, u16 shard - 1
  *   u8 slot_count - 1 (mod 16)  u16 act slot size, u16 result slot size (mod 4097 each)
  *   u32 max_forward_bytes, u32 default_timeout_us, u32 max_timeout_us
@@ -156,7 +156,7 @@ static int decode(const uint8_t *data, size_t size, struct fuzz_desc_input *in)
 	memset(&layer, 0, sizeof(layer));
 	uint8_t flags = (uint8_t)take(&r, 1);
 	m.layer = in->d.layer;
-	m.dtype = flags & 1 ? DP_DTYPE_F16 : DP_DTYPE_F32;
+	m.dtype = flags & 1 ? (flags & 32 ? DP_DTYPE_BF16 : DP_DTYPE_F16) : DP_DTYPE_F32;
 	m.kind = flags & 2 ? DP_MLP_KIND_SWIGLU : DP_MLP_KIND_GELU;
 	m.has_b_down = flags & 4;
 	m.hidden = 1 + (uint32_t)take(&r, 2) % 4096;

@@ -20,7 +20,8 @@
  * length moves the datagram's end with it, as a real duck's would); any other tag,
  * a little-endian u16 size follows (a datagram that disagrees with its header).
  * The scenario:
- *   [0] bit 0: float16 (else float32)   [1..2] elements, u16 (0 reads as 1)
+ *   [0] bit 0: a 2-byte dtype (else float32), bit 1: bfloat16 (else float16)
+ *   [1..2] elements, u16 (0 reads as 1)
  *   [3..4] MTU - 128, u16               [5] ducks on this NIC - 1 (mod 4)
  *   [6..7] unused
  * Session 0x5e55, epoch 7, forward id 0x30001 (context 1 of 2) are fixed.
@@ -156,7 +157,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	struct fwd f;
 	memset(&f, 0, sizeof(f));
-	f.dtype = data[0] & 1 ? DP_DTYPE_F16 : DP_DTYPE_F32;
+	/* bit 0: a 2-byte dtype; bit 1: bfloat16 (widened and rounded in lanes of its own) */
+	f.dtype = data[0] & 1 ? (data[0] & 2 ? DP_DTYPE_BF16 : DP_DTYPE_F16) : DP_DTYPE_F32;
 	f.item = dp_dtype_size(f.dtype);
 	f.elems = get_u16(data + 1) ? get_u16(data + 1) : 1;
 	f.bytes = f.elems * f.item;

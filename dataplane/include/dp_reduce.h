@@ -1,14 +1,18 @@
 /* dp_reduce.h: summing ducks' partials into a float32 accumulator, and writing it out.
  *
  * Partials arrive chunk by chunk, in any order and any alignment; each chunk is
- * added where its byte offset puts it. Float16 partials are accumulated in float32.
+ * added where its byte offset puts it. Float16 and bfloat16 partials are widened
+ * (exactly) and accumulated in float32; the sum is rounded to the result's dtype once,
+ * at the store, to nearest even.
  *
  * Three versions of each loop, every one giving the scalar loop's bits (an add is an
- * add, F16C's conversions are IEEE's, round to nearest even, as _Float16's):
+ * add, F16C's conversions are IEEE's, round to nearest even, as _Float16's; bfloat16's
+ * are dp_f16.h's bit arithmetic, done eight lanes at a time):
  *   _scalar  the reference, one value at a time;
  *   _v4      portable 16-byte vectors (GCC/Clang vector extensions): float32 only;
- *   _avx2    AVX2 + F16C (x86-64), 32-byte unaligned loads and VCVTPH2PS/VCVTPS2PH,
- *            compiled for that target by attribute, not for the whole file.
+ *   _avx2    AVX2 + F16C (x86-64), 32-byte unaligned loads and VCVTPH2PS/VCVTPS2PH
+ *            (float16), VPMOVZXWD and shifts (bfloat16), compiled for that target by
+ *            attribute, not for the whole file.
  * dp_accumulate, dp_accumulate_f32 and dp_reduce_store pick the fastest the CPU has
  * (dp_reduce_isa, asked once per file that includes this: CPUID, as dp_dpdk_cksum.c and
  * dp_mlp.c do). Header-only: the fuzz harnesses and the emulator include it alone.
@@ -50,7 +54,7 @@ static inline void dp_accumulate_scalar(float *acc, uint64_t first, const void *
 		for (uint32_t i = 0; i < n; i++) {
 			uint16_t v;
 			memcpy(&v, p + 2 * (size_t)i, 2);
-			a[i] += dp_f16_to_f32(v);
+			a[i] += dp_half_to_f32(v, dtype);
 		}
 	}
 }
@@ -69,7 +73,7 @@ static inline void dp_reduce_first_scalar(float *acc, uint64_t first, const void
 	for (uint32_t i = 0; i < n; i++) {
 		uint16_t v;
 		memcpy(&v, p + 2 * (size_t)i, 2);
-		a[i] = dp_f16_to_f32(v);
+		a[i] = dp_half_to_f32(v, dtype);
 	}
 }
 
@@ -96,7 +100,7 @@ static inline void dp_reduce_store_scalar(void *out, const float *acc, const flo
 		for (uint32_t r = 0; r < rows; r++)
 			for (uint32_t c = 0; c < hidden; c++) {
 				size_t i = (size_t)r * hidden + c;
-				uint16_t h = dp_f32_to_f16(acc[i] + (bias ? bias[c] : 0.0f));
+				uint16_t h = dp_f32_to_half(acc[i] + (bias ? bias[c] : 0.0f), dtype);
 				memcpy(o + i * sizeof(h), &h, sizeof(h));
 			}
 	}
@@ -141,8 +145,38 @@ static inline void dp_accumulate_v4(float *acc, uint64_t first, const void *src,
 #define DP_REDUCE_AVX2_TARGET __attribute__((target("avx2,f16c,tune=haswell")))
 #endif
 
-/* 16 values per step, two independent adds in flight; f16: 16 halves (32 bytes) widened
- * by VCVTPH2PS, exact. */
+/* Eight 2-byte values at p in float32, exactly: float16 by VCVTPH2PS, bfloat16 by
+ * zero-extending each to 32 bits and shifting it into the top half. */
+DP_REDUCE_AVX2_TARGET static inline __m256 dp_widen8_avx2(const uint8_t *p, uint8_t dtype)
+{
+	__m128i h = _mm_loadu_si128((const void *)p);
+	if (dtype == DP_DTYPE_BF16)
+		return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+	return _mm256_cvtph_ps(h);
+}
+
+/* Eight float32 as 2-byte values, rounded to nearest even: float16 by VCVTPS2PH;
+ * bfloat16 as dp_f32_to_bf16 does it (add 0x7fff + lsb, keep the top half; a NaN
+ * becomes 0x7fc0 with its sign), then VPACKUSDW (every lane is <= 0xffff: no
+ * saturation) of the two 128-bit halves. */
+DP_REDUCE_AVX2_TARGET static inline __m128i dp_narrow8_avx2(__m256 v, uint8_t dtype)
+{
+	if (dtype != DP_DTYPE_BF16)
+		return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+	const __m256i u = _mm256_castps_si256(v), one = _mm256_set1_epi32(1);
+	__m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+	__m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+	r = _mm256_srli_epi32(r, 16);
+	__m256i qnan = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16),
+							_mm256_set1_epi32(0x8000)),
+				       _mm256_set1_epi32(0x7fc0));
+	__m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+	r = _mm256_blendv_epi8(r, qnan, nan);
+	return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+/* 16 values per step, two independent adds in flight; 2-byte dtypes: 16 values (32
+ * bytes) widened by dp_widen8_avx2, exact. */
 DP_REDUCE_AVX2_TARGET static inline void dp_accumulate_avx2(float *acc, uint64_t first,
 							    const void *src, uint32_t n,
 							    uint8_t dtype)
@@ -163,23 +197,19 @@ DP_REDUCE_AVX2_TARGET static inline void dp_accumulate_avx2(float *acc, uint64_t
 						       _mm256_loadu_ps((const float *)(p + 4 * (size_t)i))));
 	} else {
 		for (; i + 16 <= n; i += 16) {
-			__m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(p + 2 * (size_t)i)));
-			__m256 x1 =
-				_mm256_cvtph_ps(_mm_loadu_si128((const void *)(p + 2 * (size_t)i + 16)));
+			__m256 x0 = dp_widen8_avx2(p + 2 * (size_t)i, dtype);
+			__m256 x1 = dp_widen8_avx2(p + 2 * (size_t)i + 16, dtype);
 			_mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(a + i), x0));
 			_mm256_storeu_ps(a + i + 8, _mm256_add_ps(_mm256_loadu_ps(a + i + 8), x1));
 		}
 		for (; i + 8 <= n; i += 8)
-			_mm256_storeu_ps(
-				a + i,
-				_mm256_add_ps(_mm256_loadu_ps(a + i),
-					      _mm256_cvtph_ps(_mm_loadu_si128(
-						      (const void *)(p + 2 * (size_t)i)))));
+			_mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(a + i),
+							      dp_widen8_avx2(p + 2 * (size_t)i, dtype)));
 	}
 	dp_accumulate_scalar(a + i, 0, p + (size_t)i * (dtype == DP_DTYPE_F32 ? 4 : 2), n - i, dtype);
 }
 
-/* float16 widened 16 at a time by VCVTPH2PS (exact); float32 moved 16 at a time in
+/* 2-byte dtypes widened 16 at a time by dp_widen8_avx2 (exact); float32 moved 16 at a time in
  * unaligned loads and stores, as the accumulate reads it (glibc's memcpy took the ERMS
  * `rep movsb` here, slower from a payload 80 bytes into its datagram on this AMD VM) */
 DP_REDUCE_AVX2_TARGET static inline void dp_reduce_first_avx2(float *acc, uint64_t first,
@@ -198,10 +228,8 @@ DP_REDUCE_AVX2_TARGET static inline void dp_reduce_first_avx2(float *acc, uint64
 		}
 	else
 		for (; i + 16 <= n; i += 16) {
-			_mm256_storeu_ps(a + i,
-					 _mm256_cvtph_ps(_mm_loadu_si128((const void *)(p + 2 * (size_t)i))));
-			_mm256_storeu_ps(a + i + 8, _mm256_cvtph_ps(_mm_loadu_si128(
-							    (const void *)(p + 2 * (size_t)i + 16))));
+			_mm256_storeu_ps(a + i, dp_widen8_avx2(p + 2 * (size_t)i, dtype));
+			_mm256_storeu_ps(a + i + 8, dp_widen8_avx2(p + 2 * (size_t)i + 16, dtype));
 		}
 	dp_reduce_first_scalar(a + i, 0, p + (size_t)i * (dtype == DP_DTYPE_F32 ? 4 : 2), n - i,
 			       dtype);
@@ -218,7 +246,7 @@ DP_REDUCE_AVX2_TARGET static inline void dp_accumulate_f32_avx2(float *restrict 
 	dp_accumulate_f32_scalar(acc + i, other + i, n - i);
 }
 
-/* One row: o[c] = acc[c] + bias[c] (bias may be NULL), as float32 or float16. out may
+/* One row: o[c] = acc[c] + bias[c] (bias may be NULL), in `dtype`. out may
  * alias acc for float32: each vector is loaded before it is stored. */
 DP_REDUCE_AVX2_TARGET static inline void dp_reduce_store_avx2(void *out, const float *acc,
 							      const float *bias, uint32_t rows,
@@ -243,11 +271,10 @@ DP_REDUCE_AVX2_TARGET static inline void dp_reduce_store_avx2(void *out, const f
 			for (; c + 8 <= hidden; c += 8) {
 				__m256 v = _mm256_loadu_ps(ar + c);
 				v = _mm256_add_ps(v, bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps());
-				_mm_storeu_si128((void *)(o + c),
-						 _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+				_mm_storeu_si128((void *)(o + c), dp_narrow8_avx2(v, dtype));
 			}
 			for (; c < hidden; c++) {
-				uint16_t h = dp_f32_to_f16(ar[c] + (bias ? bias[c] : 0.0f));
+				uint16_t h = dp_f32_to_half(ar[c] + (bias ? bias[c] : 0.0f), dtype);
 				memcpy(o + c, &h, sizeof(h));
 			}
 		}

@@ -278,10 +278,47 @@ static void test_f16_to_f32(void)
 	}
 }
 
+/* dp_mlp_to_f32 by dtype: every bfloat16 is the float32 with those top 16 bits (NaNs
+ * too: widening loses nothing), every float16 is dp_f16_to_f32's, float32 is copied;
+ * from an odd address, n short of a multiple of eight. */
+static void test_to_f32(void)
+{
+	enum { N = 65536 };
+	static uint8_t raw[4 * N + 1];
+	static float got[N];
+	for (uint32_t i = 0; i < N; i++) {
+		uint16_t v = (uint16_t)i;
+		memcpy(raw + 1 + 2 * i, &v, 2);
+	}
+	memset(got, 0xA5, sizeof(got));
+	dp_mlp_to_f32(got, raw + 1, N - 3, DP_DTYPE_BF16);
+	size_t bad = 0;
+	for (uint32_t i = 0; i < N; i++) {
+		uint32_t have, want = i < N - 3 ? i << 16 : 0xA5A5A5A5u;
+		memcpy(&have, &got[i], 4);
+		bad += have != want;
+	}
+	CHECK(!bad, "to_f32 bf16: %zu wrong", bad);
+	dp_mlp_to_f32(got, raw + 1, N, DP_DTYPE_F16);
+	bad = 0;
+	for (uint32_t i = 0; i < N; i++) {
+		float ref = dp_f16_to_f32((uint16_t)i);
+		bad += memcmp(&ref, &got[i], 4) != 0;
+	}
+	CHECK(!bad, "to_f32 f16: %zu differ from dp_f16_to_f32", bad);
+	for (uint32_t i = 0; i < 100; i++) {
+		float f = (float)i * -0.37f;
+		memcpy(raw + 1 + 4 * i, &f, 4);
+	}
+	dp_mlp_to_f32(got, raw + 1, 100, DP_DTYPE_F32);
+	CHECK(!memcmp(got, raw + 1, 400), "to_f32 f32 copies");
+}
+
 int main(void)
 {
 	test_kernels();
 	test_rows();
 	test_f16_to_f32();
+	test_to_f32();
 	return test_result("test_mlp");
 }

@@ -13,12 +13,14 @@ import dataclasses
 import math
 from typing import ClassVar
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import BadInput
 from ..schema.abi import TENSOR_NAMES, DType, MlpKind, tensor_shape
 
 __all__ = [
+    "BFLOAT16",
     "DTYPES",
     "GeluMlp",
     "Mlp",
@@ -27,13 +29,21 @@ __all__ = [
     "duck_partial",
     "erf",
     "gelu",
+    "is_float_dtype",
     "numpy_dtype",
     "shard_bounds",
     "shard_sizes",
     "silu",
 ]
 
-DTYPES = {np.dtype(np.float32): DType.F32, np.dtype(np.float16): DType.F16}
+#: bfloat16 as numpy holds it: ml_dtypes' (JAX's), a dtype numpy does not count among
+#: its floating types (``np.issubdtype(BFLOAT16, np.floating)`` is False; its kind is
+#: "V"): use is_float_dtype.
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+DTYPES = {np.dtype(np.float32): DType.F32, np.dtype(np.float16): DType.F16, BFLOAT16: DType.BF16}
+_NUMPY = {code: dt for dt, code in DTYPES.items()}
+_NAMES = "float32, float16 or bfloat16 (ml_dtypes.bfloat16)"
 
 
 def dtype_code(dtype: np.dtype | type | str) -> DType:
@@ -41,11 +51,21 @@ def dtype_code(dtype: np.dtype | type | str) -> DType:
     try:
         return DTYPES[dt]
     except KeyError:
-        raise BadInput(f"dtype {dt} is not supported; use float32 or float16") from None
+        raise BadInput(f"dtype {dt} is not supported; use {_NAMES}") from None
 
 
 def numpy_dtype(code: int) -> np.dtype:
-    return np.dtype(np.float32) if code == DType.F32 else np.dtype(np.float16)
+    """The numpy dtype of a DType code (a layer's, a descriptor's)."""
+    try:
+        return _NUMPY[DType(code)]
+    except ValueError:
+        raise BadInput(f"dtype code {code} is not one of {[int(c) for c in DType]}") from None
+
+
+def is_float_dtype(dtype: np.dtype) -> bool:
+    """numpy's floating types and bfloat16, which numpy does not count among them."""
+    dt = np.dtype(dtype)
+    return bool(np.issubdtype(dt, np.floating)) or dt == BFLOAT16
 
 
 def erf(x: np.ndarray) -> np.ndarray:
@@ -271,8 +291,8 @@ def _check_shapes(mlp: object, want: dict[str, tuple[int, ...]]) -> None:
             )
         if arr.dtype not in DTYPES:  # name the tensor: the bare dtype message would not
             raise BadInput(
-                f"{type(mlp).__name__}.{name} is {arr.dtype}; the ducks compute float32 or "
-                f"float16 (e.g. {name}=array.astype(np.float32))"
+                f"{type(mlp).__name__}.{name} is {arr.dtype}; the ducks compute {_NAMES} "
+                f"(e.g. {name}=array.astype(np.float32))"
             )
         if dtype is not None and arr.dtype != dtype:
             raise BadInput(f"{type(mlp).__name__}: all tensors must share one dtype")

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import BadInput
 from . import routing as routing_table
-from .models import SwiGluMlp, dtype_code
+from .models import SwiGluMlp, dtype_code, is_float_dtype
 
 __all__ = ["SCORES", "Gate", "MoeMlp", "Routing", "check_routing"]
 
@@ -128,7 +128,7 @@ class Gate:
         if not isinstance(w, np.ndarray) or w.ndim != 2 or min(w.shape) < 1:
             got = w.shape if isinstance(w, np.ndarray) else type(w).__name__
             raise BadInput(f"Gate.weight must be a [n_experts, hidden] numpy array, got {got}")
-        if not np.issubdtype(w.dtype, np.floating):
+        if not is_float_dtype(w.dtype):  # bfloat16 too, as DeepSeek-V3's checkpoint holds it
             raise BadInput(f"Gate.weight must hold floats, got {w.dtype}")
         n = w.shape[0]
         if self.bias is not None:
@@ -136,7 +136,7 @@ class Gate:
             if not isinstance(b, np.ndarray) or b.shape != (n,):
                 got = b.shape if isinstance(b, np.ndarray) else type(b).__name__
                 raise BadInput(f"Gate.bias must have shape ({n},), one per expert, got {got}")
-            if not np.issubdtype(b.dtype, np.floating):
+            if not is_float_dtype(b.dtype):
                 raise BadInput(f"Gate.bias must hold floats, got {b.dtype}")
         if self.score not in SCORES:
             raise BadInput(f"Gate.score must be one of {SCORES}, got {self.score!r}")

@@ -231,7 +231,7 @@ def _check_model(mlp: object) -> None:
         f"load_weights takes a layer's model, not {what}: duckpipe.GeluMlp(w_up=[hidden, ffn], "
         "b_up=[ffn], w_down=[ffn, hidden], b_down=[hidden] or None), duckpipe.SwiGluMlp("
         "w_gate=[hidden, ffn], w_up=[hidden, ffn], w_down=[ffn, hidden]) or duckpipe.MoeMlp; "
-        "every tensor float32 or float16"
+        "every tensor float32, float16 or bfloat16 (ml_dtypes.bfloat16)"
     )
 
 

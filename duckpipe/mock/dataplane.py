@@ -1090,6 +1090,8 @@ class MockDataplane:
             else:
                 partial = moe.duck_partial(layer.moe, routed, duck, layer.tensors[duck], x)
             compute.append(time.perf_counter_ns() - t0)
+            if npdt.itemsize == 2:  # a duck sends its partial in the layer's dtype (RNE)
+                partial = partial.astype(npdt).astype(np.float32)
             acc += partial
         t_reduce = time.perf_counter_ns()
         if layer.b_down is not None:

@@ -69,11 +69,12 @@ __all__ = [
 ]
 
 ABI_MAJOR = 2
-ABI_MINOR = 0
+ABI_MINOR = 1
 # 1.1: sealed memfds; detach_reason. 1.2: need_wakeup, waiters. 1.3: MoE (DescFlag).
 # 1.4: completions_wanted. 2.0: the slot header is two lines (128 B), the second the
 # forward's phase times: every slot header after the first moved, so a 1.x reader would
 # misplace them (a major bump; dp_seg_check and Attach compare majors only)
+# 2.1: DType.BF16 (a 2.0 reader would not know dtype 3)
 SEG_MAGIC = int.from_bytes(b"DUCKSEG1", "little")
 MAX_DUCKS = 256  # bits in a descriptor's target set
 EMULATOR_MAX_DUCKS = 32  # ducks one duckpipe-ducks process emulates
@@ -129,10 +130,11 @@ class Op(enum.IntEnum):
 class DType(_NamedIntEnum):
     F32 = 1
     F16 = 2
+    BF16 = 3  # bfloat16 (ml_dtypes.bfloat16 in numpy): float32's range, 8 bits of mantissa
 
 
 #: Bytes of one element of each dtype (dp_dtype_size in dp_abi.h).
-DTYPE_SIZES: dict[DType, int] = {DType.F32: 4, DType.F16: 2}
+DTYPE_SIZES: dict[DType, int] = {DType.F32: 4, DType.F16: 2, DType.BF16: 2}
 
 
 class Status(_NamedIntEnum):

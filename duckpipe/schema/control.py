@@ -182,7 +182,7 @@ class LoadWeights(Request, kw_only=True):
 
     layer: U32
     kind: Annotated[int, Meta(ge=1, le=3)]
-    dtype: Annotated[int, Meta(ge=1, le=2)]
+    dtype: Annotated[int, Meta(ge=1, le=3)]
     hidden: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)]  # and <= the config's max_hidden
     ffn: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)]  # and <= the config's max_ffn
     ducks: Annotated[list[DuckId], Meta(min_length=1, max_length=MAX_DUCKS)]

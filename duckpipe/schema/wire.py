@@ -14,6 +14,9 @@ duck, then op WEIGHT chunks fill its tensors; each datagram is acknowledged
 with WEIGHT_ACK (``tensor`` 0xFFFF for LAYER) and resent until it is.
 Every datagram carries the session cookie and the epoch; a receiver drops and
 counts datagrams with a bad magic, version, session or a stale epoch.
+Activations, partials and weights travel in the layer's dtype (the header's
+``dtype``): a duck computes in float32 and rounds its float16 or bfloat16 partial
+to nearest even once; the host widens each partial again and sums in float32.
 """
 
 from __future__ import annotations

@@ -146,9 +146,10 @@ def null_backend_result(x: np.ndarray, ducks: int, b_down: np.ndarray | None = N
 
     Every duck's partial is ``x`` itself, so the dataplane's float32 sum is
     ``ducks * x`` (``ducks``: how many answered: the layer's, or the ``ducks=``
-    subset), plus ``b_down``, rounded to x's dtype. Exact whenever every
-    ``k * x`` (k <= ducks) is a float32: always for float16 activations; for
-    float32 ones use values with a few significant bits (e.g. multiples of 1/64).
+    subset), plus ``b_down``, rounded to x's dtype (bfloat16: by ml_dtypes, to nearest
+    even, as the dataplane rounds). Exact whenever every ``k * x`` (k <= ducks) is a
+    float32: always for float16 and bfloat16 activations; for float32 ones use values
+    with a few significant bits (e.g. multiples of 1/64).
     """
     acc = np.zeros(x.shape, np.float32)
     xf = np.asarray(x, np.float32)

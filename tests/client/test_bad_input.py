@@ -199,12 +199,12 @@ def test_load_weights_of_a_bare_array_says_a_layer_is_a_model_and_which_dtypes(c
         client.load_weights(2, np.ones((3, 3)))
     msg = str(e.value)
     assert "not a numpy array of shape (3, 3)" in msg and "duckpipe.GeluMlp(w_up=" in msg
-    assert "float32 or float16" in msg and "is not supported" not in msg
+    assert "float32, float16 or bfloat16" in msg and "is not supported" not in msg
 
 
 def test_a_model_of_float64_tensors_names_the_tensor_and_the_dtypes():
     with pytest.raises(
-        BadInput, match=r"GeluMlp\.w_up is float64; the ducks compute float32 or float16"
+        BadInput, match=r"GeluMlp\.w_up is float64; the ducks compute float32, float16 or bfloat16"
     ):
         GeluMlp.random(8, 16, dtype=np.float64)
 

@@ -34,7 +34,7 @@ HIDDEN, N_EXPERTS, EFFN, TOPK = 64, 16, 32, 4
 # float16: each duck's reply travels in float16 (rounded once, half an ulp of its own
 # magnitude), then the host adds the replies in float32 and rounds once more: up to TOPK
 # routed replies and the shared expert's, each at most the result's magnitude, so the
-# error is bounded by (TOPK + 2) half-ulps of the largest value (the mock rounds only once)
+# error is bounded by (TOPK + 2) half-ulps of the largest value (the mock rounds as they do)
 TOL = {
     np.dtype(np.float32): dict(rtol=1e-5, atol=1e-5),
     np.dtype(np.float16): dict(rtol=2**-10, atol=0.0),

@@ -1,7 +1,8 @@
 """The generated C control decoder agrees with msgspec on what it accepts and why it refuses.
 
-A small driver around ``dp_ctl_decode`` (dataplane/include/gen/dp_ctl_gen.c) decodes thousands
-of random requests, valid and broken field by field; the mock dataplane's rules (the
+A small driver around ``dp_ctl_decode`` (dataplane/include/gen/dp_ctl_gen.c),
+dataplane/tests/ctl_decode.c, decodes thousands of random requests, valid and broken
+field by field; the mock dataplane's rules (the
 shared pre-scan of dp_msgpack_scan.h through cffi, then msgspec's typed decoder) give the
 expected verdict for each: accepted as the same type with the same req_id, or refused
 with the same ErrorCode.
@@ -10,7 +11,6 @@ with the same ErrorCode.
 from __future__ import annotations
 
 import random
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -24,68 +24,12 @@ from msgspec import inspect as mi
 from duckpipe.mock.dataplane import _decode_error_code, _prescan
 from duckpipe.schema import control as ctl
 
-DRIVER = r"""
-#include <stdio.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include "dp_ctl_gen.h"
-
-int main(void)
-{
-	static char buf[1 << 17];
-	static struct dp_ctl_request r;
-	uint32_t len;
-	while (fread(&len, 4, 1, stdin) == 1) {
-		if (len > sizeof(buf) || fread(buf, 1, len, stdin) != len)
-			return 2;
-		char why[256];
-		int rc = dp_ctl_decode(buf, len, &r, why, sizeof(why));
-		if (rc == 0)
-			printf("0 %s %llu\n", dp_ctl_type_names[r.type], (unsigned long long)r.req_id);
-		else
-			printf("%d %s\n", rc, why);
-	}
-	return 0;
-}
-"""
-
 
 @pytest.fixture(scope="module")
-def decoder(tmp_path_factory) -> Path:
-    gcc = shutil.which("gcc")
-    pkg = shutil.which("pkg-config")
-    if gcc is None or pkg is None:
-        pytest.skip("gcc or pkg-config not found: cannot build the C decoder driver")
-    flags = subprocess.run(
-        [pkg, "--cflags", "--libs", "msgpack"], capture_output=True, text=True, check=False
-    )
-    if flags.returncode != 0:
-        pytest.skip(f"pkg-config msgpack: {flags.stderr.strip()} (libmsgpack-dev)")
-    tmp = tmp_path_factory.mktemp("ctl")
-    (tmp / "driver.c").write_text(DRIVER)
-    dp = ROOT / "dataplane"
-    cmd = [
-        gcc,
-        "-std=gnu11",
-        "-O1",
-        "-g",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
-        "-D_GNU_SOURCE",
-        *(f"-I{dp / d}" for d in ("include", "include/gen", "src/runtime")),
-        str(tmp / "driver.c"),
-        str(dp / "include" / "gen" / "dp_ctl_gen.c"),
-        str(dp / "src" / "runtime" / "dp_msgpack.c"),
-        str(dp / "src" / "runtime" / "dp_common.c"),
-        "-o",
-        str(tmp / "driver"),
-        *flags.stdout.split(),
-        "-pthread",
-    ]
-    build = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
-    assert build.returncode == 0, f"{' '.join(cmd)}:\n{build.stderr}"
-    return tmp / "driver"
+def decoder(c_test_program) -> Path:
+    """dataplane/tests/ctl_decode.c: dp_ctl_decode over a stream of messages, one verdict a
+    line (built by dataplane/tests/meson.build)."""
+    return c_test_program("ctl_decode")
 
 
 def _c_verdicts(driver: Path, messages: list[bytes]) -> list[str]:

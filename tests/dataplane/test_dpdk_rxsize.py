@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -153,62 +152,14 @@ def test_open_logs_the_sizes_it_chose_from_the_topology():
     assert re.search(numa, out), out
 
 
-_TRACE_PORT_STATS = r"""
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <fcntl.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-struct rte_eth_stats;
-struct rte_eth_xstat;
-/* every read of a port's statistics: "tid seconds name" appended to $DP_TRACE */
-static void note(const char *what)
-{
-    const char *path = getenv("DP_TRACE");
-    struct timespec ts;
-    if (!path)
-        return;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0600);
-    if (fd < 0)
-        return;
-    dprintf(fd, "%ld %ld.%09ld %s\n", (long)syscall(SYS_gettid), (long)ts.tv_sec,
-            ts.tv_nsec, what);
-    close(fd);
-}
-int rte_eth_stats_get(uint16_t port, struct rte_eth_stats *s)
-{
-    int (*real)(uint16_t, struct rte_eth_stats *) =
-        (int (*)(uint16_t, struct rte_eth_stats *))dlsym(RTLD_NEXT, "rte_eth_stats_get");
-    note("rte_eth_stats_get");
-    return real(port, s);
-}
-int rte_eth_xstats_get(uint16_t port, struct rte_eth_xstat *x, unsigned n)
-{
-    int (*real)(uint16_t, struct rte_eth_xstat *, unsigned) =
-        (int (*)(uint16_t, struct rte_eth_xstat *, unsigned))dlsym(RTLD_NEXT,
-                                                                    "rte_eth_xstats_get");
-    note("rte_eth_xstats_get");
-    return real(port, x, n);
-}
-"""
-
-
-def test_one_thread_reads_the_ports_statistics_while_stats_are_asked(tmp_path, monkeypatch):
+def test_one_thread_reads_the_ports_statistics_while_stats_are_asked(
+    tmp_path, monkeypatch, c_test_program
+):
     # the worker reads the port's stats and xstats; the control agent answers GetStats
     # from its snapshot and never calls into the port (ethdev does not make two readers
-    # safe; ice's reads are register reads). A shim logs which thread calls
-    # rte_eth_stats_get / rte_eth_xstats_get, and when
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("no C compiler")
-    src, lib, trace = tmp_path / "trace.c", tmp_path / "trace.so", tmp_path / "trace.txt"
-    src.write_text(_TRACE_PORT_STATS)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src), "-ldl"], check=True)
+    # safe; ice's reads are register reads). A shim (dataplane/tests/trace_port_stats.c)
+    # logs which thread calls rte_eth_stats_get / rte_eth_xstats_get, and when
+    lib, trace = c_test_program("trace_port_stats.so"), tmp_path / "trace.txt"
     with veth_ducks([2], lcores=("--lcores=0@0,1@1",)) as net:
         dp = DataplaneProcess(_topology(net, threads="dedicated"), backend_args=net.eal)
         monkeypatch.setenv("LD_PRELOAD", str(lib))

@@ -447,7 +447,7 @@ def test_nonsense_layer_shapes_are_not_acked(host):
         (MlpKind.GELU, 0, 16, 1),
         (MlpKind.GELU, 16, 0, 1),
         (9, 16, 16, 1),
-        (MlpKind.SWIGLU, 16, 16, 3),
+        (MlpKind.SWIGLU, 16, 16, 4),  # 3 is BF16
         (MlpKind.SWIGLU, 1 << 20, 1 << 20, 1),
         (MlpKind.GELU, 0xFFFFFFFF, 0xFFFFFFFF, 2),
     ]:

@@ -185,3 +185,50 @@ def test_a_routed_forward_is_refused_saying_the_null_backend_computes_nothing(nu
     assert got.status == Status.BAD_REQUEST
     assert "null-backend NIC, which computes nothing" in got.message, got.message
     assert n["bad_requests"] == 1 and n["moe_forwards"] == 0 and n["forwards"] == 0
+
+
+def _bf16(bits) -> np.ndarray:
+    import ml_dtypes
+
+    return np.asarray(bits, np.uint16).view(ml_dtypes.bfloat16)
+
+
+def test_bfloat16_sums_round_to_nearest_even_bit_for_bit_as_ml_dtypes(null_factory):
+    """One duck, so the result is x + b_down in float32, rounded to bfloat16 by the
+    dataplane's store (AVX2 for 8 columns at a time, scalar for the 4 left over): each
+    column's b_down is half an ulp of that column's x (a tie), three quarters (up) or a
+    quarter (down), of either sign; the last columns take the largest finite value to
+    inf (a tie with an odd last bit) or not, and carry infinities and NaNs."""
+    hidden, rows = 260, 6
+    rng = np.random.default_rng(28)
+    exps = rng.integers(-100, 100, hidden)  # each column's binade
+    frac = rng.choice([0.5, 0.75, 0.25], hidden) * rng.choice([-1.0, 1.0], hidden)
+    b = (frac * 2.0 ** (exps - 7)).astype(np.float32)  # x's ulp is 2**(e - 7)
+    m = rng.integers(128, 256, (rows, hidden)) / 128  # 1.xxxxxxx: 8 significant bits
+    x = (m * rng.choice([-1.0, 1.0], (rows, hidden)) * 2.0**exps).astype(np.float32)
+    x[:, -4:] = _bf16([0x7F7F, 0x7F7F, 0xFF80, 0x7FC0]).astype(np.float32)[None]
+    b[-4:] = [2.0**119, 2.0**118, 1.0, 1.0]  # tie, odd lsb: inf; below the tie: stays
+    x[1, -1] = -np.inf  # inf + 1; NaN + 1 in the other rows
+    bf = _bf16(0).dtype
+    mlp = GeluMlp.random(hidden, 8, dtype=bf, seed=28)
+    mlp = GeluMlp(w_up=mlp.w_up, b_up=mlp.b_up, w_down=mlp.w_down, b_down=b.astype(bf))
+    assert (mlp.b_down.astype(np.float32) == b).all()  # exact: the test means these values
+    assert np.array_equal(x.astype(bf).astype(np.float32), x, equal_nan=True)
+    sums = x + b
+    ties = (sums.view(np.uint32) & 0xFFFF) == 0x8000
+    assert ties.sum() > rows * hidden // 4  # the rounding is asked, not skirted
+    dp = null_factory(ducks=1)
+    with duckpipe.connect(dp.control) as c:
+        c.load_weights(1, mlp)
+        xb = x.astype(bf)
+        y = c.forward(1, xb, timeout=5)
+    want = null_backend_result(xb, 1, mlp.b_down)
+    assert y.dtype == bf
+    bad = np.nonzero(y.view(np.uint16) != want.view(np.uint16))
+    assert not bad[0].size, [
+        (hex(int(sums.view(np.uint32)[r, k])), hex(int(y.view(np.uint16)[r, k])),
+         hex(int(want.view(np.uint16)[r, k])))
+        for r, k in zip(*bad, strict=True)
+    ][:5]  # fmt: skip
+    assert y.view(np.uint16)[0, -4] == 0x7F80 and y.view(np.uint16)[0, -3] == 0x7F7F
+    assert np.isnan(y.astype(np.float32)[0, -1]) and y.astype(np.float32)[1, -1] == -np.inf

@@ -9,7 +9,6 @@ tests prove each path is taken, and that nothing is lost when it is.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -341,32 +340,14 @@ def test_a_pending_layer_commit_is_woken_by_its_last_chunk_not_polled(threads):
     assert parks < 300, parks
 
 
-_NO_EPOLL_PWAIT2 = r"""
-#include <errno.h>
-#include <sys/epoll.h>
-int epoll_pwait2(int epfd, struct epoll_event *ev, int n, const struct timespec *t,
-                 const sigset_t *sigmask)
-{
-    (void)epfd; (void)ev; (void)n; (void)t; (void)sigmask;
-    errno = ENOSYS; /* a kernel before 5.11, or a seccomp filter that predates it */
-    return -1;
-}
-"""
-
-
 @pytest.mark.parametrize("threads", ["shared", "dedicated"])
 def test_without_epoll_pwait2_an_idle_dataplane_still_sleeps(
-    duckpipe_null_factory, threads, tmp_path, monkeypatch
+    duckpipe_null_factory, threads, c_test_program, monkeypatch
 ):
     # glibc's wrapper says ENOSYS on kernels before 5.11 (EPERM under older seccomp
-    # profiles): park() then returned at once, and an idle dataplane spun a whole core
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("no C compiler")
-    src, lib = tmp_path / "no_pwait2.c", tmp_path / "no_pwait2.so"
-    src.write_text(_NO_EPOLL_PWAIT2)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    monkeypatch.setenv("LD_PRELOAD", str(lib))
+    # profiles): park() then returned at once, and an idle dataplane spun a whole core.
+    # dataplane/tests/no_epoll_pwait2.c is a shim whose epoll_pwait2 says ENOSYS
+    monkeypatch.setenv("LD_PRELOAD", str(c_test_program("no_epoll_pwait2.so")))
     # the ASan build wants its runtime first; the shim only adds a symbol, so let it be
     asan = os.environ.get("ASAN_OPTIONS", "")
     monkeypatch.setenv("ASAN_OPTIONS", f"{asan}:verify_asan_link_order=0".lstrip(":"))
@@ -378,6 +359,9 @@ def test_without_epoll_pwait2_an_idle_dataplane_still_sleeps(
     time.sleep(1.5)
     cpu = _cpu_s(dp.pid) - cpu
     assert cpu < 0.2, f"an idle dataplane used {cpu:.2f} s of CPU in 1.5 s"
+
+
+JUNK = 3000  # datagrams, 0.3 ms apart: about 1 s of junk on an idle machine
 
 
 @pytest.mark.parametrize("threads", ["shared", "dedicated"])
@@ -396,16 +380,19 @@ def test_junk_datagrams_cost_one_look_not_a_spin(threads):
         time.sleep(0.3)
         first = duckpipe.launch.process.ping(cl.control).counters
         cpu = _cpu_s(cl.dataplane.pid)
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end:
+        # a count, not a duration: on a loaded machine (CI's sanitizer passes) fewer sends
+        # fit in a time, and the counts below are of what was sent
+        for _ in range(JUNK):
             s.sendto(b"junk" * 16, ("127.0.0.1", port))
             time.sleep(0.0003)
+        time.sleep(0.2)  # the last ones looked at
         cpu = _cpu_s(cl.dataplane.pid) - cpu
         n = duckpipe.launch.process.ping(cl.control).counters
         s.close()
     parks = n["parks"] - first["parks"]
-    assert n["rx_malformed"] - first["rx_malformed"] > 1000, n
-    assert parks > 1000, parks
+    # most are looked at (a descheduled worker may let the socket's buffer drop some)
+    assert n["rx_malformed"] - first["rx_malformed"] > JUNK // 2, n
+    assert parks > JUNK // 4, parks  # several junk datagrams may share one wake-up
     assert cpu / parks < 40e-6, (cpu, parks)  # measured: ~110 us a park before
 
 

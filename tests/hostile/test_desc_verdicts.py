@@ -3,11 +3,11 @@
 Each input of the descriptor fuzzer's corpus (dataplane/fuzz/corpus/fuzz_desc), and
 deterministic mutations of them, goes through both:
 
-- the C dataplane's path: dataplane/fuzz/desc_verdicts.c, compiled here with the
-  dataplane's sources, decodes it as the fuzz_desc harness does into a struct dp_layer,
-  a layout and limits, and checks it as the dispatcher does (dp_desc_check on the layer
-  read through dp_desc_layer_of); it prints the verdict, the reason, the plan and what
-  the input decoded to;
+- the C dataplane's path: dataplane/fuzz/desc_verdicts.c, built with the dataplane's
+  sources (dataplane/tests/meson.build), decodes it as the fuzz_desc harness does into a
+  struct dp_layer, a layout and limits, and checks it as the dispatcher does
+  (dp_desc_check on the layer read through dp_desc_layer_of); it prints the verdict,
+  the reason, the plan and what the input decoded to;
 - the mock's path: a mock layer made from that layer's LoadWeights, the layout and the
   limits, checked with the mock's DescriptorCheck.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -37,30 +36,10 @@ DESC_SIZE = ffi.sizeof("struct dp_desc")
 MUTANTS_PER_INPUT = 40
 
 
-def _c_source(name: str) -> Path:
-    """A dataplane source file wherever the tree keeps it (src/ grows subdirectories)."""
-    found = sorted((DATAPLANE / "src").rglob(name))
-    assert len(found) == 1, f"expected one {name} under dataplane/src, found {found}"
-    return found[0]
-
-
 @pytest.fixture(scope="module")
-def desc_verdicts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """desc_verdicts.c, built with the dataplane's warnings."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler (cc or gcc) to build dataplane/fuzz/desc_verdicts.c")
-    include_dirs = {p.parent for p in DATAPLANE.glob("include/**/*.h")}
-    include_dirs |= {p.parent for p in (DATAPLANE / "src").rglob("*.h")}
-    include_dirs.add(DATAPLANE / "fuzz")
-    out = tmp_path_factory.mktemp("desc_verdicts") / "desc_verdicts"
-    cmd = [cc, "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-Wshadow"]
-    cmd += ["-Wstrict-prototypes", "-Wmissing-prototypes", "-D_GNU_SOURCE"]
-    cmd += [f"-I{d}" for d in sorted(include_dirs)]
-    cmd += [str(DATAPLANE / "fuzz" / "desc_verdicts.c"), str(_c_source("dp_desc.c"))]
-    r = subprocess.run([*cmd, "-o", str(out)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"building desc_verdicts failed:\n{r.stderr}"
-    return out
+def desc_verdicts(c_test_program) -> Path:
+    """desc_verdicts.c, built by dataplane/tests/meson.build with the dataplane's flags."""
+    return c_test_program("desc_verdicts")
 
 
 def _mutants(data: bytes, rng: random.Random) -> list[bytes]:

@@ -27,7 +27,7 @@
 /* @cdef-begin: cffi parses from here */
 
 #define DP_ABI_MAJOR 2
-#define DP_ABI_MINOR 0
+#define DP_ABI_MINOR 1
 #define DP_SEG_MAGIC 0x314745534b435544
 #define DP_MAX_DUCKS 256
 #define DP_EMULATOR_MAX_DUCKS 32
@@ -73,6 +73,7 @@ enum dp_op {
 enum dp_dtype {
     DP_DTYPE_F32 = 1,
     DP_DTYPE_F16 = 2,
+    DP_DTYPE_BF16 = 3,
 };
 
 /* Completion status, in the slot header's done word and the ZeroMQ completion. */
@@ -316,6 +317,8 @@ static inline uint32_t dp_dtype_size(uint8_t dtype)
 	case DP_DTYPE_F32:
 		return 4;
 	case DP_DTYPE_F16:
+		return 2;
+	case DP_DTYPE_BF16:
 		return 2;
 	}
 	return 0;

@@ -208,7 +208,7 @@ static int decode_load_weights(const msgpack_object *m, struct dp_ctl_load_weigh
 		} else if (key_is(key, "dtype", 5)) {
 			seen |= 1ull << 3;
 			uint64_t v = 0;
-			if (get_uint(val, 1u, 2u, &v, "LoadWeights.dtype", why, n) < 0)
+			if (get_uint(val, 1u, 3u, &v, "LoadWeights.dtype", why, n) < 0)
 				return -1;
 			out->dtype = (uint32_t)v;
 		} else if (key_is(key, "hidden", 6)) {

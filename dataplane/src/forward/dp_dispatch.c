@@ -318,7 +318,7 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 			} else {
 				uint16_t v;
 				memcpy(&v, l->b_down_raw + 2 * (size_t)c, 2);
-				l->b_down[c] = dp_f16_to_f32(v);
+				l->b_down[c] = dp_half_to_f32(v, l->dtype);
 			}
 		}
 	}
