@@ -77,7 +77,7 @@ def check_routing_arguments(
             f"routing indices must be a numpy array of integers, got {what}; "
             "pass the expert ids the gate returned (int32 or int64)"
         )
-    if not isinstance(weights, np.ndarray) or not np.issubdtype(weights.dtype, np.floating):
+    if not isinstance(weights, np.ndarray) or not is_float_dtype(weights.dtype):
         what = weights.dtype if isinstance(weights, np.ndarray) else type(weights).__name__
         raise BadInput(
             f"routing weights must be a numpy array of floats, got {what}; "

@@ -26,6 +26,7 @@ from ..schema import routing as schema
 from ..schema.abi import MAX_DUCKS
 from ..schema.layout import layout_of
 from ..schema.routing import MAX_EXPERTS, MAX_REPLICAS, MAX_TOKENS, MAX_TOPK, RoutingError
+from .models import is_float_dtype
 
 __all__ = [
     "ENTRY_DTYPE",
@@ -117,7 +118,7 @@ def _as_routing(indices: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, n
     range, distinct, finite weights) is for the C rule to judge, in dp_routing_pack."""
     if not isinstance(indices, np.ndarray) or not np.issubdtype(indices.dtype, np.integer):
         raise BadInput("routing indices must be a numpy array of integers (the gate's int32)")
-    if not isinstance(weights, np.ndarray) or not np.issubdtype(weights.dtype, np.floating):
+    if not isinstance(weights, np.ndarray) or not is_float_dtype(weights.dtype):
         raise BadInput("routing weights must be a numpy array of floats (the gate's float32)")
     if indices.ndim != 2 or weights.shape != indices.shape:
         raise BadInput(

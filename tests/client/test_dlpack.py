@@ -126,17 +126,31 @@ def dense(dataplane):
     with duckpipe.connect(dataplane.control, name="dlpack") as c:
         c.load_weights(601, SwiGluMlp.random(HIDDEN, FFN, seed=6))
         c.load_weights(602, SwiGluMlp.random(HIDDEN, FFN, seed=6, dtype=np.float16))
+        c.load_weights(604, SwiGluMlp.random(HIDDEN, FFN, seed=6, dtype=ml_dtypes.bfloat16))
         yield c
 
 
-@pytest.mark.parametrize("layer, tdtype", [(601, "float32"), (602, "float16")])
+@pytest.mark.parametrize("layer, tdtype", [(601, "float32"), (602, "float16"), (604, "bfloat16")])
 def test_a_torch_forward_gives_a_torch_result_equal_to_the_numpy_one(dense, layer, tdtype):
     x = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(1)).to(
         getattr(torch, tdtype)
     )
     y = dense.forward(layer, x)
     assert isinstance(y, torch.Tensor) and y.dtype == x.dtype and y.shape == x.shape
-    np.testing.assert_array_equal(y.numpy(), dense.forward(layer, x.numpy()))
+    want = dense.forward(layer, dlpack.as_array(x))  # numpy in (ml_dtypes for bf16)
+    np.testing.assert_array_equal(dlpack.as_array(y), want)
+
+
+def test_a_bf16_slot_filled_through_torch(dense):
+    x = torch.randn(2, HIDDEN, generator=torch.Generator().manual_seed(4)).bfloat16()
+    with dense.claim((2, HIDDEN), torch.bfloat16) as slot:
+        assert slot.array.dtype == np.dtype(ml_dtypes.bfloat16)
+        torch.from_dlpack(slot).copy_(x)
+        fwd = dense.submit(slot, 604)
+    with fwd:
+        y = torch.from_dlpack(fwd)
+        assert y.dtype == torch.bfloat16
+        np.testing.assert_array_equal(dlpack.as_array(y), dense.forward(604, dlpack.as_array(x)))
 
 
 def test_a_slot_and_a_result_are_torch_views(dense):
@@ -175,5 +189,8 @@ def test_routing_comes_as_torch_tensors_too(dataplane):
         got = c.forward(
             603, torch.from_numpy(x), routing=(torch.from_numpy(idx), torch.from_numpy(w))
         )
+        # a gate in bf16 gives bf16 weights (these are exact in bf16): taken as they are
+        bf16 = c.forward(603, x, routing=(torch.from_numpy(idx), torch.from_numpy(w).bfloat16()))
     assert isinstance(got, torch.Tensor)
     np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_array_equal(bf16, want)
