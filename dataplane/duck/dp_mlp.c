@@ -23,6 +23,7 @@
 
 #include "dp_abi.h"
 #include "dp_f16.h"
+#include "dp_fp8.h"
 #include "dp_mlp.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -449,4 +450,24 @@ void dp_mlp_scale(float *restrict out, const float *restrict x, size_t n, float 
 {
 	for (size_t i = 0; i < n; i++)
 		out[i] = x[i] * k;
+}
+
+void dp_mlp_fp8_dequant(const struct dp_mlp_shard *s, unsigned t, const uint8_t *w,
+			const float *scale, uint64_t first, uint64_t n, float *dst)
+{
+	/* t0, t1: rows are hidden, columns the shard's; t2 the other way round */
+	const int down = t == 2;
+	const uint64_t cols = down ? s->hidden : s->ffn;
+	const uint64_t hb = dp_fp8_blocks(s->hidden);
+	const uint64_t cb = dp_fp8_scale_cols(s->ffn, s->experts, s->expert_ffn);
+	for (uint64_t k = 0; k < n; k++) {
+		uint64_t i = first + k, r = i / cols, c = i % cols, at;
+		if (down)
+			at = dp_fp8_scale_col((uint32_t)r, s->experts, s->expert_ffn) * hb +
+			     c / DP_FP8_BLOCK;
+		else
+			at = r / DP_FP8_BLOCK * cb +
+			     dp_fp8_scale_col((uint32_t)c, s->experts, s->expert_ffn);
+		dst[k] = dp_f8e4m3_to_f32(w[i]) * scale[at];
+	}
 }

@@ -12,6 +12,11 @@ expert id, ``expert_ffn`` each), then its columns of the shared expert, which is
 over every duck of the layer like a dense shard. ``LoadWeights`` also carries the
 placement (``expert_replicas``, ``expert_ducks``), and the client keeps it
 (:class:`MoeLayer`) to check routings and to say which experts a lost duck held.
+
+FP8 weights (``SwiGluMlp.from_fp8``, duckpipe/client/fp8.py) go as ``weight_dtype``
+F8E4M3: each shard tensor is its e4m3 bytes then its float32 scale grid (its blocks'
+grids side by side for a bank); a dense layer and the shared expert are cut between
+128-column blocks (``fp8.block_shard_sizes``) so every duck holds whole blocks.
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ import numpy as np
 from ..errors import BadInput, LayerFailed, WaitTimeout
 from ..progress import Progress
 from ..schema import control as ctl
-from ..schema.abi import B_DOWN_TENSOR, MlpKind, Op, Status
+from ..schema.abi import B_DOWN_TENSOR, DType, MlpKind, Op, Status
 from ..schema.routing import MAX_EXPERTS, MAX_REPLICAS
-from . import routing
+from . import fp8, routing
 from .models import GeluMlp, Mlp, SwiGluMlp, dtype_code, shard_bounds, shard_sizes
 from .moe import MoeMlp
 
@@ -178,7 +183,8 @@ def moe_layer(
             f"the shared expert has {shared_ffn} columns but the layer has {len(chosen)} ducks: "
             "every duck needs at least one of its columns; load the layer on fewer ducks"
         )
-    shared_sizes = shard_sizes(shared_ffn, len(chosen)) if shared_ffn else [0] * len(chosen)
+    cut = fp8.block_shard_sizes if _is_fp8(moe) else shard_sizes  # FP8: whole 128-blocks
+    shared_sizes = cut(shared_ffn, len(chosen)) if shared_ffn else [0] * len(chosen)
     local = {d: sum(d in held for held in ducks_of) for d in chosen}
     idle = [d for d in chosen if not local[d]]
     if idle and not shared_ffn:
@@ -213,8 +219,32 @@ def _banks(moe: MoeMlp, plan: MoeLayer) -> Iterator[tuple[int, int, np.ndarray]]
         w_gate = np.concatenate([p.w_gate[:, a:b] for p, a, b in cut], axis=1)
         w_up = np.concatenate([p.w_up[:, a:b] for p, a, b in cut], axis=1)
         w_down = np.concatenate([p.w_down[a:b, :] for p, a, b in cut], axis=0)
-        for t, arr in enumerate((w_gate, w_up, w_down)):
-            yield duck, t, np.ascontiguousarray(arr)
+        if not _is_fp8(moe):
+            for t, arr in enumerate((w_gate, w_up, w_down)):
+                yield duck, t, np.ascontiguousarray(arr)
+            continue
+        # each block's own scale grid, side by side (fp8.bank_scales; dp_fp8.h)
+        grids = [p.shard_scales(a, b) for p, a, b in cut]
+        s_gate, s_down = fp8.bank_scales([g[0] for g in grids], [g[2] for g in grids])
+        s_up, _ = fp8.bank_scales([g[1] for g in grids], [g[2] for g in grids])
+        for t, (w, sc) in enumerate(((w_gate, s_gate), (w_up, s_up), (w_down, s_down))):
+            yield duck, t, _fp8_bytes(w, sc)
+
+
+def _is_fp8(mlp: object) -> bool:
+    if isinstance(mlp, MoeMlp):
+        return mlp.experts[0].is_fp8
+    return isinstance(mlp, SwiGluMlp) and mlp.is_fp8
+
+
+def _fp8_bytes(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """An FP8 tensor as it travels: its e4m3 bytes, then its float32 scale grid (LE)."""
+    return np.concatenate(
+        [
+            np.ascontiguousarray(w).reshape(-1).view(np.uint8),
+            np.ascontiguousarray(scale, dtype="<f4").reshape(-1).view(np.uint8),
+        ]
+    )
 
 
 def _check_model(mlp: object) -> None:
@@ -262,8 +292,9 @@ def load_weights(
             f"placement= places the experts of a MoeMlp; a {type(mlp).__name__} is sharded "
             "over ducks= instead"
         )
-    dt = mlp.dtype
+    dt = mlp.dtype  # the activations' (an FP8 layer's weights are weight_dtype)
     code = dtype_code(dt)
+    weight_dtype = int(DType.F8E4M3) if _is_fp8(mlp) else 0
     topology = session.request(lambda rid: ctl.GetTopology(req_id=rid))
     assert isinstance(topology, ctl.Topology)
     all_ducks = [d.id for d in topology.ducks]
@@ -285,14 +316,18 @@ def load_weights(
             expert_ffn=plan.expert_ffn,
             expert_replicas=[len(held) for held in plan.placement],
             expert_ducks=[d for held in plan.placement for d in held],
+            weight_dtype=weight_dtype,
         )
         item = np.dtype(dt).itemsize
         total = sum(3 * mlp.hidden * f * item for f in sizes)  # w_gate, w_up, w_down
+        if weight_dtype:  # e4m3 bytes and each duck's scale grids
+            total = sum(_fp8_bank_bytes(plan, d, f) for d, f in zip(chosen, sizes, strict=True))
         pieces = _banks(mlp, plan)
     else:
         chosen = list(all_ducks if ducks is None else ducks)
         _check_ducks(chosen, all_ducks)
-        sizes = shard_sizes(mlp.ffn, len(chosen))
+        cut = fp8.block_shard_sizes if weight_dtype else shard_sizes  # FP8: whole blocks
+        sizes = cut(mlp.ffn, len(chosen))
         request = ctl.LoadWeights(
             req_id=0,
             layer=layer,
@@ -304,6 +339,7 @@ def load_weights(
             shard_sizes=sizes,
             has_b_down=mlp.b_down is not None,
             shared=shared,
+            weight_dtype=weight_dtype,
         )
     # the layer's MoE facts, if any, are the old layer's from here on
     session.moe.pop(layer, None)
@@ -419,7 +455,21 @@ def _pieces(mlp: Mlp, ducks: list[int], sizes: list[int]) -> list[tuple[int, int
     reduce."""
     pieces: list[tuple[int, int, np.ndarray]] = []
     for duck, (lo, hi) in zip(ducks, shard_bounds(sizes), strict=True):
-        pieces += [(duck, t, arr) for t, arr in enumerate(mlp.shard(lo, hi))]
+        arrays = mlp.shard(lo, hi)
+        if _is_fp8(mlp):  # each with its blocks' scales (fp8.shard_fp8)
+            assert isinstance(mlp, SwiGluMlp)
+            arrays = tuple(map(_fp8_bytes, arrays, mlp.shard_scales(lo, hi)))
+        pieces += [(duck, t, arr) for t, arr in enumerate(arrays)]
     if mlp.b_down is not None:
         pieces.append((ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR, np.ascontiguousarray(mlp.b_down)))
     return pieces
+
+
+def _fp8_bank_bytes(plan: MoeLayer, duck: int, f: int) -> int:
+    """Bytes of a duck's three FP8 bank tensors (dp_fp8_tensor_bytes): e4m3 weights and
+    the scale grids of its experts and its shared columns."""
+    experts = len(plan.experts_on(duck))
+    rest = f - experts * plan.expert_ffn
+    blocks = -(-plan.hidden // fp8.BLOCK)
+    cb = experts * -(-plan.expert_ffn // fp8.BLOCK) + -(-rest // fp8.BLOCK)
+    return 3 * (plan.hidden * f + 4 * blocks * cb)

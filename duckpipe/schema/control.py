@@ -197,6 +197,11 @@ class LoadWeights(Request, kw_only=True):
         list[Annotated[int, Meta(ge=1, le=MAX_REPLICAS)]], Meta(max_length=MAX_EXPERTS)
     ] = []
     expert_ducks: Annotated[list[DuckId], Meta(max_length=MAX_EXPERTS * MAX_REPLICAS)] = []
+    #: 0: the weights are in ``dtype``. DType.F8E4M3 (SWIGLU, MOE): each shard tensor is
+    #: its float8 e4m3 bytes then its float32 scale grid (duckpipe/client/fp8.py); the
+    #: dense kinds' shards, and a MOE bank's shared-expert columns, are cut between
+    #: 128-column blocks (only the last duck's may end in a partial block)
+    weight_dtype: Annotated[int, Meta(ge=0, le=4)] = 0
 
 
 class UnloadLayer(Request, kw_only=True):

@@ -182,6 +182,7 @@ static int decode_load_weights(const msgpack_object *m, struct dp_ctl_load_weigh
 	out->expert_ffn = 0u;
 	out->expert_replicas_len = 0;
 	out->expert_ducks_len = 0;
+	out->weight_dtype = 0u;
 	for (uint32_t i = 0; i < m->via.map.size; i++) {
 		const msgpack_object *key = &m->via.map.ptr[i].key;
 		const msgpack_object *val = &m->via.map.ptr[i].val;
@@ -283,6 +284,12 @@ static int decode_load_weights(const msgpack_object *m, struct dp_ctl_load_weigh
 					return -1;
 				out->expert_ducks[k] = (uint32_t)v;
 			}
+		} else if (key_is(key, "weight_dtype", 12)) {
+			seen |= 1ull << 13;
+			uint64_t v = 0;
+			if (get_uint(val, 0u, 4u, &v, "LoadWeights.weight_dtype", why, n) < 0)
+				return -1;
+			out->weight_dtype = (uint32_t)v;
 		}
 	}
 	if (!(seen & (1ull << 0)))

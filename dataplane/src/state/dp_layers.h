@@ -35,6 +35,7 @@ struct dp_layer {
 	struct dp_layer *next_retired; /* control's list of unpublished layers */
 	uint8_t kind;
 	uint8_t dtype;
+	uint8_t weight_dtype;    /* 0, or DP_DTYPE_F8E4M3: e4m3 weights with block scales */
 	bool has_b_down;
 	uint32_t hidden;
 	uint32_t ffn;
@@ -64,6 +65,10 @@ struct dp_layer {
  * sizes the descriptor check holds weight chunks to. */
 static inline uint64_t dp_tensor_bytes(const struct dp_layer *l, uint32_t i, uint32_t t)
 {
+	if (l->weight_dtype == DP_DTYPE_F8E4M3) /* e4m3 bytes and block scales (dp_fp8.h) */
+		return dp_fp8_tensor_bytes(l->hidden, l->shard[i],
+					   l->moe ? l->moe->experts_on[l->ducks[i]] : 0,
+					   l->moe ? l->moe->expert_ffn : 0);
 	return dp_shard_tensor_bytes(l->kind, l->dtype, l->hidden, l->shard[i], t);
 }
 
@@ -154,6 +159,7 @@ static inline void dp_layer_fill(struct dp_layer *l, const struct dp_ctl_load_we
 	l->id = m->layer;
 	l->kind = (uint8_t)m->kind;
 	l->dtype = (uint8_t)m->dtype;
+	l->weight_dtype = (uint8_t)m->weight_dtype;
 	l->hidden = m->hidden;
 	l->ffn = m->ffn;
 	l->has_b_down = m->has_b_down;
