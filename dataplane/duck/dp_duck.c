@@ -720,7 +720,7 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 	int ok = (w.kind == DP_MLP_KIND_GELU || w.kind == DP_MLP_KIND_SWIGLU ||
 		  w.kind == DP_MLP_KIND_MOE) &&
 		 (!w.weight_dtype || (fp8 && w.kind != DP_MLP_KIND_GELU)) &&
-		 dp_dtype_size(w.dtype) && w.hidden && w.ffn && layer_bank_ok(d, h->layer, &w);
+		 dp_dtype_is_act(w.dtype) && w.hidden && w.ffn && layer_bank_ok(d, h->layer, &w);
 	for (unsigned t = 0; ok && t < DP_SHARD_TENSORS; t++) {
 		len[t] = dp_mlp_tensor_len(w.kind, w.hidden, w.ffn, t);
 		floats += (len[t] + DUCK_TENSOR_ALIGN - 1) & ~(uint64_t)(DUCK_TENSOR_ALIGN - 1);
@@ -870,7 +870,8 @@ static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 	uint64_t n = h->tensor < DP_SHARD_TENSORS
 			     ? dp_mlp_tensor_len(l->shard.kind, l->shard.hidden, l->shard.ffn, h->tensor)
 			     : 0;
-	if (!isz || !n || h->total != n * isz || h->offset % isz || h->length % isz) {
+	if (!dp_dtype_is_act(h->dtype) || !n || h->total != n * isz || h->offset % isz ||
+	    h->length % isz) {
 		stats.dropped_invalid++;
 		return;
 	}
@@ -1206,7 +1207,8 @@ static void handle_forward(struct duck *d, const struct sockaddr_in *src,
 		return;
 	}
 	uint32_t isz = dp_dtype_size(h->dtype);
-	if (!isz || !h->rows || !h->total || h->total % isz || h->total > g_msg_cap ||
+	if (!dp_dtype_is_act(h->dtype) || !h->rows || !h->total || h->total % isz ||
+	    h->total > g_msg_cap ||
 	    h->chunks > DP_REASM_MAX_CHUNKS) {
 		stats.dropped_invalid++;
 		return;

@@ -43,6 +43,14 @@ static inline float dp_f8e4m3_to_f32(uint8_t b)
 	return f;
 }
 
+/* A dtype activations, partials and whole weights travel in (F32, F16, BF16); F8E4M3 has a
+ * size but is for weights only (LoadWeights.weight_dtype), so a datagram that names it
+ * for anything else is refused rather than read as 1-byte floats of another kind. */
+static inline int dp_dtype_is_act(uint8_t dtype)
+{
+	return dtype == DP_DTYPE_F32 || dtype == DP_DTYPE_F16 || dtype == DP_DTYPE_BF16;
+}
+
 static inline uint32_t dp_fp8_blocks(uint32_t n)
 {
 	return (uint32_t)(((uint64_t)n + DP_FP8_BLOCK - 1) / DP_FP8_BLOCK);
