@@ -151,6 +151,16 @@ def test_an_fp8_expert_bank_is_half_the_bytes_of_float16(hidden, effn):
         assert 0.5 < fp8 / f16 < 0.5003
 
 
+_FIELDS = dict(
+    req_id=1,
+    layer=1,
+    dtype=int(DType.BF16),
+    hidden=200,
+    ducks=[0, 1],
+    weight_dtype=int(DType.F8E4M3),
+)
+
+
 def test_the_dataplane_rules_refuse_an_fp8_cut_inside_a_block_and_fp8_gelu():
     def refusal(**kw):
         fields = dict(
@@ -174,6 +184,28 @@ def test_the_dataplane_rules_refuse_an_fp8_cut_inside_a_block_and_fp8_gelu():
     assert refusal(shard_sizes=[256, 44]) is None  # whole blocks, the last one partial
     assert "SWIGLU and MOE only" in str(refusal(kind=int(MlpKind.GELU), shard_sizes=[256, 44]))
     assert "weight_dtype 2" in str(refusal(weight_dtype=2, shard_sizes=[256, 44]))
+    # MOE: each duck one expert of 136 columns, and shared-expert columns: duck 0's 100
+    # are not a whole block; 128 on duck 0 and the last 100 on duck 1 are
+    moe = {
+        "kind": int(MlpKind.MOE),
+        "ffn": 136 + 100 + 136 + 128,
+        "expert_ffn": 136,
+        "expert_replicas": [1, 1],
+        "expert_ducks": [0, 1],
+    }
+    req = rules.load_request(ctl.LoadWeights(**{**_FIELDS, **moe, "shard_sizes": [236, 264]}))
+    _, why = rules.moe_plan(req)
+    assert "shared expert is cut between 128-column blocks" in str(why)
+    req = rules.load_request(ctl.LoadWeights(**{**_FIELDS, **moe, "shard_sizes": [264, 236]}))
+    assert rules.moe_plan(req)[1] is None
+
+
+def test_a_nan_scale_is_refused():
+    c = checkpoint(200, 136, seed=4, ue8m0=True)
+    s1 = c["s1"].copy()
+    s1.view(np.uint8)[0, 0] = 0xFF  # ue8m0's NaN
+    with pytest.raises(BadInput, match="NaN"):
+        SwiGluMlp.from_fp8(c["w1"], c["w3"], c["w2"], s1, c["s3"], c["s2"])
 
 
 # --- forwards through the mock and the C dataplane -----------------------------------
