@@ -59,8 +59,8 @@ def numpy_dtype(code: int) -> np.dtype:
     """The numpy dtype of a DType code (a layer's, a descriptor's)."""
     try:
         return _NUMPY[DType(code)]
-    except ValueError:
-        raise BadInput(f"dtype code {code} is not one of {[int(c) for c in DType]}") from None
+    except (ValueError, KeyError):  # F8E4M3 is a DType of weights only: no activation has it
+        raise BadInput(f"dtype code {code} is not one of {[int(c) for c in _NUMPY]}") from None
 
 
 def is_float_dtype(dtype: np.dtype) -> bool:
