@@ -233,6 +233,20 @@ static bool layer_visible(const struct dp_layer *l, const struct dp_peer *p,
 	return l && l != DP_LAYER_GONE && (p->admin || l->shared || (me && l->owner == me->id));
 }
 
+/* A MOE layer's placement in its LayerInfo: what a client that did not load it (a shared
+ * layer) needs to route on it. Points into the layer, alive until this reply is packed. */
+static void list_moe(struct dp_ctl_layer_info *info, const struct dp_layer *l)
+{
+	const struct dp_moe_listing *ls = l->moe_listing;
+	info->expert_ffn = l->moe->expert_ffn;
+	info->expert_replicas = ls->replicas;
+	info->expert_replicas_len = ls->n_experts;
+	info->expert_ducks = ls->ducks;
+	info->expert_ducks_len = ls->n_placed;
+	info->shared_ducks = ls->shared;
+	info->shared_ducks_len = ls->n_shared;
+}
+
 static void on_layers(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
 	uint32_t n = 0, nfailed = 0;
@@ -288,6 +302,8 @@ static void on_layers(struct dp_control *c, const struct dp_peer *p, const struc
 			.owner = l->owner,
 			.shared = l->shared,
 		};
+		if (l->moe_listing)
+			list_moe(&c->layer_infos[n], l);
 		n++;
 	}
 	PACK(c, layers, .req_id = p->rid, .layers = c->layer_infos, .layers_len = n);

@@ -58,6 +58,19 @@ struct dp_layer {
 	uint64_t next_offset[DP_MAX_DUCKS][DP_SHARD_TENSORS];
 	float *b_down;           /* float32, set at commit */
 	struct dp_layer_moe *moe; /* kind MOE only, else NULL */
+	struct dp_moe_listing *moe_listing; /* kind MOE only: its placement for LayerInfo */
+};
+
+/* A MOE layer's placement as a Layers reply lists it (LayerInfo's expert_replicas,
+ * expert_ducks and shared_ducks): flattened once at load (dp_layer_build), so that every
+ * client, not only the loader, learns where the experts are, and the reply only points
+ * here. Sized for the layer: DeepSeek-V3's 256 experts on 32 ducks are ~2 KiB. */
+struct dp_moe_listing {
+	uint32_t n_experts;   /* replicas[]: each expert's replica count */
+	uint32_t n_placed;    /* ducks[]: every expert's ducks, expert by expert */
+	uint32_t n_shared;    /* shared[]: the ducks holding shared-expert columns */
+	uint32_t *replicas, *ducks, *shared; /* into words */
+	uint32_t words[];
 };
 
 /* Bytes of shard tensor t of ducks[i]: dp_shard_tensor_bytes (dp_desc_check.h), the
@@ -163,5 +176,9 @@ static inline void dp_layer_fill(struct dp_layer *l, const struct dp_ctl_load_we
  * with "..." to fit n bytes; "duck 5 (shared expert only)"; for a dense layer "duck 5".
  * Returns snprintf's. (What a failed forward's message says of a duck.) */
 int dp_layer_describe_duck(const struct dp_layer *l, uint32_t duck, char *buf, size_t n);
+
+/* l->moe's placement flattened for LayerInfo (struct dp_moe_listing), malloc'd; NULL when
+ * out of memory. l passed dp_load_moe_plan. */
+struct dp_moe_listing *dp_layer_moe_listing(const struct dp_layer *l);
 
 #endif /* DP_LAYERS_H */
