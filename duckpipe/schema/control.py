@@ -290,7 +290,7 @@ class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
     ``expert_replicas``/``expert_ducks`` as LoadWeights gave it (``len(expert_replicas)``
     routed experts) and ``shared_ducks``, the ducks whose bank holds columns of the shared
     expert (empty: none); so any permitted client, not only the loader, checks a routing
-    and routes on it. A token takes 1..min(MAX_TOPK, experts) experts; no per-layer limit.
+    and routes on it. A token takes 1..min(MAX_TOPK (16), experts) experts: no per-layer limit.
     These four are empty or 0 for the dense kinds and from a dataplane that predates them
     (a client then routes only on layers it loaded)."""
 

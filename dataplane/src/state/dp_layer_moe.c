@@ -4,7 +4,6 @@
  * mock dataplane calls too.
  */
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "dp_layers.h"
 
@@ -42,31 +41,35 @@ static bool holds_shared(const struct dp_layer *l, uint32_t k)
 	return l->shard[k] > routed;
 }
 
-struct dp_moe_listing *dp_layer_moe_listing(const struct dp_layer *l)
+size_t dp_layer_moe_list_words(const struct dp_layer *l)
 {
 	const struct dp_routing_placement *pl = &l->moe->pl;
-	uint32_t n_experts = pl->n_experts, n_placed = 0;
-	for (uint32_t e = 0; e < n_experts; e++)
-		n_placed += pl->replicas[e];
 	/* n_experts <= DP_MAX_EXPERTS, replicas <= DP_MAX_REPLICAS: dp_load_moe_plan checked */
-	size_t words = (size_t)n_experts + n_placed + l->nducks;
-	struct dp_moe_listing *ls = malloc(sizeof(*ls) + words * sizeof(uint32_t));
-	if (!ls)
-		return NULL;
-	ls->n_experts = n_experts;
-	ls->n_placed = n_placed;
-	ls->n_shared = 0;
-	ls->replicas = ls->words;
-	ls->ducks = ls->replicas + n_experts;
-	ls->shared = ls->ducks + n_placed;
-	uint32_t at = 0;
-	for (uint32_t e = 0; e < n_experts; e++) {
-		ls->replicas[e] = pl->replicas[e];
+	size_t words = (size_t)pl->n_experts + l->nducks;
+	for (uint32_t e = 0; e < pl->n_experts; e++)
+		words += pl->replicas[e];
+	return words;
+}
+
+void dp_layer_moe_list(const struct dp_layer *l, uint32_t *words, struct dp_moe_listing *out)
+{
+	const struct dp_routing_placement *pl = &l->moe->pl;
+	uint32_t *replicas = words, *ducks = words + pl->n_experts, n_placed = 0, n_shared = 0;
+	for (uint32_t e = 0; e < pl->n_experts; e++) {
+		replicas[e] = pl->replicas[e];
 		for (uint32_t r = 0; r < pl->replicas[e]; r++)
-			ls->ducks[at++] = pl->ducks[e * DP_MAX_REPLICAS + r];
+			ducks[n_placed++] = pl->ducks[e * DP_MAX_REPLICAS + r];
 	}
+	uint32_t *shared = ducks + n_placed;
 	for (uint32_t k = 0; k < l->nducks; k++)
 		if (holds_shared(l, k))
-			ls->shared[ls->n_shared++] = l->ducks[k];
-	return ls;
+			shared[n_shared++] = l->ducks[k];
+	*out = (struct dp_moe_listing){
+		.n_experts = pl->n_experts,
+		.n_placed = n_placed,
+		.n_shared = n_shared,
+		.replicas = replicas,
+		.ducks = ducks,
+		.shared = shared,
+	};
 }

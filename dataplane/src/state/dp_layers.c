@@ -32,7 +32,6 @@ void dp_layer_free(struct dp_layer *l)
 	free(l->b_down_raw);
 	free(l->b_down);
 	free(l->moe);
-	free(l->moe_listing);
 	free(l);
 }
 
@@ -129,9 +128,6 @@ struct dp_layer *dp_layer_build(const struct dp_ctl_load_weights *m, int *code, 
 	int rc = dp_load_moe_plan(m, l->moe, why, n); /* dense: refuses MoE fields only */
 	if (rc)
 		return build_refused(l, code, rc);
-	if (l->moe && !(l->moe_listing = dp_layer_moe_listing(l)))
-		return build_refused(l, code, dp_ctl_refuse_why(DP_ERROR_CODE_DATAPLANE_ERROR,
-								  why, n, "out of memory"));
 	if (m->has_b_down) {
 		l->b_down_raw = calloc(m->hidden, 4);
 		l->b_down = calloc(m->hidden, sizeof(float));
