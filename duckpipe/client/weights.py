@@ -215,7 +215,7 @@ def moe_layer(
 
 def moe_view(info: ctl.LayerInfo) -> MoeLayer | None:
     """What a client that did not load MOE layer ``info`` knows of it, from the
-    placement its LayerInfo carries (dp_layer_moe_listing); None when it carries none (a
+    placement its LayerInfo carries (dp_layer_moe_list); None when it carries none (a
     dataplane that predates it) or an inconsistent one."""
     replicas, placed = info.expert_replicas, info.expert_ducks
     if not replicas or info.expert_ffn < 1 or sum(replicas) != len(placed):

@@ -65,7 +65,7 @@ class MoePlan:
 
     def listing(self, shard_sizes) -> dict[str, Any]:
         """The LayerInfo fields of the placement, as the C dataplane lists them
-        (dp_layer_moe_listing): a shared-expert duck's bank is wider than its experts."""
+        (dp_layer_moe_list): a shared-expert duck's bank is wider than its experts."""
         return {
             "expert_ffn": self.expert_ffn,
             "expert_replicas": [len(held) for held in self.ducks_of],

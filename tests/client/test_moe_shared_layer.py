@@ -172,16 +172,19 @@ def test_a_non_shared_moe_layer_of_another_client_stays_refused(dataplane):
             b.forward(883, x, routing=gate(x), timeout=10)
 
 
-def test_a_layer_info_without_a_placement_gives_no_view():
-    """From a dataplane that predates the fields: the client routes only on what it
-    loaded, and says so (api._routed_arguments)."""
-    info = ctl.LayerInfo(
-        layer=1, kind=3, dtype=1, hidden=HIDDEN, ffn=64, ducks=[0], shard_sizes=[64],
-        has_b_down=False, ready=True,
+def test_a_layer_info_from_an_older_dataplane_gives_no_view():
+    """A LayerInfo without the four fields (a dataplane that predates them) decodes with
+    their defaults, and the client routes only on what it loaded (api._routed_arguments
+    keeps its message)."""
+    old = {
+        "layer": 1, "kind": 3, "dtype": 1, "hidden": HIDDEN, "ffn": 64, "ducks": [0],
+        "shard_sizes": [64], "has_b_down": False, "ready": True, "owner": 1, "shared": True,
+    }  # fmt: skip
+    info = msgspec.msgpack.decode(msgspec.msgpack.encode(old), type=ctl.LayerInfo)
+    assert (info.expert_ffn, info.expert_replicas, info.expert_ducks, info.shared_ducks) == (
+        0, [], [], []
     )  # fmt: skip
     assert weights.moe_view(info) is None
-    old = msgspec.msgpack.encode(msgspec.structs.asdict(info) | {"expert_ffn": 16})
-    assert msgspec.msgpack.decode(old, type=ctl.LayerInfo).expert_replicas == []
 
 
 def test_layer_info_of_a_moe_layer_is_the_same_on_mock_and_c(

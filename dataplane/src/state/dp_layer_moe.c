@@ -1,7 +1,7 @@
 /* dp_layer_moe.c: how a mixture-of-experts layer names a duck in a message (the routed
- * experts its bank holds) and lists its placement in LayerInfo. The layer's placement and banks are built and checked at
- * LoadWeights by dp_load_moe_plan (dp_ctl_rules.h, through dp_layer_build), the rule the
- * mock dataplane calls too.
+ * experts its bank holds) and lists its placement in a Layers reply. The layer's
+ * placement and banks are built and checked at LoadWeights by dp_load_moe_plan
+ * (dp_ctl_rules.h, through dp_layer_build), the rule the mock dataplane calls too.
  */
 #include <stdio.h>
 
