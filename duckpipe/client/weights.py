@@ -11,7 +11,9 @@ is its *bank*, SwiGLU tensors whose columns are its routed experts' (ascending b
 expert id, ``expert_ffn`` each), then its columns of the shared expert, which is cut
 over every duck of the layer like a dense shard. ``LoadWeights`` also carries the
 placement (``expert_replicas``, ``expert_ducks``), and the client keeps it
-(:class:`MoeLayer`) to check routings and to say which experts a lost duck held.
+(:class:`MoeLayer`) to check routings and to say which experts a lost duck held. A
+client that did not load a (shared) MOE layer builds the same view from its LayerInfo
+(:func:`moe_view`), which carries the placement too.
 
 FP8 weights (``SwiGluMlp.from_fp8``, duckpipe/client/fp8.py) go as ``weight_dtype``
 F8E4M3: each shard tensor is its e4m3 bytes then its float32 scale grid (its blocks'
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -36,7 +39,15 @@ from ..schema import control as ctl
 from ..schema.abi import B_DOWN_TENSOR, DType, MlpKind, Op, Status
 from ..schema.routing import MAX_EXPERTS, MAX_REPLICAS
 from . import fp8, routing
-from .models import GeluMlp, Mlp, SwiGluMlp, dtype_code, shard_bounds, shard_sizes
+from .models import (
+    GeluMlp,
+    Mlp,
+    SwiGluMlp,
+    dtype_code,
+    numpy_dtype,
+    shard_bounds,
+    shard_sizes,
+)
 from .moe import MoeMlp
 
 #: A chunk unacknowledged this long names its duck on the progress bar ("waiting for
@@ -46,7 +57,7 @@ STALL_S = 1.0
 if TYPE_CHECKING:
     from .session import Inflight, Session
 
-__all__ = ["MoeLayer", "default_placement", "load_weights", "moe_layer"]
+__all__ = ["MoeLayer", "default_placement", "load_weights", "moe_layer", "moe_view"]
 
 #: what a placement item may be: one duck id, or the ducks of its replicas
 PlacementItem = int | Sequence[int]
@@ -66,6 +77,9 @@ class MoeLayer:
     ducks: tuple[int, ...]  # the layer's ducks, in LoadWeights order
     placement: tuple[tuple[int, ...], ...]  # placement[e]: the ducks of expert e's replicas
     bank_sizes: tuple[int, ...]  # columns of each duck's bank, in ``ducks`` order
+    # the LayerInfo this view was built from (moe_view), None for the loader's own plan:
+    # a newer LayerInfo of the layer (reloaded) makes the view stale
+    info: ctl.LayerInfo | None = None
 
     def experts_on(self, duck: int) -> list[int]:
         """The experts ``duck`` holds, ascending: its bank slots 0, 1, ..."""
@@ -202,6 +216,33 @@ def moe_layer(
         ducks=tuple(chosen),
         placement=tuple(tuple(held) for held in ducks_of),
         bank_sizes=tuple(local[d] * moe.ffn + s for d, s in zip(chosen, shared_sizes, strict=True)),
+    )
+
+
+def moe_view(info: ctl.LayerInfo) -> MoeLayer | None:
+    """What a client that did not load MOE layer ``info`` knows of it, from the
+    placement its LayerInfo carries (dp_layer_moe_list); None when it carries none (a
+    dataplane that predates it) or an inconsistent one."""
+    replicas, placed = info.expert_replicas, info.expert_ducks
+    if not replicas or info.expert_ffn < 1 or sum(replicas) != len(placed):
+        return None
+    starts = itertools.accumulate(replicas, initial=0)
+    placement = tuple(tuple(placed[a:b]) for a, b in itertools.pairwise(starts))
+    try:
+        dtype = numpy_dtype(info.dtype)
+    except BadInput:
+        return None
+    return MoeLayer(
+        layer=info.layer,
+        n_experts=len(replicas),
+        hidden=info.hidden,
+        dtype=dtype,
+        expert_ffn=info.expert_ffn,
+        shared_ffn=max(0, info.ffn - len(placed) * info.expert_ffn),
+        ducks=tuple(info.ducks),
+        placement=placement,
+        bank_sizes=tuple(info.shard_sizes),
+        info=info,
     )
 
 

@@ -212,6 +212,7 @@ class _Layer:
             missing=[d for d in i.ducks if d in self.missing],
             owner=self.owner,
             shared=i.shared,
+            **(self.moe.listing(i.shard_sizes) if self.moe is not None else {}),
         )
 
 

@@ -679,7 +679,7 @@ void dp_ctl_pack_topology(msgpack_packer *pk, const struct dp_ctl_topology *m)
 
 void dp_ctl_pack_layer_info(msgpack_packer *pk, const struct dp_ctl_layer_info *m)
 {
-	msgpack_pack_map(pk, 14);
+	msgpack_pack_map(pk, 18);
 	key(pk, "layer", 5);
 	msgpack_pack_uint64(pk, m->layer);
 	key(pk, "kind", 4);
@@ -728,6 +728,20 @@ void dp_ctl_pack_layer_info(msgpack_packer *pk, const struct dp_ctl_layer_info *
 		msgpack_pack_true(pk);
 	else
 		msgpack_pack_false(pk);
+	key(pk, "expert_ffn", 10);
+	msgpack_pack_uint64(pk, m->expert_ffn);
+	key(pk, "expert_replicas", 15);
+	msgpack_pack_array(pk, m->expert_replicas_len);
+	for (uint32_t i = 0; i < m->expert_replicas_len; i++)
+		msgpack_pack_uint32(pk, m->expert_replicas[i]);
+	key(pk, "expert_ducks", 12);
+	msgpack_pack_array(pk, m->expert_ducks_len);
+	for (uint32_t i = 0; i < m->expert_ducks_len; i++)
+		msgpack_pack_uint32(pk, m->expert_ducks[i]);
+	key(pk, "shared_ducks", 12);
+	msgpack_pack_array(pk, m->shared_ducks_len);
+	for (uint32_t i = 0; i < m->shared_ducks_len; i++)
+		msgpack_pack_uint32(pk, m->shared_ducks[i]);
 }
 
 void dp_ctl_pack_layers(msgpack_packer *pk, const struct dp_ctl_layers *m)

@@ -216,6 +216,13 @@ struct dp_ctl_layer_info {
 	uint32_t lost_len;
 	uint64_t owner;
 	bool shared;
+	uint64_t expert_ffn;
+	const uint32_t *expert_replicas;
+	uint32_t expert_replicas_len;
+	const uint32_t *expert_ducks;
+	uint32_t expert_ducks_len;
+	const uint32_t *shared_ducks;
+	uint32_t shared_ducks_len;
 };
 void dp_ctl_pack_layer_info(struct msgpack_packer *pk, const struct dp_ctl_layer_info *m);
 

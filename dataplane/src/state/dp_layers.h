@@ -170,4 +170,23 @@ static inline void dp_layer_fill(struct dp_layer *l, const struct dp_ctl_load_we
  * Returns snprintf's. (What a failed forward's message says of a duck.) */
 int dp_layer_describe_duck(const struct dp_layer *l, uint32_t duck, char *buf, size_t n);
 
+/* A MOE layer's placement as a Layers reply lists it (LayerInfo's expert_replicas,
+ * expert_ducks and shared_ducks), so that every client, not only the loader, learns where
+ * the experts are. Flattened per reply into the caller's words, never kept: a layer's
+ * state stays what DP_MOE_LAYER_STATE_BYTES charges (DeepSeek-V3's 256 experts on 32
+ * ducks are ~2 KiB). */
+struct dp_moe_listing {
+	uint32_t n_experts;  /* replicas: each expert's replica count */
+	uint32_t n_placed;   /* ducks: every expert's ducks, expert by expert */
+	uint32_t n_shared;   /* shared: the ducks whose bank holds shared-expert columns */
+	const uint32_t *replicas, *ducks, *shared;
+};
+
+/* The words dp_layer_moe_list writes for MOE layer l: at most
+ * DP_MAX_EXPERTS * (1 + DP_MAX_REPLICAS) + DP_MAX_DUCKS. */
+size_t dp_layer_moe_list_words(const struct dp_layer *l);
+
+/* l's placement into words (dp_layer_moe_list_words of them), described by *out. */
+void dp_layer_moe_list(const struct dp_layer *l, uint32_t *words, struct dp_moe_listing *out);
+
 #endif /* DP_LAYERS_H */
