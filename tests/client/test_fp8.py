@@ -14,6 +14,8 @@ order (the ducks' kernels and the host's reduce sum in another order than numpy)
 
 from __future__ import annotations
 
+import json
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -277,3 +279,50 @@ def test_an_fp8_tensor_longer_than_its_bytes_and_scales_is_refused(
         )
         with pytest.raises(DuckpipeError, match=r"tensor 0 .* is not in layer 2"):
             c.load_weights(2, mlp, ducks=[0])
+
+
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["v3-f32", "v32-ue8m0"])
+def test_an_fp8_checkpoint_layer_loads_through_from_checkpoint_and_stays_fp8(
+    client, tmp_path, ue8m0
+):
+    # the published format: torch's [out, in] e4m3 weights with their weight_scale_inv, a
+    # quantization_config saying so; from_checkpoint hands them to SwiGluMlp.from_fp8
+    from duckpipe.client.safetensors import write
+    from duckpipe.moe import from_checkpoint
+
+    dim, inter = 200, 300
+    ckpt = checkpoint(dim, inter, seed=21, ue8m0=ue8m0)
+    p = "model.layers.0.mlp"
+    tensors = {}
+    for proj, k in (("gate", "1"), ("up", "3"), ("down", "2")):
+        tensors[f"{p}.{proj}_proj.weight"] = ckpt["w" + k]
+        tensors[f"{p}.{proj}_proj.weight_scale_inv"] = ckpt["s" + k]
+    write(tmp_path / "model.safetensors", tensors)
+    index = {"metadata": {}, "weight_map": dict.fromkeys(tensors, "model.safetensors")}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    if ue8m0:
+        quant["scale_fmt"] = "ue8m0"
+    config = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": dim,
+        "intermediate_size": inter,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "first_k_dense_replace": 1,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "hidden_act": "silu",
+        "quantization_config": quant,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    mlp = from_checkpoint(tmp_path, 0)
+    assert isinstance(mlp, SwiGluMlp) and mlp.weight_dtype == np.dtype(E4M3)
+    layer = 995 + ue8m0
+    client.load_weights(layer, mlp, ducks=[0, 1, 2])
+    x = np.random.default_rng(21).standard_normal((3, dim)).astype(ml_dtypes.bfloat16)
+    y = client.forward(layer, x, timeout=30)
+    want = official_mlp(x, ckpt)  # three bfloat16 partials and the sum, each rounded once
+    big = float(np.abs(want).max())
+    np.testing.assert_allclose(y.astype(np.float32), want, rtol=0, atol=4 * 2.0**-9 * big)
