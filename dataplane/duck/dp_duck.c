@@ -103,12 +103,11 @@ struct duck_layer {
 	float *block;              /* the one allocation holding t[0..2] */
 	uint64_t floats;
 	/* FP8 weights (weight_dtype DP_DTYPE_F8E4M3): the bank as the host sent it, each
-	 * tensor's e4m3 bytes then its float32 block scales (dp_fp8.h), fp8_len[t] bytes at
-	 * fp8 + fp8_off[t]. t[0..2] hold them dequantized (dp_mlp_fp8_dequant), made again
-	 * before a forward whenever a chunk came in since (fp8_stale): chunks land in any
-	 * order, a resent one included, and the scales need not come before their weights.
-	 * Tensor t: fp8_n[t] e4m3 bytes at fp8 + fp8_off[t], its scales (float32, aligned)
-	 * right after them at the next multiple of 64; fp8_len[t] bytes on the wire. */
+	 * tensor's e4m3 bytes and float32 block scales (dp_fp8.h; fp8_len[t] bytes on the
+	 * wire): fp8_n[t] e4m3 bytes at fp8 + fp8_off[t], its scales from the next multiple
+	 * of DUCK_FP8_ALIGN (fp8_scales). t[0..2] hold them dequantized (dp_mlp_fp8_dequant),
+	 * made again before a forward whenever a chunk came in since (fp8_stale): chunks land
+	 * in any order, a resent one included, and scales need not precede their weights. */
 	uint8_t weight_dtype;
 	uint8_t fp8_stale;
 	uint8_t *fp8;
@@ -882,16 +881,7 @@ static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 	if (bank)
 		dp_mlp_bank_store(&l->shard, h->tensor, h->offset / isz, dst, h->length / isz);
 	stats.weight_bytes += h->length;
-
-	struct dp_wire_header r;
-	reply_init(d, &r, DP_WIRE_OP_WEIGHT_ACK, h);
-	r.tensor = h->tensor;
-	r.chunk = h->chunk;
-	r.chunks = h->chunks;
-	r.offset = h->offset;
-	r.total = h->total;
-	stats.weight_acks++;
-	reply_small(d, src, &r, NULL, 0);
+	weight_ack(d, src, h);
 }
 
 /* ---------------------------------------------------------- inputs, outputs */
