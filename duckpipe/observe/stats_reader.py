@@ -54,7 +54,14 @@ STALE_NS = 2_000_000_000
 #: The mixture-of-experts counters (issue 16). A dense model never moves them, so the
 #: human views (``duckpipe stats``, duckpipe-top) show them only once one is nonzero
 #: (:func:`moe_active`); ``--json`` and the exporter carry them always.
-MOE_COUNTERS = ("moe_forwards", "moe_broadcasts", "moe_unicasts", "moe_bytes", "rx_unrouted")
+MOE_COUNTERS = (
+    "moe_forwards",
+    "moe_broadcasts",
+    "moe_unicasts",
+    "moe_bytes",
+    "rx_unrouted",
+    "moe_no_duck_forwards",
+)
 
 
 class NoDataplane(DuckpipeError):

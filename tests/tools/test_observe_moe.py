@@ -32,6 +32,7 @@ MOE_TOTALS = {
     "moe_unicasts": 2,
     "moe_bytes": 3 << 20,
     "rx_unrouted": 1,
+    "moe_no_duck_forwards": 1,
 }
 
 
