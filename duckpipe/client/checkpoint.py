@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -209,13 +208,12 @@ def _swiglu(shards: _Shards, prefix: str, hidden: int, ffn: int, quant: str | No
     down, sd = _projection(shards, f"{prefix}.down_proj", hidden, ffn, quant)
     if sg is None and su is None and sd is None:
         return SwiGluMlp(w_gate=gate.T, w_up=up.T, w_down=down.T)
-    from_fp8: Callable[..., SwiGluMlp] | None = getattr(SwiGluMlp, "from_fp8", None)
-    if from_fp8 is None or sg is None or su is None or sd is None:
+    if sg is None or su is None or sd is None:
         raise CheckpointError(
-            f"{shards.index}: {prefix} mixes FP8 and unquantized projections, or this "
-            "duckpipe holds no FP8 experts"
+            f"{shards.index}: {prefix} mixes FP8 and unquantized projections (gate, up, "
+            "down): an MLP is held in one weight dtype"
         )
-    return from_fp8(gate, up, down, sg, su, sd)
+    return SwiGluMlp.from_fp8(gate, up, down, sg, su, sd)
 
 
 def from_checkpoint(

@@ -44,22 +44,48 @@ CONFIG = {
 }
 
 
+E4M3 = ml_dtypes.float8_e4m3fn
+FP8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+
+
 def _linear(rng, out: int, inp: int) -> np.ndarray:
     return (rng.standard_normal((out, inp)) / np.sqrt(inp)).astype(BF16)
 
 
-def _mlp(rng, prefix: str, ffn: int) -> dict[str, np.ndarray]:
-    return {
-        f"{prefix}.gate_proj.weight": _linear(rng, ffn, HIDDEN),
-        f"{prefix}.up_proj.weight": _linear(rng, ffn, HIDDEN),
-        f"{prefix}.down_proj.weight": _linear(rng, HIDDEN, ffn),
-    }
+def _fp8_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w in e4m3 with a float32 scale per 128 x 128 block (the last ones partial), as
+    DeepSeek's conversion quantizes: scale = the block's largest |w| / 448."""
+    out, inp = w.shape
+    s = np.ones((-(-out // 128), -(-inp // 128)), np.float32)
+    q = np.empty(w.shape, E4M3)
+    for i in range(s.shape[0]):
+        for j in range(s.shape[1]):
+            block = w[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128].astype(np.float32)
+            s[i, j] = max(float(np.abs(block).max()), 1e-12) / 448.0
+            q[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128] = (block / s[i, j]).astype(E4M3)
+    return q, s
+
+
+def _mlp(rng, prefix: str, ffn: int, fp8: bool = False) -> dict[str, np.ndarray]:
+    out = {}
+    for proj, shape in (("gate", (ffn, HIDDEN)), ("up", (ffn, HIDDEN)), ("down", (HIDDEN, ffn))):
+        w = _linear(rng, *shape)
+        if fp8:
+            out[f"{prefix}.{proj}_proj.weight"], out[f"{prefix}.{proj}_proj.weight_scale_inv"] = (
+                _fp8_blocks(w)
+            )
+        else:
+            out[f"{prefix}.{proj}_proj.weight"] = w
+    return out
 
 
 def _write_checkpoint(folder: Path, config: dict = CONFIG) -> dict[str, np.ndarray]:
-    """Layer 0 dense, layers 1 and 2 MoE, two shards and their index; returns the tensors."""
+    """Layer 0 dense, layers 1 and 2 MoE, two shards and their index; returns the tensors.
+    With a quantization_config in config, every projection is FP8 with block scales (the
+    gate stays bf16, as in DeepSeek-V3's checkpoint)."""
     rng = np.random.default_rng(11)
-    tensors = _mlp(rng, "model.layers.0.mlp", DENSE_FFN)
+    fp8 = "quantization_config" in config
+    tensors = _mlp(rng, "model.layers.0.mlp", DENSE_FFN, fp8)
     for layer in (1, 2):
         p = f"model.layers.{layer}.mlp"
         tensors[f"{p}.gate.weight"] = _linear(rng, N_EXPERTS, HIDDEN)
@@ -67,8 +93,8 @@ def _write_checkpoint(folder: Path, config: dict = CONFIG) -> dict[str, np.ndarr
             rng.standard_normal(N_EXPERTS) * 0.1
         ).astype(np.float32)
         for e in range(N_EXPERTS):
-            tensors.update(_mlp(rng, f"{p}.experts.{e}", MOE_FFN))
-        tensors.update(_mlp(rng, f"{p}.shared_experts", MOE_FFN))
+            tensors.update(_mlp(rng, f"{p}.experts.{e}", MOE_FFN, fp8))
+        tensors.update(_mlp(rng, f"{p}.shared_experts", MOE_FFN, fp8))
     names = list(tensors)
     shards = {
         "model-00001-of-00002.safetensors": names[::2],
@@ -95,8 +121,19 @@ def _silu(v):
     return v / (1.0 + np.exp(-v))
 
 
+def _weight_dequant(w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """DeepSeek-V3's weight_dequant: each element times its 128 x 128 block's scale, in
+    float32."""
+    grid = np.repeat(np.repeat(s.astype(np.float32), 128, axis=0), 128, axis=1)
+    return w.astype(np.float32) * grid[: w.shape[0], : w.shape[1]]
+
+
 def _expert(t: dict, prefix: str, x: np.ndarray) -> np.ndarray:
-    f = lambda n: t[f"{prefix}.{n}_proj.weight"].astype(np.float32)  # noqa: E731
+    def f(n: str) -> np.ndarray:
+        w = t[f"{prefix}.{n}_proj.weight"]
+        s = t.get(f"{prefix}.{n}_proj.weight_scale_inv")
+        return w.astype(np.float32) if s is None else _weight_dequant(w, s)
+
     return (_silu(x @ f("gate").T) * (x @ f("up").T)) @ f("down").T
 
 
@@ -157,6 +194,33 @@ def test_the_loaded_layer_forwards_through_the_ducks_as_deepseek_v3_computes(che
     tol = 8 * 2.0**-8 * float(np.abs(want).max())
     np.testing.assert_allclose(y.astype(np.float32), want, atol=tol, rtol=0)
     client.unload_layer(710)
+
+
+@pytest.mark.parametrize("scale_fmt", [None, "ue8m0"], ids=["v3-f32-scales", "v32-ue8m0"])
+def test_an_fp8_moe_layer_stays_fp8_and_forwards_as_deepseek_v3_computes(
+    tmp_path, client, scale_fmt
+):
+    quant = {**FP8, "scale_fmt": scale_fmt} if scale_fmt else FP8
+    t = _write_checkpoint(tmp_path, {**CONFIG, "quantization_config": quant})
+    if scale_fmt == "ue8m0":  # V3.2: powers of two, stored as float8_e8m0fnu
+        for name in [n for n in t if n.endswith("weight_scale_inv")]:
+            t[name] = np.exp2(np.ceil(np.log2(t[name]))).astype(ml_dtypes.float8_e8m0fnu)
+        for shard in tmp_path.glob("*.safetensors"):
+            with SafetensorsFile(shard) as f:
+                names = list(f.tensors)
+            write(shard, {n: t[n] for n in names})
+    gate, moe = from_checkpoint(tmp_path, 2)
+    assert all(e.weight_dtype == np.dtype(E4M3) for e in moe.experts)
+    # an FP8 shared expert is cut only between 128-column blocks: this one (32 wide) is one
+    # block, so the layer lives on one duck
+    client.load_weights(711 + bool(scale_fmt), moe, ducks=[0])
+    x = np.random.default_rng(5).standard_normal((5, HIDDEN)).astype(BF16)
+    idx, w = gate(x)
+    y = client.forward(711 + bool(scale_fmt), x, routing=(idx, w))
+    want = _official_moe(t, 2, x, idx, w)
+    tol = 8 * 2.0**-8 * float(np.abs(want).max())
+    np.testing.assert_allclose(y.astype(np.float32), want, atol=tol, rtol=0)
+    client.unload_layer(711 + bool(scale_fmt))
 
 
 # --- what it refuses, and how it says it ----------------------------------------------------
