@@ -15,9 +15,10 @@ Each projection is a ``weight`` ``[out, in]`` (torch's Linear; duckpipe's MLPs h
 transpose, a view here), in bf16, or in float8 e4m3 with a ``weight_scale_inv`` per
 128 x 128 block (``quantization_config``), which stay FP8 (``SwiGluMlp.from_fp8``).
 
-Nothing is read whole: tensors are views of the shards' memory maps (safetensors.py), so
-a layer costs page cache as its weights are loaded, and the previous layer's views go
-when the caller drops them. Every surprise is a :class:`CheckpointError` naming the file,
+Nothing is read whole: tensors are views of the shards' memory maps (safetensors.py).
+bf16 weights stay views (page cache, not process memory); FP8 ones are transposed into the
+layout the ducks take by ``SwiGluMlp.from_fp8``, a copy of one layer at one byte a
+weight, which goes when the caller drops the layer. Every surprise is a :class:`CheckpointError` naming the file,
 and the tensor or config key.
 """
 
@@ -221,8 +222,9 @@ def from_checkpoint(
 ) -> tuple[Gate, MoeMlp] | SwiGluMlp:
     """Layer ``layer``'s MLP from a Hugging Face DeepSeek-V3 checkpoint folder: ``(Gate,
     MoeMlp)`` for a MoE layer, a ``SwiGluMlp`` for a dense one (the first
-    ``first_k_dense_replace``). FP8 weights stay FP8 with their block scales. The tensors
-    are views of the shards' memory maps: load the layer, drop it, take the next. A
+    ``first_k_dense_replace``). FP8 weights stay FP8 with their block scales. Read from
+    the shards' memory maps (bf16 as views, FP8 transposed once): load the layer, drop
+    it, take the next. A
     progress bar on stderr (a terminal's, or ``progress=True``) counts experts."""
     root = Path(folder)
     cfg = DeepSeekConfig(root / "config.json")
