@@ -18,8 +18,8 @@ transpose, a view here), in bf16, or in float8 e4m3 with a ``weight_scale_inv`` 
 Nothing is read whole: tensors are views of the shards' memory maps (safetensors.py).
 bf16 weights stay views (page cache, not process memory); FP8 ones are transposed into the
 layout the ducks take by ``SwiGluMlp.from_fp8``, a copy of one layer at one byte a
-weight, which goes when the caller drops the layer. Every surprise is a :class:`CheckpointError` naming the file,
-and the tensor or config key.
+weight, which goes when the caller drops the layer. Every surprise is a
+:class:`CheckpointError` naming the file, and the tensor or config key.
 """
 
 from __future__ import annotations
