@@ -104,7 +104,7 @@ def test_exported_bf16_is_a_torch_view_and_nothing_is_kept_after():
 
 
 def test_a_tensor_that_keeps_gradients_is_refused_with_the_producers_words():
-    with pytest.raises(TypeError, match="require gradient, use tensor.detach"):
+    with pytest.raises(TypeError, match=r"require gradient, use tensor\.detach"):
         dlpack.as_array(torch.ones(2, requires_grad=True))
 
 
