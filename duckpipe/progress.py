@@ -13,7 +13,8 @@ LINE_INTERVAL_S = 2.0
 
 
 class Progress:
-    """``with Progress(total, "weights") as bar: bar.advance(n)``.
+    """``with Progress(total, "weights") as bar: bar.advance(n)``: ``total`` bytes, or
+    ``total`` of what ``unit`` names (``Progress(256, "experts read", unit="experts")``).
 
     ``enabled=None``: drawn only when the stream is a terminal. ``enabled=True`` on a
     stream that is not a terminal: a plain line every ``LINE_INTERVAL_S`` seconds and
@@ -21,13 +22,21 @@ class Progress:
     """
 
     def __init__(
-        self, total: int, label: str, *, enabled: bool | None = None, stream: TextIO | None = None
+        self,
+        total: int,
+        label: str,
+        *,
+        enabled: bool | None = None,
+        stream: TextIO | None = None,
+        unit: str | None = None,
     ) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.enabled = self.tty if enabled is None else enabled
         self.total = max(total, 1)
         self.label = label
+        #: None: ``total`` is bytes (MB and MB/s shown); else what is counted ("experts")
+        self.unit = unit
         self.done = 0
         #: what the transfer waits on, after the figures (``note``): "" when nothing
         self.waiting = ""
@@ -62,11 +71,12 @@ class Progress:
         frac = min(self.done / self.total, 1.0)
         width = 30
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        rate = self.done / max(now - self._start, 1e-9) / 1e6
-        text = (
-            f"{self.label} [{bar}] {frac * 100:5.1f}% "
-            f"{self.done / 1e6:8.1f}/{self.total / 1e6:.1f} MB {rate:7.1f} MB/s"
-        )
+        rate = self.done / max(now - self._start, 1e-9)
+        if self.unit is None:
+            figures = f"{self.done / 1e6:8.1f}/{self.total / 1e6:.1f} MB {rate / 1e6:7.1f} MB/s"
+        else:
+            figures = f"{self.done}/{self.total} {self.unit} {rate:7.1f}/s"
+        text = f"{self.label} [{bar}] {frac * 100:5.1f}% {figures}"
         return f"{text}, {self.waiting}" if self.waiting else text
 
     def _draw(self, now: float) -> None:

@@ -261,7 +261,7 @@ def _layer(
         route_scale=m["route_scale"],
     )
     experts = []
-    with Progress(n, f"layer {layer} experts", enabled=progress) as bar:
+    with Progress(n, f"layer {layer}", enabled=progress, unit="experts") as bar:
         for e in range(n):
             experts.append(_swiglu(shards, f"{prefix}.experts.{e}", hidden, m["ffn"], cfg.quant))
             bar.advance(1)
