@@ -70,8 +70,13 @@ class FakeClient:
         return FakeForward(y, timings)
 
 
-def test_the_demo_times_checks_and_counts_each_batch(monkeypatch):
-    shape = ms.MoeShape(hidden=32, seed=1)
+@pytest.fixture(scope="module")
+def shape(tmp_path_factory):
+    """The demo's layer at hidden 32, its FP8 checkpoint written once for the module."""
+    return ms.MoeShape(cache=tmp_path_factory.mktemp("moe-cache"), hidden=32, seed=1)
+
+
+def test_the_demo_times_checks_and_counts_each_batch(monkeypatch, shape):
     placement = ms.default_placement(256, list(range(8)))
     client = FakeClient(shape.moe)
     monkeypatch.setattr(demo_run, "_duck_moe_rows", lambda control: None)
@@ -87,8 +92,7 @@ def test_the_demo_times_checks_and_counts_each_batch(monkeypatch):
     assert r.p50_us > 0 and r.duck_compute_p50_us == 0.7
 
 
-def test_the_demo_reports_the_ducks_own_counts_when_the_stats_segment_has_them(monkeypatch):
-    shape = ms.MoeShape(hidden=32, seed=1)
+def test_the_demo_reports_the_ducks_own_counts_when_the_stats_segment_has_them(monkeypatch, shape):
     placement = ms.default_placement(256, list(range(8)))
     reads = iter([(100, 400), (100 + 2 * 8 * 3, 400 + 8 * 8 * 3)])  # before, after the timed
     monkeypatch.setattr(demo_run, "_duck_moe_rows", lambda control: next(reads))
@@ -96,8 +100,7 @@ def test_the_demo_reports_the_ducks_own_counts_when_the_stats_segment_has_them(m
     assert r.measured_ducks_per_token == 2.0 and r.expert_rows_per_token == 8.0
 
 
-def test_a_wrong_result_fails_the_demos_check(monkeypatch):
-    shape = ms.MoeShape(hidden=32, seed=1)
+def test_a_wrong_result_fails_the_demos_check(monkeypatch, shape):
     placement = ms.default_placement(256, list(range(8)))
     monkeypatch.setattr(demo_run, "_duck_moe_rows", lambda control: None)
     r = demo_run._moe_batch(FakeClient(shape.moe, wrong=True), "", shape, placement, 1, 2)
@@ -130,11 +133,10 @@ def test_the_bench_sends_each_mode_as_asked_and_differences_the_counters(mode):
     assert wrong.max_rel_diff > 1e-2
 
 
-def test_the_demos_json_is_one_document_with_every_batch(monkeypatch):
+def test_the_demos_json_is_one_document_with_every_batch(monkeypatch, shape):
     import argparse
     import json
 
-    shape = ms.MoeShape(hidden=32, seed=1)
     placement = ms.default_placement(256, list(range(8)))
     monkeypatch.setattr(demo_run, "_duck_moe_rows", lambda control: None)
     reports = [
