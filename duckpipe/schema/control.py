@@ -197,6 +197,7 @@ class LoadWeights(Request, kw_only=True):
         list[Annotated[int, Meta(ge=1, le=MAX_REPLICAS)]], Meta(max_length=MAX_EXPERTS)
     ] = []
     expert_ducks: Annotated[list[DuckId], Meta(max_length=MAX_EXPERTS * MAX_REPLICAS)] = []
+    shared_ducks: Annotated[list[DuckId], Meta(max_length=MAX_DUCKS)] = []
 
 
 class UnloadLayer(Request, kw_only=True):
