@@ -67,11 +67,11 @@ struct dp_layer_moe {
     /* slots[e * DP_MAX_REPLICAS + r]: expert e's index in the bank of its r-th duck */
     uint16_t slots[8192];       /* DP_MAX_EXPERTS * DP_MAX_REPLICAS */
     uint16_t experts_on[256];   /* DP_MAX_DUCKS: routed experts in each duck's bank */
-    uint32_t expert_ffn;        /* columns of each routed expert */
-    bool has_shared;            /* the layer has a shared expert: shared_ducks is not empty */
     /* the shared expert's ducks (DP_MAX_DUCKS bits): each holds >= 1 of its columns and
      * computes them for every row; a token reaches its routed ducks and these, no other */
     uint64_t shared_ducks[4];
+    uint32_t expert_ffn;        /* columns of each routed expert */
+    bool has_shared;            /* the layer has a shared expert: shared_ducks is not empty */
 };
 
 /* What one client holds when it loads a layer, the layer it replaces left out. */

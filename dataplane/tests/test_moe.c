@@ -82,7 +82,19 @@ static void test_a_moe_load_keeps_its_placement_and_banks(void)
 	m->shard_sizes[0] += 2; /* a shared expert: every duck 2 columns */
 	m->shard_sizes[1] += 2;
 	m->shard_sizes[2] += 2;
-	CHECK(build(m, why, &l) == 0 && l->moe->has_shared, "shared: %s", why);
+	m->shared_ducks_len = 3;
+	m->shared_ducks[0] = 6; /* any order */
+	m->shared_ducks[1] = 2;
+	m->shared_ducks[2] = 4;
+	CHECK(build(m, why, &l) == 0 && l->moe->has_shared && l->moe->shared_ducks[0] == 0x54,
+	      "shared: %s", why);
+	dp_layer_free(l);
+	m->shard_sizes[0] -= 2; /* the shared expert on duck 6 alone */
+	m->shard_sizes[1] -= 2;
+	m->shared_ducks_len = 1;
+	m->shared_ducks[0] = 6;
+	CHECK(build(m, why, &l) == 0 && l->moe->has_shared && l->moe->shared_ducks[0] == 0x40,
+	      "shared on one duck: %s", why);
 	dp_layer_free(l);
 	free(m);
 }
@@ -107,8 +119,21 @@ static void test_a_bad_moe_load_is_refused_saying_why(void)
 	CHECK(build(m, why, NULL) < 0 && strstr(why, "duck 4's bank has 7 columns"), "%s", why);
 	free(m);
 	m = moe_request(0);
-	m->shard_sizes[2] += 3; /* shared columns on duck 6 only */
-	CHECK(build(m, why, NULL) < 0 && strstr(why, "every duck or none"), "%s", why);
+	m->shard_sizes[2] += 3; /* shared columns on duck 6, no shared set */
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "duck 6's bank holds 3 shared-expert columns "
+						   "but shared_ducks is empty"),
+	      "%s", why);
+	m->shared_ducks_len = 2; /* the set names a duck with none */
+	m->shared_ducks[0] = 6;
+	m->shared_ducks[1] = 4;
+	CHECK(build(m, why, NULL) < 0 &&
+		      strstr(why, "duck 4 is in shared_ducks but its bank holds no shared"),
+	      "%s", why);
+	m->shared_ducks[1] = 7; /* not the layer's */
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "shared_ducks names duck 7, which is not"),
+	      "%s", why);
+	m->shared_ducks[1] = 6;
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "shared_ducks names duck 6 twice"), "%s", why);
 	free(m);
 	m = moe_request(0);
 	m->expert_ducks[4] = m->expert_ducks[5] = 2; /* experts 4, 5: duck 6 holds none */
