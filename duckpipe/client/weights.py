@@ -260,7 +260,9 @@ def moe_layer(
     in_set = [d for d in chosen if d in shared_set]  # the shared columns go in ducks order
     cut = dict(zip(in_set, shard_sizes(shared_ffn, len(in_set)), strict=True)) if in_set else {}
     local = {d: sum(d in held for held in ducks_of) for d in chosen}
-    if ducks is None:  # the layer's ducks are the ones with work: experts or shared columns
+    if ducks is None and shared_ffn:
+        # the layer's ducks are those with work, experts or shared columns: before the
+        # shared set a shared expert gave every duck some, and a duck with none idles
         chosen = [d for d in chosen if local[d] or d in cut]
     idle = [d for d in chosen if not local[d] and d not in cut]
     if idle:
