@@ -175,9 +175,11 @@ class LoadWeights(Request, kw_only=True):
     ``expert_ducks[sum(expert_replicas[:e]) :][: expert_replicas[e]]``, each one of
     ``ducks``; a duck's shard is its bank: the ``expert_ffn`` columns of each of its
     experts, ascending by expert id, then its columns of the shared expert, so that
-    ``shard_sizes[i] - experts_on(ducks[i]) * expert_ffn`` is its shared columns: that
-    difference is 0 for every duck (no shared expert) or at least 1 for every duck.
-    ``ffn`` is the sum of ``shard_sizes``, as for the dense kinds.
+    ``shard_sizes[i] - experts_on(ducks[i]) * expert_ffn`` is its shared columns: at
+    least 1 on each duck of ``shared_ducks`` (the shared expert's set: distinct ducks of
+    ``ducks``) and 0 on every other; ``shared_ducks`` is empty exactly when the layer has
+    no shared expert. A routed forward reaches its tokens' routed ducks and the shared
+    set, no other duck. ``ffn`` is the sum of ``shard_sizes``, as for the dense kinds.
     """
 
     layer: U32
