@@ -5,8 +5,8 @@ design), done in numpy on the banks the client sent, so that a wrong bank (an ex
 columns in the wrong place) gives a wrong result here as it would on real ducks:
 
 - ``plan_of``: the LoadWeights refusals (placement against the layer's ducks, bank
-  widths, shared columns on the ducks of shared_ducks and no other, no bias) and the placement with each
-  duck's bank slots, by the C rule itself (dp_load_moe_plan through cffi);
+  widths, shared columns on the ducks of shared_ducks and no other, no bias) and the
+  placement with each duck's bank slots, by the C rule itself (dp_load_moe_plan through cffi);
 - ``check_desc`` and ``read_routing``: a descriptor's ROUTED flag against the layer's
   kind, its mode bits and target set, then the host routing table copied out of the
   slot once (its header first, topk bounded by MAX_TOPK) and checked, the copy and

@@ -226,7 +226,8 @@ def test_the_dataplane_takes_a_well_formed_moe_load(client):
         (dict(expert_ffn=0), r"MOE layer 43 needs expert_ffn >= 1"),
         (
             dict(kind=int(MlpKind.SWIGLU), ffn=64, shard_sizes=[32, 32], shared_ducks=[]),
-            r"layer 43 is dense \(kind 2\): expert_ffn, expert_replicas, expert_ducks and shared_ducks",
+            r"layer 43 is dense \(kind 2\): expert_ffn, expert_replicas, expert_ducks and "
+            "shared_ducks",
         ),
     ],
     ids=[
