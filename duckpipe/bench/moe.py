@@ -2,8 +2,8 @@
 
 One C dataplane (socket backend) and emulated ducks computing for real, on CPU 1. The
 layer: DeepSeek-V3's routing (256 experts, 8 per token by ``Gate.deepseek_v3``: 8 groups,
-4 kept, sigmoid + bias) with narrow experts and no shared expert (with one, every duck
-needs every row and unicast has nothing to save), float16, the default placement. At
+4 kept, sigmoid + bias) with narrow experts and no shared expert (the second table has
+one), float16, the default placement. At
 each batch size, the same seeded activations go through:
 
 - ``broadcast``: ``moe_send="broadcast"``, the activation and the routing table sent once
@@ -305,7 +305,7 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         'broadcast: moe_send="broadcast" (activation + routing table once, target set); '
         'unicast: moe_send="unicast" (each routed duck its own rows); dense: the same '
         "banks as one dense SwiGLU layer, no routing: every duck computes every token.",
-        "The layer has no shared expert (with one every duck needs every row). Experts are "
+        "The layer has no shared expert (moe_shared below has one). Experts are "
         "narrow so that the dense baseline's every-duck-every-token compute stays short on "
         "the emulator; the routing is DeepSeek-V3's (Gate.deepseek_v3).",
         "tx bytes / call: the dataplane's tx_bytes counter (every datagram it sent, headers "

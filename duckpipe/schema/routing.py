@@ -136,9 +136,10 @@ class RoutingError(enum.IntEnum):
 class RoutingWireFlag(enum.IntFlag):
     """Bits of a wire table's ``flags``."""
 
-    #: the layer has a shared expert: every duck of the layer the activation reaches
-    #: computes its shared-expert columns for every row, adds its section's experts,
-    #: and replies every row (a duck without a section replies the shared part alone)
+    #: the layer has a shared expert: every duck of its set (shared_ducks: its bank holds
+    #: shared columns) the activation reaches computes them for every row, adds its
+    #: section's experts, and replies every row (without a section, the shared part
+    #: alone); a duck outside the set answers its section's rows as without the flag
     SHARED = 1
 
 
