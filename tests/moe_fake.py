@@ -48,7 +48,7 @@ from duckpipe.testing.datagrams import decode, encode, payload_max
 
 __all__ = ["Bank", "FakeMoeDuck", "banks", "fake_cluster", "load_moe", "routed_forward"]
 
-_LAYER = struct.Struct("<BBHIII")  # struct dp_wire_layer
+_LAYER = struct.Struct("<BBHIIIB7x")  # struct dp_wire_layer
 _WIRE_HEADER = struct.Struct("<IBBHII")  # struct dp_routing_wire_header
 _NP = {1: np.float32, 2: np.float16, 3: BFLOAT16}
 
@@ -134,7 +134,7 @@ class FakeMoeDuck(threading.Thread):
                 layer=h.layer,
             )
             if h.op == WireOp.LAYER:
-                kind, dt, experts, hidden, ffn, effn = _LAYER.unpack(payload)
+                kind, dt, experts, hidden, ffn, effn, _wdt = _LAYER.unpack(payload)
                 self.layers[h.layer] = _Layer(kind, dt, hidden, ffn, experts, effn)
                 self._ack(h, host, common)
             elif h.op == WireOp.WEIGHT:

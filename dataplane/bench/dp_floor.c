@@ -199,7 +199,7 @@ static void announce_layer(void)
 	struct {
 		struct dp_wire_header h;
 		struct dp_wire_layer l;
-	} msg; /* 80 + 16 bytes, no padding between them */
+	} msg; /* 80 + 24 bytes, no padding between them */
 	_Static_assert(sizeof(msg) == DP_WIRE_HDR_LEN + sizeof(struct dp_wire_layer), "layout");
 	for (uint32_t d = 0; d < opt_ducks; d++) {
 		int acked = 0;

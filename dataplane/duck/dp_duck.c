@@ -60,6 +60,7 @@
 #include <sys/socket.h>
 
 #include "dp_abi.h"
+#include "dp_fp8.h"
 #include "dp_gro.h"
 #include "dp_mlp.h"
 #include "dp_reasm.h"
@@ -102,7 +103,19 @@ struct duck_layer {
 	struct dp_mlp_shard shard; /* kind, hidden, ffn, MOE experts and expert_ffn, t[0..2] */
 	float *block;              /* the one allocation holding t[0..2] */
 	uint64_t floats;
+	/* FP8 weights (weight_dtype DP_DTYPE_F8E4M3): the bank as the host sent it, each
+	 * tensor's e4m3 bytes and float32 block scales (dp_fp8.h; fp8_len[t] bytes on the
+	 * wire): fp8_n[t] e4m3 bytes at fp8 + fp8_off[t], its scales from the next multiple
+	 * of DUCK_FP8_ALIGN (fp8_scales). t[0..2] hold them dequantized (dp_mlp_fp8_dequant),
+	 * made again before a forward whenever a chunk came in since (fp8_stale): chunks land
+	 * in any order, a resent one included, and scales need not precede their weights. */
+	uint8_t weight_dtype;
+	uint8_t fp8_stale;
+	uint8_t *fp8;
+	uint64_t fp8_off[DP_SHARD_TENSORS], fp8_n[DP_SHARD_TENSORS], fp8_len[DP_SHARD_TENSORS];
 };
+
+#define DUCK_FP8_ALIGN 64u /* where a tensor's scales start after its e4m3 bytes */
 
 struct duck_input { /* an activation being reassembled */
 	uint64_t seq;       /* 0: free; else age, for eviction */
@@ -611,6 +624,7 @@ static struct duck_layer *layer_find(struct duck *d, uint32_t id)
 static void layer_free(struct duck *d, struct duck_layer *l)
 {
 	free(l->block);
+	free(l->fp8);
 	d->floats -= l->floats;
 	memset(l, 0, sizeof(*l));
 }
@@ -671,23 +685,55 @@ static int layer_bank_ok(const struct duck *d, uint32_t layer, const struct dp_w
 	return 0;
 }
 
+/* An FP8 layer's raw bytes: each tensor's e4m3 bytes (len[t] of them), then its scales
+ * from the next multiple of DUCK_FP8_ALIGN, the tensors one after the other at off[];
+ * their total, UINT64_MAX when it cannot be. */
+static uint64_t fp8_layout(const struct dp_wire_layer *w, const uint64_t *len, uint64_t *off)
+{
+	uint64_t total = 0, wire = dp_fp8_tensor_bytes(w->hidden, w->ffn, w->experts, w->expert_ffn);
+	for (unsigned t = 0; t < DP_SHARD_TENSORS; t++) {
+		off[t] = total;
+		uint64_t at = (len[t] + DUCK_FP8_ALIGN - 1) & ~(uint64_t)(DUCK_FP8_ALIGN - 1);
+		if (wire == UINT64_MAX || wire < len[t] ||
+		    __builtin_add_overflow(total, at + (wire - len[t]) + DUCK_FP8_ALIGN, &total))
+			return UINT64_MAX;
+	}
+	return total;
+}
+
+/* Where the tensor's scales begin in l->fp8. */
+static inline uint8_t *fp8_scales(const struct duck_layer *l, unsigned t)
+{
+	uint64_t at = (l->fp8_n[t] + DUCK_FP8_ALIGN - 1) & ~(uint64_t)(DUCK_FP8_ALIGN - 1);
+	return l->fp8 + l->fp8_off[t] + at;
+}
+
 static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 			 const struct dp_wire_header *h, const uint8_t *payload)
 {
 	struct dp_wire_layer w;
 	memcpy(&w, payload, sizeof(w));
 	struct duck_layer *l = layer_find(d, h->layer);
-	uint64_t len[DP_SHARD_TENSORS] = { 0 }, floats = 0;
+	uint64_t len[DP_SHARD_TENSORS] = { 0 }, floats = 0, off[DP_SHARD_TENSORS] = { 0 };
+	uint64_t raw = 0; /* FP8: bytes of the e4m3 bank and its scales */
+	const int fp8 = w.weight_dtype == DP_DTYPE_F8E4M3;
 	int ok = (w.kind == DP_MLP_KIND_GELU || w.kind == DP_MLP_KIND_SWIGLU ||
 		  w.kind == DP_MLP_KIND_MOE) &&
-		 dp_dtype_size(w.dtype) && w.hidden && w.ffn && layer_bank_ok(d, h->layer, &w);
+		 (!w.weight_dtype || (fp8 && w.kind != DP_MLP_KIND_GELU)) &&
+		 dp_dtype_is_act(w.dtype) && w.hidden && w.ffn && layer_bank_ok(d, h->layer, &w);
 	for (unsigned t = 0; ok && t < DP_SHARD_TENSORS; t++) {
 		len[t] = dp_mlp_tensor_len(w.kind, w.hidden, w.ffn, t);
 		floats += (len[t] + DUCK_TENSOR_ALIGN - 1) & ~(uint64_t)(DUCK_TENSOR_ALIGN - 1);
 	}
+	if (ok && fp8) { /* its bytes count against the budget too, in floats */
+		raw = fp8_layout(&w, len, off);
+		ok = raw != UINT64_MAX;
+		floats += ok ? (raw + 3) / 4 : 0;
+	}
 	if (ok && l && l->shard.kind == w.kind && l->dtype == w.dtype &&
-	    l->shard.hidden == w.hidden && l->shard.ffn == w.ffn &&
-	    l->shard.experts == w.experts && l->shard.expert_ffn == w.expert_ffn)
+	    l->weight_dtype == w.weight_dtype && l->shard.hidden == w.hidden &&
+	    l->shard.ffn == w.ffn && l->shard.experts == w.experts &&
+	    l->shard.expert_ffn == w.expert_ffn)
 		goto ack; /* the same announcement again (our ack was lost): keep the weights */
 	ok = ok && floats <= DUCK_MAX_FLOATS &&
 	     d->floats - (l ? l->floats : 0) + floats <= DUCK_MAX_FLOATS;
@@ -696,7 +742,12 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 			if (!d->layers[i].used)
 				l = &d->layers[i];
 	float *block = NULL;
-	if (!ok || !l || scratch_fit(&w) < 0 || !(block = calloc(floats, sizeof(float)))) {
+	uint8_t *bytes = NULL;
+	if (!ok || !l || scratch_fit(&w) < 0 ||
+	    !(block = calloc(floats - (raw + 3) / 4, sizeof(float))) ||
+	    (fp8 && !(bytes = aligned_alloc(DUCK_FP8_ALIGN, (raw + DUCK_FP8_ALIGN - 1) &
+								 ~(uint64_t)(DUCK_FP8_ALIGN - 1))))) {
+		free(block);
 		stats.layers_rejected++;
 		return; /* no ack: the host's loader reports it */
 	}
@@ -705,6 +756,16 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 	l->used = 1;
 	l->id = h->layer;
 	l->dtype = w.dtype;
+	l->weight_dtype = w.weight_dtype;
+	l->fp8 = bytes;
+	l->fp8_stale = 0;
+	for (unsigned t = 0; t < DP_SHARD_TENSORS; t++) {
+		l->fp8_off[t] = off[t];
+		l->fp8_n[t] = fp8 ? len[t] : 0;
+		l->fp8_len[t] = fp8 ? dp_fp8_tensor_bytes(w.hidden, w.ffn, w.experts, w.expert_ffn) : 0;
+	}
+	if (fp8)
+		memset(bytes, 0, raw);
 	l->shard.kind = w.kind;
 	l->shard.hidden = w.hidden;
 	l->shard.ffn = w.ffn;
@@ -729,6 +790,70 @@ ack:;
 	reply_small(d, src, &r, NULL, 0);
 }
 
+static void weight_ack(struct duck *d, const struct sockaddr_in *src,
+		       const struct dp_wire_header *h)
+{
+	struct dp_wire_header r;
+	reply_init(d, &r, DP_WIRE_OP_WEIGHT_ACK, h);
+	r.tensor = h->tensor;
+	r.chunk = h->chunk;
+	r.chunks = h->chunks;
+	r.offset = h->offset;
+	r.total = h->total;
+	stats.weight_acks++;
+	reply_small(d, src, &r, NULL, 0);
+}
+
+/* A chunk of an FP8 layer: bytes of a tensor's e4m3 weights or scales, kept as they are
+ * (any byte offset: a datagram may cut a scale in two); dequantized before the next
+ * forward (fp8_dequant). */
+static void fp8_weight(struct duck *d, const struct sockaddr_in *src, struct duck_layer *l,
+		       const struct dp_wire_header *h, const uint8_t *payload)
+{
+	uint64_t end;
+	if (h->tensor >= DP_SHARD_TENSORS || h->total != l->fp8_len[h->tensor] ||
+	    __builtin_add_overflow(h->offset, (uint64_t)h->length, &end) || end > h->total) {
+		stats.dropped_invalid++;
+		return;
+	}
+	unsigned t = h->tensor;
+	uint64_t n = l->fp8_n[t], at = h->offset, len = h->length;
+	if (at < n) { /* its e4m3 part */
+		uint64_t k = len < n - at ? len : n - at;
+		memcpy(l->fp8 + l->fp8_off[t] + at, payload, k);
+		at += k, payload += k, len -= k;
+	}
+	if (len) /* its scales' part */
+		memcpy(fp8_scales(l, t) + (at - n), payload, len);
+	l->fp8_stale = 1;
+	stats.weight_bytes += h->length;
+	weight_ack(d, src, h);
+}
+
+/* An FP8 layer's float32 weights out of its e4m3 bytes and scales, DeepSeek-V3's
+ * weight_dequant (dp_mlp_fp8_dequant); a MOE bank a payload's worth at a time through
+ * g_weight32 into its blocks (dp_mlp_bank_store), as its chunks of other dtypes go. */
+static void fp8_dequant(struct duck_layer *l)
+{
+	const struct dp_mlp_shard *s = &l->shard;
+	const uint64_t step = sizeof(g_weight32) / sizeof(g_weight32[0]);
+	for (unsigned t = 0; t < DP_SHARD_TENSORS; t++) {
+		uint64_t n = dp_mlp_tensor_len(s->kind, s->hidden, s->ffn, t);
+		const uint8_t *w = l->fp8 + l->fp8_off[t];
+		const float *scale = (const float *)(const void *)fp8_scales(l, t);
+		if (s->kind != DP_MLP_KIND_MOE) {
+			dp_mlp_fp8_dequant(s, t, w, scale, 0, n, s->t[t]);
+			continue;
+		}
+		for (uint64_t first = 0; first < n; first += step) {
+			uint64_t k = n - first < step ? n - first : step;
+			dp_mlp_fp8_dequant(s, t, w, scale, first, k, g_weight32);
+			dp_mlp_bank_store(s, t, first, g_weight32, k);
+		}
+	}
+	l->fp8_stale = 0;
+}
+
 static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 			  const struct dp_wire_header *h, const uint8_t *payload)
 {
@@ -737,11 +862,16 @@ static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 		reply_no_layer(d, src, h);
 		return;
 	}
+	if (l->weight_dtype) {
+		fp8_weight(d, src, l, h, payload);
+		return;
+	}
 	uint32_t isz = dp_dtype_size(h->dtype);
 	uint64_t n = h->tensor < DP_SHARD_TENSORS
 			     ? dp_mlp_tensor_len(l->shard.kind, l->shard.hidden, l->shard.ffn, h->tensor)
 			     : 0;
-	if (!isz || !n || h->total != n * isz || h->offset % isz || h->length % isz) {
+	if (!dp_dtype_is_act(h->dtype) || !n || h->total != n * isz || h->offset % isz ||
+	    h->length % isz) {
 		stats.dropped_invalid++;
 		return;
 	}
@@ -752,16 +882,7 @@ static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 	if (bank)
 		dp_mlp_bank_store(&l->shard, h->tensor, h->offset / isz, dst, h->length / isz);
 	stats.weight_bytes += h->length;
-
-	struct dp_wire_header r;
-	reply_init(d, &r, DP_WIRE_OP_WEIGHT_ACK, h);
-	r.tensor = h->tensor;
-	r.chunk = h->chunk;
-	r.chunks = h->chunks;
-	r.offset = h->offset;
-	r.total = h->total;
-	stats.weight_acks++;
-	reply_small(d, src, &r, NULL, 0);
+	weight_ack(d, src, h);
 }
 
 /* ---------------------------------------------------------- inputs, outputs */
@@ -1034,6 +1155,8 @@ static void forward_complete(struct duck *d, const struct sockaddr_in *src,
 		in->seq = 0;
 		return;
 	}
+	if (l && l->fp8_stale) /* FP8 chunks came in since the last forward */
+		fp8_dequant(l);
 	if (l && l->dtype == in->dtype && routed) {
 		moe_forward(d, src, in, l, h);
 		return;
@@ -1081,7 +1204,8 @@ static void handle_forward(struct duck *d, const struct sockaddr_in *src,
 		return;
 	}
 	uint32_t isz = dp_dtype_size(h->dtype);
-	if (!isz || !h->rows || !h->total || h->total % isz || h->total > g_msg_cap ||
+	if (!dp_dtype_is_act(h->dtype) || !h->rows || !h->total || h->total % isz ||
+	    h->total > g_msg_cap ||
 	    h->chunks > DP_REASM_MAX_CHUNKS) {
 		stats.dropped_invalid++;
 		return;

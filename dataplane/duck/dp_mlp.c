@@ -23,6 +23,7 @@
 
 #include "dp_abi.h"
 #include "dp_f16.h"
+#include "dp_fp8.h"
 #include "dp_mlp.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -449,4 +450,53 @@ void dp_mlp_scale(float *restrict out, const float *restrict x, size_t n, float 
 {
 	for (size_t i = 0; i < n; i++)
 		out[i] = x[i] * k;
+}
+
+/* The first column past c's 128-block in a shard of experts blocks of expert_ffn, then
+ * the rest (dp_fp8.h): where the next scale begins. */
+static uint64_t fp8_block_end(uint64_t c, uint32_t experts, uint32_t expert_ffn)
+{
+	uint64_t routed = (uint64_t)experts * expert_ffn;
+	if (c < routed) {
+		uint64_t base = c / expert_ffn * expert_ffn, j = c - base;
+		uint64_t end = (j / DP_FP8_BLOCK + 1) * DP_FP8_BLOCK;
+		return base + (end < expert_ffn ? end : expert_ffn);
+	}
+	return routed + ((c - routed) / DP_FP8_BLOCK + 1) * DP_FP8_BLOCK;
+}
+
+void dp_mlp_fp8_dequant(const struct dp_mlp_shard *s, unsigned t, const uint8_t *w,
+			const float *scale, uint64_t first, uint64_t n, float *dst)
+{
+	float lut[256]; /* every e4m3 value: a load, not bit arithmetic, per weight */
+	for (unsigned b = 0; b < 256; b++)
+		lut[b] = dp_f8e4m3_to_f32((uint8_t)b);
+	/* t0, t1: rows are hidden, columns the shard's; t2 the other way round */
+	const int down = t == 2;
+	const uint64_t cols = down ? s->hidden : s->ffn;
+	const uint64_t hb = dp_fp8_blocks(s->hidden);
+	const uint64_t cb = dp_fp8_scale_cols(s->ffn, s->experts, s->expert_ffn);
+	const uint64_t end = first + n;
+	/* runs of one row sharing one scale: to the row's end, or its block's */
+	for (uint64_t i = first; i < end;) {
+		uint64_t r = i / cols, c = i % cols, stop, at;
+		if (down) {
+			at = dp_fp8_scale_col((uint32_t)r, s->experts, s->expert_ffn) * hb +
+			     c / DP_FP8_BLOCK;
+			stop = (c / DP_FP8_BLOCK + 1) * DP_FP8_BLOCK;
+		} else {
+			at = r / DP_FP8_BLOCK * cb +
+			     dp_fp8_scale_col((uint32_t)c, s->experts, s->expert_ffn);
+			stop = fp8_block_end(c, s->experts, s->expert_ffn);
+		}
+		uint64_t k = (stop < cols ? stop : cols) - c;
+		if (k > end - i)
+			k = end - i;
+		const float sc = scale[at];
+		float *o = dst + (i - first);
+		const uint8_t *q = w + i;
+		for (uint64_t j = 0; j < k; j++)
+			o[j] = lut[q[j]] * sc; /* one float32 product, as weight_dequant */
+		i += k;
+	}
 }

@@ -102,6 +102,15 @@ void dp_mlp_expert_rows(const struct dp_mlp_expert *e, const float *x, const uin
 			const float *weight, uint32_t n, float *y, const uint32_t *y_rows,
 			float *scratch);
 
+/* dst[k] = element first + k of shard tensor t (0..2, SWIGLU or MOE, the wire's order:
+ * t0, t1 [hidden x ffn], t2 [ffn x hidden]) of an FP8 layer, dequantized exactly as
+ * DeepSeek-V3's weight_dequant: (float)e4m3 * its 128x128 block's float32 scale, one
+ * float32 multiplication (dp_fp8.h). w: the tensor's e4m3 bytes; scale: its grid
+ * (hb x cb for t0, t1; cb x hb for t2), the shard's experts and expert_ffn giving each
+ * column's grid column. The caller checked first + n against dp_mlp_tensor_len. */
+void dp_mlp_fp8_dequant(const struct dp_mlp_shard *s, unsigned t, const uint8_t *w,
+			const float *scale, uint64_t first, uint64_t n, float *dst);
+
 /* out[i] = x[i] * k: the emulator's cheap, checkable "echo" compute. */
 void dp_mlp_scale(float *out, const float *x, size_t n, float k);
 

@@ -28,6 +28,7 @@
 
 #include "dp_abi.h"
 #include "dp_ctl_gen.h"
+#include "dp_fp8.h"
 #include "dp_routing.h"
 
 /* @cdef-begin: cffi parses from here */
@@ -140,6 +141,32 @@ static inline int dp_attach_admit(const struct dp_attach_census *c,
 
 /* --- LoadWeights ----------------------------------------------------------------------- */
 
+/* A LoadWeights' weight_dtype: 0 (the weights in dtype) or F8E4M3 for the SwiGLU kinds;
+ * an FP8 dense layer is cut between 128-column blocks (dp_fp8.h: a duck holds whole
+ * blocks and their scales), only the last duck's shard may end in a partial block. */
+static inline int dp_load_fp8_check(const struct dp_ctl_load_weights *m, char *why, size_t n)
+{
+	if (m->weight_dtype == 0)
+		return 0;
+	if (m->weight_dtype != DP_DTYPE_F8E4M3 || m->kind == DP_MLP_KIND_GELU)
+		return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+					 "layer %u: weight_dtype %u; give 0 (the layer's dtype) "
+					 "or %u (float8 e4m3 with block scales, SWIGLU and MOE "
+					 "only)",
+					 m->layer, m->weight_dtype, DP_DTYPE_F8E4M3);
+	if (m->kind != DP_MLP_KIND_SWIGLU)
+		return 0; /* a MOE bank's shared columns: dp_load_moe_banks */
+	for (uint32_t i = 0; i + 1 < m->shard_sizes_len && i < DP_MAX_DUCKS; i++)
+		if (m->shard_sizes[i] % DP_FP8_BLOCK)
+			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+						 "FP8 layer %u: duck %u's shard has %u columns; "
+						 "an FP8 layer is cut between %u-column blocks "
+						 "(only the last shard may end in a partial one)",
+						 m->layer, m->ducks[i], m->shard_sizes[i],
+						 DP_FP8_BLOCK);
+	return 0;
+}
+
 /* Every bound of a LoadWeights before anything is allocated (hidden 2^32-1 once reserved
  * two 16 GiB buffers): hidden and ffn within the config's, one shard size per duck
  * summing to ffn, each duck in the topology (topology[id] >= 0: DP_MAX_DUCKS entries)
@@ -170,7 +197,7 @@ static inline int dp_load_check(const struct dp_ctl_load_weights *m,
 						 d);
 		seen[d >> 6] |= 1ull << (d & 63);
 	}
-	return 0;
+	return dp_load_fp8_check(m, why, n);
 }
 
 /* The placement out of the request's flattened lists; ducks[] holds the layer's ducks. */
@@ -248,6 +275,11 @@ static inline int dp_load_moe_shared(const struct dp_ctl_load_weights *m,
 static inline int dp_load_moe_banks(const struct dp_ctl_load_weights *m,
 				    struct dp_layer_moe *moe, char *why, size_t n)
 {
+	/* FP8: the last duck of the set, in ducks order, may hold a partial 128-block */
+	uint32_t last_shared = UINT32_MAX;
+	for (uint32_t i = 0; i < m->ducks_len; i++)
+		if (moe->shared_ducks[m->ducks[i] >> 6] >> (m->ducks[i] & 63) & 1)
+			last_shared = i;
 	for (uint32_t i = 0; i < m->ducks_len; i++) {
 		uint32_t d = m->ducks[i];
 		uint64_t routed = (uint64_t)moe->experts_on[d] * m->expert_ffn;
@@ -278,6 +310,15 @@ static inline int dp_load_moe_banks(const struct dp_ctl_load_weights *m,
 						 "and the layer has no shared expert: it "
 						 "would compute nothing",
 						 m->layer, d);
+		if (m->weight_dtype && i != last_shared && (m->shard_sizes[i] - routed) % DP_FP8_BLOCK)
+			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+						 "FP8 MOE layer %u: duck %u holds %llu "
+						 "shared-expert columns; the shared expert is cut "
+						 "between %u-column blocks (only the last duck's "
+						 "may end in a partial one)",
+						 m->layer, d,
+						 (unsigned long long)(m->shard_sizes[i] - routed),
+						 DP_FP8_BLOCK);
 	}
 	return 0;
 }
@@ -337,6 +378,32 @@ static inline uint64_t dp_load_state_bytes(const struct dp_ctl_load_weights *m)
 	return m->kind == DP_MLP_KIND_MOE ? DP_MOE_LAYER_STATE_BYTES : 0;
 }
 
+/* Routed experts on duck d: its entries in expert_ducks (the bank dp_load_moe_plan builds). */
+static inline uint32_t dp_load_experts_on(const struct dp_ctl_load_weights *m, uint32_t d)
+{
+	uint32_t k = 0;
+	for (uint32_t j = 0; j < m->expert_ducks_len && j < DP_MAX_EXPERTS * DP_MAX_REPLICAS; j++)
+		k += m->expert_ducks[j] == d;
+	return k;
+}
+
+/* dp_load_plan_bytes of an FP8 layer: every duck's three tensors of e4m3 bytes and
+ * float32 block scales (dp_fp8_tensor_bytes), and the MoE state. */
+static inline uint64_t dp_load_fp8_plan_bytes(const struct dp_ctl_load_weights *m)
+{
+	uint64_t total = 0, b;
+	bool moe = m->kind == DP_MLP_KIND_MOE;
+	for (uint32_t i = 0; i < m->shard_sizes_len && i < DP_MAX_DUCKS; i++) {
+		uint32_t experts = moe && i < m->ducks_len ? dp_load_experts_on(m, m->ducks[i]) : 0;
+		b = dp_fp8_tensor_bytes(m->hidden, m->shard_sizes[i], experts,
+					moe ? m->expert_ffn : 0);
+		if (b == UINT64_MAX || __builtin_mul_overflow(b, (uint64_t)DP_SHARD_TENSORS, &b) ||
+		    __builtin_add_overflow(total, b, &total))
+			return UINT64_MAX;
+	}
+	return __builtin_add_overflow(total, dp_load_state_bytes(m), &total) ? UINT64_MAX : total;
+}
+
 /* Bytes a LoadWeights stands for, against its owner's client_max_weight_bytes: every
  * duck's shard tensors (dp_shard_tensor_bytes' sizes: the schema's TENSOR_SHAPES and
  * DTYPE_SIZES), b_down (raw and float: 8 bytes a column), and a MoE layer's placement and
@@ -345,6 +412,8 @@ static inline uint64_t dp_load_state_bytes(const struct dp_ctl_load_weights *m)
 static inline uint64_t dp_load_plan_bytes(const struct dp_ctl_load_weights *m)
 {
 	uint64_t total = 0, item = dp_dtype_size((uint8_t)m->dtype), b;
+	if (m->weight_dtype == DP_DTYPE_F8E4M3)
+		return dp_load_fp8_plan_bytes(m);
 	for (uint32_t i = 0; i < m->shard_sizes_len && i < DP_MAX_DUCKS; i++)
 		for (uint32_t t = 0; t < DP_SHARD_TENSORS; t++)
 			if (__builtin_mul_overflow(dp_tensor_elems((uint8_t)m->kind, m->hidden,

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "dp_abi.h"
+#include "dp_fp8.h"
 #include "dp_routing.h"
 
 /* @cdef-begin: cffi parses from here */
@@ -64,6 +65,11 @@ struct dp_desc_layer {
     bool foreign;
     const int16_t *index;  /* DP_MAX_DUCKS entries: duck id -> its shard's index, or -1 */
     const uint32_t *shard; /* FFN columns of the shard at each index */
+    /* FP8 weights (weight_dtype DP_DTYPE_F8E4M3, else 0): a tensor is its e4m3 bytes and
+     * its block scales, sized by each duck's experts (dp_fp8.h) */
+    uint8_t weight_dtype;
+    uint32_t expert_ffn;          /* MOE: columns of each routed expert */
+    const uint16_t *experts_on;   /* MOE: DP_MAX_DUCKS entries, by duck id; else NULL */
 };
 
 /* What a descriptor that passed asks for, computed once with checked arithmetic. */
@@ -96,6 +102,17 @@ static inline uint64_t dp_shard_tensor_bytes(uint8_t kind, uint8_t dtype, uint32
 	if (__builtin_mul_overflow(dp_tensor_elems(kind, hidden, ffn, t), dp_dtype_size(dtype), &n))
 		return UINT64_MAX;
 	return n;
+}
+
+/* Bytes of shard tensor t of duck `duck` (at index i) of layer l: FP8 weights with their
+ * scales (dp_fp8_tensor_bytes), else dp_shard_tensor_bytes. */
+static inline uint64_t dp_desc_tensor_bytes(const struct dp_desc_layer *l, uint32_t duck,
+					    uint32_t i, uint32_t t)
+{
+	if (l->weight_dtype != DP_DTYPE_F8E4M3)
+		return dp_shard_tensor_bytes(l->kind, l->dtype, l->hidden, l->shard[i], t);
+	uint32_t experts = l->experts_on && duck < DP_MAX_DUCKS ? l->experts_on[duck] : 0;
+	return dp_fp8_tensor_bytes(l->hidden, l->shard[i], experts, l->experts_on ? l->expert_ffn : 0);
 }
 
 static inline int dp_desc_refuse(char *why, size_t whylen, const char *fmt, ...)
@@ -227,7 +244,7 @@ static inline int dp_desc_check_weight(const struct dp_client_layout *c,
 	} else {
 		int16_t i = d->duck < DP_MAX_DUCKS ? l->index[d->duck] : -1;
 		if (i < 0 || d->tensor >= DP_SHARD_TENSORS ||
-		    end > dp_shard_tensor_bytes(l->kind, l->dtype, l->hidden, l->shard[i], d->tensor))
+		    end > dp_desc_tensor_bytes(l, d->duck, (uint32_t)i, d->tensor))
 			return dp_desc_refuse(why, whylen,
 					      "duck %u tensor %u [%lu, +%lu) is not in layer %u",
 					      d->duck, d->tensor, (unsigned long)d->offset,

@@ -9,6 +9,7 @@
 
 #include "dp_abi.h"
 #include "dp_f16.h"
+#include "dp_fp8.h"
 #include "dp_mlp.h"
 #include "test_check.h"
 
@@ -314,8 +315,76 @@ static void test_to_f32(void)
 	CHECK(!memcmp(got, raw + 1, 400), "to_f32 f32 copies");
 }
 
+/* e4m3fn by its definition, in double: S EEEE MMM, bias 7, subnormal at E 0, the one NaN
+ * pattern S.1111.111, no infinities (OCP FP8, torch.float8_e4m3fn). */
+static double ref_e4m3(unsigned b)
+{
+	unsigned e = (b >> 3) & 15, m = b & 7;
+	if (e == 15 && m == 7)
+		return NAN;
+	double v = e ? ldexp(1.0 + m / 8.0, (int)e - 7) : ldexp(m / 8.0, -6);
+	return (b & 0x80) ? -v : v;
+}
+
+static void test_e4m3(void)
+{
+	size_t bad = 0;
+	for (unsigned b = 0; b < 256; b++) {
+		float f = dp_f8e4m3_to_f32((uint8_t)b);
+		if ((b & 0x7f) == 0x7f)
+			bad += !isnan(f);
+		else
+			bad += (double)f != ref_e4m3(b) || !!signbit(f) != !!(b & 0x80);
+	}
+	CHECK(!bad, "e4m3: %zu of 256 codes wrong", bad);
+	CHECK(dp_f8e4m3_to_f32(0x7e) == 448.0f && dp_f8e4m3_to_f32(0x01) == 0x1p-9f,
+	      "e4m3 largest %g, smallest %g", dp_f8e4m3_to_f32(0x7e), dp_f8e4m3_to_f32(0x01));
+}
+
+/* A bank of 2 experts of 136 columns and 40 shared ones, hidden 200 (neither a multiple
+ * of 128): every element of every tensor is (float)e4m3 * the scale of its own block,
+ * the block found here from the official rule, expert by expert (grid columns 0-1 expert
+ * 0's, 2-3 expert 1's, 4 the shared columns'), rows by i / 128. */
+static void test_fp8_dequant(void)
+{
+	enum { H = 200, EF = 136, EX = 2, SH = 40, F = EX * EF + SH, HB = 2, CB = 5 };
+	struct dp_mlp_shard s = { .kind = DP_MLP_KIND_MOE, .hidden = H, .ffn = F,
+				  .experts = EX, .expert_ffn = EF };
+	CHECK(dp_fp8_scale_cols(F, EX, EF) == CB, "grid columns %llu",
+	      (unsigned long long)dp_fp8_scale_cols(F, EX, EF));
+	CHECK(dp_fp8_tensor_bytes(H, F, EX, EF) == (uint64_t)H * F + 4 * HB * CB, "tensor bytes");
+	CHECK(dp_fp8_scale_cols(300, 0, 0) == 3, "a dense shard of 300 columns has 3 blocks");
+	static uint8_t w[H * F];
+	static float got[H * F];
+	float grid[HB * CB];
+	for (size_t i = 0; i < sizeof(w); i++)
+		w[i] = (uint8_t)((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+	for (unsigned i = 0; i < HB * CB; i++)
+		grid[i] = ldexpf(1.0f + (float)i / 16, -(int)i); /* every block its own */
+	for (unsigned t = 0; t < 3; t++) {
+		size_t bad = 0;
+		/* in two pieces, the second starting mid-row: a payload's worth at a time */
+		dp_mlp_fp8_dequant(&s, t, w, grid, 0, 1001, got);
+		dp_mlp_fp8_dequant(&s, t, w, grid, 1001, (uint64_t)H * F - 1001, got + 1001);
+		for (uint32_t r = 0; r < (t == 2 ? F : H); r++)
+			for (uint32_t c = 0; c < (t == 2 ? H : F); c++) {
+				uint32_t bank = t == 2 ? r : c, other = t == 2 ? c : r;
+				uint32_t col = bank < EX * EF ? bank / EF * 2 + bank % EF / 128
+							      : 4 + (bank - EX * EF) / 128;
+				float sc = t == 2 ? grid[col * HB + other / 128]
+						  : grid[other / 128 * CB + col];
+				size_t i = (size_t)r * (t == 2 ? H : F) + c;
+				float want = (float)ref_e4m3(w[i]) * sc; /* one float32 product */
+				bad += !(got[i] == want || (isnan(got[i]) && isnan(want)));
+			}
+		CHECK(!bad, "fp8 dequant tensor %u: %zu of %d elements wrong", t, bad, H * F);
+	}
+}
+
 int main(void)
 {
+	test_e4m3();
+	test_fp8_dequant();
 	test_kernels();
 	test_rows();
 	test_f16_to_f32();

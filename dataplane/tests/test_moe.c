@@ -1,8 +1,8 @@
 /* test_moe.c: the dataplane's side of a routed (MoE) forward, piece by piece: a MOE
  * layer's load (placement, bank slots, the refusals), the descriptor's routed rules and
  * the routing table's copy out of the slot, the mode rule, a duck's reply row map, the
- * row-mapped sum (chunks cut anywhere in a row, float32 and float16), and the message
- * naming a duck's experts. Exit 0 pass, 1 fail. */
+ * row-mapped sum (chunks cut anywhere in a row, float32 and float16), the message
+ * naming a duck's experts, and the placement a Layers reply lists. Exit 0 pass, 1 fail. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -417,6 +417,33 @@ static void test_a_missing_duck_is_named_with_its_experts(void)
 	free(m);
 }
 
+/* LayerInfo's expert_replicas, expert_ducks and shared_ducks, as a Layers reply lists
+ * them: the placement as LoadWeights gave it, and the ducks with shared columns. */
+static void test_the_placement_is_listed_for_layer_info(void)
+{
+	static const uint32_t replicas[6] = { 1, 1, 1, 1, 1, 2 };
+	static const uint32_t placed[7] = { 2, 2, 4, 4, 6, 6, 2 };
+	static const uint32_t all[3] = { 2, 4, 6 };
+	for (uint32_t shared_cols = 0; shared_cols <= 2; shared_cols += 2) {
+		struct dp_ctl_load_weights *m = moe_request(shared_cols);
+		struct dp_layer *l;
+		char why[DP_DESC_WHY_LEN] = "";
+		CHECK(build(m, why, &l) == 0, "%s", why);
+		size_t n = dp_layer_moe_list_words(l);
+		CHECK(n == 6 + 7 + 3, "words %zu", n);
+		uint32_t words[16];
+		struct dp_moe_listing ls;
+		dp_layer_moe_list(l, words, &ls);
+		CHECK(ls.n_experts == 6 && !memcmp(ls.replicas, replicas, sizeof(replicas)),
+		      "replicas");
+		CHECK(ls.n_placed == 7 && !memcmp(ls.ducks, placed, sizeof(placed)), "ducks");
+		CHECK(ls.n_shared == (shared_cols ? 3u : 0u), "shared ducks %u", ls.n_shared);
+		CHECK(!shared_cols || !memcmp(ls.shared, all, sizeof(all)), "shared ducks 2 4 6");
+		dp_layer_free(l);
+		free(m);
+	}
+}
+
 int main(void)
 {
 	test_a_moe_load_keeps_its_placement_and_banks();
@@ -427,5 +454,6 @@ int main(void)
 	test_row_maps_from_a_split();
 	test_the_row_mapped_sum();
 	test_a_missing_duck_is_named_with_its_experts();
+	test_the_placement_is_listed_for_layer_info();
 	return test_result("test_moe");
 }

@@ -138,7 +138,7 @@ static void test_reduce(void)
 {
 	CHECK(dp_dtype_size(DP_DTYPE_F32) == 4 && dp_dtype_size(DP_DTYPE_F16) == 2 &&
 		      dp_dtype_size(DP_DTYPE_BF16) == 2 && dp_dtype_size(0) == 0 &&
-		      dp_dtype_size(4) == 0,
+		      dp_dtype_size(DP_DTYPE_F8E4M3) == 1 && dp_dtype_size(5) == 0,
 	      "dtype sizes");
 
 	float acc[6] = { 1, 1, 1, 1, 1, 1 };

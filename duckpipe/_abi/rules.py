@@ -102,6 +102,7 @@ def load_request(msg: ctl.LoadWeights) -> Any:
     m.has_b_down = msg.has_b_down
     m.shared = msg.shared
     m.expert_ffn = msg.expert_ffn
+    m.weight_dtype = msg.weight_dtype
     for name in ("ducks", "shard_sizes", "expert_replicas", "expert_ducks", "shared_ducks"):
         values = list(getattr(msg, name))[: len(getattr(m, name))]
         getattr(m, name)[0 : len(values)] = values

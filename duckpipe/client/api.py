@@ -644,6 +644,12 @@ class Client:
                 "call submit without routing="
             )
         moe = session.moe.get(layer)
+        if moe is None or (moe.info is not None and moe.info is not info):
+            # a layer another client loaded (a shared one: layer_info refused the rest):
+            # its LayerInfo carries the placement; rebuilt when a newer one arrives
+            moe = weights.moe_view(info)
+            if moe is not None:
+                session.moe[layer] = moe
         if moe is None:
             raise BadInput(
                 f"layer {layer} is a mixture of experts this client did not load, so it does "

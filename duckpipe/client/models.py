@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import BadInput
 from ..schema.abi import TENSOR_NAMES, DType, MlpKind, tensor_shape
+from . import fp8
 
 __all__ = [
     "BFLOAT16",
@@ -58,8 +59,8 @@ def numpy_dtype(code: int) -> np.dtype:
     """The numpy dtype of a DType code (a layer's, a descriptor's)."""
     try:
         return _NUMPY[DType(code)]
-    except ValueError:
-        raise BadInput(f"dtype code {code} is not one of {[int(c) for c in DType]}") from None
+    except (ValueError, KeyError):  # F8E4M3 is a DType of weights only: no activation has it
+        raise BadInput(f"dtype code {code} is not one of {[int(c) for c in _NUMPY]}") from None
 
 
 def is_float_dtype(dtype: np.dtype) -> bool:
@@ -203,10 +204,87 @@ class SwiGluMlp:
     w_up: np.ndarray  # [hidden, ffn]
     w_down: np.ndarray  # [ffn, hidden]
     b_down: None = None  # SwiGLU MLPs here carry no bias
+    #: FP8 (duckpipe.client.fp8): the weights float8_e4m3fn in this [in, out] layout and
+    #: each one's scale grid, [ceil(rows/128), ceil(cols/128)] of its own rows and columns
+    #: (float32 or ue8m0; held as float32). None: the weights are not FP8.
+    s_gate: np.ndarray | None = None
+    s_up: np.ndarray | None = None
+    s_down: np.ndarray | None = None
+    #: FP8: the activations' (and partials') dtype; the weights' own dtype otherwise
+    act_dtype: np.dtype | None = None
 
     def __post_init__(self) -> None:
+        if self.is_fp8:
+            self._check_fp8()
+            return
+        if self.act_dtype is not None:
+            raise BadInput("SwiGluMlp.act_dtype is for FP8 weights (SwiGluMlp.from_fp8)")
         h, f = _infer_dims(self)
         _check_shapes(self, _shard_shapes(self.kind, h, f))
+
+    @property
+    def is_fp8(self) -> bool:
+        return any(getattr(self, n) is not None for n in ("s_gate", "s_up", "s_down")) or (
+            isinstance(self.w_gate, np.ndarray) and self.w_gate.dtype == fp8.FLOAT8_E4M3
+        )
+
+    def _check_fp8(self) -> None:
+        if not isinstance(self.w_gate, np.ndarray) or self.w_gate.ndim != 2:
+            raise BadInput("SwiGluMlp.w_gate must be a 2-D numpy array")
+        want = _shard_shapes(self.kind, *self.w_gate.shape)
+        for name in self.TENSORS:
+            w, s = getattr(self, name), getattr(self, "s" + name[1:])
+            if s is None:
+                raise BadInput(f"SwiGluMlp.{name} is FP8 but s{name[1:]} (its scales) is None")
+            sf = fp8.check_fp8(w, s, f"SwiGluMlp.{name}")
+            if w.shape != want[name]:
+                raise BadInput(
+                    f"SwiGluMlp.{name} has shape {w.shape}, expected {want[name]} (x @ w "
+                    "layout; SwiGluMlp.from_fp8 takes the checkpoint's [out, in])"
+                )
+            object.__setattr__(self, "s" + name[1:], np.ascontiguousarray(sf))
+        act = np.dtype(ml_dtypes.bfloat16 if self.act_dtype is None else self.act_dtype)
+        if act not in DTYPES:
+            raise BadInput(f"SwiGluMlp.act_dtype {act} is not supported; use {_NAMES}")
+        object.__setattr__(self, "act_dtype", act)
+
+    @classmethod
+    def from_fp8(
+        cls,
+        w_gate: np.ndarray,
+        w_up: np.ndarray,
+        w_down: np.ndarray,
+        s_gate: np.ndarray,
+        s_up: np.ndarray,
+        s_down: np.ndarray,
+        *,
+        act_dtype=ml_dtypes.bfloat16,
+    ) -> SwiGluMlp:
+        """An FP8 SwiGLU from the checkpoint's own tensors, torch's Linear layout:
+        w_gate, w_up [ffn, hidden] and w_down [hidden, ffn] float8_e4m3fn (DeepSeek-V3's
+        w1, w3, w2), each with its ``weight_scale_inv`` [ceil(out/128), ceil(in/128)]
+        (float32, or float8_e8m0fnu for V3.2's ue8m0). Held transposed, as x @ w wants;
+        activations in ``act_dtype``."""
+        given = (("w_gate", w_gate, s_gate), ("w_up", w_up, s_up), ("w_down", w_down, s_down))
+        for n, w, s in given:
+            fp8.check_fp8(w, s, f"SwiGluMlp.from_fp8 {n}")
+        return cls(
+            w_gate=np.ascontiguousarray(w_gate.T),
+            w_up=np.ascontiguousarray(w_up.T),
+            w_down=np.ascontiguousarray(w_down.T),
+            s_gate=np.ascontiguousarray(fp8.scales_f32(s_gate).T),
+            s_up=np.ascontiguousarray(fp8.scales_f32(s_up).T),
+            s_down=np.ascontiguousarray(fp8.scales_f32(s_down).T),
+            act_dtype=act_dtype,
+        )
+
+    def dequantized(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The three weights in float32: dequantized (fp8.weight_dequant) when FP8."""
+        if not self.is_fp8:
+            return tuple(getattr(self, n).astype(np.float32) for n in self.TENSORS)  # type: ignore[return-value]
+        return tuple(  # type: ignore[return-value]
+            fp8.weight_dequant(getattr(self, n), getattr(self, "s" + n[1:])) for n in self.TENSORS
+        )
 
     @property
     def hidden(self) -> int:
@@ -218,6 +296,11 @@ class SwiGluMlp:
 
     @property
     def dtype(self) -> np.dtype:
+        """The layer's dtype: activations and partials (and the weights unless FP8)."""
+        return self.act_dtype if self.act_dtype is not None else self.w_gate.dtype
+
+    @property
+    def weight_dtype(self) -> np.dtype:
         return self.w_gate.dtype
 
     def shard(self, lo: int, hi: int) -> tuple[np.ndarray, ...]:
@@ -227,11 +310,19 @@ class SwiGluMlp:
             np.ascontiguousarray(self.w_down[lo:hi, :]),
         )
 
+    def shard_scales(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """FP8: the scale grids of columns [lo, hi) (lo, hi between 128-blocks, or hi the
+        layer's end): s_gate's and s_up's block columns, s_down's block rows."""
+        _, sg, _, sd = fp8.shard_fp8(self.w_gate, self.s_gate, self.w_down, self.s_down, lo, hi)
+        _, su, _, _ = fp8.shard_fp8(self.w_up, self.s_up, self.w_down, self.s_down, lo, hi)
+        return sg, su, sd
+
     def reference(self, x: np.ndarray) -> np.ndarray:
         xf = x.astype(np.float32)
-        g = xf @ self.w_gate.astype(np.float32)
-        u = xf @ self.w_up.astype(np.float32)
-        return ((silu(g) * u) @ self.w_down.astype(np.float32)).astype(x.dtype)
+        w_gate, w_up, w_down = self.dequantized()
+        g = xf @ w_gate
+        u = xf @ w_up
+        return ((silu(g) * u) @ w_down).astype(x.dtype)
 
     @classmethod
     def random(cls, hidden: int, ffn: int, dtype=np.float32, seed: int = 0):

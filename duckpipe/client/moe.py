@@ -305,7 +305,7 @@ class MoeMlp:
                     f"MoeMlp expert {i} has hidden {e.hidden}, ffn {e.ffn} but expert 0 has "
                     f"hidden {first.hidden}, ffn {first.ffn}: all experts must share one shape"
                 )
-            if e.dtype != first.dtype:
+            if e.dtype != first.dtype or e.weight_dtype != first.weight_dtype:
                 raise BadInput(
                     f"MoeMlp expert {i} holds {e.dtype} but expert 0 holds {first.dtype}: "
                     "all experts must share one dtype; convert them before building the layer"
@@ -320,7 +320,7 @@ class MoeMlp:
                 raise BadInput(
                     f"MoeMlp.shared has hidden {s.hidden} but the experts have {first.hidden}"
                 )
-            if s.dtype != first.dtype:
+            if s.dtype != first.dtype or s.weight_dtype != first.weight_dtype:
                 raise BadInput(
                     f"MoeMlp.shared holds {s.dtype} but the experts hold {first.dtype}: "
                     "the layer has one dtype"

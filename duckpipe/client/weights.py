@@ -12,13 +12,21 @@ expert id, ``expert_ffn`` each), then its columns of the shared expert, which is
 like a dense shard over the shared expert's set (``shared_ducks``: a token is sent to
 its routed ducks and that set only). ``LoadWeights`` also carries the placement
 (``expert_replicas``, ``expert_ducks``, ``shared_ducks``), and the client keeps it
-(:class:`MoeLayer`) to check routings and to say which experts a lost duck held.
+(:class:`MoeLayer`) to check routings and to say which experts a lost duck held. A
+client that did not load a (shared) MOE layer builds the same view from its LayerInfo
+(:func:`moe_view`), which carries the placement too.
+
+FP8 weights (``SwiGluMlp.from_fp8``, duckpipe/client/fp8.py) go as ``weight_dtype``
+F8E4M3: each shard tensor is its e4m3 bytes then its float32 scale grid (its blocks'
+grids side by side for a bank); a dense layer and the shared expert are cut between
+128-column blocks (``fp8.block_shard_sizes``) so every duck holds whole blocks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -29,10 +37,18 @@ import numpy as np
 from ..errors import BadInput, LayerFailed, WaitTimeout
 from ..progress import Progress
 from ..schema import control as ctl
-from ..schema.abi import B_DOWN_TENSOR, MlpKind, Op, Status
+from ..schema.abi import B_DOWN_TENSOR, DType, MlpKind, Op, Status
 from ..schema.routing import MAX_EXPERTS, MAX_REPLICAS
-from . import routing
-from .models import GeluMlp, Mlp, SwiGluMlp, dtype_code, shard_bounds, shard_sizes
+from . import fp8, routing
+from .models import (
+    GeluMlp,
+    Mlp,
+    SwiGluMlp,
+    dtype_code,
+    numpy_dtype,
+    shard_bounds,
+    shard_sizes,
+)
 from .moe import MoeMlp
 
 #: A chunk unacknowledged this long names its duck on the progress bar ("waiting for
@@ -49,6 +65,7 @@ __all__ = [
     "default_shared_ducks",
     "load_weights",
     "moe_layer",
+    "moe_view",
 ]
 
 #: The most a duck's bank may take, in the float32 a duck keeps its weights in: the duck
@@ -75,6 +92,9 @@ class MoeLayer:
     placement: tuple[tuple[int, ...], ...]  # placement[e]: the ducks of expert e's replicas
     bank_sizes: tuple[int, ...]  # columns of each duck's bank, in ``ducks`` order
     shared_ducks: tuple[int, ...] = ()  # the shared expert's set (empty: no shared expert)
+    # the LayerInfo this view was built from (moe_view), None for the loader's own plan:
+    # a newer LayerInfo of the layer (reloaded) makes the view stale
+    info: ctl.LayerInfo | None = None
 
     def experts_on(self, duck: int) -> list[int]:
         """The experts ``duck`` holds, ascending: its bank slots 0, 1, ..."""
@@ -258,7 +278,8 @@ def moe_layer(
     shared_ffn = moe.shared.ffn if moe.shared is not None else 0
     shared_set = _shared_set(moe, chosen, ducks_of, all_ducks, nic_of)
     in_set = [d for d in chosen if d in shared_set]  # the shared columns go in ducks order
-    cut = dict(zip(in_set, shard_sizes(shared_ffn, len(in_set)), strict=True)) if in_set else {}
+    cutter = fp8.block_shard_sizes if _is_fp8(moe) else shard_sizes  # FP8: whole 128-blocks
+    cut = dict(zip(in_set, cutter(shared_ffn, len(in_set)), strict=True)) if in_set else {}
     local = {d: sum(d in held for held in ducks_of) for d in chosen}
     if ducks is None and shared_ffn:
         # the layer's ducks are those with work, experts or shared columns: before the
@@ -285,6 +306,34 @@ def moe_layer(
     )
 
 
+def moe_view(info: ctl.LayerInfo) -> MoeLayer | None:
+    """What a client that did not load MOE layer ``info`` knows of it, from the
+    placement its LayerInfo carries (dp_layer_moe_list); None when it carries none (a
+    dataplane that predates it) or an inconsistent one."""
+    replicas, placed = info.expert_replicas, info.expert_ducks
+    if not replicas or info.expert_ffn < 1 or sum(replicas) != len(placed):
+        return None
+    starts = itertools.accumulate(replicas, initial=0)
+    placement = tuple(tuple(placed[a:b]) for a, b in itertools.pairwise(starts))
+    try:
+        dtype = numpy_dtype(info.dtype)
+    except BadInput:
+        return None
+    return MoeLayer(
+        layer=info.layer,
+        n_experts=len(replicas),
+        hidden=info.hidden,
+        dtype=dtype,
+        expert_ffn=info.expert_ffn,
+        shared_ffn=max(0, info.ffn - len(placed) * info.expert_ffn),
+        ducks=tuple(info.ducks),
+        placement=placement,
+        bank_sizes=tuple(info.shard_sizes),
+        shared_ducks=tuple(info.shared_ducks),
+        info=info,
+    )
+
+
 def _banks(moe: MoeMlp, plan: MoeLayer) -> Iterator[tuple[int, int, np.ndarray]]:
     """(duck, tensor, array) of every duck's bank: its experts' columns ascending by
     expert id, then its shard of the shared expert. Built one duck at a time, so that
@@ -299,8 +348,32 @@ def _banks(moe: MoeMlp, plan: MoeLayer) -> Iterator[tuple[int, int, np.ndarray]]
         w_gate = np.concatenate([p.w_gate[:, a:b] for p, a, b in cut], axis=1)
         w_up = np.concatenate([p.w_up[:, a:b] for p, a, b in cut], axis=1)
         w_down = np.concatenate([p.w_down[a:b, :] for p, a, b in cut], axis=0)
-        for t, arr in enumerate((w_gate, w_up, w_down)):
-            yield duck, t, np.ascontiguousarray(arr)
+        if not _is_fp8(moe):
+            for t, arr in enumerate((w_gate, w_up, w_down)):
+                yield duck, t, np.ascontiguousarray(arr)
+            continue
+        # each block's own scale grid, side by side (fp8.bank_scales; dp_fp8.h)
+        grids = [p.shard_scales(a, b) for p, a, b in cut]
+        s_gate, s_down = fp8.bank_scales([g[0] for g in grids], [g[2] for g in grids])
+        s_up, _ = fp8.bank_scales([g[1] for g in grids], [g[2] for g in grids])
+        for t, (w, sc) in enumerate(((w_gate, s_gate), (w_up, s_up), (w_down, s_down))):
+            yield duck, t, _fp8_bytes(w, sc)
+
+
+def _is_fp8(mlp: object) -> bool:
+    if isinstance(mlp, MoeMlp):
+        return mlp.experts[0].is_fp8
+    return isinstance(mlp, SwiGluMlp) and mlp.is_fp8
+
+
+def _fp8_bytes(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """An FP8 tensor as it travels: its e4m3 bytes, then its float32 scale grid (LE)."""
+    return np.concatenate(
+        [
+            np.ascontiguousarray(w).reshape(-1).view(np.uint8),
+            np.ascontiguousarray(scale, dtype="<f4").reshape(-1).view(np.uint8),
+        ]
+    )
 
 
 def _check_model(mlp: object) -> None:
@@ -348,8 +421,9 @@ def load_weights(
             f"placement= places the experts of a MoeMlp; a {type(mlp).__name__} is sharded "
             "over ducks= instead"
         )
-    dt = mlp.dtype
+    dt = mlp.dtype  # the activations' (an FP8 layer's weights are weight_dtype)
     code = dtype_code(dt)
+    weight_dtype = int(DType.F8E4M3) if _is_fp8(mlp) else 0
     topology = session.request(lambda rid: ctl.GetTopology(req_id=rid))
     assert isinstance(topology, ctl.Topology)
     all_ducks = [d.id for d in topology.ducks]
@@ -373,14 +447,18 @@ def load_weights(
             expert_replicas=[len(held) for held in plan.placement],
             expert_ducks=[d for held in plan.placement for d in held],
             shared_ducks=list(plan.shared_ducks),
+            weight_dtype=weight_dtype,
         )
         item = np.dtype(dt).itemsize
         total = sum(3 * mlp.hidden * f * item for f in sizes)  # w_gate, w_up, w_down
+        if weight_dtype:  # e4m3 bytes and each duck's scale grids
+            total = sum(_fp8_bank_bytes(plan, d, f) for d, f in zip(chosen, sizes, strict=True))
         pieces = _banks(mlp, plan)
     else:
         chosen = list(all_ducks if ducks is None else ducks)
         _check_ducks(chosen, all_ducks)
-        sizes = shard_sizes(mlp.ffn, len(chosen))
+        cut = fp8.block_shard_sizes if weight_dtype else shard_sizes  # FP8: whole blocks
+        sizes = cut(mlp.ffn, len(chosen))
         request = ctl.LoadWeights(
             req_id=0,
             layer=layer,
@@ -392,6 +470,7 @@ def load_weights(
             shard_sizes=sizes,
             has_b_down=mlp.b_down is not None,
             shared=shared,
+            weight_dtype=weight_dtype,
         )
     # the layer's MoE facts, if any, are the old layer's from here on
     session.moe.pop(layer, None)
@@ -507,7 +586,21 @@ def _pieces(mlp: Mlp, ducks: list[int], sizes: list[int]) -> list[tuple[int, int
     reduce."""
     pieces: list[tuple[int, int, np.ndarray]] = []
     for duck, (lo, hi) in zip(ducks, shard_bounds(sizes), strict=True):
-        pieces += [(duck, t, arr) for t, arr in enumerate(mlp.shard(lo, hi))]
+        arrays = mlp.shard(lo, hi)
+        if _is_fp8(mlp):  # each with its blocks' scales (fp8.shard_fp8)
+            assert isinstance(mlp, SwiGluMlp)
+            arrays = tuple(map(_fp8_bytes, arrays, mlp.shard_scales(lo, hi)))
+        pieces += [(duck, t, arr) for t, arr in enumerate(arrays)]
     if mlp.b_down is not None:
         pieces.append((ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR, np.ascontiguousarray(mlp.b_down)))
     return pieces
+
+
+def _fp8_bank_bytes(plan: MoeLayer, duck: int, f: int) -> int:
+    """Bytes of a duck's three FP8 bank tensors (dp_fp8_tensor_bytes): e4m3 weights and
+    the scale grids of its experts and its shared columns."""
+    experts = len(plan.experts_on(duck))
+    rest = f - experts * plan.expert_ffn
+    blocks = -(-plan.hidden // fp8.BLOCK)
+    cb = experts * -(-plan.expert_ffn // fp8.BLOCK) + -(-rest // fp8.BLOCK)
+    return 3 * (plan.hidden * f + 4 * blocks * cb)

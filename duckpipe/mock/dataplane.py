@@ -45,12 +45,14 @@ from .. import host
 from .._abi import check, ffi, lib, rules, text
 from .._abi.ring import new_descs
 from .._abi.shm import Segment, clean_segments
+from ..client import fp8
 from ..client.models import duck_partial, numpy_dtype
 from ..errors import DuckpipeError
 from ..schema import control as ctl
 from ..schema.abi import (
     ABI_MAJOR,
     B_DOWN_TENSOR,
+    FP8_BLOCK,
     MAX_DUCKS,
     SHARD_TENSORS,
     DetachReason,
@@ -180,6 +182,10 @@ class _Layer:
                 "has_b_down": i.has_b_down,
                 "index": index,
                 "shard": shard,
+                "weight_dtype": i.weight_dtype,
+                "expert_ffn": i.expert_ffn,
+                # the plan's own table (dp_layer_moe.experts_on, kept alive by self.moe)
+                "experts_on": self.moe.state.experts_on if self.moe is not None else ffi.NULL,
             },
         )
 
@@ -206,6 +212,7 @@ class _Layer:
             missing=[d for d in i.ducks if d in self.missing],
             owner=self.owner,
             shared=i.shared,
+            **(self.moe.listing(i.shard_sizes) if self.moe is not None else {}),
         )
 
 
@@ -247,6 +254,44 @@ class DescriptorCheck:
 
 def _tensor_shapes(kind: int, hidden: int, f: int) -> list[tuple[int, ...]]:
     return [tensor_shape(kind, t, hidden, f) for t in range(SHARD_TENSORS)]
+
+
+def _fp8_blocks(msg: ctl.LoadWeights, duck: int, plan: moe.MoePlan | None) -> list[int]:
+    """The widths of a duck's column blocks, each with its own scale-grid columns
+    (dp_fp8.h): its routed experts' expert_ffn each, then the rest of its shard."""
+    f = msg.shard_sizes[msg.ducks.index(duck)]
+    experts = plan.n_local.get(duck, 0) if plan is not None else 0
+    rest = f - experts * msg.expert_ffn
+    return [msg.expert_ffn] * experts + ([rest] if rest else [])
+
+
+def _fp8_tensor_bytes(msg: ctl.LoadWeights, duck: int, plan: moe.MoePlan | None) -> int:
+    """dp_fp8_tensor_bytes: hidden * f e4m3 bytes, then hb x cb float32 scales."""
+    f = msg.shard_sizes[msg.ducks.index(duck)]
+    cb = sum(-(-b // FP8_BLOCK) for b in _fp8_blocks(msg, duck, plan))
+    return msg.hidden * f + 4 * -(-msg.hidden // FP8_BLOCK) * cb
+
+
+def _fp8_dequant(raw: np.ndarray, shape: tuple[int, ...], t: int, blocks: list[int]) -> np.ndarray:
+    """Tensor t of an FP8 shard in float32, as dp_mlp_fp8_dequant: each column block's
+    e4m3 weights times its own scale grid (fp8.weight_dequant, float32 products)."""
+    n = int(np.prod(shape))
+    w = raw[:n].view(fp8.FLOAT8_E4M3).reshape(shape)
+    down = t == 2
+    w = w.T if down else w  # [hidden, f]: blocks are column ranges
+    grid = (
+        raw[n:]
+        .view("<f4")
+        .reshape((-1, -(-shape[1] // FP8_BLOCK)) if down else (-(-shape[0] // FP8_BLOCK), -1))
+    )
+    grid = grid.T if down else grid
+    out, c, g = [], 0, 0
+    for b in blocks:
+        nb = -(-b // FP8_BLOCK)
+        out.append(fp8.weight_dequant(w[:, c : c + b], grid[:, g : g + nb]))
+        c, g = c + b, g + nb
+    full = np.concatenate(out, axis=1)
+    return np.ascontiguousarray(full.T if down else full)
 
 
 @dataclasses.dataclass(eq=False)
@@ -942,7 +987,10 @@ class MockDataplane:
         raw, received = {}, {}
         for duck, plan in zip(msg.ducks, shapes, strict=True):
             for t, shape in enumerate(plan):
-                raw[duck, t] = np.zeros(int(np.prod(shape)) * item, np.uint8)
+                size = int(np.prod(shape)) * item
+                if msg.weight_dtype:  # e4m3 bytes and block scales, as dp_fp8_tensor_bytes
+                    size = _fp8_tensor_bytes(msg, duck, moe_plan)
+                raw[duck, t] = np.zeros(size, np.uint8)
                 received[duck, t] = 0
         if msg.has_b_down:
             raw[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR] = np.zeros(msg.hidden * item, np.uint8)
@@ -1208,6 +1256,12 @@ class MockDataplane:
         npdt = numpy_dtype(info.dtype)
         for duck, f in zip(info.ducks, info.shard_sizes, strict=True):
             shapes = _tensor_shapes(info.kind, info.hidden, f)
+            if info.weight_dtype:  # FP8: dequantized as a duck does, block by block
+                layer.tensors[duck] = [
+                    _fp8_dequant(layer.raw[duck, t], s, t, _fp8_blocks(info, duck, layer.moe))
+                    for t, s in enumerate(shapes)
+                ]
+                continue
             # float32 copies once, at load: what a duck holds is ready to compute with
             layer.tensors[duck] = [
                 layer.raw[duck, t].view(npdt).reshape(s).astype(np.float32)

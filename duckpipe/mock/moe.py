@@ -65,6 +65,20 @@ class MoePlan:
     def experts_on(self, duck: int) -> list[int]:
         return [e for e, held in enumerate(self.ducks_of) if duck in held]
 
+    def listing(self, shard_sizes) -> dict[str, Any]:
+        """The LayerInfo fields of the placement, as the C dataplane lists them
+        (dp_layer_moe_list): a shared-expert duck's bank is wider than its experts."""
+        return {
+            "expert_ffn": self.expert_ffn,
+            "expert_replicas": [len(held) for held in self.ducks_of],
+            "expert_ducks": [d for held in self.ducks_of for d in held],
+            "shared_ducks": [
+                d
+                for d, cols in zip(self.ducks, shard_sizes, strict=True)
+                if cols > self.n_local[d] * self.expert_ffn
+            ],
+        }
+
     def describe(self, duck: int) -> str:
         """'duck 5 (experts 40 41)', as the C dataplane names a duck that did not answer."""
         held = self.experts_on(duck)

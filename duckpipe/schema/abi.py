@@ -42,6 +42,7 @@ __all__ = [
     "CONSTANTS",
     "DTYPE_SIZES",
     "EMULATOR_MAX_DUCKS",
+    "FP8_BLOCK",
     "LAYER_TABLE",
     "LAYOUTS",
     "MAX_CLIENTS",
@@ -131,10 +132,16 @@ class DType(_NamedIntEnum):
     F32 = 1
     F16 = 2
     BF16 = 3  # bfloat16 (ml_dtypes.bfloat16 in numpy): float32's range, 8 bits of mantissa
+    #: float8 e4m3fn (DeepSeek-V3's), weights only (LoadWeights.weight_dtype): each shard
+    #: tensor is its e4m3 bytes, then its float32 scale grid, one per FP8_BLOCK^2 block
+    #: (duckpipe/client/fp8.py); activations stay in the layer's dtype
+    F8E4M3 = 4
 
 
 #: Bytes of one element of each dtype (dp_dtype_size in dp_abi.h).
-DTYPE_SIZES: dict[DType, int] = {DType.F32: 4, DType.F16: 2, DType.BF16: 2}
+DTYPE_SIZES: dict[DType, int] = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.F8E4M3: 1}
+#: Rows and columns of an FP8 weight one scale covers (DeepSeek-V3's block_size).
+FP8_BLOCK = 128
 
 
 class Status(_NamedIntEnum):
@@ -398,4 +405,5 @@ CONSTANTS: dict[str, int] = {
     "MOE_LAYER_STATE_BYTES": MOE_LAYER_STATE_BYTES,
     "SHARD_TENSORS": SHARD_TENSORS,
     "B_DOWN_TENSOR": B_DOWN_TENSOR,
+    "FP8_BLOCK": FP8_BLOCK,
 }

@@ -199,6 +199,11 @@ class LoadWeights(Request, kw_only=True):
         list[Annotated[int, Meta(ge=1, le=MAX_REPLICAS)]], Meta(max_length=MAX_EXPERTS)
     ] = []
     expert_ducks: Annotated[list[DuckId], Meta(max_length=MAX_EXPERTS * MAX_REPLICAS)] = []
+    #: 0: the weights are in ``dtype``. DType.F8E4M3 (SWIGLU, MOE): each shard tensor is
+    #: its float8 e4m3 bytes then its float32 scale grid (duckpipe/client/fp8.py); the
+    #: dense kinds' shards, and a MOE bank's shared-expert columns, are cut between
+    #: 128-column blocks (only the last duck's may end in a partial block)
+    weight_dtype: Annotated[int, Meta(ge=0, le=4)] = 0
     shared_ducks: Annotated[list[DuckId], Meta(max_length=MAX_DUCKS)] = []
 
 
@@ -288,6 +293,15 @@ _LAYER_ENUMS: dict[str, type[enum.IntEnum]] = {"kind": MlpKind, "dtype": DType}
 
 
 class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A layer as GetLayers lists it, to its owner, the admin, and (a ``shared`` one)
+    every client. A MOE layer also carries its routing view: ``expert_ffn``, the placement
+    ``expert_replicas``/``expert_ducks`` as LoadWeights gave it (``len(expert_replicas)``
+    routed experts) and ``shared_ducks``, the ducks whose bank holds columns of the shared
+    expert (empty: none); so any permitted client, not only the loader, checks a routing
+    and routes on it. A token takes 1..min(MAX_TOPK (16), experts) experts: no per-layer limit.
+    These four are empty or 0 for the dense kinds and from a dataplane that predates them
+    (a client then routes only on layers it loaded)."""
+
     layer: int
     kind: int
     dtype: int
@@ -311,6 +325,15 @@ class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
     # use only its own and shared ones: the client refuses the others up front
     owner: int = 0
     shared: bool = False
+    # MOE only (empty or 0 for the dense kinds, and from a dataplane that does not say):
+    # what a client that did not load the layer needs to route on it. The placement as
+    # LoadWeights gave it (expert e on expert_ducks[sum(expert_replicas[:e]):][:replicas[e]],
+    # len(expert_replicas) routed experts), and the ducks whose bank holds columns of the
+    # shared expert (empty: the layer has none)
+    expert_ffn: int = 0
+    expert_replicas: list[Annotated[int, Meta(ge=1, le=MAX_REPLICAS)]] = []
+    expert_ducks: list[DuckId] = []
+    shared_ducks: list[DuckId] = []
 
     def __repr__(self) -> str:
         # kind and dtype by name (MlpKind.MOE, DType.F32): the numbers are the wire's;

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import msgspec
 
-from .layout import U8, U16, U32, U64
+from .layout import U8, U16, U32, U64, Pad
 
 __all__ = ["CONSTANTS", "LAYOUTS", "WIRE_MAGIC", "WIRE_VERSION", "WireHeader", "WireOp"]
 
@@ -100,9 +100,11 @@ class WireLayer(msgspec.Struct, frozen=True):
     """Payload of a LAYER datagram: the shard a duck is about to receive."""
 
     __c_name__: ClassVar[str] = "dp_wire_layer"
-    __c_size__: ClassVar[int] = 16
+    __c_size__: ClassVar[int] = 24
     __field_docs__: ClassVar[dict[str, str]] = {
         "kind": "enum dp_mlp_kind",
+        "weight_dtype": "0: the weights travel in dtype; DP_DTYPE_F8E4M3: each tensor's "
+        "e4m3 bytes, then its float32 scale grid (dp_fp8.h)",
         "experts": "MOE: routed experts in this duck's bank (its wire entries' "
         "expert is 0..experts-1)",
         "ffn": "FFN columns in this duck's shard (MOE: its bank, experts * expert_ffn "
@@ -116,6 +118,8 @@ class WireLayer(msgspec.Struct, frozen=True):
     hidden: U32
     ffn: U32
     expert_ffn: U32
+    weight_dtype: U8
+    pad0: Pad(7)
 
 
 LAYOUTS = (WireHeader, WireLayer)

@@ -48,10 +48,18 @@ def decode(data: bytes):
 
 
 def layer_payload(
-    kind: int, dtype: int, hidden: int, ffn: int, *, experts: int = 0, expert_ffn: int = 0
+    kind: int,
+    dtype: int,
+    hidden: int,
+    ffn: int,
+    *,
+    experts: int = 0,
+    expert_ffn: int = 0,
+    weight_dtype: int = 0,
 ) -> bytes:
     """The payload of a LAYER datagram: a struct dp_wire_layer (MOE: with the duck's
-    bank, ``experts`` routed experts of ``expert_ffn`` columns each)."""
+    bank, ``experts`` routed experts of ``expert_ffn`` columns each; ``weight_dtype``
+    DType.F8E4M3: FP8 weights with block scales)."""
     w = ffi.new(
         "struct dp_wire_layer *",
         {
@@ -61,6 +69,7 @@ def layer_payload(
             "ffn": ffn,
             "experts": experts,
             "expert_ffn": expert_ffn,
+            "weight_dtype": weight_dtype,
         },
     )
     return bytes(ffi.buffer(w))

@@ -34,7 +34,7 @@ from duckpipe.launch.ducks import (
     format_counters,
     parse_counters,
 )
-from duckpipe.schema.abi import MlpKind
+from duckpipe.schema.abi import DType, MlpKind
 from duckpipe.schema.wire import CONSTANTS, WireFlag, WireOp
 from duckpipe.testing.datagrams import decode, encode, layer_payload, payload_max
 
@@ -454,6 +454,33 @@ def test_nonsense_layer_shapes_are_not_acked(host):
         host.send(0, WireOp.LAYER, layer_payload(kind, dtype, hidden, ffn), layer=layer)
     host.expect_nothing()
     host.announce(0, layer, MlpKind.GELU, np.float32, 16, 16)
+
+
+def test_float8_names_weights_only_and_an_fp8_layer_holds_its_chunks_to_their_bytes(host):
+    f8 = int(DType.F8E4M3)
+    layer = new_id()
+    # FP8 is for SwiGLU weights: not a GELU layer's, not any layer's activations
+    host.send(0, WireOp.LAYER, layer_payload(MlpKind.GELU, 1, 8, 8, weight_dtype=f8), layer=layer)
+    host.send(0, WireOp.LAYER, layer_payload(MlpKind.SWIGLU, 1, 8, 8, weight_dtype=2), layer=layer)
+    host.send(0, WireOp.LAYER, layer_payload(MlpKind.SWIGLU, f8, 8, 8), layer=layer)
+    host.expect_nothing()
+    # an FP8 SwiGLU layer of hidden 8, ffn 8: each tensor 64 e4m3 bytes and one scale
+    host.send(0, WireOp.LAYER, layer_payload(MlpKind.SWIGLU, 1, 8, 8, weight_dtype=f8), layer=layer)
+    h, _ = host.recv()
+    assert (h.op, h.tensor) == (WireOp.WEIGHT_ACK, LAYER_TENSOR)
+    bad = [(66, 0, 4), (68, 64, 8), (68, 0, 69)]  # (total, offset, length): wrong or past it
+    for total, off, n in bad:
+        host.send(
+            0, WireOp.WEIGHT, b"\1" * n, layer=layer, tensor=0, chunks=1, offset=off, total=total
+        )
+    host.expect_nothing()
+    # a chunk across the weights and the scale (offset 62: 2 weights, 2 of the scale's bytes)
+    host.send(0, WireOp.WEIGHT, b"\0" * 4, layer=layer, tensor=0, chunks=1, offset=62, total=68)
+    h, _ = host.recv()
+    assert (h.op, h.tensor, h.offset) == (WireOp.WEIGHT_ACK, 0, 62)
+    # a forward that names FP8 as its activations' dtype is dropped, not read as 1-byte floats
+    host.send(0, WireOp.FORWARD, b"\0" * 8, layer=layer, dtype=f8, rows=1, chunks=1, total=8)
+    host.expect_nothing()
 
 
 def test_forward_addressed_to_another_duck_is_ignored(host):

@@ -38,6 +38,7 @@
 #define DP_MOE_LAYER_STATE_BYTES 49152
 #define DP_SHARD_TENSORS 3
 #define DP_B_DOWN_TENSOR 3
+#define DP_FP8_BLOCK 128
 #define DP_WIRE_MAGIC 0x4b435544
 #define DP_WIRE_VERSION 1
 #define DP_WIRE_ANY_DUCK 65535
@@ -74,6 +75,7 @@ enum dp_dtype {
     DP_DTYPE_F32 = 1,
     DP_DTYPE_F16 = 2,
     DP_DTYPE_BF16 = 3,
+    DP_DTYPE_F8E4M3 = 4,
 };
 
 /* Completion status, in the slot header's done word and the ZeroMQ completion. */
@@ -284,7 +286,9 @@ struct dp_wire_layer {
     uint32_t hidden;                    /*    4 */
     uint32_t ffn;                       /*    8: FFN columns in this duck's shard (MOE: its bank, experts * expert_ffn + its shared-expert columns) */
     uint32_t expert_ffn;                /*   12: MOE: columns of each routed expert (0 for other kinds) */
-};  /* 16 bytes */
+    uint8_t weight_dtype;               /*   16: 0: the weights travel in dtype; DP_DTYPE_F8E4M3: each tensor's e4m3 bytes, then its float32 scale grid (dp_fp8.h) */
+    uint8_t pad0[7];                    /*   17 */
+};  /* 24 bytes */
 
 /* @cdef-end */
 
@@ -320,6 +324,8 @@ static inline uint32_t dp_dtype_size(uint8_t dtype)
 		return 2;
 	case DP_DTYPE_BF16:
 		return 2;
+	case DP_DTYPE_F8E4M3:
+		return 1;
 	}
 	return 0;
 }
@@ -418,12 +424,14 @@ _Static_assert(offsetof(struct dp_wire_header, total) == 56, "dp_wire_header.tot
 _Static_assert(offsetof(struct dp_wire_header, length) == 64, "dp_wire_header.length");
 _Static_assert(offsetof(struct dp_wire_header, rows) == 68, "dp_wire_header.rows");
 _Static_assert(offsetof(struct dp_wire_header, compute_ns) == 72, "dp_wire_header.compute_ns");
-_Static_assert(sizeof(struct dp_wire_layer) == 16, "dp_wire_layer size");
+_Static_assert(sizeof(struct dp_wire_layer) == 24, "dp_wire_layer size");
 _Static_assert(offsetof(struct dp_wire_layer, kind) == 0, "dp_wire_layer.kind");
 _Static_assert(offsetof(struct dp_wire_layer, dtype) == 1, "dp_wire_layer.dtype");
 _Static_assert(offsetof(struct dp_wire_layer, experts) == 2, "dp_wire_layer.experts");
 _Static_assert(offsetof(struct dp_wire_layer, hidden) == 4, "dp_wire_layer.hidden");
 _Static_assert(offsetof(struct dp_wire_layer, ffn) == 8, "dp_wire_layer.ffn");
 _Static_assert(offsetof(struct dp_wire_layer, expert_ffn) == 12, "dp_wire_layer.expert_ffn");
+_Static_assert(offsetof(struct dp_wire_layer, weight_dtype) == 16, "dp_wire_layer.weight_dtype");
+_Static_assert(offsetof(struct dp_wire_layer, pad0) == 17, "dp_wire_layer.pad0");
 
 #endif /* DP_ABI_H */

@@ -182,6 +182,7 @@ static int decode_load_weights(const msgpack_object *m, struct dp_ctl_load_weigh
 	out->expert_ffn = 0u;
 	out->expert_replicas_len = 0;
 	out->expert_ducks_len = 0;
+	out->weight_dtype = 0u;
 	out->shared_ducks_len = 0;
 	for (uint32_t i = 0; i < m->via.map.size; i++) {
 		const msgpack_object *key = &m->via.map.ptr[i].key;
@@ -284,8 +285,14 @@ static int decode_load_weights(const msgpack_object *m, struct dp_ctl_load_weigh
 					return -1;
 				out->expert_ducks[k] = (uint32_t)v;
 			}
-		} else if (key_is(key, "shared_ducks", 12)) {
+		} else if (key_is(key, "weight_dtype", 12)) {
 			seen |= 1ull << 13;
+			uint64_t v = 0;
+			if (get_uint(val, 0u, 4u, &v, "LoadWeights.weight_dtype", why, n) < 0)
+				return -1;
+			out->weight_dtype = (uint32_t)v;
+		} else if (key_is(key, "shared_ducks", 12)) {
+			seen |= 1ull << 14;
 			if (get_list(val, 0u, 256u, "LoadWeights.shared_ducks", why, n) < 0)
 				return -1;
 			out->shared_ducks_len = val->via.array.size;
@@ -684,7 +691,7 @@ void dp_ctl_pack_topology(msgpack_packer *pk, const struct dp_ctl_topology *m)
 
 void dp_ctl_pack_layer_info(msgpack_packer *pk, const struct dp_ctl_layer_info *m)
 {
-	msgpack_pack_map(pk, 14);
+	msgpack_pack_map(pk, 18);
 	key(pk, "layer", 5);
 	msgpack_pack_uint64(pk, m->layer);
 	key(pk, "kind", 4);
@@ -733,6 +740,20 @@ void dp_ctl_pack_layer_info(msgpack_packer *pk, const struct dp_ctl_layer_info *
 		msgpack_pack_true(pk);
 	else
 		msgpack_pack_false(pk);
+	key(pk, "expert_ffn", 10);
+	msgpack_pack_uint64(pk, m->expert_ffn);
+	key(pk, "expert_replicas", 15);
+	msgpack_pack_array(pk, m->expert_replicas_len);
+	for (uint32_t i = 0; i < m->expert_replicas_len; i++)
+		msgpack_pack_uint32(pk, m->expert_replicas[i]);
+	key(pk, "expert_ducks", 12);
+	msgpack_pack_array(pk, m->expert_ducks_len);
+	for (uint32_t i = 0; i < m->expert_ducks_len; i++)
+		msgpack_pack_uint32(pk, m->expert_ducks[i]);
+	key(pk, "shared_ducks", 12);
+	msgpack_pack_array(pk, m->shared_ducks_len);
+	for (uint32_t i = 0; i < m->shared_ducks_len; i++)
+		msgpack_pack_uint32(pk, m->shared_ducks[i]);
 }
 
 void dp_ctl_pack_layers(msgpack_packer *pk, const struct dp_ctl_layers *m)

@@ -81,6 +81,7 @@ struct dp_ctl_load_weights {
 	uint32_t expert_replicas[1024];
 	uint32_t expert_ducks_len;
 	uint32_t expert_ducks[8192];
+	uint32_t weight_dtype;
 	uint32_t shared_ducks_len;
 	uint32_t shared_ducks[256];
 };
@@ -217,6 +218,13 @@ struct dp_ctl_layer_info {
 	uint32_t lost_len;
 	uint64_t owner;
 	bool shared;
+	uint64_t expert_ffn;
+	const uint32_t *expert_replicas;
+	uint32_t expert_replicas_len;
+	const uint32_t *expert_ducks;
+	uint32_t expert_ducks_len;
+	const uint32_t *shared_ducks;
+	uint32_t shared_ducks_len;
 };
 void dp_ctl_pack_layer_info(struct msgpack_packer *pk, const struct dp_ctl_layer_info *m);
 

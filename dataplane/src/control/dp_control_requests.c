@@ -233,11 +233,48 @@ static bool layer_visible(const struct dp_layer *l, const struct dp_peer *p,
 	return l && l != DP_LAYER_GONE && (p->admin || l->shared || (me && l->owner == me->id));
 }
 
+/* A MOE layer's placement in its LayerInfo: what a client that did not load it (a shared
+ * layer) needs to route on it, flattened into words; the words it took. */
+static size_t list_moe(struct dp_ctl_layer_info *info, const struct dp_layer *l, uint32_t *words)
+{
+	struct dp_moe_listing ls;
+	dp_layer_moe_list(l, words, &ls);
+	info->expert_ffn = l->moe->expert_ffn;
+	info->expert_replicas = ls.replicas;
+	info->expert_replicas_len = ls.n_experts;
+	info->expert_ducks = ls.ducks;
+	info->expert_ducks_len = ls.n_placed;
+	info->shared_ducks = ls.shared;
+	info->shared_ducks_len = ls.n_shared;
+	return dp_layer_moe_list_words(l);
+}
+
+/* Words the placements of the MOE layers a Layers reply lists take (list_moe). */
+static size_t moe_words(struct dp_control *c, const struct dp_peer *p, const struct dp_client *me)
+{
+	size_t words = 0;
+	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
+		const struct dp_layer *l = c->w->layers[i];
+		if (layer_visible(l, p, me) && l->moe)
+			words += dp_layer_moe_list_words(l);
+	}
+	return words;
+}
+
 static void on_layers(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
 	uint32_t n = 0, nfailed = 0;
 	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
 	(void)r;
+	/* the placements live only as long as this reply: the layers keep them in the form
+	 * the workers read, and a layer's state stays what its owner is charged for */
+	size_t nwords = moe_words(c, p, me), used = 0;
+	uint32_t *words = nwords ? malloc(nwords * sizeof(*words)) : NULL;
+	if (nwords && !words) {
+		dp_control_reply_error(c, p->id, p->idlen, p->rid, DP_ERROR_CODE_DATAPLANE_ERROR,
+				       "out of memory listing the layers' expert placements");
+		return;
+	}
 	for (uint32_t i = 0; i < DP_LAYER_TABLE; i++) {
 		const struct dp_layer *l = c->w->layers[i];
 		if (!layer_visible(l, p, me))
@@ -288,9 +325,12 @@ static void on_layers(struct dp_control *c, const struct dp_peer *p, const struc
 			.owner = l->owner,
 			.shared = l->shared,
 		};
+		if (l->moe)
+			used += list_moe(&c->layer_infos[n], l, words + used);
 		n++;
 	}
 	PACK(c, layers, .req_id = p->rid, .layers = c->layer_infos, .layers_len = n);
+	free(words);
 	dp_control_send_to(c, p->id, p->idlen);
 }
 

@@ -26,6 +26,9 @@ const struct dp_desc_layer *dp_desc_layer_of(const struct dp_layer *l, struct dp
 		.failed = dp_load_acquire_u32(&l->failed) != 0,
 		.index = l->index,
 		.shard = l->shard,
+		.weight_dtype = l->weight_dtype,
+		.expert_ffn = l->moe ? l->moe->expert_ffn : 0,
+		.experts_on = l->moe ? l->moe->experts_on : NULL,
 	};
 	return view;
 }

@@ -69,6 +69,7 @@ static void send_layer(const struct dp_weight_view *v, struct dp_fwd *f)
 	m->dtype = l->dtype;
 	m->hidden = l->hidden;
 	m->ffn = l->shard[f->w_index];
+	m->weight_dtype = l->weight_dtype;
 	if (l->moe) { /* the duck's bank: its experts, each expert_ffn columns, then shared */
 		m->experts = l->moe->experts_on[f->w_duck];
 		m->expert_ffn = l->moe->expert_ffn;

@@ -1,7 +1,7 @@
-/* dp_layer_moe.c: how a mixture-of-experts layer names a duck in a message: the routed
- * experts its bank holds. The layer's placement and banks are built and checked at
- * LoadWeights by dp_load_moe_plan (dp_ctl_rules.h, through dp_layer_build), the rule the
- * mock dataplane calls too.
+/* dp_layer_moe.c: how a mixture-of-experts layer names a duck in a message (the routed
+ * experts its bank holds) and lists its placement in a Layers reply. The layer's
+ * placement and banks are built and checked at LoadWeights by dp_load_moe_plan
+ * (dp_ctl_rules.h, through dp_layer_build), the rule the mock dataplane calls too.
  */
 #include <stdio.h>
 
@@ -30,4 +30,46 @@ close:
 	if (used >= 0 && (size_t)used < n)
 		used += snprintf(buf + used, n - (size_t)used, ")");
 	return used;
+}
+
+/* Whether ducks[k]'s bank holds columns of the shared expert: more columns than its routed
+ * experts take (the bank's layout, docs/protocols.md LoadWeights). */
+static bool holds_shared(const struct dp_layer *l, uint32_t k)
+{
+	const struct dp_layer_moe *moe = l->moe;
+	uint64_t routed = (uint64_t)moe->experts_on[l->ducks[k] % DP_MAX_DUCKS] * moe->expert_ffn;
+	return l->shard[k] > routed;
+}
+
+size_t dp_layer_moe_list_words(const struct dp_layer *l)
+{
+	const struct dp_routing_placement *pl = &l->moe->pl;
+	/* n_experts <= DP_MAX_EXPERTS, replicas <= DP_MAX_REPLICAS: dp_load_moe_plan checked */
+	size_t words = (size_t)pl->n_experts + l->nducks;
+	for (uint32_t e = 0; e < pl->n_experts; e++)
+		words += pl->replicas[e];
+	return words;
+}
+
+void dp_layer_moe_list(const struct dp_layer *l, uint32_t *words, struct dp_moe_listing *out)
+{
+	const struct dp_routing_placement *pl = &l->moe->pl;
+	uint32_t *replicas = words, *ducks = words + pl->n_experts, n_placed = 0, n_shared = 0;
+	for (uint32_t e = 0; e < pl->n_experts; e++) {
+		replicas[e] = pl->replicas[e];
+		for (uint32_t r = 0; r < pl->replicas[e]; r++)
+			ducks[n_placed++] = pl->ducks[e * DP_MAX_REPLICAS + r];
+	}
+	uint32_t *shared = ducks + n_placed;
+	for (uint32_t k = 0; k < l->nducks; k++)
+		if (holds_shared(l, k))
+			shared[n_shared++] = l->ducks[k];
+	*out = (struct dp_moe_listing){
+		.n_experts = pl->n_experts,
+		.n_placed = n_placed,
+		.n_shared = n_shared,
+		.replicas = replicas,
+		.ducks = ducks,
+		.shared = shared,
+	};
 }

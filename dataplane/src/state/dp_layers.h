@@ -35,6 +35,7 @@ struct dp_layer {
 	struct dp_layer *next_retired; /* control's list of unpublished layers */
 	uint8_t kind;
 	uint8_t dtype;
+	uint8_t weight_dtype;    /* 0, or DP_DTYPE_F8E4M3: e4m3 weights with block scales */
 	bool has_b_down;
 	uint32_t hidden;
 	uint32_t ffn;
@@ -64,6 +65,10 @@ struct dp_layer {
  * sizes the descriptor check holds weight chunks to. */
 static inline uint64_t dp_tensor_bytes(const struct dp_layer *l, uint32_t i, uint32_t t)
 {
+	if (l->weight_dtype == DP_DTYPE_F8E4M3) /* e4m3 bytes and block scales (dp_fp8.h) */
+		return dp_fp8_tensor_bytes(l->hidden, l->shard[i],
+					   l->moe ? l->moe->experts_on[l->ducks[i]] : 0,
+					   l->moe ? l->moe->expert_ffn : 0);
 	return dp_shard_tensor_bytes(l->kind, l->dtype, l->hidden, l->shard[i], t);
 }
 
@@ -154,6 +159,7 @@ static inline void dp_layer_fill(struct dp_layer *l, const struct dp_ctl_load_we
 	l->id = m->layer;
 	l->kind = (uint8_t)m->kind;
 	l->dtype = (uint8_t)m->dtype;
+	l->weight_dtype = (uint8_t)m->weight_dtype;
 	l->hidden = m->hidden;
 	l->ffn = m->ffn;
 	l->has_b_down = m->has_b_down;
@@ -163,5 +169,24 @@ static inline void dp_layer_fill(struct dp_layer *l, const struct dp_ctl_load_we
  * with "..." to fit n bytes; "duck 5 (shared expert only)"; for a dense layer "duck 5".
  * Returns snprintf's. (What a failed forward's message says of a duck.) */
 int dp_layer_describe_duck(const struct dp_layer *l, uint32_t duck, char *buf, size_t n);
+
+/* A MOE layer's placement as a Layers reply lists it (LayerInfo's expert_replicas,
+ * expert_ducks and shared_ducks), so that every client, not only the loader, learns where
+ * the experts are. Flattened per reply into the caller's words, never kept: a layer's
+ * state stays what DP_MOE_LAYER_STATE_BYTES charges (DeepSeek-V3's 256 experts on 32
+ * ducks are ~2 KiB). */
+struct dp_moe_listing {
+	uint32_t n_experts;  /* replicas: each expert's replica count */
+	uint32_t n_placed;   /* ducks: every expert's ducks, expert by expert */
+	uint32_t n_shared;   /* shared: the ducks whose bank holds shared-expert columns */
+	const uint32_t *replicas, *ducks, *shared;
+};
+
+/* The words dp_layer_moe_list writes for MOE layer l: at most
+ * DP_MAX_EXPERTS * (1 + DP_MAX_REPLICAS) + DP_MAX_DUCKS. */
+size_t dp_layer_moe_list_words(const struct dp_layer *l);
+
+/* l's placement into words (dp_layer_moe_list_words of them), described by *out. */
+void dp_layer_moe_list(const struct dp_layer *l, uint32_t *words, struct dp_moe_listing *out);
 
 #endif /* DP_LAYERS_H */
