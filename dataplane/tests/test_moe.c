@@ -19,7 +19,8 @@
 /* --- a MOE layer's load ---------------------------------------------------------------- */
 
 /* Ducks 2, 4, 6; experts 0..5: e -> duck 2 (0, 1), 4 (2, 3), 6 (4, 5); expert 5 also on
- * duck 2 (a second replica). Banks: duck 2 holds 0 1 5, duck 4 holds 2 3, duck 6 4 5. */
+ * duck 2 (a second replica). Banks: duck 2 holds 0 1 5, duck 4 holds 2 3, duck 6 4 5;
+ * with shared_cols, each also that many shared-expert columns (shared_ducks 2 4 6). */
 static struct dp_ctl_load_weights *moe_request(uint32_t shared_cols)
 {
 	static const uint32_t ducks[3] = { 2, 4, 6 };
@@ -36,6 +37,8 @@ static struct dp_ctl_load_weights *moe_request(uint32_t shared_cols)
 		m->ducks[i] = ducks[i];
 		m->shard_sizes[i] = experts_on[i] * EFFN + shared_cols;
 		m->ffn += m->shard_sizes[i];
+		if (shared_cols) /* the shared expert on every duck: each is in the set */
+			m->shared_ducks[m->shared_ducks_len++] = ducks[i];
 	}
 	m->expert_ffn = EFFN;
 	m->expert_replicas_len = 6;
