@@ -354,6 +354,7 @@ def load_moe(
         expert_ffn=moe.ffn,
         expert_replicas=[len(p) for p in placement],
         expert_ducks=[d for p in placement for d in p],
+        shared_ducks=list(ducks) if moe.shared is not None else [],  # banks(): every duck
     )
     fields.update(override)
     session.request(lambda rid: ctl.LoadWeights(req_id=rid, **fields))

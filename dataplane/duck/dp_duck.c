@@ -33,7 +33,8 @@
  * its shared-expert columns. A routed forward's message is a wire routing table
  * (dp_routing.h, checked with dp_routing_wire_check) and then the activation; the duck
  * computes its section's entries one expert at a time on the rows routed to it
- * (moe_forward()) and replies one row per row of its section (every row with SHARED).
+ * (moe_forward()) and replies one row per row of its section (every row with SHARED on
+ * a duck of the shared set: its bank holds shared-expert columns).
  *
  * Fault knobs: --drop, --delay-us, --stop-after, --restart-after (see usage()).
  * SIGINT/SIGTERM: print the counters to stderr as one line of key=value and exit 0.
@@ -991,11 +992,13 @@ static void moe_bad_table(const struct duck *d, const struct duck_input *in, con
  * to trust), find this duck's section, and compute
  *
  *   y[reply row of r] = sum over its entries (r, slot, w) of w * expert_slot(x[r])
- *                       (+ the shared expert's columns of x[r], for every row, with SHARED)
+ *                       (+ the shared expert's columns of x[r], for every row, with SHARED
+ *                          on a duck of the shared set: its bank holds shared columns)
  *
  * in float32, one kernel pass per expert over the rows routed to it (DeepSeek's decode:
  * 32 tokens, a duck's 8 experts each see a few of them, every expert's weights read
- * once). Reply rows: every row with SHARED, else the section's distinct rows ascending. */
+ * once). Reply rows: every row on a shared-set duck with SHARED, else the section's
+ * distinct rows ascending. */
 static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct duck_input *in,
 			const struct duck_layer *l, const struct dp_wire_header *h)
 {
@@ -1032,7 +1035,11 @@ static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct du
 		reply_no_layer(d, src, h);
 		return;
 	}
-	const int shared = wh.flags & DP_ROUTING_WIRE_FLAG_SHARED;
+	/* SHARED: the layer has a shared expert, and the ducks of its set (those whose bank
+	 * holds shared columns: the load put them there and nowhere else) compute them for
+	 * every row; a duck outside the set answers its own rows, as without SHARED */
+	const int shared = (wh.flags & DP_ROUTING_WIRE_FLAG_SHARED) &&
+			   l->shard.ffn > (uint64_t)l->shard.experts * l->shard.expert_ffn;
 	int rc = dp_routing_wire_section(in->buf, size, d->id, &sec);
 	if (rc == DP_ROUTING_ERROR_NO_SUCH_DUCK && !shared) {
 		stats.moe_skipped++; /* another duck's tokens: no compute, no reply */

@@ -238,6 +238,7 @@ def control_seeds() -> None:
             expert_ffn=16,
             expert_replicas=[1, 1, 1, 1, 1, 1, 1, 2],
             expert_ducks=[0, 0, 1, 1, 2, 2, 3, 3, 0],
+            shared_ducks=[0, 1, 2, 3],
         ),
         "set-epoch": c.SetEpoch(req_id=7, epoch=9),
         "set-epoch-next": c.SetEpoch(req_id=8),

@@ -68,8 +68,11 @@ struct dp_layer_moe {
     /* slots[e * DP_MAX_REPLICAS + r]: expert e's index in the bank of its r-th duck */
     uint16_t slots[8192];       /* DP_MAX_EXPERTS * DP_MAX_REPLICAS */
     uint16_t experts_on[256];   /* DP_MAX_DUCKS: routed experts in each duck's bank */
+    /* the shared expert's ducks (DP_MAX_DUCKS bits): each holds >= 1 of its columns and
+     * computes them for every row; a token reaches its routed ducks and these, no other */
+    uint64_t shared_ducks[4];
     uint32_t expert_ffn;        /* columns of each routed expert */
-    bool has_shared;            /* every duck holds >= 1 shared-expert column */
+    bool has_shared;            /* the layer has a shared expert: shared_ducks is not empty */
 };
 
 /* What one client holds when it loads a layer, the layer it replaces left out. */
@@ -242,24 +245,72 @@ static inline int dp_load_moe_placement(const struct dp_ctl_load_weights *m,
 	return 0;
 }
 
+/* The shared expert's set out of the request: distinct ducks of the layer (ducks[]: its
+ * bits), written to moe->shared_ducks. 0 or DP_ERROR_CODE_BAD_REQUEST. */
+static inline int dp_load_moe_shared(const struct dp_ctl_load_weights *m,
+				     struct dp_layer_moe *moe, const uint64_t *ducks, char *why,
+				     size_t n)
+{
+	for (uint32_t i = 0; i < m->shared_ducks_len && i < DP_MAX_DUCKS; i++) {
+		uint32_t d = m->shared_ducks[i];
+		if (d >= DP_MAX_DUCKS || !(ducks[d >> 6] >> (d & 63) & 1))
+			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+						 "MOE layer %u: shared_ducks names duck %u, which is "
+						 "not one of the layer's ducks",
+						 m->layer, d);
+		if (moe->shared_ducks[d >> 6] >> (d & 63) & 1)
+			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+						 "MOE layer %u: shared_ducks names duck %u twice",
+						 m->layer, d);
+		moe->shared_ducks[d >> 6] |= 1ull << (d & 63);
+	}
+	moe->has_shared = m->shared_ducks_len != 0;
+	return 0;
+}
+
 /* Each duck's bank against its experts: wide enough for them, and the shared expert's
- * columns (what is left) on every duck or on none. */
+ * columns (what is left) on the ducks of shared_ducks and on no other (a duck computes
+ * its shared columns for every row exactly when it is in the set, and is sent every row
+ * for it: a bank that disagrees would add a shared shard twice or leave one out). */
 static inline int dp_load_moe_banks(const struct dp_ctl_load_weights *m,
 				    struct dp_layer_moe *moe, char *why, size_t n)
 {
-	uint32_t with_shared = 0;
+	/* FP8: the last duck of the set, in ducks order, may hold a partial 128-block */
+	uint32_t last_shared = UINT32_MAX;
+	for (uint32_t i = 0; i < m->ducks_len; i++)
+		if (moe->shared_ducks[m->ducks[i] >> 6] >> (m->ducks[i] & 63) & 1)
+			last_shared = i;
 	for (uint32_t i = 0; i < m->ducks_len; i++) {
 		uint32_t d = m->ducks[i];
 		uint64_t routed = (uint64_t)moe->experts_on[d] * m->expert_ffn;
+		bool in_set = moe->shared_ducks[d >> 6] >> (d & 63) & 1;
 		if (m->shard_sizes[i] < routed)
 			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "MOE layer %u: duck %u's bank has %u columns, "
 						 "fewer than its %u experts x expert_ffn %u",
 						 m->layer, d, m->shard_sizes[i],
 						 moe->experts_on[d], m->expert_ffn);
-		with_shared += m->shard_sizes[i] > routed;
-		if (m->weight_dtype && i + 1 < m->ducks_len &&
-		    (m->shard_sizes[i] - routed) % DP_FP8_BLOCK)
+		if (in_set && m->shard_sizes[i] == routed)
+			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+						 "MOE layer %u: duck %u is in shared_ducks but its "
+						 "bank holds no shared-expert column",
+						 m->layer, d);
+		if (!in_set && m->shard_sizes[i] > routed)
+			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+						 "MOE layer %u: duck %u's bank holds %llu "
+						 "shared-expert columns but shared_ducks %s",
+						 m->layer, d,
+						 (unsigned long long)(m->shard_sizes[i] - routed),
+						 moe->has_shared ? "does not name it"
+								 : "is empty: name the ducks "
+								   "that hold the shared expert");
+		if (!moe->has_shared && !moe->experts_on[d])
+			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+						 "MOE layer %u: duck %u holds no expert "
+						 "and the layer has no shared expert: it "
+						 "would compute nothing",
+						 m->layer, d);
+		if (m->weight_dtype && i != last_shared && (m->shard_sizes[i] - routed) % DP_FP8_BLOCK)
 			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "FP8 MOE layer %u: duck %u holds %llu "
 						 "shared-expert columns; the shared expert is cut "
@@ -269,26 +320,6 @@ static inline int dp_load_moe_banks(const struct dp_ctl_load_weights *m,
 						 (unsigned long long)(m->shard_sizes[i] - routed),
 						 DP_FP8_BLOCK);
 	}
-	if (with_shared && with_shared != m->ducks_len) {
-		for (uint32_t i = 0; i < m->ducks_len; i++) {
-			uint32_t d = m->ducks[i];
-			if (m->shard_sizes[i] == (uint64_t)moe->experts_on[d] * m->expert_ffn)
-				return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
-							 "MOE layer %u: %u of %u ducks hold "
-							 "shared-expert columns but duck %u holds "
-							 "none: every duck or none",
-							 m->layer, with_shared, m->ducks_len, d);
-		}
-	}
-	moe->has_shared = with_shared != 0;
-	if (!moe->has_shared)
-		for (uint32_t i = 0; i < m->ducks_len; i++)
-			if (!moe->experts_on[m->ducks[i]])
-				return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
-							 "MOE layer %u: duck %u holds no expert "
-							 "and the layer has no shared expert: it "
-							 "would compute nothing",
-							 m->layer, m->ducks[i]);
 	return 0;
 }
 
@@ -302,11 +333,12 @@ static inline int dp_load_moe_plan(const struct dp_ctl_load_weights *m, struct d
 				   char *why, size_t n)
 {
 	if (m->kind != DP_MLP_KIND_MOE) {
-		if (m->expert_ffn || m->expert_replicas_len || m->expert_ducks_len)
+		if (m->expert_ffn || m->expert_replicas_len || m->expert_ducks_len ||
+		    m->shared_ducks_len)
 			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "layer %u is dense (kind %u): expert_ffn, "
-						 "expert_replicas and expert_ducks are for MOE "
-						 "layers (kind %u) only",
+						 "expert_replicas, expert_ducks and shared_ducks are "
+						 "for MOE layers (kind %u) only",
 						 m->layer, m->kind, DP_MLP_KIND_MOE);
 		return 0;
 	}
@@ -329,6 +361,9 @@ static inline int dp_load_moe_plan(const struct dp_ctl_load_weights *m, struct d
 		if (m->ducks[i] < DP_MAX_DUCKS)
 			ducks[m->ducks[i] >> 6] |= 1ull << (m->ducks[i] & 63);
 	int rc = dp_load_moe_placement(m, moe, ducks, why, n);
+	if (rc)
+		return rc;
+	rc = dp_load_moe_shared(m, moe, ducks, why, n);
 	if (rc)
 		return rc;
 	dp_routing_bank_slots(&moe->pl, moe->slots, moe->experts_on);

@@ -526,7 +526,7 @@ static inline int dp_routing_wire_check(const void *table, uint64_t len, uint32_
 		return dp_routing_refuse(DP_ROUTING_ERROR_TOKENS, why, n,
 					 "the table has %u rows, the activation %u (1..%u)", h.rows,
 					 rows, DP_MAX_TOKENS);
-	/* no section at all only where the shared expert gives every duck work */
+	/* no section at all only where the shared expert gives its ducks work */
 	if (h.n_ducks < !(h.flags & DP_ROUTING_WIRE_FLAG_SHARED) || h.n_ducks > DP_MAX_DUCKS)
 		return dp_routing_refuse(DP_ROUTING_ERROR_DUCKS, why, n,
 					 "%u duck sections, not %u..%u", h.n_ducks,

@@ -19,7 +19,8 @@
 /* --- a MOE layer's load ---------------------------------------------------------------- */
 
 /* Ducks 2, 4, 6; experts 0..5: e -> duck 2 (0, 1), 4 (2, 3), 6 (4, 5); expert 5 also on
- * duck 2 (a second replica). Banks: duck 2 holds 0 1 5, duck 4 holds 2 3, duck 6 4 5. */
+ * duck 2 (a second replica). Banks: duck 2 holds 0 1 5, duck 4 holds 2 3, duck 6 4 5;
+ * with shared_cols, each also that many shared-expert columns (shared_ducks 2 4 6). */
 static struct dp_ctl_load_weights *moe_request(uint32_t shared_cols)
 {
 	static const uint32_t ducks[3] = { 2, 4, 6 };
@@ -36,6 +37,8 @@ static struct dp_ctl_load_weights *moe_request(uint32_t shared_cols)
 		m->ducks[i] = ducks[i];
 		m->shard_sizes[i] = experts_on[i] * EFFN + shared_cols;
 		m->ffn += m->shard_sizes[i];
+		if (shared_cols) /* the shared expert on every duck: each is in the set */
+			m->shared_ducks[m->shared_ducks_len++] = ducks[i];
 	}
 	m->expert_ffn = EFFN;
 	m->expert_replicas_len = 6;
@@ -82,7 +85,19 @@ static void test_a_moe_load_keeps_its_placement_and_banks(void)
 	m->shard_sizes[0] += 2; /* a shared expert: every duck 2 columns */
 	m->shard_sizes[1] += 2;
 	m->shard_sizes[2] += 2;
-	CHECK(build(m, why, &l) == 0 && l->moe->has_shared, "shared: %s", why);
+	m->shared_ducks_len = 3;
+	m->shared_ducks[0] = 6; /* any order */
+	m->shared_ducks[1] = 2;
+	m->shared_ducks[2] = 4;
+	CHECK(build(m, why, &l) == 0 && l->moe->has_shared && l->moe->shared_ducks[0] == 0x54,
+	      "shared: %s", why);
+	dp_layer_free(l);
+	m->shard_sizes[0] -= 2; /* the shared expert on duck 6 alone */
+	m->shard_sizes[1] -= 2;
+	m->shared_ducks_len = 1;
+	m->shared_ducks[0] = 6;
+	CHECK(build(m, why, &l) == 0 && l->moe->has_shared && l->moe->shared_ducks[0] == 0x40,
+	      "shared on one duck: %s", why);
 	dp_layer_free(l);
 	free(m);
 }
@@ -107,8 +122,21 @@ static void test_a_bad_moe_load_is_refused_saying_why(void)
 	CHECK(build(m, why, NULL) < 0 && strstr(why, "duck 4's bank has 7 columns"), "%s", why);
 	free(m);
 	m = moe_request(0);
-	m->shard_sizes[2] += 3; /* shared columns on duck 6 only */
-	CHECK(build(m, why, NULL) < 0 && strstr(why, "every duck or none"), "%s", why);
+	m->shard_sizes[2] += 3; /* shared columns on duck 6, no shared set */
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "duck 6's bank holds 3 shared-expert columns "
+						   "but shared_ducks is empty"),
+	      "%s", why);
+	m->shared_ducks_len = 2; /* the set names a duck with none */
+	m->shared_ducks[0] = 6;
+	m->shared_ducks[1] = 4;
+	CHECK(build(m, why, NULL) < 0 &&
+		      strstr(why, "duck 4 is in shared_ducks but its bank holds no shared"),
+	      "%s", why);
+	m->shared_ducks[1] = 7; /* not the layer's */
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "shared_ducks names duck 7, which is not"),
+	      "%s", why);
+	m->shared_ducks[1] = 6;
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "shared_ducks names duck 6 twice"), "%s", why);
 	free(m);
 	m = moe_request(0);
 	m->expert_ducks[4] = m->expert_ducks[5] = 2; /* experts 4, 5: duck 6 holds none */
@@ -271,16 +299,15 @@ static void test_the_table_is_copied_once_and_checked(void)
 
 static void test_the_mode_rule(void)
 {
-	CHECK(dp_moe_choose(0, false, 1000, 999, true) == DP_MOE_MODE_UNICAST, "fewer bytes");
-	CHECK(dp_moe_choose(0, false, 1000, 1000, true) == DP_MOE_MODE_BROADCAST, "a tie");
-	CHECK(dp_moe_choose(0, false, 1000, 10, false) == DP_MOE_MODE_BROADCAST, "no room");
-	CHECK(dp_moe_choose(0, true, 1000, 10, true) == DP_MOE_MODE_BROADCAST, "shared");
-	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, true, 10, 1000, true) == DP_MOE_MODE_UNICAST,
+	CHECK(dp_moe_choose(0, 1000, 999, true) == DP_MOE_MODE_UNICAST, "fewer bytes");
+	CHECK(dp_moe_choose(0, 1000, 1000, true) == DP_MOE_MODE_BROADCAST, "a tie");
+	CHECK(dp_moe_choose(0, 1000, 10, false) == DP_MOE_MODE_BROADCAST, "no room");
+	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, 10, 1000, true) == DP_MOE_MODE_UNICAST,
 	      "forced unicast");
-	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, false, 10, 1000, false) ==
+	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, 10, 1000, false) ==
 		      DP_MOE_MODE_BROADCAST,
 	      "forced unicast without room");
-	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_BROADCAST, false, 1000, 10, true) ==
+	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_BROADCAST, 1000, 10, true) ==
 		      DP_MOE_MODE_BROADCAST,
 	      "forced broadcast");
 }

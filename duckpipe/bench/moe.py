@@ -2,8 +2,8 @@
 
 One C dataplane (socket backend) and emulated ducks computing for real, on CPU 1. The
 layer: DeepSeek-V3's routing (256 experts, 8 per token by ``Gate.deepseek_v3``: 8 groups,
-4 kept, sigmoid + bias) with narrow experts and no shared expert (with one, every duck
-needs every row and unicast has nothing to save), float16, the default placement. At
+4 kept, sigmoid + bias) with narrow experts and no shared expert (the second table has
+one), float16, the default placement. At
 each batch size, the same seeded activations go through:
 
 - ``broadcast``: ``moe_send="broadcast"``, the activation and the routing table sent once
@@ -17,6 +17,15 @@ Per mode: p50/p99 end to end, bytes per call from the dataplane's counters (``tx
 for every mode, ``moe_bytes`` for the routed ones), the ducks' compute per call from the
 completion's timings (summed over the ducks, and the slowest), and ratios to the dense
 baseline. Every first timed result is checked against the host reference.
+
+A second table, ``moe_shared``: the same experts plus a shared expert (DeepSeek-V3's one,
+as wide as an expert), send mode auto, the shared expert on its default set (as few
+ducks as the bank limit needs, one per NIC: one duck here) and, for comparison, on every
+duck (what duckpipe did before ``shared_ducks``). Its bytes per token on the wire (the
+``moe_bytes`` counter: activation rows and routing tables of first sends, over calls x
+tokens) against the minimum: per token, one row (hidden x dtype bytes) to each duck that
+needs it, its routed ducks and the shared set counted once each,
+``|routed_ducks(t) U shared_ducks| x row_bytes``, averaged over the same tokens.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from .common import DUCKS_CPU, Progress, Size, Table, percentiles_us, pin
 __all__ = ["COLUMNS", "MODES", "Config", "config", "ratios", "run", "summarise"]
 
 MODES = ("broadcast", "unicast", "dense")
-LAYER_MOE, LAYER_DENSE = 1, 2
+LAYER_MOE, LAYER_DENSE, LAYER_SHARED, LAYER_SHARED_EVERY = 1, 2, 3, 4
 N_EXPERTS = 256
 
 COLUMNS = [
@@ -53,6 +62,20 @@ COLUMNS = [
 ]
 
 
+SHARED_COLUMNS = [
+    ("config", "config"),
+    ("tokens", "tokens"),
+    ("shared_set", "shared expert on"),
+    ("mode", "mode"),
+    ("p50_us", "p50 µs"),
+    ("moe_bytes_per_token", "MoE wire bytes / token"),
+    ("min_bytes_per_token", "minimum / token"),
+    ("bytes_vs_min", "wire / minimum"),
+    ("ducks_per_call", "ducks answering / call"),
+    ("max_rel_diff", "rel. diff"),
+]
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     ducks: int
@@ -61,6 +84,7 @@ class Config:
     tokens: tuple[int, ...]
     iters: int
     warmup: int
+    shared_tokens: tuple[int, ...] = (1, 8, 32, 64)  # the shared-expert table's batches
 
     @property
     def label(self) -> str:
@@ -76,7 +100,35 @@ def config(size: Size) -> Config:
         tokens=size.pick((1, 8, 32), (8,), (8,)),  # type: ignore[arg-type]
         iters=size.pick(40, 30, 3),  # type: ignore[arg-type]
         warmup=size.pick(4, 3, 1),  # type: ignore[arg-type]
+        shared_tokens=size.pick((1, 8, 32, 64), (1, 64), (8,)),  # type: ignore[arg-type]
     )
+
+
+def minimum_bytes(
+    indices: np.ndarray, placement: list[int], shared_ducks: list[int], row_bytes: int
+) -> int:
+    """The fewest activation bytes a routed forward can put on the wire without a
+    broadcast: each token's row once to each duck that needs it, its routed ducks
+    (``placement[e]``: expert e's duck; -1 slots need none) and the shared set."""
+    shared = set(shared_ducks)
+    need = sum(len({placement[e] for e in row if e >= 0} | shared) for row in indices.tolist())
+    return need * row_bytes
+
+
+def summarise_shared(
+    cfg: Config, tokens: int, label: str, s: Samples, min_bytes: int
+) -> dict[str, object]:
+    """One row of the shared-expert table: wire bytes per token against the minimum."""
+    row = summarise(cfg, tokens, "auto", s)
+    per = max(1, len(s.e2e_ns)) * tokens
+    wire, least = s.counters.get("moe_bytes", 0) / per, min_bytes / per
+    return {
+        **row,
+        "shared_set": label,
+        "moe_bytes_per_token": wire,
+        "min_bytes_per_token": least,
+        "bytes_vs_min": wire / least if least else float("nan"),
+    }
 
 
 @dataclasses.dataclass
@@ -154,7 +206,7 @@ COUNTERS = ("tx_bytes", "tx_packets", "moe_bytes", "moe_broadcasts", "moe_unicas
             "nacks_sent", "timeouts")  # fmt: skip
 
 
-def _measure(client, mode: str, batches, moe, dense) -> Samples:
+def _measure(client, mode: str, batches, moe, dense, layer: int = LAYER_MOE) -> Samples:
     """Warm-up batches first, then the timed ones; counters differenced over the timed."""
     import duckpipe
 
@@ -168,7 +220,7 @@ def _measure(client, mode: str, batches, moe, dense) -> Samples:
             if mode == "dense":
                 fwd = client.submit(slot, LAYER_DENSE)
             else:
-                fwd = client.submit(slot, LAYER_MOE, routing=(indices, weights), moe_send=mode)
+                fwd = client.submit(slot, layer, routing=(indices, weights), moe_send=mode)
         with fwd:
             y = fwd.result(timeout=30).copy()
             return y, time.perf_counter_ns() - t0, list(fwd.timings.duck_compute_ns)
@@ -201,7 +253,9 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
     from ..demo.moe_shape import default_placement
 
     cfg = config(size)
-    prog = Progress("moe", 2 + len(cfg.tokens) * len(MODES), quiet=quiet)
+    prog = Progress(
+        "moe", 2 + len(cfg.tokens) * len(MODES) + 2 * len(cfg.shared_tokens), quiet=quiet
+    )
     table = Table(key="moe", title="moe: one routed layer three ways, same cluster",
                   columns=COLUMNS)  # fmt: skip
     prog.step(f"{cfg.label}: making the layer and the batches")
@@ -220,8 +274,16 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
 
     batches = {
         t: ([batch(t) for _ in range(cfg.warmup)], [batch(t) for _ in range(cfg.iters)])
-        for t in cfg.tokens
+        for t in sorted(set(cfg.tokens) | set(cfg.shared_tokens))
     }
+    with_shared = MoeMlp.random(N_EXPERTS, cfg.hidden, cfg.expert_ffn, shared=True,
+                                dtype=np.float16, seed=1)  # fmt: skip
+    every = MoeMlp(experts=with_shared.experts, shared=with_shared.shared, shared_ducks=ducks)
+    shared_table = Table(
+        key="moe_shared",
+        title="moe_shared: wire bytes per token with a shared expert, against the minimum",
+        columns=SHARED_COLUMNS,
+    )
     with Cluster(cfg.ducks, default_timeout_ms=10_000) as cl:
         for em in cl.emulators:
             pin(em.pid, DUCKS_CPU)
@@ -237,11 +299,13 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
                     rows.append(summarise(cfg, tokens, mode, s))
                 ratios(rows)
                 table.rows += rows
+            _measure_shared(client, cfg, prog, batches, placement, with_shared, every,
+                            shared_table)  # fmt: skip
     table.notes += [
         'broadcast: moe_send="broadcast" (activation + routing table once, target set); '
         'unicast: moe_send="unicast" (each routed duck its own rows); dense: the same '
         "banks as one dense SwiGLU layer, no routing: every duck computes every token.",
-        "The layer has no shared expert (with one every duck needs every row). Experts are "
+        "The layer has no shared expert (moe_shared below has one). Experts are "
         "narrow so that the dense baseline's every-duck-every-token compute stays short on "
         "the emulator; the routing is DeepSeek-V3's (Gate.deepseek_v3).",
         "tx bytes / call: the dataplane's tx_bytes counter (every datagram it sent, headers "
@@ -254,4 +318,36 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         "rel. diff: the first timed call's result against the host reference (MoeMlp."
         "reference, or the dense layer's), largest |difference| / largest |reference|.",
     ]
-    return [table]
+    shared_table.notes += [
+        "mode auto (the dataplane picks broadcast or unicast by bytes). default: "
+        "MoeMlp(shared_ducks=None), as few ducks as the bank limit needs, one per NIC; "
+        "every duck: shared_ducks=all ducks, a token then reaches every duck.",
+        "MoE wire bytes / token: the moe_bytes counter (activation rows and routing "
+        "tables of first sends) over calls x tokens. minimum / token: each token's row "
+        "(hidden x 2 bytes) once to each duck that needs it, |its routed ducks U the "
+        "shared set|, averaged over the same tokens; no broadcast address (loopback).",
+        "auto sends the unicast only when all its messages fit one forward's staging area "
+        "(max_forward_bytes, 1 MiB by default) and chunk headers; past that it falls back "
+        "to the broadcast, every row to each target: at DeepSeek-V3's hidden 7168 that is "
+        "from about 32 tokens on (wire / minimum near 4 there).",
+    ]
+    return [table, shared_table]
+
+
+def _measure_shared(client, cfg: Config, prog, batches, placement, moe, every, table) -> None:
+    """The shared-expert table: the layer on its default set and on every duck."""
+    ducks = list(range(cfg.ducks))
+    client.load_weights(LAYER_SHARED, moe, placement=placement, progress=False)
+    client.load_weights(LAYER_SHARED_EVERY, every, placement=placement, progress=False)
+    default_set = list(client._session.moe[LAYER_SHARED].shared_ducks)
+    row_bytes = cfg.hidden * 2  # float16
+    for tokens in cfg.shared_tokens:
+        timed = batches[tokens][1]
+        for layer, m, shared_set, label in (
+            (LAYER_SHARED, moe, default_set, f"default {default_set}"),
+            (LAYER_SHARED_EVERY, every, ducks, f"every duck ({len(ducks)})"),
+        ):
+            prog.step(f"{cfg.label}: shared expert on {label}, {tokens} token(s)")
+            s = _measure(client, "auto", batches[tokens], m, None, layer)
+            least = sum(minimum_bytes(i, placement, shared_set, row_bytes) for _, i, _ in timed)
+            table.rows.append(summarise_shared(cfg, tokens, label, s, least))

@@ -792,8 +792,10 @@ class Client:
         expert, a duck id or a sequence of duck ids (its replicas, 1..8 distinct ducks);
         default: contiguous blocks, expert ``e`` on ``ducks[e * len(ducks) // n_experts]``.
         Without ``ducks`` the layer lives on the ducks the placement names (every duck
-        for the default one). Its shared expert, if any, is cut over all of the layer's
-        ducks by columns, like a dense layer. Forwards on it then need ``routing=``.
+        for the default one). Its shared expert, if any, is cut by columns, like a dense
+        layer, over ``MoeMlp.shared_ducks`` (default: as few ducks as the bank limit
+        needs, one per NIC); a token reaches its routed ducks and those. Forwards on it
+        then need ``routing=``.
 
         The layer is this client's: other clients cannot use or replace it, and it is
         freed when this client closes or dies. ``shared=True`` lets every client use it;

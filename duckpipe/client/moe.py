@@ -270,10 +270,16 @@ class MoeMlp:
     """A routed layer: ``experts`` (SwiGLU MLPs of one shape and dtype, as DeepSeek-V3's)
     and an optional ``shared`` expert every token passes through. The shared expert
     has the experts' hidden size and dtype; its FFN width may differ (DeepSeek-V3's is
-    ``n_shared_experts * moe_inter_dim``)."""
+    ``n_shared_experts * moe_inter_dim``).
+
+    ``shared_ducks``: the ducks the shared expert is sharded over (distinct ids, each a
+    duck of the layer; checked at load). A token goes to its routed ducks and these, no
+    other. None: as few ducks as its bytes and the bank limit need, one per NIC
+    (``load_weights``' default, :func:`duckpipe.client.weights.default_shared_ducks`)."""
 
     experts: Sequence[SwiGluMlp]
     shared: SwiGluMlp | None = None
+    shared_ducks: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         experts = self.experts
@@ -319,6 +325,37 @@ class MoeMlp:
                     f"MoeMlp.shared holds {s.dtype} but the experts hold {first.dtype}: "
                     "the layer has one dtype"
                 )
+        self._check_shared_ducks()
+
+    def _check_shared_ducks(self) -> None:
+        """shared_ducks, if given: a non-empty sequence of distinct duck ids, with a shared
+        expert to shard (whether the ducks exist is the load's question)."""
+        sd = self.shared_ducks
+        if sd is None:
+            return
+        if self.shared is None:
+            raise BadInput(
+                "MoeMlp.shared_ducks places the shared expert, but the layer has none: "
+                "pass shared= too, or leave shared_ducks out"
+            )
+        if isinstance(sd, str | bytes) or not isinstance(sd, Sequence | np.ndarray):
+            raise BadInput(
+                f"MoeMlp.shared_ducks must be a sequence of duck ids, not {type(sd).__name__}"
+            )
+        if any(isinstance(d, bool) or not isinstance(d, int | np.integer) for d in sd):
+            raise BadInput(f"MoeMlp.shared_ducks is {list(sd)!r}: duck ids are integers")
+        ids = tuple(int(d) for d in sd)
+        if not ids:
+            raise BadInput(
+                "MoeMlp.shared_ducks is empty: name at least one duck to hold the shared "
+                "expert, or leave it out (None) for the default set"
+            )
+        if len(set(ids)) != len(ids):
+            twice = sorted({d for d in ids if ids.count(d) > 1})
+            raise BadInput(
+                f"MoeMlp.shared_ducks names ducks {twice} more than once: list each duck once"
+            )
+        object.__setattr__(self, "shared_ducks", ids)
 
     @property
     def n_experts(self) -> int:

@@ -9,8 +9,9 @@ thus travel through shared memory like activations, never over ZeroMQ.
 A mixture of experts (``MoeMlp``) goes the same way as kind MOE: each duck's shard
 is its *bank*, SwiGLU tensors whose columns are its routed experts' (ascending by
 expert id, ``expert_ffn`` each), then its columns of the shared expert, which is cut
-over every duck of the layer like a dense shard. ``LoadWeights`` also carries the
-placement (``expert_replicas``, ``expert_ducks``), and the client keeps it
+like a dense shard over the shared expert's set (``shared_ducks``: a token is sent to
+its routed ducks and that set only). ``LoadWeights`` also carries the placement
+(``expert_replicas``, ``expert_ducks``, ``shared_ducks``), and the client keeps it
 (:class:`MoeLayer`) to check routings and to say which experts a lost duck held. A
 client that did not load a (shared) MOE layer builds the same view from its LayerInfo
 (:func:`moe_view`), which carries the placement too.
@@ -27,7 +28,7 @@ import contextlib
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -57,7 +58,20 @@ STALL_S = 1.0
 if TYPE_CHECKING:
     from .session import Inflight, Session
 
-__all__ = ["MoeLayer", "default_placement", "load_weights", "moe_layer", "moe_view"]
+__all__ = [
+    "BANK_MAX_BYTES",
+    "MoeLayer",
+    "default_placement",
+    "default_shared_ducks",
+    "load_weights",
+    "moe_layer",
+    "moe_view",
+]
+
+#: The most a duck's bank may take, in the float32 a duck keeps its weights in: the duck
+#: emulator's DUCK_MAX_FLOATS (1 GiB of floats a duck, dataplane/duck/dp_duck.c). The
+#: default shared set is as few ducks as keep each one's bank within it.
+BANK_MAX_BYTES = 1 << 30
 
 #: what a placement item may be: one duck id, or the ducks of its replicas
 PlacementItem = int | Sequence[int]
@@ -77,6 +91,7 @@ class MoeLayer:
     ducks: tuple[int, ...]  # the layer's ducks, in LoadWeights order
     placement: tuple[tuple[int, ...], ...]  # placement[e]: the ducks of expert e's replicas
     bank_sizes: tuple[int, ...]  # columns of each duck's bank, in ``ducks`` order
+    shared_ducks: tuple[int, ...] = ()  # the shared expert's set (empty: no shared expert)
     # the LayerInfo this view was built from (moe_view), None for the loader's own plan:
     # a newer LayerInfo of the layer (reloaded) makes the view stale
     info: ctl.LayerInfo | None = None
@@ -91,7 +106,7 @@ class MoeLayer:
         for d in ducks:
             held = self.experts_on(d)
             if not held:
-                what = "the shared expert only" if self.shared_ffn else "no experts"
+                what = "the shared expert only" if d in self.shared_ducks else "no experts"
             else:
                 shown = " ".join(str(e) for e in held[:16])
                 what = f"experts {shown}{' ...' if len(held) > 16 else ''}"
@@ -105,6 +120,73 @@ def default_placement(n_experts: int, ducks: Sequence[int]) -> list[list[int]]:
     32 ducks: 8 each, 0-7 on the first)."""
     n = len(ducks)
     return [[ducks[e * n // n_experts]] for e in range(n_experts)]
+
+
+def default_shared_ducks(
+    moe: MoeMlp,
+    ducks: Sequence[int],
+    ducks_of: Sequence[Sequence[int]],
+    nic_of: Mapping[int, str] | None = None,
+) -> list[int]:
+    """The shared expert's default set on a layer of ``ducks`` (placement ``ducks_of``):
+    as few ducks as its bytes need, each bank (its routed experts' columns and its shard
+    of the shared expert, in float32 as a duck keeps them) within :data:`BANK_MAX_BYTES`,
+    and at least one; spread one per NIC (``nic_of``: duck -> NIC name), taking in turn
+    each NIC's next duck in ``ducks`` order, so that no NIC carries every token's row
+    for the shared expert alone. With one duck a token routed nowhere else costs one row
+    on the wire, the least there is."""
+    assert moe.shared is not None
+    ffn = moe.shared.ffn
+    per_col = 3 * moe.hidden * 4  # w_gate, w_up, w_down columns, float32 on the duck
+    routed = {d: sum(d in held for held in ducks_of) * moe.ffn for d in ducks}
+    widest = max(routed.values(), default=0)
+    k = 1
+    while k < min(len(ducks), ffn) and (widest + -(-ffn // k)) * per_col > BANK_MAX_BYTES:
+        k += 1
+    by_nic: dict[str, list[int]] = {}
+    for d in ducks:
+        by_nic.setdefault((nic_of or {}).get(d, ""), []).append(d)
+    queues = list(by_nic.values())
+    chosen: list[int] = []
+    while len(chosen) < k:
+        for q in queues:
+            if q and len(chosen) < k:
+                chosen.append(q.pop(0))
+    return sorted(chosen)
+
+
+def _shared_set(
+    moe: MoeMlp,
+    chosen: list[int],
+    ducks_of: list[list[int]],
+    all_ducks: Sequence[int],
+    nic_of: Mapping[int, str] | None,
+) -> list[int]:
+    """The layer's shared set: MoeMlp.shared_ducks checked against the layer's ducks, or
+    the default; [] without a shared expert."""
+    if moe.shared is None:
+        return []
+    if moe.shared_ducks is None:
+        return default_shared_ducks(moe, chosen, ducks_of, nic_of)
+    given = list(moe.shared_ducks)
+    unknown = [d for d in given if d not in all_ducks]
+    if unknown:
+        raise BadInput(
+            f"MoeMlp.shared_ducks names ducks {unknown}, which the dataplane does not have "
+            f"(its ducks: {list(all_ducks)})"
+        )
+    outside = [d for d in given if d not in chosen]
+    if outside:
+        raise BadInput(
+            f"MoeMlp.shared_ducks names ducks {outside}, which are not among the layer's "
+            f"ducks {chosen}: add them to ducks= or pick the shared set among those"
+        )
+    if moe.shared.ffn < len(given):
+        raise BadInput(
+            f"the shared expert has {moe.shared.ffn} columns but shared_ducks names "
+            f"{len(given)} ducks: each needs at least one column; name fewer ducks"
+        )
+    return given
 
 
 def _placement_of(
@@ -182,29 +264,33 @@ def moe_layer(
     *,
     ducks: Sequence[int] | None = None,
     placement: Sequence[PlacementItem] | None = None,
+    nic_of: Mapping[int, str] | None = None,
 ) -> MoeLayer:
     """The plan of loading ``moe`` as ``layer`` on the dataplane's ``all_ducks``: where
-    each expert goes and how wide each duck's bank is. BadInput for what the dataplane
-    would refuse, before anything is sent."""
+    each expert goes, which ducks hold the shared expert (``moe.shared_ducks``, or the
+    default set over ``nic_of``'s NICs) and how wide each duck's bank is. BadInput for
+    what the dataplane would refuse, before anything is sent."""
     n_experts = moe.n_experts
     if n_experts > MAX_EXPERTS:
         raise BadInput(f"a MoE layer has 1..{MAX_EXPERTS} experts, this one {n_experts}")
     chosen, ducks_of = _placement_of(placement, n_experts, ducks, all_ducks)
     routing.placement(ducks_of)  # the dataplane's own rule (dp_routing_placement_check)
     shared_ffn = moe.shared.ffn if moe.shared is not None else 0
-    if shared_ffn and shared_ffn < len(chosen):
-        raise BadInput(
-            f"the shared expert has {shared_ffn} columns but the layer has {len(chosen)} ducks: "
-            "every duck needs at least one of its columns; load the layer on fewer ducks"
-        )
-    cut = fp8.block_shard_sizes if _is_fp8(moe) else shard_sizes  # FP8: whole 128-blocks
-    shared_sizes = cut(shared_ffn, len(chosen)) if shared_ffn else [0] * len(chosen)
+    shared_set = _shared_set(moe, chosen, ducks_of, all_ducks, nic_of)
+    in_set = [d for d in chosen if d in shared_set]  # the shared columns go in ducks order
+    cutter = fp8.block_shard_sizes if _is_fp8(moe) else shard_sizes  # FP8: whole 128-blocks
+    cut = dict(zip(in_set, cutter(shared_ffn, len(in_set)), strict=True)) if in_set else {}
     local = {d: sum(d in held for held in ducks_of) for d in chosen}
-    idle = [d for d in chosen if not local[d]]
-    if idle and not shared_ffn:
+    if ducks is None and shared_ffn:
+        # the layer's ducks are those with work, experts or shared columns: before the
+        # shared set a shared expert gave every duck some, and a duck with none idles
+        chosen = [d for d in chosen if local[d] or d in cut]
+    idle = [d for d in chosen if not local[d] and d not in cut]
+    if idle:
+        why = "is not in the shared set" if shared_ffn else "has no shared expert"
         raise BadInput(
-            f"ducks {idle} would hold no expert and the layer has no shared expert: load it "
-            "on fewer ducks (ducks=) or place experts on them (placement=)"
+            f"ducks {idle} would hold no expert and the layer {why}: load it on fewer "
+            "ducks (ducks=), place experts on them (placement=) or add them to shared_ducks"
         )
     return MoeLayer(
         layer=layer,
@@ -215,7 +301,8 @@ def moe_layer(
         shared_ffn=shared_ffn,
         ducks=tuple(chosen),
         placement=tuple(tuple(held) for held in ducks_of),
-        bank_sizes=tuple(local[d] * moe.ffn + s for d, s in zip(chosen, shared_sizes, strict=True)),
+        bank_sizes=tuple(local[d] * moe.ffn + cut.get(d, 0) for d in chosen),
+        shared_ducks=tuple(shared_set),
     )
 
 
@@ -242,6 +329,7 @@ def moe_view(info: ctl.LayerInfo) -> MoeLayer | None:
         ducks=tuple(info.ducks),
         placement=placement,
         bank_sizes=tuple(info.shard_sizes),
+        shared_ducks=tuple(info.shared_ducks),
         info=info,
     )
 
@@ -342,7 +430,8 @@ def load_weights(
     plan: MoeLayer | None = None
     pieces: Iterable[tuple[int, int, np.ndarray]]
     if isinstance(mlp, MoeMlp):
-        plan = moe_layer(layer, mlp, all_ducks, ducks=ducks, placement=placement)
+        nic_of = {d.id: d.nic for d in topology.ducks}
+        plan = moe_layer(layer, mlp, all_ducks, ducks=ducks, placement=placement, nic_of=nic_of)
         chosen, sizes = list(plan.ducks), list(plan.bank_sizes)
         request = ctl.LoadWeights(
             req_id=0,
@@ -357,6 +446,7 @@ def load_weights(
             expert_ffn=plan.expert_ffn,
             expert_replicas=[len(held) for held in plan.placement],
             expert_ducks=[d for held in plan.placement for d in held],
+            shared_ducks=list(plan.shared_ducks),
             weight_dtype=weight_dtype,
         )
         item = np.dtype(dt).itemsize

@@ -140,8 +140,8 @@ class BatchReport:
     tokens: int
     calls: int
     routed_ducks_per_token: float  # mean distinct routed ducks, from the gate and placement
-    #: ducks that computed each token, from their moe_tokens (stats): with the shared
-    #: expert every duck computes every token (its columns of the shared expert)
+    #: ducks that computed each token, from their moe_tokens (stats): its routed ducks
+    #: and the shared expert's set (the default: one duck), each counted once
     measured_ducks_per_token: float | None
     expert_rows_per_token: float | None  # the ducks' moe_expert_rows / tokens: topk
     ducks_per_call: float  # mean distinct routed ducks a whole call reaches
@@ -179,8 +179,8 @@ def format_report(
     per_duck = f"{N_EXPERTS / ducks:g}" if ducks else "-"
     head = (
         f"\nmodel: deepseek-v3-moe-shape: one MoE layer, hidden {hidden}, {N_EXPERTS} routed "
-        f"experts (intermediate {EXPERT_FFN}) + 1 shared (intermediate {SHARED_FFN}, split by "
-        f"columns over every duck), top-{TOPK} of 8 groups (4 kept), sigmoid + bias, route "
+        f"experts (intermediate {EXPERT_FFN}) + 1 shared (intermediate {SHARED_FFN}, on its "
+        f"default set of ducks), top-{TOPK} of 8 groups (4 kept), sigmoid + bias, route "
         f"scale 2.5; bf16 activations, FP8 experts (e4m3, 128x128 block scales, read by "
         f"from_checkpoint), {layer_bytes / 1e9:.2f} GB; {ducks} ducks, {per_duck} experts "
         "each (the default placement)"
@@ -207,8 +207,8 @@ def format_report(
     out += [f"  {name:<{width}}" + "".join(f"{c:>12}" for c in cells) for name, cells in rows]
     out += [
         "",
-        f"  the shared expert touches all {ducks} ducks on every call: 'routed ducks' "
-        "counts the routed experts' ducks only",
+        "  the shared expert's ducks (its default set, shared_ducks) compute every token: "
+        "'routed ducks' counts the routed experts' ducks only, 'ducks computing' both",
         "  wire bytes: the dataplane's moe_bytes counter (activation rows and routing tables "
         "put on the wire, first sends) over the call's tokens",
         "  host overhead: end to end minus the wait for the ducks' partials past the send "

@@ -5,8 +5,8 @@ design), done in numpy on the banks the client sent, so that a wrong bank (an ex
 columns in the wrong place) gives a wrong result here as it would on real ducks:
 
 - ``plan_of``: the LoadWeights refusals (placement against the layer's ducks, bank
-  widths, shared columns on every duck or none, no bias) and the placement with each
-  duck's bank slots, by the C rule itself (dp_load_moe_plan through cffi);
+  widths, shared columns on the ducks of shared_ducks and no other, no bias) and the
+  placement with each duck's bank slots, by the C rule itself (dp_load_moe_plan through cffi);
 - ``check_desc`` and ``read_routing``: a descriptor's ROUTED flag against the layer's
   kind, its mode bits and target set, then the host routing table copied out of the
   slot once (its header first, topk bounded by MAX_TOPK) and checked, the copy and
@@ -14,7 +14,8 @@ columns in the wrong place) gives a wrong result here as it would on real ducks:
 - ``route`` and ``duck_rows``: each (token, expert) pair's duck by dp_routing_duck_of's
   rule (replica ``t % replicas[e]``), and what one duck computes from its bank:
   ``y[t] += w * expert_slot(x[t])`` for its entries, plus its shared-expert columns for
-  every row when the layer has a shared expert, in float32;
+  every row when it is in the shared expert's set, in float32; the targets are the routed
+  ducks and that set;
 - ``send_mode``: broadcast or unicast by the design's byte rule, for a NIC without a
   broadcast address (the mock has one NIC and no network, like loopback): a broadcast
   costs one copy of table and activation per target.
@@ -53,6 +54,7 @@ class MoePlan:
     n_experts: int
     expert_ffn: int
     has_shared: bool
+    shared_ducks: frozenset[int]  # the shared expert's set: every row goes to each
     ducks: tuple[int, ...]
     ducks_of: tuple[tuple[int, ...], ...]  # expert e -> its replicas' ducks
     bank_slot: dict[tuple[int, int], int]  # (expert, duck) -> the expert's slot in the bank
@@ -110,6 +112,9 @@ def plan_of(msg: ctl.LoadWeights, req: Any) -> MoePlan | None:
         n_experts=int(pl.n_experts),
         expert_ffn=int(moe.expert_ffn),
         has_shared=bool(moe.has_shared),
+        shared_ducks=frozenset(
+            d for d in range(len(moe.shared_ducks) * 64) if moe.shared_ducks[d >> 6] >> (d & 63) & 1
+        ),
         ducks=tuple(msg.ducks),
         ducks_of=ducks_of,
         bank_slot=bank_slot,
@@ -160,16 +165,16 @@ def read_routing(copy: np.ndarray, tokens: int, plan: MoePlan) -> Routed:
         t, k = np.nonzero(indices == e)
         duck[t, k] = np.asarray(held, np.int32)[rows[t] % len(held)]
     targets = set(np.unique(duck[duck >= 0]).tolist())
-    if plan.has_shared:
-        targets.update(plan.ducks)
+    targets.update(plan.shared_ducks)  # each computes its shared columns for every row
     return Routed(indices, weights, duck, sorted(targets))
 
 
 def duck_rows(plan: MoePlan, routed: Routed, duck: int) -> tuple[int, int]:
-    """(n_rows, n_entries) of ``duck``'s reply: the rows it computed (every row with a
-    shared expert, else its distinct routed tokens), and its (token, expert) pairs."""
+    """(n_rows, n_entries) of ``duck``'s reply: the rows it computed (every row on a duck
+    of the shared set, else its distinct routed tokens), and its (token, expert) pairs."""
     mine = routed.duck == duck
-    rows = mine.shape[0] if plan.has_shared else int(np.count_nonzero(mine.any(axis=1)))
+    shared = duck in plan.shared_ducks
+    rows = mine.shape[0] if shared else int(np.count_nonzero(mine.any(axis=1)))
     return rows, int(np.count_nonzero(mine))
 
 
@@ -190,7 +195,7 @@ def duck_partial(
         xr = xf[t]
         h = silu(xr @ w_gate[:, cols]) * (xr @ w_up[:, cols])
         out[t] += routed.weights[t, k, None] * (h @ w_down[cols, :])
-    if plan.has_shared:
+    if duck in plan.shared_ducks:
         cols = slice(plan.n_local[duck] * e_ffn, w_gate.shape[1])
         out += (silu(xf @ w_gate[:, cols]) * (xf @ w_up[:, cols])) @ w_down[cols, :]
     return out
@@ -202,8 +207,9 @@ def send_mode(
     """('broadcast' | 'unicast', bytes of the first sends) of the forward's one NIC part,
     by the design's rule for a NIC without a broadcast address: a broadcast sends the
     wire table and every row to each target; a unicast sends each routed duck its own
-    section (renumbered) and rows. Auto takes the unicast when it is smaller, fits the
-    staging area and the layer has no shared expert; a mode bit forces one, except a
+    section (renumbered) and rows, and each duck of the shared set its section (if any)
+    and every row. Auto takes the unicast when it is smaller and fits the staging area;
+    a mode bit forces one, except a
     unicast that does not fit the staging area, which goes as the broadcast (dp_moe_choose)."""
     tokens = routed.indices.shape[0]
     sections = [(d, *duck_rows(plan, routed, d)) for d in routed.targets]
@@ -211,20 +217,18 @@ def send_mode(
     entries = sum(n for _, _, n in routed_ducks)
     wire = _WIRE_HEADER + _WIRE_ITEM * (len(routed_ducks) + entries)
     broadcast = (wire + nbytes) * len(routed.targets)
-    if plan.has_shared:  # every duck needs every row: a unicast carries them all, and
-        # a duck without a section gets a bare header (dp_moe.c shared_unicast_table)
-        unicast = sum(
-            _WIRE_HEADER + (_WIRE_ITEM * (1 + n) if n else 0) + tokens * row_bytes
-            for _, _, n in sections
-        )
-    else:
-        unicast = sum(
-            _WIRE_HEADER + _WIRE_ITEM * (1 + n) + r * row_bytes for _, r, n in routed_ducks
-        )
+    # a shared-set duck needs every row: its unicast carries them all, and without a
+    # section it gets a bare header (dp_moe.c shared_unicast_table); the others their rows
+    unicast = sum(
+        _WIRE_HEADER + (_WIRE_ITEM * (1 + n) if n else 0) + tokens * row_bytes
+        if d in plan.shared_ducks
+        else _WIRE_HEADER + _WIRE_ITEM * (1 + n) + r * row_bytes
+        for d, r, n in sections
+    )
     if flags & DescFlag.MOE_BROADCAST:
         return "broadcast", broadcast
     if flags & DescFlag.MOE_UNICAST and unicast <= staging:
         return "unicast", unicast  # forced, unless it does not fit: then the broadcast
-    if not plan.has_shared and unicast < broadcast and unicast <= staging:
+    if unicast < broadcast and unicast <= staging:
         return "unicast", unicast
     return "broadcast", broadcast

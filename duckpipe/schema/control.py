@@ -175,9 +175,11 @@ class LoadWeights(Request, kw_only=True):
     ``expert_ducks[sum(expert_replicas[:e]) :][: expert_replicas[e]]``, each one of
     ``ducks``; a duck's shard is its bank: the ``expert_ffn`` columns of each of its
     experts, ascending by expert id, then its columns of the shared expert, so that
-    ``shard_sizes[i] - experts_on(ducks[i]) * expert_ffn`` is its shared columns: that
-    difference is 0 for every duck (no shared expert) or at least 1 for every duck.
-    ``ffn`` is the sum of ``shard_sizes``, as for the dense kinds.
+    ``shard_sizes[i] - experts_on(ducks[i]) * expert_ffn`` is its shared columns: at
+    least 1 on each duck of ``shared_ducks`` (the shared expert's set: distinct ducks of
+    ``ducks``) and 0 on every other; ``shared_ducks`` is empty exactly when the layer has
+    no shared expert. A routed forward reaches its tokens' routed ducks and the shared
+    set, no other duck. ``ffn`` is the sum of ``shard_sizes``, as for the dense kinds.
     """
 
     layer: U32
@@ -202,6 +204,7 @@ class LoadWeights(Request, kw_only=True):
     #: dense kinds' shards, and a MOE bank's shared-expert columns, are cut between
     #: 128-column blocks (only the last duck's may end in a partial block)
     weight_dtype: Annotated[int, Meta(ge=0, le=4)] = 0
+    shared_ducks: Annotated[list[DuckId], Meta(max_length=MAX_DUCKS)] = []
 
 
 class UnloadLayer(Request, kw_only=True):

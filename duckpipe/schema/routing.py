@@ -54,8 +54,11 @@ sum of its experts for that row, so the host adds the rows in place::
     slot in the receiving duck's bank (dp_routing_bank_slots: a duck's experts ascending
     by id). Other ducks' banks differ in size, so a duck checks the whole table with
     n_experts = MAX_EXPERTS and then its own section's slots against its bank. With flag SHARED the
-    layer has a shared expert: every duck of the layer the message reaches computes it
-    for every row and replies every row, and a table may have no section at all.
+    layer has a shared expert: a duck of its set (shared_ducks; its bank holds shared
+    columns) that the message reaches computes them for every row and replies every row,
+    with or without a section, and a table may have no section at all; a duck outside
+    the set computes its section alone, as without the flag, and skips a table without
+    one. Its unicast table keeps the flag and has its rows alone.
 
 The placement (``dp_routing_placement``): expert ``e`` lives on ducks
 ``ducks[e * MAX_REPLICAS + r]`` for ``r < replicas[e]``; token ``t`` reaches expert ``e``
@@ -133,9 +136,10 @@ class RoutingError(enum.IntEnum):
 class RoutingWireFlag(enum.IntFlag):
     """Bits of a wire table's ``flags``."""
 
-    #: the layer has a shared expert: every duck of the layer the activation reaches
-    #: computes its shared-expert columns for every row, adds its section's experts,
-    #: and replies every row (a duck without a section replies the shared part alone)
+    #: the layer has a shared expert: every duck of its set (shared_ducks: its bank holds
+    #: shared columns) the activation reaches computes them for every row, adds its
+    #: section's experts, and replies every row (without a section, the shared part
+    #: alone); a duck outside the set answers its section's rows as without the flag
     SHARED = 1
 
 

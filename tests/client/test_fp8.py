@@ -194,12 +194,16 @@ def test_the_dataplane_rules_refuse_an_fp8_cut_inside_a_block_and_fp8_gelu():
         "expert_ffn": 136,
         "expert_replicas": [1, 1],
         "expert_ducks": [0, 1],
+        "shared_ducks": [0, 1],
     }
     req = rules.load_request(ctl.LoadWeights(**{**_FIELDS, **moe, "shard_sizes": [236, 264]}))
     _, why = rules.moe_plan(req)
     assert "shared expert is cut between 128-column blocks" in str(why)
     req = rules.load_request(ctl.LoadWeights(**{**_FIELDS, **moe, "shard_sizes": [264, 236]}))
     assert rules.moe_plan(req)[1] is None
+    # the shared expert on duck 0 alone: the last duck of its set holds the partial block
+    one = {**moe, "ffn": 136 + 100 + 136, "shared_ducks": [0], "shard_sizes": [236, 136]}
+    assert rules.moe_plan(rules.load_request(ctl.LoadWeights(**{**_FIELDS, **one})))[1] is None
 
 
 def test_a_nan_scale_is_refused():

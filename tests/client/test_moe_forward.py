@@ -440,6 +440,7 @@ def test_a_forced_unicast_with_a_shared_expert_counts_the_bytes_it_sends(client)
     # every duck gets every row for the shared expert; duck 0 also its section (expert 0
     # for each token), ducks 1..3 a bare table header: 16 bytes, no directory entry
     moe = MoeMlp.random(4, HIDDEN, EFFN, shared=True, seed=41)
+    moe = MoeMlp(experts=moe.experts, shared=moe.shared, shared_ducks=[0, 1, 2, 3])
     client.load_weights(541, moe, ducks=[0, 1, 2, 3], placement=[0, 1, 2, 3])
     x = np.random.default_rng(41).standard_normal((5, HIDDEN)).astype(np.float32)
     i = np.zeros((5, 1), np.int32)

@@ -5,6 +5,8 @@ the pure plan tests need neither."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -35,7 +37,7 @@ def test_default_placement_spreads_experts_in_contiguous_blocks():
 
 
 def test_banks_hold_each_ducks_experts_ascending_then_its_shared_columns():
-    moe = _moe(n_experts=6, shared=True)
+    moe = dataclasses.replace(_moe(n_experts=6, shared=True), shared_ducks=[3, 0, 1, 2])
     plan = weights.moe_layer(
         3, moe, [0, 1, 2, 3], placement=[2, [0, 2], 1, 0, [3, 1], 2]
     )  # duck 0: experts 1 3; duck 1: 2 4; duck 2: 0 1 5; duck 3: 4
@@ -101,8 +103,9 @@ def test_a_shared_expert_narrower_than_the_ducks_is_bad_input_naming_both_number
     moe = MoeMlp(
         experts=[SwiGluMlp.random(HIDDEN, EFFN, seed=i) for i in range(4)],
         shared=SwiGluMlp.random(HIDDEN, 3, seed=9),
+        shared_ducks=[0, 1, 2, 3],
     )
-    with pytest.raises(BadInput, match="shared expert has 3 columns but the layer has 4 ducks"):
+    with pytest.raises(BadInput, match="shared expert has 3 columns but shared_ducks names 4"):
         weights.moe_layer(0, moe, range(8), ducks=[0, 1, 2, 3])
 
 
@@ -118,9 +121,11 @@ def test_load_sends_kind_moe_with_each_ducks_bank_width(client):
     moe = _moe(8, shared=True)
     info = client.load_weights(40, moe, ducks=[0, 1, 2, 3], placement=[0, 0, 1, [1, 2], 2, 3, 3, 3])
     assert info.ready and info.kind == MlpKind.MOE and info.ducks == [0, 1, 2, 3]
-    assert info.shard_sizes == [2 * EFFN + 4, 2 * EFFN + 4, 2 * EFFN + 4, 3 * EFFN + 4]
+    # the default shared set: one duck (its 16 columns fit any bank), the layer's first
+    assert info.shard_sizes == [2 * EFFN + 16, 2 * EFFN, 2 * EFFN, 3 * EFFN]
     assert info.ffn == sum(info.shard_sizes) and not info.has_b_down
     plan = client._session.moe[40]
+    assert plan.shared_ducks == (0,)
     assert plan.placement == ((0,), (0,), (1,), (1, 2), (2,), (3,), (3,), (3,))
     client.unload_layer(40)
     assert 40 not in client._session.moe
@@ -161,6 +166,7 @@ def _raw_load(client, **over) -> None:
         expert_ffn=EFFN,
         expert_replicas=[1, 1, 1, 1],
         expert_ducks=[0, 0, 1, 1],
+        shared_ducks=[0, 1],
     )
     fields.update(over)
     client._session.request(lambda rid: ctl.LoadWeights(req_id=rid, **fields))
@@ -192,21 +198,36 @@ def test_the_dataplane_takes_a_well_formed_moe_load(client):
         ),
         (
             dict(shard_sizes=[2 * EFFN, 2 * EFFN + 4], ffn=4 * EFFN + 4),
-            "1 of 2 ducks hold shared-expert columns but duck 0 holds none: every duck or none",
+            "duck 0 is in shared_ducks but its bank holds no shared-expert column",
         ),
+        (
+            dict(shared_ducks=[0]),
+            "duck 1's bank holds 4 shared-expert columns but shared_ducks does not name it",
+        ),
+        (
+            dict(shared_ducks=[]),
+            "duck 0's bank holds 4 shared-expert columns but shared_ducks is empty",
+        ),
+        (
+            dict(shared_ducks=[0, 1, 2]),
+            "shared_ducks names duck 2, which is not one of the layer's ducks",
+        ),
+        (dict(shared_ducks=[0, 1, 1]), "shared_ducks names duck 1 twice"),
         (
             dict(
                 ducks=[0, 1, 2],
                 shard_sizes=[2 * EFFN, 2 * EFFN, 1],
                 ffn=4 * EFFN + 1,
+                shared_ducks=[],
             ),
-            "1 of 3 ducks hold shared-expert columns but duck 0 holds none",
+            "duck 2's bank holds 1 shared-expert columns but shared_ducks is empty",
         ),
         (dict(has_b_down=True), "no b_down"),
         (dict(expert_ffn=0), r"MOE layer 43 needs expert_ffn >= 1"),
         (
-            dict(kind=int(MlpKind.SWIGLU), ffn=64, shard_sizes=[32, 32]),
-            r"layer 43 is dense \(kind 2\): expert_ffn, expert_replicas and expert_ducks are for",
+            dict(kind=int(MlpKind.SWIGLU), ffn=64, shard_sizes=[32, 32], shared_ducks=[]),
+            r"layer 43 is dense \(kind 2\): expert_ffn, expert_replicas, expert_ducks and "
+            "shared_ducks",
         ),
     ],
     ids=[
@@ -214,8 +235,12 @@ def test_the_dataplane_takes_a_well_formed_moe_load(client):
         "duck-not-in-layer",
         "duplicate-replica",
         "bank-too-narrow",
-        "shared-on-some",
-        "shared-on-one",
+        "shared-set-duck-without-columns",
+        "shared-columns-outside-the-set",
+        "shared-set-empty",
+        "shared-set-unknown-duck",
+        "shared-set-duplicate",
+        "shared-columns-no-set",
         "b_down",
         "no-expert-ffn",
         "dense-with-moe-fields",

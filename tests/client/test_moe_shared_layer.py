@@ -144,14 +144,17 @@ def test_three_processes_route_on_one_shared_moe_layer_at_once(dataplane, tmp_pa
 
 def test_layer_info_carries_the_placement_and_the_shared_experts_ducks(dataplane):
     with duckpipe.connect(dataplane.control) as admin, duckpipe.connect(dataplane.control) as c:
-        admin.load_weights(881, _moe(seed=81), placement=PLACEMENT, shared=True)
+        m = _moe(seed=81)
+        moe = MoeMlp(experts=m.experts, shared=m.shared, shared_ducks=[4, 1])  # a chosen set
+        admin.load_weights(881, moe, placement=PLACEMENT, shared=True)
         info = next(i for i in c.layers() if i.layer == 881)
         assert info.expert_ffn == EFFN
         assert info.expert_replicas == [len(held) for held in PLACEMENT]
         assert info.expert_ducks == PLACED
-        assert info.shared_ducks == [0, 1, 2, 3, 4, 5]
+        assert info.shared_ducks == [1, 4]  # the ducks whose banks hold shared columns
         view = weights.moe_view(info)
         assert view is not None and view.placement == tuple(map(tuple, PLACEMENT))
+        assert view.shared_ducks == (1, 4)
         assert view.shared_ffn == EFFN and view.n_experts == N_EXPERTS
 
 
@@ -198,4 +201,5 @@ def test_layer_info_of_a_moe_layer_is_the_same_on_mock_and_c(
             info = next(i for i in admin.layers() if i.layer == 884)
             got.append(msgspec.structs.replace(info, owner=0))
     assert got[0] == got[1]
-    assert got[0].expert_ducks == PLACED and got[0].shared_ducks == [0, 1, 2, 3, 4, 5]
+    # the default shared set: one duck (one NIC), the layer's first
+    assert got[0].expert_ducks == PLACED and got[0].shared_ducks == [0]

@@ -38,7 +38,7 @@ def needs_c(test):
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT_KEYS = {"config", "row", "name", "transport", "size", "series", "fit", "stream_delivered",
-             "mode", "profile"}  # fmt: skip
+             "mode", "profile", "shared_set"}  # fmt: skip
 
 
 def run_bench(

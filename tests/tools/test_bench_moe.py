@@ -112,4 +112,27 @@ def test_bench_moe_quick_has_every_mode_column_and_a_checked_result(tmp_path: Pa
     # the routed modes compute each token on its experts' ducks only
     assert by["broadcast"]["ducks_per_call"] <= cfg.ducks
     assert by["dense"]["p50_vs_dense"] == 1.0
+    # the shared expert on its default set: within 1.05x of the minimum at every batch
+    shared = table(doc, "moe_shared")
+    assert_complete(shared)
+    assert {r["tokens"] for r in shared["rows"]} == set(cfg.shared_tokens)
+    for r in shared["rows"]:
+        assert r["max_rel_diff"] <= 5e-3, r
+        if r["shared_set"].startswith("default"):
+            assert 0.95 <= r["bytes_vs_min"] <= 1.05, r
     print(f"bench moe --quick took {took:.1f} s")
+
+
+def test_the_minimum_counts_each_needed_duck_once_per_token():
+    placement = [0, 0, 1, 1, 2, 2, 3, 3]  # expert e on duck e // 2
+    idx = np.array([[0, 1], [2, 4], [-1, -1], [6, 0]])
+    # token 0: ducks {0} + set {3}; token 1: {1, 2, 3}; token 2: {3}; token 3: {3, 0}
+    assert bm.minimum_bytes(idx, placement, [3], row_bytes=10) == (2 + 3 + 1 + 2) * 10
+    # a set duck that a token routes to anyway costs that token nothing more
+    assert bm.minimum_bytes(idx, placement, [0], row_bytes=10) == (1 + 3 + 1 + 2) * 10
+    cfg = bm.config(Size("smoke"))
+    s = _samples(100, [10, 10], tx=0, moe=0)
+    s.counters["moe_bytes"] = 10 * 8 * 105  # 10 calls of 8 tokens, 105 bytes a token
+    row = bm.summarise_shared(cfg, 8, "default [0]", s, min_bytes=10 * 8 * 100)
+    assert row["moe_bytes_per_token"] == 105 and row["min_bytes_per_token"] == 100
+    assert row["bytes_vs_min"] == pytest.approx(1.05)

@@ -107,7 +107,7 @@ def test_the_report_has_a_column_per_batch_size_and_says_pass():
     assert row["p50 per call (us)"] == ["1000", "8000", "32000"]
     assert row["tokens/s, this layer"] == ["1000"] * 3  # tokens / p50
     assert row["check"] == ["PASS"] * 3
-    assert "the shared expert touches all 32 ducks" in text
+    assert "the shared expert's ducks (its default set, shared_ducks) compute every token" in text
     assert "16.17 tokens/s" in text and "other hardware" in text and "not this run" in text
     assert lines[-1] == "PASS: largest relative difference from MoeMlp.reference 1.00e-04 " \
         "<= tolerance 2e-02"  # fmt: skip

@@ -183,6 +183,7 @@ static int decode_load_weights(const msgpack_object *m, struct dp_ctl_load_weigh
 	out->expert_replicas_len = 0;
 	out->expert_ducks_len = 0;
 	out->weight_dtype = 0u;
+	out->shared_ducks_len = 0;
 	for (uint32_t i = 0; i < m->via.map.size; i++) {
 		const msgpack_object *key = &m->via.map.ptr[i].key;
 		const msgpack_object *val = &m->via.map.ptr[i].val;
@@ -290,6 +291,17 @@ static int decode_load_weights(const msgpack_object *m, struct dp_ctl_load_weigh
 			if (get_uint(val, 0u, 4u, &v, "LoadWeights.weight_dtype", why, n) < 0)
 				return -1;
 			out->weight_dtype = (uint32_t)v;
+		} else if (key_is(key, "shared_ducks", 12)) {
+			seen |= 1ull << 14;
+			if (get_list(val, 0u, 256u, "LoadWeights.shared_ducks", why, n) < 0)
+				return -1;
+			out->shared_ducks_len = val->via.array.size;
+			for (uint32_t k = 0; k < out->shared_ducks_len; k++) {
+				uint64_t v = 0;
+				if (get_uint(&val->via.array.ptr[k], 0u, 255u, &v, "LoadWeights.shared_ducks", why, n) < 0)
+					return -1;
+				out->shared_ducks[k] = (uint32_t)v;
+			}
 		}
 	}
 	if (!(seen & (1ull << 0)))

@@ -82,6 +82,8 @@ struct dp_ctl_load_weights {
 	uint32_t expert_ducks_len;
 	uint32_t expert_ducks[8192];
 	uint32_t weight_dtype;
+	uint32_t shared_ducks_len;
+	uint32_t shared_ducks[256];
 };
 
 /* UnloadLayer: Free a layer: its owner or the admin. Forwards in flight on it finish first. */

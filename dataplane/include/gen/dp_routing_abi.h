@@ -57,8 +57,11 @@
  *     slot in the receiving duck's bank (dp_routing_bank_slots: a duck's experts ascending
  *     by id). Other ducks' banks differ in size, so a duck checks the whole table with
  *     n_experts = MAX_EXPERTS and then its own section's slots against its bank. With flag SHARED the
- *     layer has a shared expert: every duck of the layer the message reaches computes it
- *     for every row and replies every row, and a table may have no section at all.
+ *     layer has a shared expert: a duck of its set (shared_ducks; its bank holds shared
+ *     columns) that the message reaches computes them for every row and replies every row,
+ *     with or without a section, and a table may have no section at all; a duck outside
+ *     the set computes its section alone, as without the flag, and skips a table without
+ *     one. Its unicast table keeps the flag and has its rows alone.
  *
  * The placement (``dp_routing_placement``): expert ``e`` lives on ducks
  * ``ducks[e * MAX_REPLICAS + r]`` for ``r < replicas[e]``; token ``t`` reaches expert ``e``

@@ -123,8 +123,9 @@ static void hand_to(struct dp_dispatcher *d, struct dp_fwd *f, uint32_t nic)
 
 /* A routed (MoE) forward: its host table copied out of the slot and checked, once
  * (dp_desc_routing_copy); its targets narrowed from every duck of the layer to the ducks
- * some (token, expert) routes to, and with a shared expert every duck of the layer
- * (each computes its shared columns for every row). 0, or -1 with f completed. */
+ * some (token, expert) routes to, and with a shared expert the ducks of its set (each
+ * computes its shared columns for every row; a duck outside the set that no token routes
+ * to hears nothing). 0, or -1 with f completed. */
 static int route_forward(struct dp_dispatcher *d, struct dp_fwd *f, const struct dp_layer *l,
 			 const struct dp_desc_plan *p)
 {
@@ -137,24 +138,22 @@ static int route_forward(struct dp_dispatcher *d, struct dp_fwd *f, const struct
 		complete(d, f, DP_STATUS_BAD_REQUEST, NULL);
 		return -1;
 	}
-	if (moe->has_shared) {
-		memcpy(f->targets, p->targets, sizeof(f->targets)); /* every duck of the layer */
-	} else {
-		struct dp_routing_header h;
-		memcpy(&h, f->route, sizeof(h)); /* the checked copy */
-		const uint8_t *e0 = f->route + DP_ROUTING_HEADER_SIZE;
-		memset(f->targets, 0, sizeof(f->targets));
-		for (uint32_t t = 0; t < h.tokens; t++)
-			for (uint32_t k = 0; k < h.topk; k++) {
-				uint32_t e;
-				memcpy(&e, e0 + ((uint64_t)t * h.topk + k) * DP_ROUTING_ENTRY_SIZE, 4);
-				if (e == DP_ROUTING_NO_EXPERT)
-					continue; /* the gate's -1: no duck hears of it */
-				/* >= 0: e < n_experts (checked) and the placement was checked */
-				uint32_t duck = (uint32_t)dp_routing_duck_of(&moe->pl, t, e);
-				f->targets[duck >> 6] |= 1ull << (duck & 63);
-			}
-	}
+	struct dp_routing_header h;
+	memcpy(&h, f->route, sizeof(h)); /* the checked copy */
+	const uint8_t *e0 = f->route + DP_ROUTING_HEADER_SIZE;
+	/* the shared set, within the forward's ducks (p->targets: the layer's) */
+	for (uint32_t w = 0; w < DP_MAX_DUCKS / 64; w++)
+		f->targets[w] = moe->shared_ducks[w] & p->targets[w];
+	for (uint32_t t = 0; t < h.tokens; t++)
+		for (uint32_t k = 0; k < h.topk; k++) {
+			uint32_t e;
+			memcpy(&e, e0 + ((uint64_t)t * h.topk + k) * DP_ROUTING_ENTRY_SIZE, 4);
+			if (e == DP_ROUTING_NO_EXPERT)
+				continue; /* the gate's -1: no duck hears of it */
+			/* >= 0: e < n_experts (checked) and the placement was checked */
+			uint32_t duck = (uint32_t)dp_routing_duck_of(&moe->pl, t, e);
+			f->targets[duck >> 6] |= 1ull << (duck & 63);
+		}
 	for (uint32_t k = 0; k < DP_MAX_DUCKS; k++)
 		if (dp_targets_has(f->targets, k) &&
 		    d->null_nics >> d->w->cfg.ducks[d->w->duck_index[k]].nic & 1) {

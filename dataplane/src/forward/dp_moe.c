@@ -6,11 +6,12 @@
  *      written as its slot in that duck's bank (dp_routing_split), flag SHARED when the
  *      layer has a shared expert;
  *   2. works out what each targeted duck must answer: its section's distinct rows,
- *      ascending (or every row, with SHARED), and where each reply row goes in the
- *      result (its row map);
+ *      ascending (every row for a duck of the shared expert's set), and where each
+ *      reply row goes in the result (its row map);
  *   3. chooses broadcast (W then every row, once for the NIC) or unicast (per routed
- *      duck a one-section table, rows renumbered, then its rows alone) by bytes on the
- *      wire (dp_moe_choose), unless the descriptor forces one;
+ *      duck a one-section table, rows renumbered, then its rows alone; per duck of the
+ *      shared set its section and every row) by bytes on the wire (dp_moe_choose),
+ *      unless the descriptor forces one;
  *   4. stages the message(s) in the context's staging area (a copy: the wire table has
  *      to precede the rows, and a unicast gathers rows out of order) and sends them in
  *      chunks like any activation, FORWARD flagged ROUTED with rows and total of the
@@ -31,14 +32,14 @@
 
 /* --- the pure parts -------------------------------------------------------------------- */
 
-enum dp_moe_mode dp_moe_choose(uint32_t flags, bool shared, uint64_t bytes_broadcast,
+enum dp_moe_mode dp_moe_choose(uint32_t flags, uint64_t bytes_broadcast,
 			       uint64_t bytes_unicast, bool unicast_fits)
 {
 	if (flags & DP_DESC_FLAG_MOE_BROADCAST)
 		return DP_MOE_MODE_BROADCAST;
 	if (flags & DP_DESC_FLAG_MOE_UNICAST)
 		return unicast_fits ? DP_MOE_MODE_UNICAST : DP_MOE_MODE_BROADCAST;
-	if (shared || !unicast_fits || bytes_unicast >= bytes_broadcast)
+	if (!unicast_fits || bytes_unicast >= bytes_broadcast)
 		return DP_MOE_MODE_BROADCAST;
 	return DP_MOE_MODE_UNICAST;
 }
@@ -81,9 +82,16 @@ void dp_moe_accumulate(float *acc, uint32_t hidden, const uint16_t *map, uint64_
 
 /* --- the send -------------------------------------------------------------------------- */
 
-/* One duck's table for a forced unicast on a layer with a shared expert: its section of
- * W (if it has one) alone, rows not renumbered, since it computes the shared expert for
- * every row and gets them all. Bytes written. */
+/* Whether duck d is in the layer's shared expert's set: it computes its shared columns
+ * for every row, so it is sent and answers every row. */
+static bool in_shared_set(const struct dp_layer_moe *moe, uint16_t d)
+{
+	return moe->has_shared && (moe->shared_ducks[d >> 6] >> (d & 63) & 1);
+}
+
+/* One shared-set duck's table for a unicast: its section of W (if it has one) alone,
+ * rows not renumbered, since it computes the shared expert for every row and gets them
+ * all. Bytes written. */
 static uint64_t shared_unicast_table(const uint8_t *wire, uint16_t duck, bool has_section,
 				     const struct dp_routing_section *s, uint8_t *out)
 {
@@ -140,7 +148,6 @@ static void send_broadcast(const struct dp_gather_view *v, struct dp_fwd *f,
 	const struct dp_layer *l = f->layer;
 	uint8_t *msg = v->moe_stage + (uint64_t)f->index * v->moe_stage_bytes;
 	uint16_t *maps = v->moe_maps + (uint64_t)f->index * v->moe_map_cap;
-	bool shared = l->moe->has_shared;
 	memcpy(msg, v->moe_wire, wsize);
 	memcpy(msg + wsize, f->act, f->bytes);
 	uint32_t chunks = message_headers(v, f, hdrs, wsize + f->bytes, f->rows, DP_WIRE_ANY_DUCK);
@@ -148,7 +155,7 @@ static void send_broadcast(const struct dp_gather_view *v, struct dp_fwd *f,
 	for (uint32_t i = 0; i < nrd; i++) {
 		struct dp_duck_rx *rx = &f->rx[v->duck_index[rd[i].duck]];
 		rx->moe_entries = rd[i].has_section ? rd[i].s.n_entries : 0;
-		if (shared) {
+		if (in_shared_set(l->moe, rd[i].duck)) {
 			rx->moe_rows = f->rows; /* the shared expert: every row, in order */
 			rx->moe_map = NULL;
 		} else {
@@ -186,7 +193,7 @@ static void send_unicast(const struct dp_gather_view *v, struct dp_fwd *f,
 		struct dp_duck_rx *rx = &f->rx[v->duck_index[rd[i].duck]];
 		uint8_t *msg = stage + at;
 		uint64_t tsize;
-		if (l->moe->has_shared) {
+		if (in_shared_set(l->moe, rd[i].duck)) {
 			tsize = shared_unicast_table(v->moe_wire, rd[i].duck, rd[i].has_section,
 						     &rd[i].s, msg);
 			memcpy(msg + tsize, f->act, f->bytes);
@@ -256,7 +263,7 @@ int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_wire
 		r->duck = d;
 		r->has_section = dp_routing_wire_section(v->moe_wire, wsize, d, &r->s) == 0;
 		uint64_t msg;
-		if (moe->has_shared)
+		if (in_shared_set(moe, d))
 			msg = DP_ROUTING_WIRE_HEADER_SIZE +
 			      (r->has_section ? DP_ROUTING_WIRE_DUCK_SIZE +
 							DP_ROUTING_WIRE_ENTRY_SIZE * r->s.n_entries
@@ -271,7 +278,7 @@ int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_wire
 	bool use_broadcast = v->nic_cfg->use_broadcast;
 	uint64_t bytes_broadcast = (wsize + f->bytes) * (use_broadcast ? 1 : nrd);
 	bool fits = bytes_unicast <= v->moe_stage_bytes && chunks_unicast <= v->max_chunks;
-	if (dp_moe_choose(f->desc.flags, moe->has_shared, bytes_broadcast, bytes_unicast, fits) ==
+	if (dp_moe_choose(f->desc.flags, bytes_broadcast, bytes_unicast, fits) ==
 	    DP_MOE_MODE_UNICAST)
 		send_unicast(v, f, hdrs, rd, nrd, wsize);
 	else

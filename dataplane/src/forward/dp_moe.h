@@ -27,10 +27,11 @@ enum dp_moe_mode {
 
 /* The mode of one NIC part of a routed forward: the descriptor's forced mode (flags:
  * enum dp_desc_flag bits), else unicast only when it puts fewer bytes on the wire than
- * the broadcast, fits the staging area (unicast_fits), and the layer has no shared
- * expert (which needs every row on every duck). A forced unicast that does not fit is
- * sent as the broadcast: the staging area holds one message per context, no more. */
-enum dp_moe_mode dp_moe_choose(uint32_t flags, bool shared, uint64_t bytes_broadcast,
+ * the broadcast and fits the staging area (unicast_fits). With a shared expert the
+ * unicast sends every row to the shared set's ducks and their rows alone to the others,
+ * so bytes decide there too. A forced unicast that does not fit is sent as the
+ * broadcast: the staging area holds one message per context, no more. */
+enum dp_moe_mode dp_moe_choose(uint32_t flags, uint64_t bytes_broadcast,
 			       uint64_t bytes_unicast, bool unicast_fits);
 
 /* Duck's reply row map out of its section s of a wire table (accepted by
