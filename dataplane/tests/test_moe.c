@@ -271,16 +271,16 @@ static void test_the_table_is_copied_once_and_checked(void)
 
 static void test_the_mode_rule(void)
 {
-	CHECK(dp_moe_choose(0, false, 1000, 999, true) == DP_MOE_MODE_UNICAST, "fewer bytes");
-	CHECK(dp_moe_choose(0, false, 1000, 1000, true) == DP_MOE_MODE_BROADCAST, "a tie");
-	CHECK(dp_moe_choose(0, false, 1000, 10, false) == DP_MOE_MODE_BROADCAST, "no room");
-	CHECK(dp_moe_choose(0, true, 1000, 10, true) == DP_MOE_MODE_BROADCAST, "shared");
-	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, true, 10, 1000, true) == DP_MOE_MODE_UNICAST,
+	CHECK(dp_moe_choose(0, false, 1000, 999) == DP_MOE_MODE_UNICAST, "fewer bytes");
+	CHECK(dp_moe_choose(0, false, 1000, 1000) == DP_MOE_MODE_BROADCAST, "a tie");
+	CHECK(dp_moe_choose(0, true, 1000, 10) == DP_MOE_MODE_BROADCAST, "shared");
+	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, true, 10, 1000) == DP_MOE_MODE_UNICAST,
 	      "forced unicast");
-	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, false, 10, 1000, false) ==
-		      DP_MOE_MODE_BROADCAST,
-	      "forced unicast without room");
-	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_BROADCAST, false, 1000, 10, true) ==
+	/* no staging area: a forced unicast of any size stays one (issue 28.6) */
+	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, false, 10, 1ull << 40) ==
+		      DP_MOE_MODE_UNICAST,
+	      "forced unicast of many bytes");
+	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_BROADCAST, false, 1000, 10) ==
 		      DP_MOE_MODE_BROADCAST,
 	      "forced broadcast");
 }
