@@ -379,11 +379,12 @@ static inline void dp_routing_bank_slots(const struct dp_routing_placement *pl, 
  * cost more than the rest of the entry (issue 28.6). */
 struct dp_routing_tmod {
 	uint8_t m[DP_MAX_REPLICAS + 1];
+	uint32_t max_r; /* the placement's most replicas: m[1..max_r] are kept (m[1] is 0) */
 };
 
 static inline void dp_routing_tmod_next(struct dp_routing_tmod *tm)
 {
-	for (uint32_t r = 1; r <= DP_MAX_REPLICAS; r++)
+	for (uint32_t r = 2; r <= tm->max_r; r++)
 		tm->m[r] = (uint8_t)(tm->m[r] + 1u == r ? 0 : tm->m[r] + 1u);
 }
 
@@ -394,11 +395,15 @@ static inline void dp_routing_tmod_next(struct dp_routing_tmod *tm)
 #define DP_ROUTING_NOWHERE 0x7fffffffu
 #define DP_ROUTING_OUTSIDE 0x80000000u
 
-static inline void dp_routing_plan(const struct dp_routing_placement *pl, const uint16_t *slots,
-				   const uint64_t *ducks, uint32_t n_experts, uint32_t *plan)
+static inline uint32_t dp_routing_plan(const struct dp_routing_placement *pl,
+				       const uint16_t *slots, const uint64_t *ducks,
+				       uint32_t n_experts, uint32_t *plan)
 {
+	uint32_t max_r = 1; /* returned: the most replicas of an expert */
 	for (uint32_t e = 0; e < n_experts; e++) {
 		uint32_t r = pl->replicas[e];
+		if (r > max_r && r <= DP_MAX_REPLICAS)
+			max_r = r;
 		for (uint32_t i = 0; i < DP_MAX_REPLICAS; i++) {
 			uint16_t d = pl->ducks[e * DP_MAX_REPLICAS + i];
 			uint32_t id = slots ? slots[e * DP_MAX_REPLICAS + i] : e;
@@ -410,6 +415,7 @@ static inline void dp_routing_plan(const struct dp_routing_placement *pl, const 
 				d | id << 16 | (dp_routing_has_duck(ducks, d) ? 0 : DP_ROUTING_OUTSIDE);
 		}
 	}
+	return max_r;
 }
 
 /* The plan entry of token tm's route to expert e (< n_experts): its replica t % r. */
@@ -450,8 +456,8 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 	const uint8_t *p = table;
 	struct dp_routing_header h;
 	uint64_t size;
-	uint32_t count[DP_MAX_DUCKS] = { 0 }, rows[DP_MAX_DUCKS] = { 0 };
-	uint32_t next[DP_MAX_DUCKS]; /* pass 2: each section's next entry */
+	uint32_t count[DP_MAX_DUCKS] = { 0 };
+	uint32_t next[DP_MAX_DUCKS]; /* each section's first entry */
 	*out_size = 0;
 	if (targets)
 		memset(targets, 0, DP_MAX_DUCKS / 8);
@@ -470,8 +476,7 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 	const uint8_t *e0 = p + DP_ROUTING_HEADER_SIZE;
 	uint32_t n_experts = pl->n_experts < DP_MAX_EXPERTS ? pl->n_experts : DP_MAX_EXPERTS;
 	uint32_t plan[DP_MAX_EXPERTS * DP_MAX_REPLICAS];
-	dp_routing_plan(pl, slots, ducks, n_experts, plan);
-	struct dp_routing_tmod tm = { { 0 } };
+	struct dp_routing_tmod tm = { { 0 }, dp_routing_plan(pl, slots, ducks, n_experts, plan) };
 	for (uint32_t t = 0; t < h.tokens; t++, dp_routing_tmod_next(&tm))
 		for (uint32_t k = 0; k < h.topk; k++) {
 			uint32_t expert;
@@ -520,14 +525,16 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 	 * and cheap, where sorting every token's choices cost more than all the rest. last[d]
 	 * is (row << 16 | slot) of d's last entry; never updated for a duck outside the set,
 	 * so the test is false there and its entries go to `sink` without a branch. */
-	uint32_t last[DP_MAX_DUCKS], start[DP_MAX_DUCKS];
-	memset(last, 0xff, sizeof(last));
-	memcpy(start, next, sizeof(start));
+	struct {
+		uint32_t next, last, start, rows; /* one line a duck: the loop's four touches */
+	} at_d[DP_MAX_DUCKS];
+	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++)
+		at_d[d].next = at_d[d].start = next[d], at_d[d].last = ~0u, at_d[d].rows = 0;
 	uint8_t sink[DP_ROUTING_WIRE_ENTRY_SIZE];
-	memset(&tm, 0, sizeof(tm));
-	for (uint32_t t = 0; t < h.tokens; t++, dp_routing_tmod_next(&tm))
-		for (uint32_t k = 0; k < h.topk; k++) {
-			const uint8_t *src = e0 + ((uint64_t)t * h.topk + k) * DP_ROUTING_ENTRY_SIZE;
+	memset(tm.m, 0, sizeof(tm.m));
+	for (uint32_t t = 0; t < h.tokens; t++, dp_routing_tmod_next(&tm)) {
+		const uint8_t *src = e0 + (uint64_t)t * h.topk * DP_ROUTING_ENTRY_SIZE;
+		for (uint32_t k = 0; k < h.topk; k++, src += DP_ROUTING_ENTRY_SIZE) {
 			uint64_t x; /* the host entry: expert, then weight bits (little-endian) */
 			memcpy(&x, src, 8);
 			uint32_t expert = (uint32_t)x;
@@ -542,10 +549,10 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 			 * field by field in memory it cost a store-forwarding stall per entry */
 			uint64_t we = (uint64_t)key >> 16 | (uint64_t)(key & 0xffff) << 16 |
 				      (x & 0xffffffff00000000ull);
-			uint32_t j = next[d];
-			if (last[d] >> 16 == t && (last[d] & 0xffff) > (key & 0xffff)) {
-				/* in the set (last[d] was written): move the later slots up one */
-				for (; j > start[d]; j--) {
+			uint32_t j = at_d[d].next, last = at_d[d].last;
+			if (last >> 16 == t && (last & 0xffff) > (key & 0xffff)) {
+				/* in the set (last was written): move the later slots up one */
+				for (; j > at_d[d].start; j--) {
 					struct dp_routing_wire_entry prev;
 					uint8_t *pp = w0 + (uint64_t)(j - 1) * DP_ROUTING_WIRE_ENTRY_SIZE;
 					memcpy(&prev, pp, sizeof(prev));
@@ -554,19 +561,20 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 					memcpy(pp + DP_ROUTING_WIRE_ENTRY_SIZE, &prev, sizeof(prev));
 				}
 			} else {
-				rows[d] += in & (last[d] >> 16 != t); /* its first entry of this row */
-				last[d] = in ? key : last[d];
+				at_d[d].rows += in & (last >> 16 != t); /* its first entry of this row */
+				at_d[d].last = in ? key : last;
 			}
 			/* the sink by a mask, not a branch the compiler might keep */
 			uintptr_t to = (uintptr_t)(w0 + (uint64_t)j * DP_ROUTING_WIRE_ENTRY_SIZE),
 				  away = (uintptr_t)sink;
 			memcpy((uint8_t *)(away ^ ((to ^ away) & -(uintptr_t)in)), &we, sizeof(we));
-			next[d] += in;
+			at_d[d].next += in;
 		}
+	}
 	for (uint32_t d = 0, i = 0; d < DP_MAX_DUCKS; d++) {
 		if (!count[d])
 			continue;
-		struct dp_routing_wire_duck wd = { (uint16_t)d, (uint16_t)rows[d], count[d] };
+		struct dp_routing_wire_duck wd = { (uint16_t)d, (uint16_t)at_d[d].rows, count[d] };
 		memcpy(dir + (uint64_t)i++ * DP_ROUTING_WIRE_DUCK_SIZE, &wd, sizeof(wd));
 		if (targets)
 			targets[d >> 6] |= 1ull << (d & 63);
