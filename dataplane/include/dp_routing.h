@@ -378,8 +378,10 @@ static inline void dp_routing_bank_slots(const struct dp_routing_placement *pl, 
  * from t = 0 rather than by dividing: the split looks one up per entry, and a divide there
  * cost more than the rest of the entry (issue 28.6). */
 struct dp_routing_tmod {
-	uint8_t m[DP_MAX_REPLICAS + 1];
-	uint32_t max_r; /* the placement's most replicas: m[1..max_r] are kept (m[1] is 0) */
+	/* m[r] = t % r for r in 2..max_r; 0 for every other byte value, so that any
+	 * replicas[e] indexes it (one outside 1..DP_MAX_REPLICAS meets a plan of NOWHERE) */
+	uint8_t m[256];
+	uint32_t max_r; /* the placement's most replicas, at most DP_MAX_REPLICAS */
 };
 
 static inline void dp_routing_tmod_next(struct dp_routing_tmod *tm)
@@ -407,7 +409,7 @@ static inline uint32_t dp_routing_plan(const struct dp_routing_placement *pl,
 		for (uint32_t i = 0; i < DP_MAX_REPLICAS; i++) {
 			uint16_t d = pl->ducks[e * DP_MAX_REPLICAS + i];
 			uint32_t id = slots ? slots[e * DP_MAX_REPLICAS + i] : e;
-			if (i >= r || d >= DP_MAX_DUCKS || id > 0x7fff) {
+			if (i >= r || r > DP_MAX_REPLICAS || d >= DP_MAX_DUCKS || id > 0x7fff) {
 				plan[e * DP_MAX_REPLICAS + i] = DP_ROUTING_NOWHERE;
 				continue;
 			}
@@ -423,9 +425,7 @@ static inline uint32_t dp_routing_plan_at(const struct dp_routing_placement *pl,
 					  const uint32_t *plan, uint32_t e,
 					  const struct dp_routing_tmod *tm)
 {
-	uint32_t r = pl->replicas[e];
-	return r < 1 || r > DP_MAX_REPLICAS ? DP_ROUTING_NOWHERE
-					    : plan[e * DP_MAX_REPLICAS + tm->m[r]];
+	return plan[e * DP_MAX_REPLICAS + tm->m[pl->replicas[e]]]; /* no branch: see tm->m */
 }
 
 /* Split a host table (len bytes, accepted by dp_routing_check) by a placement (accepted
