@@ -13,8 +13,8 @@ import pytest
 
 import duckpipe
 from duckpipe import GeluMlp, Status, SwiGluMlp
-from duckpipe.moe import MoeMlp
 from duckpipe.errors import DataplaneLost, DuckLost, ForwardTimeout, StaleEpoch
+from duckpipe.moe import MoeMlp
 from duckpipe.testing import killed_client_segment, mapped_by, wait_until_gone
 
 pytestmark = pytest.mark.dataplane
