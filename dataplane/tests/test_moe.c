@@ -245,18 +245,22 @@ static void test_the_table_is_copied_once_and_checked(void)
 				   sizeof(why)) < 0 &&
 		      strstr(why, "slot_size"),
 	      "no room: %s", why);
-	/* the table (64 bytes) is bounded by the context's copy (max_forward_bytes at most);
-	 * the rows and wire tables are not: they go out from the slot in place (issue 28.6),
-	 * so a max_forward_bytes of just the activation is enough */
+	/* one duck's message (the worst wire table and every row) is held to
+	 * max_forward_bytes: what a duck reassembles and a NACK names chunks of */
 	struct dp_limits tight = limits;
-	tight.max_forward_bytes = p.bytes;
-	CHECK(dp_desc_routing_copy(&layout, &tight, &p, slot, 6, copy, 16 + 6 * 8 - 1, &size, why,
+	tight.max_forward_bytes = 16 + 8 * (DP_MAX_DUCKS + 6) + p.bytes - 1;
+	CHECK(dp_desc_routing_copy(&layout, &tight, &p, slot, 6, copy, sizeof(copy), &size, why,
 				   sizeof(why)) < 0 &&
-		      strstr(why, "64-byte routing table") && strstr(why, "max_forward_bytes"),
+		      strstr(why, "in one message") && strstr(why, "max_forward_bytes"),
 	      "bound: %s", why);
-	CHECK(dp_desc_routing_copy(&layout, &tight, &p, slot, 6, copy, 16 + 6 * 8, &size, why,
+	tight.max_forward_bytes++;
+	CHECK(dp_desc_routing_copy(&layout, &tight, &p, slot, 6, copy, sizeof(copy), &size, why,
 				   sizeof(why)) == 0,
 	      "at the bound: %s", why);
+	/* the table is copied into the context's copy_cap bytes: one fewer is refused */
+	CHECK(dp_desc_routing_copy(&layout, &limits, &p, slot, 6, copy, 16 + 6 * 8 - 1, &size,
+				   why, sizeof(why)) < 0,
+	      "copy_cap");
 	/* a duplicate expert for token 1 */
 	uint32_t dup[6] = { 0, 5, 3, 3, 4, 1 };
 	put_table(slot, p.bytes, 3, 2, dup, WT);

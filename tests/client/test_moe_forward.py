@@ -374,29 +374,22 @@ def test_the_dataplane_refuses_a_damaged_routing_table_with_the_c_rule(client, m
     _check(client.forward(530, x, routing=(i, w), timeout=30), moe_layer.reference(x, i, w))
 
 
-def test_a_routed_forward_is_bounded_by_its_activation_and_table_not_a_staging_area(
+def test_the_dataplane_refuses_a_routed_forward_whose_message_passes_max_forward_bytes(
     duckpipe_mock_factory,
 ):
-    # max_forward_bytes 4096: 40 tokens of 64 bytes (2,560) by top-16 go, whatever the
-    # wire tables and rows they cost to send (no staging area: issue 28.6); their host
-    # table is 16 + 8 * 40 * 16 = 5,136 bytes, over the cap, and that is refused
+    # one duck's message: 16 + 8 * (256 + 8 * 2) + 8 * 256 = 4240 bytes, over a cap of 4096
+    # (what a duck reassembles and a NACK names chunks of)
     dp = duckpipe_mock_factory(ducks=8, args=["--max-forward-bytes", "4096"])
-    moe = MoeMlp.random(64, 16, 8, shared=False, seed=8)
-    rng = np.random.default_rng(8)
     with duckpipe.connect(dp.control, slot_size=8192) as c:
-        c.load_weights(1, moe)
-        x = rng.standard_normal((40, 16)).astype(np.float32)
-        i = np.argsort(rng.random((40, 64)), axis=1)[:, :8].astype(np.int32)
-        w = np.full((40, 8), 0.125, np.float32)
-        _check(c.forward(1, x, routing=(i, w), moe_send="unicast"), moe.reference(x, i, w))
-        i = np.argsort(rng.random((40, 64)), axis=1)[:, :16].astype(np.int32)
-        w = np.full((40, 16), 0.0625, np.float32)
-        with pytest.raises(BadInput, match="has a 5136-byte routing table, over the dataplane"):
+        c.load_weights(1, _moe(shared=False, dtype=np.float32, seed=8))
+        i, w = _routing(8)
+        x = np.ones((8, HIDDEN), np.float32)
+        with pytest.raises(BadInput, match="sends a duck up to 4240 bytes in one message"):
             c.forward(1, x, routing=(i, w))
-        table = pack(i, w, 64).copy()
+        table = pack(i, w, N_EXPERTS).copy()
         _refused(
             _raw_forward(c, 1, x, table, flags=ROUTED),
-            r"has a 5136-byte routing table, over the dataplane's 4096 \(max_forward_bytes 4096\)",
+            r"up to 4240 bytes in one message \(table and rows\); max_forward_bytes is 4096",
         )
 
 

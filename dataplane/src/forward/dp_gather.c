@@ -395,6 +395,10 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 		if (!dp_targets_has(f->targets, duck) || !rx->moe_table)
 			return DP_STATUS_PENDING; /* nothing was sent to it */
 		chunks = dp_moe_chunks(v, f, rx);
+		/* at most max_forward_bytes (dp_desc_routed_bytes), so within nack_seen; kept
+		 * as a check: a bitmap reset past it would write past the worker's own */
+		if (chunks > DP_REASM_MAX_CHUNKS)
+			return DP_STATUS_PENDING;
 	}
 	uint64_t interval = v->limits.nack_ns;
 	rx->progress_ns = now; /* it is alive and waits for input: one RTO from now */
