@@ -287,9 +287,12 @@ static inline uint64_t dp_desc_routing_offset(uint64_t nbytes)
 	return (nbytes + 63) & ~(uint64_t)63; /* nbytes <= max_forward_bytes: no wrap */
 }
 
-/* Bytes a routed forward of plan->rows rows by `topk` may cost the dataplane: the worst
- * wire table (every duck a section, every (token, choice) an entry) and the activation,
- * which go out as one message and are staged in max_forward_bytes. */
+/* The most one duck of a routed forward may be sent in one message: the worst wire table
+ * (every duck a section, every (token, choice) an entry) and every row (a broadcast's;
+ * a unicast's rows and table are fewer). A message is what a duck reassembles and a NACK
+ * names chunks of, so it is held to max_forward_bytes, which the workers hold to
+ * DP_REASM_MAX_CHUNKS datagrams (dp_worker_init); nothing bounds the sum of a unicast's
+ * messages, which go out from the slot in place. */
 static inline uint64_t dp_desc_routed_bytes(const struct dp_desc_plan *plan, uint32_t topk)
 {
 	return DP_ROUTING_WIRE_HEADER_SIZE +
@@ -325,10 +328,14 @@ static inline int dp_desc_routing_copy(const struct dp_client_layout *c, const s
 				      (unsigned long long)size, (unsigned long long)at,
 				      (unsigned long long)c->act_slot_size,
 				      (unsigned long long)(at + size));
+	/* The table is copied into the context's own copy_cap bytes (the largest table, or
+	 * max_forward_bytes, the smaller: dp_fwd_pool_init); one duck's message, table and
+	 * rows, must fit max_forward_bytes (dp_desc_routed_bytes) */
 	uint64_t need = dp_desc_routed_bytes(plan, topk);
 	if (need > lim->max_forward_bytes || size > copy_cap)
-		return dp_desc_refuse(why, whylen, "a routed forward of %u rows by top-%u needs %llu "
-				      "bytes (table and activation); max_forward_bytes is %llu",
+		return dp_desc_refuse(why, whylen, "a routed forward of %u rows by top-%u sends a "
+				      "duck up to %llu bytes in one message (table and rows); "
+				      "max_forward_bytes is %llu",
 				      plan->rows, topk, (unsigned long long)need,
 				      (unsigned long long)lim->max_forward_bytes);
 	memcpy(copy, slot + at, size);

@@ -374,6 +374,60 @@ static inline void dp_routing_bank_slots(const struct dp_routing_placement *pl, 
 		memcpy(per_duck, count, sizeof(count));
 }
 
+/* t % r for every replica count r (1..DP_MAX_REPLICAS) of one token t, kept by counting
+ * from t = 0 rather than by dividing: the split looks one up per entry, and a divide there
+ * cost more than the rest of the entry (issue 28.6). */
+struct dp_routing_tmod {
+	/* m[r] = t % r for r in 2..max_r; 0 for every other byte value, so that any
+	 * replicas[e] indexes it (one outside 1..DP_MAX_REPLICAS meets a plan of NOWHERE) */
+	uint8_t m[256];
+	uint32_t max_r; /* the placement's most replicas, at most DP_MAX_REPLICAS */
+};
+
+static inline void dp_routing_tmod_next(struct dp_routing_tmod *tm)
+{
+	for (uint32_t r = 2; r <= tm->max_r; r++)
+		tm->m[r] = (uint8_t)(tm->m[r] + 1u == r ? 0 : tm->m[r] + 1u);
+}
+
+/* Where each (expert, replica) of a placement goes, worked out once per split rather than
+ * once per entry: bits 0..15 the duck, 16..30 its bank slot (or the expert id), bit 31 set
+ * when the duck is outside the split's set; DP_ROUTING_NOWHERE for a replica the placement
+ * cannot place (an unchecked one). */
+#define DP_ROUTING_NOWHERE 0x7fffffffu
+#define DP_ROUTING_OUTSIDE 0x80000000u
+
+static inline uint32_t dp_routing_plan(const struct dp_routing_placement *pl,
+				       const uint16_t *slots, const uint64_t *ducks,
+				       uint32_t n_experts, uint32_t *plan)
+{
+	uint32_t max_r = 1; /* returned: the most replicas of an expert */
+	for (uint32_t e = 0; e < n_experts; e++) {
+		uint32_t r = pl->replicas[e];
+		if (r > max_r && r <= DP_MAX_REPLICAS)
+			max_r = r;
+		for (uint32_t i = 0; i < DP_MAX_REPLICAS; i++) {
+			uint16_t d = pl->ducks[e * DP_MAX_REPLICAS + i];
+			uint32_t id = slots ? slots[e * DP_MAX_REPLICAS + i] : e;
+			if (i >= r || r > DP_MAX_REPLICAS || d >= DP_MAX_DUCKS || id > 0x7fff) {
+				plan[e * DP_MAX_REPLICAS + i] = DP_ROUTING_NOWHERE;
+				continue;
+			}
+			plan[e * DP_MAX_REPLICAS + i] =
+				d | id << 16 | (dp_routing_has_duck(ducks, d) ? 0 : DP_ROUTING_OUTSIDE);
+		}
+	}
+	return max_r;
+}
+
+/* The plan entry of token tm's route to expert e (< n_experts): its replica t % r. */
+static inline uint32_t dp_routing_plan_at(const struct dp_routing_placement *pl,
+					  const uint32_t *plan, uint32_t e,
+					  const struct dp_routing_tmod *tm)
+{
+	return plan[e * DP_MAX_REPLICAS + tm->m[pl->replicas[e]]]; /* no branch: see tm->m */
+}
+
 /* Split a host table (len bytes, accepted by dp_routing_check) by a placement (accepted
  * by dp_routing_placement_check, same n_experts) into the wire table of the ducks in
  * `ducks` (a DP_MAX_DUCKS-bit set: one NIC's; NULL: every duck), written to out (out_len
@@ -385,7 +439,15 @@ static inline void dp_routing_bank_slots(const struct dp_routing_placement *pl, 
  * expert is the global id, or with `slots` (dp_routing_bank_slots) the expert's slot in
  * that duck's bank (slots ascend with ids on a duck: the order holds). `flags` (enum
  * dp_routing_wire_flag) go into the header; with SHARED a table is written even when no
- * duck of the set is routed (a header alone: the ducks still compute the shared expert). */
+ * duck of the set is routed (a header alone: the ducks still compute the shared expert).
+ *
+ * Two passes over the table, each without a data-dependent branch per entry where one
+ * can be avoided (a gate's choices are random to a branch predictor): the first counts
+ * each duck's entries and rows, the second writes every entry into its duck's section,
+ * a token's experts taken in ascending order from a bitmap (no sort). An entry of a duck
+ * outside the set is written to a sink instead of being skipped by a branch. A token
+ * naming an expert twice (a table the check refused) gets one entry for it: the second
+ * pass never writes more than the first counted. */
 static inline int dp_routing_split(const void *table, uint64_t len,
 				   const struct dp_routing_placement *pl, const uint16_t *slots,
 				   uint8_t flags, const uint64_t *ducks, void *out, uint64_t out_len,
@@ -394,8 +456,8 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 	const uint8_t *p = table;
 	struct dp_routing_header h;
 	uint64_t size;
-	uint32_t count[DP_MAX_DUCKS] = { 0 }, rows[DP_MAX_DUCKS] = { 0 };
-	uint32_t next[DP_MAX_DUCKS]; /* pass 1: last token counted; pass 2: next entry */
+	uint32_t count[DP_MAX_DUCKS] = { 0 };
+	uint32_t next[DP_MAX_DUCKS]; /* each section's first entry */
 	*out_size = 0;
 	if (targets)
 		memset(targets, 0, DP_MAX_DUCKS / 8);
@@ -412,28 +474,28 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 					 "the table routes over %u experts, the placement places %u",
 					 h.n_experts, pl->n_experts);
 	const uint8_t *e0 = p + DP_ROUTING_HEADER_SIZE;
-	uint32_t n_ducks = 0, entries = 0;
-	memset(next, 0xff, sizeof(next));
-	for (uint32_t t = 0; t < h.tokens; t++)
+	uint32_t n_experts = pl->n_experts < DP_MAX_EXPERTS ? pl->n_experts : DP_MAX_EXPERTS;
+	uint32_t plan[DP_MAX_EXPERTS * DP_MAX_REPLICAS];
+	struct dp_routing_tmod tm = { { 0 }, dp_routing_plan(pl, slots, ducks, n_experts, plan) };
+	for (uint32_t t = 0; t < h.tokens; t++, dp_routing_tmod_next(&tm))
 		for (uint32_t k = 0; k < h.topk; k++) {
 			uint32_t expert;
 			memcpy(&expert, e0 + ((uint64_t)t * h.topk + k) * DP_ROUTING_ENTRY_SIZE, 4);
 			if (expert == DP_ROUTING_NO_EXPERT)
 				continue; /* the slot contributes nothing: no duck hears of it */
-			int32_t d = dp_routing_duck_of(pl, t, expert);
-			if (d < 0)
+			uint32_t at = expert < n_experts ? dp_routing_plan_at(pl, plan, expert, &tm)
+							 : DP_ROUTING_NOWHERE;
+			if (at == DP_ROUTING_NOWHERE)
 				return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
 							 "the placement has no duck for expert %u",
 							 expert);
-			if (!dp_routing_has_duck(ducks, (uint32_t)d))
-				continue;
-			n_ducks += count[d]++ == 0;
-			entries++;
-			if (next[d] != t) {
-				next[d] = t;
-				rows[d]++;
-			}
+			count[at & 0xffff] += !(at & DP_ROUTING_OUTSIDE);
 		}
+	uint32_t n_ducks = 0, entries = 0;
+	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++) {
+		n_ducks += count[d] != 0;
+		entries += count[d];
+	}
 	if (n_ducks == 0 && !(flags & DP_ROUTING_WIRE_FLAG_SHARED))
 		return 0;
 	if (dp_routing_wire_size(n_ducks, entries, &size) < 0 || size > out_len)
@@ -453,41 +515,69 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 	uint8_t *dir = o + DP_ROUTING_WIRE_HEADER_SIZE;
 	uint8_t *w0 = dir + (uint64_t)n_ducks * DP_ROUTING_WIRE_DUCK_SIZE;
 	uint32_t first = 0;
+	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++) {
+		next[d] = first;
+		first += count[d];
+	}
+	/* Each entry goes to the end of its duck's section in the table's order; one that
+	 * follows an entry of the same token with a higher expert slot (two of a token's
+	 * experts on one duck, listed out of order) is moved back into place, which is rare
+	 * and cheap, where sorting every token's choices cost more than all the rest. last[d]
+	 * is (row << 16 | slot) of d's last entry; never updated for a duck outside the set,
+	 * so the test is false there and its entries go to `sink` without a branch. */
+	struct {
+		uint32_t next, last, start, rows; /* one line a duck: the loop's four touches */
+	} at_d[DP_MAX_DUCKS];
+	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++)
+		at_d[d].next = at_d[d].start = next[d], at_d[d].last = ~0u, at_d[d].rows = 0;
+	uint8_t sink[DP_ROUTING_WIRE_ENTRY_SIZE];
+	memset(tm.m, 0, sizeof(tm.m));
+	for (uint32_t t = 0; t < h.tokens; t++, dp_routing_tmod_next(&tm)) {
+		const uint8_t *src = e0 + (uint64_t)t * h.topk * DP_ROUTING_ENTRY_SIZE;
+		for (uint32_t k = 0; k < h.topk; k++, src += DP_ROUTING_ENTRY_SIZE) {
+			uint64_t x; /* the host entry: expert, then weight bits (little-endian) */
+			memcpy(&x, src, 8);
+			uint32_t expert = (uint32_t)x;
+			if (expert >= n_experts)
+				continue; /* NO_EXPERT (pass 1 refused any other) */
+			uint32_t at = dp_routing_plan_at(pl, plan, expert, &tm);
+			if (at == DP_ROUTING_NOWHERE)
+				continue; /* pass 1 refused the table */
+			uint32_t d = at & 0xffff, in = !(at & DP_ROUTING_OUTSIDE);
+			uint32_t key = t << 16 | (at >> 16 & 0x7fff);
+			/* the wire entry (row, slot, weight bits as they are) made in a register: built
+			 * field by field in memory it cost a store-forwarding stall per entry */
+			uint64_t we = (uint64_t)key >> 16 | (uint64_t)(key & 0xffff) << 16 |
+				      (x & 0xffffffff00000000ull);
+			uint32_t j = at_d[d].next, last = at_d[d].last;
+			if (last >> 16 == t && (last & 0xffff) > (key & 0xffff)) {
+				/* in the set (last was written): move the later slots up one */
+				for (; j > at_d[d].start; j--) {
+					struct dp_routing_wire_entry prev;
+					uint8_t *pp = w0 + (uint64_t)(j - 1) * DP_ROUTING_WIRE_ENTRY_SIZE;
+					memcpy(&prev, pp, sizeof(prev));
+					if (prev.row != t || prev.expert < (key & 0xffff))
+						break;
+					memcpy(pp + DP_ROUTING_WIRE_ENTRY_SIZE, &prev, sizeof(prev));
+				}
+			} else {
+				at_d[d].rows += in & (last >> 16 != t); /* its first entry of this row */
+				at_d[d].last = in ? key : last;
+			}
+			/* the sink by a mask, not a branch the compiler might keep */
+			uintptr_t to = (uintptr_t)(w0 + (uint64_t)j * DP_ROUTING_WIRE_ENTRY_SIZE),
+				  away = (uintptr_t)sink;
+			memcpy((uint8_t *)(away ^ ((to ^ away) & -(uintptr_t)in)), &we, sizeof(we));
+			at_d[d].next += in;
+		}
+	}
 	for (uint32_t d = 0, i = 0; d < DP_MAX_DUCKS; d++) {
 		if (!count[d])
 			continue;
-		struct dp_routing_wire_duck wd = { (uint16_t)d, (uint16_t)rows[d], count[d] };
+		struct dp_routing_wire_duck wd = { (uint16_t)d, (uint16_t)at_d[d].rows, count[d] };
 		memcpy(dir + (uint64_t)i++ * DP_ROUTING_WIRE_DUCK_SIZE, &wd, sizeof(wd));
-		next[d] = first;
-		first += count[d];
 		if (targets)
 			targets[d >> 6] |= 1ull << (d & 63);
-	}
-	for (uint32_t t = 0; t < h.tokens; t++) {
-		/* this token's choices by expert: each duck's entries then ascend by (row, expert) */
-		struct dp_routing_entry c[DP_MAX_TOPK];
-		memcpy(c, e0 + (uint64_t)t * h.topk * DP_ROUTING_ENTRY_SIZE,
-		       h.topk * DP_ROUTING_ENTRY_SIZE);
-		for (uint32_t k = 1; k < h.topk; k++)
-			for (uint32_t j = k; j > 0 && c[j - 1].expert > c[j].expert; j--) {
-				struct dp_routing_entry tmp = c[j];
-				c[j] = c[j - 1];
-				c[j - 1] = tmp;
-			}
-		for (uint32_t k = 0; k < h.topk; k++) {
-			if (c[k].expert == DP_ROUTING_NO_EXPERT)
-				break; /* sorted last: the rest are too */
-			int32_t d = dp_routing_duck_of(pl, t, c[k].expert); /* >= 0: pass 1 */
-			if (!dp_routing_has_duck(ducks, (uint32_t)d))
-				continue;
-			uint32_t r = pl->replicas[c[k].expert];
-			uint16_t id = slots ? slots[c[k].expert * DP_MAX_REPLICAS +
-						    (r == 1 ? 0 : t % r)]
-					    : (uint16_t)c[k].expert;
-			struct dp_routing_wire_entry we = { (uint16_t)t, id, 0 };
-			memcpy(&we.weight, &c[k].weight, 4); /* bits as they are */
-			memcpy(w0 + (uint64_t)next[d]++ * DP_ROUTING_WIRE_ENTRY_SIZE, &we, sizeof(we));
-		}
 	}
 	*out_size = size;
 	return 0;

@@ -273,18 +273,22 @@ static void test_the_table_is_copied_once_and_checked(void)
 				   sizeof(why)) < 0 &&
 		      strstr(why, "slot_size"),
 	      "no room: %s", why);
-	/* topk 16 declared: 3 x 16 entries run past the 4 KiB slot? no: 400 B; but past what
-	 * max_forward_bytes allows with a smaller limit */
+	/* one duck's message (the worst wire table and every row) is held to
+	 * max_forward_bytes: what a duck reassembles and a NACK names chunks of */
 	struct dp_limits tight = limits;
 	tight.max_forward_bytes = 16 + 8 * (DP_MAX_DUCKS + 6) + p.bytes - 1;
 	CHECK(dp_desc_routing_copy(&layout, &tight, &p, slot, 6, copy, sizeof(copy), &size, why,
 				   sizeof(why)) < 0 &&
-		      strstr(why, "max_forward_bytes"),
+		      strstr(why, "in one message") && strstr(why, "max_forward_bytes"),
 	      "bound: %s", why);
 	tight.max_forward_bytes++;
 	CHECK(dp_desc_routing_copy(&layout, &tight, &p, slot, 6, copy, sizeof(copy), &size, why,
 				   sizeof(why)) == 0,
 	      "at the bound: %s", why);
+	/* the table is copied into the context's copy_cap bytes: one fewer is refused */
+	CHECK(dp_desc_routing_copy(&layout, &limits, &p, slot, 6, copy, 16 + 6 * 8 - 1, &size,
+				   why, sizeof(why)) < 0,
+	      "copy_cap");
 	/* a duplicate expert for token 1 */
 	uint32_t dup[6] = { 0, 5, 3, 3, 4, 1 };
 	put_table(slot, p.bytes, 3, 2, dup, WT);
@@ -299,15 +303,14 @@ static void test_the_table_is_copied_once_and_checked(void)
 
 static void test_the_mode_rule(void)
 {
-	CHECK(dp_moe_choose(0, 1000, 999, true) == DP_MOE_MODE_UNICAST, "fewer bytes");
-	CHECK(dp_moe_choose(0, 1000, 1000, true) == DP_MOE_MODE_BROADCAST, "a tie");
-	CHECK(dp_moe_choose(0, 1000, 10, false) == DP_MOE_MODE_BROADCAST, "no room");
-	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, 10, 1000, true) == DP_MOE_MODE_UNICAST,
+	CHECK(dp_moe_choose(0, 1000, 999) == DP_MOE_MODE_UNICAST, "fewer bytes");
+	CHECK(dp_moe_choose(0, 1000, 1000) == DP_MOE_MODE_BROADCAST, "a tie");
+	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, 10, 1000) == DP_MOE_MODE_UNICAST,
 	      "forced unicast");
-	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, 10, 1000, false) ==
-		      DP_MOE_MODE_BROADCAST,
-	      "forced unicast without room");
-	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_BROADCAST, 1000, 10, true) ==
+	/* no staging area: a forced unicast of any size stays one (issue 28.6) */
+	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_UNICAST, 10, 1ull << 40) == DP_MOE_MODE_UNICAST,
+	      "forced unicast of many bytes");
+	CHECK(dp_moe_choose(DP_DESC_FLAG_MOE_BROADCAST, 1000, 10) ==
 		      DP_MOE_MODE_BROADCAST,
 	      "forced broadcast");
 }

@@ -660,6 +660,105 @@ static void test_pack_writes_the_table_the_check_reads(void)
 	free(want.buf);
 }
 
+/* The split by its definition, done the plain way: for each duck of the set in order,
+ * every (row, expert) routed to it, rows ascending, a row's experts by id. The split
+ * proper is written for speed (issue 28.6); this is what it must still write. */
+static uint64_t reference_split(const uint32_t *experts, const float *weights, uint32_t tokens,
+				uint32_t topk, const struct dp_routing_placement *pl,
+				const uint16_t *slots, const uint64_t *ducks, uint8_t *out)
+{
+	uint32_t n_ducks = 0, entries = 0;
+	uint8_t *w = out + 16 + 8 * DP_MAX_DUCKS; /* entries after the largest directory */
+	uint8_t *dir = out + 16;
+	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++) {
+		if (ducks && !(ducks[d >> 6] >> (d & 63) & 1))
+			continue;
+		uint32_t count = 0, rows = 0;
+		for (uint32_t t = 0; t < tokens; t++) {
+			uint32_t had = 0;
+			for (uint32_t e = 0; e < pl->n_experts; e++)
+				for (uint32_t k = 0; k < topk; k++) {
+					if (experts[t * topk + k] != e)
+						continue;
+					uint32_t r = pl->replicas[e] == 1 ? 0 : t % pl->replicas[e];
+					if (pl->ducks[e * DP_MAX_REPLICAS + r] != d)
+						continue;
+					uint16_t id = slots ? slots[e * DP_MAX_REPLICAS + r] : (uint16_t)e;
+					struct dp_routing_wire_entry we = { (uint16_t)t, id, weights[t * topk + k] };
+					memcpy(w + 8 * (uint64_t)(entries + count++), &we, 8);
+					had = 1;
+				}
+			rows += had;
+		}
+		if (!count)
+			continue;
+		struct dp_routing_wire_duck wd = { (uint16_t)d, (uint16_t)rows, count };
+		memcpy(dir + 8 * (uint64_t)n_ducks++, &wd, 8);
+		entries += count;
+	}
+	struct dp_routing_wire_header wh = { .magic = DP_ROUTING_WIRE_MAGIC,
+					     .version = DP_ROUTING_VERSION,
+					     .n_ducks = (uint16_t)n_ducks,
+					     .rows = tokens,
+					     .entries = entries };
+	memcpy(out, &wh, 16);
+	memmove(dir + 8 * (uint64_t)n_ducks, w, 8 * (uint64_t)entries);
+	return n_ducks ? 16 + 8 * (uint64_t)(n_ducks + entries) : 0;
+}
+
+static void test_split_matches_its_definition_on_random_gates(void)
+{
+	enum { T = 64, K = 8, E = 32 };
+	static uint32_t ex[T * K];
+	static float wt[T * K];
+	static struct dp_routing_placement pl;
+	static uint16_t slots[DP_MAX_EXPERTS * DP_MAX_REPLICAS];
+	static uint8_t got[16 + 8 * DP_MAX_DUCKS + 8 * T * K], want[sizeof(got)];
+	char why[160];
+	srand(286);
+	for (int round = 0; round < 200; round++) {
+		uint32_t nducks = 1 + (uint32_t)rand() % 12, topk = 1 + (uint32_t)rand() % K;
+		memset(&pl, 0, sizeof(pl));
+		pl.n_experts = E;
+		for (uint32_t e = 0; e < E; e++) {
+			uint32_t r = 1 + (uint32_t)rand() % (nducks < 3 ? nducks : 3);
+			pl.replicas[e] = (uint8_t)r;
+			uint32_t d0 = (uint32_t)rand() % nducks;
+			for (uint32_t i = 0; i < r; i++) /* distinct: consecutive ducks mod nducks */
+				pl.ducks[e * DP_MAX_REPLICAS + i] = (uint16_t)(5 * ((d0 + i) % nducks));
+		}
+		CHECK(dp_routing_placement_check(&pl, why, sizeof(why)) == 0, "placement: %s", why);
+		dp_routing_bank_slots(&pl, slots, NULL);
+		for (uint32_t t = 0; t < T; t++)
+			for (uint32_t k = 0; k < topk; k++) {
+				uint32_t e;
+			again:
+				e = rand() % 9 == 0 ? DP_ROUTING_NO_EXPERT : (uint32_t)rand() % E;
+				for (uint32_t j = 0; j < k && e != DP_ROUTING_NO_EXPERT; j++)
+					if (ex[t * topk + j] == e)
+						goto again;
+				ex[t * topk + k] = e;
+				wt[t * topk + k] = e == DP_ROUTING_NO_EXPERT ? 0.0f : (float)rand() / 7.0f;
+			}
+		struct host h = host_table(T, topk, E, ex, wt);
+		uint64_t set[DP_MAX_DUCKS / 64] = { 0 };
+		for (uint32_t d = 0; d < 5 * nducks; d++)
+			if (rand() % 3)
+				set[d >> 6] |= 1ull << (d & 63);
+		const uint64_t *ducks = round % 2 ? set : NULL;
+		const uint16_t *sl = round % 3 ? slots : NULL;
+		uint64_t size = 1, targets[DP_MAX_DUCKS / 64];
+		CHECK(dp_routing_split(h.buf, h.len, &pl, sl, 0, ducks, got, sizeof(got), &size,
+				       targets, why, sizeof(why)) == 0,
+		      "round %d: %s", round, why);
+		uint64_t want_size = reference_split(ex, wt, T, topk, &pl, sl, ducks, want);
+		CHECK(size == want_size, "round %d: %lu bytes, want %lu", round,
+		      (unsigned long)size, (unsigned long)want_size);
+		CHECK(size == 0 || memcmp(got, want, size) == 0, "round %d: the tables differ", round);
+		free(h.buf);
+	}
+}
+
 int main(void)
 {
 	test_accepts_the_table_a_client_packs();
@@ -681,5 +780,6 @@ int main(void)
 	test_split_names_bank_slots_and_a_shared_table_may_have_no_section();
 	test_wire_check_refuses_every_broken_directory_and_section();
 	test_a_duck_finds_its_section_and_a_unicast_renumbers_rows();
+	test_split_matches_its_definition_on_random_gates();
 	return test_result("test_routing");
 }

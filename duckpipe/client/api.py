@@ -590,14 +590,16 @@ class Client:
                 f"{at}), and this client's slots have {slot_size}: connect(slot_size=...) with "
                 f"at least {at + size}"
             )
-        # the dataplane stages the activation with the largest wire table it could make
-        staged = 16 + 8 * (MAX_DUCKS + tokens * topk) + nbytes
+        # one duck's message (the largest wire table the dataplane could make, then the
+        # rows) is what it reassembles: held to max_forward_bytes (dp_desc_routed_bytes);
+        # the sum of a unicast's messages is not, they go out from the slot in place
+        message = 16 + 8 * (MAX_DUCKS + tokens * topk) + nbytes
         cap = session.max_forward_bytes
-        if cap and staged > cap:
+        if cap and message > cap:
             raise BadInput(
-                f"a routed forward of {tokens} tokens by {topk} experts needs {staged} bytes of "
-                f"the dataplane's staging ({nbytes} of activation and the routing), over its "
-                f"max_forward_bytes {cap}: send fewer tokens per forward"
+                f"a routed forward of {tokens} tokens by {topk} experts sends a duck up to "
+                f"{message} bytes in one message ({nbytes} of activation and the routing), "
+                f"over the dataplane's max_forward_bytes {cap}: send fewer tokens per forward"
             )
         routing_table.pack(
             indices, weights_, moe.n_experts, session.segment.act_bytes(slot.index)[at : at + size]

@@ -1197,9 +1197,7 @@ class MockDataplane:
         if not routed.targets:  # every choice -1, no shared expert: zeros, nothing sent
             self.counters["moe_no_duck_forwards"] += 1
             return routed
-        mode, sent = moe.send_mode(
-            int(d.flags), plan, routed, nbytes, nbytes // shape[0], self.cfg.max_forward_bytes
-        )
+        mode, sent = moe.send_mode(int(d.flags), plan, routed, nbytes, nbytes // shape[0])
         self.counters["moe_broadcasts" if mode == "broadcast" else "moe_unicasts"] += 1
         self.counters["moe_bytes"] += sent
         return routed

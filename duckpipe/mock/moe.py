@@ -10,7 +10,8 @@ columns in the wrong place) gives a wrong result here as it would on real ducks:
 - ``check_desc`` and ``read_routing``: a descriptor's ROUTED flag against the layer's
   kind, its mode bits and target set, then the host routing table copied out of the
   slot once (its header first, topk bounded by MAX_TOPK) and checked, the copy and
-  never the slot, with dp_routing_check; the staging bound of max_forward_bytes;
+  never the slot, with dp_routing_check (no bound on the rows beyond any forward's:
+  the C dataplane sends them from the slot in place, no staging area);
 - ``route`` and ``duck_rows``: each (token, expert) pair's duck by dp_routing_duck_of's
   rule (replica ``t % replicas[e]``), and what one duck computes from its bank:
   ``y[t] += w * expert_slot(x[t])`` for its entries, plus its shared-expert columns for
@@ -142,6 +143,9 @@ def copy_routing(layout, limits, desc_plan, slot: np.ndarray, plan: MoePlan) -> 
     its words when refused."""
     cap = routing.table_size(int(desc_plan.rows), MAX_TOPK)
     copy = np.empty(cap, dtype=np.uint8)
+    # the C dataplane's copy holds max_forward_bytes at most (dp_fwd_pool_init)
+    if limits.max_forward_bytes:
+        cap = min(cap, int(limits.max_forward_bytes))
     size = ffi.new("uint64_t *")
     why = ffi.new("char[]", lib.DP_DESC_WHY_LEN)
     rc = lib.dp_desc_routing_copy(
@@ -202,15 +206,15 @@ def duck_partial(
 
 
 def send_mode(
-    flags: int, plan: MoePlan, routed: Routed, nbytes: int, row_bytes: int, staging: int
+    flags: int, plan: MoePlan, routed: Routed, nbytes: int, row_bytes: int
 ) -> tuple[str, int]:
     """('broadcast' | 'unicast', bytes of the first sends) of the forward's one NIC part,
     by the design's rule for a NIC without a broadcast address: a broadcast sends the
     wire table and every row to each target; a unicast sends each routed duck its own
     section (renumbered) and rows, and each duck of the shared set its section (if any)
-    and every row. Auto takes the unicast when it is smaller and fits the staging area;
-    a mode bit forces one, except a
-    unicast that does not fit the staging area, which goes as the broadcast (dp_moe_choose)."""
+    and every row. Auto takes the unicast when it is smaller; a mode bit forces one
+    (dp_moe_choose). No size decides it: the C dataplane sends both from the slot in
+    place."""
     tokens = routed.indices.shape[0]
     sections = [(d, *duck_rows(plan, routed, d)) for d in routed.targets]
     routed_ducks = [(d, r, n) for d, r, n in sections if n]
@@ -227,8 +231,8 @@ def send_mode(
     )
     if flags & DescFlag.MOE_BROADCAST:
         return "broadcast", broadcast
-    if flags & DescFlag.MOE_UNICAST and unicast <= staging:
-        return "unicast", unicast  # forced, unless it does not fit: then the broadcast
-    if unicast < broadcast and unicast <= staging:
+    if flags & DescFlag.MOE_UNICAST:
+        return "unicast", unicast
+    if unicast < broadcast:
         return "unicast", unicast
     return "broadcast", broadcast

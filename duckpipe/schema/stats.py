@@ -230,6 +230,10 @@ COUNTERS: tuple[Counter, ...] = (
         "moe_no_duck_forwards",
         "MoE forwards no duck was asked for (every choice -1, no shared expert): zeros",
     ),
+    Counter(
+        "moe_copied_bytes",
+        "MoE: activation bytes copied to be sent (rows sent from the slot in place: 0)",
+    ),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

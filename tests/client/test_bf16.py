@@ -134,6 +134,36 @@ def test_a_routed_forward_in_bfloat16_matches_the_float32_reference(client, shar
         )
 
 
+def test_a_deepseek_v3_shaped_routed_forward_at_the_default_bounds_goes_as_the_unicast(client):
+    # DeepSeek-V3's routed layer: 7168 wide, 256 experts, its grouped sigmoid gate (8
+    # groups, 4 kept, top-8, a bias, route_scale 2.5), bfloat16; the experts 1 column wide
+    # to keep the ducks' compute cheap, no shared expert (with one, auto broadcasts). 72
+    # tokens are the most the defaults take (docs/api.md: 1 MiB slots, max_forward_bytes).
+    # The unicast, each routed duck its own rows, is a fraction of the broadcast; it once
+    # went as the broadcast for want of a staging area. Now it goes as itself, from the
+    # slot, nothing copied, and matches the reference.
+    moe = MoeMlp.random(256, 7168, 1, shared=False, dtype=BF16, seed=28)
+    client.load_weights(790, moe)
+    gate = Gate.random(
+        256, 7168, topk=8, score="sigmoid", groups=8, topk_groups=4, route_scale=2.5,
+        bias=True, dtype=BF16, seed=28,
+    )  # fmt: skip
+    x = np.random.default_rng(28).standard_normal((72, 7168)).astype(BF16)
+    i, w = gate(x)
+    before = client.stats().counters
+    y = client.forward(790, x, routing=(i, w), timeout=30)
+    after = client.stats().counters
+    want = moe.reference(x, i, w)
+    assert y.dtype == want.dtype == BFLOAT16 and y.shape == x.shape
+    big = float(np.abs(want.astype(np.float32)).max())
+    np.testing.assert_allclose(
+        y.astype(np.float32), want.astype(np.float32), rtol=0, atol=(8 + 2) * HALF_ULP * big
+    )
+    assert after["moe_unicasts"] - before["moe_unicasts"] == 1
+    assert after["moe_broadcasts"] == before["moe_broadcasts"]
+    assert after["moe_copied_bytes"] == before["moe_copied_bytes"]
+
+
 def test_a_bfloat16_activation_on_a_float16_layer_is_refused_naming_both(client):
     mlp = GeluMlp.random(16, 8, dtype=np.float16, seed=2)
     client.load_weights(780, mlp, ducks=[0])

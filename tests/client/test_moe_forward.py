@@ -374,19 +374,22 @@ def test_the_dataplane_refuses_a_damaged_routing_table_with_the_c_rule(client, m
     _check(client.forward(530, x, routing=(i, w), timeout=30), moe_layer.reference(x, i, w))
 
 
-def test_the_dataplane_refuses_a_routed_forward_over_max_forward_bytes(duckpipe_mock_factory):
-    # 16 + 8 * (256 + 8 * 2) + 8 * 256 = 4240 bytes staged, over a cap of 4096
+def test_the_dataplane_refuses_a_routed_forward_whose_message_passes_max_forward_bytes(
+    duckpipe_mock_factory,
+):
+    # one duck's message: 16 + 8 * (256 + 8 * 2) + 8 * 256 = 4240 bytes, over a cap of 4096
+    # (what a duck reassembles and a NACK names chunks of)
     dp = duckpipe_mock_factory(ducks=8, args=["--max-forward-bytes", "4096"])
     with duckpipe.connect(dp.control, slot_size=8192) as c:
         c.load_weights(1, _moe(shared=False, dtype=np.float32, seed=8))
         i, w = _routing(8)
         x = np.ones((8, HIDDEN), np.float32)
-        with pytest.raises(BadInput, match="needs 4240 bytes of the dataplane's staging"):
+        with pytest.raises(BadInput, match="sends a duck up to 4240 bytes in one message"):
             c.forward(1, x, routing=(i, w))
         table = pack(i, w, N_EXPERTS).copy()
         _refused(
             _raw_forward(c, 1, x, table, flags=ROUTED),
-            r"needs 4240 bytes \(table and activation\); max_forward_bytes is 4096",
+            r"up to 4240 bytes in one message \(table and rows\); max_forward_bytes is 4096",
         )
 
 
@@ -415,10 +418,16 @@ def test_a_dead_routed_duck_fails_only_the_forwards_routed_to_it(ducks4):
         _check(c.forward(7, x, routing=(i, w), timeout=30), moe.reference(x, i, w))
 
 
-def test_a_forced_unicast_that_does_not_fit_the_staging_area_is_broadcast(client):
-    # 64 tokens of 8 KiB, each routed to 4 ducks: their rows alone would be 2 MiB, twice
-    # the staging area (max_forward_bytes, 1 MiB); the dataplane sends the broadcast
-    # (512 KiB to each of the 4 targets) and counts it as one
+def _layer_of_4096_wide_rows(client, layer: int, seed: int) -> MoeMlp:
+    moe = MoeMlp.random(8, 4096, 8, shared=False, seed=seed)
+    client.load_weights(layer, moe, ducks=list(range(8)), placement=list(range(8)))
+    return moe
+
+
+def test_a_forced_unicast_of_more_than_max_forward_bytes_stays_a_unicast(client):
+    # 64 tokens of 8 KiB, each routed to 4 ducks: their rows alone are 2 MiB, twice
+    # max_forward_bytes (1 MiB), which once bounded a staging area and sent this as the
+    # broadcast; now each duck's rows go from the slot in place (issue 28.6)
     moe = MoeMlp.random(4, 2048, 8, shared=False, seed=40)
     client.load_weights(540, moe, ducks=[0, 1, 2, 3], placement=[0, 1, 2, 3])
     x = np.random.default_rng(40).standard_normal((64, 2048)).astype(np.float32)
@@ -430,10 +439,29 @@ def test_a_forced_unicast_that_does_not_fit_the_staging_area_is_broadcast(client
         moe.reference(x, i, w),
     )
     after = client.stats().counters
-    assert after["moe_broadcasts"] - before["moe_broadcasts"] == 1
-    assert after["moe_unicasts"] == before["moe_unicasts"]
-    wire = 16 + 8 * (4 + 64 * 4)  # four sections of 64 entries
-    assert after["moe_bytes"] - before["moe_bytes"] == 4 * (wire + x.nbytes)
+    assert after["moe_unicasts"] - before["moe_unicasts"] == 1
+    assert after["moe_broadcasts"] == before["moe_broadcasts"]
+    table = 16 + 8 + 8 * 64  # each duck: a header, its directory entry, 64 entries
+    assert after["moe_bytes"] - before["moe_bytes"] == 4 * (table + x.nbytes)
+    assert after["moe_copied_bytes"] == before["moe_copied_bytes"]
+
+
+@pytest.mark.parametrize(("tokens", "topk"), [(16, 4), (48, 2)])
+def test_auto_sends_the_smaller_unicast_from_16_tokens_up(client, tokens, topk):
+    # 16 KiB rows, top-k of 8 experts on 8 ducks: the unicast is k/8 of the broadcast, and
+    # (1 MiB of rows and more) no longer fits what the staging area was, so it went as the
+    # broadcast. Now it is the unicast, sent in place, counted, and correct.
+    moe = _layer_of_4096_wide_rows(client, 542, seed=42)
+    rng = np.random.default_rng(tokens)
+    x = rng.standard_normal((tokens, 4096)).astype(np.float32)
+    i = np.argsort(rng.random((tokens, 8)), axis=1)[:, :topk].astype(np.int32)
+    w = rng.random((tokens, topk)).astype(np.float32)
+    before = client.stats().counters
+    _check(client.forward(542, x, routing=(i, w), timeout=30), moe.reference(x, i, w))
+    after = client.stats().counters
+    assert after["moe_unicasts"] - before["moe_unicasts"] == 1
+    assert after["moe_broadcasts"] == before["moe_broadcasts"]
+    assert after["moe_copied_bytes"] == before["moe_copied_bytes"]
 
 
 def test_a_forced_unicast_with_a_shared_expert_counts_the_bytes_it_sends(client):

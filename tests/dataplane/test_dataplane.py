@@ -14,6 +14,7 @@ import pytest
 import duckpipe
 from duckpipe import GeluMlp, Status, SwiGluMlp
 from duckpipe.errors import DataplaneLost, DuckLost, ForwardTimeout, StaleEpoch
+from duckpipe.moe import MoeMlp
 from duckpipe.testing import killed_client_segment, mapped_by, wait_until_gone
 
 pytestmark = pytest.mark.dataplane
@@ -43,6 +44,40 @@ def test_every_forward_completes_correctly_with_5_percent_loss(cluster_factory):
     assert n["forwards_ok"] == 60 and n["timeouts"] == 0
     assert n["nacks_sent"] > 0 and n["weight_retransmits"] > 0
     assert n["retransmits"] + n["rx_duplicates"] > 0 or n["nacks_received"] > 0
+
+
+@pytest.mark.parametrize(
+    ("hidden", "copied"),
+    [(1024, False), (16, True)],
+    ids=["rows-of-4KiB-in-place", "rows-of-64B-copied"],
+)
+def test_routed_forwards_under_5_percent_loss_are_resent_from_the_slot(
+    cluster_factory, hidden, copied
+):
+    # A routed forward's rows go out from the client's slot (a unicast's by its row map)
+    # and a duck's NACK is answered from the same places (dp_moe_resend). Rows of 4 KiB go
+    # in place; rows of 64 bytes, more than 16 to a datagram, are copied into it (the one
+    # case moe_copied_bytes counts, docs/api.md).
+    cl = cluster_factory(4, duck_args=["--drop", "0.05", "--seed", "11"], nack_us=1000)
+    moe = MoeMlp.random(8, hidden, 8, shared=False, seed=11)
+    rng = np.random.default_rng(11)
+    with duckpipe.connect(cl.control) as c:
+        c.load_weights(1, moe)  # 2 experts on each duck
+        for n in range(16):
+            x = rng.standard_normal((48, hidden)).astype(np.float32)
+            i = np.argsort(rng.random((48, 8)), axis=1)[:, :2].astype(np.int32)
+            w = rng.random((48, 2)).astype(np.float32)
+            mode = ("unicast", "broadcast")[n % 2]
+            np.testing.assert_allclose(
+                c.forward(1, x, routing=(i, w), moe_send=mode, timeout=10),
+                moe.reference(x, i, w),
+                rtol=1e-4,
+                atol=1e-5,
+            )
+        k = _counters(c)
+    assert k["moe_unicasts"] == 8 and k["moe_broadcasts"] == 8 and k["timeouts"] == 0
+    assert k["nacks_received"] > 0 and k["retransmits"] > 0
+    assert (k["moe_copied_bytes"] > 0) == copied
 
 
 def test_a_duck_that_stops_answering_times_out_by_name_and_others_continue(cluster_factory):

@@ -70,6 +70,7 @@ struct null_priv {
 	uint8_t *rx_bufs;              /* RX_BURST datagrams of max_payload + header */
 	size_t rx_stride;              /* one datagram's room, 64-byte aligned: headers are read
 					* as structs (an mtu of 9000 left them misaligned) */
+	uint8_t *joined;               /* a payload sent in pieces (dp_tx_message), joined */
 };
 
 static int null_open(struct dp_backend *b)
@@ -89,7 +90,9 @@ static int null_open(struct dp_backend *b)
 	p->data = malloc(DATA_BYTES);
 	p->rx_stride = ((size_t)DP_WIRE_HDR_LEN + p->max_payload + 63) & ~(size_t)63;
 	p->rx_bufs = aligned_alloc(64, RX_BURST * p->rx_stride);
-	if (!p->jobs || !p->data || !p->rx_bufs) {
+	p->joined = malloc(p->max_payload);
+	if (!p->jobs || !p->data || !p->rx_bufs || !p->joined) {
+		free(p->joined);
 		free(p->jobs);
 		free(p->data);
 		free(p->rx_bufs);
@@ -114,6 +117,7 @@ static void null_close(struct dp_backend *b)
 	free(p->jobs);
 	free(p->data);
 	free(p->rx_bufs);
+	free(p->joined);
 	free(p);
 	b->priv = NULL;
 }
@@ -218,7 +222,8 @@ static uint32_t null_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n
 	for (uint32_t m = 0; m < n; m++) {
 		const struct dp_tx *t = &tx[m];
 		int who = reached(b, p, t->dst);
-		/* the pieces are [header|payload] per datagram (a header alone when length is 0) */
+		/* the pieces are a header per datagram, then its payload in one piece or (a
+		 * message sent from where its rows are: dp_tx_message) in several */
 		for (uint32_t i = 0; i < t->iovcnt;) {
 			const struct iovec *hv = &t->iov[i++];
 			if (hv->iov_len != DP_WIRE_HDR_LEN) {
@@ -227,12 +232,20 @@ static uint32_t null_tx_burst(struct dp_backend *b, struct dp_tx *tx, uint32_t n
 			}
 			const struct dp_wire_header *h = hv->iov_base;
 			const void *payload = NULL;
-			if (h->length) {
-				if (i == t->iovcnt || t->iov[i].iov_len != h->length) {
+			if (h->length && i < t->iovcnt && t->iov[i].iov_len == h->length) {
+				payload = t->iov[i++].iov_base;
+			} else if (h->length) {
+				uint32_t got = 0;
+				while (got < h->length && got <= p->max_payload && i < t->iovcnt &&
+				       t->iov[i].iov_len <= p->max_payload - got) {
+					memcpy(p->joined + got, t->iov[i].iov_base, t->iov[i].iov_len);
+					got += (uint32_t)t->iov[i++].iov_len;
+				}
+				if (got != h->length) {
 					dropped++;
 					continue;
 				}
-				payload = t->iov[i++].iov_base;
+				payload = p->joined;
 			}
 			datagrams++;
 			bytes += DP_WIRE_HDR_LEN + h->length;

@@ -57,9 +57,13 @@ struct dp_duck_rx {
 	uint32_t moe_rows;      /* rows its reply must have */
 	uint32_t moe_entries;   /* (row, expert) pairs it was routed */
 	const uint16_t *moe_map; /* reply row i -> result row moe_map[i]; NULL: i itself */
-	const uint8_t *moe_msg; /* its message (staged): NACK INPUT resends from it */
-	uint32_t moe_chunk0;    /* its message's first FORWARD header of the context's */
-	uint32_t moe_chunks;    /* its message's chunks */
+	/* its message, for NACK INPUT resends (dp_moe_resend): the table, in the context's
+	 * table area (NULL: nothing was sent to it), then the slot's rows, all of them in
+	 * order or (moe_gather) moe_map's */
+	const uint8_t *moe_table;
+	uint32_t moe_tsize;
+	bool moe_gather;
+	uint16_t moe_to; /* its FORWARD headers' duck: it, or DP_WIRE_ANY_DUCK (a broadcast) */
 };
 
 /* One NIC's share of a forward; written by that NIC's worker only. */

@@ -206,9 +206,10 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 			rx->state = 0;
 			rx->compute_ns = rx->done_ns = rx->resent_ns = rx->progress_ns = 0;
 			rx->nacks = 0;
-			rx->moe_rows = rx->moe_entries = rx->moe_chunk0 = rx->moe_chunks = 0;
+			rx->moe_rows = rx->moe_entries = rx->moe_tsize = 0;
 			rx->moe_map = NULL;
-			rx->moe_msg = NULL;
+			rx->moe_table = NULL;
+			rx->moe_gather = false;
 		}
 	p->first_ns = p->last_ns = p->fetch_ns = 0;
 	p->link_down = false;
@@ -217,7 +218,7 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 	p->send_start = start;
 	const struct dp_nic_cfg *nic = v->nic_cfg;
 	if (routed) {
-		dp_moe_send(v, f, hdrs); /* a failure is logged; the part then times out */
+		dp_moe_send(v, f); /* a failure is logged; the part then times out */
 	} else if (nic->use_broadcast) {
 		dp_tx_activation(v->tx, &nic->broadcast, hdrs, f->act, &p->owner, 0, chunks);
 	} else {
@@ -336,6 +337,18 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 	return check_forward_done(v, f, now);
 }
 
+/* Chunks [first, first + n) of f's activation to dst again: a dense forward's from its
+ * prepared headers, a routed one's from the duck's own message (dp_moe_resend). */
+static void resend(const struct dp_gather_view *v, struct dp_fwd *f, const struct dp_duck_rx *rx,
+		   const struct sockaddr_in *dst, const struct dp_wire_header *hdrs, bool routed,
+		   uint32_t first, uint32_t n)
+{
+	if (routed)
+		dp_moe_resend(v, f, rx, dst, first, n);
+	else
+		dp_tx_activation(v->tx, dst, hdrs, f->act, &f->part[v->nic].owner, first, n);
+}
+
 uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 			   const struct dp_wire_header *h, const uint8_t *payload, uint32_t duck,
 			   uint64_t now)
@@ -375,19 +388,17 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 	uint32_t n = h->length / sizeof(uint32_t);
 	struct dp_duck_rx *rx = duck_rx(v, f, duck);
 	const struct dp_wire_header *hdrs = &v->hdrs[(size_t)f->index * v->max_chunks];
-	struct dp_tx_owner *owner = &f->part[v->nic].owner;
-	const uint8_t *msg = f->act;
-	if (f->desc.flags & DP_DESC_FLAG_ROUTED) {
-		/* the duck's own message, from the staging area (never in place); a duck the
-		 * forward does not route to has none (its dp_duck_rx is another forward's) */
-		if (!dp_targets_has(f->targets, duck))
-			return DP_STATUS_PENDING;
-		chunks = rx->moe_chunks;
-		hdrs += rx->moe_chunk0;
-		msg = rx->moe_msg;
-		owner = NULL;
-		if (!msg)
+	bool routed = f->desc.flags & DP_DESC_FLAG_ROUTED;
+	if (routed) {
+		/* the duck's own message, from its table and the slot (dp_moe_resend); a duck
+		 * the forward does not route to has none (its dp_duck_rx is another forward's) */
+		if (!dp_targets_has(f->targets, duck) || !rx->moe_table)
 			return DP_STATUS_PENDING; /* nothing was sent to it */
+		chunks = dp_moe_chunks(v, f, rx);
+		/* at most max_forward_bytes (dp_desc_routed_bytes), so within nack_seen; kept
+		 * as a check: a bitmap reset past it would write past the worker's own */
+		if (chunks > DP_REASM_MAX_CHUNKS)
+			return DP_STATUS_PENDING;
 	}
 	uint64_t interval = v->limits.nack_ns;
 	rx->progress_ns = now; /* it is alive and waits for input: one RTO from now */
@@ -398,7 +409,7 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 	rx->resent_ns = now;
 	const struct sockaddr_in *dst = dp_gather_duck_addr(v, duck);
 	if (n == 0) {
-		dp_tx_activation(v->tx, dst, hdrs, msg, owner, 0, chunks);
+		resend(v, f, rx, dst, hdrs, routed, 0, chunks);
 		dp_count(v->counters, DP_C_retransmits, chunks);
 		return DP_STATUS_PENDING;
 	}
@@ -408,7 +419,7 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 		memcpy(&c, list + (size_t)i * sizeof(c), sizeof(c));
 		int fresh = dp_reasm_mark(v->nack_seen, c); /* -1: no such chunk */
 		if (fresh > 0) {
-			dp_tx_activation(v->tx, dst, hdrs, msg, owner, c, 1);
+			resend(v, f, rx, dst, hdrs, routed, c, 1);
 			dp_count(v->counters, DP_C_retransmits, 1);
 		} else if (fresh == 0) {
 			dp_count(v->counters, DP_C_nack_resends_suppressed, 1);

@@ -62,8 +62,8 @@ struct dp_gather_view {
 	const uint64_t *nic_ducks;    /* this NIC's ducks, a DP_MAX_DUCKS-bit set */
 	uint8_t *moe_wire;            /* the wire table of the forward being sent */
 	uint64_t moe_wire_cap;
-	uint8_t *moe_stage;           /* [contexts][moe_stage_bytes]: the messages sent */
-	uint64_t moe_stage_bytes;
+	uint8_t *moe_tables;          /* [contexts][moe_table_cap]: the tables they sent */
+	uint64_t moe_table_cap;
 	uint16_t *moe_maps;           /* [contexts][moe_map_cap]: the ducks' reply row maps */
 	uint32_t moe_map_cap;
 };

@@ -12,10 +12,12 @@
  *      duck a one-section table, rows renumbered, then its rows alone; per duck of the
  *      shared set its section and every row) by bytes on the wire (dp_moe_choose),
  *      unless the descriptor forces one;
- *   4. stages the message(s) in the context's staging area (a copy: the wire table has
- *      to precede the rows, and a unicast gathers rows out of order) and sends them in
- *      chunks like any activation, FORWARD flagged ROUTED with rows and total of the
- *      message it belongs to; a NACK INPUT resends from that duck's own message.
+ *   4. sends the message(s) in chunks like any activation, FORWARD flagged ROUTED with
+ *      rows and total of the message it belongs to, from where their bytes are
+ *      (dp_tx_message): the table(s) from the context's table area, the rows straight
+ *      from the client's slot, a unicast's rows gathered by iovec, never staged (issue
+ *      28.6: no staging area decides the mode or bounds the forward); a NACK INPUT
+ *      resends from the same places (dp_moe_resend).
  * Replies are then checked against what each duck was routed (dp_gather.c) and added
  * row by row through its row map (dp_moe_accumulate).
  */
@@ -33,13 +35,13 @@
 /* --- the pure parts -------------------------------------------------------------------- */
 
 enum dp_moe_mode dp_moe_choose(uint32_t flags, uint64_t bytes_broadcast,
-			       uint64_t bytes_unicast, bool unicast_fits)
+			       uint64_t bytes_unicast)
 {
 	if (flags & DP_DESC_FLAG_MOE_BROADCAST)
 		return DP_MOE_MODE_BROADCAST;
 	if (flags & DP_DESC_FLAG_MOE_UNICAST)
-		return unicast_fits ? DP_MOE_MODE_UNICAST : DP_MOE_MODE_BROADCAST;
-	if (!unicast_fits || bytes_unicast >= bytes_broadcast)
+		return DP_MOE_MODE_UNICAST;
+	if (bytes_unicast >= bytes_broadcast)
 		return DP_MOE_MODE_BROADCAST;
 	return DP_MOE_MODE_UNICAST;
 }
@@ -110,28 +112,55 @@ static uint64_t shared_unicast_table(const uint8_t *wire, uint16_t duck, bool ha
 	       (uint64_t)s->n_entries * DP_ROUTING_WIRE_ENTRY_SIZE;
 }
 
-/* FORWARD headers for one message of `total` bytes and `rows` rows, to duck (or any). */
-static uint32_t message_headers(const struct dp_gather_view *v, const struct dp_fwd *f,
-				struct dp_wire_header *hdrs, uint64_t total, uint32_t rows,
-				uint16_t duck)
+/* The context's table area: the table(s) its messages on this NIC begin with. */
+static uint8_t *tables_of(const struct dp_gather_view *v, const struct dp_fwd *f)
 {
-	uint32_t chunks = dp_wire_chunk_count(total, v->payload);
-	for (uint32_t c = 0; c < chunks; c++) {
-		struct dp_wire_header *h = &hdrs[c];
-		dp_wire_init(h, DP_WIRE_OP_FORWARD, v->session, f->desc.epoch);
-		h->flags = DP_WIRE_FLAG_ROUTED;
-		h->dtype = f->layer->dtype;
-		h->forward_id = f->wire_id;
-		h->layer = f->layer->id;
-		h->duck = duck;
-		h->chunk = c;
-		h->chunks = chunks;
-		h->offset = (uint64_t)c * v->payload;
-		h->total = total;
-		h->length = dp_wire_chunk_len(total, v->payload, c);
-		h->rows = rows;
-	}
-	return chunks;
+	return v->moe_tables + (uint64_t)f->index * v->moe_table_cap;
+}
+
+/* The message rx's duck was sent (dp_tx_message's description): its table, then every row
+ * of the slot in order, or (a unicast without shared expert) its rows by its row map. */
+static void duck_message(const struct dp_gather_view *v, const struct dp_fwd *f,
+			 const struct dp_duck_rx *rx, struct dp_tx_msg *m)
+{
+	const struct dp_layer *l = f->layer;
+	uint64_t row_bytes = (uint64_t)l->hidden * dp_dtype_size(l->dtype);
+	uint32_t rows = rx->moe_gather ? rx->moe_rows : f->rows;
+	uint64_t total = rx->moe_tsize + rows * row_bytes;
+	struct dp_wire_header *h = &m->tpl;
+	dp_wire_init(h, DP_WIRE_OP_FORWARD, v->session, f->desc.epoch);
+	h->flags = DP_WIRE_FLAG_ROUTED;
+	h->dtype = l->dtype;
+	h->forward_id = f->wire_id;
+	h->layer = l->id;
+	h->duck = rx->moe_to;
+	h->chunks = dp_wire_chunk_count(total, v->payload);
+	h->total = total;
+	h->rows = rows;
+	m->table = rx->moe_table;
+	m->tsize = rx->moe_tsize;
+	m->rows = f->act;
+	m->row_bytes = row_bytes;
+	m->map = rx->moe_gather ? rx->moe_map : NULL;
+}
+
+uint32_t dp_moe_chunks(const struct dp_gather_view *v, const struct dp_fwd *f,
+		       const struct dp_duck_rx *rx)
+{
+	struct dp_tx_msg m;
+	duck_message(v, f, rx, &m);
+	return m.tpl.chunks;
+}
+
+void dp_moe_resend(const struct dp_gather_view *v, struct dp_fwd *f, const struct dp_duck_rx *rx,
+		   const struct sockaddr_in *dst, uint32_t first, uint32_t n)
+{
+	struct dp_tx_msg m;
+	duck_message(v, f, rx, &m);
+	/* the slot's owner: a backend that sends in place keeps the slot until it is done */
+	uint64_t copied = dp_tx_message(v->tx, dst, &m, &f->part[v->nic].owner, first, n);
+	if (copied)
+		dp_count(v->counters, DP_C_moe_copied_bytes, copied);
 }
 
 /* What one targeted duck of this NIC is routed in W: its section, if it has one. */
@@ -142,15 +171,15 @@ struct routed_duck {
 };
 
 static void send_broadcast(const struct dp_gather_view *v, struct dp_fwd *f,
-			   struct dp_wire_header *hdrs, const struct routed_duck *rd, uint32_t nrd,
-			   uint64_t wsize, uint64_t bytes_broadcast)
+			   const struct routed_duck *rd, uint32_t nrd, uint64_t wsize,
+			   uint64_t bytes_broadcast)
 {
 	const struct dp_layer *l = f->layer;
-	uint8_t *msg = v->moe_stage + (uint64_t)f->index * v->moe_stage_bytes;
+	uint8_t *table = tables_of(v, f);
 	uint16_t *maps = v->moe_maps + (uint64_t)f->index * v->moe_map_cap;
-	memcpy(msg, v->moe_wire, wsize);
-	memcpy(msg + wsize, f->act, f->bytes);
-	uint32_t chunks = message_headers(v, f, hdrs, wsize + f->bytes, f->rows, DP_WIRE_ANY_DUCK);
+	memcpy(table, v->moe_wire, wsize); /* W outlives the next forward's split: resends */
+	struct dp_duck_rx any = { .moe_table = table, .moe_tsize = (uint32_t)wsize,
+				  .moe_to = DP_WIRE_ANY_DUCK };
 	uint32_t used = 0;
 	for (uint32_t i = 0; i < nrd; i++) {
 		struct dp_duck_rx *rx = &f->rx[v->duck_index[rd[i].duck]];
@@ -160,50 +189,50 @@ static void send_broadcast(const struct dp_gather_view *v, struct dp_fwd *f,
 			rx->moe_map = NULL;
 		} else {
 			rx->moe_map = maps + used;
-			rx->moe_rows = dp_moe_row_map(msg, &rd[i].s, maps + used);
+			rx->moe_rows = dp_moe_row_map(table, &rd[i].s, maps + used);
 			used += rx->moe_rows;
 		}
-		rx->moe_msg = msg;
-		rx->moe_chunk0 = 0;
-		rx->moe_chunks = chunks;
+		rx->moe_table = table;
+		rx->moe_tsize = (uint32_t)wsize;
+		rx->moe_gather = false;
+		rx->moe_to = DP_WIRE_ANY_DUCK;
 	}
 	const struct dp_nic_cfg *nic = v->nic_cfg;
-	/* owner NULL: the staging area is ours, the port may not send it in place */
+	uint32_t chunks = dp_moe_chunks(v, f, &any);
 	if (nic->use_broadcast)
-		dp_tx_activation(v->tx, &nic->broadcast, hdrs, msg, NULL, 0, chunks);
+		dp_moe_resend(v, f, &any, &nic->broadcast, 0, chunks);
 	else
 		for (uint32_t i = 0; i < nrd; i++)
-			dp_tx_activation(v->tx, dp_gather_duck_addr(v, rd[i].duck), hdrs, msg, NULL, 0,
-					 chunks);
+			dp_moe_resend(v, f, &any, dp_gather_duck_addr(v, rd[i].duck), 0, chunks);
 	f->part[v->nic].moe_unicast = false;
 	dp_count(v->counters, DP_C_moe_broadcasts, 1);
 	dp_count(v->counters, DP_C_moe_bytes, bytes_broadcast);
 }
 
 static void send_unicast(const struct dp_gather_view *v, struct dp_fwd *f,
-			 struct dp_wire_header *hdrs, const struct routed_duck *rd, uint32_t nrd,
-			 uint64_t wsize)
+			 const struct routed_duck *rd, uint32_t nrd, uint64_t wsize)
 {
 	const struct dp_layer *l = f->layer;
-	uint8_t *stage = v->moe_stage + (uint64_t)f->index * v->moe_stage_bytes;
+	uint8_t *tables = tables_of(v, f);
 	uint16_t *maps = v->moe_maps + (uint64_t)f->index * v->moe_map_cap;
 	uint64_t row_bytes = (uint64_t)l->hidden * dp_dtype_size(l->dtype), at = 0, sent = 0;
-	uint32_t c0 = 0, used = 0;
+	uint32_t used = 0;
+	/* the tables fit: each duck's is a header, a directory entry and its section's
+	 * entries, at most 24 bytes a duck and 8 an entry of W: moe_table_cap's bound */
 	for (uint32_t i = 0; i < nrd; i++) {
 		struct dp_duck_rx *rx = &f->rx[v->duck_index[rd[i].duck]];
-		uint8_t *msg = stage + at;
+		uint8_t *table = tables + at;
 		uint64_t tsize;
 		if (in_shared_set(l->moe, rd[i].duck)) {
 			tsize = shared_unicast_table(v->moe_wire, rd[i].duck, rd[i].has_section,
-						     &rd[i].s, msg);
-			memcpy(msg + tsize, f->act, f->bytes);
+						     &rd[i].s, table);
 			rx->moe_rows = f->rows;
 			rx->moe_map = NULL;
+			rx->moe_gather = false; /* every row, in order, from the slot */
 		} else {
 			char why[96];
-			/* room checked by the caller: the sizes it added up are these */
-			if (dp_routing_wire_unicast(v->moe_wire, wsize, rd[i].duck, msg,
-						    v->moe_stage_bytes - at, maps + used,
+			if (dp_routing_wire_unicast(v->moe_wire, wsize, rd[i].duck, table,
+						    v->moe_table_cap - at, maps + used,
 						    v->moe_map_cap - used, &tsize, why, sizeof(why)) < 0) {
 				DP_ERROR("forward %lu duck %u: unicast table: %s; this is a bug",
 					 (unsigned long)f->wire_id, rd[i].duck, why);
@@ -211,29 +240,24 @@ static void send_unicast(const struct dp_gather_view *v, struct dp_fwd *f,
 			}
 			rx->moe_map = maps + used;
 			rx->moe_rows = rd[i].s.n_rows;
+			rx->moe_gather = true; /* its rows, by its row map, from the slot */
 			used += rx->moe_rows;
-			for (uint32_t r = 0; r < rx->moe_rows; r++) /* its rows, gathered in order */
-				memcpy(msg + tsize + r * row_bytes, f->act + rx->moe_map[r] * row_bytes,
-				       row_bytes);
 		}
-		uint64_t total = tsize + rx->moe_rows * row_bytes;
-		uint32_t chunks = message_headers(v, f, hdrs + c0, total, rx->moe_rows, rd[i].duck);
 		rx->moe_entries = rd[i].has_section ? rd[i].s.n_entries : 0;
-		rx->moe_msg = msg;
-		rx->moe_chunk0 = c0;
-		rx->moe_chunks = chunks;
-		dp_tx_activation(v->tx, dp_gather_duck_addr(v, rd[i].duck), hdrs + c0, msg, NULL, 0,
-				 chunks);
-		at += total;
-		c0 += chunks;
-		sent += total;
+		rx->moe_table = table;
+		rx->moe_tsize = (uint32_t)tsize;
+		rx->moe_to = rd[i].duck;
+		dp_moe_resend(v, f, rx, dp_gather_duck_addr(v, rd[i].duck), 0,
+			      dp_moe_chunks(v, f, rx));
+		at += tsize;
+		sent += tsize + (uint64_t)rx->moe_rows * row_bytes;
 	}
 	f->part[v->nic].moe_unicast = true;
 	dp_count(v->counters, DP_C_moe_unicasts, 1);
 	dp_count(v->counters, DP_C_moe_bytes, sent);
 }
 
-int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_wire_header *hdrs)
+int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f)
 {
 	const struct dp_layer *l = f->layer;
 	const struct dp_layer_moe *moe = l->moe;
@@ -253,7 +277,7 @@ int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_wire
 	/* this NIC's targets (the dispatcher's, by the same placement): their sections and
 	 * what each mode would put on the wire */
 	struct routed_duck rd[DP_MAX_DUCKS];
-	uint32_t nrd = 0, chunks_unicast = 0;
+	uint32_t nrd = 0;
 	uint64_t row_bytes = (uint64_t)l->hidden * dp_dtype_size(l->dtype), bytes_unicast = 0;
 	for (uint32_t i = 0; i < v->nducks; i++) {
 		uint16_t d = v->ducks[i];
@@ -273,15 +297,13 @@ int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_wire
 			msg = DP_ROUTING_WIRE_HEADER_SIZE + DP_ROUTING_WIRE_DUCK_SIZE +
 			      DP_ROUTING_WIRE_ENTRY_SIZE * r->s.n_entries + r->s.n_rows * row_bytes;
 		bytes_unicast += msg;
-		chunks_unicast += dp_wire_chunk_count(msg, v->payload);
 	}
 	bool use_broadcast = v->nic_cfg->use_broadcast;
 	uint64_t bytes_broadcast = (wsize + f->bytes) * (use_broadcast ? 1 : nrd);
-	bool fits = bytes_unicast <= v->moe_stage_bytes && chunks_unicast <= v->max_chunks;
-	if (dp_moe_choose(f->desc.flags, bytes_broadcast, bytes_unicast, fits) ==
+	if (dp_moe_choose(f->desc.flags, bytes_broadcast, bytes_unicast) ==
 	    DP_MOE_MODE_UNICAST)
-		send_unicast(v, f, hdrs, rd, nrd, wsize);
+		send_unicast(v, f, rd, nrd, wsize);
 	else
-		send_broadcast(v, f, hdrs, rd, nrd, wsize, bytes_broadcast);
+		send_broadcast(v, f, rd, nrd, wsize, bytes_broadcast);
 	return 0;
 }

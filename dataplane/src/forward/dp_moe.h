@@ -15,8 +15,10 @@
 
 #include "dp_routing.h"
 
+struct dp_duck_rx;
 struct dp_fwd;
 struct dp_gather_view;
+struct sockaddr_in;
 struct dp_layer;
 struct dp_wire_header;
 
@@ -27,12 +29,11 @@ enum dp_moe_mode {
 
 /* The mode of one NIC part of a routed forward: the descriptor's forced mode (flags:
  * enum dp_desc_flag bits), else unicast only when it puts fewer bytes on the wire than
- * the broadcast and fits the staging area (unicast_fits). With a shared expert the
- * unicast sends every row to the shared set's ducks and their rows alone to the others,
- * so bytes decide there too. A forced unicast that does not fit is sent as the
- * broadcast: the staging area holds one message per context, no more. */
+ * the broadcast. With a shared expert the unicast sends every row to the shared set's
+ * ducks and their rows alone to the others, so bytes decide there too. Nothing else
+ * decides it: both go out from the slot in place, whatever size. */
 enum dp_moe_mode dp_moe_choose(uint32_t flags, uint64_t bytes_broadcast,
-			       uint64_t bytes_unicast, bool unicast_fits);
+			       uint64_t bytes_unicast);
 
 /* Duck's reply row map out of its section s of a wire table (accepted by
  * dp_routing_wire_check): map[i] = the i-th distinct row of its entries, ascending (the
@@ -47,12 +48,19 @@ void dp_moe_accumulate(float *acc, uint32_t hidden, const uint16_t *map, uint64_
 		       const void *src, uint32_t n, uint8_t dtype);
 
 /* The worker's routed send of f on this NIC: the NIC's wire table split out of f's
- * host table with the layer's bank slots, the mode chosen, the message(s) staged in
- * the context's staging area, f's FORWARD headers written (hdrs: the context's), each
- * targeted duck's expected reply set in its dp_duck_rx (rows, row map, its message for
- * resends), and the message(s) queued on the transmit batch. 0, or -1 when the split
- * failed (a bug: the table and placement were checked), said in the log and f->message;
- * nothing was then sent and the part waits for its deadline. */
-int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_wire_header *hdrs);
+ * host table with the layer's bank slots, the mode chosen, the table(s) written in the
+ * context's table area, each targeted duck's expected reply set in its dp_duck_rx (rows,
+ * row map, its message for resends), and the message(s) queued on the transmit batch,
+ * rows from the slot in place. 0, or -1 when the split failed (a bug: the table and
+ * placement were checked), said in the log and f->message; nothing was then sent and
+ * the part waits for its deadline. */
+int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f);
+
+/* Chunks of the message rx's duck was sent (rx set by dp_moe_send). */
+uint32_t dp_moe_chunks(const struct dp_gather_view *v, const struct dp_fwd *f,
+		       const struct dp_duck_rx *rx);
+/* Queue chunks [first, first + n) of that message again, to dst (a NACK INPUT). */
+void dp_moe_resend(const struct dp_gather_view *v, struct dp_fwd *f, const struct dp_duck_rx *rx,
+		   const struct sockaddr_in *dst, uint32_t first, uint32_t n);
 
 #endif /* DP_MOE_H */

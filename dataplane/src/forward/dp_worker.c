@@ -402,20 +402,25 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 	wk->summed = calloc(nf, sizeof(struct dp_reasm));
 	wk->active = calloc(nf, sizeof(struct dp_fwd *));
 	wk->release.parts = calloc(nf, sizeof(struct dp_fwd *));
-	/* Routed (MoE) forwards stage what they send (dp_moe.c): per context the wire table
-	 * and rows, at most max_forward_bytes (the dispatcher's bound), and the ducks' row
-	 * maps, one u16 per (token, expert) at most, so max_forward_bytes / 8 of them; plus
-	 * one wire table being built. With the defaults (64 contexts, 1 MiB) that is 80 MiB
-	 * of address space per worker, touched only by the routed forwards that use it. */
+	/* Routed (MoE) forwards send their rows from the slot in place (dp_moe.c); what
+	 * they keep per context is the table(s) they sent, for resends: the NIC's wire table,
+	 * or one table per routed duck, at most 24 bytes a duck and 8 an entry (one per
+	 * (token, expert): MAX_TOKENS x MAX_TOPK), and the ducks' reply row maps, one u16 per
+	 * entry at most; plus one wire table being built. With the defaults (64 contexts) that
+	 * is 40 MiB of address space per worker, whatever max_forward_bytes, touched only by
+	 * the routed forwards that use it. */
+	uint64_t entries = (uint64_t)DP_MAX_TOKENS * DP_MAX_TOPK;
 	uint64_t wire_cap = DP_ROUTING_WIRE_HEADER_SIZE + DP_ROUTING_WIRE_DUCK_SIZE * DP_MAX_DUCKS +
-			    DP_ROUTING_WIRE_ENTRY_SIZE * (uint64_t)DP_MAX_TOKENS * DP_MAX_TOPK;
-	uint32_t map_cap = w->cfg.max_forward_bytes / 8;
+			    DP_ROUTING_WIRE_ENTRY_SIZE * entries;
+	uint64_t table_cap = (DP_ROUTING_WIRE_HEADER_SIZE + DP_ROUTING_WIRE_DUCK_SIZE) *
+				     DP_MAX_DUCKS + DP_ROUTING_WIRE_ENTRY_SIZE * entries;
+	uint32_t map_cap = (uint32_t)entries;
 	wk->moe_wire = calloc(1, wire_cap);
-	wk->moe_stage = calloc(nf, w->cfg.max_forward_bytes);
+	wk->moe_tables = calloc(nf, table_cap);
 	wk->moe_maps = calloc(nf * map_cap, sizeof(uint16_t));
 	if (!wk->owned || !wk->hdrs || !wk->next_nack || !wk->sent_ns || !wk->scratch ||
 	    !wk->summed || !wk->active || !wk->release.parts || !wk->moe_wire ||
-	    !wk->moe_stage || !wk->moe_maps) {
+	    !wk->moe_tables || !wk->moe_maps) {
 		dp_set_error("nic %s: out of memory for %zu forward contexts", cfg->name, nf);
 		return -1;
 	}
@@ -447,8 +452,8 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 					      .nic_ducks = wk->nic_ducks,
 					      .moe_wire = wk->moe_wire,
 					      .moe_wire_cap = wire_cap,
-					      .moe_stage = wk->moe_stage,
-					      .moe_stage_bytes = w->cfg.max_forward_bytes,
+					      .moe_tables = wk->moe_tables,
+					      .moe_table_cap = table_cap,
 					      .moe_maps = wk->moe_maps,
 					      .moe_map_cap = map_cap };
 	wk->weight = (struct dp_weight_view){ .w = w,
@@ -495,6 +500,6 @@ void dp_worker_fini(struct dp_worker *wk)
 	free(wk->active);
 	free(wk->release.parts);
 	free(wk->moe_wire);
-	free(wk->moe_stage);
+	free(wk->moe_tables);
 	free(wk->moe_maps);
 }

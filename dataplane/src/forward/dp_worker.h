@@ -57,8 +57,8 @@ struct dp_worker {
 	/* routed (MoE) forwards (dp_moe.c) */
 	uint64_t nic_ducks[DP_MAX_DUCKS / 64]; /* the ducks above, as a set */
 	uint8_t *moe_wire;   /* the wire table of the forward being sent */
-	uint8_t *moe_stage;  /* [nfwds][max_forward_bytes]: each context's messages */
-	uint16_t *moe_maps;  /* [nfwds][max_forward_bytes / 8]: its ducks' reply row maps */
+	uint8_t *moe_tables; /* [nfwds][moe_table_cap]: the tables each context sent */
+	uint16_t *moe_maps;  /* [nfwds][MAX_TOKENS x MAX_TOPK]: its ducks' reply row maps */
 	/* what the modules see of the above (set at init, never changed) */
 	struct dp_gather_view gather;
 	struct dp_weight_view weight;
