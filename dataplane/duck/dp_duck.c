@@ -111,11 +111,15 @@ struct duck_layer {
 	 * in any order, a resent one included, and scales need not precede their weights. */
 	uint8_t weight_dtype;
 	uint8_t fp8_stale;
+	uint64_t fp8_last_ns; /* when its last FP8 chunk came (main_loop's quiet time) */
+	uint64_t fp8_got, fp8_total; /* bytes of chunks taken (resends too), and all of them */
 	uint8_t *fp8;
 	uint64_t fp8_off[DP_SHARD_TENSORS], fp8_n[DP_SHARD_TENSORS], fp8_len[DP_SHARD_TENSORS];
 };
 
 #define DUCK_FP8_ALIGN 64u /* where a tensor's scales start after its e4m3 bytes */
+/* An FP8 layer is dequantized when none of its chunks came for this long (main_loop) */
+#define DUCK_FP8_QUIET_NS 250000000ull
 
 struct duck_input { /* an activation being reassembled */
 	uint64_t seq;       /* 0: free; else age, for eviction */
@@ -167,7 +171,8 @@ struct duck {
 	X(inputs_evicted) X(outputs_evicted) X(stopped_ignored) X(restarts) X(pongs)       \
 	X(gso_sends) X(gso_fallbacks) X(gro_receives) X(delayed) X(delay_overflow) X(delay_stale)          \
 	X(tx_errors) X(rx_errors) X(moe_forwards) X(moe_expert_rows) X(moe_skipped)         \
-	X(moe_bad_tables) X(moe_bad_banks) X(moe_routed_dense) X(moe_unrouted)
+	X(moe_bad_tables) X(moe_bad_banks) X(moe_routed_dense) X(moe_unrouted)            \
+	X(fp8_dequants_at_load) X(fp8_dequants_later)
 
 static struct {
 #define X(name) uint64_t name;
@@ -759,10 +764,12 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 	l->weight_dtype = w.weight_dtype;
 	l->fp8 = bytes;
 	l->fp8_stale = 0;
+	l->fp8_got = l->fp8_total = 0;
 	for (unsigned t = 0; t < DP_SHARD_TENSORS; t++) {
 		l->fp8_off[t] = off[t];
 		l->fp8_n[t] = fp8 ? len[t] : 0;
 		l->fp8_len[t] = fp8 ? dp_fp8_tensor_bytes(w.hidden, w.ffn, w.experts, w.expert_ffn) : 0;
+		l->fp8_total += l->fp8_len[t];
 	}
 	if (fp8)
 		memset(bytes, 0, raw);
@@ -804,32 +811,6 @@ static void weight_ack(struct duck *d, const struct sockaddr_in *src,
 	reply_small(d, src, &r, NULL, 0);
 }
 
-/* A chunk of an FP8 layer: bytes of a tensor's e4m3 weights or scales, kept as they are
- * (any byte offset: a datagram may cut a scale in two); dequantized before the next
- * forward (fp8_dequant). */
-static void fp8_weight(struct duck *d, const struct sockaddr_in *src, struct duck_layer *l,
-		       const struct dp_wire_header *h, const uint8_t *payload)
-{
-	uint64_t end;
-	if (h->tensor >= DP_SHARD_TENSORS || h->total != l->fp8_len[h->tensor] ||
-	    __builtin_add_overflow(h->offset, (uint64_t)h->length, &end) || end > h->total) {
-		stats.dropped_invalid++;
-		return;
-	}
-	unsigned t = h->tensor;
-	uint64_t n = l->fp8_n[t], at = h->offset, len = h->length;
-	if (at < n) { /* its e4m3 part */
-		uint64_t k = len < n - at ? len : n - at;
-		memcpy(l->fp8 + l->fp8_off[t] + at, payload, k);
-		at += k, payload += k, len -= k;
-	}
-	if (len) /* its scales' part */
-		memcpy(fp8_scales(l, t) + (at - n), payload, len);
-	l->fp8_stale = 1;
-	stats.weight_bytes += h->length;
-	weight_ack(d, src, h);
-}
-
 /* An FP8 layer's float32 weights out of its e4m3 bytes and scales, DeepSeek-V3's
  * weight_dequant (dp_mlp_fp8_dequant); a MOE bank a payload's worth at a time through
  * g_weight32 into its blocks (dp_mlp_bank_store), as its chunks of other dtypes go. */
@@ -852,6 +833,43 @@ static void fp8_dequant(struct duck_layer *l)
 		}
 	}
 	l->fp8_stale = 0;
+}
+
+/* A chunk of an FP8 layer: bytes of a tensor's e4m3 weights or scales, kept as they are
+ * (any byte offset: a datagram may cut a scale in two); dequantized before the next
+ * forward (fp8_dequant). */
+static void fp8_weight(struct duck *d, const struct sockaddr_in *src, struct duck_layer *l,
+		       const struct dp_wire_header *h, const uint8_t *payload)
+{
+	uint64_t end;
+	if (h->tensor >= DP_SHARD_TENSORS || h->total != l->fp8_len[h->tensor] ||
+	    __builtin_add_overflow(h->offset, (uint64_t)h->length, &end) || end > h->total) {
+		stats.dropped_invalid++;
+		return;
+	}
+	unsigned t = h->tensor;
+	uint64_t n = l->fp8_n[t], at = h->offset, len = h->length;
+	if (at < n) { /* its e4m3 part */
+		uint64_t k = len < n - at ? len : n - at;
+		memcpy(l->fp8 + l->fp8_off[t] + at, payload, k);
+		at += k, payload += k, len -= k;
+	}
+	if (len) /* its scales' part */
+		memcpy(fp8_scales(l, t) + (at - n), payload, len);
+	l->fp8_stale = 1;
+	l->fp8_last_ns = now_ns();
+	uint64_t before = l->fp8_got;
+	l->fp8_got += h->length;
+	stats.weight_bytes += h->length;
+	/* the chunk that makes every byte in: dequantize before its ack, so the load
+	 * completes with the weights ready for the first forward. Once only: a resend (or a
+	 * count that a resend made reach the total early) leaves the layer stale for
+	 * main_loop's quiet time, or the next forward, to dequantize again */
+	if (before < l->fp8_total && l->fp8_got >= l->fp8_total) {
+		fp8_dequant(l);
+		stats.fp8_dequants_at_load++;
+	}
+	weight_ack(d, src, h);
 }
 
 static void handle_weight(struct duck *d, const struct sockaddr_in *src,
@@ -1155,8 +1173,10 @@ static void forward_complete(struct duck *d, const struct sockaddr_in *src,
 		in->seq = 0;
 		return;
 	}
-	if (l && l->fp8_stale) /* FP8 chunks came in since the last forward */
+	if (l && l->fp8_stale) { /* FP8 chunks came in since the last forward */
 		fp8_dequant(l);
+		stats.fp8_dequants_later++;
+	}
 	if (l && l->dtype == in->dtype && routed) {
 		moe_forward(d, src, in, l, h);
 		return;
@@ -1423,14 +1443,56 @@ static int wait_events(struct epoll_event *ev, const struct timespec *ts)
 	return epoll_wait(g_epfd, ev, DUCK_EVENTS, ms);
 }
 
+/* The n events epoll gave: a signal ends the loop, a duck's socket is read; then the
+ * delayed replies that are due go out. */
+static void handle_events(const struct epoll_event *ev, int n)
+{
+	for (int i = 0; i < n; i++) {
+		if (ev[i].data.u32 == DUCK_SIGNAL_TOKEN) {
+			struct signalfd_siginfo si;
+			if (read(g_sigfd, &si, sizeof(si)) > 0)
+				force_quit = 1;
+			continue;
+		}
+		duck_rx(&g_ducks[ev[i].data.u32]);
+	}
+	if (delayq_head != delayq_tail)
+		delay_run();
+}
+
+/* The FP8 layer whose chunks came in since its last dequantization and stopped coming
+ * the longest ago, or NULL. */
+static struct duck_layer *fp8_stale_layer(void)
+{
+	struct duck_layer *oldest = NULL;
+	for (uint32_t i = 0; i < opt_ducks; i++)
+		for (uint32_t k = 0; k < DUCK_MAX_LAYERS; k++) {
+			struct duck_layer *l = &g_ducks[i].layers[k];
+			if (l->used && l->fp8_stale && (!oldest || l->fp8_last_ns < oldest->fp8_last_ns))
+				oldest = l;
+		}
+	return oldest;
+}
+
 static void main_loop(void)
 {
 	struct epoll_event ev[DUCK_EVENTS];
 	while (!force_quit) {
 		struct timespec ts, *tsp = NULL;
+		uint64_t wait = UINT64_MAX, now = now_ns();
 		if (delayq_head != delayq_tail) { /* sleep only until the next delayed reply */
 			uint64_t due = delayq[delayq_head & (DUCK_DELAY_SLOTS - 1)].due_ns;
-			uint64_t now = now_ns(), wait = due > now ? due - now : 0;
+			wait = due > now ? due - now : 0;
+		}
+		/* An FP8 layer is dequantized once its chunks have stopped coming for
+		 * DUCK_FP8_QUIET_NS, while nothing waits: the first forward after a load does not
+		 * pay for it (handle_forward would, at the latest, with a deadline to lose), and
+		 * a load in progress is not slowed by dequantizing it again after each burst */
+		struct duck_layer *stale = fp8_stale_layer();
+		uint64_t quiet = stale ? stale->fp8_last_ns + DUCK_FP8_QUIET_NS : 0;
+		if (stale && (quiet > now ? quiet - now : 0) < wait)
+			wait = quiet > now ? quiet - now : 0;
+		if (wait != UINT64_MAX) {
 			ts.tv_sec = (time_t)(wait / 1000000000ull);
 			ts.tv_nsec = (long)(wait % 1000000000ull);
 			tsp = &ts;
@@ -1442,17 +1504,11 @@ static void main_loop(void)
 			fprintf(stderr, PROG ": epoll_wait failed: %s\n", strerror(errno));
 			break;
 		}
-		for (int i = 0; i < n; i++) {
-			if (ev[i].data.u32 == DUCK_SIGNAL_TOKEN) {
-				struct signalfd_siginfo si;
-				if (read(g_sigfd, &si, sizeof(si)) > 0)
-					force_quit = 1;
-				continue;
-			}
-			duck_rx(&g_ducks[ev[i].data.u32]);
+		handle_events(ev, n);
+		if (n == 0 && stale && now_ns() >= quiet) {
+			fp8_dequant(stale);
+			stats.fp8_dequants_later++;
 		}
-		if (delayq_head != delayq_tail)
-			delay_run();
 	}
 }
 

@@ -46,7 +46,7 @@ MAX_DUCKS = EMULATOR_MAX_DUCKS  # the C emulator's DP_EMULATOR_MAX_DUCKS (dp_abi
 READY = re.compile(
     rb"^duckpipe-ducks: (\d+) ducks, ids (\d+)\.\.(\d+), on (\S+):(\d+)\.\.(\d+) \(pid (\d+)\)$"
 )
-COUNTER = re.compile(r"([a-z_]+)=(\d+)")
+COUNTER = re.compile(r"([a-z][a-z0-9_]*)=(\d+)")
 
 
 def parse_counters(text: str) -> dict[str, int]:

@@ -483,6 +483,42 @@ def test_float8_names_weights_only_and_an_fp8_layer_holds_its_chunks_to_their_by
     host.expect_nothing()
 
 
+def test_an_fp8_layer_is_dequantized_as_its_last_chunk_lands_and_again_after_a_resend(
+    make_ducks,
+):
+    # the chunk that completes an FP8 layer is dequantized before its ack, so the load ends
+    # with the weights ready (the first forward after a load of DeepSeek-V3's shape would
+    # otherwise spend its deadline on it); a chunk that comes again later leaves the layer
+    # stale, dequantized once the chunks have stopped coming for a while
+    ducks = make_ducks(1)
+    host = Host(ducks)
+    f8, layer = int(DType.F8E4M3), new_id()
+    host.send(0, WireOp.LAYER, layer_payload(MlpKind.SWIGLU, 1, 8, 8, weight_dtype=f8), layer=layer)
+    assert host.recv()[0].op == WireOp.WEIGHT_ACK
+    for t in range(3):  # each tensor: 64 e4m3 bytes, then its one float32 scale
+        for off, n in ((0, 40), (40, 28)):
+            host.send(0, WireOp.WEIGHT, b"\x38" * n, layer=layer, tensor=t, chunks=2,
+                      chunk=off // 40, offset=off, total=68)  # fmt: skip
+            assert host.recv()[0].offset == off
+    host.send(
+        0,
+        WireOp.WEIGHT,
+        b"\x38" * 28,
+        layer=layer,
+        tensor=1,
+        chunks=2,
+        chunk=1,
+        offset=40,
+        total=68,
+    )  # fmt: skip  (a resend)
+    assert host.recv()[0].offset == 40
+    time.sleep(0.6)  # past the duck's quiet time (250 ms)
+    host.close()
+    assert ducks.stop() == 0
+    c = ducks.counters()
+    assert (c["fp8_dequants_at_load"], c["fp8_dequants_later"]) == (1, 1), c
+
+
 def test_forward_addressed_to_another_duck_is_ignored(host):
     _, _, layer, fwd, x = _one_forward(host, rows=2)
     host.forward([0], fwd, layer, x, addressee=1)
