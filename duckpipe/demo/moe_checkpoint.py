@@ -14,6 +14,7 @@ the first time: a ``complete`` marker is written last, so an interrupted write i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -26,6 +27,7 @@ import numpy as np
 
 from ..client.moe import Gate
 from ..client.safetensors import write as write_safetensors
+from ..progress import Progress
 
 __all__ = ["FORMAT", "cached", "folder_bytes", "write"]
 
@@ -145,10 +147,11 @@ def cached(
     gate: Gate,
     seed: int,
     say: Callable[[str], None],
-    progress: Callable[[int], None] = lambda n: None,
+    progress: Callable[[], Progress] | None = None,
 ) -> Path:
     """The checkpoint folder for these arguments under ``root``, written when it is not
-    there whole yet; ``say`` tells where it is, its size, and how long writing took."""
+    there whole yet; ``say`` tells where it is, its size, and how long writing took;
+    ``progress()`` makes the bar a write advances once per expert."""
     folder = root / f"deepseek-v3-moe-shape-h{hidden}-f{ffn}-s{seed}-v{FORMAT}"
     done = folder / "complete"
     if done.exists():
@@ -157,8 +160,9 @@ def cached(
     if folder.exists():
         shutil.rmtree(folder)  # an interrupted write: start it over
     t0 = time.monotonic()
-    write(folder, hidden=hidden, ffn=ffn, shared_ffn=shared_ffn, gate=gate, seed=seed,
-          progress=progress)  # fmt: skip
+    with progress() if progress else contextlib.nullcontext() as bar:
+        write(folder, hidden=hidden, ffn=ffn, shared_ffn=shared_ffn, gate=gate, seed=seed,
+              progress=bar.advance if bar else lambda n: None)  # fmt: skip
     done.write_text("")
     say(
         f"checkpoint: wrote {folder} ({folder_bytes(folder) / 1e9:.2f} GB, FP8 experts with "

@@ -86,13 +86,12 @@ class MoeShape:
         self.dtype = np.dtype(ml_dtypes.bfloat16)
         self.seed = seed
         drawn = Gate.deepseek_v3(hidden, seed=seed)  # what the checkpoint holds, in bf16
-        with Progress(
-            N_EXPERTS + 1, "writing the checkpoint (once)", enabled=progress, unit="experts"
-        ) as bar:
-            self.folder = moe_checkpoint.cached(
-                cache, hidden=hidden, ffn=EXPERT_FFN, shared_ffn=SHARED_FFN, gate=drawn,
-                seed=seed, say=say, progress=bar.advance,
-            )  # fmt: skip
+        self.folder = moe_checkpoint.cached(
+            cache, hidden=hidden, ffn=EXPERT_FFN, shared_ffn=SHARED_FFN, gate=drawn,
+            seed=seed, say=say,
+            progress=lambda: Progress(N_EXPERTS + 1, "writing the checkpoint (once)",
+                                      enabled=progress, unit="experts"),
+        )  # fmt: skip
         t0 = time.monotonic()
         layer = from_checkpoint(self.folder, 0, progress=progress)
         assert isinstance(layer, tuple)  # layer 0 is MoE: first_k_dense_replace is 0
