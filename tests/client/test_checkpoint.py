@@ -88,11 +88,12 @@ def _write_checkpoint(folder: Path, config: dict = CONFIG) -> dict[str, np.ndarr
     tensors = _mlp(rng, "model.layers.0.mlp", DENSE_FFN, fp8)
     for layer in (1, 2):
         p = f"model.layers.{layer}.mlp"
-        tensors[f"{p}.gate.weight"] = _linear(rng, N_EXPERTS, HIDDEN)
-        tensors[f"{p}.gate.e_score_correction_bias"] = (
-            rng.standard_normal(N_EXPERTS) * 0.1
-        ).astype(np.float32)
-        for e in range(N_EXPERTS):
+        n = config.get("n_routed_experts") or N_EXPERTS
+        tensors[f"{p}.gate.weight"] = _linear(rng, n, HIDDEN)
+        tensors[f"{p}.gate.e_score_correction_bias"] = (rng.standard_normal(n) * 0.1).astype(
+            np.float32
+        )
+        for e in range(n):
             tensors.update(_mlp(rng, f"{p}.experts.{e}", MOE_FFN, fp8))
         tensors.update(_mlp(rng, f"{p}.shared_experts", MOE_FFN, fp8))
     names = list(tensors)
@@ -141,7 +142,7 @@ def _official_moe(t: dict, layer: int, x: np.ndarray, idx: np.ndarray, w: np.nda
     p = f"model.layers.{layer}.mlp"
     xf = x.astype(np.float32)
     y = np.zeros_like(xf)
-    for e in range(N_EXPERTS):
+    for e in range(t[f"{p}.gate.weight"].shape[0]):
         rows, slots = np.nonzero(idx == e)
         if rows.size:
             y[rows] += _expert(t, f"{p}.experts.{e}", xf[rows]) * w[rows, slots, None]
@@ -196,31 +197,64 @@ def test_the_loaded_layer_forwards_through_the_ducks_as_deepseek_v3_computes(che
     client.unload_layer(710)
 
 
+def _fp8_checkpoint(
+    folder: Path, scale_fmt: str | None, n_experts: int = N_EXPERTS
+) -> dict[str, np.ndarray]:
+    """The tiny checkpoint with FP8 projections: V3's float32 scales, or V3.2's ue8m0
+    (powers of two, stored as float8_e8m0fnu)."""
+    quant = {**FP8, "scale_fmt": scale_fmt} if scale_fmt else FP8
+    config = {**CONFIG, "quantization_config": quant, "n_routed_experts": n_experts}
+    t = _write_checkpoint(folder, config)
+    if scale_fmt == "ue8m0":
+        for name in [n for n in t if n.endswith("weight_scale_inv")]:
+            t[name] = np.exp2(np.ceil(np.log2(t[name]))).astype(ml_dtypes.float8_e8m0fnu)
+        for shard in folder.glob("*.safetensors"):
+            with SafetensorsFile(shard) as f:
+                names = list(f.tensors)
+            write(shard, {n: t[n] for n in names})
+    return t
+
+
 @pytest.mark.parametrize("scale_fmt", [None, "ue8m0"], ids=["v3-f32-scales", "v32-ue8m0"])
 def test_an_fp8_moe_layer_stays_fp8_and_forwards_as_deepseek_v3_computes(
     tmp_path, client, scale_fmt
 ):
-    quant = {**FP8, "scale_fmt": scale_fmt} if scale_fmt else FP8
-    t = _write_checkpoint(tmp_path, {**CONFIG, "quantization_config": quant})
-    if scale_fmt == "ue8m0":  # V3.2: powers of two, stored as float8_e8m0fnu
-        for name in [n for n in t if n.endswith("weight_scale_inv")]:
-            t[name] = np.exp2(np.ceil(np.log2(t[name]))).astype(ml_dtypes.float8_e8m0fnu)
-        for shard in tmp_path.glob("*.safetensors"):
-            with SafetensorsFile(shard) as f:
-                names = list(f.tensors)
-            write(shard, {n: t[n] for n in names})
+    t = _fp8_checkpoint(tmp_path, scale_fmt)
     gate, moe = from_checkpoint(tmp_path, 2)
     assert all(e.weight_dtype == np.dtype(E4M3) for e in moe.experts)
-    # an FP8 shared expert is cut only between 128-column blocks: this one (32 wide) is one
-    # block, so the layer lives on one duck
-    client.load_weights(711 + bool(scale_fmt), moe, ducks=[0])
+    layer = 711 + bool(scale_fmt)
+    client.load_weights(layer, moe)  # the shared expert (one 128-block) on its default set
     x = np.random.default_rng(5).standard_normal((5, HIDDEN)).astype(BF16)
     idx, w = gate(x)
-    y = client.forward(711 + bool(scale_fmt), x, routing=(idx, w))
+    y = client.forward(layer, x, routing=(idx, w))
     want = _official_moe(t, 2, x, idx, w)
     tol = 8 * 2.0**-8 * float(np.abs(want).max())
     np.testing.assert_allclose(y.astype(np.float32), want, atol=tol, rtol=0)
-    client.unload_layer(711 + bool(scale_fmt))
+    client.unload_layer(layer)
+
+
+@pytest.mark.parametrize("ducks", [8, 32])
+@pytest.mark.parametrize("which", ["mock", "real"])
+def test_bf16_through_fp8_experts_at_8_and_32_ducks(
+    tmp_path, ducks, which, duckpipe_mock_factory, duckpipe_cluster_factory
+):
+    # issue 28's measure of done: a bf16 + FP8 forward through emulated ducks equals the
+    # numpy rendering of DeepSeek-V3's code within bf16's tolerance, at 8 and 32 ducks
+    import duckpipe
+
+    t = _fp8_checkpoint(tmp_path, None, n_experts=64)  # two experts a duck at 32
+    gate, moe = from_checkpoint(tmp_path, 1)
+    dp = duckpipe_mock_factory(ducks=ducks) if which == "mock" else duckpipe_cluster_factory(ducks)
+    with duckpipe.connect(dp.control, name="fp8-ducks") as c:
+        c.load_weights(720, moe)
+        x = np.random.default_rng(ducks).standard_normal((16, HIDDEN)).astype(BF16)
+        idx, w = gate(x)
+        y = c.forward(720, x, routing=(idx, w))
+        placed = {d for info in c.layers() if info.layer == 720 for d in info.ducks}
+    assert len(placed) == ducks  # the experts spread over every duck
+    want = _official_moe(t, 1, x, idx, w)
+    tol = 8 * 2.0**-8 * float(np.abs(want).max())
+    np.testing.assert_allclose(y.astype(np.float32), want, atol=tol, rtol=0)
 
 
 # --- what it refuses, and how it says it ----------------------------------------------------
