@@ -214,6 +214,19 @@ class Exported:
         if a.dtype.kind in "biuf" and a.dtype.type.__module__ == "numpy":
             return a.__dlpack__(stream=stream)  # numpy's own, unversioned as below
         code, bits = _code_of(a.dtype)
+        # as numpy's own refuses them: the unversioned capsule cannot say "read-only", and
+        # a consumer writing through it would write a checkpoint's read-only map (SIGSEGV)
+        if not a.flags.writeable:
+            raise BufferError(
+                "cannot export a read-only array: DLPack's unversioned capsule cannot say "
+                "so; export a writable copy (array.copy())"
+            )
+        # DLPack counts strides in elements: a byte stride between them has no such count
+        if any(s % a.itemsize for s in a.strides):
+            raise BufferError(
+                f"strides {a.strides} are not multiples of the {a.itemsize}-byte item: "
+                "DLPack counts them in elements; export a contiguous copy"
+            )
         managed = _Managed()
         shape = (ctypes.c_int64 * a.ndim)(*a.shape)
         strides = (ctypes.c_int64 * a.ndim)(*(s // a.itemsize for s in a.strides))

@@ -103,6 +103,26 @@ def test_exported_bf16_is_a_torch_view_and_nothing_is_kept_after():
     assert not dlpack._exported  # each deleter ran: the consumer's and the unconsumed one's
 
 
+def test_a_read_only_array_is_not_exported_as_a_writable_tensor():
+    # a checkpoint's bf16 weight is a read-only view of a read-only map: a torch view of
+    # it that could be written would crash the process on the first write. numpy's own
+    # export refuses read-only arrays (the unversioned capsule cannot say so); so does ours
+    a = np.zeros(8, dtype=ml_dtypes.bfloat16)
+    a.flags.writeable = False
+    with pytest.raises(BufferError, match="read-only"):
+        dlpack.Exported(a).__dlpack__()
+    assert not dlpack._exported
+
+
+def test_strides_that_are_no_count_of_items_are_not_exported_wrong():
+    # a bf16 view with a 3-byte stride: DLPack counts strides in items, and 3 // 2 would
+    # hand the consumer other bytes than the array's
+    raw = np.arange(16, dtype=np.uint8)
+    a = np.ndarray((4,), dtype=ml_dtypes.bfloat16, buffer=raw, strides=(3,))
+    with pytest.raises(BufferError, match="not multiples"):
+        dlpack.Exported(a).__dlpack__()
+
+
 def test_a_tensor_that_keeps_gradients_is_refused_with_the_producers_words():
     with pytest.raises(TypeError, match=r"require gradient, use tensor\.detach"):
         dlpack.as_array(torch.ones(2, requires_grad=True))
