@@ -50,6 +50,8 @@ DTYPES: dict[str, np.dtype] = {
 # A header is JSON of a few hundred bytes per tensor; the format's own readers cap it at
 # 100 MB, so does this one (a corrupt length must not allocate gigabytes)
 MAX_HEADER = 100_000_000
+# numpy's most dimensions (NPY_MAXDIMS in numpy 2)
+MAX_DIMS = 64
 
 
 class CheckpointError(BadInput):
@@ -79,6 +81,8 @@ class SafetensorsFile:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         except OSError as e:
             raise CheckpointError(f"{self.path}: cannot open it: {e.strerror}") from None
+        except ValueError as e:  # a NUL in the path (an index's file name can hold one)
+            raise CheckpointError(f"{self.path!r}: cannot open it: {e}") from None
         try:
             self.metadata, self.tensors = self._parse(size)
         except CheckpointError:
@@ -120,6 +124,13 @@ class SafetensorsFile:
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
         ):
             raise self._fail(f"tensor {name!r}: shape {shape!r} is not a list of sizes")
+        # an empty tensor's other sizes pass the byte count below (0 bytes) whatever they
+        # are: held to what a numpy array can have, or tensor() fails outside this rule
+        if len(shape) > MAX_DIMS or math.prod(d for d in shape if d) * dtype.itemsize >= 2**63:
+            raise self._fail(
+                f"tensor {name!r}: shape of {len(shape)} sizes, {math.prod(shape)} items: "
+                f"beyond an array's {MAX_DIMS} dimensions or 2**63 bytes"
+            )
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2

@@ -348,3 +348,36 @@ def test_a_damaged_shard_is_named(tmp_path, damage, words):
     shard.write_bytes(damage(shard.read_bytes()))
     with pytest.raises(CheckpointError, match=rf"{shard.name}: {words}"):
         from_checkpoint(folder, 1)
+
+
+def _raw_shard(path: Path, header: dict, data: bytes = b"") -> None:
+    """A safetensors file with exactly this header (write() makes only sound ones)."""
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [([0, 2**62], "F32"), ([0, 2**63], "U8"), ([1] * 65, "U8")],
+)
+def test_a_shape_no_array_can_have_is_named(tmp_path, shape, dtype):
+    # an empty tensor's other sizes pass the byte count (0 bytes), and one of 65 sizes
+    # of 1 holds one byte: numpy cannot make either, which was a bare ValueError
+    path = tmp_path / "x.safetensors"
+    nbytes = 1 if 0 not in shape else 0
+    _raw_shard(
+        path, {"t": {"dtype": dtype, "shape": shape, "data_offsets": [0, nbytes]}}, b"\0" * nbytes
+    )
+    with pytest.raises(CheckpointError, match=r"x\.safetensors: tensor 't': shape of"):
+        SafetensorsFile(path).tensor("t")
+
+
+def test_an_index_naming_a_file_with_a_nul_is_named(tmp_path):
+    folder = _variant(tmp_path)
+    index = folder / "model.safetensors.index.json"
+    raw = json.loads(index.read_text())
+    name = "model.layers.1.mlp.gate.weight"
+    raw["weight_map"][name] = "model\u0000.safetensors"
+    index.write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="cannot open it"):
+        from_checkpoint(folder, 1)
