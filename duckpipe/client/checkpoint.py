@@ -92,7 +92,7 @@ class DeepSeekConfig:
             "topk": topk,
             "groups": self._int("n_group", 1),
             "topk_groups": self._int("topk_group", 1),
-            "route_scale": float(self.raw.get("routed_scaling_factor", 1.0)),
+            "route_scale": self._scale("routed_scaling_factor"),
             "score": score,
             "bias": method == "noaux_tc",
         }
@@ -105,12 +105,20 @@ class DeepSeekConfig:
             self._refuse("quantization_config.quant_method", "'fp8' (or no quantization_config)")
         if q.get("fmt", "e4m3") != "e4m3":
             self._refuse("quantization_config.fmt", "'e4m3'")
-        if list(q.get("weight_block_size", [BLOCK, BLOCK])) != [BLOCK, BLOCK]:
+        if q.get("weight_block_size", [BLOCK, BLOCK]) != [BLOCK, BLOCK]:
             self._refuse("quantization_config.weight_block_size", f"[{BLOCK}, {BLOCK}]")
         scale = q.get("scale_fmt") or "float32"
         if scale not in ("float32", "ue8m0"):
             self._refuse("quantization_config.scale_fmt", "'ue8m0' or none (float32 scales)")
         return scale
+
+    def _scale(self, key: str) -> float:
+        # a number, as Gate takes it: float() of a string, a list or null would pass a
+        # string or fail outside this rule, without naming config.json
+        v = self.raw.get(key, 1.0)
+        if not isinstance(v, int | float) or isinstance(v, bool) or not 0 < v < float("inf"):
+            self._refuse(key, "a positive finite number")
+        return float(v)
 
     def _int(self, key: str, default: int | None = None, *, minimum: int = 1) -> int:
         v = self.raw.get(key, default)

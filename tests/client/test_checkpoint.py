@@ -280,6 +280,14 @@ def _variant(tmp_path: Path, **config) -> Path:
         ),
         ("quantization_config", {"quant_method": "awq"}, r"quant_method = 'awq'"),
         ("n_routed_experts", None, r"no 'n_routed_experts'"),
+        ("routed_scaling_factor", "2.5", r"routed_scaling_factor = '2\.5'.*finite number"),
+        ("routed_scaling_factor", [2.5], r"routed_scaling_factor = \[2\.5\]"),
+        ("routed_scaling_factor", float("nan"), r"routed_scaling_factor = nan"),
+        (
+            "quantization_config",
+            {"quant_method": "fp8", "weight_block_size": 128},
+            r"weight_block_size = 128 is not understood",
+        ),
     ],
 )
 def test_a_config_it_does_not_understand_is_named(tmp_path, key, value, words):
