@@ -109,7 +109,20 @@ class SafetensorsFile:
         tensors = {}
         for name, entry in header.items():
             tensors[name] = self._entry(name, entry, data_start, data_size)
+        self._no_overlap(tensors)
         return metadata, tensors
+
+    def _no_overlap(self, tensors: dict[str, TensorInfo]) -> None:
+        # two tensors on the same bytes are a damaged header (the format's writers never
+        # make one, its reader refuses it): each would silently read the other's weights
+        spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors.values())
+        end, last = 0, ""
+        for begin, stop, name in spans:
+            if begin == stop:
+                continue  # no bytes: nothing to share
+            if begin < end:
+                raise self._fail(f"tensors {last!r} and {name!r} overlap in the file")
+            end, last = stop, name
 
     def _entry(self, name: str, entry: Any, data_start: int, data_size: int) -> TensorInfo:
         if not isinstance(entry, dict):

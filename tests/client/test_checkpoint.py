@@ -389,3 +389,19 @@ def test_an_index_naming_a_file_with_a_nul_is_named(tmp_path):
     index.write_text(json.dumps(raw))
     with pytest.raises(CheckpointError, match="cannot open it"):
         from_checkpoint(folder, 1)
+
+
+def test_tensors_on_the_same_bytes_are_named(tmp_path):
+    # a damaged header that puts two weights on one range would give both the same values
+    path = tmp_path / "x.safetensors"
+    header = {
+        "a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+        "b": {"dtype": "U8", "shape": [4], "data_offsets": [2, 6]},
+        "e": {"dtype": "U8", "shape": [0], "data_offsets": [3, 3]},
+    }
+    _raw_shard(path, header, bytes(8))
+    with pytest.raises(CheckpointError, match=r"x\.safetensors: tensors 'a' and 'b' overlap"):
+        SafetensorsFile(path)
+    header["b"]["data_offsets"] = [4, 8]
+    _raw_shard(path, header, bytes(8))
+    assert SafetensorsFile(path).tensor("b").shape == (4,)
