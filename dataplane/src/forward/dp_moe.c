@@ -236,7 +236,11 @@ static void send_unicast(const struct dp_gather_view *v, struct dp_fwd *f,
 						    v->moe_map_cap - used, &tsize, why, sizeof(why)) < 0) {
 				DP_ERROR("forward %lu duck %u: unicast table: %s; this is a bug",
 					 (unsigned long)f->wire_id, rd[i].duck, why);
-				continue; /* it gets nothing and the forward times out naming it */
+				/* it gets nothing and the forward times out naming it; a NACK of
+				 * it finds no table to resend (not the last forward's) */
+				rx->moe_table = NULL;
+				rx->moe_tsize = 0;
+				continue;
 			}
 			rx->moe_map = maps + used;
 			rx->moe_rows = rd[i].s.n_rows;
@@ -284,7 +288,7 @@ int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f)
 		if (!dp_targets_has(f->targets, d))
 			continue;
 		struct routed_duck *r = &rd[nrd++];
-		r->duck = d;
+		*r = (struct routed_duck){ .duck = d }; /* no section: its counts stay 0 */
 		r->has_section = dp_routing_wire_section(v->moe_wire, wsize, d, &r->s) == 0;
 		uint64_t msg;
 		if (in_shared_set(moe, d))
