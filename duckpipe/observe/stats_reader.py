@@ -61,6 +61,7 @@ MOE_COUNTERS = (
     "moe_bytes",
     "rx_unrouted",
     "moe_no_duck_forwards",
+    "moe_copied_bytes",
 )
 
 

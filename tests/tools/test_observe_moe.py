@@ -33,6 +33,7 @@ MOE_TOTALS = {
     "moe_bytes": 3 << 20,
     "rx_unrouted": 1,
     "moe_no_duck_forwards": 1,
+    "moe_copied_bytes": 64,
 }
 
 
