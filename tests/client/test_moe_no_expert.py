@@ -5,15 +5,16 @@ weight is not read), a token of only ``-1`` gets the shared expert alone or zero
 forward whose every slot is ``-1`` on a layer without a shared expert completes with
 zeros without sending anything. ``T = 0`` returns an empty result without a descriptor.
 
-Results are compared with ``_deepep``, a per-token loop written from DeepSeek-V3's
-``MoE.forward`` (``y[i] += expert(x[i]) * weights[i, top]`` over the tokens each expert
-was given, plus ``shared_experts(x)``) with DeepEP's rule that a ``-1`` slot is skipped,
-not with ``MoeMlp.reference`` alone. Tolerances as in test_moe_forward.py (float32
-sums in another order: 1e-5).
+Results are compared with ``deepseek_reference.moe`` (tests/deepseek_reference.py), a
+per-token loop written from DeepSeek-V3's ``MoE.forward`` (``y[i] += expert(x[i]) *
+weights[i, top]`` over the tokens each expert was given, plus ``shared_experts(x)``) with
+DeepEP's rule that a ``-1`` slot is skipped, not with ``MoeMlp.reference`` alone.
+Tolerances as in test_moe_forward.py (float32 sums in another order: 1e-5).
 """
 
 from __future__ import annotations
 
+import deepseek_reference
 import numpy as np
 import pytest
 
@@ -23,32 +24,6 @@ from duckpipe.moe import MoeMlp
 
 HIDDEN, N_EXPERTS, EFFN, TOPK = 64, 16, 32, 4
 TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def _silu(v: np.ndarray) -> np.ndarray:
-    return v / (1.0 + np.exp(-v))
-
-
-def _swiglu(mlp, row: np.ndarray) -> np.ndarray:
-    g = row @ mlp.w_gate.astype(np.float32)
-    u = row @ mlp.w_up.astype(np.float32)
-    return (_silu(g) * u) @ mlp.w_down.astype(np.float32)
-
-
-def _deepep(moe: MoeMlp, x: np.ndarray, idx: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """DeepSeek-V3's MoE with DeepEP's -1: token by token, a -1 slot skipped whatever
-    its weight, the shared expert on every token. float32."""
-    xf = x.astype(np.float32)
-    y = np.zeros_like(xf)
-    for t in range(xf.shape[0]):
-        for k in range(idx.shape[1]):
-            e = int(idx[t, k])
-            if e == -1:
-                continue
-            y[t] += _swiglu(moe.experts[e], xf[t]) * np.float32(w[t, k])
-        if moe.shared is not None:
-            y[t] += _swiglu(moe.shared, xf[t])
-    return y
 
 
 def _routing_with_holes(tokens: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +55,7 @@ def test_minus_one_slots_contribute_nothing_in_every_send_mode(client, shared):
     client.load_weights(layer, moe, ducks=None if shared else list(range(8)))
     x = np.random.default_rng(41).standard_normal((12, HIDDEN)).astype(np.float32)
     i, w = _routing_with_holes(12, seed=42)
-    want = _deepep(moe, x, i, w)
+    want = deepseek_reference.moe(moe, x, i, w)
     for mode in ("auto", "broadcast", "unicast"):
         y = client.forward(layer, x, routing=(i, w), moe_send=mode, timeout=30)
         np.testing.assert_allclose(y, want, **TOL, err_msg=mode)
@@ -88,7 +63,7 @@ def test_minus_one_slots_contribute_nothing_in_every_send_mode(client, shared):
     np.testing.assert_allclose(moe.reference(x, i, w), want, **TOL)
     # the token of only -1: the shared expert alone, or exact zeros
     if shared:
-        np.testing.assert_allclose(y[1], _swiglu(moe.shared, x[1]), **TOL)
+        np.testing.assert_allclose(y[1], deepseek_reference.swiglu(moe.shared, x[1]), **TOL)
     else:
         assert not y[1].any()
 
@@ -114,7 +89,7 @@ def test_every_slot_minus_one_without_a_shared_expert_gives_zeros_and_sends_noth
         assert _delta(before, after, sent) == 0, sent
     # and the next forward is served as usual (float16: each reply and the sum rounded,
     # (TOPK + 2) half-ulps of the largest value, as test_moe_forward.py bounds it)
-    want = _deepep(moe, x, i, w)
+    want = deepseek_reference.moe(moe, x, i, w)
     tol = (
         TOL
         if dtype == np.float32
@@ -131,7 +106,7 @@ def test_every_slot_minus_one_with_a_shared_expert_gives_the_shared_expert(clien
     none = np.full((5, 2), -1, np.int64)
     w = np.zeros((5, 2), np.float32)
     y = client.forward(545, x, routing=(none, w), timeout=30)
-    np.testing.assert_allclose(y, _deepep(moe, x, none, w), **TOL)
+    np.testing.assert_allclose(y, deepseek_reference.moe(moe, x, none, w), **TOL)
     np.testing.assert_allclose(y, moe.shared.reference(x), **TOL)
 
 

@@ -6,6 +6,7 @@ set is BadInput. Against the mock and the C dataplane with emulated ducks (``cli
 
 from __future__ import annotations
 
+import deepseek_reference
 import numpy as np
 import pytest
 
@@ -15,29 +16,6 @@ from duckpipe.moe import MoeMlp
 HIDDEN, N_EXPERTS, EFFN, TOPK = 64, 16, 32, 4
 DUCKS = list(range(8))  # default placement: experts 2d, 2d + 1 on duck d
 TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def _silu(v: np.ndarray) -> np.ndarray:
-    return v / (1.0 + np.exp(-v))
-
-
-def _swiglu(mlp, row: np.ndarray) -> np.ndarray:
-    g = row @ mlp.w_gate.astype(np.float32)
-    u = row @ mlp.w_up.astype(np.float32)
-    return (_silu(g) * u) @ mlp.w_down.astype(np.float32)
-
-
-def _deepseek_v3(moe: MoeMlp, x: np.ndarray, idx: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """DeepSeek-V3's MoE token by token: its routed experts times their weights (a -1
-    slot skipped), plus the shared expert. float32."""
-    xf = x.astype(np.float32)
-    y = np.zeros_like(xf)
-    for t in range(xf.shape[0]):
-        for k in range(idx.shape[1]):
-            if idx[t, k] >= 0:
-                y[t] += _swiglu(moe.experts[int(idx[t, k])], xf[t]) * np.float32(w[t, k])
-        y[t] += _swiglu(moe.shared, xf[t])
-    return y
 
 
 def _moe(shared_ducks, seed: int) -> MoeMlp:
@@ -67,11 +45,13 @@ def test_the_shared_expert_on_a_set_of_ducks_matches_deepseek_v3(client, shared_
     assert client._session.moe[layer].shared_ducks == tuple(shared_ducks)
     x = np.random.default_rng(61).standard_normal((10, HIDDEN)).astype(np.float32)
     i, w = _routing(10, seed=62)
-    want = _deepseek_v3(moe, x, i, w)
+    want = deepseek_reference.moe(moe, x, i, w)
     for mode in ("auto", "broadcast", "unicast"):
         y = client.forward(layer, x, routing=(i, w), moe_send=mode, timeout=30)
         np.testing.assert_allclose(y, want, **TOL, err_msg=mode)
-    np.testing.assert_allclose(y[1], _swiglu(moe.shared, x[1]), **TOL)  # only -1: shared(x)
+    np.testing.assert_allclose(
+        y[1], deepseek_reference.swiglu(moe.shared, x[1]), **TOL
+    )  # only -1: shared(x)
     np.testing.assert_allclose(moe.reference(x, i, w), want, **TOL)
     # every token of only -1: the shared expert alone, from its set
     none = np.full((3, TOPK), -1, np.int32)
