@@ -1,0 +1,130 @@
+"""A DeepSeek-V3 prefill: 4,096 tokens of 7168 bfloat16 (58.7 MB) routed top-8 over 256
+experts in one call, with the default settings, on the mock and through the C dataplane
+and emulated ducks (issue 28.6). The experts are 1 column wide so the ducks compute fast;
+what is tested is the size: the defaults' max_forward_bytes (64 MiB), the reassembly past
+4,096 datagrams (a duck's rows are ~27,000 at MTU 1500), the float32 sums of a bf16
+forward that big, and ``forward`` of more rows than the client's slot takes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import duckpipe
+from duckpipe.client.models import BFLOAT16
+from duckpipe.errors import BadInput
+from duckpipe.moe import Gate, MoeMlp
+
+TOKENS, HIDDEN, EXPERTS, TOPK = 4096, 7168, 256, 8
+DUCKS = 8
+BF16 = BFLOAT16
+# bf16 has 8 significant bits: half an ulp is 2**-8 of a value
+HALF_ULP = 2.0**-8
+
+
+@pytest.fixture(params=["mock", "real"])
+def control(request, duckpipe_mock_factory) -> str:
+    """A dataplane with every setting at its default: the mock, or the C dataplane with
+    emulated ducks (the real one by name, so the conftest marks it ``dataplane``)."""
+    if request.param == "mock":
+        return duckpipe_mock_factory(ducks=DUCKS).control
+    cluster = request.getfixturevalue("duckpipe_cluster_factory")(DUCKS)
+    return cluster.control
+
+
+@pytest.fixture(scope="module")
+def prefill() -> tuple[MoeMlp, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The layer, the activation, its routing by DeepSeek-V3's gate, and the numpy MoE."""
+    moe = MoeMlp.random(EXPERTS, HIDDEN, 1, shared=False, dtype=BF16, seed=286)
+    gate = Gate.random(
+        EXPERTS, HIDDEN, topk=TOPK, score="sigmoid", groups=8, topk_groups=4, route_scale=2.5,
+        bias=True, dtype=BF16, seed=286,
+    )  # fmt: skip
+    x = np.random.default_rng(286).standard_normal((TOKENS, HIDDEN), np.float32).astype(BF16)
+    i, w = gate(x)
+    return moe, x, i, w, _deepseek_moe(moe, x, i, w)
+
+
+def _deepseek_moe(moe: MoeMlp, x: np.ndarray, i: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """DeepSeek-V3 inference/model.py MoE.forward in numpy, float32 from bf16: for each
+    expert, its tokens' ``w2(silu(w1(x)) * w3(x))`` times their gate weight, added into y;
+    written here from the model's own loop, not MoeMlp.reference."""
+    xf = x.astype(np.float32)
+    y = np.zeros_like(xf)
+    for e in range(len(moe.experts)):
+        idx, top = np.where(i == e)
+        if idx.size == 0:
+            continue
+        ex = moe.experts[e]
+        h = xf[idx] @ ex.w_gate.astype(np.float32)
+        h = h / (1 + np.exp(-h)) * (xf[idx] @ ex.w_up.astype(np.float32))
+        y[idx] += (h @ ex.w_down.astype(np.float32)) * w[idx, top, None].astype(np.float32)
+    return y
+
+
+def _check(y: np.ndarray, want: np.ndarray) -> None:
+    assert y.dtype == BF16 and y.shape == want.shape
+    # up to TOPK partials each rounded to bf16 once, then the sum rounded once
+    big = float(np.abs(want).max())
+    np.testing.assert_allclose(
+        y.astype(np.float32), want, rtol=0, atol=(TOPK + 2) * HALF_ULP * big
+    )
+
+
+def test_a_4096_token_bf16_prefill_goes_in_one_call_with_the_defaults(control, prefill):
+    moe, x, i, w, want = prefill
+    with duckpipe.connect(control) as c:
+        c.load_weights(1, moe)
+        before = c.stats().counters
+        y = c.forward(1, x, routing=(i, w), timeout=60)
+        after = c.stats().counters
+    _check(y, want)
+    # the default slot (1 MiB) holds 72 of these tokens: forward sent it as consecutive
+    # forwards of the rows that fit, each a unicast, nothing broadcast
+    sent = after["forwards_ok"] - before["forwards_ok"]
+    assert TOKENS // 72 <= sent <= TOKENS // 64
+    assert after["moe_broadcasts"] == before["moe_broadcasts"]
+
+
+@pytest.mark.slow  # ~10 s through the C dataplane on a loaded CI machine
+def test_a_4096_token_bf16_prefill_is_one_forward_in_a_slot_that_holds_it(control, prefill):
+    moe, x, i, w, want = prefill
+    # the dataplane at its defaults; the client with two slots of 60 MiB (activation and
+    # routing table: 58,720,256 + 262,160 bytes) and a deadline for ~0.6 GB through 8
+    # emulated ducks on loopback on a shared machine (the default, 1 s, is a layer's)
+    with duckpipe.connect(control, slots=2, slot_size=60 << 20, forward_timeout=10) as c:
+        c.load_weights(1, moe)
+        before = c.stats().counters
+        y = c.forward(1, x, routing=(i, w), timeout=60)
+        after = c.stats().counters
+    _check(y, want)
+    assert after["forwards_ok"] - before["forwards_ok"] == 1
+    assert after["moe_unicasts"] - before["moe_unicasts"] == 1
+
+
+def test_a_bf16_forward_of_8_mib_is_reassembled_from_more_than_4096_datagrams(control):
+    # 8 MiB of bf16 at MTU 1500: ~5,960 datagrams each way, past the old reassembly limit
+    # (4,096), and 16 MiB of float32 sums, past what a context keeps (DP_SCRATCH_KEEP);
+    # twice on one context's scratch: the second sums onto pages given back, read as zeros
+    from duckpipe import SwiGluMlp
+
+    mlp = SwiGluMlp.random(4096, 2, dtype=BF16, seed=5)
+    x = np.random.default_rng(5).standard_normal((1024, 4096), np.float32).astype(BF16)
+    want = mlp.reference(x)
+    with duckpipe.connect(control, slots=2, slot_size=8 << 20, forward_timeout=10) as c:
+        c.load_weights(2, mlp, ducks=[0])
+        for _ in range(2):
+            y = c.forward(2, x, timeout=60)
+            np.testing.assert_allclose(
+                y.astype(np.float32), want.astype(np.float32), rtol=0,
+                atol=3 * HALF_ULP * float(np.abs(want.astype(np.float32)).max()),
+            )  # fmt: skip
+
+
+def test_submit_of_more_than_a_slot_holds_says_what_to_connect_with(duckpipe_mock_factory):
+    # forward splits what its slot cannot hold; a claim, the one forward, says why
+    moe = MoeMlp.random(EXPERTS, HIDDEN, 1, shared=False, dtype=BF16, seed=3)
+    with duckpipe.connect(duckpipe_mock_factory(ducks=DUCKS).control) as c:
+        c.load_weights(1, moe)
+        with pytest.raises(BadInput, match=r"does not fit a slot of 1048576 bytes"):
+            c.claim((TOKENS, HIDDEN), BF16)
