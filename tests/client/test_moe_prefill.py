@@ -66,9 +66,7 @@ def _check(y: np.ndarray, want: np.ndarray) -> None:
     assert y.dtype == BF16 and y.shape == want.shape
     # up to TOPK partials each rounded to bf16 once, then the sum rounded once
     big = float(np.abs(want).max())
-    np.testing.assert_allclose(
-        y.astype(np.float32), want, rtol=0, atol=(TOPK + 2) * HALF_ULP * big
-    )
+    np.testing.assert_allclose(y.astype(np.float32), want, rtol=0, atol=(TOPK + 2) * HALF_ULP * big)
 
 
 def test_a_4096_token_bf16_prefill_goes_in_one_call_with_the_defaults(control, prefill):
@@ -128,3 +126,34 @@ def test_submit_of_more_than_a_slot_holds_says_what_to_connect_with(duckpipe_moc
         c.load_weights(1, moe)
         with pytest.raises(BadInput, match=r"does not fit a slot of 1048576 bytes"):
             c.claim((TOKENS, HIDDEN), BF16)
+
+
+def test_more_tokens_than_one_routed_forward_takes_go_as_several(duckpipe_mock_factory):
+    # MAX_TOKENS (4,096) bounds one routed forward (a wire row is a u16): submit refuses
+    # 5,000 tokens that the slot holds; forward sends them as 4,096 and 904
+    moe = MoeMlp.random(16, 64, 4, shared=False, dtype=np.float32, seed=7)
+    gate = Gate.random(16, 64, topk=2, score="softmax", seed=7)
+    x = np.random.default_rng(7).standard_normal((5000, 64), np.float32)
+    i, w = gate(x)
+    with duckpipe.connect(duckpipe_mock_factory(ducks=4).control, slot_size=4 << 20) as c:
+        c.load_weights(3, moe)
+        with c.claim(x.shape, x.dtype) as slot:
+            slot.array[...] = x
+            with pytest.raises(BadInput, match=r"1\.\.4096 tokens, got 5000"):
+                c.submit(slot, 3, routing=(i, w))
+        before = c.stats().counters["forwards_ok"]
+        y = c.forward(3, x, routing=(i, w), timeout=30)
+        assert c.stats().counters["forwards_ok"] - before == 2
+    np.testing.assert_allclose(y, _deepseek_moe(moe, x, i, w), rtol=2e-4, atol=2e-5)
+
+
+def test_a_max_forward_bytes_past_65536_datagrams_is_refused_at_startup(
+    duckpipe_cluster_factory,
+):
+    # what the ducks' reassembly bitmaps hold (DP_REASM_MAX_CHUNKS): 65,536 datagrams of
+    # 1,392 bytes at MTU 1500, 91,226,112 bytes
+    from duckpipe.errors import DuckpipeError
+
+    with pytest.raises(DuckpipeError, match=r"needs 65537 chunks at mtu 1500 \(max 65536\)"):
+        duckpipe_cluster_factory(1, max_forward_bytes=65536 * 1392 + 1)
+    duckpipe_cluster_factory(1, max_forward_bytes=65536 * 1392).stop()
