@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import duckpipe
+from duckpipe import SwiGluMlp
 from duckpipe.client.models import BFLOAT16
 from duckpipe.errors import BadInput
 from duckpipe.moe import Gate, MoeMlp
@@ -104,7 +105,6 @@ def test_a_bf16_forward_of_8_mib_is_reassembled_from_more_than_4096_datagrams(co
     # 8 MiB of bf16 at MTU 1500: ~5,960 datagrams each way, past the old reassembly limit
     # (4,096), and 16 MiB of float32 sums, past what a context keeps (DP_SCRATCH_KEEP);
     # twice on one context's scratch: the second sums onto pages given back, read as zeros
-    from duckpipe import SwiGluMlp
 
     mlp = SwiGluMlp.random(4096, 2, dtype=BF16, seed=5)
     x = np.random.default_rng(5).standard_normal((1024, 4096), np.float32).astype(BF16)
@@ -150,3 +150,27 @@ def test_a_max_forward_bytes_past_65536_datagrams_is_refused_at_startup(
     with pytest.raises(DuckpipeError, match=r"needs 65537 chunks at mtu 1500 \(max 65536\)"):
         duckpipe_cluster_factory(1, max_forward_bytes=65536 * 1392 + 1)
     duckpipe_cluster_factory(1, max_forward_bytes=65536 * 1392).stop()
+
+
+def _rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) >> 10 for line in f if line.startswith("VmRSS"))
+
+
+def test_the_sums_of_a_big_bf16_forward_are_given_back_when_it_completes(
+    duckpipe_cluster_factory,
+):
+    # a forward of 16 MiB of bf16 sums 32 MiB of float32 in its context's scratch; past
+    # DP_SCRATCH_KEEP (2 MiB) that goes back as it completes: the dataplane's RSS is not
+    # left 32 MiB higher by each context a big forward once used
+    cl = duckpipe_cluster_factory(1)
+    mlp = SwiGluMlp.random(4096, 1, dtype=BF16, seed=6)
+    x = np.random.default_rng(6).standard_normal((2048, 4096), np.float32).astype(BF16)
+    with duckpipe.connect(cl.control, slots=2, slot_size=16 << 20, forward_timeout=10) as c:
+        c.load_weights(4, mlp)
+        c.forward(4, x[:1], timeout=30)  # the pages a small forward touches, first
+        before = _rss_mib(cl.dataplane.proc.pid)
+        y = c.forward(4, x, timeout=60)
+        grown = _rss_mib(cl.dataplane.proc.pid) - before
+    assert y.shape == x.shape
+    assert grown < 16, f"the dataplane kept {grown} MiB after a forward that summed 32 MiB"
