@@ -792,7 +792,10 @@ class Client:
         row by row, a routed token by its own experts), so the result is the one forward's.
         The first failure is raised; the forwards still in flight are released."""
         out = np.empty(x.shape, x.dtype)
-        depth = max(1, min(self._session.segment.slot_count // 2, 16))
+        # a few in flight keep the ducks busy while the next rows go out; more would only
+        # queue (the duck emulator reassembles 8 messages per duck at once: past that it
+        # evicts the oldest, which a NACK then sends again)
+        depth = max(1, min(self._session.segment.slot_count // 2, 4))
         pending: list[tuple[int, int, Forward]] = []
         try:
             for start in range(0, x.shape[0], rows):
