@@ -772,6 +772,8 @@ class Client:
                     return False
                 return not most or 16 + 8 * (MAX_DUCKS + k * topk) + k * row <= most
 
+            if n <= fit and fits(n):
+                return n  # the common case, checked once
             while fit > 0 and not fits(fit):  # a few steps: the table is ~1/100 of the rows
                 fit -= max(1, fit // 64)
         return n if fit < 1 or fit >= n else int(fit)
