@@ -78,7 +78,7 @@
 #define DUCK_INPUTS 8u                 /* activations being reassembled per duck */
 #define DUCK_OUTPUTS 16u               /* recent partials kept per duck for NACKs */
 #define DUCK_MAX_FLOATS (256ull << 20) /* weight floats per duck, all layers (1 GiB) */
-#define DUCK_MAX_MSG (8ull << 20)      /* bytes of one activation or partial */
+#define DUCK_MAX_MSG (64ull << 20)     /* bytes of one message: max_forward_bytes default */
 #define DUCK_BURST 32u                 /* datagrams per recvmmsg / sendmmsg */
 #define DUCK_RX_BURSTS 4u              /* bursts per duck per wake-up, for fairness */
 #define DUCK_SOCK_BUF (4 << 20)        /* SO_RCVBUF / SO_SNDBUF, bytes */

@@ -9,7 +9,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#define DP_REASM_MAX_CHUNKS 4096u
+/* 65,536 chunks: a max_forward_bytes of 64 MiB (a 4,096-token prefill of 7168 bf16 with its
+ * table) at MTU 1500; a bitmap is then 8 KiB, of which a reset touches only a message's
+ * own words */
+#define DP_REASM_MAX_CHUNKS 65536u
 #define DP_REASM_WORDS (DP_REASM_MAX_CHUNKS / 64)
 
 struct dp_reasm {

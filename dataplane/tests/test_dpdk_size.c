@@ -78,8 +78,23 @@ static void a_worker_on_another_socket_is_told(void)
 	CHECK(dp_dpdk_cpu_socket(0) >= 0, "CPU 0 has a node in sysfs: %d", dp_dpdk_cpu_socket(0));
 }
 
+static void zero_copy_room_is_bounded_whatever_max_forward_bytes(void)
+{
+	/* the old default: 64 contexts of 1 MiB, 754 chunks of 1392 bytes each */
+	CHECK(dp_dpdk_zc_chunks(64, 1 << 20, 1392) == 64 * 754, "%lu",
+	      (unsigned long)dp_dpdk_zc_chunks(64, 1 << 20, 1392));
+	/* 64 MiB forwards: two of them (128 MiB), not 64 (3 million mbufs) */
+	CHECK(dp_dpdk_zc_chunks(64, 64 << 20, 1392) == 2 * 48211, "%lu",
+	      (unsigned long)dp_dpdk_zc_chunks(64, 64 << 20, 1392));
+	/* a forward over the bound: one's chunks */
+	CHECK(dp_dpdk_zc_chunks(4, 200u << 20, 8892) == (DP_DPDK_ZC_BYTES + 8891) / 8892, "%lu",
+	      (unsigned long)dp_dpdk_zc_chunks(4, 200u << 20, 8892));
+	CHECK(dp_dpdk_zc_chunks(0, 1 << 20, 1392) == 0, "no contexts");
+}
+
 int main(void)
 {
+	zero_copy_room_is_bounded_whatever_max_forward_bytes();
 	rx_want_holds_one_forwards_replies();
 	a_count_the_port_refuses_is_an_error_naming_it();
 	the_cache_fits_what_rte_mempool_takes();

@@ -326,10 +326,9 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         "tables of first sends) over calls x tokens. minimum / token: each token's row "
         "(hidden x 2 bytes) once to each duck that needs it, |its routed ducks U the "
         "shared set|, averaged over the same tokens; no broadcast address (loopback).",
-        "auto sends the unicast only when all its messages fit one forward's staging area "
-        "(max_forward_bytes, 1 MiB by default) and chunk headers; past that it falls back "
-        "to the broadcast, every row to each target: at DeepSeek-V3's hidden 7168 that is "
-        "from about 32 tokens on (wire / minimum near 4 there).",
+        "auto sends whichever of the unicast and the broadcast puts fewer bytes on the "
+        "wire, both from the slot in place (no staging area): one duck's message, not "
+        "their sum, is held to max_forward_bytes (64 MiB by default).",
     ]
     return [table, shared_table]
 

@@ -36,7 +36,7 @@ from ..errors import (
 )
 from ..schema import control as ctl
 from ..schema.abi import MAX_DIMS, MAX_DUCKS, DescFlag, MlpKind, Op, Status
-from ..schema.routing import MAX_TOPK
+from ..schema.routing import MAX_TOKENS, MAX_TOPK
 from . import routing as routing_table
 from . import weights
 from .models import Mlp, dtype_code, numpy_dtype
@@ -731,11 +731,94 @@ class Client:
         given, x = x, np.asarray(_host(x, "x"))
         if x.ndim and x.shape[0] == 0:
             return dlpack.like(self._forward_empty(layer, x, ducks, routing, moe_send), given)
+        rows = self._rows_per_forward(x, routing) if x.ndim >= 2 else 1
+        if x.ndim >= 2 and rows < x.shape[0]:
+            return dlpack.like(self._forward_in_parts(layer, x, rows, ducks, timeout, routing,
+                                                      moe_send), given)  # fmt: skip
         with self.claim(x.shape, x.dtype) as slot:
             slot.array[...] = x  # the same shape and dtype: np.copyto's work, in fewer steps
             fwd = self.submit(slot, layer, ducks=ducks, routing=routing, moe_send=moe_send)
         with fwd:
             return dlpack.like(fwd.result(timeout).copy(), given)
+
+    def _rows_per_forward(
+        self, x: np.ndarray, routing: tuple[np.ndarray, np.ndarray] | None
+    ) -> int:
+        """The most rows of ``x`` (rows first) one forward of this client takes: its slots
+        (the activation, and a routed forward's table behind it), the result slots, the
+        dataplane's max_forward_bytes (a routed duck's whole message) and a routed forward's
+        MAX_TOKENS. ``x.shape[0]`` when all of them fit, or when a row alone does not (the
+        forward then says why) or the routing is not a pair of arrays (submit says so)."""
+        n = x.shape[0]
+        row = x.nbytes // n
+        session = self._session
+        seg = session.segment
+        cap = min(session.max_bytes, seg.res_slot_size)
+        if routing is None:
+            fit = cap // row
+        else:
+            if not isinstance(routing, tuple | list) or len(routing) != 2:
+                return n
+            shape = getattr(routing[0], "shape", ())
+            if len(shape) != 2 or shape[0] != n or shape[1] < 1:
+                return n
+            topk = int(shape[1])
+            fit = min(cap // row, MAX_TOKENS)
+            most = session.max_forward_bytes
+
+            def fits(k: int) -> bool:
+                at = -(-k * row // ROUTING_ALIGN) * ROUTING_ALIGN
+                if at + routing_table.table_size(k, topk) > seg.act_slot_size:
+                    return False
+                return not most or 16 + 8 * (MAX_DUCKS + k * topk) + k * row <= most
+
+            if n <= fit and fits(n):
+                return n  # the common case, checked once
+            while fit > 0 and not fits(fit):  # a few steps: the table is ~1/100 of the rows
+                fit -= max(1, fit // 64)
+        return n if fit < 1 or fit >= n else int(fit)
+
+    def _forward_in_parts(
+        self,
+        layer: int,
+        x: np.ndarray,
+        rows: int,
+        ducks: Iterable[int] | None,
+        timeout: float | None,
+        routing: tuple[np.ndarray, np.ndarray] | None,
+        moe_send: str,
+    ) -> np.ndarray:
+        """``forward`` of more rows than one forward takes (``_rows_per_forward``): as
+        forwards of ``rows`` consecutive rows each, several in flight over the client's
+        slots, the results written into one array. A layer's rows are independent (an MLP
+        row by row, a routed token by its own experts), so the result is the one forward's.
+        The first failure is raised; the forwards still in flight are released."""
+        out = np.empty(x.shape, x.dtype)
+        # a few in flight keep the ducks busy while the next rows go out; more would only
+        # queue (the duck emulator reassembles 8 messages per duck at once: past that it
+        # evicts the oldest, which a NACK then sends again)
+        depth = max(1, min(self._session.segment.slot_count // 2, 4))
+        pending: list[tuple[int, int, Forward]] = []
+        try:
+            for start in range(0, x.shape[0], rows):
+                stop = min(start + rows, x.shape[0])
+                if len(pending) >= depth:
+                    a, b, fwd = pending.pop(0)
+                    with fwd:
+                        out[a:b] = fwd.result(timeout)
+                part = None if routing is None else (routing[0][start:stop], routing[1][start:stop])
+                with self.claim(x[start:stop].shape, x.dtype) as slot:
+                    slot.array[...] = x[start:stop]
+                    fwd = self.submit(slot, layer, ducks=ducks, routing=part, moe_send=moe_send)
+                pending.append((start, stop, fwd))
+            while pending:
+                a, b, fwd = pending.pop(0)
+                with fwd:
+                    out[a:b] = fwd.result(timeout)
+        finally:
+            for _, _, fwd in pending:
+                fwd.release()
+        return out
 
     def _forward_empty(
         self,

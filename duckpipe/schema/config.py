@@ -81,7 +81,9 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     weight_timeout_ms: U32 = 10_000  # a weight chunk not acked by then fails
     client_timeout_ms: U32 = 10_000  # client heartbeat age that counts as dead
     max_inflight: U32 = 64  # forward contexts, a power of two up to 4096
-    max_forward_bytes: U32 = 1 << 20  # largest activation (and result) of one forward
+    # largest activation (and result) of one forward: a 4,096-token prefill of 7168 bf16
+    # (58.7 MB) with its routing table; sums take memory as forwards use them (dp_worker.c)
+    max_forward_bytes: U32 = 64 << 20
     ping_ms: U32 = 1000
     # --- per-client quotas and bounds (issue 7) ---
     client_max_inflight: U32 = 64  # forwards in flight per client

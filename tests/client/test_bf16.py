@@ -138,7 +138,7 @@ def test_a_deepseek_v3_shaped_routed_forward_at_the_default_bounds_goes_as_the_u
     # DeepSeek-V3's routed layer: 7168 wide, 256 experts, its grouped sigmoid gate (8
     # groups, 4 kept, top-8, a bias, route_scale 2.5), bfloat16; the experts 1 column wide
     # to keep the ducks' compute cheap, no shared expert (with one, auto broadcasts). 72
-    # tokens are the most the defaults take (docs/api.md: 1 MiB slots, max_forward_bytes).
+    # tokens are the most one forward takes with the default 1 MiB slots (docs/api.md).
     # The unicast, each routed duck its own rows, is a fraction of the broadcast; it once
     # went as the broadcast for want of a staging area. Now it goes as itself, from the
     # slot, nothing copied, and matches the reference.

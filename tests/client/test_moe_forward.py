@@ -274,9 +274,14 @@ def test_a_slot_too_small_for_activation_and_routing_says_what_to_connect_with(
     with duckpipe.connect(dataplane.control, slot_size=4096) as small:
         small.load_weights(533, moe_layer, ducks=list(range(8)))
         before = small.stats().counters["descriptors"]
-        with pytest.raises(BadInput, match=r"needs 4336 bytes .* connect\(slot_size=...\)"):
-            small.forward(533, x, routing=(i, w))
+        # one forward (submit) says so; forward() sends it as two that fit (test below)
+        with small.claim(x.shape, x.dtype) as slot:
+            slot.array[...] = x
+            with pytest.raises(BadInput, match=r"needs 4336 bytes .* connect\(slot_size=...\)"):
+                small.submit(slot, 533, routing=(i, w))
         assert small.stats().counters["descriptors"] == before
+        _check(small.forward(533, x, routing=(i, w), timeout=30), moe_layer.reference(x, i, w))
+        assert small.stats().counters["descriptors"] == before + 2
         # 14 tokens: 3584 + 464 bytes fit
         _check(
             small.forward(533, x[:14], routing=(i[:14], w[:14]), timeout=30),
@@ -384,8 +389,15 @@ def test_the_dataplane_refuses_a_routed_forward_whose_message_passes_max_forward
         c.load_weights(1, _moe(shared=False, dtype=np.float32, seed=8))
         i, w = _routing(8)
         x = np.ones((8, HIDDEN), np.float32)
-        with pytest.raises(BadInput, match="sends a duck up to 4240 bytes in one message"):
-            c.forward(1, x, routing=(i, w))
+        with c.claim(x.shape, x.dtype) as slot:
+            slot.array[...] = x
+            with pytest.raises(BadInput, match="sends a duck up to 4240 bytes in one message"):
+                c.submit(slot, 1, routing=(i, w))
+        # forward() sends it as forwards of the tokens whose messages fit
+        np.testing.assert_allclose(
+            c.forward(1, x, routing=(i, w), timeout=30),
+            _moe(shared=False, dtype=np.float32, seed=8).reference(x, i, w), rtol=2e-4, atol=2e-5
+        )  # fmt: skip
         table = pack(i, w, N_EXPERTS).copy()
         _refused(
             _raw_forward(c, 1, x, table, flags=ROUTED),

@@ -558,7 +558,7 @@ def test_a_bank_too_narrow_for_its_experts_is_refused(ducks3):
 
 def test_the_largest_table_and_its_rows_fit_one_message(ducks3):
     """MAX_TOKENS tokens routed to MAX_TOPK experts of one duck: a 512 KiB table in front
-    of the activation, under the dataplane's default max_forward_bytes (1 MiB), every
+    of the activation, under 1 MiB (the dataplane's default max_forward_bytes: 64 MiB), every
     entry computed."""
     proc, host = ducks3
     tokens, topk, hidden = MAX_TOKENS, MAX_TOPK, 32

@@ -478,11 +478,13 @@ def test_max_forward_bytes_caps_forwards_and_weight_chunks_that_fit_the_slots(wa
     limit = config_default("max_forward_bytes")
     rows = limit // (HIDDEN * 4)  # a forward of exactly the limit
     rng = np.random.default_rng(15)
-    with duckpipe.connect(watched, name="big-slots", slots=2, slot_size=2 * limit) as c:
+    # slots a page over the limit: a forward of one row more fits them, not the limit
+    with duckpipe.connect(watched, name="big-slots", slots=2, slot_size=limit + 4096) as c:
         # the client learned the limit at attach: it claims no more, whatever its slots
         with pytest.raises(BadInput, match=f"does not fit a slot of {limit} bytes"):
             c.claim((rows + 1, HIDDEN), np.float32)
-        x = rng.standard_normal((rows, HIDDEN)).astype(np.float32)
+        # (a forward of the whole limit, 64 MiB by default, is test_moe_prefill's)
+        x = rng.standard_normal((3, HIDDEN)).astype(np.float32)
         np.testing.assert_allclose(
             c.forward(LAYER, x, timeout=60), MLP.reference(x), rtol=2e-4, atol=2e-5
         )

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "dp_reduce.h"
 #include "dp_ring.h"
@@ -262,6 +263,22 @@ void dp_fwd_finish(struct dp_world *w, struct dp_fwd *f, uint32_t status, struct
 	dp_spsc_push(done, (void **)&f, 1);
 }
 
+/* Give back what f's sums took of each NIC's scratch past DP_SCRATCH_KEEP (the pages
+ * read as zeros when touched again); f's parts are over, nothing reads the sums after. */
+static void scratch_release(struct dp_fwd *f)
+{
+	for (uint32_t k = 0; k < DP_MAX_NICS; k++) {
+		struct dp_nic_part *p = &f->part[k];
+		if (!p->acc_scratch)
+			continue;
+		uint64_t used = (p->scratch_bytes + 4095) & ~(uint64_t)4095;
+		if (used > DP_SCRATCH_KEEP)
+			(void)madvise((char *)f->acc[k] + DP_SCRATCH_KEEP, used - DP_SCRATCH_KEEP,
+				      MADV_DONTNEED); /* advice: a failure only keeps the pages */
+		p->acc_scratch = false;
+	}
+}
+
 void dp_fwd_complete(struct dp_world *w, struct dp_fwd *f, struct dp_spsc *done,
 		     struct dp_counters *counters)
 {
@@ -285,6 +302,7 @@ void dp_fwd_complete(struct dp_world *w, struct dp_fwd *f, struct dp_spsc *done,
 	} else if (status == DP_STATUS_DUCK_LOST) {
 		dp_count(counters, DP_C_duck_lost, 1);
 	}
+	scratch_release(f);
 	dp_fwd_finish(w, f, status, done, counters);
 }
 

@@ -38,6 +38,12 @@
 #include "dp_spsc.h"
 #include "dp_world.h"
 
+/* Each forward context's float32 sums (a worker's scratch) keep this much resident; a
+ * forward that summed more gives the rest back as it completes (dp_fwd_complete), so the
+ * dataplane holds the sums of its big forwards in flight, not of every context that ever
+ * had one. A multiple of the page size (dp_worker_init aligns each context's to it). */
+#define DP_SCRATCH_KEEP (2ull << 20)
+
 #define DP_MSG_LEN 160 /* a context's message: why it failed, sent in its Completion */
 
 /* --- the context --------------------------------------------------------------------- */
@@ -88,6 +94,10 @@ struct dp_nic_part {
 	/* dense: the sum is not zeroed first; each chunk's first contribution is stored
 	 * (dp_gather.c), which chunks have one is the worker's `summed` bitmap */
 	bool sum_by_chunk;
+	/* acc (f->acc[nic]) is this NIC's scratch and holds scratch_bytes of sums: what past
+	 * DP_SCRATCH_KEEP of it is given back when the forward completes (dp_fwd_complete) */
+	bool acc_scratch;
+	uint64_t scratch_bytes;
 };
 
 /* What a finished context measured: its slot header's line 1 and answered/missing, and

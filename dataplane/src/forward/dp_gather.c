@@ -186,13 +186,15 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 	}
 	/* Sum in place in the result slot when we can (float32, first NIC); else scratch. */
 	int first = __builtin_ctz(f->nic_mask);
-	if (l->dtype == DP_DTYPE_F32 && (int)v->nic == first)
+	uint32_t item = dp_dtype_size(l->dtype);
+	p->acc_scratch = !(l->dtype == DP_DTYPE_F32 && (int)v->nic == first);
+	p->scratch_bytes = p->acc_scratch ? f->bytes / item * sizeof(float) : 0;
+	if (!p->acc_scratch)
 		f->acc[v->nic] = (float *)f->res;
 	else
 		f->acc[v->nic] = v->scratch + (size_t)f->index * v->scratch_floats;
 	/* dense, and chunks of whole values: no zeroing ahead (sum_chunk); routed replies are
 	 * added row by row wherever the routing puts them, onto zeros */
-	uint32_t item = dp_dtype_size(l->dtype);
 	p->sum_by_chunk = !routed && v->payload % item == 0;
 	if (p->sum_by_chunk)
 		dp_reasm_reset(&v->summed[f->index], chunks);

@@ -28,6 +28,7 @@
 #include "dp_worker.h"
 
 #include <arpa/inet.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -393,12 +394,20 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 	if (!wk->be.ops)
 		return -1;
 	size_t nf = w->nfwds;
-	wk->scratch_floats = w->cfg.max_forward_bytes / 2;
+	/* float32 sums of a 2-byte dtype, each context's a multiple of DP_SCRATCH_KEEP from the
+	 * first (so page-aligned), as address space reserved, not memory: a forward's sums take pages as they are
+	 * written, and what is past DP_SCRATCH_KEEP goes back when it completes */
+	uint64_t per_ctx = ((uint64_t)w->cfg.max_forward_bytes * 2 + DP_SCRATCH_KEEP - 1) &
+			   ~(DP_SCRATCH_KEEP - 1);
+	wk->scratch_floats = (uint32_t)(per_ctx / sizeof(float));
+	wk->scratch_len = nf * per_ctx;
 	wk->owned = calloc(nf, sizeof(uint64_t));
 	wk->hdrs = calloc(nf * wk->max_chunks, sizeof(struct dp_wire_header));
 	wk->next_nack = calloc(nf, sizeof(uint64_t));
 	wk->sent_ns = calloc(nf * wk->max_chunks, sizeof(uint64_t));
-	wk->scratch = calloc(nf * wk->scratch_floats, sizeof(float)); /* touched only when used */
+	void *sums = mmap(NULL, wk->scratch_len, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	wk->scratch = sums == MAP_FAILED ? NULL : sums;
 	wk->summed = calloc(nf, sizeof(struct dp_reasm));
 	wk->active = calloc(nf, sizeof(struct dp_fwd *));
 	wk->release.parts = calloc(nf, sizeof(struct dp_fwd *));
@@ -495,7 +504,8 @@ void dp_worker_fini(struct dp_worker *wk)
 	free(wk->hdrs);
 	free(wk->next_nack);
 	free(wk->sent_ns);
-	free(wk->scratch);
+	if (wk->scratch)
+		munmap(wk->scratch, wk->scratch_len);
 	free(wk->summed);
 	free(wk->active);
 	free(wk->release.parts);

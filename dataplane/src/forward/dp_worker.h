@@ -41,7 +41,8 @@ struct dp_worker {
 	struct dp_wire_header *hdrs; /* [nfwds][max_chunks] prepared FORWARD / WEIGHT headers */
 	uint64_t *next_nack; /* no duck's NACK is due before this (a lower bound) */
 	uint64_t *sent_ns;   /* weights: [nfwds][max_chunks] last send of each datagram */
-	float *scratch;      /* [nfwds][max_forward_bytes / 2] float32 sums when not in place */
+	float *scratch;      /* [nfwds][scratch_floats] float32 sums when not in place (mmap) */
+	size_t scratch_len;  /* bytes of address space it reserves */
 	struct dp_reasm *summed; /* [nfwds]: the chunks of each dense sum written (dp_gather.c) */
 	uint32_t scratch_floats;
 	struct dp_fwd **active;

@@ -175,10 +175,9 @@ static int size_port(const struct dp_backend *b, uint16_t port, const struct rte
 		dp_set_error("rte_eth_dev_adjust_nb_rx_tx_desc: err=%d, port=%u", rc, port);
 		return -1;
 	}
-	/* zero copy: a header mbuf per chunk of every forward context in flight (it stays
-	 * attached to its slot until the port sent it; issue 9 item 3) */
-	uint64_t zc = (uint64_t)all->max_inflight *
-		      dp_wire_chunk_count(all->max_forward_bytes, payload);
+	/* zero copy: a header mbuf per chunk in flight (it stays attached to its slot until
+	 * the port sent it; issue 9 item 3), up to DP_DPDK_ZC_BYTES of chunks */
+	uint64_t zc = dp_dpdk_zc_chunks(all->max_inflight, all->max_forward_bytes, payload);
 	sz->budget = dp_dpdk_hugepages_free(socket) / POOL_HUGEPAGE_SHARE;
 	/* af_xdp holds its fill ring's mbufs on the RX side whatever rx_desc, and its TX ring
 	 * is rx_desc big (tx_desc does not reach it) */

@@ -20,6 +20,17 @@ uint32_t dp_dpdk_rx_want(uint32_t ducks, uint32_t reply_frames)
 	return n;
 }
 
+uint64_t dp_dpdk_zc_chunks(uint32_t max_inflight, uint32_t max_forward_bytes, uint32_t payload)
+{
+	uint64_t bytes = (uint64_t)max_inflight * max_forward_bytes;
+	if (bytes > DP_DPDK_ZC_BYTES)
+		bytes = DP_DPDK_ZC_BYTES;
+	/* each forward's chunks are whole: one more per context for its last, short one */
+	uint64_t per = max_forward_bytes < bytes ? max_forward_bytes : bytes;
+	uint64_t forwards = per ? bytes / per : 0;
+	return forwards * ((per + payload - 1) / payload);
+}
+
 int dp_dpdk_desc_check(const char *what, uint32_t n, const struct dp_dpdk_desc_lim *lim)
 {
 	uint32_t align = lim->nb_align ? lim->nb_align : 1;

@@ -28,6 +28,14 @@ struct dp_dpdk_desc_lim {
  * [DP_DPDK_RX_DESC_MIN, DP_DPDK_RX_DESC_MAX]. */
 uint32_t dp_dpdk_rx_want(uint32_t ducks, uint32_t reply_frames);
 
+/* Zero-copy chunks in flight the pool makes room for: every context's chunks of a
+ * max_forward_bytes forward, up to DP_DPDK_ZC_BYTES of them. Past that a chunk waits for
+ * an mbuf (tx_errors, resent): with max_forward_bytes at 64 MiB (a prefill in one forward)
+ * room for all 64 contexts' would be 3 million mbufs, ~7 GiB, for what two such forwards
+ * in flight use; the old default (64 contexts of 1 MiB) stays whole. */
+#define DP_DPDK_ZC_BYTES (128ull << 20)
+uint64_t dp_dpdk_zc_chunks(uint32_t max_inflight, uint32_t max_forward_bytes, uint32_t payload);
+
 /* A configured descriptor count (rx_desc, tx_desc) against the port's limits: 0, or -1
  * with dp_error naming the setting, the value and what the port takes. */
 int dp_dpdk_desc_check(const char *what, uint32_t n, const struct dp_dpdk_desc_lim *lim);
