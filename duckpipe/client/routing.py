@@ -160,8 +160,11 @@ def pack(indices: np.ndarray, weights: np.ndarray, n_experts: int, out: Any = No
     """The host routing table of a gate's ``indices`` and ``weights`` (``[tokens, topk]``
     each) for a layer of ``n_experts``, written into ``out`` (a writable buffer of at least
     :func:`table_size` bytes: the slot's bytes after the activation) or a new array, and
-    checked by the dataplane's rule in the same pass (dp_routing_pack). Returns the table's
-    bytes (a view of ``out``); raises :class:`RoutingRefused` with the rule's reason."""
+    checked by the dataplane's rule in the same pass (dp_routing_pack). A gate gives each
+    token's choices by score; the table lists them by expert id, -1 last (the order a
+    duck's section needs, so the dataplane's split writes without sorting): the pack sorts
+    them with their weights. Returns the table's bytes (a view of ``out``); raises
+    :class:`RoutingRefused` with the rule's reason."""
     _fits_u32("n_experts", n_experts)
     idx, w = _as_routing(indices, weights)
     tokens, topk = idx.shape
@@ -209,7 +212,8 @@ def check(table: Any, tokens: int, n_experts: int) -> None:
 def unpack(table: Any, tokens: int, n_experts: int) -> tuple[np.ndarray, np.ndarray]:
     """``(indices int32, weights float32)``, ``[tokens, topk]`` each, of a host routing table,
     as the dataplane reads one: copied out of ``table`` once (another process may still
-    write it), then the copy checked and read."""
+    write it), then the copy checked and read. Each token's choices come in the table's
+    order: by expert id, -1 (no expert) last."""
     buf = _bytes_of(table)
     head = buf[: HEADER_DTYPE.itemsize].copy()
     topk = int(head.view(HEADER_DTYPE)["topk"][0]) if head.size == HEADER_DTYPE.itemsize else 0

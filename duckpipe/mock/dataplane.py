@@ -1138,6 +1138,7 @@ class MockDataplane:
             else:
                 partial = moe.duck_partial(layer.moe, routed, duck, layer.tensors[duck], x)
             compute.append(time.perf_counter_ns() - t0)
+            self._beat()  # a prefill's ducks take seconds in numpy on a loaded machine
             if npdt.itemsize == 2:  # a duck sends its partial in the layer's dtype (RNE)
                 partial = partial.astype(npdt).astype(np.float32)
             acc += partial
@@ -1383,6 +1384,13 @@ class MockDataplane:
         self.stats.duck_layers(layers)
 
     # --- housekeeping -------------------------------------------------------------
+
+    def _beat(self) -> None:
+        """Tell every client the dataplane lives, as the C dataplane's control thread does
+        while its workers compute: the mock computes its ducks in its one loop."""
+        now = host.monotonic_ns()
+        for client in self.clients.values():
+            client.seg.header.dataplane_heartbeat_ns = now
 
     def _housekeeping(self) -> None:
         now = host.monotonic_ns()
