@@ -46,6 +46,7 @@
 
 #include "dp_abi.h"
 #include "dp_routing_abi.h"
+#include "dp_why.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -72,18 +73,6 @@ struct dp_routing_section {
 #define DP_ROUTING_WIRE_DUCK_SIZE ((uint64_t)sizeof(struct dp_routing_wire_duck))
 #define DP_ROUTING_WIRE_ENTRY_SIZE ((uint64_t)sizeof(struct dp_routing_wire_entry))
 #define DP_ROUTING_F32_EXP 0x7f800000u
-
-static inline int dp_routing_refuse(int rc, char *why, size_t n, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static inline int dp_routing_refuse(int rc, char *why, size_t n, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	if (why && n)
-		vsnprintf(why, n, fmt, ap);
-	va_end(ap);
-	return rc;
-}
 
 /* A float32 given by its bits is finite when its exponent is not all ones (inf, NaN).
  * Bits, not a float compare: -ffast-math would fold isfinite() to true. */
@@ -125,7 +114,7 @@ static inline int dp_routing_wire_size(uint64_t n_ducks, uint64_t entries, uint6
 static inline int dp_routing_check_n_experts(uint32_t n_experts, char *why, size_t n)
 {
 	if (n_experts < 1 || n_experts > DP_MAX_EXPERTS)
-		return dp_routing_refuse(DP_ROUTING_ERROR_N_EXPERTS, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_N_EXPERTS, why, n,
 					 "the layer's %u experts are outside 1..%u", n_experts,
 					 DP_MAX_EXPERTS);
 	return 0;
@@ -139,30 +128,30 @@ static inline int dp_routing_check_header(const struct dp_routing_header *h, uin
 					  char *why, size_t n)
 {
 	if (h->magic != DP_ROUTING_MAGIC)
-		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_MAGIC, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_BAD_MAGIC, why, n,
 					 "magic 0x%08x is not a host routing table's (0x%08x)",
 					 h->magic, DP_ROUTING_MAGIC);
 	if (h->version != DP_ROUTING_VERSION)
-		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_VERSION, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_BAD_VERSION, why, n,
 					 "routing table version %u, this build reads %u", h->version,
 					 DP_ROUTING_VERSION);
 	if (h->flags)
-		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_FLAGS, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_BAD_FLAGS, why, n,
 					 "routing flags 0x%02x: none are defined", h->flags);
 	if (h->n_experts != n_experts)
-		return dp_routing_refuse(DP_ROUTING_ERROR_N_EXPERTS, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_N_EXPERTS, why, n,
 					 "the table routes over %u experts, the layer has %u",
 					 h->n_experts, n_experts);
 	if (h->tokens < 1 || h->tokens > DP_MAX_TOKENS || h->tokens != tokens)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TOKENS, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_TOKENS, why, n,
 					 "the table has %u tokens, the forward %u rows (1..%u)",
 					 h->tokens, tokens, DP_MAX_TOKENS);
 	if (h->topk < 1 || h->topk > DP_MAX_TOPK || h->topk > n_experts)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TOPK, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_TOPK, why, n,
 					 "topk %u is outside 1..%u (and the layer's %u experts)",
 					 h->topk, DP_MAX_TOPK, n_experts);
 	if (dp_routing_size(h->tokens, h->topk, size) < 0 || *size > len)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
 					 "%u tokens by %u need %llu bytes, the table has %llu",
 					 h->tokens, h->topk, (unsigned long long)*size,
 					 (unsigned long long)len);
@@ -193,29 +182,29 @@ static inline int dp_routing_check_entry(uint32_t t, uint32_t k, int64_t shown, 
 	if (expert == DP_ROUTING_NO_EXPERT)
 		return 0;
 	if (expert >= n_experts)
-		return dp_routing_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
 					 "token %u, choice %u names expert %lld; the layer has %u "
 					 "(0..%u), or -1 for no expert: route with this layer's gate",
 					 t, k, (long long)shown, n_experts, n_experts - 1);
 	if (expert == prev)
-		return dp_routing_refuse(DP_ROUTING_ERROR_DUPLICATE, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_DUPLICATE, why, n,
 					 "token %u names expert %u twice (again at choice %u): a "
 					 "token's experts are distinct, as a top-k gives them",
 					 t, expert, k);
 	if (expert < prev && prev == DP_ROUTING_NO_EXPERT)
-		return dp_routing_refuse(DP_ROUTING_ERROR_ORDER, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_ORDER, why, n,
 					 "token %u, choice %u names expert %u after a -1 (no "
 					 "expert): a host table lists a token's experts in ascending "
 					 "order, -1 last (dp_routing_pack sorts a gate's choices)",
 					 t, k, expert);
 	if (expert < prev)
-		return dp_routing_refuse(DP_ROUTING_ERROR_ORDER, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_ORDER, why, n,
 					 "token %u, choice %u names expert %u after expert %lld: a "
 					 "host table lists a token's experts in ascending order, -1 "
 					 "last (dp_routing_pack sorts a gate's choices)",
 					 t, k, expert, (long long)prev);
 	if (!dp_routing_finite(bits))
-		return dp_routing_refuse(DP_ROUTING_ERROR_WEIGHT, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_WEIGHT, why, n,
 					 "token %u, choice %u (expert %u) has weight bits 0x%08x: "
 					 "NaN or infinite; weights must be finite",
 					 t, k, expert, bits);
@@ -235,7 +224,7 @@ static inline int dp_routing_check(const void *table, uint64_t len, uint32_t tok
 	if (rc < 0)
 		return rc;
 	if (len < DP_ROUTING_HEADER_SIZE)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
 					 "%llu bytes are fewer than the routing header's %llu",
 					 (unsigned long long)len,
 					 (unsigned long long)DP_ROUTING_HEADER_SIZE);
@@ -339,7 +328,7 @@ static inline int dp_routing_pack(const void *indices, uint32_t index_size, cons
 	if (rc < 0)
 		return rc;
 	if (index_size != 4 && index_size != 8)
-		return dp_routing_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
 					 "expert ids of %u bytes: give int32 or int64", index_size);
 	struct dp_routing_header h = {
 		.magic = DP_ROUTING_MAGIC,
@@ -394,25 +383,25 @@ static inline int dp_routing_placement_check(const struct dp_routing_placement *
 					     size_t n)
 {
 	if (pl->n_experts < 1 || pl->n_experts > DP_MAX_EXPERTS)
-		return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
 					 "the placement's %u experts are outside 1..%u",
 					 pl->n_experts, DP_MAX_EXPERTS);
 	for (uint32_t e = 0; e < pl->n_experts; e++) {
 		uint32_t r = pl->replicas[e];
 		const uint16_t *ducks = &pl->ducks[e * DP_MAX_REPLICAS];
 		if (r < 1 || r > DP_MAX_REPLICAS)
-			return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
+			return dp_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
 						 "expert %u is on %u ducks; give it 1..%u", e, r,
 						 DP_MAX_REPLICAS);
 		for (uint32_t i = 0; i < r; i++) {
 			if (ducks[i] >= DP_MAX_DUCKS)
-				return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
+				return dp_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
 							 "expert %u is placed on duck %u; ducks "
 							 "are 0..%u",
 							 e, ducks[i], DP_MAX_DUCKS - 1);
 			for (uint32_t j = 0; j < i; j++)
 				if (ducks[j] == ducks[i])
-					return dp_routing_refuse(
+					return dp_refuse(
 						DP_ROUTING_ERROR_PLACEMENT, why, n,
 						"expert %u is placed on duck %u twice", e, ducks[i]);
 		}
@@ -626,7 +615,7 @@ dp_routing_count_walk(const struct dp_routing_plan *plan, const uint8_t *e0, uin
 			if (!hist[c])
 				continue;
 			if (at == DP_ROUTING_NOWHERE)
-				return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
+				return dp_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
 							 "the placement has no duck for expert %u",
 							 c % n_experts);
 			count[at & 0xffff] += at & DP_ROUTING_OUTSIDE ? 0 : hist[c];
@@ -642,7 +631,7 @@ dp_routing_count_walk(const struct dp_routing_plan *plan, const uint8_t *e0, uin
 				continue; /* NO_EXPERT: the slot contributes nothing */
 			uint32_t at = dp_routing_walk_cell(plan, &w, expert, 0);
 			if (at == DP_ROUTING_NOWHERE)
-				return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
+				return dp_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
 							 "the placement has no duck for expert %u",
 							 expert);
 			count[at & 0xffff] += !(at & DP_ROUTING_OUTSIDE);
@@ -751,14 +740,14 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 		memset(targets, 0, DP_MAX_DUCKS / 8);
 	/* a checked table passes these; they keep an unchecked one from reading past len */
 	if (len < DP_ROUTING_HEADER_SIZE)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n, "no routing header");
+		return dp_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n, "no routing header");
 	memcpy(&h, p, sizeof(h));
 	if (h.topk > DP_MAX_TOPK || h.tokens > DP_MAX_TOKENS ||
 	    dp_routing_size(h.tokens, h.topk, &size) < 0 || size > len)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
 					 "the routing table was not checked");
 	if (h.n_experts != pl->n_experts)
-		return dp_routing_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
 					 "the table routes over %u experts, the placement places %u",
 					 h.n_experts, pl->n_experts);
 	const uint8_t *e0 = p + DP_ROUTING_HEADER_SIZE;
@@ -775,7 +764,7 @@ static inline int dp_routing_split(const void *table, uint64_t len,
 	if (n_ducks == 0 && !(flags & DP_ROUTING_WIRE_FLAG_SHARED))
 		return 0;
 	if (dp_routing_wire_size(n_ducks, entries, &size) < 0 || size > out_len)
-		return dp_routing_refuse(DP_ROUTING_ERROR_NO_ROOM, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_NO_ROOM, why, n,
 					 "the wire table needs %llu bytes, %llu are given",
 					 (unsigned long long)size, (unsigned long long)out_len);
 	uint8_t *o = out;
@@ -828,38 +817,38 @@ static inline int dp_routing_wire_check(const void *table, uint64_t len, uint32_
 	if (rc < 0)
 		return rc;
 	if (len < DP_ROUTING_WIRE_HEADER_SIZE)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
 					 "%llu bytes are fewer than the wire routing header's %llu",
 					 (unsigned long long)len,
 					 (unsigned long long)DP_ROUTING_WIRE_HEADER_SIZE);
 	memcpy(&h, p, sizeof(h));
 	if (h.magic != DP_ROUTING_WIRE_MAGIC)
-		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_MAGIC, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_BAD_MAGIC, why, n,
 					 "magic 0x%08x is not a wire routing table's (0x%08x)",
 					 h.magic, DP_ROUTING_WIRE_MAGIC);
 	if (h.version != DP_ROUTING_VERSION)
-		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_VERSION, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_BAD_VERSION, why, n,
 					 "routing table version %u, this build reads %u", h.version,
 					 DP_ROUTING_VERSION);
 	if (h.flags & ~DP_ROUTING_WIRE_FLAG_SHARED)
-		return dp_routing_refuse(DP_ROUTING_ERROR_BAD_FLAGS, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_BAD_FLAGS, why, n,
 					 "wire routing flags 0x%02x: only SHARED (0x%02x) is defined",
 					 h.flags, DP_ROUTING_WIRE_FLAG_SHARED);
 	if (h.rows < 1 || h.rows > DP_MAX_TOKENS || h.rows != rows)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TOKENS, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_TOKENS, why, n,
 					 "the table has %u rows, the activation %u (1..%u)", h.rows,
 					 rows, DP_MAX_TOKENS);
 	/* no section at all only where the shared expert gives its ducks work */
 	if (h.n_ducks < !(h.flags & DP_ROUTING_WIRE_FLAG_SHARED) || h.n_ducks > DP_MAX_DUCKS)
-		return dp_routing_refuse(DP_ROUTING_ERROR_DUCKS, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_DUCKS, why, n,
 					 "%u duck sections, not %u..%u", h.n_ducks,
 					 !(h.flags & DP_ROUTING_WIRE_FLAG_SHARED), DP_MAX_DUCKS);
 	if (h.entries < h.n_ducks || h.entries > h.rows * DP_MAX_TOPK)
-		return dp_routing_refuse(DP_ROUTING_ERROR_ENTRIES, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_ENTRIES, why, n,
 					 "%u entries for %u ducks and %u rows (at most %u per row)",
 					 h.entries, h.n_ducks, h.rows, DP_MAX_TOPK);
 	if (dp_routing_wire_size(h.n_ducks, h.entries, &size) < 0 || size > len)
-		return dp_routing_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_TRUNCATED, why, n,
 					 "%u ducks and %u entries need %llu bytes, the table has %llu",
 					 h.n_ducks, h.entries, (unsigned long long)size,
 					 (unsigned long long)len);
@@ -871,12 +860,12 @@ static inline int dp_routing_wire_check(const void *table, uint64_t len, uint32_
 		struct dp_routing_wire_duck wd;
 		memcpy(&wd, dir + (uint64_t)i * DP_ROUTING_WIRE_DUCK_SIZE, sizeof(wd));
 		if (wd.duck >= DP_MAX_DUCKS || (int32_t)wd.duck <= prev_duck)
-			return dp_routing_refuse(DP_ROUTING_ERROR_DUCKS, why, n,
+			return dp_refuse(DP_ROUTING_ERROR_DUCKS, why, n,
 						 "section %u is duck %u: ducks must ascend, below %u",
 						 i, wd.duck, DP_MAX_DUCKS);
 		prev_duck = wd.duck;
 		if (wd.n_entries < 1 || wd.n_entries > h.entries - sum)
-			return dp_routing_refuse(DP_ROUTING_ERROR_ENTRIES, why, n,
+			return dp_refuse(DP_ROUTING_ERROR_ENTRIES, why, n,
 						 "duck %u's %u entries: zero, or past the table's %u",
 						 wd.duck, wd.n_entries, h.entries);
 		/* sections are consecutive: this one is [sum, sum + n_entries) */
@@ -888,23 +877,23 @@ static inline int dp_routing_wire_check(const void *table, uint64_t len, uint32_
 			memcpy(&we, w0 + (sum + j) * DP_ROUTING_WIRE_ENTRY_SIZE, sizeof(we));
 			memcpy(&bits, &we.weight, 4);
 			if (we.row >= h.rows)
-				return dp_routing_refuse(DP_ROUTING_ERROR_ROWS, why, n,
+				return dp_refuse(DP_ROUTING_ERROR_ROWS, why, n,
 							 "duck %u, entry %u: row %u of %u", wd.duck,
 							 j, we.row, h.rows);
 			if (we.expert >= n_experts)
-				return dp_routing_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
+				return dp_refuse(DP_ROUTING_ERROR_EXPERT, why, n,
 							 "duck %u, entry %u names expert %u; the "
 							 "layer has %u",
 							 wd.duck, j, we.expert, n_experts);
 			if ((int32_t)we.row < prev_row ||
 			    ((int32_t)we.row == prev_row && (int32_t)we.expert <= prev_expert))
-				return dp_routing_refuse(DP_ROUTING_ERROR_ORDER, why, n,
+				return dp_refuse(DP_ROUTING_ERROR_ORDER, why, n,
 							 "duck %u, entry %u (row %u, expert %u) does "
 							 "not follow (row %d, expert %d)",
 							 wd.duck, j, we.row, we.expert, prev_row,
 							 prev_expert);
 			if (!dp_routing_finite(bits))
-				return dp_routing_refuse(DP_ROUTING_ERROR_WEIGHT, why, n,
+				return dp_refuse(DP_ROUTING_ERROR_WEIGHT, why, n,
 							 "duck %u, entry %u has weight bits 0x%08x: "
 							 "NaN or infinite",
 							 wd.duck, j, bits);
@@ -913,13 +902,13 @@ static inline int dp_routing_wire_check(const void *table, uint64_t len, uint32_
 			prev_expert = we.expert;
 		}
 		if (distinct != wd.n_rows)
-			return dp_routing_refuse(DP_ROUTING_ERROR_ROWS, why, n,
+			return dp_refuse(DP_ROUTING_ERROR_ROWS, why, n,
 						 "duck %u says %u rows, its entries name %u", wd.duck,
 						 wd.n_rows, distinct);
 		sum += wd.n_entries;
 	}
 	if (sum != h.entries)
-		return dp_routing_refuse(DP_ROUTING_ERROR_ENTRIES, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_ENTRIES, why, n,
 					 "the sections hold %llu entries, the header says %u",
 					 (unsigned long long)sum, h.entries);
 	return 0;
@@ -973,14 +962,14 @@ static inline int dp_routing_wire_unicast(const void *table, uint64_t len, uint1
 	struct dp_routing_wire_header h;
 	int rc = dp_routing_wire_section(table, len, duck, &s);
 	if (rc < 0)
-		return dp_routing_refuse(rc, why, n, "duck %u has no section in this table", duck);
+		return dp_refuse(rc, why, n, "duck %u has no section in this table", duck);
 	memcpy(&h, p, sizeof(h)); /* wire_section read it: len holds a header */
 	if (s.n_rows < 1 || s.n_rows > row_cap)
-		return dp_routing_refuse(DP_ROUTING_ERROR_NO_ROOM, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_NO_ROOM, why, n,
 					 "duck %u has %u rows, the row map %u", duck, s.n_rows,
 					 row_cap);
 	if (dp_routing_wire_size(1, s.n_entries, &size) < 0 || size > out_len)
-		return dp_routing_refuse(DP_ROUTING_ERROR_NO_ROOM, why, n,
+		return dp_refuse(DP_ROUTING_ERROR_NO_ROOM, why, n,
 					 "the unicast table needs %llu bytes, %llu are given",
 					 (unsigned long long)size, (unsigned long long)out_len);
 	uint8_t *o = out;
@@ -1005,7 +994,7 @@ static inline int dp_routing_wire_unicast(const void *table, uint64_t len, uint1
 			if (prev >= 0)
 				new_row++;
 			if (new_row >= s.n_rows) /* more rows than it says: not checked */
-				return dp_routing_refuse(DP_ROUTING_ERROR_ROWS, why, n,
+				return dp_refuse(DP_ROUTING_ERROR_ROWS, why, n,
 							 "duck %u names more rows than its %u",
 							 duck, s.n_rows);
 			row_map[new_row] = we.row;
