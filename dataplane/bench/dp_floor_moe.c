@@ -30,7 +30,8 @@
  * route step and the datagrams' headers and iovecs), then `bytes WIRE_BYTES FORWARDS` (table and row bytes sent, headers not
  * counted: what the dataplane's moe_bytes counts), `cpu CPU_NS FORWARDS` (getrusage over
  * the timed forwards) and `check REL_ERR` (max |out - want| / max |want| of the last
- * forward; exit 3 when it is past the dtype's rounding or that forward was lost).
+ * forward; exit 3 when it is past the dtype's rounding or that forward was lost; --out
+ * writes that output). The activation is x[i] = ((i % 97) - 48) / 100 in the dtype.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -71,7 +72,7 @@ static uint32_t o_experts = 256, o_topk = 8, o_seed = 1;
 static uint8_t o_dtype = DP_DTYPE_F16;
 static uint64_t o_iters = 100, o_warmup = 10, o_timeout_ms = 500;
 static uint64_t o_session = 0x666c6f6f72ull; /* "floor" */
-static const char *o_routing;
+static const char *o_routing, *o_out;
 
 /* --------------------------------------------------------------------- state */
 
@@ -514,6 +515,15 @@ static double check(uint32_t r)
 	return err / (top > 1e-30 ? top : 1e-30);
 }
 
+/* --out FILE: the last forward's output, for a test to check on its own. */
+static void write_out(void)
+{
+	FILE *f = fopen(o_out, "wb");
+	uint64_t n = (uint64_t)o_tokens * o_hidden;
+	if (!f || fwrite(g_out, sizeof(float), n, f) != n || fclose(f) != 0)
+		floor_die("--out %s: %s", o_out, strerror(errno));
+}
+
 /* --------------------------------------------------------------------- setup */
 
 static void setup(void)
@@ -599,6 +609,7 @@ static void usage(FILE *f)
 		"  --seed S            the built-in gate's seed (default 1)\n"
 		"  --routing FILE      the gate's choices instead: int32 ids [R][T][K], then float32\n"
 		"                      weights [R][T][K]; forward i uses table i %% R\n"
+		"  --out FILE          write the last forward's output there (float32 [T][H])\n"
 		"  --iters N           timed forwards (default 100)\n"
 		"  --warmup N          untimed forwards first (default 10)\n"
 		"  --timeout-ms MS     a forward not complete by then is lost (default 500)\n"
@@ -619,6 +630,7 @@ static void parse_args(int argc, char **argv)
 		{ "dtype", required_argument, NULL, 'd' },
 		{ "seed", required_argument, NULL, 'S' },
 		{ "routing", required_argument, NULL, 'R' },
+		{ "out", required_argument, NULL, 'o' },
 		{ "iters", required_argument, NULL, 'i' },
 		{ "warmup", required_argument, NULL, 'w' },
 		{ "timeout-ms", required_argument, NULL, 't' },
@@ -639,6 +651,7 @@ static void parse_args(int argc, char **argv)
 		case 'K': o_topk = (uint32_t)floor_parse_u64("topk", optarg, 1, DP_MAX_TOPK); break;
 		case 'S': o_seed = (uint32_t)floor_parse_u64("seed", optarg, 0, UINT32_MAX); break;
 		case 'R': o_routing = optarg; break;
+		case 'o': o_out = optarg; break;
 		case 'i': o_iters = floor_parse_u64("iters", optarg, 1, 10000000); break;
 		case 'w': o_warmup = floor_parse_u64("warmup", optarg, 0, 10000000); break;
 		case 't': o_timeout_ms = floor_parse_u64("timeout-ms", optarg, 1, 60000); break;
@@ -704,6 +717,8 @@ int floor_moe_main(int argc, char **argv)
 	printf("cpu %" PRIu64 " %" PRIu64 "\n", cpu, o_iters);
 	double err = res.lost ? NAN : check(r);
 	printf("check %.3g\n", err);
+	if (o_out)
+		write_out();
 	/* a partial rounded to the dtype, at most topk of them added */
 	double tol = o_dtype == DP_DTYPE_F32 ? 1e-5 : o_dtype == DP_DTYPE_F16 ? 4e-3 : 3e-2;
 	if (!(err <= tol)) {

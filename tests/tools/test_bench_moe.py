@@ -5,6 +5,8 @@ dataplane (every row and column there, every number finite; timings never assert
 from __future__ import annotations
 
 import math
+import random
+import subprocess
 import time
 from pathlib import Path
 
@@ -20,6 +22,9 @@ from duckpipe.bench.common import Size
 from duckpipe.bench.report import table_markdown
 from duckpipe.client.models import shard_bounds, shard_sizes
 from duckpipe.demo.moe_shape import default_placement
+from duckpipe.launch.binaries import find_binary
+from duckpipe.launch.cluster import free_udp_ports
+from duckpipe.launch.ducks import DucksProcess
 from duckpipe.moe import MoeMlp
 
 
@@ -136,3 +141,90 @@ def test_the_minimum_counts_each_needed_duck_once_per_token():
     row = bm.summarise_shared(cfg, 8, "default [0]", s, min_bytes=10 * 8 * 100)
     assert row["moe_bytes_per_token"] == 105 and row["min_bytes_per_token"] == 100
     assert row["bytes_vs_min"] == pytest.approx(1.05)
+
+
+# --------------------------------------------------------------- duckpipe-floor --moe
+
+
+def _gate(rng: np.random.Generator, tables: int, tokens: int, experts: int, topk: int):
+    """Distinct experts per token (a top-k's), weights of either sign."""
+    idx = np.stack([
+        np.stack([rng.choice(experts, topk, replace=False) for _ in range(tokens)])
+        for _ in range(tables)
+    ]).astype(np.int32)  # fmt: skip
+    w = rng.uniform(-1.5, 2.0, idx.shape).astype(np.float32)
+    return idx, w
+
+
+def _run_floor(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    cmd = [str(find_binary("duckpipe-floor")), "--moe", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _floor_lines(stdout: str) -> tuple[list[list[int]], dict[str, list[str]]]:
+    fwd, rest = [], {}
+    for line in stdout.splitlines():
+        f = line.split()
+        if f[0] == "fwd":
+            fwd.append([int(v) for v in f[1:]])
+        else:
+            rest[f[0]] = f[1:]
+    return fwd, rest
+
+
+@needs_c
+def test_floor_moe_adds_up_what_echo_ducks_answer_for_each_token(tmp_path: Path) -> None:
+    ducks, hidden, tokens, experts, topk, iters, warmup = 4, 96, 6, 16, 3, 3, 1
+    idx, w = _gate(np.random.default_rng(7), 2, tokens, experts, topk)
+    routing = tmp_path / "routing.bin"
+    routing.write_bytes(idx.tobytes() + w.tobytes())
+    out = tmp_path / "out.bin"
+    with DucksProcess(ducks=ducks, base_port=free_udp_ports(ducks),
+                      args=["--compute", "echo"]) as dk:  # fmt: skip
+        p = _run_floor(
+            "--ducks", str(ducks), "--base-port", str(dk.base_port), "--hidden", str(hidden),
+            "--tokens", str(tokens), "--experts", str(experts), "--topk", str(topk),
+            "--dtype", "f32", "--routing", str(routing), "--iters", str(iters),
+            "--warmup", str(warmup), "--session", str(random.getrandbits(62) | 1),
+            "--out", str(out),
+        )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    fwd, rest = _floor_lines(p.stdout)
+    assert len(fwd) == iters and all(len(f) == 7 for f in fwd)
+    assert all(f[5] == 0 for f in fwd)  # none lost
+    assert float(rest["check"][0]) <= 1e-5 and int(rest["cpu"][1]) == iters
+    # the sums, checked here on their own: the last forward used table (warmup+iters-1) % 2
+    placement = default_placement(experts, list(range(ducks)))
+    x = (((np.arange(tokens * hidden) % 97) - 48) * np.float32(0.01)).reshape(tokens, hidden)
+    last = (warmup + iters - 1) % 2
+    scale = (w[last] * (np.asarray(placement)[idx[last]] + 1)).sum(axis=1)
+    got = np.fromfile(out, np.float32).reshape(tokens, hidden)
+    np.testing.assert_allclose(got, scale[:, None] * x, rtol=1e-5, atol=1e-6)
+
+    # on the wire: each routed duck its one-section table and its distinct rows, no more
+    def wire(t: int) -> int:
+        where = np.asarray(placement)[idx[t]]
+        return sum(16 + 8 + 8 * int((where == d).sum()) + hidden * 4 * int((where == d).any(1).sum())
+                   for d in range(ducks) if (where == d).any())  # fmt: skip
+
+    assert int(rest["bytes"][0]) == sum(wire(k % 2) for k in range(warmup, warmup + iters))
+
+
+@needs_c
+def test_floor_moe_fails_on_sums_that_are_not_the_echo(tmp_path: Path) -> None:
+    # ducks computing the (never loaded, all zero) experts: every output row is 0
+    with DucksProcess(ducks=2, base_port=free_udp_ports(2)) as dk:
+        p = _run_floor("--ducks", "2", "--base-port", str(dk.base_port), "--hidden", "64",
+                       "--tokens", "3", "--experts", "8", "--topk", "2", "--iters", "1",
+                       "--warmup", "0", "--session", str(random.getrandbits(62) | 1))  # fmt: skip
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "--compute echo" in p.stderr
+
+
+@needs_c
+def test_floor_moe_refuses_a_routing_file_of_the_wrong_size(tmp_path: Path) -> None:
+    bad = tmp_path / "routing.bin"
+    bad.write_bytes(b"\0" * 20)
+    p = _run_floor("--base-port", "1", "--tokens", "2", "--topk", "2", "--routing", str(bad))
+    assert p.returncode == 1
+    assert "are not 1..4096 tables of 2 tokens x 2" in p.stderr
