@@ -204,8 +204,8 @@ def test_floor_moe_adds_up_what_echo_ducks_answer_for_each_token(tmp_path: Path)
     # on the wire: each routed duck its one-section table and its distinct rows, no more
     def wire(t: int) -> int:
         where = np.asarray(placement)[idx[t]]
-        return sum(16 + 8 + 8 * int((where == d).sum()) + hidden * 4 * int((where == d).any(1).sum())
-                   for d in range(ducks) if (where == d).any())  # fmt: skip
+        mine = [where == d for d in range(ducks) if (where == d).any()]
+        return sum(16 + 8 + 8 * int(m.sum()) + hidden * 4 * int(m.any(1).sum()) for m in mine)
 
     assert int(rest["bytes"][0]) == sum(wire(k % 2) for k in range(warmup, warmup + iters))
 
