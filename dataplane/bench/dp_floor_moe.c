@@ -13,7 +13,9 @@
  *             sendmmsg for the whole forward, each of its messages a UDP GSO send of up
  *             to 44 datagrams of one duck;
  *   combine   the output zeroed while the ducks compute, then recvmmsg of their
- *             PARTIAL|ROUTED chunks (poll() when none is queued), each added in float32
+ *             PARTIAL|ROUTED chunks with UDP GRO (a duck's GSO train arrives whole, as at
+ *             the dataplane; --no-gro: one by one), poll() when none is queued, each
+ *             chunk added in float32
  *             to the output rows its duck's row map names (dp_accumulate, the dataplane's
  *             kernel).
  * No NACKs, no resends: a forward whose partials are not all in within --timeout-ms is
@@ -51,13 +53,15 @@
 #include "dp_abi.h"
 #include "dp_f16.h"
 #include "dp_floor.h"
+#include "dp_gro.h"
 #include "dp_reduce.h"
 #include "dp_routing.h"
 #include "dp_wire.h"
 
 /* ------------------------------------------------------------------ tunables */
 #define MOE_LAYER 0x7f12u     /* the layer id the MoE floor announces (dense: 0x7f10) */
-#define MOE_BURST 64u         /* datagrams per recvmmsg */
+#define MOE_BURST 16u         /* receives per recvmmsg, each up to 64 KiB (UDP GRO) */
+#define MOE_RX_BUF 65536u     /* one receive: a GRO train of datagrams, or one */
 #define MOE_TX_MSGS 1024u     /* messages per sendmmsg (UIO_MAXIOV) */
 #define MOE_GSO_SEGS 44u      /* 44 x 1472 bytes fit in one 64 KiB GSO send */
 #define MOE_MAX_IOV 1024u     /* iovecs of one message (UIO_MAXIOV) */
@@ -73,6 +77,7 @@ static uint8_t o_dtype = DP_DTYPE_F16;
 static uint64_t o_iters = 100, o_warmup = 10, o_timeout_ms = 500;
 static uint64_t o_session = 0x666c6f6f72ull; /* "floor" */
 static const char *o_routing, *o_out;
+static int o_gro = 1;
 
 /* --------------------------------------------------------------------- state */
 
@@ -108,7 +113,8 @@ static struct iovec *g_iov;
 static struct mmsghdr *g_tx;
 static char (*g_ctrl)[CMSG_SPACE(sizeof(uint16_t))];
 static uint64_t g_dgram_cap, g_iov_cap, g_msg_cap;
-static uint8_t rx_buf[MOE_BURST][FLOOR_RX_BUF] __attribute__((aligned(64)));
+static uint8_t (*rx_buf)[MOE_RX_BUF];
+static char rx_ctrl[MOE_BURST][CMSG_SPACE(sizeof(int))];
 static struct iovec rx_iov[MOE_BURST];
 static struct mmsghdr rx_msg[MOE_BURST];
 
@@ -471,8 +477,17 @@ static void receive(uint64_t fwd, uint64_t deadline, struct fwd_result *res)
 			continue;
 		}
 		uint64_t t = floor_now_ns();
-		for (int i = 0; i < n; i++)
-			done += (uint32_t)take_partial(fwd, rx_buf[i], rx_msg[i].msg_len, t, res);
+		for (int i = 0; i < n; i++) {
+			struct msghdr *m = &rx_msg[i].msg_hdr;
+			struct dp_gro_cursor cur;
+			uint8_t *p;
+			uint32_t len;
+			dp_gro_start(&cur, rx_buf[i], rx_msg[i].msg_len, dp_gro_cmsg_size(m),
+				     m->msg_flags & MSG_TRUNC);
+			while (dp_gro_next(&cur, &p, &len))
+				done += (uint32_t)take_partial(fwd, p, len, t, res);
+			m->msg_controllen = sizeof(rx_ctrl[i]); /* the kernel shortened it */
+		}
 	}
 	res->lost = g_nrd - done;
 }
@@ -572,9 +587,18 @@ static void setup(void)
 	g_iov = alloc_or_die(g_iov_cap * sizeof(*g_iov), "the iovecs");
 	g_tx = alloc_or_die(g_msg_cap * sizeof(*g_tx), "the messages");
 	g_ctrl = alloc_or_die(g_msg_cap * sizeof(*g_ctrl), "the GSO controls");
+	/* UDP GRO: a duck's GSO send of its partial arrives whole, as the dataplane's socket
+	 * backend takes it (and the emulator's kernel is spared cutting it up for us) */
+	int on = 1;
+	if (o_gro && setsockopt(g_fd, SOL_UDP, UDP_GRO, &on, sizeof(on)) < 0)
+		floor_die("setsockopt(UDP_GRO) failed: %s; try --no-gro", strerror(errno));
+	rx_buf = alloc_or_die(MOE_BURST * sizeof(*rx_buf), "the receive buffers");
 	for (uint32_t i = 0; i < MOE_BURST; i++) {
-		rx_iov[i] = (struct iovec){ .iov_base = rx_buf[i], .iov_len = FLOOR_RX_BUF };
-		rx_msg[i].msg_hdr = (struct msghdr){ .msg_iov = &rx_iov[i], .msg_iovlen = 1 };
+		rx_iov[i] = (struct iovec){ .iov_base = rx_buf[i], .iov_len = MOE_RX_BUF };
+		rx_msg[i].msg_hdr = (struct msghdr){ .msg_iov = &rx_iov[i],
+						     .msg_iovlen = 1,
+						     .msg_control = rx_ctrl[i],
+						     .msg_controllen = sizeof(rx_ctrl[i]) };
 	}
 	make_placement();
 	make_routing();
@@ -610,6 +634,7 @@ static void usage(FILE *f)
 		"  --routing FILE      the gate's choices instead: int32 ids [R][T][K], then float32\n"
 		"                      weights [R][T][K]; forward i uses table i %% R\n"
 		"  --out FILE          write the last forward's output there (float32 [T][H])\n"
+		"  --no-gro            receive datagram by datagram, without UDP GRO\n"
 		"  --iters N           timed forwards (default 100)\n"
 		"  --warmup N          untimed forwards first (default 10)\n"
 		"  --timeout-ms MS     a forward not complete by then is lost (default 500)\n"
@@ -631,6 +656,7 @@ static void parse_args(int argc, char **argv)
 		{ "seed", required_argument, NULL, 'S' },
 		{ "routing", required_argument, NULL, 'R' },
 		{ "out", required_argument, NULL, 'o' },
+		{ "no-gro", no_argument, NULL, 'G' },
 		{ "iters", required_argument, NULL, 'i' },
 		{ "warmup", required_argument, NULL, 'w' },
 		{ "timeout-ms", required_argument, NULL, 't' },
@@ -652,6 +678,7 @@ static void parse_args(int argc, char **argv)
 		case 'S': o_seed = (uint32_t)floor_parse_u64("seed", optarg, 0, UINT32_MAX); break;
 		case 'R': o_routing = optarg; break;
 		case 'o': o_out = optarg; break;
+		case 'G': o_gro = 0; break;
 		case 'i': o_iters = floor_parse_u64("iters", optarg, 1, 10000000); break;
 		case 'w': o_warmup = floor_parse_u64("warmup", optarg, 0, 10000000); break;
 		case 't': o_timeout_ms = floor_parse_u64("timeout-ms", optarg, 1, 60000); break;
