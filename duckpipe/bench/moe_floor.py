@@ -38,8 +38,16 @@ from ..errors import DuckpipeError
 from ..launch.binaries import find_binary
 from ..launch.cluster import free_udp_ports
 from ..launch.ducks import DucksProcess
-from .common import DUCKS_CPU, Progress, Size, Table, cpu_seconds, percentiles_us, pin
-from .common import task_cpu_seconds
+from .common import (
+    DUCKS_CPU,
+    Progress,
+    Size,
+    Table,
+    cpu_seconds,
+    percentiles_us,
+    pin,
+    task_cpu_seconds,
+)
 
 __all__ = ["COLUMNS", "MODES", "PHASE_COLUMNS", "FloorConfig", "floor_config", "ratios", "run"]
 
@@ -95,24 +103,30 @@ class FloorConfig:
     ducks: tuple[int, ...]
     tokens: tuple[int, ...]
     hidden: int
-    iters: dict[int, int]  # timed calls by batch size
+    iters: dict[int, int]  # timed calls by batch size, over every round
+    rounds: int = 1  # the rows take turns this many times (the load drifts: a ratio of
+    # two rows measured minutes apart measures the drift too)
+
+    def per_round(self, tokens: int) -> int:
+        return max(1, self.iters[tokens] // self.rounds)
 
     def label(self, ducks: int) -> str:
         return f"{ducks} ducks, hidden {self.hidden}, top-{TOPK} of {N_EXPERTS}"
 
     def warmup(self, tokens: int) -> int:
-        return max(2, self.iters[tokens] // 10)
+        return max(2, self.per_round(tokens) // 10)
 
 
 def floor_config(size: Size) -> FloorConfig:
     """Full: the issue's grid; quick: 8 ducks at 1 and 64 tokens (CI: a few seconds);
     smoke: 4 ducks, a narrow row."""
-    iters = size.pick({1: 300, 8: 150, 64: 40, 256: 12}, {1: 60, 64: 12}, {1: 3, 8: 3})
+    iters = size.pick({1: 600, 8: 300, 64: 90, 256: 30}, {1: 60, 64: 12}, {1: 3, 8: 3})
     return FloorConfig(
         ducks=size.pick((8, 32), (8,), (4,)),  # type: ignore[arg-type]
         tokens=tuple(iters),  # type: ignore[arg-type]
         hidden=size.pick(7168, 7168, 256),  # type: ignore[arg-type]
         iters=iters,  # type: ignore[arg-type]
+        rounds=size.pick(3, 2, 1),  # type: ignore[arg-type]
     )
 
 
@@ -131,6 +145,19 @@ class Calls:
     def add(self, **phases: int) -> None:
         for k, v in phases.items():
             self.phases.setdefault(k, []).append(v)
+
+    def merge(self, o: Calls) -> None:
+        """Another round of the same row: its calls after these."""
+        self.e2e += o.e2e
+        for k, v in o.phases.items():
+            self.phases.setdefault(k, []).extend(v)
+        self.cpu_s += o.cpu_s
+        self.wire_bytes += o.wire_bytes
+        self.lost += o.lost
+        for k, v in o.counters.items():
+            self.counters[k] = self.counters.get(k, 0) + v
+        if not self.max_rel_diff >= o.max_rel_diff:  # the worst round's; NaN: none yet
+            self.max_rel_diff = o.max_rel_diff
 
 
 def summarise(label: str, ducks: int, tokens: int, name: str, c: Calls, min_bytes: float):
@@ -320,8 +347,8 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
     from ..launch.dataplane import DataplaneProcess
 
     cfg = floor_config(size)
-    prog = Progress("moe floor", len(cfg.ducks) * (1 + len(cfg.tokens) * (1 + len(MODES))),
-                    quiet=quiet)  # fmt: skip
+    steps = len(cfg.ducks) * (1 + len(cfg.tokens) * cfg.rounds * (1 + len(MODES)))
+    prog = Progress("moe floor", steps, quiet=quiet)
     table = Table(key="moe_floor", title="moe_floor: routed forwards against the C floor, "
                   "same echo ducks, same routing", columns=COLUMNS)  # fmt: skip
     phases = Table(key="moe_floor_phases", title="moe_floor_phases: where the time goes "
@@ -330,7 +357,7 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
     row_bytes = cfg.hidden * 2
     most = max(cfg.tokens)
     # the largest message: a broadcast's table and every row
-    nbytes = most * row_bytes + 16 + 8 * (32 + most * TOPK)
+    nbytes = most * row_bytes + 16 + 8 * (256 + most * TOPK)  # the client's bound: 256 ducks
     slot = 1 << (nbytes + 4096 - 1).bit_length()
     with tempfile.TemporaryDirectory(prefix="duckpipe-bench-moe-") as tmp:
         for ducks in cfg.ducks:
@@ -343,33 +370,42 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
                               args=["--compute", "echo"]) as dk:  # fmt: skip
                 pin(dk.pid, DUCKS_CPU)
                 ports = [p for _, _, p in dk.addresses]
-                with DataplaneProcess(_topology(ports, nbytes)) as dp, duckpipe.connect(
-                    dp.control, name="bench-moe-floor", slots=4, slot_size=slot
-                ) as client:
+                with (
+                    DataplaneProcess(_topology(ports, nbytes)) as dp,
+                    duckpipe.connect(
+                        dp.control, name="bench-moe-floor", slots=4, slot_size=slot
+                    ) as client,
+                ):
                     client.load_weights(LAYER, moe, placement=placement.tolist(),
                                         progress=False)  # fmt: skip
                     rows = []
                     for tokens in cfg.tokens:
-                        iters, warmup = cfg.iters[tokens], cfg.warmup(tokens)
+                        iters, warmup = cfg.per_round(tokens), cfg.warmup(tokens)
                         batches = _batches(cfg.hidden, tokens, gate, seed=tokens)
                         routing = Path(tmp) / f"routing-{ducks}-{tokens}.bin"
                         _routing_file(routing, batches)
-                        least = sum(
+                        least = cfg.rounds * sum(
                             minimum_bytes(batches[k % TABLES][1], placement, row_bytes)
                             for k in range(warmup, warmup + iters)
                         )
-                        prog.step(f"{label}: {tokens} token(s), the floor x{iters}")
-                        c = run_floor(ports, cfg.hidden, tokens, routing, iters, warmup)
-                        rows.append(summarise(label, ducks, tokens, FLOOR, c, least))
-                        for mode in MODES:
-                            prog.step(f"{label}: {tokens} token(s), {mode} x{iters}")
-                            c = run_duckpipe(client, dp.pid, mode, batches, placement, iters,
-                                             warmup)  # fmt: skip
-                            rows.append(summarise(label, ducks, tokens, mode, c, least))
+                        got = {name: Calls() for name in (FLOOR, *MODES)}
+                        for r in range(cfg.rounds):
+                            turn = f"{tokens} token(s), round {r + 1}/{cfg.rounds}"
+                            prog.step(f"{label}: {turn}, the floor x{iters}")
+                            got[FLOOR].merge(run_floor(ports, cfg.hidden, tokens, routing,
+                                                       iters, warmup))  # fmt: skip
+                            for mode in MODES:
+                                prog.step(f"{label}: {turn}, {mode} x{iters}")
+                                got[mode].merge(run_duckpipe(client, dp.pid, mode, batches,
+                                                             placement, iters, warmup))  # fmt: skip
+                        rows += [summarise(label, ducks, tokens, n, c, least)
+                                 for n, c in got.items()]  # fmt: skip
                     ratios(rows)
                     table.rows += rows
                     phases.rows += rows
     table.notes += [
+        f"The rows of a size take turns, {cfg.rounds} round(s) of a share of the calls each, "
+        "so that the machine's load drifting shows in every row alike.",
         "Every row of a duck count talks to the same `duckpipe-ducks --compute echo` process "
         "on CPU 1 (one thread: its ducks answer one after another, and its echo of a routed "
         "row is a float32 pass per expert: at 64 tokens and more the emulator's Σ compute "
@@ -394,8 +430,9 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
     phases.notes += [
         "floor: claim→submitted is its route step (pack, split, per-duck tables, datagram "
         "headers and iovecs); send its sendmmsg; wait from there to the last partial added "
-        "(receive and sum inline: no prepare, fetch or reduce of its own). duckpipe: claim→submitted is the client's "
-        "claim, copy and submit (routing packed and checked); prepare, send, wait, fetch, "
-        "reduce and reply spread are the dataplane's phases from the slot header.",
+        "(receive and sum inline: no prepare, fetch or reduce of its own). duckpipe: "
+        "claim→submitted is the client's claim, copy and submit (routing packed and "
+        "checked); prepare, send, wait, fetch, reduce and reply spread are the "
+        "dataplane's phases from the slot header.",
     ]
     return [table, phases]
