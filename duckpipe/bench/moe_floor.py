@@ -56,6 +56,7 @@ MODES = ("broadcast", "unicast", "auto")
 FLOOR = "floor"
 LAYER = 29
 TABLES = 8  # routings per batch size, used in turn by both sides
+TIMEOUT_S = 5  # a forward's deadline, both sides
 ROW_LABELS = {
     FLOOR: "C floor (duckpipe-floor --moe)",
     **{m: f"duckpipe, moe_send={m}" for m in MODES},
@@ -234,9 +235,11 @@ def run_floor(ports: list[int], hidden: int, tokens: int, routing: Path, iters: 
         "--hidden", str(hidden), "--tokens", str(tokens),
         "--experts", str(N_EXPERTS), "--topk", str(TOPK), "--dtype", "f16",
         "--routing", str(routing), "--iters", str(iters), "--warmup", str(warmup),
+        "--timeout-ms", str(TIMEOUT_S * 1000),
         "--session", str(random.getrandbits(62) | 1),
     ]  # fmt: skip
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60 + iters, check=False)
+    budget = 60 + (iters + warmup) * TIMEOUT_S
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=budget, check=False)
     if p.returncode != 0:
         raise DuckpipeError(f"duckpipe-floor --moe failed (exit {p.returncode}): {p.stderr}")
     c = Calls()
@@ -278,7 +281,7 @@ def run_duckpipe(client, dp_pid: int, mode: str, batches, placement: np.ndarray,
         t1 = time.perf_counter_ns()
         with fwd:
             try:
-                y = fwd.result(timeout=10)
+                y = fwd.result(timeout=TIMEOUT_S + 5)
             except duckpipe.errors.DuckpipeError as e:
                 raise duckpipe.errors.DuckpipeError(f"bench moe floor, {mode}: {e}") from e
             t2 = time.perf_counter_ns()
@@ -337,6 +340,9 @@ def _topology(ports: list[int], nbytes: int):
             )
         ],
         max_forward_bytes=max(1 << 20, nbytes),
+        # a broadcast of 256 tokens to 32 ducks is 117 MB for one emulator thread: the
+        # forward after it can wait out the 1 s default on the backlog
+        default_timeout_ms=TIMEOUT_S * 1000,
     )
 
 
