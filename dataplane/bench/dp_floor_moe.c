@@ -78,7 +78,7 @@ static uint8_t o_dtype = DP_DTYPE_F16;
 static uint64_t o_iters = 100, o_warmup = 10, o_timeout_ms = 500;
 static uint64_t o_session = 0x666c6f6f72ull; /* "floor" */
 static const char *o_routing, *o_out;
-static int o_gro = 1;
+static int o_gro = 1, o_spin;
 
 /* --------------------------------------------------------------------- state */
 
@@ -473,6 +473,8 @@ static void receive(uint64_t fwd, uint64_t deadline, struct fwd_result *res)
 			uint64_t t = floor_now_ns();
 			if (t >= deadline)
 				break;
+			if (o_spin)
+				continue;
 			struct pollfd p = { .fd = g_fd, .events = POLLIN };
 			poll(&p, 1, (int)((deadline - t + 999999) / 1000000));
 			continue;
@@ -636,6 +638,7 @@ static void usage(FILE *f)
 		"                      weights [R][T][K]; forward i uses table i %% R\n"
 		"  --out FILE          write the last forward's output there (float32 [T][H])\n"
 		"  --no-gro            receive datagram by datagram, without UDP GRO\n"
+		"  --spin              poll the socket without sleeping (default: poll() when idle)\n"
 		"  --iters N           timed forwards (default 100)\n"
 		"  --warmup N          untimed forwards first (default 10)\n"
 		"  --timeout-ms MS     a forward not complete by then is lost (default 500)\n"
@@ -658,6 +661,7 @@ static void parse_args(int argc, char **argv)
 		{ "routing", required_argument, NULL, 'R' },
 		{ "out", required_argument, NULL, 'o' },
 		{ "no-gro", no_argument, NULL, 'G' },
+		{ "spin", no_argument, NULL, 'P' },
 		{ "iters", required_argument, NULL, 'i' },
 		{ "warmup", required_argument, NULL, 'w' },
 		{ "timeout-ms", required_argument, NULL, 't' },
@@ -680,6 +684,7 @@ static void parse_args(int argc, char **argv)
 		case 'R': o_routing = optarg; break;
 		case 'o': o_out = optarg; break;
 		case 'G': o_gro = 0; break;
+		case 'P': o_spin = 1; break;
 		case 'i': o_iters = floor_parse_u64("iters", optarg, 1, 10000000); break;
 		case 'w': o_warmup = floor_parse_u64("warmup", optarg, 0, 10000000); break;
 		case 't': o_timeout_ms = floor_parse_u64("timeout-ms", optarg, 1, 60000); break;

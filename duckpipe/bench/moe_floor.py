@@ -395,6 +395,10 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
                             for k in range(warmup, warmup + iters)
                         )
                         got = {name: Calls() for name in (FLOOR, *MODES)}
+                        # untimed, first: the floor measured on ducks that only it had
+                        # talked to ran 2-3x slower at 8 tokens x 8 ducks (1 ms to the
+                        # first partial) until duckpipe's calls had gone through them
+                        run_duckpipe(client, dp.pid, "unicast", batches, placement, 1, warmup)
                         for r in range(cfg.rounds):
                             turn = f"{tokens} token(s), round {r + 1}/{cfg.rounds}"
                             prog.step(f"{label}: {turn}, the floor x{iters}")
