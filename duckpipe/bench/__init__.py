@@ -5,7 +5,8 @@ Sections, one module each: :mod:`.ipc` (the handoff against IPC baselines),
 :mod:`.scale` (duckpipe's host overhead against ducks and payload), :mod:`.pps`
 (one worker's DPDK transmit rate against dpdk-testpmd; skipped without root,
 DPDK or hugepages), :mod:`.moe` (a mixture-of-experts layer broadcast, unicast and
-as a dense baseline). Markdown
+as a dense baseline; then, :mod:`.moe_floor`, duckpipe's routed sends against the C
+floor ``duckpipe-floor --moe``). Markdown
 tables go to stdout, progress to stderr, ``bench.json`` (and PNG plots when
 matplotlib is installed: ``pip install 'duckpipe[bench]'``) into ``--out``. With
 ``--doc`` (``docs/benchmarks.md``) each section that ran replaces its own block of that
