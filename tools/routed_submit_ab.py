@@ -35,11 +35,11 @@ import time
 import numpy as np
 
 import duckpipe
+from duckpipe import SwiGluMlp
 from duckpipe.bench.common import DUCKS_CPU, pin, pin_self
 from duckpipe.client.models import BFLOAT16
 from duckpipe.demo.moe_shape import default_placement
 from duckpipe.launch.cluster import Cluster
-from duckpipe import SwiGluMlp
 from duckpipe.moe import Gate, MoeMlp
 
 DENSE, ROUTED = 1, 2
@@ -77,8 +77,10 @@ def gate_ab(rounds: int, iters: int) -> None:
             for k in ratios:
                 ratios[k].append(this[k] / this["float32"])
         for k, r in ratios.items():
-            print(f"| {k} | {tokens} | {statistics.median(p50s['float32']):.0f} | "
-                  f"{statistics.median(p50s[k]):.0f} | {statistics.median(r):.2f} | <= 1.2 |")  # fmt: skip
+            f32, this = statistics.median(p50s["float32"]), statistics.median(p50s[k])
+            print(
+                f"| {k} | {tokens} | {f32:.0f} | {this:.0f} | {statistics.median(r):.2f} | <= 1.2 |"
+            )
 
 
 def _layers(hidden: int) -> tuple[SwiGluMlp, MoeMlp]:

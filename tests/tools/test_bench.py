@@ -92,14 +92,14 @@ def assert_markdown(stdout: str, title: str, columns: list[dict]) -> None:
 
 
 @needs_c
-@pytest.mark.slow  # 16-18 s: every section
+@pytest.mark.slow  # 17-19 s: every section
 def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -> None:
     page = tmp_path / "benchmarks.md"
     page.write_text("# Benchmarks\n\nkept as it is\n")
     stdout, doc = run_bench(tmp_path, "all", "--doc", str(page))
     for fact in ("cpu_model", "cpus", "kernel", "python", "numpy", "pinning", "date_utc"):
         assert doc["machine"].get(fact), fact
-    assert doc["sections"] == ["ipc", "forward", "scale", "pps", "moe"]
+    assert doc["sections"] == ["ipc", "forward", "scale", "pps", "moe", "decode"]
 
     fwd = table(doc, "forward")
     assert_complete(fwd)
@@ -180,10 +180,12 @@ def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -
         assert "(smoke size, " in block
     for t in doc["tables"]:
         assert f"### {t['title']}" in text, t["key"]
-    assert f"wrote the ipc, forward, scale, pps, moe section(s) of {page}" in stdout
+    assert f"wrote the ipc, forward, scale, pps, moe, decode section(s) of {page}" in stdout
     moe = table(doc, "moe")  # its rows: tests/tools/test_bench_moe.py
     assert [r["mode"] for r in moe["rows"]] == ["broadcast", "unicast", "dense"]
     assert_markdown(stdout, moe["title"], moe["columns"])
+    decode = table(doc, "decode")  # its rows: tests/tools/test_bench_decode.py
+    assert_complete(decode)
 
 
 def test_bench_pps_says_why_it_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
