@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from duckpipe.bench import SECTIONS, forward, forward_veth, ipc, pps
-from duckpipe.bench.common import Size, Table, task_cpu_seconds
+from duckpipe.bench.common import Size, Table, schedstat_ns, task_cpu_seconds
 from duckpipe.bench.report import DocError, doc_sections, section_markdown, update_doc
 from duckpipe.errors import DuckpipeError
 from duckpipe.launch.binaries import find_binary
@@ -331,3 +331,19 @@ def test_another_process_cpu_is_counted_in_nanoseconds_not_ticks():
         pass
     spent = task_cpu_seconds(os.getpid()) - before
     assert 0.0035 < spent < 0.009, spent
+
+
+def test_one_threads_schedstat_is_its_own_and_the_process_sums_its_threads():
+    # the one schedstat reader (the bench's and the tools'): a thread's ns on a CPU, or
+    # every thread's; a thread that is not there reads as nothing, not an error
+    import threading
+
+    me = threading.get_native_id()
+    on0, _ = schedstat_ns(os.getpid(), me)
+    end = time.thread_time() + 0.004
+    while time.thread_time() < end:
+        pass
+    on1, queued = schedstat_ns(os.getpid(), me)
+    assert 3_500_000 < on1 - on0 < 9_000_000 and queued >= 0
+    assert schedstat_ns("self")[0] >= on1
+    assert schedstat_ns(os.getpid(), 2**31 - 1) == (0, 0)
