@@ -63,6 +63,7 @@ COLUMNS = [
     ("model_host_us", "model's host work / layer µs"),
     ("blocked_us", "blocked in result / layer µs"),
     ("wait_us", "dataplane wait / forward µs"),
+    ("echo_us", "Σ ducks' echo / forward µs"),
     ("overhead_us", "duckpipe host overhead / layer µs"),
     ("vs_one", "tokens/s vs one micro-batch"),
 ]
@@ -115,6 +116,7 @@ class StepTimes:
     model_ns: list[int] = dataclasses.field(default_factory=list)
     blocked_ns: list[int] = dataclasses.field(default_factory=list)
     wait_ns: list[int] = dataclasses.field(default_factory=list)
+    echo_ns: list[int] = dataclasses.field(default_factory=list)  # ducks' compute, summed
 
 
 def summarise(cfg: Config, batch: int, micro: int, t: StepTimes) -> dict[str, object]:
@@ -135,6 +137,7 @@ def summarise(cfg: Config, batch: int, micro: int, t: StepTimes) -> dict[str, ob
         "model_host_us": model,
         "blocked_us": blocked,
         "wait_us": statistics.median(t.wait_ns) / 1e3 if t.wait_ns else 0.0,
+        "echo_us": statistics.median(t.echo_ns) / 1e3 if t.echo_ns else 0.0,
         "overhead_us": layer - model - blocked,
     }
 
@@ -186,7 +189,9 @@ class _Model:
             t0 = time.perf_counter_ns()
             y = fwd.result(timeout=30)
             t1 = time.perf_counter_ns()
-            t.wait_ns.append(fwd.phases.wait_ns)
+            phases = fwd.phases
+            t.wait_ns.append(phases.wait_ns)
+            t.echo_ns.append(phases.duck_compute_sum_ns)
             t2 = time.perf_counter_ns()
             x += y
         acc[0] += t1 - t0
@@ -297,7 +302,10 @@ def run(
         "model's host work: attention, norm, gate, residual add; blocked in result: time in "
         "Forward.result(); dataplane wait: its wait phase (first send to last partial in), "
         "p50 per forward; duckpipe host overhead: a layer's time less those two (claim, "
-        "fill, submit, the result's read).",
+        "fill, submit, the result's read). Σ ducks' echo: the compute times the ducks "
+        "reported (the echo itself, before the --delay-us hold), added up, p50 per forward: "
+        "the emulator's one thread echoes its ducks one after another, so where the wait "
+        "follows this sum rather than --duck-us, the emulator is the ducks' bottleneck.",
         f"For scale (other hardware, real ducks, not this run): the reference cluster's "
         f"Qwen3 0.6B at 24 ducks: duck forward {lo}-{hi} µs, end to end "
         f"{REFERENCE_END_TO_END_US} µs per MLP call; DeepSeek-V3 on 32 ducks: "

@@ -31,7 +31,8 @@ def test_decode_is_a_section_whose_smallest_size_is_two_layers_of_one_batch():
 def test_rows_split_a_layer_into_host_work_blocked_time_and_overhead():
     cfg = bd.config(Size("smoke"), layers=4)
     one = bd.StepTimes(step_ns=[4_000_000] * 5, model_ns=[2_000_000] * 5,
-                       blocked_ns=[1_600_000] * 5, wait_ns=[300_000] * 20)  # fmt: skip
+                       blocked_ns=[1_600_000] * 5, wait_ns=[300_000] * 20,
+                       echo_ns=[50_000] * 20)  # fmt: skip
     two = bd.StepTimes(step_ns=[2_000_000] * 5, model_ns=[2_400_000] * 5,
                        blocked_ns=[400_000] * 5, wait_ns=[350_000] * 40)  # fmt: skip
     rows = [bd.summarise(cfg, 8, 1, one), bd.summarise(cfg, 8, 2, two)]
@@ -40,6 +41,7 @@ def test_rows_split_a_layer_into_host_work_blocked_time_and_overhead():
     assert a["tokens_per_s"] == pytest.approx(8 / 4e-3)
     assert (a["layer_us"], a["model_host_us"], a["blocked_us"]) == (1000, 500, 400)
     assert a["overhead_us"] == pytest.approx(100) and a["wait_us"] == 300
+    assert a["echo_us"] == 50 and b["echo_us"] == 0.0  # none reported
     assert a["vs_one"] == 1.0 and b["vs_one"] == pytest.approx(2.0)
     lone = [bd.summarise(cfg, 2, 2, two)]
     bd.ratios(lone)
