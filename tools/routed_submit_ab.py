@@ -6,7 +6,8 @@ against the float32 one per call, and a routed ``submit`` against a dense one.
 Gate: ``Gate.deepseek_v3`` (hidden 7168, 256 experts in 8 groups, 4 kept, top 8, sigmoid
 + bias, route scale 2.5) at 1 and 8 tokens, its weight float32, float16 and bf16, the
 three interleaved in each round; the ratio is the median of the rounds' ratios of p50s.
-Targets: bf16 and float16 <= 1.2x float32.
+Targets: bf16 and float16 <= 1.2x float32. Beside them, in the same rounds, what a bf16
+gate's call cost before: its weight converted to float32 on every call, then the call.
 
 Submit: one C dataplane (socket backend) and 8 echo ducks (``--compute echo``) on
 loopback, a dense layer and a routed one (256 narrow experts, the default placement, no
@@ -19,7 +20,8 @@ routed <= 1.5x dense at 1 token; routed <= 5 us + 0.05 us x tokens x topk at 4,0
 (1,643 us). ``--profile`` runs cProfile over the routed submits of the last round and
 prints where their time goes.
 
-Pinning: this process on CPU 0, the dataplane on CPU 0, the ducks on CPU 1.
+Pinning: this process on CPU 0, the dataplane on CPU 0, the ducks on CPU 1; numpy with one
+BLAS thread (OPENBLAS_NUM_THREADS=1 unless set).
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
+import os
 import pstats
 import statistics
 import sys
 import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # BLAS threads spinning on 2 cores: noise
 
 import numpy as np
 
@@ -52,10 +57,14 @@ def _p50_us(ns: list[int]) -> float:
 
 def gate_ab(rounds: int, iters: int) -> None:
     base = Gate.deepseek_v3(7168, seed=2)
+    w16 = base.weight.astype(BFLOAT16)
     gates = {
         "float32": base,
         "float16": dataclasses.replace(base, weight=base.weight.astype(np.float16)),
-        "bf16": dataclasses.replace(base, weight=base.weight.astype(BFLOAT16)),
+        "bf16": dataclasses.replace(base, weight=w16),
+        # what a bf16 gate's call cost before issue 29, the weight converted on every call:
+        # a gate made per call (its checks add a few µs), not base's cached weight
+        "bf16, converted per call (before)": lambda x: dataclasses.replace(base, weight=w16)(x),
     }
     rng = np.random.default_rng(3)
     print("| gate | tokens | float32 p50 µs | this p50 µs | ratio (median of rounds) | target |")
@@ -66,8 +75,11 @@ def gate_ab(rounds: int, iters: int) -> None:
         p50s: dict[str, list[float]] = {k: [] for k in gates}
         for _ in range(rounds):
             times = {k: [] for k in gates}
-            for _ in range(iters):
-                for name, g in gates.items():  # interleaved call by call
+            names = list(gates)
+            for i in range(iters):
+                turn = names[i % len(names) :] + names[: i % len(names)]
+                for name in turn:  # interleaved call by call, the order turning
+                    g = gates[name]
                     t0 = time.perf_counter_ns()
                     g(x)
                     times[name].append(time.perf_counter_ns() - t0)
@@ -146,7 +158,7 @@ def submit_ab(rounds: int, iters: int, profile: bool) -> None:
         r = statistics.median(r50)
         target = "<= 1.5 x dense" if tokens == 1 else "<= budget"
         print(f"| routed vs dense | {tokens} x {TOPK} | {hidden} | {statistics.median(d50):.1f} "
-              f"| {r:.1f} | {statistics.median(ratio):.2f} | {budget:,.0f} | {r / budget:.2f} "
+              f"| {r:.1f} | {statistics.median(ratio):.2f} | {budget:,.1f} | {r / budget:.2f} "
               f"| {target} |")  # fmt: skip
         if prof is not None:
             print(f"\nwhere the routed submits of the last round went ({tokens} tokens):",
