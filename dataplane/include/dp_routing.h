@@ -526,12 +526,13 @@ static inline void dp_routing_plan(struct dp_routing_plan *plan,
 	plan->max_r = max_r;
 	plan->phases = n_experts && lcm * n_experts <= DP_ROUTING_PLAN_CELLS ? lcm : 0;
 	if (plan->phases) {
-		for (uint32_t ph = 0; ph < lcm; ph++)
-			for (uint32_t e = 0; e < n_experts; e++) {
-				uint32_t r = pl->replicas[e];
-				uint32_t i = r >= 1 && r <= DP_MAX_REPLICAS ? ph % r : 0;
+		for (uint32_t e = 0; e < n_experts; e++) {
+			uint32_t r = pl->replicas[e], i = 0; /* i = ph % r, by counting */
+			for (uint32_t ph = 0; ph < lcm; ph++) {
 				plan->cell[ph * n_experts + e] = dp_routing_cell(pl, slots, ducks, e, i);
+				i = i + 1 >= r ? 0 : i + 1;
 			}
+		}
 		return;
 	}
 	for (uint32_t e = 0; e < n_experts; e++)
@@ -587,8 +588,10 @@ dp_routing_walk_cell(const struct dp_routing_plan *plan, const struct dp_routing
  * plan into count[DP_MAX_DUCKS] (set here), ducks outside the plan's set left at 0;
  * NO_EXPERT entries and ids past n_experts (a refused table's) are not counted. 0, or
  * DP_ROUTING_ERROR_PLACEMENT with why for an expert named that the plan has no duck for.
- * Phased, a histogram of (phase, expert) first and the cells after: one increment per
- * entry instead of a cell lookup and an increment. */
+ * Phased, with at least as many entries as cells (a prefill), a histogram of (phase,
+ * expert) first and the cells after: one increment per entry instead of a cell lookup
+ * and an increment; with fewer (a decode step), entry by entry, so that a token's count
+ * does not clear and fold every cell. */
 static inline __attribute__((always_inline)) int
 dp_routing_count_walk(const struct dp_routing_plan *plan, const uint8_t *e0, uint32_t tokens,
 		      uint32_t topk, uint32_t *count, char *why, size_t n, const int phased)
@@ -597,10 +600,11 @@ dp_routing_count_walk(const struct dp_routing_plan *plan, const uint8_t *e0, uin
 	struct dp_routing_walk w;
 	dp_routing_walk_start(plan, &w);
 	memset(count, 0, DP_MAX_DUCKS * sizeof(*count));
-	if (phased) {
+	uint32_t none = plan->phases * n_experts;
+	if (phased && (uint64_t)tokens * topk >= none) {
 		/* one cell per plan cell, and a last one for every entry that names none */
-		uint32_t hist[DP_ROUTING_PLAN_CELLS + 1] = { 0 };
-		uint32_t none = plan->phases * n_experts, base = 0;
+		uint32_t hist[DP_ROUTING_PLAN_CELLS + 1], base = 0;
+		memset(hist, 0, (none + 1) * sizeof(*hist));
 		for (uint32_t t = 0; t < tokens; t++) {
 			const uint8_t *row = e0 + (uint64_t)t * topk * DP_ROUTING_ENTRY_SIZE;
 			for (uint32_t k = 0; k < topk; k++) {
@@ -622,14 +626,14 @@ dp_routing_count_walk(const struct dp_routing_plan *plan, const uint8_t *e0, uin
 		}
 		return 0;
 	}
-	for (uint32_t t = 0; t < tokens; t++, dp_routing_walk_next(plan, &w, 0)) {
+	for (uint32_t t = 0; t < tokens; t++, dp_routing_walk_next(plan, &w, phased)) {
 		const uint8_t *row = e0 + (uint64_t)t * topk * DP_ROUTING_ENTRY_SIZE;
 		for (uint32_t k = 0; k < topk; k++) {
 			uint32_t expert;
 			memcpy(&expert, row + k * DP_ROUTING_ENTRY_SIZE, 4);
 			if (expert >= n_experts)
 				continue; /* NO_EXPERT: the slot contributes nothing */
-			uint32_t at = dp_routing_walk_cell(plan, &w, expert, 0);
+			uint32_t at = dp_routing_walk_cell(plan, &w, expert, phased);
 			if (at == DP_ROUTING_NOWHERE)
 				return dp_refuse(DP_ROUTING_ERROR_PLACEMENT, why, n,
 							 "the placement has no duck for expert %u",
