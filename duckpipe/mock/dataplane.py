@@ -1254,6 +1254,7 @@ class MockDataplane:
         info = layer.info
         npdt = numpy_dtype(info.dtype)
         for duck, f in zip(info.ducks, info.shard_sizes, strict=True):
+            self._beat()  # a big layer's ducks take seconds of numpy on a loaded machine
             shapes = _tensor_shapes(info.kind, info.hidden, f)
             if info.weight_dtype:  # FP8: dequantized as a duck does, block by block
                 layer.tensors[duck] = [
@@ -1387,7 +1388,8 @@ class MockDataplane:
 
     def _beat(self) -> None:
         """Tell every client the dataplane lives, as the C dataplane's control thread does
-        while its workers compute: the mock computes its ducks in its one loop."""
+        while its workers compute: the mock computes its ducks (a forward's, a layer's
+        dequantization at commit) in its one loop, between housekeeping passes."""
         now = host.monotonic_ns()
         for client in self.clients.values():
             client.seg.header.dataplane_heartbeat_ns = now
