@@ -232,6 +232,7 @@ static int dp_submit_routed(const struct dp_submitter *s, struct dp_routed_submi
                             uint64_t epoch, const void *indices, const void *weights,
                             void *table)
 {
+    r->why[0] = '\0'; /* an earlier refusal's reason is not this call's */
     int rc = dp_routing_pack(indices, r->index_size, weights, r->tokens, r->topk, r->n_experts,
                              table, r->table_len, r->why, sizeof r->why);
     if (rc < 0)
