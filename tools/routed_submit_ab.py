@@ -17,8 +17,8 @@ call by call on the same shapes, routings made by the gate beforehand. At 1 toke
 is 7168; at 4,096 tokens (MAX_TOKENS) hidden is 256 (a submit does not touch the
 activation's bytes, only the routing's: 4,096 x 7168 would need 58 MB slots). Targets:
 routed <= 1.5x dense at 1 token; routed <= 5 us + 0.05 us x tokens x topk at 4,096
-(1,643 us). ``--profile`` runs cProfile over the routed submits of the last round and
-prints where their time goes.
+(1,643 us). ``--profile`` runs cProfile over the routed submits of the last round (the
+``submit`` calls alone) and prints where their time goes.
 
 Pinning: this process on CPU 0, the dataplane on CPU 0, the ducks on CPU 1; numpy with one
 BLAS thread (OPENBLAS_NUM_THREADS=1 unless set).
@@ -101,12 +101,16 @@ def _layers(hidden: int) -> tuple[SwiGluMlp, MoeMlp]:
     return dense, moe
 
 
-def _submit_ns(client, x: np.ndarray, layer: int, routing=None) -> int:
+def _submit_ns(client, x: np.ndarray, layer: int, routing=None, prof=None) -> int:
     with client.claim(x.shape, x.dtype) as slot:
         slot.array[:] = x
+        if prof is not None:  # the submit alone: not the claim, nor the wait for its result
+            prof.enable()
         t0 = time.perf_counter_ns()
         fwd = client.submit(slot, layer, routing=routing)
         t = time.perf_counter_ns() - t0
+        if prof is not None:
+            prof.disable()
     with fwd:
         fwd.result(timeout=30)
     return t
@@ -143,11 +147,7 @@ def submit_ab(rounds: int, iters: int, profile: bool) -> None:
                         x, r = xs[i % 4], routings[i % 4]
                         a = _submit_ns(client, x, DENSE)
                         last = profile and rnd == rounds - 1
-                        if last:
-                            prof.enable()
-                        b = _submit_ns(client, x, ROUTED, r)
-                        if last:
-                            prof.disable()
+                        b = _submit_ns(client, x, ROUTED, r, prof if last else None)
                         if i >= 5:  # warm-up calls are not counted
                             dn.append(a)
                             rn.append(b)
@@ -163,7 +163,19 @@ def submit_ab(rounds: int, iters: int, profile: bool) -> None:
         if prof is not None:
             print(f"\nwhere the routed submits of the last round went ({tokens} tokens):",
                   file=sys.stderr)  # fmt: skip
-            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(12)
+            _print_profile(prof, n + 5)  # every routed submit of the last round
+
+
+def _print_profile(prof: cProfile.Profile, n: int) -> None:
+    """cProfile's rows in µs per submit (its own print shows seconds to 3 places: 0.000)."""
+    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])  # type: ignore[attr-defined]
+    print("| function | calls / submit | own µs / submit | with callees µs / submit |",
+          file=sys.stderr)  # fmt: skip
+    print("|---|---:|---:|---:|", file=sys.stderr)
+    for (path, line, name), (_, calls, own, total, _) in rows[:12]:
+        where = f"{os.path.basename(path)}:{line}({name})" if line else name
+        print(f"| {where} | {calls / n:.0f} | {own / n * 1e6:.2f} | {total / n * 1e6:.2f} |",
+              file=sys.stderr)  # fmt: skip
 
 
 def main() -> int:

@@ -36,12 +36,14 @@ __all__ = [
     "WIRE_HEADER_DTYPE",
     "RoutingRefused",
     "Section",
+    "as_routing",
     "bank_slots",
     "check",
     "check_wire",
     "pack",
     "pack_into",
     "placement",
+    "refused",
     "sections",
     "split",
     "table_size",
@@ -85,7 +87,9 @@ class RoutingRefused(BadInput):
         self.code = code
 
 
-def _refused(rc: int, why: Any, what: str) -> RoutingRefused:
+def refused(rc: int, why: Any, what: str) -> RoutingRefused:
+    """The RoutingRefused of a C rule's refusal ``rc`` with its reason ``why`` (a char
+    buffer), naming ``what`` was refused."""
     code = RoutingError(rc)
     reason = text(why) or text(lib.dp_routing_strerror(rc))
     return RoutingRefused(f"{what} refused ({code.name}): {reason}", code)
@@ -136,7 +140,7 @@ def packable(indices: Any, weights: Any) -> bool:
     )
 
 
-def _as_routing(indices: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def as_routing(indices: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """indices as C-contiguous int32 or int64 and weights as C-contiguous float32, both
     [tokens, topk], or BadInput for what the table cannot hold. What it can hold (ids in
     range, distinct, finite weights) is for the C rule to judge, in dp_routing_pack."""
@@ -192,7 +196,7 @@ def pack(indices: np.ndarray, weights: np.ndarray, n_experts: int, out: Any = No
     them with their weights. Returns the table's bytes (a view of ``out``); raises
     :class:`RoutingRefused` with the rule's reason."""
     _fits_u32("n_experts", n_experts)
-    idx, w = _as_routing(indices, weights)
+    idx, w = as_routing(indices, weights)
     tokens, topk = idx.shape
     size = table_size(tokens, topk)
     if out is None:
@@ -213,7 +217,8 @@ def pack_into(idx: np.ndarray, w: np.ndarray, n_experts: int, out: Any, size: in
     """dp_routing_pack of arrays already in its form (C-contiguous int32 or int64 indices
     and float32 weights, ``[tokens, topk]`` within the maximums: what :func:`pack` makes of
     any routing, and what a gate returns) into ``out``, a cffi pointer to ``size`` bytes
-    (:func:`table_size`). A routed submit on its cached plan calls this alone."""
+    (:func:`table_size`). A routed submit packs in the C call that publishes it
+    (dp_submit_routed, ``Session.push_routed``), by the same dp_routing_pack."""
     tokens, topk = idx.shape
     why = ffi.new(f"char[{_WHY}]")
     rc = lib.dp_routing_pack(
@@ -221,7 +226,7 @@ def pack_into(idx: np.ndarray, w: np.ndarray, n_experts: int, out: Any, size: in
         out, size, why, _WHY,
     )  # fmt: skip
     if rc:
-        raise _refused(rc, why, "routing")
+        raise refused(rc, why, "routing")
 
 
 def check(table: Any, tokens: int, n_experts: int) -> None:
@@ -233,7 +238,7 @@ def check(table: Any, tokens: int, n_experts: int) -> None:
     why = ffi.new(f"char[{_WHY}]")
     rc = lib.dp_routing_check(ffi.from_buffer(buf), buf.size, tokens, n_experts, why, _WHY)
     if rc:
-        raise _refused(rc, why, "routing table")
+        raise refused(rc, why, "routing table")
 
 
 def unpack(table: Any, tokens: int, n_experts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -273,7 +278,7 @@ def placement(ducks_of: Sequence[Sequence[int]]) -> Any:
     why = ffi.new(f"char[{_WHY}]")
     rc = lib.dp_routing_placement_check(p, why, _WHY)
     if rc:
-        raise _refused(rc, why, "placement")
+        raise refused(rc, why, "placement")
     return p
 
 
@@ -335,7 +340,7 @@ def split(
         _WHY,
     )
     if rc:
-        raise _refused(rc, why, "routing split")
+        raise refused(rc, why, "routing split")
     hit = frozenset(d for d in range(MAX_DUCKS) if targets[d >> 6] >> (d & 63) & 1)
     return out[: size[0]], hit
 
@@ -349,7 +354,7 @@ def check_wire(wire: Any, rows: int, n_experts: int) -> None:
     why = ffi.new(f"char[{_WHY}]")
     rc = lib.dp_routing_wire_check(ffi.from_buffer(buf), buf.size, rows, n_experts, why, _WHY)
     if rc:
-        raise _refused(rc, why, "wire routing table")
+        raise refused(rc, why, "wire routing table")
 
 
 class Section(NamedTuple):
@@ -405,7 +410,7 @@ def unicast(wire: Any, duck: int) -> tuple[np.ndarray, np.ndarray]:
         _WHY,
     )
     if rc:
-        raise _refused(rc, why, "unicast routing table")
+        raise refused(rc, why, "unicast routing table")
     table = out[: size[0]]
     rows = int(table[:_WH].view(WIRE_HEADER_DTYPE)["rows"][0])
     return table, row_map[:rows].copy()

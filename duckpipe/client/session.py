@@ -47,6 +47,7 @@ from ..schema import control as ctl
 from ..schema.abi import DetachReason, Op, Status
 from ..schema.control import ErrorCode
 from .channel import BLOCK_SLICE_S, Channel
+from .routing import refused as routing_refused
 from .slots import ClaimBase, Slot, SlotGuard, SlotState, SlotTable
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ _SWEEP_S = 1.0
 _ZMQ_LOST_S = 5.0
 _MAX_LATE = 8192
 _SUBMITTED = SlotState.SUBMITTED
+_FORWARD = int(Op.FORWARD)
 _COMPLETED = SlotState.COMPLETED
 
 
@@ -425,6 +427,45 @@ class Session:
         self.unpumped += 1
         if self.unpumped >= _PUMP_AT_SUBMIT:
             self.pump(0)  # nobody released forwards: the completions of earlier ones, here
+        return rec
+
+    def push_routed(
+        self,
+        r,
+        moe: MoeLayer,
+        slot: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        indices,
+        weights,
+        table,
+    ) -> Inflight:
+        """``push`` of a routed forward: one call into C (dp_submit_routed) packs the
+        routing (cffi pointers to its ``indices`` and ``weights``) into the slot's
+        ``table`` by the C rule and, only if it accepts every entry, publishes a copy of
+        the plan ``r``'s template (a ``struct dp_routed_submit *``). A refusal raises
+        ``RoutingRefused`` with nothing published and the slot still claimed. Keep the
+        bookkeeping alike with ``push``'s."""
+        fid = self.next_forward
+        slots = self.slots
+        gen = slots.generation[slot]
+        epoch = self.epoch
+        rc = lib.dp_submit_routed(self.submitter, r, fid, slot, gen, epoch, indices, weights,
+                                  table)  # fmt: skip
+        if rc:
+            if rc < 0:
+                raise routing_refused(rc, r.why, "routing")
+            if rc == 2:
+                raise RingFull("the submission ring is full")  # cannot: capacity >= slots
+            self.ring.doorbells += 1
+        self.next_forward = fid + 1
+        slots.state[slot] = _SUBMITTED
+        rec = Inflight(fid, slot, gen, epoch, _FORWARD, shape, dtype)
+        rec.moe = moe
+        self.inflight[fid] = rec
+        self.unpumped += 1
+        if self.unpumped >= _PUMP_AT_SUBMIT:
+            self.pump(0)
         return rec
 
     def push_weight(

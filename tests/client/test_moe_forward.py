@@ -302,6 +302,90 @@ def test_a_routed_submit_of_a_shape_already_checked_is_judged_by_the_c_rule_alon
     assert len(calls) == 1
 
 
+def _bad_at(i: np.ndarray, w: np.ndarray, t: int, k: int, what: str):
+    i, w = i.copy(), w.copy()
+    if what == "expert":
+        i[t, k] = N_EXPERTS
+    elif what == "weight":
+        w[t, k] = np.inf
+    else:  # a duplicate of the token's other choice
+        i[t, k] = i[t, k ^ 1]
+    return i, w
+
+
+def test_a_routed_submit_on_its_plan_judges_every_entry_before_publishing(
+    client, moe_layer, monkeypatch
+):
+    # the submit that follows a checked one goes on its plan, one call into C that packs
+    # and publishes (issue 29 point 4): a bad expert, weight or duplicate at any entry of
+    # any token is still the C rule's BadInput, with nothing published and the slot
+    # still the caller's, and a good routing then goes out from that same slot
+    import duckpipe.client.api as api
+
+    first_checks = []
+    real_check = api.check_routing_arguments
+    monkeypatch.setattr(
+        api, "check_routing_arguments", lambda *a: first_checks.append(a) or real_check(*a)
+    )
+    tokens, topk = 4, 2
+    x = np.random.default_rng(43).standard_normal((tokens, HIDDEN)).astype(np.float32)
+    i, w = _routing(tokens, topk, seed=43)
+    _check(client.forward(530, x, routing=(i, w), timeout=30), moe_layer.reference(x, i, w))
+    assert len(first_checks) == 1
+    before = client.stats().counters["descriptors"]
+    match = {
+        "expert": r"token {t}, choice {k} names expert 16; the layer has 16",
+        "weight": r"token {t}, choice {k} \(expert \d+\) has weight bits 0x7f800000",
+        "duplicate": r"token {t} names expert \d+ twice",
+    }
+    with client.claim(x.shape, x.dtype) as slot:
+        slot.array[...] = x
+        for what in match:
+            for t in range(tokens):
+                for k in range(topk):
+                    with pytest.raises(BadInput, match=match[what].format(t=t, k=k)):
+                        client.submit(slot, 530, routing=_bad_at(i, w, t, k, what))
+        assert len(first_checks) == 1  # judged on the plan, not by a first submit's checks
+        assert client.stats().counters["descriptors"] == before
+        fwd = client.submit(slot, 530, routing=(i, w))
+    with fwd:
+        _check(fwd.result(30), moe_layer.reference(x, i, w))
+    assert client.stats().counters["descriptors"] == before + 1
+
+
+def test_a_routed_submit_on_its_plan_makes_one_call_into_c_as_a_dense_one_does(
+    client, moe_layer, monkeypatch
+):
+    # what the plan is for (issue 29: a routed submit <= 1.5x a dense one at 1 token): the
+    # pack, the C rule and the publish in one call, not a call per step with Python
+    # between them; ffi.from_buffer of the two arrays is the rest
+    import duckpipe.client.routing as routing_module
+    import duckpipe.client.session as session_module
+    from duckpipe._abi import lib
+
+    calls: list[str] = []
+
+    class Counting:
+        def __getattr__(self, name: str):
+            fn = getattr(lib, name)
+            return lambda *a: calls.append(name) or fn(*a)
+
+    x = np.ones((1, HIDDEN), np.float32)
+    i, w = _routing(1, seed=44)
+    _check(client.forward(530, x, routing=(i, w), timeout=30), moe_layer.reference(x, i, w))
+    monkeypatch.setattr(session_module, "lib", Counting())
+    monkeypatch.setattr(routing_module, "lib", Counting())
+    for layer, routing in ((531, None), (530, (i, w))):
+        with client.claim(x.shape, x.dtype) as slot:
+            slot.array[...] = x
+            calls.clear()
+            client._session.unpumped = 0  # no reading of completions inside this submit
+            fwd = client.submit(slot, layer, routing=routing)
+            assert len(calls) == 1, calls
+        with fwd:
+            fwd.result(30)
+
+
 def test_a_slot_too_small_for_activation_and_routing_says_what_to_connect_with(
     dataplane, client, moe_layer
 ):
