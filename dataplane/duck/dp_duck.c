@@ -1,6 +1,6 @@
 /* dp_duck.c: duckpipe-ducks, the duck emulator.
  *
- * Emulates up to 32 ducks in one process and one thread: duck i has id
+ * Emulates up to 32 ducks in one process: duck i has id
  * first_id + i and its own UDP socket on base_port + i, holds up to 64 layers of
  * float32 shard weights, and speaks the wire protocol of dp_abi.h / dp_wire.h
  * (documented in duckpipe/schema/wire.py):
@@ -21,7 +21,17 @@
  * Requests other than PING name their addressee in `duck` (or DP_WIRE_ANY_DUCK);
  * one addressed to another duck is ignored.
  *
- * The loop: epoll over every duck socket and a signalfd; recvmmsg bursts of 32;
+ * Threads (--threads N, default every CPU the process may use, at most one per duck): the
+ * ducks are cut into N contiguous groups, each owned by one worker thread (struct worker;
+ * worker 0 is the main thread) with its own epoll, buffers, delay queue and counters. A
+ * duck is touched by its worker alone, so its ducks compute while another worker's do,
+ * and nothing on the hot path is shared or locked; the counters are summed at exit.
+ * --drop draws from each duck's own generator: a seed drops the same datagrams whatever
+ * the thread count. The kernels (dp_mlp.c) are AVX2 + FMA + F16C where the CPU has them,
+ * else portable; --isa chooses.
+ *
+ * A worker's loop: epoll over its ducks' sockets (worker 0's also over the signalfd, every
+ * worker's over an eventfd written once at the end); recvmmsg bursts of 32;
  * small replies (acks, nacks, pongs) leave in sendmmsg batches, partials in UDP
  * GSO sends of up to 64 datagrams (sendmmsg where GSO is refused). --delay-us
  * parks replies in a FIFO timer queue serviced by the loop; the epoll timeout is
@@ -1966,11 +1976,11 @@ int main(int argc, char **argv)
 {
 	parse_args(argc, argv);
 	setup();
+	workers_start(); /* before the ready line: a reader of it finds every thread there */
 	printf(PROG ": %u ducks, ids %u..%u, on %s:%u..%u (pid %d)\n", opt_ducks, opt_first_id,
 	       opt_first_id + opt_ducks - 1, opt_bind, opt_base_port,
 	       opt_base_port + opt_ducks - 1, (int)getpid());
 	fflush(stdout);
-	workers_start();
 	worker_main(g_workers[0]);
 	workers_join();
 	print_counters();
