@@ -22,8 +22,9 @@
  * one addressed to another duck is ignored.
  *
  * Threads (--threads N, default every CPU the process may use, at most one per duck): the
- * ducks are cut into N contiguous groups, each owned by one worker thread (struct worker;
- * worker 0 is the main thread) with its own epoll, buffers, delay queue and counters. A
+ * ducks are dealt out to N groups (duck i to worker i % N), each owned by one worker
+ * thread (struct worker; worker 0 is the main thread) with its own epoll, buffers, delay
+ * queue and counters. A
  * duck is touched by its worker alone, so its ducks compute while another worker's do,
  * and nothing on the hot path is shared or locked; the counters are summed at exit.
  * --drop draws from each duck's own generator: a seed drops the same datagrams whatever
@@ -246,7 +247,7 @@ struct delayed {
 
 /* ------------------------------------------------------------------- workers
  *
- * The ducks are cut into --threads contiguous groups, one worker thread each (worker 0
+ * The ducks are dealt out to --threads groups, one worker thread each (worker 0
  * is the main thread). A duck belongs to one worker for the whole run: its socket is in
  * that worker's epoll alone, its layers, inputs and outputs are touched by that thread
  * alone, so nothing on the hot path is shared and nothing is locked. Everything a
@@ -256,7 +257,7 @@ struct delayed {
  * running thread's own (as DPDK's per-lcore variables are thread-locals). */
 struct worker {
 	uint32_t index;
-	uint32_t first, n; /* its ducks: g_ducks[first .. first + n) */
+	/* its ducks: g_ducks[index], g_ducks[index + g_n_workers], ... (WORKER_DUCKS) */
 	int epfd;
 	pthread_t tid;
 	int started;
@@ -318,6 +319,12 @@ struct worker {
 static struct worker **g_workers;
 static uint32_t g_n_workers;
 static __thread struct worker *wk;
+
+/* Duck i belongs to worker i % g_n_workers: dealt out rather than cut in runs, because a
+ * MoE layer's experts sit on ducks in order (duckpipe.demo.moe_shape's placement) and a
+ * token's experts cluster in a few of DeepSeek-V3's groups, so neighbouring ducks tend to
+ * be busy together. */
+#define WORKER_DUCKS(i, w) for (uint32_t i = (w)->index; i < opt_ducks; i += g_n_workers)
 
 /* --------------------------------------------------------------------- utils */
 
@@ -1522,7 +1529,7 @@ static void handle_events(const struct epoll_event *ev, int n)
 static struct duck_layer *fp8_stale_layer(void)
 {
 	struct duck_layer *oldest = NULL;
-	for (uint32_t i = wk->first; i < wk->first + wk->n; i++) /* this worker's ducks */
+	WORKER_DUCKS(i, wk)
 		for (uint32_t k = 0; k < DUCK_MAX_LAYERS; k++) {
 			struct duck_layer *l = &g_ducks[i].layers[k];
 			if (l->used && l->fp8_stale && (!oldest || l->fp8_last_ns < oldest->fp8_last_ns))
@@ -1825,17 +1832,13 @@ static uint32_t thread_count(void)
 	return n < 1 ? 1 : n > opt_ducks ? opt_ducks : n;
 }
 
-/* Worker t of g_n_workers: its ducks (a contiguous share, the first ones one larger when
- * they do not divide evenly), its epoll and its buffers, in one mapping of its own. */
+/* Worker t of g_n_workers: its epoll and its buffers, in one mapping of its own. */
 static struct worker *worker_new(uint32_t t)
 {
 	struct worker *w = reserve(sizeof(*w));
 	if (!w)
 		die("cannot reserve %zu KiB for worker %u: %s", sizeof(*w) >> 10, t, strerror(errno));
 	w->index = t;
-	uint32_t per = opt_ducks / g_n_workers, extra = opt_ducks % g_n_workers;
-	w->first = t * per + (t < extra ? t : extra);
-	w->n = per + (t < extra);
 	if ((w->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
 		die("epoll_create1() failed for worker %u: %s", t, strerror(errno));
 	struct epoll_event ev = { .events = EPOLLIN, .data.u32 = DUCK_QUIT_TOKEN };
@@ -1904,7 +1907,7 @@ static void setup(void)
 		g_ducks[i].fd = -1;
 	for (uint32_t t = 0; t < g_n_workers; t++) {
 		struct worker *w = g_workers[t];
-		for (uint32_t i = w->first; i < w->first + w->n; i++)
+		WORKER_DUCKS(i, w)
 			duck_open(w, &g_ducks[i], i);
 	}
 }

@@ -238,10 +238,16 @@ _OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--seed", {"type": int, "help": "seed of --drop"}),
     (
         "--threads",
-        {"type": int, "help": "worker threads, each computing its own group of ducks "
-         "(default: every CPU it may use)"},
+        {
+            "type": int,
+            "help": "worker threads, each computing its own group of ducks "
+            "(default: every CPU it may use)",
+        },
     ),
-    ("--isa", {"choices": ("auto", "avx2", "portable"), "help": "the compute kernels (default auto)"}),
+    (
+        "--isa",
+        {"choices": ("auto", "avx2", "portable"), "help": "the compute kernels (default auto)"},
+    ),
 )
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pytest
 
-from duckpipe.client.models import duck_partial, dtype_code
+from duckpipe.client.models import dtype_code, duck_partial
 from duckpipe.errors import DuckpipeError
 from duckpipe.launch.binaries import find_binary
 from duckpipe.launch.ducks import DucksProcess
