@@ -215,6 +215,7 @@ static uint64_t opt_seed = 1;
 static int opt_no_gso;
 static int opt_no_gro;
 static int opt_verbose;
+static uint32_t opt_bench[4]; /* --bench HIDDEN,COLS,ROWS[,MS]: hidden 0 = no bench */
 
 static struct in_addr g_ips[DUCK_MAX_DUCKS];
 static struct duck *g_ducks;
@@ -1609,6 +1610,8 @@ static void usage(FILE *f)
 		"  --no-gso            send partials with sendmmsg, not UDP GSO\n"
 		"  --no-gro            receive datagram by datagram, without UDP GRO\n"
 		"  -v, --verbose       say why each dropped routed forward was dropped\n"
+		"  --bench H,C,R[,MS]  no ducks: time the expert kernel (hidden H, C columns, R rows)\n"
+		"                      on 8 experts per thread for MS ms (default 500), print GFLOP/s\n"
 		"SIGINT/SIGTERM print the counters to stderr and exit 0.\n",
 		DUCK_MAX_DUCKS, DUCK_MAX_DUCKS);
 }
@@ -1653,6 +1656,26 @@ static void parse_bind(const char *arg)
 		g_ips[i] = g_ips[0];
 }
 
+static void parse_bench(const char *arg)
+{
+	char buf[64], *save = NULL;
+	unsigned k = 0;
+	static const uint32_t hi[4] = { 65536, 65536, DP_MLP_GATHER_ROWS * 64, 600000 };
+	if (strlen(arg) >= sizeof(buf))
+		bad_option("bench", arg, "HIDDEN,COLS,ROWS[,MS]");
+	strcpy(buf, arg);
+	opt_bench[3] = 500;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (k == 4)
+			bad_option("bench", arg, "HIDDEN,COLS,ROWS[,MS]");
+		opt_bench[k] = (uint32_t)parse_u64("bench", tok, 1, hi[k],
+						   "HIDDEN,COLS,ROWS[,MS], each at least 1");
+		k++;
+	}
+	if (k < 3)
+		bad_option("bench", arg, "HIDDEN,COLS,ROWS[,MS]");
+}
+
 static void parse_args(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -1672,6 +1695,7 @@ static void parse_args(int argc, char **argv)
 		{ "no-gso", no_argument, NULL, 'G' },
 		{ "no-gro", no_argument, NULL, 'R' },
 		{ "verbose", no_argument, NULL, 'v' },
+		{ "bench", required_argument, NULL, 'B' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1734,6 +1758,7 @@ static void parse_args(int argc, char **argv)
 		case 'G': opt_no_gso = 1; break;
 		case 'R': opt_no_gro = 1; break;
 		case 'v': opt_verbose = 1; break;
+		case 'B': parse_bench(optarg); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
 		}
@@ -1975,9 +2000,110 @@ static void teardown(void)
 	close(g_quitfd);
 }
 
+/* --------------------------------------------------------------- kernel bench
+ *
+ * --bench H,C,R[,MS]: what the emulator's compute costs, without the network. Each of the
+ * --threads threads holds 8 experts of hidden H and C columns (one DeepSeek-V3 duck's bank:
+ * weights of their own, so as many bytes stream from memory as on ducks that are loaded)
+ * and runs dp_mlp_expert_rows on R rows through each in turn, for MS ms. One line out:
+ * the GFLOP/s of all threads together, counted as 2 x 3 x H x C per row and expert (gate,
+ * up, down; SiLU and the adds are not counted), and the weight bytes read per second. */
+
+#define BENCH_EXPERTS 8u
+
+struct bench_thread {
+	pthread_t tid;
+	pthread_barrier_t *start;
+	uint64_t calls;  /* expert passes done */
+	uint64_t ns;     /* how long they took */
+	int failed;
+};
+
+static void *bench_main(void *arg)
+{
+	struct bench_thread *b = arg;
+	const uint32_t hid = opt_bench[0], cols = opt_bench[1], rows = opt_bench[2];
+	const size_t per = (size_t)hid * cols;
+	float *w = malloc(3 * per * BENCH_EXPERTS * sizeof(float));
+	float *x = malloc((size_t)rows * hid * sizeof(float));
+	float *y = calloc((size_t)rows * hid, sizeof(float));
+	float *scratch = malloc(dp_mlp_rows_scratch_floats(hid, cols) * sizeof(float));
+	if (!w || !x || !y || !scratch) {
+		b->failed = 1;
+		pthread_barrier_wait(b->start);
+		goto out;
+	}
+	for (size_t i = 0; i < 3 * per * BENCH_EXPERTS; i++) /* small, varied, no denormals */
+		w[i] = (float)((int)(i % 17) - 8) * 0x1p-10f;
+	for (size_t i = 0; i < (size_t)rows * hid; i++)
+		x[i] = (float)((int)(i % 13) - 6) * 0x1p-4f;
+	struct dp_mlp_expert ex[BENCH_EXPERTS];
+	for (uint32_t e = 0; e < BENCH_EXPERTS; e++)
+		ex[e] = (struct dp_mlp_expert){ .w_gate = w + 3 * per * e, .w_up = w + 3 * per * e + per,
+						.w_down = w + 3 * per * e + 2 * per, .hidden = hid,
+						.cols = cols, .ldb = cols };
+	pthread_barrier_wait(b->start);
+	uint64_t t0 = now_ns(), until = t0 + (uint64_t)opt_bench[3] * 1000000ull, t;
+	do {
+		for (uint32_t e = 0; e < BENCH_EXPERTS; e++)
+			dp_mlp_expert_rows(&ex[e], x, NULL, NULL, rows, y, NULL, scratch);
+		b->calls += BENCH_EXPERTS;
+	} while ((t = now_ns()) < until);
+	b->ns = t - t0;
+out:
+	free(w);
+	free(x);
+	free(y);
+	free(scratch);
+	return NULL;
+}
+
+static int bench_run(void)
+{
+	if (dp_mlp_set_isa(opt_isa) < 0)
+		die("--isa %s: this CPU lacks it (it has %s)", dp_mlp_isa_name(opt_isa),
+		    dp_mlp_isa_name(dp_mlp_isa()));
+	opt_ducks = DUCK_MAX_DUCKS; /* thread_count's cap: threads here are not ducks' */
+	uint32_t n = thread_count();
+	struct bench_thread *th = calloc(n, sizeof(*th));
+	pthread_barrier_t start;
+	if (!th || pthread_barrier_init(&start, NULL, n))
+		die("cannot set up %u bench threads", n);
+	for (uint32_t t = 0; t < n; t++) {
+		th[t].start = &start;
+		if (t && (errno = pthread_create(&th[t].tid, NULL, bench_main, &th[t])))
+			die("pthread_create() failed for bench thread %u: %s", t, strerror(errno));
+	}
+	bench_main(&th[0]);
+	uint64_t calls = 0, ns = 0;
+	int failed = th[0].failed;
+	for (uint32_t t = 0; t < n; t++) {
+		if (t)
+			pthread_join(th[t].tid, NULL);
+		failed |= th[t].failed;
+		calls += th[t].calls;
+		ns = th[t].ns > ns ? th[t].ns : ns; /* the slowest thread's time: all ran together */
+	}
+	pthread_barrier_destroy(&start);
+	free(th);
+	if (failed)
+		die("--bench: cannot allocate %" PRIu64 " MiB of weights per thread",
+		    (uint64_t)3 * opt_bench[0] * opt_bench[1] * BENCH_EXPERTS * 4 >> 20);
+	const double s = (double)ns * 1e-9, per = (double)opt_bench[0] * opt_bench[1];
+	const double passes = (opt_bench[2] + DP_MLP_GATHER_ROWS - 1) / DP_MLP_GATHER_ROWS;
+	printf(PROG " bench: isa=%s threads=%u hidden=%u cols=%u rows=%u experts=%u "
+		    "expert_calls=%" PRIu64 " seconds=%.3f gflops=%.3f weight_gbytes_per_s=%.3f\n",
+	       dp_mlp_isa_name(dp_mlp_isa()), n, opt_bench[0], opt_bench[1], opt_bench[2],
+	       BENCH_EXPERTS, calls, s, (double)calls * 6.0 * per * opt_bench[2] / s * 1e-9,
+	       (double)calls * passes * 3.0 * per * 4.0 / s * 1e-9);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	parse_args(argc, argv);
+	if (opt_bench[0])
+		return bench_run();
 	setup();
 	workers_start(); /* before the ready line: a reader of it finds every thread there */
 	printf(PROG ": %u ducks, ids %u..%u, on %s:%u..%u (pid %d)\n", opt_ducks, opt_first_id,

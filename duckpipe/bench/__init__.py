@@ -1,11 +1,13 @@
-"""``duckpipe bench [ipc|forward|scale|pps|moe|all] [--quick|--smoke] [--out DIR] [--doc PAGE]``.
+"""``duckpipe bench [ipc|forward|scale|pps|moe|emulator|all] [--quick|--smoke] [--out DIR]
+[--doc PAGE]``.
 
 Sections, one module each: :mod:`.ipc` (the handoff against IPC baselines),
 :mod:`.forward` (the reference system's path against duckpipe, same ducks),
 :mod:`.scale` (duckpipe's host overhead against ducks and payload), :mod:`.pps`
 (one worker's DPDK transmit rate against dpdk-testpmd; skipped without root,
 DPDK or hugepages), :mod:`.moe` (a mixture-of-experts layer broadcast, unicast and
-as a dense baseline). Markdown
+as a dense baseline); on request only (not in ``all``), :mod:`.emulator` (the duck
+emulator's compute rate against numpy's float32 matmul). Markdown
 tables go to stdout, progress to stderr, ``bench.json`` (and PNG plots when
 matplotlib is installed: ``pip install 'duckpipe[bench]'``) into ``--out``. With
 ``--doc`` (``docs/benchmarks.md``) each section that ran replaces its own block of that
@@ -118,6 +120,10 @@ def run(
                 from . import moe
 
                 new = moe.run(size, quiet=quiet)
+            elif name == "emulator":  # not in SECTIONS (not in `all`): on request
+                from . import emulator
+
+                new = emulator.run(size, quiet=quiet)
             else:
                 raise ValueError(name)
             seconds[name] = round(time.monotonic() - t0, 1)
@@ -162,8 +168,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "section",
         nargs="?",
         default="all",
-        choices=(*SECTIONS, "all"),
-        help="which benchmark (default all)",
+        choices=(*SECTIONS, "emulator", "all"),
+        help="which benchmark (default all; emulator: the duck emulator's compute rate "
+        "against numpy, on request only)",
     )
     g = b.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="small sizes, under 5 minutes on 2 cores")
