@@ -432,7 +432,7 @@ static void tx_small_now(struct duck *d, const struct sockaddr_in *dst, const vo
 		tx_flush();
 }
 
-/* The nb chunks in wk->part_hdr/wk->part_iov, one datagram each. */
+/* The nb chunks in the worker's part_hdr/part_iov, one datagram each. */
 static void partial_mmsg(struct duck *d, struct sockaddr_in *dst, uint32_t nb)
 {
 	for (uint32_t i = 0; i < nb; i++) {
@@ -867,7 +867,7 @@ static void weight_ack(struct duck *d, const struct sockaddr_in *src,
 
 /* An FP8 layer's float32 weights out of its e4m3 bytes and scales, DeepSeek-V3's
  * weight_dequant (dp_mlp_fp8_dequant); a MOE bank a payload's worth at a time through
- * wk->weight32 into its blocks (dp_mlp_bank_store), as its chunks of other dtypes go. */
+ * the worker's weight32 into its blocks (dp_mlp_bank_store), as its chunks of other dtypes go. */
 static void fp8_dequant(struct duck_layer *l)
 {
 	const struct dp_mlp_shard *s = &l->shard;
@@ -1030,7 +1030,7 @@ static void forward_reply(struct duck *d, const struct sockaddr_in *src, struct 
 	}
 }
 
-/* wk->x32 rows [r0, r0 + n) = the 2-byte rows (float16 or bfloat16) of x16 there. */
+/* The worker's x32 rows [r0, r0 + n) = the 2-byte rows (float16 or bfloat16) of x16 there. */
 static void widen_rows(const uint8_t *x16, uint32_t r0, uint32_t n, uint32_t hid, uint8_t dtype)
 {
 	size_t first = (size_t)r0 * hid;
@@ -1846,15 +1846,15 @@ static void duck_open(struct worker *w, struct duck *d, uint32_t i)
 		d->out[k].buf = d->arena + (DUCK_INPUTS + k) * g_msg_cap;
 }
 
-/* --threads, or every CPU this process may use; never more threads than ducks. */
-static uint32_t thread_count(void)
+/* --threads, or every CPU this process may use; never more than cap (the ducks). */
+static uint32_t thread_count(uint32_t cap)
 {
 	uint32_t n = opt_threads;
 	if (!n) {
 		cpu_set_t set;
 		n = sched_getaffinity(0, sizeof(set), &set) == 0 ? (uint32_t)CPU_COUNT(&set) : 1;
 	}
-	return n < 1 ? 1 : n > opt_ducks ? opt_ducks : n;
+	return n < 1 ? 1 : n > cap ? cap : n;
 }
 
 /* Worker t of g_n_workers: its epoll and its buffers, in one mapping of its own. */
@@ -1916,7 +1916,7 @@ static void setup(void)
 	if ((g_quitfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
 		die("eventfd() failed: %s", strerror(errno));
 
-	g_n_workers = thread_count();
+	g_n_workers = thread_count(opt_ducks);
 	if (!(g_workers = calloc(g_n_workers, sizeof(*g_workers))))
 		die("cannot allocate %u workers", g_n_workers);
 	for (uint32_t t = 0; t < g_n_workers; t++)
@@ -2063,8 +2063,7 @@ static int bench_run(void)
 	if (dp_mlp_set_isa(opt_isa) < 0)
 		die("--isa %s: this CPU lacks it (it has %s)", dp_mlp_isa_name(opt_isa),
 		    dp_mlp_isa_name(dp_mlp_isa()));
-	opt_ducks = DUCK_MAX_DUCKS; /* thread_count's cap: threads here are not ducks' */
-	uint32_t n = thread_count();
+	uint32_t n = thread_count(DUCK_MAX_THREADS);
 	struct bench_thread *th = calloc(n, sizeof(*th));
 	pthread_barrier_t start;
 	if (!th || pthread_barrier_init(&start, NULL, n))
