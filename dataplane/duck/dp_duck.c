@@ -2024,7 +2024,7 @@ static void *bench_main(void *arg)
 	struct bench_thread *b = arg;
 	const uint32_t hid = opt_bench[0], cols = opt_bench[1], rows = opt_bench[2];
 	const size_t per = (size_t)hid * cols;
-	float *w = malloc(3 * per * BENCH_EXPERTS * sizeof(float));
+	float *w = aligned_alloc(64, 3 * per * BENCH_EXPERTS * sizeof(float)); /* as a layer's block */
 	float *x = malloc((size_t)rows * hid * sizeof(float));
 	float *y = calloc((size_t)rows * hid, sizeof(float));
 	float *scratch = malloc(dp_mlp_rows_scratch_floats(hid, cols) * sizeof(float));
