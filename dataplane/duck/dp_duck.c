@@ -1946,6 +1946,9 @@ static void workers_start(void)
 			die("pthread_create() failed for worker %u of %u: %s (try --threads %u)", t,
 			    g_n_workers, strerror(e), t);
 		g_workers[t]->started = 1;
+		char name[16]; /* as top -H and /proc/PID/task/TID/comm show it */
+		snprintf(name, sizeof(name), "ducks-w%u", t % 10000); /* t < 1024 */
+		(void)pthread_setname_np(g_workers[t]->tid, name);
 	}
 }
 

@@ -99,7 +99,13 @@ def make_ducks() -> Iterator:
 
 
 def threads_of(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/task"))
+    """The emulator's worker threads: its main thread and those it named ``ducks-w<i>``
+    (not a sanitizer's own)."""
+    names = [
+        open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+        for tid in os.listdir(f"/proc/{pid}/task")
+    ]
+    return 1 + sum(n.startswith("ducks-w") for n in names)
 
 
 def shard(duck: int) -> list[np.ndarray]:
