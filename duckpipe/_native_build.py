@@ -195,7 +195,7 @@ static int dp_submit_template(const struct dp_submitter *s, const struct dp_desc
  * on its futex up to sleep_ns more (0: don't). Returns the last word read. A wait that
  * sleeps after its spin (hybrid) is one for a core shared with the dataplane: it spins
  * by yielding, or its spin kept the dataplane that finishes the forward off the core
- * (a one-duck forward's p50 114 -> 57 us; docs/benchmarks.md, issue 19 fourth round). */
+ * (a one-duck forward's p50 114 -> 57 us; docs/benchmark-history.md, issue 19 fourth round). */
 static uint64_t dp_wait_done(struct dp_slot_header *h, uint32_t generation, uint64_t spin_ns,
                              uint64_t sleep_ns)
 {

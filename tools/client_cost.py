@@ -59,14 +59,13 @@ CLIENT_CPU, DATAPLANE_CPU = 0, 1
 LAYER = 1
 
 
-# duckpipe.bench.common.task_cpu_seconds does this too; this tool also runs under an
-# older build's python (--ab, --instructions), whose duckpipe may not have it
 def _task_cpu_ns(pid: int | str) -> int:
-    ns = 0
-    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ns += int(stat.read_text().split()[0])
-    return ns
+    """CPU ns of every thread of ``pid`` ("self": this process), by the bench's schedstat
+    reader. task_cpu_seconds, not schedstat_ns: --ab and --instructions run this file
+    under an older build's python, whose duckpipe has the former (since issue 17) only."""
+    from duckpipe.bench.common import task_cpu_seconds
+
+    return round(task_cpu_seconds(pid) * 1e9)
 
 
 def measure(

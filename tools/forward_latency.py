@@ -5,7 +5,7 @@
 
 Prints end-to-end p50/p99 from Python and the dataplane's per-phase medians. The
 benchmark suite with baselines in the same run is `duckpipe bench`; this is the
-quick look the numbers in docs/benchmarks.md ("Other measurements") come from.
+quick look the numbers in docs/benchmark-history.md ("Other measurements") come from.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 import duckpipe
+from duckpipe.bench.common import schedstat_ns
 from duckpipe.launch.dataplane import DataplaneProcess
 from duckpipe.testing import null_topology
 
@@ -42,15 +43,6 @@ PHASES = (
     "claim", "copy", "submit", "result", "total", "prepare", "send", "wait", "reduce",
     "rang", "faults", "dp_on_cpu", "dp_run_queue", "client_on_cpu", "client_run_queue",
 )  # fmt: skip
-
-
-def _schedstat(paths: list[Path]) -> tuple[int, int]:
-    """ns on a CPU and ns runnable waiting for one, summed over the threads."""
-    on = queued = 0
-    for p in paths:
-        f = p.read_text().split()
-        on, queued = on + int(f[0]), queued + int(f[1])
-    return on, queued
 
 
 def _faults(pids: tuple[int, ...]) -> int:
@@ -97,11 +89,15 @@ def main() -> int:
         c.load_weights(1, duckpipe.SwiGluMlp.random(HIDDEN, 8, seed=1), progress=False)
         ring = c._session.ring  # its doorbell count: was the dataplane parked?
         pids = (dp.proc.pid, os.getpid())
-        dp_tasks = sorted(Path(f"/proc/{dp.proc.pid}/task").glob("*/schedstat"))
-        me = [Path(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat")]
+        dp_pid, me = dp.proc.pid, threading.get_native_id()
 
         def one() -> dict[str, float]:
-            f0, d0, m0, rang0 = _faults(pids), _schedstat(dp_tasks), _schedstat(me), ring.doorbells
+            f0, d0, m0, rang0 = (
+                _faults(pids),
+                schedstat_ns(dp_pid),
+                schedstat_ns(os.getpid(), me),
+                ring.doorbells,
+            )
             t0 = time.perf_counter_ns()
             slot = c.claim(x.shape, x.dtype)
             t1 = time.perf_counter_ns()
@@ -111,7 +107,7 @@ def main() -> int:
             t3 = time.perf_counter_ns()
             fwd.result(timeout=5)
             t4 = time.perf_counter_ns()
-            d1, m1, f1 = _schedstat(dp_tasks), _schedstat(me), _faults(pids)
+            d1, m1, f1 = schedstat_ns(dp_pid), schedstat_ns(os.getpid(), me), _faults(pids)
             tm = fwd.phases  # the slot header: no ZeroMQ, no second doorbell
             fwd.release()
             return {

@@ -15,6 +15,9 @@
  * Output, one line per timed forward (nanoseconds):
  *   fwd E2E SEND_SPREAD RECV_WINDOW MAX_COMPUTE SUM_COMPUTE LOST
  * then `cpu CPU_NS FORWARDS` (getrusage of this process over the timed forwards).
+ *
+ * With --moe anywhere on the line it is the floor of a routed forward instead
+ * (dp_floor_moe.c, its own options).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -34,18 +37,14 @@
 #include <sys/socket.h>
 
 #include "dp_abi.h"
+#include "dp_floor.h"
 #include "dp_udp.h"
 #include "dp_wire.h"
 
 /* ------------------------------------------------------------------ tunables */
-#define PROG "duckpipe-floor"
-#define FLOOR_MAX_DUCKS 32u
-#define FLOOR_MTU 1500u
 #define FLOOR_BURST 64u           /* datagrams per recvmmsg */
 #define FLOOR_TX_BATCH 1024u      /* datagrams per sendmmsg (UIO_MAXIOV) */
 #define FLOOR_GSO_SEGS 44u        /* 44 x 1472 bytes fit in one 64 KiB GSO send */
-#define FLOOR_RX_BUF 2048u
-#define FLOOR_SOCK_BUF (32 << 20)
 #define FLOOR_LAYER 0x7f10u       /* the layer id the floor announces */
 #define FLOOR_MAX_CHUNKS 4096u
 
@@ -67,15 +66,14 @@ static uint8_t rx_buf[FLOOR_BURST][FLOOR_RX_BUF] __attribute__((aligned(64)));
 static struct iovec rx_iov[FLOOR_BURST];
 static struct mmsghdr rx_msg[FLOOR_BURST];
 
-static uint64_t now_ns(void)
+uint64_t floor_now_ns(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void __attribute__((noreturn, format(printf, 1, 2))) die(const char *fmt, ...);
-static void die(const char *fmt, ...)
+void floor_die(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -103,7 +101,7 @@ static void send_mmsg(void)
 		if (r < 0) {
 			if (errno == EINTR || errno == EAGAIN || errno == ENOBUFS)
 				continue;
-			die("sendmmsg() failed: %s", strerror(errno));
+			floor_die("sendmmsg() failed: %s", strerror(errno));
 		}
 		done += (uint32_t)r;
 	}
@@ -134,7 +132,7 @@ static void send_gso(void)
 			}
 			while (sendmsg(g_fd, &m, 0) < 0) {
 				if (errno != EINTR && errno != EAGAIN && errno != ENOBUFS)
-					die("sendmsg(UDP_SEGMENT %u) to duck %u failed: %s", seg,
+					floor_die("sendmsg(UDP_SEGMENT %u) to duck %u failed: %s", seg,
 					    opt_first_id + d, strerror(errno));
 			}
 		}
@@ -159,8 +157,8 @@ static void receive(uint64_t fwd, uint64_t deadline, struct fwd_result *res)
 		int n = recvmmsg(g_fd, rx_msg, FLOOR_BURST, MSG_DONTWAIT, NULL);
 		if (n <= 0) {
 			if (n < 0 && errno != EAGAIN && errno != EINTR)
-				die("recvmmsg() failed: %s", strerror(errno));
-			uint64_t t = now_ns();
+				floor_die("recvmmsg() failed: %s", strerror(errno));
+			uint64_t t = floor_now_ns();
 			if (t >= deadline)
 				break;
 			struct pollfd p = { .fd = g_fd, .events = POLLIN };
@@ -168,7 +166,7 @@ static void receive(uint64_t fwd, uint64_t deadline, struct fwd_result *res)
 			poll(&p, 1, ms);
 			continue;
 		}
-		uint64_t t = now_ns();
+		uint64_t t = floor_now_ns();
 		for (int i = 0; i < n; i++) {
 			const struct dp_wire_header *h = (const void *)rx_buf[i];
 			if (dp_wire_check(rx_buf[i], rx_msg[i].msg_len) != DP_WIRE_OK ||
@@ -194,49 +192,68 @@ static void receive(uint64_t fwd, uint64_t deadline, struct fwd_result *res)
 
 /* --------------------------------------------------------------------- setup */
 
-static void announce_layer(void)
+void floor_announce(int fd, const struct sockaddr_in *addr, uint32_t id, uint32_t layer,
+		    uint64_t session, const struct dp_wire_layer *w)
 {
 	struct {
 		struct dp_wire_header h;
 		struct dp_wire_layer l;
 	} msg; /* 80 + 24 bytes, no padding between them */
 	_Static_assert(sizeof(msg) == DP_WIRE_HDR_LEN + sizeof(struct dp_wire_layer), "layout");
-	for (uint32_t d = 0; d < opt_ducks; d++) {
-		int acked = 0;
-		for (int attempt = 0; attempt < 5 && !acked; attempt++) {
-			dp_wire_init(&msg.h, DP_WIRE_OP_LAYER, opt_session, 1);
-			msg.h.duck = (uint16_t)(opt_first_id + d);
-			msg.h.layer = FLOOR_LAYER;
-			msg.h.dtype = DP_DTYPE_F32;
-			msg.h.length = sizeof(msg.l);
-			memset(&msg.l, 0, sizeof(msg.l));
-			msg.l.kind = DP_MLP_KIND_SWIGLU;
-			msg.l.dtype = DP_DTYPE_F32;
-			msg.l.hidden = (uint32_t)(opt_bytes / opt_rows / 4);
-			msg.l.ffn = 8;
-			if (sendto(g_fd, &msg, sizeof(msg), 0, (struct sockaddr *)&g_duck[d],
-				   sizeof(g_duck[d])) < 0)
-				die("sendto(LAYER) to duck %u failed: %s", opt_first_id + d,
-				    strerror(errno));
-			struct pollfd p = { .fd = g_fd, .events = POLLIN };
-			uint64_t deadline = now_ns() + 200000000ull;
-			while (!acked && now_ns() < deadline) {
-				if (poll(&p, 1, 20) <= 0)
-					continue;
-				uint8_t buf[FLOOR_RX_BUF];
-				ssize_t len = recv(g_fd, buf, sizeof(buf), MSG_DONTWAIT);
-				const struct dp_wire_header *h = (const void *)buf;
-				if (len > 0 && dp_wire_check(buf, (size_t)len) == DP_WIRE_OK &&
-				    h->op == DP_WIRE_OP_WEIGHT_ACK && h->duck == opt_first_id + d &&
-				    h->tensor == DP_WIRE_LAYER_TENSOR)
-					acked = 1;
-			}
+	for (int attempt = 0; attempt < 5; attempt++) {
+		dp_wire_init(&msg.h, DP_WIRE_OP_LAYER, session, 1);
+		msg.h.duck = (uint16_t)id;
+		msg.h.layer = layer;
+		msg.h.dtype = w->dtype;
+		msg.h.length = sizeof(msg.l);
+		msg.l = *w;
+		if (sendto(fd, &msg, sizeof(msg), 0, (const struct sockaddr *)addr, sizeof(*addr)) < 0)
+			floor_die("sendto(LAYER) to duck %u failed: %s", id, strerror(errno));
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		uint64_t deadline = floor_now_ns() + 200000000ull;
+		while (floor_now_ns() < deadline) {
+			if (poll(&p, 1, 20) <= 0)
+				continue;
+			uint8_t buf[FLOOR_RX_BUF];
+			ssize_t len = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+			const struct dp_wire_header *h = (const void *)buf;
+			if (len > 0 && dp_wire_check(buf, (size_t)len) == DP_WIRE_OK &&
+			    h->op == DP_WIRE_OP_WEIGHT_ACK && h->duck == id &&
+			    h->tensor == DP_WIRE_LAYER_TENSOR)
+				return;
 		}
-		if (!acked)
-			die("duck %u at 127.0.0.1:%u never acknowledged the layer: is "
-			    "duckpipe-ducks running there?",
-			    opt_first_id + d, ntohs(g_duck[d].sin_port));
 	}
+	floor_die("duck %u at 127.0.0.1:%u never acknowledged layer 0x%x: is duckpipe-ducks "
+		  "running there?",
+		  id, ntohs(addr->sin_port), layer);
+}
+
+static void announce_layer(void)
+{
+	struct dp_wire_layer w = {
+		.kind = DP_MLP_KIND_SWIGLU,
+		.dtype = DP_DTYPE_F32,
+		.hidden = (uint32_t)(opt_bytes / opt_rows / 4),
+		.ffn = 8,
+	};
+	for (uint32_t d = 0; d < opt_ducks; d++)
+		floor_announce(g_fd, &g_duck[d], opt_first_id + d, FLOOR_LAYER, opt_session, &w);
+}
+
+int floor_socket(void)
+{
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		floor_die("socket() failed: %s", strerror(errno));
+	int sz = FLOOR_SOCK_BUF;
+	if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &sz, sizeof(sz)) < 0)
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+	if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sz, sizeof(sz)) < 0)
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+	struct sockaddr_in me = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	if (bind(fd, (struct sockaddr *)&me, sizeof(me)) < 0)
+		floor_die("bind(127.0.0.1:0) failed: %s", strerror(errno));
+	return fd;
 }
 
 static void setup(void)
@@ -244,18 +261,9 @@ static void setup(void)
 	g_payload = dp_wire_payload_max(FLOOR_MTU);
 	g_chunks = dp_wire_chunk_count(opt_bytes, g_payload);
 	if (g_chunks > FLOOR_MAX_CHUNKS)
-		die("%" PRIu64 " bytes need %u chunks, more than %u", opt_bytes, g_chunks,
+		floor_die("%" PRIu64 " bytes need %u chunks, more than %u", opt_bytes, g_chunks,
 		    FLOOR_MAX_CHUNKS);
-	if ((g_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0)
-		die("socket() failed: %s", strerror(errno));
-	int sz = FLOOR_SOCK_BUF;
-	if (setsockopt(g_fd, SOL_SOCKET, SO_RCVBUFFORCE, &sz, sizeof(sz)) < 0)
-		setsockopt(g_fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
-	if (setsockopt(g_fd, SOL_SOCKET, SO_SNDBUFFORCE, &sz, sizeof(sz)) < 0)
-		setsockopt(g_fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
-	struct sockaddr_in me = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	if (bind(g_fd, (struct sockaddr *)&me, sizeof(me)) < 0)
-		die("bind(127.0.0.1:0) failed: %s", strerror(errno));
+	g_fd = floor_socket();
 	for (uint32_t d = 0; d < opt_ducks; d++)
 		g_duck[d] = (struct sockaddr_in){ .sin_family = AF_INET,
 						  .sin_port = htons((uint16_t)(opt_base_port + d)),
@@ -264,7 +272,7 @@ static void setup(void)
 	if (!(g_act = aligned_alloc(4096, (opt_bytes + 4095) & ~(size_t)4095)) ||
 	    !(g_hdr = calloc(n, sizeof(*g_hdr))) || !(g_iov = calloc(2 * n, sizeof(*g_iov))) ||
 	    !(g_tx = calloc(n, sizeof(*g_tx))))
-		die("out of memory for %zu datagrams", n);
+		floor_die("out of memory for %zu datagrams", n);
 	for (uint64_t i = 0; i < opt_bytes / 4; i++) /* touches every page too */
 		((float *)(void *)g_act)[i] = (float)(i % 97) * 0.01f;
 	for (uint32_t d = 0; d < opt_ducks; d++) {
@@ -310,10 +318,11 @@ static void usage(FILE *f)
 		"  --warmup N          untimed forwards first (default 10)\n"
 		"  --timeout-ms MS     a forward not complete by then is lost (default 500)\n"
 		"  --session S         session cookie (default 0x666c6f6f72)\n"
-		"  -g, --gso           one UDP GSO send per duck instead of sendmmsg\n");
+		"  -g, --gso           one UDP GSO send per duck instead of sendmmsg\n"
+		"  --moe ...           the routed (mixture-of-experts) floor: " PROG " --moe --help\n");
 }
 
-static uint64_t parse_u64(const char *name, const char *val, uint64_t lo, uint64_t hi)
+uint64_t floor_parse_u64(const char *name, const char *val, uint64_t lo, uint64_t hi)
 {
 	char *end;
 	errno = 0;
@@ -345,15 +354,15 @@ static void parse_args(int argc, char **argv)
 	int c;
 	while ((c = getopt_long(argc, argv, "n:p:f:b:r:i:w:t:s:gh", opts, NULL)) != -1) {
 		switch (c) {
-		case 'n': opt_ducks = (uint32_t)parse_u64("ducks", optarg, 1, FLOOR_MAX_DUCKS); break;
-		case 'p': opt_base_port = (uint32_t)parse_u64("base-port", optarg, 1, 65535); break;
-		case 'f': opt_first_id = (uint32_t)parse_u64("first-id", optarg, 0, 65000); break;
-		case 'b': opt_bytes = parse_u64("bytes", optarg, 4, 8u << 20); break;
-		case 'r': opt_rows = (uint32_t)parse_u64("rows", optarg, 1, 1u << 20); break;
-		case 'i': opt_iters = parse_u64("iters", optarg, 1, 10000000); break;
-		case 'w': opt_warmup = parse_u64("warmup", optarg, 0, 10000000); break;
-		case 't': opt_timeout_ms = parse_u64("timeout-ms", optarg, 1, 60000); break;
-		case 's': opt_session = parse_u64("session", optarg, 1, UINT64_MAX); break;
+		case 'n': opt_ducks = (uint32_t)floor_parse_u64("ducks", optarg, 1, FLOOR_MAX_DUCKS); break;
+		case 'p': opt_base_port = (uint32_t)floor_parse_u64("base-port", optarg, 1, 65535); break;
+		case 'f': opt_first_id = (uint32_t)floor_parse_u64("first-id", optarg, 0, 65000); break;
+		case 'b': opt_bytes = floor_parse_u64("bytes", optarg, 4, 8u << 20); break;
+		case 'r': opt_rows = (uint32_t)floor_parse_u64("rows", optarg, 1, 1u << 20); break;
+		case 'i': opt_iters = floor_parse_u64("iters", optarg, 1, 10000000); break;
+		case 'w': opt_warmup = floor_parse_u64("warmup", optarg, 0, 10000000); break;
+		case 't': opt_timeout_ms = floor_parse_u64("timeout-ms", optarg, 1, 60000); break;
+		case 's': opt_session = floor_parse_u64("session", optarg, 1, UINT64_MAX); break;
 		case 'g': opt_gso = 1; break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
@@ -364,12 +373,12 @@ static void parse_args(int argc, char **argv)
 		exit(2);
 	}
 	if (opt_bytes % (4ull * opt_rows))
-		die("--bytes %" PRIu64 " is not rows (%u) x hidden x 4", opt_bytes, opt_rows);
+		floor_die("--bytes %" PRIu64 " is not rows (%u) x hidden x 4", opt_bytes, opt_rows);
 }
 
 /* ---------------------------------------------------------------------- main */
 
-static uint64_t cpu_ns(void)
+uint64_t floor_cpu_ns(void)
 {
 	struct rusage ru;
 	getrusage(RUSAGE_SELF, &ru);
@@ -379,29 +388,32 @@ static uint64_t cpu_ns(void)
 
 int main(int argc, char **argv)
 {
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], "--moe"))
+			return floor_moe_main(argc, argv);
 	parse_args(argc, argv);
 	setup();
 	announce_layer();
 	uint64_t cpu0 = 0;
 	for (uint64_t k = 0; k < opt_warmup + opt_iters; k++) {
 		if (k == opt_warmup)
-			cpu0 = cpu_ns();
+			cpu0 = floor_cpu_ns();
 		uint64_t fwd = k + 1;
 		struct fwd_result res;
 		set_forward_id(fwd);
-		uint64_t t0 = now_ns();
+		uint64_t t0 = floor_now_ns();
 		if (opt_gso)
 			send_gso();
 		else
 			send_mmsg();
-		uint64_t t1 = now_ns();
+		uint64_t t1 = floor_now_ns();
 		receive(fwd, t1 + opt_timeout_ms * 1000000ull, &res);
-		uint64_t t2 = now_ns();
+		uint64_t t2 = floor_now_ns();
 		if (k >= opt_warmup)
 			printf("fwd %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %u\n",
 			       t2 - t0, t1 - t0, res.first_rx ? res.last_rx - res.first_rx : 0,
 			       res.max_compute, res.sum_compute, res.lost);
 	}
-	printf("cpu %" PRIu64 " %" PRIu64 "\n", cpu_ns() - cpu0, opt_iters);
+	printf("cpu %" PRIu64 " %" PRIu64 "\n", floor_cpu_ns() - cpu0, opt_iters);
 	return 0;
 }

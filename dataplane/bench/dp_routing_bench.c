@@ -1,11 +1,15 @@
 /* dp_routing_bench.c: how long dp_routing_check and dp_routing_split take on one
- * prefill-sized routed forward (issue 28.6: each at most 100 us at 4,096 tokens x top-8).
+ * prefill-sized routed forward (issue 28.6: each at most 100 us at 4,096 tokens x top-8),
+ * and the client's dp_routing_pack that writes the table.
  *
  * A DeepSeek-V3-like gate: 256 routed experts, top-8, a random but seeded choice of 8
- * distinct experts per token; the placement spreads the experts over --ducks ducks
- * (expert e on duck e % ducks), each on --replicas ducks, and the split is timed for every
- * duck (one NIC) and for half of them (one of two NICs), with bank slots, as dp_moe.c calls
- * it. Prints the median and the minimum of --reps runs of each, in microseconds:
+ * distinct experts per token in no order (as a gate gives them, by score), packed (and so
+ * sorted per token) by dp_routing_pack; the placement spreads the experts over --ducks
+ * ducks (expert e on duck e % ducks), each on --replicas ducks, and the split is timed for
+ * every duck (one NIC) and for half of them (one of two NICs), with bank slots, as
+ * dp_moe.c calls it. Prints the median and the minimum of --reps runs of each, in
+ * microseconds:
+ *   pack MEDIAN_US MIN_US
  *   check MEDIAN_US MIN_US
  *   split_all MEDIAN_US MIN_US
  *   split_half MEDIAN_US MIN_US
@@ -108,6 +112,17 @@ int main(int argc, char **argv)
 			half[d >> 6] |= 1ull << (d & 63);
 	}
 
+	for (int i = 0; i < reps; i++) {
+		uint64_t t0 = now_ns();
+		int rc = dp_routing_pack(idx, 4, wts, tokens, topk, n_experts, table, len, why,
+					 sizeof(why));
+		ns[i] = now_ns() - t0;
+		if (rc < 0) {
+			fprintf(stderr, "pack: %s\n", why);
+			return 1;
+		}
+	}
+	report("pack", ns, reps);
 	for (int i = 0; i < reps; i++) {
 		uint64_t t0 = now_ns();
 		int rc = dp_routing_check(table, len, tokens, n_experts, why, sizeof(why));

@@ -61,11 +61,13 @@ static void host_ok(const uint8_t *t, uint64_t len, uint32_t rows, uint32_t n_ex
 	for (uint32_t i = 0; i < tokens; i++)
 		for (uint32_t k = 0; k < topk; k++) {
 			const uint8_t *e = t + 16 + ((uint64_t)i * topk + k) * 8;
+			/* ascending: after a no expert only no expert, else above the one before */
+			if (k > 0 && u32_at(e - 8) == 0xffffffffu)
+				EXPECT(u32_at(e) == 0xffffffffu);
 			if (u32_at(e) == 0xffffffffu) /* no expert: as often as it likes, any weight */
 				continue;
 			EXPECT(u32_at(e) < n_experts && finite(u32_at(e + 4)));
-			for (uint32_t j = 0; j < k; j++)
-				EXPECT(u32_at(t + 16 + ((uint64_t)i * topk + j) * 8) != u32_at(e));
+			EXPECT(k == 0 || u32_at(e) > u32_at(e - 8));
 		}
 }
 
@@ -237,9 +239,10 @@ static void split_ok(const uint8_t *t, uint64_t len, const struct dp_routing_pla
 	free(out);
 }
 
-/* dp_routing_pack on the same entries, as a gate's int32 ids and float32 weights: it gives
- * the verdict (the same code) dp_routing_check gives a table of those entries under a
- * valid header, and on acceptance writes exactly that table. */
+/* dp_routing_pack on the same entries, as a gate's int32 ids and float32 weights, in the
+ * order the input gives them: it gives the verdict (the same code) dp_routing_check gives
+ * the table of those entries under a valid header with each token's entries sorted by id
+ * (stably), and on acceptance writes exactly that table. */
 static void pack_ok(const uint8_t *t, uint64_t len, uint32_t n_experts)
 {
 	if (len < 16)
@@ -261,11 +264,20 @@ static void pack_ok(const uint8_t *t, uint64_t len, uint32_t n_experts)
 				       tokens, n_experts };
 	memcpy(hand, &h, sizeof(h));
 	memcpy(hand + 16, t + 16, 8 * n);
+	for (uint32_t i = 0; i < tokens; i++) /* insertion sort of each token's 8-byte entries */
+		for (uint32_t k = 1; k < topk; k++)
+			for (uint8_t *e = hand + 16 + ((uint64_t)i * topk + k) * 8;
+			     e > hand + 16 + (uint64_t)i * topk * 8 && u32_at(e - 8) > u32_at(e); e -= 8) {
+				uint8_t x[8];
+				memcpy(x, e, 8);
+				memcpy(e, e - 8, 8);
+				memcpy(e - 8, x, 8);
+			}
 	char why[200];
 	int rc = dp_routing_pack(ids, 4, w, tokens, topk, n_experts, out, size, why, sizeof(why));
 	EXPECT(rc == dp_routing_check(hand, size, tokens, n_experts, why, sizeof(why)));
 	for (uint64_t i = 0; i < n; i++) /* the gate's -1: the pack stores weight 0 */
-		if (ids[i] == -1)
+		if (u32_at(hand + 16 + 8 * i) == 0xffffffffu)
 			memset(hand + 20 + 8 * i, 0, 4);
 	if (rc == 0)
 		EXPECT(memcmp(out, hand, size) == 0);

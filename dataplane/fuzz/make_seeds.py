@@ -86,7 +86,11 @@ def routing_seeds() -> None:
 
     prm = routing_params(256, 8)
     dup_expert = struct.unpack_from("<I", ds, entry(2, 0))[0]
-    write(h, "duplicate-expert", prm + patched(entry(2, 5), "<I", dup_expert), "hostile")
+    write(h, "duplicate-expert", prm + patched(entry(2, 1), "<I", dup_expert), "hostile")
+    # a token's experts out of their ascending order (a gate's by-score order, unsorted)
+    swapped = bytearray(ds)
+    swapped[entry(4, 0) : entry(4, 2)] = ds[entry(4, 1) : entry(4, 2)] + ds[entry(4, 0) : entry(4, 1)]
+    write(h, "experts-out-of-order", prm + bytes(swapped), "hostile")
     write(h, "expert-past-the-layer", prm + patched(entry(7, 7), "<I", 256), "hostile")
     write(h, "nan-weight", prm + patched(entry(3, 1) + 4, "<I", 0x7FC00000), "hostile")
     write(h, "inf-weight", prm + patched(entry(0, 0) + 4, "<I", 0x7F800000), "hostile")

@@ -13,14 +13,17 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dp_why.h"
+
+/* The generated decoder's refusal: -1, the field named in why (dp_why.h). */
 static inline int fail(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static inline int fail(char *why, size_t n, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(why, n, fmt, ap);
+	int rc = dp_vrefuse(-1, why, n, fmt, ap);
 	va_end(ap);
-	return -1;
+	return rc;
 }
 
 static inline int get_uint(const msgpack_object *o, uint64_t lo, uint64_t hi, uint64_t *v,

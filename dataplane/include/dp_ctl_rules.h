@@ -30,6 +30,7 @@
 #include "dp_ctl_gen.h"
 #include "dp_fp8.h"
 #include "dp_routing.h"
+#include "dp_why.h"
 
 /* @cdef-begin: cffi parses from here */
 
@@ -92,18 +93,6 @@ _Static_assert(sizeof(((struct dp_layer_moe *)0)->slots) ==
 _Static_assert(sizeof(((struct dp_layer_moe *)0)->experts_on) == sizeof(uint16_t) * DP_MAX_DUCKS,
 	       "dp_layer_moe.experts_on: a count per duck");
 
-static inline int dp_ctl_refuse_why(int code, char *why, size_t n, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static inline int dp_ctl_refuse_why(int code, char *why, size_t n, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	if (why && n)
-		vsnprintf(why, n, fmt, ap);
-	va_end(ap);
-	return code;
-}
-
 /* --- Attach ---------------------------------------------------------------------------- */
 
 /* Whether the peer may take a client slot: one process holds at most client_max_per_pid
@@ -117,24 +106,24 @@ static inline int dp_attach_admit(const struct dp_attach_census *c,
 {
 	*quota = true;
 	if (c->of_pid >= lim->client_max_per_pid)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_QUOTA_EXCEEDED, why, n,
+		return dp_refuse(DP_ERROR_CODE_QUOTA_EXCEEDED, why, n,
 					 "pid %u has %u clients attached, client_max_per_pid is "
 					 "%u: close one first",
 					 c->pid, c->of_pid, lim->client_max_per_pid);
 	if (!c->admin && c->of_uid >= lim->client_max_per_uid)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_QUOTA_EXCEEDED, why, n,
+		return dp_refuse(DP_ERROR_CODE_QUOTA_EXCEEDED, why, n,
 					 "uid %u has %u clients attached, client_max_per_uid is "
 					 "%u: close one first",
 					 c->uid, c->of_uid, lim->client_max_per_uid);
 	if (!c->admin && c->not_admin >= DP_MAX_CLIENTS - lim->admin_reserved_clients)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_TOO_MANY_CLIENTS, why, n,
+		return dp_refuse(DP_ERROR_CODE_TOO_MANY_CLIENTS, why, n,
 					 "every client slot open to other users is taken (%u); "
 					 "admin_reserved_clients %u are kept for the dataplane's "
 					 "own user",
 					 c->not_admin, lim->admin_reserved_clients);
 	*quota = false;
 	if (c->taken >= DP_MAX_CLIENTS)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_TOO_MANY_CLIENTS, why, n,
+		return dp_refuse(DP_ERROR_CODE_TOO_MANY_CLIENTS, why, n,
 					 "every client slot is taken");
 	return 0;
 }
@@ -149,7 +138,7 @@ static inline int dp_load_fp8_check(const struct dp_ctl_load_weights *m, char *w
 	if (m->weight_dtype == 0)
 		return 0;
 	if (m->weight_dtype != DP_DTYPE_F8E4M3 || m->kind == DP_MLP_KIND_GELU)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+		return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 					 "layer %u: weight_dtype %u; give 0 (the layer's dtype) "
 					 "or %u (float8 e4m3 with block scales, SWIGLU and MOE "
 					 "only)",
@@ -158,7 +147,7 @@ static inline int dp_load_fp8_check(const struct dp_ctl_load_weights *m, char *w
 		return 0; /* a MOE bank's shared columns: dp_load_moe_banks */
 	for (uint32_t i = 0; i + 1 < m->shard_sizes_len && i < DP_MAX_DUCKS; i++)
 		if (m->shard_sizes[i] % DP_FP8_BLOCK)
-			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "FP8 layer %u: duck %u's shard has %u columns; "
 						 "an FP8 layer is cut between %u-column blocks "
 						 "(only the last shard may end in a partial one)",
@@ -176,7 +165,7 @@ static inline int dp_load_check(const struct dp_ctl_load_weights *m,
 				char *why, size_t n)
 {
 	if (m->hidden > lim->max_hidden || m->ffn > lim->max_ffn)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+		return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 					 "hidden %u / ffn %u exceed this dataplane's max_hidden "
 					 "%u / max_ffn %u",
 					 m->hidden, m->ffn, lim->max_hidden, lim->max_ffn);
@@ -184,14 +173,14 @@ static inline int dp_load_check(const struct dp_ctl_load_weights *m,
 	for (uint32_t i = 0; i < m->shard_sizes_len && i < DP_MAX_DUCKS; i++)
 		total += m->shard_sizes[i];
 	if (m->ducks_len != m->shard_sizes_len || m->ducks_len > DP_MAX_DUCKS || total != m->ffn)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+		return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 					 "LoadWeights needs one shard size per duck, summing to "
 					 "ffn");
 	uint64_t seen[DP_MAX_DUCKS / 64] = { 0 };
 	for (uint32_t i = 0; i < m->ducks_len; i++) {
 		uint32_t d = m->ducks[i];
 		if (d >= DP_MAX_DUCKS || topology[d] < 0 || (seen[d >> 6] >> (d & 63) & 1))
-			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "duck %u is not in the topology or is listed "
 						 "twice",
 						 d);
@@ -209,12 +198,12 @@ static inline int dp_load_moe_placement(const struct dp_ctl_load_weights *m,
 	for (uint32_t e = 0; e < m->expert_replicas_len; e++)
 		sum += m->expert_replicas[e];
 	if (sum != m->expert_ducks_len)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+		return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 					 "MOE layer %u: expert_replicas add up to %llu ducks, "
 					 "expert_ducks lists %u",
 					 m->layer, (unsigned long long)sum, m->expert_ducks_len);
 	if (m->expert_replicas_len > DP_MAX_EXPERTS)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+		return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 					 "MOE layer %u: %u experts, at most %u",
 					 m->layer, m->expert_replicas_len, DP_MAX_EXPERTS);
 	moe->pl.n_experts = m->expert_replicas_len;
@@ -222,7 +211,7 @@ static inline int dp_load_moe_placement(const struct dp_ctl_load_weights *m,
 	for (uint32_t e = 0; e < m->expert_replicas_len; e++) {
 		uint32_t replicas = m->expert_replicas[e];
 		if (replicas < 1 || replicas > DP_MAX_REPLICAS) /* the decoder's bounds, again */
-			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "MOE layer %u: expert %u has %u replicas, give "
 						 "it 1..%u",
 						 m->layer, e, replicas, DP_MAX_REPLICAS);
@@ -230,7 +219,7 @@ static inline int dp_load_moe_placement(const struct dp_ctl_load_weights *m,
 		for (uint32_t r = 0; r < replicas; r++, k++) {
 			uint32_t d = m->expert_ducks[k];
 			if (d >= DP_MAX_DUCKS || !(ducks[d >> 6] >> (d & 63) & 1))
-				return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+				return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 							 "MOE layer %u: expert %u is placed on "
 							 "duck %u, which is not one of the "
 							 "layer's ducks",
@@ -240,7 +229,7 @@ static inline int dp_load_moe_placement(const struct dp_ctl_load_weights *m,
 	}
 	char pwhy[DP_CTL_WHY_LEN];
 	if (dp_routing_placement_check(&moe->pl, pwhy, sizeof(pwhy)) < 0)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n, "MOE layer %u: %s",
+		return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n, "MOE layer %u: %s",
 					 m->layer, pwhy);
 	return 0;
 }
@@ -254,12 +243,12 @@ static inline int dp_load_moe_shared(const struct dp_ctl_load_weights *m,
 	for (uint32_t i = 0; i < m->shared_ducks_len && i < DP_MAX_DUCKS; i++) {
 		uint32_t d = m->shared_ducks[i];
 		if (d >= DP_MAX_DUCKS || !(ducks[d >> 6] >> (d & 63) & 1))
-			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "MOE layer %u: shared_ducks names duck %u, which is "
 						 "not one of the layer's ducks",
 						 m->layer, d);
 		if (moe->shared_ducks[d >> 6] >> (d & 63) & 1)
-			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "MOE layer %u: shared_ducks names duck %u twice",
 						 m->layer, d);
 		moe->shared_ducks[d >> 6] |= 1ull << (d & 63);
@@ -285,18 +274,18 @@ static inline int dp_load_moe_banks(const struct dp_ctl_load_weights *m,
 		uint64_t routed = (uint64_t)moe->experts_on[d] * m->expert_ffn;
 		bool in_set = moe->shared_ducks[d >> 6] >> (d & 63) & 1;
 		if (m->shard_sizes[i] < routed)
-			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "MOE layer %u: duck %u's bank has %u columns, "
 						 "fewer than its %u experts x expert_ffn %u",
 						 m->layer, d, m->shard_sizes[i],
 						 moe->experts_on[d], m->expert_ffn);
 		if (in_set && m->shard_sizes[i] == routed)
-			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "MOE layer %u: duck %u is in shared_ducks but its "
 						 "bank holds no shared-expert column",
 						 m->layer, d);
 		if (!in_set && m->shard_sizes[i] > routed)
-			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "MOE layer %u: duck %u's bank holds %llu "
 						 "shared-expert columns but shared_ducks %s",
 						 m->layer, d,
@@ -305,13 +294,13 @@ static inline int dp_load_moe_banks(const struct dp_ctl_load_weights *m,
 								 : "is empty: name the ducks "
 								   "that hold the shared expert");
 		if (!moe->has_shared && !moe->experts_on[d])
-			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "MOE layer %u: duck %u holds no expert "
 						 "and the layer has no shared expert: it "
 						 "would compute nothing",
 						 m->layer, d);
 		if (m->weight_dtype && i != last_shared && (m->shard_sizes[i] - routed) % DP_FP8_BLOCK)
-			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "FP8 MOE layer %u: duck %u holds %llu "
 						 "shared-expert columns; the shared expert is cut "
 						 "between %u-column blocks (only the last duck's "
@@ -335,7 +324,7 @@ static inline int dp_load_moe_plan(const struct dp_ctl_load_weights *m, struct d
 	if (m->kind != DP_MLP_KIND_MOE) {
 		if (m->expert_ffn || m->expert_replicas_len || m->expert_ducks_len ||
 		    m->shared_ducks_len)
-			return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "layer %u is dense (kind %u): expert_ffn, "
 						 "expert_replicas, expert_ducks and shared_ducks are "
 						 "for MOE layers (kind %u) only",
@@ -343,15 +332,15 @@ static inline int dp_load_moe_plan(const struct dp_ctl_load_weights *m, struct d
 		return 0;
 	}
 	if (m->expert_ffn < 1)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+		return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 					 "MOE layer %u needs expert_ffn >= 1", m->layer);
 	if (m->expert_replicas_len < 1)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+		return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 					 "MOE layer %u needs expert_replicas: one entry per "
 					 "routed expert (1..%u)",
 					 m->layer, DP_MAX_EXPERTS);
 	if (m->has_b_down)
-		return dp_ctl_refuse_why(DP_ERROR_CODE_BAD_REQUEST, why, n,
+		return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 					 "MOE layer %u: a mixture of experts has no b_down",
 					 m->layer);
 	memset(moe, 0, sizeof(*moe));
@@ -436,7 +425,7 @@ static inline int dp_load_quota_check(const struct dp_ctl_load_weights *m,
 	    bytes <= h->max_bytes - h->bytes)
 		return 0;
 	if (h->retired) /* 256 characters: say what is new, not the whole quota */
-		return dp_ctl_refuse_why(DP_ERROR_CODE_QUOTA_EXCEEDED, why, n,
+		return dp_refuse(DP_ERROR_CODE_QUOTA_EXCEEDED, why, n,
 					 "layer %u (%llu bytes) would pass this client's quota: "
 					 "%llu of %llu weight bytes and %u of %u layers held, %u of "
 					 "them replaced but not freed yet: read the replies and "
@@ -446,7 +435,7 @@ static inline int dp_load_quota_check(const struct dp_ctl_load_weights *m,
 					 (unsigned long long)h->max_bytes, h->nlayers, h->max_layers,
 					 h->retired);
 	if (dp_load_state_bytes(m))
-		return dp_ctl_refuse_why(DP_ERROR_CODE_QUOTA_EXCEEDED, why, n,
+		return dp_refuse(DP_ERROR_CODE_QUOTA_EXCEEDED, why, n,
 					 "layer %u (%llu bytes: its weights and %llu of MoE "
 					 "placement and state) would pass this client's quota: %u "
 					 "of %u layers, %llu of %llu weight bytes held; unload "
@@ -455,7 +444,7 @@ static inline int dp_load_quota_check(const struct dp_ctl_load_weights *m,
 					 (unsigned long long)dp_load_state_bytes(m), h->nlayers,
 					 h->max_layers, (unsigned long long)h->bytes,
 					 (unsigned long long)h->max_bytes);
-	return dp_ctl_refuse_why(DP_ERROR_CODE_QUOTA_EXCEEDED, why, n,
+	return dp_refuse(DP_ERROR_CODE_QUOTA_EXCEEDED, why, n,
 				 "layer %u (%llu bytes) would pass this client's quota: %u of %u "
 				 "layers, %llu of %llu weight bytes held; unload layers first",
 				 m->layer, (unsigned long long)bytes, h->nlayers, h->max_layers,

@@ -115,18 +115,6 @@ static inline uint64_t dp_desc_tensor_bytes(const struct dp_desc_layer *l, uint3
 	return dp_fp8_tensor_bytes(l->hidden, l->shard[i], experts, l->experts_on ? l->expert_ffn : 0);
 }
 
-static inline int dp_desc_refuse(char *why, size_t whylen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static inline int dp_desc_refuse(char *why, size_t whylen, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	if (why && whylen)
-		vsnprintf(why, whylen, fmt, ap);
-	va_end(ap);
-	return -1;
-}
-
 /* A forward's flags against its layer: ROUTED exactly on mixture-of-experts layers, at
  * most one forced mode, and with ROUTED no target set (the routing says which ducks) and
  * at most DP_MAX_TOKENS rows. `any`: the descriptor names ducks. */
@@ -138,25 +126,25 @@ static inline int dp_desc_check_routed(const struct dp_desc_layer *l, const stru
 	const uint32_t modes = DP_DESC_FLAG_MOE_BROADCAST | DP_DESC_FLAG_MOE_UNICAST;
 	bool routed = d->flags & DP_DESC_FLAG_ROUTED;
 	if (d->flags & ~known)
-		return dp_desc_refuse(why, whylen, "descriptor flags 0x%x: only ROUTED, MOE_BROADCAST "
+		return dp_refuse(-1, why, whylen, "descriptor flags 0x%x: only ROUTED, MOE_BROADCAST "
 				      "and MOE_UNICAST (0x%x) are defined", d->flags, known);
 	if (routed && l->kind != DP_MLP_KIND_MOE)
-		return dp_desc_refuse(why, whylen, "layer %u is dense: routing is only for "
+		return dp_refuse(-1, why, whylen, "layer %u is dense: routing is only for "
 				      "mixture-of-experts layers", l->id);
 	if (!routed && l->kind == DP_MLP_KIND_MOE)
-		return dp_desc_refuse(why, whylen, "layer %u is a mixture of experts: the forward "
+		return dp_refuse(-1, why, whylen, "layer %u is a mixture of experts: the forward "
 				      "needs its routing", l->id);
 	if (!routed && (d->flags & modes))
-		return dp_desc_refuse(why, whylen, "MOE_BROADCAST and MOE_UNICAST are for routed "
+		return dp_refuse(-1, why, whylen, "MOE_BROADCAST and MOE_UNICAST are for routed "
 				      "forwards only");
 	if ((d->flags & modes) == modes)
-		return dp_desc_refuse(why, whylen, "MOE_BROADCAST and MOE_UNICAST together: force "
+		return dp_refuse(-1, why, whylen, "MOE_BROADCAST and MOE_UNICAST together: force "
 				      "one mode, or neither for the dataplane's choice");
 	if (routed && any)
-		return dp_desc_refuse(why, whylen, "a routed forward takes no target set (ducks=): its "
+		return dp_refuse(-1, why, whylen, "a routed forward takes no target set (ducks=): its "
 				      "routing says which ducks get which rows");
 	if (routed && rows > DP_MAX_TOKENS)
-		return dp_desc_refuse(why, whylen, "a routed forward has at most %u rows, not %u",
+		return dp_refuse(-1, why, whylen, "a routed forward has at most %u rows, not %u",
 				      DP_MAX_TOKENS, rows);
 	return 0;
 }
@@ -167,31 +155,31 @@ static inline int dp_desc_check_forward(const struct dp_client_layout *c,
 					char *why, size_t whylen)
 {
 	if (l && l->foreign)
-		return dp_desc_refuse(why, whylen, "layer %u belongs to another client", d->layer);
+		return dp_refuse(-1, why, whylen, "layer %u belongs to another client", d->layer);
 	if (l && l->failed)
-		return dp_desc_refuse(why, whylen, "layer %u failed to load (Layers: failed, missing); "
+		return dp_refuse(-1, why, whylen, "layer %u failed to load (Layers: failed, missing); "
 				      "load it again", d->layer);
 	if (!l || !l->ready)
-		return dp_desc_refuse(why, whylen, "layer %u is not loaded", d->layer);
+		return dp_refuse(-1, why, whylen, "layer %u is not loaded", d->layer);
 	if (d->dtype != l->dtype)
-		return dp_desc_refuse(why, whylen, "dtype %u does not match layer %u's (%u)", d->dtype,
+		return dp_refuse(-1, why, whylen, "dtype %u does not match layer %u's (%u)", d->dtype,
 				      l->id, l->dtype);
 	if (d->ndim < 1 || d->ndim > DP_MAX_DIMS || d->shape[d->ndim - 1] != l->hidden)
-		return dp_desc_refuse(why, whylen, "shape does not end in layer %u's hidden %u", l->id,
+		return dp_refuse(-1, why, whylen, "shape does not end in layer %u's hidden %u", l->id,
 				      l->hidden);
 	uint64_t elems = 1, bytes;
 	for (uint32_t k = 0; k < d->ndim; k++)
 		if (d->shape[k] == 0 || __builtin_mul_overflow(elems, d->shape[k], &elems))
-			return dp_desc_refuse(why, whylen, "shape dimension %u (%u) is zero or overflows",
+			return dp_refuse(-1, why, whylen, "shape dimension %u (%u) is zero or overflows",
 					      k, d->shape[k]);
 	if (__builtin_mul_overflow(elems, dp_dtype_size(d->dtype), &bytes) || bytes != d->nbytes)
-		return dp_desc_refuse(why, whylen, "%lu bytes do not match the shape",
+		return dp_refuse(-1, why, whylen, "%lu bytes do not match the shape",
 				      (unsigned long)d->nbytes);
 	if (bytes > c->act_slot_size || bytes > c->res_slot_size || bytes > lim->max_forward_bytes)
-		return dp_desc_refuse(why, whylen, "%lu bytes exceed the slots or max_forward_bytes %lu",
+		return dp_refuse(-1, why, whylen, "%lu bytes exceed the slots or max_forward_bytes %lu",
 				      (unsigned long)bytes, (unsigned long)lim->max_forward_bytes);
 	if (d->timeout_us > lim->max_timeout_us)
-		return dp_desc_refuse(why, whylen,
+		return dp_refuse(-1, why, whylen,
 				      "timeout %u us is over this dataplane's max_timeout_us %u",
 				      d->timeout_us, lim->max_timeout_us);
 	bool any = d->ducks[0] | d->ducks[1] | d->ducks[2] | d->ducks[3];
@@ -205,13 +193,13 @@ static inline int dp_desc_check_forward(const struct dp_client_layout *c,
 		if (!wanted)
 			continue;
 		if (l->index[k] < 0)
-			return dp_desc_refuse(why, whylen, "duck %u holds no shard of layer %u", k,
+			return dp_refuse(-1, why, whylen, "duck %u holds no shard of layer %u", k,
 					      l->id);
 		out->targets[k >> 6] |= 1ull << (k & 63);
 		n++;
 	}
 	if (n == 0)
-		return dp_desc_refuse(why, whylen, "layer %u has no ducks to ask", l->id);
+		return dp_refuse(-1, why, whylen, "layer %u has no ducks to ask", l->id);
 	out->bytes = bytes;
 	out->rows = rows;
 	out->timeout_us = d->timeout_us ? d->timeout_us : lim->default_timeout_us;
@@ -226,26 +214,26 @@ static inline int dp_desc_check_weight(const struct dp_client_layout *c,
 {
 	uint64_t end, size;
 	if (l && l->foreign)
-		return dp_desc_refuse(why, whylen, "layer %u belongs to another client", d->layer);
+		return dp_refuse(-1, why, whylen, "layer %u belongs to another client", d->layer);
 	if (!l || l->ready)
-		return dp_desc_refuse(why, whylen,
+		return dp_refuse(-1, why, whylen,
 				      "layer %u is not being loaded (send LoadWeights first)", d->layer);
 	if (d->nbytes == 0 || d->nbytes > c->act_slot_size || d->nbytes > lim->max_forward_bytes)
-		return dp_desc_refuse(why, whylen, "weight chunk of %lu bytes", (unsigned long)d->nbytes);
+		return dp_refuse(-1, why, whylen, "weight chunk of %lu bytes", (unsigned long)d->nbytes);
 	if (__builtin_add_overflow(d->offset, d->nbytes, &end))
-		return dp_desc_refuse(why, whylen, "weight chunk [%lu, +%lu) overflows",
+		return dp_refuse(-1, why, whylen, "weight chunk [%lu, +%lu) overflows",
 				      (unsigned long)d->offset, (unsigned long)d->nbytes);
 	if (d->duck == DP_HOST_TENSOR_DUCK) {
 		/* b_down stays in the dataplane: it is added once, after the reduce */
 		size = (uint64_t)l->hidden * dp_dtype_size(l->dtype);
 		if (!l->has_b_down || d->tensor != DP_B_DOWN_TENSOR || end > size)
-			return dp_desc_refuse(why, whylen, "bad b_down chunk for layer %u", l->id);
+			return dp_refuse(-1, why, whylen, "bad b_down chunk for layer %u", l->id);
 		out->duck_index = -1;
 	} else {
 		int16_t i = d->duck < DP_MAX_DUCKS ? l->index[d->duck] : -1;
 		if (i < 0 || d->tensor >= DP_SHARD_TENSORS ||
 		    end > dp_desc_tensor_bytes(l, d->duck, (uint32_t)i, d->tensor))
-			return dp_desc_refuse(why, whylen,
+			return dp_refuse(-1, why, whylen,
 					      "duck %u tensor %u [%lu, +%lu) is not in layer %u",
 					      d->duck, d->tensor, (unsigned long)d->offset,
 					      (unsigned long)d->nbytes, l->id);
@@ -266,7 +254,7 @@ static inline int dp_desc_check(const struct dp_client_layout *c, const struct d
 				struct dp_desc_plan *out, char *why, size_t whylen)
 {
 	if (d->slot >= c->slot_count)
-		return dp_desc_refuse(why, whylen, "slot %u is out of range", d->slot);
+		return dp_refuse(-1, why, whylen, "slot %u is out of range", d->slot);
 	switch (d->op) {
 	case DP_OP_FORWARD:
 		return dp_desc_check_forward(c, layer, d, lim, out, why, whylen);
@@ -277,7 +265,7 @@ static inline int dp_desc_check(const struct dp_client_layout *c, const struct d
 		out->duck_index = -1;
 		return 0; /* the commit itself checks the layer, once every chunk is in */
 	}
-	return dp_desc_refuse(why, whylen, "unknown op %u", d->op);
+	return dp_refuse(-1, why, whylen, "unknown op %u", d->op);
 }
 
 /* A routed forward's host table sits in its activation slot at this offset (the
@@ -314,7 +302,7 @@ static inline int dp_desc_routing_copy(const struct dp_client_layout *c, const s
 	struct dp_routing_header h;
 	uint64_t at = dp_desc_routing_offset(plan->bytes), size;
 	if (at > c->act_slot_size || c->act_slot_size - at < DP_ROUTING_HEADER_SIZE)
-		return dp_desc_refuse(why, whylen, "no room for the routing table after the "
+		return dp_refuse(-1, why, whylen, "no room for the routing table after the "
 				      "activation's %llu bytes in a %llu-byte slot: connect(slot_size=) "
 				      "larger", (unsigned long long)plan->bytes,
 				      (unsigned long long)c->act_slot_size);
@@ -323,7 +311,7 @@ static inline int dp_desc_routing_copy(const struct dp_client_layout *c, const s
 	if (topk == 0)
 		topk = 1;
 	if (dp_routing_size(plan->rows, topk, &size) < 0 || size > c->act_slot_size - at)
-		return dp_desc_refuse(why, whylen, "the routing table (%llu bytes at byte %llu) does "
+		return dp_refuse(-1, why, whylen, "the routing table (%llu bytes at byte %llu) does "
 				      "not fit the %llu-byte slot: connect(slot_size=%llu) or more",
 				      (unsigned long long)size, (unsigned long long)at,
 				      (unsigned long long)c->act_slot_size,
@@ -333,7 +321,7 @@ static inline int dp_desc_routing_copy(const struct dp_client_layout *c, const s
 	 * rows, must fit max_forward_bytes (dp_desc_routed_bytes) */
 	uint64_t need = dp_desc_routed_bytes(plan, topk);
 	if (need > lim->max_forward_bytes || size > copy_cap)
-		return dp_desc_refuse(why, whylen, "a routed forward of %u rows by top-%u sends a "
+		return dp_refuse(-1, why, whylen, "a routed forward of %u rows by top-%u sends a "
 				      "duck up to %llu bytes in one message (table and rows); "
 				      "max_forward_bytes is %llu",
 				      plan->rows, topk, (unsigned long long)need,
@@ -341,7 +329,7 @@ static inline int dp_desc_routing_copy(const struct dp_client_layout *c, const s
 	memcpy(copy, slot + at, size);
 	char rwhy[DP_DESC_WHY_LEN - 16];
 	if (dp_routing_check(copy, size, plan->rows, n_experts, rwhy, sizeof(rwhy)) < 0)
-		return dp_desc_refuse(why, whylen, "routing: %s", rwhy);
+		return dp_refuse(-1, why, whylen, "routing: %s", rwhy);
 	*table_bytes = size;
 	return 0;
 }

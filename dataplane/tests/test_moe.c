@@ -249,7 +249,7 @@ static void put_table(uint8_t *slot, uint64_t nbytes, uint32_t tokens, uint16_t 
 
 static void test_the_table_is_copied_once_and_checked(void)
 {
-	static const uint32_t EXP[6] = { 0, 5, 3, 2, 4, 1 };
+	static const uint32_t EXP[6] = { 0, 5, 2, 3, 1, 4 }; /* ascending per token */
 	static const float WT[6] = { 0.5f, 0.5f, 1, 2, -1, 0.25f };
 	uint8_t *slot = calloc(1, layout.act_slot_size);
 	uint8_t copy[4096];
@@ -290,7 +290,7 @@ static void test_the_table_is_copied_once_and_checked(void)
 				   why, sizeof(why)) < 0,
 	      "copy_cap");
 	/* a duplicate expert for token 1 */
-	uint32_t dup[6] = { 0, 5, 3, 3, 4, 1 };
+	uint32_t dup[6] = { 0, 5, 3, 3, 1, 4 };
 	put_table(slot, p.bytes, 3, 2, dup, WT);
 	CHECK(dp_desc_routing_copy(&layout, &limits, &p, slot, 6, copy, sizeof(copy), &size, why,
 				   sizeof(why)) < 0 &&
@@ -321,9 +321,9 @@ static void test_row_maps_from_a_split(void)
 	struct dp_layer *l;
 	char why[DP_DESC_WHY_LEN] = "";
 	CHECK(build(m, why, &l) == 0, "%s", why);
-	/* tokens 0..3, top-2: 0 {0, 5}, 1 {3, 2}, 2 {4, 1}, 3 {5, 0}
+	/* tokens 0..3, top-2: 0 {0, 5}, 1 {2, 3}, 2 {1, 4}, 3 {0, 5}
 	 * expert 5 has replicas (6, 2): token t uses ducks[t % 2]: t0 -> 6, t3 -> 2 */
-	static const uint32_t EXP[8] = { 0, 5, 3, 2, 4, 1, 5, 0 };
+	static const uint32_t EXP[8] = { 0, 5, 2, 3, 1, 4, 0, 5 };
 	static const float WT[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
 	uint8_t host[16 + 64];
 	struct dp_routing_header h = { DP_ROUTING_MAGIC, DP_ROUTING_VERSION, 0, 2, 4, 6 };

@@ -35,8 +35,9 @@ static struct host host_table(uint32_t tokens, uint32_t topk, uint32_t n_experts
 	return t;
 }
 
-/* token t -> experts: 0 {1, 5}, 1 {5, 2}, 2 {7, 0}, 3 {2, 1} */
-static const uint32_t EXP[TOKENS * TOPK] = { 1, 5, 5, 2, 7, 0, 2, 1 };
+/* token t -> experts, ascending as a host table lists them: 0 {1, 5}, 1 {2, 5}, 2 {0, 7},
+ * 3 {1, 2} */
+static const uint32_t EXP[TOKENS * TOPK] = { 1, 5, 2, 5, 0, 7, 1, 2 };
 static const float W[TOKENS * TOPK] = { 0.5f, 0.25f, 1.0f, 2.0f, -0.5f, 0.125f, 3.0f, 0.0f };
 
 static struct host good(void)
@@ -165,18 +166,43 @@ static void test_refuses_an_expert_past_the_layer(void)
 static void test_refuses_a_token_that_names_an_expert_twice(void)
 {
 	struct host t = good();
-	set_u32(&t, 16 + 8 * 7, 2); /* token 3: {2, 2} */
+	set_u32(&t, 16 + 8 * 6, 2); /* token 3: {2, 2} */
 	char why[200];
 	CHECK(dp_routing_check(t.buf, t.len, TOKENS, EXPERTS, why, sizeof(why)) ==
 		      DP_ROUTING_ERROR_DUPLICATE,
 	      "duplicate");
 	CHECK(strstr(why, "token 3 names expert 2 twice"), "why: %s", why);
 	free(t.buf);
-	/* the same expert in different tokens is fine: the bitmap is cleared per token */
+	/* the same expert in different tokens is fine: each token's order is its own */
 	static const uint32_t same[4] = { 3, 4, 3, 4 };
 	static const float w[4] = { 1, 1, 1, 1 };
 	t = host_table(2, 2, EXPERTS, same, w);
 	CHECK(dp_routing_check(t.buf, t.len, 2, EXPERTS, why, sizeof(why)) == 0, "%s", why);
+	free(t.buf);
+}
+
+/* A token's experts ascend: distinct, and already in the order a duck's section needs
+ * (the split writes each entry where its duck's next one goes, with no sort); -1 last. */
+static void test_refuses_a_token_whose_experts_do_not_ascend(void)
+{
+	struct host t = good();
+	set_u32(&t, 16 + 8 * 2, 5); /* token 1: {5, 2} */
+	set_u32(&t, 16 + 8 * 3, 2);
+	char why[200];
+	CHECK(dp_routing_check(t.buf, t.len, TOKENS, EXPERTS, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_ORDER,
+	      "descending");
+	CHECK(strstr(why, "token 1, choice 1 names expert 2 after expert 5"), "why: %s", why);
+	set_u32(&t, 16 + 8 * 2, DP_ROUTING_NO_EXPERT); /* token 1: {-1, 2} */
+	CHECK(dp_routing_check(t.buf, t.len, TOKENS, EXPERTS, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_ORDER,
+	      "an expert after -1");
+	CHECK(strstr(why, "token 1, choice 1 names expert 2 after a -1"), "why: %s", why);
+	set_u32(&t, 16 + 8 * 2, 2); /* token 1: {2, -1}, then {-1, -1}: -1 last, as often */
+	set_u32(&t, 16 + 8 * 3, DP_ROUTING_NO_EXPERT);
+	CHECK(check(&t) == 0, "-1 last");
+	set_u32(&t, 16 + 8 * 2, DP_ROUTING_NO_EXPERT);
+	CHECK(check(&t) == 0, "only -1");
 	free(t.buf);
 }
 
@@ -190,7 +216,7 @@ static void test_refuses_nan_and_infinite_weights(void)
 		CHECK(dp_routing_check(t.buf, t.len, TOKENS, EXPERTS, why, sizeof(why)) ==
 			      DP_ROUTING_ERROR_WEIGHT,
 		      "weight %u", i);
-		CHECK(strstr(why, "token 3, choice 0 (expert 2)"), "why: %s", why);
+		CHECK(strstr(why, "token 3, choice 0 (expert 1)"), "why: %s", why);
 		free(t.buf);
 	}
 	/* the largest finite float and a subnormal are weights */
@@ -274,8 +300,8 @@ static void test_split_gives_each_duck_its_rows_in_order(void)
 	CHECK(dp_routing_split(t.buf, t.len, p, NULL, 0, NULL, out, sizeof(out), &size, targets, why,
 			       sizeof(why)) == 0,
 	      "%s", why);
-	/* by hand: token 0 {1->10, 5->12 (replica 0)}, 1 {5->70 (replica 1), 2->11},
-	 * 2 {7->13, 0->10}, 3 {2->11, 1->10} */
+	/* by hand: token 0 {1->10, 5->12 (replica 0)}, 1 {2->11, 5->70 (replica 1)},
+	 * 2 {0->10, 7->13}, 3 {1->10, 2->11} */
 	struct dp_routing_wire_header h;
 	memcpy(&h, out, sizeof(h));
 	CHECK(h.magic == DP_ROUTING_WIRE_MAGIC && h.n_ducks == 5 && h.rows == TOKENS &&
@@ -289,7 +315,7 @@ static void test_split_gives_each_duck_its_rows_in_order(void)
 	/* entries after the directory (16 + 40 bytes = 7 entries of 8 in) */
 	static const uint16_t want[8][2] = { { 0, 1 }, { 2, 0 }, { 3, 1 }, { 1, 2 },
 					     { 3, 2 }, { 0, 5 }, { 2, 7 }, { 1, 5 } };
-	static const float want_w[8] = { 0.5f, 0.125f, 0.0f, 2.0f, 3.0f, 0.25f, -0.5f, 1.0f };
+	static const float want_w[8] = { 0.5f, -0.5f, 3.0f, 1.0f, 0.0f, 0.25f, 0.125f, 2.0f };
 	for (unsigned i = 0; i < 8; i++) {
 		struct dp_routing_wire_entry e = wire_entry(out, 5 + i);
 		CHECK(e.row == want[i][0] && e.expert == want[i][1] && e.weight == want_w[i],
@@ -417,16 +443,16 @@ static void test_split_names_bank_slots_and_a_shared_table_may_have_no_section(v
 
 /* --- "no expert" (the gate's -1, DeepEP's padded or dropped slot) ----------------------- */
 
-/* token t -> experts: 0 {1, none}, 1 {none, none}, 2 {none, 0}, 3 {2, 1}; the none slots'
+/* token t -> experts: 0 {1, none}, 1 {none, none}, 2 {0, none}, 3 {1, 2}; the none slots'
  * weights NaN, inf, junk: never read */
 #define NONE DP_ROUTING_NO_EXPERT
-static const uint32_t HOLES[TOKENS * TOPK] = { 1, NONE, NONE, NONE, NONE, 0, 2, 1 };
+static const uint32_t HOLES[TOKENS * TOPK] = { 1, NONE, NONE, NONE, 0, NONE, 1, 2 };
 
 static struct host with_holes(void)
 {
 	float w[TOKENS * TOPK];
 	memcpy(w, W, sizeof(w));
-	w[1] = NAN, w[2] = INFINITY, w[3] = -INFINITY, w[4] = 1e30f;
+	w[1] = NAN, w[2] = INFINITY, w[3] = -INFINITY, w[5] = 1e30f;
 	return host_table(TOKENS, TOPK, EXPERTS, HOLES, w);
 }
 
@@ -441,11 +467,12 @@ static void test_no_expert_passes_any_number_of_times_with_any_weight(void)
 	/* a real expert's weight must still be finite beside a none */
 	set_u32(&t, 16 + 8 * 1, NONE);
 	float nan = NAN;
-	memcpy(t.buf + 16 + 8 * 5 + 4, &nan, 4);
+	memcpy(t.buf + 16 + 8 * 4 + 4, &nan, 4);
 	CHECK(check(&t) == DP_ROUTING_ERROR_WEIGHT, "NaN on expert 0");
 	free(t.buf);
 }
 
+/* ... and sorts a token's choices: -1 after the experts, the experts ascending */
 static void test_pack_writes_minus_one_as_no_expert_with_weight_zero(void)
 {
 	int32_t ids[TOKENS * TOPK] = { 1, -1, -1, -1, -1, 0, 2, 1 };
@@ -453,7 +480,7 @@ static void test_pack_writes_minus_one_as_no_expert_with_weight_zero(void)
 	memcpy(w, W, sizeof(w));
 	w[1] = NAN, w[2] = INFINITY;
 	struct host want = host_table(TOKENS, TOPK, EXPERTS, HOLES, (const float[]){
-		0.5f, 0, 0, 0, 0, 0.125f, 3.0f, 0.0f });
+		0.5f, 0, 0, 0, 0.125f, 0, 0.0f, 3.0f });
 	uint8_t *out = malloc(want.len);
 	char why[200] = "";
 	CHECK(dp_routing_pack(ids, 4, w, TOKENS, TOPK, EXPERTS, out, want.len, why, sizeof(why)) ==
@@ -597,7 +624,7 @@ static void test_a_duck_finds_its_section_and_a_unicast_renumbers_rows(void)
 	CHECK(map[0] == 0 && map[1] == 2 && map[2] == 3 && map[3] == 0xffff, "map %u %u %u",
 	      map[0], map[1], map[2]);
 	struct dp_routing_wire_entry e = wire_entry(u, 1 + 1);
-	CHECK(e.row == 1 && e.expert == 0 && e.weight == 0.125f, "renumbered entry");
+	CHECK(e.row == 1 && e.expert == 0 && e.weight == -0.5f, "renumbered entry");
 	CHECK(dp_routing_wire_check(u, usize, 3, EXPERTS, why, sizeof(why)) == 0, "%s", why);
 	CHECK(dp_routing_wire_unicast(w, size, 10, u, sizeof(u), map, 2, &usize, why,
 				      sizeof(why)) == DP_ROUTING_ERROR_NO_ROOM,
@@ -630,6 +657,16 @@ static void test_pack_writes_the_table_the_check_reads(void)
 	CHECK(memcmp(out, want.buf, want.len) == 0, "pack int64 wrote other bytes");
 	CHECK(dp_routing_check(out, want.len, TOKENS, EXPERTS, why, sizeof(why)) == 0,
 	      "check refused a packed table: %s", why);
+	/* a gate's choices come by score, not by id: the pack sorts each token's, with its
+	 * weights; the same table */
+	int32_t by_score[TOKENS * TOPK];
+	float w_by_score[TOKENS * TOPK];
+	for (uint32_t i = 0; i < TOKENS * TOPK; i++) /* every token's pair swapped */
+		by_score[i] = i32[i ^ 1], w_by_score[i] = W[i ^ 1];
+	memset(out, 0xa5, want.len);
+	CHECK(dp_routing_pack(by_score, 4, w_by_score, TOKENS, TOPK, EXPERTS, out, want.len, why,
+			      sizeof(why)) == 0, "pack by score: %s", why);
+	CHECK(memcmp(out, want.buf, want.len) == 0, "pack by score wrote other bytes");
 
 	CHECK(dp_routing_pack(i32, 4, W, TOKENS, TOPK, EXPERTS, out, want.len - 1, why,
 			      sizeof(why)) == DP_ROUTING_ERROR_TRUNCATED, "short out");
@@ -647,10 +684,12 @@ static void test_pack_writes_the_table_the_check_reads(void)
 	i64[3] = (int64_t)1 << 40; /* would be expert 0 if cut to 32 bits */
 	CHECK(dp_routing_pack(i64, 8, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
 			      sizeof(why)) == DP_ROUTING_ERROR_EXPERT, "id past 32 bits");
-	i32[3] = 5; /* token 1 is {5, 5} */
+	i32[3] = 2; /* token 1 is {2, 2} */
 	CHECK(dp_routing_pack(i32, 4, W, TOKENS, TOPK, EXPERTS, out, want.len, why,
 			      sizeof(why)) == DP_ROUTING_ERROR_DUPLICATE, "repeat");
-	i32[3] = 2;
+	CHECK(strstr(why, "token 1 names expert 2 twice (again at choice 1)") != NULL, "why: %s",
+	      why);
+	i32[3] = 5;
 	float w[TOKENS * TOPK];
 	memcpy(w, W, sizeof(w));
 	w[6] = NAN;
@@ -714,14 +753,19 @@ static void test_split_matches_its_definition_on_random_gates(void)
 	static struct dp_routing_placement pl;
 	static uint16_t slots[DP_MAX_EXPERTS * DP_MAX_REPLICAS];
 	static uint8_t got[16 + 8 * DP_MAX_DUCKS + 8 * T * K], want[sizeof(got)];
+	static struct dp_routing_plan plan;
 	char why[160];
+	int by_phase = 0, by_tmod = 0;
 	srand(286);
 	for (int round = 0; round < 200; round++) {
 		uint32_t nducks = 1 + (uint32_t)rand() % 12, topk = 1 + (uint32_t)rand() % K;
+		/* up to 3 replicas: a plan of phases; every fourth round up to 8, whose least
+		 * common multiple (840) has too many phases for a plan: t % r by counting */
+		uint32_t most = round % 4 ? 3 : 8;
 		memset(&pl, 0, sizeof(pl));
 		pl.n_experts = E;
 		for (uint32_t e = 0; e < E; e++) {
-			uint32_t r = 1 + (uint32_t)rand() % (nducks < 3 ? nducks : 3);
+			uint32_t r = 1 + (uint32_t)rand() % (nducks < most ? nducks : most);
 			pl.replicas[e] = (uint8_t)r;
 			uint32_t d0 = (uint32_t)rand() % nducks;
 			for (uint32_t i = 0; i < r; i++) /* distinct: consecutive ducks mod nducks */
@@ -729,6 +773,9 @@ static void test_split_matches_its_definition_on_random_gates(void)
 		}
 		CHECK(dp_routing_placement_check(&pl, why, sizeof(why)) == 0, "placement: %s", why);
 		dp_routing_bank_slots(&pl, slots, NULL);
+		dp_routing_plan(&plan, &pl, NULL, NULL);
+		by_phase += plan.phases != 0;
+		by_tmod += plan.phases == 0;
 		for (uint32_t t = 0; t < T; t++)
 			for (uint32_t k = 0; k < topk; k++) {
 				uint32_t e;
@@ -739,6 +786,15 @@ static void test_split_matches_its_definition_on_random_gates(void)
 						goto again;
 				ex[t * topk + k] = e;
 				wt[t * topk + k] = e == DP_ROUTING_NO_EXPERT ? 0.0f : (float)rand() / 7.0f;
+				/* as a host table lists them: ascending, none last (insertion) */
+				for (uint32_t j = k; j > 0 && ex[t * topk + j - 1] > ex[t * topk + j]; j--) {
+					uint32_t x = ex[t * topk + j];
+					float y = wt[t * topk + j];
+					ex[t * topk + j] = ex[t * topk + j - 1];
+					wt[t * topk + j] = wt[t * topk + j - 1];
+					ex[t * topk + j - 1] = x;
+					wt[t * topk + j - 1] = y;
+				}
 			}
 		struct host h = host_table(T, topk, E, ex, wt);
 		uint64_t set[DP_MAX_DUCKS / 64] = { 0 };
@@ -757,6 +813,8 @@ static void test_split_matches_its_definition_on_random_gates(void)
 		CHECK(size == 0 || memcmp(got, want, size) == 0, "round %d: the tables differ", round);
 		free(h.buf);
 	}
+	CHECK(by_phase > 100 && by_tmod > 10, "%d rounds by phases, %d by t %% r", by_phase,
+	      by_tmod);
 }
 
 int main(void)
@@ -768,6 +826,7 @@ int main(void)
 	test_refuses_counts_whose_size_would_overflow();
 	test_refuses_an_expert_past_the_layer();
 	test_refuses_a_token_that_names_an_expert_twice();
+	test_refuses_a_token_whose_experts_do_not_ascend();
 	test_refuses_nan_and_infinite_weights();
 	test_why_may_be_null();
 	test_no_expert_passes_any_number_of_times_with_any_weight();

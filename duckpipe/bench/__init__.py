@@ -1,13 +1,15 @@
-"""``duckpipe bench [ipc|forward|scale|pps|moe|emulator|all] [--quick|--smoke] [--out DIR]
-[--doc PAGE]``.
+"""``duckpipe bench [SECTION|all] [--quick|--smoke] [--out DIR] [--doc PAGE] [decode options]``.
 
 Sections, one module each: :mod:`.ipc` (the handoff against IPC baselines),
 :mod:`.forward` (the reference system's path against duckpipe, same ducks),
 :mod:`.scale` (duckpipe's host overhead against ducks and payload), :mod:`.pps`
 (one worker's DPDK transmit rate against dpdk-testpmd; skipped without root,
 DPDK or hugepages), :mod:`.moe` (a mixture-of-experts layer broadcast, unicast and
-as a dense baseline); on request only (not in ``all``), :mod:`.emulator` (the duck
-emulator's compute rate against numpy's float32 matmul). Markdown
+as a dense baseline; then, :mod:`.moe_floor`, duckpipe's routed sends against the C
+floor ``duckpipe-floor --moe``), :mod:`.decode` (a DeepSeek-V3-shaped decode step
+through N layers, one and two micro-batches in flight); on request only (not in
+``all``), :mod:`.emulator` (the duck emulator's compute rate against numpy's float32
+matmul). Markdown
 tables go to stdout, progress to stderr, ``bench.json`` (and PNG plots when
 matplotlib is installed: ``pip install 'duckpipe[bench]'``) into ``--out``. With
 ``--doc`` (``docs/benchmarks.md``) each section that ran replaces its own block of that
@@ -36,7 +38,7 @@ from .report import (
 
 __all__ = ["SECTIONS", "add_parser", "run"]
 
-SECTIONS = ("ipc", "forward", "scale", "pps", "moe")
+SECTIONS = ("ipc", "forward", "scale", "pps", "moe", "decode")
 
 
 def _forward_plot(out: Path, t: Table) -> bool:
@@ -68,6 +70,7 @@ def run(
     *,
     quiet: bool = False,
     doc: Path | None = None,
+    decode: dict[str, int | None] | None = None,
 ) -> int:
     if doc is not None and doc.exists():
         try:  # before a run of minutes, not after it
@@ -120,6 +123,10 @@ def run(
                 from . import moe
 
                 new = moe.run(size, quiet=quiet)
+            elif name == "decode":
+                from . import decode as decode_bench
+
+                new = decode_bench.run(size, quiet=quiet, **(decode or {}))
             elif name == "emulator":  # not in SECTIONS (not in `all`): on request
                 from . import emulator
 
@@ -151,18 +158,36 @@ def run(
     return 0
 
 
+def _positive(v: str) -> int:
+    n = int(v)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return n
+
+
+def _non_negative(v: str) -> int:
+    n = int(v)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return n
+
+
 def _main(args: argparse.Namespace) -> int:
     sections = list(SECTIONS) if args.section == "all" else [args.section]
     size = Size("smoke" if args.smoke else "quick" if args.quick else "full")
     command = "duckpipe bench " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "duckpipe bench"
     doc = Path(args.doc) if args.doc else None
-    return run(sections, size, Path(args.out), command.strip(), quiet=args.quiet, doc=doc)
+    decode = {"layers": args.layers, "duck_us": args.duck_us, "attn_us": args.attn_us}
+    return run(
+        sections, size, Path(args.out), command.strip(), quiet=args.quiet, doc=doc, decode=decode
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser(
         "bench",
-        help="benchmarks: the handoff, the forward path, scaling, DPDK pps, mixture of experts",
+        help="benchmarks: the handoff, the forward path, scaling, DPDK pps, mixture of "
+        "experts, a decode step",
     )
     b.add_argument(
         "section",
@@ -183,4 +208,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(docs/benchmarks.md), replacing that section's earlier block",
     )
     b.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    d = b.add_argument_group("decode", "the decode section's model (defaults: by size)")
+    d.add_argument("--layers", type=_positive, help="layers, the first dense (61: DeepSeek-V3's)")
+    d.add_argument(
+        "--duck-us", type=_non_negative, help="modeled compute per duck and forward (default 100)"
+    )
+    d.add_argument(
+        "--attn-us", type=_non_negative, help="modeled attention per layer, µs (default 50)"
+    )
     b.set_defaults(func=_main)

@@ -27,6 +27,7 @@ __all__ = [
     "percentiles_us",
     "pin",
     "pin_self",
+    "schedstat_ns",
     "task_cpu_seconds",
 ]
 
@@ -104,16 +105,29 @@ def cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def task_cpu_seconds(pid: int) -> float:
-    """CPU time of every thread of another process so far, in seconds: the first field of
-    /proc/<pid>/task/*/schedstat (ns on the CPU, user + system). Its /proc/<pid>/stat
-    (psutil's cpu_times) counts 10 ms ticks: a few hundred forwards of a quick run are
-    tens of ms, and the dataplane's share came out anywhere within +-10 ms."""
-    ns = 0
-    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+def schedstat_ns(pid: int | str, tid: int | None = None) -> tuple[int, int]:
+    """Nanoseconds on a CPU and nanoseconds runnable but waiting for one (the run queue),
+    from /proc/<pid>/task/<tid>/schedstat: thread ``tid``'s, or every thread of ``pid``
+    summed (``pid`` may be ``"self"``). The one schedstat reader of the bench and the
+    tools; a thread that ends between the listing and the read counts nothing.
+
+    Not /proc/<pid>/stat (psutil's cpu_times): it counts 10 ms ticks, and a few hundred
+    forwards of a quick run are tens of ms, so the dataplane's share came out anywhere
+    within +-10 ms."""
+    task = Path(f"/proc/{pid}/task")
+    stats = [task / str(tid) / "schedstat"] if tid is not None else task.glob("*/schedstat")
+    on = queued = 0
+    for stat in stats:
         with contextlib.suppress(OSError, IndexError, ValueError):
-            ns += int(stat.read_text().split()[0])
-    return ns / 1e9
+            f = stat.read_text().split()
+            on, queued = on + int(f[0]), queued + int(f[1])
+    return on, queued
+
+
+def task_cpu_seconds(pid: int | str) -> float:
+    """CPU time (user + system) of every thread of a process so far, in seconds
+    (:func:`schedstat_ns`)."""
+    return schedstat_ns(pid)[0] / 1e9
 
 
 def percentiles_us(ns: Iterable[float], qs: Sequence[float] = (50, 99)) -> list[float]:

@@ -330,7 +330,9 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         "wire, both from the slot in place (no staging area): one duck's message, not "
         "their sum, is held to max_forward_bytes (64 MiB by default).",
     ]
-    return [table, shared_table]
+    from . import moe_floor  # the floor table: its own ducks and dataplane
+
+    return [table, shared_table, *moe_floor.run(size, quiet=quiet)]
 
 
 def _measure_shared(client, cfg: Config, prog, batches, placement, moe, every, table) -> None:

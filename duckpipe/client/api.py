@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import host
-from .._abi import dlpack
+from .._abi import dlpack, ffi
 from .._abi.ring import new_desc
 from .._abi.shm import BackingChoice
 from ..errors import (
@@ -170,6 +170,29 @@ def _check_forward_timeout(
         f"({limit} us = {limit / 1e6:g} s): every forward would be refused. Ask for at "
         f"most {limit / 1e6:g} s, or raise max_timeout_us in the dataplane's topology"
     )
+
+
+class _RoutedPlan:
+    """What a routed submit of one layer, shape, dtype, send mode and topk needs beyond
+    its arguments, found by the first: the LayerInfo it was checked against, the FORWARD
+    template, the layer's MoE plan, where the routing table goes in the slot and its size,
+    and each slot's pointer there (made on first use)."""
+
+    __slots__ = ("at", "info", "moe", "ptrs", "size", "tpl")
+
+    def __init__(self, info: ctl.LayerInfo | None, tpl: object, moe: weights.MoeLayer,
+                 at: int, size: int) -> None:  # fmt: skip
+        self.info, self.tpl, self.moe, self.at, self.size = info, tpl, moe, at, size
+        self.ptrs: dict[int, object] = {}
+
+    def table(self, session: Session, slot: int) -> object:
+        """A cffi pointer to slot ``slot``'s table bytes (the segment outlives the plan:
+        both are the session's)."""
+        ptr = self.ptrs.get(slot)
+        if ptr is None:
+            view = session.segment.act_bytes(slot)[self.at : self.at + self.size]
+            ptr = self.ptrs[slot] = ffi.from_buffer(view, require_writable=True)
+        return ptr
 
 
 class Forward:
@@ -353,6 +376,9 @@ class Client:
         # the session's layers: layers(), load_weights and unload_layer replace or drop
         # it, which invalidates the entry without anyone having to remember to.
         self._templates: dict[tuple, tuple[ctl.LayerInfo, object]] = {}
+        # routed submits: (layer, shape, dtype, moe_send, topk) -> what _submit_routed
+        # found the first time (_RoutedPlan), under the same rule as _templates
+        self._routed: dict[tuple, _RoutedPlan] = {}
         self._session = session = Session(
             control,
             slots=slots,
@@ -566,6 +592,14 @@ class Client:
         """Check the routing, pack it into the slot behind the activation and submit a
         ROUTED forward; every refusal is a BadInput before anything is published."""
         session = self._session
+        plan = self._routed_plan(arr, layer, ducks, routing, moe_send)
+        if plan is not None:  # the checks of the arguments' shapes, dtypes, sizes held
+            indices, weights_ = routing  # type: ignore[misc]
+            routing_table.pack_into(indices, weights_, plan.moe.n_experts,
+                                    plan.table(session, slot.index), plan.size)  # fmt: skip
+            rec = session.push(plan.tpl, _FORWARD, slot.index, arr.shape, arr.dtype)
+            rec.moe = plan.moe
+            return Forward(session, rec)
         flags, moe, indices, weights_ = self._routed_arguments(arr, layer, ducks, routing, moe_send)
         key = (layer, arr.shape, arr.dtype, flags)
         try:
@@ -606,7 +640,49 @@ class Client:
         )
         rec = session.push(tpl, _FORWARD, slot.index, arr.shape, arr.dtype)
         rec.moe = moe
+        if routing_table.packable(indices, weights_) and isinstance(moe_send, str):
+            plans = self._routed
+            if len(plans) >= _CACHE_MAX:
+                plans.clear()
+            info = session.layers.get(layer)
+            plans[layer, arr.shape, arr.dtype, moe_send, topk] = _RoutedPlan(
+                info, tpl, moe, at, size
+            )
         return Forward(session, rec)
+
+    def _routed_plan(
+        self,
+        arr: np.ndarray,
+        layer: int,
+        ducks: Iterable[int] | None,
+        routing: object,
+        moe_send: str,
+    ) -> _RoutedPlan | None:
+        """The plan an earlier routed submit of this layer, shape, dtype, send mode and
+        topk left, when every check it passed holds for these arguments as they are:
+        routing a pair of numpy arrays dp_routing_pack reads as they are (a gate's), one
+        row each per row of ``arr``, and the layer still the one it was checked against.
+        Else None: ``_submit_routed`` checks everything and says what is wrong."""
+        if ducks is not None or not isinstance(routing, tuple) or len(routing) != 2:
+            return None
+        indices, weights_ = routing
+        if not routing_table.packable(indices, weights_) or arr.ndim != 2:
+            return None
+        tokens, topk = indices.shape
+        if tokens != arr.shape[0]:
+            return None
+        try:
+            plan = self._routed.get((layer, arr.shape, arr.dtype, moe_send, topk))
+        except TypeError:  # an unhashable moe_send: _submit_routed refuses it
+            return None
+        session = self._session
+        if (
+            plan is None
+            or session.layers.get(layer) is not plan.info
+            or session.moe.get(layer) is not plan.moe
+        ):
+            return None
+        return plan
 
     def _routed_arguments(
         self,

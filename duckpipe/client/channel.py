@@ -46,7 +46,7 @@ def client_context() -> zmq.Context:
     """duckpipe's own ZeroMQ context, one per process (not ``zmq.Context.instance()``,
     which is the application's): its I/O thread runs SCHED_BATCH, so that waking for a
     burst of completions it does not preempt the model's thread, or a dataplane on the
-    same core, but waits for the next tick (docs/benchmarks.md, issue 19 goal 2)."""
+    same core, but waits for the next tick (docs/benchmark-history.md, issue 19 goal 2)."""
     global _context, _context_pid
     with _context_lock:
         if _context is None or _context_pid != os.getpid():  # a forked child makes its own

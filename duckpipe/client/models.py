@@ -66,7 +66,9 @@ def numpy_dtype(code: int) -> np.dtype:
 def is_float_dtype(dtype: np.dtype) -> bool:
     """numpy's floating types and bfloat16, which numpy does not count among them."""
     dt = np.dtype(dtype)
-    return bool(np.issubdtype(dt, np.floating)) or dt == BFLOAT16
+    # kind "f" is np.issubdtype(dt, np.floating), at a tenth of its cost (a routed submit
+    # asks twice)
+    return dt.kind == "f" or dt == BFLOAT16
 
 
 def erf(x: np.ndarray) -> np.ndarray:

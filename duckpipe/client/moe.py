@@ -71,7 +71,8 @@ def check_routing_arguments(
     tokens = x.shape[0]
     if not isinstance(n_experts, int | np.integer) or n_experts < 1:
         raise BadInput(f"n_experts must be a positive integer, got {n_experts!r}")
-    if not isinstance(indices, np.ndarray) or not np.issubdtype(indices.dtype, np.integer):
+    # dtype.kind "iu": np.issubdtype(dtype, np.integer), without its cost on every submit
+    if not isinstance(indices, np.ndarray) or indices.dtype.kind not in "iu":
         what = indices.dtype if isinstance(indices, np.ndarray) else type(indices).__name__
         raise BadInput(
             f"routing indices must be a numpy array of integers, got {what}; "
@@ -111,7 +112,9 @@ class Gate:
 
     Scores are computed in float64 from float32 logits and returned as float32 weights
     and int32 indices. Equal scores are chosen lowest expert id first (torch.topk leaves
-    the order of ties unspecified).
+    the order of ties unspecified). The weight is converted to float32 once, when the
+    gate is made (a float16 or bf16 gate costs what a float32 one does per call): change
+    a gate's weight by making a new gate (``dataclasses.replace``), not in place.
     """
 
     weight: np.ndarray  # [n_experts, hidden]
@@ -130,6 +133,10 @@ class Gate:
             raise BadInput(f"Gate.weight must be a [n_experts, hidden] numpy array, got {got}")
         if not is_float_dtype(w.dtype):  # bfloat16 too, as DeepSeek-V3's checkpoint holds it
             raise BadInput(f"Gate.weight must hold floats, got {w.dtype}")
+        # the float32 weight the logits are computed with, converted once here: a bf16 or
+        # float16 weight converted per call cost 3.3-4.3 ms at DeepSeek-V3's shape, 10-15x
+        # the matmul itself (issue 29); a float32 weight is used as it is, not copied
+        object.__setattr__(self, "_weight32", np.ascontiguousarray(w, dtype=np.float32))
         n = w.shape[0]
         if self.bias is not None:
             b = self.bias
@@ -138,6 +145,7 @@ class Gate:
                 raise BadInput(f"Gate.bias must have shape ({n},), one per expert, got {got}")
             if not is_float_dtype(b.dtype):
                 raise BadInput(f"Gate.bias must hold floats, got {b.dtype}")
+            object.__setattr__(self, "_bias64", b.astype(np.float64))  # once, as the weight
         if self.score not in SCORES:
             raise BadInput(f"Gate.score must be one of {SCORES}, got {self.score!r}")
         for name in ("groups", "topk_groups", "topk"):
@@ -186,7 +194,7 @@ class Gate:
                 f"reshape it to (-1, {self.hidden})"
             )
         tokens, n = x.shape[0], self.n_experts
-        logits = x.astype(np.float32, copy=False) @ self.weight.astype(np.float32, copy=False).T
+        logits = x.astype(np.float32, copy=False) @ self._weight32.T
         logits = logits.astype(np.float64)
         if self.score == "softmax":
             e = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -194,7 +202,7 @@ class Gate:
         else:
             with np.errstate(over="ignore"):  # exp(-logit) -> inf gives the right 0
                 scores = 1.0 / (1.0 + np.exp(-logits))
-        chooser = scores if self.bias is None else scores + self.bias.astype(np.float64)
+        chooser = scores if self.bias is None else scores + self._bias64
         if self.groups > 1:
             by_group = chooser.reshape(tokens, self.groups, n // self.groups)
             if self.bias is None:

@@ -40,6 +40,7 @@ __all__ = [
     "check",
     "check_wire",
     "pack",
+    "pack_into",
     "placement",
     "sections",
     "split",
@@ -112,11 +113,36 @@ def table_size(tokens: int, topk: int) -> int:
     return int(out[0])
 
 
+_PACKED = (np.dtype(np.int32), np.dtype(np.int64))  # index widths dp_routing_pack reads
+_F32 = np.dtype(np.float32)
+
+
+def packable(indices: Any, weights: Any) -> bool:
+    """Whether dp_routing_pack can read ``indices`` and ``weights`` as they are: numpy
+    arrays, C-contiguous, int32 or int64 and float32, one ``[tokens, topk]`` shape within
+    the maximums (a gate's output). Anything else goes through :func:`pack`'s conversions
+    and its messages."""
+    return (
+        type(indices) is np.ndarray
+        and type(weights) is np.ndarray
+        and indices.dtype in _PACKED
+        and weights.dtype == _F32
+        and indices.ndim == 2
+        and indices.shape == weights.shape
+        and 1 <= indices.shape[0] <= MAX_TOKENS
+        and 1 <= indices.shape[1] <= MAX_TOPK
+        and indices.flags.c_contiguous
+        and weights.flags.c_contiguous
+    )
+
+
 def _as_routing(indices: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """indices as C-contiguous int32 or int64 and weights as C-contiguous float32, both
     [tokens, topk], or BadInput for what the table cannot hold. What it can hold (ids in
     range, distinct, finite weights) is for the C rule to judge, in dp_routing_pack."""
-    if not isinstance(indices, np.ndarray) or not np.issubdtype(indices.dtype, np.integer):
+    if packable(indices, weights):
+        return indices, weights  # the gate's own arrays: what the C rule reads, as they are
+    if not isinstance(indices, np.ndarray) or indices.dtype.kind not in "iu":
         raise BadInput("routing indices must be a numpy array of integers (the gate's int32)")
     if not isinstance(weights, np.ndarray) or not is_float_dtype(weights.dtype):
         raise BadInput("routing weights must be a numpy array of floats (the gate's float32)")
@@ -160,8 +186,11 @@ def pack(indices: np.ndarray, weights: np.ndarray, n_experts: int, out: Any = No
     """The host routing table of a gate's ``indices`` and ``weights`` (``[tokens, topk]``
     each) for a layer of ``n_experts``, written into ``out`` (a writable buffer of at least
     :func:`table_size` bytes: the slot's bytes after the activation) or a new array, and
-    checked by the dataplane's rule in the same pass (dp_routing_pack). Returns the table's
-    bytes (a view of ``out``); raises :class:`RoutingRefused` with the rule's reason."""
+    checked by the dataplane's rule in the same pass (dp_routing_pack). A gate gives each
+    token's choices by score; the table lists them by expert id, -1 last (the order a
+    duck's section needs, so the dataplane's split writes without sorting): the pack sorts
+    them with their weights. Returns the table's bytes (a view of ``out``); raises
+    :class:`RoutingRefused` with the rule's reason."""
     _fits_u32("n_experts", n_experts)
     idx, w = _as_routing(indices, weights)
     tokens, topk = idx.shape
@@ -176,22 +205,23 @@ def pack(indices: np.ndarray, weights: np.ndarray, n_experts: int, out: Any = No
                 + ("" if buf.flags.writeable else " read-only")
             )
         buf = buf[:size]
+    pack_into(idx, w, n_experts, ffi.from_buffer(buf), size)
+    return buf
+
+
+def pack_into(idx: np.ndarray, w: np.ndarray, n_experts: int, out: Any, size: int) -> None:
+    """dp_routing_pack of arrays already in its form (C-contiguous int32 or int64 indices
+    and float32 weights, ``[tokens, topk]`` within the maximums: what :func:`pack` makes of
+    any routing, and what a gate returns) into ``out``, a cffi pointer to ``size`` bytes
+    (:func:`table_size`). A routed submit on its cached plan calls this alone."""
+    tokens, topk = idx.shape
     why = ffi.new(f"char[{_WHY}]")
     rc = lib.dp_routing_pack(
-        ffi.from_buffer(idx),
-        idx.itemsize,
-        ffi.from_buffer(w),
-        tokens,
-        topk,
-        n_experts,
-        ffi.from_buffer(buf),
-        size,
-        why,
-        _WHY,
-    )
+        ffi.from_buffer(idx), idx.itemsize, ffi.from_buffer(w), tokens, topk, n_experts,
+        out, size, why, _WHY,
+    )  # fmt: skip
     if rc:
         raise _refused(rc, why, "routing")
-    return buf
 
 
 def check(table: Any, tokens: int, n_experts: int) -> None:
@@ -209,7 +239,8 @@ def check(table: Any, tokens: int, n_experts: int) -> None:
 def unpack(table: Any, tokens: int, n_experts: int) -> tuple[np.ndarray, np.ndarray]:
     """``(indices int32, weights float32)``, ``[tokens, topk]`` each, of a host routing table,
     as the dataplane reads one: copied out of ``table`` once (another process may still
-    write it), then the copy checked and read."""
+    write it), then the copy checked and read. Each token's choices come in the table's
+    order: by expert id, -1 (no expert) last."""
     buf = _bytes_of(table)
     head = buf[: HEADER_DTYPE.itemsize].copy()
     topk = int(head.view(HEADER_DTYPE)["topk"][0]) if head.size == HEADER_DTYPE.itemsize else 0

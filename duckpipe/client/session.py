@@ -66,7 +66,7 @@ _SPIN_SLICE_NS = 10_000_000
 # ZeroMQ completions (timings, duck lists) are read in batches: result() does not need them.
 # A batch is read when a forward is released (Forward.release, the end of its `with`), after
 # its result, so that ~4 us a completion of receive and decode never lands between a submit
-# and its result (32 at once set the p99: docs/benchmarks.md, issue 19 goal 2); a client
+# and its result (32 at once set the p99: docs/benchmark-history.md, issue 19 goal 2); a client
 # that never releases explicitly has them read at a submit once twice as many wait.
 _PUMP_EVERY = 32
 _PUMP_AT_SUBMIT = 2 * _PUMP_EVERY

@@ -1138,6 +1138,7 @@ class MockDataplane:
             else:
                 partial = moe.duck_partial(layer.moe, routed, duck, layer.tensors[duck], x)
             compute.append(time.perf_counter_ns() - t0)
+            self._beat()  # a prefill's ducks take seconds in numpy on a loaded machine
             if npdt.itemsize == 2:  # a duck sends its partial in the layer's dtype (RNE)
                 partial = partial.astype(npdt).astype(np.float32)
             acc += partial
@@ -1253,6 +1254,7 @@ class MockDataplane:
         info = layer.info
         npdt = numpy_dtype(info.dtype)
         for duck, f in zip(info.ducks, info.shard_sizes, strict=True):
+            self._beat()  # a big layer's ducks take seconds of numpy on a loaded machine
             shapes = _tensor_shapes(info.kind, info.hidden, f)
             if info.weight_dtype:  # FP8: dequantized as a duck does, block by block
                 layer.tensors[duck] = [
@@ -1383,6 +1385,14 @@ class MockDataplane:
         self.stats.duck_layers(layers)
 
     # --- housekeeping -------------------------------------------------------------
+
+    def _beat(self) -> None:
+        """Tell every client the dataplane lives, as the C dataplane's control thread does
+        while its workers compute: the mock computes its ducks (a forward's, a layer's
+        dequantization at commit) in its one loop, between housekeeping passes."""
+        now = host.monotonic_ns()
+        for client in self.clients.values():
+            client.seg.header.dataplane_heartbeat_ns = now
 
     def _housekeeping(self) -> None:
         now = host.monotonic_ns()

@@ -70,12 +70,14 @@ __all__ = [
 ]
 
 ABI_MAJOR = 2
-ABI_MINOR = 1
+ABI_MINOR = 2
 # 1.1: sealed memfds; detach_reason. 1.2: need_wakeup, waiters. 1.3: MoE (DescFlag).
 # 1.4: completions_wanted. 2.0: the slot header is two lines (128 B), the second the
 # forward's phase times: every slot header after the first moved, so a 1.x reader would
 # misplace them (a major bump; dp_seg_check and Attach compare majors only)
-# 2.1: DType.BF16 (a 2.0 reader would not know dtype 3)
+# 2.1: DType.BF16 (a 2.0 reader would not know dtype 3). 2.2: a host routing table
+# lists each token's experts ascending (a 2.1 client's table, in score order, is refused
+# per forward with ORDER and a message that names the rule)
 SEG_MAGIC = int.from_bytes(b"DUCKSEG1", "little")
 MAX_DUCKS = 256  # bits in a descriptor's target set
 EMULATOR_MAX_DUCKS = 32  # ducks one duckpipe-ducks process emulates

@@ -6,8 +6,11 @@ Two layouts, little-endian, fixed-width, 8-byte aligned. ``tools/gen_abi.py`` wr
 dataplane, the duck emulator, the cffi module and the fuzz harness compile it alike).
 
 The host table: written by the client, read by the dataplane. Token ``t``'s ``k``-th
-choice is entry ``t * topk + k``, as DeepEP's ``topk_idx``/``topk_weights`` and the
-gate's ``Routing(indices, weights)`` order them::
+choice is entry ``t * topk + k``, as in DeepEP's ``topk_idx``/``topk_weights`` and the
+gate's ``Routing(indices, weights)``, except that a token's choices are listed by
+expert id, ascending (so they are distinct), ROUTING_NO_EXPERT last: the order each
+duck's section needs, so that the dataplane's split writes every entry where it goes
+without sorting (the client's pack sorts a gate's choices, which come by score)::
 
     0             +--------------------------------------------------+
                   | dp_routing_header (16 B)                         |
@@ -171,8 +174,9 @@ class RoutingEntry(msgspec.Struct, frozen=True):
     __c_name__: ClassVar[str] = "dp_routing_entry"
     __c_size__: ClassVar[int] = 8
     __field_docs__: ClassVar[dict[str, str]] = {
-        "expert": "0..n_experts-1, distinct among one token's topk; or ROUTING_NO_EXPERT "
-        "(the gate's -1: the slot contributes nothing)",
+        "expert": "0..n_experts-1, above the token's previous entry (ascending: distinct); "
+        "or ROUTING_NO_EXPERT (the gate's -1: the slot contributes nothing), only after "
+        "the token's experts",
         "weight": "finite; scales the expert's output for this token (not read with "
         "ROUTING_NO_EXPERT)",
     }

@@ -1,5 +1,5 @@
 """The client's per-forward path (issue 19): what it caches, that the caches go when
-they must, and how much Python it runs a forward. docs/benchmarks.md ("the client's
+they must, and how much Python it runs a forward. docs/benchmark-history.md ("the client's
 per-forward work") has the instructions and times these stand for."""
 
 from __future__ import annotations

@@ -264,6 +264,44 @@ def test_bad_routing_is_bad_input_before_anything_is_sent(
     _check(client.forward(530, x, routing=(i, w), timeout=30), moe_layer.reference(x, i, w))
 
 
+def test_a_routed_submit_of_a_shape_already_checked_is_judged_by_the_c_rule_alone(
+    client, moe_layer, monkeypatch
+):
+    # the second submit of a layer, shape and topk skips the Python checks the first
+    # passed (issue 29: 26 us a routed submit against 5 dense): dp_routing_pack still
+    # judges every entry, and a reloaded layer is checked afresh
+    import duckpipe.client.api as api
+
+    calls = []
+    real_check = api.check_routing_arguments
+    monkeypatch.setattr(
+        api, "check_routing_arguments", lambda *a: calls.append(a) or real_check(*a)
+    )
+    x = np.random.default_rng(40).standard_normal((4, HIDDEN)).astype(np.float32)
+    i, w = _routing(4, seed=40)
+    _check(client.forward(530, x, routing=(i, w), timeout=30), moe_layer.reference(x, i, w))
+    calls.clear()
+    i, w = _routing(4, seed=41)
+    _check(client.forward(530, x, routing=(i, w), timeout=30), moe_layer.reference(x, i, w))
+    assert calls == []
+    before = client.stats().counters["descriptors"]
+    refusals = [
+        (_out_of_range(), r"names expert 16; the layer has 16 \(0\.\.15\)"),
+        (_nan_weight(), r"token 2, choice 1 \(expert \d+\) has weight bits"),
+    ]
+    for bad, match in refusals:
+        with pytest.raises(BadInput, match=match):
+            client.forward(530, x, routing=bad)
+    assert client.stats().counters["descriptors"] == before
+    assert calls == []
+    # another layer in its place: checked as a first submit, against its own experts
+    client.unload_layer(530)
+    other = _moe(shared=False, dtype=np.float32, seed=42)
+    client.load_weights(530, other, ducks=list(range(8)))
+    _check(client.forward(530, x, routing=(i, w), timeout=30), other.reference(x, i, w))
+    assert len(calls) == 1
+
+
 def test_a_slot_too_small_for_activation_and_routing_says_what_to_connect_with(
     dataplane, client, moe_layer
 ):

@@ -48,6 +48,14 @@ def _deepseek(tokens: int, seed: int = 0):
 # --- the layout ------------------------------------------------------------------------
 
 
+def _by_id(indices: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A gate's routing as a host table lists it: each token's choices by expert id,
+    -1 (no expert) last."""
+    key = np.where(indices < 0, np.iinfo(np.int64).max, indices.astype(np.int64))
+    order = np.argsort(key, axis=1, kind="stable")
+    return np.take_along_axis(indices, order, 1), np.take_along_axis(weights, order, 1)
+
+
 def test_a_packed_table_is_the_schemas_layout_byte_for_byte() -> None:
     indices = np.array([[3, 1], [0, 2], [1, 3]], dtype=np.int64)
     weights = np.array([[0.5, 0.25], [1.0, -2.0], [0.0, 3.5]], dtype=np.float32)
@@ -58,7 +66,9 @@ def test_a_packed_table_is_the_schemas_layout_byte_for_byte() -> None:
     assert (magic, version, flags, topk, tokens, n_experts) == (ROUTING_MAGIC, 1, 0, 2, 3, 4)
     assert raw[:4] == b"DPRT"
     entries = [struct.unpack_from("<If", raw, 16 + 8 * i) for i in range(6)]
-    assert entries == [(3, 0.5), (1, 0.25), (0, 1.0), (2, -2.0), (1, 0.0), (3, 3.5)]
+    # each token's choices by expert id, with their weights: the order a duck's section
+    # needs, so that the dataplane's split writes each entry where it goes, unsorted
+    assert entries == [(1, 0.25), (3, 0.5), (0, 1.0), (2, -2.0), (1, 0.0), (3, 3.5)]
 
 
 @pytest.mark.parametrize("tokens", [1, 8, 32])
@@ -67,8 +77,9 @@ def test_pack_then_unpack_gives_back_the_gates_routing(tokens: int) -> None:
     table = routing.pack(indices, weights, 256)
     got_indices, got_weights = routing.unpack(table, tokens, 256)
     assert got_indices.dtype == np.int32 and got_weights.dtype == np.float32
-    np.testing.assert_array_equal(got_indices, indices)
-    np.testing.assert_array_equal(got_weights, weights)
+    want_indices, want_weights = _by_id(indices, weights)
+    np.testing.assert_array_equal(got_indices, want_indices)
+    np.testing.assert_array_equal(got_weights, want_weights)
 
 
 def test_pack_writes_into_the_callers_buffer_and_unpack_copies_out_once() -> None:
@@ -79,7 +90,7 @@ def test_pack_writes_into_the_callers_buffer_and_unpack_copies_out_once() -> Non
     got_indices, got_weights = routing.unpack(slot[128:], 5, 64)
     assert not np.shares_memory(got_weights, slot)
     slot[128 + 16 : 128 + 24] = 0xFF  # the client writes again after the dataplane read
-    np.testing.assert_array_equal(got_indices, indices)
+    np.testing.assert_array_equal(got_indices, _by_id(indices, weights)[0])
 
 
 def test_pack_refuses_a_buffer_too_small_for_the_table() -> None:
@@ -97,9 +108,11 @@ def _good() -> bytes:
     return routing.pack(indices, weights, 8).tobytes()
 
 
-def _patched(fmt: str, offset: int, value) -> bytes:
+def _patched(fmt: str, offset: int, value, *more) -> bytes:
+    """_good() with value written at offset, then each (fmt, offset, value) of more."""
     raw = bytearray(_good())
-    struct.pack_into(fmt, raw, offset, value)
+    for f, at, v in ((fmt, offset, value), *more):
+        struct.pack_into(f, raw, at, v)
     return bytes(raw)
 
 
@@ -127,11 +140,22 @@ HOSTILE = {
     ),
     # 2^32-1 is ROUTING_NO_EXPERT (the gate's -1); the id below it is past every layer
     "expert 2^32-2": (_patched("<I", 16 + 8 * 5, 0xFFFFFFFE), E.EXPERT, r"expert 4294967294"),
-    "duplicate": (_patched("<I", 16 + 8 * 7, 2), E.DUPLICATE, r"token 3 names expert 2 twice"),
+    "duplicate": (_patched("<I", 16 + 8 * 7, 1), E.DUPLICATE, r"token 3 names expert 1 twice"),
+    # the packed table lists token 1 as {2, 5}: the other way round is out of order
+    "experts descending": (
+        _patched("<I", 16 + 8 * 2, 5, ("<I", 16 + 8 * 3, 2)),
+        E.ORDER,
+        r"token 1, choice 1 names expert 2 after expert 5: .* ascending order",
+    ),
+    "an expert after -1": (
+        _patched("<I", 16 + 8 * 2, ROUTING_NO_EXPERT),
+        E.ORDER,
+        r"token 1, choice 1 names expert 5 after a -1 \(no expert\)",
+    ),
     "NaN weight": (
         _patched("<I", 16 + 8 * 6 + 4, 0x7FC00000),
         E.WEIGHT,
-        r"token 3, choice 0 \(expert 2\) has weight bits 0x7fc00000: NaN or infinite",
+        r"token 3, choice 0 \(expert 1\) has weight bits 0x7fc00000: NaN or infinite",
     ),
     "inf weight": (_patched("<f", 16 + 4, float("inf")), E.WEIGHT, r"token 0, choice 0"),
     "-inf weight": (_patched("<f", 16 + 4, float("-inf")), E.WEIGHT, r"bits 0xff800000"),
@@ -282,7 +306,13 @@ def _python_table_verdict(raw: bytes, tokens: int, n_experts: int) -> bool:
         return False
     entries = np.frombuffer(raw[16 : 16 + 8 * tokens * topk], routing.ENTRY_DTYPE)
     entries = entries.reshape(tokens, topk)
-    experts = entries["expert"].astype(np.int64)
+    ids = entries["expert"].astype(np.int64)
+    # a table lists a token's experts ascending, "no expert" (2^32-1, the largest) last:
+    # each above the one before, or both no expert
+    after, before = ids[:, 1:], ids[:, :-1]
+    if ((after < before) | ((after == before) & (after != ROUTING_NO_EXPERT))).any():
+        return False
+    experts = ids.copy()
     experts[experts == ROUTING_NO_EXPERT] = -1  # the table's "no expert" is the gate's -1
     return not _spec_verdict(experts, entries["weight"], n_experts)
 
@@ -422,12 +452,13 @@ def test_minus_one_is_no_expert_in_the_table_and_reaches_no_duck() -> None:
     table = routing.pack(indices, weights, 4)
     entries = [struct.unpack_from("<If", table.tobytes(), 16 + 8 * i) for i in range(9)]
     none = (ROUTING_NO_EXPERT, 0.0)  # its weight is not read: the pack stores 0, no NaN
-    assert entries == [(2, 0.5), none, (0, 0.25), none, none, none, none, (1, 2.0), (3, 3.0)]
+    # each token's experts ascending, -1 last
+    assert entries == [(0, 0.25), (2, 0.5), none, none, none, none, (1, 2.0), (3, 3.0), none]
     got_i, _ = routing.unpack(table, 3, 4)
-    np.testing.assert_array_equal(got_i, indices)
+    np.testing.assert_array_equal(got_i, [[0, 2, -1], [-1, -1, -1], [1, 3, -1]])
     # a table written by someone else: any weight bits in a "no expert" entry pass
     raw = bytearray(table.tobytes())
-    struct.pack_into("<I", raw, 16 + 8 + 4, 0x7FC00000)
+    struct.pack_into("<I", raw, 16 + 8 * 2 + 4, 0x7FC00000)
     routing.check(bytes(raw), 3, 4)
     # the split: token 1 reaches no duck, no section names -1
     place = routing.placement([[0], [1], [2], [3]])

@@ -1,7 +1,7 @@
 """How the client's wait shares its core (issue 19). ``hybrid`` is the wait for a core the
 client shares with the dataplane or the model: its spin yields, so they run first (a pure
 spin kept the dataplane that finishes the forward off the core: a one-duck forward's p50
-114 -> 57 µs, docs/benchmarks.md). ``spin`` is for a core of its own: it spins on it."""
+114 -> 57 µs, docs/benchmark-history.md). ``spin`` is for a core of its own: it spins on it."""
 
 from __future__ import annotations
 

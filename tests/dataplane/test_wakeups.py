@@ -438,7 +438,7 @@ def _zmq_io_policies(pid: int) -> list[int]:
 
 def test_zeromq_io_threads_run_sched_batch_on_both_sides(duckpipe_null_factory):
     # woken for a burst of completions, neither I/O thread preempts the dataplane's runner
-    # or the client's thread on their core (docs/benchmarks.md, issue 19 goal 2)
+    # or the client's thread on their core (docs/benchmark-history.md, issue 19 goal 2)
     dp = duckpipe_null_factory(1)
     mine = zmq.Context.instance()  # the application's own context is left as it was
     s = mine.socket(zmq.DEALER)
@@ -501,7 +501,7 @@ def test_a_runner_without_a_core_of_its_own_spins_by_yielding(duckpipe_null_fact
     # with the client it just woke, or the model: it spins by yielding, so a thread
     # runnable there runs first (a pure spin held a woken client off the CPU for up to
     # idle_spin_us: p99 of a one-duck forward 1.7-1.8x the C floor's against 1.05-1.2x,
-    # docs/benchmarks.md, issue 19 fourth round). Pinned by `cores` the core is its own:
+    # docs/benchmark-history.md, issue 19 fourth round). Pinned by `cores` the core is its own:
     # it spins on it, and the scheduler shares the CPU out evenly with an intruder.
     cpu = min(os.sched_getaffinity(0))
     # cores: control, dispatch, worker (threads = "dedicated"); the first alone ("shared")

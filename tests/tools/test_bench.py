@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from duckpipe.bench import SECTIONS, forward, forward_veth, ipc, pps
-from duckpipe.bench.common import Size, Table, task_cpu_seconds
+from duckpipe.bench.common import Size, Table, schedstat_ns, task_cpu_seconds
 from duckpipe.bench.report import DocError, doc_sections, section_markdown, update_doc
 from duckpipe.errors import DuckpipeError
 from duckpipe.launch.binaries import find_binary
@@ -92,14 +92,14 @@ def assert_markdown(stdout: str, title: str, columns: list[dict]) -> None:
 
 
 @needs_c
-@pytest.mark.slow  # 16-18 s: every section
+@pytest.mark.slow  # 17-19 s: every section
 def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -> None:
     page = tmp_path / "benchmarks.md"
     page.write_text("# Benchmarks\n\nkept as it is\n")
     stdout, doc = run_bench(tmp_path, "all", "--doc", str(page))
     for fact in ("cpu_model", "cpus", "kernel", "python", "numpy", "pinning", "date_utc"):
         assert doc["machine"].get(fact), fact
-    assert doc["sections"] == ["ipc", "forward", "scale", "pps", "moe"]
+    assert doc["sections"] == ["ipc", "forward", "scale", "pps", "moe", "decode"]
 
     fwd = table(doc, "forward")
     assert_complete(fwd)
@@ -180,10 +180,12 @@ def test_bench_all_smoke_has_every_row_column_and_machine_fact(tmp_path: Path) -
         assert "(smoke size, " in block
     for t in doc["tables"]:
         assert f"### {t['title']}" in text, t["key"]
-    assert f"wrote the ipc, forward, scale, pps, moe section(s) of {page}" in stdout
+    assert f"wrote the ipc, forward, scale, pps, moe, decode section(s) of {page}" in stdout
     moe = table(doc, "moe")  # its rows: tests/tools/test_bench_moe.py
     assert [r["mode"] for r in moe["rows"]] == ["broadcast", "unicast", "dense"]
     assert_markdown(stdout, moe["title"], moe["columns"])
+    decode = table(doc, "decode")  # its rows: tests/tools/test_bench_decode.py
+    assert_complete(decode)
 
 
 def test_bench_pps_says_why_it_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -329,3 +331,19 @@ def test_another_process_cpu_is_counted_in_nanoseconds_not_ticks():
         pass
     spent = task_cpu_seconds(os.getpid()) - before
     assert 0.0035 < spent < 0.009, spent
+
+
+def test_one_threads_schedstat_is_its_own_and_the_process_sums_its_threads():
+    # the one schedstat reader (the bench's and the tools'): a thread's ns on a CPU, or
+    # every thread's; a thread that is not there reads as nothing, not an error
+    import threading
+
+    me = threading.get_native_id()
+    on0, _ = schedstat_ns(os.getpid(), me)
+    end = time.thread_time() + 0.004
+    while time.thread_time() < end:
+        pass
+    on1, queued = schedstat_ns(os.getpid(), me)
+    assert 3_500_000 < on1 - on0 < 9_000_000 and queued >= 0
+    assert schedstat_ns("self")[0] >= on1
+    assert schedstat_ns(os.getpid(), 2**31 - 1) == (0, 0)

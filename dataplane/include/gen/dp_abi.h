@@ -27,7 +27,7 @@
 /* @cdef-begin: cffi parses from here */
 
 #define DP_ABI_MAJOR 2
-#define DP_ABI_MINOR 1
+#define DP_ABI_MINOR 2
 #define DP_SEG_MAGIC 0x314745534b435544
 #define DP_MAX_DUCKS 256
 #define DP_EMULATOR_MAX_DUCKS 32

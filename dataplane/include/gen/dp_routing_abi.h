@@ -9,8 +9,11 @@
  * dataplane, the duck emulator, the cffi module and the fuzz harness compile it alike).
  *
  * The host table: written by the client, read by the dataplane. Token ``t``'s ``k``-th
- * choice is entry ``t * topk + k``, as DeepEP's ``topk_idx``/``topk_weights`` and the
- * gate's ``Routing(indices, weights)`` order them::
+ * choice is entry ``t * topk + k``, as in DeepEP's ``topk_idx``/``topk_weights`` and the
+ * gate's ``Routing(indices, weights)``, except that a token's choices are listed by
+ * expert id, ascending (so they are distinct), ROUTING_NO_EXPERT last: the order each
+ * duck's section needs, so that the dataplane's split writes every entry where it goes
+ * without sorting (the client's pack sorts a gate's choices, which come by score)::
  *
  *     0             +--------------------------------------------------+
  *                   | dp_routing_header (16 B)                         |
@@ -128,7 +131,7 @@ struct dp_routing_header {
  * One choice of one token: entry t * topk + k of the host table.
  */
 struct dp_routing_entry {
-    uint32_t expert;                    /*    0: 0..n_experts-1, distinct among one token's topk; or ROUTING_NO_EXPERT (the gate's -1: the slot contributes nothing) */
+    uint32_t expert;                    /*    0: 0..n_experts-1, above the token's previous entry (ascending: distinct); or ROUTING_NO_EXPERT (the gate's -1: the slot contributes nothing), only after the token's experts */
     float weight;                       /*    4: finite; scales the expert's output for this token (not read with ROUTING_NO_EXPERT) */
 };  /* 8 bytes */
 

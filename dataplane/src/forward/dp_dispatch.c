@@ -78,6 +78,7 @@ struct dp_dispatcher {
 	bool armed;           /* need_wakeup is set in the clients' headers */
 	const struct dp_waker *waker; /* its runner's: did a doorbell wake it? */
 	uint32_t null_nics;   /* NICs on the null backend: no routed forwards there */
+	struct dp_routing_plan plan; /* a routed forward's placement, worked out (32 KiB) */
 };
 
 /* Complete here, now: publish the slot and queue the ZeroMQ completion. */
@@ -140,20 +141,21 @@ static int route_forward(struct dp_dispatcher *d, struct dp_fwd *f, const struct
 	}
 	struct dp_routing_header h;
 	memcpy(&h, f->route, sizeof(h)); /* the checked copy */
-	const uint8_t *e0 = f->route + DP_ROUTING_HEADER_SIZE;
 	/* the shared set, within the forward's ducks (p->targets: the layer's) */
 	for (uint32_t w = 0; w < DP_MAX_DUCKS / 64; w++)
 		f->targets[w] = moe->shared_ducks[w] & p->targets[w];
-	for (uint32_t t = 0; t < h.tokens; t++)
-		for (uint32_t k = 0; k < h.topk; k++) {
-			uint32_t e;
-			memcpy(&e, e0 + ((uint64_t)t * h.topk + k) * DP_ROUTING_ENTRY_SIZE, 4);
-			if (e == DP_ROUTING_NO_EXPERT)
-				continue; /* the gate's -1: no duck hears of it */
-			/* >= 0: e < n_experts (checked) and the placement was checked */
-			uint32_t duck = (uint32_t)dp_routing_duck_of(&moe->pl, t, e);
-			f->targets[duck >> 6] |= 1ull << (duck & 63);
-		}
+	/* and every duck a (token, expert) goes to: the count the split starts with, over
+	 * every duck (the placement was checked at load, the table just now: no refusal) */
+	uint32_t count[DP_MAX_DUCKS];
+	dp_routing_plan(&d->plan, &moe->pl, NULL, NULL);
+	if (dp_routing_count(&d->plan, f->route + DP_ROUTING_HEADER_SIZE, h.tokens, h.topk, count,
+			     f->message, sizeof(f->message)) < 0) {
+		complete(d, f, DP_STATUS_BAD_REQUEST, NULL);
+		return -1;
+	}
+	for (uint32_t k = 0; k < DP_MAX_DUCKS; k++)
+		if (count[k])
+			f->targets[k >> 6] |= 1ull << (k & 63);
 	for (uint32_t k = 0; k < DP_MAX_DUCKS; k++)
 		if (dp_targets_has(f->targets, k) &&
 		    d->null_nics >> d->w->cfg.ducks[d->w->duck_index[k]].nic & 1) {

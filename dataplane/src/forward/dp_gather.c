@@ -302,15 +302,20 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 	}
 	enum dp_partial_verdict verdict = dp_partial_admit(h, total, l->dtype, &rx->reasm,
 							   &rx->chunk_bytes);
+	if (verdict == DP_PARTIAL_DUPLICATE) {
+		DP_DEBUG("duck %u: partial chunk %u/%u at %lu+%u of %lu: a duplicate", duck,
+			 h->chunk, h->chunks, (unsigned long)h->offset, h->length,
+			 (unsigned long)h->total);
+		dp_count(v->counters, DP_C_rx_duplicates, 1);
+		return DP_STATUS_PENDING;
+	}
 	if (verdict != DP_PARTIAL_ADD) {
-		DP_DEBUG("duck %u: partial chunk %u/%u at %lu+%u of %lu refused (%s, expected %u/%u)",
-			 duck, h->chunk, h->chunks, (unsigned long)h->offset, h->length,
-			 (unsigned long)h->total,
-			 verdict == DP_PARTIAL_DUPLICATE ? "duplicate" : "malformed",
-			 rx->reasm.chunks, rx->chunk_bytes);
-		dp_count(v->counters,
-			 verdict == DP_PARTIAL_DUPLICATE ? DP_C_rx_duplicates : DP_C_rx_malformed,
-			 1);
+		if (dp_count_said(v->counters, DP_C_rx_malformed))
+			DP_WARN("duck %u: partial chunk %u/%u at %lu+%u of %lu refused (rx_malformed): "
+				"expected %u chunks of %u bytes, %lu bytes in all, dtype %u",
+				duck, h->chunk, h->chunks, (unsigned long)h->offset, h->length,
+				(unsigned long)h->total, rx->reasm.chunks, rx->chunk_bytes,
+				(unsigned long)total, l->dtype);
 		return DP_STATUS_PENDING;
 	}
 	if (routed)

@@ -138,9 +138,9 @@ static int receive(struct dp_worker *wk, uint64_t now, bool *full)
 		dp_count(&wk->counters, DP_C_rx_bytes, rx[i].len);
 		enum dp_wire_verdict verdict = dp_wire_read(rx[i].buf, rx[i].len, &hdr);
 		if (verdict != DP_WIRE_OK) {
-			DP_DEBUG("datagram of %u bytes refused: %s", rx[i].len,
-				 dp_wire_verdict_name(verdict));
-			dp_count(&wk->counters, DP_C_rx_malformed, 1);
+			if (dp_count_said(&wk->counters, DP_C_rx_malformed))
+				DP_WARN("a datagram of %u bytes refused (rx_malformed): %s",
+					rx[i].len, dp_wire_verdict_name(verdict));
 			continue;
 		}
 		const uint8_t *payload = rx[i].buf + DP_WIRE_HDR_LEN;
@@ -189,7 +189,9 @@ static int receive(struct dp_worker *wk, uint64_t now, bool *full)
 			status = dp_weight_on_ack(&wk->weight, f, h);
 			break;
 		default:
-			dp_count(&wk->counters, DP_C_rx_malformed, 1);
+			if (dp_count_said(&wk->counters, DP_C_rx_malformed))
+				DP_WARN("duck %d sent op %u, which a host is not sent (rx_malformed)",
+					duck, h->op);
 		}
 		if (status != DP_STATUS_PENDING)
 			end_part(wk, f, status, now);

@@ -9,6 +9,7 @@
 #ifndef DP_COUNTERS_H
 #define DP_COUNTERS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "dp_barrier.h"
@@ -31,6 +32,16 @@ struct dp_counters {
 static inline void dp_count(struct dp_counters *c, enum dp_counter which, uint64_t n)
 {
 	dp_store_relaxed_u64(&c->v[which], c->v[which] + n);
+}
+
+/* Count one piece of bad input and say whether to log it too: the first, then each
+ * power of two after (a flood of junk is logged a few dozen times, not per packet, and
+ * a test that finds a count it did not expect finds the reason in the log). */
+static inline bool dp_count_said(struct dp_counters *c, enum dp_counter which)
+{
+	uint64_t v = c->v[which] + 1;
+	dp_store_relaxed_u64(&c->v[which], v);
+	return (v & (v - 1)) == 0;
 }
 
 #endif /* DP_COUNTERS_H */

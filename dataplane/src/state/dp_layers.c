@@ -119,11 +119,11 @@ struct dp_layer *dp_layer_build(const struct dp_ctl_load_weights *m, int *code, 
 {
 	struct dp_layer *l = calloc(1, sizeof(*l));
 	if (!l)
-		return build_refused(l, code, dp_ctl_refuse_why(DP_ERROR_CODE_DATAPLANE_ERROR,
+		return build_refused(l, code, dp_refuse(DP_ERROR_CODE_DATAPLANE_ERROR,
 								  why, n, "out of memory"));
 	dp_layer_fill(l, m);
 	if (m->kind == DP_MLP_KIND_MOE && !(l->moe = malloc(sizeof(*l->moe))))
-		return build_refused(l, code, dp_ctl_refuse_why(DP_ERROR_CODE_DATAPLANE_ERROR,
+		return build_refused(l, code, dp_refuse(DP_ERROR_CODE_DATAPLANE_ERROR,
 								  why, n, "out of memory"));
 	int rc = dp_load_moe_plan(m, l->moe, why, n); /* dense: refuses MoE fields only */
 	if (rc)
@@ -133,7 +133,7 @@ struct dp_layer *dp_layer_build(const struct dp_ctl_load_weights *m, int *code, 
 		l->b_down = calloc(m->hidden, sizeof(float));
 		if (!l->b_down_raw || !l->b_down)
 			return build_refused(l, code,
-					     dp_ctl_refuse_why(DP_ERROR_CODE_DATAPLANE_ERROR, why,
+					     dp_refuse(DP_ERROR_CODE_DATAPLANE_ERROR, why,
 							       n, "out of memory"));
 	}
 	return l;

@@ -117,7 +117,9 @@ const struct rte_ether_addr *dp_dpdk_dst_mac(struct dp_backend *b, struct dpdk_p
 void dp_dpdk_arp_input(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf *m)
 {
 	if (rte_pktmbuf_data_len(m) < RTE_ETHER_HDR_LEN + sizeof(struct rte_arp_hdr)) {
-		dp_count(b->counters, DP_C_rx_malformed, 1);
+		if (dp_count_said(b->counters, DP_C_rx_malformed))
+			DP_WARN("port %u: an ARP frame of %u bytes (rx_malformed)", p->port,
+				rte_pktmbuf_data_len(m));
 		rte_pktmbuf_free(m);
 		return;
 	}

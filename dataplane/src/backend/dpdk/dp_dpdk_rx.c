@@ -33,6 +33,24 @@ static inline bool udp_cksum_ok(const struct dpdk_priv *p, const struct rte_mbuf
 	return dp_cksum_fold(s) == 0xffff;
 }
 
+/* Say what a broken IPv4 frame was: its length, and what its IP header claims when it
+ * has one (who sent it, how long it says it is). */
+static void rx_said_malformed(const struct dpdk_priv *p, const struct rte_mbuf *m,
+			      uint32_t frame_len)
+{
+	if (m->nb_segs != 1 || frame_len < HDRS_LEN) {
+		DP_WARN("port %u: a frame of %u bytes in %u segments, too short for IPv4 + UDP "
+			"(rx_malformed)", p->port, frame_len, m->nb_segs);
+		return;
+	}
+	const struct rte_ipv4_hdr *ip =
+		rte_pktmbuf_mtod_offset(m, const struct rte_ipv4_hdr *, RTE_ETHER_HDR_LEN);
+	const uint8_t *s = (const uint8_t *)&ip->src_addr, *d = (const uint8_t *)&ip->dst_addr;
+	DP_WARN("port %u: a broken IPv4/UDP frame of %u bytes from %u.%u.%u.%u to %u.%u.%u.%u, "
+		"IP length %u, protocol %u (rx_malformed)", p->port, frame_len, s[0], s[1], s[2],
+		s[3], d[0], d[1], d[2], d[3], rte_be_to_cpu_16(ip->total_length), ip->next_proto_id);
+}
+
 /* An IPv4 frame: the UDP payload for us into *rx (returns 1), or counted and freed (0). */
 static int ipv4_input(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf *m,
 		      struct dp_rx *rx)
@@ -42,6 +60,12 @@ static int ipv4_input(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf
 	if (m->nb_segs != 1 || frame_len < HDRS_LEN)
 		goto drop; /* the pool's mbufs hold a whole frame at the NIC's mtu */
 	struct rte_ipv4_hdr *ip = rte_pktmbuf_mtod_offset(m, struct rte_ipv4_hdr *, RTE_ETHER_HDR_LEN);
+	/* A frame for another address is not ours, broken or not: net_af_packet's socket
+	 * hears every interface until it is bound to its own (the PMD binds after opening
+	 * it), so a port can start with other hosts' traffic queued, loopback's 64 KiB
+	 * datagrams cut to the ring's frame among them. */
+	if (ip->dst_addr != p->host_ip)
+		why = DP_C_rx_not_ours;
 	uint32_t ihl = (uint32_t)(ip->version_ihl & RTE_IPV4_HDR_IHL_MASK) * RTE_IPV4_IHL_MULTIPLIER;
 	uint32_t ip_len = rte_be_to_cpu_16(ip->total_length);
 	if ((ip->version_ihl >> 4) != 4 || ihl < sizeof(*ip) || ip_len < ihl + sizeof(struct rte_udp_hdr) ||
@@ -86,7 +110,10 @@ static int ipv4_input(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf
 	rx->len = udp_len - (uint32_t)sizeof(*udp);
 	return 1;
 drop:
-	dp_count(b->counters, why, 1);
+	if (why != DP_C_rx_malformed)
+		dp_count(b->counters, why, 1);
+	else if (dp_count_said(b->counters, why))
+		rx_said_malformed(p, m, frame_len);
 	rte_pktmbuf_free(m);
 	return 0;
 }
@@ -106,7 +133,9 @@ uint32_t dp_dpdk_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n)
 	for (uint16_t i = 0; i < got; i++) {
 		struct rte_mbuf *m = pkts[i];
 		if (rte_pktmbuf_data_len(m) < RTE_ETHER_HDR_LEN) {
-			dp_count(b->counters, DP_C_rx_malformed, 1);
+			if (dp_count_said(b->counters, DP_C_rx_malformed))
+				DP_WARN("port %u: a frame of %u bytes (rx_malformed)", p->port,
+					rte_pktmbuf_data_len(m));
 			rte_pktmbuf_free(m);
 			continue;
 		}
