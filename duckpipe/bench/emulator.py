@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 
@@ -66,9 +67,39 @@ def _every_cpu() -> None:
     os.sched_setaffinity(0, range(os.cpu_count() or 1))
 
 
-def numpy_rate(hidden: int, cols: int, rows: int, *, ms: int = 300) -> float:
+def numpy_rate(
+    hidden: int, cols: int, rows: int, *, threads: int | None = None, ms: int = 300
+) -> float:
     """GFLOP/s of numpy float32 doing the bench's work: per expert ``x @ w_gate``,
-    ``x @ w_up``, SiLU, ``h @ w_down`` added into y."""
+    ``x @ w_up``, SiLU, ``h @ w_down`` added into y; its BLAS on ``threads`` threads
+    (None: its default). In a child on every CPU, as the emulator: BLAS threads squeezed
+    onto the one CPU `duckpipe bench` pins itself to, or more of them than free CPUs on a
+    shared machine, wait for each other (0.2 GFLOP/s against 5 at one thread, measured
+    here), which would measure that, not numpy."""
+    env = dict(os.environ)
+    if threads:
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = str(threads)
+    code = (
+        "from duckpipe.bench.emulator import _numpy_rate_here as f; "
+        f"print(f({hidden}, {cols}, {rows}, {ms}))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120 + ms / 100,
+        check=False,
+        preexec_fn=_every_cpu,
+        env=env,
+    )
+    if p.returncode != 0:
+        raise DuckpipeError(f"the numpy measurement failed: {p.stderr.strip()[-500:]}")
+    return float(p.stdout.split()[-1])
+
+
+def _numpy_rate_here(hidden: int, cols: int, rows: int, ms: int) -> float:
+    """numpy_rate's measurement, in this process."""
     rng = np.random.default_rng(0)
     shapes = ((hidden, cols), (hidden, cols), (cols, hidden))
     w = [
@@ -107,19 +138,19 @@ def compute_rates(
     ms: int = 300,
 ) -> list[dict[str, object]]:
     """One dict per (rows, isa, threads): the emulator's GFLOP/s and weight GB/s, numpy's
-    GFLOP/s at those rows and the ratio; an isa this CPU lacks gives ``skipped`` instead.
-    ``threads`` defaults to 1 and every CPU of the machine (the emulator runs on all of
-    them; numpy in this process, on the CPUs it may use)."""
+    GFLOP/s at those rows on as many BLAS threads, and the ratio; an isa this CPU lacks
+    gives ``skipped`` instead. ``threads`` defaults to 1 and every CPU of the machine
+    (both run on all of them)."""
     cpus = os.cpu_count() or 1
     threads = threads or sorted({1, cpus})
     out: list[dict[str, object]] = []
     for r in rows:
-        np_gflops = numpy_rate(hidden, cols, r, ms=ms)
+        np_gflops = {t: numpy_rate(hidden, cols, r, threads=t, ms=ms) for t in threads}
         for isa in isas:
             for t in threads:
                 row: dict[str, object] = {
                     "hidden": hidden, "cols": cols, "rows": r, "isa": isa, "threads": t,
-                    "numpy_gflops": round(np_gflops, 2),
+                    "numpy_gflops": round(np_gflops[t], 2),
                 }  # fmt: skip
                 try:
                     e = emulator_rate(hidden, cols, r, isa=isa, threads=t, ms=ms)
@@ -128,7 +159,7 @@ def compute_rates(
                 else:
                     row["gflops"] = round(float(e["gflops"]), 2)
                     row["weight_gbytes_per_s"] = round(float(e["weight_gbytes_per_s"]), 2)
-                    row["vs_numpy"] = round(float(e["gflops"]) / np_gflops, 2)
+                    row["vs_numpy"] = round(float(e["gflops"]) / np_gflops[t], 2)
                 out.append(row)
     return out
 
@@ -158,8 +189,8 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         t.rows.append(r)
     t.notes.append(
         f"{EXPERTS} experts of hidden 7168 x 128 columns per emulator thread (each its own "
-        "weights), dp_mlp_expert_rows, on every CPU; numpy: one such bank, its BLAS's own "
-        "threads, on the CPUs this process may use (`duckpipe bench` pins itself to one); GFLOP/s "
+        "weights), dp_mlp_expert_rows; numpy: one such bank, its BLAS on as many threads; both "
+        "on every CPU (not the one `duckpipe bench` pins itself to); GFLOP/s "
         "= 2 x 3 x hidden x cols per row and expert over wall time. The emulator's threads "
         "share the CPUs with whatever else runs: compare within one run."
     )
