@@ -1,6 +1,6 @@
 /* dp_duck.c: duckpipe-ducks, the duck emulator.
  *
- * Emulates up to 32 ducks in one process and one thread: duck i has id
+ * Emulates up to 32 ducks in one process: duck i has id
  * first_id + i and its own UDP socket on base_port + i, holds up to 64 layers of
  * float32 shard weights, and speaks the wire protocol of dp_abi.h / dp_wire.h
  * (documented in duckpipe/schema/wire.py):
@@ -21,7 +21,18 @@
  * Requests other than PING name their addressee in `duck` (or DP_WIRE_ANY_DUCK);
  * one addressed to another duck is ignored.
  *
- * The loop: epoll over every duck socket and a signalfd; recvmmsg bursts of 32;
+ * Threads (--threads N, default every CPU the process may use, at most one per duck): the
+ * ducks are dealt out to N groups (duck i to worker i % N), each owned by one worker
+ * thread (struct worker; worker 0 is the main thread) with its own epoll, buffers, delay
+ * queue and counters. A
+ * duck is touched by its worker alone, so its ducks compute while another worker's do,
+ * and nothing on the hot path is shared or locked; the counters are summed at exit.
+ * --drop draws from each duck's own generator: a seed drops the same datagrams whatever
+ * the thread count. The kernels (dp_mlp.c) are AVX2 + FMA + F16C where the CPU has them,
+ * else portable; --isa chooses.
+ *
+ * A worker's loop: epoll over its ducks' sockets (worker 0's also over the signalfd, every
+ * worker's over an eventfd written once at the end); recvmmsg bursts of 32;
  * small replies (acks, nacks, pongs) leave in sendmmsg batches, partials in UDP
  * GSO sends of up to 64 datagrams (sendmmsg where GSO is refused). --delay-us
  * parks replies in a FIFO timer queue serviced by the loop; the epoll timeout is
@@ -43,6 +54,8 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -55,6 +68,7 @@
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -90,6 +104,8 @@
 #define DUCK_SMALL_MAX (DP_WIRE_HDR_LEN + 4 * DUCK_NACK_LIST)
 #define DUCK_EVENTS 64
 #define DUCK_SIGNAL_TOKEN UINT32_MAX   /* epoll data of the signalfd */
+#define DUCK_QUIT_TOKEN (UINT32_MAX - 1) /* ... of the quit eventfd */
+#define DUCK_MAX_THREADS 1024u
 #define DUCK_TENSOR_ALIGN 16u          /* floats: each tensor starts on a cache line */
 #define DUCK_MOE_ENTRIES (DP_MAX_TOKENS * DP_MAX_TOPK) /* wire entries of one table, at most */
 #define DUCK_MAX_SLOTS 65536u          /* routed experts in a bank: dp_wire_layer.experts is u16 */
@@ -152,6 +168,7 @@ struct duck {
 	uint64_t seq;            /* last input/output sequence number handed out */
 	uint64_t floats;         /* weight floats held */
 	uint32_t rxq_ovfl;       /* kernel's drop count at the last look */
+	uint64_t rng;            /* --drop's xorshift state: the duck's own, whatever its thread */
 	uint8_t *arena;
 	size_t arena_len;
 	struct duck_layer layers[DUCK_MAX_LAYERS];
@@ -174,15 +191,17 @@ struct duck {
 	X(moe_bad_tables) X(moe_bad_banks) X(moe_routed_dense) X(moe_unrouted)            \
 	X(fp8_dequants_at_load) X(fp8_dequants_later)
 
-static struct {
+struct duck_stats {
 #define X(name) uint64_t name;
 	DUCK_COUNTERS(X)
 #undef X
-} stats;
+};
 
 /* ------------------------------------------------------------ options, state */
 
 static uint32_t opt_ducks = 8;
+static uint32_t opt_threads; /* 0: every CPU this process may use (sched_getaffinity) */
+static int opt_isa = DP_MLP_ISA_AUTO;
 static const char *opt_bind = "127.0.0.1";
 static uint32_t opt_base_port = 47100;
 static uint32_t opt_first_id;
@@ -196,69 +215,23 @@ static uint64_t opt_seed = 1;
 static int opt_no_gso;
 static int opt_no_gro;
 static int opt_verbose;
+static uint32_t opt_bench[4]; /* --bench HIDDEN,COLS,ROWS[,MS]: hidden 0 = no bench */
 
 static struct in_addr g_ips[DUCK_MAX_DUCKS];
 static struct duck *g_ducks;
-static int g_epfd = -1, g_sigfd = -1;
-static volatile int force_quit;
+static int g_sigfd = -1; /* polled by worker 0, the main thread */
+static int g_quitfd = -1; /* an eventfd in every worker's epoll: written once, at the end */
+static int force_quit;    /* __atomic: set by whichever worker ends the run */
 
 static uint32_t g_payload;   /* payload bytes per datagram at the MTU */
 static uint32_t g_seg;       /* header + payload: the GSO segment size */
 static uint32_t g_gso_segs;  /* datagrams per GSO send */
 static uint32_t g_nack_max;  /* chunk indices per NACK|INPUT reply */
 static size_t g_msg_cap;     /* bytes of one activation or partial */
-static int g_gso;            /* 1 while GSO is to be tried */
+static int g_gso;            /* 1 while GSO is to be tried (__atomic: any worker clears it) */
 static int g_gro;            /* ask for UDP GRO on the sockets opened from here */
 static int g_gso_proven;     /* a GSO send has worked: later errors are not "unsupported" */
-static uint64_t g_rng;
-
-/* One WEIGHT payload in float32 on its way into a MOE bank: at most DUCK_RX_BUF / 2
- * elements (a 2-byte dtype's count). */
-static float g_weight32[DUCK_RX_BUF / 2];
-
-/* A routed forward's entries grouped by expert slot (moe_forward), and where each
- * slot's group starts: one pass of the kernel per expert. */
-static uint32_t g_moe_xrow[DUCK_MOE_ENTRIES], g_moe_yrow[DUCK_MOE_ENTRIES];
-static float g_moe_weight[DUCK_MOE_ENTRIES];
-static uint32_t g_moe_start[DUCK_MAX_SLOTS + 1];
-
-/* Float32 views of float16 and bfloat16 activations and partials, and the kernels' scratch. */
-static float *g_x32, *g_y32;
-static size_t g_xy_len;
-static float *g_scratch;
-static size_t g_scratch_floats;
-
-/* Receive burst. */
-static uint8_t rx_buf[DUCK_BURST][DUCK_RX_BUF] __attribute__((aligned(64)));
-static struct mmsghdr rx_msg[DUCK_BURST];
-static struct iovec rx_iov[DUCK_BURST];
-static struct sockaddr_in rx_src[DUCK_BURST];
-static union {
-	char buf[CMSG_SPACE(sizeof(uint32_t)) + CMSG_SPACE(sizeof(int))]; /* RXQ_OVFL, UDP_GRO */
-	struct cmsghdr align;
-} rx_ctl[DUCK_BURST];
-/* a GRO datagram at an offset its header may not be read at (a segment size not a
- * multiple of 8) is copied here first */
-static uint8_t rx_aligned[DUCK_RX_BUF] __attribute__((aligned(64)));
-
-/* Small replies of one duck, flushed with sendmmsg. */
-static struct {
-	struct duck *d;
-	uint32_t n;
-	struct mmsghdr msg[DUCK_BURST];
-	struct iovec iov[DUCK_BURST];
-	struct sockaddr_in dst[DUCK_BURST];
-	uint8_t buf[DUCK_BURST][DUCK_SMALL_MAX] __attribute__((aligned(8)));
-} tx;
-
-/* One GSO send (or sendmmsg batch) of partial chunks: headers here, payloads in place. */
-static struct dp_wire_header part_hdr[DUCK_GSO_SEGS];
-static struct iovec part_iov[2 * DUCK_GSO_SEGS];
-static struct mmsghdr part_msg[DUCK_GSO_SEGS];
-
-static uint8_t g_small[DUCK_SMALL_MAX] __attribute__((aligned(8)));
-static uint32_t g_list[DP_WIRE_MAX_DATAGRAM / 4 + 1]; /* chunk indices of a NACK */
-static struct dp_reasm g_seen;                        /* ... each resent once */
+static size_t g_xy_len;      /* bytes of each worker's x32 and y32 */
 
 /* Replies waiting for --delay-us: a FIFO, since every reply waits equally long. */
 enum { DELAY_SMALL = 1, DELAY_PARTIAL = 2 };
@@ -272,8 +245,87 @@ struct delayed {
 	uint8_t kind;
 	uint8_t data[DUCK_SMALL_MAX] __attribute__((aligned(8)));
 };
-static struct delayed *delayq;
-static uint32_t delayq_head, delayq_tail; /* free-running, masked on access */
+
+/* ------------------------------------------------------------------- workers
+ *
+ * The ducks are dealt out to --threads groups, one worker thread each (worker 0
+ * is the main thread). A duck belongs to one worker for the whole run: its socket is in
+ * that worker's epoll alone, its layers, inputs and outputs are touched by that thread
+ * alone, so nothing on the hot path is shared and nothing is locked. Everything a
+ * thread writes while it works is here, one mapping per worker (no false sharing): the
+ * receive burst, the transmit batches, the delay queue, the compute buffers and its
+ * counters, summed by the main thread after the others have been joined. `wk` is the
+ * running thread's own (as DPDK's per-lcore variables are thread-locals). */
+struct worker {
+	uint32_t index;
+	/* its ducks: g_ducks[index], g_ducks[index + g_n_workers], ... (WORKER_DUCKS) */
+	int epfd;
+	pthread_t tid;
+	int started;
+	struct duck_stats stats;
+
+	/* Receive burst. */
+	uint8_t rx_buf[DUCK_BURST][DUCK_RX_BUF] __attribute__((aligned(64)));
+	struct mmsghdr rx_msg[DUCK_BURST];
+	struct iovec rx_iov[DUCK_BURST];
+	struct sockaddr_in rx_src[DUCK_BURST];
+	union {
+		char buf[CMSG_SPACE(sizeof(uint32_t)) + CMSG_SPACE(sizeof(int))]; /* RXQ_OVFL, UDP_GRO */
+		struct cmsghdr align;
+	} rx_ctl[DUCK_BURST];
+	/* a GRO datagram at an offset its header may not be read at (a segment size not a
+	 * multiple of 8) is copied here first */
+	uint8_t rx_aligned[DUCK_RX_BUF] __attribute__((aligned(64)));
+
+	/* Small replies of one duck, flushed with sendmmsg. */
+	struct {
+		struct duck *d;
+		uint32_t n;
+		struct mmsghdr msg[DUCK_BURST];
+		struct iovec iov[DUCK_BURST];
+		struct sockaddr_in dst[DUCK_BURST];
+		uint8_t buf[DUCK_BURST][DUCK_SMALL_MAX] __attribute__((aligned(8)));
+	} tx;
+
+	/* One GSO send (or sendmmsg batch) of partial chunks: headers here, payloads in place. */
+	struct dp_wire_header part_hdr[DUCK_GSO_SEGS];
+	struct iovec part_iov[2 * DUCK_GSO_SEGS];
+	struct mmsghdr part_msg[DUCK_GSO_SEGS];
+
+	uint8_t small[DUCK_SMALL_MAX] __attribute__((aligned(8)));
+	uint32_t list[DP_WIRE_MAX_DATAGRAM / 4 + 1]; /* chunk indices of a NACK */
+	struct dp_reasm seen;                         /* ... each resent once */
+
+	/* One WEIGHT payload in float32 on its way into a MOE bank: at most DUCK_RX_BUF / 2
+	 * elements (a 2-byte dtype's count). */
+	float weight32[DUCK_RX_BUF / 2];
+
+	/* A routed forward's entries grouped by expert slot (moe_forward), and where each
+	 * slot's group starts: one pass of the kernel per expert. */
+	uint32_t moe_xrow[DUCK_MOE_ENTRIES], moe_yrow[DUCK_MOE_ENTRIES];
+	float moe_weight[DUCK_MOE_ENTRIES];
+	uint32_t moe_start[DUCK_MAX_SLOTS + 1];
+
+	/* Float32 views of float16 and bfloat16 activations and partials (g_xy_len bytes
+	 * each), and the kernels' scratch. */
+	float *x32, *y32;
+	float *scratch;
+	size_t scratch_floats;
+
+	struct delayed *delayq; /* DUCK_DELAY_SLOTS */
+	uint32_t delayq_head, delayq_tail; /* free-running, masked on access */
+	int no_pwait2; /* epoll_pwait2 said ENOSYS */
+};
+
+static struct worker **g_workers;
+static uint32_t g_n_workers;
+static __thread struct worker *wk;
+
+/* Duck i belongs to worker i % g_n_workers: dealt out rather than cut in runs, because a
+ * MoE layer's experts sit on ducks in order (duckpipe.demo.moe_shape's placement) and a
+ * token's experts cluster in a few of DeepSeek-V3's groups, so neighbouring ducks tend to
+ * be busy together. */
+#define WORKER_DUCKS(i, w) for (uint32_t i = (w)->index; i < opt_ducks; i += g_n_workers)
 
 /* --------------------------------------------------------------------- utils */
 
@@ -302,23 +354,24 @@ static uint64_t splitmix64(uint64_t x)
 	return x ^ (x >> 31);
 }
 
-static uint64_t xorshift64(void)
+static uint64_t xorshift64(uint64_t *state)
 {
-	uint64_t x = g_rng;
+	uint64_t x = *state;
 	x ^= x << 13;
 	x ^= x >> 7;
 	x ^= x << 17;
-	return g_rng = x;
+	return *state = x;
 }
 
-/* --drop: lose this datagram? */
-static int inject_drop(void)
+/* --drop: lose this datagram of duck d? Each duck draws from its own sequence, so which
+ * datagrams a seed drops does not depend on how the ducks are spread over threads. */
+static int inject_drop(struct duck *d)
 {
 	if (opt_drop <= 0.0)
 		return 0;
-	if ((double)(xorshift64() >> 11) * 0x1.0p-53 >= opt_drop)
+	if ((double)(xorshift64(&d->rng) >> 11) * 0x1.0p-53 >= opt_drop)
 		return 0;
-	stats.dropped_injected++;
+	wk->stats.dropped_injected++;
 	return 1;
 }
 
@@ -339,70 +392,70 @@ static const char *ip_str(const struct sockaddr_in *a, char *buf, size_t len)
 static void tx_flush(void)
 {
 	uint32_t done = 0;
-	while (done < tx.n) {
-		int r = sendmmsg(tx.d->fd, tx.msg + done, tx.n - done, 0);
+	while (done < wk->tx.n) {
+		int r = sendmmsg(wk->tx.d->fd, wk->tx.msg + done, wk->tx.n - done, 0);
 		if (r < 0) {
 			if (errno == EINTR)
 				continue;
-			stats.tx_errors++;
+			wk->stats.tx_errors++;
 			done++; /* skip the datagram the kernel refused */
 			continue;
 		}
 		for (int i = 0; i < r; i++) {
-			stats.tx++;
-			stats.tx_bytes += tx.msg[done + i].msg_len;
+			wk->stats.tx++;
+			wk->stats.tx_bytes += wk->tx.msg[done + i].msg_len;
 		}
 		done += (uint32_t)r;
 	}
-	tx.n = 0;
+	wk->tx.n = 0;
 }
 
 /* Queue one small datagram of duck d for the next sendmmsg. */
 static void tx_small_now(struct duck *d, const struct sockaddr_in *dst, const void *dgram,
 			 uint32_t len)
 {
-	if (inject_drop())
+	if (inject_drop(d))
 		return;
-	if (tx.n && tx.d != d)
+	if (wk->tx.n && wk->tx.d != d)
 		tx_flush();
-	tx.d = d;
-	uint32_t i = tx.n++;
-	memcpy(tx.buf[i], dgram, len);
-	tx.dst[i] = *dst;
-	tx.iov[i] = (struct iovec){ .iov_base = tx.buf[i], .iov_len = len };
-	memset(&tx.msg[i], 0, sizeof(tx.msg[i]));
-	tx.msg[i].msg_hdr.msg_name = &tx.dst[i];
-	tx.msg[i].msg_hdr.msg_namelen = sizeof(tx.dst[i]);
-	tx.msg[i].msg_hdr.msg_iov = &tx.iov[i];
-	tx.msg[i].msg_hdr.msg_iovlen = 1;
-	if (tx.n == DUCK_BURST)
+	wk->tx.d = d;
+	uint32_t i = wk->tx.n++;
+	memcpy(wk->tx.buf[i], dgram, len);
+	wk->tx.dst[i] = *dst;
+	wk->tx.iov[i] = (struct iovec){ .iov_base = wk->tx.buf[i], .iov_len = len };
+	memset(&wk->tx.msg[i], 0, sizeof(wk->tx.msg[i]));
+	wk->tx.msg[i].msg_hdr.msg_name = &wk->tx.dst[i];
+	wk->tx.msg[i].msg_hdr.msg_namelen = sizeof(wk->tx.dst[i]);
+	wk->tx.msg[i].msg_hdr.msg_iov = &wk->tx.iov[i];
+	wk->tx.msg[i].msg_hdr.msg_iovlen = 1;
+	if (wk->tx.n == DUCK_BURST)
 		tx_flush();
 }
 
-/* The nb chunks in part_hdr/part_iov, one datagram each. */
+/* The nb chunks in the worker's part_hdr/part_iov, one datagram each. */
 static void partial_mmsg(struct duck *d, struct sockaddr_in *dst, uint32_t nb)
 {
 	for (uint32_t i = 0; i < nb; i++) {
-		memset(&part_msg[i], 0, sizeof(part_msg[i]));
-		part_msg[i].msg_hdr.msg_name = dst;
-		part_msg[i].msg_hdr.msg_namelen = sizeof(*dst);
-		part_msg[i].msg_hdr.msg_iov = &part_iov[2 * i];
-		part_msg[i].msg_hdr.msg_iovlen = 2;
+		memset(&wk->part_msg[i], 0, sizeof(wk->part_msg[i]));
+		wk->part_msg[i].msg_hdr.msg_name = dst;
+		wk->part_msg[i].msg_hdr.msg_namelen = sizeof(*dst);
+		wk->part_msg[i].msg_hdr.msg_iov = &wk->part_iov[2 * i];
+		wk->part_msg[i].msg_hdr.msg_iovlen = 2;
 	}
 	uint32_t done = 0;
 	while (done < nb) {
-		int r = sendmmsg(d->fd, part_msg + done, nb - done, 0);
+		int r = sendmmsg(d->fd, wk->part_msg + done, nb - done, 0);
 		if (r < 0) {
 			if (errno == EINTR)
 				continue;
-			stats.tx_errors++;
+			wk->stats.tx_errors++;
 			done++;
 			continue;
 		}
 		for (int i = 0; i < r; i++)
-			stats.tx_bytes += part_msg[done + i].msg_len;
-		stats.tx += (uint64_t)r;
-		stats.partials_sent += (uint64_t)r;
+			wk->stats.tx_bytes += wk->part_msg[done + i].msg_len;
+		wk->stats.tx += (uint64_t)r;
+		wk->stats.partials_sent += (uint64_t)r;
 		done += (uint32_t)r;
 	}
 }
@@ -419,7 +472,7 @@ static int partial_gso(struct duck *d, struct sockaddr_in *dst, uint32_t nb)
 	struct msghdr m = {
 		.msg_name = dst,
 		.msg_namelen = sizeof(*dst),
-		.msg_iov = part_iov,
+		.msg_iov = wk->part_iov,
 		.msg_iovlen = 2 * nb,
 		.msg_control = ctl.buf,
 		.msg_controllen = sizeof(ctl.buf),
@@ -435,17 +488,18 @@ static int partial_gso(struct duck *d, struct sockaddr_in *dst, uint32_t nb)
 		r = sendmsg(d->fd, &m, 0);
 	while (r < 0 && errno == EINTR);
 	if (r >= 0) {
-		g_gso_proven = 1;
-		stats.gso_sends++;
-		stats.tx += nb;
-		stats.partials_sent += nb;
-		stats.tx_bytes += (uint64_t)r;
+		__atomic_store_n(&g_gso_proven, 1, __ATOMIC_RELAXED);
+		wk->stats.gso_sends++;
+		wk->stats.tx += nb;
+		wk->stats.partials_sent += nb;
+		wk->stats.tx_bytes += (uint64_t)r;
 		return 0;
 	}
 	int e = errno;
-	stats.gso_fallbacks++;
-	if (!g_gso_proven && (e == EIO || e == EINVAL || e == EOPNOTSUPP || e == ENOPROTOOPT)) {
-		g_gso = 0;
+	wk->stats.gso_fallbacks++;
+	if (!__atomic_load_n(&g_gso_proven, __ATOMIC_RELAXED) &&
+	    (e == EIO || e == EINVAL || e == EOPNOTSUPP || e == ENOPROTOOPT) &&
+	    __atomic_exchange_n(&g_gso, 0, __ATOMIC_RELAXED)) { /* said once, by one worker */
 		fprintf(stderr, PROG ": UDP GSO refused (%s); sending partials with sendmmsg\n",
 			strerror(e));
 	}
@@ -455,7 +509,7 @@ static int partial_gso(struct duck *d, struct sockaddr_in *dst, uint32_t nb)
 static void partial_flush(struct duck *d, const struct sockaddr_in *to, uint32_t nb)
 {
 	struct sockaddr_in dst = *to;
-	if (nb > 1 && g_gso && partial_gso(d, &dst, nb) == 0)
+	if (nb > 1 && __atomic_load_n(&g_gso, __ATOMIC_RELAXED) && partial_gso(d, &dst, nb) == 0)
 		return;
 	partial_mmsg(d, &dst, nb);
 }
@@ -470,10 +524,10 @@ static void partial_send_now(struct duck *d, const struct sockaddr_in *dst,
 		uint32_t c = list ? list[k] : k;
 		if (c >= o->chunks)
 			continue; /* handle_nack() already refused these */
-		if (inject_drop())
+		if (inject_drop(d))
 			continue;
 		uint32_t len = dp_wire_chunk_len(o->total, g_payload, c);
-		struct dp_wire_header *h = &part_hdr[nb];
+		struct dp_wire_header *h = &wk->part_hdr[nb];
 		dp_wire_init(h, DP_WIRE_OP_PARTIAL, session, epoch);
 		h->dtype = o->dtype;
 		h->forward_id = o->forward_id;
@@ -487,8 +541,8 @@ static void partial_send_now(struct duck *d, const struct sockaddr_in *dst,
 		h->rows = o->rows;
 		h->flags = o->flags;
 		h->compute_ns = o->compute_ns;
-		part_iov[2 * nb] = (struct iovec){ .iov_base = h, .iov_len = DP_WIRE_HDR_LEN };
-		part_iov[2 * nb + 1] = (struct iovec){ .iov_base = o->buf + h->offset, .iov_len = len };
+		wk->part_iov[2 * nb] = (struct iovec){ .iov_base = h, .iov_len = DP_WIRE_HDR_LEN };
+		wk->part_iov[2 * nb + 1] = (struct iovec){ .iov_base = o->buf + h->offset, .iov_len = len };
 		nb++;
 		/* a short chunk must end its GSO send */
 		if (nb == g_gso_segs || len < g_payload) {
@@ -505,11 +559,11 @@ static void partial_send_now(struct duck *d, const struct sockaddr_in *dst,
 static struct delayed *delay_push(const struct duck *d, const struct sockaddr_in *dst,
 				  uint8_t kind)
 {
-	if (delayq_tail - delayq_head == DUCK_DELAY_SLOTS) {
-		stats.delay_overflow++;
+	if (wk->delayq_tail - wk->delayq_head == DUCK_DELAY_SLOTS) {
+		wk->stats.delay_overflow++;
 		return NULL;
 	}
-	struct delayed *e = &delayq[delayq_tail++ & (DUCK_DELAY_SLOTS - 1)];
+	struct delayed *e = &wk->delayq[wk->delayq_tail++ & (DUCK_DELAY_SLOTS - 1)];
 	e->due_ns = now_ns() + opt_delay_ns;
 	e->kind = kind;
 	e->duck = d->index;
@@ -517,7 +571,7 @@ static struct delayed *delay_push(const struct duck *d, const struct sockaddr_in
 	e->session = d->session;
 	e->epoch = d->epoch;
 	e->n = 0;
-	stats.delayed++;
+	wk->stats.delayed++;
 	return e;
 }
 
@@ -525,8 +579,8 @@ static struct delayed *delay_push(const struct duck *d, const struct sockaddr_in
 static void delay_run(void)
 {
 	uint64_t now = now_ns();
-	while (delayq_head != delayq_tail) {
-		struct delayed *e = &delayq[delayq_head & (DUCK_DELAY_SLOTS - 1)];
+	while (wk->delayq_head != wk->delayq_tail) {
+		struct delayed *e = &wk->delayq[wk->delayq_head & (DUCK_DELAY_SLOTS - 1)];
 		if (e->due_ns > now)
 			break;
 		struct duck *d = &g_ducks[e->duck];
@@ -535,15 +589,15 @@ static void delay_run(void)
 		} else {
 			const struct duck_output *o = &d->out[e->out_idx];
 			if (o->seq != e->out_seq)
-				stats.delay_stale++; /* evicted meanwhile: the host will NACK */
+				wk->stats.delay_stale++; /* evicted meanwhile: the host will NACK */
 			else
 				partial_send_now(d, &e->dst, o,
 						 e->n ? (const uint32_t *)(void *)e->data : NULL,
 						 e->n, e->session, e->epoch);
 		}
-		delayq_head++;
+		wk->delayq_head++;
 	}
-	if (tx.n)
+	if (wk->tx.n)
 		tx_flush();
 }
 
@@ -563,7 +617,7 @@ static void reply_init(const struct duck *d, struct dp_wire_header *r, uint8_t o
 static void reply_small(struct duck *d, const struct sockaddr_in *dst,
 			const struct dp_wire_header *r, const void *payload, uint32_t plen)
 {
-	uint8_t *buf = g_small;
+	uint8_t *buf = wk->small;
 	struct delayed *e = NULL;
 	if (opt_delay_ns) {
 		if (!(e = delay_push(d, dst, DELAY_SMALL)))
@@ -612,7 +666,7 @@ static void reply_no_layer(struct duck *d, const struct sockaddr_in *dst,
 	r.chunks = req->chunks;
 	r.offset = req->offset;
 	r.rows = req->rows;
-	stats.no_layer_replies++;
+	wk->stats.no_layer_replies++;
 	reply_small(d, dst, &r, NULL, 0);
 }
 
@@ -652,14 +706,14 @@ static int scratch_fit(const struct dp_wire_layer *w)
 		uint32_t widest = w->experts && w->expert_ffn > shared ? w->expert_ffn : shared;
 		need = dp_mlp_rows_scratch_floats(w->hidden, widest);
 	}
-	if (need <= g_scratch_floats)
+	if (need <= wk->scratch_floats)
 		return 0;
 	float *p = aligned_alloc(64, (need * sizeof(float) + 63) & ~(size_t)63);
 	if (!p)
 		return -1;
-	free(g_scratch);
-	g_scratch = p;
-	g_scratch_floats = need;
+	free(wk->scratch);
+	wk->scratch = p;
+	wk->scratch_floats = need;
 	return 0;
 }
 
@@ -686,7 +740,7 @@ static int layer_bank_ok(const struct duck *d, uint32_t layer, const struct dp_w
 	} else {
 		return 1;
 	}
-	stats.moe_bad_banks++;
+	wk->stats.moe_bad_banks++;
 	return 0;
 }
 
@@ -753,7 +807,7 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 	    (fp8 && !(bytes = aligned_alloc(DUCK_FP8_ALIGN, (raw + DUCK_FP8_ALIGN - 1) &
 								 ~(uint64_t)(DUCK_FP8_ALIGN - 1))))) {
 		free(block);
-		stats.layers_rejected++;
+		wk->stats.layers_rejected++;
 		return; /* no ack: the host's loader reports it */
 	}
 	if (l->used)
@@ -785,7 +839,7 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 		block += (len[t] + DUCK_TENSOR_ALIGN - 1) & ~(uint64_t)(DUCK_TENSOR_ALIGN - 1);
 	}
 	d->floats += floats;
-	stats.layers++;
+	wk->stats.layers++;
 ack:;
 	struct dp_wire_header r;
 	reply_init(d, &r, DP_WIRE_OP_WEIGHT_ACK, h);
@@ -793,7 +847,7 @@ ack:;
 	r.chunk = h->chunk;
 	r.chunks = h->chunks;
 	r.offset = h->offset;
-	stats.weight_acks++;
+	wk->stats.weight_acks++;
 	reply_small(d, src, &r, NULL, 0);
 }
 
@@ -807,17 +861,17 @@ static void weight_ack(struct duck *d, const struct sockaddr_in *src,
 	r.chunks = h->chunks;
 	r.offset = h->offset;
 	r.total = h->total;
-	stats.weight_acks++;
+	wk->stats.weight_acks++;
 	reply_small(d, src, &r, NULL, 0);
 }
 
 /* An FP8 layer's float32 weights out of its e4m3 bytes and scales, DeepSeek-V3's
  * weight_dequant (dp_mlp_fp8_dequant); a MOE bank a payload's worth at a time through
- * g_weight32 into its blocks (dp_mlp_bank_store), as its chunks of other dtypes go. */
+ * the worker's weight32 into its blocks (dp_mlp_bank_store), as its chunks of other dtypes go. */
 static void fp8_dequant(struct duck_layer *l)
 {
 	const struct dp_mlp_shard *s = &l->shard;
-	const uint64_t step = sizeof(g_weight32) / sizeof(g_weight32[0]);
+	const uint64_t step = sizeof(wk->weight32) / sizeof(wk->weight32[0]);
 	for (unsigned t = 0; t < DP_SHARD_TENSORS; t++) {
 		uint64_t n = dp_mlp_tensor_len(s->kind, s->hidden, s->ffn, t);
 		const uint8_t *w = l->fp8 + l->fp8_off[t];
@@ -828,8 +882,8 @@ static void fp8_dequant(struct duck_layer *l)
 		}
 		for (uint64_t first = 0; first < n; first += step) {
 			uint64_t k = n - first < step ? n - first : step;
-			dp_mlp_fp8_dequant(s, t, w, scale, first, k, g_weight32);
-			dp_mlp_bank_store(s, t, first, g_weight32, k);
+			dp_mlp_fp8_dequant(s, t, w, scale, first, k, wk->weight32);
+			dp_mlp_bank_store(s, t, first, wk->weight32, k);
 		}
 	}
 	l->fp8_stale = 0;
@@ -844,7 +898,7 @@ static void fp8_weight(struct duck *d, const struct sockaddr_in *src, struct duc
 	uint64_t end;
 	if (h->tensor >= DP_SHARD_TENSORS || h->total != l->fp8_len[h->tensor] ||
 	    __builtin_add_overflow(h->offset, (uint64_t)h->length, &end) || end > h->total) {
-		stats.dropped_invalid++;
+		wk->stats.dropped_invalid++;
 		return;
 	}
 	unsigned t = h->tensor;
@@ -860,14 +914,14 @@ static void fp8_weight(struct duck *d, const struct sockaddr_in *src, struct duc
 	l->fp8_last_ns = now_ns();
 	uint64_t before = l->fp8_got;
 	l->fp8_got += h->length;
-	stats.weight_bytes += h->length;
+	wk->stats.weight_bytes += h->length;
 	/* the chunk that makes every byte in: dequantize before its ack, so the load
 	 * completes with the weights ready for the first forward. Once only: a resend (or a
 	 * count that a resend made reach the total early) leaves the layer stale for
 	 * main_loop's quiet time, or the next forward, to dequantize again */
 	if (before < l->fp8_total && l->fp8_got >= l->fp8_total) {
 		fp8_dequant(l);
-		stats.fp8_dequants_at_load++;
+		wk->stats.fp8_dequants_at_load++;
 	}
 	weight_ack(d, src, h);
 }
@@ -890,16 +944,16 @@ static void handle_weight(struct duck *d, const struct sockaddr_in *src,
 			     : 0;
 	if (!dp_dtype_is_act(h->dtype) || !n || h->total != n * isz || h->offset % isz ||
 	    h->length % isz) {
-		stats.dropped_invalid++;
+		wk->stats.dropped_invalid++;
 		return;
 	}
 	/* a MOE bank keeps its blocks apart (dp_mlp.h): float32 first, then into place */
 	const int bank = l->shard.kind == DP_MLP_KIND_MOE;
-	float *dst = bank ? g_weight32 : l->shard.t[h->tensor] + h->offset / isz;
+	float *dst = bank ? wk->weight32 : l->shard.t[h->tensor] + h->offset / isz;
 	dp_mlp_to_f32(dst, payload, h->length / isz, h->dtype);
 	if (bank)
 		dp_mlp_bank_store(&l->shard, h->tensor, h->offset / isz, dst, h->length / isz);
-	stats.weight_bytes += h->length;
+	wk->stats.weight_bytes += h->length;
 	weight_ack(d, src, h);
 }
 
@@ -933,7 +987,7 @@ static struct duck_input *input_alloc(struct duck *d)
 			v = &d->in[i];
 	}
 	if (v->seq)
-		stats.inputs_evicted++;
+		wk->stats.inputs_evicted++;
 	v->seq = ++d->seq;
 	return v;
 }
@@ -950,7 +1004,7 @@ static struct duck_output *output_alloc(struct duck *d)
 			v = &d->out[i];
 	}
 	if (v->seq)
-		stats.outputs_evicted++;
+		wk->stats.outputs_evicted++;
 	v->seq = ++d->seq;
 	return v;
 }
@@ -968,19 +1022,19 @@ static void forward_reply(struct duck *d, const struct sockaddr_in *src, struct 
 	o->chunks = dp_wire_chunk_count(o->total, g_payload);
 	in->seq = 0;
 	d->computed++;
-	stats.forwards_computed++;
+	wk->stats.forwards_computed++;
 	reply_partial(d, src, o, NULL, 0);
 	if (opt_restart_after && d->computed == opt_restart_after) {
 		layers_forget(d);
-		stats.restarts++;
+		wk->stats.restarts++;
 	}
 }
 
-/* g_x32 rows [r0, r0 + n) = the 2-byte rows (float16 or bfloat16) of x16 there. */
+/* The worker's x32 rows [r0, r0 + n) = the 2-byte rows (float16 or bfloat16) of x16 there. */
 static void widen_rows(const uint8_t *x16, uint32_t r0, uint32_t n, uint32_t hid, uint8_t dtype)
 {
 	size_t first = (size_t)r0 * hid;
-	dp_mlp_to_f32(g_x32 + first, x16 + 2 * first, (size_t)n * hid, dtype);
+	dp_mlp_to_f32(wk->x32 + first, x16 + 2 * first, (size_t)n * hid, dtype);
 }
 
 /* --compute echo on a routed forward: every expert, and the shared one, is x * (id + 1);
@@ -1000,7 +1054,7 @@ static void moe_echo(const struct duck *d, const float *x, const uint32_t *x_row
 
 static void moe_bad_table(const struct duck *d, const struct duck_input *in, const char *why)
 {
-	stats.moe_bad_tables++;
+	wk->stats.moe_bad_tables++;
 	DUCK_DEBUG("duck %u drops routed forward %" PRIu64 " of layer %u: %s", d->id,
 		   in->forward_id, in->layer, why);
 }
@@ -1060,7 +1114,7 @@ static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct du
 			   l->shard.ffn > (uint64_t)l->shard.experts * l->shard.expert_ffn;
 	int rc = dp_routing_wire_section(in->buf, size, d->id, &sec);
 	if (rc == DP_ROUTING_ERROR_NO_SUCH_DUCK && !shared) {
-		stats.moe_skipped++; /* another duck's tokens: no compute, no reply */
+		wk->stats.moe_skipped++; /* another duck's tokens: no compute, no reply */
 		return;
 	}
 	if (rc < 0 && rc != DP_ROUTING_ERROR_NO_SUCH_DUCK) {
@@ -1074,7 +1128,7 @@ static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct du
 
 	/* Group the entries by slot (a counting sort: rows stay ascending in each group),
 	 * each with the row it reads and the reply row it adds to. */
-	memset(g_moe_start, 0, (slots + 1) * sizeof(g_moe_start[0]));
+	memset(wk->moe_start, 0, (slots + 1) * sizeof(wk->moe_start[0]));
 	for (uint32_t j = 0; j < n; j++) {
 		struct dp_routing_wire_entry we;
 		memcpy(&we, entries + (uint64_t)j * DP_ROUTING_WIRE_ENTRY_SIZE, sizeof(we));
@@ -1084,20 +1138,20 @@ static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct du
 			moe_bad_table(d, in, why);
 			return;
 		}
-		g_moe_start[we.expert + 1]++;
+		wk->moe_start[we.expert + 1]++;
 	}
 	for (uint32_t e = 0; e < slots; e++)
-		g_moe_start[e + 1] += g_moe_start[e];
+		wk->moe_start[e + 1] += wk->moe_start[e];
 
 	struct duck_output *o = output_alloc(d);
 	uint64_t t0 = now_ns();
 	const float *x = (const float *)(const void *)x_in;
-	float *y = in->dtype == DP_DTYPE_F32 ? (float *)(void *)o->buf : g_y32;
+	float *y = in->dtype == DP_DTYPE_F32 ? (float *)(void *)o->buf : wk->y32;
 	/* float16, bfloat16: the rows read, in float32 at their own places (with SHARED all
 	 * of them) */
 	const int widen = in->dtype != DP_DTYPE_F32;
 	if (widen) {
-		x = g_x32;
+		x = wk->x32;
 		if (shared)
 			widen_rows(x_in, 0, in->rows, hid, in->dtype);
 	}
@@ -1113,29 +1167,29 @@ static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct du
 				widen_rows(x_in, we.row, 1, hid, in->dtype);
 			prev = we.row;
 		}
-		uint32_t at = g_moe_start[we.expert]++; /* after this loop: each group's end */
-		g_moe_xrow[at] = we.row;
-		g_moe_yrow[at] = shared ? we.row : reply_row;
-		memcpy(&g_moe_weight[at], &we.weight, sizeof(float));
+		uint32_t at = wk->moe_start[we.expert]++; /* after this loop: each group's end */
+		wk->moe_xrow[at] = we.row;
+		wk->moe_yrow[at] = shared ? we.row : reply_row;
+		memcpy(&wk->moe_weight[at], &we.weight, sizeof(float));
 	}
 	memset(y, 0, (size_t)out_rows * hid * sizeof(float));
 	struct dp_mlp_expert ex;
 	for (uint32_t e = 0; e < slots; e++) {
-		uint32_t lo = e ? g_moe_start[e - 1] : 0, cnt = g_moe_start[e] - lo;
+		uint32_t lo = e ? wk->moe_start[e - 1] : 0, cnt = wk->moe_start[e] - lo;
 		if (!cnt)
 			continue;
 		if (opt_echo)
-			moe_echo(d, x, g_moe_xrow + lo, g_moe_weight + lo, cnt, y, g_moe_yrow + lo, hid);
+			moe_echo(d, x, wk->moe_xrow + lo, wk->moe_weight + lo, cnt, y, wk->moe_yrow + lo, hid);
 		else if (dp_mlp_bank_block(&l->shard, e, &ex) == 0) /* e < slots: always */
-			dp_mlp_expert_rows(&ex, x, g_moe_xrow + lo, g_moe_weight + lo, cnt, y,
-					   g_moe_yrow + lo, g_scratch);
+			dp_mlp_expert_rows(&ex, x, wk->moe_xrow + lo, wk->moe_weight + lo, cnt, y,
+					   wk->moe_yrow + lo, wk->scratch);
 	}
 	/* the shared block: every row, weight 1 (no columns: nothing to add) */
 	if (shared && dp_mlp_bank_block(&l->shard, slots, &ex) == 0 && ex.cols) {
 		if (opt_echo)
 			moe_echo(d, x, NULL, NULL, in->rows, y, NULL, hid);
 		else
-			dp_mlp_expert_rows(&ex, x, NULL, NULL, in->rows, y, NULL, g_scratch);
+			dp_mlp_expert_rows(&ex, x, NULL, NULL, in->rows, y, NULL, wk->scratch);
 	}
 	if (widen) /* the partial in the layer's dtype, rounded to nearest even */
 		dp_reduce_store(o->buf, y, NULL, out_rows, hid, in->dtype);
@@ -1144,8 +1198,8 @@ static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct du
 	o->dtype = in->dtype;
 	o->flags = DP_WIRE_FLAG_ROUTED;
 	o->total = (uint64_t)out_rows * hid * isz;
-	stats.moe_forwards++;
-	stats.moe_expert_rows += n;
+	wk->stats.moe_forwards++;
+	wk->stats.moe_expert_rows += n;
 	forward_reply(d, src, in, o);
 }
 
@@ -1156,16 +1210,16 @@ static void forward_complete(struct duck *d, const struct sockaddr_in *src,
 	struct duck_layer *l = layer_find(d, in->layer);
 	uint32_t isz = dp_dtype_size(in->dtype);
 	if (in->bytes != in->total) { /* chunks that overlap or leave holes */
-		stats.dropped_invalid++;
+		wk->stats.dropped_invalid++;
 		in->seq = 0;
 		return;
 	}
 	const int routed = in->flags & DP_WIRE_FLAG_ROUTED;
 	if (l && (l->shard.kind == DP_MLP_KIND_MOE) != !!routed) {
 		if (routed)
-			stats.moe_routed_dense++;
+			wk->stats.moe_routed_dense++;
 		else
-			stats.moe_unrouted++;
+			wk->stats.moe_unrouted++;
 		DUCK_DEBUG("duck %u drops forward %" PRIu64 ": layer %u is %s, the forward %s",
 			   d->id, in->forward_id, in->layer,
 			   routed ? "dense" : "a mixture of experts",
@@ -1175,7 +1229,7 @@ static void forward_complete(struct duck *d, const struct sockaddr_in *src,
 	}
 	if (l && l->fp8_stale) { /* FP8 chunks came in since the last forward */
 		fp8_dequant(l);
-		stats.fp8_dequants_later++;
+		wk->stats.fp8_dequants_later++;
 	}
 	if (l && l->dtype == in->dtype && routed) {
 		moe_forward(d, src, in, l, h);
@@ -1194,14 +1248,14 @@ static void forward_complete(struct duck *d, const struct sockaddr_in *src,
 	float *y = (float *)(void *)o->buf;
 	const int widen = in->dtype != DP_DTYPE_F32; /* float16, bfloat16: in float32 */
 	if (widen) {
-		dp_mlp_to_f32(g_x32, in->buf, n, in->dtype);
-		x = g_x32;
-		y = g_y32;
+		dp_mlp_to_f32(wk->x32, in->buf, n, in->dtype);
+		x = wk->x32;
+		y = wk->y32;
 	}
 	if (opt_echo)
 		dp_mlp_scale(y, x, n, (float)d->id + 1.0f);
 	else
-		dp_mlp_forward(&l->shard, x, in->rows, y, g_scratch);
+		dp_mlp_forward(&l->shard, x, in->rows, y, wk->scratch);
 	if (widen) /* the partial in the layer's dtype, rounded to nearest even */
 		dp_reduce_store(o->buf, y, NULL, in->rows, l->shard.hidden, in->dtype);
 	o->compute_ns = now_ns() - t0;
@@ -1216,18 +1270,18 @@ static void handle_forward(struct duck *d, const struct sockaddr_in *src,
 			   const struct dp_wire_header *h, const uint8_t *payload)
 {
 	if (d->computed >= opt_stop_after) {
-		stats.stopped_ignored++;
+		wk->stats.stopped_ignored++;
 		return;
 	}
 	if (output_find(d, h->session, h->forward_id)) {
-		stats.duplicates++; /* already answered; a lost partial is NACKed, not re-sent */
+		wk->stats.duplicates++; /* already answered; a lost partial is NACKed, not re-sent */
 		return;
 	}
 	uint32_t isz = dp_dtype_size(h->dtype);
 	if (!dp_dtype_is_act(h->dtype) || !h->rows || !h->total || h->total % isz ||
 	    h->total > g_msg_cap ||
 	    h->chunks > DP_REASM_MAX_CHUNKS) {
-		stats.dropped_invalid++;
+		wk->stats.dropped_invalid++;
 		return;
 	}
 	struct duck_input *in = input_find(d, h->session, h->forward_id);
@@ -1245,15 +1299,15 @@ static void handle_forward(struct duck *d, const struct sockaddr_in *src,
 	} else if (in->total != h->total || in->reasm.chunks != h->chunks ||
 		   in->layer != h->layer || in->rows != h->rows || in->dtype != h->dtype ||
 		   in->flags != (h->flags & DP_WIRE_FLAG_ROUTED)) {
-		stats.dropped_invalid++;
+		wk->stats.dropped_invalid++;
 		return;
 	}
 	int m = dp_reasm_mark(&in->reasm, h->chunk);
 	if (m <= 0) {
 		if (m == 0)
-			stats.duplicates++;
+			wk->stats.duplicates++;
 		else
-			stats.dropped_invalid++;
+			wk->stats.dropped_invalid++;
 		return;
 	}
 	memcpy(in->buf + h->offset, payload, h->length);
@@ -1265,28 +1319,28 @@ static void handle_forward(struct duck *d, const struct sockaddr_in *src,
 static void handle_nack(struct duck *d, const struct sockaddr_in *src,
 			const struct dp_wire_header *h, const uint8_t *payload)
 {
-	stats.nacks_received++;
+	wk->stats.nacks_received++;
 	if (d->computed >= opt_stop_after) {
-		stats.stopped_ignored++;
+		wk->stats.stopped_ignored++;
 		return;
 	}
 	struct duck_output *o = output_find(d, h->session, h->forward_id);
 	if (o) {
 		/* Resend each listed chunk once, in the order asked; drop nonsense indices. */
 		uint32_t asked = h->length / 4, n = 0;
-		dp_reasm_reset(&g_seen, o->chunks);
+		dp_reasm_reset(&wk->seen, o->chunks);
 		for (uint32_t k = 0; k < asked; k++) {
 			uint32_t c;
 			memcpy(&c, payload + 4 * (size_t)k, 4);
-			if (dp_reasm_mark(&g_seen, c) > 0)
-				g_list[n++] = c;
+			if (dp_reasm_mark(&wk->seen, c) > 0)
+				wk->list[n++] = c;
 		}
 		if (n < asked)
-			stats.nack_bad_chunks++; /* repeated indices, or past the partial's end */
-		stats.nacks_answered++;
+			wk->stats.nack_bad_chunks++; /* repeated indices, or past the partial's end */
+		wk->stats.nacks_answered++;
 		if (asked && !n)
 			return; /* nothing valid to resend */
-		reply_partial(d, src, o, asked ? g_list : NULL, n);
+		reply_partial(d, src, o, asked ? wk->list : NULL, n);
 		return;
 	}
 	/* Not computed yet: ask for the input chunks we lack (none known: all of them). */
@@ -1296,7 +1350,7 @@ static void handle_nack(struct duck *d, const struct sockaddr_in *src,
 	uint32_t n = 0;
 	struct duck_input *in = input_find(d, h->session, h->forward_id);
 	if (in) {
-		n = dp_reasm_missing(&in->reasm, g_list, g_nack_max);
+		n = dp_reasm_missing(&in->reasm, wk->list, g_nack_max);
 		r.layer = in->layer;
 		r.dtype = in->dtype;
 		r.rows = in->rows;
@@ -1304,8 +1358,8 @@ static void handle_nack(struct duck *d, const struct sockaddr_in *src,
 		r.total = in->total;
 	}
 	r.length = 4 * n;
-	stats.input_nacks_sent++;
-	reply_small(d, src, &r, g_list, 4 * n);
+	wk->stats.input_nacks_sent++;
+	reply_small(d, src, &r, wk->list, 4 * n);
 }
 
 static void handle_ping(struct duck *d, const struct sockaddr_in *src,
@@ -1313,7 +1367,7 @@ static void handle_ping(struct duck *d, const struct sockaddr_in *src,
 {
 	struct dp_wire_header r;
 	reply_init(d, &r, DP_WIRE_OP_PONG, h);
-	stats.pongs++;
+	wk->stats.pongs++;
 	reply_small(d, src, &r, NULL, 0);
 }
 
@@ -1322,36 +1376,36 @@ static void handle_ping(struct duck *d, const struct sockaddr_in *src,
 static void handle_datagram(struct duck *d, const uint8_t *buf, uint32_t len, int flags,
 			    const struct sockaddr_in *src)
 {
-	stats.rx++;
-	stats.rx_bytes += len;
-	if (inject_drop())
+	wk->stats.rx++;
+	wk->stats.rx_bytes += len;
+	if (inject_drop(d))
 		return;
 	if (flags & MSG_TRUNC) {
-		stats.dropped_malformed++;
-		stats.malformed_truncated++;
+		wk->stats.dropped_malformed++;
+		wk->stats.malformed_truncated++;
 		return;
 	}
 	enum dp_wire_verdict v = dp_wire_check(buf, len);
 	if (v != DP_WIRE_OK) {
-		stats.dropped_malformed++;
+		wk->stats.dropped_malformed++;
 		switch (v) {
-		case DP_WIRE_SHORT: stats.malformed_short++; break;
-		case DP_WIRE_BAD_MAGIC: stats.malformed_magic++; break;
-		case DP_WIRE_BAD_VERSION: stats.malformed_version++; break;
-		case DP_WIRE_BAD_OP: stats.malformed_op++; break;
-		default: stats.malformed_length++; break;
+		case DP_WIRE_SHORT: wk->stats.malformed_short++; break;
+		case DP_WIRE_BAD_MAGIC: wk->stats.malformed_magic++; break;
+		case DP_WIRE_BAD_VERSION: wk->stats.malformed_version++; break;
+		case DP_WIRE_BAD_OP: wk->stats.malformed_op++; break;
+		default: wk->stats.malformed_length++; break;
 		}
 		return;
 	}
-	const struct dp_wire_header *h = (const void *)buf; /* rx_buf is 64-byte aligned */
+	const struct dp_wire_header *h = (const void *)buf; /* wk->rx_buf is 64-byte aligned */
 	const uint8_t *payload = dp_wire_payload(buf);
 	if (h->op == DP_WIRE_OP_PARTIAL || h->op == DP_WIRE_OP_WEIGHT_ACK ||
 	    h->op == DP_WIRE_OP_PONG) {
-		stats.unexpected_op++; /* a duck's own ops, not the host's */
+		wk->stats.unexpected_op++; /* a duck's own ops, not the host's */
 		return;
 	}
 	if (h->op != DP_WIRE_OP_PING && h->duck != d->id && h->duck != DP_WIRE_ANY_DUCK) {
-		stats.wrong_duck++;
+		wk->stats.wrong_duck++;
 		return;
 	}
 	d->session = h->session;
@@ -1374,7 +1428,7 @@ static void rx_overflow(struct duck *d, struct msghdr *m)
 			continue;
 		uint32_t drops;
 		memcpy(&drops, CMSG_DATA(c), sizeof(drops));
-		stats.rx_kernel_drops += (uint32_t)(drops - d->rxq_ovfl);
+		wk->stats.rx_kernel_drops += (uint32_t)(drops - d->rxq_ovfl);
 		d->rxq_ovfl = drops;
 	}
 }
@@ -1383,43 +1437,43 @@ static void duck_rx(struct duck *d)
 {
 	for (uint32_t b = 0; b < DUCK_RX_BURSTS; b++) {
 		for (uint32_t i = 0; i < DUCK_BURST; i++) {
-			rx_msg[i].msg_hdr.msg_namelen = sizeof(rx_src[i]);
-			rx_msg[i].msg_hdr.msg_controllen = sizeof(rx_ctl[i].buf);
-			rx_msg[i].msg_hdr.msg_flags = 0;
+			wk->rx_msg[i].msg_hdr.msg_namelen = sizeof(wk->rx_src[i]);
+			wk->rx_msg[i].msg_hdr.msg_controllen = sizeof(wk->rx_ctl[i].buf);
+			wk->rx_msg[i].msg_hdr.msg_flags = 0;
 		}
-		int n = recvmmsg(d->fd, rx_msg, DUCK_BURST, MSG_DONTWAIT, NULL);
+		int n = recvmmsg(d->fd, wk->rx_msg, DUCK_BURST, MSG_DONTWAIT, NULL);
 		if (n < 0) {
 			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-				stats.rx_errors++;
+				wk->stats.rx_errors++;
 			break;
 		}
 		for (int i = 0; i < n; i++) {
-			struct msghdr *m = &rx_msg[i].msg_hdr;
+			struct msghdr *m = &wk->rx_msg[i].msg_hdr;
 			if (m->msg_controllen)
 				rx_overflow(d, m);
 			/* UDP GRO: a GSO send of the host's arrives whole; cut it (dp_gro.h) */
 			uint32_t seg = dp_gro_cmsg_size(m); /* only a GRO socket gets one */
 			if (!seg) {
-				handle_datagram(d, rx_buf[i], rx_msg[i].msg_len, m->msg_flags,
-						&rx_src[i]);
+				handle_datagram(d, wk->rx_buf[i], wk->rx_msg[i].msg_len, m->msg_flags,
+						&wk->rx_src[i]);
 				continue;
 			}
 			struct dp_gro_cursor cur;
 			uint8_t *p;
 			uint32_t len;
-			dp_gro_start(&cur, rx_buf[i], rx_msg[i].msg_len, seg, m->msg_flags & MSG_TRUNC);
+			dp_gro_start(&cur, wk->rx_buf[i], wk->rx_msg[i].msg_len, seg, m->msg_flags & MSG_TRUNC);
 			if (cur.seg)
-				stats.gro_receives++;
+				wk->stats.gro_receives++;
 			while (dp_gro_next(&cur, &p, &len)) {
 				if ((uintptr_t)p % 8) {
-					memcpy(rx_aligned, p, len);
-					p = rx_aligned;
+					memcpy(wk->rx_aligned, p, len);
+					p = wk->rx_aligned;
 				}
 				/* a cut datagram (len 0) is refused as short by handle_datagram */
-				handle_datagram(d, p, len, m->msg_flags & ~MSG_TRUNC, &rx_src[i]);
+				handle_datagram(d, p, len, m->msg_flags & ~MSG_TRUNC, &wk->rx_src[i]);
 			}
 		}
-		if (tx.n)
+		if (wk->tx.n)
 			tx_flush();
 		if ((uint32_t)n < DUCK_BURST)
 			break;
@@ -1430,33 +1484,44 @@ static void duck_rx(struct duck *d)
 
 static int wait_events(struct epoll_event *ev, const struct timespec *ts)
 {
-	static int no_pwait2;
-	if (!no_pwait2) {
-		int n = epoll_pwait2(g_epfd, ev, DUCK_EVENTS, ts, NULL);
+	if (!wk->no_pwait2) {
+		int n = epoll_pwait2(wk->epfd, ev, DUCK_EVENTS, ts, NULL);
 		if (n >= 0 || errno != ENOSYS)
 			return n;
-		no_pwait2 = 1;
+		wk->no_pwait2 = 1;
 	}
 	int ms = -1;
 	if (ts)
 		ms = (int)(ts->tv_sec * 1000 + (ts->tv_nsec + 999999) / 1000000);
-	return epoll_wait(g_epfd, ev, DUCK_EVENTS, ms);
+	return epoll_wait(wk->epfd, ev, DUCK_EVENTS, ms);
 }
 
-/* The n events epoll gave: a signal ends the loop, a duck's socket is read; then the
- * delayed replies that are due go out. */
+/* Every worker leaves its loop: the eventfd in all their epolls becomes readable (and
+ * stays so: nobody reads it). */
+static void quit_all(void)
+{
+	uint64_t one = 1;
+	__atomic_store_n(&force_quit, 1, __ATOMIC_RELAXED);
+	if (write(g_quitfd, &one, sizeof(one)) < 0)
+		fprintf(stderr, PROG ": cannot wake the workers: %s\n", strerror(errno));
+}
+
+/* The n events epoll gave: a signal (worker 0) or the quit eventfd ends the loop, a
+ * duck's socket is read; then the delayed replies that are due go out. */
 static void handle_events(const struct epoll_event *ev, int n)
 {
 	for (int i = 0; i < n; i++) {
 		if (ev[i].data.u32 == DUCK_SIGNAL_TOKEN) {
 			struct signalfd_siginfo si;
 			if (read(g_sigfd, &si, sizeof(si)) > 0)
-				force_quit = 1;
+				quit_all();
 			continue;
 		}
+		if (ev[i].data.u32 == DUCK_QUIT_TOKEN)
+			continue; /* force_quit is set */
 		duck_rx(&g_ducks[ev[i].data.u32]);
 	}
-	if (delayq_head != delayq_tail)
+	if (wk->delayq_head != wk->delayq_tail)
 		delay_run();
 }
 
@@ -1465,7 +1530,7 @@ static void handle_events(const struct epoll_event *ev, int n)
 static struct duck_layer *fp8_stale_layer(void)
 {
 	struct duck_layer *oldest = NULL;
-	for (uint32_t i = 0; i < opt_ducks; i++)
+	WORKER_DUCKS(i, wk)
 		for (uint32_t k = 0; k < DUCK_MAX_LAYERS; k++) {
 			struct duck_layer *l = &g_ducks[i].layers[k];
 			if (l->used && l->fp8_stale && (!oldest || l->fp8_last_ns < oldest->fp8_last_ns))
@@ -1477,11 +1542,11 @@ static struct duck_layer *fp8_stale_layer(void)
 static void main_loop(void)
 {
 	struct epoll_event ev[DUCK_EVENTS];
-	while (!force_quit) {
+	while (!__atomic_load_n(&force_quit, __ATOMIC_RELAXED)) {
 		struct timespec ts, *tsp = NULL;
 		uint64_t wait = UINT64_MAX, now = now_ns();
-		if (delayq_head != delayq_tail) { /* sleep only until the next delayed reply */
-			uint64_t due = delayq[delayq_head & (DUCK_DELAY_SLOTS - 1)].due_ns;
+		if (wk->delayq_head != wk->delayq_tail) { /* sleep only until the next delayed reply */
+			uint64_t due = wk->delayq[wk->delayq_head & (DUCK_DELAY_SLOTS - 1)].due_ns;
 			wait = due > now ? due - now : 0;
 		}
 		/* An FP8 layer is dequantized once its chunks have stopped coming for
@@ -1501,15 +1566,24 @@ static void main_loop(void)
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
-			fprintf(stderr, PROG ": epoll_wait failed: %s\n", strerror(errno));
+			fprintf(stderr, PROG ": worker %u: epoll_wait failed: %s\n", wk->index,
+				strerror(errno));
+			quit_all(); /* the run ends whole, not with a worker's ducks gone silent */
 			break;
 		}
 		handle_events(ev, n);
 		if (n == 0 && stale && now_ns() >= quiet) {
 			fp8_dequant(stale);
-			stats.fp8_dequants_later++;
+			wk->stats.fp8_dequants_later++;
 		}
 	}
+}
+
+static void *worker_main(void *arg)
+{
+	wk = arg;
+	main_loop();
+	return NULL;
 }
 
 /* ------------------------------------------------------------ option parsing */
@@ -1518,8 +1592,11 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: " PROG " [options]\n"
-		"Emulates up to %u ducks (duckpipe's compute nodes) on UDP sockets, one thread.\n"
+		"Emulates up to %u ducks (duckpipe's compute nodes) on UDP sockets.\n"
 		"  --ducks N           ducks to emulate (default 8, at most %u)\n"
+		"  --threads N         worker threads, each computing its own group of ducks\n"
+		"                      (default: every CPU this process may use; at most --ducks)\n"
+		"  --isa ISA           the kernels: auto (default), avx2 or portable (no AVX2)\n"
 		"  --bind IP[,IP...]   address of every duck, or one per duck (default 127.0.0.1)\n"
 		"  --base-port P       duck i listens on P + i (default 47100)\n"
 		"  --first-id K        duck i has id K + i (default 0)\n"
@@ -1533,6 +1610,8 @@ static void usage(FILE *f)
 		"  --no-gso            send partials with sendmmsg, not UDP GSO\n"
 		"  --no-gro            receive datagram by datagram, without UDP GRO\n"
 		"  -v, --verbose       say why each dropped routed forward was dropped\n"
+		"  --bench H,C,R[,MS]  no ducks: time the expert kernel (hidden H, C columns, R rows)\n"
+		"                      on 8 experts per thread for MS ms (default 500), print GFLOP/s\n"
 		"SIGINT/SIGTERM print the counters to stderr and exit 0.\n",
 		DUCK_MAX_DUCKS, DUCK_MAX_DUCKS);
 }
@@ -1577,10 +1656,32 @@ static void parse_bind(const char *arg)
 		g_ips[i] = g_ips[0];
 }
 
+static void parse_bench(const char *arg)
+{
+	char buf[64], *save = NULL;
+	unsigned k = 0;
+	static const uint32_t hi[4] = { 65536, 65536, DP_MLP_GATHER_ROWS * 64, 600000 };
+	if (strlen(arg) >= sizeof(buf))
+		bad_option("bench", arg, "HIDDEN,COLS,ROWS[,MS]");
+	strcpy(buf, arg);
+	opt_bench[3] = 500;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (k == 4)
+			bad_option("bench", arg, "HIDDEN,COLS,ROWS[,MS]");
+		opt_bench[k] = (uint32_t)parse_u64("bench", tok, 1, hi[k],
+						   "HIDDEN,COLS,ROWS[,MS], each at least 1");
+		k++;
+	}
+	if (k < 3)
+		bad_option("bench", arg, "HIDDEN,COLS,ROWS[,MS]");
+}
+
 static void parse_args(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "ducks", required_argument, NULL, 'n' },
+		{ "threads", required_argument, NULL, 't' },
+		{ "isa", required_argument, NULL, 'I' },
 		{ "bind", required_argument, NULL, 'b' },
 		{ "base-port", required_argument, NULL, 'p' },
 		{ "first-id", required_argument, NULL, 'i' },
@@ -1594,6 +1695,7 @@ static void parse_args(int argc, char **argv)
 		{ "no-gso", no_argument, NULL, 'G' },
 		{ "no-gro", no_argument, NULL, 'R' },
 		{ "verbose", no_argument, NULL, 'v' },
+		{ "bench", required_argument, NULL, 'B' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1607,6 +1709,16 @@ static void parse_args(int argc, char **argv)
 			opt_ducks = (uint32_t)parse_u64("ducks", optarg, 1, DUCK_MAX_DUCKS, want);
 			break;
 		}
+		case 't': {
+			char want[24];
+			snprintf(want, sizeof(want), "1..%u", DUCK_MAX_THREADS);
+			opt_threads = (uint32_t)parse_u64("threads", optarg, 1, DUCK_MAX_THREADS, want);
+			break;
+		}
+		case 'I':
+			if ((opt_isa = dp_mlp_isa_parse(optarg)) < 0)
+				bad_option("isa", optarg, "auto, avx2 or portable");
+			break;
 		case 'b': opt_bind = optarg; break;
 		case 'p':
 			opt_base_port = (uint32_t)parse_u64("base-port", optarg, 1, 65535, "1..65535");
@@ -1646,6 +1758,7 @@ static void parse_args(int argc, char **argv)
 		case 'G': opt_no_gso = 1; break;
 		case 'R': opt_no_gro = 1; break;
 		case 'v': opt_verbose = 1; break;
+		case 'B': parse_bench(optarg); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
 		}
@@ -1690,10 +1803,11 @@ static void sock_buf(int fd, int force, int plain)
 		(void)setsockopt(fd, SOL_SOCKET, plain, &v, sizeof(v));
 }
 
-static void duck_open(struct duck *d, uint32_t i)
+static void duck_open(struct worker *w, struct duck *d, uint32_t i)
 {
 	char ip[INET_ADDRSTRLEN];
 	d->index = i;
+	d->rng = splitmix64(opt_seed + i) | 1; /* xorshift must not start at 0 */
 	d->id = (uint16_t)(opt_first_id + i);
 	d->addr.sin_family = AF_INET;
 	d->addr.sin_addr = g_ips[i];
@@ -1719,7 +1833,7 @@ static void duck_open(struct duck *d, uint32_t i)
 				       : "port in use?");
 	}
 	struct epoll_event ev = { .events = EPOLLIN, .data.u32 = i };
-	if (epoll_ctl(g_epfd, EPOLL_CTL_ADD, d->fd, &ev) < 0)
+	if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, d->fd, &ev) < 0)
 		die("epoll_ctl() failed for duck %u: %s", d->id, strerror(errno));
 
 	d->arena_len = (DUCK_INPUTS + DUCK_OUTPUTS) * g_msg_cap;
@@ -1730,6 +1844,44 @@ static void duck_open(struct duck *d, uint32_t i)
 		d->in[k].buf = d->arena + k * g_msg_cap;
 	for (uint32_t k = 0; k < DUCK_OUTPUTS; k++)
 		d->out[k].buf = d->arena + (DUCK_INPUTS + k) * g_msg_cap;
+}
+
+/* --threads, or every CPU this process may use; never more than cap (the ducks). */
+static uint32_t thread_count(uint32_t cap)
+{
+	uint32_t n = opt_threads;
+	if (!n) {
+		cpu_set_t set;
+		n = sched_getaffinity(0, sizeof(set), &set) == 0 ? (uint32_t)CPU_COUNT(&set) : 1;
+	}
+	return n < 1 ? 1 : n > cap ? cap : n;
+}
+
+/* Worker t of g_n_workers: its epoll and its buffers, in one mapping of its own. */
+static struct worker *worker_new(uint32_t t)
+{
+	struct worker *w = reserve(sizeof(*w));
+	if (!w)
+		die("cannot reserve %zu KiB for worker %u: %s", sizeof(*w) >> 10, t, strerror(errno));
+	w->index = t;
+	if ((w->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+		die("epoll_create1() failed for worker %u: %s", t, strerror(errno));
+	struct epoll_event ev = { .events = EPOLLIN, .data.u32 = DUCK_QUIT_TOKEN };
+	if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, g_quitfd, &ev) < 0)
+		die("epoll_ctl() failed for worker %u's eventfd: %s", t, strerror(errno));
+	if (!(w->x32 = reserve(g_xy_len)) || !(w->y32 = reserve(g_xy_len)))
+		die("cannot reserve %zu MiB of compute buffers for worker %u: %s",
+		    2 * g_xy_len >> 20, t, strerror(errno));
+	if (!(w->delayq = calloc(DUCK_DELAY_SLOTS, sizeof(*w->delayq))))
+		die("cannot allocate worker %u's delay queue", t);
+	for (uint32_t i = 0; i < DUCK_BURST; i++) {
+		w->rx_iov[i] = (struct iovec){ .iov_base = w->rx_buf[i], .iov_len = DUCK_RX_BUF };
+		w->rx_msg[i].msg_hdr.msg_name = &w->rx_src[i];
+		w->rx_msg[i].msg_hdr.msg_iov = &w->rx_iov[i];
+		w->rx_msg[i].msg_hdr.msg_iovlen = 1;
+		w->rx_msg[i].msg_hdr.msg_control = w->rx_ctl[i].buf;
+	}
+	return w;
 }
 
 static void setup(void)
@@ -1748,24 +1900,12 @@ static void setup(void)
 	if (g_msg_cap > DUCK_MAX_MSG)
 		g_msg_cap = DUCK_MAX_MSG;
 	g_msg_cap = (g_msg_cap + 4095) & ~(size_t)4095;
-	g_rng = splitmix64(opt_seed) | 1; /* xorshift must not start at 0 */
-
 	g_xy_len = 2 * g_msg_cap; /* float32 of the largest 2-byte message */
-	if (!(g_x32 = reserve(g_xy_len)) || !(g_y32 = reserve(g_xy_len)))
-		die("cannot reserve %zu MiB of compute buffers: %s", 2 * g_xy_len >> 20,
-		    strerror(errno));
-	if (!(delayq = calloc(DUCK_DELAY_SLOTS, sizeof(*delayq))))
-		die("cannot allocate the delay queue");
-	for (uint32_t i = 0; i < DUCK_BURST; i++) {
-		rx_iov[i] = (struct iovec){ .iov_base = rx_buf[i], .iov_len = DUCK_RX_BUF };
-		rx_msg[i].msg_hdr.msg_name = &rx_src[i];
-		rx_msg[i].msg_hdr.msg_iov = &rx_iov[i];
-		rx_msg[i].msg_hdr.msg_iovlen = 1;
-		rx_msg[i].msg_hdr.msg_control = rx_ctl[i].buf;
-	}
+	if (dp_mlp_set_isa(opt_isa) < 0) /* before any thread computes */
+		die("--isa %s: this CPU lacks it (it has %s)", dp_mlp_isa_name(opt_isa),
+		    dp_mlp_isa_name(dp_mlp_isa()));
 
-	if ((g_epfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
-		die("epoll_create1() failed: %s", strerror(errno));
+	/* blocked here, so in every thread created after: only the signalfd sees them */
 	sigset_t mask;
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGINT);
@@ -1773,8 +1913,16 @@ static void setup(void)
 	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0 ||
 	    (g_sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK)) < 0)
 		die("signalfd() failed: %s", strerror(errno));
+	if ((g_quitfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+		die("eventfd() failed: %s", strerror(errno));
+
+	g_n_workers = thread_count(opt_ducks);
+	if (!(g_workers = calloc(g_n_workers, sizeof(*g_workers))))
+		die("cannot allocate %u workers", g_n_workers);
+	for (uint32_t t = 0; t < g_n_workers; t++)
+		g_workers[t] = worker_new(t);
 	struct epoll_event ev = { .events = EPOLLIN, .data.u32 = DUCK_SIGNAL_TOKEN };
-	if (epoll_ctl(g_epfd, EPOLL_CTL_ADD, g_sigfd, &ev) < 0)
+	if (epoll_ctl(g_workers[0]->epfd, EPOLL_CTL_ADD, g_sigfd, &ev) < 0)
 		die("epoll_ctl() failed for the signalfd: %s", strerror(errno));
 
 	if (!(g_ducks = aligned_alloc(64, opt_ducks * sizeof(*g_ducks))))
@@ -1782,15 +1930,48 @@ static void setup(void)
 	memset(g_ducks, 0, opt_ducks * sizeof(*g_ducks));
 	for (uint32_t i = 0; i < opt_ducks; i++)
 		g_ducks[i].fd = -1;
-	for (uint32_t i = 0; i < opt_ducks; i++)
-		duck_open(&g_ducks[i], i);
+	for (uint32_t t = 0; t < g_n_workers; t++) {
+		struct worker *w = g_workers[t];
+		WORKER_DUCKS(i, w)
+			duck_open(w, &g_ducks[i], i);
+	}
 }
 
+/* Workers 1.. on threads of their own; worker 0 is the caller's. */
+static void workers_start(void)
+{
+	for (uint32_t t = 1; t < g_n_workers; t++) {
+		int e = pthread_create(&g_workers[t]->tid, NULL, worker_main, g_workers[t]);
+		if (e)
+			die("pthread_create() failed for worker %u of %u: %s (try --threads %u)", t,
+			    g_n_workers, strerror(e), t);
+		g_workers[t]->started = 1;
+		char name[16]; /* as top -H and /proc/PID/task/TID/comm show it */
+		snprintf(name, sizeof(name), "ducks-w%u", t % 10000); /* t < 1024 */
+		(void)pthread_setname_np(g_workers[t]->tid, name);
+	}
+}
+
+static void workers_join(void)
+{
+	for (uint32_t t = 1; t < g_n_workers; t++)
+		if (g_workers[t]->started)
+			pthread_join(g_workers[t]->tid, NULL);
+}
+
+/* Every worker's counters, summed (they are all joined: no one writes them now). */
 static void print_counters(void)
 {
+	struct duck_stats sum = { 0 };
+	for (uint32_t t = 0; t < g_n_workers; t++) {
+		const struct duck_stats *st = &g_workers[t]->stats;
+#define X(name) sum.name += st->name;
+		DUCK_COUNTERS(X)
+#undef X
+	}
 	const char *sep = "";
 #define X(name)                                                        \
-	fprintf(stderr, "%s" #name "=%" PRIu64, sep, stats.name); \
+	fprintf(stderr, "%s" #name "=%" PRIu64, sep, sum.name); \
 	sep = " ";
 	DUCK_COUNTERS(X)
 #undef X
@@ -1808,23 +1989,131 @@ static void teardown(void)
 			close(d->fd);
 	}
 	free(g_ducks);
-	munmap(g_x32, g_xy_len);
-	munmap(g_y32, g_xy_len);
-	free(g_scratch);
-	free(delayq);
+	for (uint32_t t = 0; t < g_n_workers; t++) {
+		struct worker *w = g_workers[t];
+		munmap(w->x32, g_xy_len);
+		munmap(w->y32, g_xy_len);
+		free(w->scratch);
+		free(w->delayq);
+		close(w->epfd);
+		munmap(w, sizeof(*w));
+	}
+	free(g_workers);
 	close(g_sigfd);
-	close(g_epfd);
+	close(g_quitfd);
+}
+
+/* --------------------------------------------------------------- kernel bench
+ *
+ * --bench H,C,R[,MS]: what the emulator's compute costs, without the network. Each of the
+ * --threads threads holds 8 experts of hidden H and C columns (one DeepSeek-V3 duck's bank:
+ * weights of their own, so as many bytes stream from memory as on ducks that are loaded)
+ * and runs dp_mlp_expert_rows on R rows through each in turn, for MS ms. One line out:
+ * the GFLOP/s of all threads together, counted as 2 x 3 x H x C per row and expert (gate,
+ * up, down; SiLU and the adds are not counted), and the weight bytes read per second. */
+
+#define BENCH_EXPERTS 8u
+
+struct bench_thread {
+	pthread_t tid;
+	pthread_barrier_t *start;
+	uint64_t calls;  /* expert passes done */
+	uint64_t ns;     /* how long they took */
+	int failed;
+};
+
+static void *bench_main(void *arg)
+{
+	struct bench_thread *b = arg;
+	const uint32_t hid = opt_bench[0], cols = opt_bench[1], rows = opt_bench[2];
+	const size_t per = (size_t)hid * cols;
+	float *w = aligned_alloc(64, 3 * per * BENCH_EXPERTS * sizeof(float)); /* as a layer's block */
+	float *x = malloc((size_t)rows * hid * sizeof(float));
+	float *y = calloc((size_t)rows * hid, sizeof(float));
+	float *scratch = malloc(dp_mlp_rows_scratch_floats(hid, cols) * sizeof(float));
+	if (!w || !x || !y || !scratch) {
+		b->failed = 1;
+		pthread_barrier_wait(b->start);
+		goto out;
+	}
+	for (size_t i = 0; i < 3 * per * BENCH_EXPERTS; i++) /* small, varied, no denormals */
+		w[i] = (float)((int)(i % 17) - 8) * 0x1p-10f;
+	for (size_t i = 0; i < (size_t)rows * hid; i++)
+		x[i] = (float)((int)(i % 13) - 6) * 0x1p-4f;
+	struct dp_mlp_expert ex[BENCH_EXPERTS];
+	for (uint32_t e = 0; e < BENCH_EXPERTS; e++)
+		ex[e] = (struct dp_mlp_expert){ .w_gate = w + 3 * per * e, .w_up = w + 3 * per * e + per,
+						.w_down = w + 3 * per * e + 2 * per, .hidden = hid,
+						.cols = cols, .ldb = cols };
+	pthread_barrier_wait(b->start);
+	uint64_t t0 = now_ns(), until = t0 + (uint64_t)opt_bench[3] * 1000000ull, t;
+	do {
+		for (uint32_t e = 0; e < BENCH_EXPERTS; e++)
+			dp_mlp_expert_rows(&ex[e], x, NULL, NULL, rows, y, NULL, scratch);
+		b->calls += BENCH_EXPERTS;
+	} while ((t = now_ns()) < until);
+	b->ns = t - t0;
+out:
+	free(w);
+	free(x);
+	free(y);
+	free(scratch);
+	return NULL;
+}
+
+static int bench_run(void)
+{
+	if (dp_mlp_set_isa(opt_isa) < 0)
+		die("--isa %s: this CPU lacks it (it has %s)", dp_mlp_isa_name(opt_isa),
+		    dp_mlp_isa_name(dp_mlp_isa()));
+	uint32_t n = thread_count(DUCK_MAX_THREADS);
+	struct bench_thread *th = calloc(n, sizeof(*th));
+	pthread_barrier_t start;
+	if (!th || pthread_barrier_init(&start, NULL, n))
+		die("cannot set up %u bench threads", n);
+	for (uint32_t t = 0; t < n; t++) {
+		th[t].start = &start;
+		if (t && (errno = pthread_create(&th[t].tid, NULL, bench_main, &th[t])))
+			die("pthread_create() failed for bench thread %u: %s", t, strerror(errno));
+	}
+	bench_main(&th[0]);
+	uint64_t calls = 0, ns = 0;
+	int failed = th[0].failed;
+	for (uint32_t t = 0; t < n; t++) {
+		if (t)
+			pthread_join(th[t].tid, NULL);
+		failed |= th[t].failed;
+		calls += th[t].calls;
+		ns = th[t].ns > ns ? th[t].ns : ns; /* the slowest thread's time: all ran together */
+	}
+	pthread_barrier_destroy(&start);
+	free(th);
+	if (failed)
+		die("--bench: cannot allocate %" PRIu64 " MiB of weights per thread",
+		    (uint64_t)3 * opt_bench[0] * opt_bench[1] * BENCH_EXPERTS * 4 >> 20);
+	const double s = (double)ns * 1e-9, per = (double)opt_bench[0] * opt_bench[1];
+	const double passes = (opt_bench[2] + DP_MLP_GATHER_ROWS - 1) / DP_MLP_GATHER_ROWS;
+	printf(PROG " bench: isa=%s threads=%u hidden=%u cols=%u rows=%u experts=%u "
+		    "expert_calls=%" PRIu64 " seconds=%.3f gflops=%.3f weight_gbytes_per_s=%.3f\n",
+	       dp_mlp_isa_name(dp_mlp_isa()), n, opt_bench[0], opt_bench[1], opt_bench[2],
+	       BENCH_EXPERTS, calls, s, (double)calls * 6.0 * per * opt_bench[2] / s * 1e-9,
+	       (double)calls * passes * 3.0 * per * 4.0 / s * 1e-9);
+	return 0;
 }
 
 int main(int argc, char **argv)
 {
 	parse_args(argc, argv);
+	if (opt_bench[0])
+		return bench_run();
 	setup();
+	workers_start(); /* before the ready line: a reader of it finds every thread there */
 	printf(PROG ": %u ducks, ids %u..%u, on %s:%u..%u (pid %d)\n", opt_ducks, opt_first_id,
 	       opt_first_id + opt_ducks - 1, opt_bind, opt_base_port,
 	       opt_base_port + opt_ducks - 1, (int)getpid());
 	fflush(stdout);
-	main_loop();
+	worker_main(g_workers[0]);
+	workers_join();
 	print_counters();
 	teardown();
 	return 0;

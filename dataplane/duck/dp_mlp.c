@@ -15,8 +15,17 @@
  * Vectors are written with GCC's vector extension rather than left to the
  * auto-vectoriser: gcc 12 at -O2 uses the "very cheap" cost model, which
  * refuses any loop that needs a remainder, so plain loops stay scalar there.
- * On x86-64 the products are also cloned for x86-64-v3 (AVX2 + FMA), chosen at
- * load time; elsewhere the same code maps to whatever vectors the target has.
+ *
+ * Two instances of every hot loop (the products, add_row, the float16/bfloat16
+ * widening, the FP8 dequantization), as dp_reduce.h has: `portable`, the same code
+ * compiled for the build's baseline (SSE2 on x86-64; whatever vectors another target
+ * has), and on x86-64 `avx2`, compiled by attribute for AVX2 + FMA + F16C. One is
+ * chosen at run time (dp_mlp_set_isa; by default the best the CPU has) rather than by
+ * target_clones' ifunc: a test and the emulator's --isa can then run either, and the
+ * choice needs no resolver running before ThreadSanitizer's runtime is up. The two
+ * differ in rounding only where FMA fuses a product into its sum (same order of
+ * summation); conversions and the dequantization are exact in both
+ * (tests/test_mlp_isa.c).
  */
 #include <math.h>
 #include <string.h>
@@ -25,20 +34,18 @@
 #include "dp_f16.h"
 #include "dp_fp8.h"
 #include "dp_mlp.h"
+#include "dp_reduce.h" /* dp_widen8_avx2 */
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #include <immintrin.h>
-#define DP_MLP_F16C 1
-#endif
-
-/* Not under ThreadSanitizer: the clones' ifunc resolver runs while the loader relocates,
- * before the TSan runtime is up, and its instrumented entry crashes the program there. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-	!defined(__SANITIZE_THREAD__)
-#define DP_MLP_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define DP_MLP_X86 1
+/* GCC's default tuning splits unaligned 256-bit loads in two (as dp_reduce.h says) */
+#if defined(__clang__)
+#define DP_MLP_AVX2 __attribute__((target("avx2,fma,f16c")))
 #else
-#define DP_MLP_CLONES
+#define DP_MLP_AVX2 __attribute__((target("avx2,fma,f16c,tune=haswell")))
+#endif
 #endif
 
 #define DP_MLP_VEC 8u             /* floats per vector */
@@ -53,69 +60,117 @@ typedef float dp_v8f __attribute__((vector_size(DP_MLP_VEC * sizeof(float))));
 #define V8_STORE(p, src) memcpy((p), &(src), sizeof(dp_v8f))
 #define V8_SPLAT(a) ((dp_v8f){ (a), (a), (a), (a), (a), (a), (a), (a) })
 
-#ifdef DP_MLP_F16C
-/* Chosen at run time rather than cloned: the intrinsics need the target in the
- * function's own attribute. VCVTPH2PS is exact, as the scalar conversion. */
-__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *dst, const uint8_t *src,
-								 size_t n)
+/* ------------------------------------------------------------- which kernels */
+
+static int g_isa; /* enum dp_mlp_isa, resolved (never AUTO once set); 0: not asked yet */
+
+/* AVX2, FMA (__builtin_cpu_supports) and F16C with the OS saving the YMM registers (CPUID
+ * directly: clang 16's __builtin_cpu_supports knows no "f16c"). */
+static int cpu_has_avx2(void)
+{
+#ifdef DP_MLP_X86
+	unsigned a, b, c, d;
+	__builtin_cpu_init();
+	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+		return 0;
+	return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1) && (c >> 28 & 1);
+#else
+	return 0;
+#endif
+}
+
+int dp_mlp_set_isa(int isa)
+{
+	if (isa == DP_MLP_ISA_AUTO)
+		isa = cpu_has_avx2() ? DP_MLP_ISA_AVX2 : DP_MLP_ISA_PORTABLE;
+	if (isa != DP_MLP_ISA_PORTABLE && (isa != DP_MLP_ISA_AVX2 || !cpu_has_avx2()))
+		return -1;
+	__atomic_store_n(&g_isa, isa, __ATOMIC_RELAXED);
+	return 0;
+}
+
+int dp_mlp_isa(void)
+{
+	/* relaxed: threads that race to resolve it store the same value */
+	int isa = __atomic_load_n(&g_isa, __ATOMIC_RELAXED);
+	if (!isa) {
+		dp_mlp_set_isa(DP_MLP_ISA_AUTO);
+		isa = __atomic_load_n(&g_isa, __ATOMIC_RELAXED);
+	}
+	return isa;
+}
+
+const char *dp_mlp_isa_name(int isa)
+{
+	switch (isa) {
+	case DP_MLP_ISA_AUTO: return "auto";
+	case DP_MLP_ISA_PORTABLE: return "portable";
+	case DP_MLP_ISA_AVX2: return "avx2";
+	default: return "?";
+	}
+}
+
+int dp_mlp_isa_parse(const char *name)
+{
+	for (int isa = DP_MLP_ISA_AUTO; isa <= DP_MLP_ISA_AVX2; isa++)
+		if (!strcmp(name, dp_mlp_isa_name(isa)))
+			return isa;
+	return -1;
+}
+
+#ifdef DP_MLP_X86
+#define USE_AVX2() (dp_mlp_isa() == DP_MLP_ISA_AVX2)
+#else
+#define USE_AVX2() 0
+#endif
+
+/* ---------------------------------------------------------------- conversions */
+
+/* n 2-byte values (float16 or bfloat16) at src, any alignment, one at a time. */
+static void half_to_f32_portable(float *dst, const uint8_t *src, size_t n, uint8_t dtype)
+{
+	for (size_t i = 0; i < n; i++) { /* bfloat16: a shift and a store, GCC vectorizes it */
+		uint16_t v;
+		memcpy(&v, src + 2 * i, 2);
+		dst[i] = dp_half_to_f32(v, dtype);
+	}
+}
+
+#ifdef DP_MLP_X86
+/* Eight at a time: VCVTPH2PS (float16, exact as the scalar conversion) or zero-extension
+ * and a shift into the top half (bfloat16), dp_reduce.h's dp_widen8_avx2. */
+DP_MLP_AVX2 static void half_to_f32_avx2(float *dst, const uint8_t *src, size_t n,
+					 uint8_t dtype)
 {
 	size_t i = 0;
 	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const void *)(src + 2 * i))));
-	for (; i < n; i++) {
-		uint16_t v;
-		memcpy(&v, src + 2 * i, 2);
-		dst[i] = dp_f16_to_f32(v);
-	}
+		_mm256_storeu_ps(dst + i, dp_widen8_avx2(src + 2 * i, dtype));
+	half_to_f32_portable(dst + i, src + 2 * i, n - i, dtype);
 }
 #endif
 
-#ifdef DP_MLP_F16C
-/* F16C (CPUID leaf 1, ECX bit 29) and AVX (bit 28), asked once: clang 16's
- * __builtin_cpu_supports knows no "f16c", so CPUID directly. */
-static int has_f16c(void)
+static void half_to_f32(float *dst, const void *src, size_t n, uint8_t dtype)
 {
-	static int known = -1;
-	if (known < 0) {
-		unsigned a, b, c, d;
-		known = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1) && (c >> 28 & 1);
-	}
-	return known;
-}
-#endif
-
-void dp_mlp_f16_to_f32(float *dst, const void *src, size_t n)
-{
-	const uint8_t *p = src;
-#ifdef DP_MLP_F16C
-	if (has_f16c()) {
-		f16_to_f32_f16c(dst, p, n);
+#ifdef DP_MLP_X86
+	if (USE_AVX2()) {
+		half_to_f32_avx2(dst, src, n, dtype);
 		return;
 	}
 #endif
-	for (size_t i = 0; i < n; i++) {
-		uint16_t v;
-		memcpy(&v, p + 2 * i, 2);
-		dst[i] = dp_f16_to_f32(v);
-	}
+	half_to_f32_portable(dst, src, n, dtype);
+}
+
+void dp_mlp_f16_to_f32(float *dst, const void *src, size_t n)
+{
+	half_to_f32(dst, src, n, DP_DTYPE_F16);
 }
 
 void dp_mlp_to_f32(float *dst, const void *src, size_t n, uint8_t dtype)
 {
-	const uint8_t *p = src;
-	if (dtype == DP_DTYPE_F32) {
+	if (dtype == DP_DTYPE_F32)
 		memcpy(dst, src, 4 * n);
-		return;
-	}
-	if (dtype != DP_DTYPE_BF16) {
-		dp_mlp_f16_to_f32(dst, src, n);
-		return;
-	}
-	for (size_t i = 0; i < n; i++) { /* a shift and a store: GCC vectorizes it */
-		uint16_t v;
-		memcpy(&v, p + 2 * i, 2);
-		dst[i] = dp_bf16_to_f32(v);
-	}
+	else /* float16, or bfloat16 */
+		half_to_f32(dst, src, n, dtype == DP_DTYPE_BF16 ? DP_DTYPE_BF16 : DP_DTYPE_F16);
 }
 
 uint64_t dp_mlp_tensor_len(uint8_t kind, uint32_t hidden, uint32_t ffn, unsigned t)
@@ -251,8 +306,8 @@ axpy1(float *restrict c0, float a0, const float *restrict bk, uint32_t n)
 }
 
 /* Streaming order: B front to back, once per four rows of C. */
-DP_MLP_CLONES
-static void gemm_stream(const float *restrict a, size_t lda, uint32_t rows,
+static inline __attribute__((always_inline)) void
+gemm_stream_body(const float *restrict a, size_t lda, uint32_t rows,
 			const float *restrict b, size_t ldb, uint32_t k_len, uint32_t n,
 			const float *restrict bias, float *restrict c, size_t ldc)
 {
@@ -276,8 +331,8 @@ static void gemm_stream(const float *restrict a, size_t lda, uint32_t rows,
 }
 
 /* Register-blocked order: C[rows x n] (rows ldc apart) = bias + A . B. */
-DP_MLP_CLONES
-static void gemm_blocked(const float *restrict a, size_t lda, uint32_t rows, const float *restrict b,
+static inline __attribute__((always_inline)) void
+gemm_blocked_body(const float *restrict a, size_t lda, uint32_t rows, const float *restrict b,
 			 size_t ldb, uint32_t k_len, uint32_t n, const float *restrict bias,
 			 float *restrict c, size_t ldc)
 {
@@ -301,16 +356,38 @@ static void gemm_blocked(const float *restrict a, size_t lda, uint32_t rows, con
 		}
 }
 
+#define GEMM_ARGS                                                                          \
+	const float *restrict a, size_t lda, uint32_t rows, const float *restrict b, size_t ldb, \
+		uint32_t k_len, uint32_t n, const float *restrict bias, float *restrict c, size_t ldc
+#define GEMM_PASS a, lda, rows, b, ldb, k_len, n, bias, c, ldc
+
+/* The instances: the same bodies, compiled for the baseline and for AVX2 + FMA (where
+ * GCC fuses `c += a * b` into one VFMADD: -ffp-contract=fast is GNU C's default). */
+static void gemm_stream_portable(GEMM_ARGS) { gemm_stream_body(GEMM_PASS); }
+static void gemm_blocked_portable(GEMM_ARGS) { gemm_blocked_body(GEMM_PASS); }
+#ifdef DP_MLP_X86
+DP_MLP_AVX2 static void gemm_stream_avx2(GEMM_ARGS) { gemm_stream_body(GEMM_PASS); }
+DP_MLP_AVX2 static void gemm_blocked_avx2(GEMM_ARGS) { gemm_blocked_body(GEMM_PASS); }
+#endif
+
 /* C[rows x n] (rows ldc apart) = bias + A[rows x k] (rows lda apart) . B[k x n] (rows ldb
  * apart: n columns of a wider matrix, as an expert's columns of a MoE bank). */
-static void gemm_ld(const float *restrict a, size_t lda, uint32_t rows, const float *restrict b,
-		    size_t ldb, uint32_t k_len, uint32_t n, const float *restrict bias,
-		    float *restrict c, size_t ldc)
+static void gemm_ld(GEMM_ARGS)
 {
-	if (rows < DP_MLP_STREAM_ROWS)
-		gemm_stream(a, lda, rows, b, ldb, k_len, n, bias, c, ldc);
+	const int stream = rows < DP_MLP_STREAM_ROWS;
+#ifdef DP_MLP_X86
+	if (USE_AVX2()) {
+		if (stream)
+			gemm_stream_avx2(GEMM_PASS);
+		else
+			gemm_blocked_avx2(GEMM_PASS);
+		return;
+	}
+#endif
+	if (stream)
+		gemm_stream_portable(GEMM_PASS);
 	else
-		gemm_blocked(a, lda, rows, b, ldb, k_len, n, bias, c, ldc);
+		gemm_blocked_portable(GEMM_PASS);
 }
 
 /* The same with B[k x n] whole (rows n apart). */
@@ -353,8 +430,8 @@ size_t dp_mlp_rows_scratch_floats(uint32_t hidden, uint32_t cols)
 }
 
 /* y[0..n) += x[0..n) */
-DP_MLP_CLONES
-static void add_row(float *restrict y, const float *restrict x, uint32_t n)
+static inline __attribute__((always_inline)) void
+add_row_body(float *restrict y, const float *restrict x, uint32_t n)
 {
 	uint32_t n_vec = n - n % DP_MLP_VEC, j = 0;
 	for (; j < n_vec; j += DP_MLP_VEC) {
@@ -366,6 +443,29 @@ static void add_row(float *restrict y, const float *restrict x, uint32_t n)
 	}
 	for (; j < n; j++)
 		y[j] += x[j];
+}
+
+static void add_row_portable(float *restrict y, const float *restrict x, uint32_t n)
+{
+	add_row_body(y, x, n);
+}
+
+#ifdef DP_MLP_X86
+DP_MLP_AVX2 static void add_row_avx2(float *restrict y, const float *restrict x, uint32_t n)
+{
+	add_row_body(y, x, n);
+}
+#endif
+
+static void add_row(float *restrict y, const float *restrict x, uint32_t n)
+{
+#ifdef DP_MLP_X86
+	if (USE_AVX2()) {
+		add_row_avx2(y, x, n);
+		return;
+	}
+#endif
+	add_row_portable(y, x, n);
 }
 
 int dp_mlp_bank_block(const struct dp_mlp_shard *s, uint32_t b, struct dp_mlp_expert *e)
@@ -465,6 +565,39 @@ static uint64_t fp8_block_end(uint64_t c, uint32_t experts, uint32_t expert_ffn)
 	return routed + ((c - routed) / DP_FP8_BLOCK + 1) * DP_FP8_BLOCK;
 }
 
+/* o[0..k) = q's e4m3 values times sc: one float32 product each, as weight_dequant. */
+static void fp8_run_portable(float *o, const uint8_t *q, uint64_t k, const float *lut, float sc)
+{
+	for (uint64_t j = 0; j < k; j++)
+		o[j] = lut[q[j]] * sc;
+}
+
+#ifdef DP_MLP_X86
+/* Eight at a time: the bytes widened to indices, the table gathered, the same product. */
+DP_MLP_AVX2 static void fp8_run_avx2(float *o, const uint8_t *q, uint64_t k, const float *lut,
+				     float sc)
+{
+	const __m256 s8 = _mm256_set1_ps(sc);
+	uint64_t j = 0;
+	for (; j + 8 <= k; j += 8) {
+		__m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)(q + j)));
+		_mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_i32gather_ps(lut, idx, 4), s8));
+	}
+	fp8_run_portable(o + j, q + j, k - j, lut, sc);
+}
+#endif
+
+static void fp8_run(float *o, const uint8_t *q, uint64_t k, const float *lut, float sc)
+{
+#ifdef DP_MLP_X86
+	if (USE_AVX2()) {
+		fp8_run_avx2(o, q, k, lut, sc);
+		return;
+	}
+#endif
+	fp8_run_portable(o, q, k, lut, sc);
+}
+
 void dp_mlp_fp8_dequant(const struct dp_mlp_shard *s, unsigned t, const uint8_t *w,
 			const float *scale, uint64_t first, uint64_t n, float *dst)
 {
@@ -492,11 +625,7 @@ void dp_mlp_fp8_dequant(const struct dp_mlp_shard *s, unsigned t, const uint8_t 
 		uint64_t k = (stop < cols ? stop : cols) - c;
 		if (k > end - i)
 			k = end - i;
-		const float sc = scale[at];
-		float *o = dst + (i - first);
-		const uint8_t *q = w + i;
-		for (uint64_t j = 0; j < k; j++)
-			o[j] = lut[q[j]] * sc; /* one float32 product, as weight_dequant */
+		fp8_run(dst + (i - first), w + i, k, lut, scale[at]);
 		i += k;
 	}
 }

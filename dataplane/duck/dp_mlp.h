@@ -50,6 +50,20 @@ struct dp_mlp_expert {
 	size_t ldb;
 };
 
+/* Which instance of the kernels runs (dp_mlp.c): PORTABLE, the code compiled for the
+ * build's baseline (SSE2 vectors on x86-64), or AVX2 (x86-64 with AVX2, FMA and F16C).
+ * AUTO: the best the CPU has, what every kernel uses until told otherwise. */
+enum dp_mlp_isa { DP_MLP_ISA_AUTO = 0, DP_MLP_ISA_PORTABLE = 1, DP_MLP_ISA_AVX2 = 2 };
+
+/* Use `isa` (enum dp_mlp_isa) from now on, for every thread: 0, or -1 when the CPU (or the
+ * build's target) lacks it, nothing changed. Call it before threads compute. */
+int dp_mlp_set_isa(int isa);
+/* The instance in use (never AUTO). */
+int dp_mlp_isa(void);
+/* "auto", "portable", "avx2"; and back (-1 for another name). */
+const char *dp_mlp_isa_name(int isa);
+int dp_mlp_isa_parse(const char *name);
+
 /* dst[0..n) = the float16 values at src (n of them, any alignment), exactly as
  * dp_f16_to_f32 gives them; with F16C eight at a time (a float16 load's weights went
  * through libgcc's __extendhfsf2 one by one: a third of the emulator's CPU). */

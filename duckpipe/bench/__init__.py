@@ -7,7 +7,9 @@ Sections, one module each: :mod:`.ipc` (the handoff against IPC baselines),
 DPDK or hugepages), :mod:`.moe` (a mixture-of-experts layer broadcast, unicast and
 as a dense baseline; then, :mod:`.moe_floor`, duckpipe's routed sends against the C
 floor ``duckpipe-floor --moe``), :mod:`.decode` (a DeepSeek-V3-shaped decode step
-through N layers, one and two micro-batches in flight). Markdown
+through N layers, one and two micro-batches in flight); on request only (not in
+``all``), :mod:`.emulator` (the duck emulator's compute rate against numpy's float32
+matmul). Markdown
 tables go to stdout, progress to stderr, ``bench.json`` (and PNG plots when
 matplotlib is installed: ``pip install 'duckpipe[bench]'``) into ``--out``. With
 ``--doc`` (``docs/benchmarks.md``) each section that ran replaces its own block of that
@@ -125,6 +127,10 @@ def run(
                 from . import decode as decode_bench
 
                 new = decode_bench.run(size, quiet=quiet, **(decode or {}))
+            elif name == "emulator":  # not in SECTIONS (not in `all`): on request
+                from . import emulator
+
+                new = emulator.run(size, quiet=quiet)
             else:
                 raise ValueError(name)
             seconds[name] = round(time.monotonic() - t0, 1)
@@ -187,8 +193,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "section",
         nargs="?",
         default="all",
-        choices=(*SECTIONS, "all"),
-        help="which benchmark (default all)",
+        choices=(*SECTIONS, "emulator", "all"),
+        help="which benchmark (default all; emulator: the duck emulator's compute rate "
+        "against numpy, on request only)",
     )
     g = b.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="small sizes, under 5 minutes on 2 cores")

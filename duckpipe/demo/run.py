@@ -492,8 +492,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--emulators",
         type=int,
-        default=min(2, os.cpu_count() or 1),
-        help="duck emulator processes (one thread each; default: up to 2 cores)",
+        default=1,
+        help="duck emulator processes (default 1: its threads compute the ducks on every "
+        "CPU it may use; several share those CPUs out)",
     )
     p.add_argument(
         "--backend",

@@ -6,6 +6,7 @@ free on loopback, so several clusters (and tests) can run side by side.
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from collections.abc import Mapping, Sequence
@@ -43,8 +44,10 @@ class Cluster:
     ``groups`` splits the ducks over several emulator processes, each with its
     own extra arguments (fault knobs): e.g. ``[(3, []), (1, ["--stop-after", "0"])]``.
     ``nics`` > 1 spreads the ducks over that many loopback "NICs" (one host port each).
-    ``emulators`` > 1 splits the ducks over that many emulator processes (one thread
-    each), so that their compute can use more than one core. ``mtu`` is every loopback
+    ``emulators`` > 1 splits the ducks over that many emulator processes; one emulator
+    already computes its ducks on every CPU it may use (``--threads``), so several share
+    those CPUs out: each gets ``--threads`` CPUs // ``emulators`` (at least 1) unless
+    ``duck_args`` names its own. ``mtu`` is every loopback
     NIC's (the ducks' partials are cut to it too: pass ``duck_args=["--mtu", ...]``).
     ``nic_settings`` go to every NIC (e.g. ``{"gro": False}``); ``settings`` to the topology.
     """
@@ -61,9 +64,12 @@ class Cluster:
         nic_settings: Mapping[str, object] | None = None,
         **settings: object,
     ) -> None:
-        if groups is None:  # split evenly over `emulators` processes (each is one thread)
+        if groups is None:  # split evenly over `emulators` processes
             share = [ducks // emulators + (i < ducks % emulators) for i in range(emulators)]
-            groups = [(n, list(duck_args)) for n in share if n]
+            args = list(duck_args)
+            if emulators > 1 and "--threads" not in args:  # not emulators x CPUs threads
+                args += ["--threads", str(max(1, len(os.sched_getaffinity(0)) // emulators))]
+            groups = [(n, args) for n in share if n]
         self.groups = list(groups)
         self.ducks = sum(n for n, _ in self.groups)
         base = free_udp_ports(self.ducks + nics)

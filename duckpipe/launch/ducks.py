@@ -1,6 +1,7 @@
 """Run the duck emulator ``duckpipe-ducks`` as a child process, and the ``duckpipe ducks`` command.
 
-``duckpipe-ducks`` emulates up to 32 ducks in one process: duck ``i`` has id
+``duckpipe-ducks`` emulates up to 32 ducks in one process (on ``--threads`` worker threads,
+by default one per CPU it may use, each computing its own group of ducks): duck ``i`` has id
 ``first_id + i`` and listens on UDP ``bind[i]:base_port + i``. It speaks the wire
 protocol of :mod:`duckpipe.schema.wire` and computes real MLP shards::
 
@@ -235,6 +236,18 @@ _OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--stop-after", {"type": int, "help": "fault: stop answering after N computed forwards"}),
     ("--restart-after", {"type": int, "help": "fault: forget all layers after N forwards"}),
     ("--seed", {"type": int, "help": "seed of --drop"}),
+    (
+        "--threads",
+        {
+            "type": int,
+            "help": "worker threads, each computing its own group of ducks "
+            "(default: every CPU it may use)",
+        },
+    ),
+    (
+        "--isa",
+        {"choices": ("auto", "avx2", "portable"), "help": "the compute kernels (default auto)"},
+    ),
 )
 
 
