@@ -330,9 +330,11 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         "wire, both from the slot in place (no staging area): one duck's message, not "
         "their sum, is held to max_forward_bytes (64 MiB by default).",
     ]
-    from . import moe_floor  # the floor table: its own ducks and dataplane
+    from . import emulator, moe_floor  # the floor: its own ducks and dataplane
 
-    return [table, shared_table, *moe_floor.run(size, quiet=quiet)]
+    # what the ducks' compute is worth here: the emulator's expert kernel beside numpy's
+    # float32 matmul on the same machine (issue 29.5), to read the tables above by
+    return [table, shared_table, *moe_floor.run(size, quiet=quiet), *emulator.run(size, quiet=quiet)]
 
 
 def _measure_shared(client, cfg: Config, prog, batches, placement, moe, every, table) -> None:

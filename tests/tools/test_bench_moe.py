@@ -143,6 +143,12 @@ def test_bench_moe_quick_has_every_mode_column_and_a_checked_result(tmp_path: Pa
             assert r["p50_vs_floor"] == r["p99_vs_floor"] == r["cpu_vs_floor"] == 1.0
         else:
             assert r["moe_bytes_per_call"] > 0 and r["timeouts_per_call"] == 0, r
+    # and what the ducks' compute is worth on this machine: the emulator beside numpy
+    em = table(doc, "emulator")
+    assert_markdown(stdout, em["title"], em["columns"])
+    assert {r["rows"] for r in em["rows"]} == {1, 8, 32}
+    for r in em["rows"]:
+        assert r["gflops"] > 0 and r["numpy_gflops"] > 0 and r["vs_numpy"] > 0, r
     print(f"bench moe --quick took {took:.1f} s")
 
 
