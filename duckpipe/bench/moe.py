@@ -334,7 +334,12 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
 
     # what the ducks' compute is worth here: the emulator's expert kernel beside numpy's
     # float32 matmul on the same machine (issue 29.5), to read the tables above by
-    return [table, shared_table, *moe_floor.run(size, quiet=quiet), *emulator.run(size, quiet=quiet)]
+    return [
+        table,
+        shared_table,
+        *moe_floor.run(size, quiet=quiet),
+        *emulator.run(size, quiet=quiet),
+    ]
 
 
 def _measure_shared(client, cfg: Config, prog, batches, placement, moe, every, table) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pytest
+from free_ducks import start_ducks
 
 from duckpipe._abi import ffi
 from duckpipe.client import routing
@@ -249,21 +250,6 @@ def assert_close(got: np.ndarray, want: np.ndarray, rtol: float) -> None:
 
 
 # ----------------------------------------------------------------------- fixtures
-
-
-def start_ducks(ducks: int, args: Sequence[str] = ()) -> DucksProcess:
-    last: DuckpipeError | None = None
-    for _ in range(20):
-        proc = DucksProcess(
-            ducks=ducks, base_port=random.randrange(40000, 60000 - ducks), args=args
-        )
-        try:
-            return proc.start()
-        except DuckpipeError as e:
-            if "port in use?" not in str(e):
-                raise
-            last = e
-    raise AssertionError(f"no free ports found: {last}")
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pytest
+from free_ducks import start_ducks
 
 from duckpipe.client.models import dtype_code, duck_partial
 from duckpipe.errors import DuckpipeError
@@ -69,28 +70,12 @@ class Host:
         return [decode(self.sock.recvfrom(65536)[0]) for _ in range(n)]
 
 
-def start(ducks: int, args: Sequence[str]) -> DucksProcess:
-    """An emulator on a random free run of ports (retried if one is taken)."""
-    last: DuckpipeError | None = None
-    for _ in range(20):
-        proc = DucksProcess(
-            ducks=ducks, base_port=random.randrange(40000, 60000 - ducks), args=args
-        )
-        try:
-            return proc.start()
-        except DuckpipeError as e:
-            if "port in use?" not in str(e):
-                raise
-            last = e
-    raise AssertionError(f"no free ports found: {last}")
-
-
 @pytest.fixture
 def make_ducks() -> Iterator:
     procs: list[DucksProcess] = []
 
     def make(ducks: int, args: Sequence[str] = ()) -> DucksProcess:
-        procs.append(start(ducks, args))
+        procs.append(start_ducks(ducks, args))
         return procs[-1]
 
     yield make

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
+from free_ducks import start_ducks
 
 from duckpipe._abi import ffi
 from duckpipe.client.models import (
@@ -201,21 +202,6 @@ class Host:
 
 
 # ----------------------------------------------------------------------- fixtures
-
-
-def start_ducks(ducks: int = 1, args: Sequence[str] = (), first_id: int = 0) -> DucksProcess:
-    """A DucksProcess on a random free run of ports (retried if one is taken)."""
-    last: DuckpipeError | None = None
-    for _ in range(20):
-        base = random.randrange(40000, 60000 - ducks)
-        proc = DucksProcess(ducks=ducks, base_port=base, first_id=first_id, args=args)
-        try:
-            return proc.start()
-        except DuckpipeError as e:
-            if "port in use?" not in str(e):
-                raise
-            last = e
-    raise AssertionError(f"no free ports found: {last}")
 
 
 @pytest.fixture(scope="module")
