@@ -90,9 +90,12 @@ static void park(struct runner *r, int64_t cap)
 	dp_idle_reset(&r->idle);
 }
 
-/* A park and the wake-up after it cost about this much CPU on the development VM (25 us
- * a park, idle_spin_us=0, 8 ducks): spinning for less is cheaper than parking. */
-#define PARK_MIN_NS 30000
+/* The shortest park until replies are due worth taking. A park and its wake-up cost
+ * about 25-30 us of CPU on the development VM, but on a loaded shared core the wake-up
+ * can come later than the replies: parks of 50-150 us (a one-token routed forward to 8
+ * or 32 ducks) cost its p50 1.0 -> 1.4-1.7x the floor's for 10-20 % of the CPU; from
+ * 8 tokens (parks of a millisecond and more) the p50 did not move. */
+#define PARK_MIN_NS 250000
 
 /* Right after a send, rather than spin while the ducks compute (a forward of one token
  * to 8 ducks: about 110 us of sched_yield a call, most of the dataplane's CPU) or park

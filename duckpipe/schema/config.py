@@ -71,7 +71,7 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     # until a doorbell, a datagram or the next timer wakes it
     idle_spin_us: Annotated[int, Meta(ge=0, le=1_000_000)] = 50
     # backoff: after a send whose replies the ducks' measured reply times put further off
-    # than idle_spin_us + 30 us, park until idle_spin_us before they are due, the NIC's
+    # than idle_spin_us + 250 us, park until idle_spin_us before they are due, the NIC's
     # socket unheard (its early replies wait in the socket), instead of spinning or
     # waking for each (dp_main.c)
     idle_expect: bool = True
