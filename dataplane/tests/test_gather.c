@@ -189,7 +189,7 @@ static uint32_t partial(struct dp_fwd *f, uint32_t duck, uint32_t cut, uint32_t 
 	h.rows = f->rows;
 	for (uint32_t i = 0; i < h.length / 4; i++)
 		vals[i] = value(duck, (uint32_t)(h.offset / 4) + i);
-	return dp_gather_on_partial(&view, f, &h, (const uint8_t *)vals, duck, now);
+	return dp_gather_on_partial(&view, f, &h, (const uint8_t *)vals, duck, 0, now);
 }
 
 /* duck's whole partial on the activation's grid; the last call's status. */

@@ -7,6 +7,8 @@
     idle = "backoff"              # spin | yield | backoff (spin, yield, then park on wake-ups)
     idle_spin_us = 50             # backoff: spin this long after the last work (by yielding
                                   # when `cores` did not pin the runner), yield as long, park
+    idle_expect = true            # backoff: park (no spin) until idle_spin_us before the
+                                  # ducks' replies are due by their measured reply times
     completion_flush_us = 500     # ZeroMQ completions leave together, at most this late
     default_timeout_ms = 1000     # a forward's deadline unless the client sets one
     client_max_inflight = 64      # per client: forwards in flight (more wait in its ring)
@@ -115,6 +117,7 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
     cores: list[Annotated[int, Meta(ge=0)]] = []
     idle: Literal["spin", "yield", "backoff"] = "backoff"
     idle_spin_us: Annotated[int, Meta(ge=0, le=1_000_000)] = default("idle_spin_us")
+    idle_expect: bool = default("idle_expect")
     completion_flush_us: Annotated[int, Meta(ge=0, le=1_000_000)] = default("completion_flush_us")
     default_timeout_ms: Annotated[float, Meta(gt=0)] = default("default_timeout_us") / 1000
     nack_us: Annotated[int, Meta(ge=100)] = default("nack_us")

@@ -70,6 +70,11 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     # the runner: a client it woke there runs first), then yield as long again, then park
     # until a doorbell, a datagram or the next timer wakes it
     idle_spin_us: Annotated[int, Meta(ge=0, le=1_000_000)] = 50
+    # backoff: after a send whose replies the ducks' measured reply times put further off
+    # than idle_spin_us + 250 us, park until idle_spin_us before they are due, the NIC's
+    # socket unheard (its early replies wait in the socket), instead of spinning or
+    # waking for each (dp_main.c)
+    idle_expect: bool = True
     # ZeroMQ completions wait up to this long to leave together (32 at most): each send
     # wakes both sides' ZeroMQ I/O threads, and result() needs nothing from them
     completion_flush_us: Annotated[int, Meta(ge=0, le=1_000_000)] = 500

@@ -234,6 +234,10 @@ COUNTERS: tuple[Counter, ...] = (
         "moe_copied_bytes",
         "MoE: activation bytes copied to be sent (rows sent from the slot in place: 0)",
     ),
+    Counter(
+        "parks_expecting",
+        "of parks, those until forwards' replies were due, their NICs unheard (idle_expect)",
+    ),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

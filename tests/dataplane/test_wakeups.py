@@ -546,3 +546,35 @@ def test_a_runner_kept_from_sleeping_still_answers_control(duckpipe_null_factory
         for s in peers:
             s.close()
         ctx.term()
+
+
+@pytest.mark.parametrize("expect", [True, False])
+def test_a_worker_parks_until_its_ducks_replies_are_due(duckpipe_cluster_factory, expect):
+    # Ducks that answer 10 ms late: once their reply times are measured, the runner
+    # sleeps after each send, the NIC's socket unheard, until idle_spin_us before the
+    # replies are due (parks_expecting), instead of spinning and then parking until the
+    # replies wake it. The first forward measures them (nack_us past the delay: a NACKed
+    # duck gives no sample, Karn's rule). idle_expect=false: never.
+    cl = duckpipe_cluster_factory(
+        2, duck_args=["--delay-us", "10000"], nack_us=40_000, idle_expect=expect
+    )
+    mlp = GeluMlp.random(HIDDEN, FFN, seed=3)
+    rng = np.random.default_rng(9)
+    forwards = 5
+    with duckpipe.connect(cl.control, slots=4, slot_size=4096) as c:
+        c.load_weights(1, mlp, progress=False)
+        c.forward(1, _x(rng, 1), timeout=10)  # measures the ducks' reply times
+        before = c.stats().counters
+        for _ in range(forwards):
+            x = _x(rng, 1)
+            np.testing.assert_allclose(
+                c.forward(1, x, timeout=10), mlp.reference(x), rtol=1e-4, atol=1e-5
+            )
+        n = {k: v - before[k] for k, v in c.stats().counters.items()}
+    assert n["forwards_ok"] == forwards, n
+    if expect:
+        # one a forward at least; a stall past the RTO (30 ms) NACKs a duck, and a forward
+        # NACKed measures nothing: the next one may then not park
+        assert n["parks_expecting"] >= forwards - 1, n
+    else:
+        assert n["parks_expecting"] == 0, n

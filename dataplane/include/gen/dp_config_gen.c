@@ -22,6 +22,7 @@ int dp_cfg_gen_read(const msgpack_object *o, struct dp_config *cfg)
 	if (dp_msgpack_str(o, "control", cfg->control, sizeof(cfg->control), "") < 0 ||
 	    dp_msgpack_bool(o, "dedicated_threads", &cfg->dedicated_threads, DP_CFG_DEFAULT_DEDICATED_THREADS) < 0 ||
 	    dp_msgpack_u32(o, "idle_spin_us", &cfg->idle_spin_us, DP_CFG_DEFAULT_IDLE_SPIN_US) < 0 ||
+	    dp_msgpack_bool(o, "idle_expect", &cfg->idle_expect, DP_CFG_DEFAULT_IDLE_EXPECT) < 0 ||
 	    dp_msgpack_u32(o, "completion_flush_us", &cfg->completion_flush_us, DP_CFG_DEFAULT_COMPLETION_FLUSH_US) < 0 ||
 	    dp_msgpack_u32(o, "default_timeout_us", &cfg->default_timeout_us, DP_CFG_DEFAULT_DEFAULT_TIMEOUT_US) < 0 ||
 	    dp_msgpack_u32(o, "nack_us", &cfg->nack_us, DP_CFG_DEFAULT_NACK_US) < 0 ||

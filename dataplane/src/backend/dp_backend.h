@@ -42,6 +42,9 @@ struct dp_rx {
 	uint8_t *buf;
 	uint32_t len;
 	struct sockaddr_in src;
+	/* when the kernel took it in, CLOCK_MONOTONIC ns (the socket backend's
+	 * SO_TIMESTAMPNS); 0: unknown, take the time it was read */
+	uint64_t stamp_ns;
 };
 
 /* One of a port's extended statistics (DPDK xstats), for Stats. */

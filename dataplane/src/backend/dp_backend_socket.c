@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dp_backend.h"
@@ -48,8 +49,10 @@ struct sock_priv {
 	struct mmsghdr rx_msgs[RX_BURST];
 	struct iovec rx_iov[RX_BURST];
 	struct sockaddr_in rx_src[RX_BURST];
-	/* SO_RXQ_OVFL's uint32, UDP_GRO's int */
-	char rx_cmsg[RX_BURST][CMSG_SPACE(sizeof(uint32_t)) + CMSG_SPACE(sizeof(int))];
+	/* SO_RXQ_OVFL's uint32, UDP_GRO's int, SO_TIMESTAMPNS's timespec */
+	char rx_cmsg[RX_BURST][CMSG_SPACE(sizeof(uint32_t)) + CMSG_SPACE(sizeof(int)) +
+			       CMSG_SPACE(sizeof(struct timespec))];
+	uint64_t rx_stamp[RX_BURST]; /* each receive's arrival, monotonic ns (0: unknown) */
 	uint8_t *rx_bufs;
 	/* GRO: the last recvmmsg's receives, handed out datagram by datagram */
 	bool gro;
@@ -110,6 +113,9 @@ static int sock_open(struct dp_backend *b)
 	if (set_int(p->fd, SOL_SOCKET, SO_SNDBUFFORCE, 4 << 20, "SO_SNDBUFFORCE") < 0)
 		(void)set_int(p->fd, SOL_SOCKET, SO_SNDBUF, 4 << 20, "SO_SNDBUF");
 	(void)set_int(p->fd, SOL_SOCKET, SO_RXQ_OVFL, 1, "SO_RXQ_OVFL");
+	/* arrival times: a reply read late (the worker parked until replies were due,
+	 * dp_main.c, or was descheduled) still measures its duck's reply time right */
+	(void)set_int(p->fd, SOL_SOCKET, SO_TIMESTAMPNS, 1, "SO_TIMESTAMPNS");
 	if (cfg->busy_poll_us && set_int(p->fd, SOL_SOCKET, SO_BUSY_POLL, (int)cfg->busy_poll_us,
 					 "SO_BUSY_POLL") < 0)
 		DP_WARN("nic %s: %s", cfg->name, dp_error());
@@ -231,6 +237,21 @@ static void rx_count_overflows(struct dp_backend *b, struct sock_priv *p, struct
 		}
 }
 
+/* Receive m's SO_TIMESTAMPNS (CLOCK_REALTIME) on the monotonic clock: real - offset;
+ * 0 when it has none or it is not in the past. */
+static uint64_t rx_stamp(struct msghdr *m, int64_t offset, uint64_t mono_now)
+{
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c))
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_TIMESTAMPNS &&
+		    c->cmsg_len >= CMSG_LEN(sizeof(struct timespec))) {
+			struct timespec ts;
+			memcpy(&ts, CMSG_DATA(c), sizeof(ts));
+			int64_t t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec - offset;
+			return t > 0 && (uint64_t)t <= mono_now ? (uint64_t)t : 0;
+		}
+	return 0;
+}
+
 /* recvmmsg up to n receives into the rx buffers; how many came (0 on none or error). */
 static uint32_t rx_receive(struct sock_priv *p, uint32_t n)
 {
@@ -247,7 +268,17 @@ static uint32_t rx_receive(struct sock_priv *p, uint32_t n)
 		m->msg_flags = 0;
 	}
 	int rc = recvmmsg(p->fd, p->rx_msgs, n, MSG_DONTWAIT, NULL);
-	return rc > 0 ? (uint32_t)rc : 0;
+	if (rc <= 0)
+		return 0;
+	struct timespec real, mono;
+	clock_gettime(CLOCK_REALTIME, &real);
+	clock_gettime(CLOCK_MONOTONIC, &mono);
+	uint64_t mono_now = (uint64_t)mono.tv_sec * 1000000000 + (uint64_t)mono.tv_nsec;
+	int64_t offset = ((int64_t)real.tv_sec - mono.tv_sec) * 1000000000 +
+			 (real.tv_nsec - mono.tv_nsec);
+	for (int i = 0; i < rc; i++)
+		p->rx_stamp[i] = rx_stamp(&p->rx_msgs[i].msg_hdr, offset, mono_now);
+	return (uint32_t)rc;
 }
 
 /* Start cutting receive i (GRO), counting it when it holds several datagrams. */
@@ -273,6 +304,7 @@ static uint32_t sock_rx_burst_gro(struct dp_backend *b, struct sock_priv *p, str
 	uint32_t out = 0;
 	while (out < n) {
 		if (dp_gro_next(&p->rx_cur, &rx[out].buf, &rx[out].len)) {
+			rx[out].stamp_ns = p->rx_stamp[p->rx_next];
 			rx[out++].src = p->rx_src[p->rx_next];
 			continue;
 		}
@@ -302,6 +334,7 @@ static uint32_t sock_rx_burst(struct dp_backend *b, struct dp_rx *rx, uint32_t n
 		/* a truncated datagram keeps a length the header check will refuse */
 		rx[i].len = (m->msg_flags & MSG_TRUNC) ? 0 : p->rx_msgs[i].msg_len;
 		rx[i].src = p->rx_src[i];
+		rx[i].stamp_ns = p->rx_stamp[i];
 		rx_count_overflows(b, p, m);
 	}
 	return got;

@@ -555,6 +555,7 @@ static void on_stats(struct dp_control *c, const struct dp_peer *p, const struct
 	for (uint32_t k = 0; k < w->nwakers; k++) { /* each runner writes its own */
 		sum[DP_C_parks] += dp_load_relaxed_u64(&w->wakers[k]->parks);
 		sum[DP_C_kicks] += dp_load_relaxed_u64(&w->wakers[k]->kicked);
+		sum[DP_C_parks_expecting] += dp_load_relaxed_u64(&w->wakers[k]->expecting);
 	}
 	sum[DP_C_connections_shed] = dp_accept_guard_shed(); /* libzmq's I/O thread */
 	struct dp_ctl_client_stats clients[DP_MAX_CLIENTS];

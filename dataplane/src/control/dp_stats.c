@@ -350,13 +350,16 @@ static void publish_counters(struct dp_stats_seg *s)
 	/* parks and kicks are each runner thread's (dp_waker.h), connections_shed libzmq's
 	 * I/O thread's (dp_accept_guard.c): shown under control, so the sum over agents is
 	 * what GetStats reports */
-	uint64_t parks = 0, kicks = 0;
+	uint64_t parks = 0, kicks = 0, expecting = 0;
 	for (uint32_t k = 0; k < w->nwakers; k++) {
 		parks += dp_load_relaxed_u64(&w->wakers[k]->parks);
 		kicks += dp_load_relaxed_u64(&w->wakers[k]->kicked);
+		expecting += dp_load_relaxed_u64(&w->wakers[k]->expecting);
 	}
 	set64(&s->agents[0].v[DP_C_parks], dp_load_relaxed_u64(&src[0]->v[DP_C_parks]) + parks);
 	set64(&s->agents[0].v[DP_C_kicks], dp_load_relaxed_u64(&src[0]->v[DP_C_kicks]) + kicks);
+	set64(&s->agents[0].v[DP_C_parks_expecting],
+	      dp_load_relaxed_u64(&src[0]->v[DP_C_parks_expecting]) + expecting);
 	set64(&s->agents[0].v[DP_C_connections_shed], dp_accept_guard_shed());
 }
 

@@ -276,11 +276,30 @@ uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, 
 	return next;
 }
 
+uint64_t dp_gather_expected(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t *bytes)
+{
+	bool routed = f->desc.flags & DP_DESC_FLAG_ROUTED;
+	uint64_t row = (uint64_t)f->layer->hidden * dp_dtype_size(f->layer->dtype);
+	uint64_t last = 0;
+	for (uint32_t i = 0; i < v->nducks; i++) {
+		uint32_t d = v->ducks[i];
+		const struct dp_duck_rx *rx = duck_rx(v, f, d);
+		if (!dp_targets_has(f->targets, d) || rx->state != 0)
+			continue;
+		if (!v->rto[d].sampled || rx->progress_ns || rx->nacks || rx->resent_ns)
+			return 0;
+		uint64_t due = f->part[v->nic].wait_start + v->rto[d].srtt;
+		last = due > last ? due : last;
+		*bytes += routed ? rx->moe_rows * row : f->bytes;
+	}
+	return last;
+}
+
 /* --- receive ----------------------------------------------------------------------- */
 
 uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 			      const struct dp_wire_header *h, const uint8_t *payload,
-			      uint32_t duck, uint64_t now)
+			      uint32_t duck, uint64_t arrived, uint64_t now)
 {
 	struct dp_layer *l = f->layer;
 	struct dp_duck_rx *rx = duck_rx(v, f, duck);
@@ -333,9 +352,12 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 	rx->state = 1;
 	rx->done_ns = now;
 	/* Karn: a reply to a NACK or to a resent activation says nothing of the RTT */
-	if (!rx->nacks && !rx->resent_ns && now > p->wait_start) {
-		rto_sample(v, duck, now - p->wait_start);
-		if (now - p->wait_start > v->limits.nack_ns)
+	/* and by when it came, not when it was read: read late (parked until the replies
+	 * were due, dp_main.c), the time would grow the estimate that parking follows */
+	uint64_t at = arrived > p->wait_start && arrived <= now ? arrived : now;
+	if (!rx->nacks && !rx->resent_ns && at > p->wait_start) {
+		rto_sample(v, duck, at - p->wait_start);
+		if (at - p->wait_start > v->limits.nack_ns)
 			dp_count(v->counters, DP_C_nacks_avoided, 1);
 	}
 	if (!p->first_ns)

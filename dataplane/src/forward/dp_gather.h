@@ -22,12 +22,13 @@ struct dp_wire_header;
  * the first NACK may be due (a lower bound: the worker's timer). */
 uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f);
 /* A PARTIAL from duck, one of f's targets: add it in. h is the datagram's header (a
- * copy), payload its h->length bytes behind it, at any alignment. Returns
+ * copy), payload its h->length bytes behind it, at any alignment; arrived when the
+ * kernel took it in (0: unknown, now), for the duck's reply time. Returns
  * DP_STATUS_PENDING, or, when the last of f's ducks on this NIC is done, the part's
  * status (OK, DUCK_LOST). */
 uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 			      const struct dp_wire_header *h, const uint8_t *payload,
-			      uint32_t duck, uint64_t now);
+			      uint32_t duck, uint64_t arrived, uint64_t now);
 /* A NACK from duck about f (a forward or a weight chunk): resend the activation chunks
  * it lists, or, flagged NO_LAYER, the duck lost the layer. Returns DP_STATUS_PENDING,
  * or the part's status when that ended f's part on this NIC (as dp_gather_on_partial). */
@@ -37,6 +38,11 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 /* The NACK timer: NACK the ducks of f whose partial made no progress for their RTO;
  * returns when the next one is due (UINT64_MAX: none is waited for). */
 uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now);
+/* When f's last partial on this NIC is due by its ducks' measured reply times (the
+ * latest wait_start + srtt of those still awaited), adding their reply bytes to *bytes;
+ * 0 when one may come any time: a duck not measured yet, streaming its reply, NACKed or
+ * sent the activation again. */
+uint64_t dp_gather_expected(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t *bytes);
 /* f's deadline passed: its wait on this NIC ends now. Returns DP_STATUS_TIMEOUT. */
 uint32_t dp_gather_timeout(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now);
 /* The NIC's link is down (dp_backend.h): f's wait on this NIC ends now, marked so that

@@ -180,7 +180,7 @@ static int receive(struct dp_worker *wk, uint64_t now, bool *full)
 			}
 			touched[ntouched++] = f->wire_id;
 			status = dp_gather_on_partial(&wk->gather, f, h, payload, (uint32_t)duck,
-						      now);
+						      rx[i].stamp_ns, now);
 			break;
 		case DP_WIRE_OP_NACK:
 			status = dp_gather_on_nack(&wk->gather, f, h, payload, (uint32_t)duck, now);
@@ -346,6 +346,34 @@ int64_t dp_worker_park(struct dp_world *w, void *self, uint64_t now)
 			next = due;
 	}
 	return next <= now ? 0 : (int64_t)(next - now);
+}
+
+/* Only a plain wait_fd can be muted (dp_waker_mute): not an interrupt that must be
+ * armed, not a backend that polls. Replies that fit in half the socket's buffer
+ * only (a GRO receive costs its buffer little beyond its bytes; one datagram of 1472 bytes
+ * about 1.6x), so that those that come early wait there rather than overflow it. */
+int64_t dp_worker_expect(struct dp_world *w, void *self, uint64_t now, int *fd)
+{
+	struct dp_worker *wk = self;
+	const struct dp_backend_ops *ops = wk->be.ops;
+	if (!wk->nactive)
+		return 0;
+	if (!w->cfg.idle_expect || !ops->wait_fd || ops->rx_arm || wk->release.n ||
+	    !dp_inbox_empty(&wk->in) || (ops->rx_ready && ops->rx_ready(&wk->be)))
+		return -1;
+	uint64_t first = UINT64_MAX, bytes = 0;
+	for (uint32_t i = 0; i < wk->nactive; i++) {
+		struct dp_fwd *f = wk->active[i];
+		uint64_t due = f->kind == DP_FWD_FORWARD ? dp_gather_expected(&wk->gather, f, &bytes)
+							 : 0; /* weights: acks any time */
+		if (due <= now)
+			return -1;
+		first = due < first ? due : first;
+	}
+	*fd = ops->wait_fd(&wk->be);
+	if (*fd < 0 || bytes > w->cfg.nics[wk->nic].rcvbuf / 2)
+		return -1;
+	return (int64_t)(first - now);
 }
 
 void dp_worker_unpark(struct dp_world *w, void *self)

@@ -74,5 +74,8 @@ int dp_worker_do_work(struct dp_world *w, void *self, uint64_t now);
 int dp_worker_wait_on(struct dp_world *w, void *self, struct dp_waker *wk);
 int64_t dp_worker_park(struct dp_world *w, void *self, uint64_t now);
 void dp_worker_unpark(struct dp_world *w, void *self); /* the backend's rx_disarm */
+/* dp_agent.h's expect: ns until the earliest forward in flight has its replies due, by
+ * the ducks' measured reply times; 0: none in flight; -1: a reply may come any time. */
+int64_t dp_worker_expect(struct dp_world *w, void *self, uint64_t now, int *fd);
 
 #endif /* DP_WORKER_H */

@@ -20,6 +20,10 @@ struct dp_agent {
 	 * next timer (DP_PARK_FOREVER: none) */
 	int64_t (*park)(struct dp_world *w, void *self, uint64_t now);
 	void (*unpark)(struct dp_world *w, void *self); /* the runner woke up */
+	/* nothing to do now: ns until the replies to what it sent are due, its fd (which the
+	 * runner may mute until then) in *fd; 0 when it waits for nothing; -1 when something
+	 * may come any time (dp_main.c's park_expecting) */
+	int64_t (*expect)(struct dp_world *w, void *self, uint64_t now, int *fd);
 	void *self;
 };
 

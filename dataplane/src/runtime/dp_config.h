@@ -54,6 +54,7 @@ struct dp_config {
 	uint32_t ncores;
 	enum dp_idle_kind idle;
 	uint32_t idle_spin_us;       /* backoff: spin, then yield as long, then park */
+	bool idle_expect;            /* backoff: park until replies are due (dp_main.c) */
 	uint32_t completion_flush_us; /* ZeroMQ completions wait this long to leave together */
 	uint32_t default_timeout_us;
 	uint32_t nack_us;            /* a duck's NACK timeout until its reply time is measured */

@@ -32,4 +32,17 @@ static inline void dp_idle_reset(struct dp_idle *s)
 	s->woke = true;
 }
 
+/* Backoff, and this loop is the first without work since some was done (not since a
+ * wake-up): the moment to ask whether a park could wait for what was just sent. */
+static inline bool dp_idle_starts(const struct dp_idle *s)
+{
+	return s->kind == DP_IDLE_BACKOFF && !s->idle_since && !s->woke;
+}
+/* After a park until replies were due: they are now, so spin for them as after work. */
+static inline void dp_idle_resume(struct dp_idle *s)
+{
+	s->idle_since = 0;
+	s->woke = false;
+}
+
 #endif /* DP_IDLE_H */

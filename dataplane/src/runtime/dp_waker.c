@@ -40,6 +40,16 @@ int dp_waker_add(struct dp_waker *wk, int fd)
 	return 0;
 }
 
+int dp_waker_mute(struct dp_waker *wk, int fd, bool mute)
+{
+	struct epoll_event ev = { .events = mute ? 0 : EPOLLIN, .data.fd = fd };
+	if (epoll_ctl(wk->epfd, EPOLL_CTL_MOD, fd, &ev) < 0) {
+		dp_set_error("epoll_ctl(MOD, fd %d): %s", fd, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
 void dp_waker_wait(struct dp_waker *wk, int64_t timeout_ns)
 {
 	struct epoll_event ev[DP_WAKER_MAX_EVENTS];

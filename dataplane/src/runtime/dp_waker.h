@@ -29,6 +29,7 @@ struct dp_waker {
 	int efd;                            /* kicked by other threads */
 	uint64_t parks;                     /* the runner's own: times it slept */
 	uint64_t kicked;                    /* wake-ups by a kick */
+	uint64_t expecting;                 /* of parks, those with fds muted (dp_main.c) */
 	/* Whether the last park slept (every agent's park() said nothing to do), and for
 	 * which fds it woke, so that an agent looks only where something came: -1 in nfired
 	 * when it cannot say (a full batch) */
@@ -41,6 +42,9 @@ int dp_waker_init(struct dp_waker *wk);
 void dp_waker_fini(struct dp_waker *wk);
 /* Wake the runner when fd is readable (level-triggered). 0, or -1 with dp_error. */
 int dp_waker_add(struct dp_waker *wk, int fd);
+/* Stop (mute) or start again hearing fd, one added before: a muted fd's readiness wakes
+ * nobody and stays, level-triggered, for the first wait after. 0, or -1 with dp_error. */
+int dp_waker_mute(struct dp_waker *wk, int fd, bool mute);
 /* The runner, about to park: from here on, producers kick. */
 static inline void dp_waker_arm(struct dp_waker *wk)
 {

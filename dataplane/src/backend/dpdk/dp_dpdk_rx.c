@@ -108,6 +108,7 @@ static int ipv4_input(struct dp_backend *b, struct dpdk_priv *p, struct rte_mbuf
 	 * and sums the payload with unaligned loads (dp_accumulate). */
 	rx->buf = (uint8_t *)(udp + 1);
 	rx->len = udp_len - (uint32_t)sizeof(*udp);
+	rx->stamp_ns = 0;
 	return 1;
 drop:
 	if (why != DP_C_rx_malformed)
