@@ -264,19 +264,27 @@ def test_bad_routing_is_bad_input_before_anything_is_sent(
     _check(client.forward(530, x, routing=(i, w), timeout=30), moe_layer.reference(x, i, w))
 
 
-def test_a_routed_submit_of_a_shape_already_checked_is_judged_by_the_c_rule_alone(
-    client, moe_layer, monkeypatch
-):
-    # the second submit of a layer, shape and topk skips the Python checks the first
-    # passed (issue 29: 26 us a routed submit against 5 dense): dp_routing_pack still
-    # judges every entry, and a reloaded layer is checked afresh
+@pytest.fixture
+def first_checks(monkeypatch) -> list:
+    """The calls of the routed submit's first-submit checks (check_routing_arguments),
+    recorded as they pass through: empty while submits go on their plan."""
     import duckpipe.client.api as api
 
-    calls = []
+    calls: list = []
     real_check = api.check_routing_arguments
     monkeypatch.setattr(
         api, "check_routing_arguments", lambda *a: calls.append(a) or real_check(*a)
     )
+    return calls
+
+
+def test_a_routed_submit_of_a_shape_already_checked_is_judged_by_the_c_rule_alone(
+    client, moe_layer, first_checks
+):
+    # the second submit of a layer, shape and topk skips the Python checks the first
+    # passed (issue 29: 26 us a routed submit against 5 dense): dp_routing_pack still
+    # judges every entry, and a reloaded layer is checked afresh
+    calls = first_checks
     x = np.random.default_rng(40).standard_normal((4, HIDDEN)).astype(np.float32)
     i, w = _routing(4, seed=40)
     _check(client.forward(530, x, routing=(i, w), timeout=30), moe_layer.reference(x, i, w))
@@ -314,19 +322,12 @@ def _bad_at(i: np.ndarray, w: np.ndarray, t: int, k: int, what: str):
 
 
 def test_a_routed_submit_on_its_plan_judges_every_entry_before_publishing(
-    client, moe_layer, monkeypatch
+    client, moe_layer, first_checks
 ):
     # the submit that follows a checked one goes on its plan, one call into C that packs
     # and publishes (issue 29 point 4): a bad expert, weight or duplicate at any entry of
     # any token is still the C rule's BadInput, with nothing published and the slot
     # still the caller's, and a good routing then goes out from that same slot
-    import duckpipe.client.api as api
-
-    first_checks = []
-    real_check = api.check_routing_arguments
-    monkeypatch.setattr(
-        api, "check_routing_arguments", lambda *a: first_checks.append(a) or real_check(*a)
-    )
     tokens, topk = 4, 2
     x = np.random.default_rng(43).standard_normal((tokens, HIDDEN)).astype(np.float32)
     i, w = _routing(tokens, topk, seed=43)
