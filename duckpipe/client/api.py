@@ -40,7 +40,7 @@ from ..schema.routing import MAX_TOKENS, MAX_TOPK
 from . import routing as routing_table
 from . import weights
 from .models import Mlp, dtype_code, numpy_dtype
-from .moe import MoeMlp, check_routing_arguments
+from .moe import MoeMlp, Routing, check_routing_arguments
 from .session import Inflight, Session, WaitStrategy
 from .slots import DEBUG_SLOTS_ENV, Slot, SlotState, claim_template
 
@@ -180,7 +180,7 @@ class _RoutedPlan:
     (``struct dp_routed_submit``: the FORWARD template, the routing's sizes, room for a
     refusal's reason) and each slot's pointer to its table bytes (made on first use)."""
 
-    __slots__ = ("at", "c", "index_dtype", "info", "moe", "shape", "size", "tables")
+    __slots__ = ("at", "c", "gate_shape", "index_dtype", "info", "moe", "shape", "size", "tables")
 
     def __init__(
         self,
@@ -194,6 +194,9 @@ class _RoutedPlan:
     ) -> None:
         self.info, self.moe, self.at, self.size = info, moe, at, size
         self.shape, self.index_dtype = indices.shape, indices.dtype
+        # the shape a gate's routing (Routing.of_gate: int32 ids) must have to go on this
+        # plan; None when the plan's ids are int64, which a gate's never are
+        self.gate_shape = indices.shape if indices.dtype == np.int32 else None
         c = self.c = ffi.new("struct dp_routed_submit *")
         c.tpl = tpl[0]  # type: ignore[index]
         c.table_len = size
@@ -594,27 +597,36 @@ class Client:
                     plan = self._routed.get((layer, shape, dtype, moe_send))
                 except TypeError:  # an unhashable moe_send: _submit_routed refuses it
                     plan = None
-                indices, weights_ = routing
                 if (
                     plan is not None
-                    and type(indices) is type(weights_) is np.ndarray
-                    and indices.dtype is plan.index_dtype
-                    and weights_.dtype is _F32
-                    and indices.shape == weights_.shape == plan.shape
                     and session.layers.get(layer) is plan.info
                     and session.moe.get(layer) is plan.moe
                 ):
-                    try:
-                        # a buffer without strides (PyBUF_SIMPLE): numpy gives one only of
-                        # a C-contiguous array, so each holds exactly tokens x topk items
-                        idx, w = ffi.from_buffer(indices), ffi.from_buffer(weights_)
-                    except ValueError:  # not C-contiguous: _submit_routed copies it
-                        pass
-                    else:
-                        i = slot.index
-                        table = plan.tables[i] or plan.table(session, i)
+                    i = slot.index
+                    gate = routing._c if type(routing) is Routing else None
+                    if gate is not None and gate[0] == plan.gate_shape:
+                        # a gate's routing (Routing.of_gate): its arrays' pointers, made
+                        # with them, and their form the gate's (int32, float32, C order)
                         return Forward(session, session.push_routed(
-                            plan.c, plan.moe, i, shape, dtype, idx, w, table))  # fmt: skip
+                            plan.c, plan.moe, i, shape, dtype, gate[1], gate[2],
+                            plan.tables[i] or plan.table(session, i)))  # fmt: skip
+                    indices, weights_ = routing
+                    if (
+                        type(indices) is type(weights_) is np.ndarray
+                        and indices.dtype is plan.index_dtype
+                        and weights_.dtype is _F32
+                        and indices.shape == weights_.shape == plan.shape
+                    ):
+                        try:
+                            # a buffer without strides (PyBUF_SIMPLE): numpy gives one only
+                            # of a C-contiguous array, so each holds tokens x topk items
+                            idx, w = ffi.from_buffer(indices), ffi.from_buffer(weights_)
+                        except ValueError:  # not C-contiguous: _submit_routed copies it
+                            pass
+                        else:
+                            return Forward(session, session.push_routed(
+                                plan.c, plan.moe, i, shape, dtype, idx, w,
+                                plan.tables[i] or plan.table(session, i)))  # fmt: skip
             return self._submit_routed(slot, arr, layer, ducks, routing, moe_send)
         tpl = None
         if ducks is None:

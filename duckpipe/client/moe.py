@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._abi import ffi
 from ..errors import BadInput
 from . import routing as routing_table
 from .models import SwiGluMlp, dtype_code, is_float_dtype
@@ -32,15 +33,50 @@ __all__ = ["SCORES", "Gate", "MoeMlp", "Routing", "check_routing"]
 SCORES = ("softmax", "sigmoid")
 
 
-class Routing(NamedTuple):
+class _RoutingFields(NamedTuple):
+    indices: np.ndarray  # int32 expert ids, best first
+    weights: np.ndarray  # float32, each row's expert weights
+
+
+class Routing(_RoutingFields):
     """A gate's choice for each token, both ``[tokens, topk]``: what ``Gate`` returns and
     what ``submit(..., routing=)`` and ``forward(..., routing=)`` take as they are.
 
     In the order ``routing=`` has always taken, ``(indices, weights)``: unpack it by name
     (``r.indices``, ``r.weights``) or in that order."""
 
-    indices: np.ndarray  # int32 expert ids, best first
-    weights: np.ndarray  # float32, each row's expert weights
+    # A gate's routing also holds its arrays' C pointers, made when the gate made them
+    # (``Routing.of_gate``): a routed submit then hands them to C as they are, where the
+    # arrays would need two ffi.from_buffer and their dtype, shape and layout checked
+    # (issue 29: that was most of a one-token routed submit's cost over a dense one).
+    # A tuple's fields never change, so the pointers stay the arrays'; _replace and
+    # _make give a Routing without them. (No __slots__: a tuple subclass can't add any.)
+    _c: tuple | None = None  # (shape, indices' pointer, weights' pointer)
+
+    @classmethod
+    def of_gate(cls, indices: np.ndarray, weights: np.ndarray) -> Routing:
+        """A routing of ``indices`` and ``weights`` in a gate's form (int32 and float32,
+        ``[tokens, topk]``, C-contiguous), holding their C pointers; BadInput for arrays
+        in any other form (the pointers would be read as that form)."""
+        if not (
+            type(indices) is type(weights) is np.ndarray
+            and indices.dtype == np.int32
+            and weights.dtype == np.float32
+            and indices.ndim == 2
+            and indices.shape == weights.shape
+            and indices.flags.c_contiguous
+            and weights.flags.c_contiguous
+        ):
+            raise BadInput(
+                "Routing.of_gate takes C-contiguous int32 indices and float32 weights of "
+                "one [tokens, topk] shape; Routing(indices, weights) takes any routing"
+            )
+        r = cls(indices, weights)
+        r._c = (indices.shape, ffi.from_buffer(indices), ffi.from_buffer(weights))
+        return r
+
+    def __reduce__(self):  # pickled and copied as its two arrays: C pointers are not data
+        return (Routing, (self.indices, self.weights))
 
 
 def check_routing(x: np.ndarray, indices: np.ndarray, weights: np.ndarray, n_experts: int) -> None:
@@ -220,7 +256,9 @@ class Gate:
         if self.score == "sigmoid":
             weights = weights / weights.sum(axis=1, keepdims=True)
         weights = weights * self.route_scale
-        return Routing(indices=indices.astype(np.int32), weights=weights.astype(np.float32))
+        return Routing.of_gate(
+            indices.astype(np.int32, order="C"), weights.astype(np.float32, order="C")
+        )
 
     @classmethod
     def random(

@@ -387,6 +387,71 @@ def test_a_routed_submit_on_its_plan_makes_one_call_into_c_as_a_dense_one_does(
             fwd.result(30)
 
 
+def test_a_gates_routing_goes_on_the_plan_with_the_pointers_it_was_made_with(
+    client, moe_layer, first_checks, monkeypatch
+):
+    # a Gate's Routing carries its arrays' C pointers (issue 29 point 4: two
+    # ffi.from_buffer and the form checks were most of a one-token routed submit over a
+    # dense one): the submit makes none, the C rule still judges what the arrays hold now
+    # (an entry the caller changed after the gate), and the result is the reference's
+    import duckpipe.client.api as api
+
+    gate = Gate.random(N_EXPERTS, HIDDEN, topk=2, score="sigmoid", seed=45)
+    x = np.random.default_rng(45).standard_normal((3, HIDDEN)).astype(np.float32)
+    r = gate(x)
+    assert r._c is not None
+    _check(client.forward(530, x, routing=r, timeout=30), moe_layer.reference(x, *r))
+    assert len(first_checks) == 1
+    made: list = []
+    ffi = api.ffi
+
+    class Counting:  # api.ffi with its from_buffer counted
+        def __getattr__(self, name):
+            fn = getattr(ffi, name)
+            return (lambda *a, **k: made.append(a) or fn(*a, **k)) if name == "from_buffer" else fn
+
+    monkeypatch.setattr(api, "ffi", Counting())
+    for seed in (46, 47):
+        r = gate(np.random.default_rng(seed).standard_normal((3, HIDDEN)).astype(np.float32))
+        _check(client.forward(530, x, routing=r, timeout=30), moe_layer.reference(x, *r))
+    assert made == [] and len(first_checks) == 1
+    r.indices[1, 0] = N_EXPERTS  # written after the gate: what the pointer reads now
+    with pytest.raises(BadInput, match=r"token 1, choice 0 names expert 16; the layer has 16"):
+        client.forward(530, x, routing=r)
+    # the same pair without the pointers (a Routing of its own, _replace, a plain tuple):
+    # from_buffer of each array, still on the plan
+    i, w = _routing(3, seed=48)
+    for plain in (duckpipe.moe.Routing(i, w), r._replace(indices=i, weights=w), (i, w)):
+        made.clear()
+        _check(client.forward(530, x, routing=plain, timeout=30), moe_layer.reference(x, i, w))
+        assert len(made) == 2
+    assert len(first_checks) == 1
+
+
+def test_a_gates_routing_pickles_and_copies_as_its_arrays_and_of_gate_takes_only_its_form():
+    import copy
+    import pickle
+
+    from duckpipe.moe import Routing
+
+    r = Gate.random(N_EXPERTS, HIDDEN, topk=2, seed=49)(np.ones((2, HIDDEN), np.float32))
+    for again in (pickle.loads(pickle.dumps(r)), copy.copy(r), copy.deepcopy(r)):
+        assert type(again) is Routing and again._c is None
+        np.testing.assert_array_equal(again.indices, r.indices)
+        np.testing.assert_array_equal(again.weights, r.weights)
+    i, w = r
+    for bad in (
+        (i.astype(np.int64), w),
+        (i.astype(np.int16), w),
+        (i, w.astype(np.float64)),
+        (i, w[:1]),
+        (np.asfortranarray(np.ones((2, 3), np.int32)), np.ones((2, 3), np.float32)),
+        (i.tolist(), w),
+    ):
+        with pytest.raises(BadInput, match="of_gate takes C-contiguous int32"):
+            Routing.of_gate(*bad)
+
+
 def test_a_slot_too_small_for_activation_and_routing_says_what_to_connect_with(
     dataplane, client, moe_layer
 ):
