@@ -1115,7 +1115,12 @@ class MockDataplane:
         timeout_us = int(plan.timeout_us)
         routed = None
         if layer.moe is not None:  # dp_desc_check let through only a ROUTED forward
-            routed = self._routed(client, d, layer.moe, plan, shape)  # or refused here
+            try:
+                routed = self._routed(client, d, layer.moe, plan, shape)  # or refused here
+            except moe.NoLiveReplica as e:  # known lost: now, not at the deadline
+                self.counters["moe_no_live_replica"] += 1
+                self._finish(client, fields, Status.DUCK_LOST, message=str(e))
+                return
             targets = routed.targets
 
         faults = self.faults
@@ -1193,8 +1198,11 @@ class MockDataplane:
         slot = client.seg.act_bytes(int(d.slot))
         nbytes = int(desc_plan.bytes)
         table = moe.copy_routing(client.layout, self._check.limits, desc_plan, slot, plan)
-        routed = moe.read_routing(table, shape[0], plan)
+        # known lost: the ducks the stats segment says are (the dead_ducks fault: the
+        # mock has no PING to wait on, so they are lost at once)
+        routed = moe.read_routing(table, shape[0], plan, frozenset(self.faults.dead_ducks))
         self.counters["moe_forwards"] += 1
+        self.counters["moe_rows_rerouted"] += routed.rerouted
         if not routed.targets:  # every choice -1, no shared expert: zeros, nothing sent
             self.counters["moe_no_duck_forwards"] += 1
             return routed

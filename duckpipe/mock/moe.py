@@ -13,7 +13,10 @@ columns in the wrong place) gives a wrong result here as it would on real ducks:
   never the slot, with dp_routing_check (no bound on the rows beyond any forward's:
   the C dataplane sends them from the slot in place, no staging area);
 - ``route`` and ``duck_rows``: each (token, expert) pair's duck by dp_routing_duck_of's
-  rule (replica ``t % replicas[e]``), and what one duck computes from its bank:
+  rule (replica ``t % replicas[e]``) over the expert's replicas that are not known lost
+  (``live[t % nlive]``, dp_routing_live: with none lost, the placement as loaded; an
+  expert, or the shared expert, with no live duck fails the forward at once,
+  ``NoLiveReplica``, in the C dispatcher's words), and what one duck computes from its bank:
   ``y[t] += w * expert_slot(x[t])`` for its entries, plus its shared-expert columns for
   every row when it is in the shared expert's set, in float32; the targets are the routed
   ducks and that set;
@@ -37,7 +40,16 @@ from ..schema import control as ctl
 from ..schema.abi import DescFlag
 from ..schema.routing import MAX_REPLICAS, MAX_TOPK
 
-__all__ = ["MoePlan", "Routed", "copy_routing", "duck_rows", "plan_of", "read_routing", "send_mode"]
+__all__ = [
+    "MoePlan",
+    "NoLiveReplica",
+    "Routed",
+    "copy_routing",
+    "duck_rows",
+    "plan_of",
+    "read_routing",
+    "send_mode",
+]
 
 ROUTED = int(DescFlag.ROUTED)
 MODE_BITS = int(DescFlag.MOE_BROADCAST | DescFlag.MOE_UNICAST)
@@ -45,6 +57,12 @@ ALIGN = 64  # the table's offset in the slot: the activation's bytes rounded up 
 _HEADER = routing.HEADER_DTYPE.itemsize
 _WIRE_HEADER = 16  # dp_routing_wire_header
 _WIRE_ITEM = 8  # a directory entry or a wire entry
+MSG_LEN = 160  # a C context's message (DP_MSG_LEN), its NUL included
+
+
+class NoLiveReplica(Exception):
+    """A routed forward needs an expert (or the shared expert) whose every duck is known
+    lost: it completes DUCK_LOST at once, with this message (the C dispatcher's)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -132,8 +150,36 @@ class Routed:
 
     indices: np.ndarray  # int32
     weights: np.ndarray  # float32
-    duck: np.ndarray  # int32, dp_routing_duck_of of each pair
+    duck: np.ndarray  # int32, dp_routing_duck_of of each pair (over the live replicas)
     targets: list[int]  # ascending
+    rerouted: int = 0  # pairs whose t % r duck was known lost, sent to a live one instead
+
+
+def _shared_lost(plan: MoePlan, lost: frozenset[int]) -> str | None:
+    """The C dispatcher's shared_expert_lost: the message, or None when none is lost."""
+    gone = sorted(plan.shared_ducks & lost)
+    if not plan.has_shared or not gone:
+        return None
+    many = len(gone) > 1
+    return (
+        f"layer {plan.layer}: the shared expert's duck{'s' if many else ''}"
+        f"{''.join(f' {d}' for d in gone)} {'are' if many else 'is'} lost, and with one "
+        "shared-expert set there is no replica: no forward on this layer completes until "
+        f"{'they are' if many else 'it is'} back"
+    )[: MSG_LEN - 1]
+
+
+def _no_live_message(plan: MoePlan, dead: list[int]) -> str:
+    """The C dispatcher's no_live_replica: the experts without a live duck, then the lost
+    ducks that held them, each as a timeout names it."""
+    shown = " ".join(str(e) for e in dead[:8]) + (" ..." if len(dead) > 8 else "")
+    ducks = sorted({d for e in dead for d in plan.ducks_of[e]})
+    many = len(dead) > 1
+    head = (
+        f"layer {plan.layer}: expert{'s' if many else ''} {shown} "
+        f"{'have' if many else 'has'} no live replica; lost:"
+    )
+    return (head + " " + "; ".join(plan.describe(d) for d in ducks))[: MSG_LEN - 1]
 
 
 def copy_routing(layout, limits, desc_plan, slot: np.ndarray, plan: MoePlan) -> np.ndarray:
@@ -156,21 +202,39 @@ def copy_routing(layout, limits, desc_plan, slot: np.ndarray, plan: MoePlan) -> 
     return copy[: size[0]]
 
 
-def read_routing(copy: np.ndarray, tokens: int, plan: MoePlan) -> Routed:
-    """A checked table's routing: indices, weights, each (token, choice)'s duck, targets."""
+def read_routing(
+    copy: np.ndarray, tokens: int, plan: MoePlan, lost: frozenset[int] = frozenset()
+) -> Routed:
+    """A checked table's routing: indices, weights, each (token, choice)'s duck, targets.
+    ``lost``: the layer's ducks known lost; each pair goes to live[t % nlive] of its
+    expert's replicas (NoLiveReplica when an expert it names, or the shared expert, has
+    no live one)."""
+    lost = lost & frozenset(plan.ducks)
+    why = _shared_lost(plan, lost)
+    if why is not None:
+        raise NoLiveReplica(why)
     topk = int(copy[:_HEADER].view(routing.HEADER_DTYPE)["topk"][0])
     entries = copy[_HEADER:].view(routing.ENTRY_DTYPE).reshape(tokens, topk)
     indices = entries["expert"].astype(np.int32)  # ROUTING_NO_EXPERT reads as -1
     weights = entries["weight"].copy()
     duck = np.full_like(indices, -1)  # -1: no expert, no duck (dp_routing_split skips it)
     rows = np.arange(tokens)
-    for e in np.unique(indices[indices >= 0]):
-        held = plan.ducks_of[e]
+    named = np.unique(indices[indices >= 0]).tolist()
+    live = {e: tuple(d for d in plan.ducks_of[e] if d not in lost) for e in named}
+    dead = [e for e in named if not live[e]]
+    if dead:
+        raise NoLiveReplica(_no_live_message(plan, dead))
+    rerouted = 0
+    for e in named:
         t, k = np.nonzero(indices == e)
-        duck[t, k] = np.asarray(held, np.int32)[rows[t] % len(held)]
+        held = plan.ducks_of[e]
+        duck[t, k] = np.asarray(live[e], np.int32)[rows[t] % len(live[e])]
+        if len(live[e]) < len(held):  # as loaded, t % r: those on a lost duck moved
+            first = np.asarray(held, np.int32)[rows[t] % len(held)]
+            rerouted += int(np.isin(first, list(lost)).sum())
     targets = set(np.unique(duck[duck >= 0]).tolist())
     targets.update(plan.shared_ducks)  # each computes its shared columns for every row
-    return Routed(indices, weights, duck, sorted(targets))
+    return Routed(indices, weights, duck, sorted(targets), rerouted)
 
 
 def duck_rows(plan: MoePlan, routed: Routed, duck: int) -> tuple[int, int]:

@@ -238,6 +238,8 @@ COUNTERS: tuple[Counter, ...] = (
         "parks_expecting",
         "of parks, those until forwards' replies were due, their NICs unheard (idle_expect)",
     ),
+    Counter("moe_no_live_replica", "MoE forwards failed at once: a needed expert's ducks are lost"),
+    Counter("moe_rows_rerouted", "MoE (token, expert) pairs sent around a duck known lost"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)
@@ -292,9 +294,10 @@ class DuckState(enum.IntEnum):
 
     UP: it answered every forward it was sent lately (or none was sent yet).
     LATE: it missed the latest forward it was targeted by (timed out, chunks missing).
-    LOST: nothing heard from it (reply, PONG or ACK) for max(3 s, 3 pings): since the
+    LOST: nothing heard from it (reply, PONG or ACK) for max(duck_lost_ms, 3 pings): since the
     dataplane started (it never answered a PING or a LAYER), or since it last answered;
-    or, never heard from, a forward timed out on it. ``reason`` says which.
+    or, never heard from, a forward timed out on it. ``reason`` says which. Routed
+    (MoE) forwards go around a LOST duck (docs/architecture.md).
     """
 
     NONE = 0  # no duck in this slot

@@ -72,9 +72,10 @@ enum dp_stats_client_state {
 
     UP: it answered every forward it was sent lately (or none was sent yet).
     LATE: it missed the latest forward it was targeted by (timed out, chunks missing).
-    LOST: nothing heard from it (reply, PONG or ACK) for max(3 s, 3 pings): since the
+    LOST: nothing heard from it (reply, PONG or ACK) for max(duck_lost_ms, 3 pings): since the
     dataplane started (it never answered a PING or a LAYER), or since it last answered;
-    or, never heard from, a forward timed out on it. ``reason`` says which. */
+    or, never heard from, a forward timed out on it. ``reason`` says which. Routed
+    (MoE) forwards go around a LOST duck (docs/architecture.md). */
 enum dp_duck_state {
     DP_DUCK_STATE_NONE = 0,
     DP_DUCK_STATE_UP = 1,
@@ -349,7 +350,9 @@ struct dp_stats_duck {
     X(replies_dropped) /* replies to a peer gone, or with 256 unread (ROUTER_SNDHWM) */                              \
     X(moe_no_duck_forwards) /* MoE forwards no duck was asked for (every choice -1, no shared expert): zeros */      \
     X(moe_copied_bytes) /* MoE: activation bytes copied to be sent (rows sent from the slot in place: 0) */          \
-    X(parks_expecting) /* of parks, those until forwards' replies were due, their NICs unheard (idle_expect) */
+    X(parks_expecting) /* of parks, those until forwards' replies were due, their NICs unheard (idle_expect) */      \
+    X(moe_no_live_replica) /* MoE forwards failed at once: a needed expert's ducks are lost */                       \
+    X(moe_rows_rerouted) /* MoE (token, expert) pairs sent around a duck known lost */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");

@@ -22,7 +22,6 @@
 #include "dp_layers.h"
 #include "dp_worker.h"
 
-#define DUCK_LOST_NS 3000000000ull /* nothing heard for this long (or 3 pings): lost */
 #define STATS_PATH_MAX 320 /* bytes of the stats path, its NUL included */
 
 struct dp_stats_seg {
@@ -477,7 +476,9 @@ static void publish_ducks(struct dp_stats_seg *s, uint64_t now)
 		}
 	}
 	uint64_t lost = (uint64_t)w->cfg.ping_ms * 3000000ull;
-	lost = lost > DUCK_LOST_NS ? lost : DUCK_LOST_NS;
+	uint64_t floor_ns = (uint64_t)w->cfg.duck_lost_ms * 1000000ull;
+	lost = lost > floor_ns ? lost : floor_ns;
+	uint64_t known_lost[DP_MAX_DUCKS / 64] = { 0 };
 	uint64_t start = s->hdr->start_mono_ns;
 	bool pinged_long_enough = now > start && now - start > lost;
 	uint32_t never[DP_MAX_DUCKS], silent[DP_MAX_DUCKS], nnever = 0, nsilent = 0;
@@ -505,11 +506,22 @@ static void publish_ducks(struct dp_stats_seg *s, uint64_t now)
 		else if (was == DP_DUCK_REASON_NEVER_ANSWERED || was == DP_DUCK_REASON_SILENT)
 			if (state == DP_DUCK_STATE_UP)
 				DP_INFO("duck %u (%s) answers again", d->id, d->address);
+		if (state == DP_DUCK_STATE_LOST && d->id < DP_MAX_DUCKS) {
+			/* routed around before any view says lost: a client that saw it
+			 * lost and then submits is not sent to it */
+			known_lost[d->id >> 6] |= 1ull << (d->id & 63);
+			__atomic_fetch_or(&w->lost_ducks[d->id >> 6], 1ull << (d->id & 63),
+					  __ATOMIC_RELAXED);
+		}
 		__atomic_store_n(&d->reason, reason, __ATOMIC_RELAXED);
 		__atomic_store_n(&d->state, state, __ATOMIC_RELAXED);
 		__atomic_store_n(&d->layers, layers[t], __ATOMIC_RELAXED);
 		set64(&d->seen_ns, seen);
 	}
+	/* what the dispatcher routes around (dp_world.h): the ducks back are cleared, a
+	 * word at a time, relaxed */
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+		__atomic_store_n(&w->lost_ducks[k], known_lost[k], __ATOMIC_RELAXED);
 	if (nnever)
 		log_newly_lost(s, never, nnever, DP_DUCK_REASON_NEVER_ANSWERED, lost);
 	if (nsilent)

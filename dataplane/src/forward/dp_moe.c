@@ -268,7 +268,16 @@ int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f)
 	uint64_t wsize, nic_routed[DP_MAX_DUCKS / 64];
 	char why[96] = "no duck of the NIC is routed"; /* the split says why when it refuses */
 	uint8_t flags = moe->has_shared ? DP_ROUTING_WIRE_FLAG_SHARED : 0;
-	if (dp_routing_split(f->route, f->route_bytes, &moe->pl, moe->slots, flags, v->nic_ducks,
+	/* the dispatcher's snapshot of the ducks known lost, not the live bitmaps: its
+	 * targets and this split must send each (token, expert) to the same replica */
+	const struct dp_routing_placement *pl = &moe->pl;
+	const uint16_t *slots = moe->slots;
+	if (f->lost[0] | f->lost[1] | f->lost[2] | f->lost[3]) {
+		dp_routing_live(&moe->pl, moe->slots, f->lost, v->moe_live, v->moe_live_slots);
+		pl = v->moe_live;
+		slots = v->moe_live_slots;
+	}
+	if (dp_routing_split(f->route, f->route_bytes, pl, slots, flags, v->nic_ducks,
 			     v->moe_wire, v->moe_wire_cap, &wsize, nic_routed, why,
 			     sizeof(why)) < 0 ||
 	    wsize == 0) {
