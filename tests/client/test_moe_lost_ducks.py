@@ -1,0 +1,165 @@
+"""Routed forwards go around the ducks known lost (issue 30.1), on the mock and the C
+dataplane: once a duck is lost (its stats say so), a token whose expert has another
+replica goes to one of the live ones (live[t % nlive]) and the result is exact; a forward
+that needs an expert every duck of which is lost, or the shared expert on a lost duck,
+fails at once with DuckLost naming them, not at its deadline.
+
+Ducks 2 and 3 are stopped (the C dataplane: their emulator; the mock: its dead_ducks
+fault, lost at once since it has no PING to wait on). The C dataplane here calls a duck
+lost after max(duck_lost_ms, 3 pings) = 1 s of silence, so the tests wait about a second.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import duckpipe
+from duckpipe.errors import DuckLost
+from duckpipe.moe import MoeMlp
+from duckpipe.observe import stats_reader as stats
+from duckpipe.testing import set_faults
+
+HIDDEN, EFFN = 64, 32
+LOST_MS = 1000  # the C dataplane's duck_lost_ms here: far above a loaded machine's stalls
+DEADLINE = 10.0  # each forward's timeout: failing fast means returning long before it
+FAST = 2.0  # "at once", generously for a loaded 2-core machine (measured: a few ms)
+# experts 0..5 on a live and a (to be) lost duck, replica t % 2; 6 on duck 2, 7 on duck 3
+PLACEMENT = [[e % 2, 2 + e % 2] for e in range(6)] + [[2], [3]]
+
+
+class _Mock:
+    def __init__(self, factory) -> None:
+        self.control = factory(ducks=4).control
+
+    def kill(self) -> None:
+        set_faults(self.control, dead_ducks=[2, 3])
+
+
+class _Real:
+    """Four emulated ducks in two emulators (ducks 0-1, 2-3) and the C dataplane."""
+
+    def __init__(self, factory) -> None:
+        self.cluster = factory(4, groups=[(2, []), (2, [])], ping_ms=100, duck_lost_ms=LOST_MS)
+        self.control = self.cluster.control
+
+    def kill(self) -> None:
+        self.cluster.emulators[1].stop()
+
+
+@pytest.fixture(params=["mock", "real"])
+def lossy4(request):
+    """Four ducks on the mock or the C dataplane; .kill() stops ducks 2 and 3."""
+    if request.param == "mock":
+        return _Mock(request.getfixturevalue("duckpipe_mock_factory"))
+    return _Real(request.getfixturevalue("duckpipe_cluster_factory"))
+
+
+def _kill_and_wait_lost(ducks, lost=(2, 3)) -> None:
+    ducks.kill()
+    deadline = time.monotonic() + 10 + LOST_MS / 1000
+    while time.monotonic() < deadline:
+        by_id = {d.id: d.state for d in stats.read_snapshot(control=ducks.control).ducks}
+        if all(by_id.get(d) == "lost" for d in lost):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"ducks {lost} never showed lost: {by_id}")
+
+
+def _tokens(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, HIDDEN)).astype(np.float32)
+
+
+def _check(y: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def _counters(c) -> dict[str, int]:
+    return dict(c.stats().counters)
+
+
+def _fails_fast(c, layer: int, x, i, w) -> DuckLost:
+    before = _counters(c)
+    t0 = time.monotonic()
+    with pytest.raises(DuckLost) as e:
+        c.forward(layer, x, routing=(i, w))
+    took = time.monotonic() - t0
+    assert took < FAST, f"{took:.3f} s: waited for the deadline ({DEADLINE} s)?"
+    after = _counters(c)
+    assert after["moe_no_live_replica"] - before["moe_no_live_replica"] == 1
+    return e.value
+
+
+def test_a_token_goes_to_a_live_replica_of_its_expert_and_the_result_is_exact(lossy4):
+    moe = MoeMlp.random(8, HIDDEN, EFFN, shared=False, seed=70)
+    x = _tokens(8, 70)
+    t = np.arange(8)
+    i = np.sort(np.stack([t % 6, (t + 3) % 6], axis=1), axis=1).astype(np.int32)  # 0..5
+    w = np.random.default_rng(71).random((8, 2)).astype(np.float32)
+    with duckpipe.connect(lossy4.control, forward_timeout=DEADLINE) as c:
+        c.load_weights(70, moe, ducks=[0, 1, 2, 3], placement=PLACEMENT)
+        # all live: replica t % 2, so odd tokens go to ducks 2 and 3, nothing rerouted
+        before = _counters(c)
+        with c.claim(x.shape, x.dtype) as slot:
+            slot.array[:] = x
+            fwd = c.submit(slot, 70, routing=(i, w))
+        with fwd:
+            _check(fwd.result(timeout=30), moe.reference(x, i, w))
+            assert fwd.answered == (0, 1, 2, 3)
+        assert _counters(c)["moe_rows_rerouted"] == before["moe_rows_rerouted"]
+        _kill_and_wait_lost(lossy4)
+        before = _counters(c)
+        t0 = time.monotonic()
+        with c.claim(x.shape, x.dtype) as slot:
+            slot.array[:] = x
+            fwd = c.submit(slot, 70, routing=(i, w))
+        with fwd:
+            _check(fwd.result(timeout=30), moe.reference(x, i, w))
+            # the lost ducks were sent nothing, so nobody waited for them
+            assert fwd.answered == (0, 1) and fwd.missing == ()
+        assert time.monotonic() - t0 < FAST
+        after = _counters(c)
+        # the odd tokens' two pairs each went to their expert's live replica
+        assert after["moe_rows_rerouted"] - before["moe_rows_rerouted"] == 8
+        assert after["moe_no_live_replica"] == before["moe_no_live_replica"]
+
+
+def test_a_forward_needing_an_expert_only_on_lost_ducks_fails_at_once_naming_them(lossy4):
+    moe = MoeMlp.random(8, HIDDEN, EFFN, shared=False, seed=72)
+    x = _tokens(4, 72)
+    w = np.full((4, 2), 0.5, np.float32)
+    with duckpipe.connect(lossy4.control, forward_timeout=DEADLINE) as c:
+        c.load_weights(72, moe, ducks=[0, 1, 2, 3], placement=PLACEMENT)
+        _kill_and_wait_lost(lossy4)
+        i = np.array([[0, 1], [2, 6], [3, 4], [1, 5]], np.int32)  # expert 6: duck 2 only
+        e = _fails_fast(c, 72, x, i, w)
+        assert "layer 72: expert 6 has no live replica; lost: duck 2 (experts 0 2 4 6)" in str(e)
+        i[3] = [5, 7]  # and expert 7: duck 3 only
+        e = _fails_fast(c, 72, x, i, w)
+        assert (
+            "layer 72: experts 6 7 have no live replica; lost: duck 2 (experts 0 2 4 6); "
+            "duck 3 (experts 1 3 5 7)" in str(e)
+        )
+        i[1, 1], i[3, 1] = 4, 3  # routed away from them: exact, at once
+        t0 = time.monotonic()
+        _check(c.forward(72, x, routing=(i, w)), moe.reference(x, i, w))
+        assert time.monotonic() - t0 < FAST
+
+
+def test_every_forward_fails_at_once_when_a_duck_of_the_one_shared_expert_set_is_lost(lossy4):
+    m = MoeMlp.random(4, HIDDEN, EFFN, shared=True, seed=74)
+    moe = MoeMlp(experts=m.experts, shared=m.shared, shared_ducks=[1, 2])
+    x = _tokens(2, 74)
+    i = np.zeros((2, 1), np.int32)  # expert 0, on duck 0 alone: "routed elsewhere"
+    w = np.ones((2, 1), np.float32)
+    with duckpipe.connect(lossy4.control, forward_timeout=DEADLINE) as c:
+        c.load_weights(74, moe, ducks=[0, 1, 2], placement=[0, 1, 0, 1])
+        _check(c.forward(74, x, routing=(i, w)), moe.reference(x, i, w))
+        _kill_and_wait_lost(lossy4)
+        e = _fails_fast(c, 74, x, i, w)
+        assert (
+            "layer 74: the shared expert's duck 2 is lost, and with one shared-expert set "
+            "there is no replica" in str(e)
+        )
