@@ -2,15 +2,18 @@
 dataplane: once a duck is lost (its stats say so), a token whose expert has another
 replica goes to one of the live ones (live[t % nlive]) and the result is exact; a forward
 that needs an expert every duck of which is lost, or the shared expert on a lost duck,
-fails at once with DuckLost naming them, not at its deadline.
+fails at once with DuckLost naming them, not at its deadline; a duck that answers again
+gets its rows again.
 
-Ducks 2 and 3 are stopped (the C dataplane: their emulator; the mock: its dead_ducks
-fault, lost at once since it has no PING to wait on). The C dataplane here calls a duck
+Ducks 2 and 3 are silenced (the C dataplane: their emulator stopped; the mock: its
+dead_ducks fault, lost at once since it has no PING to wait on). The C dataplane here calls a duck
 lost after max(duck_lost_ms, 3 pings) = 1 s of silence, so the tests wait about a second.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import numpy as np
@@ -37,35 +40,51 @@ class _Mock:
     def kill(self) -> None:
         set_faults(self.control, dead_ducks=[2, 3])
 
+    def revive(self) -> None:
+        set_faults(self.control)
+
 
 class _Real:
-    """Four emulated ducks in two emulators (ducks 0-1, 2-3) and the C dataplane."""
+    """Four emulated ducks in two emulators (ducks 0-1, 2-3) and the C dataplane; ducks
+    2 and 3 are silenced by stopping their emulator (SIGSTOP), so that they come back
+    with their weights (SIGCONT)."""
 
     def __init__(self, factory) -> None:
         self.cluster = factory(4, groups=[(2, []), (2, [])], ping_ms=100, duck_lost_ms=LOST_MS)
         self.control = self.cluster.control
 
     def kill(self) -> None:
-        self.cluster.emulators[1].stop()
+        os.kill(self.cluster.emulators[1].pid, signal.SIGSTOP)
+
+    def revive(self) -> None:
+        os.kill(self.cluster.emulators[1].pid, signal.SIGCONT)
 
 
 @pytest.fixture(params=["mock", "real"])
 def lossy4(request):
-    """Four ducks on the mock or the C dataplane; .kill() stops ducks 2 and 3."""
+    """Four ducks on the mock or the C dataplane; .kill() silences ducks 2 and 3,
+    .revive() gives them back."""
     if request.param == "mock":
-        return _Mock(request.getfixturevalue("duckpipe_mock_factory"))
-    return _Real(request.getfixturevalue("duckpipe_cluster_factory"))
+        yield _Mock(request.getfixturevalue("duckpipe_mock_factory"))
+        return
+    ducks = _Real(request.getfixturevalue("duckpipe_cluster_factory"))
+    yield ducks
+    ducks.revive()  # a stopped emulator would not hear the teardown's SIGTERM
 
 
-def _kill_and_wait_lost(ducks, lost=(2, 3)) -> None:
-    ducks.kill()
+def _wait_state(ducks, state: str, which=(2, 3)) -> None:
     deadline = time.monotonic() + 10 + LOST_MS / 1000
     while time.monotonic() < deadline:
         by_id = {d.id: d.state for d in stats.read_snapshot(control=ducks.control).ducks}
-        if all(by_id.get(d) == "lost" for d in lost):
+        if all(by_id.get(d) == state for d in which):
             return
         time.sleep(0.05)
-    raise AssertionError(f"ducks {lost} never showed lost: {by_id}")
+    raise AssertionError(f"ducks {which} never showed {state}: {by_id}")
+
+
+def _kill_and_wait_lost(ducks) -> None:
+    ducks.kill()
+    _wait_state(ducks, "lost")
 
 
 def _tokens(n: int, seed: int) -> np.ndarray:
@@ -163,3 +182,32 @@ def test_every_forward_fails_at_once_when_a_duck_of_the_one_shared_expert_set_is
             "layer 74: the shared expert's duck 2 is lost, and with one shared-expert set "
             "there is no replica" in str(e)
         )
+
+
+def test_a_duck_that_answers_again_gets_its_rows_again(lossy4):
+    moe = MoeMlp.random(8, HIDDEN, EFFN, shared=False, seed=76)
+    x = _tokens(4, 76)
+    i = np.array([[0, 1], [2, 3], [4, 5], [0, 3]], np.int32)
+    w = np.full((4, 2), 0.5, np.float32)
+    want = moe.reference(x, i, w)
+    with duckpipe.connect(lossy4.control, forward_timeout=DEADLINE) as c:
+        c.load_weights(76, moe, ducks=[0, 1, 2, 3], placement=PLACEMENT)
+        _kill_and_wait_lost(lossy4)
+        _check(c.forward(76, x, routing=(i, w)), want)
+        lossy4.revive()
+        _wait_state(lossy4, "up")
+        # known lost no longer (cleared by the tick that saw it): t % r as loaded again
+        deadline = time.monotonic() + 5
+        while True:
+            before = _counters(c)
+            with c.claim(x.shape, x.dtype) as slot:
+                slot.array[:] = x
+                fwd = c.submit(slot, 76, routing=(i, w))
+            with fwd:
+                _check(fwd.result(timeout=30), want)
+                answered = fwd.answered
+            if answered == (0, 1, 2, 3) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)  # "up" in one view before the other: within a tick
+        assert answered == (0, 1, 2, 3)
+        assert _counters(c)["moe_rows_rerouted"] == before["moe_rows_rerouted"]
