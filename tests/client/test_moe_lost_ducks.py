@@ -211,3 +211,40 @@ def test_a_duck_that_answers_again_gets_its_rows_again(lossy4):
             time.sleep(0.05)  # "up" in one view before the other: within a tick
         assert answered == (0, 1, 2, 3)
         assert _counters(c)["moe_rows_rerouted"] == before["moe_rows_rerouted"]
+
+
+def test_ducks_that_restarted_without_the_layer_are_routed_around_until_a_reload(
+    duckpipe_cluster_factory,
+):
+    """The C dataplane only (the mock's ducks never restart): ducks 2 and 3 forget their
+    weights after one forward and answer NO_LAYER; from then on the layer's forwards go
+    around them (their replicas on ducks 0 and 1), and one that needs an expert they
+    alone held fails at once, saying a reload brings them back."""
+    cl = duckpipe_cluster_factory(4, groups=[(2, []), (2, ["--restart-after", "1"])])
+    moe = MoeMlp.random(8, HIDDEN, EFFN, shared=False, seed=78)
+    x = _tokens(4, 78)
+    i = np.array([[0, 1], [2, 3], [4, 5], [0, 3]], np.int32)  # odd tokens: ducks 2 and 3
+    w = np.full((4, 2), 0.5, np.float32)
+    want = moe.reference(x, i, w)
+    with duckpipe.connect(cl.control, forward_timeout=DEADLINE) as c:
+        c.load_weights(78, moe, ducks=[0, 1, 2, 3], placement=PLACEMENT)
+        _check(c.forward(78, x, routing=(i, w)), want)  # then ducks 2 and 3 forget it
+        with pytest.raises(DuckLost, match=r"hold no layer 78 \(restarted\?\)"):
+            c.forward(78, x, routing=(i, w))
+        before = _counters(c)
+        with c.claim(x.shape, x.dtype) as slot:
+            slot.array[:] = x
+            fwd = c.submit(slot, 78, routing=(i, w))
+        with fwd:
+            _check(fwd.result(timeout=30), want)
+            assert fwd.answered == (0, 1)
+        assert _counters(c)["moe_rows_rerouted"] - before["moe_rows_rerouted"] == 4
+        i[1] = [2, 6]  # expert 6: duck 2 alone
+        e = _fails_fast(c, 78, x, i, w)
+        assert (
+            "layer 78: expert 6 has no live replica; lost: duck 2 (experts 0 2 4 6) "
+            "(restarted: load the layer again)" in str(e)
+        )
+        c.load_weights(78, moe, ducks=[0, 1, 2, 3], placement=PLACEMENT)  # back: t % r
+        i[1] = [2, 3]
+        _check(c.forward(78, x, routing=(i, w)), want)

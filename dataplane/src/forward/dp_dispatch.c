@@ -204,7 +204,13 @@ static void no_live_replica(struct dp_dispatcher *d, struct dp_fwd *f, const str
 			ducks[dk >> 6] |= 1ull << (dk & 63);
 		}
 	}
-	enum { TAIL = 8 }; /* room for " ..." */
+	/* a duck that answered NO_LAYER restarted: it answers PINGs, and only a reload of
+	 * the layer brings it back (the message keeps room to say so) */
+	bool restarted = false;
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+		restarted |= (ducks[k] & __atomic_load_n(&l->lost_ducks[k], __ATOMIC_RELAXED)) != 0;
+	static const char hint[] = " (restarted: load the layer again)";
+	const size_t TAIL = restarted ? sizeof(hint) : 8;
 	char *m = f->message;
 	size_t n = sizeof(f->message), used = 0;
 	int c = snprintf(m, n, "layer %u: expert%s", l->id, ndead > 1 ? "s" : "");
@@ -235,6 +241,8 @@ static void no_live_replica(struct dp_dispatcher *d, struct dp_fwd *f, const str
 		if (used >= n - TAIL) /* describe cut it: end where it ended */
 			used = n - TAIL - 1;
 	}
+	if (restarted && used < n)
+		snprintf(m + used, n - used, "%s", hint);
 	dp_count(d->counters, DP_C_moe_no_live_replica, 1);
 	complete(d, f, DP_STATUS_DUCK_LOST, NULL);
 }
