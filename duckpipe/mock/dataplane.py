@@ -1200,7 +1200,9 @@ class MockDataplane:
         table = moe.copy_routing(client.layout, self._check.limits, desc_plan, slot, plan)
         # known lost: the ducks the stats segment says are (the dead_ducks fault: the
         # mock has no PING to wait on, so they are lost at once)
-        routed = moe.read_routing(table, shape[0], plan, frozenset(self.faults.dead_ducks))
+        routed = moe.read_routing(
+            table, shape[0], plan, frozenset(self.faults.dead_ducks), int(d.forward_id)
+        )
         self.counters["moe_forwards"] += 1
         self.counters["moe_rows_rerouted"] += routed.rerouted
         if not routed.targets:  # every choice -1, no shared expert: zeros, nothing sent

@@ -73,13 +73,16 @@ class MoePlan:
     n_experts: int
     expert_ffn: int
     has_shared: bool
-    shared_ducks: frozenset[int]  # the shared expert's set: every row goes to each
+    shared_ducks: frozenset[int]  # the shared expert's ducks, every set's
     ducks: tuple[int, ...]
     ducks_of: tuple[tuple[int, ...], ...]  # expert e -> its replicas' ducks
     bank_slot: dict[tuple[int, int], int]  # (expert, duck) -> the expert's slot in the bank
     n_local: dict[int, int]  # duck -> routed experts in its bank
     placement: object  # struct dp_routing_placement *, checked: state's
     state: object  # struct dp_layer_moe * (dp_load_moe_plan's), kept alive here
+    # the shared expert's sets (its replicas, LoadWeights.shared_sets): a forward sends
+    # every row to each duck of one of them; () without a shared expert
+    shared_sets: tuple[frozenset[int], ...] = ()
 
     def experts_on(self, duck: int) -> list[int]:
         return [e for e, held in enumerate(self.ducks_of) if duck in held]
@@ -91,11 +94,14 @@ class MoePlan:
             "expert_ffn": self.expert_ffn,
             "expert_replicas": [len(held) for held in self.ducks_of],
             "expert_ducks": [d for held in self.ducks_of for d in held],
+            # set by set, each in the layer's order (dp_layer_moe_list)
             "shared_ducks": [
                 d
+                for group in (self.shared_sets if len(self.shared_sets) > 1 else [None])
                 for d, cols in zip(self.ducks, shard_sizes, strict=True)
-                if cols > self.n_local[d] * self.expert_ffn
+                if (d in group if group is not None else cols > self.n_local[d] * self.expert_ffn)
             ],
+            "shared_sets": [len(x) for x in self.shared_sets] if len(self.shared_sets) > 1 else [],
         }
 
     def describe(self, duck: int) -> str:
@@ -140,6 +146,10 @@ def plan_of(msg: ctl.LoadWeights, req: Any) -> MoePlan | None:
         n_local={d: int(moe.experts_on[d]) for d in msg.ducks},
         placement=ffi.addressof(moe, "pl"),
         state=moe,
+        shared_sets=tuple(
+            frozenset(d for d in range(256) if moe.shared_set[s * 4 + (d >> 6)] >> (d & 63) & 1)
+            for s in range(int(moe.n_shared_sets))
+        ),
     )
 
 
@@ -153,20 +163,34 @@ class Routed:
     duck: np.ndarray  # int32, dp_routing_duck_of of each pair (over the live replicas)
     targets: list[int]  # ascending
     rerouted: int = 0  # pairs whose t % r duck was known lost, sent to a live one instead
+    shared: frozenset[int] = frozenset()  # the shared set it uses: every row to each
 
 
-def _shared_lost(plan: MoePlan, lost: frozenset[int]) -> str | None:
-    """The C dispatcher's shared_expert_lost: the message, or None when none is lost."""
+def _choose_shared(plan: MoePlan, lost: frozenset[int], forward_id: int) -> frozenset[int]:
+    """The C dispatcher's choose_shared_set: of the shared sets with no duck lost, the
+    (forward id mod their count)-th; NoLiveReplica, in its words, when none is whole."""
+    if not plan.has_shared:
+        return frozenset()
+    live = [s for s in plan.shared_sets if not s & lost]
+    if live:
+        return live[forward_id % len(live)]
     gone = sorted(plan.shared_ducks & lost)
-    if not plan.has_shared or not gone:
-        return None
+    shown = "".join(f" {d}" for d in gone)
     many = len(gone) > 1
-    return (
-        f"layer {plan.layer}: the shared expert's duck{'s' if many else ''}"
-        f"{''.join(f' {d}' for d in gone)} {'are' if many else 'is'} lost, and with one "
-        "shared-expert set there is no replica: no forward on this layer completes until "
-        f"{'they are' if many else 'it is'} back"
-    )[: MSG_LEN - 1]
+    if len(plan.shared_sets) > 1:
+        why = (
+            f"layer {plan.layer}: the shared expert's ducks{shown} are lost, a duck of each "
+            f"of its {len(plan.shared_sets)} sets: no forward on this layer completes until a "
+            "set is whole again"
+        )
+    else:
+        why = (
+            f"layer {plan.layer}: the shared expert's duck{'s' if many else ''}{shown} "
+            f"{'are' if many else 'is'} lost, and with one shared-expert set there is no "
+            f"replica: no forward on this layer completes until {'they are' if many else 'it is'}"
+            " back"
+        )
+    raise NoLiveReplica(why[: MSG_LEN - 1])
 
 
 def _no_live_message(plan: MoePlan, dead: list[int]) -> str:
@@ -203,16 +227,18 @@ def copy_routing(layout, limits, desc_plan, slot: np.ndarray, plan: MoePlan) -> 
 
 
 def read_routing(
-    copy: np.ndarray, tokens: int, plan: MoePlan, lost: frozenset[int] = frozenset()
+    copy: np.ndarray,
+    tokens: int,
+    plan: MoePlan,
+    lost: frozenset[int] = frozenset(),
+    forward_id: int = 0,
 ) -> Routed:
     """A checked table's routing: indices, weights, each (token, choice)'s duck, targets.
     ``lost``: the layer's ducks known lost; each pair goes to live[t % nlive] of its
-    expert's replicas (NoLiveReplica when an expert it names, or the shared expert, has
-    no live one)."""
+    expert's replicas, and every row to a whole shared set (NoLiveReplica when an expert
+    it names, or the shared expert, has no live one)."""
     lost = lost & frozenset(plan.ducks)
-    why = _shared_lost(plan, lost)
-    if why is not None:
-        raise NoLiveReplica(why)
+    shared = _choose_shared(plan, lost, forward_id)
     topk = int(copy[:_HEADER].view(routing.HEADER_DTYPE)["topk"][0])
     entries = copy[_HEADER:].view(routing.ENTRY_DTYPE).reshape(tokens, topk)
     indices = entries["expert"].astype(np.int32)  # ROUTING_NO_EXPERT reads as -1
@@ -233,15 +259,15 @@ def read_routing(
             first = np.asarray(held, np.int32)[rows[t] % len(held)]
             rerouted += int(np.isin(first, list(lost)).sum())
     targets = set(np.unique(duck[duck >= 0]).tolist())
-    targets.update(plan.shared_ducks)  # each computes its shared columns for every row
-    return Routed(indices, weights, duck, sorted(targets), rerouted)
+    targets.update(shared)  # each computes its shared columns for every row
+    return Routed(indices, weights, duck, sorted(targets), rerouted, shared)
 
 
 def duck_rows(plan: MoePlan, routed: Routed, duck: int) -> tuple[int, int]:
     """(n_rows, n_entries) of ``duck``'s reply: the rows it computed (every row on a duck
     of the shared set, else its distinct routed tokens), and its (token, expert) pairs."""
     mine = routed.duck == duck
-    shared = duck in plan.shared_ducks
+    shared = duck in routed.shared
     rows = mine.shape[0] if shared else int(np.count_nonzero(mine.any(axis=1)))
     return rows, int(np.count_nonzero(mine))
 
@@ -263,7 +289,7 @@ def duck_partial(
         xr = xf[t]
         h = silu(xr @ w_gate[:, cols]) * (xr @ w_up[:, cols])
         out[t] += routed.weights[t, k, None] * (h @ w_down[cols, :])
-    if duck in plan.shared_ducks:
+    if duck in routed.shared:
         cols = slice(plan.n_local[duck] * e_ffn, w_gate.shape[1])
         out += (silu(xf @ w_gate[:, cols]) * (xf @ w_up[:, cols])) @ w_down[cols, :]
     return out
@@ -289,10 +315,12 @@ def send_mode(
     # section it gets a bare header (dp_moe.c shared_unicast_table); the others their rows
     unicast = sum(
         _WIRE_HEADER + (_WIRE_ITEM * (1 + n) if n else 0) + tokens * row_bytes
-        if d in plan.shared_ducks
+        if d in routed.shared
         else _WIRE_HEADER + _WIRE_ITEM * (1 + n) + r * row_bytes
         for d, r, n in sections
     )
+    if len(plan.shared_sets) > 1:  # one table to all: every set would compute the shared
+        return "unicast", unicast
     if flags & DescFlag.MOE_BROADCAST:
         return "broadcast", broadcast
     if flags & DescFlag.MOE_UNICAST:

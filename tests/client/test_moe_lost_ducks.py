@@ -248,3 +248,62 @@ def test_ducks_that_restarted_without_the_layer_are_routed_around_until_a_reload
         c.load_weights(78, moe, ducks=[0, 1, 2, 3], placement=PLACEMENT)  # back: t % r
         i[1] = [2, 3]
         _check(c.forward(78, x, routing=(i, w)), want)
+
+
+# --- the shared expert's replicas (sets) ------------------------------------------------
+
+
+def _shared_sets_layer(c, layer: int, sets, seed: int) -> MoeMlp:
+    m = MoeMlp.random(4, HIDDEN, EFFN, shared=True, seed=seed)
+    moe = MoeMlp(experts=m.experts, shared=m.shared, shared_ducks=sets)
+    c.load_weights(layer, moe, ducks=[0, 1, 2, 3], placement=[0, 1, 0, 1])
+    return moe
+
+
+def _routed(c, layer: int, x, i, w) -> tuple[np.ndarray, tuple[int, ...]]:
+    with c.claim(x.shape, x.dtype) as slot:
+        slot.array[:] = x
+        fwd = c.submit(slot, layer, routing=(i, w))
+    with fwd:
+        return fwd.result(timeout=30), fwd.answered
+
+
+def test_a_replicated_shared_expert_is_exact_on_each_set_and_serves_with_one_lost(lossy4):
+    x = _tokens(3, 80)
+    i = np.array([[0], [1], [0]], np.int32)  # experts on ducks 0 and 1 only
+    w = np.ones((3, 1), np.float32)
+    with duckpipe.connect(lossy4.control, forward_timeout=DEADLINE) as c:
+        moe = _shared_sets_layer(c, 80, [[0, 1], [2, 3]], seed=80)
+        (info,) = c.layers()
+        assert (info.shared_ducks, info.shared_sets) == ([0, 1, 2, 3], [2, 2])
+        want = moe.reference(x, i, w)
+        seen = set()
+        for _ in range(4):  # forwards take turns on the two sets
+            y, answered = _routed(c, 80, x, i, w)
+            _check(y, want)
+            seen.add(answered)
+        assert seen == {(0, 1), (0, 1, 2, 3)}, seen
+        _kill_and_wait_lost(lossy4)  # set 1 has lost ducks: every forward uses set 0
+        before = _counters(c)
+        for _ in range(3):
+            t0 = time.monotonic()
+            y, answered = _routed(c, 80, x, i, w)
+            assert time.monotonic() - t0 < FAST
+            _check(y, want)
+            assert answered == (0, 1)
+        assert _counters(c)["moe_no_live_replica"] == before["moe_no_live_replica"]
+
+
+def test_with_a_duck_of_every_shared_set_lost_every_forward_fails_at_once(lossy4):
+    x = _tokens(2, 82)
+    i = np.zeros((2, 1), np.int32)
+    w = np.ones((2, 1), np.float32)
+    with duckpipe.connect(lossy4.control, forward_timeout=DEADLINE) as c:
+        moe = _shared_sets_layer(c, 82, [[0, 2], [1, 3]], seed=82)
+        _check(c.forward(82, x, routing=(i, w)), moe.reference(x, i, w))
+        _kill_and_wait_lost(lossy4)
+        e = _fails_fast(c, 82, x, i, w)
+        assert (
+            "layer 82: the shared expert's ducks 2 3 are lost, a duck of each of its 2 sets"
+            in str(e)
+        )

@@ -246,6 +246,8 @@ static size_t list_moe(struct dp_ctl_layer_info *info, const struct dp_layer *l,
 	info->expert_ducks_len = ls.n_placed;
 	info->shared_ducks = ls.shared;
 	info->shared_ducks_len = ls.n_shared;
+	info->shared_sets = ls.sets;
+	info->shared_sets_len = ls.n_sets;
 	return dp_layer_moe_list_words(l);
 }
 

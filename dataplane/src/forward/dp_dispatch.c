@@ -158,26 +158,46 @@ static uint32_t list_ducks(const uint64_t *set, char *m, size_t n, size_t *used)
 	return listed;
 }
 
-/* The shared expert has one set of ducks: every row needs each of them, so with one
- * lost no forward on the layer can complete. 0, or -1 with f completed DUCK_LOST now
- * (not at its deadline), saying so plainly. */
-static int shared_expert_lost(struct dp_dispatcher *d, struct dp_fwd *f, const struct dp_layer *l)
+/* The shared expert's set this forward uses (f->shared): every row needs each of its
+ * ducks. Of the layer's sets (its replicas, LoadWeights.shared_sets) those with no duck
+ * known lost, the (forward id mod their count)-th: forwards take turns on them, and a set
+ * with a lost duck gets none. With none whole, no forward on the layer can complete: -1
+ * with f completed DUCK_LOST now (not at its deadline), saying so plainly; else 0. */
+static int choose_shared_set(struct dp_dispatcher *d, struct dp_fwd *f, const struct dp_layer *l)
 {
 	const struct dp_layer_moe *moe = l->moe;
-	uint64_t gone[DP_MAX_DUCKS / 64], any = 0;
-	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++) {
-		gone[k] = moe->shared_ducks[k] & f->lost[k];
-		any |= gone[k];
-	}
-	if (!moe->has_shared || !any)
+	uint32_t live[DP_MAX_REPLICAS], nlive = 0, nsets = moe->n_shared_sets;
+	memset(f->shared, 0, sizeof(f->shared));
+	if (!moe->has_shared)
 		return 0;
+	for (uint32_t s = 0; s < nsets && s < DP_MAX_REPLICAS; s++) {
+		uint64_t hit = 0;
+		for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+			hit |= moe->shared_set[s * 4 + k] & f->lost[k];
+		if (!hit)
+			live[nlive++] = s;
+	}
+	if (nlive) {
+		memcpy(f->shared, &moe->shared_set[live[f->desc.forward_id % nlive] * 4],
+		       sizeof(f->shared));
+		return 0;
+	}
+	uint64_t gone[DP_MAX_DUCKS / 64];
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+		gone[k] = moe->shared_ducks[k] & f->lost[k];
 	char list[72] = "";
 	size_t used = 0;
 	bool many = list_ducks(gone, list, sizeof(list), &used) > 1;
-	snprintf(f->message, sizeof(f->message),
-		 "layer %u: the shared expert's duck%s%s %s lost, and with one shared-expert set "
-		 "there is no replica: no forward on this layer completes until %s back",
-		 l->id, many ? "s" : "", list, many ? "are" : "is", many ? "they are" : "it is");
+	if (nsets > 1)
+		snprintf(f->message, sizeof(f->message),
+			 "layer %u: the shared expert's ducks%s are lost, a duck of each of its %u "
+			 "sets: no forward on this layer completes until a set is whole again",
+			 l->id, list, nsets);
+	else
+		snprintf(f->message, sizeof(f->message),
+			 "layer %u: the shared expert's duck%s%s %s lost, and with one shared-expert "
+			 "set there is no replica: no forward on this layer completes until %s back",
+			 l->id, many ? "s" : "", list, many ? "are" : "is", many ? "they are" : "it is");
 	dp_count(d->counters, DP_C_moe_no_live_replica, 1);
 	complete(d, f, DP_STATUS_DUCK_LOST, NULL);
 	return -1;
@@ -289,15 +309,15 @@ static int route_forward(struct dp_dispatcher *d, struct dp_fwd *f, const struct
 	 * forward that needs a duck with no live replica fails now, not at its deadline */
 	const struct dp_routing_placement *pl = &moe->pl;
 	bool lost = snapshot_lost(d->w, l, p->targets, f->lost);
+	if (choose_shared_set(d, f, l) < 0)
+		return -1;
 	if (lost) {
-		if (shared_expert_lost(d, f, l) < 0)
-			return -1;
 		dp_routing_live(&moe->pl, NULL, f->lost, &d->live, NULL);
 		pl = &d->live;
 	}
-	/* the shared set, within the forward's ducks (p->targets: the layer's) */
+	/* the shared set it uses, within the forward's ducks (p->targets: the layer's) */
 	for (uint32_t w = 0; w < DP_MAX_DUCKS / 64; w++)
-		f->targets[w] = moe->shared_ducks[w] & p->targets[w];
+		f->targets[w] = f->shared[w] & p->targets[w];
 	/* and every duck a (token, expert) goes to: the count the split starts with, over
 	 * every duck (the placement was checked at load, the table just now: the live
 	 * placement's refusal is an expert with no live replica) */

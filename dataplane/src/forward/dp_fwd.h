@@ -152,6 +152,10 @@ struct dp_fwd {
 	 * every NIC's split follow this one copy, so they agree on each token's replica even
 	 * while the control agent marks ducks lost or back (all zero: the placement as is) */
 	uint64_t lost[DP_MAX_DUCKS / 64];
+	/* routed, with a shared expert: the ducks of the shared set it uses (the dispatcher's
+	 * choice, dp_dispatch.c): each is sent and answers every row; the layer's other sets
+	 * compute only their routed rows for it */
+	uint64_t shared[DP_MAX_DUCKS / 64];
 	/* weight chunks */
 	uint16_t w_duck;
 	uint16_t w_tensor;
