@@ -46,17 +46,25 @@ __all__ = [
     "plan_placement",
     "rebalance_experts",
     "replicate_experts",
+    "rows_per_duck",
 ]
 
 EPLB_COMMIT = "d52c72d5b2f2fb4c41afbf8eb21366820239913d"
 
 
-def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np.ndarray]:
+def balanced_packing(
+    weight: np.ndarray, num_packs: int, apart: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Pack the ``n`` items of each row of ``weight`` ([X, n]) into ``num_packs`` packs of
     exactly ``n / num_packs`` items each, as evenly by weight as the greedy rule gets:
     heaviest first, each into the lightest pack that has room (the first such on ties).
     Returns (pack_index, rank_in_pack), both [X, n]: the pack of each item and its place
-    in the pack (the order it arrived in)."""
+    in the pack (the order it arrived in).
+
+    ``apart`` ([X, n], not in the published code; None there): items of equal ``apart``
+    go to different packs where a pack with room allows it (duckpipe: replicas of one
+    expert on distinct ducks). Where the published rule never puts two such items
+    together the result is the same."""
     weight = np.asarray(weight, dtype=np.float32)
     num_layers, n = weight.shape
     if num_packs < 1 or n % num_packs:
@@ -71,9 +79,16 @@ def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np
     for i in range(num_layers):
         loads = np.zeros(num_packs, dtype=np.float32)  # float32 sums, as torch adds them
         items = np.zeros(num_packs, dtype=np.int64)
+        held: list[set[int]] = [set() for _ in range(num_packs)]
         for g in order[i]:
             room = np.flatnonzero(items < per_pack)
+            if apart is not None:
+                key = int(apart[i, g])
+                free = [q for q in room if key not in held[q]]
+                room = np.array(free) if free else room  # else: _separate_replicas
             p = room[np.argmin(loads[room])]  # argmin: the first lightest, as min() takes
+            if apart is not None:
+                held[p].add(int(apart[i, g]))
             pack_index[i, g] = p
             rank_in_pack[i, g] = items[p]
             loads[p] += weight[i, g]
@@ -152,7 +167,8 @@ def _hierarchical(
 
     # 3: replicas onto each node's GPUs
     tokens_per_phy = np.take_along_axis(tokens_per_mlog / mlogcnt.astype(np.float32), phy2mlog, -1)
-    pack_index, rank_in_pack = balanced_packing(tokens_per_phy, num_gpus // num_nodes)
+    apart = None if max_replicas is None else phy2mlog  # duckpipe: replicas on distinct GPUs
+    pack_index, rank_in_pack = balanced_packing(tokens_per_phy, num_gpus // num_nodes, apart)
     phy2pphy = pack_index * per_gpu + rank_in_pack
     pphy2phy = _inverse(phy2pphy)
 
@@ -220,11 +236,15 @@ def _loads_2d(weight: Any) -> np.ndarray:
 
 
 def _check_loads(w: np.ndarray) -> np.ndarray:
-    if w.dtype == bool or not (np.issubdtype(w.dtype, np.integer) or np.issubdtype(w.dtype, np.floating)):
+    if w.dtype == bool or not (
+        np.issubdtype(w.dtype, np.integer) or np.issubdtype(w.dtype, np.floating)
+    ):
         raise BadInput(f"loads are numbers (token counts per expert), got dtype {w.dtype}")
     bad = np.flatnonzero(~np.isfinite(w.astype(np.float64)).ravel())
     if bad.size:
-        raise BadInput(f"loads must be finite: expert {int(bad[0]) % w.shape[-1]} has {w.ravel()[bad[0]]}")
+        raise BadInput(
+            f"loads must be finite: expert {int(bad[0]) % w.shape[-1]} has {w.ravel()[bad[0]]}"
+        )
     neg = np.flatnonzero(w.ravel() < 0)
     if neg.size:
         raise BadInput(
@@ -251,7 +271,7 @@ class Plan:
     placement: tuple[tuple[int, ...], ...]
     slots: np.ndarray
     duck_load: np.ndarray
-    policy: str  # "hierarchical" or "global"
+    policy: str  # "hierarchical" (groups kept on nodes) or "global" (one node, or the fallback)
     separated: int  # duplicate replicas moved to another duck by a swap
     merged: int  # duplicate replicas dropped (no swap was possible)
 
@@ -292,10 +312,11 @@ def plan_placement(
       ``replicate_experts`` passes over an expert that has that many;
     - a duck never holds two replicas of one expert (duckpipe routes a token to one
       replica per duck). EPLB's packing can put two equal replicas on one GPU; each such
-      pair is undone by swapping one of them with the slot, on another duck of the same
-      node, whose per-replica load is closest (neither duck then holds either expert
-      twice), which moves at most that difference of load. Where no such swap exists the
-      two replicas become one (the expert keeps one replica fewer; counted in ``merged``).
+      pair is undone by swapping one of them with a slot of another duck of the same node
+      (neither duck then holding an expert twice), the swap that leaves the heavier of
+      the two ducks lightest. Where no such swap exists the two replicas become one (the
+      expert keeps one replica fewer, and its tokens split evenly over the ducks it is
+      on; counted in ``merged``).
 
     Returns a :class:`Plan`: ``plan.placement`` goes to ``load_weights(placement=...)``;
     ``plan.duck_load`` and ``plan.imbalance`` are what the load predicts. BadInput names
@@ -314,7 +335,7 @@ def plan_placement(
         )
     if groups < 1 or n_experts % groups:
         raise BadInput(f"groups={groups} must divide the {n_experts} experts into equal groups")
-    if nodes < 1 or n_ducks % nodes:
+    if nodes < 1 or (groups % nodes == 0 and n_ducks % nodes):
         raise BadInput(f"nodes={nodes} must divide the {n_ducks} ducks into equal nodes")
     slots = n_experts + redundant
     if slots % n_ducks:
@@ -325,7 +346,7 @@ def plan_placement(
             f"over {n_ducks} ducks (EPLB gives every duck as many slots): use redundant="
             + " or ".join(str(k) for k in fit)
         )
-    hierarchical = groups % nodes == 0
+    hierarchical = groups % nodes == 0  # EPLB's rule; otherwise its global policy
     per_node = n_ducks // nodes if hierarchical else n_ducks
     cap = min(MAX_REPLICAS, per_node)
     experts_per_node = n_experts // nodes if hierarchical else n_experts
@@ -352,7 +373,7 @@ def plan_placement(
         placement=placement,
         slots=table,
         duck_load=duck_load,
-        policy="hierarchical" if hierarchical else "global",
+        policy="hierarchical" if hierarchical and nodes > 1 else "global",
         separated=separated,
         merged=merged,
     )
@@ -360,11 +381,13 @@ def plan_placement(
 
 def _separate_replicas(table: np.ndarray, share: np.ndarray, per_node: int) -> tuple[int, int]:
     """Undo two replicas of one expert on one duck, in place in ``table`` [duck, slot]:
-    swap the second with the slot, on another duck of the same node holding neither
-    expert twice after, whose per-replica load (``share``) is closest; if none, empty it
-    (-1). Returns (swapped, emptied)."""
+    swap the second with a slot of another duck of the same node such that neither duck
+    then holds an expert twice, choosing the swap that leaves the heavier of the two
+    ducks lightest (``share``: load per replica of each expert); if there is none, empty
+    the slot (-1). Returns (swapped, emptied)."""
     swapped = emptied = 0
     n_ducks, per_duck = table.shape
+    loads = share[np.maximum(table, 0)].sum(-1)
     for d in range(n_ducks):
         lo = d // per_node * per_node
         for j in range(per_duck):
@@ -379,15 +402,20 @@ def _separate_replicas(table: np.ndarray, share: np.ndarray, per_node: int) -> t
                     b = table[d2, j2]
                     if b < 0 or b in table[d]:
                         continue
-                    cost = abs(share[e] - share[b])
-                    if best is None or cost < best[0]:
-                        best = (cost, d2, j2)
+                    moved = share[b] - share[e]  # d gains it, d2 loses it
+                    peak = max(loads[d] + moved, loads[d2] - moved)
+                    if best is None or peak < best[0]:
+                        best = (peak, d2, j2)
             if best is None:
                 table[d, j] = -1
+                loads[d] -= share[e]
                 emptied += 1
             else:
                 _, d2, j2 = best
+                moved = share[table[d2, j2]] - share[e]
                 table[d, j], table[d2, j2] = table[d2, j2], e
+                loads[d] += moved
+                loads[d2] -= moved
                 swapped += 1
     return swapped, emptied
 
@@ -428,3 +456,24 @@ def _duck_list(ducks: Sequence[int]) -> list[int]:
     if len(set(out)) != len(out):
         raise BadInput(f"ducks {out} names a duck twice: give each duck once")
     return out
+
+
+def rows_per_duck(
+    indices: np.ndarray, placement: Sequence[Sequence[int]], ducks: Sequence[int]
+) -> np.ndarray:
+    """The rows each of ``ducks`` computes for a routing ``indices`` [tokens, topk] (-1:
+    no expert) on ``placement`` (``placement[e]``: expert ``e``'s ducks), by the
+    dataplane's rule: token ``t`` reaches expert ``e`` through replica ``t % replicas``.
+    One row per (token, expert) pair, in ``ducks`` order."""
+    idx = np.asarray(indices, dtype=np.int64)
+    held = [[p] if isinstance(p, int | np.integer) else list(p) for p in placement]
+    replicas = np.array([len(h) for h in held], dtype=np.int64)
+    where = np.full((len(held), MAX_REPLICAS), -1, dtype=np.int64)
+    column = {d: i for i, d in enumerate(ducks)}
+    for e, h in enumerate(held):
+        where[e, : len(h)] = [column[d] for d in h]
+    tokens = np.arange(idx.shape[0])[:, None]
+    routed = idx >= 0
+    e = np.where(routed, idx, 0)
+    duck = where[e, tokens % replicas[e]][routed]
+    return np.bincount(duck, minlength=len(ducks))
