@@ -81,9 +81,13 @@ def test_the_cases_cover_both_policies_and_deepseek_v3s_shape():
 
 
 def _loadable(plan) -> None:
+    """What load_weights takes; and each slot an (expert, duck) pair of its own, none
+    dropped on the quiet (an emptied slot is -1 and counted in ``merged``)."""
     for held in plan.placement:
         assert 1 <= len(held) <= 8 and len(set(held)) == len(held)
         assert set(held) <= set(plan.ducks)
+    assert plan.replicas.sum() == (plan.slots >= 0).sum()
+    assert (plan.slots < 0).sum() == plan.merged
 
 
 @pytest.mark.parametrize("name", [n for n in CASES if len(CASES[n]["weight"]) == 1])
