@@ -5,13 +5,16 @@ placement (``client.load_weights(layer, moe, placement=plan.placement)``).
 Source: https://github.com/deepseek-ai/EPLB, ``eplb.py`` at commit
 d52c72d5b2f2fb4c41afbf8eb21366820239913d (MIT licence, DeepSeek). :func:`rebalance_experts`,
 :func:`balanced_packing` and :func:`replicate_experts` follow that file step by step,
-with numpy instead of torch, and give the same ``phy2log``, ``log2phy`` and ``logcnt``
-(``tests/client/test_eplb.py`` against outputs of the published code,
-``tests/client/data/eplb_cases.json``, made by ``tools/make_eplb_cases.py``). The one
-difference: where ``balanced_packing`` sorts equal weights, torch's sort (not stable
-above 16 items) leaves their order to its implementation; here ties keep ascending
-index order. Equal weights are interchangeable for the greedy packing, so every duck's
-load is the same either way, and which of two equal items sits where may differ.
+with numpy instead of torch (``tests/client/test_eplb.py`` against outputs of the
+published code, ``tests/client/data/eplb_cases.json``, made by
+``tools/make_eplb_cases.py``). Where ``balanced_packing`` sorts equal weights, torch's
+sort (not stable above 16 items) leaves their order to its implementation; here ties
+keep ascending index order. Equal weights are interchangeable for the greedy packing, so
+``logcnt`` and every GPU's load are the same as the published code's; ``phy2log`` is the
+same where no two different experts tie, and ``log2phy`` then holds the same slots per
+expert, its replica ranks (two replicas of one expert always tie) in either order. (Two
+expert *groups* of equal load would let torch pick which goes to which node; the stored
+cases have none.)
 
 The algorithm (the published README's words, shortened):
 
@@ -24,8 +27,9 @@ The algorithm (the published README's words, shortened):
    every GPU the same number of slots).
 2. *Global* (otherwise): the same with one group and one node.
 
-Loads are float32 as in the published code; sums of integer token counts are exact up to
-2**24 per expert group.
+Loads are float32 as in the published code. Integer token counts sum exactly up to
+2**24 per expert group; beyond that, or with fractional loads, numpy and torch may add
+a group's loads in different orders and round differently.
 """
 
 from __future__ import annotations
@@ -272,8 +276,8 @@ class Plan:
     slots: np.ndarray
     duck_load: np.ndarray
     policy: str  # "hierarchical" (groups kept on nodes) or "global" (one node, or the fallback)
-    separated: int  # duplicate replicas moved to another duck by a swap
-    merged: int  # duplicate replicas dropped (no swap was possible)
+    separated: int  # replica pairs on one duck moved apart by a swap
+    merged: int  # replica pairs on one duck made one (no swap was possible): empty slots
 
     @property
     def replicas(self) -> np.ndarray:
@@ -310,13 +314,17 @@ def plan_placement(
 
     - at most 8 replicas per expert (``MAX_REPLICAS``), and no more than a node has ducks:
       ``replicate_experts`` passes over an expert that has that many;
-    - a duck never holds two replicas of one expert (duckpipe routes a token to one
-      replica per duck). EPLB's packing can put two equal replicas on one GPU; each such
-      pair is undone by swapping one of them with a slot of another duck of the same node
+    - a duck never holds two replicas of one expert (a bank holds an expert once, and
+      ``load_weights`` refuses a duck twice for one expert). EPLB's packing can put two
+      replicas of one expert on one GPU (equal weights, the lightest GPU still lightest);
+      here the packing passes over a duck that holds the expert while another duck with
+      room does not (``balanced_packing``'s ``apart``), which changes nothing where the
+      published packing never paired them. A pair that is left (the last free slots
+      only on such ducks) is swapped apart with a slot of another duck of the same node
       (neither duck then holding an expert twice), the swap that leaves the heavier of
-      the two ducks lightest. Where no such swap exists the two replicas become one (the
-      expert keeps one replica fewer, and its tokens split evenly over the ducks it is
-      on; counted in ``merged``).
+      the two ducks lightest (counted in ``separated``); where no such swap exists the
+      two become one replica (the expert's tokens then split evenly over the ducks it is
+      on; counted in ``merged``, the slot left empty).
 
     Returns a :class:`Plan`: ``plan.placement`` goes to ``load_weights(placement=...)``;
     ``plan.duck_load`` and ``plan.imbalance`` are what the load predicts. BadInput names
