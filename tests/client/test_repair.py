@@ -1,0 +1,128 @@
+"""Repair, not reload: a duck that restarted lost its banks; ``Client.repair(layer)``
+streams exactly those banks again (counted by the dataplane: ``repair_bytes``), the layer
+is ready again, and forwards are exact. Against the mock and the C dataplane."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import duckpipe
+from duckpipe import GeluMlp
+from duckpipe.errors import BadInput, DuckLost
+from duckpipe.moe import MoeMlp
+from duckpipe.testing import set_faults
+
+HIDDEN, EFFN, N_EXPERTS = 32, 16, 8
+RESTARTED = 3  # the duck that restarts
+
+
+class _Mock:
+    """Four mock ducks; duck 3 restarts when told (the mock's restarted_ducks fault)."""
+
+    def __init__(self, factory) -> None:
+        self.control = factory(ducks=4).control
+
+    def restart(self) -> None:
+        set_faults(self.control, restarted_ducks=[RESTARTED])
+
+
+class _Real:
+    """Four emulated ducks and the C dataplane; duck 3's emulator forgets its layers once
+    it computed its first forward (``--restart-after 1``), as a rebooted duck would."""
+
+    def __init__(self, factory) -> None:
+        self.control = factory(4, groups=[(3, []), (1, ["--restart-after", "1"])]).control
+
+    def restart(self) -> None:
+        pass  # it forgot them after the first forward it computed
+
+
+@pytest.fixture(params=["mock", "real"])
+def ducks(request):
+    if request.param == "mock":
+        return _Mock(request.getfixturevalue("duckpipe_mock_factory"))
+    return _Real(request.getfixturevalue("duckpipe_cluster_factory"))
+
+
+def _count(c: duckpipe.Client) -> dict[str, int]:
+    return c.stats().counters
+
+
+def _lose_duck_3(c: duckpipe.Client, ducks, layer: int, forward) -> None:
+    """The first forward reaches duck 3, which then restarts; the next one that needs it
+    fails DuckLost naming the repair, and Layers lists it lost."""
+    forward()
+    ducks.restart()
+    with pytest.raises(DuckLost, match=rf"no layer {layer} \(restarted\?\); repair it: "
+                       rf"client.repair\({layer}\)"):
+        forward()
+    (info,) = [li for li in c.layers() if li.layer == layer]
+    assert (info.ready, info.failed, info.lost) == (False, False, [RESTARTED])
+    # known lost now: the dataplane fails it at dispatch, asking no duck
+    with pytest.raises(DuckLost, match=rf"client.repair\({layer}\)"):
+        forward()
+
+
+def test_repair_streams_only_the_restarted_ducks_moe_bank_and_forwards_are_exact(ducks):
+    # 8 experts, 2 per duck, and a shared expert cut over ducks 1 and 3: duck 3's bank is
+    # experts 6 and 7 and its half of the shared expert
+    moe = MoeMlp.random(N_EXPERTS, HIDDEN, EFFN, shared=True, seed=30)
+    moe = dataclasses.replace(moe, shared_ducks=[1, 3])
+    rng = np.random.default_rng(30)
+    x = rng.standard_normal((6, HIDDEN)).astype(np.float32)
+    idx = np.array([[0, 7], [6, 2], [3, 4], [5, 1], [7, 6], [2, 0]], np.int32)
+    w = rng.random((6, 2)).astype(np.float32)
+    want = moe.reference(x, idx, w)
+    with duckpipe.connect(ducks.control) as c:
+        info = c.load_weights(40, moe, ducks=[0, 1, 2, 3])
+        bank = dict(zip(info.ducks, info.shard_sizes, strict=True))[RESTARTED]
+        assert bank == 2 * EFFN + EFFN // 2  # its two experts and half the shared expert
+        bank_bytes = 3 * HIDDEN * bank * 4  # w_gate, w_up, w_down float32
+        layer_bytes = 3 * HIDDEN * info.ffn * 4
+
+        def forward():
+            return c.forward(40, x, routing=(idx, w), timeout=5)
+
+        _lose_duck_3(c, ducks, 40, forward)
+        before = _count(c)
+        info = c.repair(40)
+        after = _count(c)
+        sent = after["weight_bytes"] - before["weight_bytes"]
+        assert sent == after["repair_bytes"] - before["repair_bytes"] == bank_bytes
+        assert sent < layer_bytes / 3  # the whole layer is 3.6x that
+        assert after["layers_repaired"] - before["layers_repaired"] == 1
+        assert (info.ready, info.lost) == (True, [])
+        np.testing.assert_allclose(forward(), want, rtol=1e-4, atol=1e-5)
+        assert c.repair(40).ready  # nothing lost: nothing sent
+        assert _count(c)["weight_bytes"] == after["weight_bytes"]
+
+
+def test_a_dense_layer_serves_on_the_other_ducks_and_is_repaired_exactly(ducks):
+    mlp = GeluMlp.random(HIDDEN, 64, seed=31)  # with b_down, which a repair leaves alone
+    x = np.random.default_rng(31).standard_normal((3, HIDDEN)).astype(np.float32)
+    with duckpipe.connect(ducks.control) as c:
+        c.load_weights(41, mlp)
+        _lose_duck_3(c, ducks, 41, lambda: c.forward(41, x, timeout=5))
+        partial = c.forward(41, x, ducks=[0, 1, 2])  # the others still serve
+        assert partial.shape == x.shape
+        before = _count(c)
+        assert c.repair(41).ready
+        sent = _count(c)["repair_bytes"] - before["repair_bytes"]
+        # duck 3's shard: w_up [32, 16], b_up [16], w_down [16, 32], float32
+        assert sent == (HIDDEN * 16 + 16 + 16 * HIDDEN) * 4
+        np.testing.assert_allclose(c.forward(41, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_repair_refuses_a_duck_that_did_not_lose_the_layer(ducks):
+    from duckpipe.schema import control as ctl
+
+    mlp = GeluMlp.random(HIDDEN, 64, seed=32)
+    with duckpipe.connect(ducks.control) as c:
+        c.load_weights(42, mlp)
+        with pytest.raises(BadInput, match="layer 42: duck 2 did not lose it"):
+            c._session.request(lambda rid: ctl.RepairLayer(req_id=rid, layer=42, ducks=[2]))
+        x = np.ones((1, HIDDEN), np.float32)
+        np.testing.assert_allclose(c.forward(42, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
