@@ -56,14 +56,20 @@ def _lose_duck_3(c: duckpipe.Client, ducks, layer: int, forward) -> None:
     fails DuckLost naming the repair, and Layers lists it lost."""
     forward()
     ducks.restart()
-    with pytest.raises(DuckLost, match=rf"no layer {layer} \(restarted\?\); repair it: "
-                       rf"client.repair\({layer}\)"):
+    with pytest.raises(
+        DuckLost,
+        match=rf"no layer {layer} \(restarted\?\); repair it: "
+        rf"client.repair\({layer}\)",
+    ):
         forward()
     (info,) = [li for li in c.layers() if li.layer == layer]
     assert (info.ready, info.failed, info.lost) == (False, False, [RESTARTED])
-    # known lost now: the dataplane fails it at dispatch, asking no duck
+    # known lost now: the dataplane fails it at dispatch, asking no duck (so none says
+    # NO_LAYER again)
+    no_layer = _count(c)["no_layer_replies"]
     with pytest.raises(DuckLost, match=rf"client.repair\({layer}\)"):
         forward()
+    assert _count(c)["no_layer_replies"] == no_layer
 
 
 def test_repair_streams_only_the_restarted_ducks_moe_bank_and_forwards_are_exact(ducks):
