@@ -132,3 +132,48 @@ def test_repair_refuses_a_duck_that_did_not_lose_the_layer(ducks):
             c._session.request(lambda rid: ctl.RepairLayer(req_id=rid, layer=42, ducks=[2]))
         x = np.ones((1, HIDDEN), np.float32)
         np.testing.assert_allclose(c.forward(42, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_forwards_on_the_other_ducks_flow_while_a_repair_streams(duckpipe_cluster_factory):
+    # a shared layer (the test runs as the admin) so that a second client forwards on it
+    # while the loader repairs duck 3's 4 MiB shard. The C dataplane only: the mock, one
+    # thread, serves the two clients in turns, and both share this process's GIL here
+    ducks = _Real(duckpipe_cluster_factory)
+    import threading
+    import time
+
+    mlp = GeluMlp.random(512, 4096, seed=33)
+    x = np.ones((1, 512), np.float32)
+    with duckpipe.connect(ducks.control) as c, duckpipe.connect(ducks.control) as other:
+        c.load_weights(43, mlp, shared=True)
+        _lose_duck_3(c, ducks, 43, lambda: c.forward(43, x, timeout=5))
+        done: list[float] = []
+        stop = threading.Event()
+
+        failed: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                while not stop.is_set():
+                    other.forward(43, x, ducks=[0, 1, 2], timeout=5)
+                    done.append(time.monotonic())
+            except BaseException as e:  # said below, not lost with the thread
+                failed.append(e)
+                raise
+
+        t = threading.Thread(target=serve)
+        t.start()
+        try:
+            while not done and not failed:  # serving before the repair begins
+                time.sleep(0.001)
+            start = time.monotonic()
+            assert c.repair(43).ready
+            end = time.monotonic()
+        finally:
+            stop.set()
+            t.join(10)
+        assert not failed
+        during = [s for s in done if start < s < end]
+        print(f"repair took {1e3 * (end - start):.1f} ms; {len(during)} forwards meanwhile")
+        assert during  # none waited for the repair to end
+        np.testing.assert_allclose(c.forward(43, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
