@@ -1316,12 +1316,12 @@ class MockDataplane:
                 f"the next byte due is {layer.received[key]} (send each tensor once, in order)"
             )
         layer.received[key] += n  # the C dataplane counts it due once dispatched, too
-        if key[0] in self.faults.dead_ducks and layer.ready:  # a repair's: that duck's alone
-            layer.repair_failed.add(key[0])
-        elif key[0] in self.faults.dead_ducks:
-            layer.failed = True
-            layer.missing.add(key[0])
         if key[0] in self.faults.dead_ducks:
+            if layer.ready:  # a repair's chunk: that duck's repair fails, not the layer
+                layer.repair_failed.add(key[0])
+            else:
+                layer.failed = True
+                layer.missing.add(key[0])
             return (
                 f"duck {key[0]} did not acknowledge layer {int(d.layer)} tensor {key[1]} "
                 f"within {config_default('weight_timeout_ms')} ms"
