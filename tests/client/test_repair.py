@@ -51,11 +51,11 @@ def _count(c: duckpipe.Client) -> dict[str, int]:
     return c.stats().counters
 
 
-def _lose_duck_3(c: duckpipe.Client, ducks, layer: int, forward) -> None:
+def _lose_duck_3(c: duckpipe.Client, restart, layer: int, forward) -> None:
     """The first forward reaches duck 3, which then restarts; the next one that needs it
     fails DuckLost naming the repair, and Layers lists it lost."""
     forward()
-    ducks.restart()
+    restart()
     with pytest.raises(
         DuckLost,
         match=rf"no layer {layer} \(restarted\?\); repair it: "
@@ -92,7 +92,7 @@ def test_repair_streams_only_the_restarted_ducks_moe_bank_and_forwards_are_exact
         def forward():
             return c.forward(40, x, routing=(idx, w), timeout=5)
 
-        _lose_duck_3(c, ducks, 40, forward)
+        _lose_duck_3(c, ducks.restart, 40, forward)
         before = _count(c)
         info = c.repair(40)
         after = _count(c)
@@ -111,7 +111,7 @@ def test_a_dense_layer_serves_on_the_other_ducks_and_is_repaired_exactly(ducks):
     x = np.random.default_rng(31).standard_normal((3, HIDDEN)).astype(np.float32)
     with duckpipe.connect(ducks.control) as c:
         c.load_weights(41, mlp)
-        _lose_duck_3(c, ducks, 41, lambda: c.forward(41, x, timeout=5))
+        _lose_duck_3(c, ducks.restart, 41, lambda: c.forward(41, x, timeout=5))
         partial = c.forward(41, x, ducks=[0, 1, 2])  # the others still serve
         assert partial.shape == x.shape
         before = _count(c)
@@ -146,7 +146,7 @@ def test_forwards_on_the_other_ducks_flow_while_a_repair_streams(duckpipe_cluste
     x = np.ones((1, 512), np.float32)
     with duckpipe.connect(ducks.control) as c, duckpipe.connect(ducks.control) as other:
         c.load_weights(43, mlp, shared=True)
-        _lose_duck_3(c, ducks, 43, lambda: c.forward(43, x, timeout=5))
+        _lose_duck_3(c, ducks.restart, 43, lambda: c.forward(43, x, timeout=5))
         done: list[float] = []
         stop = threading.Event()
 
@@ -177,3 +177,38 @@ def test_forwards_on_the_other_ducks_flow_while_a_repair_streams(duckpipe_cluste
         print(f"repair took {1e3 * (end - start):.1f} ms; {len(during)} forwards meanwhile")
         assert during  # none waited for the repair to end
         np.testing.assert_allclose(c.forward(43, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_repair_the_duck_does_not_acknowledge_leaves_it_lost_and_the_layer_serving(
+    duckpipe_cluster_factory,
+):
+    # the C dataplane: duck 3 stops between its loss and the repair, before 3 missed pings
+    # would have the dataplane refuse the repair up front (the mock knows its dead ducks
+    # at once: DucksUnreachable, test_load_failures.py)
+    from duckpipe.errors import DataplaneFault
+    from duckpipe.launch.ducks import DucksProcess
+
+    cl = duckpipe_cluster_factory(
+        4,
+        groups=[(3, []), (1, ["--restart-after", "1"])],
+        ping_ms=2000,
+        weight_timeout_ms=300,
+        weight_rto_us=20_000,
+    )
+    mlp = GeluMlp.random(HIDDEN, 64, seed=34)
+    x = np.ones((2, HIDDEN), np.float32)
+    with duckpipe.connect(cl.control) as c:
+        c.load_weights(44, mlp)
+        _lose_duck_3(c, lambda: None, 44, lambda: c.forward(44, x, timeout=5))
+        cl.emulators[1].stop()
+        with pytest.raises(
+            DataplaneFault, match=r"repairing layer 44 failed: duck 3 did not acknowledge"
+        ) as e:
+            c.repair(44)
+        assert e.value.missing == (RESTARTED,)
+        (info,) = c.layers()
+        assert (info.ready, info.failed, info.lost) == (False, False, [RESTARTED])
+        assert c.forward(44, x, ducks=[0, 1, 2]).shape == x.shape  # the others serve
+        cl.emulators[1] = DucksProcess(ducks=1, base_port=cl.duck_base + 3, first_id=3).start()
+        assert c.repair(44).ready  # once it answers, a repair again brings it back
+        np.testing.assert_allclose(c.forward(44, x), mlp.reference(x), rtol=1e-4, atol=1e-5)
