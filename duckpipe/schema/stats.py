@@ -238,6 +238,8 @@ COUNTERS: tuple[Counter, ...] = (
         "parks_expecting",
         "of parks, those until forwards' replies were due, their NICs unheard (idle_expect)",
     ),
+    Counter("layers_repaired", "repairs committed: lost ducks given their banks again"),
+    Counter("repair_bytes", "of weight_bytes, those a repair restreamed to lost ducks"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

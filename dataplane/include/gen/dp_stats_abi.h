@@ -349,7 +349,9 @@ struct dp_stats_duck {
     X(replies_dropped) /* replies to a peer gone, or with 256 unread (ROUTER_SNDHWM) */                              \
     X(moe_no_duck_forwards) /* MoE forwards no duck was asked for (every choice -1, no shared expert): zeros */      \
     X(moe_copied_bytes) /* MoE: activation bytes copied to be sent (rows sent from the slot in place: 0) */          \
-    X(parks_expecting) /* of parks, those until forwards' replies were due, their NICs unheard (idle_expect) */
+    X(parks_expecting) /* of parks, those until forwards' replies were due, their NICs unheard (idle_expect) */      \
+    X(layers_repaired) /* repairs committed: lost ducks given their banks again */                                   \
+    X(repair_bytes) /* of weight_bytes, those a repair restreamed to lost ducks */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");

@@ -182,17 +182,40 @@ static void no_duck_forward(struct dp_dispatcher *d, struct dp_fwd *f)
 	complete(d, f, DP_STATUS_OK, NULL);
 }
 
+/* A forward that needs a duck known to have lost the layer (it said NO_LAYER since the
+ * commit, and no repair has committed since) fails DUCK_LOST here, sent to nobody: asked
+ * again, the duck would say NO_LAYER again, or, once a repair announced the layer to it,
+ * compute on a half-streamed bank. 1 when it did. */
+static int needs_lost_duck(struct dp_dispatcher *d, struct dp_fwd *f, const struct dp_layer *l)
+{
+	uint64_t gone[DP_MAX_DUCKS / 64], any = 0;
+	/* acquire: pairs with the repair commit's release of the bits it clears */
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+		any |= gone[k] = f->targets[k] & __atomic_load_n(&l->lost_ducks[k], __ATOMIC_ACQUIRE);
+	if (!any)
+		return 0;
+	dp_fwd_lost_message(f, gone);
+	dp_count(d->counters, DP_C_duck_lost, 1);
+	complete(d, f, DP_STATUS_DUCK_LOST, NULL);
+	return 1;
+}
+
 static void dispatch_forward(struct dp_dispatcher *d, struct dp_fwd *f, struct dp_layer *l,
 			     const struct dp_desc_plan *p, uint64_t now)
 {
 	struct dp_world *w = d->w;
 	struct dp_client *c = f->client;
+	/* before the lost bits are read: a repair begun after this load is one whose
+	 * duck's partials this forward must not take (dp_gather_on_partial) */
+	f->repairs = __atomic_load_n(&l->repairs, __ATOMIC_ACQUIRE);
 	if (f->desc.flags & DP_DESC_FLAG_ROUTED) {
 		if (route_forward(d, f, l, p) < 0)
 			return;
 	} else {
 		memcpy(f->targets, p->targets, sizeof(f->targets));
 	}
+	if (needs_lost_duck(d, f, l))
+		return;
 	for (uint32_t k = 0; k < DP_MAX_DUCKS; k++)
 		if (dp_targets_has(f->targets, k)) /* a layer's ducks are in the topology */
 			f->nic_mask |= 1u << w->cfg.ducks[w->duck_index[k]].nic;
@@ -256,6 +279,71 @@ static void dispatch_weight(struct dp_dispatcher *d, struct dp_fwd *f, struct dp
 	hand_to(d, f, nic);
 }
 
+/* A repair's duck whose bank is not all in: its id, its tensor in *t and the bytes
+ * acknowledged of it in *got (UINT64_MAX: a chunk was not acknowledged); -1 for none. */
+static int32_t repair_short(const struct dp_layer *l, uint32_t *t, uint64_t *got)
+{
+	for (uint32_t i = 0; i < l->nducks; i++) {
+		uint32_t dk = l->ducks[i];
+		if (!dp_targets_has(l->repair_ducks, dk))
+			continue;
+		if (__atomic_load_n(&l->failed_ducks[dk >> 6], __ATOMIC_RELAXED) >> (dk & 63) & 1) {
+			*t = 0;
+			*got = UINT64_MAX;
+			return (int32_t)dk;
+		}
+		for (*t = 0; *t < DP_SHARD_TENSORS; (*t)++) {
+			*got = __atomic_load_n(&l->acked[i][*t], __ATOMIC_ACQUIRE);
+			if (*got != dp_tensor_bytes(l, i, *t))
+				return (int32_t)dk;
+		}
+	}
+	return -1;
+}
+
+/* A commit on a layer committed already closes a repair (RepairLayer) once every chunk
+ * before it is in. Whole, the repaired ducks leave lost_ducks (release: a dispatcher
+ * that no longer sees a duck's bit sends it forwards only after every byte of its bank
+ * was acknowledged); else they stay lost and the layer serves on the others as before.
+ * Either way the repair closes: repairing drops last (release), after its ducks' books. */
+static int try_repair_commit(struct dp_dispatcher *d, struct dp_fwd *f, struct dp_layer *l)
+{
+	if (!dp_load_acquire_u32(&l->repairing)) {
+		complete(d, f, DP_STATUS_BAD_REQUEST,
+			 "layer %u is loaded and no repair of it is open: nothing to commit", l->id);
+		return 1;
+	}
+	/* acquire: the workers' acked[] adds happen before their outstanding decrement */
+	if (__atomic_load_n(&l->outstanding, __ATOMIC_ACQUIRE) != 0)
+		return 0;
+	uint32_t t = 0;
+	uint64_t got = 0;
+	int32_t bad = repair_short(l, &t, &got);
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++) {
+		uint64_t mine = l->repair_ducks[k];
+		if (bad < 0)
+			__atomic_fetch_and(&l->lost_ducks[k], ~mine, __ATOMIC_RELEASE);
+		__atomic_fetch_and(&l->failed_ducks[k], ~mine, __ATOMIC_RELAXED);
+		l->repair_ducks[k] = 0;
+	}
+	dp_store_release_u32(&l->repairing, 0);
+	if (bad < 0) {
+		dp_count(d->counters, DP_C_layers_repaired, 1);
+		complete(d, f, DP_STATUS_OK, NULL);
+	} else if (got == UINT64_MAX) {
+		complete(d, f, DP_STATUS_DATAPLANE_ERROR,
+			 "repair of layer %u failed: duck %d did not acknowledge its bank within %u "
+			 "ms; it stays lost (repair again once it answers)",
+			 l->id, bad, d->w->cfg.weight_timeout_ms);
+	} else {
+		complete(d, f, DP_STATUS_BAD_REQUEST,
+			 "repair of layer %u incomplete: duck %d tensor %u got %lu of %lu bytes; it "
+			 "stays lost", l->id, bad, t, (unsigned long)got,
+			 (unsigned long)dp_tensor_bytes(l, (uint32_t)l->index[bad], t));
+	}
+	return 1;
+}
+
 /* A commit completes once every chunk before it has; 1 when it did. */
 static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 {
@@ -268,6 +356,8 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 			 f->desc.layer);
 		return 1;
 	}
+	if (dp_load_acquire_u32(&l->ready)) /* only this thread sets it */
+		return try_repair_commit(d, f, l);
 	/* acquire: the workers' acked[] adds happen before their outstanding decrement */
 	if (__atomic_load_n(&l->outstanding, __ATOMIC_ACQUIRE) != 0)
 		return 0;
