@@ -70,6 +70,9 @@ struct dp_desc_layer {
     uint8_t weight_dtype;
     uint32_t expert_ffn;          /* MOE: columns of each routed expert */
     const uint16_t *experts_on;   /* MOE: DP_MAX_DUCKS entries, by duck id; else NULL */
+    /* a repair open on the committed layer (RepairLayer): the ducks (DP_MAX_DUCKS bits)
+     * whose banks it restreams, the only weight chunks a ready layer takes; else NULL */
+    const uint64_t *repair;
 };
 
 /* What a descriptor that passed asks for, computed once with checked arithmetic. */
@@ -215,9 +218,15 @@ static inline int dp_desc_check_weight(const struct dp_client_layout *c,
 	uint64_t end, size;
 	if (l && l->foreign)
 		return dp_refuse(-1, why, whylen, "layer %u belongs to another client", d->layer);
-	if (!l || l->ready)
+	if (!l)
 		return dp_refuse(-1, why, whylen,
 				      "layer %u is not being loaded (send LoadWeights first)", d->layer);
+	/* a committed layer takes the banks of the ducks a repair restreams, nothing else:
+	 * b_down never leaves the dataplane, and the other ducks' banks are serving */
+	if (l->ready && (!l->repair || d->duck >= DP_MAX_DUCKS || !dp_targets_has(l->repair, d->duck)))
+		return dp_refuse(-1, why, whylen,
+				      "layer %u is loaded: weight chunks go only to the ducks a "
+				      "RepairLayer names (or send LoadWeights to replace it)", d->layer);
 	if (d->nbytes == 0 || d->nbytes > c->act_slot_size || d->nbytes > lim->max_forward_bytes)
 		return dp_refuse(-1, why, whylen, "weight chunk of %lu bytes", (unsigned long)d->nbytes);
 	if (__builtin_add_overflow(d->offset, d->nbytes, &end))

@@ -26,6 +26,9 @@ duck (what duckpipe did before ``shared_ducks``). Its bytes per token on the wir
 tokens) against the minimum: per token, one row (hidden x dtype bytes) to each duck that
 needs it, its routed ducks and the shared set counted once each,
 ``|routed_ducks(t) U shared_ducks| x row_bytes``, averaged over the same tokens.
+
+Then ``moe_placement`` (:mod:`.moe_placement`): rows per duck on a Zipf-skewed token
+stream, the default placement against ``plan_placement``'s, without a cluster.
 """
 
 from __future__ import annotations
@@ -330,13 +333,15 @@ def run(size: Size, *, quiet: bool = False) -> list[Table]:
         "wire, both from the slot in place (no staging area): one duck's message, not "
         "their sum, is held to max_forward_bytes (64 MiB by default).",
     ]
-    from . import emulator, moe_floor  # the floor: its own ducks and dataplane
+    # the floor: its own ducks and dataplane; the placement table: numpy, no cluster
+    from . import emulator, moe_floor, moe_placement
 
     # what the ducks' compute is worth here: the emulator's expert kernel beside numpy's
     # float32 matmul on the same machine (issue 29.5), to read the tables above by
     return [
         table,
         shared_table,
+        *moe_placement.run(),
         *moe_floor.run(size, quiet=quiet),
         *emulator.run(size, quiet=quiet),
     ]

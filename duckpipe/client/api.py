@@ -956,6 +956,7 @@ class Client:
         session.request(lambda rid: ctl.UnloadLayer(req_id=rid, layer=layer))
         session.layers.pop(layer, None)
         session.moe.pop(layer, None)
+        session.loaded.pop(layer, None)
 
     def load_weights(
         self,
@@ -986,6 +987,10 @@ class Client:
         The shards travel through this client's shared-memory slots, never over
         ZeroMQ. A progress bar is drawn on stderr when it is a terminal
         (``progress`` forces it on or off).
+
+        The client keeps a reference to ``mlp`` (not a copy) until the layer is
+        unloaded or replaced, so that :meth:`repair` can cut a lost duck's bank again:
+        do not change its arrays in place while the layer is loaded.
         """
         return weights.load_weights(
             self._session,
@@ -997,6 +1002,26 @@ class Client:
             shared=shared,
             placement=placement,
         )
+
+    def repair(
+        self, layer: int, *, progress: bool | None = None, timeout: float = 60.0
+    ) -> ctl.LayerInfo:
+        """Give the ducks that lost ``layer`` (they restarted: ``LayerInfo.lost``, and
+        forwards that need them raise ``DuckLost``) their banks again, without
+        reloading the layer: only those ducks' banks (a MoE duck's experts and its
+        shard of the shared expert; a dense duck's shard) are cut from the model this
+        client loaded and streamed through its slots, like a load's. Forwards that need
+        only the other ducks go on meanwhile, from this client and others (this call
+        returns when the repair is committed; the Client is not thread-safe, so this
+        client's own forwards wait for it). The repaired ducks serve again only once
+        every byte of their banks is acknowledged; the returned LayerInfo shows the
+        layer ready. Nothing is sent when no duck lost it.
+
+        Only the client that loaded the layer can repair it (it holds the model).
+        ``DataplaneFault`` when a duck does not acknowledge its bank: it stays lost and
+        the layer serves on the others; call again once it answers.
+        """
+        return weights.repair(self._session, layer, progress=progress, timeout=timeout)
 
     def close(self) -> None:
         """Detach from the dataplane and close this client's segment."""

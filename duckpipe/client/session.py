@@ -51,7 +51,7 @@ from .routing import refused as routing_refused
 from .slots import ClaimBase, Slot, SlotGuard, SlotState, SlotTable
 
 if TYPE_CHECKING:
-    from .weights import MoeLayer
+    from .weights import Loaded, MoeLayer
 
 __all__ = ["Inflight", "ResultBase", "Session", "WaitStrategy"]
 
@@ -188,6 +188,7 @@ class Session:
         "finalizer",
         "inflight",
         "layers",
+        "loaded",
         "lost",
         "max_bytes",
         "max_forward_bytes",
@@ -239,6 +240,9 @@ class Session:
         # the mixture-of-experts layers this session loaded: their placement and sizes
         # (the dataplane's LayerInfo does not carry them); weights.load_weights fills it
         self.moe: dict[int, MoeLayer] = {}
+        # the layers this session loaded, each with a reference to its model, so that a
+        # repair can cut any duck's bank again (weights.Loaded; weights.repair)
+        self.loaded: dict[int, Loaded] = {}
         self.counters = {
             "stale_completions": 0,
             "completion_mismatch": 0,

@@ -16,6 +16,11 @@ its routed ducks and that set only). ``LoadWeights`` also carries the placement
 client that did not load a (shared) MOE layer builds the same view from its LayerInfo
 (:func:`moe_view`), which carries the placement too.
 
+A duck that restarts loses its bank (it answers NO_LAYER; the dataplane lists it in
+LayerInfo.lost). The client keeps a reference to each model it loaded (:class:`Loaded`),
+so :func:`repair` cuts again only the banks of the ducks that lost the layer and streams
+them the same way after a ``RepairLayer``; the commit puts them back.
+
 FP8 weights (``SwiGluMlp.from_fp8``, duckpipe/client/fp8.py) go as ``weight_dtype``
 F8E4M3: each shard tensor is its e4m3 bytes then its float32 scale grid (its blocks'
 grids side by side for a bank); a dense layer and the shared expert are cut between
@@ -34,7 +39,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from ..errors import BadInput, LayerFailed, WaitTimeout
+from ..errors import BadInput, DataplaneFault, LayerFailed, UnknownLayer, WaitTimeout
 from ..progress import Progress
 from ..schema import control as ctl
 from ..schema.abi import B_DOWN_TENSOR, DType, MlpKind, Op, Status
@@ -60,12 +65,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BANK_MAX_BYTES",
+    "Loaded",
     "MoeLayer",
     "default_placement",
     "default_shared_ducks",
     "load_weights",
     "moe_layer",
     "moe_view",
+    "repair",
 ]
 
 #: The most a duck's bank may take, in the float32 a duck keeps its weights in: the duck
@@ -115,6 +122,19 @@ class MoeLayer:
                 what = f"experts {shown}{' ...' if len(held) > 16 else ''}"
             parts.append(f"duck {d} ({what})")
         return ", ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Loaded:
+    """A layer as this client loaded it, kept so that :func:`repair` can cut any duck's
+    bank again: a reference to the caller's model, not a copy (no memory is held twice;
+    a model changed in place after the load would repair with the changed weights, so
+    load it again instead), and how it was cut."""
+
+    mlp: Mlp | MoeMlp
+    ducks: tuple[int, ...]  # in LoadWeights order
+    sizes: tuple[int, ...]  # FFN columns of each duck's shard or bank
+    plan: MoeLayer | None  # a MoE layer's placement; None for a dense one
 
 
 def default_placement(n_experts: int, ducks: Sequence[int]) -> list[list[int]]:
@@ -355,11 +375,14 @@ def moe_view(info: ctl.LayerInfo) -> MoeLayer | None:
     )
 
 
-def _banks(moe: MoeMlp, plan: MoeLayer) -> Iterator[tuple[int, int, np.ndarray]]:
-    """(duck, tensor, array) of every duck's bank: its experts' columns ascending by
-    expert id, then its shard of the shared expert. Built one duck at a time, so that
-    only one bank is copied out of the model at once."""
+def _banks(
+    moe: MoeMlp, plan: MoeLayer, only: Iterable[int] | None = None
+) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(duck, tensor, array) of every duck's bank (of those in ``only``, when given): its
+    experts' columns ascending by expert id, then its shard of the shared expert. Built
+    one duck at a time, so that only one bank is copied out of the model at once."""
     e_ffn = plan.expert_ffn
+    wanted = None if only is None else set(only)
     set_of, at = {}, 0  # each set holds all of the shared expert: its own columns from 0
     for s, size in enumerate(plan.shared_sets or (len(plan.shared_ducks),)):
         set_of.update(dict.fromkeys(plan.shared_ducks[at : at + size], s))
@@ -372,6 +395,8 @@ def _banks(moe: MoeMlp, plan: MoeLayer) -> Iterator[tuple[int, int, np.ndarray]]
         cut = [(p, 0, p.ffn) for p in experts] + ([(moe.shared, a, a + cols)] if cols else [])
         if cols:
             lo[set_of[duck]] += cols
+        if wanted is not None and duck not in wanted:
+            continue
         w_gate = np.concatenate([p.w_gate[:, a:b] for p, a, b in cut], axis=1)
         w_up = np.concatenate([p.w_up[:, a:b] for p, a, b in cut], axis=1)
         w_down = np.concatenate([p.w_down[a:b, :] for p, a, b in cut], axis=0)
@@ -500,13 +525,114 @@ def load_weights(
             shared=shared,
             weight_dtype=weight_dtype,
         )
-    # the layer's MoE facts, if any, are the old layer's from here on
+    # the layer's MoE facts and model, if any, are the old layer's from here on
     session.moe.pop(layer, None)
+    session.loaded.pop(layer, None)
     session.request(lambda rid: msgspec.structs.replace(request, req_id=rid))
     session.layers.pop(layer, None)  # the remembered LayerInfo, if any, is the old layer's
     if plan is None:  # the shards are cut once the dataplane took the plan
         pieces = _pieces(mlp, chosen, sizes)
         total = sum(a.nbytes for _, _, a in pieces)
+    recs, commit = _stream(session, layer, pieces, total, progress, timeout, "weights")
+    bad = _failed(recs)
+    if bad or commit.status != Status.OK:
+        session.layers.pop(layer, None)
+        for _, rec in bad:
+            session.await_zmq(rec, 1.0)  # it carries the reason
+        missing = sorted({d for d, _ in bad if d != ctl.HOST_TENSOR_DUCK})
+        first = bad[0][1] if bad else commit
+        why = first.message or Status(first.status).name
+        who = f"ducks {missing} did not acknowledge their weights ({why})" if missing else why
+        raise LayerFailed(
+            f"loading layer {layer} failed: {who}. The layer is marked failed; "
+            f"once the ducks answer (Client.topology() shows which are alive), call "
+            f"load_weights({layer}, ...) again",
+            status=first.status or 0,
+            missing=tuple(missing),
+        )
+    info = session.layer_info(layer)
+    if plan is not None:
+        session.moe[layer] = plan
+    session.loaded[layer] = Loaded(mlp, tuple(chosen), tuple(sizes), plan)
+    return info
+
+
+def repair(
+    session: Session,
+    layer: int,
+    *,
+    progress: bool | Callable[[int, int], None] | None,
+    timeout: float,
+) -> ctl.LayerInfo:
+    """Give the ducks that lost ``layer`` (LayerInfo.lost: they restarted) their banks
+    again; see ``Client.repair``. Only those banks are cut from the model this session
+    loaded (:class:`Loaded`) and streamed, after a ``RepairLayer`` opened the repair; the
+    commit brings them back. Returns the layer's LayerInfo (nothing is sent when no duck
+    lost it)."""
+    session.check_usable()
+    loaded = session.loaded.get(layer)
+    info = next((li for li in session.refresh_layers() if li.layer == layer), None)
+    if info is None:
+        raise UnknownLayer(
+            f"layer {layer} is not loaded in the dataplane: load it with "
+            "Client.load_weights(), there is nothing to repair"
+        )
+    if loaded is None:
+        raise BadInput(
+            f"layer {layer} was not loaded by this client, which holds no model to cut its "
+            "banks from: its loader repairs it (Client.repair), or load it anew"
+        )
+    if info.failed:
+        raise LayerFailed(
+            f"layer {layer} failed to load (ducks {info.missing} did not acknowledge): a "
+            f"repair restores a committed layer's lost ducks; call load_weights({layer}, ...)",
+            status=int(Status.BAD_REQUEST),
+            missing=tuple(info.missing),
+        )
+    if not info.lost:
+        return info  # every duck holds it: nothing to send
+    lost = list(info.lost)
+    session.request(lambda rid: ctl.RepairLayer(req_id=rid, layer=layer, ducks=lost))
+    session.layers.pop(layer, None)
+    mlp, plan = loaded.mlp, loaded.plan
+    pieces: list[tuple[int, int, np.ndarray]]
+    if isinstance(mlp, MoeMlp):
+        assert plan is not None
+        pieces = list(_banks(mlp, plan, only=lost))
+    else:
+        pieces = _pieces(mlp, list(loaded.ducks), list(loaded.sizes), only=lost)
+    total = sum(a.nbytes for _, _, a in pieces)
+    recs, commit = _stream(session, layer, pieces, total, progress, timeout, "repair")
+    bad = _failed(recs)
+    if bad or commit.status != Status.OK:
+        for _, rec in bad:
+            session.await_zmq(rec, 1.0)  # it carries the reason
+        missing = sorted({d for d, _ in bad})
+        first = bad[0][1] if bad else commit
+        session.await_zmq(first, 1.0)
+        why = first.message or Status(first.status).name
+        raise DataplaneFault(
+            f"repairing layer {layer} failed: {why}. It still serves on its other ducks; "
+            f"ducks {lost} stay lost: call repair({layer}) again once they answer "
+            "(Client.topology() shows which are alive)",
+            status=first.status or 0,
+            missing=tuple(missing or lost),
+        )
+    return session.layer_info(layer)
+
+
+def _stream(
+    session: Session,
+    layer: int,
+    pieces: Iterable[tuple[int, int, np.ndarray]],
+    total: int,
+    progress: bool | Callable[[int, int], None] | None,
+    timeout: float,
+    what: str,
+) -> tuple[list[tuple[int, Inflight]], Inflight]:
+    """Every piece (duck, tensor, array) cut into slot-sized WEIGHT_CHUNKs through the
+    ring, then the WEIGHT_COMMIT; waits for them all. Returns each chunk with its duck, and
+    the commit, for the caller to judge. A load and a repair stream alike."""
     chunk = session.max_bytes
     recs: list[tuple[int, Inflight]] = []  # (duck, its chunk)
     report = progress if callable(progress) else None
@@ -548,7 +674,8 @@ def load_weights(
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WaitTimeout(
-                    f"loading layer {layer}: a weight chunk was not completed within "
+                    f"{'repairing' if what == 'repair' else 'loading'} layer {layer}: a weight "
+                    f"chunk was not completed within "
                     f"{timeout:g} s ({bar.waiting or 'the dataplane is slow'})"
                 )
             with contextlib.suppress(WaitTimeout):
@@ -556,7 +683,7 @@ def load_weights(
             count_acks()
 
     enabled = False if report is not None else progress
-    with Progress(total, f"layer {layer} weights", enabled=enabled) as bar:
+    with Progress(total, f"layer {layer} {what}", enabled=enabled) as bar:
         for duck, tensor, arr in pieces:
             raw = arr.reshape(-1).view(np.uint8)
             for off in range(0, raw.size, chunk):
@@ -582,44 +709,30 @@ def load_weights(
             if rec.status is None:
                 wait_done(rec)
         count_acks()
-    bad = _failed(recs)
-    if bad or commit.status != Status.OK:
-        session.layers.pop(layer, None)
-        for _, rec in bad:
-            session.await_zmq(rec, 1.0)  # it carries the reason
-        missing = sorted({d for d, _ in bad if d != ctl.HOST_TENSOR_DUCK})
-        first = bad[0][1] if bad else commit
-        why = first.message or Status(first.status).name
-        who = f"ducks {missing} did not acknowledge their weights ({why})" if missing else why
-        raise LayerFailed(
-            f"loading layer {layer} failed: {who}. The layer is marked failed; "
-            f"once the ducks answer (Client.topology() shows which are alive), call "
-            f"load_weights({layer}, ...) again",
-            status=first.status or 0,
-            missing=tuple(missing),
-        )
-    info = session.layer_info(layer)
-    if plan is not None:
-        session.moe[layer] = plan
-    return info
+    return recs, commit
 
 
 def _failed(recs: list[tuple[int, Inflight]]) -> list[tuple[int, Inflight]]:
     return [(d, r) for d, r in recs if r.status is not None and r.status != Status.OK]
 
 
-def _pieces(mlp: Mlp, ducks: list[int], sizes: list[int]) -> list[tuple[int, int, np.ndarray]]:
+def _pieces(
+    mlp: Mlp, ducks: list[int], sizes: list[int], only: Iterable[int] | None = None
+) -> list[tuple[int, int, np.ndarray]]:
     """(duck, tensor index, array) for every tensor to send: each duck's shard, then
     b_down (tensor B_DOWN_TENSOR), which the dataplane keeps and adds once, after the
-    reduce."""
+    reduce. With ``only`` (a repair): those ducks' shards alone, b_down never left."""
     pieces: list[tuple[int, int, np.ndarray]] = []
+    wanted = None if only is None else set(only)
     for duck, (lo, hi) in zip(ducks, shard_bounds(sizes), strict=True):
+        if wanted is not None and duck not in wanted:
+            continue
         arrays = mlp.shard(lo, hi)
         if _is_fp8(mlp):  # each with its blocks' scales (fp8.shard_fp8)
             assert isinstance(mlp, SwiGluMlp)
             arrays = tuple(map(_fp8_bytes, arrays, mlp.shard_scales(lo, hi)))
         pieces += [(duck, t, arr) for t, arr in enumerate(arrays)]
-    if mlp.b_down is not None:
+    if mlp.b_down is not None and wanted is None:
         pieces.append((ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR, np.ascontiguousarray(mlp.b_down)))
     return pieces
 

@@ -121,6 +121,14 @@ class _Refused(DuckpipeError):
         self.code = code
 
 
+class _CompletedAs(DuckpipeError):
+    """A descriptor completes with this status and message (not BAD_REQUEST)."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 @dataclasses.dataclass(frozen=True)
 class _Peer:
     """Who sent a control request: uid, gid, pid from the socket (ipc://), or none."""
@@ -160,6 +168,12 @@ class _Layer:
     failed: bool = False  # a chunk or the commit failed: unusable until reloaded
     missing: set[int] = dataclasses.field(default_factory=set)  # ducks that did not ack
     moe: moe.MoePlan | None = None  # a mixture of experts: placement and bank slots
+    # ducks that restarted since the commit (a SetFaults fault) and have not said so yet:
+    # their next forward is answered NO_LAYER, which puts them in ``lost``
+    forgot: set[int] = dataclasses.field(default_factory=set)
+    lost: set[int] = dataclasses.field(default_factory=set)  # LayerInfo.lost
+    repair: set[int] = dataclasses.field(default_factory=set)  # an open RepairLayer's ducks
+    repair_failed: set[int] = dataclasses.field(default_factory=set)  # of them, unacked
     # what dp_desc_check reads of the layer (struct dp_desc_layer), and the tables it
     # points into (kept alive with it)
     _view: object = dataclasses.field(init=False, repr=False)
@@ -171,7 +185,8 @@ class _Layer:
         for k, duck in enumerate(i.ducks):
             index[duck] = k
         shard = ffi.new("uint32_t[]", list(i.shard_sizes))
-        self._tables = (index, shard)
+        repair = ffi.new("uint64_t[]", MAX_DUCKS // 64)  # dp_desc_layer.repair's bits
+        self._tables = (index, shard, repair)
         self._view = ffi.new(
             "struct dp_desc_layer *",
             {
@@ -194,6 +209,10 @@ class _Layer:
         v = self._view
         v.ready = self.ready
         v.failed = self.failed
+        bits = self._tables[2]
+        for w in range(MAX_DUCKS // 64):
+            bits[w] = sum(1 << (d & 63) for d in self.repair if d >> 6 == w)
+        v.repair = bits if self.repair else ffi.NULL
         return v
 
     def public(self) -> ctl.LayerInfo:
@@ -207,9 +226,10 @@ class _Layer:
             ducks=list(i.ducks),
             shard_sizes=list(i.shard_sizes),
             has_b_down=i.has_b_down,
-            ready=self.ready,
+            ready=self.ready and not self.lost,
             failed=self.failed,
             missing=[d for d in i.ducks if d in self.missing],
+            lost=[] if self.failed else [d for d in i.ducks if d in self.lost],
             owner=self.owner,
             shared=i.shared,
             **(self.moe.listing(i.shard_sizes) if self.moe is not None else {}),
@@ -721,6 +741,8 @@ class MockDataplane:
                 )
             case ctl.LoadWeights():
                 return self._load_weights(peer, me, msg)
+            case ctl.RepairLayer():
+                return self._repair_layer(me, msg)
             case ctl.UnloadLayer():
                 layer = self.layers.get(msg.layer)
                 if layer is None:
@@ -766,6 +788,9 @@ class MockDataplane:
                     raise DuckpipeError(f"ducks {bad} do not exist (there are {self.cfg.ducks})")
                 self.faults = msg
                 self._mark_dead_ducks()
+                for la in self.layers.values():  # they forget every layer they held
+                    if la.ready:
+                        la.forgot |= set(msg.restarted_ducks) & set(la.info.ducks)
                 return ctl.Ack(req_id=rid)
             case ctl.Shutdown():
                 _need_admin(peer, "Shutdown")
@@ -1000,6 +1025,68 @@ class MockDataplane:
         self.layers[msg.layer] = _Layer(msg, me.id, weight_bytes, raw, received, moe=moe_plan)
         return ctl.Ack(req_id=msg.req_id)
 
+    def _repair_layer(self, me: _Client | None, msg: ctl.RepairLayer) -> msgspec.Struct:
+        """Open a repair of the ducks that lost a committed layer, as dp_control_requests.c
+        does: its chunks for them are taken from now on, and its commit closes it."""
+        layer = self.layers.get(msg.layer)
+        if me is None:
+            raise _Refused(ErrorCode.NOT_ATTACHED, "RepairLayer needs an attached client")
+        if layer is None:
+            raise _Refused(ErrorCode.UNKNOWN_LAYER, f"layer {msg.layer} is not loaded")
+        if layer.owner != me.id:
+            raise _Refused(
+                ErrorCode.NOT_PERMITTED,
+                f"layer {msg.layer} belongs to another client: its owner repairs it",
+            )
+        if layer.failed or not layer.ready:
+            state = "failed" if layer.failed else "still loading"
+            raise _Refused(
+                ErrorCode.BAD_REQUEST,
+                f"layer {msg.layer} is {state}: load it (LoadWeights), a repair restores only "
+                "a committed layer's lost ducks",
+            )
+        if layer.repair:
+            raise _Refused(
+                ErrorCode.BAD_REQUEST,
+                f"layer {msg.layer} is being repaired already: commit that repair first",
+            )
+        seen: set[int] = set()
+        for d in msg.ducks:
+            why = (
+                "is not one of its ducks"
+                if d not in layer.info.ducks
+                else "is named twice"
+                if d in seen
+                else "did not lose it (LayerInfo.lost)"
+                if d not in layer.lost
+                else None
+            )
+            if why:
+                raise _Refused(ErrorCode.BAD_REQUEST, f"layer {msg.layer}: duck {d} {why}")
+            seen.add(d)
+        dead = [d for d in msg.ducks if d in self.faults.dead_ducks]
+        if dead:
+            raise _Refused(
+                ErrorCode.DUCKS_UNREACHABLE,
+                f"ducks [{', '.join(map(str, dead))}] did not answer the dataplane's last 3 "
+                "pings: nothing was sent; start them, or load the layer onto ducks that answer "
+                "(ducks=[...])",
+            )
+        info = layer.info
+        item = numpy_dtype(info.dtype).itemsize
+        for duck, f in zip(info.ducks, info.shard_sizes, strict=True):
+            if duck not in seen:
+                continue
+            for t, shape in enumerate(_tensor_shapes(info.kind, info.hidden, f)):
+                size = int(np.prod(shape)) * item
+                if info.weight_dtype:
+                    size = _fp8_tensor_bytes(info, duck, layer.moe)
+                layer.raw[duck, t] = np.zeros(size, np.uint8)
+                layer.received[duck, t] = 0
+        layer.repair = seen
+        layer.repair_failed = set()
+        return ctl.Ack(req_id=msg.req_id)
+
     def _usable_layer(self, client: _Client, layer_id: int, write: bool = False) -> _Layer | None:
         """The layer if this client may use it: its own, or a shared one to forward on
         (weights only its owner writes)."""
@@ -1094,6 +1181,8 @@ class MockDataplane:
             else:  # Op.WEIGHT_COMMIT: the check lets no other op through
                 self._commit(layer, int(d.layer))
                 self._finish(client, fields, Status.OK)
+        except _CompletedAs as e:
+            self._finish(client, fields, e.status, message=str(e))
         except DuckpipeError as e:
             self._refuse(client, fields, str(e))
         except Exception as e:  # a bug here must cost one forward, never the dataplane
@@ -1123,6 +1212,11 @@ class MockDataplane:
                 return
             targets = routed.targets
 
+        gone = [t for t in targets if t in layer.lost]
+        if gone:  # known lost: failed at dispatch, asked of nobody (dp_dispatch.c)
+            self.counters["duck_lost"] += 1
+            self._finish(client, fields, Status.DUCK_LOST, message=_lost_message(layer, gone))
+            return
         faults = self.faults
         self.counters["forwards"] += 1
         if faults.crash_after is not None and self.counters["forwards"] > faults.crash_after:
@@ -1130,8 +1224,9 @@ class MockDataplane:
             os.kill(os.getpid(), signal.SIGKILL)
 
         x = client.seg.act_view(fields["slot"], shape, npdt)
-        answered = [t for t in targets if t not in faults.dead_ducks]
-        missing = [t for t in targets if t in faults.dead_ducks]
+        forgot = [t for t in targets if t in layer.forgot and t not in faults.dead_ducks]
+        answered = [t for t in targets if t not in faults.dead_ducks and t not in forgot]
+        missing = [t for t in targets if t in faults.dead_ducks or t in forgot]
         acc = np.zeros(shape, np.float32)
         compute = []
         sent = host.monotonic_ns()  # the mock's "first send": its ducks start computing
@@ -1170,7 +1265,14 @@ class MockDataplane:
             reduce_ns=0 if missing else t_end - t_reduce,  # as the C: nothing is stored
             duck_compute_ns=compute,
         )
-        if missing:
+        if forgot:  # they said NO_LAYER: lost from now on (LayerInfo.lost)
+            self.counters["no_layer_replies"] += len(forgot)
+            self.counters["duck_lost"] += 1
+            layer.forgot -= set(forgot)
+            layer.lost |= set(forgot)
+            why = _lost_message(layer, forgot)
+            self._finish(client, fields, Status.DUCK_LOST, answered, missing, timings, why)
+        elif missing:
             self.counters["timeouts"] += 1
             due = pickup / 1e9 + timeout_us / 1e6  # a real dataplane gives up at the deadline
             why = f"no reply from ducks {missing} within {timeout_us / 1000:g} ms"
@@ -1225,8 +1327,11 @@ class MockDataplane:
             )
         layer.received[key] += n  # the C dataplane counts it due once dispatched, too
         if key[0] in self.faults.dead_ducks:
-            layer.failed = True
-            layer.missing.add(key[0])
+            if layer.ready:  # a repair's chunk: that duck's repair fails, not the layer
+                layer.repair_failed.add(key[0])
+            else:
+                layer.failed = True
+                layer.missing.add(key[0])
             return (
                 f"duck {key[0]} did not acknowledge layer {int(d.layer)} tensor {key[1]} "
                 f"within {config_default('weight_timeout_ms')} ms"
@@ -1234,6 +1339,8 @@ class MockDataplane:
         buf[off : off + n] = client.seg.act_bytes(int(d.slot))[:n]
         self.counters["weight_chunks"] += 1
         self.counters["weight_bytes"] += n
+        if layer.ready:
+            self.counters["repair_bytes"] += n
         return ""
 
     def _commit(self, layer: _Layer | None, layer_id: int) -> None:
@@ -1244,6 +1351,9 @@ class MockDataplane:
                 if foreign
                 else f"layer {layer_id} is not being loaded"
             )
+        if layer.ready:
+            self._repair_commit(layer, layer_id)
+            return
         if layer.failed:
             missing = ", ".join(str(d) for d in sorted(layer.missing))
             raise DuckpipeError(
@@ -1261,9 +1371,55 @@ class MockDataplane:
             raise DuckpipeError(
                 f"layer {layer_id} incomplete: duck {duck} tensor {t} got {got} of {want} bytes"
             )
+        self._make_banks(layer, set(layer.info.ducks))
+        info = layer.info
+        npdt = numpy_dtype(info.dtype)
+        if info.has_b_down:
+            layer.b_down = (
+                layer.raw[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR].view(npdt).astype(np.float32)
+            )
+        layer.raw.clear()
+        layer.ready = True
+        self.counters["layers_loaded"] += 1
+
+    def _repair_commit(self, layer: _Layer, layer_id: int) -> None:
+        """A commit on a committed layer closes its repair, as dp_dispatch.c does: the
+        repaired ducks leave ``lost`` when every byte of theirs is in, else stay lost."""
+        if not layer.repair:
+            raise DuckpipeError(
+                f"layer {layer_id} is loaded and no repair of it is open: nothing to commit"
+            )
+        ducks, failed = layer.repair, layer.repair_failed
+        layer.repair, layer.repair_failed = set(), set()
+        short = [(k, layer.received[k], b.size) for k, b in layer.raw.items()]
+        short = [s for s in short if s[1] != s[2]]
+        if failed:
+            layer.raw.clear()
+            raise _CompletedAs(
+                Status.DATAPLANE_ERROR,
+                f"repair of layer {layer_id} failed: duck {min(failed)} did not acknowledge its "
+                f"bank within {config_default('weight_timeout_ms')} ms; it stays lost (repair "
+                "again once it answers)",
+            )
+        if short:
+            layer.raw.clear()
+            (duck, t), got, want = short[0]
+            raise DuckpipeError(
+                f"repair of layer {layer_id} incomplete: duck {duck} tensor {t} got {got} of "
+                f"{want} bytes; it stays lost"
+            )
+        self._make_banks(layer, ducks)
+        layer.raw.clear()
+        layer.lost -= ducks
+        self.counters["layers_repaired"] += 1
+
+    def _make_banks(self, layer: _Layer, ducks: set[int]) -> None:
+        """The float32 tensors ``ducks`` compute with, from the bytes that came in."""
         info = layer.info
         npdt = numpy_dtype(info.dtype)
         for duck, f in zip(info.ducks, info.shard_sizes, strict=True):
+            if duck not in ducks:
+                continue
             self._beat()  # a big layer's ducks take seconds of numpy on a loaded machine
             shapes = _tensor_shapes(info.kind, info.hidden, f)
             if info.weight_dtype:  # FP8: dequantized as a duck does, block by block
@@ -1277,13 +1433,6 @@ class MockDataplane:
                 layer.raw[duck, t].view(npdt).reshape(s).astype(np.float32)
                 for t, s in enumerate(shapes)
             ]
-        if info.has_b_down:
-            layer.b_down = (
-                layer.raw[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR].view(npdt).astype(np.float32)
-            )
-        layer.raw.clear()
-        layer.ready = True
-        self.counters["layers_loaded"] += 1
 
     def _finish(
         self,
@@ -1486,6 +1635,18 @@ def _req_id(raw: bytes) -> int:
         return 0
     rid = obj.get("req_id") if isinstance(obj, dict) else None
     return rid if isinstance(rid, int) and 0 <= rid < 1 << 64 else 0
+
+
+def _lost_message(layer: _Layer, ducks: list[int]) -> str:
+    """DUCK_LOST's words, as dp_fwd_lost_message writes them: the ducks (each with its
+    experts on a MoE layer) that hold no such layer, and what to do."""
+    lid = layer.info.layer
+    if layer.moe is not None:
+        who = "; ".join(layer.moe.describe(d) for d in ducks)
+    else:
+        who = f"duck {ducks[0]}" if len(ducks) == 1 else f"ducks [{', '.join(map(str, ducks))}]"
+    verb = "holds" if len(ducks) == 1 else "hold"
+    return f"{who} {verb} no layer {lid} (restarted?); repair it: client.repair({lid})"
 
 
 def _bitmap_ducks(words) -> list[int]:

@@ -177,18 +177,19 @@ def _choose_shared(plan: MoePlan, lost: frozenset[int], forward_id: int) -> froz
     gone = sorted(plan.shared_ducks & lost)
     shown = "".join(f" {d}" for d in gone)
     many = len(gone) > 1
+    # the mock's ducks never restart: its lost ducks come back by themselves
+    until = "a set is" if len(plan.shared_sets) > 1 else "they are" if many else "it is"
+    until = f"no forward on this layer completes until {until} back"
     if len(plan.shared_sets) > 1:
         why = (
             f"layer {plan.layer}: the shared expert's ducks{shown} are lost, a duck of each "
-            f"of its {len(plan.shared_sets)} sets: no forward on this layer completes until a "
-            "set is whole again"
+            f"of its {len(plan.shared_sets)} sets: {until}"
         )
     else:
         why = (
             f"layer {plan.layer}: the shared expert's duck{'s' if many else ''}{shown} "
             f"{'are' if many else 'is'} lost, and with one shared-expert set there is no "
-            f"replica: no forward on this layer completes until {'they are' if many else 'it is'}"
-            " back"
+            f"replica: {until}"
         )
     raise NoLiveReplica(why[: MSG_LEN - 1])
 

@@ -90,9 +90,10 @@ MAX_NICS = 8  # NICs (and NIC workers) of one dataplane
 LAYER_TABLE = 8192
 # What a mixture-of-experts layer holds in the dataplane besides its weights: its
 # placement and bank slots (struct dp_layer_moe, ~34 KiB) and the layer's own state
-# (struct dp_layer, ~15 KiB). Both dataplanes count it against the owner's
-# client_max_weight_bytes (dp_load_plan_bytes; the C build asserts the structs fit in it).
-MOE_LAYER_STATE_BYTES = 49 << 10  # 48 KiB until the shared sets (issue 30.1)
+# (struct dp_layer, ~16 KiB: 1 KiB of it a repair's per-duck stamps). Both dataplanes count
+# it against the owner's client_max_weight_bytes (dp_load_plan_bytes; the C build asserts
+# the structs fit in it).
+MOE_LAYER_STATE_BYTES = 52 << 10
 
 
 class _NamedIntEnum(enum.IntEnum):

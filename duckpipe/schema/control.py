@@ -49,6 +49,7 @@ __all__ = [
     "NicInfo",
     "NicStats",
     "Phases",
+    "RepairLayer",
     "Request",
     "SetEpoch",
     "SetFaults",
@@ -65,7 +66,8 @@ __all__ = [
 #: 2: Error.code became an ErrorCode (an integer); LoadWeights.shared; UnloadLayer.
 #: 3: the dataplane parks: a client rings Attached.doorbell when need_wakeup is set.
 #: 4: the doorbell is the client's own pipe (Attach.doorbell_fd): no other user can ring it.
-PROTOCOL_VERSION = 4
+#: 5: RepairLayer: restream the banks of the ducks that lost a committed layer, not all of it.
+PROTOCOL_VERSION = 5
 #: Attach.doorbell_fd of a client without a doorbell pipe: never a descriptor (above any
 #: RLIMIT_NOFILE the kernel allows), and control integers are unsigned.
 NO_DOORBELL = 0x7FFF_FFFF
@@ -213,6 +215,20 @@ class LoadWeights(Request, kw_only=True):
     ] = []
 
 
+class RepairLayer(Request, kw_only=True):
+    """Restream the banks of ``ducks``, which lost committed layer ``layer`` (they
+    restarted: LayerInfo.lost), instead of reloading it whole. The layer's owner only; each
+    duck must be one of the layer's and lost, no other repair of the layer open. Chunks for
+    those ducks follow through the ring as a load's do (WEIGHT_CHUNK, each tensor once, in
+    order from byte 0), then a WEIGHT_COMMIT: it completes once they are acknowledged, and
+    only then do the ducks leave ``lost`` (a forward that needs one of them fails DUCK_LOST
+    at dispatch meanwhile; forwards on the other ducks go on). A repair whose chunks fail
+    leaves the ducks lost and the layer serving on the others."""
+
+    layer: U32
+    ducks: Annotated[list[DuckId], Meta(min_length=1, max_length=MAX_DUCKS)]
+
+
 class UnloadLayer(Request, kw_only=True):
     """Free a layer: its owner or the admin. Forwards in flight on it finish first."""
 
@@ -236,6 +252,9 @@ class SetFaults(Request, kw_only=True):
     delay_ms: Annotated[float, Meta(ge=0, le=3_600_000)] = 0.0
     dead_ducks: Annotated[list[DuckId], Meta(max_length=MAX_DUCKS)] = []
     crash_after: NonNeg | None = None
+    # the mock's: these ducks restart now and forget every layer, as the duck emulator's
+    # --restart-after does (their next forward says NO_LAYER: DUCK_LOST, LayerInfo.lost)
+    restarted_ducks: Annotated[list[DuckId], Meta(max_length=MAX_DUCKS)] = []
 
 
 class Shutdown(Request, kw_only=True):
@@ -323,8 +342,8 @@ class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
     failed: bool = False
     missing: list[DuckId] = []  # the ducks that did not acknowledge their weights
     # ducks that answered a forward that they hold no such layer since it was committed
-    # (they restarted): not ready on them; forwards to them fail DuckLost until a reload,
-    # forwards to the others (ducks=[...]) still work
+    # (they restarted): not ready on them; forwards to them fail DuckLost until a repair
+    # (RepairLayer, Client.repair) or a reload, forwards to the others (ducks=[...]) still work
     lost: list[DuckId] = []
     # who may forward on it: the loader (its client id; 0 from a dataplane that does not
     # say), and everyone when it is shared. The admin sees every client's layers, yet may
@@ -469,6 +488,7 @@ AnyRequest = (
     | GetStats
     | SetFaults
     | Shutdown
+    | RepairLayer
 )
 AnyReply = Attached | Ack | Error | Topology | Layers | EpochChanged | Stats | Completion
 

@@ -238,6 +238,8 @@ COUNTERS: tuple[Counter, ...] = (
         "parks_expecting",
         "of parks, those until forwards' replies were due, their NICs unheard (idle_expect)",
     ),
+    Counter("layers_repaired", "repairs committed: lost ducks given their banks again"),
+    Counter("repair_bytes", "of weight_bytes, those a repair restreamed to lost ducks"),
     Counter("moe_no_live_replica", "MoE forwards failed at once: a needed expert's ducks are lost"),
     Counter("moe_rows_rerouted", "MoE (token, expert) pairs sent around a duck known lost"),
 )

@@ -88,10 +88,16 @@ def set_faults(
     delay_ms: float = 0.0,
     dead_ducks: Sequence[int] = (),
     crash_after: int | None = None,
+    restarted_ducks: Sequence[int] = (),
 ) -> None:
-    """Change a running mock dataplane's fault knobs (replacing the previous ones)."""
+    """Change a running mock dataplane's fault knobs (replacing the previous ones);
+    ``restarted_ducks`` forget every layer they hold now, once (a duck's restart)."""
     msg = ctl.SetFaults(
-        req_id=1, delay_ms=delay_ms, dead_ducks=list(dead_ducks), crash_after=crash_after
+        req_id=1,
+        delay_ms=delay_ms,
+        dead_ducks=list(dead_ducks),
+        crash_after=crash_after,
+        restarted_ducks=list(restarted_ducks),
     )
     reply = control_request(control, msg, 5.0)
     if reply is None:

@@ -213,13 +213,13 @@ def test_a_duck_that_answers_again_gets_its_rows_again(lossy4):
         assert _counters(c)["moe_rows_rerouted"] == before["moe_rows_rerouted"]
 
 
-def test_ducks_that_restarted_without_the_layer_are_routed_around_until_a_reload(
+def test_ducks_that_restarted_without_the_layer_are_routed_around_until_repaired(
     duckpipe_cluster_factory,
 ):
     """The C dataplane only (the mock's ducks never restart): ducks 2 and 3 forget their
     weights after one forward and answer NO_LAYER; from then on the layer's forwards go
     around them (their replicas on ducks 0 and 1), and one that needs an expert they
-    alone held fails at once, saying a reload brings them back."""
+    alone held fails at once, saying a repair brings them back."""
     cl = duckpipe_cluster_factory(4, groups=[(2, []), (2, ["--restart-after", "1"])])
     moe = MoeMlp.random(8, HIDDEN, EFFN, shared=False, seed=78)
     x = _tokens(4, 78)
@@ -243,11 +243,13 @@ def test_ducks_that_restarted_without_the_layer_are_routed_around_until_a_reload
         e = _fails_fast(c, 78, x, i, w)
         assert (
             "layer 78: expert 6 has no live replica; lost: duck 2 (experts 0 2 4 6) "
-            "(restarted: load the layer again)" in str(e)
+            "(restarted: repair it, client.repair(78))" in str(e)
         )
-        c.load_weights(78, moe, ducks=[0, 1, 2, 3], placement=PLACEMENT)  # back: t % r
+        c.repair(78, progress=False)  # their banks again: routed to as loaded, t % r
         i[1] = [2, 3]
-        _check(c.forward(78, x, routing=(i, w)), want)
+        y, answered = _routed(c, 78, x, i, w)
+        _check(y, want)
+        assert answered == (0, 1, 2, 3)
 
 
 # --- the shared expert's replicas (sets) ------------------------------------------------

@@ -14,7 +14,7 @@ static int decode_attach(const msgpack_object *m, struct dp_ctl_attach *out, cha
 {
 	uint64_t seen = 0;
 	memset(out, 0, sizeof(*out));
-	out->protocol = 4u;
+	out->protocol = 5u;
 	memcpy(out->name, "", 1);
 	out->doorbell_fd = 2147483647u;
 	for (uint32_t i = 0; i < m->via.map.size; i++) {
@@ -428,6 +428,7 @@ static int decode_set_faults(const msgpack_object *m, struct dp_ctl_set_faults *
 	out->delay_ms = 0.0;
 	out->dead_ducks_len = 0;
 	out->has_crash_after = false;
+	out->restarted_ducks_len = 0;
 	for (uint32_t i = 0; i < m->via.map.size; i++) {
 		const msgpack_object *key = &m->via.map.ptr[i].key;
 		const msgpack_object *val = &m->via.map.ptr[i].val;
@@ -465,6 +466,17 @@ static int decode_set_faults(const msgpack_object *m, struct dp_ctl_set_faults *
 			if (get_uint(val, 0u, 18446744073709551615ull, &v, "SetFaults.crash_after", why, n) < 0)
 				return -1;
 			out->crash_after = (uint64_t)v;
+		} else if (key_is(key, "restarted_ducks", 15)) {
+			seen |= 1ull << 4;
+			if (get_list(val, 0u, 256u, "SetFaults.restarted_ducks", why, n) < 0)
+				return -1;
+			out->restarted_ducks_len = val->via.array.size;
+			for (uint32_t k = 0; k < out->restarted_ducks_len; k++) {
+				uint64_t v = 0;
+				if (get_uint(&val->via.array.ptr[k], 0u, 255u, &v, "SetFaults.restarted_ducks", why, n) < 0)
+					return -1;
+				out->restarted_ducks[k] = (uint32_t)v;
+			}
 		}
 	}
 	if (!(seen & (1ull << 0)))
@@ -494,6 +506,49 @@ static int decode_shutdown(const msgpack_object *m, struct dp_ctl_shutdown *out,
 	return 0;
 }
 
+static int decode_repair_layer(const msgpack_object *m, struct dp_ctl_repair_layer *out, char *why, size_t n)
+{
+	uint64_t seen = 0;
+	memset(out, 0, sizeof(*out));
+	for (uint32_t i = 0; i < m->via.map.size; i++) {
+		const msgpack_object *key = &m->via.map.ptr[i].key;
+		const msgpack_object *val = &m->via.map.ptr[i].val;
+		if (key->type != MSGPACK_OBJECT_STR)
+			return fail(why, n, "RepairLayer: every key must be a string");
+		if (key_is(key, "req_id", 6)) {
+			seen |= 1ull << 0;
+			uint64_t v = 0;
+			if (get_uint(val, 0u, 18446744073709551615ull, &v, "RepairLayer.req_id", why, n) < 0)
+				return -1;
+			out->req_id = (uint64_t)v;
+		} else if (key_is(key, "layer", 5)) {
+			seen |= 1ull << 1;
+			uint64_t v = 0;
+			if (get_uint(val, 0u, 4294967295u, &v, "RepairLayer.layer", why, n) < 0)
+				return -1;
+			out->layer = (uint32_t)v;
+		} else if (key_is(key, "ducks", 5)) {
+			seen |= 1ull << 2;
+			if (get_list(val, 1u, 256u, "RepairLayer.ducks", why, n) < 0)
+				return -1;
+			out->ducks_len = val->via.array.size;
+			for (uint32_t k = 0; k < out->ducks_len; k++) {
+				uint64_t v = 0;
+				if (get_uint(&val->via.array.ptr[k], 0u, 255u, &v, "RepairLayer.ducks", why, n) < 0)
+					return -1;
+				out->ducks[k] = (uint32_t)v;
+			}
+		}
+	}
+	if (!(seen & (1ull << 0)))
+		return fail(why, n, "RepairLayer.req_id is required");
+	if (!(seen & (1ull << 1)))
+		return fail(why, n, "RepairLayer.layer is required");
+	if (!(seen & (1ull << 2)))
+		return fail(why, n, "RepairLayer.ducks is required");
+	return 0;
+}
+
 const char *const dp_ctl_type_names[DP_CTL_NTYPES] = {
 	[DP_CTL_ATTACH] = "Attach",
 	[DP_CTL_DETACH] = "Detach",
@@ -506,6 +561,7 @@ const char *const dp_ctl_type_names[DP_CTL_NTYPES] = {
 	[DP_CTL_GET_STATS] = "GetStats",
 	[DP_CTL_SET_FAULTS] = "SetFaults",
 	[DP_CTL_SHUTDOWN] = "Shutdown",
+	[DP_CTL_REPAIR_LAYER] = "RepairLayer",
 };
 
 int dp_ctl_decode(const char *buf, size_t len, struct dp_ctl_request *out, char *why,
@@ -579,6 +635,9 @@ int dp_ctl_decode(const char *buf, size_t len, struct dp_ctl_request *out, char 
 		break;
 	case DP_CTL_SHUTDOWN:
 		bad = decode_shutdown(&msg.data, &out->u.shutdown, why, n);
+		break;
+	case DP_CTL_REPAIR_LAYER:
+		bad = decode_repair_layer(&msg.data, &out->u.repair_layer, why, n);
 		break;
 	default:
 		bad = -1;

@@ -30,6 +30,7 @@ enum dp_ctl_type {
 	DP_CTL_GET_STATS,
 	DP_CTL_SET_FAULTS,
 	DP_CTL_SHUTDOWN,
+	DP_CTL_REPAIR_LAYER,
 	DP_CTL_NTYPES
 };
 
@@ -113,10 +114,20 @@ struct dp_ctl_set_faults {
 	uint32_t dead_ducks[256];
 	bool has_crash_after;
 	uint64_t crash_after;
+	uint32_t restarted_ducks_len;
+	uint32_t restarted_ducks[256];
 };
 
 struct dp_ctl_shutdown {
 	uint64_t req_id;
+};
+
+/* RepairLayer: Restream the banks of ``ducks``, which lost committed layer ``layer`` (they */
+struct dp_ctl_repair_layer {
+	uint64_t req_id;
+	uint32_t layer;
+	uint32_t ducks_len;
+	uint32_t ducks[256];
 };
 
 struct dp_ctl_request {
@@ -134,6 +145,7 @@ struct dp_ctl_request {
 		struct dp_ctl_get_stats get_stats;
 		struct dp_ctl_set_faults set_faults;
 		struct dp_ctl_shutdown shutdown;
+		struct dp_ctl_repair_layer repair_layer;
 	} u;
 };
 

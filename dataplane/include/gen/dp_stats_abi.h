@@ -351,6 +351,8 @@ struct dp_stats_duck {
     X(moe_no_duck_forwards) /* MoE forwards no duck was asked for (every choice -1, no shared expert): zeros */      \
     X(moe_copied_bytes) /* MoE: activation bytes copied to be sent (rows sent from the slot in place: 0) */          \
     X(parks_expecting) /* of parks, those until forwards' replies were due, their NICs unheard (idle_expect) */      \
+    X(layers_repaired) /* repairs committed: lost ducks given their banks again */                                   \
+    X(repair_bytes) /* of weight_bytes, those a repair restreamed to lost ducks */                                   \
     X(moe_no_live_replica) /* MoE forwards failed at once: a needed expert's ducks are lost */                       \
     X(moe_rows_rerouted) /* MoE (token, expert) pairs sent around a duck known lost */
 

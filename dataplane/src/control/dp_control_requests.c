@@ -340,15 +340,15 @@ static void on_layers(struct dp_control *c, const struct dp_peer *p, const struc
  * pings; since start for one never heard from), before a byte is sent: else the load
  * waits weight_timeout_ms and fails anyway. 1 when it refused. */
 static int refuse_unreachable(struct dp_control *c, const struct dp_peer *p,
-			      const struct dp_ctl_load_weights *m)
+			      const uint32_t *ducks, uint32_t nducks)
 {
 	struct dp_world *w = c->w;
 	uint64_t now = dp_now_ns(), window = 3ull * w->cfg.ping_ms * 1000000ull;
 	char list[96];
 	size_t used = 0;
 	uint32_t dead = 0;
-	for (uint32_t i = 0; i < m->ducks_len; i++) {
-		uint32_t d = m->ducks[i];
+	for (uint32_t i = 0; i < nducks; i++) {
+		uint32_t d = ducks[i];
 		if (d >= DP_MAX_DUCKS || w->duck_index[d] < 0)
 			continue; /* not in the topology: dp_load_check refused it already */
 		uint64_t seen = dp_load_relaxed_u64(&w->duck_seen_ns[d]);
@@ -399,7 +399,7 @@ static struct dp_client *check_load(struct dp_control *c, const struct dp_peer *
 		dp_control_refuse(c, p, (enum dp_error_code)code, "%s", why);
 		return NULL;
 	}
-	if (refuse_unreachable(c, p, m))
+	if (refuse_unreachable(c, p, m->ducks, m->ducks_len))
 		return NULL;
 	*old = dp_layer_slot(w, m->layer);
 	if (*old >= 0 && w->layers[*old]->owner != me->id) {
@@ -516,6 +516,83 @@ static void on_unload_layer(struct dp_control *c, const struct dp_peer *p,
 		return;
 	}
 	dp_layer_unpublish(c->w, (uint32_t)slot, &c->retired);
+	reply_ack(c, p->id, p->idlen, p->rid);
+}
+
+/* The committed layer a RepairLayer may repair, each duck one of its own and lost: NULL
+ * after a refusal. */
+static struct dp_layer *check_repair(struct dp_control *c, const struct dp_peer *p,
+				     const struct dp_ctl_repair_layer *m)
+{
+	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
+	int slot = dp_layer_slot(c->w, m->layer);
+	struct dp_layer *l = slot >= 0 ? c->w->layers[slot] : NULL;
+	if (!me) {
+		dp_control_refuse(c, p, DP_ERROR_CODE_NOT_ATTACHED,
+		                  "RepairLayer needs an attached client");
+	} else if (!l) {
+		dp_control_refuse(c, p, DP_ERROR_CODE_UNKNOWN_LAYER, "layer %u is not loaded",
+		                  m->layer);
+	} else if (l->owner != me->id) {
+		dp_control_refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED,
+		                  "layer %u belongs to another client: its owner repairs it",
+		                  m->layer);
+	} else if (dp_load_acquire_u32(&l->failed) || !dp_load_acquire_u32(&l->ready)) {
+		/* its weights never all landed: there is no committed bank to restore */
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u is %s: load it (LoadWeights), a repair restores only a "
+		                  "committed layer's lost ducks", m->layer,
+		                  dp_load_acquire_u32(&l->failed) ? "failed" : "still loading");
+	} else if (dp_load_acquire_u32(&l->repairing)) {
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u is being repaired already: commit that repair first",
+		                  m->layer);
+	} else {
+		uint64_t seen[DP_MAX_DUCKS / 64] = { 0 };
+		for (uint32_t i = 0; i < m->ducks_len; i++) {
+			uint32_t d = m->ducks[i]; /* < DP_MAX_DUCKS: the decoder's DuckId */
+			const char *why = l->index[d] < 0 ? "is not one of its ducks"
+					  : dp_targets_has(seen, d) ? "is named twice"
+					  : !(__atomic_load_n(&l->lost_ducks[d >> 6], __ATOMIC_RELAXED) >>
+					      (d & 63) & 1) ? "did not lose it (LayerInfo.lost)"
+					  : NULL;
+			if (why) {
+				dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+				                  "layer %u: duck %u %s", m->layer, d, why);
+				return NULL;
+			}
+			seen[d >> 6] |= 1ull << (d & 63);
+		}
+		return refuse_unreachable(c, p, m->ducks, m->ducks_len) ? NULL : l;
+	}
+	return NULL;
+}
+
+/* Open a repair: the ducks' books start over (nothing is in flight for a committed
+ * layer's ducks with no repair open, and the dispatcher reads them only once it sees
+ * repairing), each stamped with the repair's number, then repairing (release). */
+static void on_repair_layer(struct dp_control *c, const struct dp_peer *p,
+			    const struct dp_ctl_request *r)
+{
+	const struct dp_ctl_repair_layer *m = &r->u.repair_layer;
+	struct dp_layer *l = check_repair(c, p, m);
+	if (!l)
+		return;
+	uint32_t n = l->repairs + 1;
+	for (uint32_t k = 0; k < m->ducks_len; k++) {
+		uint32_t d = m->ducks[k], i = (uint32_t)l->index[d];
+		memset(l->next_offset[i], 0, sizeof(l->next_offset[i]));
+		for (uint32_t t = 0; t < DP_SHARD_TENSORS; t++)
+			__atomic_store_n(&l->acked[i][t], 0, __ATOMIC_RELAXED);
+		l->announced[i] = 0; /* its LAYER goes out again first */
+		__atomic_fetch_and(&l->failed_ducks[d >> 6], ~(1ull << (d & 63)), __ATOMIC_RELAXED);
+		l->repair_ducks[d >> 6] |= 1ull << (d & 63);
+		__atomic_store_n(&l->repaired_at[i], n, __ATOMIC_RELAXED);
+	}
+	/* release, both: a forward that sees the number sees the stamps; a dispatcher that
+	 * sees repairing sees the books reset */
+	__atomic_store_n(&l->repairs, n, __ATOMIC_RELEASE);
+	dp_store_release_u32(&l->repairing, 1);
 	reply_ack(c, p->id, p->idlen, p->rid);
 }
 
@@ -647,6 +724,7 @@ static const dp_ctl_handler handlers[DP_CTL_NTYPES] = {
 	[DP_CTL_GET_STATS] = on_stats,
 	[DP_CTL_SET_FAULTS] = on_set_faults,
 	[DP_CTL_SHUTDOWN] = on_shutdown,
+	[DP_CTL_REPAIR_LAYER] = on_repair_layer,
 };
 
 int dp_control_check_handlers(void)

@@ -29,6 +29,8 @@ const struct dp_desc_layer *dp_desc_layer_of(const struct dp_layer *l, struct dp
 		.weight_dtype = l->weight_dtype,
 		.expert_ffn = l->moe ? l->moe->expert_ffn : 0,
 		.experts_on = l->moe ? l->moe->experts_on : NULL,
+		/* acquire: the control agent reset the ducks' books before it set repairing */
+		.repair = dp_load_acquire_u32(&l->repairing) ? l->repair_ducks : NULL,
 	};
 	return view;
 }

@@ -137,7 +137,9 @@ static bool snapshot_lost(const struct dp_world *w, const struct dp_layer *l,
 	uint64_t any = 0;
 	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++) {
 		lost[k] = (__atomic_load_n(&w->lost_ducks[k], __ATOMIC_RELAXED) |
-			   __atomic_load_n(&l->lost_ducks[k], __ATOMIC_RELAXED)) &
+			   /* acquire: pairs with a repair commit's release of the bits it
+			    * clears (its duck's bank is all in before it is routed to) */
+			   __atomic_load_n(&l->lost_ducks[k], __ATOMIC_ACQUIRE)) &
 			  layer_ducks[k];
 		any |= lost[k];
 	}
@@ -183,21 +185,32 @@ static int choose_shared_set(struct dp_dispatcher *d, struct dp_fwd *f, const st
 		return 0;
 	}
 	uint64_t gone[DP_MAX_DUCKS / 64];
-	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+	bool restarted = false; /* said NO_LAYER: a repair, not time, brings it back */
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++) {
 		gone[k] = moe->shared_ducks[k] & f->lost[k];
-	char list[72] = "";
+		restarted |= (gone[k] & __atomic_load_n(&l->lost_ducks[k], __ATOMIC_RELAXED)) != 0;
+	}
+	char list[72] = "", until[80];
 	size_t used = 0;
 	bool many = list_ducks(gone, list, sizeof(list), &used) > 1;
-	if (nsets > 1)
-		snprintf(f->message, sizeof(f->message),
-			 "layer %u: the shared expert's ducks%s are lost, a duck of each of its %u "
-			 "sets: no forward on this layer completes until a set is whole again",
-			 l->id, list, nsets);
+	if (restarted)
+		snprintf(until, sizeof(until), "repair it, client.repair(%u)", l->id);
 	else
-		snprintf(f->message, sizeof(f->message),
-			 "layer %u: the shared expert's duck%s%s %s lost, and with one shared-expert "
-			 "set there is no replica: no forward on this layer completes until %s back",
-			 l->id, many ? "s" : "", list, many ? "are" : "is", many ? "they are" : "it is");
+		snprintf(until, sizeof(until), "no forward on this layer completes until %s back",
+			 nsets > 1 ? "a set is" : many ? "they are" : "it is");
+	char *m = f->message;
+	size_t n = sizeof(f->message);
+	int c = nsets > 1 ? snprintf(m, n,
+				     "layer %u: the shared expert's ducks%s are lost, a duck of "
+				     "each of its %u sets: ",
+				     l->id, list, nsets)
+			  : snprintf(m, n,
+				     "layer %u: the shared expert's duck%s%s %s lost, and with one "
+				     "shared-expert set there is no replica: ",
+				     l->id, many ? "s" : "", list, many ? "are" : "is");
+	used = c > 0 ? (size_t)c : 0;
+	if (used < n)
+		snprintf(m + used, n - used, "%s", until);
 	dp_count(d->counters, DP_C_moe_no_live_replica, 1);
 	complete(d, f, DP_STATUS_DUCK_LOST, NULL);
 	return -1;
@@ -229,8 +242,9 @@ static void no_live_replica(struct dp_dispatcher *d, struct dp_fwd *f, const str
 	bool restarted = false;
 	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
 		restarted |= (ducks[k] & __atomic_load_n(&l->lost_ducks[k], __ATOMIC_RELAXED)) != 0;
-	static const char hint[] = " (restarted: load the layer again)";
-	const size_t TAIL = restarted ? sizeof(hint) : 8;
+	char hint[64];
+	snprintf(hint, sizeof(hint), " (restarted: repair it, client.repair(%u))", l->id);
+	const size_t TAIL = restarted ? strlen(hint) + 1 : 8;
 	char *m = f->message;
 	size_t n = sizeof(f->message), used = 0;
 	int c = snprintf(m, n, "layer %u: expert%s", l->id, ndead > 1 ? "s" : "");
@@ -362,17 +376,40 @@ static void no_duck_forward(struct dp_dispatcher *d, struct dp_fwd *f)
 	complete(d, f, DP_STATUS_OK, NULL);
 }
 
+/* A forward that needs a duck known to have lost the layer (it said NO_LAYER since the
+ * commit, and no repair has committed since) fails DUCK_LOST here, sent to nobody: asked
+ * again, the duck would say NO_LAYER again, or, once a repair announced the layer to it,
+ * compute on a half-streamed bank. 1 when it did. */
+static int needs_lost_duck(struct dp_dispatcher *d, struct dp_fwd *f, const struct dp_layer *l)
+{
+	uint64_t gone[DP_MAX_DUCKS / 64], any = 0;
+	/* acquire: pairs with the repair commit's release of the bits it clears */
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+		any |= gone[k] = f->targets[k] & __atomic_load_n(&l->lost_ducks[k], __ATOMIC_ACQUIRE);
+	if (!any)
+		return 0;
+	dp_fwd_lost_message(f, gone);
+	dp_count(d->counters, DP_C_duck_lost, 1);
+	complete(d, f, DP_STATUS_DUCK_LOST, NULL);
+	return 1;
+}
+
 static void dispatch_forward(struct dp_dispatcher *d, struct dp_fwd *f, struct dp_layer *l,
 			     const struct dp_desc_plan *p, uint64_t now)
 {
 	struct dp_world *w = d->w;
 	struct dp_client *c = f->client;
+	/* before the lost bits are read: a repair begun after this load is one whose
+	 * duck's partials this forward must not take (dp_gather_on_partial) */
+	f->repairs = __atomic_load_n(&l->repairs, __ATOMIC_ACQUIRE);
 	if (f->desc.flags & DP_DESC_FLAG_ROUTED) {
 		if (route_forward(d, f, l, p) < 0)
 			return;
 	} else {
 		memcpy(f->targets, p->targets, sizeof(f->targets));
 	}
+	if (needs_lost_duck(d, f, l))
+		return;
 	for (uint32_t k = 0; k < DP_MAX_DUCKS; k++)
 		if (dp_targets_has(f->targets, k)) /* a layer's ducks are in the topology */
 			f->nic_mask |= 1u << w->cfg.ducks[w->duck_index[k]].nic;
@@ -436,6 +473,71 @@ static void dispatch_weight(struct dp_dispatcher *d, struct dp_fwd *f, struct dp
 	hand_to(d, f, nic);
 }
 
+/* A repair's duck whose bank is not all in: its id, its tensor in *t and the bytes
+ * acknowledged of it in *got (UINT64_MAX: a chunk was not acknowledged); -1 for none. */
+static int32_t repair_short(const struct dp_layer *l, uint32_t *t, uint64_t *got)
+{
+	for (uint32_t i = 0; i < l->nducks; i++) {
+		uint32_t dk = l->ducks[i];
+		if (!dp_targets_has(l->repair_ducks, dk))
+			continue;
+		if (__atomic_load_n(&l->failed_ducks[dk >> 6], __ATOMIC_RELAXED) >> (dk & 63) & 1) {
+			*t = 0;
+			*got = UINT64_MAX;
+			return (int32_t)dk;
+		}
+		for (*t = 0; *t < DP_SHARD_TENSORS; (*t)++) {
+			*got = __atomic_load_n(&l->acked[i][*t], __ATOMIC_ACQUIRE);
+			if (*got != dp_tensor_bytes(l, i, *t))
+				return (int32_t)dk;
+		}
+	}
+	return -1;
+}
+
+/* A commit on a layer committed already closes a repair (RepairLayer) once every chunk
+ * before it is in. Whole, the repaired ducks leave lost_ducks (release: a dispatcher
+ * that no longer sees a duck's bit sends it forwards only after every byte of its bank
+ * was acknowledged); else they stay lost and the layer serves on the others as before.
+ * Either way the repair closes: repairing drops last (release), after its ducks' books. */
+static int try_repair_commit(struct dp_dispatcher *d, struct dp_fwd *f, struct dp_layer *l)
+{
+	if (!dp_load_acquire_u32(&l->repairing)) {
+		complete(d, f, DP_STATUS_BAD_REQUEST,
+			 "layer %u is loaded and no repair of it is open: nothing to commit", l->id);
+		return 1;
+	}
+	/* acquire: the workers' acked[] adds happen before their outstanding decrement */
+	if (__atomic_load_n(&l->outstanding, __ATOMIC_ACQUIRE) != 0)
+		return 0;
+	uint32_t t = 0;
+	uint64_t got = 0;
+	int32_t bad = repair_short(l, &t, &got);
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++) {
+		uint64_t mine = l->repair_ducks[k];
+		if (bad < 0)
+			__atomic_fetch_and(&l->lost_ducks[k], ~mine, __ATOMIC_RELEASE);
+		__atomic_fetch_and(&l->failed_ducks[k], ~mine, __ATOMIC_RELAXED);
+		l->repair_ducks[k] = 0;
+	}
+	dp_store_release_u32(&l->repairing, 0);
+	if (bad < 0) {
+		dp_count(d->counters, DP_C_layers_repaired, 1);
+		complete(d, f, DP_STATUS_OK, NULL);
+	} else if (got == UINT64_MAX) {
+		complete(d, f, DP_STATUS_DATAPLANE_ERROR,
+			 "repair of layer %u failed: duck %d did not acknowledge its bank within %u "
+			 "ms; it stays lost (repair again once it answers)",
+			 l->id, bad, d->w->cfg.weight_timeout_ms);
+	} else {
+		complete(d, f, DP_STATUS_BAD_REQUEST,
+			 "repair of layer %u incomplete: duck %d tensor %u got %lu of %lu bytes; it "
+			 "stays lost", l->id, bad, t, (unsigned long)got,
+			 (unsigned long)dp_tensor_bytes(l, (uint32_t)l->index[bad], t));
+	}
+	return 1;
+}
+
 /* A commit completes once every chunk before it has; 1 when it did. */
 static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 {
@@ -448,6 +550,8 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 			 f->desc.layer);
 		return 1;
 	}
+	if (dp_load_acquire_u32(&l->ready)) /* only this thread sets it */
+		return try_repair_commit(d, f, l);
 	/* acquire: the workers' acked[] adds happen before their outstanding decrement */
 	if (__atomic_load_n(&l->outstanding, __ATOMIC_ACQUIRE) != 0)
 		return 0;

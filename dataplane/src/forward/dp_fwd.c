@@ -172,17 +172,26 @@ static void routed_missing_message(const struct dp_world *w, struct dp_fwd *f)
  * and the first duck's NO_LAYER must not speak for all eight that restarted). */
 static void lost_message(const struct dp_world *w, struct dp_fwd *f)
 {
-	enum { TAIL = 64 }; /* room kept for " ... N more" and the sentence's end */
+	uint64_t gone[DP_MAX_DUCKS / 64] = { 0 };
+	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++)
+		if (dp_targets_has(f->targets, d) && f->rx[w->duck_index[d]].state == 2)
+			gone[d >> 6] |= 1ull << (d & 63);
+	dp_fwd_lost_message(f, gone);
+}
+
+void dp_fwd_lost_message(struct dp_fwd *f, const uint64_t *gone)
+{
+	enum { TAIL = 96 }; /* room kept for " ... N more" and the sentence's end */
 	char *m = f->message;
 	size_t n = sizeof(f->message), used = 0;
 	uint32_t lost = 0, listed = 0;
 	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++)
-		lost += dp_targets_has(f->targets, d) && f->rx[w->duck_index[d]].state == 2;
+		lost += dp_targets_has(gone, d);
 	bool moe = f->layer && f->layer->moe;
 	int k = moe || lost == 1 ? 0 : snprintf(m, n, "ducks [");
 	used += k > 0 ? (size_t)k : 0;
 	for (uint32_t d = 0; d < DP_MAX_DUCKS && used + TAIL < n; d++) {
-		if (!dp_targets_has(f->targets, d) || f->rx[w->duck_index[d]].state != 2)
+		if (!dp_targets_has(gone, d))
 			continue;
 		k = snprintf(m + used, n - used, "%s", !listed ? "" : moe ? "; " : ", ");
 		used += k > 0 ? (size_t)k : 0;
@@ -199,10 +208,12 @@ static void lost_message(const struct dp_world *w, struct dp_fwd *f)
 		k = snprintf(m + used, n - used, " ... %u more", lost - listed);
 		used += k > 0 ? (size_t)k : 0;
 	}
+	/* a repair restreams only the lost banks: the client that loaded the layer keeps its
+	 * model (Client.repair), so it need not send the whole layer again */
+	uint32_t id = f->layer ? f->layer->id : f->desc.layer;
 	if (used < n)
-		snprintf(m + used, n - used, "%s no layer %u (restarted?); load it again",
-			 moe || lost == 1 ? (lost == 1 ? " holds" : " hold") : "] hold",
-			 f->layer ? f->layer->id : f->desc.layer);
+		snprintf(m + used, n - used, "%s no layer %u (restarted?); repair it: client.repair(%u)",
+			 moe || lost == 1 ? (lost == 1 ? " holds" : " hold") : "] hold", id, id);
 }
 
 /* DATAPLANE_ERROR from NICs whose link was down (dp_gather_link_down): their names. */

@@ -139,6 +139,7 @@ struct dp_fwd {
 	uint8_t *res;
 	float *acc[DP_MAX_NICS];   /* per NIC: float32 sums of its ducks */
 	uint64_t targets[4];       /* duck id bitmap */
+	uint32_t repairs;          /* the layer's repairs at dispatch (dp_layer.repaired_at) */
 	uint32_t nic_mask;
 	uint32_t nics_pending;     /* atomic: the worker that takes it to 0 finishes */
 	struct dp_nic_part part[DP_MAX_NICS];
@@ -210,6 +211,10 @@ void dp_fwd_complete(struct dp_world *w, struct dp_fwd *f, struct dp_spsc *done,
 		     struct dp_counters *counters);
 /* f is done: measure it (f->phases), publish it into the client's slot and queue it on done
  * for the control agent. */
+/* DUCK_LOST's message into f->message: the ducks of `gone` (a DP_MAX_DUCKS bitmap) hold
+ * no layer f->layer (each with its experts on a MoE layer), and what to do about it. */
+void dp_fwd_lost_message(struct dp_fwd *f, const uint64_t *gone);
+
 void dp_fwd_finish(struct dp_world *w, struct dp_fwd *f, uint32_t status, struct dp_spsc *done,
 		   struct dp_counters *counters);
 /* Publish f->phases and the slot's done word (the result is in the slot already). */

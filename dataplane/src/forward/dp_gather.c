@@ -308,6 +308,17 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 		dp_count(v->counters, DP_C_rx_duplicates, 1);
 		return DP_STATUS_PENDING;
 	}
+	/* A repair of this duck began after f was dispatched (f went out before the duck was
+	 * known lost): its partial may come from a bank half streamed, so f has it as lost,
+	 * as its NO_LAYER would have been. Forwards dispatched later never ask a duck until
+	 * its repair committed (the dispatcher's lost check). Relaxed: this worker sent the
+	 * duck its LAYER after the dispatcher, after the control agent's stamp. */
+	int16_t li = l->index[duck % DP_MAX_DUCKS];
+	if (li >= 0 && (int32_t)(__atomic_load_n(&l->repaired_at[li], __ATOMIC_RELAXED) -
+				 f->repairs) > 0) {
+		rx->state = 2;
+		return check_forward_done(v, f, now);
+	}
 	/* routed: the reply holds the rows this duck was routed, no more and no fewer */
 	bool routed = f->desc.flags & DP_DESC_FLAG_ROUTED;
 	uint64_t total = routed ? (uint64_t)rx->moe_rows * l->hidden * item : f->bytes;

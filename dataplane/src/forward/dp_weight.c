@@ -141,15 +141,21 @@ uint32_t dp_weight_pump(const struct dp_weight_view *v, struct dp_fwd *f, uint64
 static uint32_t part_over(const struct dp_weight_view *v, struct dp_fwd *f, uint32_t status)
 {
 	struct dp_layer *l = f->layer;
+	/* a committed layer's chunks are a repair's (RepairLayer): its failure is the
+	 * repaired duck's alone, the layer serves on the others (dp_dispatch.c's commit) */
+	bool repair = dp_load_acquire_u32(&l->ready);
 	if (status == DP_STATUS_OK) {
 		dp_fetch_add_u64(&l->acked[f->w_index][f->w_tensor], (int64_t)f->desc.nbytes);
 		dp_count(v->counters, DP_C_weight_chunks, 1);
 		dp_count(v->counters, DP_C_weight_bytes, f->desc.nbytes);
+		if (repair)
+			dp_count(v->counters, DP_C_repair_bytes, f->desc.nbytes);
 	} else {
 		/* the duck first, then failed (release): who sees failed sees the duck */
 		__atomic_fetch_or(&l->failed_ducks[f->w_duck >> 6], 1ull << (f->w_duck & 63),
 				  __ATOMIC_RELAXED);
-		dp_store_release_u32(&l->failed, 1);
+		if (!repair)
+			dp_store_release_u32(&l->failed, 1);
 		snprintf(f->message, sizeof(f->message),
 			 "duck %u did not acknowledge layer %u tensor %u within %u ms", f->w_duck,
 			 l->id, f->w_tensor, v->w->cfg.weight_timeout_ms);

@@ -47,8 +47,23 @@ struct dp_layer {
 	uint32_t failed;         /* a chunk failed, or the commit did: the load failed (release) */
 	uint64_t failed_ducks[DP_MAX_DUCKS / 64]; /* ducks that did not acknowledge (atomic or) */
 	/* ducks that answered a forward with NO_LAYER since the commit (they restarted): the
-	 * layer is not ready on them until a reload (workers: atomic or; control reads) */
+	 * layer is not ready on them until a repair's commit or a reload (workers: atomic or;
+	 * control reads; the dispatcher clears a repaired duck's bit: atomic and, release) */
 	uint64_t lost_ducks[DP_MAX_DUCKS / 64];
+	/* A repair (RepairLayer) restreams the banks of lost ducks into the committed layer.
+	 * The control agent resets those ducks' books (next_offset, acked, announced,
+	 * failed_ducks; nothing is in flight for them), sets repair_ducks and repaired_at,
+	 * bumps repairs, then sets repairing (release); the dispatcher takes weight chunks for
+	 * repair_ducks only while it sees repairing (acquire), and its repair commit clears
+	 * the lost bits, then repair_ducks, then repairing (release). */
+	uint64_t repair_ducks[DP_MAX_DUCKS / 64];
+	uint32_t repairing;
+	/* Repairs begun (control, release); a forward keeps the count it saw at dispatch
+	 * (dp_fwd.repairs) and a partial from a duck whose latest repair began after it
+	 * (repaired_at, by index) is refused as NO_LAYER would be: it may have been computed
+	 * on a half-streamed bank (dp_gather_on_partial). */
+	uint32_t repairs;
+	uint32_t repaired_at[DP_MAX_DUCKS];
 	uint64_t outstanding;    /* chunks dispatched and not yet completed (atomic) */
 	/* bytes acknowledged per duck and tensor (atomic adds) */
 	uint64_t acked[DP_MAX_DUCKS][DP_SHARD_TENSORS];
