@@ -12,9 +12,10 @@ changes a counter.
 
 Keys: 1-6 or Tab / Shift-Tab switch panes (6, MoE experts, once a MoE layer ran), s
 cycles the sort column, r reverses it, arrows / PgUp / PgDn scroll, q quits. The chosen
-pane sits under a two-line summary and the alerts; below 40 rows it has the screen to itself (at 80x24 a split would leave too
-few rows for 24 ducks), from 40 rows the latency pane (or the rings, when latency is
-chosen) stays under it. A wide terminal shows more columns (the least needed go first).
+pane sits under a two-line summary and the alerts; below 40 rows it has the screen to
+itself (at 80x24 a split would leave too few rows for 24 ducks), from 40 rows the
+latency pane (or the rings, when latency is chosen) stays under it. A wide terminal
+shows more columns (the least needed go first).
 """
 
 from __future__ import annotations
