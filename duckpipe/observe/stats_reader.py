@@ -405,8 +405,9 @@ def _moe_layer(s: np.ndarray) -> MoeLayerStats:
     n = min(int(s["n_experts"]), MAX_EXPERTS)
     replicas = s["replicas"][:n]
     ducks = s["ducks"].reshape(MAX_EXPERTS, MAX_REPLICAS)
-    expert_ducks = [
-        [int(d) for d in ducks[e, : min(int(replicas[e]), MAX_REPLICAS)]] for e in range(n)
+    expert_ducks = [  # bounded as the writer's checks bound them: a garbled slot reads too
+        [int(d) for d in ducks[e, : min(int(replicas[e]), MAX_REPLICAS)] if d < abi.MAX_DUCKS]
+        for e in range(n)
     ]
     held = sorted({d for ds in expert_ducks for d in ds} | set(np.flatnonzero(s["duck_rows"])))
     return MoeLayerStats(
