@@ -36,6 +36,10 @@ struct dp_stats_moe_seg {
 	struct dp_stats_moe *head;
 	struct dp_stats_moe_layer *slots;
 	uint64_t window_start;
+	/* each slot's layer id and state as the segment has them, side by side: a forward's
+	 * lookup reads these two lines, not a line of each slot 32 KiB apart */
+	uint32_t slot_layer[DP_STATS_MOE_LAYERS];
+	uint32_t slot_state[DP_STATS_MOE_LAYERS];
 	uint64_t scratch[DP_MAX_EXPERTS]; /* an untracked layer's counts, thrown away */
 	struct moe_slot_mem mem[DP_STATS_MOE_LAYERS];
 };
@@ -67,6 +71,12 @@ static void seq_begin(struct dp_stats_moe_layer *s)
 static void seq_end(struct dp_stats_moe_layer *s)
 {
 	put32(&s->seq, s->seq + 1); /* the next even value */
+}
+
+static void set_state(struct dp_stats_moe_seg *m, uint32_t i, uint32_t state)
+{
+	put32(&m->slots[i].state, state);
+	m->slot_state[i] = state;
 }
 
 static uint32_t clamp32(uint64_t v)
@@ -105,9 +115,10 @@ static void take_slot(struct dp_stats_moe_seg *m, uint32_t i, const struct dp_la
 	memset((uint8_t *)s + offsetof(struct dp_stats_moe_layer, forwards), 0,
 	       sizeof(*s) - offsetof(struct dp_stats_moe_layer, forwards));
 	put32(&s->layer, l->id);
+	m->slot_layer[i] = l->id;
 	put32(&s->n_experts, n_experts_of(&l->moe->pl));
 	copy_placement(s, &l->moe->pl);
-	put32(&s->state, DP_MOE_LAYER_STATE_LOADED);
+	set_state(m, i, DP_MOE_LAYER_STATE_LOADED);
 	seq_end(s);
 	memset(&m->mem[i], 0, sizeof(m->mem[i]));
 	m->mem[i].layer = l;
@@ -120,7 +131,7 @@ static void reload_slot(struct dp_stats_moe_seg *m, uint32_t i, const struct dp_
 	seq_begin(s);
 	if (!same_placement(s, &l->moe->pl))
 		copy_placement(s, &l->moe->pl);
-	put32(&s->state, DP_MOE_LAYER_STATE_LOADED);
+	set_state(m, i, DP_MOE_LAYER_STATE_LOADED);
 	seq_end(s);
 	m->mem[i].layer = l;
 }
@@ -131,19 +142,19 @@ static int slot_of(struct dp_stats_moe_seg *m, const struct dp_layer *l)
 {
 	int free_at = -1, gone_at = -1;
 	for (uint32_t i = 0; i < DP_STATS_MOE_LAYERS; i++) {
-		const struct dp_stats_moe_layer *s = &m->slots[i];
-		if (s->state == DP_MOE_LAYER_STATE_FREE) {
+		uint32_t state = m->slot_state[i];
+		if (state == DP_MOE_LAYER_STATE_FREE) {
 			free_at = free_at < 0 ? (int)i : free_at;
 			continue;
 		}
-		if (s->layer == l->id) {
-			if (s->n_experts != n_experts_of(&l->moe->pl))
+		if (m->slot_layer[i] == l->id) {
+			if (m->slots[i].n_experts != n_experts_of(&l->moe->pl))
 				take_slot(m, i, l); /* another layer under that id */
-			else if (m->mem[i].layer != l || s->state != DP_MOE_LAYER_STATE_LOADED)
+			else if (m->mem[i].layer != l || state != DP_MOE_LAYER_STATE_LOADED)
 				reload_slot(m, i, l);
 			return (int)i;
 		}
-		if (s->state == DP_MOE_LAYER_STATE_GONE && gone_at < 0)
+		if (state == DP_MOE_LAYER_STATE_GONE && gone_at < 0)
 			gone_at = (int)i;
 	}
 	int i = free_at >= 0 ? free_at : gone_at;
@@ -234,7 +245,7 @@ static void end_window(struct dp_stats_moe_seg *m, struct dp_world *w, uint32_t 
 	seq_begin(s);
 	if (moved)
 		copy_placement(s, &l->moe->pl);
-	put32(&s->state, loaded ? DP_MOE_LAYER_STATE_LOADED : DP_MOE_LAYER_STATE_GONE);
+	set_state(m, i, loaded ? DP_MOE_LAYER_STATE_LOADED : DP_MOE_LAYER_STATE_GONE);
 	if (p->busy || p->shown) { /* else the window's counts are 0 and so they stay */
 		for (uint32_t e = 0; e < s->n_experts; e++) {
 			uint64_t v = s->expert_tokens[e];
@@ -264,7 +275,7 @@ void dp_stats_moe_tick(struct dp_stats_moe_seg *m, struct dp_world *w, uint64_t 
 	if (!m || now - m->window_start < DP_STATS_MOE_WINDOW_NS)
 		return;
 	for (uint32_t i = 0; i < DP_STATS_MOE_LAYERS; i++)
-		if (m->slots[i].state != DP_MOE_LAYER_STATE_FREE)
+		if (m->slot_state[i] != DP_MOE_LAYER_STATE_FREE)
 			end_window(m, w, i, now);
 	m->window_start = now;
 }
