@@ -592,25 +592,26 @@ def test_live_screen_switches_panes_survives_a_resize_and_quits(loaded, tmux_top
 def test_live_screen_shows_the_moe_pane_once_a_moe_layer_ran(loaded, tmux_top):
     from duckpipe.moe import MoeMlp
 
-    dp, load = loaded
+    dp, _ = loaded
     t = tmux_top("--control", dp.control, "-u", "0.3", height=30)
     t.wait_for("top-load")
     assert " 6 moe " not in t.screen()
-    # 8 experts over the 4 ducks; expert 6 (ducks 2 and 3) chosen by every token
-    moe = MoeMlp.random(8, 64, 16, shared=False, dtype=np.float32, seed=6)
-    load.client.load_weights(60, moe, placement=[[e % 4, (e + 1) % 4] for e in range(8)])
-    i = np.array([[6, 1]] * 5 + [[6, 4]] * 3, np.int32)
-    w = np.full(i.shape, 0.5, np.float32)
-    load.client.forward(60, np.ones((8, 64), np.float32), routing=(i, w), timeout=10)
-    t.wait_for(" 6 moe ")
-    t.keys("6")
-    screen = t.wait_for("MoE experts (hottest per layer)")
-    rows = [line.split() for line in screen.splitlines()]
-    layer = next(r for r in rows if r[:3] == ["60", "8", "exp"])
-    assert layer[3] == "8"  # tokens
-    hot = next(r for r in rows if r[:1] == ["6"] and r[1] == "8")
-    assert hot[-2:] == ["2-3"] or hot[-1] == "2-3"  # its ducks
-    assert "imbalance" in screen
+    with duckpipe.connect(dp.control, name="top-moe") as c:  # the load's client is its thread's
+        # 8 experts over the 4 ducks; expert 6 (ducks 2 and 3) chosen by every token
+        moe = MoeMlp.random(8, 64, 16, shared=False, dtype=np.float32, seed=6)
+        c.load_weights(60, moe, placement=[[e % 4, (e + 1) % 4] for e in range(8)])
+        i = np.array([[6, 1]] * 5 + [[6, 4]] * 3, np.int32)
+        w = np.full(i.shape, 0.5, np.float32)
+        c.forward(60, np.ones((8, 64), np.float32), routing=(i, w), timeout=10)
+        t.wait_for(" 6 moe ")
+        t.keys("6")
+        screen = t.wait_for("MoE experts (hottest per layer)")
+        rows = [line.split() for line in screen.splitlines()]
+        layer = next(r for r in rows if r[:3] == ["60", "8", "exp"])
+        assert layer[3] == "8"  # tokens
+        hot = next(r for r in rows if r[:2] == ["6", "8"])  # expert 6, 8 tokens
+        assert hot[-1] == "2-3"  # its ducks
+        assert "imbalance" in screen
     t.keys("q")
     t.wait_for("duckpipe-top exited 0")
 
