@@ -13,6 +13,7 @@
  *   check MEDIAN_US MIN_US
  *   split_all MEDIAN_US MIN_US
  *   split_half MEDIAN_US MIN_US
+ *   expert_count MEDIAN_US MIN_US   (the stats segment's per-expert count, dp_expert_load.h)
  * Run it on an idle core for numbers to quote; it is not a test (nothing is asserted).
  */
 #include <getopt.h>
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dp_expert_load.h"
 #include "dp_routing.h"
 
 static uint64_t now_ns(void)
@@ -149,6 +151,13 @@ int main(int argc, char **argv)
 		}
 		report(names[s], ns, reps);
 	}
+	static uint64_t counts[DP_MAX_EXPERTS];
+	for (int i = 0; i < reps; i++) {
+		uint64_t t0 = now_ns();
+		dp_expert_load_count(table + DP_ROUTING_HEADER_SIZE, tokens, topk, n_experts, counts);
+		ns[i] = now_ns() - t0;
+	}
+	report("expert_count", ns, reps);
 	free(idx);
 	free(wts);
 	free(table);
