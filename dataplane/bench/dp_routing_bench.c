@@ -13,6 +13,7 @@
  *   check MEDIAN_US MIN_US
  *   split_all MEDIAN_US MIN_US
  *   split_half MEDIAN_US MIN_US
+ *   expert_count MEDIAN_US MIN_US   (the stats segment's per-expert count, dp_expert_load.h)
  *   dispatch MEDIAN_US MIN_US        the dispatcher's plan and count, every duck live
  * and with --lost N (default 1) ducks known lost (duck 0 up; issue 30.1), what a forward
  * that routes around them costs instead: the dispatcher's live placement, plan and count,
@@ -28,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dp_expert_load.h"
 #include "dp_routing.h"
 
 static uint64_t now_ns(void)
@@ -209,6 +211,13 @@ int main(int argc, char **argv)
 		}
 		report(names[s], ns, reps);
 	}
+	static uint64_t counts[DP_MAX_EXPERTS];
+	for (int i = 0; i < reps; i++) {
+		uint64_t t0 = now_ns();
+		dp_expert_load_count(table + DP_ROUTING_HEADER_SIZE, tokens, topk, n_experts, counts);
+		ns[i] = now_ns() - t0;
+	}
+	report("expert_count", ns, reps);
 	if (replicas > 1)
 		lost_rows(table, len, tokens, topk, &pl, slots, all, nducks, nlost, wire, wire_cap,
 			  ns, reps);

@@ -1258,6 +1258,9 @@ class MockDataplane:
                 self.stats.duck_moe(duck, *moe.duck_rows(layer.moe, routed, duck))
         for duck in missing:
             self.stats.duck_missed(duck, 1)  # the mock counts one chunk per missed partial
+        if routed is not None and targets:  # one no duck was asked for completes at dispatch
+            entries = {t: moe.duck_rows(layer.moe, routed, t)[1] for t in targets}
+            self.stats.moe_forward(int(d.layer), layer.moe, routed.indices, entries)
         timings = ctl.Timings(
             prepare_ns=self._client_prepare(client, int(d.submit_ns), pickup),
             spread_ns=max(compute) - min(compute) if compute else 0,
@@ -1542,6 +1545,9 @@ class MockDataplane:
                 for duck in la.info.ducks:
                     layers[duck] = layers.get(duck, 0) + 1
         self.stats.duck_layers(layers)
+        self.stats.moe_tick(
+            {lid: la.moe for lid, la in self.layers.items() if la.ready and la.moe is not None}
+        )
 
     # --- housekeeping -------------------------------------------------------------
 

@@ -20,6 +20,7 @@
 #include "dp_client.h"
 #include "dp_fwd.h"
 #include "dp_layers.h"
+#include "dp_stats_moe.h"
 #include "dp_worker.h"
 
 #define STATS_PATH_MAX 320 /* bytes of the stats path, its NUL included */
@@ -35,6 +36,7 @@ struct dp_stats_seg {
 	struct dp_stats_nic *nics;
 	struct dp_stats_duck *ducks;
 	struct dp_stats_hist *hists;
+	struct dp_stats_moe_seg *moe; /* the MoE region's writer (dp_stats_moe.c) */
 	/* the control agent's own memory */
 	uint8_t missed_last[DP_MAX_DUCKS]; /* by topology index: missed its latest forward */
 	uint32_t client_id[DP_MAX_CLIENTS]; /* whose entry each client slot holds now */
@@ -235,6 +237,11 @@ struct dp_stats_seg *dp_stats_open(struct dp_world *w,
 	s->nics = (struct dp_stats_nic *)(s->base + DP_STATS_NICS_OFFSET);
 	s->ducks = (struct dp_stats_duck *)(s->base + DP_STATS_DUCKS_OFFSET);
 	s->hists = (struct dp_stats_hist *)(s->base + DP_STATS_HISTS_OFFSET);
+	s->moe = dp_stats_moe_open(s->base, dp_now_ns());
+	if (!s->moe) {
+		unlink(tmp);
+		goto fail;
+	}
 	struct dp_stats_name *names = (struct dp_stats_name *)(s->base + DP_STATS_NAMES_OFFSET);
 	for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
 		put(names[i].name, sizeof(names[i].name), dp_counter_names[i]);
@@ -291,6 +298,8 @@ struct dp_stats_seg *dp_stats_open(struct dp_world *w,
 	h->nducks = DP_MAX_DUCKS;
 	h->buckets = DP_STATS_BUCKETS;
 	h->nhists = DP_STATS_NHISTS;
+	h->moe_offset = DP_STATS_MOE_OFFSET;
+	h->moe_layers = DP_STATS_MOE_LAYERS;
 	h->heartbeat_ns = h->start_mono_ns;
 	put(h->control, sizeof(h->control), cfg->control);
 	dp_store_release_u64(&h->magic, DP_STATS_MAGIC); /* last: readers check it first */
@@ -302,6 +311,7 @@ struct dp_stats_seg *dp_stats_open(struct dp_world *w,
 	dp_stats_tick(s, dp_now_ns());
 	return s;
 fail:
+	dp_stats_moe_close(s->moe);
 	if (s->base)
 		munmap(s->base, DP_STATS_SEGMENT_SIZE);
 	free(s);
@@ -323,6 +333,7 @@ void dp_stats_close(struct dp_stats_seg *s)
 			unlink(s->path);
 		close(fd);
 	}
+	dp_stats_moe_close(s->moe);
 	munmap(s->base, DP_STATS_SEGMENT_SIZE);
 	free(s);
 }
@@ -555,6 +566,7 @@ void dp_stats_tick(struct dp_stats_seg *s, uint64_t now)
 	publish_nics(s);
 	publish_clients(s);
 	publish_ducks(s, now);
+	dp_stats_moe_tick(s->moe, s->w, now);
 	set64(&s->hdr->epoch, dp_load_acquire_u64(&s->w->epoch));
 	set64(&s->hdr->heartbeat_ns, now);
 }
@@ -630,4 +642,5 @@ void dp_stats_completion(struct dp_stats_seg *s, const struct dp_fwd *f,
 		add64(&d->nacks, rx->nacks);
 		s->missed_last[t] = 1;
 	}
+	dp_stats_moe_forward(s->moe, w, f, sum); /* a routed forward's expert and duck load */
 }
