@@ -21,6 +21,12 @@ LayerInfo.lost). The client keeps a reference to each model it loaded (:class:`L
 so :func:`repair` cuts again only the banks of the ducks that lost the layer and streams
 them the same way after a ``RepairLayer``; the commit puts them back.
 
+``load_weights`` with ``placement=`` of a committed MoE layer this client loaded, with the
+same model, *moves* it (:func:`move`): a ``MoveLayer`` names the new placement, and only
+the banks of the ducks whose set of experts changed are cut and streamed; the commit
+switches the layer to the new placement for every forward dispatched after it
+(docs/architecture.md, "Moving a live layer").
+
 FP8 weights (``SwiGluMlp.from_fp8``, duckpipe/client/fp8.py) go as ``weight_dtype``
 F8E4M3: each shard tensor is its e4m3 bytes then its float32 scale grid (its blocks'
 grids side by side for a bank); a dense layer and the shared expert are cut between
@@ -39,10 +45,18 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from ..errors import BadInput, DataplaneFault, LayerFailed, UnknownLayer, WaitTimeout
+from ..errors import (
+    BadInput,
+    DataplaneFault,
+    LayerFailed,
+    NotPermitted,
+    UnknownLayer,
+    WaitTimeout,
+)
 from ..progress import Progress
 from ..schema import control as ctl
 from ..schema.abi import B_DOWN_TENSOR, DType, MlpKind, Op, Status
+from ..schema.control import ErrorCode
 from ..schema.routing import MAX_EXPERTS, MAX_REPLICAS
 from . import fp8, routing
 from .models import (
@@ -72,6 +86,7 @@ __all__ = [
     "load_weights",
     "moe_layer",
     "moe_view",
+    "move",
     "repair",
 ]
 
@@ -446,6 +461,19 @@ def load_weights(
             f"placement= places the experts of a MoeMlp; a {type(mlp).__name__} is sharded "
             "over ducks= instead"
         )
+    if isinstance(mlp, MoeMlp) and placement is not None:
+        moved = move(
+            session,
+            layer,
+            mlp,
+            ducks=ducks,
+            placement=placement,
+            progress=progress,
+            timeout=timeout,
+            shared=shared,
+        )
+        if moved is not None:
+            return moved
     dt = mlp.dtype  # the activations' (an FP8 layer's weights are weight_dtype)
     code = dtype_code(dt)
     weight_dtype = int(DType.F8E4M3) if _is_fp8(mlp) else 0
@@ -593,6 +621,84 @@ def repair(
     return session.layer_info(layer)
 
 
+def move(
+    session: Session,
+    layer: int,
+    moe: MoeMlp,
+    *,
+    ducks: Sequence[int] | None,
+    placement: Sequence[PlacementItem],
+    progress: bool | Callable[[int, int], None] | None,
+    timeout: float,
+    shared: bool,
+) -> ctl.LayerInfo | None:
+    """Move committed MoE layer ``layer``, which this session loaded from ``moe`` (the
+    same object), to ``placement`` while it serves; None when it is not such a layer (the
+    caller loads it whole). Only the banks of the ducks whose set of experts changes are
+    cut and streamed, after a ``MoveLayer``; the commit switches the layer. The layer keeps
+    its ducks and its shared expert's set. NotPermitted for another client's layer."""
+    loaded = session.loaded.get(layer)
+    info = next((li for li in session.refresh_layers() if li.layer == layer), None)
+    if info is None or info.failed:
+        return None  # nothing serves: a load (the caller's) places it
+    if loaded is None or loaded.plan is None:
+        if info.owner and info.owner != session.client_id:
+            raise NotPermitted(
+                ErrorCode.NOT_PERMITTED,
+                f"layer {layer} belongs to client {info.owner}: only the client that loaded "
+                "it moves it to a new placement (load_weights with placement= on a live "
+                "layer it loaded); load your own layer under another id",
+            )
+        return None
+    if loaded.mlp is not moe or bool(info.shared) != bool(shared):
+        return None  # other weights (or sharing): a reload, not a move
+    old = loaded.plan
+    if ducks is not None and list(ducks) != list(old.ducks):
+        raise BadInput(
+            f"layer {layer} is loaded on ducks {list(old.ducks)}: a move keeps its ducks "
+            f"(ducks={list(ducks)} differs); unload it and load it anew to change them"
+        )
+    keep = dataclasses.replace(moe, shared_ducks=list(old.shared_ducks) or None)
+    topology = session.request(lambda rid: ctl.GetTopology(req_id=rid))
+    assert isinstance(topology, ctl.Topology)
+    new = moe_layer(
+        layer, keep, [d.id for d in topology.ducks], ducks=old.ducks, placement=placement
+    )
+    changed = [d for d in old.ducks if new.experts_on(d) != old.experts_on(d)]
+    if not changed:
+        return info  # every duck keeps its experts: nothing to send
+    session.request(
+        lambda rid: ctl.MoveLayer(
+            req_id=rid,
+            layer=layer,
+            shard_sizes=list(new.bank_sizes),
+            expert_replicas=[len(held) for held in new.placement],
+            expert_ducks=[d for held in new.placement for d in held],
+        )
+    )
+    session.layers.pop(layer, None)
+    pieces = list(_banks(moe, new, only=changed))
+    total = sum(a.nbytes for _, _, a in pieces)
+    recs, commit = _stream(session, layer, pieces, total, progress, timeout, "move")
+    bad = _failed(recs)
+    if bad or commit.status != Status.OK:
+        for _, rec in bad:
+            session.await_zmq(rec, 1.0)  # it carries the reason
+        first = bad[0][1] if bad else commit
+        session.await_zmq(first, 1.0)
+        why = first.message or Status(first.status).name
+        raise DataplaneFault(
+            f"moving layer {layer} failed: {why}. It still serves on its old placement; "
+            f"call load_weights({layer}, ..., placement=...) again once ducks "
+            f"{sorted({d for d, _ in bad}) or changed} answer",
+            status=first.status or 0,
+            missing=tuple(sorted({d for d, _ in bad})),
+        )
+    session.moe[layer] = new
+    session.loaded[layer] = Loaded(moe, new.ducks, new.bank_sizes, new)
+    return session.layer_info(layer)
+
+
 def _stream(
     session: Session,
     layer: int,
@@ -646,7 +752,7 @@ def _stream(
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WaitTimeout(
-                    f"{'repairing' if what == 'repair' else 'loading'} layer {layer}: a weight "
+                    f"{_DOING.get(what, 'loading')} layer {layer}: a weight "
                     f"chunk was not completed within "
                     f"{timeout:g} s ({bar.waiting or 'the dataplane is slow'})"
                 )
@@ -682,6 +788,9 @@ def _stream(
                 wait_done(rec)
         count_acks()
     return recs, commit
+
+
+_DOING = {"repair": "repairing", "move": "moving"}
 
 
 def _failed(recs: list[tuple[int, Inflight]]) -> list[tuple[int, Inflight]]:

@@ -240,6 +240,8 @@ COUNTERS: tuple[Counter, ...] = (
     ),
     Counter("layers_repaired", "repairs committed: lost ducks given their banks again"),
     Counter("repair_bytes", "of weight_bytes, those a repair restreamed to lost ducks"),
+    Counter("layers_moved", "moves committed: live MoE layers switched to a new placement"),
+    Counter("move_bytes", "of weight_bytes, those a move sent (the changed ducks' new banks)"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

@@ -351,7 +351,9 @@ struct dp_stats_duck {
     X(moe_copied_bytes) /* MoE: activation bytes copied to be sent (rows sent from the slot in place: 0) */          \
     X(parks_expecting) /* of parks, those until forwards' replies were due, their NICs unheard (idle_expect) */      \
     X(layers_repaired) /* repairs committed: lost ducks given their banks again */                                   \
-    X(repair_bytes) /* of weight_bytes, those a repair restreamed to lost ducks */
+    X(repair_bytes) /* of weight_bytes, those a repair restreamed to lost ducks */                                   \
+    X(layers_moved) /* moves committed: live MoE layers switched to a new placement */                               \
+    X(move_bytes) /* of weight_bytes, those a move sent (the changed ducks' new banks) */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");

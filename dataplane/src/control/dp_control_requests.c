@@ -709,6 +709,51 @@ static void on_shutdown(struct dp_control *c, const struct dp_peer *p,
 	dp_world_stop(c->w);
 }
 
+/* MoveLayer: the same refusals as the mock's for whom and what state (another's layer,
+ * a dense one, one loading, failed, repairing, with a duck lost), then UNSUPPORTED: the C
+ * dataplane does not move a live layer yet. The ducks would need a second bank of the
+ * layer during the move (docs/architecture.md, "Moving a live layer": a bank generation in
+ * LAYER and FORWARD, the duck serving each forward from the newest bank no newer than its
+ * generation); until they have one, a move is refused here rather than rewriting a bank
+ * the old placement still routes to. */
+static void on_move_layer(struct dp_control *c, const struct dp_peer *p,
+			  const struct dp_ctl_request *r)
+{
+	const struct dp_ctl_move_layer *m = &r->u.move_layer;
+	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
+	int slot = dp_layer_slot(c->w, m->layer);
+	struct dp_layer *l = slot >= 0 ? c->w->layers[slot] : NULL;
+	if (!me)
+		dp_control_refuse(c, p, DP_ERROR_CODE_NOT_ATTACHED,
+		                  "MoveLayer needs an attached client");
+	else if (!l)
+		dp_control_refuse(c, p, DP_ERROR_CODE_UNKNOWN_LAYER, "layer %u is not loaded",
+		                  m->layer);
+	else if (l->owner != me->id)
+		dp_control_refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED,
+		                  "layer %u belongs to another client: only its owner moves it "
+		                  "to a new placement", m->layer);
+	else if (!l->moe)
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u is dense: a move places a MOE layer's experts anew",
+		                  m->layer);
+	else if (dp_load_acquire_u32(&l->failed) || !dp_load_acquire_u32(&l->ready))
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u is %s: a move places a committed layer anew; load it "
+		                  "(LoadWeights) with the placement instead", m->layer,
+		                  dp_load_acquire_u32(&l->failed) ? "failed" : "still loading");
+	else if (dp_load_acquire_u32(&l->repairing))
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u is being repaired: a move waits for the repair's commit; "
+		                  "move it after", m->layer);
+	else
+		dp_control_refuse(c, p, DP_ERROR_CODE_UNSUPPORTED,
+		                  "this dataplane cannot move a live layer yet (its ducks hold one "
+		                  "bank a layer): reload layer %u with the new placement (forwards on "
+		                  "it fail until the load commits), or use the mock dataplane",
+		                  m->layer);
+}
+
 /* The generated decoder names the type; this table names its handler. */
 static const dp_ctl_handler handlers[DP_CTL_NTYPES] = {
 	[DP_CTL_ATTACH] = on_attach,
@@ -723,6 +768,7 @@ static const dp_ctl_handler handlers[DP_CTL_NTYPES] = {
 	[DP_CTL_SET_FAULTS] = on_set_faults,
 	[DP_CTL_SHUTDOWN] = on_shutdown,
 	[DP_CTL_REPAIR_LAYER] = on_repair_layer,
+	[DP_CTL_MOVE_LAYER] = on_move_layer,
 };
 
 int dp_control_check_handlers(void)
