@@ -101,8 +101,9 @@ def test_a_live_layer_moves_to_a_planned_placement_sending_only_the_changed_bank
             t.join(10)
         assert not failed, failed
         during = [s for s in done if start < s < end]
-        print(f"move took {1e3 * (end - start):.1f} ms; {len(during)} forwards meanwhile")
         sent = after["weight_bytes"] - before["weight_bytes"]
+        print(f"move: {1e3 * (end - start):.1f} ms, {len(during)} forwards meanwhile, {sent} of")
+        print(f"the layer's {layer_bytes} bytes sent")
         assert sent == after["move_bytes"] - before["move_bytes"] == want_bytes
         assert sent < layer_bytes
         assert after["layers_moved"] - before["layers_moved"] == 1
