@@ -200,3 +200,44 @@ def test_the_c_dataplane_refuses_a_move_it_cannot_make_and_the_layer_serves_on(
         np.testing.assert_allclose(
             c.forward(53, x, routing=(idx, w)), moe.reference(x, idx, w), rtol=1e-4, atol=1e-5
         )
+
+
+def test_a_move_keeps_the_layers_ducks_and_refuses_a_dead_changed_duck(duckpipe_mock_factory):
+    from duckpipe.errors import DucksUnreachable
+
+    control = duckpipe_mock_factory(ducks=4).control
+    moe = _moe(54)
+    new = plan_placement(LOAD, DUCKS, redundant=0).placement
+    with duckpipe.connect(control) as c:
+        c.load_weights(54, moe, ducks=DUCKS)
+        with pytest.raises(BadInput, match=r"a move keeps its ducks \(ducks=\[0, 1, 2\]"):
+            c.load_weights(54, moe, ducks=[0, 1, 2], placement=new)
+        before = c.stats().counters["weight_bytes"]
+        set_faults(control, dead_ducks=[1])  # duck 1 changes under the plan
+        with pytest.raises(DucksUnreachable, match=r"\[1\] did not .* move the layer once"):
+            c.load_weights(54, moe, placement=new)
+        assert c.stats().counters["weight_bytes"] == before  # nothing sent
+        (li,) = [li for li in c.layers() if li.layer == 54]
+        assert moe_view(li).placement == tuple((d,) for d in (0, 0, 1, 1, 2, 2, 3, 3))
+
+
+def test_a_repair_while_a_move_is_open_is_refused(duckpipe_mock_factory):
+    control = duckpipe_mock_factory(ducks=4).control
+    moe = _moe(55)
+    new = plan_placement(LOAD, DUCKS, redundant=0).placement
+    sizes = [len(_experts_on(new, d)) * EFFN + (EFFN // 2 if d in (1, 3) else 0) for d in DUCKS]
+    with duckpipe.connect(control) as c:
+        c.load_weights(55, moe, ducks=DUCKS)
+        c._session.request(
+            lambda rid: ctl.MoveLayer(
+                req_id=rid,
+                layer=55,
+                shard_sizes=sizes,
+                expert_replicas=[1] * N_EXPERTS,
+                expert_ducks=[d for held in new for d in held],
+            )
+        )
+        with pytest.raises(BadInput, match="is being moved to a new placement: repair it after"):
+            c._session.request(lambda rid: ctl.RepairLayer(req_id=rid, layer=55, ducks=[3]))
+        with pytest.raises(BadInput, match="is being moved already: commit that move first"):
+            c.load_weights(55, moe, placement=new)
