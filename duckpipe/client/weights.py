@@ -528,7 +528,12 @@ def load_weights(
     # the layer's MoE facts and model, if any, are the old layer's from here on
     session.moe.pop(layer, None)
     session.loaded.pop(layer, None)
-    session.request(lambda rid: msgspec.structs.replace(request, req_id=rid))
+    try:
+        session.request(lambda rid: msgspec.structs.replace(request, req_id=rid))
+    except NotPermitted as e:
+        if placement is None or "belongs to another client" not in str(e):
+            raise
+        raise _refused_move(layer) from e
     session.layers.pop(layer, None)  # the remembered LayerInfo, if any, is the old layer's
     if plan is None:  # the shards are cut once the dataplane took the plan
         pieces = _pieces(mlp, chosen, sizes)
@@ -621,6 +626,16 @@ def repair(
     return session.layer_info(layer)
 
 
+def _refused_move(layer: int) -> NotPermitted:
+    """A placement for another client's layer: it is not this client's to move."""
+    return NotPermitted(
+        ErrorCode.NOT_PERMITTED,
+        f"layer {layer} belongs to another client: only the client that loaded it moves it "
+        "to a new placement (load_weights with placement= on a live layer it loaded); load "
+        "your own layer under another id",
+    )
+
+
 def move(
     session: Session,
     layer: int,
@@ -636,22 +651,14 @@ def move(
     same object), to ``placement`` while it serves; None when it is not such a layer (the
     caller loads it whole). Only the banks of the ducks whose set of experts changes are
     cut and streamed, after a ``MoveLayer``; the commit switches the layer. The layer keeps
-    its ducks and its shared expert's set. NotPermitted for another client's layer."""
+    its ducks and its shared expert's set. (Another client's layer: _refused_move.)"""
     loaded = session.loaded.get(layer)
+    if loaded is None or loaded.plan is None or loaded.mlp is not moe:
+        return None  # not a MoE layer this session loaded from moe: a load (another
+        # client's layer: the dataplane refuses it, _refused_move says why)
     info = next((li for li in session.refresh_layers() if li.layer == layer), None)
-    if info is None or info.failed:
-        return None  # nothing serves: a load (the caller's) places it
-    if loaded is None or loaded.plan is None:
-        if info.owner and info.owner != session.client_id:
-            raise NotPermitted(
-                ErrorCode.NOT_PERMITTED,
-                f"layer {layer} belongs to client {info.owner}: only the client that loaded "
-                "it moves it to a new placement (load_weights with placement= on a live "
-                "layer it loaded); load your own layer under another id",
-            )
-        return None
-    if loaded.mlp is not moe or bool(info.shared) != bool(shared):
-        return None  # other weights (or sharing): a reload, not a move
+    if info is None or info.failed or bool(info.shared) != bool(shared):
+        return None  # nothing serves, or its sharing changes: a load places it
     old = loaded.plan
     if ducks is not None and list(ducks) != list(old.ducks):
         raise BadInput(
