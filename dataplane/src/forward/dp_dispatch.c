@@ -384,6 +384,9 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 	}
 	for (uint32_t i = 0; i < l->nducks; i++)
 		for (uint32_t t = 0; t < DP_SHARD_TENSORS; t++) {
+			/* a move's: the ducks it changed; the others keep their banks */
+			if (l->is_move && !dp_targets_has(l->move_ducks, l->ducks[i]))
+				break;
 			uint64_t want = dp_tensor_bytes(l, i, t);
 			uint64_t got = __atomic_load_n(&l->acked[i][t], __ATOMIC_ACQUIRE);
 			if (got != want) {
@@ -413,9 +416,11 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 			}
 		}
 	}
-	/* release: a dispatcher that sees ready sees b_down */
+	/* release: a dispatcher that sees ready sees b_down. A move's: the switch, since this
+	 * thread alone takes layers for forwards (dp_layer_take), every forward dispatched
+	 * from here on is planned on the new placement */
 	dp_store_release_u32(&l->ready, 1);
-	dp_count(d->counters, DP_C_layers_loaded, 1);
+	dp_count(d->counters, l->is_move ? DP_C_layers_moved : DP_C_layers_loaded, 1);
 	complete(d, f, DP_STATUS_OK, NULL);
 	return 1;
 }
