@@ -70,6 +70,10 @@ from .models import (
 )
 from .moe import MoeMlp
 
+#: How long a move waits for the forwards of the placement before the last move to finish
+#: (the dataplane refuses it until they did): forwards take milliseconds.
+DRAIN_WAIT_S = 2.0
+
 #: A chunk unacknowledged this long names its duck on the progress bar ("waiting for
 #: ducks [...]"): a healthy duck acknowledges within milliseconds.
 STALL_S = 1.0
@@ -674,15 +678,24 @@ def move(
     changed = [d for d in old.ducks if new.experts_on(d) != old.experts_on(d)]
     if not changed:
         return info  # every duck keeps its experts: nothing to send
-    session.request(
-        lambda rid: ctl.MoveLayer(
-            req_id=rid,
-            layer=layer,
-            shard_sizes=list(new.bank_sizes),
-            expert_replicas=[len(held) for held in new.placement],
-            expert_ducks=[d for held in new.placement for d in held],
-        )
+    request = ctl.MoveLayer(
+        req_id=0,
+        layer=layer,
+        shard_sizes=list(new.bank_sizes),
+        expert_replicas=[len(held) for held in new.placement],
+        expert_ducks=[d for held in new.placement for d in held],
     )
+    # right after a move, the forwards of the placement before it may still be in flight
+    # (the ducks keep two banks a layer: this move would free theirs): a moment's wait
+    drained = time.monotonic() + min(timeout, DRAIN_WAIT_S)
+    while True:
+        try:
+            session.request(lambda rid: msgspec.structs.replace(request, req_id=rid))
+            break
+        except BadInput as e:
+            if "still in flight" not in str(e) or time.monotonic() > drained:
+                raise
+            time.sleep(0.005)
     session.layers.pop(layer, None)
     pieces = list(_banks(moe, new, only=changed))
     total = sum(a.nbytes for _, _, a in pieces)

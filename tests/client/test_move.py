@@ -127,6 +127,16 @@ def test_a_live_layer_moves_to_a_planned_placement_sending_only_the_changed_bank
         # moving it to where it is sends nothing
         c.load_weights(50, moe, placement=new, shared=True)
         assert c.stats().counters["weight_bytes"] == after["weight_bytes"]
+        # and back: ducks 0 and 1 get their first banks again (the ducks' third
+        # generation of the layer, beside their second), exact as ever
+        c.load_weights(50, moe, placement=old.placement, shared=True)
+        back = c.stats().counters
+        assert back["move_bytes"] - after["move_bytes"] == 3 * HIDDEN * 4 * sum(old.bank_sizes[:2])
+        (li,) = [li for li in c.layers() if li.layer == 50]
+        assert moe_view(li).placement == old.placement
+        np.testing.assert_allclose(
+            other.forward(50, x, routing=(idx, w)), want, rtol=1e-4, atol=1e-5
+        )
 
 
 @dataclasses.dataclass

@@ -859,6 +859,8 @@ static void on_move_layer(struct dp_control *c, const struct dp_peer *p,
 	struct dp_layer *l = check_move(c, p, m);
 	if (!l)
 		return;
+	/* the layer the last move replaced goes as soon as nothing holds it */
+	dp_count(c->counters, DP_C_layers_freed, dp_layers_free_retired(c->w, &c->retired, false));
 	if (draining(c, m->layer)) {
 		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
 		                  "layer %u's forwards on its placement before the last move are "
