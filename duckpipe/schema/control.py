@@ -233,10 +233,12 @@ class MoveLayer(Request, kw_only=True):
     bank widths, in the layer's ducks order. Only the ducks whose set of experts changes
     get a new bank: chunks for them follow through the ring (WEIGHT_CHUNK, each tensor
     once, in order from byte 0, sized by the new bank), then a WEIGHT_COMMIT. Until that
-    commit every forward uses the old placement on the old banks; from it on, forwards
-    dispatched use the new one; forwards in flight finish on the old banks, which are
-    dropped once they drained (docs/architecture.md, "Moving a live layer"). A move whose
-    chunks fail leaves the layer serving on the old placement."""
+    commit every forward uses the old placement on the old banks (a changed duck gets its
+    new bank beside the old one: LAYER's bank generation); from it on, forwards
+    dispatched use the new one; forwards in flight finish on the old banks
+    (docs/architecture.md, "Moving a live layer"). A move whose chunks fail leaves the
+    layer serving on the old placement. Refused while the layer the last move replaced
+    still has forwards in flight ("still in flight": retry)."""
 
     layer: U32
     shard_sizes: Annotated[

@@ -12,6 +12,10 @@ with NACK flagged INPUT listing them, and the host resends those.
 Weights: op LAYER (payload ``dp_wire_layer``) announces a layer's shard to one
 duck, then op WEIGHT chunks fill its tensors; each datagram is acknowledged
 with WEIGHT_ACK (``tensor`` 0xFFFF for LAYER) and resent until it is.
+A layer moved to a new placement (MoveLayer) gives a duck whose experts changed a
+new bank beside its old one, a generation on (``dp_wire_layer.bank``); WEIGHT fills
+the newest bank, and a FORWARD's ``tensor`` is the generation it was planned for: the
+duck answers it from the newest bank of its layer not newer than that.
 Every datagram carries the session cookie and the epoch; a receiver drops and
 counts datagrams with a bad magic, version, session or a stale epoch.
 Activations, partials and weights travel in the layer's dtype (the header's
