@@ -243,6 +243,8 @@ def _stats(args: argparse.Namespace) -> int:
         )
     if args.json:
         print(msgspec.json.encode(snap).decode())
+    elif args.experts is not None:
+        _print_experts(snap, args.experts)
     else:
         age = st.heartbeat_age_ns(snap) / 1e6
         print(
@@ -286,7 +288,8 @@ def _stats(args: argparse.Namespace) -> int:
                 f"last {_us(d.last_reply_ns or None)} us, p99 {_us(d.reply.quantile(0.99))} us, "
                 f"{d.timeouts} timeouts, {d.missing_chunks} missing chunks"
                 + (
-                    f", MoE {d.moe_tokens} tokens, {d.moe_expert_rows} (token, expert) rows"
+                    f", MoE {d.moe_tokens} tokens, {d.moe_expert_rows} (token, expert) rows, "
+                    f"{d.moe_failovers} failovers"
                     if moe
                     else ""
                 )
@@ -549,6 +552,45 @@ def _add_shm(sub) -> None:
     cl.set_defaults(func=_shm_clean)
 
 
+def _imbalance(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _print_experts(snap, top: int) -> None:
+    """`duckpipe stats --experts`: each MoE layer's hottest experts, their ducks, and how
+    unevenly its ducks are loaded (max / mean of their routed rows)."""
+    info = snap.dataplane
+    print(f"dataplane {info.kind} pid {info.pid}: expert load ({printable(info.stats_path)})")
+    if not snap.moe_layers:
+        print("  no MoE layer has run a routed forward")
+    for la in snap.moe_layers:
+        window = la.window_ns / 1e9
+        state = "loaded" if la.loaded else "unloaded"
+        print(
+            f"  MoE layer {la.layer} ({la.n_experts} experts, {len(la.duck_rows)} ducks, "
+            f"{state}): {la.forwards} forwards, {la.tokens} tokens, {la.entries} (token, "
+            f"expert) rows, {la.no_expert} without an expert; last {window:.2f} s: "
+            f"{la.recent_forwards} forwards, {la.recent_tokens} tokens"
+        )
+        print(
+            f"    imbalance (max/mean duck rows): {_imbalance(la.imbalance())} total, "
+            f"{_imbalance(la.imbalance(recent=True))} recent"
+        )
+        hot = la.hottest(top)
+        if not hot:
+            continue
+        print(f"    {'hottest experts':<18} {'tokens':>10} {'recent':>8}  ducks (rows)")
+        for x in hot:
+            ducks = ", ".join(f"{d} ({la.duck_rows.get(d, 0)})" for d in x.ducks)
+            print(f"    expert {x.expert:<11} {x.tokens:>10} {x.recent:>8}  {ducks}")
+    u = snap.moe_untracked
+    if u.forwards:
+        print(
+            f"  untracked (every one of the {len(snap.moe_layers)} MoE layer slots taken): "
+            f"{u.forwards} forwards, {u.tokens} tokens, {u.entries} (token, expert) rows"
+        )
+
+
 def _add_stats(sub) -> None:
     st = sub.add_parser(
         "stats",
@@ -567,6 +609,15 @@ def _add_stats(sub) -> None:
         "--control-query",
         action="store_true",
         help="ask the dataplane over ZeroMQ (GetStats; DPDK ports' xstats) instead",
+    )
+    st.add_argument(
+        "--experts",
+        nargs="?",
+        type=int,
+        const=5,
+        metavar="N",
+        help="each MoE layer's N hottest experts (default 5): tokens in all and in the "
+        "last second, their ducks, and the ducks' imbalance (max/mean routed rows)",
     )
     st.set_defaults(func=_stats)
 

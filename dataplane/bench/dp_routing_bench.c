@@ -13,6 +13,14 @@
  *   check MEDIAN_US MIN_US
  *   split_all MEDIAN_US MIN_US
  *   split_half MEDIAN_US MIN_US
+ *   expert_count MEDIAN_US MIN_US   (the stats segment's per-expert count, dp_expert_load.h)
+ *   dispatch MEDIAN_US MIN_US        the dispatcher's plan and count, every duck live
+ * and with --lost N (default 1) ducks known lost (duck 0 up; issue 30.1), what a forward
+ * that routes around them costs instead: the dispatcher's live placement, plan and count,
+ * and its rerouted count by the placement as loaded; each NIC's live placement and split:
+ *   dispatch_lost MEDIAN_US MIN_US
+ *   split_all_lost MEDIAN_US MIN_US
+ * (with one replica an expert on a lost duck has none: those rows are skipped).
  * Run it on an idle core for numbers to quote; it is not a test (nothing is asserted).
  */
 #include <getopt.h>
@@ -21,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dp_expert_load.h"
 #include "dp_routing.h"
 
 static uint64_t now_ns(void)
@@ -42,11 +51,62 @@ static void report(const char *name, uint64_t *ns, int reps)
 	printf("%s %.1f %.1f\n", name, ns[reps / 2] / 1e3, ns[0] / 1e3);
 }
 
+/* The dispatch and split rows, all live and with ducks 1..nlost known lost (dp_dispatch.c
+ * route_forward, dp_moe.c dp_moe_send). */
+static void lost_rows(const uint8_t *table, uint64_t len, uint32_t tokens, uint32_t topk,
+		      const struct dp_routing_placement *pl, const uint16_t *slots,
+		      const uint64_t *all, uint32_t nducks, uint32_t nlost, uint8_t *wire,
+		      uint64_t wire_cap, uint64_t *ns, int reps)
+{
+	static struct dp_routing_plan plan;
+	static struct dp_routing_placement live;
+	static uint16_t live_slots[DP_MAX_EXPERTS * DP_MAX_REPLICAS];
+	uint64_t lost[DP_MAX_DUCKS / 64] = { 0 }, size, targets[DP_MAX_DUCKS / 64], moved = 0;
+	uint32_t count[DP_MAX_DUCKS];
+	const uint8_t *e0 = table + DP_ROUTING_HEADER_SIZE;
+	char why[128];
+	for (uint32_t d = 1; d <= nlost && d < nducks; d++)
+		lost[d >> 6] |= 1ull << (d & 63);
+	for (int i = 0; i < reps; i++) {
+		uint64_t t0 = now_ns();
+		dp_routing_plan(&plan, pl, NULL, NULL);
+		int rc = dp_routing_count(&plan, e0, tokens, topk, count, why, sizeof(why));
+		ns[i] = now_ns() - t0;
+		if (rc < 0)
+			fprintf(stderr, "count: %s\n", why);
+	}
+	report("dispatch", ns, reps);
+	for (int i = 0; i < reps; i++) {
+		uint64_t t0 = now_ns();
+		dp_routing_live(pl, NULL, lost, &live, NULL);
+		dp_routing_plan(&plan, &live, NULL, NULL);
+		int rc = dp_routing_count(&plan, e0, tokens, topk, count, why, sizeof(why));
+		dp_routing_plan(&plan, pl, NULL, NULL); /* the rerouted count */
+		rc |= dp_routing_count(&plan, e0, tokens, topk, count, why, sizeof(why));
+		ns[i] = now_ns() - t0;
+		if (rc < 0)
+			fprintf(stderr, "count: %s\n", why);
+		moved = count[1];
+	}
+	report("dispatch_lost", ns, reps);
+	for (int i = 0; i < reps; i++) {
+		uint64_t t0 = now_ns();
+		dp_routing_live(pl, slots, lost, &live, live_slots);
+		int rc = dp_routing_split(table, len, &live, live_slots, 0, all, wire, wire_cap,
+					  &size, targets, why, sizeof(why));
+		ns[i] = now_ns() - t0;
+		if (rc < 0 || targets[0] & lost[0])
+			fprintf(stderr, "split: %s\n", rc < 0 ? why : "a lost duck has a section");
+	}
+	report("split_all_lost", ns, reps);
+	fprintf(stderr, "(duck 1 alone would have had %lu entries)\n", (unsigned long)moved);
+}
+
 int main(int argc, char **argv)
 {
-	uint32_t tokens = 4096, topk = 8, n_experts = 256, nducks = 8, replicas = 1;
+	uint32_t tokens = 4096, topk = 8, n_experts = 256, nducks = 8, replicas = 1, nlost = 1;
 	int reps = 200, opt;
-	while ((opt = getopt(argc, argv, "t:k:e:d:r:n:")) != -1) {
+	while ((opt = getopt(argc, argv, "t:k:e:d:r:n:l:")) != -1) {
 		switch (opt) {
 		case 't': tokens = (uint32_t)atoi(optarg); break;
 		case 'k': topk = (uint32_t)atoi(optarg); break;
@@ -54,13 +114,15 @@ int main(int argc, char **argv)
 		case 'd': nducks = (uint32_t)atoi(optarg); break;
 		case 'r': replicas = (uint32_t)atoi(optarg); break;
 		case 'n': reps = atoi(optarg); break;
+		case 'l': nlost = (uint32_t)atoi(optarg); break;
 		default:
 			fprintf(stderr, "usage: %s [-t tokens] [-k topk] [-e experts] [-d ducks] "
-					"[-r replicas] [-n reps]\n", argv[0]);
+					"[-r replicas] [-n reps] [-l lost ducks]\n", argv[0]);
 			return 2;
 		}
 	}
-	if (reps < 1 || topk > n_experts || replicas > nducks || replicas > DP_MAX_REPLICAS) {
+	if (reps < 1 || topk > n_experts || replicas > nducks || replicas > DP_MAX_REPLICAS ||
+	    nlost >= nducks) {
 		fprintf(stderr, "bad arguments\n");
 		return 2;
 	}
@@ -149,6 +211,16 @@ int main(int argc, char **argv)
 		}
 		report(names[s], ns, reps);
 	}
+	static uint64_t counts[DP_MAX_EXPERTS];
+	for (int i = 0; i < reps; i++) {
+		uint64_t t0 = now_ns();
+		dp_expert_load_count(table + DP_ROUTING_HEADER_SIZE, tokens, topk, n_experts, counts);
+		ns[i] = now_ns() - t0;
+	}
+	report("expert_count", ns, reps);
+	if (replicas > 1)
+		lost_rows(table, len, tokens, topk, &pl, slots, all, nducks, nlost, wire, wire_cap,
+			  ns, reps);
 	free(idx);
 	free(wts);
 	free(table);

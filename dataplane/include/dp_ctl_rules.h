@@ -74,6 +74,12 @@ struct dp_layer_moe {
     uint64_t shared_ducks[4];
     uint32_t expert_ffn;        /* columns of each routed expert */
     bool has_shared;            /* the layer has a shared expert: shared_ducks is not empty */
+    /* the shared expert's replicas (LoadWeights.shared_sets): n_shared_sets sets of
+     * shared_ducks (1 with a shared expert and none given, 0 without one), set s's ducks
+     * at shared_set[s * 4 .. s * 4 + 3] (DP_MAX_DUCKS bits), each holding the whole
+     * shared expert; a forward uses one whose ducks are all live (dp_dispatch.c) */
+    uint32_t n_shared_sets;
+    uint64_t shared_set[32];    /* DP_MAX_REPLICAS x DP_MAX_DUCKS / 64 */
 };
 
 /* What one client holds when it loads a layer, the layer it replaces left out. */
@@ -234,6 +240,51 @@ static inline int dp_load_moe_placement(const struct dp_ctl_load_weights *m,
 	return 0;
 }
 
+/* The shared expert's sets out of the request: shared_ducks cut into consecutive runs
+ * of the shared_sets sizes (none given: one set of them all), into moe->shared_set.
+ * 0 or DP_ERROR_CODE_BAD_REQUEST. */
+static inline int dp_load_moe_shared_sets(const struct dp_ctl_load_weights *m,
+					  struct dp_layer_moe *moe, char *why, size_t n)
+{
+	uint32_t nsets = m->shared_sets_len, at = 0, sum = 0;
+	if (!m->shared_ducks_len) {
+		if (nsets)
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
+						 "MOE layer %u: shared_sets without shared_ducks: "
+						 "the layer has no shared expert to replicate",
+						 m->layer);
+		return 0;
+	}
+	for (uint32_t s = 0; s < nsets && s < DP_MAX_REPLICAS; s++)
+		sum += m->shared_sets[s] <= DP_MAX_DUCKS ? m->shared_sets[s] : DP_MAX_DUCKS + 1;
+	if (nsets > DP_MAX_REPLICAS || (nsets && sum != m->shared_ducks_len))
+		return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
+					 "MOE layer %u: shared_sets cut %u ducks into %u sets, but "
+					 "shared_ducks names %u (give 1..%u sets that add up to them)",
+					 m->layer, sum, nsets, m->shared_ducks_len, DP_MAX_REPLICAS);
+	moe->n_shared_sets = nsets ? nsets : 1;
+	for (uint32_t s = 0; s < moe->n_shared_sets; s++) {
+		uint32_t size = nsets ? m->shared_sets[s] : m->shared_ducks_len;
+		if (size < 1)
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
+						 "MOE layer %u: shared set %u is empty", m->layer, s);
+		for (uint32_t j = 0; j < size; j++, at++) {
+			uint32_t d = m->shared_ducks[at]; /* checked below DP_MAX_DUCKS */
+			moe->shared_set[s * 4 + (d >> 6)] |= 1ull << (d & 63);
+		}
+	}
+	return 0;
+}
+
+/* Which shared set duck d is in, or -1. */
+static inline int32_t dp_load_moe_set_of(const struct dp_layer_moe *moe, uint32_t d)
+{
+	for (uint32_t s = 0; s < moe->n_shared_sets && s < DP_MAX_REPLICAS; s++)
+		if (moe->shared_set[s * 4 + (d >> 6)] >> (d & 63) & 1)
+			return (int32_t)s;
+	return -1;
+}
+
 /* The shared expert's set out of the request: distinct ducks of the layer (ducks[]: its
  * bits), written to moe->shared_ducks. 0 or DP_ERROR_CODE_BAD_REQUEST. */
 static inline int dp_load_moe_shared(const struct dp_ctl_load_weights *m,
@@ -254,7 +305,7 @@ static inline int dp_load_moe_shared(const struct dp_ctl_load_weights *m,
 		moe->shared_ducks[d >> 6] |= 1ull << (d & 63);
 	}
 	moe->has_shared = m->shared_ducks_len != 0;
-	return 0;
+	return dp_load_moe_shared_sets(m, moe, why, n);
 }
 
 /* Each duck's bank against its experts: wide enough for them, and the shared expert's
@@ -264,11 +315,31 @@ static inline int dp_load_moe_shared(const struct dp_ctl_load_weights *m,
 static inline int dp_load_moe_banks(const struct dp_ctl_load_weights *m,
 				    struct dp_layer_moe *moe, char *why, size_t n)
 {
-	/* FP8: the last duck of the set, in ducks order, may hold a partial 128-block */
-	uint32_t last_shared = UINT32_MAX;
-	for (uint32_t i = 0; i < m->ducks_len; i++)
-		if (moe->shared_ducks[m->ducks[i] >> 6] >> (m->ducks[i] & 63) & 1)
-			last_shared = i;
+	/* FP8: the last duck of each set, in ducks order, may hold a partial 128-block; each
+	 * set holds the whole shared expert: as many columns as the first */
+	uint32_t last_shared[DP_MAX_REPLICAS];
+	uint64_t set_cols[DP_MAX_REPLICAS] = { 0 };
+	for (uint32_t s = 0; s < DP_MAX_REPLICAS; s++)
+		last_shared[s] = UINT32_MAX;
+	for (uint32_t i = 0; i < m->ducks_len; i++) {
+		int32_t s = dp_load_moe_set_of(moe, m->ducks[i] % DP_MAX_DUCKS);
+		if (s >= 0) {
+			last_shared[s] = i;
+			if (m->shard_sizes[i] > (uint64_t)moe->experts_on[m->ducks[i] % DP_MAX_DUCKS] *
+							m->expert_ffn)
+				set_cols[s] += m->shard_sizes[i] -
+					       (uint64_t)moe->experts_on[m->ducks[i] % DP_MAX_DUCKS] *
+						       m->expert_ffn;
+		}
+	}
+	for (uint32_t s = 1; s < moe->n_shared_sets && s < DP_MAX_REPLICAS; s++)
+		if (set_cols[s] != set_cols[0])
+			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
+						 "MOE layer %u: shared set %u holds %llu shared-expert "
+						 "columns, set 0 %llu: each set holds the whole shared "
+						 "expert",
+						 m->layer, s, (unsigned long long)set_cols[s],
+						 (unsigned long long)set_cols[0]);
 	for (uint32_t i = 0; i < m->ducks_len; i++) {
 		uint32_t d = m->ducks[i];
 		uint64_t routed = (uint64_t)moe->experts_on[d] * m->expert_ffn;
@@ -299,7 +370,9 @@ static inline int dp_load_moe_banks(const struct dp_ctl_load_weights *m,
 						 "and the layer has no shared expert: it "
 						 "would compute nothing",
 						 m->layer, d);
-		if (m->weight_dtype && i != last_shared && (m->shard_sizes[i] - routed) % DP_FP8_BLOCK)
+		int32_t set = dp_load_moe_set_of(moe, d % DP_MAX_DUCKS);
+		if (m->weight_dtype && in_set && set >= 0 && i != last_shared[set] &&
+		    (m->shard_sizes[i] - routed) % DP_FP8_BLOCK)
 			return dp_refuse(DP_ERROR_CODE_BAD_REQUEST, why, n,
 						 "FP8 MOE layer %u: duck %u holds %llu "
 						 "shared-expert columns; the shared expert is cut "

@@ -27,6 +27,8 @@
  *                           rule in the same pass (the client's submit); a -1 id (DeepEP's
  *                           "no expert") becomes NO_EXPERT with weight 0
  * dp_routing_placement_check  expert -> ducks (1..MAX_REPLICAS distinct ducks each)
+ * dp_routing_live           placement (+ bank slots) less the ducks known lost: each
+ *                           expert's live replicas, so t % r picks live[t % nlive]
  * dp_routing_plan           placement (+ bank slots, + a set of ducks) -> where each choice
  *                           goes, worked out once per call
  * dp_routing_count          host table + plan -> each duck's entries (the dispatcher's
@@ -421,6 +423,39 @@ static inline int32_t dp_routing_duck_of(const struct dp_routing_placement *pl, 
 		return -1;
 	uint16_t d = pl->ducks[e * DP_MAX_REPLICAS + (r == 1 ? 0 : t % r)]; /* most: no divide */
 	return d < DP_MAX_DUCKS ? d : -1;
+}
+
+/* The placement a forward follows while some ducks are known lost (issue 30.1): each
+ * expert's replicas in their order with the `lost` ones (a DP_MAX_DUCKS-bit set) left
+ * out, and with slots (NULL: none) their bank slots into out_slots, so that the plan's
+ * rule, replica t % replicas[e], picks live[t % nlive]. An expert none of whose ducks is
+ * lost keeps its list as it is: its tokens go where they go when every duck is live. An
+ * expert with no live replica gets none: its cells are NOWHERE, so dp_routing_count
+ * refuses (PLACEMENT) a table that names it, and nothing is sent to a lost duck. For a
+ * checked placement; returns the experts left with no replica. */
+static inline uint32_t dp_routing_live(const struct dp_routing_placement *pl,
+				       const uint16_t *slots, const uint64_t *lost,
+				       struct dp_routing_placement *out, uint16_t *out_slots)
+{
+	uint32_t none = 0, n_experts = pl->n_experts < DP_MAX_EXPERTS ? pl->n_experts
+								       : DP_MAX_EXPERTS;
+	out->n_experts = n_experts;
+	for (uint32_t e = 0; e < n_experts; e++) {
+		uint32_t r = pl->replicas[e] < DP_MAX_REPLICAS ? pl->replicas[e] : DP_MAX_REPLICAS;
+		uint32_t live = 0, at = e * DP_MAX_REPLICAS;
+		for (uint32_t i = 0; i < r; i++) {
+			uint16_t d = pl->ducks[at + i];
+			if (d < DP_MAX_DUCKS && (lost[d >> 6] >> (d & 63) & 1))
+				continue;
+			out->ducks[at + live] = d;
+			if (slots && out_slots)
+				out_slots[at + live] = slots[at + i];
+			live++;
+		}
+		out->replicas[e] = (uint8_t)live;
+		none += live == 0;
+	}
+	return none;
 }
 
 /* The bank slot of each placed expert: slots[e * DP_MAX_REPLICAS + r] is the index of

@@ -450,6 +450,49 @@ static void test_the_placement_is_listed_for_layer_info(void)
 	}
 }
 
+/* The shared expert's replicas (LoadWeights.shared_sets, issue 30.1): shared_ducks cut
+ * into sets that each hold the whole shared expert, listed set by set; refused when the
+ * sizes do not add up or a set holds another width. */
+static void test_shared_sets_are_kept_checked_and_listed(void)
+{
+	struct dp_ctl_load_weights *m = moe_request(2); /* 2 shared columns on ducks 2, 4, 6 */
+	struct dp_layer *l;
+	char why[DP_DESC_WHY_LEN] = "";
+	/* sets {6} and {2, 4}: duck 6 holds all 4 columns, ducks 2 and 4 2 each */
+	m->shard_sizes[2] += 2;
+	m->ffn += 2;
+	m->shared_ducks[0] = 6;
+	m->shared_ducks[1] = 2;
+	m->shared_ducks[2] = 4;
+	m->shared_sets_len = 2;
+	m->shared_sets[0] = 1;
+	m->shared_sets[1] = 2;
+	CHECK(build(m, why, &l) == 0, "two sets refused: %s", why);
+	const struct dp_layer_moe *moe = l->moe;
+	CHECK(moe->n_shared_sets == 2 && moe->shared_set[0] == 0x40 && moe->shared_set[4] == 0x14,
+	      "sets %u: %llx %llx", moe->n_shared_sets, (unsigned long long)moe->shared_set[0],
+	      (unsigned long long)moe->shared_set[4]);
+	uint32_t words[32];
+	struct dp_moe_listing ls;
+	CHECK(dp_layer_moe_list_words(l) == 6 + 7 + 3 + 2, "words");
+	dp_layer_moe_list(l, words, &ls);
+	static const uint32_t shared[3] = { 6, 2, 4 }, sizes[2] = { 1, 2 };
+	CHECK(ls.n_shared == 3 && !memcmp(ls.shared, shared, sizeof(shared)) && ls.n_sets == 2 &&
+		      !memcmp(ls.sets, sizes, sizeof(sizes)),
+	      "listed set by set");
+	dp_layer_free(l);
+	m->shared_sets[1] = 1; /* 1 + 1 of 3 */
+	CHECK(build(m, why, NULL) < 0 && strstr(why, "shared_sets cut 2 ducks into 2 sets"),
+	      "sizes: %s", why);
+	m->shared_sets[1] = 2;
+	m->shard_sizes[2] -= 1; /* set 0: 3 columns, set 1: 4 */
+	m->ffn -= 1;
+	CHECK(build(m, why, NULL) < 0 &&
+		      strstr(why, "shared set 1 holds 4 shared-expert columns, set 0 3"),
+	      "widths: %s", why);
+	free(m);
+}
+
 int main(void)
 {
 	test_a_moe_load_keeps_its_placement_and_banks();
@@ -461,5 +504,6 @@ int main(void)
 	test_the_row_mapped_sum();
 	test_a_missing_duck_is_named_with_its_experts();
 	test_the_placement_is_listed_for_layer_info();
+	test_shared_sets_are_kept_checked_and_listed();
 	return test_result("test_moe");
 }

@@ -817,6 +817,83 @@ static void test_split_matches_its_definition_on_random_gates(void)
 	      by_tmod);
 }
 
+/* dp_routing_live (issue 30.1): each expert keeps its live replicas in order with their
+ * bank slots, so the split sends (t, e) to live[t % nlive] and no entry to a lost duck;
+ * with none lost it is the placement as loaded (the same bytes); an expert with no live
+ * replica is refused by the count, the dispatcher's fail-fast. */
+static void test_the_live_placement_routes_around_lost_ducks(void)
+{
+	enum { T = 24, E = 12 };
+	static struct dp_routing_placement pl, live;
+	static uint16_t slots[DP_MAX_EXPERTS * DP_MAX_REPLICAS], live_slots[sizeof(slots) / 2];
+	static uint8_t got[16 + 8 * DP_MAX_DUCKS + 8 * T * 2], want[sizeof(got)];
+	static struct dp_routing_plan plan;
+	uint32_t ex[T * 2], count[DP_MAX_DUCKS];
+	float wt[T * 2];
+	char why[160];
+	/* expert e on ducks e % 4, 4 + e % 4, 8 + e % 4 (1 to 3 replicas: e % 3 + 1) */
+	pl.n_experts = E;
+	for (uint32_t e = 0; e < E; e++) {
+		pl.replicas[e] = (uint8_t)(e % 3 + 1);
+		for (uint32_t i = 0; i < pl.replicas[e]; i++)
+			pl.ducks[e * DP_MAX_REPLICAS + i] = (uint16_t)(4 * i + e % 4);
+	}
+	dp_routing_bank_slots(&pl, slots, NULL);
+	for (uint32_t t = 0; t < T; t++) { /* experts t % 6 and 6 + t % 5: ascending */
+		ex[2 * t] = t % 6;
+		ex[2 * t + 1] = 6 + t % 5;
+		wt[2 * t] = 0.5f + (float)t;
+		wt[2 * t + 1] = -1.0f - (float)t;
+	}
+	struct host h = host_table(T, 2, E, ex, wt);
+	uint64_t none[DP_MAX_DUCKS / 64] = { 0 }, size = 0, size2 = 0, targets[DP_MAX_DUCKS / 64];
+	/* none lost: the same placement, the same wire table */
+	CHECK(dp_routing_live(&pl, slots, none, &live, live_slots) == 0, "no expert lost");
+	CHECK(memcmp(live.replicas, pl.replicas, E) == 0 &&
+		      memcmp(live.ducks, pl.ducks, sizeof(pl.ducks[0]) * E * DP_MAX_REPLICAS) == 0,
+	      "all live: the placement as loaded");
+	CHECK(dp_routing_split(h.buf, h.len, &pl, slots, 0, NULL, want, sizeof(want), &size,
+			       NULL, why, sizeof(why)) == 0, "%s", why);
+	CHECK(dp_routing_split(h.buf, h.len, &live, live_slots, 0, NULL, got, sizeof(got), &size2,
+			       NULL, why, sizeof(why)) == 0, "%s", why);
+	CHECK(size == size2 && memcmp(got, want, size) == 0, "all live: the same wire table");
+	/* duck 4 lost (replica 1 of experts 0, 4, 8 and of 1 ...: those with e % 4 == 0) */
+	uint64_t lost[DP_MAX_DUCKS / 64] = { 1ull << 4 };
+	CHECK(dp_routing_live(&pl, slots, lost, &live, live_slots) == 0, "each has a replica");
+	for (uint32_t e = 0; e < E; e++) {
+		uint32_t want_r = pl.replicas[e] - (e % 4 == 0 && pl.replicas[e] >= 2);
+		CHECK(live.replicas[e] == want_r, "expert %u: %u live, want %u", e, live.replicas[e],
+		      want_r);
+		for (uint32_t i = 0, j = 0; i < pl.replicas[e]; i++) {
+			uint16_t d = pl.ducks[e * DP_MAX_REPLICAS + i];
+			if (d == 4)
+				continue;
+			CHECK(live.ducks[e * DP_MAX_REPLICAS + j] == d &&
+				      live_slots[e * DP_MAX_REPLICAS + j] == slots[e * DP_MAX_REPLICAS + i],
+			      "expert %u: live replica %u is duck %u with its slot", e, j, d);
+			j++;
+		}
+	}
+	/* the split follows live[t % nlive] (the reference, by the live placement), and duck
+	 * 4 gets no section */
+	CHECK(dp_routing_split(h.buf, h.len, &live, live_slots, 0, NULL, got, sizeof(got), &size,
+			       targets, why, sizeof(why)) == 0, "%s", why);
+	CHECK(!(targets[0] >> 4 & 1), "duck 4 is lost: no section");
+	size2 = reference_split(ex, wt, T, 2, &live, live_slots, NULL, want);
+	CHECK(size == size2 && memcmp(got, want, size) == 0, "lost: live[t %% nlive]");
+	/* an expert untouched by the loss goes where it went: expert 6 (6 % 4 = 2) */
+	for (uint32_t t = 0; t < T; t++)
+		CHECK(dp_routing_duck_of(&live, t, 6) == dp_routing_duck_of(&pl, t, 6), "token %u", t);
+	/* ducks 0 and 4 lost: expert 4 (ducks 0, 4) has none; expert 0 (duck 0) none */
+	lost[0] = 1ull << 0 | 1ull << 4;
+	CHECK(dp_routing_live(&pl, slots, lost, &live, live_slots) == 2, "experts 0 and 4");
+	dp_routing_plan(&plan, &live, NULL, NULL);
+	CHECK(dp_routing_count(&plan, h.buf + 16, T, 2, count, why, sizeof(why)) ==
+		      DP_ROUTING_ERROR_PLACEMENT, "a table naming them is refused");
+	CHECK(strstr(why, "no duck for expert 0"), "why: %s", why);
+	free(h.buf);
+}
+
 int main(void)
 {
 	test_accepts_the_table_a_client_packs();
@@ -840,5 +917,6 @@ int main(void)
 	test_wire_check_refuses_every_broken_directory_and_section();
 	test_a_duck_finds_its_section_and_a_unicast_renumbers_rows();
 	test_split_matches_its_definition_on_random_gates();
+	test_the_live_placement_routes_around_lost_ducks();
 	return test_result("test_routing");
 }

@@ -1,9 +1,10 @@
-/* test_stats.c: the stats segment's histogram buckets and its path.
- * Exit 0 pass, 1 fail. */
+/* test_stats.c: the stats segment's histogram buckets, its path, its plan, and the MoE
+ * region's per-expert count (dp_expert_load.h). Exit 0 pass, 1 fail. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp_expert_load.h"
 #include "dp_stats.h"
 #include "test_check.h"
 
@@ -43,7 +44,21 @@ int main(void)
 	C(DP_STATS_AGENTS_OFFSET % 64 == 0 && DP_STATS_CLIENTS_OFFSET % 64 == 0 &&
 	      DP_STATS_DUCKS_OFFSET % 64 == 0 && DP_STATS_HISTS_OFFSET % 64 == 0);
 	C(DP_STATS_HISTS_OFFSET + DP_STATS_NHISTS * sizeof(struct dp_stats_hist) <=
+	      DP_STATS_MOE_OFFSET);
+	C(DP_STATS_MOE_OFFSET % 64 == 0 && sizeof(struct dp_stats_moe_layer) % 64 == 0);
+	C(DP_STATS_MOE_OFFSET + sizeof(struct dp_stats_moe) +
+		  DP_STATS_MOE_LAYERS * sizeof(struct dp_stats_moe_layer) <=
 	      DP_STATS_SEGMENT_SIZE);
+	/* per-expert tokens: a token once per expert it chose; no expert (-1) and ids past
+	 * the layer's experts not counted */
+	struct dp_routing_entry e[3][2] = {
+		{ { 2, 1.0f }, { 5, 1.0f } },
+		{ { 2, 1.0f }, { DP_ROUTING_NO_EXPERT, 0.0f } },
+		{ { 0, 1.0f }, { 6, 1.0f } },
+	};
+	uint64_t n[8] = { 0 };
+	C(dp_expert_load_count((const uint8_t *)e, 3, 2, 6, n) == 4);
+	C(n[0] == 1 && n[2] == 2 && n[5] == 1 && n[1] == 0 && n[6] == 0);
 	printf("test_stats: %s\n", failures ? "FAILED" : "ok");
 	return failures ? 1 : 0;
 }

@@ -103,7 +103,14 @@ def load_request(msg: ctl.LoadWeights) -> Any:
     m.shared = msg.shared
     m.expert_ffn = msg.expert_ffn
     m.weight_dtype = msg.weight_dtype
-    for name in ("ducks", "shard_sizes", "expert_replicas", "expert_ducks", "shared_ducks"):
+    for name in (
+        "ducks",
+        "shard_sizes",
+        "expert_replicas",
+        "expert_ducks",
+        "shared_ducks",
+        "shared_sets",
+    ):
         values = list(getattr(msg, name))[: len(getattr(m, name))]
         getattr(m, name)[0 : len(values)] = values
         setattr(m, f"{name}_len", len(values))

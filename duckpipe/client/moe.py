@@ -24,6 +24,7 @@ import numpy as np
 
 from .._abi import ffi
 from ..errors import BadInput
+from ..schema.routing import MAX_REPLICAS
 from . import routing as routing_table
 from .models import SwiGluMlp, dtype_code, is_float_dtype
 
@@ -321,11 +322,14 @@ class MoeMlp:
     ``shared_ducks``: the ducks the shared expert is sharded over (distinct ids, each a
     duck of the layer; checked at load). A token goes to its routed ducks and these, no
     other. None: as few ducks as its bytes and the bank limit need, one per NIC
-    (``load_weights``' default, :func:`duckpipe.client.weights.default_shared_ducks`)."""
+    (``load_weights``' default, :func:`duckpipe.client.weights.default_shared_ducks`).
+    A sequence of sets (``[[0, 1], [2, 3]]``: up to 8) replicates the shared expert: each
+    set holds all of it, a forward uses one whose ducks are all live (the dataplane takes
+    them in turn), so losing a duck of one set still serves."""
 
     experts: Sequence[SwiGluMlp]
     shared: SwiGluMlp | None = None
-    shared_ducks: Sequence[int] | None = None
+    shared_ducks: Sequence[int] | Sequence[Sequence[int]] | None = None
 
     def __post_init__(self) -> None:
         experts = self.experts
@@ -388,20 +392,41 @@ class MoeMlp:
             raise BadInput(
                 f"MoeMlp.shared_ducks must be a sequence of duck ids, not {type(sd).__name__}"
             )
-        if any(isinstance(d, bool) or not isinstance(d, int | np.integer) for d in sd):
+        nested = len(sd) > 0 and all(
+            isinstance(x, Sequence | np.ndarray) and not isinstance(x, str | bytes) for x in sd
+        )
+        sets = [list(x) for x in sd] if nested else [list(sd)]
+        if len(sets) > MAX_REPLICAS:
+            raise BadInput(
+                f"MoeMlp.shared_ducks gives {len(sets)} sets: the shared expert has 1.."
+                f"{MAX_REPLICAS} replicas"
+            )
+        flat = [d for ds in sets for d in ds]
+        if any(isinstance(d, bool) or not isinstance(d, int | np.integer) for d in flat):
             raise BadInput(f"MoeMlp.shared_ducks is {list(sd)!r}: duck ids are integers")
-        ids = tuple(int(d) for d in sd)
-        if not ids:
+        ids = tuple(int(d) for d in flat)
+        if not ids or not all(sets):
             raise BadInput(
                 "MoeMlp.shared_ducks is empty: name at least one duck to hold the shared "
-                "expert, or leave it out (None) for the default set"
+                "expert (in each set), or leave it out (None) for the default set"
             )
         if len(set(ids)) != len(ids):
             twice = sorted({d for d in ids if ids.count(d) > 1})
             raise BadInput(
                 f"MoeMlp.shared_ducks names ducks {twice} more than once: list each duck once"
             )
-        object.__setattr__(self, "shared_ducks", ids)
+        value = tuple(tuple(int(d) for d in ds) for ds in sets) if nested else ids
+        object.__setattr__(self, "shared_ducks", value)
+
+    @property
+    def shared_sets(self) -> list[list[int]] | None:
+        """shared_ducks as its sets (one set when it is a plain list); None: the default."""
+        sd = self.shared_ducks
+        if sd is None:
+            return None
+        if sd and isinstance(sd[0], tuple):
+            return [list(ds) for ds in sd]  # type: ignore[arg-type]
+        return [list(sd)]  # type: ignore[arg-type]
 
     @property
     def n_experts(self) -> int:

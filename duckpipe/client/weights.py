@@ -118,6 +118,9 @@ class MoeLayer:
     placement: tuple[tuple[int, ...], ...]  # placement[e]: the ducks of expert e's replicas
     bank_sizes: tuple[int, ...]  # columns of each duck's bank, in ``ducks`` order
     shared_ducks: tuple[int, ...] = ()  # the shared expert's set (empty: no shared expert)
+    # with several sets (the shared expert's replicas): shared_ducks cut into runs of
+    # these sizes, each set in ``ducks`` order (LoadWeights.shared_sets); (): one set
+    shared_sets: tuple[int, ...] = ()
     # the LayerInfo this view was built from (moe_view), None for the loader's own plan:
     # a newer LayerInfo of the layer (reloaded) makes the view stale
     info: ctl.LayerInfo | None = None
@@ -194,20 +197,30 @@ def default_shared_ducks(
     return sorted(chosen)
 
 
-def _shared_set(
+def _shared_sets(
     moe: MoeMlp,
     chosen: list[int],
     ducks_of: list[list[int]],
     all_ducks: Sequence[int],
     nic_of: Mapping[int, str] | None,
-) -> list[int]:
-    """The layer's shared set: MoeMlp.shared_ducks checked against the layer's ducks, or
-    the default; [] without a shared expert."""
+) -> list[list[int]]:
+    """The layer's shared sets (the shared expert's replicas): MoeMlp.shared_ducks checked
+    against the layer's ducks, or the default set; [] without a shared expert."""
     if moe.shared is None:
         return []
-    if moe.shared_ducks is None:
-        return default_shared_ducks(moe, chosen, ducks_of, nic_of)
-    given = list(moe.shared_ducks)
+    sets = moe.shared_sets
+    if sets is None:
+        return [default_shared_ducks(moe, chosen, ducks_of, nic_of)]
+    for given in sets:
+        _shared_set_check(moe, given, chosen, all_ducks)
+    return sets
+
+
+def _shared_set_check(
+    moe: MoeMlp, given: list[int], chosen: list[int], all_ducks: Sequence[int]
+) -> None:
+    """One set of MoeMlp.shared_ducks against the layer's ducks."""
+    assert moe.shared is not None
     unknown = [d for d in given if d not in all_ducks]
     if unknown:
         raise BadInput(
@@ -225,7 +238,6 @@ def _shared_set(
             f"the shared expert has {moe.shared.ffn} columns but shared_ducks names "
             f"{len(given)} ducks: each needs at least one column; name fewer ducks"
         )
-    return given
 
 
 def _placement_of(
@@ -315,10 +327,16 @@ def moe_layer(
     chosen, ducks_of = _placement_of(placement, n_experts, ducks, all_ducks)
     routing.placement(ducks_of)  # the dataplane's own rule (dp_routing_placement_check)
     shared_ffn = moe.shared.ffn if moe.shared is not None else 0
-    shared_set = _shared_set(moe, chosen, ducks_of, all_ducks, nic_of)
-    in_set = [d for d in chosen if d in shared_set]  # the shared columns go in ducks order
+    sets = _shared_sets(moe, chosen, ducks_of, all_ducks, nic_of)
     cutter = fp8.block_shard_sizes if _is_fp8(moe) else shard_sizes  # FP8: whole 128-blocks
-    cut = dict(zip(in_set, cutter(shared_ffn, len(in_set)), strict=True)) if in_set else {}
+    cut: dict[int, int] = {}
+    in_sets = []
+    for given in sets:  # each set holds all of the shared expert, in ducks order
+        in_set = [d for d in chosen if d in given]
+        in_sets.append(in_set)
+        cut.update(zip(in_set, cutter(shared_ffn, len(in_set)), strict=True))
+    # one set: as given (LoadWeights takes them in any order); several: set by set
+    shared_set = list(sets[0]) if len(sets) == 1 else [d for x in in_sets for d in x]
     local = {d: sum(d in held for held in ducks_of) for d in chosen}
     if ducks is None and shared_ffn:
         # the layer's ducks are those with work, experts or shared columns: before the
@@ -342,6 +360,7 @@ def moe_layer(
         placement=tuple(tuple(held) for held in ducks_of),
         bank_sizes=tuple(local[d] * moe.ffn + cut.get(d, 0) for d in chosen),
         shared_ducks=tuple(shared_set),
+        shared_sets=tuple(len(x) for x in in_sets) if len(in_sets) > 1 else (),
     )
 
 
@@ -364,11 +383,13 @@ def moe_view(info: ctl.LayerInfo) -> MoeLayer | None:
         hidden=info.hidden,
         dtype=dtype,
         expert_ffn=info.expert_ffn,
-        shared_ffn=max(0, info.ffn - len(placed) * info.expert_ffn),
+        shared_ffn=max(0, info.ffn - len(placed) * info.expert_ffn)
+        // max(1, len(info.shared_sets)),
         ducks=tuple(info.ducks),
         placement=placement,
         bank_sizes=tuple(info.shard_sizes),
         shared_ducks=tuple(info.shared_ducks),
+        shared_sets=tuple(info.shared_sets),
         info=info,
     )
 
@@ -381,12 +402,18 @@ def _banks(
     one duck at a time, so that only one bank is copied out of the model at once."""
     e_ffn = plan.expert_ffn
     wanted = None if only is None else set(only)
-    lo = 0
+    set_of, at = {}, 0  # each set holds all of the shared expert: its own columns from 0
+    for s, size in enumerate(plan.shared_sets or (len(plan.shared_ducks),)):
+        set_of.update(dict.fromkeys(plan.shared_ducks[at : at + size], s))
+        at += size
+    lo = dict.fromkeys(set(set_of.values()), 0)
     for duck, width in zip(plan.ducks, plan.bank_sizes, strict=True):
         experts = [moe.experts[e] for e in plan.experts_on(duck)]
         cols = width - len(experts) * e_ffn  # its shared-expert columns (0: none)
-        cut = [(p, 0, p.ffn) for p in experts] + ([(moe.shared, lo, lo + cols)] if cols else [])
-        lo += cols
+        a = lo[set_of[duck]] if cols else 0
+        cut = [(p, 0, p.ffn) for p in experts] + ([(moe.shared, a, a + cols)] if cols else [])
+        if cols:
+            lo[set_of[duck]] += cols
         if wanted is not None and duck not in wanted:
             continue
         w_gate = np.concatenate([p.w_gate[:, a:b] for p, a, b in cut], axis=1)
@@ -504,6 +531,7 @@ def load_weights(
             expert_replicas=[len(held) for held in plan.placement],
             expert_ducks=[d for held in plan.placement for d in held],
             shared_ducks=list(plan.shared_ducks),
+            shared_sets=list(plan.shared_sets),
             weight_dtype=weight_dtype,
         )
         item = np.dtype(dt).itemsize
@@ -669,7 +697,11 @@ def move(
             f"layer {layer} is loaded on ducks {list(old.ducks)}: a move keeps its ducks "
             f"(ducks={list(ducks)} differs); unload it and load it anew to change them"
         )
-    keep = dataclasses.replace(moe, shared_ducks=list(old.shared_ducks) or None)
+    # the shared set stays: given, it is the model's; the default one (sized by the widest
+    # routed bank) is pinned, since the new placement's widths could pick another
+    keep = moe
+    if moe.shared is not None and moe.shared_ducks is None:
+        keep = dataclasses.replace(moe, shared_ducks=list(old.shared_ducks))
     topology = session.request(lambda rid: ctl.GetTopology(req_id=rid))
     assert isinstance(topology, ctl.Topology)
     new = moe_layer(

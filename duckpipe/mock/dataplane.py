@@ -1357,7 +1357,12 @@ class MockDataplane:
         timeout_us = int(plan.timeout_us)
         routed = None
         if layer.moe is not None:  # dp_desc_check let through only a ROUTED forward
-            routed = self._routed(client, d, layer.moe, plan, shape)  # or refused here
+            try:
+                routed = self._routed(client, d, layer.moe, plan, shape)  # or refused here
+            except moe.NoLiveReplica as e:  # known lost: now, not at the deadline
+                self.counters["moe_no_live_replica"] += 1
+                self._finish(client, fields, Status.DUCK_LOST, message=str(e))
+                return
             targets = routed.targets
 
         gone = [t for t in targets if t in layer.lost]
@@ -1406,6 +1411,9 @@ class MockDataplane:
                 self.stats.duck_moe(duck, *moe.duck_rows(layer.moe, routed, duck))
         for duck in missing:
             self.stats.duck_missed(duck, 1)  # the mock counts one chunk per missed partial
+        if routed is not None and targets:  # one no duck was asked for completes at dispatch
+            entries = {t: moe.duck_rows(layer.moe, routed, t)[1] for t in targets}
+            self.stats.moe_forward(int(d.layer), layer.moe, routed.indices, entries)
         timings = ctl.Timings(
             prepare_ns=self._client_prepare(client, int(d.submit_ns), pickup),
             spread_ns=max(compute) - min(compute) if compute else 0,
@@ -1448,8 +1456,13 @@ class MockDataplane:
         slot = client.seg.act_bytes(int(d.slot))
         nbytes = int(desc_plan.bytes)
         table = moe.copy_routing(client.layout, self._check.limits, desc_plan, slot, plan)
-        routed = moe.read_routing(table, shape[0], plan)
+        # known lost: the ducks the stats segment says are (the dead_ducks fault: the
+        # mock has no PING to wait on, so they are lost at once)
+        routed = moe.read_routing(
+            table, shape[0], plan, frozenset(self.faults.dead_ducks), int(d.forward_id)
+        )
         self.counters["moe_forwards"] += 1
+        self.counters["moe_rows_rerouted"] += routed.rerouted
         if not routed.targets:  # every choice -1, no shared expert: zeros, nothing sent
             self.counters["moe_no_duck_forwards"] += 1
             return routed
@@ -1690,6 +1703,9 @@ class MockDataplane:
                 for duck in la.info.ducks:
                     layers[duck] = layers.get(duck, 0) + 1
         self.stats.duck_layers(layers)
+        self.stats.moe_tick(
+            {lid: la.moe for lid, la in self.layers.items() if la.ready and la.moe is not None}
+        )
 
     # --- housekeeping -------------------------------------------------------------
 

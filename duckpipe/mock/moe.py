@@ -13,7 +13,10 @@ columns in the wrong place) gives a wrong result here as it would on real ducks:
   never the slot, with dp_routing_check (no bound on the rows beyond any forward's:
   the C dataplane sends them from the slot in place, no staging area);
 - ``route`` and ``duck_rows``: each (token, expert) pair's duck by dp_routing_duck_of's
-  rule (replica ``t % replicas[e]``), and what one duck computes from its bank:
+  rule (replica ``t % replicas[e]``) over the expert's replicas that are not known lost
+  (``live[t % nlive]``, dp_routing_live: with none lost, the placement as loaded; an
+  expert, or the shared expert, with no live duck fails the forward at once,
+  ``NoLiveReplica``, in the C dispatcher's words), and what one duck computes from its bank:
   ``y[t] += w * expert_slot(x[t])`` for its entries, plus its shared-expert columns for
   every row when it is in the shared expert's set, in float32; the targets are the routed
   ducks and that set;
@@ -37,7 +40,16 @@ from ..schema import control as ctl
 from ..schema.abi import DescFlag
 from ..schema.routing import MAX_REPLICAS, MAX_TOPK
 
-__all__ = ["MoePlan", "Routed", "copy_routing", "duck_rows", "plan_of", "read_routing", "send_mode"]
+__all__ = [
+    "MoePlan",
+    "NoLiveReplica",
+    "Routed",
+    "copy_routing",
+    "duck_rows",
+    "plan_of",
+    "read_routing",
+    "send_mode",
+]
 
 ROUTED = int(DescFlag.ROUTED)
 MODE_BITS = int(DescFlag.MOE_BROADCAST | DescFlag.MOE_UNICAST)
@@ -45,6 +57,12 @@ ALIGN = 64  # the table's offset in the slot: the activation's bytes rounded up 
 _HEADER = routing.HEADER_DTYPE.itemsize
 _WIRE_HEADER = 16  # dp_routing_wire_header
 _WIRE_ITEM = 8  # a directory entry or a wire entry
+MSG_LEN = 160  # a C context's message (DP_MSG_LEN), its NUL included
+
+
+class NoLiveReplica(Exception):
+    """A routed forward needs an expert (or the shared expert) whose every duck is known
+    lost: it completes DUCK_LOST at once, with this message (the C dispatcher's)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -55,13 +73,16 @@ class MoePlan:
     n_experts: int
     expert_ffn: int
     has_shared: bool
-    shared_ducks: frozenset[int]  # the shared expert's set: every row goes to each
+    shared_ducks: frozenset[int]  # the shared expert's ducks, every set's
     ducks: tuple[int, ...]
     ducks_of: tuple[tuple[int, ...], ...]  # expert e -> its replicas' ducks
     bank_slot: dict[tuple[int, int], int]  # (expert, duck) -> the expert's slot in the bank
     n_local: dict[int, int]  # duck -> routed experts in its bank
     placement: object  # struct dp_routing_placement *, checked: state's
     state: object  # struct dp_layer_moe * (dp_load_moe_plan's), kept alive here
+    # the shared expert's sets (its replicas, LoadWeights.shared_sets): a forward sends
+    # every row to each duck of one of them; () without a shared expert
+    shared_sets: tuple[frozenset[int], ...] = ()
 
     def experts_on(self, duck: int) -> list[int]:
         return [e for e, held in enumerate(self.ducks_of) if duck in held]
@@ -73,11 +94,14 @@ class MoePlan:
             "expert_ffn": self.expert_ffn,
             "expert_replicas": [len(held) for held in self.ducks_of],
             "expert_ducks": [d for held in self.ducks_of for d in held],
+            # set by set, each in the layer's order (dp_layer_moe_list)
             "shared_ducks": [
                 d
+                for group in (self.shared_sets if len(self.shared_sets) > 1 else [None])
                 for d, cols in zip(self.ducks, shard_sizes, strict=True)
-                if cols > self.n_local[d] * self.expert_ffn
+                if (d in group if group is not None else cols > self.n_local[d] * self.expert_ffn)
             ],
+            "shared_sets": [len(x) for x in self.shared_sets] if len(self.shared_sets) > 1 else [],
         }
 
     def describe(self, duck: int) -> str:
@@ -122,6 +146,10 @@ def plan_of(msg: ctl.LoadWeights, req: Any) -> MoePlan | None:
         n_local={d: int(moe.experts_on[d]) for d in msg.ducks},
         placement=ffi.addressof(moe, "pl"),
         state=moe,
+        shared_sets=tuple(
+            frozenset(d for d in range(256) if moe.shared_set[s * 4 + (d >> 6)] >> (d & 63) & 1)
+            for s in range(int(moe.n_shared_sets))
+        ),
     )
 
 
@@ -132,8 +160,51 @@ class Routed:
 
     indices: np.ndarray  # int32
     weights: np.ndarray  # float32
-    duck: np.ndarray  # int32, dp_routing_duck_of of each pair
+    duck: np.ndarray  # int32, dp_routing_duck_of of each pair (over the live replicas)
     targets: list[int]  # ascending
+    rerouted: int = 0  # pairs whose t % r duck was known lost, sent to a live one instead
+    shared: frozenset[int] = frozenset()  # the shared set it uses: every row to each
+
+
+def _choose_shared(plan: MoePlan, lost: frozenset[int], forward_id: int) -> frozenset[int]:
+    """The C dispatcher's choose_shared_set: of the shared sets with no duck lost, the
+    (forward id mod their count)-th; NoLiveReplica, in its words, when none is whole."""
+    if not plan.has_shared:
+        return frozenset()
+    live = [s for s in plan.shared_sets if not s & lost]
+    if live:
+        return live[forward_id % len(live)]
+    gone = sorted(plan.shared_ducks & lost)
+    shown = "".join(f" {d}" for d in gone)
+    many = len(gone) > 1
+    # the mock's ducks never restart: its lost ducks come back by themselves
+    until = "a set is" if len(plan.shared_sets) > 1 else "they are" if many else "it is"
+    until = f"no forward on this layer completes until {until} back"
+    if len(plan.shared_sets) > 1:
+        why = (
+            f"layer {plan.layer}: the shared expert's ducks{shown} are lost, a duck of each "
+            f"of its {len(plan.shared_sets)} sets: {until}"
+        )
+    else:
+        why = (
+            f"layer {plan.layer}: the shared expert's duck{'s' if many else ''}{shown} "
+            f"{'are' if many else 'is'} lost, and with one shared-expert set there is no "
+            f"replica: {until}"
+        )
+    raise NoLiveReplica(why[: MSG_LEN - 1])
+
+
+def _no_live_message(plan: MoePlan, dead: list[int]) -> str:
+    """The C dispatcher's no_live_replica: the experts without a live duck, then the lost
+    ducks that held them, each as a timeout names it."""
+    shown = " ".join(str(e) for e in dead[:8]) + (" ..." if len(dead) > 8 else "")
+    ducks = sorted({d for e in dead for d in plan.ducks_of[e]})
+    many = len(dead) > 1
+    head = (
+        f"layer {plan.layer}: expert{'s' if many else ''} {shown} "
+        f"{'have' if many else 'has'} no live replica; lost:"
+    )
+    return (head + " " + "; ".join(plan.describe(d) for d in ducks))[: MSG_LEN - 1]
 
 
 def copy_routing(layout, limits, desc_plan, slot: np.ndarray, plan: MoePlan) -> np.ndarray:
@@ -156,28 +227,48 @@ def copy_routing(layout, limits, desc_plan, slot: np.ndarray, plan: MoePlan) -> 
     return copy[: size[0]]
 
 
-def read_routing(copy: np.ndarray, tokens: int, plan: MoePlan) -> Routed:
-    """A checked table's routing: indices, weights, each (token, choice)'s duck, targets."""
+def read_routing(
+    copy: np.ndarray,
+    tokens: int,
+    plan: MoePlan,
+    lost: frozenset[int] = frozenset(),
+    forward_id: int = 0,
+) -> Routed:
+    """A checked table's routing: indices, weights, each (token, choice)'s duck, targets.
+    ``lost``: the layer's ducks known lost; each pair goes to live[t % nlive] of its
+    expert's replicas, and every row to a whole shared set (NoLiveReplica when an expert
+    it names, or the shared expert, has no live one)."""
+    lost = lost & frozenset(plan.ducks)
+    shared = _choose_shared(plan, lost, forward_id)
     topk = int(copy[:_HEADER].view(routing.HEADER_DTYPE)["topk"][0])
     entries = copy[_HEADER:].view(routing.ENTRY_DTYPE).reshape(tokens, topk)
     indices = entries["expert"].astype(np.int32)  # ROUTING_NO_EXPERT reads as -1
     weights = entries["weight"].copy()
     duck = np.full_like(indices, -1)  # -1: no expert, no duck (dp_routing_split skips it)
     rows = np.arange(tokens)
-    for e in np.unique(indices[indices >= 0]):
-        held = plan.ducks_of[e]
+    named = np.unique(indices[indices >= 0]).tolist()
+    live = {e: tuple(d for d in plan.ducks_of[e] if d not in lost) for e in named}
+    dead = [e for e in named if not live[e]]
+    if dead:
+        raise NoLiveReplica(_no_live_message(plan, dead))
+    rerouted = 0
+    for e in named:
         t, k = np.nonzero(indices == e)
-        duck[t, k] = np.asarray(held, np.int32)[rows[t] % len(held)]
+        held = plan.ducks_of[e]
+        duck[t, k] = np.asarray(live[e], np.int32)[rows[t] % len(live[e])]
+        if len(live[e]) < len(held):  # as loaded, t % r: those on a lost duck moved
+            first = np.asarray(held, np.int32)[rows[t] % len(held)]
+            rerouted += int(np.isin(first, list(lost)).sum())
     targets = set(np.unique(duck[duck >= 0]).tolist())
-    targets.update(plan.shared_ducks)  # each computes its shared columns for every row
-    return Routed(indices, weights, duck, sorted(targets))
+    targets.update(shared)  # each computes its shared columns for every row
+    return Routed(indices, weights, duck, sorted(targets), rerouted, shared)
 
 
 def duck_rows(plan: MoePlan, routed: Routed, duck: int) -> tuple[int, int]:
     """(n_rows, n_entries) of ``duck``'s reply: the rows it computed (every row on a duck
     of the shared set, else its distinct routed tokens), and its (token, expert) pairs."""
     mine = routed.duck == duck
-    shared = duck in plan.shared_ducks
+    shared = duck in routed.shared
     rows = mine.shape[0] if shared else int(np.count_nonzero(mine.any(axis=1)))
     return rows, int(np.count_nonzero(mine))
 
@@ -199,7 +290,7 @@ def duck_partial(
         xr = xf[t]
         h = silu(xr @ w_gate[:, cols]) * (xr @ w_up[:, cols])
         out[t] += routed.weights[t, k, None] * (h @ w_down[cols, :])
-    if duck in plan.shared_ducks:
+    if duck in routed.shared:
         cols = slice(plan.n_local[duck] * e_ffn, w_gate.shape[1])
         out += (silu(xf @ w_gate[:, cols]) * (xf @ w_up[:, cols])) @ w_down[cols, :]
     return out
@@ -225,10 +316,12 @@ def send_mode(
     # section it gets a bare header (dp_moe.c shared_unicast_table); the others their rows
     unicast = sum(
         _WIRE_HEADER + (_WIRE_ITEM * (1 + n) if n else 0) + tokens * row_bytes
-        if d in plan.shared_ducks
+        if d in routed.shared
         else _WIRE_HEADER + _WIRE_ITEM * (1 + n) + r * row_bytes
         for d, r, n in sections
     )
+    if len(plan.shared_sets) > 1:  # one table to all: every set would compute the shared
+        return "unicast", unicast
     if flags & DescFlag.MOE_BROADCAST:
         return "broadcast", broadcast
     if flags & DescFlag.MOE_UNICAST:

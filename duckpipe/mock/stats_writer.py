@@ -9,10 +9,12 @@ maps a half-built segment.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import mmap
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,12 +29,38 @@ from ..observe.stats_reader import (
     views,
 )
 from ..schema import stats as S
+from ..schema.abi import MAX_DUCKS
+from ..schema.routing import MAX_EXPERTS, MAX_REPLICAS
 
 __all__ = ["StatsWriter", "check_stats_path"]
 
 
 def _put(arr: np.ndarray, i: int | tuple[()], text: str) -> None:
     arr[i] = text.encode()[: arr.dtype.itemsize - 1]
+
+
+@dataclasses.dataclass(eq=False)
+class _MoeSlotMem:
+    """What the writer keeps of a MoE layer slot, as dp_stats_moe.c's moe_slot_mem: the
+    totals at the window's start, and the plan whose placement the slot shows."""
+
+    plan: Any = None
+    forwards: int = 0
+    tokens: int = 0
+    expert: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(MAX_EXPERTS, np.uint64))
+    duck: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(MAX_DUCKS, np.uint64))
+    busy: bool = False
+    shown: bool = False
+
+
+def _placement(plan: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A MoePlan's placement as the segment holds it: replicas[e], ducks[e * R + r]."""
+    replicas = np.zeros(MAX_EXPERTS, np.uint8)
+    ducks = np.zeros((MAX_EXPERTS, MAX_REPLICAS), np.uint16)
+    for e, held in enumerate(plan.ducks_of):
+        replicas[e] = len(held)
+        ducks[e, : len(held)] = held
+    return replicas, ducks.reshape(-1)
 
 
 def check_stats_path(control: str) -> None:
@@ -129,12 +157,18 @@ class StatsWriter:
         h["nducks"] = len(v["ducks"])
         h["buckets"] = S.STATS_BUCKETS
         h["nhists"] = S.STATS_NHISTS
+        h["moe_layers"] = S.STATS_MOE_LAYERS
+        moe = v["moe"]
+        moe["layers"], moe["max_experts"] = S.STATS_MOE_LAYERS, MAX_EXPERTS
+        moe["window_ns"] = S.STATS_MOE_WINDOW_NS
         h["heartbeat_ns"] = host.monotonic_ns()
         _put(self.v["header"]["control"], (), control)
         h["magic"] = S.STATS_MAGIC  # last: a reader that sees it sees the rest
         os.rename(tmp, self.path)
         self._slots: dict[int, int] = {}  # client id -> slot
         self._generation = 0
+        self._moe_mem = [_MoeSlotMem() for _ in range(S.STATS_MOE_LAYERS)]
+        self._moe_window_start = host.monotonic_ns()
 
     # --- the writer's hooks ----------------------------------------------------------
 
@@ -266,6 +300,115 @@ class StatsWriter:
         for duck, n in counts.items():
             if 0 <= duck < len(d):
                 d["layers"][duck] = n
+
+    # --- the MoE region (dp_stats_moe.c's rules) ------------------------------------
+
+    def _seq(self, i: int) -> None:
+        """Odd before a rewrite of slot i's window, identity or placement; even after."""
+        slots = self.v["moe_layers"]
+        slots["seq"][i] = int(slots["seq"][i]) + 1
+
+    def _take_moe_slot(self, i: int, layer: int, plan: Any) -> None:
+        slot = self.v["moe_layers"][i : i + 1]
+        self._seq(i)
+        seq = int(slot["seq"][0])
+        slot[0] = np.zeros((), slot.dtype)  # every count 0
+        slot["seq"][0] = seq
+        slot["layer"][0], slot["n_experts"][0] = layer, plan.n_experts
+        slot["replicas"][0], slot["ducks"][0] = _placement(plan)
+        slot["state"][0] = S.MoeLayerState.LOADED
+        self._seq(i)
+        self._moe_mem[i] = _MoeSlotMem(plan=plan)
+
+    def _moe_slot_of(self, layer: int, plan: Any) -> int | None:
+        """As dp_stats_moe.c's slot_of: the layer's slot, a free one, or one of a layer
+        unloaded since; None when every slot holds a loaded layer."""
+        slots = self.v["moe_layers"]
+        free = gone = None
+        for i in range(S.STATS_MOE_LAYERS):
+            state = int(slots["state"][i])
+            if state == S.MoeLayerState.FREE:
+                free = i if free is None else free
+                continue
+            if int(slots["layer"][i]) == layer:
+                if int(slots["n_experts"][i]) != plan.n_experts:
+                    self._take_moe_slot(i, layer, plan)  # another layer under that id
+                elif self._moe_mem[i].plan is not plan or state != S.MoeLayerState.LOADED:
+                    self._seq(i)
+                    slots["replicas"][i], slots["ducks"][i] = _placement(plan)
+                    slots["state"][i] = S.MoeLayerState.LOADED
+                    self._seq(i)
+                    self._moe_mem[i].plan = plan
+                return i
+            if state == S.MoeLayerState.GONE and gone is None:
+                gone = i
+        i = free if free is not None else gone
+        if i is not None:
+            self._take_moe_slot(i, layer, plan)
+        return i
+
+    def moe_forward(
+        self, layer: int, plan: Any, indices: np.ndarray, duck_entries: dict[int, int]
+    ) -> None:
+        """A routed forward that went out to ducks: each expert's tokens from its routing's
+        ``indices`` [tokens, topk] (-1: no expert, not counted), each duck's (token,
+        expert) entries, into the layer's slot (or the untracked counts)."""
+        tokens = int(indices.shape[0])
+        chosen = indices[indices >= 0]
+        counts = np.bincount(chosen, minlength=plan.n_experts).astype(np.uint64)
+        i = self._moe_slot_of(layer, plan)
+        if i is None:
+            moe = self.v["moe"]
+            moe["untracked_forwards"] += 1
+            moe["untracked_tokens"] += tokens
+            moe["untracked_entries"] += len(chosen)
+            return
+        slots = self.v["moe_layers"]
+        slots["expert_tokens"][i, : plan.n_experts] += counts
+        slots["forwards"][i] += 1
+        slots["tokens"][i] += tokens
+        slots["entries"][i] += len(chosen)
+        slots["no_expert"][i] += indices.size - len(chosen)
+        for duck, n in duck_entries.items():
+            slots["duck_rows"][i, duck] += n
+        self._moe_mem[i].busy = True
+
+    def moe_tick(self, loaded: dict[int, Any]) -> None:
+        """Every stats tick: once STATS_MOE_WINDOW_NS passed, each slot's growth since the
+        window began becomes its recent window, and its state and placement follow the
+        layers ``loaded`` (layer id -> MoePlan, the ready ones)."""
+        now = host.monotonic_ns()
+        if now - self._moe_window_start < S.STATS_MOE_WINDOW_NS:
+            return
+        slots = self.v["moe_layers"]
+        for i in np.flatnonzero(slots["state"] != S.MoeLayerState.FREE):
+            i = int(i)
+            p = self._moe_mem[i]
+            n = int(slots["n_experts"][i])
+            plan = loaded.get(int(slots["layer"][i]))
+            if plan is not None and plan.n_experts != n:
+                plan = None
+            self._seq(i)
+            if plan is not None:
+                slots["replicas"][i], slots["ducks"][i] = _placement(plan)
+            slots["state"][i] = S.MoeLayerState.LOADED if plan else S.MoeLayerState.GONE
+            if p.busy or p.shown:
+                now_e = slots["expert_tokens"][i, :n].copy()
+                slots["expert_recent"][i, :n] = np.minimum(now_e - p.expert[:n], 0xFFFFFFFF)
+                p.expert[:n] = now_e
+                now_d = slots["duck_rows"][i].copy()
+                slots["duck_recent"][i] = np.minimum(now_d - p.duck, 0xFFFFFFFF)
+                p.duck[:] = now_d
+            forwards, tokens = int(slots["forwards"][i]), int(slots["tokens"][i])
+            slots["recent_forwards"][i] = forwards - p.forwards
+            slots["recent_tokens"][i] = tokens - p.tokens
+            slots["window_end_ns"][i] = now
+            slots["window_ns"][i] = now - self._moe_window_start
+            self._seq(i)
+            p.forwards, p.tokens = forwards, tokens
+            p.shown, p.busy = p.busy, False
+            p.plan = plan
+        self._moe_window_start = now
 
     def close(self) -> None:
         """Clean exit: the segment goes with the dataplane."""

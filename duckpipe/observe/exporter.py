@@ -10,7 +10,17 @@ message to the dataplane) and turns it into metric families:
 - per client ``duckpipe_client_*{client,name,pid}``, per duck ``duckpipe_duck_*{duck,
   address,nic}`` (``duckpipe_duck_moe_tokens_total`` and ``_moe_expert_rows_total``: the
   tokens and (token, expert) pairs it computed for mixture-of-experts layers; exported
-  always, 0 for a dense model, so that a dashboard's series do not come and go);
+  always, 0 for a dense model, so that a dashboard's series do not come and go;
+  ``duckpipe_duck_moe_failovers_total``: forwards whose rows for it went to another replica);
+- per MoE layer (issue 30 point 4), one series per layer the segment tracks (at most
+  STATS_MOE_LAYERS, 64): ``duckpipe_moe_layer_{forwards,tokens,entries,no_expert}_total
+  {layer}``, ``duckpipe_moe_layer_imbalance{layer,window}`` (max / mean routed rows of the
+  layer's ducks, ``window`` "recent" (the segment's last ~1 s) or "total"; absent while
+  no duck has any), and ``duckpipe_moe_expert_tokens_total{layer,expert}`` for each
+  layer's EXPORT_EXPERTS (16) hottest experts since start: at most 64 x 16 = 1,024 series
+  however many experts a layer has (256 in DeepSeek-V3, up to 1,024), a set that changes
+  only as the totals overtake each other; the layer's tokens cover the rest.
+  ``duckpipe_moe_untracked_{forwards,tokens}_total``: layers past the 64 slots;
 - histograms ``duckpipe_latency_seconds{phase}`` (end_to_end, prepare, send, wait, fetch,
   reduce), ``duckpipe_reply_spread_seconds`` and ``duckpipe_duck_reply_seconds{duck}``:
   the segment's cumulative buckets as they are (``le`` = each bucket's upper bound in
@@ -42,8 +52,11 @@ from ..errors import DuckpipeError
 from . import stats_reader as st
 from .printable import printable
 
-__all__ = ["SnapshotCollector", "registry", "render", "serve"]
+__all__ = ["EXPORT_EXPERTS", "SnapshotCollector", "registry", "render", "serve"]
 
+#: experts exported per MoE layer (its hottest since start): bounds the series to
+#: STATS_MOE_LAYERS x this, whatever the layers' expert counts
+EXPORT_EXPERTS = 16
 _DUCK_STATES = ("up", "late", "lost")
 _DUCK_REASONS = ("never_answered", "silent", "missed_forward")
 _NOT_NAME = re.compile(r"[^a-zA-Z0-9_]")
@@ -178,6 +191,7 @@ class SnapshotCollector:
             ("replies", "partials received complete"),
             ("moe_tokens", "MoE: tokens (reply rows) it computed, over every routed forward"),
             ("moe_expert_rows", "MoE: (token, expert) pairs it computed"),
+            ("moe_failovers", "MoE: forwards whose rows for it were resent to another replica"),
         ):
             c = CounterMetricFamily(f"duckpipe_duck_{field}", help_, labels=dl)
             for du in s.ducks:
@@ -218,6 +232,8 @@ class SnapshotCollector:
             h.add_metric([str(du.id)], _buckets(du.reply), du.reply.sum_ns / 1e9)
         yield h
 
+        yield from self._moe(s)
+
         h = HistogramMetricFamily(
             "duckpipe_latency_seconds",
             "forwards: end to end (client submit -> completion sent) and each phase",
@@ -234,6 +250,49 @@ class SnapshotCollector:
             )
             h.add_metric([], _buckets(spread), spread.sum_ns / 1e9)
             yield h
+
+
+    def _moe(self, s: st.Snapshot) -> Iterator[Metric]:
+        """Each MoE layer's load: its totals, imbalance and hottest experts (bounded)."""
+        for field, help_ in (
+            ("forwards", "MoE layer: routed forwards completed"),
+            ("tokens", "MoE layer: tokens of those forwards"),
+            ("entries", "MoE layer: (token, expert) choices (-1 left out)"),
+            ("no_expert", "MoE layer: -1 choices (no expert, no duck)"),
+        ):
+            c = CounterMetricFamily(f"duckpipe_moe_layer_{field}", help_, labels=["layer"])
+            for la in s.moe_layers:
+                c.add_metric([str(la.layer)], getattr(la, field))
+            yield c
+        g = GaugeMetricFamily(
+            "duckpipe_moe_layer_imbalance",
+            "MoE layer: max / mean routed rows of its ducks (1: even), in the last ~1 s "
+            "window or since start",
+            labels=["layer", "window"],
+        )
+        for la in s.moe_layers:
+            for window, x in (("recent", la.imbalance(recent=True)), ("total", la.imbalance())):
+                if x is not None:
+                    g.add_metric([str(la.layer), window], x)
+        yield g
+        c = CounterMetricFamily(
+            "duckpipe_moe_expert_tokens",
+            f"MoE: tokens that chose the expert (its replicas together); each layer's "
+            f"{EXPORT_EXPERTS} hottest experts since start",
+            labels=["layer", "expert"],
+        )
+        for la in s.moe_layers:
+            for x in la.hottest(EXPORT_EXPERTS):
+                c.add_metric([str(la.layer), str(x.expert)], x.tokens)
+        yield c
+        u = s.moe_untracked
+        for field, help_ in (
+            ("forwards", "MoE: routed forwards of layers past the stats segment's layer slots"),
+            ("tokens", "MoE: their tokens"),
+        ):
+            c = CounterMetricFamily(f"duckpipe_moe_untracked_{field}", help_)
+            c.add_metric([], getattr(u, field))
+            yield c
 
 
 def registry(stats: str | Path | None = None, control: str | None = None) -> CollectorRegistry:

@@ -27,13 +27,17 @@ from ..errors import DuckpipeError
 from ..schema import abi
 from ..schema import stats as S
 from ..schema.layout import Layout, layout_of
+from ..schema.routing import MAX_EXPERTS, MAX_REPLICAS
 
 __all__ = [
     "MOE_COUNTERS",
     "ClientStats",
     "DataplaneInfo",
     "DuckStats",
+    "ExpertLoad",
     "Histogram",
+    "MoeLayerStats",
+    "MoeUntracked",
     "NicStats",
     "NoDataplane",
     "Snapshot",
@@ -191,11 +195,78 @@ class DuckStats(msgspec.Struct, frozen=True, kw_only=True):
     replies: int = 0
     moe_tokens: int = 0  # MoE: tokens (reply rows) it computed, every routed forward
     moe_expert_rows: int = 0  # MoE: (token, expert) pairs it computed
+    #: MoE: forwards whose rows for it were resent to another replica (0 before failover)
+    moe_failovers: int = 0
     #: why it is not up: "never_answered" | "silent" | "missed_forward" (schema.stats.
     #: DuckReason), "" when up
     reason: str = ""
     #: the same in words, with what to check: what top, stats and the log show
     why: str = ""
+
+
+class ExpertLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """One expert of a MoE layer: its tokens and the ducks that hold it."""
+
+    expert: int
+    tokens: int  # since the layer's slot was taken
+    recent: int  # in the last recent window
+    ducks: list[int]  # its replicas' ducks
+
+
+class MoeLayerStats(msgspec.Struct, frozen=True, kw_only=True):
+    """One MoE layer's load (the stats segment's MoE region, duckpipe/schema/stats.py): a
+    token counts once per expert it chose, every replica's together; a duck's rows are
+    the (token, expert) pairs sent to it. ``expert_*`` are indexed by expert, ``duck_*``
+    by duck id over the layer's ducks (its placement's). The recent window is the last
+    complete one: about 1 s, ``window_ns`` exactly, 0 before the first ended."""
+
+    layer: int
+    loaded: bool  # False: unloaded since; its counts stay until the slot is needed
+    n_experts: int
+    forwards: int
+    tokens: int
+    entries: int  # (token, expert) choices counted: sum(expert_tokens)
+    no_expert: int  # -1 choices: no expert, no duck
+    window_ns: int
+    window_end_ns: int  # CLOCK_MONOTONIC, 0: no window ended yet
+    recent_forwards: int
+    recent_tokens: int
+    expert_tokens: list[int]
+    expert_recent: list[int]
+    expert_ducks: list[list[int]]  # the placement: each expert's ducks
+    duck_rows: dict[int, int]
+    duck_recent: dict[int, int]
+
+    def hottest(self, n: int = 5, *, recent: bool = False) -> list[ExpertLoad]:
+        """The ``n`` experts with the most tokens (in the recent window with ``recent``),
+        most first, ties by expert id; experts with none left out."""
+        key = self.expert_recent if recent else self.expert_tokens
+        order = sorted(range(self.n_experts), key=lambda e: (-key[e], e))
+        return [
+            ExpertLoad(
+                expert=e,
+                tokens=self.expert_tokens[e],
+                recent=self.expert_recent[e],
+                ducks=self.expert_ducks[e],
+            )
+            for e in order[:n]
+            if key[e]
+        ]
+
+    def imbalance(self, *, recent: bool = False) -> float | None:
+        """max / mean of the routed rows of the layer's ducks (1.0: even); None when
+        none has any (in the recent window with ``recent``)."""
+        rows = list((self.duck_recent if recent else self.duck_rows).values())
+        mean = sum(rows) / len(rows) if rows else 0
+        return max(rows) / mean if mean else None
+
+
+class MoeUntracked(msgspec.Struct, frozen=True, kw_only=True):
+    """Routed forwards of layers that found every MoE layer slot taken (STATS_MOE_LAYERS)."""
+
+    forwards: int = 0
+    tokens: int = 0
+    entries: int = 0
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -206,6 +277,9 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     nics: list[NicStats]
     ducks: list[DuckStats]
     latency: dict[str, Histogram]
+    #: each MoE layer's expert and duck load, by slot (issue 30 point 4)
+    moe_layers: list[MoeLayerStats] = []
+    moe_untracked: MoeUntracked = MoeUntracked()
 
 
 # --- layout --------------------------------------------------------------------------
@@ -246,6 +320,13 @@ def views(buf) -> dict[str, np.ndarray]:
         "ducks": np.ndarray((abi.MAX_DUCKS,), d["StatsDuck"], buf, PLAN["ducks_offset"]),
         "bounds": np.ndarray((), d["StatsBounds"], buf, PLAN["bounds_offset"]),
         "hists": np.ndarray((S.STATS_NHISTS,), d["StatsHist"], buf, PLAN["hists_offset"]),
+        "moe": np.ndarray((), d["StatsMoe"], buf, PLAN["moe_offset"]),
+        "moe_layers": np.ndarray(
+            (S.STATS_MOE_LAYERS,),
+            d["StatsMoeLayer"],
+            buf,
+            PLAN["moe_offset"] + S.StatsMoe.__c_size__,
+        ),
     }
 
 
@@ -295,8 +376,73 @@ def moe_active(counters: dict[str, int], ducks: list[DuckStats] | tuple = ()) ->
     """True once this dataplane ran a mixture-of-experts forward: a MoE counter or a
     duck's MoE rows are nonzero. The views show the MoE figures only then."""
     return any(counters.get(k, 0) for k in MOE_COUNTERS) or any(
-        d.moe_tokens or d.moe_expert_rows for d in ducks
+        d.moe_tokens or d.moe_expert_rows or d.moe_failovers for d in ducks
     )
+
+
+#: reads of a slot's seq before a reader takes the copy it has (the writer rewrites a
+#: slot about once a second, for microseconds: a retry is rare, a second one rarer)
+_SEQ_TRIES = 16
+
+
+def _moe_slot(slots: np.ndarray, i: int) -> np.ndarray:
+    """A whole copy of MoE layer slot ``i``: taken between two reads of the same even seq
+    (the writer's seqlock, duckpipe/schema/stats.py); the last copy if the writer kept
+    rewriting it."""
+    copy = slots[i].copy()
+    for _ in range(_SEQ_TRIES):
+        before = int(slots["seq"][i])
+        if before & 1:
+            time.sleep(0)
+            continue
+        copy = slots[i].copy()
+        if int(slots["seq"][i]) == before:
+            break
+    return copy
+
+
+def _moe_layer(s: np.ndarray) -> MoeLayerStats:
+    n = min(int(s["n_experts"]), MAX_EXPERTS)
+    replicas = s["replicas"][:n]
+    ducks = s["ducks"].reshape(MAX_EXPERTS, MAX_REPLICAS)
+    expert_ducks = [  # bounded as the writer's checks bound them: a garbled slot reads too
+        [int(d) for d in ducks[e, : min(int(replicas[e]), MAX_REPLICAS)] if d < abi.MAX_DUCKS]
+        for e in range(n)
+    ]
+    held = sorted({d for ds in expert_ducks for d in ds} | set(np.flatnonzero(s["duck_rows"])))
+    return MoeLayerStats(
+        layer=int(s["layer"]),
+        loaded=int(s["state"]) == S.MoeLayerState.LOADED,
+        n_experts=n,
+        forwards=int(s["forwards"]),
+        tokens=int(s["tokens"]),
+        entries=int(s["entries"]),
+        no_expert=int(s["no_expert"]),
+        window_ns=int(s["window_ns"]),
+        window_end_ns=int(s["window_end_ns"]),
+        recent_forwards=int(s["recent_forwards"]),
+        recent_tokens=int(s["recent_tokens"]),
+        expert_tokens=[int(x) for x in s["expert_tokens"][:n]],
+        expert_recent=[int(x) for x in s["expert_recent"][:n]],
+        expert_ducks=expert_ducks,
+        duck_rows={int(d): int(s["duck_rows"][d]) for d in held},
+        duck_recent={int(d): int(s["duck_recent"][d]) for d in held},
+    )
+
+
+def _moe(v: dict[str, np.ndarray]) -> tuple[list[MoeLayerStats], MoeUntracked]:
+    """The MoE region: the slots in use (a slot's state read first, so a dense run copies
+    none of their 2 MB), and the untracked layers' load."""
+    slots = v["moe_layers"]
+    used = np.flatnonzero(slots["state"] != S.MoeLayerState.FREE)
+    layers = [_moe_layer(_moe_slot(slots, int(i))) for i in used]
+    head = v["moe"]
+    untracked = MoeUntracked(
+        forwards=int(head["untracked_forwards"]),
+        tokens=int(head["untracked_tokens"]),
+        entries=int(head["untracked_entries"]),
+    )
+    return layers, untracked
 
 
 def ring_pending(head: int, tail: int, capacity: int) -> int:
@@ -406,6 +552,7 @@ def _snapshot(m: mmap.mmap, path: Path) -> Snapshot:
         ducks = v["ducks"].copy()
         bounds = [int(x) for x in v["bounds"]["bounds_ns"]]
         hists = v["hists"].copy()
+        moe_layers, moe_untracked = _moe(v)
     finally:
         del v
     taken = time.monotonic_ns()
@@ -496,6 +643,7 @@ def _snapshot(m: mmap.mmap, path: Path) -> Snapshot:
                 replies=int(d["replies"]),
                 moe_tokens=int(d["moe_tokens"]),
                 moe_expert_rows=int(d["moe_expert_rows"]),
+                moe_failovers=int(d["moe_failovers"]),
                 reason=_DUCK_REASON.get(int(d["reason"]), ""),
                 why=duck_why(int(d["reason"]), _str(d["address"]), int(d["seen_ns"]), heartbeat),
             )
@@ -512,4 +660,6 @@ def _snapshot(m: mmap.mmap, path: Path) -> Snapshot:
         nics=nic_list,
         ducks=duck_list,
         latency=latency,
+        moe_layers=moe_layers,
+        moe_untracked=moe_untracked,
     )

@@ -10,11 +10,12 @@ changes a counter.
     duckpipe-top --once             every pane once, as plain text (rates over 0.5 s)
     duckpipe-top --json             every counter and derived rate as one JSON document
 
-Keys: 1-5 or Tab / Shift-Tab switch panes, s cycles the sort column, r reverses it,
-arrows / PgUp / PgDn scroll, q quits. The chosen pane sits under a two-line summary and
-the alerts; below 40 rows it has the screen to itself (at 80x24 a split would leave too
-few rows for 24 ducks), from 40 rows the latency pane (or the rings, when latency is
-chosen) stays under it. A wide terminal shows more columns (the least needed go first).
+Keys: 1-6 or Tab / Shift-Tab switch panes (6, MoE experts, once a MoE layer ran), s
+cycles the sort column, r reverses it, arrows / PgUp / PgDn scroll, q quits. The chosen
+pane sits under a two-line summary and the alerts; below 40 rows it has the screen to
+itself (at 80x24 a split would leave too few rows for 24 ducks), from 40 rows the
+latency pane (or the rings, when latency is chosen) stays under it. A wide terminal
+shows more columns (the least needed go first).
 """
 
 from __future__ import annotations
@@ -278,6 +279,11 @@ class Screen:
         self.prev = snap
         self.refreshed = time.time()
 
+    def panes(self) -> list[str]:
+        """The panes to show: the view's (the MoE pane once a MoE layer ran), else the
+        ones every dataplane has."""
+        return self.view.panes if self.view is not None else [p for p in PANES if p != "moe"]
+
     def put(self, y: int, x: int, text: str, attr: int = 0) -> None:
         h, w = self.scr.getmaxyx()
         if y >= h or x >= w:
@@ -291,7 +297,9 @@ class Screen:
     def draw(self) -> None:
         self.scr.erase()
         h, w = self.scr.getmaxyx()
-        name = PANES[self.pane]
+        panes = self.panes()
+        self.pane = min(self.pane, len(panes) - 1)  # the MoE pane goes with its dataplane
+        name = panes[self.pane]
         y = 0
         if self.view is None:
             since = time.strftime("%H:%M:%S", time.localtime(self.missing_since or time.time()))
@@ -304,7 +312,7 @@ class Screen:
                     self.put(y, 0, part, curses.A_BOLD if k == 0 else 0)
                     y += 1
         x = 0
-        for i, p in enumerate(PANES):
+        for i, p in enumerate(panes):
             label = f" {i + 1} {p} "
             self.put(y, x, label, curses.A_REVERSE if i == self.pane else 0)
             x += len(label) + 1
@@ -355,7 +363,7 @@ class Screen:
         body = lines[1:]
         notes = table.notes if room >= len(body) + len(table.notes) else []
         rows_room = room - len(notes)
-        first = self.scroll if table.pane == PANES[self.pane] else 0
+        first = self.scroll if table.pane == self.panes()[self.pane] else 0
         first = max(0, min(first, len(body) - rows_room))
         shown = body[first : first + rows_room]
         for text, attention in shown:
@@ -368,15 +376,17 @@ class Screen:
 
     def key(self, ch: int) -> bool:
         """Answer one key; False to quit."""
-        name = PANES[self.pane]
+        panes = self.panes()
+        self.pane = min(self.pane, len(panes) - 1)
+        name = panes[self.pane]
         if ch in (ord("q"), ord("Q")):
             return False
-        if ord("1") <= ch <= ord(str(len(PANES))):
+        if ord("1") <= ch <= ord(str(len(panes))):
             self.pane, self.scroll = ch - ord("1"), 0
         elif ch == ord("\t"):
-            self.pane, self.scroll = (self.pane + 1) % len(PANES), 0
+            self.pane, self.scroll = (self.pane + 1) % len(panes), 0
         elif ch == curses.KEY_BTAB:
-            self.pane, self.scroll = (self.pane - 1) % len(PANES), 0
+            self.pane, self.scroll = (self.pane - 1) % len(panes), 0
         elif ch == ord("s") and self.view is not None:
             table = self.view.tables[name]
             keep = fit_columns(table.columns, self.scr.getmaxyx()[1])
@@ -434,9 +444,10 @@ def _live(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="duckpipe-top",
-        description="Live view of a duckpipe dataplane's rings, NIC workers, ducks, latency "
-        "and processes, read from its stats segment (no lock, no message).",
-        epilog="keys: 1-5 or Tab/Shift-Tab switch panes, s cycles the sort column, r reverses "
+        description="Live view of a duckpipe dataplane's rings, NIC workers, ducks, latency, "
+        "processes and MoE experts, read from its stats segment (no lock, no message).",
+        epilog="keys: 1-6 (6: MoE experts, once a MoE layer ran) or Tab/Shift-Tab switch "
+        "panes, s cycles the sort column, r reverses "
         "it, arrows and PgUp/PgDn scroll, q quits. Exit status: 0, or 1 with no dataplane.",
     )
     p.add_argument(

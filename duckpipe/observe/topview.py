@@ -58,14 +58,17 @@ __all__ = [
     "wrap_phrases",
 ]
 
-PANES = ("rings", "nics", "ducks", "latency", "processes")
+#: every pane, in key order; "moe" only once a MoE layer ran a routed forward (View.panes)
+PANES = ("rings", "nics", "ducks", "latency", "processes", "moe")
 PANE_TITLES = {
     "rings": "rings",
     "nics": "NIC workers",
     "ducks": "ducks",
     "latency": "latency",
     "processes": "processes",
+    "moe": "MoE experts",
 }
+MOE_HOTTEST = 8  # experts shown per MoE layer, hottest first
 LATENCY_KEYS = HIST_NAMES  # the stats segment's histograms, in its order
 ATTENTION_OCCUPANCY = 0.90  # a ring fuller than this is marked
 HEARTBEAT_STALE_NS = 2_000_000_000  # the dataplane writes it every ~10 ms
@@ -370,6 +373,11 @@ class View:
     alerts: list[str]
     tables: dict[str, Table]
 
+    @property
+    def panes(self) -> list[str]:
+        """The panes this screen has, in key order (the MoE pane only with a MoE layer)."""
+        return [p for p in PANES if p in self.tables]
+
 
 def fit_columns(columns: Sequence[Column], width: int) -> list[int]:
     """Indexes of the columns that fit ``width`` (one space between columns and one for
@@ -613,7 +621,11 @@ def _ducks(new: Any, rates: Rates) -> Table:
         Column("nacks", 6, priority=1),
     ]
     if rates.moe:  # a dense run has no use for these: they come with the first MoE forward
-        cols += [Column("moe tok/s", 9, priority=2), Column("moe exp/s", 9, priority=2)]
+        cols += [
+            Column("moe tok/s", 9, priority=2),
+            Column("moe exp/s", 9, priority=2),
+            Column("failovers", 9, priority=3),
+        ]
     rows = []
     for d, r in zip(new.ducks, rates.ducks, strict=True):
         last = d.last_reply_ns or None
@@ -634,6 +646,7 @@ def _ducks(new: Any, rates: Rates) -> Table:
             vals += [
                 (fmt_rate(r.moe_tokens_per_s), r.moe_tokens_per_s),
                 (fmt_rate(r.moe_expert_rows_per_s), r.moe_expert_rows_per_s),
+                (str(getattr(d, "moe_failovers", 0)), getattr(d, "moe_failovers", 0)),
             ]
         rows.append(
             Row(
@@ -646,7 +659,8 @@ def _ducks(new: Any, rates: Rates) -> Table:
     if rates.moe:
         notes.append(
             "moe tok/s: tokens the duck computed (its reply rows); moe exp/s: (token, "
-            "expert) pairs; both per second, this interval"
+            "expert) pairs; both per second, this interval; failovers: forwards whose rows "
+            "for it went to another replica, since start"
         )
     return Table("ducks", "ducks", cols, rows, notes, sort=0)
 
@@ -679,6 +693,75 @@ def _latency(new: Any, rates: Rates) -> Table:
     ]
     t = Table("latency", "latency per forward", cols, rows, notes, sort=0)
     return t
+
+
+def _per_s(n: int, window_ns: int) -> float | None:
+    return n / (window_ns / 1e9) if window_ns else None
+
+
+def _moe(new: Any) -> Table:
+    """Each MoE layer (a row: its tokens, ducks and imbalance), its hottest experts under
+    it (their tokens, share of the layer's choices, ducks). Rates are the segment's last
+    recent window (~1 s), so one read shows them."""
+    cols = [
+        Column("layer", 6, ascending=True),
+        Column("expert", 7, "<"),
+        Column("tokens", 9),
+        Column("tok/s", 8),
+        Column("share", 6),
+        Column("imbalance", 9),
+        Column("ducks", 24, "<", priority=1),
+    ]
+    rows = []
+    for la in new.moe_layers:
+        imb, imb_all = la.imbalance(recent=True), la.imbalance()
+        per_s = _per_s(la.recent_tokens, la.window_ns)
+        rows.append(
+            Row(
+                [
+                    str(la.layer),
+                    f"{la.n_experts} exp",
+                    fmt_count(la.tokens),
+                    fmt_rate(per_s),
+                    "",
+                    f"{fmt_float(imb)} ({fmt_float(imb_all)})",
+                    f"{len(la.duck_rows)} ducks" + ("" if la.loaded else ", unloaded"),
+                ],
+                [la.layer, la.n_experts, la.tokens, per_s, None, imb, len(la.duck_rows)],
+                attention=imb is not None and imb >= 2.0,
+            )
+        )
+        for x in la.hottest(MOE_HOTTEST):
+            share = x.tokens / la.entries if la.entries else None
+            x_per_s = _per_s(x.recent, la.window_ns)
+            rows.append(
+                Row(
+                    [
+                        "",
+                        f"  {x.expert}",
+                        fmt_count(x.tokens),
+                        fmt_rate(x_per_s),
+                        "-" if share is None else f"{share * 100:.0f}%",
+                        "",
+                        id_ranges(x.ducks),
+                    ],
+                    [la.layer, x.expert, x.tokens, x_per_s, share, None, len(x.ducks)],
+                    child=True,
+                )
+            )
+    notes = [
+        f"a layer, then its {MOE_HOTTEST} hottest experts; tokens: since its first forward "
+        "(a token counts once per expert it chose); tok/s: the last ~1 s window",
+        "imbalance: max/mean routed rows of the layer's ducks, last window (since start); "
+        "marked from 2; share: of the layer's (token, expert) choices",
+    ]
+    u = getattr(new, "moe_untracked", None)
+    if u is not None and u.forwards:
+        notes.append(
+            f"untracked: {u.forwards} forwards ({u.tokens} tokens) of layers past the "
+            f"{len(new.moe_layers)} MoE layer slots"
+        )
+    return Table("moe", "MoE experts (hottest per layer)", cols, rows, notes, sort=0)
 
 
 def _processes(procs: Sequence[ProcSample]) -> Table:
@@ -781,6 +864,8 @@ def build_view(
         "latency": _latency(new, rates),
         "processes": _processes(procs),
     }
+    if getattr(new, "moe_layers", None):  # hand-built snapshots may not have the field
+        tables["moe"] = _moe(new)
     return View(header, alerts, tables)
 
 
@@ -884,7 +969,7 @@ def render_text(view: View, width: int = 120) -> str:
     a terminal would act on."""
     out = [part for line in view.header for part in wrap_phrases(printable(line), width)]
     out += [part for a in view.alerts for part in wrap_phrases(f"! {printable(a)}", width)]
-    for i, pane in enumerate(PANES, 1):
+    for i, pane in enumerate(view.panes, 1):
         t = view.tables[pane]
         out += ["", f"[{i}] {printable(t.title)}"]
         out += [line for line, _ in render_table(t, width)]  # cells escaped in _cell

@@ -90,6 +90,9 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     # (58.7 MB) with its routing table; sums take memory as forwards use them (dp_worker.c)
     max_forward_bytes: U32 = 64 << 20
     ping_ms: U32 = 1000
+    # a duck heard from neither reply, PONG nor ACK for max(this, 3 pings) is lost: its
+    # stats say so, and routed forwards go around it (docs/architecture.md)
+    duck_lost_ms: U32 = 3000
     # --- per-client quotas and bounds (issue 7) ---
     client_max_inflight: U32 = 64  # forwards in flight per client
     client_max_slots: U32 = 1024  # slots of one client's segment

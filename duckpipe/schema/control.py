@@ -209,6 +209,12 @@ class LoadWeights(Request, kw_only=True):
     #: 128-column blocks (only the last duck's may end in a partial block)
     weight_dtype: Annotated[int, Meta(ge=0, le=4)] = 0
     shared_ducks: Annotated[list[DuckId], Meta(max_length=MAX_DUCKS)] = []
+    #: the shared expert's replicas: ``shared_ducks`` cut into consecutive sets of these
+    #: sizes, each holding the whole shared expert (its columns sum to the same width on
+    #: every set); a forward uses one set whose ducks are all live. Empty: one set
+    shared_sets: Annotated[
+        list[Annotated[int, Meta(ge=1, le=MAX_DUCKS)]], Meta(max_length=MAX_REPLICAS)
+    ] = []
 
 
 class RepairLayer(Request, kw_only=True):
@@ -381,6 +387,9 @@ class LayerInfo(msgspec.Struct, frozen=True, kw_only=True):
     expert_replicas: list[Annotated[int, Meta(ge=1, le=MAX_REPLICAS)]] = []
     expert_ducks: list[DuckId] = []
     shared_ducks: list[DuckId] = []
+    # the shared expert's sets (LoadWeights.shared_sets): shared_ducks in consecutive
+    # runs of these sizes; empty: one set
+    shared_sets: list[U32] = []
 
     def __repr__(self) -> str:
         # kind and dtype by name (MlpKind.MOE, DType.F32): the numbers are the wire's;

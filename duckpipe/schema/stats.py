@@ -28,11 +28,29 @@ The segment::
                         | dp_stats_bounds: histogram buckets   |
     hists_offset        +--------------------------------------+
                         | dp_stats_hist[STATS_NHISTS] latency  |
+    moe_offset          +--------------------------------------+
+                        | dp_stats_moe: untracked MoE load     |
+                        | dp_stats_moe_layer[STATS_MOE_LAYERS] |
+                        |   per MoE layer: each expert's and   |
+                        |   each duck's load, its placement    |
     segment_size        +--------------------------------------+
 
 Every histogram has STATS_BUCKETS log-spaced buckets (two per octave from 256 ns: 2**k
 and 1.5 * 2**k; the upper bounds are in the segment, the last is 2**63-1); counts are
 cumulative since the dataplane started, so a reader differences two snapshots.
+
+The MoE region (issue 30 point 4) shows where a mixture-of-experts layer's tokens go: per
+layer, each expert's tokens (a token counts once per expert it chose; a -1 choice counts
+in ``no_expert``; an expert's replicas share its count) and each duck's (token, expert)
+rows, as running totals since the dataplane started and as the last complete *recent
+window* of about STATS_MOE_WINDOW_NS: ``expert_recent[e] / window_ns`` is a rate, and
+``max / mean`` of ``duck_recent`` over the layer's ducks its recent imbalance. The writer
+rewrites a window's numbers and a slot's identity and placement between two stores of
+``seq`` (odd while it writes, the next even value after): a reader copies a slot between
+two reads of the same even ``seq`` (a seqlock; the running totals only grow and need no
+retry). STATS_MOE_LAYERS slots, taken by the first routed forward of a layer; a layer
+unloaded keeps its slot (state GONE) until another layer needs one; the forwards of
+layers past the table are counted in ``dp_stats_moe.untracked_*``, which the readers show.
 """
 
 from __future__ import annotations
@@ -44,6 +62,7 @@ import msgspec
 
 from .abi import MAX_CLIENTS, MAX_DUCKS, MAX_NICS
 from .layout import U16, U32, U64, Array, Chars, Pad
+from .routing import MAX_EXPERTS, MAX_REPLICAS
 
 __all__ = [
     "CONSTANTS",
@@ -57,6 +76,8 @@ __all__ = [
     "STATS_MAX_AGENTS",
     "STATS_MAX_COUNTERS",
     "STATS_MAX_NICS",
+    "STATS_MOE_LAYERS",
+    "STATS_MOE_WINDOW_NS",
     "STATS_NHISTS",
     "STATS_VERSION_MAJOR",
     "STATS_VERSION_MINOR",
@@ -64,6 +85,7 @@ __all__ = [
     "DuckReason",
     "DuckState",
     "LinkState",
+    "MoeLayerState",
     "StatsAgent",
     "StatsBounds",
     "StatsClient",
@@ -71,6 +93,8 @@ __all__ = [
     "StatsDuck",
     "StatsHeader",
     "StatsHist",
+    "StatsMoe",
+    "StatsMoeLayer",
     "StatsName",
     "StatsNic",
     "Threads",
@@ -86,8 +110,11 @@ STATS_VERSION_MAJOR = 1
 # of issue 18 (link, the port's drops, flush frames, RX interrupts, bad checksums);
 # 1.4: rx_gro_buffers, rx_gro_segments, completion_flushes_wanted; 1.5 (issue 26):
 # client_clock_implausible, rx_duck_filters, doorbells_idle, doorbell_rate_limited,
-# peers_gone, completions_held, completions_dropped, replies_dropped
-STATS_VERSION_MINOR = 5
+# peers_gone, completions_held, completions_dropped, replies_dropped; 1.6 (issue 30.4): the
+# MoE region (moe_offset, moe_layers: each MoE layer's expert and duck load), a duck's
+# moe_failovers, and the counters added since 1.5 (moe_no_duck_forwards, moe_copied_bytes,
+# parks_expecting)
+STATS_VERSION_MINOR = 6
 STATS_MAX_COUNTERS = 128  # counter slots per agent (COUNTERS has fewer)
 STATS_COUNTER_NAME = 48
 STATS_MAX_NICS = MAX_NICS
@@ -240,6 +267,8 @@ COUNTERS: tuple[Counter, ...] = (
     ),
     Counter("layers_repaired", "repairs committed: lost ducks given their banks again"),
     Counter("repair_bytes", "of weight_bytes, those a repair restreamed to lost ducks"),
+    Counter("moe_no_live_replica", "MoE forwards failed at once: a needed expert's ducks are lost"),
+    Counter("moe_rows_rerouted", "MoE (token, expert) pairs sent around a duck known lost"),
     Counter("layers_moved", "moves committed: live MoE layers switched to a new placement"),
     Counter("move_bytes", "of weight_bytes, those a move sent (the changed ducks' new banks)"),
 )
@@ -296,9 +325,10 @@ class DuckState(enum.IntEnum):
 
     UP: it answered every forward it was sent lately (or none was sent yet).
     LATE: it missed the latest forward it was targeted by (timed out, chunks missing).
-    LOST: nothing heard from it (reply, PONG or ACK) for max(3 s, 3 pings): since the
+    LOST: nothing heard from it (reply, PONG or ACK) for max(duck_lost_ms, 3 pings): since the
     dataplane started (it never answered a PING or a LAYER), or since it last answered;
-    or, never heard from, a forward timed out on it. ``reason`` says which.
+    or, never heard from, a forward timed out on it. ``reason`` says which. Routed
+    (MoE) forwards go around a LOST duck (docs/architecture.md).
     """
 
     NONE = 0  # no duck in this slot
@@ -345,6 +375,8 @@ class StatsHeader(msgspec.Struct, frozen=True):
         "heartbeat_ns": "CLOCK_MONOTONIC, stored every ~10 ms by the control agent",
         "epoch": "the dataplane's current epoch",
         "control": "the control endpoint",
+        "moe_offset": "the MoE region: dp_stats_moe, then dp_stats_moe_layer[moe_layers]",
+        "moe_layers": "MoE layer slots (STATS_MOE_LAYERS)",
     }
 
     # line 0: identity (once)
@@ -375,7 +407,8 @@ class StatsHeader(msgspec.Struct, frozen=True):
     nducks: U32
     buckets: U32
     nhists: U32
-    pad2: Pad(8)
+    moe_offset: U32
+    moe_layers: U32
     # line 2: the control agent, while it lives
     heartbeat_ns: U64
     epoch: U64
@@ -527,6 +560,7 @@ class StatsDuck(msgspec.Struct, frozen=True):
         "moe_expert_rows": "MoE: (token, expert) pairs it computed",
         "reason": "enum dp_duck_reason: why it is not UP (NONE when it is)",
         "seen_ns": "CLOCK_MONOTONIC of the last datagram it sent us; 0: never",
+        "moe_failovers": "MoE: forwards whose rows for it were resent to another replica",
     }
 
     id: U32
@@ -546,7 +580,105 @@ class StatsDuck(msgspec.Struct, frozen=True):
     moe_tokens: U64
     moe_expert_rows: U64
     seen_ns: U64
-    pad1: Pad(32)
+    moe_failovers: U64
+    pad1: Pad(24)
+
+
+# --- MoE expert load (issue 30 point 4) ----------------------------------------------
+
+#: MoE layers whose load is kept, one slot each (DeepSeek-V3 has 58); the forwards of a
+#: layer that finds no slot free are counted in StatsMoe.untracked_*
+STATS_MOE_LAYERS = 64
+#: the recent window's nominal length; a window ends at the first stats tick past it, so
+#: readers divide by the slot's window_ns, its true length
+STATS_MOE_WINDOW_NS = 1_000_000_000
+
+
+class MoeLayerState(enum.IntEnum):
+    """A MoE layer slot (``dp_stats_moe_layer.state``)."""
+
+    FREE = 0
+    LOADED = 1  # the layer is loaded (its placement is the slot's)
+    GONE = 2  # unloaded: its counts stay until another layer needs the slot
+
+
+class StatsMoe(msgspec.Struct, frozen=True):
+    """The MoE region's head: the load no layer slot holds. Written by the control agent
+    (mock: its thread)."""
+
+    __c_name__: ClassVar[str] = "dp_stats_moe"
+    __c_size__: ClassVar[int] = 64
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "layers": "layer slots that follow (STATS_MOE_LAYERS)",
+        "max_experts": "experts a slot holds (MAX_EXPERTS)",
+        "window_ns": "the recent window's nominal length (STATS_MOE_WINDOW_NS)",
+        "untracked_forwards": "routed forwards of layers that found every slot taken",
+        "untracked_tokens": "their tokens",
+        "untracked_entries": "their (token, expert) choices, -1 left out",
+    }
+
+    layers: U32
+    max_experts: U32
+    window_ns: U64
+    untracked_forwards: U64
+    untracked_tokens: U64
+    untracked_entries: U64
+    pad0: Pad(24)
+
+
+class StatsMoeLayer(msgspec.Struct, frozen=True):
+    """One MoE layer's load: running totals since the slot was taken, and the last
+    complete recent window. Written by the control agent (mock: its thread) at each
+    routed forward's completion (totals) and at the first tick past each window (the
+    window's numbers, between two stores of seq); readers take no lock."""
+
+    __c_name__: ClassVar[str] = "dp_stats_moe_layer"
+    __c_size__: ClassVar[int] = (
+        128 + 12 * MAX_EXPERTS + 12 * MAX_DUCKS + MAX_EXPERTS + 2 * MAX_EXPERTS * MAX_REPLICAS
+    )
+    __field_docs__: ClassVar[dict[str, str]] = {
+        "seq": "odd while the writer rewrites the window, identity or placement; a copy "
+        "between two reads of one even value is whole",
+        "state": "enum dp_moe_layer_state",
+        "layer": "the layer's id",
+        "n_experts": "its routed experts: entries of expert_tokens and replicas in use",
+        "forwards": "routed forwards completed (timed out too: their rows were sent)",
+        "tokens": "their tokens (rows)",
+        "entries": "their (token, expert) choices counted: the sum of expert_tokens",
+        "no_expert": "their -1 choices (DeepEP's no expert): no expert, no duck",
+        "window_end_ns": "CLOCK_MONOTONIC when the last recent window ended (0: none yet)",
+        "window_ns": "its length: rates are recent counts / window_ns",
+        "recent_forwards": "forwards in the last recent window",
+        "recent_tokens": "their tokens",
+        "expert_tokens": "tokens that chose expert e, every replica's together",
+        "expert_recent": "the same in the last recent window",
+        "duck_rows": "(token, expert) rows sent to duck d (by duck id): its routed load",
+        "duck_recent": "the same in the last recent window",
+        "replicas": "the placement: expert e's replica count",
+        "ducks": "the placement: expert e's ducks, ducks[e * MAX_REPLICAS + r]",
+    }
+
+    # line 0: identity and totals
+    seq: U32
+    state: U32
+    layer: U32
+    n_experts: U32
+    forwards: U64
+    tokens: U64
+    entries: U64
+    no_expert: U64
+    window_end_ns: U64
+    window_ns: U64
+    # line 1: the window's forwards
+    recent_forwards: U64
+    recent_tokens: U64
+    pad0: Pad(48)
+    expert_tokens: Array("uint64_t", MAX_EXPERTS)
+    expert_recent: Array("uint32_t", MAX_EXPERTS)
+    duck_rows: Array("uint64_t", MAX_DUCKS)
+    duck_recent: Array("uint32_t", MAX_DUCKS)
+    replicas: Array("uint8_t", MAX_EXPERTS)
+    ducks: Array("uint16_t", MAX_EXPERTS * MAX_REPLICAS)
 
 
 LAYOUTS = (
@@ -558,6 +690,8 @@ LAYOUTS = (
     StatsClient,
     StatsNic,
     StatsDuck,
+    StatsMoe,
+    StatsMoeLayer,
 )
 
 CONSTANTS: dict[str, int] = {
@@ -571,6 +705,8 @@ CONSTANTS: dict[str, int] = {
     "STATS_BUCKETS": STATS_BUCKETS,
     "STATS_FIRST_BOUND_LOG2": STATS_FIRST_BOUND_LOG2,
     "STATS_NHISTS": STATS_NHISTS,
+    "STATS_MOE_LAYERS": STATS_MOE_LAYERS,
+    "STATS_MOE_WINDOW_NS": STATS_MOE_WINDOW_NS,
 }
 
 
@@ -598,5 +734,7 @@ def segment_plan() -> dict[str, int]:
     off += s["StatsBounds"]
     plan["hists_offset"] = off
     off += STATS_NHISTS * s["StatsHist"]
+    plan["moe_offset"] = off
+    off += s["StatsMoe"] + STATS_MOE_LAYERS * s["StatsMoeLayer"]
     plan["segment_size"] = (off + 4095) & ~4095
     return plan

@@ -254,6 +254,28 @@ def test_a_routed_fp8_forward_matches_the_official_moe(client, dim, effn, ue8m0)
     _close(client.forward(layer, x, routing=(idx, wts), timeout=30), want)
 
 
+def test_a_routed_fp8_forward_on_two_shared_expert_sets_matches_the_official_moe(client):
+    # the shared expert whole on duck 0, and again cut over ducks 1 and 2 (a partial
+    # 128-block on the last of each set); forwards take turns on the sets
+    dim, effn, n_experts, topk = 200, 136, 8, 3
+    ckpts = [checkpoint(dim, effn, seed=30 + e) for e in range(n_experts)]
+    shared_ckpt = checkpoint(dim, 3 * effn, seed=98)
+    moe = MoeMlp(
+        experts=[mlp_of(c) for c in ckpts], shared=mlp_of(shared_ckpt), shared_ducks=[[0], [1, 2]]
+    )
+    client.load_weights(930, moe, ducks=[0, 1, 2])
+    rng = np.random.default_rng(930)
+    x = rng.standard_normal((5, dim)).astype(np.float32)
+    idx = np.stack([rng.permutation(n_experts)[:topk] for _ in range(5)]).astype(np.int32)
+    wts = rng.uniform(0.1, 1, (5, topk)).astype(np.float32)
+    want = official_mlp(x, shared_ckpt)
+    for t in range(5):
+        for k in range(topk):
+            want[t] += wts[t, k] * official_mlp(x[t : t + 1], ckpts[idx[t, k]])[0]
+    for _ in range(2):
+        _close(client.forward(930, x, routing=(idx, wts), timeout=30), want)
+
+
 def test_bfloat16_activations_on_fp8_weights(client):
     ckpt = checkpoint(200, 136, seed=5)
     mlp = mlp_of(ckpt, act_dtype=ml_dtypes.bfloat16)

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import duckpipe
@@ -20,7 +21,7 @@ from duckpipe.mock.stats_writer import StatsWriter
 from duckpipe.observe import exporter
 from duckpipe.observe import topview as tv
 from duckpipe.observe.stats_reader import MOE_COUNTERS, moe_active, read_snapshot
-from duckpipe.schema.stats import COUNTER_NAMES
+from duckpipe.schema.stats import COUNTER_NAMES, STATS_MOE_LAYERS
 
 REPO = Path(duckpipe.__file__).resolve().parent.parent
 NDUCKS = 4
@@ -104,7 +105,8 @@ def test_stats_text_shows_moe_totals_only_for_a_moe_run(segment, capsys):
     for d in range(NDUCKS):
         tokens, rows = MOE_ROWS.get(d, (0, 0))
         line = next(ln for ln in text.splitlines() if ln.startswith(f"  duck {d} "))
-        assert line.endswith(f", MoE {tokens} tokens, {rows} (token, expert) rows"), line
+        want = f", MoE {tokens} tokens, {rows} (token, expert) rows, 0 failovers"
+        assert line.endswith(want), line
 
 
 def test_stats_json_carries_the_moe_totals_always(segment, capsys):
@@ -196,3 +198,52 @@ def test_top_once_and_json_show_the_moe_figures(segment):
     got = {d["id"]: d["moe_tokens"] for d in doc["snapshot"]["ducks"]}
     assert got == {d: MOE_ROWS.get(d, (0, 0))[0] for d in range(NDUCKS)}
     assert all(d["moe_tokens_per_s"] == 0 for d in doc["rates"]["ducks"])
+
+
+# --- each MoE layer's expert load (issue 30 point 4), from the writer's own hooks -------
+
+
+class _Plan:
+    """What the writer reads of a MoE layer's plan: its experts and their ducks."""
+
+    def __init__(self, n_experts: int) -> None:
+        self.n_experts = n_experts
+        self.ducks_of = tuple((e % NDUCKS, (e + 1) % NDUCKS)[: 1 + e % 2] for e in range(n_experts))
+
+
+def _routed(w: StatsWriter, layer: int, plan: _Plan, indices: list[list[int]]) -> None:
+    i = np.array(indices, np.int32)
+    entries = {d: int(n) for d, n in enumerate(np.bincount(i[i >= 0] % NDUCKS)) if n}
+    w.moe_forward(layer, plan, i, entries)
+
+
+def test_the_exporter_has_each_layers_hottest_experts_and_imbalance(segment):
+    plan = _Plan(40)
+    # expert 7: 5 tokens, expert 2: 3, expert 30: 1; one -1 choice
+    _routed(segment, 9, plan, [[7, 2], [7, 2], [7, 30], [7, -1], [7, 2]])
+    text = exporter.render(stats=segment.path)
+    assert 'duckpipe_moe_expert_tokens_total{expert="7",layer="9"} 5.0' in text
+    assert 'duckpipe_moe_expert_tokens_total{expert="2",layer="9"} 3.0' in text
+    assert 'duckpipe_moe_layer_no_expert_total{layer="9"} 1.0' in text
+    assert 'duckpipe_moe_layer_tokens_total{layer="9"} 5.0' in text
+    assert 'duckpipe_moe_layer_imbalance{layer="9",window="total"}' in text
+    assert 'window="recent"' not in text  # no window has ended yet: no number, not 0
+    assert "duckpipe_moe_untracked_forwards_total 0.0" in text
+    # bounded: a layer's 16 hottest experts, however many it has
+    _routed(segment, 9, plan, [list(range(40))])
+    text = exporter.render(stats=segment.path)
+    assert text.count("duckpipe_moe_expert_tokens_total{") == exporter.EXPORT_EXPERTS
+
+
+def test_layers_past_the_slots_are_counted_untracked_and_shown(segment, capsys):
+    plan = _Plan(4)
+    for layer in range(STATS_MOE_LAYERS + 2):
+        _routed(segment, layer, plan, [[0, 1], [2, -1]])
+    s = read_snapshot(segment.path)
+    assert len(s.moe_layers) == STATS_MOE_LAYERS
+    assert (s.moe_untracked.forwards, s.moe_untracked.tokens) == (2, 4)
+    assert s.moe_untracked.entries == 6
+    text = _stats_text(segment.path, capsys, "--experts")
+    assert f"untracked (every one of the {STATS_MOE_LAYERS} MoE layer slots taken): " in text
+    assert "2 forwards, 4 tokens, 6 (token, expert) rows" in text
+    assert "duckpipe_moe_untracked_forwards_total 2.0" in exporter.render(stats=segment.path)

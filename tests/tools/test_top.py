@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -25,6 +26,7 @@ from duckpipe.observe.stats_reader import ClientStats as Client
 from duckpipe.observe.stats_reader import DataplaneInfo as Info
 from duckpipe.observe.stats_reader import DuckStats as Duck
 from duckpipe.observe.stats_reader import Histogram as Hist
+from duckpipe.observe.stats_reader import MoeLayerStats
 from duckpipe.observe.stats_reader import NicStats as Nic
 from duckpipe.observe.stats_reader import Snapshot as Snap
 from duckpipe.testing import cluster_class_or_skip
@@ -314,6 +316,38 @@ def test_once_text_has_every_pane():
         assert f"[{i}] {title}" in text
 
 
+def _moe_layer(layer: int, expert_tokens: list[int], duck_rows: dict[int, int]) -> MoeLayerStats:
+    n = len(expert_tokens)
+    return MoeLayerStats(
+        layer=layer, loaded=True, n_experts=n, forwards=3, tokens=40,
+        entries=sum(expert_tokens), no_expert=0, window_ns=10**9, window_end_ns=1,
+        recent_forwards=3, recent_tokens=40, expert_tokens=expert_tokens,
+        expert_recent=expert_tokens, expert_ducks=[[e % 4, 4 + e % 4] for e in range(n)],
+        duck_rows=duck_rows, duck_recent=duck_rows,
+    )  # fmt: skip
+
+
+def test_the_moe_pane_shows_each_layers_hottest_experts_ducks_and_imbalance():
+    dense = tv.build_view(snap(1), snap(0))
+    assert "moe" not in dense.tables and dense.panes == list(tv.PANES[:5])
+    assert "[6]" not in tv.render_text(dense)
+    s = msgspec.structs.replace(
+        snap(1),
+        moe_layers=[_moe_layer(9, [2, 30, 0, 8], {0: 2, 1: 30, 4: 0, 5: 8, 2: 0, 3: 0})],
+    )
+    view = tv.build_view(s, snap(0))
+    assert view.panes == list(tv.PANES)
+    table = view.tables["moe"]
+    layer, hot, second = table.rows[:3]
+    assert (
+        layer.cells[0] == "9" and layer.cells[5] == "4.50 (4.50)"
+    )  # 30 / (40 / 6) and layer.attention
+    assert hot.child and hot.cells[1].strip() == "1" and hot.cells[2] == "30"
+    assert hot.cells[4] == "75%" and hot.cells[6] == "1, 5"
+    assert second.cells[1].strip() == "3" and len(table.rows) == 4  # expert 2 had none
+    assert "[6] MoE experts" in tv.render_text(view)
+
+
 def test_thread_core_reads_field_39_of_the_thread_stat():
     from duckpipe.observe.top import _thread_core
 
@@ -551,6 +585,33 @@ def test_live_screen_switches_panes_survives_a_resize_and_quits(loaded, tmux_top
     # tall: the latency pane under the chosen one
     assert "rings (one per attached client)" in screen and "latency per forward" in screen
     assert len(screen.splitlines()) <= 50
+    t.keys("q")
+    t.wait_for("duckpipe-top exited 0")
+
+
+def test_live_screen_shows_the_moe_pane_once_a_moe_layer_ran(loaded, tmux_top):
+    from duckpipe.moe import MoeMlp
+
+    dp, _ = loaded
+    t = tmux_top("--control", dp.control, "-u", "0.3", height=30)
+    t.wait_for("top-load")
+    assert " 6 moe " not in t.screen()
+    with duckpipe.connect(dp.control, name="top-moe") as c:  # the load's client is its thread's
+        # 8 experts over the 4 ducks; expert 6 (ducks 2 and 3) chosen by every token
+        moe = MoeMlp.random(8, 64, 16, shared=False, dtype=np.float32, seed=6)
+        c.load_weights(60, moe, placement=[[e % 4, (e + 1) % 4] for e in range(8)])
+        i = np.array([[6, 1]] * 5 + [[6, 4]] * 3, np.int32)
+        w = np.full(i.shape, 0.5, np.float32)
+        c.forward(60, np.ones((8, 64), np.float32), routing=(i, w), timeout=10)
+        t.wait_for(" 6 moe ")
+        t.keys("6")
+        screen = t.wait_for("MoE experts (hottest per layer)")
+        rows = [line.split() for line in screen.splitlines()]
+        layer = next(r for r in rows if r[:3] == ["60", "8", "exp"])
+        assert layer[3] == "8"  # tokens
+        hot = next(r for r in rows if r[:2] == ["6", "8"])  # expert 6, 8 tokens
+        assert hot[-1] == "2-3"  # its ducks
+        assert "imbalance" in screen
     t.keys("q")
     t.wait_for("duckpipe-top exited 0")
 

@@ -256,6 +256,7 @@ STATS_ENUMS: tuple[type[enum.IntEnum], ...] = (
     stats.DuckState,
     stats.DuckReason,
     stats.LinkState,
+    stats.MoeLayerState,
 )
 
 

@@ -184,6 +184,7 @@ static int decode_load_weights(const msgpack_object *m, struct dp_ctl_load_weigh
 	out->expert_ducks_len = 0;
 	out->weight_dtype = 0u;
 	out->shared_ducks_len = 0;
+	out->shared_sets_len = 0;
 	for (uint32_t i = 0; i < m->via.map.size; i++) {
 		const msgpack_object *key = &m->via.map.ptr[i].key;
 		const msgpack_object *val = &m->via.map.ptr[i].val;
@@ -301,6 +302,17 @@ static int decode_load_weights(const msgpack_object *m, struct dp_ctl_load_weigh
 				if (get_uint(&val->via.array.ptr[k], 0u, 255u, &v, "LoadWeights.shared_ducks", why, n) < 0)
 					return -1;
 				out->shared_ducks[k] = (uint32_t)v;
+			}
+		} else if (key_is(key, "shared_sets", 11)) {
+			seen |= 1ull << 15;
+			if (get_list(val, 0u, 8u, "LoadWeights.shared_sets", why, n) < 0)
+				return -1;
+			out->shared_sets_len = val->via.array.size;
+			for (uint32_t k = 0; k < out->shared_sets_len; k++) {
+				uint64_t v = 0;
+				if (get_uint(&val->via.array.ptr[k], 1u, 256u, &v, "LoadWeights.shared_sets", why, n) < 0)
+					return -1;
+				out->shared_sets[k] = (uint32_t)v;
 			}
 		}
 	}
@@ -823,7 +835,7 @@ void dp_ctl_pack_topology(msgpack_packer *pk, const struct dp_ctl_topology *m)
 
 void dp_ctl_pack_layer_info(msgpack_packer *pk, const struct dp_ctl_layer_info *m)
 {
-	msgpack_pack_map(pk, 18);
+	msgpack_pack_map(pk, 19);
 	key(pk, "layer", 5);
 	msgpack_pack_uint64(pk, m->layer);
 	key(pk, "kind", 4);
@@ -886,6 +898,10 @@ void dp_ctl_pack_layer_info(msgpack_packer *pk, const struct dp_ctl_layer_info *
 	msgpack_pack_array(pk, m->shared_ducks_len);
 	for (uint32_t i = 0; i < m->shared_ducks_len; i++)
 		msgpack_pack_uint32(pk, m->shared_ducks[i]);
+	key(pk, "shared_sets", 11);
+	msgpack_pack_array(pk, m->shared_sets_len);
+	for (uint32_t i = 0; i < m->shared_sets_len; i++)
+		msgpack_pack_uint32(pk, m->shared_sets[i]);
 }
 
 void dp_ctl_pack_layers(msgpack_packer *pk, const struct dp_ctl_layers *m)

@@ -86,6 +86,8 @@ struct dp_ctl_load_weights {
 	uint32_t weight_dtype;
 	uint32_t shared_ducks_len;
 	uint32_t shared_ducks[256];
+	uint32_t shared_sets_len;
+	uint32_t shared_sets[8];
 };
 
 /* UnloadLayer: Free a layer: its owner or the admin. Forwards in flight on it finish first. */
@@ -251,6 +253,8 @@ struct dp_ctl_layer_info {
 	uint32_t expert_ducks_len;
 	const uint32_t *shared_ducks;
 	uint32_t shared_ducks_len;
+	const uint32_t *shared_sets;
+	uint32_t shared_sets_len;
 };
 void dp_ctl_pack_layer_info(struct msgpack_packer *pk, const struct dp_ctl_layer_info *m);
 

@@ -21,6 +21,11 @@
  *                     | dp_stats_bounds: histogram buckets   |
  * hists_offset        +--------------------------------------+
  *                     | dp_stats_hist[STATS_NHISTS] latency  |
+ * moe_offset          +--------------------------------------+
+ *                     | dp_stats_moe: untracked MoE load     |
+ *                     | dp_stats_moe_layer[STATS_MOE_LAYERS] |
+ *                     |   per MoE layer: each expert's and   |
+ *                     |   each duck's load, its placement    |
  * segment_size        +--------------------------------------+
  */
 #ifndef DP_STATS_ABI_H
@@ -33,7 +38,7 @@
 
 #define DP_STATS_MAGIC 0x544154534b435544
 #define DP_STATS_VERSION_MAJOR 1
-#define DP_STATS_VERSION_MINOR 5
+#define DP_STATS_VERSION_MINOR 6
 #define DP_STATS_MAX_COUNTERS 128
 #define DP_STATS_COUNTER_NAME 48
 #define DP_STATS_MAX_NICS 8
@@ -41,6 +46,8 @@
 #define DP_STATS_BUCKETS 56
 #define DP_STATS_FIRST_BOUND_LOG2 8
 #define DP_STATS_NHISTS 7
+#define DP_STATS_MOE_LAYERS 64
+#define DP_STATS_MOE_WINDOW_NS 0x3b9aca00
 #define DP_STATS_NAMES_OFFSET 320
 #define DP_STATS_AGENTS_OFFSET 6464
 #define DP_STATS_CLIENTS_OFFSET 17344
@@ -48,7 +55,8 @@
 #define DP_STATS_DUCKS_OFFSET 51648
 #define DP_STATS_BOUNDS_OFFSET 215488
 #define DP_STATS_HISTS_OFFSET 216000
-#define DP_STATS_SEGMENT_SIZE 221184
+#define DP_STATS_MOE_OFFSET 219584
+#define DP_STATS_SEGMENT_SIZE 2326528
 
 /* Which dataplane writes the segment. */
 enum dp_writer_kind {
@@ -72,9 +80,10 @@ enum dp_stats_client_state {
 
     UP: it answered every forward it was sent lately (or none was sent yet).
     LATE: it missed the latest forward it was targeted by (timed out, chunks missing).
-    LOST: nothing heard from it (reply, PONG or ACK) for max(3 s, 3 pings): since the
+    LOST: nothing heard from it (reply, PONG or ACK) for max(duck_lost_ms, 3 pings): since the
     dataplane started (it never answered a PING or a LAYER), or since it last answered;
-    or, never heard from, a forward timed out on it. ``reason`` says which. */
+    or, never heard from, a forward timed out on it. ``reason`` says which. Routed
+    (MoE) forwards go around a LOST duck (docs/architecture.md). */
 enum dp_duck_state {
     DP_DUCK_STATE_NONE = 0,
     DP_DUCK_STATE_UP = 1,
@@ -104,6 +113,13 @@ enum dp_link_state {
     DP_LINK_STATE_UNKNOWN = 0,
     DP_LINK_STATE_UP = 1,
     DP_LINK_STATE_DOWN = 2,
+};
+
+/* A MoE layer slot (``dp_stats_moe_layer.state``). */
+enum dp_moe_layer_state {
+    DP_MOE_LAYER_STATE_FREE = 0,
+    DP_MOE_LAYER_STATE_LOADED = 1,
+    DP_MOE_LAYER_STATE_GONE = 2,
 };
 
 /*
@@ -137,7 +153,8 @@ struct dp_stats_header {
     uint32_t nducks;                    /*  108: duck slots (MAX_DUCKS); unused ones have state NONE */
     uint32_t buckets;                   /*  112 */
     uint32_t nhists;                    /*  116 */
-    uint8_t pad2[8];                    /*  120 */
+    uint32_t moe_offset;                /*  120: the MoE region: dp_stats_moe, then dp_stats_moe_layer[moe_layers] */
+    uint32_t moe_layers;                /*  124: MoE layer slots (STATS_MOE_LAYERS) */
     uint64_t heartbeat_ns;              /*  128: CLOCK_MONOTONIC, stored every ~10 ms by the control agent */
     uint64_t epoch;                     /*  136: the dataplane's current epoch */
     uint8_t pad3[48];                   /*  144 */
@@ -246,8 +263,51 @@ struct dp_stats_duck {
     uint64_t moe_tokens;                /*  584: MoE: tokens (reply rows) it computed, over every routed forward */
     uint64_t moe_expert_rows;           /*  592: MoE: (token, expert) pairs it computed */
     uint64_t seen_ns;                   /*  600: CLOCK_MONOTONIC of the last datagram it sent us; 0: never */
-    uint8_t pad1[32];                   /*  608 */
+    uint64_t moe_failovers;             /*  608: MoE: forwards whose rows for it were resent to another replica */
+    uint8_t pad1[24];                   /*  616 */
 };  /* 640 bytes */
+
+/*
+ * The MoE region's head: the load no layer slot holds. Written by the control agent
+ *     (mock: its thread).
+ */
+struct dp_stats_moe {
+    uint32_t layers;                    /*    0: layer slots that follow (STATS_MOE_LAYERS) */
+    uint32_t max_experts;               /*    4: experts a slot holds (MAX_EXPERTS) */
+    uint64_t window_ns;                 /*    8: the recent window's nominal length (STATS_MOE_WINDOW_NS) */
+    uint64_t untracked_forwards;        /*   16: routed forwards of layers that found every slot taken */
+    uint64_t untracked_tokens;          /*   24: their tokens */
+    uint64_t untracked_entries;         /*   32: their (token, expert) choices, -1 left out */
+    uint8_t pad0[24];                   /*   40 */
+};  /* 64 bytes */
+
+/*
+ * One MoE layer's load: running totals since the slot was taken, and the last
+ *     complete recent window. Written by the control agent (mock: its thread) at each
+ *     routed forward's completion (totals) and at the first tick past each window (the
+ *     window's numbers, between two stores of seq); readers take no lock.
+ */
+struct dp_stats_moe_layer {
+    uint32_t seq;                       /*    0: odd while the writer rewrites the window, identity or placement; a copy between two reads of one even value is whole */
+    uint32_t state;                     /*    4: enum dp_moe_layer_state */
+    uint32_t layer;                     /*    8: the layer's id */
+    uint32_t n_experts;                 /*   12: its routed experts: entries of expert_tokens and replicas in use */
+    uint64_t forwards;                  /*   16: routed forwards completed (timed out too: their rows were sent) */
+    uint64_t tokens;                    /*   24: their tokens (rows) */
+    uint64_t entries;                   /*   32: their (token, expert) choices counted: the sum of expert_tokens */
+    uint64_t no_expert;                 /*   40: their -1 choices (DeepEP's no expert): no expert, no duck */
+    uint64_t window_end_ns;             /*   48: CLOCK_MONOTONIC when the last recent window ended (0: none yet) */
+    uint64_t window_ns;                 /*   56: its length: rates are recent counts / window_ns */
+    uint64_t recent_forwards;           /*   64: forwards in the last recent window */
+    uint64_t recent_tokens;             /*   72: their tokens */
+    uint8_t pad0[48];                   /*   80 */
+    uint64_t expert_tokens[1024];       /*  128: tokens that chose expert e, every replica's together */
+    uint32_t expert_recent[1024];       /* 8320: the same in the last recent window */
+    uint64_t duck_rows[256];            /* 12416: (token, expert) rows sent to duck d (by duck id): its routed load */
+    uint32_t duck_recent[256];          /* 14464: the same in the last recent window */
+    uint8_t replicas[1024];             /* 15488: the placement: expert e's replica count */
+    uint16_t ducks[8192];               /* 16512: the placement: expert e's ducks, ducks[e * MAX_REPLICAS + r] */
+};  /* 32896 bytes */
 
 /* @cdef-end */
 
@@ -352,6 +412,8 @@ struct dp_stats_duck {
     X(parks_expecting) /* of parks, those until forwards' replies were due, their NICs unheard (idle_expect) */      \
     X(layers_repaired) /* repairs committed: lost ducks given their banks again */                                   \
     X(repair_bytes) /* of weight_bytes, those a repair restreamed to lost ducks */                                   \
+    X(moe_no_live_replica) /* MoE forwards failed at once: a needed expert's ducks are lost */                       \
+    X(moe_rows_rerouted) /* MoE (token, expert) pairs sent around a duck known lost */                               \
     X(layers_moved) /* moves committed: live MoE layers switched to a new placement */                               \
     X(move_bytes) /* of weight_bytes, those a move sent (the changed ducks' new banks) */
 
@@ -382,7 +444,8 @@ _Static_assert(offsetof(struct dp_stats_header, nnics) == 104, "dp_stats_header.
 _Static_assert(offsetof(struct dp_stats_header, nducks) == 108, "dp_stats_header.nducks");
 _Static_assert(offsetof(struct dp_stats_header, buckets) == 112, "dp_stats_header.buckets");
 _Static_assert(offsetof(struct dp_stats_header, nhists) == 116, "dp_stats_header.nhists");
-_Static_assert(offsetof(struct dp_stats_header, pad2) == 120, "dp_stats_header.pad2");
+_Static_assert(offsetof(struct dp_stats_header, moe_offset) == 120, "dp_stats_header.moe_offset");
+_Static_assert(offsetof(struct dp_stats_header, moe_layers) == 124, "dp_stats_header.moe_layers");
 _Static_assert(offsetof(struct dp_stats_header, heartbeat_ns) == 128, "dp_stats_header.heartbeat_ns");
 _Static_assert(offsetof(struct dp_stats_header, epoch) == 136, "dp_stats_header.epoch");
 _Static_assert(offsetof(struct dp_stats_header, pad3) == 144, "dp_stats_header.pad3");
@@ -449,6 +512,35 @@ _Static_assert(offsetof(struct dp_stats_duck, reply_sum_ns) == 576, "dp_stats_du
 _Static_assert(offsetof(struct dp_stats_duck, moe_tokens) == 584, "dp_stats_duck.moe_tokens");
 _Static_assert(offsetof(struct dp_stats_duck, moe_expert_rows) == 592, "dp_stats_duck.moe_expert_rows");
 _Static_assert(offsetof(struct dp_stats_duck, seen_ns) == 600, "dp_stats_duck.seen_ns");
-_Static_assert(offsetof(struct dp_stats_duck, pad1) == 608, "dp_stats_duck.pad1");
+_Static_assert(offsetof(struct dp_stats_duck, moe_failovers) == 608, "dp_stats_duck.moe_failovers");
+_Static_assert(offsetof(struct dp_stats_duck, pad1) == 616, "dp_stats_duck.pad1");
+_Static_assert(sizeof(struct dp_stats_moe) == 64, "dp_stats_moe size");
+_Static_assert(offsetof(struct dp_stats_moe, layers) == 0, "dp_stats_moe.layers");
+_Static_assert(offsetof(struct dp_stats_moe, max_experts) == 4, "dp_stats_moe.max_experts");
+_Static_assert(offsetof(struct dp_stats_moe, window_ns) == 8, "dp_stats_moe.window_ns");
+_Static_assert(offsetof(struct dp_stats_moe, untracked_forwards) == 16, "dp_stats_moe.untracked_forwards");
+_Static_assert(offsetof(struct dp_stats_moe, untracked_tokens) == 24, "dp_stats_moe.untracked_tokens");
+_Static_assert(offsetof(struct dp_stats_moe, untracked_entries) == 32, "dp_stats_moe.untracked_entries");
+_Static_assert(offsetof(struct dp_stats_moe, pad0) == 40, "dp_stats_moe.pad0");
+_Static_assert(sizeof(struct dp_stats_moe_layer) == 32896, "dp_stats_moe_layer size");
+_Static_assert(offsetof(struct dp_stats_moe_layer, seq) == 0, "dp_stats_moe_layer.seq");
+_Static_assert(offsetof(struct dp_stats_moe_layer, state) == 4, "dp_stats_moe_layer.state");
+_Static_assert(offsetof(struct dp_stats_moe_layer, layer) == 8, "dp_stats_moe_layer.layer");
+_Static_assert(offsetof(struct dp_stats_moe_layer, n_experts) == 12, "dp_stats_moe_layer.n_experts");
+_Static_assert(offsetof(struct dp_stats_moe_layer, forwards) == 16, "dp_stats_moe_layer.forwards");
+_Static_assert(offsetof(struct dp_stats_moe_layer, tokens) == 24, "dp_stats_moe_layer.tokens");
+_Static_assert(offsetof(struct dp_stats_moe_layer, entries) == 32, "dp_stats_moe_layer.entries");
+_Static_assert(offsetof(struct dp_stats_moe_layer, no_expert) == 40, "dp_stats_moe_layer.no_expert");
+_Static_assert(offsetof(struct dp_stats_moe_layer, window_end_ns) == 48, "dp_stats_moe_layer.window_end_ns");
+_Static_assert(offsetof(struct dp_stats_moe_layer, window_ns) == 56, "dp_stats_moe_layer.window_ns");
+_Static_assert(offsetof(struct dp_stats_moe_layer, recent_forwards) == 64, "dp_stats_moe_layer.recent_forwards");
+_Static_assert(offsetof(struct dp_stats_moe_layer, recent_tokens) == 72, "dp_stats_moe_layer.recent_tokens");
+_Static_assert(offsetof(struct dp_stats_moe_layer, pad0) == 80, "dp_stats_moe_layer.pad0");
+_Static_assert(offsetof(struct dp_stats_moe_layer, expert_tokens) == 128, "dp_stats_moe_layer.expert_tokens");
+_Static_assert(offsetof(struct dp_stats_moe_layer, expert_recent) == 8320, "dp_stats_moe_layer.expert_recent");
+_Static_assert(offsetof(struct dp_stats_moe_layer, duck_rows) == 12416, "dp_stats_moe_layer.duck_rows");
+_Static_assert(offsetof(struct dp_stats_moe_layer, duck_recent) == 14464, "dp_stats_moe_layer.duck_recent");
+_Static_assert(offsetof(struct dp_stats_moe_layer, replicas) == 15488, "dp_stats_moe_layer.replicas");
+_Static_assert(offsetof(struct dp_stats_moe_layer, ducks) == 16512, "dp_stats_moe_layer.ducks");
 
 #endif /* DP_STATS_ABI_H */

@@ -246,6 +246,8 @@ static size_t list_moe(struct dp_ctl_layer_info *info, const struct dp_layer *l,
 	info->expert_ducks_len = ls.n_placed;
 	info->shared_ducks = ls.shared;
 	info->shared_ducks_len = ls.n_shared;
+	info->shared_sets = ls.sets;
+	info->shared_sets_len = ls.n_sets;
 	return dp_layer_moe_list_words(l);
 }
 
@@ -789,11 +791,22 @@ static int draining(const struct dp_control *c, uint32_t id)
 }
 
 /* The LoadWeights that would load l with the move's placement: l's own fields, the new
- * placement and bank widths, its shared set (in its ducks' order). */
-static void move_request(const struct dp_layer *l, const struct dp_ctl_move_layer *m,
-			 struct dp_ctl_load_weights *out)
+ * placement and bank widths, its shared sets as its Layers reply lists them (set by set,
+ * each in its ducks' order: dp_layer_moe_list). -1 when out of memory. */
+static int move_request(const struct dp_layer *l, const struct dp_ctl_move_layer *m,
+			struct dp_ctl_load_weights *out)
 {
+	uint32_t *words = malloc(dp_layer_moe_list_words(l) * sizeof(uint32_t));
+	if (!words)
+		return -1;
+	struct dp_moe_listing ls;
+	dp_layer_moe_list(l, words, &ls);
 	memset(out, 0, sizeof(*out));
+	out->shared_ducks_len = ls.n_shared;
+	memcpy(out->shared_ducks, ls.shared, ls.n_shared * sizeof(uint32_t));
+	out->shared_sets_len = ls.n_sets;
+	memcpy(out->shared_sets, ls.sets, ls.n_sets * sizeof(uint32_t));
+	free(words);
 	out->layer = l->id;
 	out->kind = l->kind;
 	out->dtype = l->dtype;
@@ -802,12 +815,8 @@ static void move_request(const struct dp_layer *l, const struct dp_ctl_move_laye
 	out->shared = l->shared;
 	out->expert_ffn = l->moe->expert_ffn;
 	out->ducks_len = l->nducks;
-	for (uint32_t i = 0; i < l->nducks; i++) {
-		uint16_t d = l->ducks[i];
-		out->ducks[i] = d;
-		if (l->moe->shared_ducks[d >> 6] >> (d & 63) & 1)
-			out->shared_ducks[out->shared_ducks_len++] = d;
-	}
+	for (uint32_t i = 0; i < l->nducks; i++)
+		out->ducks[i] = l->ducks[i];
 	out->shard_sizes_len = m->shard_sizes_len;
 	for (uint32_t i = 0; i < m->shard_sizes_len; i++) {
 		out->shard_sizes[i] = m->shard_sizes[i];
@@ -817,6 +826,7 @@ static void move_request(const struct dp_layer *l, const struct dp_ctl_move_laye
 	memcpy(out->expert_replicas, m->expert_replicas, m->expert_replicas_len * sizeof(uint32_t));
 	out->expert_ducks_len = m->expert_ducks_len;
 	memcpy(out->expert_ducks, m->expert_ducks, m->expert_ducks_len * sizeof(uint32_t));
+	return 0;
 }
 
 /* Whether duck d holds expert e under placement pl. */
@@ -868,11 +878,11 @@ static void on_move_layer(struct dp_control *c, const struct dp_peer *p,
 		return;
 	}
 	struct dp_ctl_load_weights *req = malloc(sizeof(*req)); /* 40 KiB: not on the stack */
-	if (!req) {
+	if (!req || move_request(l, m, req) < 0) {
+		free(req);
 		dp_control_refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
 		return;
 	}
-	move_request(l, m, req);
 	const struct dp_load_limits lim = { .max_hidden = c->w->cfg.max_hidden,
 					    .max_ffn = c->w->cfg.max_ffn };
 	char why[DP_CTL_WHY_LEN];

@@ -20,9 +20,9 @@
 #include "dp_client.h"
 #include "dp_fwd.h"
 #include "dp_layers.h"
+#include "dp_stats_moe.h"
 #include "dp_worker.h"
 
-#define DUCK_LOST_NS 3000000000ull /* nothing heard for this long (or 3 pings): lost */
 #define STATS_PATH_MAX 320 /* bytes of the stats path, its NUL included */
 
 struct dp_stats_seg {
@@ -36,6 +36,7 @@ struct dp_stats_seg {
 	struct dp_stats_nic *nics;
 	struct dp_stats_duck *ducks;
 	struct dp_stats_hist *hists;
+	struct dp_stats_moe_seg *moe; /* the MoE region's writer (dp_stats_moe.c) */
 	/* the control agent's own memory */
 	uint8_t missed_last[DP_MAX_DUCKS]; /* by topology index: missed its latest forward */
 	uint32_t client_id[DP_MAX_CLIENTS]; /* whose entry each client slot holds now */
@@ -236,6 +237,11 @@ struct dp_stats_seg *dp_stats_open(struct dp_world *w,
 	s->nics = (struct dp_stats_nic *)(s->base + DP_STATS_NICS_OFFSET);
 	s->ducks = (struct dp_stats_duck *)(s->base + DP_STATS_DUCKS_OFFSET);
 	s->hists = (struct dp_stats_hist *)(s->base + DP_STATS_HISTS_OFFSET);
+	s->moe = dp_stats_moe_open(s->base, dp_now_ns());
+	if (!s->moe) {
+		unlink(tmp);
+		goto fail;
+	}
 	struct dp_stats_name *names = (struct dp_stats_name *)(s->base + DP_STATS_NAMES_OFFSET);
 	for (uint32_t i = 0; i < DP_NCOUNTERS; i++)
 		put(names[i].name, sizeof(names[i].name), dp_counter_names[i]);
@@ -292,6 +298,8 @@ struct dp_stats_seg *dp_stats_open(struct dp_world *w,
 	h->nducks = DP_MAX_DUCKS;
 	h->buckets = DP_STATS_BUCKETS;
 	h->nhists = DP_STATS_NHISTS;
+	h->moe_offset = DP_STATS_MOE_OFFSET;
+	h->moe_layers = DP_STATS_MOE_LAYERS;
 	h->heartbeat_ns = h->start_mono_ns;
 	put(h->control, sizeof(h->control), cfg->control);
 	dp_store_release_u64(&h->magic, DP_STATS_MAGIC); /* last: readers check it first */
@@ -303,6 +311,7 @@ struct dp_stats_seg *dp_stats_open(struct dp_world *w,
 	dp_stats_tick(s, dp_now_ns());
 	return s;
 fail:
+	dp_stats_moe_close(s->moe);
 	if (s->base)
 		munmap(s->base, DP_STATS_SEGMENT_SIZE);
 	free(s);
@@ -324,6 +333,7 @@ void dp_stats_close(struct dp_stats_seg *s)
 			unlink(s->path);
 		close(fd);
 	}
+	dp_stats_moe_close(s->moe);
 	munmap(s->base, DP_STATS_SEGMENT_SIZE);
 	free(s);
 }
@@ -477,7 +487,9 @@ static void publish_ducks(struct dp_stats_seg *s, uint64_t now)
 		}
 	}
 	uint64_t lost = (uint64_t)w->cfg.ping_ms * 3000000ull;
-	lost = lost > DUCK_LOST_NS ? lost : DUCK_LOST_NS;
+	uint64_t floor_ns = (uint64_t)w->cfg.duck_lost_ms * 1000000ull;
+	lost = lost > floor_ns ? lost : floor_ns;
+	uint64_t known_lost[DP_MAX_DUCKS / 64] = { 0 };
 	uint64_t start = s->hdr->start_mono_ns;
 	bool pinged_long_enough = now > start && now - start > lost;
 	uint32_t never[DP_MAX_DUCKS], silent[DP_MAX_DUCKS], nnever = 0, nsilent = 0;
@@ -505,11 +517,22 @@ static void publish_ducks(struct dp_stats_seg *s, uint64_t now)
 		else if (was == DP_DUCK_REASON_NEVER_ANSWERED || was == DP_DUCK_REASON_SILENT)
 			if (state == DP_DUCK_STATE_UP)
 				DP_INFO("duck %u (%s) answers again", d->id, d->address);
+		if (state == DP_DUCK_STATE_LOST && d->id < DP_MAX_DUCKS) {
+			/* routed around before any view says lost: a client that saw it
+			 * lost and then submits is not sent to it */
+			known_lost[d->id >> 6] |= 1ull << (d->id & 63);
+			__atomic_fetch_or(&w->lost_ducks[d->id >> 6], 1ull << (d->id & 63),
+					  __ATOMIC_RELAXED);
+		}
 		__atomic_store_n(&d->reason, reason, __ATOMIC_RELAXED);
 		__atomic_store_n(&d->state, state, __ATOMIC_RELAXED);
 		__atomic_store_n(&d->layers, layers[t], __ATOMIC_RELAXED);
 		set64(&d->seen_ns, seen);
 	}
+	/* what the dispatcher routes around (dp_world.h): the ducks back are cleared, a
+	 * word at a time, relaxed */
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+		__atomic_store_n(&w->lost_ducks[k], known_lost[k], __ATOMIC_RELAXED);
 	if (nnever)
 		log_newly_lost(s, never, nnever, DP_DUCK_REASON_NEVER_ANSWERED, lost);
 	if (nsilent)
@@ -543,6 +566,7 @@ void dp_stats_tick(struct dp_stats_seg *s, uint64_t now)
 	publish_nics(s);
 	publish_clients(s);
 	publish_ducks(s, now);
+	dp_stats_moe_tick(s->moe, s->w, now);
 	set64(&s->hdr->epoch, dp_load_acquire_u64(&s->w->epoch));
 	set64(&s->hdr->heartbeat_ns, now);
 }
@@ -618,4 +642,5 @@ void dp_stats_completion(struct dp_stats_seg *s, const struct dp_fwd *f,
 		add64(&d->nacks, rx->nacks);
 		s->missed_last[t] = 1;
 	}
+	dp_stats_moe_forward(s->moe, w, f, sum); /* a routed forward's expert and duck load */
 }

@@ -79,6 +79,8 @@ struct dp_dispatcher {
 	const struct dp_waker *waker; /* its runner's: did a doorbell wake it? */
 	uint32_t null_nics;   /* NICs on the null backend: no routed forwards there */
 	struct dp_routing_plan plan; /* a routed forward's placement, worked out (32 KiB) */
+	/* a routed forward's placement less its known-lost ducks (dp_routing_live, 17 KiB) */
+	struct dp_routing_placement live;
 };
 
 /* Complete here, now: publish the slot and queue the ZeroMQ completion. */
@@ -122,6 +124,181 @@ static void hand_to(struct dp_dispatcher *d, struct dp_fwd *f, uint32_t nic)
 	d->out[nic][d->nout[nic]++] = f;
 }
 
+/* --- routing around the ducks known lost (issue 30.1) ---------------------------------- */
+
+/* The layer's ducks (layer_ducks) known lost now into f->lost: the stats tick's LOST
+ * ducks and those that answered NO_LAYER (they restarted). Read once, here, word by word
+ * with relaxed loads (a word may be a tick newer than the one before: each duck in the
+ * copy was lost at some moment, which is all routing around it needs); the workers split
+ * by this copy, never by the live bitmaps. True when any is. */
+static bool snapshot_lost(const struct dp_world *w, const struct dp_layer *l,
+			  const uint64_t *layer_ducks, uint64_t *lost)
+{
+	uint64_t any = 0;
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++) {
+		lost[k] = (__atomic_load_n(&w->lost_ducks[k], __ATOMIC_RELAXED) |
+			   /* acquire: pairs with a repair commit's release of the bits it
+			    * clears (its duck's bank is all in before it is routed to) */
+			   __atomic_load_n(&l->lost_ducks[k], __ATOMIC_ACQUIRE)) &
+			  layer_ducks[k];
+		any |= lost[k];
+	}
+	return any != 0;
+}
+
+/* Append " %u" for each duck of `set` (DP_MAX_DUCKS bits) to m at *used (n bytes). */
+static uint32_t list_ducks(const uint64_t *set, char *m, size_t n, size_t *used)
+{
+	uint32_t listed = 0;
+	for (uint32_t k = 0; k < DP_MAX_DUCKS && *used < n; k++) {
+		if (!dp_targets_has(set, k))
+			continue;
+		int c = snprintf(m + *used, n - *used, " %u", k);
+		*used += c > 0 ? (size_t)c : 0;
+		listed++;
+	}
+	return listed;
+}
+
+/* The shared expert's set this forward uses (f->shared): every row needs each of its
+ * ducks. Of the layer's sets (its replicas, LoadWeights.shared_sets) those with no duck
+ * known lost, the (forward id mod their count)-th: forwards take turns on them, and a set
+ * with a lost duck gets none. With none whole, no forward on the layer can complete: -1
+ * with f completed DUCK_LOST now (not at its deadline), saying so plainly; else 0. */
+static int choose_shared_set(struct dp_dispatcher *d, struct dp_fwd *f, const struct dp_layer *l)
+{
+	const struct dp_layer_moe *moe = l->moe;
+	uint32_t live[DP_MAX_REPLICAS], nlive = 0, nsets = moe->n_shared_sets;
+	memset(f->shared, 0, sizeof(f->shared));
+	if (!moe->has_shared)
+		return 0;
+	for (uint32_t s = 0; s < nsets && s < DP_MAX_REPLICAS; s++) {
+		uint64_t hit = 0;
+		for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+			hit |= moe->shared_set[s * 4 + k] & f->lost[k];
+		if (!hit)
+			live[nlive++] = s;
+	}
+	if (nlive) {
+		memcpy(f->shared, &moe->shared_set[live[f->desc.forward_id % nlive] * 4],
+		       sizeof(f->shared));
+		return 0;
+	}
+	uint64_t gone[DP_MAX_DUCKS / 64];
+	bool restarted = false; /* said NO_LAYER: a repair, not time, brings it back */
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++) {
+		gone[k] = moe->shared_ducks[k] & f->lost[k];
+		restarted |= (gone[k] & __atomic_load_n(&l->lost_ducks[k], __ATOMIC_RELAXED)) != 0;
+	}
+	char list[72] = "", until[80];
+	size_t used = 0;
+	bool many = list_ducks(gone, list, sizeof(list), &used) > 1;
+	if (restarted)
+		snprintf(until, sizeof(until), "repair it, client.repair(%u)", l->id);
+	else
+		snprintf(until, sizeof(until), "no forward on this layer completes until %s back",
+			 nsets > 1 ? "a set is" : many ? "they are" : "it is");
+	char *m = f->message;
+	size_t n = sizeof(f->message);
+	int c = nsets > 1 ? snprintf(m, n,
+				     "layer %u: the shared expert's ducks%s are lost, a duck of "
+				     "each of its %u sets: ",
+				     l->id, list, nsets)
+			  : snprintf(m, n,
+				     "layer %u: the shared expert's duck%s%s %s lost, and with one "
+				     "shared-expert set there is no replica: ",
+				     l->id, many ? "s" : "", list, many ? "are" : "is");
+	used = c > 0 ? (size_t)c : 0;
+	if (used < n)
+		snprintf(m + used, n - used, "%s", until);
+	dp_count(d->counters, DP_C_moe_no_live_replica, 1);
+	complete(d, f, DP_STATUS_DUCK_LOST, NULL);
+	return -1;
+}
+
+/* A token names an expert every replica of which is known lost (live has none for it):
+ * f completes DUCK_LOST now, naming those experts and the lost ducks that held them. */
+static void no_live_replica(struct dp_dispatcher *d, struct dp_fwd *f, const struct dp_layer *l,
+			    uint32_t tokens, uint32_t topk)
+{
+	const struct dp_routing_placement *pl = &l->moe->pl, *live = &d->live;
+	uint64_t dead[DP_MAX_EXPERTS / 64] = { 0 }, ducks[DP_MAX_DUCKS / 64] = { 0 };
+	const uint8_t *e0 = f->route + DP_ROUTING_HEADER_SIZE;
+	uint32_t ndead = 0;
+	for (uint64_t j = 0; j < (uint64_t)tokens * topk; j++) {
+		uint32_t e;
+		memcpy(&e, e0 + j * DP_ROUTING_ENTRY_SIZE, 4);
+		if (e >= live->n_experts || live->replicas[e] || dead[e >> 6] >> (e & 63) & 1)
+			continue;
+		dead[e >> 6] |= 1ull << (e & 63);
+		ndead++;
+		for (uint32_t i = 0; i < pl->replicas[e]; i++) { /* each of them lost */
+			uint16_t dk = pl->ducks[e * DP_MAX_REPLICAS + i];
+			ducks[dk >> 6] |= 1ull << (dk & 63);
+		}
+	}
+	/* a duck that answered NO_LAYER restarted: it answers PINGs, and only a reload of
+	 * the layer brings it back (the message keeps room to say so) */
+	bool restarted = false;
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+		restarted |= (ducks[k] & __atomic_load_n(&l->lost_ducks[k], __ATOMIC_RELAXED)) != 0;
+	char hint[64];
+	snprintf(hint, sizeof(hint), " (restarted: repair it, client.repair(%u))", l->id);
+	const size_t TAIL = restarted ? strlen(hint) + 1 : 8;
+	char *m = f->message;
+	size_t n = sizeof(f->message), used = 0;
+	int c = snprintf(m, n, "layer %u: expert%s", l->id, ndead > 1 ? "s" : "");
+	used += c > 0 ? (size_t)c : 0;
+	uint32_t shown = 0;
+	for (uint32_t e = 0; e < DP_MAX_EXPERTS && shown < ndead; e++) {
+		if (!(dead[e >> 6] >> (e & 63) & 1))
+			continue;
+		if (shown++ == 8) { /* the ducks say the rest */
+			c = snprintf(m + used, n - used, " ...");
+			used += c > 0 ? (size_t)c : 0;
+			break;
+		}
+		c = snprintf(m + used, n - used, " %u", e);
+		used += c > 0 ? (size_t)c : 0;
+	}
+	c = used < n ? snprintf(m + used, n - used, " %s no live replica; lost:",
+				ndead > 1 ? "have" : "has")
+		     : 0;
+	used += c > 0 ? (size_t)c : 0;
+	for (uint32_t k = 0, listed = 0; k < DP_MAX_DUCKS && used + TAIL < n; k++) {
+		if (!dp_targets_has(ducks, k))
+			continue;
+		c = snprintf(m + used, n - used, "%s", listed++ ? "; " : " ");
+		used += c > 0 ? (size_t)c : 0;
+		c = used + TAIL < n ? dp_layer_describe_duck(l, k, m + used, n - TAIL - used) : 0;
+		used += c > 0 ? (size_t)c : 0;
+		if (used >= n - TAIL) /* describe cut it: end where it ended */
+			used = n - TAIL - 1;
+	}
+	if (restarted && used < n)
+		snprintf(m + used, n - used, "%s", hint);
+	dp_count(d->counters, DP_C_moe_no_live_replica, 1);
+	complete(d, f, DP_STATUS_DUCK_LOST, NULL);
+}
+
+/* The (token, expert) pairs whose replica t % r is a known-lost duck, each of which the
+ * live placement sent to a live replica instead: what moe_rows_rerouted counts. Counted
+ * by the placement as loaded, once more (only forwards that route around a duck pay it). */
+static uint64_t rerouted(struct dp_dispatcher *d, const struct dp_fwd *f,
+			 const struct dp_layer *l, uint32_t tokens, uint32_t topk)
+{
+	uint32_t count[DP_MAX_DUCKS];
+	char why[8];
+	uint64_t n = 0;
+	dp_routing_plan(&d->plan, &l->moe->pl, NULL, NULL);
+	if (dp_routing_count(&d->plan, f->route + DP_ROUTING_HEADER_SIZE, tokens, topk, count,
+			     why, sizeof(why)) < 0)
+		return 0; /* the checked placement has a duck for every expert */
+	for (uint32_t k = 0; k < DP_MAX_DUCKS; k++)
+		n += dp_targets_has(f->lost, k) ? count[k] : 0;
+	return n;
+}
+
 /* A routed (MoE) forward: its host table copied out of the slot and checked, once
  * (dp_desc_routing_copy); its targets narrowed from every duck of the layer to the ducks
  * some (token, expert) routes to, and with a shared expert the ducks of its set (each
@@ -141,18 +318,35 @@ static int route_forward(struct dp_dispatcher *d, struct dp_fwd *f, const struct
 	}
 	struct dp_routing_header h;
 	memcpy(&h, f->route, sizeof(h)); /* the checked copy */
-	/* the shared set, within the forward's ducks (p->targets: the layer's) */
+	/* the ducks known lost, once (snapshot_lost): with none, the placement as loaded;
+	 * else each token's replica among its expert's live ones (dp_routing_live), and a
+	 * forward that needs a duck with no live replica fails now, not at its deadline */
+	const struct dp_routing_placement *pl = &moe->pl;
+	bool lost = snapshot_lost(d->w, l, p->targets, f->lost);
+	if (choose_shared_set(d, f, l) < 0)
+		return -1;
+	if (lost) {
+		dp_routing_live(&moe->pl, NULL, f->lost, &d->live, NULL);
+		pl = &d->live;
+	}
+	/* the shared set it uses, within the forward's ducks (p->targets: the layer's) */
 	for (uint32_t w = 0; w < DP_MAX_DUCKS / 64; w++)
-		f->targets[w] = moe->shared_ducks[w] & p->targets[w];
+		f->targets[w] = f->shared[w] & p->targets[w];
 	/* and every duck a (token, expert) goes to: the count the split starts with, over
-	 * every duck (the placement was checked at load, the table just now: no refusal) */
+	 * every duck (the placement was checked at load, the table just now: the live
+	 * placement's refusal is an expert with no live replica) */
 	uint32_t count[DP_MAX_DUCKS];
-	dp_routing_plan(&d->plan, &moe->pl, NULL, NULL);
+	dp_routing_plan(&d->plan, pl, NULL, NULL);
 	if (dp_routing_count(&d->plan, f->route + DP_ROUTING_HEADER_SIZE, h.tokens, h.topk, count,
 			     f->message, sizeof(f->message)) < 0) {
-		complete(d, f, DP_STATUS_BAD_REQUEST, NULL);
+		if (lost)
+			no_live_replica(d, f, l, h.tokens, h.topk);
+		else
+			complete(d, f, DP_STATUS_BAD_REQUEST, NULL);
 		return -1;
 	}
+	if (lost)
+		dp_count(d->counters, DP_C_moe_rows_rerouted, rerouted(d, f, l, h.tokens, h.topk));
 	for (uint32_t k = 0; k < DP_MAX_DUCKS; k++)
 		if (count[k])
 			f->targets[k >> 6] |= 1ull << (k & 63);

@@ -148,6 +148,15 @@ struct dp_fwd {
 	 * (dp_desc_routing_copy); the workers split it, nobody writes it after */
 	uint8_t *route;            /* route_cap bytes, the context's own (dp_fwd_pool_init) */
 	uint64_t route_bytes;
+	/* routed: the layer's ducks known lost when it was dispatched (dp_world.h lost_ducks,
+	 * the layer's lost_ducks), read once by the dispatcher; the dispatcher's targets and
+	 * every NIC's split follow this one copy, so they agree on each token's replica even
+	 * while the control agent marks ducks lost or back (all zero: the placement as is) */
+	uint64_t lost[DP_MAX_DUCKS / 64];
+	/* routed, with a shared expert: the ducks of the shared set it uses (the dispatcher's
+	 * choice, dp_dispatch.c): each is sent and answers every row; the layer's other sets
+	 * compute only their routed rows for it */
+	uint64_t shared[DP_MAX_DUCKS / 64];
 	/* weight chunks */
 	uint16_t w_duck;
 	uint16_t w_tensor;

@@ -17,6 +17,7 @@
 
 struct dp_counters;
 struct dp_reasm;
+struct dp_routing_placement;
 struct dp_tx_batch;
 struct dp_wire_header;
 
@@ -66,6 +67,9 @@ struct dp_gather_view {
 	uint64_t moe_table_cap;
 	uint16_t *moe_maps;           /* [contexts][moe_map_cap]: the ducks' reply row maps */
 	uint32_t moe_map_cap;
+	/* a forward's placement less its known-lost ducks (f->lost), and their bank slots */
+	struct dp_routing_placement *moe_live;
+	uint16_t *moe_live_slots;
 };
 
 /* The address of duck `id`, one of the topology's (duck_index[id] >= 0). */

@@ -84,11 +84,23 @@ void dp_moe_accumulate(float *acc, uint32_t hidden, const uint16_t *map, uint64_
 
 /* --- the send -------------------------------------------------------------------------- */
 
-/* Whether duck d is in the layer's shared expert's set: it computes its shared columns
- * for every row, so it is sent and answers every row. */
-static bool in_shared_set(const struct dp_layer_moe *moe, uint16_t d)
+/* Whether duck d is in the shared expert's set the forward uses (the dispatcher's
+ * choice, f->shared): it computes its shared columns for every row, so it is sent and
+ * answers every row. */
+static bool in_shared_set(const struct dp_fwd *f, uint16_t d)
 {
-	return moe->has_shared && (moe->shared_ducks[d >> 6] >> (d & 63) & 1);
+	return f->shared[d >> 6] >> (d & 63) & 1;
+}
+
+/* A duck of another shared set than the forward's: its bank holds shared columns, which
+ * it computes for every row when its table says SHARED; its table must not (it is sent
+ * its own rows, and answers them). */
+static void not_shared(uint8_t *table)
+{
+	struct dp_routing_wire_header h;
+	memcpy(&h, table, sizeof(h));
+	h.flags &= (uint8_t)~DP_ROUTING_WIRE_FLAG_SHARED;
+	memcpy(table, &h, sizeof(h));
 }
 
 /* One shared-set duck's table for a unicast: its section of W (if it has one) alone,
@@ -175,7 +187,6 @@ static void send_broadcast(const struct dp_gather_view *v, struct dp_fwd *f,
 			   const struct routed_duck *rd, uint32_t nrd, uint64_t wsize,
 			   uint64_t bytes_broadcast)
 {
-	const struct dp_layer *l = f->layer;
 	uint8_t *table = tables_of(v, f);
 	uint16_t *maps = v->moe_maps + (uint64_t)f->index * v->moe_map_cap;
 	memcpy(table, v->moe_wire, wsize); /* W outlives the next forward's split: resends */
@@ -185,7 +196,7 @@ static void send_broadcast(const struct dp_gather_view *v, struct dp_fwd *f,
 	for (uint32_t i = 0; i < nrd; i++) {
 		struct dp_duck_rx *rx = &f->rx[v->duck_index[rd[i].duck]];
 		rx->moe_entries = rd[i].has_section ? rd[i].s.n_entries : 0;
-		if (in_shared_set(l->moe, rd[i].duck)) {
+		if (in_shared_set(f, rd[i].duck)) {
 			rx->moe_rows = f->rows; /* the shared expert: every row, in order */
 			rx->moe_map = NULL;
 		} else {
@@ -224,7 +235,7 @@ static void send_unicast(const struct dp_gather_view *v, struct dp_fwd *f,
 		struct dp_duck_rx *rx = &f->rx[v->duck_index[rd[i].duck]];
 		uint8_t *table = tables + at;
 		uint64_t tsize;
-		if (in_shared_set(l->moe, rd[i].duck)) {
+		if (in_shared_set(f, rd[i].duck)) {
 			tsize = shared_unicast_table(v->moe_wire, rd[i].duck, rd[i].has_section,
 						     &rd[i].s, table);
 			rx->moe_rows = f->rows;
@@ -243,6 +254,8 @@ static void send_unicast(const struct dp_gather_view *v, struct dp_fwd *f,
 				rx->moe_tsize = 0;
 				continue;
 			}
+			if (l->moe->n_shared_sets > 1)
+				not_shared(table);
 			rx->moe_map = maps + used;
 			rx->moe_rows = rd[i].s.n_rows;
 			rx->moe_gather = true; /* its rows, by its row map, from the slot */
@@ -269,7 +282,16 @@ int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f)
 	uint64_t wsize, nic_routed[DP_MAX_DUCKS / 64];
 	char why[96] = "no duck of the NIC is routed"; /* the split says why when it refuses */
 	uint8_t flags = moe->has_shared ? DP_ROUTING_WIRE_FLAG_SHARED : 0;
-	if (dp_routing_split(f->route, f->route_bytes, &moe->pl, moe->slots, flags, v->nic_ducks,
+	/* the dispatcher's snapshot of the ducks known lost, not the live bitmaps: its
+	 * targets and this split must send each (token, expert) to the same replica */
+	const struct dp_routing_placement *pl = &moe->pl;
+	const uint16_t *slots = moe->slots;
+	if (f->lost[0] | f->lost[1] | f->lost[2] | f->lost[3]) {
+		dp_routing_live(&moe->pl, moe->slots, f->lost, v->moe_live, v->moe_live_slots);
+		pl = v->moe_live;
+		slots = v->moe_live_slots;
+	}
+	if (dp_routing_split(f->route, f->route_bytes, pl, slots, flags, v->nic_ducks,
 			     v->moe_wire, v->moe_wire_cap, &wsize, nic_routed, why,
 			     sizeof(why)) < 0 ||
 	    wsize == 0) {
@@ -292,7 +314,7 @@ int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f)
 		*r = (struct routed_duck){ .duck = d }; /* no section: its counts stay 0 */
 		r->has_section = dp_routing_wire_section(v->moe_wire, wsize, d, &r->s) == 0;
 		uint64_t msg;
-		if (in_shared_set(moe, d))
+		if (in_shared_set(f, d))
 			msg = DP_ROUTING_WIRE_HEADER_SIZE +
 			      (r->has_section ? DP_ROUTING_WIRE_DUCK_SIZE +
 							DP_ROUTING_WIRE_ENTRY_SIZE * r->s.n_entries
@@ -305,8 +327,10 @@ int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f)
 	}
 	bool use_broadcast = v->nic_cfg->use_broadcast;
 	uint64_t bytes_broadcast = (wsize + f->bytes) * (use_broadcast ? 1 : nrd);
-	if (dp_moe_choose(f->desc.flags, bytes_broadcast, bytes_unicast) ==
-	    DP_MOE_MODE_UNICAST)
+	/* several shared sets: one table to all would have every set compute the shared
+	 * expert (a duck reads SHARED off its table); each duck gets its own instead */
+	if (moe->n_shared_sets > 1 ||
+	    dp_moe_choose(f->desc.flags, bytes_broadcast, bytes_unicast) == DP_MOE_MODE_UNICAST)
 		send_unicast(v, f, rd, nrd, wsize);
 	else
 		send_broadcast(v, f, rd, nrd, wsize, bytes_broadcast);

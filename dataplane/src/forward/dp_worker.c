@@ -457,9 +457,11 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 	wk->moe_wire = calloc(1, wire_cap);
 	wk->moe_tables = calloc(nf, table_cap);
 	wk->moe_maps = calloc(nf * map_cap, sizeof(uint16_t));
+	wk->moe_live = calloc(1, sizeof(*wk->moe_live));
+	wk->moe_live_slots = calloc((size_t)DP_MAX_EXPERTS * DP_MAX_REPLICAS, sizeof(uint16_t));
 	if (!wk->owned || !wk->hdrs || !wk->next_nack || !wk->sent_ns || !wk->scratch ||
 	    !wk->summed || !wk->active || !wk->release.parts || !wk->moe_wire ||
-	    !wk->moe_tables || !wk->moe_maps) {
+	    !wk->moe_tables || !wk->moe_maps || !wk->moe_live || !wk->moe_live_slots) {
 		dp_set_error("nic %s: out of memory for %zu forward contexts", cfg->name, nf);
 		return -1;
 	}
@@ -494,7 +496,9 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 					      .moe_tables = wk->moe_tables,
 					      .moe_table_cap = table_cap,
 					      .moe_maps = wk->moe_maps,
-					      .moe_map_cap = map_cap };
+					      .moe_map_cap = map_cap,
+					      .moe_live = wk->moe_live,
+					      .moe_live_slots = wk->moe_live_slots };
 	wk->weight = (struct dp_weight_view){ .w = w,
 					      .nic = nic,
 					      .payload = wk->payload,
@@ -542,4 +546,6 @@ void dp_worker_fini(struct dp_worker *wk)
 	free(wk->moe_wire);
 	free(wk->moe_tables);
 	free(wk->moe_maps);
+	free(wk->moe_live);
+	free(wk->moe_live_slots);
 }

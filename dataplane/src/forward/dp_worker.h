@@ -60,6 +60,9 @@ struct dp_worker {
 	uint8_t *moe_wire;   /* the wire table of the forward being sent */
 	uint8_t *moe_tables; /* [nfwds][moe_table_cap]: the tables each context sent */
 	uint16_t *moe_maps;  /* [nfwds][MAX_TOKENS x MAX_TOPK]: its ducks' reply row maps */
+	/* the placement of the forward being split, less its known-lost ducks (dp_moe.c) */
+	struct dp_routing_placement *moe_live;
+	uint16_t *moe_live_slots; /* [MAX_EXPERTS x MAX_REPLICAS]: their bank slots */
 	/* what the modules see of the above (set at init, never changed) */
 	struct dp_gather_view gather;
 	struct dp_weight_view weight;

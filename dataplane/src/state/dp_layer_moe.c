@@ -45,7 +45,8 @@ size_t dp_layer_moe_list_words(const struct dp_layer *l)
 {
 	const struct dp_routing_placement *pl = &l->moe->pl;
 	/* n_experts <= DP_MAX_EXPERTS, replicas <= DP_MAX_REPLICAS: dp_load_moe_plan checked */
-	size_t words = (size_t)pl->n_experts + l->nducks;
+	uint32_t nsets = l->moe->n_shared_sets;
+	size_t words = (size_t)pl->n_experts + l->nducks + (nsets > 1 ? nsets : 0);
 	for (uint32_t e = 0; e < pl->n_experts; e++)
 		words += pl->replicas[e];
 	return words;
@@ -61,15 +62,30 @@ void dp_layer_moe_list(const struct dp_layer *l, uint32_t *words, struct dp_moe_
 			ducks[n_placed++] = pl->ducks[e * DP_MAX_REPLICAS + r];
 	}
 	uint32_t *shared = ducks + n_placed;
-	for (uint32_t k = 0; k < l->nducks; k++)
-		if (holds_shared(l, k))
-			shared[n_shared++] = l->ducks[k];
+	const struct dp_layer_moe *moe = l->moe;
+	/* set by set (one set: the ducks holding shared columns), each in the layer's order */
+	uint32_t nsets = moe->n_shared_sets > 1 ? moe->n_shared_sets : 0;
+	uint32_t *sets = shared + l->nducks;
+	for (uint32_t s = 0; s < (nsets ? nsets : 1); s++) {
+		uint32_t before = n_shared;
+		for (uint32_t k = 0; k < l->nducks; k++) {
+			uint32_t d = l->ducks[k] % DP_MAX_DUCKS;
+			if (nsets ? !(moe->shared_set[s * 4 + (d >> 6)] >> (d & 63) & 1)
+				  : !holds_shared(l, k))
+				continue;
+			shared[n_shared++] = d;
+		}
+		if (nsets)
+			sets[s] = n_shared - before;
+	}
 	*out = (struct dp_moe_listing){
 		.n_experts = pl->n_experts,
 		.n_placed = n_placed,
 		.n_shared = n_shared,
+		.n_sets = nsets,
 		.replicas = replicas,
 		.ducks = ducks,
 		.shared = shared,
+		.sets = sets,
 	};
 }

@@ -218,11 +218,12 @@ struct dp_moe_listing {
 	uint32_t n_experts;  /* replicas: each expert's replica count */
 	uint32_t n_placed;   /* ducks: every expert's ducks, expert by expert */
 	uint32_t n_shared;   /* shared: the ducks whose bank holds shared-expert columns */
-	const uint32_t *replicas, *ducks, *shared;
+	uint32_t n_sets;     /* sets: with several shared sets, their sizes (shared by set) */
+	const uint32_t *replicas, *ducks, *shared, *sets;
 };
 
 /* The words dp_layer_moe_list writes for MOE layer l: at most
- * DP_MAX_EXPERTS * (1 + DP_MAX_REPLICAS) + DP_MAX_DUCKS. */
+ * DP_MAX_EXPERTS * (1 + DP_MAX_REPLICAS) + DP_MAX_DUCKS + DP_MAX_REPLICAS. */
 size_t dp_layer_moe_list_words(const struct dp_layer *l);
 
 /* l's placement into words (dp_layer_moe_list_words of them), described by *out. */

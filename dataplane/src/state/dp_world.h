@@ -55,6 +55,12 @@ struct dp_world {
 	struct dp_counters dispatch_counters;
 	struct dp_counters control_counters;
 	uint64_t duck_seen_ns[DP_MAX_DUCKS]; /* last PONG or reply; worker writes */
+	/* ducks known lost: the stats tick's DuckState LOST (nothing heard for
+	 * max(duck_lost_ms, 3 pings)), set and cleared by the control agent (relaxed stores,
+	 * a word at a time), read by the dispatcher once per routed forward (relaxed loads:
+	 * any mix of two ticks is a set of ducks each lost at some moment, and the forward
+	 * keeps its one copy, dp_fwd.h lost) */
+	uint64_t lost_ducks[DP_MAX_DUCKS / 64];
 	struct dp_waker *wakers[DP_MAX_NICS + 2]; /* one per runner thread: Stats reads them */
 	uint32_t nwakers;
 	struct dp_waker *dispatch_waker; /* its runner's, for the control agent to kick; NULL
