@@ -239,3 +239,26 @@ def test_a_repair_while_a_move_is_open_is_refused(four_ducks):
             c._session.request(lambda rid: ctl.RepairLayer(req_id=rid, layer=55, ducks=[3]))
         with pytest.raises(BadInput, match="is being moved already: commit that move first"):
             c.load_weights(55, moe, placement=new)
+
+
+def test_a_layer_with_two_shared_sets_keeps_them_through_a_move(four_ducks):
+    # the shared expert replicated (two sets, each holding all of it): the move sends
+    # ducks 0 and 1 their new experts with their half of the first set's shared columns
+    moe = dataclasses.replace(
+        MoeMlp.random(N_EXPERTS, HIDDEN, EFFN, shared=True, seed=56),
+        shared_ducks=[(0, 1), (2, 3)],
+    )
+    x, idx, w = _inputs(56)
+    new = plan_placement(LOAD, DUCKS, redundant=0).placement
+    with duckpipe.connect(four_ducks) as c:
+        info = c.load_weights(56, moe, ducks=DUCKS)
+        before = c.stats().counters
+        moved = c.load_weights(56, moe, placement=new)
+        sent = c.stats().counters["move_bytes"] - before["move_bytes"]
+        half = EFFN // 2  # each duck's columns of its set's shared expert
+        assert sent == 3 * HIDDEN * 4 * sum(len(_experts_on(new, d)) * EFFN + half for d in (0, 1))
+        assert (moved.shared_ducks, moved.shared_sets) == (info.shared_ducks, info.shared_sets)
+        assert moe_view(moved).placement == tuple(tuple(h) for h in new)
+        np.testing.assert_allclose(
+            c.forward(56, x, routing=(idx, w)), moe.reference(x, idx, w), rtol=1e-4, atol=1e-5
+        )
