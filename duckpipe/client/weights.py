@@ -154,6 +154,8 @@ class Loaded:
     ducks: tuple[int, ...]  # in LoadWeights order
     sizes: tuple[int, ...]  # FFN columns of each duck's shard or bank
     plan: MoeLayer | None  # a MoE layer's placement; None for a dense one
+    # ducks a failed move sent a bank: the next move sends them one again (MoveLayer.ducks)
+    tainted: frozenset[int] = frozenset()
 
 
 def default_placement(n_experts: int, ducks: Sequence[int]) -> list[list[int]]:
@@ -707,7 +709,9 @@ def move(
     new = moe_layer(
         layer, keep, [d.id for d in topology.ducks], ducks=old.ducks, placement=placement
     )
-    changed = [d for d in old.ducks if new.experts_on(d) != old.experts_on(d)]
+    changed = [
+        d for d in old.ducks if new.experts_on(d) != old.experts_on(d) or d in loaded.tainted
+    ]
     if not changed:
         return info  # every duck keeps its experts: nothing to send
     request = ctl.MoveLayer(
@@ -716,6 +720,7 @@ def move(
         shard_sizes=list(new.bank_sizes),
         expert_replicas=[len(held) for held in new.placement],
         expert_ducks=[d for held in new.placement for d in held],
+        ducks=changed,
     )
     # right after a move, the forwards of the placement before it may still be in flight
     # (the ducks keep two banks a layer: this move would free theirs): a moment's wait
@@ -734,6 +739,8 @@ def move(
     recs, commit = _stream(session, layer, pieces, total, progress, timeout, "move")
     bad = _failed(recs)
     if bad or commit.status != Status.OK:
+        # the ducks it reached may hold a stale bank now: the next move sends them one
+        session.loaded[layer] = dataclasses.replace(loaded, tainted=loaded.tainted | set(changed))
         for _, rec in bad:
             session.await_zmq(rec, 1.0)  # it carries the reason
         first = bad[0][1] if bad else commit

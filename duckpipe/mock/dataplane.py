@@ -178,6 +178,9 @@ class _Layer:
     # whose experts change, their new banks filling), taking the move's chunks; this one
     # serves meanwhile. Its commit puts it in this one's place.
     moving: _Layer | None = None
+    # ducks a failed move sent a bank (on real ducks a stale bank of the generation the
+    # next move takes): the next move must send them one again
+    tainted: set[int] = dataclasses.field(default_factory=set)
     # what dp_desc_check reads of the layer (struct dp_desc_layer), and the tables it
     # points into (kept alive with it)
     _view: object = dataclasses.field(init=False, repr=False)
@@ -1173,6 +1176,26 @@ class MockDataplane:
                 "shared columns; load the layer anew (LoadWeights) to change them",
             )
         changed = {d for d in old.ducks if _experts_of(plan, d) != _experts_of(layer.moe, d)}
+        changed |= layer.tainted
+        if msg.ducks:
+            named = set(msg.ducks)
+            for d in msg.ducks:
+                if d not in old.ducks:
+                    raise _Refused(
+                        ErrorCode.BAD_REQUEST,
+                        f"layer {msg.layer}: duck {d} is not one of its ducks",
+                    )
+            for d in sorted(changed - named):
+                why = (
+                    "a failed move left it a stale one"
+                    if d in layer.tainted
+                    else "its experts change"
+                )
+                raise _Refused(
+                    ErrorCode.BAD_REQUEST,
+                    f"layer {msg.layer}: the move must send duck {d} a bank ({why})",
+                )
+            changed = named
         dead = sorted(changed & set(self.faults.dead_ducks))
         if dead:
             raise _Refused(
@@ -1213,6 +1236,7 @@ class MockDataplane:
         to = layer.moving
         assert to is not None
         layer.moving = None
+        layer.tainted |= to.repair  # if it fails (the C dataplane's dp_layer_settle_move)
         short = [(k, to.received[k], b.size) for k, b in to.raw.items()]
         short = [x for x in short if x[1] != x[2]]
         if to.repair_failed:

@@ -255,6 +255,10 @@ class MoveLayer(Request, kw_only=True):
         Meta(min_length=1, max_length=MAX_EXPERTS),
     ]
     expert_ducks: Annotated[list[DuckId], Meta(min_length=1, max_length=MAX_EXPERTS * MAX_REPLICAS)]
+    # the ducks whose new banks follow: at least those whose experts change, and every duck
+    # a failed move of the layer gave a bank (it holds a stale one of the generation this
+    # move takes); empty: exactly the changed ones
+    ducks: Annotated[list[DuckId], Meta(max_length=MAX_DUCKS)] = []
 
 
 class UnloadLayer(Request, kw_only=True):

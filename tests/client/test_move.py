@@ -262,3 +262,51 @@ def test_a_layer_with_two_shared_sets_keeps_them_through_a_move(four_ducks):
         np.testing.assert_allclose(
             c.forward(56, x, routing=(idx, w)), moe.reference(x, idx, w), rtol=1e-4, atol=1e-5
         )
+
+
+def test_a_move_a_changed_duck_does_not_acknowledge_leaves_the_old_placement_serving(
+    duckpipe_cluster_factory,
+):
+    # the C dataplane: duck 0 (which the plan changes) stops before the move, within its
+    # pings (the mock knows its dead ducks at once: the DucksUnreachable test above)
+    from duckpipe.errors import DataplaneFault
+    from duckpipe.launch.ducks import DucksProcess
+
+    cl = duckpipe_cluster_factory(
+        4, groups=[(1, []), (3, [])], ping_ms=2000, weight_timeout_ms=300, weight_rto_us=20_000
+    )
+    moe = _moe(57)
+    x = np.random.default_rng(57).standard_normal((3, HIDDEN)).astype(np.float32)
+    idx = np.array([[2, 7], [4, 5], [3, 6]], np.int32)  # ducks 1-3 under the old placement
+    w = np.full((3, 2), 0.5, np.float32)
+    new = plan_placement(LOAD, DUCKS, redundant=0).placement
+    with duckpipe.connect(cl.control) as c:
+        info = c.load_weights(57, moe, ducks=DUCKS)
+        cl.emulators[0].stop()
+        before = c.stats().counters
+        with pytest.raises(DataplaneFault, match=r"moving layer 57 failed: .*serves on its old"):
+            c.load_weights(57, moe, placement=new)
+        after = c.stats().counters
+        assert after["layers_moved"] == before["layers_moved"]
+        (li,) = c.layers()
+        assert li.ready and moe_view(li).placement == moe_view(info).placement
+        np.testing.assert_allclose(
+            c.forward(57, x, routing=(idx, w)), moe.reference(x, idx, w), rtol=1e-4, atol=1e-5
+        )
+        # duck 0 back (it lost its banks: repaired on the old placement). The failed
+        # move gave duck 1 a bank of the generation the next move takes: a move that
+        # leaves ducks 0 and 1 as they are (2 and 3 trade their experts) sends them one
+        # again, else duck 1 would answer that move's forwards from the stale one
+        cl.emulators[0] = DucksProcess(ducks=1, base_port=cl.duck_base, first_id=0).start()
+        with pytest.raises(DuckLost):
+            c.forward(57, x[:1], routing=(np.array([[0, 1]], np.int32), w[:1]), timeout=5)
+        assert c.repair(57).ready
+        swapped = [0, 0, 1, 1, 3, 3, 2, 2]
+        before = c.stats().counters
+        moved = c.load_weights(57, moe, placement=swapped)
+        sent = c.stats().counters["move_bytes"] - before["move_bytes"]
+        assert sent == 3 * HIDDEN * 4 * sum(moved.shard_sizes)  # all four this time
+        assert moe_view(moved).placement == tuple((d,) for d in swapped)
+        np.testing.assert_allclose(
+            c.forward(57, x, routing=(idx, w)), moe.reference(x, idx, w), rtol=1e-4, atol=1e-5
+        )

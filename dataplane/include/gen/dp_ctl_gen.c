@@ -553,6 +553,7 @@ static int decode_move_layer(const msgpack_object *m, struct dp_ctl_move_layer *
 {
 	uint64_t seen = 0;
 	memset(out, 0, sizeof(*out));
+	out->ducks_len = 0;
 	for (uint32_t i = 0; i < m->via.map.size; i++) {
 		const msgpack_object *key = &m->via.map.ptr[i].key;
 		const msgpack_object *val = &m->via.map.ptr[i].val;
@@ -602,6 +603,17 @@ static int decode_move_layer(const msgpack_object *m, struct dp_ctl_move_layer *
 				if (get_uint(&val->via.array.ptr[k], 0u, 255u, &v, "MoveLayer.expert_ducks", why, n) < 0)
 					return -1;
 				out->expert_ducks[k] = (uint32_t)v;
+			}
+		} else if (key_is(key, "ducks", 5)) {
+			seen |= 1ull << 5;
+			if (get_list(val, 0u, 256u, "MoveLayer.ducks", why, n) < 0)
+				return -1;
+			out->ducks_len = val->via.array.size;
+			for (uint32_t k = 0; k < out->ducks_len; k++) {
+				uint64_t v = 0;
+				if (get_uint(&val->via.array.ptr[k], 0u, 255u, &v, "MoveLayer.ducks", why, n) < 0)
+					return -1;
+				out->ducks[k] = (uint32_t)v;
 			}
 		}
 	}

@@ -141,6 +141,8 @@ struct dp_ctl_move_layer {
 	uint32_t expert_replicas[1024];
 	uint32_t expert_ducks_len;
 	uint32_t expert_ducks[8192];
+	uint32_t ducks_len;
+	uint32_t ducks[256];
 };
 
 struct dp_ctl_request {

@@ -858,6 +858,39 @@ static int changed_ducks(const struct dp_layer *l, const struct dp_layer *n, uin
 	return 0;
 }
 
+/* The ducks whose banks the move takes, into `want` (which holds the changed ones): the
+ * request's, each one of l's, holding every changed duck and every duck a failed move
+ * tainted; or those alone when it names none. -1 after a refusal. */
+static int move_ducks(struct dp_control *c, const struct dp_peer *p, const struct dp_layer *l,
+		      const struct dp_ctl_move_layer *m, uint64_t *want)
+{
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+		want[k] |= l->tainted[k];
+	if (!m->ducks_len)
+		return 0;
+	uint64_t named[DP_MAX_DUCKS / 64] = { 0 };
+	for (uint32_t i = 0; i < m->ducks_len; i++) {
+		uint32_t d = m->ducks[i]; /* < DP_MAX_DUCKS: the decoder's DuckId */
+		if (l->index[d] < 0) {
+			dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+			                  "layer %u: duck %u is not one of its ducks", l->id, d);
+			return -1;
+		}
+		named[d >> 6] |= 1ull << (d & 63);
+	}
+	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++)
+		if ((want[d >> 6] >> (d & 63) & 1) && !(named[d >> 6] >> (d & 63) & 1)) {
+			dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+			                  "layer %u: the move must send duck %u a bank (%s)", l->id, d,
+			                  l->tainted[d >> 6] >> (d & 63) & 1
+				                  ? "a failed move left it a stale one"
+				                  : "its experts change");
+			return -1;
+		}
+	memcpy(want, named, sizeof(named));
+	return 0;
+}
+
 /* Open a move: the layer as it will be (dp_layer_build of l's LoadWeights with the new
  * placement), a bank generation on, taking chunks for the changed ducks only, published
  * as l->moving (release). l serves on until its commit (dp_layers.h). */
@@ -901,6 +934,10 @@ static void on_move_layer(struct dp_control *c, const struct dp_peer *p,
 		                  "layer %u: a move keeps the shared expert's ducks and each one's "
 		                  "shared columns; load the layer anew (LoadWeights) to change them",
 		                  m->layer);
+		return;
+	}
+	if (move_ducks(c, p, l, m, changed) < 0) {
+		dp_layer_free(n);
 		return;
 	}
 	uint32_t list[DP_MAX_DUCKS], nlist = 0;

@@ -571,9 +571,14 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 			"within %u ms; are they running, on the port and address the topology "
 			"gives them?",
 			l->id, list, d->w->cfg.weight_timeout_ms);
-		complete(d, f, DP_STATUS_BAD_REQUEST,
-			 "layer %u failed: ducks [%s] did not acknowledge their weights; load it again",
-			 l->id, list);
+		if (l->is_move) /* the old layer serves on: dp_layer_settle_move drops this one */
+			complete(d, f, DP_STATUS_BAD_REQUEST,
+				 "move of layer %u failed: ducks [%s] did not acknowledge their new "
+				 "banks; it serves on its old placement", l->id, list);
+		else
+			complete(d, f, DP_STATUS_BAD_REQUEST,
+				 "layer %u failed: ducks [%s] did not acknowledge their weights; "
+				 "load it again", l->id, list);
 		return 1;
 	}
 	for (uint32_t i = 0; i < l->nducks; i++)

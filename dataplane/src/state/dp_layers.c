@@ -87,6 +87,8 @@ int dp_layer_settle_move(struct dp_world *w, uint32_t slot, struct dp_layer **re
 	}
 	if (dp_load_acquire_u32(&m->failed)) {
 		dp_store_release_ptr((void **)&l->moving, NULL); /* l serves on as it was */
+		for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+			l->tainted[k] |= m->move_ducks[k];
 		retire(w, m, retired);
 		return 0;
 	}

@@ -75,6 +75,9 @@ struct dp_layer {
 	 * this one (dp_layer_settle_move), whose forwards in flight finish on the old banks. */
 	struct dp_layer *moving;
 	uint64_t move_ducks[DP_MAX_DUCKS / 64];
+	/* ducks a failed move gave a bank of generation bank + 1 (control): stale, it would
+	 * answer the next move's forwards, so the next move sends them a bank too */
+	uint64_t tainted[DP_MAX_DUCKS / 64];
 	uint16_t bank;
 	bool is_move;            /* this is a move's layer: its chunks count move_bytes */
 	uint64_t outstanding;    /* chunks dispatched and not yet completed (atomic) */
