@@ -31,9 +31,9 @@ LOAD = [50, 40, 1, 1, 30, 2, 3, 20]
 RESTARTED = 3
 
 
-def _moe(seed: int) -> MoeMlp:
+def _moe(seed: int, hidden: int = HIDDEN, effn: int = EFFN) -> MoeMlp:
     # the shared expert cut over ducks 1 (which changes) and 3 (which does not)
-    moe = MoeMlp.random(N_EXPERTS, HIDDEN, EFFN, shared=True, seed=seed)
+    moe = MoeMlp.random(N_EXPERTS, hidden, effn, shared=True, seed=seed)
     return dataclasses.replace(moe, shared_ducks=[1, 3])
 
 
@@ -273,10 +273,11 @@ def test_a_move_a_changed_duck_does_not_acknowledge_leaves_the_old_placement_ser
     from duckpipe.launch.ducks import DucksProcess
 
     cl = duckpipe_cluster_factory(
-        4, groups=[(1, []), (3, [])], ping_ms=2000, weight_timeout_ms=300, weight_rto_us=20_000
+        4, groups=[(1, []), (3, [])], ping_ms=2000, weight_timeout_ms=1000, weight_rto_us=20_000
     )
-    moe = _moe(57)
-    x = np.random.default_rng(57).standard_normal((3, HIDDEN)).astype(np.float32)
+    hidden = 64  # small: the sanitizer passes load it within the short weight timeout
+    moe = _moe(57, hidden, 32)
+    x = np.random.default_rng(57).standard_normal((3, hidden)).astype(np.float32)
     idx = np.array([[2, 7], [4, 5], [3, 6]], np.int32)  # ducks 1-3 under the old placement
     w = np.full((3, 2), 0.5, np.float32)
     new = plan_placement(LOAD, DUCKS, redundant=0).placement
@@ -305,7 +306,7 @@ def test_a_move_a_changed_duck_does_not_acknowledge_leaves_the_old_placement_ser
         before = c.stats().counters
         moved = c.load_weights(57, moe, placement=swapped)
         sent = c.stats().counters["move_bytes"] - before["move_bytes"]
-        assert sent == 3 * HIDDEN * 4 * sum(moved.shard_sizes)  # all four this time
+        assert sent == 3 * hidden * 4 * sum(moved.shard_sizes)  # all four this time
         assert moe_view(moved).placement == tuple((d,) for d in swapped)
         np.testing.assert_allclose(
             c.forward(57, x, routing=(idx, w)), moe.reference(x, idx, w), rtol=1e-4, atol=1e-5
