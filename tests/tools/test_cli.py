@@ -422,9 +422,10 @@ def test_dataplane_says_which_ports_and_takes_a_free_host_port_when_its_own_is_b
 
 
 def test_stats_without_a_dataplane_answers_fast_with_a_hint(tmp_path):
-    t0 = time.monotonic()
+    # no wait for an answer: it looks for the segment, not the socket, and says which
+    # (a wall-clock bound here failed under CI's load: Python's start alone took 2 s)
     r = _duckpipe("stats", "--control", f"ipc://{tmp_path}/none")
-    assert time.monotonic() - t0 < 2.0  # no wait for an answer: the segment is not there
+    assert f"looked for {tmp_path}/none.stats" in r.stderr
     assert r.returncode == 1 and "`duckpipe dataplane`" in r.stderr
     assert "`duckpipe mock-dataplane`" in r.stderr  # a command that exists
 
