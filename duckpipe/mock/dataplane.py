@@ -1236,8 +1236,10 @@ class MockDataplane:
             lost = frozenset(faults.dead_ducks) | frozenset(layer.lost)
             computed, failed_over, stuck = moe.failover(layer.moe, routed, silent, lost)
             self.counters["moe_failovers"] += len(failed_over)
-        extra = [] if computed is None or stuck else sorted(
-            set(np.unique(computed.duck[computed.duck >= 0]).tolist()) - set(targets)
+        extra = (
+            []
+            if computed is None or stuck
+            else sorted(set(np.unique(computed.duck[computed.duck >= 0]).tolist()) - set(targets))
         )
         acc = np.zeros(shape, np.float32)
         compute = []
