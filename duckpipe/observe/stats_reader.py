@@ -66,6 +66,10 @@ MOE_COUNTERS = (
     "rx_unrouted",
     "moe_no_duck_forwards",
     "moe_copied_bytes",
+    "moe_no_live_replica",
+    "moe_rows_rerouted",
+    "moe_failovers",
+    "moe_failover_late",
 )
 
 
