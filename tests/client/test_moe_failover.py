@@ -205,3 +205,22 @@ def test_a_late_reply_of_the_silent_duck_after_its_rows_failed_over_is_not_count
         # duck 3 answers again: later forwards ask it and are exact
         for _ in range(2):
             _check(c.forward(84, x, routing=(i, w)), want)
+
+
+@pytest.mark.parametrize("send", ["broadcast", "unicast"])
+def test_a_silent_duck_fails_over_whichever_way_the_forward_was_sent(silent4, send):
+    """A broadcast's silent duck has its rows (the wire table's, not renumbered) resent
+    by unicast to the replacements, as a unicast's (renumbered through its row map)."""
+    moe = MoeMlp.random(8, HIDDEN, EFFN, shared=False, seed=86)
+    x = _tokens(16, 86)
+    i, w = _routing(16, 87)
+    want = moe.reference(x, i, w)
+    with duckpipe.connect(silent4.control, forward_timeout=DEADLINE) as c:
+        c.load_weights(86, moe, ducks=[0, 1, 2, 3], placement=PLACEMENT)
+        _check(c.forward(86, x, routing=(i, w), moe_send=send), want)
+        silent4.silence()
+        before = _counters(c)
+        _check(c.forward(86, x, routing=(i, w), moe_send=send), want)
+        after = _counters(c)
+        assert after["moe_failovers"] - before["moe_failovers"] == 1
+        assert after[f"moe_{send}s"] - before[f"moe_{send}s"] == 1
