@@ -73,6 +73,9 @@ struct dp_duck_rx {
 	/* 0: the forward's own message to this duck; k: the k-th failover message of its
 	 * NIC part, whose FORWARD headers and replies carry forward_id | k << DP_FWD_TAG_SHIFT */
 	uint8_t fo_tag;
+	/* silent past its failover deadline with rows no other replica could take: it is
+	 * waited for until DP_FAILOVER_LOST_SPANS of that silence (dp_gather.c) */
+	bool fo_stuck;
 	/* routed (MoE) forwards, set by its NIC's worker at the send (dp_moe.c) */
 	uint32_t moe_rows;      /* rows its reply must have */
 	uint32_t moe_entries;   /* (row, expert) pairs it was routed */

@@ -79,6 +79,12 @@ static void rto_backoff(const struct dp_gather_view *v, uint32_t duck)
  * failover_ms): beyond the RTO's backoff (a lost datagram is NACKed first and answered
  * within an RTO or two), far enough past a slow reply not to take it for silence. */
 #define DP_FAILOVER_SRTTS 8
+/* A silent duck whose rows no other replica can take fails the forward DUCK_LOST only
+ * after this many failover spans: a failover taken wrongly (a duck busy with a prefill
+ * bigger than any it was measured on) costs a duplicate computation, a DUCK_LOST taken
+ * wrongly costs the forward (under ASan a 72-token slice of a prefill on 8 emulated
+ * ducks took longer than one span, 500 ms) */
+#define DP_FAILOVER_LOST_SPANS 4
 
 static struct dp_duck_rx *duck_rx(const struct dp_gather_view *v, struct dp_fwd *f,
 				  uint32_t duck)
@@ -236,6 +242,7 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 			rx->nacks = 0;
 			rx->heard_ns = 0;
 			rx->fo_tag = 0;
+			rx->fo_stuck = false;
 			rx->moe_rows = rx->moe_entries = rx->moe_tsize = 0;
 			rx->moe_map = NULL;
 			rx->moe_table = NULL;
@@ -318,7 +325,8 @@ static uint64_t failover_due(const struct dp_gather_view *v, const struct dp_fwd
 	if (span < v->limits.failover_ns)
 		span = v->limits.failover_ns;
 	uint64_t from = f->part[v->nic].wait_start;
-	return (rx->heard_ns > from ? rx->heard_ns : from) + span;
+	return (rx->heard_ns > from ? rx->heard_ns : from) +
+	       (rx->fo_stuck ? DP_FAILOVER_LOST_SPANS * span : span);
 }
 
 uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now)
@@ -353,9 +361,15 @@ uint32_t dp_gather_failover(const struct dp_gather_view *v, struct dp_fwd *f, ui
 		struct dp_duck_rx *rx = duck_rx(v, f, d);
 		if (rx->state != 0 || now < failover_due(v, f, rx, d))
 			continue;
-		/* its rows to other replicas (state 3), or none holds them (4) */
-		rx->state = dp_moe_failover(v, f, rx, (uint16_t)d, now) == 0 ? 3 : 4;
-		changed = true;
+		if (rx->fo_stuck) { /* still silent, DP_FAILOVER_LOST_SPANS later: lost */
+			rx->state = 4;
+			changed = true;
+		} else if (dp_moe_failover(v, f, rx, (uint16_t)d, now) == 0) {
+			rx->state = 3; /* its rows are the failover messages' now */
+			changed = true;
+		} else {
+			rx->fo_stuck = true; /* none can take its rows: wait longer, then fail */
+		}
 	}
 	if (!changed)
 		return DP_STATUS_PENDING;
