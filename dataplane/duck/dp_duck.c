@@ -47,6 +47,15 @@
  * (moe_forward()) and replies one row per row of its section (every row with SHARED on
  * a duck of the shared set: its bank holds shared-expert columns).
  *
+ * Banks of one layer: a move of a live MOE layer to a new placement (MoveLayer) announces
+ * a duck's new bank beside the old one, a generation on (dp_wire_layer.bank), and a
+ * FORWARD says the generation it was planned for (its header's tensor): it is answered
+ * from the newest bank of its layer whose generation is not newer (bank_for), so a
+ * forward planned on the old placement finds the old bank while the new one fills, and a
+ * duck the move left alone answers both generations from its one bank. A duck keeps at
+ * most two banks of a layer: a new generation frees all but the newest other (the one
+ * serving), a generation 0 (a load) every other.
+ *
  * Fault knobs: --drop, --delay-us, --stop-after, --restart-after (see usage()).
  * SIGINT/SIGTERM: print the counters to stderr as one line of key=value and exit 0.
  */
@@ -114,6 +123,7 @@
 
 struct duck_layer {
 	uint32_t id;
+	uint16_t bank;             /* its generation (dp_wire_layer.bank) */
 	uint8_t used;
 	uint8_t dtype;             /* of activations and partials */
 	struct dp_mlp_shard shard; /* kind, hidden, ffn, MOE experts and expert_ffn, t[0..2] */
@@ -142,6 +152,7 @@ struct duck_input { /* an activation being reassembled */
 	uint64_t session, forward_id;
 	uint64_t total, bytes;
 	uint32_t layer, rows;
+	uint16_t bank; /* the generation it was planned for (the FORWARD's tensor) */
 	uint8_t dtype;
 	uint8_t flags; /* the datagrams' DP_WIRE_FLAG_ROUTED: a routing table leads the message */
 	struct dp_reasm reasm;
@@ -672,12 +683,63 @@ static void reply_no_layer(struct duck *d, const struct sockaddr_in *dst,
 
 /* -------------------------------------------------------------------- layers */
 
+/* Generations compare modulo 2^16: a is newer than b when a - b is in (0, 2^15). */
+static int bank_newer(uint16_t a, uint16_t b)
+{
+	return (int16_t)(uint16_t)(a - b) > 0;
+}
+
+/* The bank of layer id a FORWARD planned for generation gen computes with: the newest
+ * not newer than gen (NULL: none, NO_LAYER). */
+static struct duck_layer *bank_for(struct duck *d, uint32_t id, uint16_t gen)
+{
+	struct duck_layer *best = NULL;
+	for (uint32_t i = 0; i < DUCK_MAX_LAYERS; i++) {
+		struct duck_layer *l = &d->layers[i];
+		if (l->used && l->id == id && !bank_newer(l->bank, gen) &&
+		    (!best || bank_newer(l->bank, best->bank)))
+			best = l;
+	}
+	return best;
+}
+
+/* The newest bank of layer id: the one the last LAYER announced, which WEIGHTs fill. */
 static struct duck_layer *layer_find(struct duck *d, uint32_t id)
 {
+	struct duck_layer *best = NULL;
+	for (uint32_t i = 0; i < DUCK_MAX_LAYERS; i++) {
+		struct duck_layer *l = &d->layers[i];
+		if (l->used && l->id == id && (!best || bank_newer(l->bank, best->bank)))
+			best = l;
+	}
+	return best;
+}
+
+/* The bank (id, gen) itself, or NULL. */
+static struct duck_layer *bank_find(struct duck *d, uint32_t id, uint16_t gen)
+{
 	for (uint32_t i = 0; i < DUCK_MAX_LAYERS; i++)
-		if (d->layers[i].used && d->layers[i].id == id)
+		if (d->layers[i].used && d->layers[i].id == id && d->layers[i].bank == gen)
 			return &d->layers[i];
 	return NULL;
+}
+
+static void layer_free(struct duck *d, struct duck_layer *l);
+
+/* Before bank (id, gen) is (re)made, `l` if it exists: a load (gen 0) frees every other
+ * bank of the layer; a move's new bank every bank but the newest (the one serving; any
+ * older one's forwards have drained: the dataplane moves a layer again only once they
+ * did). A move's bank announced again keeps the others. */
+static void banks_make_room(struct duck *d, uint32_t id, uint16_t gen, struct duck_layer *l)
+{
+	if (gen && l)
+		return;
+	struct duck_layer *keep = gen ? layer_find(d, id) : l;
+	for (uint32_t i = 0; i < DUCK_MAX_LAYERS; i++) {
+		struct duck_layer *o = &d->layers[i];
+		if (o->used && o->id == id && o != keep)
+			layer_free(d, o);
+	}
 }
 
 static void layer_free(struct duck *d, struct duck_layer *l)
@@ -772,7 +834,7 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 {
 	struct dp_wire_layer w;
 	memcpy(&w, payload, sizeof(w));
-	struct duck_layer *l = layer_find(d, h->layer);
+	struct duck_layer *l = bank_find(d, h->layer, w.bank);
 	uint64_t len[DP_SHARD_TENSORS] = { 0 }, floats = 0, off[DP_SHARD_TENSORS] = { 0 };
 	uint64_t raw = 0; /* FP8: bytes of the e4m3 bank and its scales */
 	const int fp8 = w.weight_dtype == DP_DTYPE_F8E4M3;
@@ -794,6 +856,8 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 	    l->shard.ffn == w.ffn && l->shard.experts == w.experts &&
 	    l->shard.expert_ffn == w.expert_ffn)
 		goto ack; /* the same announcement again (our ack was lost): keep the weights */
+	if (ok)
+		banks_make_room(d, h->layer, w.bank, l);
 	ok = ok && floats <= DUCK_MAX_FLOATS &&
 	     d->floats - (l ? l->floats : 0) + floats <= DUCK_MAX_FLOATS;
 	if (ok && !l)
@@ -814,6 +878,7 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 		layer_free(d, l);
 	l->used = 1;
 	l->id = h->layer;
+	l->bank = w.bank;
 	l->dtype = w.dtype;
 	l->weight_dtype = w.weight_dtype;
 	l->fp8 = bytes;
@@ -1207,7 +1272,7 @@ static void moe_forward(struct duck *d, const struct sockaddr_in *src, struct du
 static void forward_complete(struct duck *d, const struct sockaddr_in *src,
 			     struct duck_input *in, const struct dp_wire_header *h)
 {
-	struct duck_layer *l = layer_find(d, in->layer);
+	struct duck_layer *l = bank_for(d, in->layer, in->bank);
 	uint32_t isz = dp_dtype_size(in->dtype);
 	if (in->bytes != in->total) { /* chunks that overlap or leave holes */
 		wk->stats.dropped_invalid++;
@@ -1292,6 +1357,7 @@ static void handle_forward(struct duck *d, const struct sockaddr_in *src,
 		in->total = h->total;
 		in->bytes = 0;
 		in->layer = h->layer;
+		in->bank = h->tensor;
 		in->rows = h->rows;
 		in->dtype = h->dtype;
 		in->flags = h->flags & DP_WIRE_FLAG_ROUTED;

@@ -21,6 +21,12 @@ LayerInfo.lost). The client keeps a reference to each model it loaded (:class:`L
 so :func:`repair` cuts again only the banks of the ducks that lost the layer and streams
 them the same way after a ``RepairLayer``; the commit puts them back.
 
+``load_weights`` with ``placement=`` of a committed MoE layer this client loaded, with the
+same model, *moves* it (:func:`move`): a ``MoveLayer`` names the new placement, and only
+the banks of the ducks whose set of experts changed are cut and streamed; the commit
+switches the layer to the new placement for every forward dispatched after it
+(docs/architecture.md, "Moving a live layer").
+
 FP8 weights (``SwiGluMlp.from_fp8``, duckpipe/client/fp8.py) go as ``weight_dtype``
 F8E4M3: each shard tensor is its e4m3 bytes then its float32 scale grid (its blocks'
 grids side by side for a bank); a dense layer and the shared expert are cut between
@@ -39,10 +45,18 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from ..errors import BadInput, DataplaneFault, LayerFailed, UnknownLayer, WaitTimeout
+from ..errors import (
+    BadInput,
+    DataplaneFault,
+    LayerFailed,
+    NotPermitted,
+    UnknownLayer,
+    WaitTimeout,
+)
 from ..progress import Progress
 from ..schema import control as ctl
 from ..schema.abi import B_DOWN_TENSOR, DType, MlpKind, Op, Status
+from ..schema.control import ErrorCode
 from ..schema.routing import MAX_EXPERTS, MAX_REPLICAS
 from . import fp8, routing
 from .models import (
@@ -55,6 +69,10 @@ from .models import (
     shard_sizes,
 )
 from .moe import MoeMlp
+
+#: How long a move waits for the forwards of the placement before the last move to finish
+#: (the dataplane refuses it until they did): forwards take milliseconds.
+DRAIN_WAIT_S = 2.0
 
 #: A chunk unacknowledged this long names its duck on the progress bar ("waiting for
 #: ducks [...]"): a healthy duck acknowledges within milliseconds.
@@ -72,6 +90,7 @@ __all__ = [
     "load_weights",
     "moe_layer",
     "moe_view",
+    "move",
     "repair",
 ]
 
@@ -135,6 +154,8 @@ class Loaded:
     ducks: tuple[int, ...]  # in LoadWeights order
     sizes: tuple[int, ...]  # FFN columns of each duck's shard or bank
     plan: MoeLayer | None  # a MoE layer's placement; None for a dense one
+    # ducks a failed move sent a bank: the next move sends them one again (MoveLayer.ducks)
+    tainted: frozenset[int] = frozenset()
 
 
 def default_placement(n_experts: int, ducks: Sequence[int]) -> list[list[int]]:
@@ -473,6 +494,19 @@ def load_weights(
             f"placement= places the experts of a MoeMlp; a {type(mlp).__name__} is sharded "
             "over ducks= instead"
         )
+    if isinstance(mlp, MoeMlp) and placement is not None:
+        moved = move(
+            session,
+            layer,
+            mlp,
+            ducks=ducks,
+            placement=placement,
+            progress=progress,
+            timeout=timeout,
+            shared=shared,
+        )
+        if moved is not None:
+            return moved
     dt = mlp.dtype  # the activations' (an FP8 layer's weights are weight_dtype)
     code = dtype_code(dt)
     weight_dtype = int(DType.F8E4M3) if _is_fp8(mlp) else 0
@@ -528,7 +562,12 @@ def load_weights(
     # the layer's MoE facts and model, if any, are the old layer's from here on
     session.moe.pop(layer, None)
     session.loaded.pop(layer, None)
-    session.request(lambda rid: msgspec.structs.replace(request, req_id=rid))
+    try:
+        session.request(lambda rid: msgspec.structs.replace(request, req_id=rid))
+    except NotPermitted as e:
+        if placement is None or "belongs to another client" not in str(e):
+            raise
+        raise _refused_move(layer) from e
     session.layers.pop(layer, None)  # the remembered LayerInfo, if any, is the old layer's
     if plan is None:  # the shards are cut once the dataplane took the plan
         pieces = _pieces(mlp, chosen, sizes)
@@ -621,6 +660,104 @@ def repair(
     return session.layer_info(layer)
 
 
+def _refused_move(layer: int) -> NotPermitted:
+    """A placement for another client's layer: it is not this client's to move."""
+    return NotPermitted(
+        ErrorCode.NOT_PERMITTED,
+        f"layer {layer} belongs to another client: only the client that loaded it moves it "
+        "to a new placement (load_weights with placement= on a live layer it loaded); load "
+        "your own layer under another id",
+    )
+
+
+def move(
+    session: Session,
+    layer: int,
+    moe: MoeMlp,
+    *,
+    ducks: Sequence[int] | None,
+    placement: Sequence[PlacementItem],
+    progress: bool | Callable[[int, int], None] | None,
+    timeout: float,
+    shared: bool,
+) -> ctl.LayerInfo | None:
+    """Move committed MoE layer ``layer``, which this session loaded from ``moe`` (the
+    same object), to ``placement`` while it serves; None when it is not such a layer (the
+    caller loads it whole). Only the banks of the ducks whose set of experts changes are
+    cut and streamed, after a ``MoveLayer``; the commit switches the layer. The layer keeps
+    its ducks and its shared expert's set. (Another client's layer: _refused_move.)"""
+    loaded = session.loaded.get(layer)
+    if loaded is None or loaded.plan is None or loaded.mlp is not moe:
+        return None  # not a MoE layer this session loaded from moe: a load (another
+        # client's layer: the dataplane refuses it, _refused_move says why)
+    info = next((li for li in session.refresh_layers() if li.layer == layer), None)
+    if info is None or info.failed or bool(info.shared) != bool(shared):
+        return None  # nothing serves, or its sharing changes: a load places it
+    old = loaded.plan
+    if ducks is not None and list(ducks) != list(old.ducks):
+        raise BadInput(
+            f"layer {layer} is loaded on ducks {list(old.ducks)}: a move keeps its ducks "
+            f"(ducks={list(ducks)} differs); unload it and load it anew to change them"
+        )
+    # the shared set stays: given, it is the model's; the default one (sized by the widest
+    # routed bank) is pinned, since the new placement's widths could pick another
+    keep = moe
+    if moe.shared is not None and moe.shared_ducks is None:
+        keep = dataclasses.replace(moe, shared_ducks=list(old.shared_ducks))
+    topology = session.request(lambda rid: ctl.GetTopology(req_id=rid))
+    assert isinstance(topology, ctl.Topology)
+    new = moe_layer(
+        layer, keep, [d.id for d in topology.ducks], ducks=old.ducks, placement=placement
+    )
+    changed = [
+        d for d in old.ducks if new.experts_on(d) != old.experts_on(d) or d in loaded.tainted
+    ]
+    if not changed:
+        return info  # every duck keeps its experts: nothing to send
+    request = ctl.MoveLayer(
+        req_id=0,
+        layer=layer,
+        shard_sizes=list(new.bank_sizes),
+        expert_replicas=[len(held) for held in new.placement],
+        expert_ducks=[d for held in new.placement for d in held],
+        ducks=changed,
+    )
+    # right after a move, the forwards of the placement before it may still be in flight
+    # (the ducks keep two banks a layer: this move would free theirs): a moment's wait
+    drained = time.monotonic() + min(timeout, DRAIN_WAIT_S)
+    while True:
+        try:
+            session.request(lambda rid: msgspec.structs.replace(request, req_id=rid))
+            break
+        except BadInput as e:
+            if "still in flight" not in str(e) or time.monotonic() > drained:
+                raise
+            time.sleep(0.005)
+    session.layers.pop(layer, None)
+    pieces = list(_banks(moe, new, only=changed))
+    total = sum(a.nbytes for _, _, a in pieces)
+    recs, commit = _stream(session, layer, pieces, total, progress, timeout, "move")
+    bad = _failed(recs)
+    if bad or commit.status != Status.OK:
+        # the ducks it reached may hold a stale bank now: the next move sends them one
+        session.loaded[layer] = dataclasses.replace(loaded, tainted=loaded.tainted | set(changed))
+        for _, rec in bad:
+            session.await_zmq(rec, 1.0)  # it carries the reason
+        first = bad[0][1] if bad else commit
+        session.await_zmq(first, 1.0)
+        why = first.message or Status(first.status).name
+        raise DataplaneFault(
+            f"moving layer {layer} failed: {why}. It still serves on its old placement; "
+            f"call load_weights({layer}, ..., placement=...) again once ducks "
+            f"{sorted({d for d, _ in bad}) or changed} answer",
+            status=first.status or 0,
+            missing=tuple(sorted({d for d, _ in bad})),
+        )
+    session.moe[layer] = new
+    session.loaded[layer] = Loaded(moe, new.ducks, new.bank_sizes, new)
+    return session.layer_info(layer)
+
+
 def _stream(
     session: Session,
     layer: int,
@@ -674,7 +811,7 @@ def _stream(
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WaitTimeout(
-                    f"{'repairing' if what == 'repair' else 'loading'} layer {layer}: a weight "
+                    f"{_DOING.get(what, 'loading')} layer {layer}: a weight "
                     f"chunk was not completed within "
                     f"{timeout:g} s ({bar.waiting or 'the dataplane is slow'})"
                 )
@@ -710,6 +847,9 @@ def _stream(
                 wait_done(rec)
         count_acks()
     return recs, commit
+
+
+_DOING = {"repair": "repairing", "move": "moving"}
 
 
 def _failed(recs: list[tuple[int, Inflight]]) -> list[tuple[int, Inflight]]:

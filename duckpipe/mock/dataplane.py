@@ -174,6 +174,13 @@ class _Layer:
     lost: set[int] = dataclasses.field(default_factory=set)  # LayerInfo.lost
     repair: set[int] = dataclasses.field(default_factory=set)  # an open RepairLayer's ducks
     repair_failed: set[int] = dataclasses.field(default_factory=set)  # of them, unacked
+    # an open MoveLayer: the layer as it will be (its new placement and, for the ducks
+    # whose experts change, their new banks filling), taking the move's chunks; this one
+    # serves meanwhile. Its commit puts it in this one's place.
+    moving: _Layer | None = None
+    # ducks a failed move sent a bank (on real ducks a stale bank of the generation the
+    # next move takes): the next move must send them one again
+    tainted: set[int] = dataclasses.field(default_factory=set)
     # what dp_desc_check reads of the layer (struct dp_desc_layer), and the tables it
     # points into (kept alive with it)
     _view: object = dataclasses.field(init=False, repr=False)
@@ -743,6 +750,8 @@ class MockDataplane:
                 return self._load_weights(peer, me, msg)
             case ctl.RepairLayer():
                 return self._repair_layer(me, msg)
+            case ctl.MoveLayer():
+                return self._move_layer(me, msg)
             case ctl.UnloadLayer():
                 layer = self.layers.get(msg.layer)
                 if layer is None:
@@ -1050,6 +1059,12 @@ class MockDataplane:
                 ErrorCode.BAD_REQUEST,
                 f"layer {msg.layer} is being repaired already: commit that repair first",
             )
+        if layer.moving is not None:
+            raise _Refused(
+                ErrorCode.BAD_REQUEST,
+                f"layer {msg.layer} is being moved to a new placement: repair it after the "
+                "move's commit",
+            )
         seen: set[int] = set()
         for d in msg.ducks:
             why = (
@@ -1086,6 +1101,166 @@ class MockDataplane:
         layer.repair = seen
         layer.repair_failed = set()
         return ctl.Ack(req_id=msg.req_id)
+
+    def _move_layer(self, me: _Client | None, msg: ctl.MoveLayer) -> msgspec.Struct:
+        """Open a move of a committed MOE layer to a new placement (docs/architecture.md,
+        "Moving a live layer"): the layer as it will be is built beside the serving one,
+        expecting chunks for the ducks whose experts change only; its commit swaps it in."""
+        layer = self.layers.get(msg.layer)
+        if me is None:
+            raise _Refused(ErrorCode.NOT_ATTACHED, "MoveLayer needs an attached client")
+        if layer is None:
+            raise _Refused(ErrorCode.UNKNOWN_LAYER, f"layer {msg.layer} is not loaded")
+        if layer.owner != me.id:
+            raise _Refused(
+                ErrorCode.NOT_PERMITTED,
+                f"layer {msg.layer} belongs to another client: only its owner moves it to a "
+                "new placement",
+            )
+        if layer.moe is None:
+            raise _Refused(
+                ErrorCode.BAD_REQUEST,
+                f"layer {msg.layer} is dense: a move places a MOE layer's experts anew",
+            )
+        if layer.failed or not layer.ready:
+            state = "failed" if layer.failed else "still loading"
+            raise _Refused(
+                ErrorCode.BAD_REQUEST,
+                f"layer {msg.layer} is {state}: a move places a committed layer anew; load it "
+                "(LoadWeights) with the placement instead",
+            )
+        if layer.repair:
+            raise _Refused(
+                ErrorCode.BAD_REQUEST,
+                f"layer {msg.layer} is being repaired: a move waits for the repair's commit; "
+                "move it after",
+            )
+        if layer.moving is not None:
+            raise _Refused(
+                ErrorCode.BAD_REQUEST,
+                f"layer {msg.layer} is being moved already: commit that move first",
+            )
+        if layer.lost or layer.forgot & set(layer.info.ducks):
+            lost = sorted(layer.lost) or sorted(layer.forgot)
+            raise _Refused(
+                ErrorCode.BAD_REQUEST,
+                f"layer {msg.layer} is lost on ducks {lost}: repair it (Client.repair) before "
+                "moving it",
+            )
+        old = layer.info
+        new = msgspec.structs.replace(
+            old,
+            shard_sizes=list(msg.shard_sizes),
+            ffn=sum(msg.shard_sizes),
+            expert_replicas=list(msg.expert_replicas),
+            expert_ducks=list(msg.expert_ducks),
+        )
+        req = rules.load_request(new)
+        _refuse(
+            rules.load_refusal(
+                req,
+                max_hidden=self.cfg.max_hidden,
+                max_ffn=self.cfg.max_ffn,
+                topology=self._topology,
+            )
+        )
+        plan = moe.plan_of(new, req)  # refuses a bad placement or bank plan
+        assert plan is not None and layer.moe is not None
+        if plan.shared_ducks != layer.moe.shared_ducks or any(
+            f - plan.n_local[d] * plan.expert_ffn != g - layer.moe.n_local[d] * plan.expert_ffn
+            for d, f, g in zip(old.ducks, new.shard_sizes, old.shard_sizes, strict=True)
+        ):
+            raise _Refused(
+                ErrorCode.BAD_REQUEST,
+                f"layer {msg.layer}: a move keeps the shared expert's ducks and each one's "
+                "shared columns; load the layer anew (LoadWeights) to change them",
+            )
+        changed = {d for d in old.ducks if _experts_of(plan, d) != _experts_of(layer.moe, d)}
+        changed |= layer.tainted
+        if msg.ducks:
+            named = set(msg.ducks)
+            for d in msg.ducks:
+                if d not in old.ducks:
+                    raise _Refused(
+                        ErrorCode.BAD_REQUEST,
+                        f"layer {msg.layer}: duck {d} is not one of its ducks",
+                    )
+            for d in sorted(changed - named):
+                why = (
+                    "a failed move left it a stale one"
+                    if d in layer.tainted
+                    else "its experts change"
+                )
+                raise _Refused(
+                    ErrorCode.BAD_REQUEST,
+                    f"layer {msg.layer}: the move must send duck {d} a bank ({why})",
+                )
+            changed = named
+        dead = sorted(changed & set(self.faults.dead_ducks))
+        if dead:
+            raise _Refused(
+                ErrorCode.DUCKS_UNREACHABLE,
+                f"ducks [{', '.join(map(str, dead))}] did not answer the dataplane's last 3 "
+                "pings: nothing was sent; move the layer once they answer, or to a placement "
+                "that leaves their experts as they are",
+            )
+        item = numpy_dtype(new.dtype).itemsize
+        raw, received = {}, {}
+        for duck, f in zip(new.ducks, new.shard_sizes, strict=True):
+            if duck not in changed:
+                continue
+            for t, shape in enumerate(_tensor_shapes(new.kind, new.hidden, f)):
+                size = int(np.prod(shape)) * item
+                if new.weight_dtype:
+                    size = _fp8_tensor_bytes(new, duck, plan)
+                raw[duck, t] = np.zeros(size, np.uint8)
+                received[duck, t] = 0
+        # ready, with the changed ducks as its open "repair": the descriptor check takes
+        # chunks for them alone, sized by their new banks (dp_desc_check.h)
+        layer.moving = _Layer(
+            new,
+            layer.owner,
+            rules.plan_bytes(req),
+            raw,
+            received,
+            moe=plan,
+            ready=True,
+            repair=changed,
+        )
+        return ctl.Ack(req_id=msg.req_id)
+
+    def _move_commit(self, layer: _Layer, layer_id: int) -> None:
+        """A commit on a layer being moved: the new placement serves every forward
+        dispatched from now on. The mock computes a forward at its dispatch, so none is in
+        flight on the old banks here; they go with the old layer."""
+        to = layer.moving
+        assert to is not None
+        layer.moving = None
+        layer.tainted |= to.repair  # if it fails (the C dataplane's dp_layer_settle_move)
+        short = [(k, to.received[k], b.size) for k, b in to.raw.items()]
+        short = [x for x in short if x[1] != x[2]]
+        if to.repair_failed:
+            raise _CompletedAs(
+                Status.DATAPLANE_ERROR,
+                f"move of layer {layer_id} failed: duck {min(to.repair_failed)} did not "
+                f"acknowledge its new bank within {config_default('weight_timeout_ms')} ms; "
+                "the layer serves on its old placement (move it again once the duck answers)",
+            )
+        if short:
+            (duck, t), got, want = short[0]
+            raise DuckpipeError(
+                f"move of layer {layer_id} incomplete: duck {duck} tensor {t} got {got} of "
+                f"{want} bytes; the layer serves on its old placement"
+            )
+        changed = to.repair
+        self._make_banks(to, changed)
+        to.raw.clear()
+        to.tensors = {**layer.tensors, **to.tensors}  # the unchanged ducks' banks stay
+        to.b_down = layer.b_down
+        to.repair = set()
+        to.forgot = layer.forgot - changed  # a new bank was announced to the changed ducks
+        self.layers[layer_id] = to
+        self.counters["layers_moved"] += 1
 
     def _usable_layer(self, client: _Client, layer_id: int, write: bool = False) -> _Layer | None:
         """The layer if this client may use it: its own, or a shared one to forward on
@@ -1167,6 +1342,8 @@ class MockDataplane:
                 return
             # weights only their owner writes; forwards may use a shared layer
             layer = self._usable_layer(client, int(d.layer), write=op != Op.FORWARD)
+            if op == Op.WEIGHT_CHUNK and layer is not None and layer.moving is not None:
+                layer = layer.moving  # a move's chunk: checked against the new banks
             plan = self._check(client.layout, layer, d, foreign=int(d.layer) in self.layers)
             if op == Op.FORWARD:
                 assert layer is not None  # the check refuses a forward on no layer
@@ -1372,7 +1549,9 @@ class MockDataplane:
         buf[off : off + n] = client.seg.act_bytes(int(d.slot))[:n]
         self.counters["weight_chunks"] += 1
         self.counters["weight_bytes"] += n
-        if layer.ready:
+        if layer.ready and layer.moe is not None and layer is not self.layers.get(int(d.layer)):
+            self.counters["move_bytes"] += n  # the moving layer's (_move_layer)
+        elif layer.ready:
             self.counters["repair_bytes"] += n
         return ""
 
@@ -1384,6 +1563,9 @@ class MockDataplane:
                 if foreign
                 else f"layer {layer_id} is not being loaded"
             )
+        if layer.moving is not None:
+            self._move_commit(layer, layer_id)
+            return
         if layer.ready:
             self._repair_commit(layer, layer_id)
             return
@@ -1671,6 +1853,12 @@ def _req_id(raw: bytes) -> int:
         return 0
     rid = obj.get("req_id") if isinstance(obj, dict) else None
     return rid if isinstance(rid, int) and 0 <= rid < 1 << 64 else 0
+
+
+def _experts_of(plan: moe.MoePlan, duck: int) -> tuple[int, ...]:
+    """The experts ``duck``'s bank holds under ``plan``, ascending: what decides whether a
+    move gives it a new bank."""
+    return tuple(e for e, held in enumerate(plan.ducks_of) if duck in held)
 
 
 def _lost_message(layer: _Layer, ducks: list[int]) -> str:

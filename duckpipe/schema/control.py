@@ -46,6 +46,7 @@ __all__ = [
     "LayerInfo",
     "Layers",
     "LoadWeights",
+    "MoveLayer",
     "NicInfo",
     "NicStats",
     "Phases",
@@ -67,7 +68,8 @@ __all__ = [
 #: 3: the dataplane parks: a client rings Attached.doorbell when need_wakeup is set.
 #: 4: the doorbell is the client's own pipe (Attach.doorbell_fd): no other user can ring it.
 #: 5: RepairLayer: restream the banks of the ducks that lost a committed layer, not all of it.
-PROTOCOL_VERSION = 5
+#: 6: MoveLayer: a committed MOE layer moves to a new placement, only the changed banks sent.
+PROTOCOL_VERSION = 6
 #: Attach.doorbell_fd of a client without a doorbell pipe: never a descriptor (above any
 #: RLIMIT_NOFILE the kernel allows), and control integers are unsigned.
 NO_DOORBELL = 0x7FFF_FFFF
@@ -227,6 +229,36 @@ class RepairLayer(Request, kw_only=True):
 
     layer: U32
     ducks: Annotated[list[DuckId], Meta(min_length=1, max_length=MAX_DUCKS)]
+
+
+class MoveLayer(Request, kw_only=True):
+    """Move committed MOE layer ``layer`` to a new placement while it serves. The layer's
+    owner only; no repair or other move of it open, no duck of it lost. The layer keeps its
+    ducks, its shared set and each duck's shared columns; ``expert_replicas`` and
+    ``expert_ducks`` are the new placement (as in LoadWeights) and ``shard_sizes`` the new
+    bank widths, in the layer's ducks order. Only the ducks whose set of experts changes
+    get a new bank: chunks for them follow through the ring (WEIGHT_CHUNK, each tensor
+    once, in order from byte 0, sized by the new bank), then a WEIGHT_COMMIT. Until that
+    commit every forward uses the old placement on the old banks (a changed duck gets its
+    new bank beside the old one: LAYER's bank generation); from it on, forwards
+    dispatched use the new one; forwards in flight finish on the old banks
+    (docs/architecture.md, "Moving a live layer"). A move whose chunks fail leaves the
+    layer serving on the old placement. Refused while the layer the last move replaced
+    still has forwards in flight ("still in flight": retry)."""
+
+    layer: U32
+    shard_sizes: Annotated[
+        list[Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)]], Meta(min_length=1, max_length=MAX_DUCKS)
+    ]
+    expert_replicas: Annotated[
+        list[Annotated[int, Meta(ge=1, le=MAX_REPLICAS)]],
+        Meta(min_length=1, max_length=MAX_EXPERTS),
+    ]
+    expert_ducks: Annotated[list[DuckId], Meta(min_length=1, max_length=MAX_EXPERTS * MAX_REPLICAS)]
+    # the ducks whose new banks follow: at least those whose experts change, and every duck
+    # a failed move of the layer gave a bank (it holds a stale one of the generation this
+    # move takes); empty: exactly the changed ones
+    ducks: Annotated[list[DuckId], Meta(max_length=MAX_DUCKS)] = []
 
 
 class UnloadLayer(Request, kw_only=True):
@@ -493,6 +525,7 @@ AnyRequest = (
     | SetFaults
     | Shutdown
     | RepairLayer
+    | MoveLayer
 )
 AnyReply = Attached | Ack | Error | Topology | Layers | EpochChanged | Stats | Completion
 

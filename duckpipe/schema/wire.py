@@ -12,6 +12,10 @@ with NACK flagged INPUT listing them, and the host resends those.
 Weights: op LAYER (payload ``dp_wire_layer``) announces a layer's shard to one
 duck, then op WEIGHT chunks fill its tensors; each datagram is acknowledged
 with WEIGHT_ACK (``tensor`` 0xFFFF for LAYER) and resent until it is.
+A layer moved to a new placement (MoveLayer) gives a duck whose experts changed a
+new bank beside its old one, a generation on (``dp_wire_layer.bank``); WEIGHT fills
+the newest bank, and a FORWARD's ``tensor`` is the generation it was planned for: the
+duck answers it from the newest bank of its layer not newer than that.
 Every datagram carries the session cookie and the epoch; a receiver drops and
 counts datagrams with a bad magic, version, session or a stale epoch.
 Activations, partials and weights travel in the layer's dtype (the header's
@@ -66,7 +70,8 @@ class WireHeader(msgspec.Struct, frozen=True):
         "session": "cookie chosen by the dataplane at start; ducks echo it",
         "epoch": "dataplane epoch; stale ones are dropped",
         "duck": "sender (replies) or addressee (unicast requests)",
-        "tensor": "WEIGHT*: tensor index in the layer's kind",
+        "tensor": "WEIGHT*: tensor index in the layer's kind; FORWARD: the bank generation "
+        "it was planned for (dp_wire_layer.bank)",
         "chunk": "index of this datagram's chunk",
         "chunks": "chunks in the whole message",
         "offset": "byte offset of this payload in the message",
@@ -110,6 +115,9 @@ class WireLayer(msgspec.Struct, frozen=True):
         "ffn": "FFN columns in this duck's shard (MOE: its bank, experts * expert_ffn "
         "+ its shared-expert columns)",
         "expert_ffn": "MOE: columns of each routed expert (0 for other kinds)",
+        "bank": "the bank's generation: 0 from a load; a move's new banks the layer's next "
+        "(a duck keeps up to two banks of a layer and answers a FORWARD from the newest "
+        "whose generation is not newer than the FORWARD's `tensor`)",
     }
 
     kind: U8
@@ -119,7 +127,9 @@ class WireLayer(msgspec.Struct, frozen=True):
     ffn: U32
     expert_ffn: U32
     weight_dtype: U8
-    pad0: Pad(7)
+    pad0: Pad(1)
+    bank: U16
+    pad1: Pad(4)
 
 
 LAYOUTS = (WireHeader, WireLayer)

@@ -45,7 +45,7 @@ SETTINGS = {
 MOCK_ONLY = {"SetFaults"}
 # Requests whose refusals come from the shared rules (dp_ctl_rules.h) or the handlers
 # both dataplanes write alike: their messages must match word for word.
-SAME_WORDS = {"Attach", "LoadWeights", "UnloadLayer", "RepairLayer"}
+SAME_WORDS = {"Attach", "LoadWeights", "UnloadLayer", "RepairLayer", "MoveLayer"}
 REPLY_TIMEOUT_MS = 3000
 SETTLE_S = 5.0  # a housekeeping tick and a dispatcher pass, on a loaded machine
 # the messages that may replace or unload a layer of the attached client (when Ack'ed)

@@ -35,8 +35,8 @@ MOE_TOTALS = {
     "rx_unrouted": 1,
     "moe_no_duck_forwards": 1,
     "moe_copied_bytes": 64,
-    "moe_no_live_replica": 2,
-    "moe_rows_rerouted": 5,
+    "moe_no_live_replica": 1,
+    "moe_rows_rerouted": 8,
     "moe_failovers": 3,
     "moe_failover_late": 7,
 }

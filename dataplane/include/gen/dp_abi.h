@@ -44,7 +44,7 @@
 #define DP_WIRE_ANY_DUCK 65535
 #define DP_WIRE_LAYER_TENSOR 65535
 #define DP_HOST_TENSOR_DUCK 65535
-#define DP_PROTOCOL_VERSION 5
+#define DP_PROTOCOL_VERSION 6
 #define DP_NO_DOORBELL 0x7fffffff
 #define DP_MAX_MESSAGE_BYTES 0x10000
 #define DP_MAX_NESTING 8
@@ -266,7 +266,7 @@ struct dp_wire_header {
     uint64_t forward_id;                /*   24 */
     uint32_t layer;                     /*   32 */
     uint16_t duck;                      /*   36: sender (replies) or addressee (unicast requests) */
-    uint16_t tensor;                    /*   38: WEIGHT*: tensor index in the layer's kind */
+    uint16_t tensor;                    /*   38: WEIGHT*: tensor index in the layer's kind; FORWARD: the bank generation it was planned for (dp_wire_layer.bank) */
     uint32_t chunk;                     /*   40: index of this datagram's chunk */
     uint32_t chunks;                    /*   44: chunks in the whole message */
     uint64_t offset;                    /*   48: byte offset of this payload in the message */
@@ -287,7 +287,9 @@ struct dp_wire_layer {
     uint32_t ffn;                       /*    8: FFN columns in this duck's shard (MOE: its bank, experts * expert_ffn + its shared-expert columns) */
     uint32_t expert_ffn;                /*   12: MOE: columns of each routed expert (0 for other kinds) */
     uint8_t weight_dtype;               /*   16: 0: the weights travel in dtype; DP_DTYPE_F8E4M3: each tensor's e4m3 bytes, then its float32 scale grid (dp_fp8.h) */
-    uint8_t pad0[7];                    /*   17 */
+    uint8_t pad0[1];                    /*   17 */
+    uint16_t bank;                      /*   18: the bank's generation: 0 from a load; a move's new banks the layer's next (a duck keeps up to two banks of a layer and answers a FORWARD from the newest whose generation is not newer than the FORWARD's `tensor`) */
+    uint8_t pad1[4];                    /*   20 */
 };  /* 24 bytes */
 
 /* @cdef-end */
@@ -433,5 +435,7 @@ _Static_assert(offsetof(struct dp_wire_layer, ffn) == 8, "dp_wire_layer.ffn");
 _Static_assert(offsetof(struct dp_wire_layer, expert_ffn) == 12, "dp_wire_layer.expert_ffn");
 _Static_assert(offsetof(struct dp_wire_layer, weight_dtype) == 16, "dp_wire_layer.weight_dtype");
 _Static_assert(offsetof(struct dp_wire_layer, pad0) == 17, "dp_wire_layer.pad0");
+_Static_assert(offsetof(struct dp_wire_layer, bank) == 18, "dp_wire_layer.bank");
+_Static_assert(offsetof(struct dp_wire_layer, pad1) == 20, "dp_wire_layer.pad1");
 
 #endif /* DP_ABI_H */

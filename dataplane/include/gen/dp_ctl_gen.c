@@ -14,7 +14,7 @@ static int decode_attach(const msgpack_object *m, struct dp_ctl_attach *out, cha
 {
 	uint64_t seen = 0;
 	memset(out, 0, sizeof(*out));
-	out->protocol = 5u;
+	out->protocol = 6u;
 	memcpy(out->name, "", 1);
 	out->doorbell_fd = 2147483647u;
 	for (uint32_t i = 0; i < m->via.map.size; i++) {
@@ -561,6 +561,87 @@ static int decode_repair_layer(const msgpack_object *m, struct dp_ctl_repair_lay
 	return 0;
 }
 
+static int decode_move_layer(const msgpack_object *m, struct dp_ctl_move_layer *out, char *why, size_t n)
+{
+	uint64_t seen = 0;
+	memset(out, 0, sizeof(*out));
+	out->ducks_len = 0;
+	for (uint32_t i = 0; i < m->via.map.size; i++) {
+		const msgpack_object *key = &m->via.map.ptr[i].key;
+		const msgpack_object *val = &m->via.map.ptr[i].val;
+		if (key->type != MSGPACK_OBJECT_STR)
+			return fail(why, n, "MoveLayer: every key must be a string");
+		if (key_is(key, "req_id", 6)) {
+			seen |= 1ull << 0;
+			uint64_t v = 0;
+			if (get_uint(val, 0u, 18446744073709551615ull, &v, "MoveLayer.req_id", why, n) < 0)
+				return -1;
+			out->req_id = (uint64_t)v;
+		} else if (key_is(key, "layer", 5)) {
+			seen |= 1ull << 1;
+			uint64_t v = 0;
+			if (get_uint(val, 0u, 4294967295u, &v, "MoveLayer.layer", why, n) < 0)
+				return -1;
+			out->layer = (uint32_t)v;
+		} else if (key_is(key, "shard_sizes", 11)) {
+			seen |= 1ull << 2;
+			if (get_list(val, 1u, 256u, "MoveLayer.shard_sizes", why, n) < 0)
+				return -1;
+			out->shard_sizes_len = val->via.array.size;
+			for (uint32_t k = 0; k < out->shard_sizes_len; k++) {
+				uint64_t v = 0;
+				if (get_uint(&val->via.array.ptr[k], 1u, 4294967295u, &v, "MoveLayer.shard_sizes", why, n) < 0)
+					return -1;
+				out->shard_sizes[k] = (uint32_t)v;
+			}
+		} else if (key_is(key, "expert_replicas", 15)) {
+			seen |= 1ull << 3;
+			if (get_list(val, 1u, 1024u, "MoveLayer.expert_replicas", why, n) < 0)
+				return -1;
+			out->expert_replicas_len = val->via.array.size;
+			for (uint32_t k = 0; k < out->expert_replicas_len; k++) {
+				uint64_t v = 0;
+				if (get_uint(&val->via.array.ptr[k], 1u, 8u, &v, "MoveLayer.expert_replicas", why, n) < 0)
+					return -1;
+				out->expert_replicas[k] = (uint32_t)v;
+			}
+		} else if (key_is(key, "expert_ducks", 12)) {
+			seen |= 1ull << 4;
+			if (get_list(val, 1u, 8192u, "MoveLayer.expert_ducks", why, n) < 0)
+				return -1;
+			out->expert_ducks_len = val->via.array.size;
+			for (uint32_t k = 0; k < out->expert_ducks_len; k++) {
+				uint64_t v = 0;
+				if (get_uint(&val->via.array.ptr[k], 0u, 255u, &v, "MoveLayer.expert_ducks", why, n) < 0)
+					return -1;
+				out->expert_ducks[k] = (uint32_t)v;
+			}
+		} else if (key_is(key, "ducks", 5)) {
+			seen |= 1ull << 5;
+			if (get_list(val, 0u, 256u, "MoveLayer.ducks", why, n) < 0)
+				return -1;
+			out->ducks_len = val->via.array.size;
+			for (uint32_t k = 0; k < out->ducks_len; k++) {
+				uint64_t v = 0;
+				if (get_uint(&val->via.array.ptr[k], 0u, 255u, &v, "MoveLayer.ducks", why, n) < 0)
+					return -1;
+				out->ducks[k] = (uint32_t)v;
+			}
+		}
+	}
+	if (!(seen & (1ull << 0)))
+		return fail(why, n, "MoveLayer.req_id is required");
+	if (!(seen & (1ull << 1)))
+		return fail(why, n, "MoveLayer.layer is required");
+	if (!(seen & (1ull << 2)))
+		return fail(why, n, "MoveLayer.shard_sizes is required");
+	if (!(seen & (1ull << 3)))
+		return fail(why, n, "MoveLayer.expert_replicas is required");
+	if (!(seen & (1ull << 4)))
+		return fail(why, n, "MoveLayer.expert_ducks is required");
+	return 0;
+}
+
 const char *const dp_ctl_type_names[DP_CTL_NTYPES] = {
 	[DP_CTL_ATTACH] = "Attach",
 	[DP_CTL_DETACH] = "Detach",
@@ -574,6 +655,7 @@ const char *const dp_ctl_type_names[DP_CTL_NTYPES] = {
 	[DP_CTL_SET_FAULTS] = "SetFaults",
 	[DP_CTL_SHUTDOWN] = "Shutdown",
 	[DP_CTL_REPAIR_LAYER] = "RepairLayer",
+	[DP_CTL_MOVE_LAYER] = "MoveLayer",
 };
 
 int dp_ctl_decode(const char *buf, size_t len, struct dp_ctl_request *out, char *why,
@@ -650,6 +732,9 @@ int dp_ctl_decode(const char *buf, size_t len, struct dp_ctl_request *out, char 
 		break;
 	case DP_CTL_REPAIR_LAYER:
 		bad = decode_repair_layer(&msg.data, &out->u.repair_layer, why, n);
+		break;
+	case DP_CTL_MOVE_LAYER:
+		bad = decode_move_layer(&msg.data, &out->u.move_layer, why, n);
 		break;
 	default:
 		bad = -1;

@@ -31,6 +31,7 @@ enum dp_ctl_type {
 	DP_CTL_SET_FAULTS,
 	DP_CTL_SHUTDOWN,
 	DP_CTL_REPAIR_LAYER,
+	DP_CTL_MOVE_LAYER,
 	DP_CTL_NTYPES
 };
 
@@ -132,6 +133,20 @@ struct dp_ctl_repair_layer {
 	uint32_t ducks[256];
 };
 
+/* MoveLayer: Move committed MOE layer ``layer`` to a new placement while it serves. The layer's */
+struct dp_ctl_move_layer {
+	uint64_t req_id;
+	uint32_t layer;
+	uint32_t shard_sizes_len;
+	uint32_t shard_sizes[256];
+	uint32_t expert_replicas_len;
+	uint32_t expert_replicas[1024];
+	uint32_t expert_ducks_len;
+	uint32_t expert_ducks[8192];
+	uint32_t ducks_len;
+	uint32_t ducks[256];
+};
+
 struct dp_ctl_request {
 	enum dp_ctl_type type;
 	uint64_t req_id; /* also set when the rest fails to decode, to echo in the Error */
@@ -148,6 +163,7 @@ struct dp_ctl_request {
 		struct dp_ctl_set_faults set_faults;
 		struct dp_ctl_shutdown shutdown;
 		struct dp_ctl_repair_layer repair_layer;
+		struct dp_ctl_move_layer move_layer;
 	} u;
 };
 

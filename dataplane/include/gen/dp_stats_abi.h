@@ -414,6 +414,8 @@ struct dp_stats_moe_layer {
     X(repair_bytes) /* of weight_bytes, those a repair restreamed to lost ducks */                                   \
     X(moe_no_live_replica) /* MoE forwards failed at once: a needed expert's ducks are lost */                       \
     X(moe_rows_rerouted) /* MoE (token, expert) pairs sent around a duck known lost */                               \
+    X(layers_moved) /* moves committed: live MoE layers switched to a new placement */                               \
+    X(move_bytes) /* of weight_bytes, those a move sent (the changed ducks' new banks) */                            \
     X(moe_failovers) /* MoE: silent ducks whose rows a forward resent to another replica */                          \
     X(moe_failover_late) /* MoE partial datagrams of a duck after its rows were failed over */
 

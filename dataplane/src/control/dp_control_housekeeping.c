@@ -114,6 +114,7 @@ static void housekeeping_clients(struct dp_control *c, uint64_t now)
 
 static void housekeeping_layers(struct dp_control *c)
 {
+	dp_control_settle_moves(c);
 	dp_count(c->counters, DP_C_layers_freed, dp_layers_free_retired(c->w, &c->retired, false));
 }
 

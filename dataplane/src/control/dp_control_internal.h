@@ -84,6 +84,7 @@ struct dp_control {
 	uint32_t connections;           /* live control connections (accepted - disconnected) */
 	bool over_limit;                /* refusing connections: logged once per episode */
 	struct dp_layer *retired;       /* unpublished layers, freed once nobody can hold them */
+	uint32_t moves_open;            /* layers with a MoveLayer not settled (dp_control_settle_moves) */
 	struct dp_ctl_layer_info *layer_infos; /* Layers reply: one per table slot */
 	uint32_t (*layer_ducks)[256];
 	uint32_t (*layer_missing)[256]; /* Layers reply: the missing ducks of failed layers */
@@ -159,6 +160,9 @@ void dp_control_refuse(struct dp_control *c, const struct dp_peer *p, enum dp_er
 int dp_control_poll_requests(struct dp_control *c);
 /* 0 when every control message has a handler, else -1 with dp_error(): checked at start. */
 int dp_control_check_handlers(void);
+
+/* Settle the open moves whose commit is in (dp_layer_settle_move). */
+void dp_control_settle_moves(struct dp_control *c);
 
 /* dp_control_outbox.c */
 /* Take every finished context off the completion rings and queue its Completion. */

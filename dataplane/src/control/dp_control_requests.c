@@ -265,6 +265,7 @@ static size_t moe_words(struct dp_control *c, const struct dp_peer *p, const str
 
 static void on_layers(struct dp_control *c, const struct dp_peer *p, const struct dp_ctl_request *r)
 {
+	dp_control_settle_moves(c); /* a move committed shows its placement */
 	uint32_t n = 0, nfailed = 0;
 	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
 	(void)r;
@@ -547,6 +548,10 @@ static struct dp_layer *check_repair(struct dp_control *c, const struct dp_peer 
 		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
 		                  "layer %u is being repaired already: commit that repair first",
 		                  m->layer);
+	} else if (l->moving) {
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u is being moved to a new placement: repair it after the "
+		                  "move's commit", m->layer);
 	} else {
 		uint64_t seen[DP_MAX_DUCKS / 64] = { 0 };
 		for (uint32_t i = 0; i < m->ducks_len; i++) {
@@ -575,6 +580,7 @@ static void on_repair_layer(struct dp_control *c, const struct dp_peer *p,
 			    const struct dp_ctl_request *r)
 {
 	const struct dp_ctl_repair_layer *m = &r->u.repair_layer;
+	dp_control_settle_moves(c); /* a committed move's layer is the one to repair */
 	struct dp_layer *l = check_repair(c, p, m);
 	if (!l)
 		return;
@@ -711,6 +717,249 @@ static void on_shutdown(struct dp_control *c, const struct dp_peer *p,
 	dp_world_stop(c->w);
 }
 
+/* The moves the control agent has open: settle those whose commit is in (dp_layer_settle_move:
+ * the table takes the moved layer, or the failed one is dropped), before anything reads
+ * the table for a client, and at each housekeeping tick. */
+void dp_control_settle_moves(struct dp_control *c)
+{
+	if (!c->moves_open)
+		return;
+	uint32_t open = 0;
+	for (uint32_t s = 0; s < DP_LAYER_TABLE; s++) {
+		struct dp_layer *l = c->w->layers[s];
+		if (l && l != DP_LAYER_GONE && l->moving)
+			open += (uint32_t)dp_layer_settle_move(c->w, s, &c->retired);
+	}
+	c->moves_open = open;
+}
+
+/* The committed MOE layer a MoveLayer may move, as the mock refuses it: NULL after a
+ * refusal. */
+static struct dp_layer *check_move(struct dp_control *c, const struct dp_peer *p,
+				   const struct dp_ctl_move_layer *m)
+{
+	const struct dp_client *me = client_by_identity(c, p->id, p->idlen);
+	int slot = dp_layer_slot(c->w, m->layer);
+	struct dp_layer *l = slot >= 0 ? c->w->layers[slot] : NULL;
+	bool lost = false;
+	for (uint32_t k = 0; l && k < DP_MAX_DUCKS / 64; k++)
+		lost |= __atomic_load_n(&l->lost_ducks[k], __ATOMIC_RELAXED) != 0;
+	if (!me)
+		dp_control_refuse(c, p, DP_ERROR_CODE_NOT_ATTACHED,
+		                  "MoveLayer needs an attached client");
+	else if (!l)
+		dp_control_refuse(c, p, DP_ERROR_CODE_UNKNOWN_LAYER, "layer %u is not loaded",
+		                  m->layer);
+	else if (l->owner != me->id)
+		dp_control_refuse(c, p, DP_ERROR_CODE_NOT_PERMITTED,
+		                  "layer %u belongs to another client: only its owner moves it "
+		                  "to a new placement", m->layer);
+	else if (!l->moe)
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u is dense: a move places a MOE layer's experts anew",
+		                  m->layer);
+	else if (dp_load_acquire_u32(&l->failed) || !dp_load_acquire_u32(&l->ready))
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u is %s: a move places a committed layer anew; load it "
+		                  "(LoadWeights) with the placement instead", m->layer,
+		                  dp_load_acquire_u32(&l->failed) ? "failed" : "still loading");
+	else if (dp_load_acquire_u32(&l->repairing))
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u is being repaired: a move waits for the repair's commit; "
+		                  "move it after", m->layer);
+	else if (l->moving)
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u is being moved already: commit that move first",
+		                  m->layer);
+	else if (lost)
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u is lost on a duck: repair it (Client.repair) before "
+		                  "moving it", m->layer);
+	else
+		return l;
+	return NULL;
+}
+
+/* 1 when an older layer of this id is still retired: forwards on it may still need the
+ * old banks that this move's new banks would free on the ducks (they keep two a layer). */
+static int draining(const struct dp_control *c, uint32_t id)
+{
+	for (const struct dp_layer *r = c->retired; r; r = r->next_retired)
+		if (r->id == id)
+			return 1;
+	return 0;
+}
+
+/* The LoadWeights that would load l with the move's placement: l's own fields, the new
+ * placement and bank widths, its shared sets as its Layers reply lists them (set by set,
+ * each in its ducks' order: dp_layer_moe_list). -1 when out of memory. */
+static int move_request(const struct dp_layer *l, const struct dp_ctl_move_layer *m,
+			struct dp_ctl_load_weights *out)
+{
+	uint32_t *words = malloc(dp_layer_moe_list_words(l) * sizeof(uint32_t));
+	if (!words)
+		return -1;
+	struct dp_moe_listing ls;
+	dp_layer_moe_list(l, words, &ls);
+	memset(out, 0, sizeof(*out));
+	out->shared_ducks_len = ls.n_shared;
+	memcpy(out->shared_ducks, ls.shared, ls.n_shared * sizeof(uint32_t));
+	out->shared_sets_len = ls.n_sets;
+	memcpy(out->shared_sets, ls.sets, ls.n_sets * sizeof(uint32_t));
+	free(words);
+	out->layer = l->id;
+	out->kind = l->kind;
+	out->dtype = l->dtype;
+	out->hidden = l->hidden;
+	out->weight_dtype = l->weight_dtype;
+	out->shared = l->shared;
+	out->expert_ffn = l->moe->expert_ffn;
+	out->ducks_len = l->nducks;
+	for (uint32_t i = 0; i < l->nducks; i++)
+		out->ducks[i] = l->ducks[i];
+	out->shard_sizes_len = m->shard_sizes_len;
+	for (uint32_t i = 0; i < m->shard_sizes_len; i++) {
+		out->shard_sizes[i] = m->shard_sizes[i];
+		out->ffn += m->shard_sizes[i]; /* each below 2^32, at most 256: no wrap in u64 */
+	}
+	out->expert_replicas_len = m->expert_replicas_len;
+	memcpy(out->expert_replicas, m->expert_replicas, m->expert_replicas_len * sizeof(uint32_t));
+	out->expert_ducks_len = m->expert_ducks_len;
+	memcpy(out->expert_ducks, m->expert_ducks, m->expert_ducks_len * sizeof(uint32_t));
+	return 0;
+}
+
+/* Whether duck d holds expert e under placement pl. */
+static bool holds(const struct dp_routing_placement *pl, uint32_t e, uint32_t d)
+{
+	for (uint32_t r = 0; r < pl->replicas[e]; r++)
+		if (pl->ducks[e * DP_MAX_REPLICAS + r] == d)
+			return true;
+	return false;
+}
+
+/* The ducks whose set of experts differs between l and n (bits into changed); -1 when
+ * the move changes what it must keep (the expert count, a duck's shared columns). */
+static int changed_ducks(const struct dp_layer *l, const struct dp_layer *n, uint64_t *changed)
+{
+	const struct dp_routing_placement *a = &l->moe->pl, *b = &n->moe->pl;
+	if (a->n_experts != b->n_experts)
+		return -1;
+	for (uint32_t i = 0; i < l->nducks; i++) {
+		uint32_t d = l->ducks[i], f = l->moe->expert_ffn;
+		if (l->shard[i] - l->moe->experts_on[d] * f != n->shard[i] - n->moe->experts_on[d] * f)
+			return -1;
+		for (uint32_t e = 0; e < a->n_experts; e++)
+			if (holds(a, e, d) != holds(b, e, d)) {
+				changed[d >> 6] |= 1ull << (d & 63);
+				break;
+			}
+	}
+	return 0;
+}
+
+/* The ducks whose banks the move takes, into `want` (which holds the changed ones): the
+ * request's, each one of l's, holding every changed duck and every duck a failed move
+ * tainted; or those alone when it names none. -1 after a refusal. */
+static int move_ducks(struct dp_control *c, const struct dp_peer *p, const struct dp_layer *l,
+		      const struct dp_ctl_move_layer *m, uint64_t *want)
+{
+	for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+		want[k] |= l->tainted[k];
+	if (!m->ducks_len)
+		return 0;
+	uint64_t named[DP_MAX_DUCKS / 64] = { 0 };
+	for (uint32_t i = 0; i < m->ducks_len; i++) {
+		uint32_t d = m->ducks[i]; /* < DP_MAX_DUCKS: the decoder's DuckId */
+		if (l->index[d] < 0) {
+			dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+			                  "layer %u: duck %u is not one of its ducks", l->id, d);
+			return -1;
+		}
+		named[d >> 6] |= 1ull << (d & 63);
+	}
+	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++)
+		if ((want[d >> 6] >> (d & 63) & 1) && !(named[d >> 6] >> (d & 63) & 1)) {
+			dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+			                  "layer %u: the move must send duck %u a bank (%s)", l->id, d,
+			                  l->tainted[d >> 6] >> (d & 63) & 1
+				                  ? "a failed move left it a stale one"
+				                  : "its experts change");
+			return -1;
+		}
+	memcpy(want, named, sizeof(named));
+	return 0;
+}
+
+/* Open a move: the layer as it will be (dp_layer_build of l's LoadWeights with the new
+ * placement), a bank generation on, taking chunks for the changed ducks only, published
+ * as l->moving (release). l serves on until its commit (dp_layers.h). */
+static void on_move_layer(struct dp_control *c, const struct dp_peer *p,
+			  const struct dp_ctl_request *r)
+{
+	const struct dp_ctl_move_layer *m = &r->u.move_layer;
+	dp_control_settle_moves(c);
+	struct dp_layer *l = check_move(c, p, m);
+	if (!l)
+		return;
+	/* the layer the last move replaced goes as soon as nothing holds it */
+	dp_count(c->counters, DP_C_layers_freed, dp_layers_free_retired(c->w, &c->retired, false));
+	if (draining(c, m->layer)) {
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u's forwards on its placement before the last move are "
+		                  "still in flight: move it again once they finished", m->layer);
+		return;
+	}
+	struct dp_ctl_load_weights *req = malloc(sizeof(*req)); /* 40 KiB: not on the stack */
+	if (!req || move_request(l, m, req) < 0) {
+		free(req);
+		dp_control_refuse(c, p, DP_ERROR_CODE_DATAPLANE_ERROR, "out of memory");
+		return;
+	}
+	const struct dp_load_limits lim = { .max_hidden = c->w->cfg.max_hidden,
+					    .max_ffn = c->w->cfg.max_ffn };
+	char why[DP_CTL_WHY_LEN];
+	int code = dp_load_check(req, &lim, c->w->duck_index, why, sizeof(why));
+	struct dp_layer *n = code ? NULL : dp_layer_build(req, &code, why, sizeof(why));
+	uint64_t bytes = dp_load_plan_bytes(req);
+	free(req);
+	if (!n) {
+		dp_control_refuse(c, p, (enum dp_error_code)code, "%s", why);
+		return;
+	}
+	uint64_t changed[DP_MAX_DUCKS / 64] = { 0 };
+	if (changed_ducks(l, n, changed) < 0) {
+		dp_layer_free(n);
+		dp_control_refuse(c, p, DP_ERROR_CODE_BAD_REQUEST,
+		                  "layer %u: a move keeps the shared expert's ducks and each one's "
+		                  "shared columns; load the layer anew (LoadWeights) to change them",
+		                  m->layer);
+		return;
+	}
+	if (move_ducks(c, p, l, m, changed) < 0) {
+		dp_layer_free(n);
+		return;
+	}
+	uint32_t list[DP_MAX_DUCKS], nlist = 0;
+	for (uint32_t d = 0; d < DP_MAX_DUCKS; d++)
+		if (changed[d >> 6] >> (d & 63) & 1)
+			list[nlist++] = d;
+	if (refuse_unreachable(c, p, list, nlist)) {
+		dp_layer_free(n);
+		return;
+	}
+	n->owner = l->owner;
+	n->shared = l->shared;
+	n->weight_bytes = bytes;
+	n->bank = (uint16_t)(l->bank + 1);
+	n->is_move = true;
+	memcpy(n->move_ducks, changed, sizeof(changed));
+	/* release: the dispatcher that follows it sees it whole */
+	dp_store_release_ptr((void **)&l->moving, n);
+	c->moves_open++;
+	reply_ack(c, p->id, p->idlen, p->rid);
+}
+
 /* The generated decoder names the type; this table names its handler. */
 static const dp_ctl_handler handlers[DP_CTL_NTYPES] = {
 	[DP_CTL_ATTACH] = on_attach,
@@ -725,6 +974,7 @@ static const dp_ctl_handler handlers[DP_CTL_NTYPES] = {
 	[DP_CTL_SET_FAULTS] = on_set_faults,
 	[DP_CTL_SHUTDOWN] = on_shutdown,
 	[DP_CTL_REPAIR_LAYER] = on_repair_layer,
+	[DP_CTL_MOVE_LAYER] = on_move_layer,
 };
 
 int dp_control_check_handlers(void)

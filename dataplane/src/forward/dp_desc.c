@@ -22,7 +22,8 @@ const struct dp_desc_layer *dp_desc_layer_of(const struct dp_layer *l, struct dp
 		.has_b_down = l->has_b_down,
 		/* acquire: the NIC workers and the commit (failed) and the commit (ready)
 		 * publish them with release, after what they vouch for */
-		.ready = dp_load_acquire_u32(&l->ready) != 0,
+		/* a move's layer takes chunks as a repair does: its changed ducks' alone */
+		.ready = l->is_move || dp_load_acquire_u32(&l->ready) != 0,
 		.failed = dp_load_acquire_u32(&l->failed) != 0,
 		.index = l->index,
 		.shard = l->shard,
@@ -30,7 +31,8 @@ const struct dp_desc_layer *dp_desc_layer_of(const struct dp_layer *l, struct dp
 		.expert_ffn = l->moe ? l->moe->expert_ffn : 0,
 		.experts_on = l->moe ? l->moe->experts_on : NULL,
 		/* acquire: the control agent reset the ducks' books before it set repairing */
-		.repair = dp_load_acquire_u32(&l->repairing) ? l->repair_ducks : NULL,
+		.repair = l->is_move && !dp_load_acquire_u32(&l->ready) ? l->move_ducks
+			  : dp_load_acquire_u32(&l->repairing) ? l->repair_ducks : NULL,
 	};
 	return view;
 }

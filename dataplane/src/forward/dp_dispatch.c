@@ -571,13 +571,21 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 			"within %u ms; are they running, on the port and address the topology "
 			"gives them?",
 			l->id, list, d->w->cfg.weight_timeout_ms);
-		complete(d, f, DP_STATUS_BAD_REQUEST,
-			 "layer %u failed: ducks [%s] did not acknowledge their weights; load it again",
-			 l->id, list);
+		if (l->is_move) /* the old layer serves on: dp_layer_settle_move drops this one */
+			complete(d, f, DP_STATUS_BAD_REQUEST,
+				 "move of layer %u failed: ducks [%s] did not acknowledge their new "
+				 "banks; it serves on its old placement", l->id, list);
+		else
+			complete(d, f, DP_STATUS_BAD_REQUEST,
+				 "layer %u failed: ducks [%s] did not acknowledge their weights; "
+				 "load it again", l->id, list);
 		return 1;
 	}
 	for (uint32_t i = 0; i < l->nducks; i++)
 		for (uint32_t t = 0; t < DP_SHARD_TENSORS; t++) {
+			/* a move's: the ducks it changed; the others keep their banks */
+			if (l->is_move && !dp_targets_has(l->move_ducks, l->ducks[i]))
+				break;
 			uint64_t want = dp_tensor_bytes(l, i, t);
 			uint64_t got = __atomic_load_n(&l->acked[i][t], __ATOMIC_ACQUIRE);
 			if (got != want) {
@@ -607,9 +615,11 @@ static int try_commit(struct dp_dispatcher *d, struct dp_fwd *f)
 			}
 		}
 	}
-	/* release: a dispatcher that sees ready sees b_down */
+	/* release: a dispatcher that sees ready sees b_down. A move's: the switch, since this
+	 * thread alone takes layers for forwards (dp_layer_take), every forward dispatched
+	 * from here on is planned on the new placement */
 	dp_store_release_u32(&l->ready, 1);
-	dp_count(d->counters, DP_C_layers_loaded, 1);
+	dp_count(d->counters, l->is_move ? DP_C_layers_moved : DP_C_layers_loaded, 1);
 	complete(d, f, DP_STATUS_OK, NULL);
 	return 1;
 }

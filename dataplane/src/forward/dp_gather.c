@@ -208,6 +208,7 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 		h->dtype = l->dtype;
 		h->forward_id = f->wire_id;
 		h->layer = l->id;
+		h->tensor = l->bank; /* its banks' generation (0 but for a moved MoE layer) */
 		h->duck = DP_WIRE_ANY_DUCK;
 		h->chunk = c;
 		h->chunks = chunks;

@@ -145,6 +145,7 @@ static void duck_message(const struct dp_gather_view *v, const struct dp_fwd *f,
 	h->dtype = l->dtype;
 	h->forward_id = f->wire_id | (uint64_t)rx->fo_tag << DP_FWD_TAG_SHIFT;
 	h->layer = l->id;
+	h->tensor = l->bank; /* the generation of the placement it was planned on */
 	h->duck = rx->moe_to;
 	h->chunks = dp_wire_chunk_count(total, v->payload);
 	h->total = total;

@@ -70,6 +70,7 @@ static void send_layer(const struct dp_weight_view *v, struct dp_fwd *f)
 	m->hidden = l->hidden;
 	m->ffn = l->shard[f->w_index];
 	m->weight_dtype = l->weight_dtype;
+	m->bank = l->bank; /* a move's new bank goes beside the duck's old one */
 	if (l->moe) { /* the duck's bank: its experts, each expert_ffn columns, then shared */
 		m->experts = l->moe->experts_on[f->w_duck];
 		m->expert_ffn = l->moe->expert_ffn;
@@ -150,6 +151,8 @@ static uint32_t part_over(const struct dp_weight_view *v, struct dp_fwd *f, uint
 		dp_count(v->counters, DP_C_weight_bytes, f->desc.nbytes);
 		if (repair)
 			dp_count(v->counters, DP_C_repair_bytes, f->desc.nbytes);
+		else if (l->is_move)
+			dp_count(v->counters, DP_C_move_bytes, f->desc.nbytes);
 	} else {
 		/* the duck first, then failed (release): who sees failed sees the duck */
 		__atomic_fetch_or(&l->failed_ducks[f->w_duck >> 6], 1ull << (f->w_duck & 63),

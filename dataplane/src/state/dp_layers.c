@@ -35,14 +35,25 @@ void dp_layer_free(struct dp_layer *l)
 	free(l);
 }
 
-void dp_layer_unpublish(struct dp_world *w, uint32_t slot, struct dp_layer **retired)
+/* l onto the retired list, counted on its owner's retired quota (the caller took it off
+ * the held one, if it was there). */
+static void retire(struct dp_world *w, struct dp_layer *l, struct dp_layer **retired)
 {
-	struct dp_layer *l = w->layers[slot];
-	dp_store_release_ptr((void **)&w->layers[slot], DP_LAYER_GONE);
 	/* seq_cst: the dispatcher's pass that ends after this read cannot have missed the store */
 	l->retired_pass = __atomic_load_n(&w->dispatch_passes, __ATOMIC_SEQ_CST);
 	l->next_retired = *retired;
 	*retired = l;
+	struct dp_client *cl = owner_of(w, l);
+	if (cl) {
+		cl->retired_layers++;
+		cl->retired_bytes += l->weight_bytes;
+	}
+}
+
+void dp_layer_unpublish(struct dp_world *w, uint32_t slot, struct dp_layer **retired)
+{
+	struct dp_layer *l = w->layers[slot];
+	dp_store_release_ptr((void **)&w->layers[slot], DP_LAYER_GONE);
 	/* its memory stays until it is freed, so does its weight on the owner's quota: else
 	 * reloads pipelined faster than forwards and passes let go of the old layers (one
 	 * client, hidden 65536, 1 MiB quota: 430 MiB) outrun the quota */
@@ -50,9 +61,38 @@ void dp_layer_unpublish(struct dp_world *w, uint32_t slot, struct dp_layer **ret
 	if (cl) {
 		cl->nlayers--;
 		cl->weight_bytes -= l->weight_bytes;
-		cl->retired_layers++;
-		cl->retired_bytes += l->weight_bytes;
 	}
+	retire(w, l, retired);
+	/* a move still open goes with it: never published, held only by its chunks and
+	 * forwards (it is no longer followed once l's pass is over) */
+	if (l->moving)
+		retire(w, l->moving, retired);
+}
+
+int dp_layer_settle_move(struct dp_world *w, uint32_t slot, struct dp_layer **retired)
+{
+	struct dp_layer *l = w->layers[slot];
+	if (!l || l == DP_LAYER_GONE || !l->moving)
+		return 1;
+	struct dp_layer *m = l->moving;
+	struct dp_client *cl = owner_of(w, l);
+	if (dp_load_acquire_u32(&m->ready)) {
+		/* the dispatcher switched already (dp_layer_take): the table follows. l keeps
+		 * pointing at m for a dispatcher that read l before this store */
+		dp_store_release_ptr((void **)&w->layers[slot], m);
+		if (cl)
+			cl->weight_bytes += m->weight_bytes - l->weight_bytes;
+		retire(w, l, retired);
+		return 0;
+	}
+	if (dp_load_acquire_u32(&m->failed)) {
+		dp_store_release_ptr((void **)&l->moving, NULL); /* l serves on as it was */
+		for (uint32_t k = 0; k < DP_MAX_DUCKS / 64; k++)
+			l->tainted[k] |= m->move_ducks[k];
+		retire(w, m, retired);
+		return 0;
+	}
+	return 1;
 }
 
 uint32_t dp_layers_free_retired(struct dp_world *w, struct dp_layer **retired, bool all)

@@ -64,6 +64,22 @@ struct dp_layer {
 	 * on a half-streamed bank (dp_gather_on_partial). */
 	uint32_t repairs;
 	uint32_t repaired_at[DP_MAX_DUCKS];
+	/* A move (MoveLayer) to a new placement builds the layer as it will be beside this
+	 * one, unpublished: `moving` (control sets it, release; clears it when the move
+	 * failed). Its bank generation is this one's + 1 (`bank`: the ducks keep its new
+	 * banks beside the old ones, and each FORWARD names the generation it was planned
+	 * for); `move_ducks` are the ducks whose experts changed, the only ones it takes
+	 * chunks for and checks at its commit. The dispatcher's commit sets its ready: from
+	 * then on dp_layer_take gives it for this one (the switch; only the dispatcher takes
+	 * layers), and the control agent later puts it in this one's table slot and retires
+	 * this one (dp_layer_settle_move), whose forwards in flight finish on the old banks. */
+	struct dp_layer *moving;
+	uint64_t move_ducks[DP_MAX_DUCKS / 64];
+	/* ducks a failed move gave a bank of generation bank + 1 (control): stale, it would
+	 * answer the next move's forwards, so the next move sends them a bank too */
+	uint64_t tainted[DP_MAX_DUCKS / 64];
+	uint16_t bank;
+	bool is_move;            /* this is a move's layer: its chunks count move_bytes */
 	uint64_t outstanding;    /* chunks dispatched and not yet completed (atomic) */
 	/* bytes acknowledged per duck and tensor (atomic adds) */
 	uint64_t acked[DP_MAX_DUCKS][DP_SHARD_TENSORS];
@@ -119,6 +135,12 @@ static inline struct dp_layer *dp_layer_take(struct dp_world *w, uint32_t id,
 	struct dp_layer *l = dp_layer_find(w, id);
 	if (!l || (l->owner != c->id && (write || !l->shared)))
 		return NULL;
+	/* a move open: its chunks and commit go to the layer as it will be; once its commit
+	 * made that ready, forwards do too (acquire, both: control built it whole before it
+	 * published it, and the commit publishes ready after its books) */
+	struct dp_layer *m = dp_load_acquire_ptr((void *const *)&l->moving);
+	if (m && (write || dp_load_acquire_u32(&m->ready)))
+		l = m;
 	__atomic_fetch_add(&l->refs, 1, __ATOMIC_RELAXED); /* published by the pass's end */
 	return l;
 }
@@ -140,6 +162,11 @@ int dp_layer_slot(const struct dp_world *w, uint32_t id);
  * memory goes later, and until then it counts against its owner's quotas as retired
  * (struct dp_client's retired_layers and retired_bytes). */
 void dp_layer_unpublish(struct dp_world *w, uint32_t slot, struct dp_layer **retired);
+
+/* An open move of the layer in table slot `slot`, once its commit is in: done (its layer
+ * ready), it takes the slot and the old layer is retired; failed, it is retired and the
+ * old layer serves on. 1 while it is still open (or none), else 0. */
+int dp_layer_settle_move(struct dp_world *w, uint32_t slot, struct dp_layer **retired);
 
 /* Every layer `owner` (a client id) holds leaves the table (it detached or died). */
 void dp_layers_unload_owner(struct dp_world *w, uint32_t owner, struct dp_layer **retired);
