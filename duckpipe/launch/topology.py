@@ -130,6 +130,7 @@ class Topology(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
     max_forward_bytes: Annotated[int, Meta(ge=4096)] = default("max_forward_bytes")
     ping_ms: Annotated[int, Meta(ge=10)] = default("ping_ms")
     duck_lost_ms: Annotated[int, Meta(ge=100, le=0xFFFF_FFFF)] = default("duck_lost_ms")
+    failover_ms: Annotated[int, Meta(ge=1, le=0xFFFF_FFFF)] = default("failover_ms")
     client_max_inflight: Annotated[int, Meta(ge=1)] = default("client_max_inflight")
     client_max_slots: Annotated[int, Meta(ge=1)] = default("client_max_slots")
     client_max_segment_bytes: Annotated[int, Meta(ge=4096)] = default("client_max_segment_bytes")

@@ -1401,19 +1401,36 @@ class MockDataplane:
             os.kill(os.getpid(), signal.SIGKILL)
 
         x = client.seg.act_view(fields["slot"], shape, npdt)
-        forgot = [t for t in targets if t in layer.forgot and t not in faults.dead_ducks]
-        answered = [t for t in targets if t not in faults.dead_ducks and t not in forgot]
-        missing = [t for t in targets if t in faults.dead_ducks or t in forgot]
+        silent = frozenset(faults.silent_ducks)  # not known lost: asked, never answering
+        gone_now = set(faults.dead_ducks) | silent
+        forgot = [t for t in targets if t in layer.forgot and t not in gone_now]
+        answered = [t for t in targets if t not in gone_now and t not in forgot]
+        missing = [t for t in targets if t in gone_now or t in forgot]
+        # a routed forward's silent ducks fail over to other replicas (dp_moe_failover):
+        # the ducks computing are then the answered ones and their replacements
+        computed, failed_over, stuck = routed, [], []
+        if routed is not None and silent & set(targets):
+            lost = frozenset(faults.dead_ducks) | frozenset(layer.lost)
+            computed, failed_over, stuck = moe.failover(layer.moe, routed, silent, lost)
+            self.counters["moe_failovers"] += len(failed_over)
+        extra = (
+            []
+            if computed is None or stuck
+            else sorted(set(np.unique(computed.duck[computed.duck >= 0]).tolist()) - set(targets))
+        )
         acc = np.zeros(shape, np.float32)
         compute = []
         sent = host.monotonic_ns()  # the mock's "first send": its ducks start computing
         t_wait = time.perf_counter_ns()
-        for duck in answered:
+        for duck in answered + extra:
             t0 = time.perf_counter_ns()
-            if routed is None:
+            if computed is None:
                 partial = duck_partial(info.kind, x, layer.tensors[duck])
             else:
-                partial = moe.duck_partial(layer.moe, routed, duck, layer.tensors[duck], x)
+                partial = moe.duck_partial(layer.moe, computed, duck, layer.tensors[duck], x)
+            if duck in extra:  # a replacement's failover reply: not in answered
+                acc += partial.astype(npdt).astype(np.float32) if npdt.itemsize == 2 else partial
+                continue
             compute.append(time.perf_counter_ns() - t0)
             self._beat()  # a prefill's ducks take seconds in numpy on a loaded machine
             if npdt.itemsize == 2:  # a duck sends its partial in the layer's dtype (RNE)
@@ -1422,7 +1439,8 @@ class MockDataplane:
         t_reduce = time.perf_counter_ns()
         if layer.b_down is not None:
             acc += layer.b_down
-        if not missing:
+        unanswered = [m for m in missing if m not in failed_over]  # their rows went nowhere
+        if not unanswered:
             np.copyto(client.seg.res_view(fields["slot"], shape, npdt), acc, casting="same_kind")
         t_end = time.perf_counter_ns()
         fields["nbytes"] = nbytes
@@ -1434,7 +1452,10 @@ class MockDataplane:
             if routed is not None:
                 self.stats.duck_moe(duck, *moe.duck_rows(layer.moe, routed, duck))
         for duck in missing:
-            self.stats.duck_missed(duck, 1)  # the mock counts one chunk per missed partial
+            if duck in failed_over:
+                self.stats.duck_failed_over(duck)
+            else:
+                self.stats.duck_missed(duck, 1)  # the mock counts one chunk per missed partial
         if routed is not None and targets:  # one no duck was asked for completes at dispatch
             entries = {t: moe.duck_rows(layer.moe, routed, t)[1] for t in targets}
             self.stats.moe_forward(int(d.layer), layer.moe, routed.indices, entries)
@@ -1442,7 +1463,7 @@ class MockDataplane:
             prepare_ns=self._client_prepare(client, int(d.submit_ns), pickup),
             spread_ns=max(compute) - min(compute) if compute else 0,
             wait_ns=t_reduce - t_wait,
-            reduce_ns=0 if missing else t_end - t_reduce,  # as the C: nothing is stored
+            reduce_ns=0 if unanswered else t_end - t_reduce,  # as the C: nothing is stored
             duck_compute_ns=compute,
         )
         if forgot:  # they said NO_LAYER: lost from now on (LayerInfo.lost)
@@ -1452,13 +1473,22 @@ class MockDataplane:
             layer.lost |= set(forgot)
             why = _lost_message(layer, forgot)
             self._finish(client, fields, Status.DUCK_LOST, answered, missing, timings, why)
-        elif missing:
+        elif stuck:  # silent, and no replica took its rows: 4 failover deadlines (C's)
+            self.counters["duck_lost"] += 1
+            due = pickup / 1e9 + 4 * config_default("failover_ms") / 1e3
+            why = moe.failover_message(layer.moe, stuck)
+            self._finish(client, fields, Status.DUCK_LOST, answered, missing, timings, why, due=due)
+        elif unanswered:
             self.counters["timeouts"] += 1
             due = pickup / 1e9 + timeout_us / 1e6  # a real dataplane gives up at the deadline
             why = f"no reply from ducks {missing} within {timeout_us / 1000:g} ms"
             if layer.moe is not None:  # as the C dataplane: each duck with its experts
                 why += ": " + "; ".join(f"{layer.moe.describe(m)} did not answer" for m in missing)
             self._finish(client, fields, Status.TIMEOUT, answered, missing, timings, why, due=due)
+        elif failed_over:  # as the C dataplane: at the failover deadline, the silent missing
+            self.counters["forwards_ok"] += 1
+            due = pickup / 1e9 + config_default("failover_ms") / 1e3
+            self._finish(client, fields, Status.OK, answered, missing, timings, due=due)
         else:
             self.counters["forwards_ok"] += 1
             self._finish(client, fields, Status.OK, answered, [], timings)

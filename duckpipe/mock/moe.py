@@ -264,6 +264,50 @@ def read_routing(
     return Routed(indices, weights, duck, sorted(targets), rerouted, shared)
 
 
+def failover(
+    plan: MoePlan, routed: Routed, silent: frozenset[int], lost: frozenset[int]
+) -> tuple[Routed, list[int], list[int]]:
+    """The C worker's dp_moe_failover over the forward's silent targets: each pair on a
+    silent duck goes to the next replica of its expert after that duck (cyclically) that
+    is neither known lost nor silent. Returns the routing the ducks then compute, the
+    silent ducks failed over, and those with a pair no replica could take (or of the
+    shared set, not failed over): the forward fails DUCK_LOST naming them."""
+    duck = routed.duck.copy()
+    moved: list[int] = []
+    stuck: list[int] = []
+    for d in routed.targets:
+        if d not in silent:
+            continue
+        mine = np.argwhere(routed.duck == d)
+        if d in routed.shared:
+            stuck.append(d)
+            continue
+        ok = True
+        for t, k in mine:
+            held = plan.ducks_of[int(routed.indices[t, k])]
+            i = held.index(d)
+            nxt = [held[(i + j) % len(held)] for j in range(1, len(held))]
+            to = next((x for x in nxt if x not in silent and x not in lost), None)
+            if to is None:
+                ok = False
+                break
+            duck[t, k] = to
+        (moved if ok else stuck).append(d)
+    if stuck:
+        return routed, moved, stuck
+    return dataclasses.replace(routed, duck=duck), moved, stuck
+
+
+def failover_message(plan: MoePlan, stuck: list[int]) -> str:
+    """The C dataplane's failover_lost_message."""
+    many = len(stuck) > 1
+    return (
+        "; ".join(plan.describe(d) for d in stuck)
+        + f" did not answer by {'their' if many else 'its'} failover deadline, and no other"
+        f" live replica on its NIC holds {'their' if many else 'its'} rows' experts"
+    )[: MSG_LEN - 1]
+
+
 def duck_rows(plan: MoePlan, routed: Routed, duck: int) -> tuple[int, int]:
     """(n_rows, n_entries) of ``duck``'s reply: the rows it computed (every row on a duck
     of the shared set, else its distinct routed tokens), and its (token, expert) pairs."""

@@ -266,6 +266,15 @@ class StatsWriter:
         d["moe_tokens"][duck] += tokens
         d["moe_expert_rows"][duck] += expert_rows
 
+    def duck_failed_over(self, duck: int) -> None:
+        """A routed forward resent this silent duck's rows to other replicas (the C
+        dataplane: a missed forward that completed, no timeout counted)."""
+        d = self.v["ducks"]
+        d["moe_failovers"][duck] += 1
+        d["missing_chunks"][duck] += 1
+        if d["replies"][duck]:
+            d["state"][duck], d["reason"][duck] = S.DuckState.LATE, S.DuckReason.MISSED_FORWARD
+
     def duck_missed(self, duck: int, chunks: int) -> None:
         d = self.v["ducks"]
         d["timeouts"][duck] += 1

@@ -68,6 +68,8 @@ MOE_COUNTERS = (
     "moe_copied_bytes",
     "moe_no_live_replica",
     "moe_rows_rerouted",
+    "moe_failovers",
+    "moe_failover_late",
 )
 
 

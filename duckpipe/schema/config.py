@@ -93,6 +93,10 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     # a duck heard from neither reply, PONG nor ACK for max(this, 3 pings) is lost: its
     # stats say so, and routed forwards go around it (docs/architecture.md)
     duck_lost_ms: U32 = 3000
+    # a routed duck silent this long (and 8 of its smoothed reply times) into a forward has
+    # its rows resent to another live replica within the forward; rows with none fail the
+    # forward DUCK_LOST then, not at its deadline (docs/architecture.md, failover)
+    failover_ms: U32 = 500
     # --- per-client quotas and bounds (issue 7) ---
     client_max_inflight: U32 = 64  # forwards in flight per client
     client_max_slots: U32 = 1024  # slots of one client's segment

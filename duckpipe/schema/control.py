@@ -287,6 +287,10 @@ class SetFaults(Request, kw_only=True):
     # the mock's: these ducks restart now and forget every layer, as the duck emulator's
     # --restart-after does (their next forward says NO_LAYER: DUCK_LOST, LayerInfo.lost)
     restarted_ducks: Annotated[list[DuckId], Meta(max_length=MAX_DUCKS)] = []
+    # the mock's: these ducks stop answering without being known lost (as a stopped duck
+    # emulator within duck_lost_ms): a routed forward fails their rows over to another
+    # replica at the failover deadline (docs/architecture.md), a dense one times out
+    silent_ducks: Annotated[list[DuckId], Meta(max_length=MAX_DUCKS)] = []
 
 
 class Shutdown(Request, kw_only=True):

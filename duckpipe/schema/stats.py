@@ -271,6 +271,8 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("moe_rows_rerouted", "MoE (token, expert) pairs sent around a duck known lost"),
     Counter("layers_moved", "moves committed: live MoE layers switched to a new placement"),
     Counter("move_bytes", "of weight_bytes, those a move sent (the changed ducks' new banks)"),
+    Counter("moe_failovers", "MoE: silent ducks whose rows a forward resent to another replica"),
+    Counter("moe_failover_late", "MoE partial datagrams of a duck after its rows were failed over"),
 )
 COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
 DROP_COUNTERS: tuple[str, ...] = tuple(c.name for c in COUNTERS if c.drop)

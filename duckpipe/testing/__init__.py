@@ -89,6 +89,7 @@ def set_faults(
     dead_ducks: Sequence[int] = (),
     crash_after: int | None = None,
     restarted_ducks: Sequence[int] = (),
+    silent_ducks: Sequence[int] = (),
 ) -> None:
     """Change a running mock dataplane's fault knobs (replacing the previous ones);
     ``restarted_ducks`` forget every layer they hold now, once (a duck's restart)."""
@@ -98,6 +99,7 @@ def set_faults(
         dead_ducks=list(dead_ducks),
         crash_after=crash_after,
         restarted_ducks=list(restarted_ducks),
+        silent_ducks=list(silent_ducks),
     )
     reply = control_request(control, msg, 5.0)
     if reply is None:

@@ -37,6 +37,8 @@ MOE_TOTALS = {
     "moe_copied_bytes": 64,
     "moe_no_live_replica": 1,
     "moe_rows_rerouted": 8,
+    "moe_failovers": 3,
+    "moe_failover_late": 7,
 }
 
 

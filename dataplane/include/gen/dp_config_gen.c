@@ -35,6 +35,7 @@ int dp_cfg_gen_read(const msgpack_object *o, struct dp_config *cfg)
 	    dp_msgpack_u32(o, "max_forward_bytes", &cfg->max_forward_bytes, DP_CFG_DEFAULT_MAX_FORWARD_BYTES) < 0 ||
 	    dp_msgpack_u32(o, "ping_ms", &cfg->ping_ms, DP_CFG_DEFAULT_PING_MS) < 0 ||
 	    dp_msgpack_u32(o, "duck_lost_ms", &cfg->duck_lost_ms, DP_CFG_DEFAULT_DUCK_LOST_MS) < 0 ||
+	    dp_msgpack_u32(o, "failover_ms", &cfg->failover_ms, DP_CFG_DEFAULT_FAILOVER_MS) < 0 ||
 	    dp_msgpack_u32(o, "client_max_inflight", &cfg->client_max_inflight, DP_CFG_DEFAULT_CLIENT_MAX_INFLIGHT) < 0 ||
 	    dp_msgpack_u32(o, "client_max_slots", &cfg->client_max_slots, DP_CFG_DEFAULT_CLIENT_MAX_SLOTS) < 0 ||
 	    dp_msgpack_u64(o, "client_max_segment_bytes", &cfg->client_max_segment_bytes, DP_CFG_DEFAULT_CLIENT_MAX_SEGMENT_BYTES, UINT64_MAX) < 0 ||

@@ -429,6 +429,7 @@ static int decode_set_faults(const msgpack_object *m, struct dp_ctl_set_faults *
 	out->dead_ducks_len = 0;
 	out->has_crash_after = false;
 	out->restarted_ducks_len = 0;
+	out->silent_ducks_len = 0;
 	for (uint32_t i = 0; i < m->via.map.size; i++) {
 		const msgpack_object *key = &m->via.map.ptr[i].key;
 		const msgpack_object *val = &m->via.map.ptr[i].val;
@@ -476,6 +477,17 @@ static int decode_set_faults(const msgpack_object *m, struct dp_ctl_set_faults *
 				if (get_uint(&val->via.array.ptr[k], 0u, 255u, &v, "SetFaults.restarted_ducks", why, n) < 0)
 					return -1;
 				out->restarted_ducks[k] = (uint32_t)v;
+			}
+		} else if (key_is(key, "silent_ducks", 12)) {
+			seen |= 1ull << 5;
+			if (get_list(val, 0u, 256u, "SetFaults.silent_ducks", why, n) < 0)
+				return -1;
+			out->silent_ducks_len = val->via.array.size;
+			for (uint32_t k = 0; k < out->silent_ducks_len; k++) {
+				uint64_t v = 0;
+				if (get_uint(&val->via.array.ptr[k], 0u, 255u, &v, "SetFaults.silent_ducks", why, n) < 0)
+					return -1;
+				out->silent_ducks[k] = (uint32_t)v;
 			}
 		}
 	}

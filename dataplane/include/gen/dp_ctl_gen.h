@@ -117,6 +117,8 @@ struct dp_ctl_set_faults {
 	uint64_t crash_after;
 	uint32_t restarted_ducks_len;
 	uint32_t restarted_ducks[256];
+	uint32_t silent_ducks_len;
+	uint32_t silent_ducks[256];
 };
 
 struct dp_ctl_shutdown {

@@ -415,7 +415,9 @@ struct dp_stats_moe_layer {
     X(moe_no_live_replica) /* MoE forwards failed at once: a needed expert's ducks are lost */                       \
     X(moe_rows_rerouted) /* MoE (token, expert) pairs sent around a duck known lost */                               \
     X(layers_moved) /* moves committed: live MoE layers switched to a new placement */                               \
-    X(move_bytes) /* of weight_bytes, those a move sent (the changed ducks' new banks) */
+    X(move_bytes) /* of weight_bytes, those a move sent (the changed ducks' new banks) */                            \
+    X(moe_failovers) /* MoE: silent ducks whose rows a forward resent to another replica */                          \
+    X(moe_failover_late) /* MoE partial datagrams of a duck after its rows were failed over */
 
 _Static_assert(sizeof(struct dp_stats_header) == 320, "dp_stats_header size");
 _Static_assert(offsetof(struct dp_stats_header, magic) == 0, "dp_stats_header.magic");

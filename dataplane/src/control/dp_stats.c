@@ -640,6 +640,8 @@ void dp_stats_completion(struct dp_stats_seg *s, const struct dp_fwd *f,
 		uint32_t want = rx->reasm.chunks, have = rx->reasm.have;
 		add64(&d->missing_chunks, want > have ? want - have : 1);
 		add64(&d->nacks, rx->nacks);
+		if (rx->state == 3) /* silent: its rows went to another replica (dp_moe.c) */
+			add64(&d->moe_failovers, 1);
 		s->missed_last[t] = 1;
 	}
 	dp_stats_moe_forward(s->moe, w, f, sum); /* a routed forward's expert and duck load */

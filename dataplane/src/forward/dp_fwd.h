@@ -44,6 +44,13 @@
  * had one. A multiple of the page size (dp_worker_init aligns each context's to it). */
 #define DP_SCRATCH_KEEP (2ull << 20)
 
+/* Failover messages (dp_moe_failover) of one forward on one NIC: at most this many
+ * (silent duck, replacement) pairs; their wire forward_id is the forward's wire_id with
+ * the pair's tag (1..DP_FO_MAX) in its top byte (a wire_id is gen << 16 | index, 48 bits) */
+#define DP_FO_MAX 8
+#define DP_FWD_TAG_SHIFT 56
+#define DP_FWD_ID_MASK ((1ull << DP_FWD_TAG_SHIFT) - 1)
+
 #define DP_MSG_LEN 160 /* a context's message: why it failed, sent in its Completion */
 
 /* --- the context --------------------------------------------------------------------- */
@@ -58,7 +65,17 @@ struct dp_duck_rx {
 	uint64_t resent_ns; /* last activation resend on this duck's NACK (NACK flood guard) */
 	uint64_t progress_ns; /* last datagram from this duck for the forward (0: none yet) */
 	uint32_t nacks;       /* NACKs sent to it for this forward (Karn: then no RTT sample) */
-	uint8_t state; /* 0 waiting, 1 answered, 2 holds no such layer */
+	/* 0 waiting, 1 answered, 2 holds no such layer; routed (dp_moe_failover): 3 silent
+	 * past its failover deadline, its rows handed to other replicas (its late partial is
+	 * discarded: the generation rule), 4 silent with rows no other live replica holds */
+	uint8_t state;
+	uint64_t heard_ns; /* its last datagram for this forward (a partial or a NACK; 0: none) */
+	/* 0: the forward's own message to this duck; k: the k-th failover message of its
+	 * NIC part, whose FORWARD headers and replies carry forward_id | k << DP_FWD_TAG_SHIFT */
+	uint8_t fo_tag;
+	/* silent past its failover deadline with rows no other replica could take: it is
+	 * waited for until DP_FAILOVER_LOST_SPANS of that silence (dp_gather.c) */
+	bool fo_stuck;
 	/* routed (MoE) forwards, set by its NIC's worker at the send (dp_moe.c) */
 	uint32_t moe_rows;      /* rows its reply must have */
 	uint32_t moe_entries;   /* (row, expert) pairs it was routed */
@@ -90,6 +107,11 @@ struct dp_nic_part {
 	uint64_t release_ns; /* when the part ended and began to wait for the port */
 	bool release_logged; /* waited more than a second: said so once */
 	bool moe_unicast;    /* routed: each duck got its rows alone (else the broadcast) */
+	/* routed failover (dp_moe_failover): the messages sent (their dp_duck_rx are the
+	 * worker's fo area), and what they use of its table and row map areas */
+	uint8_t fo_n;
+	uint64_t fo_table_used;
+	uint32_t fo_map_used;
 	bool link_down;      /* failed at once: the NIC's link was down (dp_backend.h) */
 	/* dense: the sum is not zeroed first; each chunk's first contribution is stored
 	 * (dp_gather.c), which chunks have one is the worker's `summed` bitmap */

@@ -75,10 +75,36 @@ static void rto_backoff(const struct dp_gather_view *v, uint32_t duck)
 
 /* --- forwards ---------------------------------------------------------------------- */
 
+/* A silent routed duck fails over after this many of its smoothed reply times (at least
+ * failover_ms): beyond the RTO's backoff (a lost datagram is NACKed first and answered
+ * within an RTO or two), far enough past a slow reply not to take it for silence. */
+#define DP_FAILOVER_SRTTS 8
+/* A silent duck whose rows no other replica can take fails the forward DUCK_LOST only
+ * after this many failover spans: a failover taken wrongly (a duck busy with a prefill
+ * bigger than any it was measured on) costs a duplicate computation, a DUCK_LOST taken
+ * wrongly costs the forward (under ASan a 72-token slice of a prefill on 8 emulated
+ * ducks took longer than one span, 500 ms) */
+#define DP_FAILOVER_LOST_SPANS 4
+
 static struct dp_duck_rx *duck_rx(const struct dp_gather_view *v, struct dp_fwd *f,
 				  uint32_t duck)
 {
 	return &f->rx[v->duck_index[duck]];
+}
+
+/* The reply a datagram of duck's about f belongs to: f's own message to it (tag 0), or
+ * the failover message its forward_id's tag names, if that went to this duck (else
+ * NULL: a tag nobody was sent, or another duck's). */
+static struct dp_duck_rx *reply_rx(const struct dp_gather_view *v, struct dp_fwd *f,
+				   const struct dp_wire_header *h, uint32_t duck)
+{
+	uint32_t tag = (uint32_t)(h->forward_id >> DP_FWD_TAG_SHIFT);
+	if (!tag)
+		return duck_rx(v, f, duck);
+	if (tag > f->part[v->nic].fo_n)
+		return NULL;
+	struct dp_duck_rx *rx = dp_moe_fo_rx(v, f, tag);
+	return rx->moe_to == duck ? rx : NULL;
 }
 
 /* --- the sum ------------------------------------------------------------------------ */
@@ -158,6 +184,12 @@ static uint32_t check_forward_done(const struct dp_gather_view *v, struct dp_fwd
 		uint8_t st = duck_rx(v, f, d)->state;
 		if (st == 0)
 			return DP_STATUS_PENDING;
+		lost |= st == 2 || st == 4; /* 3: failed over, its rows are the fo replies' */
+	}
+	for (uint32_t k = 1; k <= f->part[v->nic].fo_n; k++) {
+		uint8_t st = dp_moe_fo_rx(v, f, k)->state;
+		if (st == 0)
+			return DP_STATUS_PENDING;
 		lost |= st == 2;
 	}
 	return part_over(v, f, lost ? DP_STATUS_DUCK_LOST : DP_STATUS_OK, now);
@@ -209,6 +241,9 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 			rx->state = 0;
 			rx->compute_ns = rx->done_ns = rx->resent_ns = rx->progress_ns = 0;
 			rx->nacks = 0;
+			rx->heard_ns = 0;
+			rx->fo_tag = 0;
+			rx->fo_stuck = false;
 			rx->moe_rows = rx->moe_entries = rx->moe_tsize = 0;
 			rx->moe_map = NULL;
 			rx->moe_table = NULL;
@@ -216,6 +251,9 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 		}
 	p->first_ns = p->last_ns = p->fetch_ns = 0;
 	p->link_down = false;
+	p->fo_n = 0;
+	p->fo_table_used = 0;
+	p->fo_map_used = 0;
 	p->owner.mem = &f->client->mem; /* chunks may go out in place from its slot */
 	uint64_t start = dp_now_ns();
 	p->send_start = start;
@@ -242,24 +280,19 @@ uint64_t dp_gather_accept(const struct dp_gather_view *v, struct dp_fwd *f)
 
 /* NACK the ducks of f whose partial made no progress for their RTO; returns when the
  * next one is due (UINT64_MAX: none is waited for). */
-uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now)
+/* NACK duck d about rx (f's message to it, or a failover message) if its partial made no
+ * progress for its RTO; returns when its next NACK is due. */
+static uint64_t nack_one(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_duck_rx *rx,
+			 uint32_t d, uint64_t now)
 {
-	uint64_t next = UINT64_MAX;
 	uint64_t sent_end = f->part[v->nic].wait_start;
-	for (uint32_t i = 0; i < v->nducks; i++) {
-		uint32_t d = v->ducks[i];
-		if (!dp_targets_has(f->targets, d) || duck_rx(v, f, d)->state != 0)
-			continue;
-		struct dp_duck_rx *rx = duck_rx(v, f, d);
-		uint64_t due = (rx->progress_ns ? rx->progress_ns : sent_end) + v->rto[d].rto;
-		if (due > now) {
-			next = due < next ? due : next;
-			continue;
-		}
-		rto_backoff(v, d);
-		rx->nacks++;
-		rx->progress_ns = now; /* the next NACK one (backed-off) RTO from now */
-		next = now + v->rto[d].rto < next ? now + v->rto[d].rto : next;
+	uint64_t due = (rx->progress_ns ? rx->progress_ns : sent_end) + v->rto[d].rto;
+	if (due > now)
+		return due;
+	rto_backoff(v, d);
+	rx->nacks++;
+	rx->progress_ns = now; /* the next NACK one (backed-off) RTO from now */
+	{
 		void *list;
 		struct dp_wire_header *h =
 			dp_tx_ctl_header(v->tx, DP_WIRE_OP_NACK, f->desc.epoch, &list);
@@ -267,14 +300,82 @@ uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, 
 		uint32_t n = rx->reasm.chunks ? dp_reasm_missing(&rx->reasm, list,
 								 DP_TX_CTL_PAYLOAD / 4)
 					      : 0;
-		h->forward_id = f->wire_id;
+		h->forward_id = f->wire_id | (uint64_t)rx->fo_tag << DP_FWD_TAG_SHIFT;
 		h->layer = f->layer->id;
 		h->duck = (uint16_t)d;
 		h->length = n * (uint32_t)sizeof(uint32_t);
 		dp_tx_one(v->tx, dp_gather_duck_addr(v, d), h, list, h->length);
 		dp_count(v->counters, DP_C_nacks_sent, 1);
 	}
+	return now + v->rto[d].rto;
+}
+
+/* When routed duck d of f, awaited, is due to be failed over: silent (no datagram for f)
+ * for max(DP_FAILOVER_SRTTS x its smoothed reply time, failover_ms) since the send or
+ * since it was last heard. The floor keeps a duck busy with a long prefill, never
+ * measured at that size, from being taken for silent; the srtt term keeps a duck whose
+ * usual reply takes longer than the floor from being. UINT64_MAX: never (a dense
+ * forward, or nothing was sent to it). */
+static uint64_t failover_due(const struct dp_gather_view *v, const struct dp_fwd *f,
+			     const struct dp_duck_rx *rx, uint32_t d)
+{
+	if (!(f->desc.flags & DP_DESC_FLAG_ROUTED) || !rx->moe_table)
+		return UINT64_MAX;
+	const struct dp_rto *e = &v->rto[d];
+	uint64_t span = DP_FAILOVER_SRTTS * (e->sampled ? e->srtt : v->limits.nack_ns);
+	if (span < v->limits.failover_ns)
+		span = v->limits.failover_ns;
+	uint64_t from = f->part[v->nic].wait_start;
+	return (rx->heard_ns > from ? rx->heard_ns : from) +
+	       (rx->fo_stuck ? DP_FAILOVER_LOST_SPANS * span : span);
+}
+
+uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now)
+{
+	uint64_t next = UINT64_MAX;
+	for (uint32_t i = 0; i < v->nducks; i++) {
+		uint32_t d = v->ducks[i];
+		if (!dp_targets_has(f->targets, d) || duck_rx(v, f, d)->state != 0)
+			continue;
+		struct dp_duck_rx *rx = duck_rx(v, f, d);
+		uint64_t due = nack_one(v, f, rx, d, now), fo = failover_due(v, f, rx, d);
+		due = fo < due ? fo : due; /* the timer must wake for the failover too */
+		next = due < next ? due : next;
+	}
+	for (uint32_t k = 1; k <= f->part[v->nic].fo_n; k++) {
+		struct dp_duck_rx *rx = dp_moe_fo_rx(v, f, k);
+		if (rx->state == 0) {
+			uint64_t due = nack_one(v, f, rx, rx->moe_to, now);
+			next = due < next ? due : next;
+		}
+	}
 	return next;
+}
+
+uint32_t dp_gather_failover(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now)
+{
+	bool changed = false;
+	for (uint32_t i = 0; i < v->nducks; i++) {
+		uint32_t d = v->ducks[i];
+		if (!dp_targets_has(f->targets, d))
+			continue;
+		struct dp_duck_rx *rx = duck_rx(v, f, d);
+		if (rx->state != 0 || now < failover_due(v, f, rx, d))
+			continue;
+		if (rx->fo_stuck) { /* still silent, DP_FAILOVER_LOST_SPANS later: lost */
+			rx->state = 4;
+			changed = true;
+		} else if (dp_moe_failover(v, f, rx, (uint16_t)d, now) == 0) {
+			rx->state = 3; /* its rows are the failover messages' now */
+			changed = true;
+		} else {
+			rx->fo_stuck = true; /* none can take its rows: wait longer, then fail */
+		}
+	}
+	if (!changed)
+		return DP_STATUS_PENDING;
+	dp_tx_flush(v->tx);
+	return check_forward_done(v, f, now);
 }
 
 uint64_t dp_gather_expected(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t *bytes)
@@ -282,6 +383,8 @@ uint64_t dp_gather_expected(const struct dp_gather_view *v, struct dp_fwd *f, ui
 	bool routed = f->desc.flags & DP_DESC_FLAG_ROUTED;
 	uint64_t row = (uint64_t)f->layer->hidden * dp_dtype_size(f->layer->dtype);
 	uint64_t last = 0;
+	if (f->part[v->nic].fo_n)
+		return 0; /* replacements answer when they answer: not measured for this */
 	for (uint32_t i = 0; i < v->nducks; i++) {
 		uint32_t d = v->ducks[i];
 		const struct dp_duck_rx *rx = duck_rx(v, f, d);
@@ -303,8 +406,18 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 			      uint32_t duck, uint64_t arrived, uint64_t now)
 {
 	struct dp_layer *l = f->layer;
-	struct dp_duck_rx *rx = duck_rx(v, f, duck);
+	struct dp_duck_rx *rx = reply_rx(v, f, h, duck);
 	uint32_t item = dp_dtype_size(l->dtype);
+	if (!rx) { /* a failover tag this duck was not sent */
+		dp_count(v->counters, DP_C_rx_unrouted, 1);
+		return DP_STATUS_PENDING;
+	}
+	if (rx->state == 3) {
+		/* the generation rule: its rows were handed to other replicas (tagged
+		 * messages), so its own reply, late, would count them twice */
+		dp_count(v->counters, DP_C_moe_failover_late, 1);
+		return DP_STATUS_PENDING;
+	}
 	if (rx->state != 0) {
 		dp_count(v->counters, DP_C_rx_duplicates, 1);
 		return DP_STATUS_PENDING;
@@ -356,6 +469,7 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 		sum_chunk(v, f, h, payload, item);
 	/* NACK only once this duck's stream stalls for its RTO: next_nack stays a lower bound */
 	rx->progress_ns = now;
+	rx->heard_ns = now;
 	if (h->compute_ns > rx->compute_ns)
 		rx->compute_ns = h->compute_ns;
 	if (!dp_reasm_complete(&rx->reasm))
@@ -367,7 +481,7 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 	/* and by when it came, not when it was read: read late (parked until the replies
 	 * were due, dp_main.c), the time would grow the estimate that parking follows */
 	uint64_t at = arrived > p->wait_start && arrived <= now ? arrived : now;
-	if (!rx->nacks && !rx->resent_ns && at > p->wait_start) {
+	if (!rx->nacks && !rx->resent_ns && !rx->fo_tag && at > p->wait_start) {
 		rto_sample(v, duck, at - p->wait_start);
 		if (at - p->wait_start > v->limits.nack_ns)
 			dp_count(v->counters, DP_C_nacks_avoided, 1);
@@ -401,8 +515,8 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 		 * say in it: its dp_duck_rx is another forward's, and its words must not
 		 * replace the message naming the ducks that were asked and did not answer */
 		if (f->kind == DP_FWD_FORWARD) {
-			struct dp_duck_rx *rx = duck_rx(v, f, duck);
-			if (dp_targets_has(f->targets, duck) && rx->state == 0) {
+			struct dp_duck_rx *rx = reply_rx(v, f, h, duck);
+			if (rx && (rx->fo_tag || dp_targets_has(f->targets, duck)) && rx->state == 0) {
 				/* the layer is gone from it for good: Layers says so from now on;
 				 * the message naming every such duck is written at completion
 				 * (dp_fwd_lost_message), once every NIC's part is over */
@@ -427,13 +541,15 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 	uint32_t chunks = dp_wire_chunk_count(f->bytes, v->payload);
 	const uint8_t *list = payload; /* u32 chunk indices, at any alignment */
 	uint32_t n = h->length / sizeof(uint32_t);
-	struct dp_duck_rx *rx = duck_rx(v, f, duck);
+	struct dp_duck_rx *rx = reply_rx(v, f, h, duck);
 	const struct dp_wire_header *hdrs = &v->hdrs[(size_t)f->index * v->max_chunks];
 	bool routed = f->desc.flags & DP_DESC_FLAG_ROUTED;
+	if (!rx || rx->state == 3) /* a tag it was not sent; its rows are another's now */
+		return DP_STATUS_PENDING;
 	if (routed) {
 		/* the duck's own message, from its table and the slot (dp_moe_resend); a duck
 		 * the forward does not route to has none (its dp_duck_rx is another forward's) */
-		if (!dp_targets_has(f->targets, duck) || !rx->moe_table)
+		if ((!rx->fo_tag && !dp_targets_has(f->targets, duck)) || !rx->moe_table)
 			return DP_STATUS_PENDING; /* nothing was sent to it */
 		chunks = dp_moe_chunks(v, f, rx);
 		/* at most max_forward_bytes (dp_desc_routed_bytes), so within nack_seen; kept
@@ -443,6 +559,7 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 	}
 	uint64_t interval = v->limits.nack_ns;
 	rx->progress_ns = now; /* it is alive and waits for input: one RTO from now */
+	rx->heard_ns = now;    /* and not silent: no failover yet */
 	if (rx->resent_ns && now < rx->resent_ns + interval) {
 		dp_count(v->counters, DP_C_nack_resends_suppressed, n ? n : chunks);
 		return DP_STATUS_PENDING;

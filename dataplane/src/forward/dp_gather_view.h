@@ -16,6 +16,7 @@
 #include "dp_config.h"
 
 struct dp_counters;
+struct dp_duck_rx;
 struct dp_reasm;
 struct dp_routing_placement;
 struct dp_tx_batch;
@@ -36,6 +37,7 @@ struct dp_gather_limits {
 			       * two resends of the activation to one duck (NACK flood guard) */
 	uint64_t nack_min_ns; /* the RTO's floor, and RFC 6298's clock granularity G */
 	uint64_t nack_max_ns; /* its ceiling, backoff included */
+	uint64_t failover_ns; /* a routed duck silent this long (at least): fail over */
 };
 
 /* What gather sees of its NIC worker, which owns it (and everything it points at) and
@@ -70,6 +72,12 @@ struct dp_gather_view {
 	/* a forward's placement less its known-lost ducks (f->lost), and their bank slots */
 	struct dp_routing_placement *moe_live;
 	uint16_t *moe_live_slots;
+	/* failover (dp_moe_failover): [contexts][DP_FO_MAX] replies awaited from replacement
+	 * ducks, and the tables and row maps of those messages, [contexts][moe_table_cap]
+	 * and [contexts][moe_map_cap] (a forward hands over at most every entry it sent) */
+	struct dp_duck_rx *fo;
+	uint8_t *fo_tables;
+	uint16_t *fo_maps;
 };
 
 /* The address of duck `id`, one of the topology's (duck_index[id] >= 0). */

@@ -143,7 +143,7 @@ static void duck_message(const struct dp_gather_view *v, const struct dp_fwd *f,
 	dp_wire_init(h, DP_WIRE_OP_FORWARD, v->session, f->desc.epoch);
 	h->flags = DP_WIRE_FLAG_ROUTED;
 	h->dtype = l->dtype;
-	h->forward_id = f->wire_id;
+	h->forward_id = f->wire_id | (uint64_t)rx->fo_tag << DP_FWD_TAG_SHIFT;
 	h->layer = l->id;
 	h->tensor = l->bank; /* the generation of the placement it was planned on */
 	h->duck = rx->moe_to;
@@ -334,5 +334,162 @@ int dp_moe_send(const struct dp_gather_view *v, struct dp_fwd *f)
 		send_unicast(v, f, rd, nrd, wsize);
 	else
 		send_broadcast(v, f, rd, nrd, wsize, bytes_broadcast);
+	return 0;
+}
+
+/* --- failover within a forward ------------------------------------------------------- */
+
+struct dp_duck_rx *dp_moe_fo_rx(const struct dp_gather_view *v, const struct dp_fwd *f,
+				uint32_t tag)
+{
+	return &v->fo[(uint64_t)f->index * DP_FO_MAX + tag - 1];
+}
+
+/* Whether duck d can take over rows in f on this NIC: on it, not known lost at dispatch,
+ * and not itself silent in f (a target failed over, or with nowhere to go). */
+static bool can_take_over(const struct dp_gather_view *v, const struct dp_fwd *f, uint16_t d)
+{
+	if (d >= DP_MAX_DUCKS || !(v->nic_ducks[d >> 6] >> (d & 63) & 1) ||
+	    (f->lost[d >> 6] >> (d & 63) & 1))
+		return false;
+	if (!dp_targets_has(f->targets, d))
+		return true;
+	uint8_t st = f->rx[v->duck_index[d]].state;
+	return st != 3 && st != 4;
+}
+
+/* Where each expert of silent duck `duck`'s bank goes: to[slot] the replacement duck,
+ * to_slot[slot] the expert's slot in its bank; the first replica after `duck` in the
+ * expert's list (cyclically) that can take over, DP_WIRE_ANY_DUCK if none can (only the
+ * experts its entries name matter). *n_slots: its bank's experts. */
+static void replacements(const struct dp_gather_view *v, const struct dp_fwd *f, uint16_t duck,
+			uint16_t *to, uint16_t *to_slot, uint32_t *n_slots)
+{
+	const struct dp_layer_moe *moe = f->layer->moe;
+	const struct dp_routing_placement *pl = &moe->pl;
+	uint32_t n = 0;
+	for (uint32_t e = 0; e < pl->n_experts && e < DP_MAX_EXPERTS; e++) {
+		uint32_t r = pl->replicas[e] < DP_MAX_REPLICAS ? pl->replicas[e] : DP_MAX_REPLICAS;
+		const uint16_t *ducks = &pl->ducks[e * DP_MAX_REPLICAS];
+		for (uint32_t i = 0; i < r; i++) {
+			if (ducks[i] != duck)
+				continue;
+			uint16_t slot = moe->slots[e * DP_MAX_REPLICAS + i]; /* ascending e: n */
+			to[slot] = DP_WIRE_ANY_DUCK;
+			for (uint32_t k = 1; k < r; k++) {
+				uint32_t j = (i + k) % r;
+				if (can_take_over(v, f, ducks[j])) {
+					to[slot] = ducks[j];
+					to_slot[slot] = moe->slots[e * DP_MAX_REPLICAS + j];
+					break;
+				}
+			}
+			n++;
+		}
+	}
+	*n_slots = n;
+}
+
+/* The failover message to duck `to`: the entries of the silent duck's section (at sec in
+ * its table, rows real or renumbered by its map) whose expert goes to `to`, as a
+ * one-section table at out, rows renumbered, their real rows into map. Bytes written,
+ * or 0 when it does not fit (cap, map_cap). *rows, *entries: its counts. */
+static uint64_t failover_table(const struct dp_duck_rx *silent, const uint8_t *sec, uint32_t n,
+			       const uint16_t *to, const uint16_t *to_slot, uint16_t duck_to,
+			       uint8_t *out, uint64_t cap, uint16_t *map, uint32_t map_cap,
+			       uint32_t *rows, uint32_t *entries)
+{
+	uint64_t base = DP_ROUTING_WIRE_HEADER_SIZE + DP_ROUTING_WIRE_DUCK_SIZE;
+	uint32_t m = 0, nr = 0;
+	int32_t prev = -1;
+	for (uint32_t j = 0; j < n; j++) {
+		struct dp_routing_wire_entry we;
+		memcpy(&we, sec + (uint64_t)j * DP_ROUTING_WIRE_ENTRY_SIZE, sizeof(we));
+		if (to[we.expert] != duck_to)
+			continue;
+		/* the real row: a unicast's are renumbered through its map, a broadcast's not */
+		uint16_t row = silent->moe_gather ? silent->moe_map[we.row] : we.row;
+		if ((int32_t)row != prev) {
+			if (nr == map_cap)
+				return 0;
+			map[nr++] = row;
+			prev = row;
+		}
+		if (base + (uint64_t)(m + 1) * DP_ROUTING_WIRE_ENTRY_SIZE > cap)
+			return 0;
+		we.row = (uint16_t)(nr - 1);
+		we.expert = to_slot[we.expert];
+		memcpy(out + base + (uint64_t)m * DP_ROUTING_WIRE_ENTRY_SIZE, &we, sizeof(we));
+		m++;
+	}
+	struct dp_routing_wire_header wh = { .magic = DP_ROUTING_WIRE_MAGIC,
+					     .version = DP_ROUTING_VERSION,
+					     .flags = 0, /* its experts only, never the shared one */
+					     .n_ducks = 1,
+					     .rows = nr,
+					     .entries = m };
+	struct dp_routing_wire_duck wd = { duck_to, (uint16_t)nr, m };
+	memcpy(out, &wh, sizeof(wh));
+	memcpy(out + DP_ROUTING_WIRE_HEADER_SIZE, &wd, sizeof(wd));
+	*rows = nr;
+	*entries = m;
+	return base + (uint64_t)m * DP_ROUTING_WIRE_ENTRY_SIZE;
+}
+
+int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_duck_rx *rx,
+		    uint16_t duck, uint64_t now)
+{
+	struct dp_nic_part *p = &f->part[v->nic];
+	struct dp_routing_section s;
+	/* a duck of the shared set computes the shared expert for every row: not failed
+	 * over (another set could take it: not done), so its forward fails */
+	if (in_shared_set(f, duck) || !rx->moe_table ||
+	    dp_routing_wire_section(rx->moe_table, rx->moe_tsize, duck, &s) < 0)
+		return -1;
+	uint16_t to[DP_MAX_EXPERTS], to_slot[DP_MAX_EXPERTS]; /* by its bank slot */
+	uint32_t n_slots;
+	replacements(v, f, duck, to, to_slot, &n_slots);
+	/* the replacements its entries name, in order of first use: one message each */
+	uint16_t dest[DP_FO_MAX];
+	uint32_t ndest = 0;
+	const uint8_t *sec = rx->moe_table + s.offset;
+	for (uint32_t j = 0; j < s.n_entries; j++) {
+		struct dp_routing_wire_entry we;
+		memcpy(&we, sec + (uint64_t)j * DP_ROUTING_WIRE_ENTRY_SIZE, sizeof(we));
+		if (we.expert >= n_slots || to[we.expert] == DP_WIRE_ANY_DUCK)
+			return -1; /* no live replica can take it (or not a slot of its bank) */
+		uint32_t k = 0;
+		while (k < ndest && dest[k] != to[we.expert])
+			k++;
+		if (k == ndest) {
+			if (p->fo_n + ndest == DP_FO_MAX)
+				return -1;
+			dest[ndest++] = to[we.expert];
+		}
+	}
+	for (uint32_t k = 0; k < ndest; k++) {
+		uint8_t *table = v->fo_tables + (uint64_t)f->index * v->moe_table_cap +
+				 p->fo_table_used;
+		uint16_t *map = v->fo_maps + (uint64_t)f->index * v->moe_map_cap + p->fo_map_used;
+		uint32_t rows = 0, entries = 0;
+		uint64_t tsize = failover_table(rx, sec, s.n_entries, to, to_slot, dest[k], table,
+						v->moe_table_cap - p->fo_table_used, map,
+						v->moe_map_cap - p->fo_map_used, &rows, &entries);
+		if (!tsize)
+			return -1; /* cannot happen: the areas hold every entry once */
+		struct dp_duck_rx *fo = dp_moe_fo_rx(v, f, ++p->fo_n);
+		*fo = (struct dp_duck_rx){ .moe_rows = rows, .moe_entries = entries, .moe_map = map,
+					   .moe_table = table, .moe_tsize = (uint32_t)tsize,
+					   .moe_gather = true, .moe_to = dest[k],
+					   .fo_tag = p->fo_n,
+					   /* its first NACK one RTO of it from now */
+					   .progress_ns = now };
+		p->fo_table_used += tsize;
+		p->fo_map_used += rows;
+		dp_moe_resend(v, f, fo, dp_gather_duck_addr(v, dest[k]), 0, dp_moe_chunks(v, f, fo));
+		DP_DEBUG("forward %lu: duck %u silent, %u rows (%u entries) failed over to duck %u",
+			 (unsigned long)f->wire_id, duck, rows, entries, dest[k]);
+	}
+	dp_count(v->counters, DP_C_moe_failovers, 1);
 	return 0;
 }

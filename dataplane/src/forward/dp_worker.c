@@ -112,7 +112,8 @@ static int sender_duck(struct dp_worker *wk, const struct dp_rx *rx, uint16_t cl
 static struct dp_fwd *owned_fwd(struct dp_worker *wk, uint64_t wire_id)
 {
 	uint32_t index = (uint32_t)(wire_id & 0xFFFF);
-	if (index >= wk->w->nfwds || wk->owned[index] != wire_id)
+	/* a failover message's replies carry its tag above the wire id (dp_moe_failover) */
+	if (index >= wk->w->nfwds || wk->owned[index] != (wire_id & DP_FWD_ID_MASK))
 		return NULL;
 	return &wk->w->fwds[index];
 }
@@ -171,7 +172,11 @@ static int receive(struct dp_worker *wk, uint64_t now, bool *full)
 		uint32_t status = DP_STATUS_PENDING;
 		switch (h->op) {
 		case DP_WIRE_OP_PARTIAL:
-			if (f->kind != DP_FWD_FORWARD || !dp_targets_has(f->targets, (uint32_t)duck)) {
+			/* a failover message's reply: its duck may be no target of the forward;
+			 * gather checks it against the message (dp_gather_on_partial) */
+			if (f->kind != DP_FWD_FORWARD ||
+			    (!dp_targets_has(f->targets, (uint32_t)duck) &&
+			     !(h->forward_id >> DP_FWD_TAG_SHIFT))) {
 				/* a routed forward's non-target: rows it was never routed */
 				bool routed = f->kind == DP_FWD_FORWARD &&
 					      f->desc.flags & DP_DESC_FLAG_ROUTED;
@@ -241,7 +246,14 @@ static int timers(struct dp_worker *wk, uint64_t now, bool backlog)
 				end_part(wk, f, dp_gather_timeout(&wk->gather, f, now), now);
 				work++;
 			} else if (!backlog && now >= wk->next_nack[f->index]) {
-				wk->next_nack[f->index] = dp_gather_send_nacks(&wk->gather, f, now);
+				/* a routed duck silent past its failover deadline first: its rows
+				 * go to a replica, or the part ends DUCK_LOST (dp_gather_failover) */
+				uint32_t st = dp_gather_failover(&wk->gather, f, now);
+				if (st != DP_STATUS_PENDING)
+					end_part(wk, f, st, now);
+				else
+					wk->next_nack[f->index] =
+						dp_gather_send_nacks(&wk->gather, f, now);
 				work++;
 			}
 		} else if (now >= f->deadline_ns) {
@@ -389,7 +401,8 @@ static struct dp_gather_limits gather_limits(const struct dp_config *c)
 {
 	return (struct dp_gather_limits){ .nack_ns = (uint64_t)c->nack_us * 1000,
 					  .nack_min_ns = (uint64_t)c->nack_min_us * 1000,
-					  .nack_max_ns = (uint64_t)c->nack_max_us * 1000 };
+					  .nack_max_ns = (uint64_t)c->nack_max_us * 1000,
+					  .failover_ns = (uint64_t)c->failover_ms * 1000000 };
 }
 
 int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
@@ -459,9 +472,14 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 	wk->moe_maps = calloc(nf * map_cap, sizeof(uint16_t));
 	wk->moe_live = calloc(1, sizeof(*wk->moe_live));
 	wk->moe_live_slots = calloc((size_t)DP_MAX_EXPERTS * DP_MAX_REPLICAS, sizeof(uint16_t));
+	/* failover messages: address space like the tables', touched only when a duck fails */
+	wk->fo = calloc(nf * DP_FO_MAX, sizeof(struct dp_duck_rx));
+	wk->fo_tables = calloc(nf, table_cap);
+	wk->fo_maps = calloc(nf * map_cap, sizeof(uint16_t));
 	if (!wk->owned || !wk->hdrs || !wk->next_nack || !wk->sent_ns || !wk->scratch ||
 	    !wk->summed || !wk->active || !wk->release.parts || !wk->moe_wire ||
-	    !wk->moe_tables || !wk->moe_maps || !wk->moe_live || !wk->moe_live_slots) {
+	    !wk->moe_tables || !wk->moe_maps || !wk->moe_live || !wk->moe_live_slots ||
+	    !wk->fo || !wk->fo_tables || !wk->fo_maps) {
 		dp_set_error("nic %s: out of memory for %zu forward contexts", cfg->name, nf);
 		return -1;
 	}
@@ -498,7 +516,10 @@ int dp_worker_init(struct dp_worker *wk, struct dp_world *w, uint32_t nic)
 					      .moe_maps = wk->moe_maps,
 					      .moe_map_cap = map_cap,
 					      .moe_live = wk->moe_live,
-					      .moe_live_slots = wk->moe_live_slots };
+					      .moe_live_slots = wk->moe_live_slots,
+					      .fo = wk->fo,
+					      .fo_tables = wk->fo_tables,
+					      .fo_maps = wk->fo_maps };
 	wk->weight = (struct dp_weight_view){ .w = w,
 					      .nic = nic,
 					      .payload = wk->payload,
@@ -546,6 +567,9 @@ void dp_worker_fini(struct dp_worker *wk)
 	free(wk->moe_wire);
 	free(wk->moe_tables);
 	free(wk->moe_maps);
+	free(wk->fo);
+	free(wk->fo_tables);
+	free(wk->fo_maps);
 	free(wk->moe_live);
 	free(wk->moe_live_slots);
 }

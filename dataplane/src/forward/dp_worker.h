@@ -63,6 +63,9 @@ struct dp_worker {
 	/* the placement of the forward being split, less its known-lost ducks (dp_moe.c) */
 	struct dp_routing_placement *moe_live;
 	uint16_t *moe_live_slots; /* [MAX_EXPERTS x MAX_REPLICAS]: their bank slots */
+	struct dp_duck_rx *fo;    /* [nfwds][DP_FO_MAX]: failover replies awaited (dp_moe.c) */
+	uint8_t *fo_tables;       /* [nfwds][moe_table_cap]: the failover messages' tables */
+	uint16_t *fo_maps;        /* [nfwds][MAX_TOKENS x MAX_TOPK]: their reply row maps */
 	/* what the modules see of the above (set at init, never changed) */
 	struct dp_gather_view gather;
 	struct dp_weight_view weight;

@@ -67,6 +67,7 @@ struct dp_config {
 	uint32_t max_forward_bytes;  /* largest activation (and result) of one forward */
 	uint32_t ping_ms;
 	uint32_t duck_lost_ms;       /* silent for max(this, 3 pings): lost (dp_stats.c) */
+	uint32_t failover_ms;        /* a routed duck silent this long: its rows to a replica */
 	/* per-client quotas and bounds */
 	uint32_t client_max_inflight;      /* forwards in flight per client */
 	uint32_t client_max_slots;         /* slots of one segment */
