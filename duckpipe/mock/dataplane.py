@@ -1473,11 +1473,6 @@ class MockDataplane:
             layer.lost |= set(forgot)
             why = _lost_message(layer, forgot)
             self._finish(client, fields, Status.DUCK_LOST, answered, missing, timings, why)
-        elif stuck:  # silent, and no replica took its rows: 4 failover deadlines (C's)
-            self.counters["duck_lost"] += 1
-            due = pickup / 1e9 + 4 * config_default("failover_ms") / 1e3
-            why = moe.failover_message(layer.moe, stuck)
-            self._finish(client, fields, Status.DUCK_LOST, answered, missing, timings, why, due=due)
         elif unanswered:
             self.counters["timeouts"] += 1
             due = pickup / 1e9 + timeout_us / 1e6  # a real dataplane gives up at the deadline

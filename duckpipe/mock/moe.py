@@ -271,7 +271,8 @@ def failover(
     silent duck goes to the next replica of its expert after that duck (cyclically) that
     is neither known lost nor silent. Returns the routing the ducks then compute, the
     silent ducks failed over, and those with a pair no replica could take (or of the
-    shared set, not failed over): the forward fails DUCK_LOST naming them."""
+    shared set, not failed over): the forward then waits for its deadline, as the C's
+    does, and times out naming them."""
     duck = routed.duck.copy()
     moved: list[int] = []
     stuck: list[int] = []
@@ -296,16 +297,6 @@ def failover(
     if stuck:
         return routed, moved, stuck
     return dataclasses.replace(routed, duck=duck), moved, stuck
-
-
-def failover_message(plan: MoePlan, stuck: list[int]) -> str:
-    """The C dataplane's failover_lost_message."""
-    many = len(stuck) > 1
-    return (
-        "; ".join(plan.describe(d) for d in stuck)
-        + f" did not answer by {'their' if many else 'its'} failover deadline, and no other"
-        f" live replica on its NIC holds {'their' if many else 'its'} rows' experts"
-    )[: MSG_LEN - 1]
 
 
 def duck_rows(plan: MoePlan, routed: Routed, duck: int) -> tuple[int, int]:

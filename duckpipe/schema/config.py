@@ -94,8 +94,8 @@ class DataplaneConfig(msgspec.Struct, kw_only=True, frozen=True):
     # stats say so, and routed forwards go around it (docs/architecture.md)
     duck_lost_ms: U32 = 3000
     # a routed duck silent this long (and 8 of its smoothed reply times) into a forward has
-    # its rows resent to another live replica within the forward; rows with none fail the
-    # forward DUCK_LOST then, not at its deadline (docs/architecture.md, failover)
+    # its rows resent to another live replica within the forward; rows with none wait for
+    # the forward's deadline (docs/architecture.md, failover)
     failover_ms: U32 = 500
     # --- per-client quotas and bounds (issue 7) ---
     client_max_inflight: U32 = 64  # forwards in flight per client

@@ -5,8 +5,8 @@ its failover deadline (max(8 x its smoothed reply time, failover_ms)); the forwa
 completes exact long before its timeout, counted in moe_failovers (the counter, and the
 duck's in the stats segment). Its late reply, after its rows were handed over, is
 discarded (the generation rule): results stay exact. Rows whose expert has no other
-replica fail the forward DuckLost after 4 such deadlines (not at its timeout), naming the
-duck and its experts.
+replica wait for the forward's own deadline, as without failover, and time out naming
+the duck and its experts (a duck only slow must not be declared lost sooner).
 
 Duck 3 is silenced: the C dataplane's, by stopping its emulator (SIGSTOP; ducks 0-2 run in
 another); the mock's by its silent_ducks fault.
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import duckpipe
-from duckpipe.errors import DuckLost
+from duckpipe.errors import ForwardTimeout
 from duckpipe.moe import MoeMlp
 from duckpipe.observe import stats_reader as stats
 from duckpipe.testing import set_faults
@@ -32,6 +32,7 @@ LOST_MS = 60_000  # never known lost during a test: the failover is what saves t
 FAILOVER_MS = 100  # the C dataplane's failover_ms here (the mock: the default, 500)
 DEADLINE = 10.0  # each forward's timeout: failing over means completing long before it
 SOON = DEADLINE / 2  # "long before", generously for a loaded 2-core machine
+STUCK_DEADLINE = 2.0  # a forward that waits for its deadline: above both failover_ms
 # experts 0..5 on duck 3 and one of ducks 0-2 (token t: replica t % 2, so even tokens go
 # to duck 3); expert 6 on duck 3 alone, expert 7 on duck 0 alone
 PLACEMENT = [[3, e % 3] for e in range(6)] + [[3], [0]]
@@ -151,26 +152,24 @@ def test_a_silent_ducks_rows_fail_over_to_a_live_replica_within_the_forward(sile
         assert _counters(c)["moe_failovers"] - before["moe_failovers"] == 2
 
 
-def test_a_forward_whose_expert_is_only_on_the_silent_duck_fails_long_before_its_timeout(
+def test_a_forward_whose_expert_is_only_on_the_silent_duck_waits_for_its_own_deadline(
     silent4,
 ):
+    # no replica can take its rows: the forward's deadline (the client's timeout) decides,
+    # as without failover; a duck that is only slow (a prefill bigger than any it was
+    # measured on) is not declared lost sooner. The failover of the others still happens.
     moe = MoeMlp.random(8, HIDDEN, EFFN, shared=False, seed=82)
     x = _tokens(4, 82)
     i = np.array([[0, 1], [2, 6], [3, 4], [1, 7]], np.int32)  # expert 6: duck 3 alone
     w = np.full((4, 2), 0.5, np.float32)
-    with duckpipe.connect(silent4.control, forward_timeout=DEADLINE) as c:
+    with duckpipe.connect(silent4.control, forward_timeout=STUCK_DEADLINE) as c:
         c.load_weights(82, moe, ducks=[0, 1, 2, 3], placement=PLACEMENT)
         _check(c.forward(82, x, routing=(i, w)), moe.reference(x, i, w))
         silent4.silence()
-        t0 = time.monotonic()
-        with pytest.raises(DuckLost) as e:
+        with pytest.raises(
+            ForwardTimeout, match=r"duck 3 \(experts 0 1 2 3 4 5 6\) did not answer"
+        ):
             c.forward(82, x, routing=(i, w))
-        took = time.monotonic() - t0
-        assert took < SOON, f"{took:.3f} s: waited for the deadline ({DEADLINE} s)?"
-        assert (
-            "duck 3 (experts 0 1 2 3 4 5 6) did not answer by its failover deadline, and no "
-            "other live replica on its NIC holds its rows' experts" in str(e.value)
-        )
         i[1, 1] = 5  # expert 5 has a replica on duck 2: fails over, exact
         _check(c.forward(82, x, routing=(i, w)), moe.reference(x, i, w))
 

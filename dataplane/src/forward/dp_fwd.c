@@ -167,29 +167,6 @@ static void routed_missing_message(const struct dp_world *w, struct dp_fwd *f)
 		snprintf(f->message + used, n - used, " did not answer");
 }
 
-/* DUCK_LOST of a routed forward whose silent ducks' rows had no other live replica to
- * fail over to (dp_moe_failover, state 4): those ducks and their experts. */
-static bool failover_lost_message(const struct dp_world *w, struct dp_fwd *f)
-{
-	size_t n = sizeof(f->message), used = 0;
-	uint32_t listed = 0;
-	for (uint32_t d = 0; d < DP_MAX_DUCKS && used + 120 < n; d++) {
-		if (!dp_targets_has(f->targets, d) || f->rx[w->duck_index[d]].state != 4)
-			continue;
-		int k = snprintf(f->message + used, n - used, "%s", listed ? "; " : "");
-		used += k > 0 ? (size_t)k : 0;
-		k = dp_layer_describe_duck(f->layer, d, f->message + used, n - used - 100);
-		used += k > 0 ? (size_t)k : 0;
-		listed++;
-	}
-	if (listed && used < n)
-		snprintf(f->message + used, n - used,
-			 " did not answer by %s failover deadline, and no other live replica on "
-			 "its NIC holds %s rows' experts",
-			 listed > 1 ? "their" : "its", listed > 1 ? "their" : "its");
-	return listed > 0;
-}
-
 /* DUCK_LOST: every duck that answered it holds no such layer, in one message, written by
  * the last NIC out (the workers only mark them: two NICs' parts must not share a buffer,
  * and the first duck's NO_LAYER must not speak for all eight that restarted). */
@@ -278,8 +255,7 @@ static uint32_t final_status(struct dp_world *w, struct dp_fwd *f, struct dp_cou
 	if (status == DP_STATUS_TIMEOUT && f->kind == DP_FWD_FORWARD &&
 	    f->desc.flags & DP_DESC_FLAG_ROUTED && !f->message[0])
 		routed_missing_message(w, f);
-	if (status == DP_STATUS_DUCK_LOST && f->kind == DP_FWD_FORWARD && !f->message[0] &&
-	    !(f->desc.flags & DP_DESC_FLAG_ROUTED && failover_lost_message(w, f)))
+	if (status == DP_STATUS_DUCK_LOST && f->kind == DP_FWD_FORWARD && !f->message[0])
 		lost_message(w, f);
 	if (status == DP_STATUS_DATAPLANE_ERROR && f->kind == DP_FWD_FORWARD && !f->message[0])
 		link_down_message(w, f);

@@ -74,7 +74,7 @@ struct dp_duck_rx {
 	 * NIC part, whose FORWARD headers and replies carry forward_id | k << DP_FWD_TAG_SHIFT */
 	uint8_t fo_tag;
 	/* silent past its failover deadline with rows no other replica could take: it is
-	 * waited for until DP_FAILOVER_LOST_SPANS of that silence (dp_gather.c) */
+	 * waited for until the forward's deadline, as without failover (dp_gather.c) */
 	bool fo_stuck;
 	/* routed (MoE) forwards, set by its NIC's worker at the send (dp_moe.c) */
 	uint32_t moe_rows;      /* rows its reply must have */

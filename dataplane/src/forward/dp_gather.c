@@ -79,12 +79,6 @@ static void rto_backoff(const struct dp_gather_view *v, uint32_t duck)
  * failover_ms): beyond the RTO's backoff (a lost datagram is NACKed first and answered
  * within an RTO or two), far enough past a slow reply not to take it for silence. */
 #define DP_FAILOVER_SRTTS 8
-/* A silent duck whose rows no other replica can take fails the forward DUCK_LOST only
- * after this many failover spans: a failover taken wrongly (a duck busy with a prefill
- * bigger than any it was measured on) costs a duplicate computation, a DUCK_LOST taken
- * wrongly costs the forward (under ASan a 72-token slice of a prefill on 8 emulated
- * ducks took longer than one span, 500 ms) */
-#define DP_FAILOVER_LOST_SPANS 4
 
 static struct dp_duck_rx *duck_rx(const struct dp_gather_view *v, struct dp_fwd *f,
 				  uint32_t duck)
@@ -184,7 +178,7 @@ static uint32_t check_forward_done(const struct dp_gather_view *v, struct dp_fwd
 		uint8_t st = duck_rx(v, f, d)->state;
 		if (st == 0)
 			return DP_STATUS_PENDING;
-		lost |= st == 2 || st == 4; /* 3: failed over, its rows are the fo replies' */
+		lost |= st == 2; /* 3: failed over, its rows are the fo replies' */
 	}
 	for (uint32_t k = 1; k <= f->part[v->nic].fo_n; k++) {
 		uint8_t st = dp_moe_fo_rx(v, f, k)->state;
@@ -319,15 +313,17 @@ static uint64_t nack_one(const struct dp_gather_view *v, struct dp_fwd *f, struc
 static uint64_t failover_due(const struct dp_gather_view *v, const struct dp_fwd *f,
 			     const struct dp_duck_rx *rx, uint32_t d)
 {
-	if (!(f->desc.flags & DP_DESC_FLAG_ROUTED) || !rx->moe_table)
+	/* fo_stuck: no replica could take its rows, and the forward's own deadline (the
+	 * client's timeout) decides, as it did before failover: a duck that is only slow (a
+	 * prefill bigger than any it was measured on) must not be declared lost sooner */
+	if (!(f->desc.flags & DP_DESC_FLAG_ROUTED) || !rx->moe_table || rx->fo_stuck)
 		return UINT64_MAX;
 	const struct dp_rto *e = &v->rto[d];
 	uint64_t span = DP_FAILOVER_SRTTS * (e->sampled ? e->srtt : v->limits.nack_ns);
 	if (span < v->limits.failover_ns)
 		span = v->limits.failover_ns;
 	uint64_t from = f->part[v->nic].wait_start;
-	return (rx->heard_ns > from ? rx->heard_ns : from) +
-	       (rx->fo_stuck ? DP_FAILOVER_LOST_SPANS * span : span);
+	return (rx->heard_ns > from ? rx->heard_ns : from) + span;
 }
 
 uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now)
@@ -362,14 +358,11 @@ uint32_t dp_gather_failover(const struct dp_gather_view *v, struct dp_fwd *f, ui
 		struct dp_duck_rx *rx = duck_rx(v, f, d);
 		if (rx->state != 0 || now < failover_due(v, f, rx, d))
 			continue;
-		if (rx->fo_stuck) { /* still silent, DP_FAILOVER_LOST_SPANS later: lost */
-			rx->state = 4;
-			changed = true;
-		} else if (dp_moe_failover(v, f, rx, (uint16_t)d, now) == 0) {
+		if (dp_moe_failover(v, f, rx, (uint16_t)d, now) == 0) {
 			rx->state = 3; /* its rows are the failover messages' now */
 			changed = true;
 		} else {
-			rx->fo_stuck = true; /* none can take its rows: wait longer, then fail */
+			rx->fo_stuck = true; /* none can take its rows: up to the forward's deadline */
 		}
 	}
 	if (!changed)
