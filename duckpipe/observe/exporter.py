@@ -251,7 +251,6 @@ class SnapshotCollector:
             h.add_metric([], _buckets(spread), spread.sum_ns / 1e9)
             yield h
 
-
     def _moe(self, s: st.Snapshot) -> Iterator[Metric]:
         """Each MoE layer's load: its totals, imbalance and hottest experts (bounded)."""
         for field, help_ in (
