@@ -1382,7 +1382,7 @@ class MockDataplane:
         routed = None
         if layer.moe is not None:  # dp_desc_check let through only a ROUTED forward
             try:
-                routed = self._routed(client, d, layer.moe, plan, shape)  # or refused here
+                routed = self._routed(client, d, layer, plan, shape)  # or refused here
             except moe.NoLiveReplica as e:  # known lost: now, not at the deadline
                 self.counters["moe_no_live_replica"] += 1
                 self._finish(client, fields, Status.DUCK_LOST, message=str(e))
@@ -1408,10 +1408,12 @@ class MockDataplane:
         missing = [t for t in targets if t in gone_now or t in forgot]
         # a routed forward's silent ducks fail over to other replicas (dp_moe_failover):
         # the ducks computing are then the answered ones and their replacements
+        # ... and so do those that answer NO_LAYER (restarted): as the C's, at once
         computed, failed_over, stuck = routed, [], []
-        if routed is not None and silent & set(targets):
+        gone_in_fwd = silent | frozenset(forgot)
+        if routed is not None and gone_in_fwd & set(targets):
             lost = frozenset(faults.dead_ducks) | frozenset(layer.lost)
-            computed, failed_over, stuck = moe.failover(layer.moe, routed, silent, lost)
+            computed, failed_over, stuck = moe.failover(layer.moe, routed, gone_in_fwd, lost)
             self.counters["moe_failovers"] += len(failed_over)
         extra = (
             []
@@ -1468,9 +1470,10 @@ class MockDataplane:
         )
         if forgot:  # they said NO_LAYER: lost from now on (LayerInfo.lost)
             self.counters["no_layer_replies"] += len(forgot)
-            self.counters["duck_lost"] += 1
             layer.forgot -= set(forgot)
             layer.lost |= set(forgot)
+        if forgot and not (failed_over and not stuck):  # their rows went nowhere
+            self.counters["duck_lost"] += 1
             why = _lost_message(layer, forgot)
             self._finish(client, fields, Status.DUCK_LOST, answered, missing, timings, why)
         elif unanswered:
@@ -1482,7 +1485,8 @@ class MockDataplane:
             self._finish(client, fields, Status.TIMEOUT, answered, missing, timings, why, due=due)
         elif failed_over:  # as the C dataplane: at the failover deadline, the silent missing
             self.counters["forwards_ok"] += 1
-            due = pickup / 1e9 + config_default("failover_ms") / 1e3
+            late = silent & set(failed_over)  # a NO_LAYER fails over at once
+            due = pickup / 1e9 + (config_default("failover_ms") / 1e3 if late else 0)
             self._finish(client, fields, Status.OK, answered, missing, timings, due=due)
         else:
             self.counters["forwards_ok"] += 1
@@ -1498,18 +1502,20 @@ class MockDataplane:
             return 0
         return pickup - submit
 
-    def _routed(self, client: _Client, d, plan: moe.MoePlan, desc_plan, shape) -> moe.Routed:
+    def _routed(self, client: _Client, d, layer: _Layer, desc_plan, shape) -> moe.Routed:
         """A ROUTED forward's routing out of its slot, copied once and checked by the C
         dispatcher's own dp_desc_routing_copy, and its NIC part's send mode counted
         (DuckpipeError: refused, in the C dispatcher's words)."""
         slot = client.seg.act_bytes(int(d.slot))
         nbytes = int(desc_plan.bytes)
+        plan = layer.moe
         table = moe.copy_routing(client.layout, self._check.limits, desc_plan, slot, plan)
         # known lost: the ducks the stats segment says are (the dead_ducks fault: the
-        # mock has no PING to wait on, so they are lost at once)
-        routed = moe.read_routing(
-            table, shape[0], plan, frozenset(self.faults.dead_ducks), int(d.forward_id)
-        )
+        # mock has no PING to wait on, so they are lost at once), and those that said
+        # NO_LAYER (restarted), until a repair
+        restarted = frozenset(layer.lost)
+        lost = frozenset(self.faults.dead_ducks) | restarted
+        routed = moe.read_routing(table, shape[0], plan, lost, int(d.forward_id), restarted)
         self.counters["moe_forwards"] += 1
         self.counters["moe_rows_rerouted"] += routed.rerouted
         if not routed.targets:  # every choice -1, no shared expert: zeros, nothing sent

@@ -166,7 +166,9 @@ class Routed:
     shared: frozenset[int] = frozenset()  # the shared set it uses: every row to each
 
 
-def _choose_shared(plan: MoePlan, lost: frozenset[int], forward_id: int) -> frozenset[int]:
+def _choose_shared(
+    plan: MoePlan, lost: frozenset[int], forward_id: int, restarted: frozenset[int] = frozenset()
+) -> frozenset[int]:
     """The C dispatcher's choose_shared_set: of the shared sets with no duck lost, the
     (forward id mod their count)-th; NoLiveReplica, in its words, when none is whole."""
     if not plan.has_shared:
@@ -177,9 +179,11 @@ def _choose_shared(plan: MoePlan, lost: frozenset[int], forward_id: int) -> froz
     gone = sorted(plan.shared_ducks & lost)
     shown = "".join(f" {d}" for d in gone)
     many = len(gone) > 1
-    # the mock's ducks never restart: its lost ducks come back by themselves
-    until = "a set is" if len(plan.shared_sets) > 1 else "they are" if many else "it is"
-    until = f"no forward on this layer completes until {until} back"
+    if set(gone) & restarted:  # said NO_LAYER: a repair, not time, brings it back
+        until = f"repair it, client.repair({plan.layer})"
+    else:
+        until = "a set is" if len(plan.shared_sets) > 1 else "they are" if many else "it is"
+        until = f"no forward on this layer completes until {until} back"
     if len(plan.shared_sets) > 1:
         why = (
             f"layer {plan.layer}: the shared expert's ducks{shown} are lost, a duck of each "
@@ -194,7 +198,7 @@ def _choose_shared(plan: MoePlan, lost: frozenset[int], forward_id: int) -> froz
     raise NoLiveReplica(why[: MSG_LEN - 1])
 
 
-def _no_live_message(plan: MoePlan, dead: list[int]) -> str:
+def _no_live_message(plan: MoePlan, dead: list[int], restarted: frozenset[int]) -> str:
     """The C dispatcher's no_live_replica: the experts without a live duck, then the lost
     ducks that held them, each as a timeout names it."""
     shown = " ".join(str(e) for e in dead[:8]) + (" ..." if len(dead) > 8 else "")
@@ -204,7 +208,10 @@ def _no_live_message(plan: MoePlan, dead: list[int]) -> str:
         f"layer {plan.layer}: expert{'s' if many else ''} {shown} "
         f"{'have' if many else 'has'} no live replica; lost:"
     )
-    return (head + " " + "; ".join(plan.describe(d) for d in ducks))[: MSG_LEN - 1]
+    hint = f" (restarted: repair it, client.repair({plan.layer}))"
+    hint = hint if set(ducks) & restarted else ""
+    listed = (head + " " + "; ".join(plan.describe(d) for d in ducks))[: MSG_LEN - 1 - len(hint)]
+    return listed + hint
 
 
 def copy_routing(layout, limits, desc_plan, slot: np.ndarray, plan: MoePlan) -> np.ndarray:
@@ -233,13 +240,15 @@ def read_routing(
     plan: MoePlan,
     lost: frozenset[int] = frozenset(),
     forward_id: int = 0,
+    restarted: frozenset[int] = frozenset(),
 ) -> Routed:
     """A checked table's routing: indices, weights, each (token, choice)'s duck, targets.
-    ``lost``: the layer's ducks known lost; each pair goes to live[t % nlive] of its
+    ``lost``: the layer's ducks known lost (``restarted``: those of them that said
+    NO_LAYER, which the messages tell to repair); each pair goes to live[t % nlive] of its
     expert's replicas, and every row to a whole shared set (NoLiveReplica when an expert
     it names, or the shared expert, has no live one)."""
     lost = lost & frozenset(plan.ducks)
-    shared = _choose_shared(plan, lost, forward_id)
+    shared = _choose_shared(plan, lost, forward_id, restarted)
     topk = int(copy[:_HEADER].view(routing.HEADER_DTYPE)["topk"][0])
     entries = copy[_HEADER:].view(routing.ENTRY_DTYPE).reshape(tokens, topk)
     indices = entries["expert"].astype(np.int32)  # ROUTING_NO_EXPERT reads as -1
@@ -250,7 +259,7 @@ def read_routing(
     live = {e: tuple(d for d in plan.ducks_of[e] if d not in lost) for e in named}
     dead = [e for e in named if not live[e]]
     if dead:
-        raise NoLiveReplica(_no_live_message(plan, dead))
+        raise NoLiveReplica(_no_live_message(plan, dead, restarted))
     rerouted = 0
     for e in named:
         t, k = np.nonzero(indices == e)

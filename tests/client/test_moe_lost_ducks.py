@@ -216,10 +216,11 @@ def test_a_duck_that_answers_again_gets_its_rows_again(lossy4):
 def test_ducks_that_restarted_without_the_layer_are_routed_around_until_repaired(
     duckpipe_cluster_factory,
 ):
-    """The C dataplane only (the mock's ducks never restart): ducks 2 and 3 forget their
-    weights after one forward and answer NO_LAYER; from then on the layer's forwards go
-    around them (their replicas on ducks 0 and 1), and one that needs an expert they
-    alone held fails at once, saying a repair brings them back."""
+    """The C dataplane only (its emulator restarts ducks): ducks 2 and 3 forget their
+    weights after one forward and answer NO_LAYER; that forward's rows on them fail over
+    to their replicas on ducks 0 and 1 within it (a restart costs no forward), and from
+    then on the layer's forwards go around them; one that needs an expert they alone held
+    fails at once, saying a repair brings them back."""
     cl = duckpipe_cluster_factory(4, groups=[(2, []), (2, ["--restart-after", "1"])])
     moe = MoeMlp.random(8, HIDDEN, EFFN, shared=False, seed=78)
     x = _tokens(4, 78)
@@ -229,9 +230,14 @@ def test_ducks_that_restarted_without_the_layer_are_routed_around_until_repaired
     with duckpipe.connect(cl.control, forward_timeout=DEADLINE) as c:
         c.load_weights(78, moe, ducks=[0, 1, 2, 3], placement=PLACEMENT)
         _check(c.forward(78, x, routing=(i, w)), want)  # then ducks 2 and 3 forget it
-        with pytest.raises(DuckLost, match=r"hold no layer 78 \(restarted\?\)"):
-            c.forward(78, x, routing=(i, w))
         before = _counters(c)
+        y, answered = _routed(c, 78, x, i, w)  # they say NO_LAYER: failed over, exact
+        _check(y, want)
+        assert answered == (0, 1)
+        after = _counters(c)
+        assert after["moe_failovers"] - before["moe_failovers"] == 2
+        assert after["no_layer_replies"] - before["no_layer_replies"] == 2
+        before = after
         with c.claim(x.shape, x.dtype) as slot:
             slot.array[:] = x
             fwd = c.submit(slot, 78, routing=(i, w))

@@ -106,6 +106,38 @@ def test_repair_streams_only_the_restarted_ducks_moe_bank_and_forwards_are_exact
         assert _count(c)["weight_bytes"] == after["weight_bytes"]
 
 
+def test_a_duck_that_restarts_costs_no_forward_when_its_experts_have_replicas(ducks):
+    # every expert on two ducks (e and e + 1, mod 4), no shared expert: the forward that
+    # finds duck 3 restarted (NO_LAYER) fails its rows over to their other replicas within
+    # it, exact; later forwards go around it until the repair brings it back
+    moe = MoeMlp.random(N_EXPERTS, HIDDEN, EFFN, shared=False, seed=31)
+    placement = [[e % 4, (e + 1) % 4] for e in range(N_EXPERTS)]
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((8, HIDDEN)).astype(np.float32)
+    idx = np.array([[e, (e + 3) % N_EXPERTS] for e in range(8)], np.int32)
+    w = rng.random((8, 2)).astype(np.float32)
+    want = moe.reference(x, idx, w)
+    with duckpipe.connect(ducks.control) as c:
+        c.load_weights(41, moe, ducks=[0, 1, 2, 3], placement=placement)
+
+        def forward():
+            return c.forward(41, x, routing=(idx, w), timeout=5)
+
+        np.testing.assert_allclose(forward(), want, rtol=1e-4, atol=1e-5)
+        ducks.restart()
+        before = _count(c)
+        np.testing.assert_allclose(forward(), want, rtol=1e-4, atol=1e-5)  # failed over
+        after = _count(c)
+        assert after["no_layer_replies"] - before["no_layer_replies"] == 1
+        assert after["moe_failovers"] - before["moe_failovers"] == 1
+        (info,) = [li for li in c.layers() if li.layer == 41]
+        assert info.lost == [RESTARTED]
+        np.testing.assert_allclose(forward(), want, rtol=1e-4, atol=1e-5)  # routed around
+        assert _count(c)["no_layer_replies"] == after["no_layer_replies"]
+        assert c.repair(41, progress=False).lost == []
+        np.testing.assert_allclose(forward(), want, rtol=1e-4, atol=1e-5)
+
+
 def test_a_dense_layer_serves_on_the_other_ducks_and_is_repaired_exactly(ducks):
     mlp = GeluMlp.random(HIDDEN, 64, seed=31)  # with b_down, which a repair leaves alone
     x = np.random.default_rng(31).standard_normal((3, HIDDEN)).astype(np.float32)

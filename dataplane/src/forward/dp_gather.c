@@ -510,12 +510,20 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 		if (f->kind == DP_FWD_FORWARD) {
 			struct dp_duck_rx *rx = reply_rx(v, f, h, duck);
 			if (rx && (rx->fo_tag || dp_targets_has(f->targets, duck)) && rx->state == 0) {
-				/* the layer is gone from it for good: Layers says so from now on;
-				 * the message naming every such duck is written at completion
-				 * (dp_fwd_lost_message), once every NIC's part is over */
-				rx->state = 2;
+				/* the layer is gone from it for good: Layers says so from now on */
 				__atomic_fetch_or(&f->layer->lost_ducks[duck >> 6], 1ull << (duck & 63),
 						  __ATOMIC_RELAXED);
+				/* a routed duck's rows go to live replicas, as a silent duck's do:
+				 * a duck that came back without its bank costs no forward */
+				if (!rx->fo_tag && f->desc.flags & DP_DESC_FLAG_ROUTED &&
+				    rx->moe_table && dp_moe_failover(v, f, rx, (uint16_t)duck, now) == 0) {
+					rx->state = 3;
+					dp_tx_flush(v->tx);
+					return check_forward_done(v, f, now);
+				}
+				/* else the message naming every such duck is written at
+				 * completion (dp_fwd_lost_message), once every NIC's part is over */
+				rx->state = 2;
 				return check_forward_done(v, f, now);
 			}
 		} else {

@@ -346,7 +346,8 @@ struct dp_duck_rx *dp_moe_fo_rx(const struct dp_gather_view *v, const struct dp_
 }
 
 /* Whether duck d can take over rows in f on this NIC: on it, not known lost at dispatch,
- * and not itself silent in f (a target failed over, or with nowhere to go). */
+ * and not itself gone in f (a target failed over, silent with nowhere to go, or one that
+ * answered NO_LAYER: its bank is gone). */
 static bool can_take_over(const struct dp_gather_view *v, const struct dp_fwd *f, uint16_t d)
 {
 	if (d >= DP_MAX_DUCKS || !(v->nic_ducks[d >> 6] >> (d & 63) & 1) ||
@@ -354,8 +355,8 @@ static bool can_take_over(const struct dp_gather_view *v, const struct dp_fwd *f
 		return false;
 	if (!dp_targets_has(f->targets, d))
 		return true;
-	uint8_t st = f->rx[v->duck_index[d]].state;
-	return st != 3 && st != 4;
+	const struct dp_duck_rx *rx = &f->rx[v->duck_index[d]];
+	return rx->state != 2 && rx->state != 3 && !rx->fo_stuck;
 }
 
 /* Where each expert of silent duck `duck`'s bank goes: to[slot] the replacement duck,
