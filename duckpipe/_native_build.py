@@ -116,6 +116,9 @@ int dp_load_check(const struct dp_ctl_load_weights *m, const struct dp_load_limi
                   const int16_t *topology, char *why, size_t n);
 int dp_load_moe_plan(const struct dp_ctl_load_weights *m, struct dp_layer_moe *moe, char *why,
                      size_t n);
+uint32_t dp_load_moe_shared_stand_in(const struct dp_layer_moe *moe, const uint16_t *ducks,
+                                     const uint32_t *shard, uint32_t nducks, uint32_t i,
+                                     const uint64_t *can);
 uint64_t dp_load_state_bytes(const struct dp_ctl_load_weights *m);
 uint64_t dp_load_plan_bytes(const struct dp_ctl_load_weights *m);
 int dp_load_quota_check(const struct dp_ctl_load_weights *m, const struct dp_load_holding *h,

@@ -285,6 +285,45 @@ static inline int32_t dp_load_moe_set_of(const struct dp_layer_moe *moe, uint32_
 	return -1;
 }
 
+/* The duck that computes the shared-expert columns of duck ducks[i] in its stead, when
+ * it fails within a forward (dp_moe.c failover): the duck of another set, the next in
+ * set order after its own (cyclically), that holds exactly those columns and that `can`
+ * names (DP_MAX_DUCKS bits: reachable and not itself gone); DP_MAX_DUCKS when there is
+ * none (one set, sets cut otherwise, or their ducks gone too). A duck's bank is its
+ * experts' columns, then its shared ones (shard[j] minus the experts'), and a set's
+ * ducks take consecutive columns of the shared expert in the layer's duck order
+ * (weights.py moe_layer): sets of one size are cut alike. */
+static inline uint32_t dp_load_moe_shared_stand_in(const struct dp_layer_moe *moe,
+						   const uint16_t *ducks, const uint32_t *shard,
+						   uint32_t nducks, uint32_t i, const uint64_t *can)
+{
+	uint32_t next[DP_MAX_REPLICAS] = { 0 }; /* each set's next column */
+	uint32_t lo[DP_MAX_DUCKS], cols[DP_MAX_DUCKS];
+	int32_t set[DP_MAX_DUCKS];
+	for (uint32_t j = 0; j < nducks && j < DP_MAX_DUCKS; j++) {
+		uint32_t d = ducks[j] % DP_MAX_DUCKS;
+		set[j] = dp_load_moe_set_of(moe, d);
+		cols[j] = set[j] < 0 ? 0 : shard[j] - moe->experts_on[d] * moe->expert_ffn;
+		lo[j] = set[j] < 0 ? 0 : next[set[j]];
+		if (set[j] >= 0)
+			next[set[j]] += cols[j];
+	}
+	if (i >= nducks || i >= DP_MAX_DUCKS || set[i] < 0 || !cols[i])
+		return DP_MAX_DUCKS;
+	for (uint32_t k = 1; k < moe->n_shared_sets; k++) {
+		int32_t other = (int32_t)((set[i] + k) % moe->n_shared_sets);
+		for (uint32_t j = 0; j < nducks && j < DP_MAX_DUCKS; j++) {
+			uint32_t d = ducks[j] % DP_MAX_DUCKS;
+			if (set[j] != other || lo[j] != lo[i] || cols[j] != cols[i])
+				continue;
+			if (can[d >> 6] >> (d & 63) & 1)
+				return d;
+			break; /* the one duck of that set with these columns cannot */
+		}
+	}
+	return DP_MAX_DUCKS;
+}
+
 /* The shared expert's set out of the request: distinct ducks of the layer (ducks[]: its
  * bits), written to moe->shared_ducks. 0 or DP_ERROR_CODE_BAD_REQUEST. */
 static inline int dp_load_moe_shared(const struct dp_ctl_load_weights *m,

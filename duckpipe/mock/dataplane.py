@@ -1413,12 +1413,18 @@ class MockDataplane:
         gone_in_fwd = silent | frozenset(forgot)
         if routed is not None and gone_in_fwd & set(targets):
             lost = frozenset(faults.dead_ducks) | frozenset(layer.lost)
-            computed, failed_over, stuck = moe.failover(layer.moe, routed, gone_in_fwd, lost)
+            computed, failed_over, stuck = moe.failover(
+                layer.moe, routed, gone_in_fwd, lost, info.shard_sizes
+            )
             self.counters["moe_failovers"] += len(failed_over)
         extra = (
             []
             if computed is None or stuck
-            else sorted(set(np.unique(computed.duck[computed.duck >= 0]).tolist()) - set(targets))
+            # ... and the stand-ins that compute a silent shared-set duck's columns
+            else sorted(
+                (set(np.unique(computed.duck[computed.duck >= 0]).tolist()) | computed.shared)
+                - set(targets)
+            )
         )
         acc = np.zeros(shape, np.float32)
         compute = []

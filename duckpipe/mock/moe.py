@@ -274,26 +274,36 @@ def read_routing(
 
 
 def failover(
-    plan: MoePlan, routed: Routed, silent: frozenset[int], lost: frozenset[int]
+    plan: MoePlan,
+    routed: Routed,
+    silent: frozenset[int],
+    lost: frozenset[int],
+    shard_sizes: tuple[int, ...] | list[int] = (),
 ) -> tuple[Routed, list[int], list[int]]:
     """The C worker's dp_moe_failover over the forward's silent targets: each pair on a
     silent duck goes to the next replica of its expert after that duck (cyclically) that
-    is neither known lost nor silent. Returns the routing the ducks then compute, the
-    silent ducks failed over, and those with a pair no replica could take (or of the
-    shared set, not failed over): the forward then waits for its deadline, as the C's
-    does, and times out naming them."""
+    is neither known lost nor silent; a duck of the forward's shared set also has its
+    shared columns computed by the duck of another set holding the same ones
+    (dp_load_moe_shared_stand_in, the C rule itself; ``shard_sizes``: the layer's bank
+    widths in its duck order). Returns the routing the ducks then compute, the silent
+    ducks failed over, and those with a pair no replica could take, or shared columns no
+    stand-in could: the forward then waits for its deadline, as the C's does, and times
+    out naming them."""
     duck = routed.duck.copy()
+    shared = set(routed.shared)
     moved: list[int] = []
     stuck: list[int] = []
     for d in routed.targets:
         if d not in silent:
             continue
-        mine = np.argwhere(routed.duck == d)
-        if d in routed.shared:
-            stuck.append(d)
-            continue
         ok = True
-        for t, k in mine:
+        if d in routed.shared:
+            to = _shared_stand_in(plan, shard_sizes, d, silent | lost | set(stuck))
+            if to is None:
+                stuck.append(d)
+                continue
+            shared = (shared - {d}) | {to}
+        for t, k in np.argwhere(routed.duck == d):
             held = plan.ducks_of[int(routed.indices[t, k])]
             i = held.index(d)
             nxt = [held[(i + j) % len(held)] for j in range(1, len(held))]
@@ -305,7 +315,25 @@ def failover(
         (moved if ok else stuck).append(d)
     if stuck:
         return routed, moved, stuck
-    return dataclasses.replace(routed, duck=duck), moved, stuck
+    return dataclasses.replace(routed, duck=duck, shared=frozenset(shared)), moved, stuck
+
+
+def _shared_stand_in(
+    plan: MoePlan, shard_sizes, silent: int, gone: set[int] | frozenset[int]
+) -> int | None:
+    """The duck that computes ``silent``'s shared columns in its stead (the C rule,
+    dp_load_moe_shared_stand_in), among the layer's ducks not ``gone``; None if none."""
+    n = len(plan.ducks)
+    if len(shard_sizes) != n or silent not in plan.ducks:
+        return None
+    ducks = ffi.new("uint16_t[]", list(plan.ducks))
+    shard = ffi.new("uint32_t[]", [int(x) for x in shard_sizes])
+    can = ffi.new("uint64_t[4]")
+    for d in plan.ducks:
+        if d not in gone:
+            can[d >> 6] |= 1 << (d & 63)
+    to = lib.dp_load_moe_shared_stand_in(plan.state, ducks, shard, n, plan.ducks.index(silent), can)
+    return None if to >= lib.DP_MAX_DUCKS else int(to)
 
 
 def duck_rows(plan: MoePlan, routed: Routed, duck: int) -> tuple[int, int]:

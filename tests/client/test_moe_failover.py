@@ -14,6 +14,7 @@ another); the mock's by its silent_ducks fault.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -224,3 +225,30 @@ def test_a_silent_duck_fails_over_whichever_way_the_forward_was_sent(silent4, se
         after = _counters(c)
         assert after["moe_failovers"] - before["moe_failovers"] == 1
         assert after[f"moe_{send}s"] - before[f"moe_{send}s"] == 1
+
+
+def test_a_silent_duck_of_the_shared_set_has_its_shared_columns_computed_by_its_twin(silent4):
+    """The shared expert in two sets cut alike ([1, 3] and [0, 2]: duck 3 holds the
+    second half of its columns, and so does duck 2): a forward that uses duck 3's set
+    while it is silent has those columns computed by duck 2, and duck 3's routed rows
+    go to their replicas, within the forward. Forwards take the sets in turns: each of
+    four is exact long before its deadline."""
+    moe = MoeMlp.random(8, HIDDEN, EFFN, shared=True, seed=88)
+    moe = dataclasses.replace(moe, shared_ducks=[[1, 3], [0, 2]])
+    x = _tokens(8, 88)
+    i, w = _routing(8, 89)
+    want = moe.reference(x, i, w)
+    with duckpipe.connect(silent4.control, forward_timeout=DEADLINE) as c:
+        c.load_weights(88, moe, ducks=[0, 1, 2, 3], placement=PLACEMENT)
+        for _ in range(2):  # both sets answer: duck 3's reply time measured
+            _check(c.forward(88, x, routing=(i, w)), want)
+        silent4.silence()
+        before = _counters(c)
+        for n in range(4):
+            t0 = time.monotonic()
+            _check(c.forward(88, x, routing=(i, w)), want)
+            took = time.monotonic() - t0
+            assert took < SOON, f"forward {n}: {took:.3f} s, waited for the deadline?"
+        after = _counters(c)
+        assert after["moe_failovers"] - before["moe_failovers"] == 4
+        assert after["timeouts"] == before["timeouts"]

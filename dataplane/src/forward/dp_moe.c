@@ -437,15 +437,70 @@ static uint64_t failover_table(const struct dp_duck_rx *silent, const uint8_t *s
 	return base + (uint64_t)m * DP_ROUTING_WIRE_ENTRY_SIZE;
 }
 
+/* The duck that computes silent shared-set duck `duck`'s shared columns in its stead:
+ * the duck of another set with the same columns that can take over (the rule is
+ * dp_load_moe_shared_stand_in's), or DP_WIRE_ANY_DUCK. */
+static uint16_t shared_stand_in(const struct dp_gather_view *v, const struct dp_fwd *f,
+				uint16_t duck)
+{
+	const struct dp_layer *l = f->layer;
+	int16_t i = l->index[duck % DP_MAX_DUCKS];
+	uint64_t can[DP_MAX_DUCKS / 64] = { 0 };
+	for (uint32_t k = 0; k < v->nducks; k++)
+		if (can_take_over(v, f, v->ducks[k]))
+			can[v->ducks[k] >> 6] |= 1ull << (v->ducks[k] & 63);
+	uint32_t d = i < 0 ? DP_MAX_DUCKS
+			   : dp_load_moe_shared_stand_in(l->moe, l->ducks, l->shard, l->nducks,
+							 (uint32_t)i, can);
+	return d < DP_MAX_DUCKS ? (uint16_t)d : DP_WIRE_ANY_DUCK;
+}
+
+/* The failover message that has duck `to` compute the shared expert's columns it holds
+ * for every row in a silent duck's stead: a table of the header alone, flag SHARED (as a
+ * shared-set duck with no routed rows is sent, shared_unicast_table), and every row of
+ * the slot in order. Its reply is awaited like any failover message's. */
+static int failover_shared(const struct dp_gather_view *v, struct dp_fwd *f, uint16_t to,
+			   uint64_t now)
+{
+	struct dp_nic_part *p = &f->part[v->nic];
+	if (p->fo_table_used + DP_ROUTING_WIRE_HEADER_SIZE > v->moe_table_cap)
+		return -1;
+	uint8_t *table = v->fo_tables + (uint64_t)f->index * v->moe_table_cap + p->fo_table_used;
+	struct dp_routing_wire_header wh = { .magic = DP_ROUTING_WIRE_MAGIC,
+					     .version = DP_ROUTING_VERSION,
+					     .flags = DP_ROUTING_WIRE_FLAG_SHARED,
+					     .n_ducks = 0,
+					     .rows = f->rows,
+					     .entries = 0 };
+	memcpy(table, &wh, sizeof(wh));
+	struct dp_duck_rx *fo = dp_moe_fo_rx(v, f, ++p->fo_n);
+	*fo = (struct dp_duck_rx){ .moe_rows = f->rows, .moe_table = table,
+				   .moe_tsize = DP_ROUTING_WIRE_HEADER_SIZE,
+				   .moe_gather = false, /* every row, in order: no map */
+				   .moe_to = to, .fo_tag = p->fo_n, .progress_ns = now };
+	p->fo_table_used += DP_ROUTING_WIRE_HEADER_SIZE;
+	dp_moe_resend(v, f, fo, dp_gather_duck_addr(v, to), 0, dp_moe_chunks(v, f, fo));
+	DP_DEBUG("forward %lu: shared-expert columns failed over to duck %u",
+		 (unsigned long)f->wire_id, to);
+	return 0;
+}
+
 int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_duck_rx *rx,
 		    uint16_t duck, uint64_t now)
 {
 	struct dp_nic_part *p = &f->part[v->nic];
-	struct dp_routing_section s;
-	/* a duck of the shared set computes the shared expert for every row: not failed
-	 * over (another set could take it: not done), so its forward fails */
-	if (in_shared_set(f, duck) || !rx->moe_table ||
-	    dp_routing_wire_section(rx->moe_table, rx->moe_tsize, duck, &s) < 0)
+	struct dp_routing_section s = { 0 };
+	if (!rx->moe_table)
+		return -1;
+	/* a duck of the forward's shared set computes its shared columns for every row: they
+	 * go to the duck of another set that holds the same ones; its routed rows, if its
+	 * table has a section, go to their replicas as any duck's */
+	bool shared = in_shared_set(f, duck);
+	bool has_section = dp_routing_wire_section(rx->moe_table, rx->moe_tsize, duck, &s) == 0;
+	if (!shared && !has_section)
+		return -1;
+	uint16_t stand_in = shared ? shared_stand_in(v, f, duck) : DP_WIRE_ANY_DUCK;
+	if (shared && stand_in == DP_WIRE_ANY_DUCK)
 		return -1;
 	uint16_t to[DP_MAX_EXPERTS], to_slot[DP_MAX_EXPERTS]; /* by its bank slot */
 	uint32_t n_slots;
@@ -454,7 +509,7 @@ int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_
 	uint16_t dest[DP_FO_MAX];
 	uint32_t ndest = 0;
 	const uint8_t *sec = rx->moe_table + s.offset;
-	for (uint32_t j = 0; j < s.n_entries; j++) {
+	for (uint32_t j = 0; has_section && j < s.n_entries; j++) {
 		struct dp_routing_wire_entry we;
 		memcpy(&we, sec + (uint64_t)j * DP_ROUTING_WIRE_ENTRY_SIZE, sizeof(we));
 		if (we.expert >= n_slots || to[we.expert] == DP_WIRE_ANY_DUCK)
@@ -463,11 +518,15 @@ int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_
 		while (k < ndest && dest[k] != to[we.expert])
 			k++;
 		if (k == ndest) {
-			if (p->fo_n + ndest == DP_FO_MAX)
+			if (p->fo_n + ndest + shared == DP_FO_MAX)
 				return -1;
 			dest[ndest++] = to[we.expert];
 		}
 	}
+	if (p->fo_n + ndest + shared > DP_FO_MAX)
+		return -1; /* the tags ran out: nothing sent */
+	if (shared && failover_shared(v, f, stand_in, now) < 0)
+		return -1; /* cannot happen: the area holds a header per tag */
 	for (uint32_t k = 0; k < ndest; k++) {
 		uint8_t *table = v->fo_tables + (uint64_t)f->index * v->moe_table_cap +
 				 p->fo_table_used;

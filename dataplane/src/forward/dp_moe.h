@@ -71,10 +71,12 @@ void dp_moe_resend(const struct dp_gather_view *v, struct dp_fwd *f, const struc
  * duck: a one-section table (rows renumbered, slots the replacement's), the rows
  * gathered from the slot, FORWARD headers with forward_id f->wire_id | tag <<
  * DP_FWD_TAG_SHIFT (tag 1..DP_FO_MAX, this part's fo_n-th), the reply awaited in
- * dp_moe_fo_rx(v, f, tag). Counted moe_failovers. 0, or -1 when some of its rows have
- * no such replica, it computes the shared expert (not failed over), or the tags ran
- * out: nothing was sent then (the forward waits for its deadline, or ends DUCK_LOST
- * for a NO_LAYER). */
+ * dp_moe_fo_rx(v, f, tag). A duck of the forward's shared set also has its shared
+ * columns computed for every row by the duck of another set that holds the same ones
+ * (dp_load_moe_shared_stand_in), in a message of their own. Counted moe_failovers. 0,
+ * or -1 when some of its rows have no such replica, its shared columns no stand-in, or
+ * the tags ran out: nothing was sent then (the forward waits for its deadline, or ends
+ * DUCK_LOST for a NO_LAYER). */
 int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_duck_rx *rx,
 		    uint16_t duck, uint64_t now);
 /* The reply awaited for failover message `tag` (1..fo_n) of f's part on this NIC. */
