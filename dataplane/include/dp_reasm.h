@@ -6,6 +6,7 @@
 #ifndef DP_REASM_H
 #define DP_REASM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -41,6 +42,12 @@ static inline int dp_reasm_mark(struct dp_reasm *r, uint32_t chunk)
 	*w |= bit;
 	r->have++;
 	return 1;
+}
+
+/* Whether chunk was recorded (out of range: no). */
+static inline bool dp_reasm_has(const struct dp_reasm *r, uint32_t chunk)
+{
+	return chunk < r->chunks && (r->bits[chunk >> 6] >> (chunk & 63) & 1);
 }
 
 static inline int dp_reasm_complete(const struct dp_reasm *r)

@@ -11,6 +11,7 @@
 #include "dp_f16.h"
 #include "dp_layers.h"
 #include "dp_moe.h"
+#include "dp_reasm.h"
 #include "test_check.h"
 
 #define HIDDEN 8u
@@ -394,6 +395,60 @@ static void test_the_row_mapped_sum(void)
 	CHECK(memcmp(acc, reply, sizeof(acc)) == 0, "identity map");
 }
 
+/* A duck went silent with part of its reply summed; two failover replies stand in for
+ * it (A: its rows 0 and 3, B: rows 0, 2 and 3, as replacements of two of its experts),
+ * delivered in chunks of any size: each (row, column) of its share is in the sum once. */
+static void test_a_failover_reply_adds_only_what_the_silent_duck_did_not(void)
+{
+	enum { ROWS = 5, S_ROWS = 3 };
+	static const uint16_t s_map[S_ROWS] = { 0, 2, 3 }, a_map[2] = { 0, 3 }, b_map[3] = { 0, 2, 3 };
+	float s[S_ROWS * HIDDEN], a[2 * HIDDEN], b[3 * HIDDEN];
+	for (uint32_t i = 0; i < S_ROWS * HIDDEN; i++)
+		s[i] = (float)(int)(frand() * 64) / 8; /* exact sums below */
+	for (uint32_t i = 0; i < 2 * HIDDEN; i++)
+		a[i] = (float)(int)(frand() * 64) / 8;
+	for (uint32_t r = 0; r < 3; r++) /* B = S - A where A has the row: A + B = S */
+		for (uint32_t c = 0; c < HIDDEN; c++) {
+			uint32_t ar = b_map[r] == 0 ? 0 : b_map[r] == 3 ? 1 : 2;
+			b[r * HIDDEN + c] = s[r * HIDDEN + c] - (ar < 2 ? a[ar * HIDDEN + c] : 0);
+		}
+	static const uint32_t chunk_items[] = { 1, 3, 5, 8, 13, S_ROWS * HIDDEN };
+	for (uint32_t k = 0; k < sizeof(chunk_items) / sizeof(chunk_items[0]); k++) {
+		uint32_t per = chunk_items[k], n = S_ROWS * HIDDEN;
+		struct dp_reasm got;
+		dp_reasm_reset(&got, (n + per - 1) / per);
+		float acc[ROWS * HIDDEN], want[ROWS * HIDDEN];
+		for (uint32_t i = 0; i < ROWS * HIDDEN; i++)
+			acc[i] = want[i] = (float)i;
+		for (uint32_t r = 0; r < S_ROWS; r++)
+			for (uint32_t c = 0; c < HIDDEN; c++)
+				want[s_map[r] * HIDDEN + c] += s[r * HIDDEN + c];
+		/* the silent duck delivered every other chunk (the first included) */
+		for (uint32_t c = 0; c < got.chunks; c += 2) {
+			uint32_t first = c * per, m = n - first < per ? n - first : per;
+			dp_moe_accumulate(acc, HIDDEN, s_map, first, s + first, m, DP_DTYPE_F32);
+			dp_reasm_mark(&got, c);
+		}
+		/* the stand-ins' replies, in chunks of another size */
+		uint32_t theirs = chunk_items[(k + 1) % (sizeof(chunk_items) / sizeof(chunk_items[0]))];
+		for (uint32_t first = 0; first < 2 * HIDDEN; first += theirs) {
+			uint32_t m = 2 * HIDDEN - first < theirs ? 2 * HIDDEN - first : theirs;
+			dp_moe_accumulate_rest(acc, HIDDEN, a_map, first, a + first, m, DP_DTYPE_F32,
+					       s_map, S_ROWS, &got, per * 4);
+		}
+		for (uint32_t first = 0; first < 3 * HIDDEN; first += theirs) {
+			uint32_t m = 3 * HIDDEN - first < theirs ? 3 * HIDDEN - first : theirs;
+			dp_moe_accumulate_rest(acc, HIDDEN, b_map, first, b + first, m, DP_DTYPE_F32,
+					       s_map, S_ROWS, &got, per * 4);
+		}
+		uint32_t bad = 0;
+		for (uint32_t i = 0; i < ROWS * HIDDEN; i++)
+			bad += acc[i] != want[i];
+		CHECK(bad == 0, "silent chunks of %u values, stand-ins' of %u: %u values wrong", per,
+		      theirs, bad);
+	}
+}
+
 static void test_a_missing_duck_is_named_with_its_experts(void)
 {
 	struct dp_ctl_load_weights *m = moe_request(0);
@@ -502,6 +557,7 @@ int main(void)
 	test_the_mode_rule();
 	test_row_maps_from_a_split();
 	test_the_row_mapped_sum();
+	test_a_failover_reply_adds_only_what_the_silent_duck_did_not();
 	test_a_missing_duck_is_named_with_its_experts();
 	test_the_placement_is_listed_for_layer_info();
 	test_shared_sets_are_kept_checked_and_listed();

@@ -87,6 +87,10 @@ struct dp_duck_rx {
 	uint32_t moe_tsize;
 	bool moe_gather;
 	uint16_t moe_to; /* its FORWARD headers' duck: it, or DP_WIRE_ANY_DUCK (a broadcast) */
+	/* a failover message's: the silent duck's reply it stands in for, when part of that
+	 * was summed before it went silent (its reply then adds only the rest:
+	 * dp_moe_accumulate_rest); NULL when none was */
+	const struct dp_duck_rx *fo_of;
 };
 
 /* One NIC's share of a forward; written by that NIC's worker only. */

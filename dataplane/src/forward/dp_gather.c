@@ -309,7 +309,7 @@ static uint64_t nack_one(const struct dp_gather_view *v, struct dp_fwd *f, struc
  * since it was last heard. The floor keeps a duck busy with a long prefill, never
  * measured at that size, from being taken for silent; the srtt term keeps a duck whose
  * usual reply takes longer than the floor from being. UINT64_MAX: never (a dense
- * forward, nothing was sent to it, or part of its reply arrived). */
+ * forward, or nothing was sent to it). */
 static uint64_t failover_due(const struct dp_gather_view *v, const struct dp_fwd *f,
 			     const struct dp_duck_rx *rx, uint32_t d)
 {
@@ -317,11 +317,6 @@ static uint64_t failover_due(const struct dp_gather_view *v, const struct dp_fwd
 	 * client's timeout) decides, as it did before failover: a duck that is only slow (a
 	 * prefill bigger than any it was measured on) must not be declared lost sooner */
 	if (!(f->desc.flags & DP_DESC_FLAG_ROUTED) || !rx->moe_table || rx->fo_stuck)
-		return UINT64_MAX;
-	/* part of its reply is summed already: its rows resent would count that part twice
-	 * (a loss it is NACKed for, not a death), so it is NACKed until the forward's
-	 * deadline, as without failover */
-	if (rx->reasm.have)
 		return UINT64_MAX;
 	const struct dp_rto *e = &v->rto[d];
 	uint64_t span = DP_FAILOVER_SRTTS * (e->sampled ? e->srtt : v->limits.nack_ns);
@@ -460,7 +455,12 @@ uint32_t dp_gather_on_partial(const struct dp_gather_view *v, struct dp_fwd *f,
 				(unsigned long)total, l->dtype);
 		return DP_STATUS_PENDING;
 	}
-	if (routed)
+	if (routed && rx->fo_of) /* standing in for a duck part of whose reply is summed */
+		dp_moe_accumulate_rest(f->acc[v->nic], l->hidden, rx->moe_map, h->offset / item,
+				       payload, h->length / item, l->dtype, rx->fo_of->moe_map,
+				       rx->fo_of->moe_rows, &rx->fo_of->reasm,
+				       rx->fo_of->chunk_bytes);
+	else if (routed)
 		dp_moe_accumulate(f->acc[v->nic], l->hidden, rx->moe_map, h->offset / item,
 				  payload, h->length / item, l->dtype);
 	else

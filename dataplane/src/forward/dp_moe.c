@@ -82,6 +82,54 @@ void dp_moe_accumulate(float *acc, uint32_t hidden, const uint16_t *map, uint64_
 	}
 }
 
+/* The silent duck's reply row holding result row `row`: its map's index of it (the map
+ * ascends), or row itself without a map; -1 when it had no such row. */
+static int64_t silent_row(const uint16_t *map, uint32_t rows, uint32_t row)
+{
+	if (!map)
+		return row < rows ? (int64_t)row : -1;
+	uint32_t lo = 0, hi = rows;
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (map[mid] < row)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < rows && map[lo] == row ? (int64_t)lo : -1;
+}
+
+void dp_moe_accumulate_rest(float *acc, uint32_t hidden, const uint16_t *map, uint64_t first,
+			    const void *src, uint32_t n, uint8_t dtype, const uint16_t *silent_map,
+			    uint32_t silent_rows, const struct dp_reasm *silent_got,
+			    uint32_t silent_chunk_bytes)
+{
+	const uint8_t *p = src;
+	uint32_t item = dp_dtype_size(dtype);
+	uint64_t e = first, end = first + n;
+	while (e < end) {
+		uint64_t row = e / hidden, row_end = (row + 1) * hidden < end ? (row + 1) * hidden : end;
+		int64_t j = silent_row(silent_map, silent_rows, map ? map[row] : (uint32_t)row);
+		while (e < row_end) {
+			/* the run up to the row's end, or to the end of the silent duck's chunk
+			 * that holds these columns of its row */
+			uint64_t run = row_end - e;
+			bool summed = false;
+			if (j >= 0 && silent_chunk_bytes) {
+				uint64_t at = ((uint64_t)j * hidden + e % hidden) * item; /* its bytes */
+				uint32_t k = (uint32_t)(at / silent_chunk_bytes);
+				uint64_t left = ((uint64_t)(k + 1) * silent_chunk_bytes - at) / item;
+				run = left < run ? left : run;
+				summed = dp_reasm_has(silent_got, k);
+			}
+			if (!summed)
+				dp_moe_accumulate(acc, hidden, map, e, p + (e - first) * item,
+						  (uint32_t)run, dtype);
+			e += run;
+		}
+	}
+}
+
 /* --- the send -------------------------------------------------------------------------- */
 
 /* Whether duck d is in the shared expert's set the forward uses (the dispatcher's
@@ -459,8 +507,8 @@ static uint16_t shared_stand_in(const struct dp_gather_view *v, const struct dp_
  * for every row in a silent duck's stead: a table of the header alone, flag SHARED (as a
  * shared-set duck with no routed rows is sent, shared_unicast_table), and every row of
  * the slot in order. Its reply is awaited like any failover message's. */
-static int failover_shared(const struct dp_gather_view *v, struct dp_fwd *f, uint16_t to,
-			   uint64_t now)
+static int failover_shared(const struct dp_gather_view *v, struct dp_fwd *f,
+			   const struct dp_duck_rx *silent, uint16_t to, uint64_t now)
 {
 	struct dp_nic_part *p = &f->part[v->nic];
 	if (p->fo_table_used + DP_ROUTING_WIRE_HEADER_SIZE > v->moe_table_cap)
@@ -477,7 +525,8 @@ static int failover_shared(const struct dp_gather_view *v, struct dp_fwd *f, uin
 	*fo = (struct dp_duck_rx){ .moe_rows = f->rows, .moe_table = table,
 				   .moe_tsize = DP_ROUTING_WIRE_HEADER_SIZE,
 				   .moe_gather = false, /* every row, in order: no map */
-				   .moe_to = to, .fo_tag = p->fo_n, .progress_ns = now };
+				   .moe_to = to, .fo_tag = p->fo_n, .progress_ns = now,
+				   .fo_of = silent->reasm.have ? silent : NULL };
 	p->fo_table_used += DP_ROUTING_WIRE_HEADER_SIZE;
 	dp_moe_resend(v, f, fo, dp_gather_duck_addr(v, to), 0, dp_moe_chunks(v, f, fo));
 	DP_DEBUG("forward %lu: shared-expert columns failed over to duck %u",
@@ -525,7 +574,7 @@ int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_
 	}
 	if (p->fo_n + ndest + shared > DP_FO_MAX)
 		return -1; /* the tags ran out: nothing sent */
-	if (shared && failover_shared(v, f, stand_in, now) < 0)
+	if (shared && failover_shared(v, f, rx, stand_in, now) < 0)
 		return -1; /* cannot happen: the area holds a header per tag */
 	for (uint32_t k = 0; k < ndest; k++) {
 		uint8_t *table = v->fo_tables + (uint64_t)f->index * v->moe_table_cap +
@@ -543,7 +592,9 @@ int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_
 					   .moe_gather = true, .moe_to = dest[k],
 					   .fo_tag = p->fo_n,
 					   /* its first NACK one RTO of it from now */
-					   .progress_ns = now };
+					   .progress_ns = now,
+					   /* what of the silent duck's reply was summed, it skips */
+					   .fo_of = rx->reasm.have ? rx : NULL };
 		p->fo_table_used += tsize;
 		p->fo_map_used += rows;
 		dp_moe_resend(v, f, fo, dp_gather_duck_addr(v, dest[k]), 0, dp_moe_chunks(v, f, fo));

@@ -47,6 +47,19 @@ uint32_t dp_moe_row_map(const void *wire, const struct dp_routing_section *s, ui
 void dp_moe_accumulate(float *acc, uint32_t hidden, const uint16_t *map, uint64_t first,
 		       const void *src, uint32_t n, uint8_t dtype);
 
+/* A failover reply's elements [first, first + n) (rows by map, as dp_moe_accumulate),
+ * added only where the silent duck it stands in for had not added already: that duck's
+ * reply was partly summed when it went silent (the chunks in silent_got, of
+ * silent_chunk_bytes each, of its reply of silent_rows rows by silent_map, ascending;
+ * NULL: row i is result row i). Result row R's columns c go in unless the silent duck's
+ * bytes of (R, c) were in a chunk it delivered, so that each (row, column) of its share
+ * is summed once, from it or from the replies standing in for it. */
+struct dp_reasm;
+void dp_moe_accumulate_rest(float *acc, uint32_t hidden, const uint16_t *map, uint64_t first,
+			    const void *src, uint32_t n, uint8_t dtype, const uint16_t *silent_map,
+			    uint32_t silent_rows, const struct dp_reasm *silent_got,
+			    uint32_t silent_chunk_bytes);
+
 /* The worker's routed send of f on this NIC: the NIC's wire table split out of f's
  * host table with the layer's bank slots, the mode chosen, the table(s) written in the
  * context's table area, each targeted duck's expected reply set in its dp_duck_rx (rows,
