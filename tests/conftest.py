@@ -110,6 +110,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # before collection: some modules look their programs up at import
     if not config.getoption("--check-dataplane-mark"):
         return
+    # pytest-xdist (-n): the workers run the tests, each with wrappers and a log of its
+    # own; the controller runs none, and its environment is what they start with
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
     wrappers = Path(tempfile.mkdtemp(prefix="duckpipe-mark-check-"))
     log = wrappers / "starts.log"
     log.touch()
