@@ -23,7 +23,9 @@ enum dp_partial_verdict {
 
 /* h passed dp_wire_check(); total and dtype are the forward's own (never the
  * datagram's); r and *chunk_bytes are this duck's reassembly state for the forward,
- * r->chunks == 0 before its first accepted chunk. */
+ * r->chunks == 0 before its first accepted chunk. A chunk size is whole items (one the
+ * last chunk implies may not be): the failover sum walks a reply by its chunks
+ * (dp_moe_accumulate_rest). */
 static inline enum dp_partial_verdict dp_partial_admit(const struct dp_wire_header *h,
 						       uint64_t total, uint8_t dtype,
 						       struct dp_reasm *r, uint32_t *chunk_bytes)
@@ -32,7 +34,8 @@ static inline enum dp_partial_verdict dp_partial_admit(const struct dp_wire_head
 	uint32_t size = dp_wire_chunk_size(h);
 	if (item == 0 || h->total != total || h->dtype != dtype ||
 	    h->chunks > DP_REASM_MAX_CHUNKS || h->offset % item || h->length % item ||
-	    size == 0 || (r->chunks && (h->chunks != r->chunks || size != *chunk_bytes)))
+	    size == 0 || size % item ||
+	    (r->chunks && (h->chunks != r->chunks || size != *chunk_bytes)))
 		return DP_PARTIAL_MALFORMED;
 	if (!r->chunks) {
 		dp_reasm_reset(r, h->chunks);

@@ -449,6 +449,100 @@ static void test_a_failover_reply_adds_only_what_the_silent_duck_did_not(void)
 	}
 }
 
+/* The same for a duck of the shared set (every row, no map on it or on its shared
+ * columns' stand-in B; A takes its rows 1 and 3), in float16: replies of 2-byte items. */
+static void test_a_shared_stand_in_adds_only_what_the_silent_duck_did_not_in_float16(void)
+{
+	enum { ROWS = 4 };
+	static const uint16_t a_map[2] = { 1, 3 };
+	float s[ROWS * HIDDEN], a[2 * HIDDEN], b[ROWS * HIDDEN];
+	uint16_t a16[2 * HIDDEN], b16[ROWS * HIDDEN], s16[ROWS * HIDDEN];
+	for (uint32_t i = 0; i < 2 * HIDDEN; i++) {
+		a[i] = (float)(int)(frand() * 64) / 8;
+		a16[i] = dp_f32_to_f16(a[i]);
+	}
+	for (uint32_t r = 0; r < ROWS; r++)
+		for (uint32_t c = 0; c < HIDDEN; c++) {
+			uint32_t i = r * HIDDEN + c;
+			s[i] = (float)(int)(frand() * 64) / 8;
+			b[i] = s[i] - (r == 1 ? a[c] : r == 3 ? a[HIDDEN + c] : 0);
+			s16[i] = dp_f32_to_f16(s[i]);
+			b16[i] = dp_f32_to_f16(b[i]);
+		}
+	static const uint32_t chunk_items[] = { 1, 3, 6, 8, 13, ROWS * HIDDEN };
+	enum { NK = sizeof(chunk_items) / sizeof(chunk_items[0]) };
+	for (uint32_t k = 0; k < NK; k++) {
+		uint32_t per = chunk_items[k], n = ROWS * HIDDEN, theirs = chunk_items[(k + 2) % NK];
+		struct dp_reasm got;
+		dp_reasm_reset(&got, (n + per - 1) / per);
+		float acc[ROWS * HIDDEN], want[ROWS * HIDDEN];
+		for (uint32_t i = 0; i < n; i++) {
+			acc[i] = (float)i;
+			want[i] = (float)i + s[i];
+		}
+		for (uint32_t c = 1; c < got.chunks; c += 2) { /* every other, from the second */
+			uint32_t first = c * per, m = n - first < per ? n - first : per;
+			dp_moe_accumulate(acc, HIDDEN, NULL, first, s16 + first, m, DP_DTYPE_F16);
+			dp_reasm_mark(&got, c);
+		}
+		for (uint32_t first = 0; first < 2 * HIDDEN; first += theirs)
+			dp_moe_accumulate_rest(acc, HIDDEN, a_map, first, a16 + first,
+					       2 * HIDDEN - first < theirs ? 2 * HIDDEN - first : theirs,
+					       DP_DTYPE_F16, NULL, ROWS, &got, per * 2);
+		for (uint32_t first = 0; first < n; first += theirs)
+			dp_moe_accumulate_rest(acc, HIDDEN, NULL, first, b16 + first,
+					       n - first < theirs ? n - first : theirs, DP_DTYPE_F16,
+					       NULL, ROWS, &got, per * 2);
+		uint32_t bad = 0;
+		for (uint32_t i = 0; i < n; i++)
+			bad += acc[i] != want[i];
+		CHECK(bad == 0, "float16, silent chunks of %u values, stand-ins' of %u: %u wrong", per,
+		      theirs, bad);
+	}
+}
+
+/* Whose shared columns stand in for whose: ducks 0-5, one 4-column expert each, the
+ * shared expert (8 columns) in sets {1, 3}, {0, 2}, {4, 5}, each duck half of it (lo 0 or
+ * 4 by the layer's duck order). */
+static void test_the_shared_stand_in_rule(void)
+{
+	struct dp_layer_moe *moe = calloc(1, sizeof(*moe));
+	static const uint16_t ducks[6] = { 0, 1, 2, 3, 4, 5 };
+	uint32_t shard[6] = { 8, 8, 8, 8, 8, 8 };
+	moe->expert_ffn = 4;
+	for (uint32_t d = 0; d < 6; d++)
+		moe->experts_on[d] = 1;
+	moe->has_shared = true;
+	moe->n_shared_sets = 3;
+	moe->shared_set[0] = 0x0a; /* set 0: ducks 1, 3 */
+	moe->shared_set[4] = 0x05; /* set 1: ducks 0, 2 */
+	moe->shared_set[8] = 0x30; /* set 2: ducks 4, 5 */
+	uint64_t can[4] = { 0x3f };
+	CHECK(dp_load_moe_shared_stand_in(moe, ducks, shard, 6, 3, can) == 2,
+	      "duck 3 (set 0, columns 4-7): duck 2 of the next set");
+	can[0] = 0x3f & ~(1ull << 2);
+	CHECK(dp_load_moe_shared_stand_in(moe, ducks, shard, 6, 3, can) == 5,
+	      "duck 2 cannot: duck 5 of the set after");
+	can[0] = 0x3f & ~(1ull << 2) & ~(1ull << 5);
+	CHECK(dp_load_moe_shared_stand_in(moe, ducks, shard, 6, 3, can) == DP_MAX_DUCKS,
+	      "neither can: none");
+	can[0] = 0x3f & ~(1ull << 5);
+	CHECK(dp_load_moe_shared_stand_in(moe, ducks, shard, 6, 2, can) == 3,
+	      "duck 2 (set 1): duck 5 cannot, then set 0 (cyclically): duck 3");
+	CHECK(dp_load_moe_shared_stand_in(moe, ducks, shard, 6, 1, can) == 0,
+	      "duck 1 (set 0, columns 0-3): duck 0");
+	/* set 2 as one duck with all 8 columns (duck 5 holds none): cut otherwise */
+	moe->shared_set[8] = 0x10;
+	shard[4] = 12;
+	shard[5] = 4;
+	can[0] = 0x3f & ~(1ull << 2);
+	CHECK(dp_load_moe_shared_stand_in(moe, ducks, shard, 6, 3, can) == DP_MAX_DUCKS,
+	      "duck 4 holds columns 0-7, not 4-7: no stand-in");
+	CHECK(dp_load_moe_shared_stand_in(moe, ducks, shard, 6, 5, can) == DP_MAX_DUCKS,
+	      "duck 5 holds no shared columns");
+	free(moe);
+}
+
 static void test_a_missing_duck_is_named_with_its_experts(void)
 {
 	struct dp_ctl_load_weights *m = moe_request(0);
@@ -558,6 +652,8 @@ int main(void)
 	test_row_maps_from_a_split();
 	test_the_row_mapped_sum();
 	test_a_failover_reply_adds_only_what_the_silent_duck_did_not();
+	test_a_shared_stand_in_adds_only_what_the_silent_duck_did_not_in_float16();
+	test_the_shared_stand_in_rule();
 	test_a_missing_duck_is_named_with_its_experts();
 	test_the_placement_is_listed_for_layer_info();
 	test_shared_sets_are_kept_checked_and_listed();

@@ -351,14 +351,26 @@ uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, 
 uint32_t dp_gather_failover(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now)
 {
 	bool changed = false;
+	/* every duck due first: none of them may take another's rows (or shared columns) in
+	 * this pass, whatever the order they are handled in */
+	uint64_t going[DP_MAX_DUCKS / 64] = { 0 };
+	bool any = false;
 	for (uint32_t i = 0; i < v->nducks; i++) {
 		uint32_t d = v->ducks[i];
 		if (!dp_targets_has(f->targets, d))
 			continue;
 		struct dp_duck_rx *rx = duck_rx(v, f, d);
-		if (rx->state != 0 || now < failover_due(v, f, rx, d))
+		if (rx->state == 0 && now >= failover_due(v, f, rx, d)) {
+			going[d >> 6] |= 1ull << (d & 63);
+			any = true;
+		}
+	}
+	for (uint32_t i = 0; any && i < v->nducks; i++) {
+		uint32_t d = v->ducks[i];
+		if (!(going[d >> 6] >> (d & 63) & 1))
 			continue;
-		if (dp_moe_failover(v, f, rx, (uint16_t)d, now) == 0) {
+		struct dp_duck_rx *rx = duck_rx(v, f, d);
+		if (dp_moe_failover(v, f, rx, (uint16_t)d, going, now) == 0) {
 			rx->state = 3; /* its rows are the failover messages' now */
 			changed = true;
 		} else {
@@ -521,7 +533,8 @@ uint32_t dp_gather_on_nack(const struct dp_gather_view *v, struct dp_fwd *f,
 				/* a routed duck's rows go to live replicas, as a silent duck's do:
 				 * a duck that came back without its bank costs no forward */
 				if (!rx->fo_tag && f->desc.flags & DP_DESC_FLAG_ROUTED &&
-				    rx->moe_table && dp_moe_failover(v, f, rx, (uint16_t)duck, now) == 0) {
+				    rx->moe_table &&
+				    dp_moe_failover(v, f, rx, (uint16_t)duck, NULL, now) == 0) {
 					rx->state = 3;
 					dp_tx_flush(v->tx);
 					return check_forward_done(v, f, now);

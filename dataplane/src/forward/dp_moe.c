@@ -121,6 +121,10 @@ void dp_moe_accumulate_rest(float *acc, uint32_t hidden, const uint16_t *map, ui
 				uint64_t left = ((uint64_t)(k + 1) * silent_chunk_bytes - at) / item;
 				run = left < run ? left : run;
 				summed = dp_reasm_has(silent_got, k);
+				if (!run) { /* a chunk not of whole items: refused at admit */
+					run = 1;
+					summed = false;
+				}
 			}
 			if (!summed)
 				dp_moe_accumulate(acc, hidden, map, e, p + (e - first) * item,
@@ -394,12 +398,14 @@ struct dp_duck_rx *dp_moe_fo_rx(const struct dp_gather_view *v, const struct dp_
 }
 
 /* Whether duck d can take over rows in f on this NIC: on it, not known lost at dispatch,
- * and not itself gone in f (a target failed over, silent with nowhere to go, or one that
- * answered NO_LAYER: its bank is gone). */
-static bool can_take_over(const struct dp_gather_view *v, const struct dp_fwd *f, uint16_t d)
+ * not due for failover itself in this pass (going: NULL, none), and not itself gone in f
+ * (a target failed over, silent with nowhere to go, or one that answered NO_LAYER: its
+ * bank is gone). */
+static bool can_take_over(const struct dp_gather_view *v, const struct dp_fwd *f, uint16_t d,
+			  const uint64_t *going)
 {
 	if (d >= DP_MAX_DUCKS || !(v->nic_ducks[d >> 6] >> (d & 63) & 1) ||
-	    (f->lost[d >> 6] >> (d & 63) & 1))
+	    (f->lost[d >> 6] >> (d & 63) & 1) || (going && (going[d >> 6] >> (d & 63) & 1)))
 		return false;
 	if (!dp_targets_has(f->targets, d))
 		return true;
@@ -412,7 +418,7 @@ static bool can_take_over(const struct dp_gather_view *v, const struct dp_fwd *f
  * expert's list (cyclically) that can take over, DP_WIRE_ANY_DUCK if none can (only the
  * experts its entries name matter). *n_slots: its bank's experts. */
 static void replacements(const struct dp_gather_view *v, const struct dp_fwd *f, uint16_t duck,
-			uint16_t *to, uint16_t *to_slot, uint32_t *n_slots)
+			 const uint64_t *going, uint16_t *to, uint16_t *to_slot, uint32_t *n_slots)
 {
 	const struct dp_layer_moe *moe = f->layer->moe;
 	const struct dp_routing_placement *pl = &moe->pl;
@@ -427,7 +433,7 @@ static void replacements(const struct dp_gather_view *v, const struct dp_fwd *f,
 			to[slot] = DP_WIRE_ANY_DUCK;
 			for (uint32_t k = 1; k < r; k++) {
 				uint32_t j = (i + k) % r;
-				if (can_take_over(v, f, ducks[j])) {
+				if (can_take_over(v, f, ducks[j], going)) {
 					to[slot] = ducks[j];
 					to_slot[slot] = moe->slots[e * DP_MAX_REPLICAS + j];
 					break;
@@ -489,13 +495,13 @@ static uint64_t failover_table(const struct dp_duck_rx *silent, const uint8_t *s
  * the duck of another set with the same columns that can take over (the rule is
  * dp_load_moe_shared_stand_in's), or DP_WIRE_ANY_DUCK. */
 static uint16_t shared_stand_in(const struct dp_gather_view *v, const struct dp_fwd *f,
-				uint16_t duck)
+				uint16_t duck, const uint64_t *going)
 {
 	const struct dp_layer *l = f->layer;
 	int16_t i = l->index[duck % DP_MAX_DUCKS];
 	uint64_t can[DP_MAX_DUCKS / 64] = { 0 };
 	for (uint32_t k = 0; k < v->nducks; k++)
-		if (can_take_over(v, f, v->ducks[k]))
+		if (can_take_over(v, f, v->ducks[k], going))
 			can[v->ducks[k] >> 6] |= 1ull << (v->ducks[k] & 63);
 	uint32_t d = i < 0 ? DP_MAX_DUCKS
 			   : dp_load_moe_shared_stand_in(l->moe, l->ducks, l->shard, l->nducks,
@@ -506,7 +512,7 @@ static uint16_t shared_stand_in(const struct dp_gather_view *v, const struct dp_
 /* The failover message that has duck `to` compute the shared expert's columns it holds
  * for every row in a silent duck's stead: a table of the header alone, flag SHARED (as a
  * shared-set duck with no routed rows is sent, shared_unicast_table), and every row of
- * the slot in order. Its reply is awaited like any failover message's. */
+ * the slot in order; written and awaited (its dp_duck_rx set), not sent yet. */
 static int failover_shared(const struct dp_gather_view *v, struct dp_fwd *f,
 			   const struct dp_duck_rx *silent, uint16_t to, uint64_t now)
 {
@@ -528,14 +534,11 @@ static int failover_shared(const struct dp_gather_view *v, struct dp_fwd *f,
 				   .moe_to = to, .fo_tag = p->fo_n, .progress_ns = now,
 				   .fo_of = silent->reasm.have ? silent : NULL };
 	p->fo_table_used += DP_ROUTING_WIRE_HEADER_SIZE;
-	dp_moe_resend(v, f, fo, dp_gather_duck_addr(v, to), 0, dp_moe_chunks(v, f, fo));
-	DP_DEBUG("forward %lu: shared-expert columns failed over to duck %u",
-		 (unsigned long)f->wire_id, to);
 	return 0;
 }
 
 int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_duck_rx *rx,
-		    uint16_t duck, uint64_t now)
+		    uint16_t duck, const uint64_t *going, uint64_t now)
 {
 	struct dp_nic_part *p = &f->part[v->nic];
 	struct dp_routing_section s = { 0 };
@@ -548,15 +551,18 @@ int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_
 	bool has_section = dp_routing_wire_section(rx->moe_table, rx->moe_tsize, duck, &s) == 0;
 	if (!shared && !has_section)
 		return -1;
-	uint16_t stand_in = shared ? shared_stand_in(v, f, duck) : DP_WIRE_ANY_DUCK;
+	uint16_t stand_in = shared ? shared_stand_in(v, f, duck, going) : DP_WIRE_ANY_DUCK;
 	if (shared && stand_in == DP_WIRE_ANY_DUCK)
 		return -1;
 	uint16_t to[DP_MAX_EXPERTS], to_slot[DP_MAX_EXPERTS]; /* by its bank slot */
 	uint32_t n_slots;
-	replacements(v, f, duck, to, to_slot, &n_slots);
-	/* the replacements its entries name, in order of first use: one message each */
+	replacements(v, f, duck, going, to, to_slot, &n_slots);
+	/* the replacements its entries name, in order of first use: one message each, and
+	 * one for the shared columns; each takes a tag of the part's DP_FO_MAX */
 	uint16_t dest[DP_FO_MAX];
 	uint32_t ndest = 0;
+	if (p->fo_n + shared > DP_FO_MAX)
+		return -1;
 	const uint8_t *sec = rx->moe_table + s.offset;
 	for (uint32_t j = 0; has_section && j < s.n_entries; j++) {
 		struct dp_routing_wire_entry we;
@@ -567,16 +573,18 @@ int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_
 		while (k < ndest && dest[k] != to[we.expert])
 			k++;
 		if (k == ndest) {
-			if (p->fo_n + ndest + shared == DP_FO_MAX)
-				return -1;
+			if (p->fo_n + shared + ndest >= DP_FO_MAX)
+				return -1; /* the tags ran out: nothing sent */
 			dest[ndest++] = to[we.expert];
 		}
 	}
-	if (p->fo_n + ndest + shared > DP_FO_MAX)
-		return -1; /* the tags ran out: nothing sent */
-	if (shared && failover_shared(v, f, rx, stand_in, now) < 0)
-		return -1; /* cannot happen: the area holds a header per tag */
-	for (uint32_t k = 0; k < ndest; k++) {
+	/* every message written before any is sent: one that does not fit leaves nothing
+	 * outstanding (the areas hold every entry once and a header per tag: cannot happen) */
+	uint8_t first_tag = p->fo_n;
+	uint64_t table_used = p->fo_table_used;
+	uint32_t map_used = p->fo_map_used;
+	int rc = shared ? failover_shared(v, f, rx, stand_in, now) : 0;
+	for (uint32_t k = 0; rc == 0 && k < ndest; k++) {
 		uint8_t *table = v->fo_tables + (uint64_t)f->index * v->moe_table_cap +
 				 p->fo_table_used;
 		uint16_t *map = v->fo_maps + (uint64_t)f->index * v->moe_map_cap + p->fo_map_used;
@@ -584,8 +592,10 @@ int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_
 		uint64_t tsize = failover_table(rx, sec, s.n_entries, to, to_slot, dest[k], table,
 						v->moe_table_cap - p->fo_table_used, map,
 						v->moe_map_cap - p->fo_map_used, &rows, &entries);
-		if (!tsize)
-			return -1; /* cannot happen: the areas hold every entry once */
+		if (!tsize) {
+			rc = -1;
+			break;
+		}
 		struct dp_duck_rx *fo = dp_moe_fo_rx(v, f, ++p->fo_n);
 		*fo = (struct dp_duck_rx){ .moe_rows = rows, .moe_entries = entries, .moe_map = map,
 					   .moe_table = table, .moe_tsize = (uint32_t)tsize,
@@ -597,9 +607,21 @@ int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_
 					   .fo_of = rx->reasm.have ? rx : NULL };
 		p->fo_table_used += tsize;
 		p->fo_map_used += rows;
-		dp_moe_resend(v, f, fo, dp_gather_duck_addr(v, dest[k]), 0, dp_moe_chunks(v, f, fo));
-		DP_DEBUG("forward %lu: duck %u silent, %u rows (%u entries) failed over to duck %u",
-			 (unsigned long)f->wire_id, duck, rows, entries, dest[k]);
+	}
+	if (rc < 0) {
+		p->fo_n = first_tag;
+		p->fo_table_used = table_used;
+		p->fo_map_used = map_used;
+		return -1;
+	}
+	for (uint32_t tag = first_tag + 1u; tag <= p->fo_n; tag++) {
+		struct dp_duck_rx *fo = dp_moe_fo_rx(v, f, tag);
+		dp_moe_resend(v, f, fo, dp_gather_duck_addr(v, fo->moe_to), 0,
+			      dp_moe_chunks(v, f, fo));
+		DP_DEBUG("forward %lu: duck %u silent, %u rows (%u entries%s) failed over to duck "
+			 "%u",
+			 (unsigned long)f->wire_id, duck, fo->moe_rows, fo->moe_entries,
+			 fo->moe_gather ? "" : ", its shared columns", fo->moe_to);
 	}
 	dp_count(v->counters, DP_C_moe_failovers, 1);
 	return 0;

@@ -79,8 +79,9 @@ void dp_moe_resend(const struct dp_gather_view *v, struct dp_fwd *f, const struc
 /* Failover within a forward (docs/architecture.md): routed duck `duck` (rx, f's message to
  * it on this NIC) was silent past its deadline, or answered NO_LAYER (it restarted). Each
  * (row, expert) it was sent goes to the next replica of the expert after it in the
- * placement that is live by f->lost, on this NIC and not gone in f (failed over, silent
- * with nowhere to go, or NO_LAYER), in a unicast message of its own per replacement
+ * placement that is live by f->lost, on this NIC, not gone in f (failed over, silent
+ * with nowhere to go, or NO_LAYER) and not in `going` (the ducks due for failover in the
+ * same pass; NULL: none), in a unicast message of its own per replacement
  * duck: a one-section table (rows renumbered, slots the replacement's), the rows
  * gathered from the slot, FORWARD headers with forward_id f->wire_id | tag <<
  * DP_FWD_TAG_SHIFT (tag 1..DP_FO_MAX, this part's fo_n-th), the reply awaited in
@@ -91,7 +92,7 @@ void dp_moe_resend(const struct dp_gather_view *v, struct dp_fwd *f, const struc
  * the tags ran out: nothing was sent then (the forward waits for its deadline, or ends
  * DUCK_LOST for a NO_LAYER). */
 int dp_moe_failover(const struct dp_gather_view *v, struct dp_fwd *f, struct dp_duck_rx *rx,
-		    uint16_t duck, uint64_t now);
+		    uint16_t duck, const uint64_t *going, uint64_t now);
 /* The reply awaited for failover message `tag` (1..fo_n) of f's part on this NIC. */
 struct dp_duck_rx *dp_moe_fo_rx(const struct dp_gather_view *v, const struct dp_fwd *f,
 				uint32_t tag);
