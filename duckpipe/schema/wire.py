@@ -138,4 +138,8 @@ CONSTANTS: dict[str, int] = {
     "WIRE_VERSION": WIRE_VERSION,
     "WIRE_ANY_DUCK": 0xFFFF,
     "WIRE_LAYER_TENSOR": 0xFFFF,
+    # a FORWARD's forward_id (echoed in its PARTIALs and NACKs) carries a failover tag in
+    # its top byte: forward_id | k << this, k = 1..8 the k-th failover message of a NIC's
+    # part of the forward (0: the forward's own message); ids below it are the dataplane's
+    "WIRE_FORWARD_TAG_SHIFT": 56,
 }

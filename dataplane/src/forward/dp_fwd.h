@@ -48,8 +48,7 @@
  * (silent duck, replacement) pairs; their wire forward_id is the forward's wire_id with
  * the pair's tag (1..DP_FO_MAX) in its top byte (a wire_id is gen << 16 | index, 48 bits) */
 #define DP_FO_MAX 8
-#define DP_FWD_TAG_SHIFT 56
-#define DP_FWD_ID_MASK ((1ull << DP_FWD_TAG_SHIFT) - 1)
+#define DP_FWD_ID_MASK ((1ull << DP_WIRE_FORWARD_TAG_SHIFT) - 1)
 
 #define DP_MSG_LEN 160 /* a context's message: why it failed, sent in its Completion */
 
@@ -71,7 +70,7 @@ struct dp_duck_rx {
 	uint8_t state;
 	uint64_t heard_ns; /* its last datagram for this forward (a partial or a NACK; 0: none) */
 	/* 0: the forward's own message to this duck; k: the k-th failover message of its
-	 * NIC part, whose FORWARD headers and replies carry forward_id | k << DP_FWD_TAG_SHIFT */
+	 * NIC part, whose FORWARD headers and replies carry forward_id | k << DP_WIRE_FORWARD_TAG_SHIFT */
 	uint8_t fo_tag;
 	/* silent past its failover deadline with rows no other replica could take: it is
 	 * waited for until the forward's deadline, as without failover (dp_gather.c) */

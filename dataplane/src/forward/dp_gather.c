@@ -92,7 +92,7 @@ static struct dp_duck_rx *duck_rx(const struct dp_gather_view *v, struct dp_fwd 
 static struct dp_duck_rx *reply_rx(const struct dp_gather_view *v, struct dp_fwd *f,
 				   const struct dp_wire_header *h, uint32_t duck)
 {
-	uint32_t tag = (uint32_t)(h->forward_id >> DP_FWD_TAG_SHIFT);
+	uint32_t tag = (uint32_t)(h->forward_id >> DP_WIRE_FORWARD_TAG_SHIFT);
 	if (!tag)
 		return duck_rx(v, f, duck);
 	if (tag > f->part[v->nic].fo_n)
@@ -294,7 +294,7 @@ static uint64_t nack_one(const struct dp_gather_view *v, struct dp_fwd *f, struc
 		uint32_t n = rx->reasm.chunks ? dp_reasm_missing(&rx->reasm, list,
 								 DP_TX_CTL_PAYLOAD / 4)
 					      : 0;
-		h->forward_id = f->wire_id | (uint64_t)rx->fo_tag << DP_FWD_TAG_SHIFT;
+		h->forward_id = f->wire_id | (uint64_t)rx->fo_tag << DP_WIRE_FORWARD_TAG_SHIFT;
 		h->layer = f->layer->id;
 		h->duck = (uint16_t)d;
 		h->length = n * (uint32_t)sizeof(uint32_t);

@@ -195,7 +195,7 @@ static void duck_message(const struct dp_gather_view *v, const struct dp_fwd *f,
 	dp_wire_init(h, DP_WIRE_OP_FORWARD, v->session, f->desc.epoch);
 	h->flags = DP_WIRE_FLAG_ROUTED;
 	h->dtype = l->dtype;
-	h->forward_id = f->wire_id | (uint64_t)rx->fo_tag << DP_FWD_TAG_SHIFT;
+	h->forward_id = f->wire_id | (uint64_t)rx->fo_tag << DP_WIRE_FORWARD_TAG_SHIFT;
 	h->layer = l->id;
 	h->tensor = l->bank; /* the generation of the placement it was planned on */
 	h->duck = rx->moe_to;

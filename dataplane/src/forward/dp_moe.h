@@ -84,7 +84,7 @@ void dp_moe_resend(const struct dp_gather_view *v, struct dp_fwd *f, const struc
  * same pass; NULL: none), in a unicast message of its own per replacement
  * duck: a one-section table (rows renumbered, slots the replacement's), the rows
  * gathered from the slot, FORWARD headers with forward_id f->wire_id | tag <<
- * DP_FWD_TAG_SHIFT (tag 1..DP_FO_MAX, this part's fo_n-th), the reply awaited in
+ * DP_WIRE_FORWARD_TAG_SHIFT (tag 1..DP_FO_MAX, this part's fo_n-th), the reply awaited in
  * dp_moe_fo_rx(v, f, tag). A duck of the forward's shared set also has its shared
  * columns computed for every row by the duck of another set that holds the same ones
  * (dp_load_moe_shared_stand_in), in a message of their own. Counted moe_failovers. 0,

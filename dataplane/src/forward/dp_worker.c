@@ -176,7 +176,7 @@ static int receive(struct dp_worker *wk, uint64_t now, bool *full)
 			 * gather checks it against the message (dp_gather_on_partial) */
 			if (f->kind != DP_FWD_FORWARD ||
 			    (!dp_targets_has(f->targets, (uint32_t)duck) &&
-			     !(h->forward_id >> DP_FWD_TAG_SHIFT))) {
+			     !(h->forward_id >> DP_WIRE_FORWARD_TAG_SHIFT))) {
 				/* a routed forward's non-target: rows it was never routed */
 				bool routed = f->kind == DP_FWD_FORWARD &&
 					      f->desc.flags & DP_DESC_FLAG_ROUTED;
