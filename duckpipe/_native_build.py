@@ -96,6 +96,9 @@ int dp_routing_pack(const void *indices, uint32_t index_size, const void *weight
                     uint32_t tokens, uint32_t topk, uint32_t n_experts, void *out,
                     uint64_t out_len, char *why, size_t n);
 int dp_routing_placement_check(const struct dp_routing_placement *pl, char *why, size_t n);
+uint32_t dp_routing_live(const struct dp_routing_placement *pl, const uint16_t *slots,
+                         const uint64_t *lost, struct dp_routing_placement *out,
+                         uint16_t *out_slots);
 void dp_routing_bank_slots(const struct dp_routing_placement *pl, uint16_t *slots,
                            uint16_t *per_duck);
 int dp_routing_split(const void *table, uint64_t len, const struct dp_routing_placement *pl,

@@ -256,7 +256,7 @@ def read_routing(
     duck = np.full_like(indices, -1)  # -1: no expert, no duck (dp_routing_split skips it)
     rows = np.arange(tokens)
     named = np.unique(indices[indices >= 0]).tolist()
-    live = {e: tuple(d for d in plan.ducks_of[e] if d not in lost) for e in named}
+    live = _live_replicas(plan, lost, named)
     dead = [e for e in named if not live[e]]
     if dead:
         raise NoLiveReplica(_no_live_message(plan, dead, restarted))
@@ -271,6 +271,22 @@ def read_routing(
     targets = set(np.unique(duck[duck >= 0]).tolist())
     targets.update(shared)  # each computes its shared columns for every row
     return Routed(indices, weights, duck, sorted(targets), rerouted, shared)
+
+
+def _live_replicas(plan: MoePlan, lost: frozenset[int], experts: list[int]) -> dict:
+    """Each of ``experts``' replicas that are not ``lost``, in placement order: the C
+    dispatcher's dp_routing_live (its rule, replica t % r, then picks live[t % nlive])."""
+    if not lost:
+        return {e: plan.ducks_of[e] for e in experts}
+    bits = ffi.new("uint64_t[4]")
+    for d in lost:
+        bits[d >> 6] |= 1 << (d & 63)
+    out = ffi.new("struct dp_routing_placement *")
+    lib.dp_routing_live(plan.placement, ffi.NULL, bits, out, ffi.NULL)
+    return {
+        e: tuple(int(out.ducks[e * MAX_REPLICAS + r]) for r in range(out.replicas[e]))
+        for e in experts
+    }
 
 
 def failover(
