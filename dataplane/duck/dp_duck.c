@@ -729,17 +729,25 @@ static void layer_free(struct duck *d, struct duck_layer *l);
 /* Before bank (id, gen) is (re)made, `l` if it exists: a load (gen 0) frees every other
  * bank of the layer; a move's new bank every bank but the newest (the one serving; any
  * older one's forwards have drained: the dataplane moves a layer again only once they
- * did). A move's bank announced again keeps the others. */
-static void banks_make_room(struct duck *d, uint32_t id, uint16_t gen, struct duck_layer *l)
+ * did). A move's bank announced again keeps the others. Returns the floats those banks
+ * hold, and frees them only with free_them: a LAYER is checked and allocated first, so
+ * one refused frees nothing. */
+static uint64_t banks_make_room(struct duck *d, uint32_t id, uint16_t gen, struct duck_layer *l,
+				bool free_them)
 {
 	if (gen && l)
-		return;
+		return 0;
 	struct duck_layer *keep = gen ? layer_find(d, id) : l;
+	uint64_t floats = 0;
 	for (uint32_t i = 0; i < DUCK_MAX_LAYERS; i++) {
 		struct duck_layer *o = &d->layers[i];
-		if (o->used && o->id == id && o != keep)
-			layer_free(d, o);
+		if (o->used && o->id == id && o != keep) {
+			floats += o->floats;
+			if (free_them)
+				layer_free(d, o);
+		}
 	}
+	return floats;
 }
 
 static void layer_free(struct duck *d, struct duck_layer *l)
@@ -856,23 +864,28 @@ static void handle_layer(struct duck *d, const struct sockaddr_in *src,
 	    l->shard.ffn == w.ffn && l->shard.experts == w.experts &&
 	    l->shard.expert_ffn == w.expert_ffn)
 		goto ack; /* the same announcement again (our ack was lost): keep the weights */
-	if (ok)
-		banks_make_room(d, h->layer, w.bank, l);
+	uint64_t going = ok ? banks_make_room(d, h->layer, w.bank, l, false) : 0;
 	ok = ok && floats <= DUCK_MAX_FLOATS &&
-	     d->floats - (l ? l->floats : 0) + floats <= DUCK_MAX_FLOATS;
-	if (ok && !l)
-		for (uint32_t i = 0; i < DUCK_MAX_LAYERS && !l; i++)
-			if (!d->layers[i].used)
-				l = &d->layers[i];
+	     d->floats - going - (l ? l->floats : 0) + floats <= DUCK_MAX_FLOATS;
 	float *block = NULL;
 	uint8_t *bytes = NULL;
-	if (!ok || !l || scratch_fit(&w) < 0 ||
+	if (!ok || scratch_fit(&w) < 0 ||
 	    !(block = calloc(floats - (raw + 3) / 4, sizeof(float))) ||
 	    (fp8 && !(bytes = aligned_alloc(DUCK_FP8_ALIGN, (raw + DUCK_FP8_ALIGN - 1) &
 								 ~(uint64_t)(DUCK_FP8_ALIGN - 1))))) {
 		free(block);
 		wk->stats.layers_rejected++;
-		return; /* no ack: the host's loader reports it */
+		return; /* no ack: the host's loader reports it; every bank kept */
+	}
+	banks_make_room(d, h->layer, w.bank, l, true);
+	for (uint32_t i = 0; i < DUCK_MAX_LAYERS && !l; i++)
+		if (!d->layers[i].used)
+			l = &d->layers[i];
+	if (!l) { /* every slot holds another layer */
+		free(block);
+		free(bytes);
+		wk->stats.layers_rejected++;
+		return;
 	}
 	if (l->used)
 		layer_free(d, l);
