@@ -351,6 +351,8 @@ uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, 
 uint32_t dp_gather_failover(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now)
 {
 	bool changed = false;
+	if (!(f->desc.flags & DP_DESC_FLAG_ROUTED))
+		return DP_STATUS_PENDING; /* a dense forward has no replicas to fail over to */
 	/* every duck due first: none of them may take another's rows (or shared columns) in
 	 * this pass, whatever the order they are handled in */
 	uint64_t going[DP_MAX_DUCKS / 64] = { 0 };

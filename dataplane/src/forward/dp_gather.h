@@ -41,8 +41,8 @@ uint64_t dp_gather_send_nacks(const struct dp_gather_view *v, struct dp_fwd *f, 
 /* The failover timer, before the NACKs: each routed duck of f silent past its failover
  * deadline (dp_gather.c: max(8 x its srtt, failover_ms) since the send or its last
  * datagram) has its rows resent to other live replicas (dp_moe_failover), or, when some
- * have none, is waited for 4 times as long and then marked so that the part ends
- * DUCK_LOST. Returns DP_STATUS_PENDING, or the part's status when that ended it. */
+ * have none, is waited for until the forward's own deadline (fo_stuck), as without
+ * failover. Returns DP_STATUS_PENDING, or the part's status when that ended it. */
 uint32_t dp_gather_failover(const struct dp_gather_view *v, struct dp_fwd *f, uint64_t now);
 /* When f's last partial on this NIC is due by its ducks' measured reply times (the
  * latest wait_start + srtt of those still awaited), adding their reply bytes to *bytes;
