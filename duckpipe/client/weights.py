@@ -573,14 +573,10 @@ def load_weights(
         pieces = _pieces(mlp, chosen, sizes)
         total = sum(a.nbytes for _, _, a in pieces)
     recs, commit = _stream(session, layer, pieces, total, progress, timeout, "weights")
-    bad = _failed(recs)
-    if bad or commit.status != Status.OK:
+    failed = _stream_failure(session, recs, commit)
+    if failed:
         session.layers.pop(layer, None)
-        for _, rec in bad:
-            session.await_zmq(rec, 1.0)  # it carries the reason
-        missing = sorted({d for d, _ in bad if d != ctl.HOST_TENSOR_DUCK})
-        first = bad[0][1] if bad else commit
-        why = first.message or Status(first.status).name
+        first, why, missing = failed
         who = f"ducks {missing} did not acknowledge their weights ({why})" if missing else why
         raise LayerFailed(
             f"loading layer {layer} failed: {who}. The layer is marked failed; "
@@ -642,14 +638,9 @@ def repair(
         pieces = _pieces(mlp, list(loaded.ducks), list(loaded.sizes), only=lost)
     total = sum(a.nbytes for _, _, a in pieces)
     recs, commit = _stream(session, layer, pieces, total, progress, timeout, "repair")
-    bad = _failed(recs)
-    if bad or commit.status != Status.OK:
-        for _, rec in bad:
-            session.await_zmq(rec, 1.0)  # it carries the reason
-        missing = sorted({d for d, _ in bad})
-        first = bad[0][1] if bad else commit
-        session.await_zmq(first, 1.0)
-        why = first.message or Status(first.status).name
+    failed = _stream_failure(session, recs, commit)
+    if failed:
+        first, why, missing = failed
         raise DataplaneFault(
             f"repairing layer {layer} failed: {why}. It still serves on its other ducks; "
             f"ducks {lost} stay lost: call repair({layer}) again once they answer "
@@ -737,25 +728,38 @@ def move(
     pieces = list(_banks(moe, new, only=changed))
     total = sum(a.nbytes for _, _, a in pieces)
     recs, commit = _stream(session, layer, pieces, total, progress, timeout, "move")
-    bad = _failed(recs)
-    if bad or commit.status != Status.OK:
+    failed = _stream_failure(session, recs, commit)
+    if failed:
         # the ducks it reached may hold a stale bank now: the next move sends them one
         session.loaded[layer] = dataclasses.replace(loaded, tainted=loaded.tainted | set(changed))
-        for _, rec in bad:
-            session.await_zmq(rec, 1.0)  # it carries the reason
-        first = bad[0][1] if bad else commit
-        session.await_zmq(first, 1.0)
-        why = first.message or Status(first.status).name
+        first, why, missing = failed
         raise DataplaneFault(
             f"moving layer {layer} failed: {why}. It still serves on its old placement; "
             f"call load_weights({layer}, ..., placement=...) again once ducks "
-            f"{sorted({d for d, _ in bad}) or changed} answer",
+            f"{missing or changed} answer",
             status=first.status or 0,
-            missing=tuple(sorted({d for d, _ in bad})),
+            missing=tuple(missing),
         )
     session.moe[layer] = new
     session.loaded[layer] = Loaded(moe, new.ducks, new.bank_sizes, new)
     return session.layer_info(layer)
+
+
+def _stream_failure(
+    session: Session, recs: list[tuple[int, Inflight]], commit: Inflight
+) -> tuple[Inflight, str, list[int]] | None:
+    """None when every chunk of a stream (a load, repair or move) and its commit went
+    through; else the first failure, its reason, and the ducks whose chunks failed (the
+    replies that carry the reasons awaited first)."""
+    bad = _failed(recs)
+    if not bad and commit.status == Status.OK:
+        return None
+    for _, rec in bad:
+        session.await_zmq(rec, 1.0)  # it carries the reason
+    first = bad[0][1] if bad else commit
+    session.await_zmq(first, 1.0)
+    missing = sorted({d for d, _ in bad if d != ctl.HOST_TENSOR_DUCK})
+    return first, first.message or Status(first.status).name, missing
 
 
 def _stream(
