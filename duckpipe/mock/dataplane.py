@@ -1017,18 +1017,10 @@ class MockDataplane:
             _refuse(over)
         moe_plan = moe.plan_of(msg, req)  # refuses a bad placement or bank plan
         item = numpy_dtype(msg.dtype).itemsize
-        shapes = [_tensor_shapes(msg.kind, msg.hidden, f) for f in msg.shard_sizes]
-        raw, received = {}, {}
-        for duck, plan in zip(msg.ducks, shapes, strict=True):
-            for t, shape in enumerate(plan):
-                size = int(np.prod(shape)) * item
-                if msg.weight_dtype:  # e4m3 bytes and block scales, as dp_fp8_tensor_bytes
-                    size = _fp8_tensor_bytes(msg, duck, moe_plan)
-                raw[duck, t] = np.zeros(size, np.uint8)
-                received[duck, t] = 0
+        raw = _bank_buffers(msg, moe_plan, msg.ducks)
         if msg.has_b_down:
             raw[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR] = np.zeros(msg.hidden * item, np.uint8)
-            received[ctl.HOST_TENSOR_DUCK, B_DOWN_TENSOR] = 0
+        received = dict.fromkeys(raw, 0)
         if prev is not None:  # replaced, and freed at once (one thread: nothing holds it)
             self.counters["layers_freed"] += 1
         self.layers[msg.layer] = _Layer(msg, me.id, weight_bytes, raw, received, moe=moe_plan)
@@ -1087,17 +1079,9 @@ class MockDataplane:
                 "pings: nothing was sent; start them, or load the layer onto ducks that answer "
                 "(ducks=[...])",
             )
-        info = layer.info
-        item = numpy_dtype(info.dtype).itemsize
-        for duck, f in zip(info.ducks, info.shard_sizes, strict=True):
-            if duck not in seen:
-                continue
-            for t, shape in enumerate(_tensor_shapes(info.kind, info.hidden, f)):
-                size = int(np.prod(shape)) * item
-                if info.weight_dtype:
-                    size = _fp8_tensor_bytes(info, duck, layer.moe)
-                layer.raw[duck, t] = np.zeros(size, np.uint8)
-                layer.received[duck, t] = 0
+        fresh = _bank_buffers(layer.info, layer.moe, seen)
+        layer.raw.update(fresh)
+        layer.received.update(dict.fromkeys(fresh, 0))
         layer.repair = seen
         layer.repair_failed = set()
         return ctl.Ack(req_id=msg.req_id)
@@ -1204,17 +1188,8 @@ class MockDataplane:
                 "pings: nothing was sent; move the layer once they answer, or to a placement "
                 "that leaves their experts as they are",
             )
-        item = numpy_dtype(new.dtype).itemsize
-        raw, received = {}, {}
-        for duck, f in zip(new.ducks, new.shard_sizes, strict=True):
-            if duck not in changed:
-                continue
-            for t, shape in enumerate(_tensor_shapes(new.kind, new.hidden, f)):
-                size = int(np.prod(shape)) * item
-                if new.weight_dtype:
-                    size = _fp8_tensor_bytes(new, duck, plan)
-                raw[duck, t] = np.zeros(size, np.uint8)
-                received[duck, t] = 0
+        raw = _bank_buffers(new, plan, changed)
+        received = dict.fromkeys(raw, 0)
         # ready, with the changed ducks as its open "repair": the descriptor check takes
         # chunks for them alone, sized by their new banks (dp_desc_check.h)
         layer.moving = _Layer(
@@ -1866,6 +1841,24 @@ def _experts_of(plan: moe.MoePlan, duck: int) -> tuple[int, ...]:
     """The experts ``duck``'s bank holds under ``plan``, ascending: what decides whether a
     move gives it a new bank."""
     return tuple(e for e, held in enumerate(plan.ducks_of) if duck in held)
+
+
+def _bank_buffers(spec, plan, ducks) -> dict[tuple[int, int], np.ndarray]:
+    """Zeroed bytes for every tensor of ``ducks``' shards (a LoadWeights or LayerInfo
+    ``spec``: kind, hidden, dtype, weight_dtype, ducks, shard_sizes; ``plan`` its MoE
+    plan or None), by (duck, tensor), as the dataplane's books take them: FP8 tensors as
+    e4m3 bytes and block scales (dp_fp8_tensor_bytes)."""
+    item = numpy_dtype(spec.dtype).itemsize
+    out = {}
+    for duck, f in zip(spec.ducks, spec.shard_sizes, strict=True):
+        if duck not in ducks:
+            continue
+        for t, shape in enumerate(_tensor_shapes(spec.kind, spec.hidden, f)):
+            size = int(np.prod(shape)) * item
+            if spec.weight_dtype:
+                size = _fp8_tensor_bytes(spec, duck, plan)
+            out[duck, t] = np.zeros(size, np.uint8)
+    return out
 
 
 def _lost_message(layer: _Layer, ducks: list[int]) -> str:
